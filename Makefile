@@ -1,0 +1,29 @@
+# Two commands matter: `make demo` and `make test`. Both build a local virtual environment first,
+# installing the pinned CPU wheel of torch before anything else can pull a multi-GB CUDA build.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv bench clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: venv
+	$(VENV)/bin/gpt1 demo
+
+test: venv
+	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) benchmarks/train_step.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

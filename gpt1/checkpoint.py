@@ -1,0 +1,202 @@
+"""Checkpoint folders: `model.safetensors` + `config.json` (+ tokenizer files), written atomically.
+
+A checkpoint folder is self-contained: it carries the model config and, when known, the
+tokenizer's `vocab.json` + `merges.txt`, so every command can rebuild model and tokenizer from it.
+Loading never unpickles anything: weights come from safetensors only.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from gpt1.config import ModelConfig
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model import GPT
+
+FORMAT = "gpt1"
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TOKENIZER_FILES = ("vocab.json", "merges.txt")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def atomic_dir(final: Path) -> Path:
+    """A fresh temporary sibling of `final`; publish it with `publish_dir`."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename a completed temporary folder onto `final` (replacing an older one)."""
+    final = Path(final)
+    _fsync_dir(tmp)
+    if final.exists():
+        old = final.parent / f".{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(final.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    for child in Path(path).iterdir() if Path(path).is_dir() else []:
+        if child.is_file():
+            with open(child, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_model_files(folder: Path, model: GPT, tokenizer_dir: str | Path | None = None,
+                      extra: dict[str, Any] | None = None) -> None:
+    """Write weights, config and tokenizer files into an existing (temporary) folder."""
+    folder = Path(folder)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(folder / WEIGHTS), metadata={"format": FORMAT})
+    config = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.config.to_dict()}
+    if extra:
+        config.update(extra)
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, folder)
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:
+    """Copy a vocabulary (HF or original file names) into `dst` as vocab.json + merges.txt."""
+    src, dst = Path(src), Path(dst)
+    pairs = [("vocab.json", "merges.txt"), ("encoder_bpe_40000.json", "vocab_40000.bpe")]
+    for vocab, merges in pairs:
+        if (src / vocab).is_file() and (src / merges).is_file():
+            shutil.copyfile(src / vocab, dst / "vocab.json")
+            shutil.copyfile(src / merges, dst / "merges.txt")
+            return
+    raise CheckpointError(f"{src}: no tokenizer files (expected vocab.json + merges.txt or "
+                          "encoder_bpe_40000.json + vocab_40000.bpe)")
+
+
+def save_model(model: GPT, out_dir: str | Path, tokenizer_dir: str | Path | None = None,
+               extra: dict[str, Any] | None = None) -> Path:
+    """Save `model` as a checkpoint folder, atomically (temporary name, then rename)."""
+    out_dir = Path(out_dir)
+    tmp = atomic_dir(out_dir)
+    write_model_files(tmp, model, tokenizer_dir, extra)
+    publish_dir(tmp, out_dir)
+    return out_dir
+
+
+def resolve_checkpoint_dir(path: str | Path) -> Path:
+    """A checkpoint folder itself, or the newest checkpoint inside a run folder."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    if path.is_file():
+        raise CheckpointError(f"{path}: expected a checkpoint folder (with {WEIGHTS} and {CONFIG}), "
+                              "got a file")
+    if (path / CONFIG).is_file():
+        return path
+    candidates = [p for p in path.iterdir() if p.is_dir() and (p / CONFIG).is_file()
+                  and not p.name.startswith(".")]
+    if (path / "final").is_dir() and (path / "final" / CONFIG).is_file():
+        return path / "final"
+    steps = [p for p in candidates if p.name.startswith("step-") and p.name[5:].isdigit()]
+    if steps:
+        return max(steps, key=lambda p: int(p.name[5:]))
+    if len(candidates) == 1:
+        return candidates[0]
+    raise CheckpointError(f"{path}: not a checkpoint folder (no {CONFIG}) and no checkpoint inside")
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The parsed `config.json` of a checkpoint folder, validated."""
+    folder = resolve_checkpoint_dir(path)
+    file = folder / CONFIG
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable config ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
+        raise CheckpointError(f"{file}: not a gpt1 config (expected \"format\": \"gpt1\" and a "
+                              "\"model\" table); convert other formats with `gpt1 convert`")
+    if data.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{file}: format_version {data['format_version']} is newer than this "
+                              f"gpt1 understands ({FORMAT_VERSION})")
+    return data
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    folder = resolve_checkpoint_dir(path)
+    try:
+        return ModelConfig.from_dict(read_config(folder)["model"], source=str(folder / CONFIG))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors from a safetensors file; pickles are refused with a clear message."""
+    file = Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing weights file")
+    with open(file, "rb") as fh:
+        head = fh.read(8)
+    if head[:2] == b"\x80\x02" or head[:1] == b"\x80" or head.startswith(b"PK\x03\x04"):
+        raise CheckpointError(f"{file}: this is a pickle/torch file, not safetensors; gpt1 never "
+                              "unpickles weights (convert it with `gpt1 convert --from hf`)")
+    try:
+        return load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
+
+
+def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT:
+    """Load a gpt1 checkpoint folder (or the newest checkpoint of a run folder) as a `GPT`."""
+    folder = resolve_checkpoint_dir(path)
+    config = read_model_config(folder)
+    weights = folder / WEIGHTS
+    if not weights.is_file():
+        pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        hint = f" (found {', '.join(pickles)}: pickles are never loaded)" if pickles else ""
+        raise CheckpointError(f"{weights}: missing weights file{hint}")
+    state = load_state_dict(weights)
+    with torch.device("meta"):
+        model = GPT(config)
+    check_state_dict(model, state, weights)
+    model.load_state_dict(state, assign=True)
+    return model.to(device)
+
+
+def check_state_dict(model: GPT, state: dict[str, torch.Tensor], source: Path | str) -> None:
+    """Every tensor present, with the expected shape, and nothing unexpected."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: weights do not match the config: missing "
+                              f"{missing[:5] or 'none'}, unexpected {unexpected[:5] or 'none'}")
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, "
+                                  f"expected {shape} from config.json")
+
+
+def tokenizer_dir_of(path: str | Path) -> Path | None:
+    """The checkpoint folder if it carries tokenizer files, else None."""
+    folder = resolve_checkpoint_dir(path)
+    return folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None

@@ -1,0 +1,78 @@
+"""The `gpt1` command: argument parsing only. Each subcommand is a module `gpt1.cli.<name>` with
+`HELP`, `add_arguments(parser)` and `run(args) -> int`; `run` calls a plain importable function.
+
+Only this package reads argv and configures logging. User mistakes (`Gpt1Error`) print as one line
+and exit with status 2; `--debug` shows the full traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import logging
+import sys
+import traceback
+
+# Listed in the order `gpt1 --help` shows them. A module that is not present is not offered.
+COMMANDS = ["demo", "info", "convert", "sample", "tokenizer", "prepare", "pretrain", "plot",
+            "finetune", "evaluate", "predict", "zeroshot", "analysis"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every subcommand accepts (also before the subcommand name)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show full tracebacks and debug logging")
+    parent.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
+                        help="only warnings and errors; no progress bars")
+    return parent
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpt1", parents=[common_options()],
+        description="GPT-1 (Radford et al., 2018): tokenize, pretrain, fine-tune, evaluate, sample.")
+    from gpt1 import __version__
+    parser.add_argument("--version", action="version", version=f"gpt1 {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        module_name = f"gpt1.cli.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
+                           parents=[common_options()],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def configure_logging(debug: bool, quiet: bool) -> None:
+    level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr, force=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.debug = getattr(args, "debug", False)
+    args.quiet = getattr(args, "quiet", False)
+    configure_logging(args.debug, args.quiet)
+    from gpt1.errors import Gpt1Error
+    try:
+        return int(args._run(args) or EXIT_OK)
+    except Gpt1Error as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"gpt1 {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"gpt1 {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except MemoryError:
+        print(f"gpt1 {args.command}: error: out of memory; lower --micro-batch (and raise "
+              "gradient accumulation to keep the global batch)", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,184 @@
+"""GPT-1, exactly: post-LN decoder blocks, learned positions, tied output layer.
+
+The model maps token ids to final hidden states; heads and losses live elsewhere (`heads.py`,
+`objectives.py`). It is single-device code: no distributed, autocast or compile logic here.
+Parameter names follow GPT-2/HF (`wte`, `wpe`, `h.{i}.attn.c_attn`, ...) so conversion is a rename
+plus transposes.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt1.config import ModelConfig
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with one fused q|k|v projection (GPT-1's `c_attn`)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_dim = config.n_head, config.head_dim
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.attn_pdrop = config.attn_pdrop
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        # [B, T, 3C] -> [B, T, 3, H, D] -> 3 x [B, H, T, D]; the split order is q | k | v as in OAI.
+        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(
+            q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0, is_causal=True)
+        y = y.transpose(1, 2).reshape(B, T, C)  # [B, H, T, D] -> [B, T, C]
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward layer: c_fc -> GELU (tanh approximation) -> c_proj."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.n_inner)
+        self.c_proj = nn.Linear(config.n_inner, config.n_embd)
+        self.approximate_gelu = config.afn == "gelu"
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.c_fc(x)
+        h = F.gelu(h, approximate="tanh") if self.approximate_gelu else F.relu(h)
+        return self.dropout(self.c_proj(h))
+
+
+class Block(nn.Module):
+    """Post-LN transformer block: LayerNorm after each residual add (original Transformer style)."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.attn = CausalSelfAttention(config)
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.ln_1(x + self.attn(x))
+        return self.ln_2(x + self.mlp(x))
+
+
+class GPT(nn.Module):
+    """The GPT-1 decoder: `GPT(config)(ids)` -> hidden states `[B, T, n_embd]`.
+
+    No input LayerNorm and no final LayerNorm (GPT-1 is post-LN). The output layer is the token
+    embedding itself: `lm_logits(hidden) = hidden @ wte.weight.T`.
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        # Activation checkpointing per block (trades compute for memory); set by the trainer.
+        self.gradient_checkpointing = False
+        self._dropped_wte: torch.Tensor | None = None
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ init
+    def reset_parameters(self) -> None:
+        """N(0, initializer_range) for every weight matrix and embedding, zero biases, unit gains."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    # --------------------------------------------------------------- forward
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`."""
+        T = ids.shape[-1]
+        if T > self.config.n_positions:
+            raise ValueError(f"sequence of {T} tokens is longer than n_positions="
+                             f"{self.config.n_positions}")
+        if position_ids is None:
+            position_ids = torch.arange(T, device=ids.device)
+        if self.training and self.config.embd_dropout == "matrix" and self.config.embd_pdrop > 0:
+            # OAI: dropout on the embedding tables before the gather; the tied output layer of
+            # this forward pass sees the same dropped token table.
+            wte = self.drop(self.wte.weight)
+            self._dropped_wte = wte
+            x = F.embedding(ids, wte) + F.embedding(position_ids, self.drop(self.wpe.weight))
+        else:
+            self._dropped_wte = None
+            x = self.drop(self.wte(ids) + self.wpe(position_ids))
+        for block in self.h:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+    def lm_weight(self) -> torch.Tensor:
+        """The output layer's weight `[vocab_size, n_embd]`: the (possibly dropped) token table."""
+        if self.training and self._dropped_wte is not None:
+            return self._dropped_wte
+        return self.wte.weight
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]`."""
+        return F.linear(hidden, self.lm_weight())
+
+    # ----------------------------------------------------------- task tokens
+    @torch.no_grad()
+    def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]:
+        """Append `n` token rows initialised N(0, initializer_range); return their ids.
+
+        These are the paper's start / delimiter / extract tokens; the tied output layer covers
+        them automatically because it is the token table itself.
+        """
+        if n <= 0:
+            return []
+        old = self.wte.weight
+        new_rows = torch.randn(n, old.shape[1], generator=generator, dtype=torch.float32)
+        new_rows = (new_rows * self.config.initializer_range).to(device=old.device, dtype=old.dtype)
+        table = nn.Embedding(old.shape[0] + n, old.shape[1], device=old.device, dtype=old.dtype)
+        table.weight.copy_(torch.cat([old, new_rows], dim=0))
+        self.wte = table
+        first = self.config.vocab_size
+        self.config.vocab_size += n
+        return list(range(first, first + n))
+
+    # ---------------------------------------------------------------- counts
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count; with `exclude_embeddings`, without the token and position tables."""
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= self.wte.weight.numel() + self.wpe.weight.numel()
+        return total
+
+
+def parameter_count(config: ModelConfig, exclude_embeddings: bool = False) -> int:
+    """Parameters of a model with `config`, computed without allocating it."""
+    C, F_, L = config.n_embd, config.n_inner, config.n_layer
+    per_block = (C * 3 * C + 3 * C) + (C * C + C) + (C * F_ + F_) + (F_ * C + C) + 4 * C
+    emb = 0 if exclude_embeddings else (config.vocab_size + config.n_positions) * C
+    return L * per_block + emb
+
+
+def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
+    """Training FLOPs per token: 6N (N = matrices incl. the tied output layer) plus attention.
+
+    Attention scores and the weighted sum cost 2 * 2 * T * C multiply-adds per token and layer in
+    the forward pass (causal masking is not credited), times 3 for forward + backward.
+    """
+    T = seq_len or config.n_positions
+    n = parameter_count(config) - config.n_positions * config.n_embd  # positions are a gather
+    return 6.0 * n + 12.0 * config.n_layer * T * config.n_embd
+
+

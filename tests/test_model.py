@@ -1,0 +1,167 @@
+"""The model is exactly GPT-1: shapes, causality, parameter count, init, dropout, task tokens."""
+import json
+
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig, load_checkpoint, model_preset, save_model
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model import parameter_count
+
+
+def tiny(**kw) -> ModelConfig:
+    return ModelConfig(**{**dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4), **kw})
+
+
+def test_issue_example_config_works():
+    c = ModelConfig(vocab_size=8192, n_positions=256, n_embd=384, n_layer=6, n_head=6)
+    assert c.n_inner == 1536 and c.head_dim == 64
+
+
+def test_paper_parameter_count_without_allocating():
+    assert parameter_count(model_preset("gpt1")) == 116_534_784
+    assert parameter_count(model_preset("gpt1"), exclude_embeddings=True) == 85_054_464
+
+
+def test_paper_parameter_count_allocated():
+    with torch.device("meta"):
+        model = GPT(model_preset("gpt1"))
+    assert model.num_parameters() == 116_534_784
+
+
+def test_shapes_and_tied_head():
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    ids = torch.randint(0, 97, (3, 10))
+    hidden = model(ids)
+    assert hidden.shape == (3, 10, 32)
+    logits = model.lm_logits(hidden)
+    assert logits.shape == (3, 10, 97)
+    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+
+
+def test_post_ln_block_matches_formula():
+    torch.manual_seed(0)
+    model = GPT(tiny(n_layer=1)).eval()
+    ids = torch.randint(0, 97, (2, 7))
+    x = model.wte(ids) + model.wpe(torch.arange(7))
+    b = model.h[0]
+    B, T, C = x.shape
+    q, k, v = b.attn.c_attn(x).split(C, dim=-1)
+    heads = lambda t: t.view(B, T, 4, 8).transpose(1, 2)
+    w = heads(q) @ heads(k).transpose(-1, -2) / 8 ** 0.5
+    mask = torch.tril(torch.ones(T, T))
+    w = w * mask - 1e9 * (1 - mask)  # OAI's multiplicative mask
+    a = (w.softmax(-1) @ heads(v)).transpose(1, 2).reshape(B, T, C)
+    n = b.ln_1(x + b.attn.c_proj(a))
+    h = b.mlp.c_fc(n)
+    h = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    expected = b.ln_2(n + b.mlp.c_proj(h))
+    torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_causality():
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    ids = torch.randint(0, 97, (2, 16))
+    changed = ids.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 97
+    a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :9], b[:, :9])
+    assert not torch.allclose(a[:, 9:], b[:, 9:])
+
+
+def test_init_statistics():
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=2000, n_positions=128, n_embd=128, n_layer=2, n_head=4))
+    for name, p in model.named_parameters():
+        if name.endswith("bias"):
+            assert torch.count_nonzero(p) == 0, name
+        elif "ln_" in name:
+            assert torch.all(p == 1), name
+        else:
+            assert abs(p.std().item() - 0.02) < 0.002, name
+            assert abs(p.mean().item()) < 0.002, name
+
+
+def test_dropout_active_in_train_off_in_eval():
+    torch.manual_seed(0)
+    model = GPT(tiny())
+    ids = torch.randint(0, 97, (2, 8))
+    model.train()
+    assert not torch.equal(model(ids), model(ids))
+    model.eval()
+    assert torch.equal(model(ids), model(ids))
+
+
+def test_matrix_embedding_dropout_ties_head():
+    torch.manual_seed(0)
+    model = GPT(tiny(embd_dropout="matrix")).train()
+    hidden = model(torch.randint(0, 97, (2, 8)))
+    w = model.lm_weight()
+    assert not torch.equal(w, model.wte.weight)
+    frac_zero = (w == 0).float().mean().item()
+    assert 0.05 < frac_zero < 0.15
+    model.eval()
+    assert torch.equal(model.lm_weight(), model.wte.weight)
+
+
+def test_add_task_tokens_extends_tied_head():
+    torch.manual_seed(0)
+    model = GPT(tiny(vocab_size=500, n_embd=64))
+    old = model.wte.weight.detach().clone()
+    ids = model.add_tokens(3)
+    assert ids == [500, 501, 502] and model.config.vocab_size == 503
+    assert torch.equal(model.wte.weight[:500], old)
+    new = model.wte.weight[500:]
+    assert 0.005 < new.std().item() < 0.05
+    logits = model.lm_logits(model.eval()(torch.tensor([[1, 501, 502]])))
+    assert logits.shape[-1] == 503
+
+
+def test_too_long_sequence_is_an_error():
+    model = GPT(tiny())
+    with pytest.raises(ValueError, match="n_positions"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+
+
+def test_bad_config_values():
+    with pytest.raises(ConfigError):
+        ModelConfig(n_embd=100, n_head=3)
+    with pytest.raises(ConfigError, match="unknown key"):
+        ModelConfig.from_dict({"n_embd": 64, "n_heads": 2})
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = GPT(tiny()).eval()
+    save_model(model, tmp_path / "ckpt")
+    loaded = load_checkpoint(tmp_path / "ckpt").eval()
+    ids = torch.randint(0, 97, (2, 8))
+    torch.testing.assert_close(model(ids), loaded(ids))
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temp folders left
+
+
+def test_checkpoint_refuses_pickle(tmp_path):
+    model = GPT(tiny())
+    save_model(model, tmp_path / "ckpt")
+    torch.save(model.state_dict(), tmp_path / "ckpt" / "model.safetensors")
+    with pytest.raises(CheckpointError, match="pickle"):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_checkpoint_shape_mismatch(tmp_path):
+    save_model(GPT(tiny()), tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    cfg["model"]["n_embd"] = 64
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="shape"):
+        load_checkpoint(tmp_path / "ckpt")
+
+
+def test_checkpoint_truncated(tmp_path):
+    save_model(GPT(tiny()), tmp_path / "ckpt")
+    f = tmp_path / "ckpt" / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:500])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        load_checkpoint(tmp_path / "ckpt")
