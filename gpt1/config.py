@@ -124,4 +124,177 @@ def _guess(raw: str) -> Any:
     return raw
 
 
-__all__ = ["ModelConfig", "MODEL_PRESETS", "model_preset", "from_dict", "override", "field"]
+# ---------------------------------------------------------------------------------- training
+SCHEDULES = ("warmup_cosine", "warmup_linear", "warmup_constant", "constant")
+
+
+@dataclass
+class TrainConfig:
+    """The one training loop's settings (pretraining and fine-tuning share them).
+
+    Defaults are the paper's pretraining recipe (reference a.8) except the batch geometry and
+    length, which presets and commands set.
+    """
+
+    micro_batch_size: int = 8        # sequences per forward/backward on one device
+    batch_size: int = 64             # global batch; accumulation = batch / (micro * world)
+    max_steps: int = 0               # optimizer updates; 0 = derive from `epochs` (pretraining)
+    epochs: float = 100.0            # used only when max_steps == 0
+    total_steps: int = 0             # schedule length; 0 = max_steps (set it to stop early on a longer schedule)
+    lr: float = 2.5e-4
+    schedule: str = "warmup_cosine"
+    warmup: float = 2000             # >= 1: steps; < 1: fraction of total_steps
+    oai_first_step: bool = True      # schedule at the pre-increment step (OAI: first update has lr 0)
+    weight_decay: float = 0.01       # L2 on matrices only (rank > 1), decoupled, OAI style
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0           # global-norm clipping; <= 0 disables
+    optimizer: str = "oai"           # "oai": exact OAI Adam (reference a.8); "adamw": torch AdamW
+    precision: str = "fp32"          # "fp32" | "bf16" (autocast)
+    compile: bool = False
+    gradient_checkpointing: bool = False
+    distributed: str = "ddp"         # "ddp" | "fsdp" (FSDP2 fully_shard) when launched by torchrun
+    device: str = "auto"             # "auto" | "cpu" | "cuda"
+    save_every: int = 1000
+    keep_last: int = 3
+    eval_every: int = 500
+    log_every: int = 10
+    seed: int = 1234
+    resume: str = ""                 # "" | "auto" | path to a step-N folder
+    peak_flops: float = 0.0          # for MFU; 0 = known GPU table or a short matmul probe on CPU
+    loss_chunk_tokens: int = 4096    # LM loss computed this many positions at a time
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batch_size", "batch_size", "log_every"):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("max_steps", "total_steps", "save_every", "eval_every", "keep_last"):
+            if int(getattr(self, name)) < 0:
+                raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule must be one of {', '.join(SCHEDULES)}, "
+                              f"got {self.schedule!r}")
+        if self.optimizer not in ("oai", "adamw"):
+            raise ConfigError(f"train.optimizer must be 'oai' or 'adamw', got {self.optimizer!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"train.precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.distributed not in ("ddp", "fsdp"):
+            raise ConfigError(f"train.distributed must be 'ddp' or 'fsdp', got {self.distributed!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.lr < 0 or self.warmup < 0 or self.epochs < 0:
+            raise ConfigError("train.lr, train.warmup and train.epochs must be >= 0")
+
+
+@dataclass
+class DataConfig:
+    """Where pretraining tokens come from and how windows are cut."""
+
+    path: str = ""                   # a `gpt1 prepare` output folder
+    n_ctx: int = 0                   # window length; 0 = model.n_positions
+    val_windows: int = 64            # fixed validation set: this many evenly spaced windows (0 = all)
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 0 or self.val_windows < 0:
+            raise ConfigError("data.n_ctx and data.val_windows must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    """A whole pretraining run: model, training loop and data sections."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "RunConfig":
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a table of settings")
+        unknown = sorted(set(data) - {"model", "train", "data"})
+        if unknown:
+            raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; "
+                              "known sections are model, train, data")
+        return cls(model=ModelConfig.from_dict(data.get("model", {}), f"{source} [model]"),
+                   train=from_dict(TrainConfig, data.get("train", {}), f"{source} [train]"),
+                   data=from_dict(DataConfig, data.get("data", {}), f"{source} [data]"))
+
+
+# Pretraining presets: the model preset of the same name plus a training recipe.
+PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    # The paper (reference a.8): 64 x 512 tokens, lr 2.5e-4, 2000 warm-up updates from 0, cosine
+    # to 0, 100 epochs, dropout 0.1, L2 0.01 on matrices.
+    "gpt1": {"train": {"batch_size": 64, "micro_batch_size": 8, "lr": 2.5e-4, "warmup": 2000,
+                       "schedule": "warmup_cosine", "epochs": 100.0},
+             "data": {"n_ctx": 512}},
+    # CPU-sized: about an hour on a small corpus.
+    "mini": {"train": {"batch_size": 32, "micro_batch_size": 8, "lr": 6e-4, "warmup": 100,
+                       "schedule": "warmup_cosine", "epochs": 2.0, "save_every": 200,
+                       "eval_every": 100, "log_every": 10},
+             "data": {"n_ctx": 128, "val_windows": 128}},
+    # Tests and smoke runs.
+    "tiny": {"train": {"batch_size": 4, "micro_batch_size": 2, "lr": 1e-3, "warmup": 2,
+                       "schedule": "warmup_cosine", "max_steps": 20, "save_every": 10,
+                       "eval_every": 10, "log_every": 1},
+             "data": {"n_ctx": 32, "val_windows": 8}},
+}
+
+
+def run_preset(name: str) -> RunConfig:
+    """A fresh RunConfig for a pretraining preset (model preset + recipe)."""
+    if name not in PRETRAIN_PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRETRAIN_PRESETS)}")
+    recipe = PRETRAIN_PRESETS[name]
+    return RunConfig(model=model_preset(name), train=TrainConfig(**recipe.get("train", {})),
+                     data=DataConfig(**recipe.get("data", {})))
+
+
+def apply_sections(cfg: RunConfig, data: dict[str, Any], source: str) -> None:
+    """Overlay a parsed TOML mapping ({section: {key: value}}) onto `cfg`; unknown keys are errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected tables [model], [train], [data]")
+    for section, values in data.items():
+        if section not in ("model", "train", "data"):
+            raise ConfigError(f"{source}: unknown section [{section}]; known: model, train, data")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        target = getattr(cfg, section)
+        known = {f.name for f in fields(target)}
+        for key, value in values.items():
+            if key not in known:
+                raise ConfigError(f"{source}: unknown key {section}.{key}; known keys are "
+                                  f"{', '.join(sorted(known))}")
+            setattr(target, key, value)
+    revalidate(cfg, source)
+
+
+def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set") -> None:
+    """Apply one `section.key=value` override (value converted to the field's type)."""
+    if "=" not in assignment or "." not in assignment.split("=", 1)[0]:
+        raise ConfigError(f"{source}: expected section.key=value, got {assignment!r}")
+    dotted, raw = assignment.split("=", 1)
+    section, key = dotted.strip().split(".", 1)
+    if section not in ("model", "train", "data"):
+        raise ConfigError(f"{source}: unknown section {section!r}; known: model, train, data")
+    override(getattr(cfg, section), key.strip(), raw.strip(), f"{source} {section}")
+    revalidate(cfg, source)
+
+
+def revalidate(cfg: RunConfig, source: str) -> None:
+    """Re-run each section's checks after fields were set one by one."""
+    for section in ("model", "train", "data"):
+        obj = getattr(cfg, section)
+        try:
+            obj.__post_init__()
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+
+__all__ = ["ModelConfig", "MODEL_PRESETS", "model_preset", "from_dict", "override", "field",
+           "TrainConfig", "DataConfig", "RunConfig", "PRETRAIN_PRESETS", "run_preset",
+           "apply_sections", "override_dotted"]
