@@ -200,3 +200,85 @@ def tokenizer_dir_of(path: str | Path) -> Path | None:
     """The checkpoint folder if it carries tokenizer files, else None."""
     folder = resolve_checkpoint_dir(path)
     return folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
+
+
+# ------------------------------------------------------------------------- training state
+TRAINER_TENSORS = "trainer_state.safetensors"
+TRAINER_JSON = "trainer_state.json"
+
+
+def optimizer_to_flat(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer `state_dict()` into safetensors-ready tensors and a JSON description."""
+    tensors: dict[str, torch.Tensor] = {}
+    entries = []
+    for i, (key, values) in enumerate(state_dict["state"].items()):
+        scalars = {}
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim/{i}/{name}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars[name] = value
+        entries.append({"key": key, "tensors": [n for n, v in values.items()
+                                                 if isinstance(v, torch.Tensor)],
+                        "scalars": scalars})
+    return tensors, {"state": entries, "param_groups": state_dict["param_groups"]}
+
+
+def optimizer_from_flat(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of `optimizer_to_flat`: an optimizer `state_dict()` (tensors on CPU)."""
+    state = {}
+    for i, entry in enumerate(meta["state"]):
+        values: dict[str, Any] = dict(entry["scalars"])
+        for name in entry["tensors"]:
+            values[name] = tensors[f"optim/{i}/{name}"]
+        state[entry["key"]] = values
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_training_state(folder: Path, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> None:
+    """Write trainer tensors (optimizer moments, RNG states as uint8) and JSON state into `folder`."""
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(Path(folder) / TRAINER_TENSORS),
+              metadata={"format": FORMAT})
+    (Path(folder) / TRAINER_JSON).write_text(json.dumps(info) + "\n")
+
+
+def load_training_state(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors and JSON state written by `save_training_state`."""
+    folder = Path(folder)
+    file = folder / TRAINER_JSON
+    if not file.is_file():
+        raise CheckpointError(f"{folder}: no {TRAINER_JSON}; this checkpoint cannot resume training "
+                              "(it holds weights only)")
+    try:
+        info = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable trainer state ({exc})") from None
+    return load_state_dict(folder / TRAINER_TENSORS), info
+
+
+def step_dirs(run_dir: str | Path) -> list[Path]:
+    """`step-N` checkpoint folders of a run, oldest first (temporary folders excluded)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("step-")
+             and p.name[5:].isdigit() and (p / TRAINER_JSON).is_file()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def latest_resumable(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of a run that carries trainer state (`step-N`, else `final`)."""
+    steps = step_dirs(run_dir)
+    final = Path(run_dir) / "final"
+    candidates = steps + ([final] if (final / TRAINER_JSON).is_file() else [])
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: json.loads((p / TRAINER_JSON).read_text()).get("step", 0))
+
+
+def prune_steps(run_dir: str | Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` step-N folders (0 keeps all)."""
+    if keep_last <= 0:
+        return
+    for old in step_dirs(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)

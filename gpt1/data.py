@@ -1,0 +1,128 @@
+"""Pretraining data: a `gpt1 prepare` folder read as random contiguous windows, with exact-resume state.
+
+The folder holds `meta.json` (format "gpt1-tokens", vocab_size, dtype, splits -> shards), the token
+shards (`gpt1.shards`) and the tokenizer files. A training batch is `micro` windows of n_ctx + 1
+contiguous tokens (inputs = the first n_ctx, targets = the last n_ctx), each starting at a uniformly
+random offset within one shard (shards weighted by how many windows they hold).
+
+All ranks draw the same window offsets from one seeded generator and each takes its own slice of
+every global micro-step: rank r of W reads rows [r*micro, (r+1)*micro) of the micro*W windows drawn.
+So 2 processes with micro-batch m see exactly the windows one process sees with 2 accumulation steps
+of m, and the generator state (a JSON dict) is the whole cursor for exact resume.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt1.errors import DataError
+from gpt1.shards import read_shard
+
+META = "meta.json"
+
+
+@dataclass
+class Split:
+    """One split of a prepared folder: memory-mapped shards and their token counts."""
+
+    name: str
+    shards: list[np.ndarray]
+    tokens: int
+
+
+@dataclass
+class PreparedData:
+    folder: Path
+    meta: dict[str, Any]
+    vocab_size: int
+    splits: dict[str, Split]
+
+
+def open_prepared(folder: str | Path) -> PreparedData:
+    """Read and check `meta.json` and memory-map every shard it lists."""
+    folder = Path(folder)
+    meta_file = folder / META
+    if not meta_file.is_file():
+        raise DataError(f"no {META} here; create the folder with `gpt1 prepare --out {folder}`",
+                        folder)
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"unreadable JSON ({exc})", meta_file) from None
+    if not isinstance(meta, dict) or meta.get("format") != "gpt1-tokens":
+        raise DataError('expected "format": "gpt1-tokens"', meta_file, field="format")
+    if int(meta.get("version", 0)) > 1:
+        raise DataError(f"version {meta['version']} is newer than this gpt1 reads (1)", meta_file,
+                        field="version")
+    vocab = meta.get("vocab_size")
+    if not isinstance(vocab, int) or vocab <= 0:
+        raise DataError("vocab_size must be a positive integer", meta_file, field="vocab_size")
+    splits_meta = meta.get("splits")
+    if not isinstance(splits_meta, dict) or "train" not in splits_meta:
+        raise DataError('expected "splits" with at least "train"', meta_file, field="splits")
+    splits = {}
+    for name, info in splits_meta.items():
+        if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
+            raise DataError(f'split {name!r} needs a "shards" list', meta_file,
+                            field=f"splits.{name}.shards")
+        arrays = []
+        for shard in info["shards"]:
+            path = folder / str(shard)
+            if not path.is_file():
+                raise DataError("shard listed in meta.json is missing", path)
+            arrays.append(read_shard(path))
+        splits[name] = Split(name, arrays, int(sum(a.size for a in arrays)))
+    return PreparedData(folder, meta, vocab, splits)
+
+
+class WindowSource:
+    """Random contiguous windows for one rank (the trainer's `BatchSource`)."""
+
+    def __init__(self, split: Split, n_ctx: int, seed: int, rank: int = 0, world_size: int = 1):
+        self.n_ctx, self.rank, self.world = int(n_ctx), int(rank), int(world_size)
+        self.shards = [s for s in split.shards if s.size >= self.n_ctx + 1]
+        if not self.shards:
+            raise DataError(f"the {split.name} split has no shard with at least {n_ctx + 1} tokens; "
+                            "lower data.n_ctx or prepare more text")
+        starts = np.array([s.size - self.n_ctx for s in self.shards], dtype=np.int64)
+        self._probs = starts / starts.sum()
+        self._starts = starts
+        self.rng = np.random.Generator(np.random.PCG64(seed))
+
+    def next_batch(self, micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets `[micro, n_ctx]` (int64) for this rank."""
+        n = micro_batch_size * self.world
+        which = self.rng.choice(len(self.shards), size=n, p=self._probs)
+        offsets = self.rng.integers(0, self._starts[which])
+        mine = slice(self.rank * micro_batch_size, (self.rank + 1) * micro_batch_size)
+        rows = [self.shards[s][o:o + self.n_ctx + 1] for s, o in zip(which[mine], offsets[mine])]
+        window = torch.from_numpy(np.stack(rows).astype(np.int64))   # [micro, n_ctx + 1]
+        return window[:, :-1], window[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+
+
+def validation_windows(split: Split, n_ctx: int, limit: int) -> torch.Tensor:
+    """A fixed validation set `[N, n_ctx + 1]`: non-overlapping windows, `limit` evenly spaced (0 = all)."""
+    windows = []
+    for shard in split.shards:
+        count = (shard.size - 1) // n_ctx
+        for i in range(count):
+            windows.append((shard, i * n_ctx))
+    if not windows:
+        raise DataError(f"the {split.name} split has fewer than {n_ctx + 1} tokens in every shard; "
+                        "lower data.n_ctx or prepare a larger validation split")
+    if limit and len(windows) > limit:
+        picks = np.linspace(0, len(windows) - 1, limit).round().astype(int)
+        windows = [windows[i] for i in picks]
+    rows = [s[o:o + n_ctx + 1] for s, o in windows]
+    return torch.from_numpy(np.stack(rows).astype(np.int64))

@@ -1,0 +1,132 @@
+"""Pure losses on the tied output layer: the pretraining LM loss and the per-sequence LM loss.
+
+`lm_loss` never materialises all `[tokens, vocab]` logits at once: a custom autograd function walks
+the positions in chunks and, since the loss is the last op, computes each chunk's gradient with
+respect to the hidden states and the output weight *in the forward pass* (softmax - one-hot, two
+matmuls), keeping only those two gradients. Backward merely scales them by the incoming gradient.
+That costs the same three matmuls as the plain loss and peaks at one chunk of logits, instead of
+the full fp32 logits, their log-softmax and its gradient (about 2 GB each for the paper's model at
+8 x 512 tokens). Under bf16 autocast the matmuls run in bf16 and the softmax in fp32, as
+autocast does for `F.linear` + `F.cross_entropy`.
+
+The softmax covers the token table only (HF convention; OAI's joint matrix also covered position
+rows, reference d.1.10).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(t.device.type):
+        return torch.get_autocast_dtype(t.device.type)
+    return t.dtype
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """sum_i w_i * CE(h_i @ W^T, y_i) with gradients computed chunk by chunk in forward."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                weights: torch.Tensor, chunk: int, dtype: torch.dtype) -> torch.Tensor:
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        w_c = weight.to(dtype)
+        for start in range(0, hidden.shape[0], chunk):
+            h = hidden[start:start + chunk].to(dtype)                      # [n, C]
+            y, wt = targets[start:start + chunk], weights[start:start + chunk]
+            logits = (h @ w_c.t()).float()                                 # [n, V]
+            lse = torch.logsumexp(logits, dim=-1)                          # [n]
+            picked = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1)
+            total += ((lse - picked) * wt).sum()
+            if need_h or need_w:
+                # d loss / d logits = w_i * (softmax - onehot), computed in place over the chunk.
+                probs = logits.sub_(lse.unsqueeze(1)).exp_()
+                probs.scatter_add_(1, y.clamp_min(0).unsqueeze(1),
+                                   -torch.ones_like(picked).unsqueeze(1))
+                dlogits = (probs * wt.unsqueeze(1)).to(dtype)              # [n, V]
+                if need_h:
+                    grad_h[start:start + chunk] = (dlogits @ w_c).to(hidden.dtype)
+                if need_w:
+                    if dtype == torch.float32:
+                        grad_w.addmm_(dlogits.t(), h)                      # [V, C]
+                    else:
+                        grad_w.add_((dlogits.t() @ h).float())
+        # Gradients are kept on ctx (not inputs or outputs); backward only scales them.
+        ctx.grad_h, ctx.grad_w, ctx.weight_dtype = grad_h, grad_w, weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        gh = gw = None
+        if ctx.grad_h is not None:
+            gh = (ctx.grad_h * grad_out).to(ctx.grad_h.dtype)
+        if ctx.grad_w is not None:
+            gw = (ctx.grad_w * grad_out).to(ctx.weight_dtype)
+        ctx.grad_h = ctx.grad_w = None
+        return gh, gw, None, None, None, None
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                          weights: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """sum_i weights_i * CE(hidden_i @ weight^T, targets_i); hidden `[N, C]`, weight `[V, C]`.
+
+    `weights` are constants (for a mean: 1 / count on real targets, 0 on ignored ones).
+    """
+    dtype = _compute_dtype(hidden)
+    with torch.autocast(hidden.device.type, enabled=False):
+        return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, weights.float(),
+                                                max(int(chunk), 1), dtype)
+
+
+def lm_loss(model: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None,
+            chunk: int = 4096) -> torch.Tensor:
+    """Mean next-token cross-entropy: hidden `[B, T, C]` at t predicts ids[:, t + 1].
+
+    `mask` `[B, T]` (1 = real token) drops padded targets; the mean is over real targets.
+    """
+    B, T, C = hidden.shape
+    h = hidden[:, :-1].reshape(B * (T - 1), C)                  # [B*(T-1), C]
+    y = ids[:, 1:].reshape(-1)                                  # [B*(T-1)]
+    w = torch.ones_like(y, dtype=torch.float32) if mask is None else mask[:, 1:].reshape(-1).float()
+    w = w / w.sum().clamp_min(1.0)
+    return chunked_cross_entropy(h, model.lm_weight(), y, w, chunk)
+
+
+def lm_loss_window(model: Any, hidden: torch.Tensor, targets: torch.Tensor,
+                   chunk: int = 4096) -> torch.Tensor:
+    """Mean cross-entropy of hidden `[B, T, C]` against explicit next tokens `targets` `[B, T]`."""
+    B, T, C = hidden.shape
+    y = targets.reshape(-1)                                     # [B*T]
+    w = torch.full(y.shape, 1.0 / y.numel(), dtype=torch.float32, device=y.device)
+    return chunked_cross_entropy(hidden.reshape(B * T, C), model.lm_weight(), y, w, chunk)
+
+
+def lm_loss_per_sequence(model: Any, hidden: torch.Tensor, ids: torch.Tensor,
+                         mask: torch.Tensor) -> torch.Tensor:
+    """Per-sequence mean LM loss `[B]` over real targets (reference a.7): sum_t CE_t M_{t+1} / sum M_{t+1}.
+
+    Fine-tuning sequences are short, so plain logits are fine here.
+    """
+    logits = model.lm_logits(hidden[:, :-1])                    # [B, T-1, V]
+    ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
+    m = mask[:, 1:].to(ce.dtype)
+    return (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+
+class WindowLMLoss:
+    """`loss_fn(model, batch)` for pretraining: batch = (inputs `[B, T]`, targets `[B, T]`)."""
+
+    def __init__(self, chunk: int = 4096):
+        self.chunk = chunk
+
+    def __call__(self, model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]):
+        x, y = batch
+        loss = lm_loss_window(model, model(x), y, self.chunk)
+        return loss, {"tokens": float(y.numel())}
