@@ -1,0 +1,108 @@
+"""A user's own data: CSV, TSV or JSON Lines files named by columns.
+
+`columns` maps roles to column names: `text` (single text); `a` and `b` (pair: entailment-style,
+or similarity with kind "similarity"); `context`, optional `question` and `choices` (multiple
+choice: several columns joined by `|`, or one column holding a JSON list); and `label`.
+Class names come from `labels` or, when not given, are the sorted distinct values of the
+training file's label column (recorded with the fine-tuned run so evaluation maps them the same
+way). Regression tasks read the label as a float. Files are `{split}.csv|.tsv|.jsonl`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gpt1.errors import ConfigError, DataError
+from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
+from gpt1.tasks.rows import Record, collect, label_field, records, text_field
+
+KINDS = ("single", "pair", "similarity", "choice")
+ROLES = {"single": ("text",), "pair": ("a", "b"), "similarity": ("a", "b"),
+         "choice": ("context", "choices")}
+
+
+def parse_columns(spec: str) -> dict[str, str]:
+    """`"a=question1,b=question2,label=is_duplicate"` -> a role -> column mapping."""
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        role, sep, column = part.partition("=")
+        if not sep or not column:
+            raise ConfigError(f"--columns: expected ROLE=COLUMN, got {part!r}")
+        out[role.strip()] = column.strip()
+    return out
+
+
+def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
+    """The example kind implied by the roles present in `columns`."""
+    known = {"text", "a", "b", "context", "question", "choices", "label", "id"}
+    unknown = sorted(set(columns) - known)
+    if unknown:
+        raise ConfigError(f"--columns: unknown role(s) {', '.join(unknown)}; "
+                          f"known roles are {', '.join(sorted(known))}")
+    if "choices" in columns:
+        kind = "choice"
+    elif "a" in columns or "b" in columns:
+        kind = "similarity" if similarity else "pair"
+    elif "text" in columns:
+        kind = "single"
+    else:
+        raise ConfigError("--columns must name text=COL, or a=COL,b=COL, or context=COL,choices=COL|COL")
+    missing = [r for r in ROLES[kind] if r not in columns]
+    if missing:
+        raise ConfigError(f"--columns: a {kind} task also needs {', '.join(missing)}=COLUMN")
+    return kind
+
+
+def scan_labels(path: Path, column: str) -> list[str]:
+    """Sorted distinct values of `column` in `path` (the training file): the class names."""
+    values = set()
+    for line, rec in records(path, BadRows(skip=True)):
+        if column not in rec:
+            raise DataError(f"missing label column {column!r}", path, line, column)
+        values.add(str(rec[column]).strip())
+    if not values:
+        raise DataError("no rows to take the label set from", path)
+    return sorted(values, key=lambda v: (not _is_number(v), float(v) if _is_number(v) else 0, v))
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+        return True
+    except ValueError:
+        return False
+
+
+def _choices(rec: Record, spec: str, path: Path, line: int) -> list[str]:
+    names = spec.split("|")
+    if len(names) == 1:
+        value = rec.get(names[0])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise DataError("expected a list of non-empty answer strings", path, line, names[0])
+        return list(value)
+    return [text_field(rec, n, path, line) for n in names]
+
+
+def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
+                 need_labels: bool) -> tuple[list[Example], int]:
+    """Examples of a user file described by `spec` (kind, columns, labels)."""
+    cols, kind, labels = spec["columns"], spec["kind"], spec.get("labels")
+    has_label = "label" in cols
+
+    def build(line: int, rec: Record) -> Example:
+        label = None
+        if has_label and (need_labels or cols["label"] in rec):
+            label = label_field(rec, cols["label"], path, line, labels)
+        uid = str(rec.get(cols.get("id", ""), line))
+        if kind == "single":
+            return TextExample(text_field(rec, cols["text"], path, line), label, uid)
+        if kind in ("pair", "similarity"):
+            return PairExample(text_field(rec, cols["a"], path, line),
+                               text_field(rec, cols["b"], path, line), label, uid)
+        question = text_field(rec, cols["question"], path, line, allow_empty=True) if "question" in cols else ""
+        return ChoiceExample(text_field(rec, cols["context"], path, line), question,
+                             _choices(rec, cols["choices"], path, line), label, uid)
+
+    if need_labels and not has_label:
+        raise ConfigError("--columns needs label=COLUMN for training and evaluation")
+    return collect(records(path, bad), bad, build)

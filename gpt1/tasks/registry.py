@@ -1,0 +1,217 @@
+"""The task registry: a task = reader + input transformation + head + metrics.
+
+`get_task(name)` returns a `Task`; `task.read(data, split)` returns a `Split` of examples.
+`kind` selects both the transformation (`transforms.py`) and the head (`heads.py`):
+"single" (classification), "pair" (entailment), "similarity" (both orders summed) and
+"choice" (multiple choice). `labels` None means regression (STS-B).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from gpt1.errors import ConfigError, DataError
+from gpt1.tasks import choice, generic, glue, nli
+from gpt1.tasks.examples import BadRows, Example, Split
+from gpt1.tasks.files import find_split_file
+
+Reader = Callable[["Task", Path, str, BadRows, bool], tuple[list[Example], Path, int]]
+
+
+@dataclass
+class Task:
+    """Everything that makes one fine-tuning task."""
+
+    name: str
+    kind: str                               # single | pair | similarity | choice
+    labels: list[str] | None                # class names; None = regression
+    metrics: tuple[str, ...]                # first one is the task's headline metric
+    reader: Reader
+    splits: tuple[str, ...] = ("train", "dev", "test")
+    dev: tuple[str, ...] = ("dev",)         # what `--split dev` evaluates (MNLI: both dev sets)
+    test: tuple[str, ...] = ("test",)
+    spec: dict[str, Any] = field(default_factory=dict)  # generic tasks: format, columns, labels
+
+    @property
+    def n_outputs(self) -> int:
+        """Width of the head's linear layer: classes, 1 for regression, 1 per choice."""
+        if self.kind == "choice" or self.labels is None:
+            return 1
+        return len(self.labels)
+
+    @property
+    def regression(self) -> bool:
+        return self.kind != "choice" and self.labels is None
+
+    def resolve_splits(self, split: str) -> tuple[str, ...]:
+        """`dev`/`test` may stand for several files (MNLI matched and mismatched)."""
+        if split == "dev":
+            return self.dev
+        if split == "test":
+            return self.test
+        if split not in self.splits:
+            raise ConfigError(f"task {self.name}: unknown split {split!r}; "
+                              f"choose one of {', '.join(self.splits)}")
+        return (split,)
+
+    def read(self, data: str | Path, split: str, skip_bad_rows: bool = False,
+             need_labels: bool | None = None) -> Split:
+        """Read one split (an exact split name) from folder (or file) `data`. Empty is an error."""
+        if split not in self.splits:
+            raise ConfigError(f"task {self.name}: unknown split {split!r}; "
+                              f"choose one of {', '.join(self.splits)}")
+        if need_labels is None:
+            need_labels = not split.startswith("test")
+        bad = BadRows(skip=skip_bad_rows)
+        if isinstance(data, str) and data.startswith("hf:"):
+            from gpt1.tasks.hub import read_hub
+            examples, path, dropped = read_hub(self, data[3:], split, bad)
+        else:
+            examples, path, dropped = self.reader(self, Path(data), split, bad, need_labels)
+        if not examples:
+            raise DataError(f"split {split!r} of task {self.name} is empty"
+                            + (f" ({len(bad.rows)} malformed rows skipped)" if bad.rows else ""), path)
+        if need_labels and any(e.label is None for e in examples):
+            raise DataError(f"split {split!r} has examples without labels; cannot score it", path)
+        if self.kind == "choice":
+            counts = {len(e.choices) for e in examples}  # type: ignore[union-attr]
+            if len(counts) != 1:
+                raise DataError(f"examples have different numbers of choices ({sorted(counts)})", path)
+        return Split(split, path, examples, skipped=bad.rows, dropped=dropped)
+
+
+# ----------------------------------------------------------------------------- readers
+def _glue_reader(key: str, files: dict[str, list[str]] | None = None,
+                 aliases: dict[str, str] | None = None) -> Reader:
+    def read(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
+        names = (files or {}).get(split, [f"{split}.tsv"])
+        path = find_split_file(data, split, names)
+        examples, dropped = glue.read_glue_tsv(path, glue.GLUE_COLUMNS[key], task.labels, bad,
+                                               need_labels, aliases)
+        return examples, path, dropped
+    return read
+
+
+def _nli_reader(candidates: Callable[[str], list[str]], aliases: dict[str, str] | None = None) -> Reader:
+    def read(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
+        path = find_split_file(data, split, candidates(split))
+        examples, dropped = nli.read_nli_file(path, task.name, task.labels or [], bad, need_labels,
+                                              aliases)
+        return examples, path, dropped
+    return read
+
+
+def _story_cloze_reader(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
+    names = choice.STORY_CLOZE_TEST if split == "test" else choice.STORY_CLOZE_VAL
+    path = find_split_file(data, split, names)
+    examples, dropped = choice.read_story_cloze(path, bad)
+    if split != "test" and not Path(data).is_file():
+        examples = choice.story_cloze_split(examples, split)
+    return examples, path, dropped
+
+
+def _race_reader(levels: tuple[str, ...]) -> Reader:
+    def read(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
+        data = Path(data)
+        if data.is_file() or (data / f"{split}.jsonl").is_file():
+            path = data if data.is_file() else data / f"{split}.jsonl"
+            examples, dropped = choice.read_race_jsonl(path, levels, bad)
+            return examples, path, dropped
+        folder = data / split if (data / split).is_dir() else data / "RACE" / split
+        examples, dropped = choice.read_race(folder, levels, bad)
+        return examples, folder, dropped
+    return read
+
+
+def _generic_reader(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
+    fmt = task.spec.get("format", "csv")
+    exts = {"csv": ["csv", "tsv"], "tsv": ["tsv"], "jsonl": ["jsonl", "json"]}[fmt]
+    path = find_split_file(data, split, [f"{split}.{e}" for e in exts])
+    examples, dropped = generic.read_generic(path, task.spec, bad, need_labels)
+    return examples, path, dropped
+
+
+# ---------------------------------------------------------------------------- registry
+BINARY = ["0", "1"]
+NOT_ENT = ["entailment", "not_entailment"]
+ACC, F1_ACC, MCC, CORR = ("accuracy",), ("f1", "accuracy"), ("matthews",), ("pearson", "spearman")
+MNLI_SPLITS = ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched")
+
+
+def _builtin() -> dict[str, Task]:
+    race = lambda name, levels: Task(name, "choice", None, ACC, _race_reader(levels))  # noqa: E731
+    return {t.name: t for t in [
+        Task("cola", "single", BINARY, MCC + ("accuracy",), _glue_reader("cola")),
+        Task("sst2", "single", BINARY, ACC, _glue_reader("sst2")),
+        Task("mnli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.mnli_candidates),
+             splits=MNLI_SPLITS, dev=("dev_matched", "dev_mismatched"),
+             test=("test_matched", "test_mismatched")),
+        Task("snli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.snli_candidates)),
+        Task("scitail", "pair", nli.SCITAIL_LABELS, ACC,
+             _nli_reader(nli.scitail_candidates, nli.SCITAIL_ALIASES)),
+        Task("qnli", "pair", NOT_ENT, ACC, _glue_reader("qnli")),
+        Task("rte", "pair", NOT_ENT, ACC, _glue_reader("rte")),
+        Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli")),
+        Task("mrpc", "similarity", BINARY, F1_ACC,
+             _glue_reader("mrpc", {"train": ["train.tsv", "msr_paraphrase_train.txt"],
+                                   "dev": ["dev.tsv"], "test": ["test.tsv", "msr_paraphrase_test.txt"]})),
+        Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp")),
+        Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
+        Task("story_cloze", "choice", None, ACC, _story_cloze_reader),
+        race("race", ("middle", "high")),
+        race("race_middle", ("middle",)),
+        race("race_high", ("high",)),
+    ]}
+
+
+TASKS: dict[str, Task] = _builtin()
+GENERIC = ("csv", "tsv", "jsonl")
+ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "storycloze": "story_cloze", "rocstories": "story_cloze",
+           "multinli": "mnli", "race-m": "race_middle", "race-h": "race_high"}
+
+
+def task_names() -> list[str]:
+    return list(TASKS) + list(GENERIC)
+
+
+def get_task(name: str, spec: dict[str, Any] | None = None) -> Task:
+    """A registered task by name, or a generic csv/tsv/jsonl task built from `spec`."""
+    key = ALIASES.get(name.lower(), name.lower())
+    if key in TASKS:
+        return TASKS[key]
+    if key in GENERIC:
+        return generic_task(key, spec or {})
+    raise ConfigError(f"unknown task {name!r}; choose one of {', '.join(task_names())}")
+
+
+def generic_task(fmt: str, spec: dict[str, Any]) -> Task:
+    """A user task: `spec` has `columns` (role -> column), optional `kind`, `labels`, `regression`."""
+    columns = spec.get("columns") or {}
+    if not columns:
+        raise ConfigError(f"task {fmt} needs --columns (for example text=sentence,label=label)")
+    kind = spec.get("kind") or generic.infer_kind(columns, spec.get("similarity", False))
+    if kind not in generic.KINDS:
+        raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(generic.KINDS)}")
+    regression = bool(spec.get("regression"))
+    if regression and kind == "choice":
+        raise ConfigError("a multiple-choice task cannot be a regression")
+    labels = None if regression else spec.get("labels")
+    if not regression and not labels:
+        raise ConfigError(f"task {fmt}: class labels unknown (give --labels, or fine-tune: the "
+                          "training file's label values are then recorded)")
+    metrics = CORR if regression else ACC if kind == "choice" or len(labels or []) != 2 else F1_ACC + MCC
+    full = {"format": fmt, "kind": kind, "columns": columns, "labels": labels, "regression": regression}
+    return Task(fmt, kind, labels, metrics,
+                _generic_reader, spec=full)
+
+
+def complete_generic_spec(fmt: str, spec: dict[str, Any], data: str | Path, train_split: str) -> dict[str, Any]:
+    """Fill a generic spec's class labels from the training file when the user gave none."""
+    columns = spec.get("columns") or {}
+    kind = spec.get("kind") or generic.infer_kind(columns, spec.get("similarity", False))
+    if spec.get("labels") or spec.get("regression") or "label" not in columns:
+        return dict(spec, kind=kind)
+    exts = {"csv": ["csv", "tsv"], "tsv": ["tsv"], "jsonl": ["jsonl", "json"]}[fmt]
+    path = find_split_file(Path(data), train_split, [f"{train_split}.{e}" for e in exts])
+    return dict(spec, kind=kind, labels=generic.scan_labels(path, columns["label"]))
