@@ -1,0 +1,217 @@
+"""The paper's LSTM baseline (Table 5, last row), with the same interface as `gpt1.GPT`.
+
+The paper compares its Transformer with a single-layer 2048-unit LSTM pretrained and fine-tuned in
+the same framework. `LSTMLM` is a drop-in for `GPT`: `model(ids [B, T]) -> hidden [B, T, n_embd]`,
+`lm_logits(hidden)` tied to the token table, `lm_weight()`, `add_tokens(n)`, `num_parameters()`,
+`.config`, `.wte` and a (ignored) `gradient_checkpointing` attribute. So pretraining, fine-tuning,
+zero-shot scoring and checkpoints need no LSTM-specific code; only loading has to know which class
+to build, which `load_any_checkpoint` does from the `"arch"` key of `config.json`.
+
+Layout: token table (n_embd) -> dropout -> single-layer unidirectional LSTM (hidden_size units;
+causal by construction) -> linear projection back to n_embd -> dropout. The projection lets the
+task heads and the tied output layer see n_embd-wide states whatever the LSTM width.
+
+Sizing rule ("scaled to the model size"): `lstm_config_for(model_config)` chooses `hidden_size` so
+that the LSTM's non-embedding parameters (4H(E+H) + 8H for the cell, H*E + E for the projection)
+match the Transformer's blocks as closely as possible, rounded to a multiple of 64. The token table
+is the same size in both, so total counts then match too (the LSTM has no position table). For
+GPT-1's own 117M preset this gives about 4,160 units: the paper's 2048-unit LSTM had only about a
+quarter of the Transformer's block parameters. `rule="paper"` keeps the paper's ratio of LSTM
+units to Transformer width instead (2048 / 768, i.e. 8/3 x n_embd).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt1.config import ModelConfig, from_dict
+from gpt1.errors import CheckpointError, ConfigError
+
+ARCH_KEY = "arch"
+PAPER_UNITS_PER_WIDTH = 2048 / 768
+
+
+@dataclass
+class LSTMConfig:
+    """Shape and regularisation of the LSTM baseline. Names shared with `ModelConfig` mean the same."""
+
+    vocab_size: int = 40478
+    n_embd: int = 768                # token table width = width of the hidden states heads see
+    hidden_size: int = 2048          # LSTM units (the paper's baseline: 2048)
+    n_layer: int = 1                 # LSTM layers (the paper's baseline: 1)
+    n_positions: int = 512           # longest sequence commands will feed (no position table)
+    embd_pdrop: float = 0.1
+    resid_pdrop: float = 0.1         # dropout on the projected LSTM outputs
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_embd", "hidden_size", "n_layer", "n_positions"):
+            if int(getattr(self, name)) <= 0:
+                raise ConfigError(f"lstm.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("embd_pdrop", "resid_pdrop"):
+            if not 0.0 <= float(getattr(self, name)) < 1.0:
+                raise ConfigError(f"lstm.{name} must be in [0, 1), got {getattr(self, name)!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "LSTMConfig":
+        return from_dict(cls, data, source)
+
+
+def lstm_parameter_count(config: LSTMConfig, exclude_embeddings: bool = False) -> int:
+    """Parameters of an `LSTMLM` with `config`, computed without allocating it."""
+    E, H = config.n_embd, config.hidden_size
+    cell = 4 * H * (E + H) + 8 * H + (config.n_layer - 1) * (4 * H * (2 * H) + 8 * H)
+    proj = H * E + E
+    return cell + proj + (0 if exclude_embeddings else config.vocab_size * E)
+
+
+def lstm_config_for(model: ModelConfig, rule: str = "params") -> LSTMConfig:
+    """The single-layer LSTM compared with a Transformer of shape `model` (see module docstring).
+
+    rule="params": hidden size whose non-embedding parameter count is closest to the Transformer's
+    blocks (multiple of 64). rule="paper": 2048/768 units per unit of Transformer width.
+    """
+    from gpt1.model import parameter_count
+
+    E = model.n_embd
+    if rule == "params":
+        target = parameter_count(model, exclude_embeddings=True)
+        # 4H^2 + (5E + 8)H + E = target  ->  the positive root, then the nearest multiple of 64.
+        b = 5 * E + 8
+        root = (-b + math.sqrt(b * b + 16 * max(target - E, 1))) / 8
+        hidden = max(64, int(round(root / 64)) * 64)
+    elif rule == "paper":
+        hidden = max(64, int(round(E * PAPER_UNITS_PER_WIDTH / 64)) * 64)
+    else:
+        raise ConfigError(f"unknown LSTM sizing rule {rule!r}; choose 'params' or 'paper'")
+    return LSTMConfig(vocab_size=model.vocab_size, n_embd=E, hidden_size=hidden, n_layer=1,
+                      n_positions=model.n_positions, embd_pdrop=model.embd_pdrop,
+                      resid_pdrop=model.resid_pdrop, initializer_range=model.initializer_range)
+
+
+class LSTMLM(nn.Module):
+    """LSTM language model: `LSTMLM(config)(ids)` -> hidden states `[B, T, n_embd]`; tied head."""
+
+    def __init__(self, config: LSTMConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.lstm = nn.LSTM(config.n_embd, config.hidden_size, num_layers=config.n_layer,
+                            batch_first=True)
+        self.c_proj = nn.Linear(config.hidden_size, config.n_embd)
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+        # Accepted for interface parity with GPT; a single recurrent layer has nothing to checkpoint.
+        self.gradient_checkpointing = False
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Token table and projection N(0, initializer_range); LSTM uniform(+-1/sqrt(H)), forget bias 1.
+
+        The forget-gate bias of 1 (Jozefowicz et al., 2015) keeps early gradients flowing through
+        the cell state; PyTorch splits the bias in two, so each half gets 0.5.
+        """
+        std = self.config.initializer_range
+        nn.init.normal_(self.wte.weight, std=std)
+        nn.init.normal_(self.c_proj.weight, std=std)
+        nn.init.zeros_(self.c_proj.bias)
+        H = self.config.hidden_size
+        bound = 1.0 / math.sqrt(H)
+        for name, p in self.lstm.named_parameters():
+            if name.startswith("weight"):
+                nn.init.uniform_(p, -bound, bound)
+            else:
+                nn.init.zeros_(p)
+                with torch.no_grad():
+                    p[H:2 * H].fill_(0.5)  # gate order is input | forget | cell | output
+
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`. `position_ids` is ignored."""
+        x = self.drop(self.wte(ids))                 # [B, T, E]
+        out, _ = self.lstm(x)                        # [B, T, H]; state starts at zero per row
+        return self.resid_dropout(self.c_proj(out))  # [B, T, E]
+
+    def lm_weight(self) -> torch.Tensor:
+        """The output layer's weight `[vocab_size, n_embd]`: the token table."""
+        return self.wte.weight
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]`."""
+        return F.linear(hidden, self.lm_weight())
+
+    @torch.no_grad()
+    def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]:
+        """Append `n` token rows initialised N(0, initializer_range); return their ids."""
+        if n <= 0:
+            return []
+        old = self.wte.weight
+        rows = torch.randn(n, old.shape[1], generator=generator, dtype=torch.float32)
+        rows = (rows * self.config.initializer_range).to(device=old.device, dtype=old.dtype)
+        table = nn.Embedding(old.shape[0] + n, old.shape[1], device=old.device, dtype=old.dtype)
+        table.weight.copy_(torch.cat([old, rows], dim=0))
+        self.wte = table
+        first = self.config.vocab_size
+        self.config.vocab_size += n
+        return list(range(first, first + n))
+
+    def num_parameters(self, exclude_embeddings: bool = False) -> int:
+        """Parameter count; with `exclude_embeddings`, without the token table."""
+        total = sum(p.numel() for p in self.parameters())
+        return total - (self.wte.weight.numel() if exclude_embeddings else 0)
+
+    def flops_per_token(self, seq_len: int | None = None) -> float:
+        """Training FLOPs per token: 6N over the matrices, including the tied output layer."""
+        return 6.0 * lstm_parameter_count(self.config)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def save_lstm(model: LSTMLM, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
+    """Save an `LSTMLM` as a gpt1 checkpoint folder marked `"arch": "lstm"`."""
+    from gpt1.checkpoint import save_model
+
+    return save_model(model, out_dir, tokenizer_dir, extra={ARCH_KEY: "lstm"})  # type: ignore[arg-type]
+
+
+def checkpoint_arch(path: str | Path) -> str:
+    """"gpt" or "lstm": the architecture recorded in a checkpoint's config.json (default "gpt")."""
+    from gpt1.checkpoint import read_config
+
+    arch = read_config(path).get(ARCH_KEY, "gpt")
+    if arch not in ("gpt", "lstm"):
+        raise CheckpointError(f"{path}: unknown \"{ARCH_KEY}\" {arch!r} in config.json "
+                              "(expected \"gpt\" or \"lstm\")")
+    return arch
+
+
+def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    """Load a checkpoint folder (or a run's newest) as `GPT` or `LSTMLM`, by its `"arch"` key."""
+    from gpt1.checkpoint import (WEIGHTS, check_state_dict, load_checkpoint, load_state_dict,
+                                 read_config, resolve_checkpoint_dir)
+
+    folder = resolve_checkpoint_dir(path)
+    if checkpoint_arch(folder) == "gpt":
+        return load_checkpoint(folder, device)
+    source = folder / "config.json"
+    try:
+        config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(source))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    state = load_state_dict(folder / WEIGHTS)
+    with torch.device("meta"):
+        model = LSTMLM(config)
+    check_state_dict(model, state, folder / WEIGHTS)  # type: ignore[arg-type]
+    model.load_state_dict(state, assign=True)
+    # nn.LSTM keeps a flat view of its weights for fused kernels; rebuild it after `assign`.
+    model.lstm.flatten_parameters()
+    return model.to(device)
+

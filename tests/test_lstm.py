@@ -1,0 +1,145 @@
+"""The LSTM baseline: GPT's interface, causal, tied head, task tokens, sizing rule, checkpoints."""
+import json
+
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig, model_preset, save_model
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.lstm import (LSTMLM, LSTMConfig, checkpoint_arch, load_any_checkpoint, lstm_config_for,
+                       lstm_parameter_count, save_lstm)
+from gpt1.model import parameter_count
+
+
+def small(**kw) -> LSTMConfig:
+    return LSTMConfig(**{**dict(vocab_size=97, n_embd=32, hidden_size=48, n_positions=32), **kw})
+
+
+def test_shapes_and_tied_head():
+    torch.manual_seed(0)
+    model = LSTMLM(small()).eval()
+    ids = torch.randint(0, 97, (3, 10))
+    hidden = model(ids)
+    assert hidden.shape == (3, 10, 32)
+    logits = model.lm_logits(hidden)
+    assert logits.shape == (3, 10, 97)
+    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+    assert model.lm_weight() is model.wte.weight
+
+
+def test_causal_future_tokens_do_not_change_the_past():
+    torch.manual_seed(0)
+    model = LSTMLM(small()).eval()
+    ids = torch.randint(0, 97, (2, 12))
+    changed = ids.clone()
+    changed[:, 7:] = torch.randint(0, 97, (2, 5))
+    a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+
+
+def test_rows_are_independent_and_right_padding_is_harmless():
+    torch.manual_seed(0)
+    model = LSTMLM(small()).eval()
+    row = torch.randint(0, 97, (1, 6))
+    padded = torch.cat([row, torch.zeros(1, 4, dtype=torch.long)], dim=1)
+    batch = torch.cat([padded, torch.randint(0, 97, (1, 10))], dim=0)
+    torch.testing.assert_close(model(batch)[:1, :6], model(row))
+
+
+def test_add_tokens_extends_the_tied_head():
+    torch.manual_seed(0)
+    model = LSTMLM(small())
+    before = model.wte.weight.detach().clone()
+    ids = model.add_tokens(3, generator=torch.Generator().manual_seed(1))
+    assert ids == [97, 98, 99] and model.config.vocab_size == 100
+    torch.testing.assert_close(model.wte.weight[:97], before)
+    assert model.lm_logits(model(torch.tensor([[99, 5]]))).shape == (1, 2, 100)
+    assert model.add_tokens(0) == []
+
+
+def test_forget_gate_bias_and_parameter_count():
+    model = LSTMLM(small(hidden_size=16))
+    b = model.lstm.bias_ih_l0 + model.lstm.bias_hh_l0
+    assert torch.all(b[16:32] == 1.0) and torch.all(b[:16] == 0) and torch.all(b[32:] == 0)
+    assert model.num_parameters() == lstm_parameter_count(model.config)
+    assert model.num_parameters(exclude_embeddings=True) == lstm_parameter_count(
+        model.config, exclude_embeddings=True)
+    assert model.num_parameters() - model.num_parameters(True) == 97 * 32
+
+
+@pytest.mark.parametrize("preset", ["mini", "gpt1", "tiny"])
+def test_params_rule_matches_the_transformer_within_a_few_percent(preset):
+    mc = model_preset(preset)
+    lc = lstm_config_for(mc)
+    assert lc.n_layer == 1 and lc.n_embd == mc.n_embd and lc.hidden_size % 64 == 0
+    ratio = lstm_parameter_count(lc, True) / parameter_count(mc, exclude_embeddings=True)
+    # Rounding H to 64 moves the count by at most ~8 H E-sized rows; tiny is the coarsest case.
+    assert 0.8 < ratio < 1.25, ratio
+
+
+def test_paper_rule_gives_2048_units_for_gpt1():
+    assert lstm_config_for(model_preset("gpt1"), rule="paper").hidden_size == 2048
+    with pytest.raises(ConfigError):
+        lstm_config_for(model_preset("gpt1"), rule="nope")
+
+
+def test_bad_config_is_a_config_error():
+    with pytest.raises(ConfigError):
+        small(hidden_size=0)
+    with pytest.raises(ConfigError):
+        small(embd_pdrop=1.0)
+    with pytest.raises(ConfigError, match="unknown key"):
+        LSTMConfig.from_dict({"n_embd": 8, "n_head": 2})
+
+
+def test_lstm_checkpoint_roundtrip(tmp_path):
+    torch.manual_seed(0)
+    model = LSTMLM(small()).eval()
+    model.add_tokens(2)
+    save_lstm(model, tmp_path / "ck")
+    data = json.loads((tmp_path / "ck" / "config.json").read_text())
+    assert data["arch"] == "lstm" and data["model"]["vocab_size"] == 99
+    loaded = load_any_checkpoint(tmp_path / "ck")
+    assert isinstance(loaded, LSTMLM) and checkpoint_arch(tmp_path / "ck") == "lstm"
+    ids = torch.randint(0, 99, (2, 9))
+    torch.testing.assert_close(loaded.eval()(ids), model(ids))
+
+
+def test_load_any_checkpoint_returns_gpt_for_plain_checkpoints(tmp_path):
+    model = GPT(ModelConfig(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    save_model(model, tmp_path / "g")
+    assert checkpoint_arch(tmp_path / "g") == "gpt"
+    assert isinstance(load_any_checkpoint(tmp_path / "g"), GPT)
+
+
+def test_unknown_arch_and_mismatched_weights_are_checkpoint_errors(tmp_path):
+    model = LSTMLM(small())
+    save_lstm(model, tmp_path / "ck")
+    cfg_file = tmp_path / "ck" / "config.json"
+    data = json.loads(cfg_file.read_text())
+    data["arch"] = "rnn"
+    cfg_file.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="unknown \"arch\""):
+        load_any_checkpoint(tmp_path / "ck")
+    data["arch"] = "lstm"
+    data["model"]["hidden_size"] = 64
+    cfg_file.write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="shape"):
+        load_any_checkpoint(tmp_path / "ck")
+
+
+def test_trains_one_batch_down():
+    torch.manual_seed(0)
+    model = LSTMLM(small(embd_pdrop=0.0, resid_pdrop=0.0))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ids = torch.randint(0, 97, (4, 16))
+    losses = []
+    for _ in range(100):
+        logits = model.lm_logits(model(ids[:, :-1]))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), ids[:, 1:].reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
