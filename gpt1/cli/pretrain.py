@@ -1,0 +1,56 @@
+"""Pretrain GPT-1 on a `gpt1 prepare` folder (the paper's recipe with --preset gpt1).
+
+Examples:
+  gpt1 pretrain --preset mini --data data/novels --out runs/mini
+  gpt1 pretrain --config configs/pretrain_gpt1.toml --data data/books --out runs/gpt1 --precision bf16
+  gpt1 pretrain --preset mini --data data/novels --out runs/mini --resume auto
+  torchrun --nproc_per_node 8 -m gpt1 pretrain --preset gpt1 --data data/books --out runs/gpt1
+
+Settings resolve as preset -> --config TOML -> flags -> --set section.key=value. SIGINT/SIGTERM
+write a checkpoint and exit; --resume auto continues bit-exactly from the newest one.
+"""
+from __future__ import annotations
+
+import argparse
+
+HELP = "pretrain a GPT-1 language model on prepared token shards"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=None, help="gpt1 (paper), mini (CPU) or tiny (tests); "
+                   "default: the TOML's `preset`, else gpt1")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML with [model] [train] [data] tables")
+    p.add_argument("--data", metavar="DIR", help="output folder of `gpt1 prepare`")
+    p.add_argument("--out", metavar="RUN", required=True, help="run folder (checkpoints, metrics)")
+    p.add_argument("--max-steps", type=int, help="optimizer updates (default: from epochs)")
+    p.add_argument("--save-every", type=int, help="checkpoint every N steps")
+    p.add_argument("--eval-every", type=int, help="validation every N steps (0: off)")
+    p.add_argument("--log-every", type=int, help="console/metrics line every N steps")
+    p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint in "
+                   "--out (auto) or from a step-N folder")
+    p.add_argument("--micro-batch", type=int, help="sequences per forward pass per device")
+    p.add_argument("--batch-size", type=int, help="global batch (sequences per update)")
+    p.add_argument("--lr", type=float, help="peak learning rate")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast")
+    p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="any setting, e.g. --set train.warmup=500 --set model.n_layer=4")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt1.pretrain import pretrain, resolve_config
+    flags = {
+        "data": {"path": args.data},
+        "train": {"max_steps": args.max_steps, "save_every": args.save_every,
+                  "eval_every": args.eval_every, "log_every": args.log_every,
+                  "resume": args.resume, "micro_batch_size": args.micro_batch,
+                  "batch_size": args.batch_size, "lr": args.lr, "precision": args.precision,
+                  "compile": args.compile, "seed": args.seed,
+                  "quiet": True if args.quiet else None},
+    }
+    cfg = resolve_config(args.preset, args.config, flags, args.set)
+    result = pretrain(cfg, args.out)
+    if result.interrupted:
+        return 128 + int(result.interrupted)
+    return 0

@@ -1,0 +1,180 @@
+"""Training telemetry: the console line, `metrics.jsonl`, tokens/s, MFU, memory, and loss/lr plots.
+
+Only rank 0 writes; other ranks get a logger whose methods do nothing. `metrics.jsonl` holds one
+JSON object per line: training lines carry `step`, `loss`, `lr`, `grad_norm`, ...; validation
+lines carry `step`, `val_loss`, `val_ppl`. On resume, lines past the resumed step are dropped so
+the file reads like one uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger("gpt1.train")
+
+METRICS = "metrics.jsonl"
+
+# Dense bf16 peak FLOP/s of common accelerators (no sparsity).
+_GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12,
+              "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "4090": 165e12,
+              "3090": 71e12, "V100": 125e12, "T4": 65e12, "B200": 2250e12}
+
+
+def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> float:
+    """Peak FLOP/s for MFU: `override` if set, a table for GPUs, a short matmul probe on CPU."""
+    if override > 0:
+        return override
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in _GPU_PEAKS.items():
+            if key in name:
+                return value if precision == "bf16" else value / 2  # tf32 tensor cores: half
+        return 0.0
+    return cpu_matmul_peak(torch.bfloat16 if precision == "bf16" else torch.float32)
+
+
+def cpu_matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 0.3) -> float:
+    """Measured matmul FLOP/s on this CPU (best of repeated n x n x n products)."""
+    # A private generator: the probe must not consume the training RNG (exact resume).
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
+    a @ b
+    best, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t0 = time.perf_counter()
+        a @ b
+        best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def memory_bytes(device: torch.device) -> int:
+    """Max allocated on CUDA; resident set size of this process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class MetricsLogger:
+    """Console lines and `metrics.jsonl` for one run (a no-op on ranks other than 0)."""
+
+    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None = None):
+        self.enabled = enabled
+        self.file = Path(run_dir) / METRICS
+        self.bar: Any = None
+        if enabled:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            if resume_step is None:
+                self.file.write_text("")
+            else:
+                truncate_after(self.file, resume_step)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.file, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    def console(self, text: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            log.info(text)
+
+
+def truncate_after(file: Path, step: int) -> None:
+    """Drop lines of `file` whose step is past `step` (work lost when a run was killed)."""
+    if not file.is_file():
+        return
+    kept = []
+    for line in file.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue  # a half-written last line from a killed run
+    file.write_text("".join(k + "\n" for k in kept))
+
+
+def train_line(rec: dict[str, Any]) -> str:
+    """The console line for one logging interval."""
+    mem = rec.get("mem_gb")
+    return (f"step {rec['step']:>6d} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
+            f"grad {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
+            f"MFU {100 * rec.get('mfu', 0.0):.1f}% | mem {mem:.2f} GB")
+
+
+def val_line(rec: dict[str, Any]) -> str:
+    return f"step {rec['step']:>6d} | val_loss {rec['val_loss']:.4f} | val_ppl {rec['val_ppl']:.2f}"
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    file = Path(run_dir) / METRICS
+    from gpt1.errors import DataError
+    if not file.is_file():
+        raise DataError(f"no {METRICS} in this run folder", run_dir)
+    records = []
+    for n, line in enumerate(file.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise DataError("not a JSON object", file, line=n) from None
+    return records
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """Write loss.png (train and validation loss) and lr.png from a run's metrics.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    train = [r for r in records if "loss" in r]
+    val = [r for r in records if "val_loss" in r]
+    written = []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
+    if val:
+        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(f"{run_dir.name}: loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run_dir / "loss.png", dpi=120)
+    plt.close(fig)
+    written.append(run_dir / "loss.png")
+    lr = [r for r in train if "lr" in r]
+    if lr:
+        fig, ax = plt.subplots(figsize=(7, 3))
+        ax.plot([r["step"] for r in lr], [r["lr"] for r in lr])
+        ax.set_xlabel("step")
+        ax.set_ylabel("learning rate")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(run_dir / "lr.png", dpi=120)
+        plt.close(fig)
+        written.append(run_dir / "lr.png")
+    return written
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else float("inf")

@@ -1,0 +1,143 @@
+"""`gpt1 pretrain`: the paper's language-model pretraining on a `gpt1 prepare` folder.
+
+Configuration resolves in order: preset (model + recipe) -> TOML file -> command-line flags ->
+`--set section.key=value`. The vocabulary size always comes from the prepared data (the tokenizer
+it was made with). With `train.max_steps = 0` the run length is `epochs` passes over the training
+tokens: ceil(epochs * train_tokens / (batch_size * n_ctx)) updates (the paper: 100 epochs).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt1 import distributed as dist
+from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, run_preset
+from gpt1.data import PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.errors import ConfigError
+from gpt1.model import GPT, flops_per_token
+from gpt1.objectives import WindowLMLoss, lm_loss_window
+from gpt1.trainer import TrainResult, train
+
+log = logging.getLogger("gpt1.pretrain")
+RUN_CONFIG = "run.json"
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+
+
+def resolve_config(preset: str | None = None, config_file: str | Path | None = None,
+                   flags: dict[str, dict[str, Any]] | None = None,
+                   sets: list[str] | None = None) -> RunConfig:
+    """Preset -> TOML -> flags ({section: {key: value}}, None values skipped) -> `--set` strings."""
+    table = load_toml(config_file) if config_file else {}
+    file_preset = table.pop("preset", None)
+    cfg = run_preset(preset or file_preset or "gpt1")
+    if table:
+        apply_sections(cfg, table, str(config_file))
+    for section, values in (flags or {}).items():
+        for key, value in values.items():
+            if value is not None:
+                setattr(getattr(cfg, section), key, value)
+    revalidate(cfg, "command line")
+    for assignment in sets or []:
+        override_dotted(cfg, assignment)
+    return cfg
+
+
+def finalize(cfg: RunConfig, data: PreparedData) -> int:
+    """Fill in what depends on the data: vocab size, n_ctx and run length. Returns n_ctx."""
+    cfg.model.vocab_size = data.vocab_size
+    n_ctx = cfg.data.n_ctx or cfg.model.n_positions
+    if n_ctx > cfg.model.n_positions:
+        raise ConfigError(f"data.n_ctx ({n_ctx}) exceeds model.n_positions ({cfg.model.n_positions})")
+    cfg.data.n_ctx = n_ctx
+    if cfg.train.max_steps == 0:
+        tokens = data.splits["train"].tokens
+        cfg.train.max_steps = max(1, math.ceil(cfg.train.epochs * tokens /
+                                               (cfg.train.batch_size * n_ctx)))
+    return n_ctx
+
+
+def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: int) -> Any:
+    """Validation loss and perplexity on a fixed set of windows, split evenly over ranks."""
+    if "val" not in data.splits or data.splits["val"].tokens <= n_ctx:
+        log.warning("no usable validation split in %s: evaluation is off", data.folder)
+        return None
+    windows = validation_windows(data.splits["val"], n_ctx, limit)
+    info = dist.env_info()
+    usable = len(windows) - len(windows) % info.world_size or len(windows)
+    mine = windows[:usable][info.rank::info.world_size]     # [n_mine, n_ctx + 1]
+
+    def evaluate(model: Any) -> dict[str, float]:
+        device = next(model.parameters()).device
+        total = torch.zeros(2, dtype=torch.float64, device=device)   # [loss * count, count]
+        for start in range(0, len(mine), micro):
+            rows = mine[start:start + micro].to(device)
+            loss = lm_loss_window(model, model(rows[:, :-1]), rows[:, 1:], chunk)
+            count = rows[:, 1:].numel()
+            total += torch.stack([loss.double() * count, torch.tensor(count, device=device,
+                                                                      dtype=torch.float64)])
+        dist.all_reduce_sum(total)
+        val_loss = float(total[0] / total[1])
+        return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700))}
+
+    return evaluate
+
+
+def check_run_dir(out: Path, resume: str) -> None:
+    """Refuse to silently start over in a folder that already holds checkpoints."""
+    if resume or not out.is_dir():
+        return
+    if any(p.name.startswith("step-") or p.name == "final" for p in out.iterdir()):
+        raise ConfigError(f"{out} already holds checkpoints; pass --resume auto to continue that run "
+                          "or choose a new --out")
+
+
+def pretrain(cfg: RunConfig, out: str | Path) -> TrainResult:
+    """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`."""
+    out = Path(out)
+    if not cfg.data.path:
+        raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
+    check_run_dir(out, cfg.train.resume)
+    data = open_prepared(cfg.data.path)
+    n_ctx = finalize(cfg, data)
+    info = dist.env_info()
+    resolved = cfg.to_dict()
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_CONFIG).write_text(json.dumps(resolved, indent=2) + "\n")
+    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
+    model = GPT(cfg.model)
+    source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
+    eval_fn = make_eval_fn(data, n_ctx, cfg.data.val_windows, cfg.train.micro_batch_size,
+                           cfg.train.loss_chunk_tokens)
+    tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
+    if tokenizer_dir is None:
+        log.warning("%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder)
+    if info.is_main:
+        log.info("pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, "
+                 "%s, out %s", f"{model.num_parameters():,}", cfg.train.max_steps,
+                 cfg.train.batch_size, n_ctx, cfg.train.micro_batch_size, cfg.train.precision, out)
+    try:
+        result = train(model, WindowLMLoss(cfg.train.loss_chunk_tokens), source, cfg.train, out,
+                       eval_fn=eval_fn, tokenizer_dir=tokenizer_dir, resolved_config=resolved,
+                       flops_per_token=flops_per_token(cfg.model, n_ctx))
+        if info.is_main and not result.interrupted:
+            from gpt1.metrics import plot_run
+            plot_run(out)
+        return result
+    finally:
+        dist.destroy()
