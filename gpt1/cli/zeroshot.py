@@ -1,0 +1,69 @@
+"""Zero-shot task performance of a pretrained LM, with the paper's heuristics (Fig. 2 right).
+
+A checkpoint folder gives OUT/results.json (raw metric, normalised score, n per task). A
+pretraining run folder (with step-N/ and final/ checkpoints) gives the curve over pretraining:
+OUT/curve.json, OUT/curve.md and OUT/curve.png; rerunning resumes where it stopped.
+
+--data is a task's folder, or a root laid out like ../shared/data (glue/SST-2, glue/CoLA,
+story_cloze, corpus/lambada, dpr, RACE); with --task all, tasks without data are skipped.
+
+Examples:
+  gpt1 zeroshot runs/mini/final --task sst2 --data ../shared/data/glue/SST-2 --out zs/sst2
+  gpt1 zeroshot runs/mini --task all --data ../shared/data --out zs/mini --limit 500
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "zero-shot heuristics (sst2, cola, race, dpr, story_cloze, lambada) on a checkpoint or run"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("checkpoint", metavar="CHECKPOINT|RUN_DIR",
+                   help="a checkpoint folder, or a pretraining run folder for the curve")
+    p.add_argument("--task", default="all",
+                   help="sst2, cola, race, dpr, story_cloze, lambada, a comma list, or all")
+    p.add_argument("--data", required=True, help="the task's data folder, or a data root")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--calibrate", action="store_true",
+                   help="score candidates against a content-free prompt (contextual calibration)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="first N examples of each split (CoLA: of train and of dev)")
+    p.add_argument("--tokenizer", default=None,
+                   help="vocab.json + merges.txt folder (default: the checkpoint's own)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-tokens", type=int, default=4096,
+                   help="padded tokens per forward pass (default 4096)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt1.errors import ConfigError
+    from gpt1.zeroshot import evaluate_checkpoint, evaluate_run, parse_tasks
+    if args.limit is not None and args.limit <= 0:
+        raise ConfigError(f"--limit must be positive, got {args.limit}")
+    tasks = parse_tasks(args.task)
+    settings = dict(tokenizer_dir=args.tokenizer, limit=args.limit, calibrate=args.calibrate,
+                    device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens)
+    out = Path(args.out)
+    path = Path(args.checkpoint)
+    if path.is_dir() and not (path / "config.json").is_file():
+        curve = evaluate_run(path, tasks, args.data, out, **settings)
+        print((out / "curve.md").read_text(), end="")
+        print(f"wrote {out / 'curve.json'}, {out / 'curve.md'}, {out / 'curve.png'} "
+              f"({len(curve['checkpoints'])} checkpoints)")
+        return 0
+    results = evaluate_checkpoint(path, tasks, args.data, **settings)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"checkpoint": str(path), "data": str(args.data),
+              "settings": {k: v for k, v in settings.items() if k != "tokenizer_dir"},
+              "tasks": results}
+    (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+    for task, r in results.items():
+        extra = f", threshold {r['threshold']:.4f}" if "threshold" in r else ""
+        print(f"{task:12s} {r['metric']} {r['value']:.4f}  normalised {r['normalised']:+.3f}  "
+              f"n={r['n']}{extra}")
+    print(f"wrote {out / 'results.json'}")
+    return 0

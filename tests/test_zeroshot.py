@@ -1,0 +1,410 @@
+"""Zero-shot heuristics and the selective batched scorer (gpt1/zeroshot.py, gpt1/zeroshot_data.py)."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from gpt1 import zeroshot as zs
+from gpt1 import zeroshot_data as zd
+from gpt1.checkpoint import save_model
+from gpt1.config import ModelConfig
+from gpt1.errors import DataError
+from gpt1.model import GPT
+
+
+def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=vocab, n_positions=24, n_embd=32, n_layer=2, n_head=4)
+    cfg.update(kw)
+    model = GPT(ModelConfig(**cfg)).eval()
+    with torch.no_grad():   # larger weights than the init, so log-probs differ visibly by position
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.3)
+    return model
+
+
+def reference_logprobs(model: GPT, ctx: list[int], cont: list[int]) -> list[float]:
+    """The plain way: full logits at every position of one unpadded sequence."""
+    n = model.config.n_positions
+    full = (ctx + cont)[-(n + 1):][:-1] if len(ctx) + len(cont) - 1 > n else (ctx + cont)[:-1]
+    with torch.no_grad():
+        logp = torch.log_softmax(model.lm_logits(model(torch.tensor([full]))), -1)[0]
+    first = len(full) - len(cont)
+    return [float(logp[first + i, t]) for i, t in enumerate(cont)]
+
+
+def random_requests(rng: random.Random, n: int, vocab: int) -> list[tuple[list[int], list[int]]]:
+    reqs = []
+    for _ in range(n):
+        ctx = [rng.randrange(vocab) for _ in range(rng.randint(1, 20))]
+        reqs.append((ctx, [rng.randrange(vocab) for _ in range(rng.randint(1, 6))]))
+    # Shared contexts, exact duplicates, a prefix of another request, and one too long to fit.
+    reqs.append((reqs[0][0], [7]))
+    reqs.append((reqs[0][0], [9]))
+    reqs.append(reqs[1])
+    reqs.append((reqs[2][0][:2], reqs[2][0][2:4] or [3]))
+    reqs.append(([rng.randrange(vocab) for _ in range(40)], [1, 2, 3]))
+    return reqs
+
+
+def test_scorer_equals_full_logits_computation():
+    model = tiny_model()
+    reqs = random_requests(random.Random(0), 30, 50)
+    scorer = zs.Scorer(model, batch_tokens=64, max_rows=5, logits_chunk=7)
+    scored = scorer.score(reqs)
+    assert scorer.truncated == 1
+    for (ctx, cont), s in zip(reqs, scored):
+        ref = reference_logprobs(model, ctx, cont)
+        assert s.logprobs == pytest.approx(ref, abs=1e-5)
+    # greedy flag: a continuation made of the argmax tokens is greedy, a changed one is not
+    ctx = reqs[0][0]
+    with torch.no_grad():
+        best = int(model.lm_logits(model(torch.tensor([ctx])))[0, -1].argmax())
+    a, b = scorer.score([(ctx, [best]), (ctx, [(best + 1) % 50])])
+    assert a.greedy and not b.greedy
+
+
+def test_scorer_shares_prefix_rows():
+    model = tiny_model()
+    scorer = zs.Scorer(model)
+    plans, canon = scorer._plan([([1, 2, 3], [4, 5]), ([1, 2], [3]), ([1, 2, 3], [9]),
+                                 ([7, 8], [1])])
+    assert len(set(canon.values())) == 2   # [1,2,3,4] covers the other two rows; [7,8] alone
+
+
+def test_scorer_rejects_empty_context():
+    with pytest.raises(ValueError):
+        zs.Scorer(tiny_model()).score([([], [1])])
+
+
+def test_scorer_bf16_close_to_fp32():
+    model = tiny_model()
+    reqs = random_requests(random.Random(1), 10, 50)
+    fp32 = zs.Scorer(model).score(reqs)
+    bf16 = zs.Scorer(tiny_model().to(torch.bfloat16)).score(reqs)
+    for a, b in zip(fp32, bf16):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=0.25)
+
+
+def hf_model_from(model: GPT):
+    transformers = pytest.importorskip("transformers")
+    c = model.config
+    cfg = transformers.OpenAIGPTConfig(vocab_size=c.vocab_size, n_positions=c.n_positions,
+                                       n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
+                                       afn="gelu", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    hf = transformers.OpenAIGPTLMHeadModel(cfg).eval()
+    state = {}
+    for k, v in model.state_dict().items():
+        if k == "wte.weight":
+            state["transformer.tokens_embed.weight"] = v
+        elif k == "wpe.weight":
+            state["transformer.positions_embed.weight"] = v
+        elif k.endswith("weight") and (".c_" in k):
+            state["transformer." + k] = v.t()   # nn.Linear [out, in] -> HF Conv1D [in, out]
+        else:
+            state["transformer." + k] = v
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    return hf
+
+
+def test_scorer_matches_hf_full_logits():
+    model = tiny_model()
+    hf = hf_model_from(model)
+    reqs = [r for r in random_requests(random.Random(2), 12, 50) if len(r[0]) + len(r[1]) <= 25]
+    scored = zs.Scorer(model, batch_tokens=100).score(reqs)
+    for (ctx, cont), s in zip(reqs, scored):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ctx + cont[:-1]])).logits[0]   # [T, V] at every position
+        logp = torch.log_softmax(logits, -1)
+        ref = [float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont)]
+        assert s.logprobs == pytest.approx(ref, abs=1e-4)
+
+
+# --------------------------------------------------------------------------- heuristics
+class WordTok:
+    """Whitespace word-level tokenizer over a fixed word list (id = index, unknown = 0)."""
+
+    def __init__(self, words: list[str]):
+        self.ids = {w: i for i, w in enumerate(["<unk>"] + words)}
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ids.get(w, 0) for w in text.lower().split()]
+
+
+WORDS = "very positive negative good bad movie the n/a film a b c bee flower it had pollen because".split()
+
+
+def rig(model: GPT, token: int) -> GPT:
+    """Make the last hidden state constant and pointing at `token`'s embedding: it always wins."""
+    with torch.no_grad():
+        ln = model.h[-1].ln_2
+        ln.weight.zero_()
+        model.wte.weight[token] *= 3
+        ln.bias.copy_(model.wte.weight[token])
+    return model
+
+
+def test_sst2_rigged_model_predicts_one_class():
+    tok = WordTok(WORDS)
+    examples = [("good movie", 1), ("bad film", 0), ("the movie", 1), ("bad", 0), ("a film", 0)]
+    for word, expect_positive in (("positive", True), ("negative", False)):
+        model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids[word])
+        r = zs.zs_sst2(zs.Scorer(model), tok, examples)
+        assert r["predicted_positive"] == (1.0 if expect_positive else 0.0)
+        assert r["accuracy"] == pytest.approx(0.4 if expect_positive else 0.6)
+
+
+class FakeScorer:
+    """Returns a fixed log-prob for each (context text, continuation text) pair."""
+
+    def __init__(self, tok: WordTok, table: dict[tuple[str, str], float]):
+        names = {i: w for w, i in tok.ids.items()}
+        self.table, self.names = table, names
+        self.truncated = 0
+
+    def score(self, reqs):
+        out = []
+        for ctx, cont in reqs:
+            key = (" ".join(self.names[i] for i in ctx), " ".join(self.names[i] for i in cont))
+            out.append(zs.Score([self.table[key]] * len(cont), False))
+        return out
+
+
+def test_sst2_calibration_removes_the_prior():
+    tok = WordTok(WORDS)
+    # A strong prior for "positive" after the content-free prompt "N/A very".
+    table = {("n/a very", "positive"): -0.5, ("n/a very", "negative"): -3.0,
+             ("good very", "positive"): -0.4, ("good very", "negative"): -3.5,
+             ("bad very", "positive"): -1.0, ("bad very", "negative"): -2.0}
+    examples = [("good", 1), ("bad", 0)]
+    plain = zs.zs_sst2(FakeScorer(tok, table), tok, examples)
+    calibrated = zs.zs_sst2(FakeScorer(tok, table), tok, examples, calibrate=True)
+    assert plain["predicted_positive"] == 1.0 and plain["accuracy"] == 0.5
+    assert calibrated["accuracy"] == 1.0
+
+
+def test_sst2_multi_piece_word_scored_by_sum():
+    class PieceTok(WordTok):
+        def encode(self, text):   # "negative" is two pieces, "positive" one
+            return [i for w in text.lower().split()
+                    for i in ([self.ids["a"], self.ids["b"]] if w == "negative" else [self.ids.get(w, 0)])]
+    tok = PieceTok(WORDS)
+    # pieces of "negative" have -1 each (sum -2) vs "positive" -1.5: sum says positive,
+    # a per-token mean would say negative.
+    table = {("good very", "positive"): -1.5, ("good very", "a b"): -1.0}
+    r = zs.zs_sst2(FakeScorer(tok, table), tok, [("good", 1)])
+    assert r["accuracy"] == 1.0 and r["pieces"] == {"negative": 2, "positive": 1}
+
+
+def brute_force_best_mcc(scores, labels):
+    from sklearn.metrics import matthews_corrcoef
+    cuts = [math.inf] + sorted(set(scores.tolist()), reverse=True)
+    return max(matthews_corrcoef(labels, (scores >= t).astype(int)) for t in cuts)
+
+
+def test_best_threshold_hand_case_and_against_brute_force():
+    t, mcc = zs.best_threshold(np.array([3.0, 2.0, 1.0, 0.0]), np.array([1, 1, 0, 0]))
+    assert t == 1.5 and mcc == pytest.approx(1.0)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        scores = rng.integers(0, 6, size=30).astype(float)    # many ties
+        labels = (rng.random(30) < 0.6).astype(int)
+        t, mcc = zs.best_threshold(scores, labels)
+        assert mcc == pytest.approx(brute_force_best_mcc(scores, labels))
+        from sklearn.metrics import matthews_corrcoef
+        assert matthews_corrcoef(labels, (scores >= t).astype(int)) == pytest.approx(mcc)
+
+
+def test_cola_threshold_comes_from_train_split():
+    tok = WordTok(WORDS)
+    mean = {"a": -1.0, "b": -2.0, "c": -3.0, "movie": -4.0}   # sentence = "the X"
+    table = {("the", w): v for w, v in mean.items()}
+    train = [("the a", 1), ("the b", 1), ("the c", 0), ("the movie", 0)]   # best cut: -2.5
+    dev = [("the a", 1), ("the b", 0), ("the c", 1), ("the movie", 0)]
+    r = zs.zs_cola(FakeScorer(tok, table), tok, train, dev)
+    assert r["threshold"] == pytest.approx(-2.5) and r["train_mcc"] == pytest.approx(1.0)
+    # dev predictions use the train threshold: a,b -> 1; c,movie -> 0 => MCC 0
+    assert r["mcc"] == pytest.approx(0.0) and r["accuracy"] == 0.5
+
+
+def test_dpr_requests_and_decision():
+    tok = WordTok(WORDS)
+    ex = zd.DprExample("The bee had the flower because it had pollen", "it", ("bee", "flower"), 1)
+    (c0, r0), (c1, r1) = zs.dpr_requests(tok, ex)
+    assert c0 == tok.encode("the bee had the flower because bee")
+    assert c1 == tok.encode("the bee had the flower because flower")
+    assert r0 == r1 == tok.encode("had pollen")
+    table = {("the bee had the flower because bee", "had pollen"): -3.0,
+             ("the bee had the flower because flower", "had pollen"): -1.0}
+    assert zs.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 1.0
+    table[("the bee had the flower because bee", "had pollen")] = -0.5
+    assert zs.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 0.0
+
+
+def test_lambada_greedy_accuracy_with_rigged_model():
+    tok = WordTok(WORDS)
+    model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids["pollen"])
+    r = zs.zs_lambada(zs.Scorer(model), tok, [("the bee had", "pollen"), ("the bee had", "it")])
+    assert r["accuracy"] == 0.5
+
+
+def test_story_cloze_and_race_pick_likelier_mean():
+    tok = WordTok(WORDS)
+    table = {("the bee", "had pollen"): -1.0, ("the bee", "it"): -2.0,
+             ("the bee a", "good"): -3.0, ("the bee a", "bad"): -0.5, ("the bee a", "it"): -1.0,
+             ("the bee a", "film"): -4.0}
+    sc = zd.StoryClozeExample("the bee", ("it", "had pollen"), 1)
+    assert zs.zs_story_cloze(FakeScorer(tok, table), tok, [sc])["accuracy"] == 1.0
+    race = zd.RaceExample("the bee", "a", ("good", "bad", "it", "film"), 1)
+    assert zs.zs_race(FakeScorer(tok, table), tok, [race])["accuracy"] == 1.0
+
+
+@pytest.mark.parametrize("task", list(zs.REFERENCES))
+def test_normalised_score_is_zero_at_chance_one_at_reference(task):
+    ref = zs.REFERENCES[task]
+    assert zs.normalised(task, ref.chance) == pytest.approx(0.0)
+    assert zs.normalised(task, ref.sota) == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------------- readers
+def test_dpr_reader(tmp_path):
+    f = tmp_path / "test.c.txt"
+    f.write_text("The bee landed on the flower because it had pollen.\nit\nbee,flower\nflower\n\n"
+                 "John asked Bill because he knew.\nhe\nJohn, Bill\nBill\n\n\n")
+    exs = zd.read_dpr(f)
+    assert exs[0] == zd.DprExample("The bee landed on the flower because it had pollen.", "it",
+                                   ("bee", "flower"), 1)
+    assert exs[1].candidates == ("John", "Bill") and exs[1].answer == 1
+    f.write_text("A sentence with it.\nit\nx,y\nx\n\nbroken block\nit\nx,y\n")
+    with pytest.raises(DataError, match=r"test.c.txt:6.*4 lines"):
+        zd.read_dpr(f)
+    f.write_text("A sentence with it.\nit\nx,y\nz\n")
+    with pytest.raises(DataError, match=r"test.c.txt:4, field 'answer'"):
+        zd.read_dpr(f)
+    f.write_text("A sentence without.\nit\nx,y\nx\n")
+    with pytest.raises(DataError, match=r":2, field 'pronoun'"):
+        zd.read_dpr(f)
+
+
+def test_lambada_race_story_readers(tmp_path):
+    lam = tmp_path / "lambada.txt"
+    lam.write_text("he said hello to the dog\n\nshe went home\n")
+    assert zd.read_lambada(lam) == [("he said hello to the", "dog"), ("she went", "home")]
+    race = tmp_path / "race" / "test" / "high"
+    race.mkdir(parents=True)
+    (race / "1.txt").write_text(json.dumps({"article": "A text.", "questions": ["Q1?", "Q2?"],
+                                            "options": [["a", "b", "c", "d"], ["e", "f", "g", "h"]],
+                                            "answers": ["B", "D"], "id": "1.txt"}))
+    exs = zd.read_race(tmp_path / "race")
+    assert [e.answer for e in exs] == [1, 3] and exs[1].options[3] == "h"
+    (race / "2.txt").write_text(json.dumps({"article": "x", "questions": ["q"],
+                                            "options": [["a", "b"]], "answers": ["E"]}))
+    with pytest.raises(DataError, match="field 'answers'"):
+        zd.read_race(tmp_path / "race")
+    sc = tmp_path / "sc.csv"
+    sc.write_text("id,s1,s2,s3,s4,e1,e2,ans\nx,A.,B.,C.,D.,E1.,E2.,2\ny,A.,B.,C.,D.,E1.,E2.,3\n")
+    with pytest.raises(DataError, match=r"sc.csv:3, field 'AnswerRightEnding'"):
+        zd.read_story_cloze(sc)
+
+
+def test_readers_on_shared_data(shared_data):
+    sst = zd.read_sst2(shared_data / "glue/SST-2/dev.tsv")
+    assert len(sst) == 872 and {y for _, y in sst} == {0, 1}
+    assert len(zd.read_cola(shared_data / "glue/CoLA/train.tsv")) == 8551
+    assert len(zd.read_lambada(shared_data / "corpus/lambada")) == 5153
+    sc = zd.read_story_cloze(zs._first(shared_data / "story_cloze", ["*test*.csv"]))
+    assert len(sc) == 1871 and {e.answer for e in sc} == {0, 1}
+
+
+# --------------------------------------------------------------------------------------- CLI
+def char_vocab(folder):
+    """A tiny BPE vocabulary with no merges: every word is spelled letter by letter."""
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789.,'/!?-")
+    vocab = ["<unk>"] + chars + [c + "</w>" for c in chars]
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return len(vocab)
+
+
+def make_run(tmp_path, steps=(10, 100)):
+    vocab_dir = tmp_path / "vocab"
+    vocab_dir.mkdir()
+    n = char_vocab(vocab_dir)
+    run = tmp_path / "run"
+    for step in steps:
+        save_model(tiny_model(vocab=n, seed=step, n_positions=128), run / f"step-{step}", vocab_dir)
+    return run
+
+
+def write_small_data(root):
+    (root / "glue/SST-2").mkdir(parents=True)
+    (root / "glue/SST-2/dev.tsv").write_text("sentence\tlabel\ngood film\t1\nbad film\t0\nok\t1\n")
+    (root / "dpr").mkdir()
+    (root / "dpr/test.c.txt").write_text("the bee had the flower as it had pollen\nit\nbee,flower\n"
+                                         "flower\n")
+
+
+def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
+    from gpt1.cli import main
+    run = make_run(tmp_path)
+    data = tmp_path / "data"
+    write_small_data(data)
+    out = tmp_path / "zs1"
+    assert main(["zeroshot", str(run / "step-10"), "--task", "sst2", "--data",
+                 str(data / "glue/SST-2"), "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())["tasks"]["sst2"]
+    assert res["n"] == 3 and res["normalised"] == pytest.approx(zs.normalised("sst2", res["value"]))
+    # The curve over the run; tasks without data (cola, lambada, ...) are skipped.
+    out2 = tmp_path / "zs2"
+    assert main(["zeroshot", str(run), "--task", "all", "--data", str(data), "--out", str(out2),
+                 "--calibrate"]) == 0
+    curve = json.loads((out2 / "curve.json").read_text())
+    assert [c["updates"] for c in curve["checkpoints"].values()] == [10, 100]
+    assert set(curve["checkpoints"]["step-100"]["tasks"]) == {"sst2", "dpr"}
+    assert (out2 / "curve.png").stat().st_size > 1000
+    table = (out2 / "curve.md").read_text()
+    assert "| step-100 | 100 |" in table and "lambada" not in table.splitlines()[0]
+    # Resume: a new checkpoint is evaluated, the finished ones are not.
+    n_vocab = json.loads((run / "step-10/config.json").read_text())["model"]["vocab_size"]
+    save_model(tiny_model(vocab=n_vocab, seed=1, n_positions=128), run / "step-1000",
+               tmp_path / "vocab")
+    calls = []
+    real = zs.evaluate_checkpoint
+    monkeypatch.setattr(zs, "evaluate_checkpoint", lambda f, *a, **k: calls.append(f.name) or real(f, *a, **k))
+    zs.evaluate_run(run, ["sst2", "dpr"], data, out2, calibrate=True)
+    assert calls == ["step-1000"]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    from gpt1.cli import main
+    run = make_run(tmp_path, steps=(1,))
+    assert main(["zeroshot", str(run / "step-1"), "--task", "nope", "--data", str(tmp_path),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert main(["zeroshot", str(run / "step-1"), "--task", "cola", "--data", str(tmp_path),
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "unknown task" in err and "no cola data" in err
+
+
+@pytest.mark.slow
+def test_cli_on_shared_data_with_real_vocab(shared_data, tmp_path):
+    """The real readers and GPT-1 vocabulary end to end, on a few examples per task."""
+    from gpt1.cli import main
+    vocab = shared_data / "gpt1_tokenizer"
+    model = tiny_model(vocab=40478, n_positions=256, n_embd=16, n_head=2, n_layer=1)
+    save_model(model, tmp_path / "ck", vocab)
+    out = tmp_path / "o"
+    assert main(["zeroshot", str(tmp_path / "ck"), "--task", "sst2,cola,story_cloze,lambada",
+                 "--data", str(shared_data), "--out", str(out), "--limit", "6"]) == 0
+    tasks = json.loads((out / "results.json").read_text())["tasks"]
+    assert set(tasks) == {"sst2", "cola", "story_cloze", "lambada"}
+    assert all(t["n"] == 6 for t in tasks.values())
+    assert tasks["sst2"]["pieces"] == {"negative": 1, "positive": 1}   # whole words in GPT-1's BPE
