@@ -1,0 +1,111 @@
+"""Heads: the extract position, shared classifier dropout, similarity sum, losses."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt1.config import model_preset
+from gpt1.heads import FinetuneModel, TaskHead, extract_states, finetune_loss, shared_dropout
+from gpt1.model import GPT
+from gpt1.tasks.transforms import SpecialIds, choice, pad_batch, similarity, single
+
+CLF = 514
+S = SpecialIds(512, 513, CLF)
+
+
+def tiny(kind: str, n_out: int, seed: int = 0) -> FinetuneModel:
+    torch.manual_seed(seed)
+    gpt = GPT(model_preset("tiny"))
+    assert gpt.add_tokens(3) == [512, 513, 514]
+    return FinetuneModel(gpt, kind, n_out, CLF).eval()
+
+
+def test_extract_reads_first_classify_token():
+    hidden = torch.arange(2 * 5 * 1, dtype=torch.float32).view(2, 5, 1)
+    ids = torch.tensor([[1, CLF, 2, CLF, 0], [1, 2, 3, 4, CLF]])
+    assert extract_states(hidden, ids, CLF).view(-1).tolist() == [1.0, 9.0]
+    with pytest.raises(ValueError):
+        extract_states(hidden, torch.zeros(2, 5, dtype=torch.long), CLF)
+
+
+def test_head_reads_the_hidden_state_at_the_extract_position():
+    m = tiny("single", 3)
+    x, mask = pad_batch([single([5, 6, 7], S, 64)])
+    out, _ = m(x, mask)
+    hidden = m.gpt(x[:, 0])
+    expected = m.head.linear(hidden[0, 4])                 # position of _classify_
+    torch.testing.assert_close(out[0], expected)
+    # Padding after the extract token (causal attention) does not change the output.
+    padded = torch.cat([x, torch.zeros(1, 1, 6, dtype=torch.long)], dim=2)
+    out2, _ = m(padded, torch.cat([mask, torch.zeros(1, 1, 6)], dim=2))
+    torch.testing.assert_close(out, out2)
+
+
+def test_similarity_adds_both_orders():
+    m = tiny("similarity", 2)
+    x, mask = pad_batch([similarity([5, 6, 7], [8, 9], S, 64)])
+    out, lm = m(x, mask)
+    h = extract_states(m.gpt(x[0]), x[0], CLF)             # [2, C]: the two orders
+    torch.testing.assert_close(out[0], m.head.linear(h[0] + h[1]))
+    assert lm.shape == (2,)
+
+
+def test_choice_scores_each_answer_and_regression_is_scalar():
+    m = tiny("choice", 1)
+    x, mask = pad_batch([choice([5, 6], [], [[7], [8, 9], [10]], S, 64)] * 2)
+    out, lm = m(x, mask)
+    assert out.shape == (2, 3) and lm.shape == (6,)
+    reg = tiny("similarity", 1)
+    out, _ = reg(*pad_batch([similarity([5], [6], S, 64)] * 4))
+    assert out.shape == (4,)
+
+
+def test_classifier_dropout_mask_is_shared_across_choices():
+    torch.manual_seed(0)
+    h = torch.ones(4, 3, 256)
+    d = shared_dropout(h, 0.5, training=True)
+    assert torch.equal(d[:, 0], d[:, 1]) and torch.equal(d[:, 1], d[:, 2])
+    assert not torch.equal(d[0, 0], d[1, 0])               # but differs between examples
+    assert set(d.unique().tolist()) == {0.0, 2.0}
+    assert torch.equal(shared_dropout(h, 0.5, training=False), h)
+    head = TaskHead(256, "choice", 1).train()
+    assert head(h).shape == (4, 3)
+
+
+def test_head_init_is_n_0_002():
+    head = TaskHead(512, "single", 64)
+    assert head.linear.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert head.linear.bias.abs().sum() == 0
+
+
+def test_lm_loss_ignores_pads_and_is_per_sequence():
+    m = tiny("single", 2)
+    x, mask = pad_batch([single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9, 10], S, 64)])
+    _, lm = m(x, mask)
+    _, lm_alone = m(*pad_batch([single([5, 6, 7], S, 64)]))
+    torch.testing.assert_close(lm[0], lm_alone[0])          # its pads do not count
+    assert lm.shape == (2,)
+
+
+def test_finetune_loss_combines_task_and_lm():
+    out = torch.tensor([[2.0, 0.0], [0.0, 1.0]])
+    lm = torch.tensor([1.0, 3.0])
+    labels = torch.tensor([0, 1])
+    task = torch.nn.functional.cross_entropy(out, labels)
+    loss, logs = finetune_loss(out, lm, labels, regression=False, lm_coef=0.5)
+    torch.testing.assert_close(loss, task + 0.5 * 2.0)
+    assert logs["lm_loss"] == pytest.approx(2.0)
+    loss0, logs0 = finetune_loss(out, lm, labels, regression=False, lm_coef=0.0)
+    torch.testing.assert_close(loss0, task) and "lm_loss" not in logs0
+    mse, _ = finetune_loss(torch.tensor([1.0, 2.0]), None, torch.tensor([1.5, 2.0]), True, 0.5)
+    assert mse.item() == pytest.approx(0.125)
+
+
+def test_gradients_reach_task_tokens_and_head():
+    m = tiny("pair", 3).train()
+    x, mask = pad_batch([[[512, 5, 513, 6, 514]]] * 2)
+    out, lm = m(x, mask)
+    loss, _ = finetune_loss(out, lm, torch.tensor([0, 2]), False, 0.5)
+    loss.backward()
+    assert m.head.linear.weight.grad.abs().sum() > 0
+    assert m.gpt.wte.weight.grad[512:515].abs().sum() > 0

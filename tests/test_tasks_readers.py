@@ -1,0 +1,216 @@
+"""Readers: every format against the real files in ../shared/data, and the documented formats
+(RTE, MRPC, WNLI, QQP, MNLI, RACE, generic) on small files written here; bad rows."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from gpt1.errors import ConfigError, DataError
+from gpt1.tasks import get_task
+from gpt1.tasks.examples import ChoiceExample, PairExample, TextExample
+from gpt1.tasks.examples import UnknownLabelError
+from gpt1.tasks.registry import complete_generic_spec
+
+
+def counts(split):
+    return Counter(e.label for e in split.examples)
+
+
+# ------------------------------------------------------------------ real data
+@pytest.mark.data
+def test_glue_real_files(shared_data: Path):
+    glue = shared_data / "glue"
+    cola = get_task("cola")
+    assert [len(cola.read(glue / "CoLA", s)) for s in ("train", "dev", "test")] == [8551, 1043, 1063]
+    first = cola.read(glue / "CoLA", "train").examples[0]
+    assert first.text.startswith("Our friends won't buy this analysis") and first.label == 1
+    sst = get_task("sst2").read(glue / "SST-2", "dev")
+    assert counts(sst) == {1: 444, 0: 428}
+    assert get_task("sst2").read(glue / "SST-2", "test").examples[0].label is None
+    stsb = get_task("stsb").read(glue / "STS-B", "train")
+    assert len(stsb) == 5749 and stsb.examples[1].label == pytest.approx(3.8)
+    assert stsb.examples[1].b == "A man is playing a flute."
+    qnli = get_task("qnli").read(glue / "QNLI", "dev")
+    assert counts(qnli) == {0: 2702, 1: 2761}
+    assert qnli.examples[0].a.startswith("What came into force")  # question first
+
+
+@pytest.mark.data
+def test_nli_real_files(shared_data: Path):
+    snli = get_task("snli")
+    test = snli.read(shared_data / "snli", "test")
+    assert counts(test) == {0: 3368, 1: 3219, 2: 3237}
+    assert len(snli.read(shared_data / "snli", "dev")) == 9842
+    assert not test.examples[0].a.endswith(" ")  # the files' trailing space is stripped
+    fooler = snli.read(shared_data / "nli_samples_textfooler", "test")
+    assert counts(fooler) == {0: 367, 1: 322, 2: 311}
+    mnli = get_task("mnli")
+    mm = mnli.read(shared_data / "nli_samples_textfooler", "dev_mismatched")
+    assert counts(mm) == {0: 346, 1: 319, 2: 335}
+    kshot = shared_data / "glue_kshot_samples"
+    assert len(mnli.read(kshot / "MNLI" / "16-42", "train")) == 48
+    # GLUE-style SNLI rows with five annotator labels: the gold label is the last field.
+    dev = snli.read(kshot / "SNLI" / "16-42", "dev")
+    assert len(dev) == 48 and set(counts(dev)) == {0, 1, 2}
+    assert len(get_task("qqp").read(kshot / "QQP" / "16-42", "train")) == 32
+    sci = get_task("scitail")
+    assert counts(sci.read(shared_data / "scitail", "dev")) == {0: 657, 1: 647}
+    assert counts(sci.read(shared_data / "scitail", "test")) == {0: 842, 1: 1284}
+
+
+@pytest.mark.data
+def test_story_cloze_split(shared_data: Path):
+    task = get_task("story_cloze")
+    train = task.read(shared_data / "story_cloze", "train")
+    dev = task.read(shared_data / "story_cloze", "dev")
+    test = task.read(shared_data / "story_cloze", "test")
+    assert (len(train), len(dev), len(test)) == (1497, 374, 1871)
+    assert not {e.uid for e in train.examples} & {e.uid for e in dev.examples}
+    assert counts(test) == {0: 960, 1: 911}
+    ex = test.examples[0]
+    assert isinstance(ex, ChoiceExample) and len(ex.choices) == 2 and ex.question == ""
+    assert ex.context.startswith("My friends all love to go to the club to dance. They think")
+
+
+# ------------------------------------------------------- documented formats
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_rte_wnli_qqp_mrpc(tmp_path: Path):
+    write(tmp_path / "rte" / "train.tsv", "index\tsentence1\tsentence2\tlabel\n"
+          "0\tA man sleeps.\tSomeone sleeps.\tentailment\n1\tA\tB\tnot_entailment\n")
+    rte = get_task("rte").read(tmp_path / "rte", "train")
+    assert [e.label for e in rte.examples] == [0, 1] and rte.examples[0].b == "Someone sleeps."
+    write(tmp_path / "wnli" / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tx\ty\t1\n")
+    assert get_task("wnli").read(tmp_path / "wnli", "dev").examples[0].label == 1
+    write(tmp_path / "qqp" / "test.tsv", "id\tquestion1\tquestion2\n7\tWhy?\tHow?\n")
+    ex = get_task("qqp").read(tmp_path / "qqp", "test").examples[0]
+    assert (ex.a, ex.b, ex.label, ex.uid) == ("Why?", "How?", None, "7")
+    write(tmp_path / "mrpc" / "train.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+          "1\t702876\t702977\tAmrozi accused \"his brother\tReferring to him\n")
+    ex = get_task("mrpc").read(tmp_path / "mrpc", "train").examples[0]
+    assert ex.a == 'Amrozi accused "his brother' and ex.label == 1  # quotes are plain text
+
+
+def test_mnli_glue_dev_with_annotator_labels(tmp_path: Path):
+    header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
+    write(tmp_path / "dev_matched.tsv", header +
+          "0\t1\t1e\tfiction\tP one.\tH one.\tneutral\tneutral\tneutral\tcontradiction\n"
+          "1\t2\t2e\tfiction\tP two.\tH two.\tneutral\t-\n")
+    split = get_task("mnli").read(tmp_path, "dev_matched")
+    assert [e.label for e in split.examples] == [2] and split.dropped == 1
+    assert get_task("mnli").resolve_splits("dev") == ("dev_matched", "dev_mismatched")
+
+
+def test_race_folder_and_levels(tmp_path: Path):
+    doc = {"article": "Tom has a cat.", "questions": ["What does Tom have?", "Who _ a cat?"],
+           "options": [["a dog", "a cat", "a cow", "a hen"], ["Tom has", "Ann", "Bo", "Al"]],
+           "answers": ["B", "A"], "id": "middle1.txt"}
+    for name in ("2.txt", "10.txt"):
+        write(tmp_path / "RACE" / "dev" / "middle" / name, json.dumps(doc))
+    write(tmp_path / "RACE" / "dev" / "high" / "1.txt", json.dumps(dict(doc, answers=["C", "D"])))
+    both = get_task("race").read(tmp_path, "dev")
+    assert len(both) == 6 and [e.label for e in both.examples] == [1, 0, 1, 0, 2, 3]
+    assert both.examples[0].question == "What does Tom have?"
+    assert len(get_task("race_high").read(tmp_path, "dev")) == 2
+    write(tmp_path / "RACE" / "dev" / "middle" / "3.txt", json.dumps(dict(doc, answers=["B", "E"])))
+    with pytest.raises(DataError, match=r"3\.txt.*answers\[1\]"):
+        get_task("race_middle").read(tmp_path, "dev")
+
+
+def test_generic_csv_and_jsonl(tmp_path: Path):
+    write(tmp_path / "train.csv", 'id,review,stars\n1,"good, really",pos\n2,bad,neg\n3,ok,pos\n')
+    spec = complete_generic_spec("csv", {"columns": {"text": "review", "label": "stars", "id": "id"}},
+                                 tmp_path, "train")
+    task = get_task("csv", spec)
+    assert task.kind == "single" and task.labels == ["neg", "pos"]
+    split = task.read(tmp_path, "train")
+    assert split.examples[0] == TextExample("good, really", 1, "1")
+    write(tmp_path / "train.jsonl", json.dumps({"ctx": "c", "opts": ["x", "y", "z"], "y": "2"}) + "\n")
+    task = get_task("jsonl", {"columns": {"context": "ctx", "choices": "opts", "label": "y"},
+                              "labels": ["0", "1", "2"]})
+    ex = task.read(tmp_path, "train").examples[0]
+    assert task.kind == "choice" and ex.choices == ["x", "y", "z"] and ex.label == 2
+    with pytest.raises(ConfigError, match="unknown role"):
+        get_task("csv", {"columns": {"txt": "review"}})
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_row_names_file_line_and_skip(tmp_path: Path):
+    path = write(tmp_path / "train.tsv", "sentence\tlabel\ngood\t1\nbroken row\nfine\t0\n")
+    with pytest.raises(DataError) as err:
+        get_task("sst2").read(tmp_path, "train")
+    assert err.value.line == 3 and Path(err.value.path) == path
+    assert f"{path}:3" in str(err.value) and "expected 2 tab-separated fields" in str(err.value)
+    split = get_task("sst2").read(tmp_path, "train", skip_bad_rows=True)
+    assert len(split) == 2 and [e.line for e in split.skipped] == [3]
+
+
+def test_empty_text_and_bad_score_name_the_field(tmp_path: Path):
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    write(tmp_path / "train.tsv", header + "0\tg\tf\ty\t0\tn\tn\tA\tB\t4.2\n1\tg\tf\ty\t0\tn\tn\tA\tB\tfive\n")
+    with pytest.raises(DataError) as err:
+        get_task("stsb").read(tmp_path, "train")
+    assert (err.value.line, err.value.field) == (3, "score")
+    write(tmp_path / "dev.tsv", "sentence\tlabel\n \t1\n")
+    with pytest.raises(DataError) as err:
+        get_task("sst2").read(tmp_path, "dev")
+    assert (err.value.line, err.value.field) == (2, "sentence")
+
+
+def test_unknown_label_is_an_error_even_when_skipping(tmp_path: Path):
+    write(tmp_path / "train.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n")
+    with pytest.raises(UnknownLabelError, match=r"train\.tsv:3.*unknown label 'maybe'"):
+        get_task("rte").read(tmp_path, "train", skip_bad_rows=True)
+
+
+def test_empty_split_is_an_error(tmp_path: Path):
+    write(tmp_path / "train.tsv", "sentence\tlabel\n")
+    with pytest.raises(DataError, match="empty"):
+        get_task("sst2").read(tmp_path, "train")
+    write(tmp_path / "dev.tsv", "sentence\tlabel\nonly bad\n")
+    with pytest.raises(DataError, match="1 malformed rows skipped"):
+        get_task("sst2").read(tmp_path, "dev", skip_bad_rows=True)
+    with pytest.raises(DataError, match="no file for split 'test'"):
+        get_task("sst2").read(tmp_path, "test")
+
+
+def test_csv_line_numbers_count_quoted_newlines(tmp_path: Path):
+    head = ("InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
+            "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2,AnswerRightEnding\n")
+    write(tmp_path / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv",
+          head + 'a,"one\ntwo",s2,s3,s4,e1,e2,1\nb,s1,s2,s3,s4,e1,e2\n')
+    with pytest.raises(DataError) as err:
+        get_task("story_cloze").read(tmp_path, "test")
+    assert err.value.line == 4  # the second record starts on line 4 (the first spans 2-3)
+
+
+def test_crlf_bom_and_invalid_utf8(tmp_path: Path):
+    (tmp_path / "train.tsv").write_bytes(b"\xef\xbb\xbfsentence\tlabel\r\nnice\t1\r\n")
+    ex = get_task("sst2").read(tmp_path, "train").examples[0]
+    assert (ex.text, ex.label) == ("nice", 1)
+    (tmp_path / "dev.tsv").write_bytes(b"sentence\tlabel\nok\t1\nbad \xff\t0\n")
+    with pytest.raises(DataError) as err:
+        get_task("sst2").read(tmp_path, "dev")
+    assert err.value.line == 3 and "UTF-8" in str(err.value)
+
+
+def test_parallel_files_of_different_length(tmp_path: Path):
+    write(tmp_path / "s1.dev", "a .\nb .\n")
+    write(tmp_path / "s2.dev", "c .\n")
+    write(tmp_path / "labels.dev", "neutral\nentailment\n")
+    with pytest.raises(DataError, match=r"s2\.dev.*same number of lines"):
+        get_task("snli").read(tmp_path, "dev")
+
+
+def test_unknown_task_and_split():
+    with pytest.raises(ConfigError, match="unknown task"):
+        get_task("imdb")
+    with pytest.raises(ConfigError, match="unknown split"):
+        get_task("sst2").read(".", "validation")
