@@ -1,0 +1,177 @@
+"""GPT-1's text normalisation before BPE: lowercasing, ftfy, text_standardize, spaCy word splitting.
+
+This module owns everything between a raw string and the list of lower-cased spaCy tokens that
+BPE sees. It reproduces the faithful reference (transformers 4.x slow `OpenAIGPTTokenizer` with
+ftfy and spaCy, itself OAI's text_utils.py) exactly, but faster:
+
+- ftfy works line by line (`ftfy.fix_text` cuts its input at newlines); lines made only of
+  characters ftfy provably leaves alone (printable ASCII without '&', tab, newline) skip it.
+- After `text_standardize` the text is single-space-separated chunks, and spaCy's tokenizer
+  handles each whitespace-delimited chunk on its own (the English rules hold no special case
+  with an inner space), so a chunk's tokens can be cached: `chunks()` returns the chunks and
+  `SpacySplitter` splits only chunks it has not seen.
+"""
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+Standardize = Literal["oai", "hf"]
+
+# The reference (transformers) lowercases the raw text before ftfy, one character at a time
+# through a regex; only the "<unk>" special token is exempt, and it is then split out and maps
+# to id 0. Per-character lowering differs from str.lower() only for the capital sigma, whose
+# lowercase depends on context in str.lower() (final sigma); CPython has no other such case.
+UNK_TOKEN = "<unk>"
+UNK_SENTINEL = " <unk> "  # stands for a literal <unk> in chunk lists; no chunk holds a space
+
+
+def hf_lower(text: str) -> str:
+    """Lowercase exactly like transformers' per-character pass (no final-sigma rule)."""
+    return text.replace("\u03a3", "\u03c3").lower()
+
+
+# ---------------------------------------------------------------------------------------------
+# ftfy
+_FTFY_CONFIG = None
+_FTFY_NO_HTML = None
+# Characters on which every ftfy fixer is the identity: ASCII needs no encoding repair, NFC
+# leaves it unchanged, and the ASCII-affecting fixers need '&' (HTML entities), '\r' (line
+# breaks), ESC (terminal escapes) or other C0 controls (removed). Proven by a hypothesis test.
+_FTFY_UNSAFE = re.compile(r"[^\t\n\x20-\x25\x27-\x7e]")
+
+
+def _ftfy_configs():
+    global _FTFY_CONFIG, _FTFY_NO_HTML
+    if _FTFY_CONFIG is None:
+        import ftfy
+        _FTFY_CONFIG = ftfy.TextFixerConfig(explain=False)
+        _FTFY_NO_HTML = _FTFY_CONFIG._replace(unescape_html=False)
+    return _FTFY_CONFIG, _FTFY_NO_HTML
+
+
+def fix_text(text: str) -> str:
+    """`ftfy.fix_text(text)` with default settings, skipping lines that ftfy cannot change."""
+    if not _FTFY_UNSAFE.search(text):
+        return text
+    from ftfy import fix_and_explain
+    config, no_html = _ftfy_configs()
+    max_len = config.max_decode_length
+    out: list[str] = []
+    pos, n = 0, len(text)
+    # Same segmentation as ftfy.fix_text: one segment per line (newline kept), at most
+    # max_decode_length characters; once a segment holds '<', HTML unescaping stays off for
+    # the rest of the text.
+    while pos < n:
+        end = text.find("\n", pos) + 1 or n
+        if end - pos > max_len:
+            end = pos + max_len
+        segment = text[pos:end]
+        if config is not no_html and "<" in segment:
+            config = no_html
+        if _FTFY_UNSAFE.search(segment):
+            segment = fix_and_explain(segment, config).text
+        out.append(segment)
+        pos = end
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# text_standardize
+_REPLACE = str.maketrans({"\u2014": "-", "\u2013": "-", "\u2015": "-", "\u2026": "...",
+                          "\u00b4": "'"})
+# A maximal run of one repeated character from the set, padded with spaces: the same as OAI's
+# alternation (-+|~+|!+|...) since each alternative is a run of a single character.
+_PAD_OAI = re.compile(r"""(([-~!";?+,)(/*\[\]}{|_])\2*)""")
+# OAI wrote its pattern as a non-raw string, so '\\+' became "literal +" and backslashes are not
+# padded; PORT/HF use a raw string and pad backslash runs too (reference d.1.9).
+_PAD_HF = re.compile(r"""(([-~!";?+,)(\\/*\[\]}{|_])\2*)""")
+_NEWLINE_WS = re.compile(r"\s*\n\s*")
+_OTHER_WS = re.compile(r"[^\S\n]+")
+_CHUNK = re.compile(r"\S+|\n")
+
+
+def _pad(text: str, standardize: Standardize) -> str:
+    if standardize == "oai":
+        return _PAD_OAI.sub(r" \1 ", text)
+    if standardize == "hf":
+        return _PAD_HF.sub(r" \1 ", text)
+    raise ValueError(f"standardize must be 'oai' or 'hf', not {standardize!r}")
+
+
+def text_standardize(text: str, standardize: Standardize = "oai") -> str:
+    """OAI's text_standardize (or the HF/PORT variant that also pads backslashes)."""
+    text = _pad(text.translate(_REPLACE), standardize)
+    text = _NEWLINE_WS.sub(" \n ", text)
+    return _OTHER_WS.sub(" ", text).strip()
+
+
+def standardized_chunks(text: str, standardize: Standardize = "oai") -> list[str]:
+    """`text_standardize(text).split(" ")` (empty list for empty output), computed directly:
+    each whitespace run holding a newline becomes one "\\n" chunk, other runs separate chunks."""
+    text = _NEWLINE_WS.sub("\n", _pad(text.translate(_REPLACE), standardize))
+    chunks = _CHUNK.findall(text)
+    # strip(): no leading or trailing newline chunk
+    start, end = 0, len(chunks)
+    while start < end and chunks[start] == "\n":
+        start += 1
+    while end > start and chunks[end - 1] == "\n":
+        end -= 1
+    return chunks[start:end] if (start, end) != (0, len(chunks)) else chunks
+
+
+def chunks(text: str, standardize: Standardize = "oai") -> list[str]:
+    """Raw text -> standardized chunks, the whole pipeline before spaCy.
+
+    A literal "<unk>" in the (lower-cased) text is cut out as in transformers and appears as
+    `UNK_SENTINEL`; the pieces around it are normalised separately.
+    """
+    text = hf_lower(text)
+    if UNK_TOKEN not in text:
+        return standardized_chunks(fix_text(text), standardize)
+    out: list[str] = []
+    for i, piece in enumerate(text.split(UNK_TOKEN)):
+        if i:
+            out.append(UNK_SENTINEL)
+        out.extend(standardized_chunks(fix_text(piece), standardize))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# spaCy
+class SpacySplitter:
+    """spaCy's English tokenizer (blank pipeline, tokenizer only), applied to chunks."""
+
+    def __init__(self) -> None:
+        from spacy.lang.en import English
+        self._tokenizer = English().tokenizer
+        self._special = set(self._tokenizer.rules)
+
+    def split(self, chunk_list: list[str]) -> list[list[str]]:
+        """The lower-cased spaCy tokens of each chunk. Chunks hold no whitespace, so the
+        newline chunk "\\n" is the caller's to handle (its BPE is fixed: "\\n</w>").
+
+        A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "gonna")
+        is one token: no English prefix, suffix or infix rule matches letters alone. The
+        others go through spaCy in one call, joined by single spaces; a token followed by a
+        space ends its chunk.
+        """
+        out: list[list[str] | None] = [None] * len(chunk_list)
+        hard: list[int] = []
+        for i, chunk in enumerate(chunk_list):
+            if _LETTERS.fullmatch(chunk) and chunk not in self._special:
+                out[i] = [chunk]
+            else:
+                hard.append(i)
+        if hard:
+            tokens: list[str] = []
+            pos = iter(hard)
+            for token in self._tokenizer(" ".join(chunk_list[i] for i in hard)):
+                tokens.append(token.text.lower())
+                if token.whitespace_:
+                    out[next(pos)], tokens = tokens, []
+            out[next(pos)] = tokens
+        return out  # type: ignore[return-value]
+
+
+_LETTERS = re.compile(r"[a-z]+")

@@ -1,0 +1,294 @@
+"""The GPT-1 tokenizer: vocabulary files, BPE with `</w>`, special tokens, encode/decode, training.
+
+Pipeline (OAI text_utils.py, reference a.3): ftfy -> text_standardize -> spaCy English tokenizer
+-> lowercase -> BPE -> ids, unknown -> 0; the text steps live in `gpt1.text`. Ids are identical
+to transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed (checked on all of
+../shared/data by benchmarks/tokenizer.py --check). Speed comes from caching the ids of every
+whitespace-delimited chunk, so spaCy and BPE run once per distinct chunk.
+
+Special tokens `_start_`, `_delimiter_`, `_classify_` follow the vocabulary (40478, 40479, 40480
+for the original files); `encode` never adds them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+from itertools import chain
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from gpt1 import text as textlib
+from gpt1.errors import DataError
+
+log = logging.getLogger(__name__)
+
+ORIGINAL_FILES = ("encoder_bpe_40000.json", "vocab_40000.bpe")
+HF_FILES = ("vocab.json", "merges.txt")
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
+EOW = "</w>"
+_CACHE_LIMIT = 1_000_000  # chunks; the cache is dropped when it grows past this (huge corpora)
+
+
+def bpe(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """OAI's TextEncoder.bpe: merge the lowest-ranked adjacent pair (all its occurrences, left to
+    right) until no ranked pair remains. `</w>` is glued to the last character."""
+    word = list(token[:-1]) + [token[-1] + EOW]
+    while len(word) > 1:
+        best, best_rank = None, None
+        for pair in zip(word, word[1:]):
+            rank = ranks.get(pair)
+            if rank is not None and (best_rank is None or rank < best_rank):
+                best, best_rank = pair, rank
+        if best is None:
+            break
+        first, second = best
+        merged, i = [], 0
+        while i < len(word):
+            if i < len(word) - 1 and word[i] == first and word[i + 1] == second:
+                merged.append(first + second)
+                i += 2
+            else:
+                merged.append(word[i])
+                i += 1
+        word = merged
+    # OAI special case: spaCy's newline token "\n " would give "\n", " </w>"; it means "\n</w>".
+    if word == ["\n", " " + EOW]:
+        return ["\n" + EOW]
+    # The reference joins pieces with spaces and splits them again, so a piece holding a space
+    # becomes several (unknown) pieces; keep that behaviour.
+    return " ".join(word).split(" ")
+
+
+def find_vocab_files(folder: str | Path) -> tuple[Path, Path]:
+    """The (vocab, merges) pair in `folder`: original names or HF names."""
+    folder = Path(folder)
+    for vocab, merges in (HF_FILES, ORIGINAL_FILES):
+        if (folder / vocab).is_file() and (folder / merges).is_file():
+            return folder / vocab, folder / merges
+    raise DataError("no tokenizer files here (expected vocab.json + merges.txt, or "
+                    "encoder_bpe_40000.json + vocab_40000.bpe)", folder)
+
+
+def read_vocab(path: Path) -> dict[str, int]:
+    """Read and check an encoder json: token -> id, ids exactly 0..n-1."""
+    try:
+        encoder = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DataError(f"cannot read vocabulary json ({exc})", path) from None
+    if not isinstance(encoder, dict) or not encoder:
+        raise DataError("vocabulary json must be a non-empty object {token: id}", path)
+    ids = sorted(encoder.values()) if all(type(v) is int for v in encoder.values()) else None
+    if ids != list(range(len(encoder))):
+        raise DataError(f"vocabulary ids must be the integers 0..{len(encoder) - 1}, each once",
+                        path)
+    return encoder
+
+
+def read_merges(path: Path, encoder: dict[str, int]) -> list[tuple[str, str]]:
+    """Read a merges file ("#version" line, then "a b" per line) and check it belongs to
+    `encoder`: both halves and the merged token of every merge must be in the vocabulary."""
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read merges file ({exc})", path) from None
+    first = 1 if lines and lines[0].startswith("#version") else 0
+    if lines and lines[-1] == "":
+        lines.pop()
+    merges: list[tuple[str, str]] = []
+    for lineno, line in enumerate(lines[first:], start=first + 1):
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise DataError(f"expected two tokens separated by one space, got {line[:80]!r}",
+                            path, lineno)
+        for token in (parts[0], parts[1], parts[0] + parts[1]):
+            if token not in encoder:
+                raise DataError(f"merge {line!r}: token {token!r} is not in the vocabulary "
+                                "(vocabulary and merges files do not belong together)",
+                                path, lineno)
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+class Tokenizer:
+    """GPT-1's tokenizer. `standardize="oai"` (default) keeps OAI's unpadded backslashes;
+    "hf" pads them like PORT/transformers."""
+
+    def __init__(self, encoder: dict[str, int], merges: Sequence[tuple[str, str]],
+                 standardize: textlib.Standardize = "oai") -> None:
+        if standardize not in ("oai", "hf"):
+            raise ValueError(f"standardize must be 'oai' or 'hf', not {standardize!r}")
+        self.encoder = dict(encoder)
+        self.merges = list(merges)
+        self.standardize: textlib.Standardize = standardize
+        self.ranks = {pair: i for i, pair in enumerate(self.merges)}
+        self.vocab_size = len(self.encoder)
+        self.n_special = len(SPECIAL_TOKENS)
+        self.total_size = self.vocab_size + self.n_special
+        self.start_id, self.delimiter_id, self.classify_id = range(self.vocab_size,
+                                                                   self.total_size)
+        self.decoder = {i: t for t, i in self.encoder.items()}
+        for i, name in enumerate(SPECIAL_TOKENS):
+            self.decoder[self.vocab_size + i] = name + EOW  # decodes to its name, then a space
+        self.unk_id = self.encoder.get(textlib.UNK_TOKEN, 0)
+        self._splitter: textlib.SpacySplitter | None = None
+        self._cache: dict[str, list[int]] = {}
+        self._fast_bpe = None
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        newline = [self.encoder.get(p, self.unk_id) for p in bpe("\n", self.ranks)]
+        self._cache = {"\n": newline, textlib.UNK_SENTINEL: [self.unk_id]}
+        self._token_cache: dict[str, list[int]] = {}
+
+    # -- loading and saving ------------------------------------------------------------------
+    @classmethod
+    def from_dir(cls, path: str | Path, standardize: textlib.Standardize = "oai") -> "Tokenizer":
+        """Load from a folder holding vocab.json + merges.txt (a checkpoint or prepared-data
+        folder) or the original encoder_bpe_40000.json + vocab_40000.bpe."""
+        vocab_file, merges_file = find_vocab_files(path)
+        encoder = read_vocab(vocab_file)
+        return cls(encoder, read_merges(merges_file, encoder), standardize=standardize)
+
+    def save(self, out_dir: str | Path) -> None:
+        """Write vocab.json + merges.txt (the names transformers' OpenAIGPTTokenizer loads)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / "vocab.json", "w", encoding="utf-8") as fh:
+            json.dump(self.encoder, fh, ensure_ascii=False)
+        # transformers reads merges with split("\n")[1:-1]: header first, newline after the last
+        with open(out / "merges.txt", "w", encoding="utf-8") as fh:
+            fh.write("#version: 0.2\n")
+            fh.writelines(f"{a} {b}\n" for a, b in self.merges)
+
+    # -- encoding ----------------------------------------------------------------------------
+    def _encode_chunks(self, chunk_list: list[str]) -> list[list[int]]:
+        cache = self._cache
+        if len(cache) > _CACHE_LIMIT:
+            self._reset_cache()
+            cache = self._cache
+        missing = [c for c in dict.fromkeys(chunk_list) if c not in cache]
+        if missing:
+            if self._splitter is None:
+                self._splitter = textlib.SpacySplitter()
+            split = self._splitter.split(missing)
+            tcache = self._token_cache
+            new = [t for t in dict.fromkeys(chain.from_iterable(split)) if t not in tcache]
+            tcache.update(zip(new, self._bpe_ids(new)))
+            for chunk, tokens in zip(missing, split):
+                cache[chunk] = [i for t in tokens for i in tcache[t]]
+        return [cache[c] for c in chunk_list]
+
+    def _bpe_ids(self, tokens: list[str]) -> list[list[int]]:
+        """Ids of spaCy tokens (no whitespace inside): HF `tokenizers`' BPE when the vocabulary
+        has "<unk>" (same merges, same `</w>` rule; it is faster), else the Python `bpe`."""
+        if not tokens:
+            return []
+        if self._fast_bpe is None:
+            self._fast_bpe = _build_fast_bpe(self.encoder, self.merges) or False
+        if self._fast_bpe:
+            batch = [[t] for t in tokens]
+            return [e.ids for e in self._fast_bpe.encode_batch(batch, is_pretokenized=True,
+                                                                add_special_tokens=False)]
+        get, unk, ranks = self.encoder.get, self.unk_id, self.ranks
+        return [[get(p, unk) for p in bpe(t, ranks)] for t in tokens]
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids with the exact GPT-1 pipeline; no special tokens are added."""
+        return list(chain.from_iterable(
+            self._encode_chunks(textlib.chunks(text, self.standardize))))
+
+    def encode_batch(self, texts: Sequence[str], processes: int = 1) -> list[list[int]]:
+        """Encode many texts; `processes` > 1 spreads them over worker processes."""
+        processes = min(processes, len(texts))
+        if processes <= 1:
+            return [self.encode(t) for t in texts]
+        with _pool(self, processes) as pool:
+            return pool.map(_worker_encode, texts, chunksize=max(1, len(texts) // (8 * processes)))
+
+    def tokenize(self, text: str) -> list[str]:
+        """The BPE pieces of `text` (for inspection)."""
+        return [self.decoder[i] if i != self.unk_id else textlib.UNK_TOKEN
+                for i in self.encode(text)]
+
+    # -- decoding ----------------------------------------------------------------------------
+    def decode(self, ids: Iterable[int]) -> str:
+        """Pieces joined, `</w>` -> space, stripped; special ids decode to their names."""
+        pieces = []
+        for i in ids:
+            piece = self.decoder.get(int(i))
+            if piece is None:
+                raise DataError(f"token id {int(i)} is outside this vocabulary "
+                                f"(0..{self.total_size - 1})")
+            pieces.append(piece)
+        return "".join(pieces).replace(EOW, " ").strip()
+
+    def __len__(self) -> int:
+        return self.total_size
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+                f"standardize={self.standardize!r})")
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_splitter"] = None  # spaCy and tokenizers objects are rebuilt in the worker
+        state["_fast_bpe"] = None
+        state["_cache"] = state["_token_cache"] = {}
+        state["ranks"] = None
+        state["decoder"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.ranks = {pair: i for i, pair in enumerate(self.merges)}
+        self.decoder = {i: t for t, i in self.encoder.items()}
+        for i, name in enumerate(SPECIAL_TOKENS):
+            self.decoder[self.vocab_size + i] = name + EOW
+        self._reset_cache()
+
+    # -- training ----------------------------------------------------------------------------
+    @classmethod
+    def train(cls, files_or_texts: Iterable[str | Path], merges: int,
+              standardize: textlib.Standardize = "oai", min_frequency: int = 0,
+              processes: int = 1) -> "Tokenizer":
+        """Learn `merges` BPE merges on texts normalised by the GPT-1 pipeline (see
+        gpt1.bpe_train)."""
+        from gpt1.bpe_train import train_bpe
+        encoder, merge_list = train_bpe(files_or_texts, merges, standardize=standardize,
+                                        min_frequency=min_frequency, processes=processes)
+        return cls(encoder, merge_list, standardize=standardize)
+
+
+def _build_fast_bpe(encoder: dict[str, int], merges: list[tuple[str, str]]):
+    """A `tokenizers` BPE with GPT-1's conventions, or None when the vocabulary has no <unk>."""
+    if textlib.UNK_TOKEN not in encoder:
+        return None
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers.models import BPE
+    model = BPE(vocab=encoder, merges=merges, unk_token=textlib.UNK_TOKEN,
+                end_of_word_suffix=EOW, fuse_unk=False)
+    return HFTokenizer(model)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker processes: each holds its own Tokenizer (and so its own cache and spaCy).
+_WORKER: Tokenizer | None = None
+
+
+def _init_worker(tok: Tokenizer) -> None:
+    global _WORKER
+    _WORKER = tok
+
+
+def _worker_encode(text: str) -> list[int]:
+    assert _WORKER is not None
+    return _WORKER.encode(text)
+
+
+def _pool(tok: Tokenizer, processes: int):
+    # fork shares the loaded vocabulary for free; elsewhere the tokenizer is pickled once per worker
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix" \
+        else "spawn"
+    return multiprocessing.get_context(method).Pool(processes, _init_worker, (tok,))
