@@ -16,6 +16,36 @@ from torch import nn
 from gpt1.config import ModelConfig
 
 
+class LayerCache:
+    """One layer's keys and values of the positions seen so far (incremental decoding).
+
+    Exact for GPT-1: with causal attention, a position's keys and values depend only on the
+    tokens up to it, and post-LN changes nothing about that.
+    """
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+class KVCache:
+    """Per-layer `LayerCache`s of one decoding run; `len(cache)` is the number of cached positions."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.layers = [LayerCache() for _ in range(n_layer)]
+
+    def __len__(self) -> int:
+        k = self.layers[0].k
+        return 0 if k is None else k.shape[2]
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused q|k|v projection (GPT-1's `c_attn`)."""
 
@@ -27,12 +57,22 @@ class CausalSelfAttention(nn.Module):
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         # [B, T, 3C] -> [B, T, 3, H, D] -> 3 x [B, H, T, D]; the split order is q | k | v as in OAI.
         q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        mask, causal = None, True
+        if cache is not None:
+            k, v = cache.extend(k, v)  # [B, H, past + T, D]
+            past = k.shape[2] - T
+            if past:
+                # New queries see every cached key and the new keys up to their own position.
+                causal = False
+                if T > 1:
+                    mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
         y = F.scaled_dot_product_attention(
-            q, k, v, dropout_p=self.attn_pdrop if self.training else 0.0, is_causal=True)
+            q, k, v, attn_mask=mask, dropout_p=self.attn_pdrop if self.training else 0.0,
+            is_causal=causal)
         y = y.transpose(1, 2).reshape(B, T, C)  # [B, H, T, D] -> [B, T, C]
         return self.resid_dropout(self.c_proj(y))
 
@@ -63,8 +103,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.ln_1(x + self.attn(x))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        x = self.ln_1(x + self.attn(x, cache))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -100,14 +140,19 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     # --------------------------------------------------------------- forward
-    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`."""
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
+
+        With `cache` (inference only), `ids` continue the cached positions and the cache grows.
+        """
+        past = len(cache) if cache is not None else 0
         T = ids.shape[-1]
-        if T > self.config.n_positions:
-            raise ValueError(f"sequence of {T} tokens is longer than n_positions="
+        if past + T > self.config.n_positions:
+            raise ValueError(f"sequence of {past + T} tokens is longer than n_positions="
                              f"{self.config.n_positions}")
         if position_ids is None:
-            position_ids = torch.arange(T, device=ids.device)
+            position_ids = torch.arange(past, past + T, device=ids.device)
         if self.training and self.config.embd_dropout == "matrix" and self.config.embd_pdrop > 0:
             # OAI: dropout on the embedding tables before the gather; the tied output layer of
             # this forward pass sees the same dropped token table.
@@ -117,8 +162,10 @@ class GPT(nn.Module):
         else:
             self._dropped_wte = None
             x = self.drop(self.wte(ids) + self.wpe(position_ids))
-        for block in self.h:
-            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+        for i, block in enumerate(self.h):
+            if cache is not None:
+                x = block(x, cache.layers[i])
+            elif self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)

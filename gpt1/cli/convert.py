@@ -1,0 +1,31 @@
+"""Convert model weights between the original OpenAI release, transformers and gpt1 checkpoints.
+
+Examples:
+  gpt1 convert finetune-transformer-lm/model ckpt/gpt1 --from openai
+  gpt1 convert hf_folder ckpt/gpt1 --from hf
+  gpt1 convert openai-community/openai-gpt ckpt/gpt1 --from hf     (fetched when online)
+  gpt1 convert ckpt/gpt1 hf_out --from gpt1 --to hf
+"""
+from __future__ import annotations
+
+import argparse
+
+HELP = "convert weights: original OpenAI shards / transformers folder <-> gpt1 checkpoint"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("src", metavar="SRC", help="source folder (or an HF hub name with --from hf)")
+    p.add_argument("dst", metavar="DST", help="folder to write (replaced atomically if it exists)")
+    p.add_argument("--from", dest="src_format", required=True, choices=["openai", "hf", "gpt1"],
+                   help="format of SRC")
+    p.add_argument("--to", dest="dst_format", default="gpt1", choices=["gpt1", "hf"],
+                   help="format of DST (default: gpt1)")
+    p.add_argument("--n-head", type=int, default=12,
+                   help="attention heads for --from openai (not recorded in the shapes; GPT-1: 12)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt1.convert import convert
+    out = convert(args.src, args.dst, args.src_format, args.dst_format, n_head=args.n_head)
+    print(f"wrote {args.dst_format} model to {out}")
+    return 0
