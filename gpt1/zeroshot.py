@@ -100,7 +100,7 @@ class Score:
 
 
 class Scorer:
-    """Batched log-probability scoring of continuations with a `GPT` (see module docstring)."""
+    """Batched log-probability scoring of continuations with a `GPT` or `LSTMLM` (module doc)."""
 
     def __init__(self, model: torch.nn.Module, batch_tokens: int = 4096, max_rows: int = 64,
                  logits_chunk: int = 1024):
@@ -439,30 +439,13 @@ def run_task(task: str, scorer: Scorer, tok: TextEncoder, folder: Path, limit: i
 
 
 # -------------------------------------------------------------------------- entry points
-def load_tokenizer(folder: Path) -> TextEncoder:
-    """The GPT-1 text pipeline for the vocabulary in `folder` (vocab.json + merges.txt)."""
-    try:
-        from gpt1.tokenizer import Tokenizer
-    except ImportError:   # before gpt1.tokenizer exists: HF's slow tokenizer is the same pipeline
-        return _HFTokenizer(folder)
-    return Tokenizer.from_dir(folder)
-
-
-class _HFTokenizer:
-    def __init__(self, folder: Path):
-        from transformers import OpenAIGPTTokenizer
-        self._tok = OpenAIGPTTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.convert_tokens_to_ids(self._tok.tokenize(text))
-
-
 def _prepare_model(checkpoint: Path, device: str, dtype: str) -> torch.nn.Module:
-    from gpt1.checkpoint import load_checkpoint
+    """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `dtype`."""
+    from gpt1.lstm import load_any_checkpoint
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype not in dtypes:
         raise ConfigError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
-    return load_checkpoint(checkpoint, device=device).to(dtypes[dtype]).eval()
+    return load_any_checkpoint(checkpoint, device=device).to(dtypes[dtype]).eval()
 
 
 def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str | Path,
@@ -483,7 +466,8 @@ def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str 
                         f"{', '.join(TASKS[tasks[0]].folders)})", data)
     for t in missing:
         log.info("zeroshot: skipping %s (no data under %s)", t, data)
-    tok = load_tokenizer(tok_dir)
+    from gpt1.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(tok_dir)
     scorer = Scorer(_prepare_model(folder, device, dtype), batch_tokens=batch_tokens)
     results = {}
     for task in tasks:

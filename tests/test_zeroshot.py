@@ -29,7 +29,7 @@ def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
     return model
 
 
-def reference_logprobs(model: GPT, ctx: list[int], cont: list[int]) -> list[float]:
+def reference_logprobs(model: torch.nn.Module, ctx: list[int], cont: list[int]) -> list[float]:
     """The plain way: full logits at every position of one unpadded sequence."""
     n = model.config.n_positions
     full = (ctx + cont)[-(n + 1):][:-1] if len(ctx) + len(cont) - 1 > n else (ctx + cont)[:-1]
@@ -68,6 +68,15 @@ def test_scorer_equals_full_logits_computation():
         best = int(model.lm_logits(model(torch.tensor([ctx])))[0, -1].argmax())
     a, b = scorer.score([(ctx, [best]), (ctx, [(best + 1) % 50])])
     assert a.greedy and not b.greedy
+
+
+def test_scorer_works_with_the_lstm_baseline():
+    from gpt1.lstm import LSTMConfig, LSTMLM
+    torch.manual_seed(0)
+    model = LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=24)).eval()
+    reqs = random_requests(random.Random(3), 10, 50)
+    for (ctx, cont), s in zip(reqs, zs.Scorer(model, batch_tokens=64).score(reqs)):
+        assert s.logprobs == pytest.approx(reference_logprobs(model, ctx, cont), abs=1e-5)
 
 
 def test_scorer_shares_prefix_rows():
