@@ -1,0 +1,135 @@
+"""Learned position embeddings, made visible: 2-D projection and cosine-similarity matrix.
+
+`analyse_positions(checkpoint, out)` writes:
+  positions_2d.png      the `wpe` rows projected to 2-D (t-SNE from scikit-learn; PCA when t-SNE
+                        is unavailable, fails, or `method="pca"`), each point coloured by position;
+  positions_cosine.png  the [n_positions, n_positions] cosine-similarity matrix;
+  positions.json        a summary: the method used, mean cosine similarity of neighbouring rows
+                        vs. distant rows, the mean similarity by offset, how often a row's most
+                        similar other row is within 2 positions, and PCA's explained variance.
+A trained GPT's positions lie on a smooth low-dimensional curve (neighbours similar, distant rows
+not); a freshly initialised table shows none of that, which the summary makes checkable.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpt1.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def position_table(checkpoint: str | Path, max_positions: int | None = None) -> np.ndarray:
+    """The learned position embeddings `[n_positions, n_embd]` of a checkpoint, as float64."""
+    from gpt1.lstm import load_any_checkpoint
+
+    model = load_any_checkpoint(checkpoint)
+    if not hasattr(model, "wpe"):
+        raise CheckpointError(f"{checkpoint}: this model has no position embeddings "
+                              "(an LSTM is ordered by its recurrence)")
+    table = model.wpe.weight.detach().to(torch.float64).cpu().numpy()
+    return table[:max_positions] if max_positions else table
+
+
+def cosine_matrix(table: np.ndarray) -> np.ndarray:
+    """Cosine similarity of every pair of rows: `[N, C]` -> `[N, N]`."""
+    norms = np.linalg.norm(table, axis=1, keepdims=True)
+    unit = table / np.maximum(norms, 1e-12)
+    return unit @ unit.T
+
+
+def summarise(cos: np.ndarray, offsets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+              ) -> dict[str, Any]:
+    """Neighbour vs distant similarity, similarity by offset, nearest-neighbour locality."""
+    n = cos.shape[0]
+    by_offset = {str(d): float(np.mean(np.diagonal(cos, offset=d))) for d in offsets if d < n}
+    far = n // 2
+    distant = [np.diagonal(cos, offset=d) for d in range(max(far, 1), n)]
+    others = cos - 2.0 * np.eye(n)  # exclude each row itself from its nearest neighbour
+    nearest = np.argmax(others, axis=1)
+    local = float(np.mean(np.abs(nearest - np.arange(n)) <= 2)) if n > 1 else float("nan")
+    return {
+        "n_positions": n,
+        "mean_cos_neighbours": by_offset.get("1", float("nan")),
+        "mean_cos_distant": float(np.mean(np.concatenate(distant))) if distant else float("nan"),
+        "distant_means_offset_at_least": far,
+        "mean_cos_by_offset": by_offset,
+        "nearest_within_2": local,
+    }
+
+
+def project_2d(table: np.ndarray, method: str = "tsne", seed: int = 0) -> tuple[np.ndarray, str]:
+    """2-D coordinates of the rows and the method that produced them ("tsne" or "pca")."""
+    if method not in ("tsne", "pca"):
+        raise ConfigError(f"unknown projection {method!r}; choose tsne or pca")
+    if method == "tsne" and table.shape[0] >= 5:
+        try:
+            from sklearn.manifold import TSNE
+
+            perplexity = float(min(30, (table.shape[0] - 1) / 3))
+            coords = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
+                          metric="cosine").fit_transform(table)
+            return coords, "tsne"
+        except (ImportError, ValueError) as exc:  # sklearn missing or the input is degenerate
+            log.warning("t-SNE unavailable (%s); falling back to PCA", exc)
+    return pca(table, 2)[0], "pca"
+
+
+def pca(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-`k` principal-component coordinates `[N, k]` and the explained-variance ratios `[k]`."""
+    centred = table - table.mean(axis=0, keepdims=True)
+    _, s, vt = np.linalg.svd(centred, full_matrices=False)
+    var = s ** 2
+    ratio = var[:k] / max(var.sum(), 1e-300)
+    return centred @ vt[:k].T, ratio
+
+
+def analyse_positions(checkpoint: str | Path, out: str | Path, method: str = "tsne",
+                      max_positions: int | None = None, seed: int = 0) -> dict[str, Any]:
+    """Write the two PNGs and positions.json for `checkpoint` into `out`; return the summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = position_table(checkpoint, max_positions)
+    cos = cosine_matrix(table)
+    coords, used = project_2d(table, method, seed)
+    summary = summarise(cos)
+    summary.update(checkpoint=str(checkpoint), method=used, n_embd=int(table.shape[1]),
+                   pca_explained_variance=[float(x) for x in pca(table, 3)[1]])
+    _plot(coords, cos, used, out, title=Path(checkpoint).name or str(checkpoint))
+    summary["files"] = ["positions_2d.png", "positions_cosine.png"]
+    (out / "positions.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _plot(coords: np.ndarray, cos: np.ndarray, method: str, out: Path, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = coords.shape[0]
+    fig, ax = plt.subplots(figsize=(6, 5))
+    ax.plot(coords[:, 0], coords[:, 1], color="0.8", linewidth=0.5, zorder=1)
+    points = ax.scatter(coords[:, 0], coords[:, 1], c=np.arange(n), cmap="viridis", s=12, zorder=2)
+    fig.colorbar(points, ax=ax, label="position")
+    ax.set_title(f"position embeddings ({method.upper()}), {title}")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(out / "positions_2d.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    image = ax.imshow(cos, cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="cosine similarity")
+    ax.set_xlabel("position")
+    ax.set_ylabel("position")
+    ax.set_title(f"position-embedding cosine similarity, {title}")
+    fig.tight_layout()
+    fig.savefig(out / "positions_cosine.png", dpi=120)
+    plt.close(fig)
