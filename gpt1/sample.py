@@ -1,0 +1,147 @@
+"""Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
+
+`generate(model, ids, ...)` is the importable core; `sample(checkpoint, ...)` is the `gpt1 sample`
+entry point (loads the checkpoint and, for text prompts, its tokenizer).
+The context is capped at `n_positions`: past that, each step re-reads the last `n_positions`
+tokens (learned positions cannot slide, so the cache is not reused there).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model import GPT, KVCache
+
+log = logging.getLogger(__name__)
+
+
+def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                  top_p: float | None = None) -> torch.Tensor:
+    """Scale by temperature, then keep the top-k and the smallest top-p nucleus (others -inf).
+
+    logits `[B, V]`; same order as transformers (temperature, top-k, top-p), so seeded samples
+    follow the same distribution.
+    """
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        # Drop a token when the tokens ranked above it already reach top_p; the first always stays.
+        drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def check_options(temperature: float, top_k: int | None, top_p: float | None,
+                  max_new_tokens: int) -> None:
+    if temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"--top-k must be >= 1, got {top_k}")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 0:
+        raise ConfigError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+
+
+@torch.no_grad()
+def generate(model: GPT, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+             top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True) -> torch.Tensor:
+    """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
+
+    temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
+    """
+    check_options(temperature, top_k, top_p, max_new_tokens)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.shape[-1] == 0:
+        raise ConfigError("empty prompt: GPT-1 has no start-of-text token; give at least one token")
+    vocab, n_pos = model.config.vocab_size, model.config.n_positions
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise ConfigError(f"prompt ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    was_training = model.training
+    model.eval()
+    device = model.wte.weight.device
+    out = ids.to(device)
+    cache = KVCache(model.config.n_layer) if use_cache else None
+    fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
+    try:
+        for _ in range(max_new_tokens):
+            if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
+                hidden = model(fresh, cache=cache)[:, -1]
+            else:
+                cache = None  # past the context: positions shift, re-read the window each step
+                hidden = model(out[:, -n_pos:])[:, -1]
+            logits = model.lm_logits(hidden).float()  # [B, V]
+            if temperature == 0:
+                nxt = logits.argmax(-1, keepdim=True)
+            else:
+                probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
+                nxt = torch.multinomial(probs, 1, generator=generator)
+            out = torch.cat([out, nxt], dim=1)
+            fresh = nxt
+    finally:
+        model.train(was_training)
+    return out
+
+
+@dataclass
+class Sample:
+    ids: list[int]          # prompt + continuation
+    prompt_len: int
+    text: str | None        # decoded continuation, when the checkpoint has a tokenizer
+
+
+def parse_ids(raw: str) -> list[int]:
+    """"1 2 3" or "1,2,3" -> [1, 2, 3]."""
+    try:
+        return [int(t) for t in raw.replace(",", " ").split()]
+    except ValueError:
+        raise ConfigError(f"--prompt-ids must be integers separated by spaces, got {raw!r}") from None
+
+
+def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[int] | None = None,
+           max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
+           device: str = "cpu") -> list[Sample]:
+    """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
+    from gpt1.checkpoint import load_checkpoint, resolve_checkpoint_dir, tokenizer_dir_of
+    check_options(temperature, top_k, top_p, max_new_tokens)
+    if (prompt is None) == (prompt_ids is None):
+        raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
+    if num_samples < 1:
+        raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
+    folder = resolve_checkpoint_dir(checkpoint)
+    tok_dir = tokenizer_dir_of(folder)
+    tokenizer = None
+    if tok_dir is not None:
+        from gpt1.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
+        tokenizer = Tokenizer.from_dir(tok_dir)
+    if prompt is not None:
+        if tokenizer is None:
+            raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt), so a text "
+                                  "prompt cannot be encoded; use --prompt-ids")
+        prompt_ids = list(tokenizer.encode(prompt))
+    model = load_checkpoint(folder, device=device)
+    n_pos = model.config.n_positions
+    if len(prompt_ids) > n_pos:
+        log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos)
+        prompt_ids = prompt_ids[-n_pos:]
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed if seed is not None else torch.seed())
+    ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
+    out = generate(model, ids, max_new_tokens, temperature, top_k, top_p, generator)
+    samples = []
+    for row in out.tolist():
+        text = tokenizer.decode(row[len(prompt_ids):]) if tokenizer is not None else None
+        samples.append(Sample(row, len(prompt_ids), text))
+    return samples

@@ -1,0 +1,122 @@
+"""Generation: greedy equals transformers' generate, the KV cache is exact, filters are right."""
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig
+from gpt1.convert import gpt1_to_hf_state
+from gpt1.errors import ConfigError
+from gpt1.model import KVCache
+from gpt1.sample import filter_logits, generate
+
+TINY = dict(vocab_size=89, n_positions=40, n_embd=32, n_layer=2, n_head=4)
+
+
+def model(seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    m = GPT(ModelConfig(**TINY))
+    with torch.no_grad():  # larger weights than the 0.02 init, so greedy paths are not flat
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    return m.eval()
+
+
+def prompt(n: int = 6, batch: int = 2) -> torch.Tensor:
+    return torch.randint(0, TINY["vocab_size"], (batch, n), generator=torch.Generator().manual_seed(7))
+
+
+def test_greedy_equals_transformers_generate():
+    transformers = pytest.importorskip("transformers")
+    m = model()
+    hf = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**TINY)).eval()
+    missing, unexpected = hf.load_state_dict(gpt1_to_hf_state(m.state_dict()), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    hf.tie_weights()
+    x = prompt()
+    ours = generate(m, x, 20, temperature=0)
+    theirs = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=20, do_sample=False,
+                         pad_token_id=0)
+    assert ours.shape == (2, 26)
+    assert torch.equal(ours, theirs)
+    assert len(set(ours[0, 6:].tolist())) > 1  # a non-trivial continuation
+
+
+def test_kv_cache_matches_full_recompute():
+    m = model(1)
+    x = prompt(5)
+    with_cache = generate(m, x, 15, temperature=0, use_cache=True)
+    without = generate(m, x, 15, temperature=0, use_cache=False)
+    assert torch.equal(with_cache, without)
+    # hidden states step by step, including a multi-token chunk after a prefix
+    full = torch.cat([x, with_cache[:, 5:]], 1)[:, :20]
+    with torch.no_grad():
+        ref = m(full)
+        cache = KVCache(m.config.n_layer)
+        parts = [m(full[:, :4], cache=cache), m(full[:, 4:9], cache=cache), m(full[:, 9:10], cache=cache),
+                 m(full[:, 10:], cache=cache)]
+    assert len(cache) == 20
+    assert torch.allclose(torch.cat(parts, 1), ref, atol=1e-5)
+
+
+def test_generation_past_the_context_slides_the_window():
+    m = model(2)
+    x = prompt(30, batch=1)
+    out = generate(m, x, 25, temperature=0)  # 55 tokens > n_positions = 40
+    assert out.shape == (1, 55)
+    with torch.no_grad():  # the last token was predicted from the last 40 tokens only
+        expected = m.lm_logits(m(out[:, -41:-1]))[:, -1].argmax(-1)
+    assert out[0, -1] == expected[0]
+
+
+def test_seeded_sampling_is_reproducible_and_varies_with_seed():
+    m = model(3)
+    x = prompt(4, batch=1)
+    a = generate(m, x, 30, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    b = generate(m, x, 30, temperature=1.0, generator=torch.Generator().manual_seed(1))
+    c = generate(m, x, 30, temperature=1.0, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_top_k_one_is_greedy():
+    m = model(4)
+    x = prompt(4)
+    sampled = generate(m, x, 12, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, generate(m, x, 12, temperature=0))
+
+
+def test_filters_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.05, 0.3, 0.15]]))
+    kept = filter_logits(logits, top_k=2).isfinite()[0].tolist()
+    assert kept == [True, False, True, False]
+    # nucleus 0.75: 0.5 alone is short of it, 0.5 + 0.3 reaches it -> keep exactly those two
+    assert filter_logits(logits, top_p=0.75).isfinite()[0].tolist() == [True, False, True, False]
+    assert filter_logits(logits, top_p=0.85).isfinite()[0].tolist() == [True, False, True, True]
+    assert filter_logits(logits, top_p=0.1).isfinite()[0].tolist() == [True, False, False, False]
+    scaled = filter_logits(logits, temperature=2.0)
+    assert torch.allclose(scaled, logits / 2)
+
+
+def test_sampling_follows_the_filtered_distribution():
+    m = model(5)
+    x = prompt(3, batch=1).repeat(4000, 1)
+    out = generate(m, x, 1, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        probs = filter_logits(m.lm_logits(m(x[:1]))[:, -1], top_k=3).softmax(-1)[0]
+    counts = torch.bincount(out[:, -1], minlength=TINY["vocab_size"]).float() / len(out)
+    assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.topk(probs, 3).indices.tolist())
+    assert torch.allclose(counts, probs, atol=0.03)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0),
+                                    dict(top_p=1.5), dict(max_new_tokens=-1)])
+def test_bad_options(kwargs):
+    args = dict(max_new_tokens=3, temperature=1.0)
+    args.update(kwargs)
+    with pytest.raises(ConfigError):
+        generate(model(), prompt(), **args)
+
+
+def test_bad_prompts():
+    with pytest.raises(ConfigError, match="empty prompt"):
+        generate(model(), torch.zeros(1, 0, dtype=torch.long), 3)
+    with pytest.raises(ConfigError, match=r"prompt ids must be in \[0, 89\)"):
+        generate(model(), torch.tensor([[5, 89]]), 3)
