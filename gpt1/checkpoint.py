@@ -155,8 +155,10 @@ def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
     if not file.is_file():
         raise CheckpointError(f"{file}: missing weights file")
     with open(file, "rb") as fh:
-        head = fh.read(8)
-    if head[:2] == b"\x80\x02" or head[:1] == b"\x80" or head.startswith(b"PK\x03\x04"):
+        head = fh.read(9)
+    # A safetensors file is an 8-byte header length then "{"; its length's low byte may be 0x80,
+    # so only call it a pickle/zip when that JSON brace is absent.
+    if (head[:1] == b"\x80" or head.startswith(b"PK\x03\x04")) and head[8:9] != b"{":
         raise CheckpointError(f"{file}: this is a pickle/torch file, not safetensors; gpt1 never "
                               "unpickles weights (convert it with `gpt1 convert --from hf`)")
     try:

@@ -90,15 +90,18 @@ class WindowSource:
             raise DataError(f"the {split.name} split has no shard with at least {n_ctx + 1} tokens; "
                             "lower data.n_ctx or prepare more text")
         starts = np.array([s.size - self.n_ctx for s in self.shards], dtype=np.int64)
-        self._probs = starts / starts.sum()
+        self._cum = np.cumsum(starts) / starts.sum()   # shard chosen in proportion to its windows
         self._starts = starts
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
     def next_batch(self, micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets `[micro, n_ctx]` (int64) for this rank."""
         n = micro_batch_size * self.world
-        which = self.rng.choice(len(self.shards), size=n, p=self._probs)
-        offsets = self.rng.integers(0, self._starts[which])
+        # One (shard, offset) pair of uniforms per window, drawn row by row: the windows depend only
+        # on how many were drawn before, not on how they are split into micro-batches or ranks.
+        u = self.rng.random((n, 2))                                   # [n, 2]
+        which = np.minimum(np.searchsorted(self._cum, u[:, 0], side="right"), len(self.shards) - 1)
+        offsets = (u[:, 1] * self._starts[which]).astype(np.int64)
         mine = slice(self.rank * micro_batch_size, (self.rank + 1) * micro_batch_size)
         rows = [self.shards[s][o:o + self.n_ctx + 1] for s, o in zip(which[mine], offsets[mine])]
         window = torch.from_numpy(np.stack(rows).astype(np.int64))   # [micro, n_ctx + 1]
