@@ -1,0 +1,89 @@
+"""`gpt1 info`, `gpt1 convert` and `gpt1 sample` end to end through `gpt1.cli.main`."""
+import json
+
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
+from gpt1.cli import main
+
+TINY = dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    torch.manual_seed(0)
+    return save_model(GPT(ModelConfig(**TINY)), tmp_path / "ckpt")
+
+
+def test_info_json_preset(capsys):
+    assert main(["info", "gpt1", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["parameters"] == 116_534_784
+    assert info["parameters_without_embeddings"] == 85_054_464
+
+
+def test_info_checkpoint(ckpt, capsys):
+    assert main(["info", str(ckpt)]) == 0
+    out = capsys.readouterr().out
+    assert "n_layer" in out and f"{GPT(ModelConfig(**TINY)).num_parameters():,}" in out
+
+
+def test_convert_roundtrip_through_hf(ckpt, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    assert main(["convert", str(ckpt), str(tmp_path / "hf"), "--from", "gpt1", "--to", "hf"]) == 0
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "back"), "--from", "hf"]) == 0
+    assert "wrote gpt1 model" in capsys.readouterr().out
+    a, b = load_checkpoint(ckpt), load_checkpoint(tmp_path / "back")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_convert_errors_are_one_line(tmp_path, capsys):
+    assert main(["convert", str(tmp_path / "nope"), str(tmp_path / "out"), "--from", "openai"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpt1 convert: error:") and "no such folder" in err and "\n" not in err
+    (tmp_path / "m").mkdir()
+    assert main(["convert", str(tmp_path / "m"), str(tmp_path / "out"), "--from", "openai"]) == 2
+    assert "params_shapes.json: missing" in capsys.readouterr().err
+
+
+def test_sample_prompt_ids_greedy(ckpt, capsys):
+    args = ["sample", str(ckpt), "--prompt-ids", "1 2 3", "--max-new-tokens", "7", "--temperature", "0"]
+    assert main(args) == 0
+    first = capsys.readouterr().out.split()
+    assert len(first) == 10 and first[:3] == ["1", "2", "3"]
+    model = load_checkpoint(ckpt).eval()
+    from gpt1.sample import generate
+    assert [int(t) for t in first] == generate(model, torch.tensor([[1, 2, 3]]), 7, temperature=0)[0].tolist()
+
+
+def test_sample_seeded_num_samples(ckpt, capsys):
+    args = ["sample", str(ckpt), "--prompt-ids", "5,6", "--max-new-tokens", "9", "--top-k", "20",
+            "--top-p", "0.9", "--seed", "3", "--num-samples", "2"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert first.count("=== sample") == 2
+    assert main(args) == 0
+    assert capsys.readouterr().out == first
+
+
+def test_sample_text_prompt_needs_tokenizer(ckpt, capsys):
+    assert main(["sample", str(ckpt), "--prompt", "hello"]) == 2
+    assert "no tokenizer files" in capsys.readouterr().err
+
+
+def test_sample_bad_option(ckpt, capsys):
+    assert main(["sample", str(ckpt), "--prompt-ids", "1 x"]) == 2
+    assert "--prompt-ids must be integers" in capsys.readouterr().err
+    assert main(["sample", str(ckpt), "--prompt-ids", "1", "--top-p", "2"]) == 2
+    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_sample_text_prompt_with_gpt1_vocab(gpt1_vocab, tmp_path, capsys):
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**{**TINY, "vocab_size": 40478}))
+    folder = save_model(model, tmp_path / "ck", tokenizer_dir=gpt1_vocab)
+    assert main(["sample", str(folder), "--prompt", "The old man", "--max-new-tokens", "5",
+                 "--temperature", "0"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("The old man ") and len(out.split()) >= 4
