@@ -215,3 +215,20 @@ def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") ->
     model.lstm.flatten_parameters()
     return model.to(device)
 
+
+
+def build_model(model: ModelConfig, arch: str = "gpt", seq_len: int | None = None
+                ) -> tuple[nn.Module, float, dict[str, Any]]:
+    """A fresh model for pretraining: GPT(model) or the matched LSTM (`lstm_config_for(model)`).
+
+    Returns the model, its training FLOPs per token and the extra config.json keys its
+    checkpoints need (`{"arch": "lstm"}` for the LSTM, nothing for GPT).
+    """
+    from gpt1.model import GPT, flops_per_token
+
+    if arch == "gpt":
+        return GPT(model), flops_per_token(model, seq_len), {}
+    if arch == "lstm":
+        lstm = LSTMLM(lstm_config_for(model))
+        return lstm, lstm.flops_per_token(seq_len), {ARCH_KEY: "lstm"}
+    raise ConfigError(f"unknown architecture {arch!r}; choose gpt or lstm")

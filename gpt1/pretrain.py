@@ -20,7 +20,7 @@ from gpt1 import distributed as dist
 from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, run_preset
 from gpt1.data import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
-from gpt1.model import GPT, flops_per_token
+from gpt1.lstm import build_model
 from gpt1.objectives import WindowLMLoss, lm_loss_window
 from gpt1.trainer import TrainResult, train
 
@@ -106,8 +106,12 @@ def check_run_dir(out: Path, resume: str) -> None:
                           "or choose a new --out")
 
 
-def pretrain(cfg: RunConfig, out: str | Path) -> TrainResult:
-    """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`."""
+def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt") -> TrainResult:
+    """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
+
+    `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.lstm.lstm_config_for(cfg.model)`,
+    parameter-matched), with the identical data, objective and schedule.
+    """
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
@@ -116,11 +120,13 @@ def pretrain(cfg: RunConfig, out: str | Path) -> TrainResult:
     n_ctx = finalize(cfg, data)
     info = dist.env_info()
     resolved = cfg.to_dict()
+    if arch != "gpt":
+        resolved["arch"] = arch
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_CONFIG).write_text(json.dumps(resolved, indent=2) + "\n")
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = GPT(cfg.model)
+    model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
     eval_fn = make_eval_fn(data, n_ctx, cfg.data.val_windows, cfg.train.micro_batch_size,
                            cfg.train.loss_chunk_tokens)
@@ -134,10 +140,22 @@ def pretrain(cfg: RunConfig, out: str | Path) -> TrainResult:
     try:
         result = train(model, WindowLMLoss(cfg.train.loss_chunk_tokens), source, cfg.train, out,
                        eval_fn=eval_fn, tokenizer_dir=tokenizer_dir, resolved_config=resolved,
-                       flops_per_token=flops_per_token(cfg.model, n_ctx))
+                       flops_per_token=model_flops,
+                       write_model=_writer(tokenizer_dir, resolved, extra))
         if info.is_main and not result.interrupted:
             from gpt1.metrics import plot_run
             plot_run(out)
         return result
     finally:
         dist.destroy()
+
+
+def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:
+    """The trainer's default checkpoint writer, or one that also records `extra` (e.g. the arch)."""
+    if not extra:
+        return None
+    from gpt1.checkpoint import write_model_files
+
+    def write(model: torch.nn.Module, folder: Path) -> None:
+        write_model_files(folder, model, tokenizer_dir, {**extra, "run": resolved})
+    return write

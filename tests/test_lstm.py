@@ -143,3 +143,40 @@ def test_trains_one_batch_down():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+def prepared_folder(path, vocab=64, tokens=3000):
+    import numpy as np
+
+    from gpt1.shards import write_shard
+
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    # A learnable stream: mostly "next token = previous + 1", so a few steps lower the loss.
+    stream = (np.cumsum(rng.integers(1, 3, size=tokens)) % vocab).astype(np.int64)
+    write_shard(path / "train-0.bin", stream[:2500], n_docs=1, vocab_size=vocab)
+    write_shard(path / "val-0.bin", stream[2500:], n_docs=1, vocab_size=vocab)
+    meta = {"format": "gpt1-tokens", "version": 1, "vocab_size": vocab,
+            "splits": {"train": {"shards": ["train-0.bin"]}, "val": {"shards": ["val-0.bin"]}}}
+    (path / "meta.json").write_text(json.dumps(meta))
+    return path
+
+
+@pytest.mark.slow
+def test_pretrain_arch_lstm_end_to_end_and_resume(tmp_path):
+    from gpt1.cli import main
+
+    data = prepared_folder(tmp_path / "data")
+    run = tmp_path / "run"
+    base = ["pretrain", "--preset", "tiny", "--arch", "lstm", "--data", str(data), "--out", str(run),
+            "--save-every", "2", "--eval-every", "2", "-q"]
+    assert main(base + ["--max-steps", "2"]) == 0
+    model = load_any_checkpoint(run)
+    assert isinstance(model, LSTMLM) and model.config.vocab_size == 64
+    assert model.config.hidden_size == lstm_config_for(model_preset("tiny")).hidden_size
+    assert main(base + ["--max-steps", "4", "--resume", "auto"]) == 0
+    data_json = json.loads((run / "final" / "config.json").read_text())
+    assert data_json["arch"] == "lstm" and data_json["run"]["arch"] == "lstm"
+    assert isinstance(load_any_checkpoint(run / "final"), LSTMLM)
+    metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(m["step"] for m in metrics if "step" in m) == 4

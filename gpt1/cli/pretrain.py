@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--seed", type=int)
+    p.add_argument("--arch", choices=["gpt", "lstm"], default="gpt",
+                   help="lstm: the paper's single-layer LSTM baseline, sized to match the preset's "
+                   "parameters (gpt1.lstm)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any setting, e.g. --set train.warmup=500 --set model.n_layer=4")
 
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                   "quiet": True if args.quiet else None},
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)
-    result = pretrain(cfg, args.out)
+    result = pretrain(cfg, args.out, arch=args.arch)
     if result.interrupted:
         return 128 + int(result.interrupted)
     return 0
