@@ -1,0 +1,185 @@
+"""`gpt1 pretrain` end to end at tiny size: config resolution, exact resume after SIGKILL, SIGTERM,
+plots, and user errors."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt1.checkpoint import load_checkpoint, load_training_state, step_dirs
+from gpt1.cli import main
+from gpt1.config import run_preset
+from gpt1.data import open_prepared
+from gpt1.errors import ConfigError, DataError
+from gpt1.pretrain import finalize, resolve_config
+from gpt1.shards import write_shard
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_prepared(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200) -> Path:
+    """A tiny `gpt1 prepare`-style folder: a noisy periodic token stream in two train shards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+
+    def stream(n: int) -> np.ndarray:
+        base = np.arange(n) % 37 * 7 % vocab
+        return np.where(rng.random(n) < 0.2, rng.integers(0, vocab, n), base)
+
+    half = n_train // 2
+    write_shard(folder / "train-00000.bin", stream(half), 3, vocab)
+    write_shard(folder / "train-00001.bin", stream(n_train - half), 3, vocab)
+    write_shard(folder / "val-00000.bin", stream(n_val), 1, vocab)
+    meta = {"format": "gpt1-tokens", "version": 1, "vocab_size": vocab, "dtype": "uint16",
+            "splits": {"train": {"shards": ["train-00000.bin", "train-00001.bin"],
+                                 "tokens": n_train, "documents": 6},
+                       "val": {"shards": ["val-00000.bin"], "tokens": n_val, "documents": 1}}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / "vocab.json").write_text(json.dumps({"<unk>": 0}))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    return folder
+
+
+def pretrain_cmd(data: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny", "--data",
+            str(data), "--out", str(out), "--set", "train.peak_flops=1", *extra]
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+def train_losses(run: Path) -> list[tuple[int, float]]:
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in lines if "loss" in r]
+
+
+def wait_for(path_glob, proc, run: Path, timeout: float = 120) -> None:
+    end = time.time() + timeout
+    while time.time() < end:
+        if list(run.glob(path_glob)):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before {path_glob} appeared: {proc.stderr.read()}")
+        time.sleep(0.01)
+    raise AssertionError(f"timeout waiting for {path_glob}")
+
+
+# ------------------------------------------------------------------------------ config
+def test_gpt1_preset_is_the_paper_recipe():
+    cfg = run_preset("gpt1")
+    assert (cfg.data.n_ctx, cfg.train.batch_size, cfg.train.lr) == (512, 64, 2.5e-4)
+    assert (cfg.train.warmup, cfg.train.schedule, cfg.train.epochs) == (2000, "warmup_cosine", 100)
+    assert cfg.model.embd_pdrop == cfg.model.attn_pdrop == cfg.model.resid_pdrop == 0.1
+    assert (cfg.train.weight_decay, cfg.train.grad_clip, cfg.train.optimizer) == (0.01, 1.0, "oai")
+
+
+def test_total_steps_and_vocab_from_data(tmp_path):
+    data = open_prepared(make_prepared(tmp_path / "d", vocab=300))
+    cfg = run_preset("gpt1")
+    cfg.model.n_positions = 512
+    finalize(cfg, data)
+    assert cfg.model.vocab_size == 300
+    assert cfg.train.max_steps == int(np.ceil(100 * 6000 / (64 * 512)))   # 100 epochs
+
+
+def test_toml_then_flags_then_set(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('preset = "tiny"\n[train]\nlr = 0.5\nbatch_size = 8\n[model]\nn_layer = 3\n')
+    cfg = resolve_config(None, toml, {"train": {"lr": 0.25, "seed": None}}, ["train.warmup=7"])
+    assert (cfg.model.n_layer, cfg.train.batch_size, cfg.train.lr, cfg.train.warmup) == (3, 8, 0.25, 7)
+    toml.write_text("[train]\nlearning_rate = 1\n")
+    with pytest.raises(ConfigError, match="unknown key train.learning_rate"):
+        resolve_config(None, toml)
+    with pytest.raises(ConfigError, match="schedule"):
+        resolve_config("tiny", None, None, ["train.schedule=cosine"])
+    with pytest.raises(ConfigError, match="section.key=value"):
+        resolve_config("tiny", None, None, ["lr=3"])
+
+
+def test_bad_data_folder_errors(tmp_path, capsys):
+    assert main(["pretrain", "--preset", "tiny", "--data", str(tmp_path), "--out",
+                 str(tmp_path / "r")]) == 2
+    assert "meta.json" in capsys.readouterr().err
+    bad = make_prepared(tmp_path / "d")
+    (bad / "meta.json").write_text(json.dumps({"format": "gpt1-tokens", "vocab_size": "x",
+                                               "splits": {}}))
+    with pytest.raises(DataError, match="vocab_size"):
+        open_prepared(bad)
+
+
+# ------------------------------------------------------------------------------ runs
+@pytest.mark.slow
+def test_exact_resume_after_sigkill(tmp_path):
+    data = make_prepared(tmp_path / "data")
+    args = ("--max-steps", "40", "--save-every", "3", "--eval-every", "10", "--log-every", "1")
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    subprocess.run(pretrain_cmd(data, full, *args), check=True, env=env(), capture_output=True)
+
+    proc = subprocess.Popen(pretrain_cmd(data, cut, *args), env=env(), stderr=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, text=True)
+    wait_for("step-6", proc, cut)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = max(int(p.name[5:]) for p in step_dirs(cut))
+    assert killed_at < 40 and not (cut / "final").exists()
+    subprocess.run(pretrain_cmd(data, cut, *args, "--resume", "auto"), check=True, env=env(),
+                   capture_output=True)
+
+    assert train_losses(cut) == train_losses(full)          # bitwise, every step
+    assert len(train_losses(full)) == 40
+    a = load_file(str(full / "final" / "model.safetensors"))
+    b = load_file(str(cut / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    vals = [json.loads(l) for l in (cut / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in vals if "val_loss" in r] == [0, 10, 20, 30, 40]
+    assert (cut / "loss.png").is_file() and (cut / "run.json").is_file()
+    assert load_checkpoint(cut).config.vocab_size == 300       # vocabulary from the data
+    assert (cut / "final" / "vocab.json").is_file()
+
+
+@pytest.mark.slow
+def test_sigterm_writes_checkpoint_then_exits(tmp_path):
+    data = make_prepared(tmp_path / "data")
+    run = tmp_path / "run"
+    proc = subprocess.Popen(pretrain_cmd(data, run, "--max-steps", "100000", "--save-every", "0",
+                                         "--eval-every", "0"),
+                            env=env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    wait_for("metrics.jsonl", proc, run)
+    end = time.time() + 60
+    while not train_losses(run) and time.time() < end:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    steps = step_dirs(run)
+    assert len(steps) == 1 and not (run / "final").exists()
+    _, meta = load_training_state(steps[0])
+    assert meta["step"] == int(steps[0].name[5:]) >= 1
+    # refusing to start over silently in a folder with checkpoints
+    again = subprocess.run(pretrain_cmd(data, run, "--max-steps", "3"), env=env(),
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "--resume auto" in again.stderr
+
+
+def test_plot_command_writes_pngs(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": 0, "val_loss": 5.0, "val_ppl": 148.4}]
+    lines += [{"step": s, "loss": 6.0 - 0.1 * s, "lr": 1e-3 * s} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    assert main(["plot", str(run)]) == 0
+    for name in ("loss.png", "lr.png"):
+        assert (run / name).read_bytes()[:4] == b"\x89PNG"
+    (run / "metrics.jsonl").write_text("{not json\n")
+    assert main(["plot", str(run)]) == 2
+    assert "metrics.jsonl:1" in capsys.readouterr().err
