@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from gpt1 import zeroshot_data as zd
 from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.tasks.examples import ChoiceExample
 
 log = logging.getLogger(__name__)
 
@@ -277,18 +278,15 @@ def zs_cola(scorer: Scorer, tok: TextEncoder, train: list[tuple[str, int]],
             "accuracy": float((pred == labels).mean())}
 
 
-def zs_race(scorer: Scorer, tok: TextEncoder, examples: list[zd.RaceExample],
+def zs_race(scorer: Scorer, tok: TextEncoder, examples: list[ChoiceExample],
             calibrate: bool = False) -> dict[str, Any]:
-    contexts = [tok.encode(ex.article + " " + ex.question) for ex in examples]
-    cands = [[tok.encode(o) for o in ex.options] for ex in examples]
-    width = max(len(c) for c in cands)
-    if any(len(c) != width for c in cands):
-        raise DataError("RACE examples must all have the same number of options")
+    contexts = [tok.encode(ex.context + " " + ex.question) for ex in examples]
+    cands = [[tok.encode(o) for o in ex.choices] for ex in examples]
     scores = _candidate_scores(scorer, contexts, cands, "mean")
     if calibrate:
         cf = tok.encode(CONTENT_FREE)
         scores = scores - _candidate_scores(scorer, [cf] * len(cands), cands, "mean")
-    labels = np.array([ex.answer for ex in examples])
+    labels = np.array([ex.label for ex in examples])
     return {"accuracy": float((_pick(scores) == labels).mean())}
 
 
@@ -318,15 +316,15 @@ def zs_dpr(scorer: Scorer, tok: TextEncoder, examples: list[zd.DprExample],
     return {"accuracy": float((_pick(scores) == labels).mean())}
 
 
-def zs_story_cloze(scorer: Scorer, tok: TextEncoder, examples: list[zd.StoryClozeExample],
+def zs_story_cloze(scorer: Scorer, tok: TextEncoder, examples: list[ChoiceExample],
                    calibrate: bool = False) -> dict[str, Any]:
-    contexts = [tok.encode(ex.story) for ex in examples]
-    cands = [[tok.encode(e) for e in ex.endings] for ex in examples]
+    contexts = [tok.encode(ex.context) for ex in examples]
+    cands = [[tok.encode(e) for e in ex.choices] for ex in examples]
     scores = _candidate_scores(scorer, contexts, cands, "mean")
     if calibrate:
         scores = scores - _candidate_scores(scorer, [tok.encode(CONTENT_FREE)] * len(cands),
                                             cands, "mean")
-    labels = np.array([ex.answer for ex in examples])
+    labels = np.array([ex.label for ex in examples])
     return {"accuracy": float((_pick(scores) == labels).mean())}
 
 
@@ -359,17 +357,39 @@ def _cut(items: list, limit: int | None) -> list:
     return items if limit is None else items[:limit]
 
 
-def _load_race(folder: Path, limit: int | None) -> dict[str, Any]:
-    for name in ("test", "dev"):
-        if (folder / name).is_dir():
-            folder = folder / name
-            break
-    return {"examples": _cut(zd.read_race(folder), limit), "file": str(folder)}
+def _read_split(task: str, folder: Path, splits: Sequence[str]):
+    """The first of `splits` that `gpt1.tasks` finds in `folder`, and the file it came from."""
+    from gpt1.tasks.registry import get_task
+    for i, split in enumerate(splits):
+        try:
+            read = get_task(task).read(folder, split)
+        except DataError:
+            if i == len(splits) - 1:
+                raise
+            continue
+        return read.examples, read.path
+
+
+def _load_text(task: str, split: str):
+    def load(folder: Path, limit: int | None) -> dict[str, Any]:
+        examples, path = _read_split(task, folder, [split])
+        return {"examples": _cut([(e.text, int(e.label)) for e in examples], limit),
+                "file": str(path)}
+    return load
 
 
 def _load_cola(folder: Path, limit: int | None) -> dict[str, Any]:
-    return {"train": _cut(zd.read_cola(folder / "train.tsv"), limit),
-            "dev": _cut(zd.read_cola(folder / "dev.tsv"), limit), "file": str(folder / "dev.tsv")}
+    train, _ = _read_split("cola", folder, ["train"])
+    dev, path = _read_split("cola", folder, ["dev"])
+    return {"train": _cut([(e.text, int(e.label)) for e in train], limit),
+            "dev": _cut([(e.text, int(e.label)) for e in dev], limit), "file": str(path)}
+
+
+def _load_choice(task: str, splits: Sequence[str]):
+    def load(folder: Path, limit: int | None) -> dict[str, Any]:
+        examples, path = _read_split(task, folder, splits)
+        return {"examples": _cut(examples, limit), "file": str(path)}
+    return load
 
 
 def _file_loader(patterns: Sequence[str], reader: Callable[[Path], list]):
@@ -379,14 +399,14 @@ def _file_loader(patterns: Sequence[str], reader: Callable[[Path], list]):
     return load
 
 
+# Splits: SST-2 and CoLA dev (CoLA's threshold from train), Story Cloze and RACE test (RACE dev
+# when there is no test), DPR test.c.txt, the LAMBADA test passages.
 TASKS: dict[str, TaskSpec] = {
-    "sst2": TaskSpec(("glue/SST-2", "SST-2", "sst2"), _file_loader(["dev.tsv"], zd.read_sst2),
-                     zs_sst2),
+    "sst2": TaskSpec(("glue/SST-2", "SST-2", "sst2"), _load_text("sst2", "dev"), zs_sst2),
     "cola": TaskSpec(("glue/CoLA", "CoLA", "cola"), _load_cola, zs_cola),
-    "race": TaskSpec(("RACE", "race"), _load_race, zs_race),
+    "race": TaskSpec(("RACE", "race"), _load_choice("race", ["test", "dev"]), zs_race),
     "dpr": TaskSpec(("dpr", "DPR"), _file_loader(["test.c.txt"], zd.read_dpr), zs_dpr),
-    "story_cloze": TaskSpec(("story_cloze", "ROCStories"),
-                            _file_loader(["*test*.csv", "*val*.csv"], zd.read_story_cloze),
+    "story_cloze": TaskSpec(("story_cloze", "ROCStories"), _load_choice("story_cloze", ["test"]),
                             zs_story_cloze),
     "lambada": TaskSpec(("corpus/lambada", "lambada"), _file_loader(["*.txt"], zd.read_lambada),
                         zs_lambada),
@@ -400,7 +420,7 @@ def task_folder(task: str, data: Path) -> Path | None:
     data = Path(data)
     marker = MARKERS[task]
     if task == "race":
-        if any(data.glob("*.json*")) or (data / "test").is_dir() or (data / "dev").is_dir():
+        if any(data.glob("*.jsonl")) or (data / "test").is_dir() or (data / "dev").is_dir():
             return data
     elif any(data.glob(marker)):
         return data

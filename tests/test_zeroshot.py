@@ -15,6 +15,7 @@ from gpt1.checkpoint import save_model
 from gpt1.config import ModelConfig
 from gpt1.errors import DataError
 from gpt1.model import GPT
+from gpt1.tasks.examples import ChoiceExample
 
 
 def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
@@ -270,9 +271,9 @@ def test_story_cloze_and_race_pick_likelier_mean():
     table = {("the bee", "had pollen"): -1.0, ("the bee", "it"): -2.0,
              ("the bee a", "good"): -3.0, ("the bee a", "bad"): -0.5, ("the bee a", "it"): -1.0,
              ("the bee a", "film"): -4.0}
-    sc = zd.StoryClozeExample("the bee", ("it", "had pollen"), 1)
+    sc = ChoiceExample("the bee", "", ["it", "had pollen"], 1)
     assert zs.zs_story_cloze(FakeScorer(tok, table), tok, [sc])["accuracy"] == 1.0
-    race = zd.RaceExample("the bee", "a", ("good", "bad", "it", "film"), 1)
+    race = ChoiceExample("the bee", "a", ["good", "bad", "it", "film"], 1)
     assert zs.zs_race(FakeScorer(tok, table), tok, [race])["accuracy"] == 1.0
 
 
@@ -303,34 +304,34 @@ def test_dpr_reader(tmp_path):
         zd.read_dpr(f)
 
 
-def test_lambada_race_story_readers(tmp_path):
+def test_lambada_reader(tmp_path):
     lam = tmp_path / "lambada.txt"
     lam.write_text("he said hello to the dog\n\nshe went home\n")
     assert zd.read_lambada(lam) == [("he said hello to the", "dog"), ("she went", "home")]
-    race = tmp_path / "race" / "test" / "high"
+    lam.write_text("fine line here\nalone\n")
+    with pytest.raises(DataError, match=r"lambada.txt:2"):
+        zd.read_lambada(lam)
+
+
+def test_race_folder_through_task_readers(tmp_path):
+    race = tmp_path / "RACE" / "dev" / "high"
     race.mkdir(parents=True)
     (race / "1.txt").write_text(json.dumps({"article": "A text.", "questions": ["Q1?", "Q2?"],
                                             "options": [["a", "b", "c", "d"], ["e", "f", "g", "h"]],
                                             "answers": ["B", "D"], "id": "1.txt"}))
-    exs = zd.read_race(tmp_path / "race")
-    assert [e.answer for e in exs] == [1, 3] and exs[1].options[3] == "h"
-    (race / "2.txt").write_text(json.dumps({"article": "x", "questions": ["q"],
-                                            "options": [["a", "b"]], "answers": ["E"]}))
-    with pytest.raises(DataError, match="field 'answers'"):
-        zd.read_race(tmp_path / "race")
-    sc = tmp_path / "sc.csv"
-    sc.write_text("id,s1,s2,s3,s4,e1,e2,ans\nx,A.,B.,C.,D.,E1.,E2.,2\ny,A.,B.,C.,D.,E1.,E2.,3\n")
-    with pytest.raises(DataError, match=r"sc.csv:3, field 'AnswerRightEnding'"):
-        zd.read_story_cloze(sc)
+    folder = zs.task_folder("race", tmp_path)
+    loaded = zs.TASKS["race"].load(folder, None)   # no test split here: dev is used
+    assert [e.label for e in loaded["examples"]] == [1, 3] and "dev" in loaded["file"]
 
 
-def test_readers_on_shared_data(shared_data):
-    sst = zd.read_sst2(shared_data / "glue/SST-2/dev.tsv")
+def test_loaders_on_shared_data(shared_data):
+    sst = zs.TASKS["sst2"].load(zs.task_folder("sst2", shared_data), None)["examples"]
     assert len(sst) == 872 and {y for _, y in sst} == {0, 1}
-    assert len(zd.read_cola(shared_data / "glue/CoLA/train.tsv")) == 8551
+    cola = zs.TASKS["cola"].load(zs.task_folder("cola", shared_data), None)
+    assert len(cola["train"]) == 8551 and len(cola["dev"]) == 1043
     assert len(zd.read_lambada(shared_data / "corpus/lambada")) == 5153
-    sc = zd.read_story_cloze(zs._first(shared_data / "story_cloze", ["*test*.csv"]))
-    assert len(sc) == 1871 and {e.answer for e in sc} == {0, 1}
+    sc = zs.TASKS["story_cloze"].load(zs.task_folder("story_cloze", shared_data), None)
+    assert len(sc["examples"]) == 1871 and "test" in sc["file"]
 
 
 # --------------------------------------------------------------------------------------- CLI
