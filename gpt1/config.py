@@ -298,3 +298,42 @@ def revalidate(cfg: RunConfig, source: str) -> None:
 __all__ = ["ModelConfig", "MODEL_PRESETS", "model_preset", "from_dict", "override", "field",
            "TrainConfig", "DataConfig", "RunConfig", "PRETRAIN_PRESETS", "run_preset",
            "apply_sections", "override_dotted"]
+
+
+# ------------------------------------------------------------------------------- fine-tuning
+@dataclass
+class FinetuneConfig:
+    """What a fine-tuning run adds to the model and training sections (reference a.6, a.7, a.10).
+
+    The paper's recipe lives in `FINETUNE_TRAIN`: lr 6.25e-5, batch 32, 3 epochs, warm-up over
+    0.2% of training then linear decay, the same Adam, L2 and clipping as pretraining.
+    """
+
+    task: str = ""
+    data: str = ""                   # folder (or file, or hf:NAME) with the task's files
+    init: str = ""                   # checkpoint folder, or "none" (train from scratch)
+    preset: str = "mini"             # model size with init = "none"
+    vocab: str = ""                  # tokenizer folder with init = "none"
+    lm_coef: float = 0.5             # lambda for the auxiliary LM loss; 0 drops it
+    transfer_layers: int = -2        # blocks taken from the checkpoint: -2 = all, -1 = nothing
+    clf_pdrop: float = 0.1
+    n_ctx: int = 0                   # 0 = the model's n_positions
+    train_split: str = "train"
+    eval_split: str = "dev"
+    skip_bad_rows: bool = False
+    question_delimiter: bool = False  # multiple choice: also a delimiter between context and question
+    encode_processes: int = 1
+
+    def __post_init__(self) -> None:
+        if self.lm_coef < 0:
+            raise ConfigError(f"finetune.lm_coef must be >= 0, got {self.lm_coef}")
+        if self.transfer_layers < -2:
+            raise ConfigError("finetune.transfer_layers must be -1 (nothing), 0..n_layer, or -2 (all)")
+        if not 0.0 <= self.clf_pdrop < 1.0:
+            raise ConfigError(f"finetune.clf_pdrop must be in [0, 1), got {self.clf_pdrop}")
+
+
+# The paper's fine-tuning recipe (reference a.8, a.10) for the shared training loop.
+FINETUNE_TRAIN: dict[str, Any] = {"lr": 6.25e-5, "batch_size": 32, "micro_batch_size": 8,
+                                  "epochs": 3.0, "warmup": 0.002, "schedule": "warmup_linear",
+                                  "save_every": 0, "eval_every": 0, "log_every": 10, "seed": 42}

@@ -1,0 +1,99 @@
+"""Fine-tune a GPT-1 checkpoint on a task with the paper's input transformations (§3.3).
+
+Examples:
+  gpt1 finetune --task sst2 --data glue/SST-2 --init runs/mini --out runs/sst2
+  gpt1 finetune --task story_cloze --data data/story_cloze --init runs/gpt1 --out runs/roc
+  gpt1 finetune --task cola --data glue/CoLA --init none --preset mini --vocab runs/mini/final --out runs/cola-scratch
+  gpt1 finetune --task scitail --data scitail --init runs/mini --train-split dev --eval-split test --out runs/sci
+  gpt1 finetune --task csv --columns text=review,label=stars --data mydata --init runs/mini --out runs/mine
+  torchrun --nproc_per_node 4 -m gpt1 finetune --task mnli --data glue/MNLI --init runs/gpt1 --out runs/mnli
+
+Defaults are the paper's: lr 6.25e-5, batch 32, 3 epochs, warm-up over 0.2% then linear decay,
+lambda = 0.5, classifier dropout 0.1. Settings resolve as defaults -> --config TOML ([finetune]
+and [train] tables) -> flags -> --set section.key=value. After training the run is scored on
+--eval-split and results.json is written into --out.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "fine-tune on a task (classification, entailment, similarity, multiple choice)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", help="task name (cola, sst2, mnli, snli, scitail, qnli, rte, wnli, mrpc, "
+                   "qqp, stsb, story_cloze, race, race_middle, race_high) or csv/tsv/jsonl")
+    p.add_argument("--data", metavar="DIR", help="folder with the task's files (or hf:NAME)")
+    p.add_argument("--init", metavar="CHECKPOINT|none", help="pretrained checkpoint, or none")
+    p.add_argument("--out", metavar="RUN", required=True, help="run folder")
+    p.add_argument("--config", metavar="FILE.toml", help="TOML with [finetune] and [train] tables")
+    p.add_argument("--preset", help="model size with --init none (gpt1, mini, tiny)")
+    p.add_argument("--vocab", metavar="DIR", help="tokenizer folder (needed with --init none)")
+    p.add_argument("--lm-coef", type=float, help="auxiliary LM weight lambda (default 0.5; 0 = off)")
+    p.add_argument("--transfer-layers", type=int, metavar="K",
+                   help="embeddings + first K blocks from the checkpoint; -1 = nothing (default: all)")
+    p.add_argument("--max-steps", type=int, help="cap on optimizer updates (default: 3 epochs)")
+    p.add_argument("--epochs", type=float)
+    p.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
+    p.add_argument("--batch-size", type=int, help="examples per update (default 32)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
+    p.add_argument("--eval-every", type=int, help="score the eval split every N steps")
+    p.add_argument("--save-every", type=int, help="resumable checkpoint every N steps")
+    p.add_argument("--resume", metavar="auto|PATH")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--train-split", help="split to train on (default train)")
+    p.add_argument("--eval-split", help="split scored after training (default dev; '' = none)")
+    p.add_argument("--skip-bad-rows", action="store_true", default=None,
+                   help="skip malformed rows (counted and reported) instead of stopping")
+    p.add_argument("--columns", metavar="ROLE=COL,...", help="csv/tsv/jsonl tasks: text=, a=, b=, "
+                   "context=, question=, choices=C1|C2, label=, id=")
+    p.add_argument("--labels", metavar="L1,L2,...", help="csv/tsv/jsonl tasks: class names in order")
+    p.add_argument("--regression", action="store_true", help="csv/tsv/jsonl tasks: float labels")
+    p.add_argument("--similarity", action="store_true",
+                   help="csv/tsv/jsonl pair tasks: use the similarity transformation (both orders)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="any setting, e.g. --set train.warmup=0.01 --set finetune.clf_pdrop=0.2")
+    p.add_argument("--json", action="store_true", help="print results.json as the last line")
+
+
+def generic_spec(args: argparse.Namespace) -> dict | None:
+    if not args.columns:
+        return None
+    from gpt1.tasks.generic import parse_columns
+    spec = {"columns": parse_columns(args.columns), "regression": args.regression,
+            "similarity": args.similarity}
+    if args.labels:
+        spec["labels"] = [x.strip() for x in args.labels.split(",") if x.strip()]
+    return spec
+
+
+def run(args: argparse.Namespace) -> int:
+    from gpt1.finetune import finetune
+    from gpt1.finetune import resolve
+    flags = {
+        "finetune": {"task": args.task, "data": args.data, "init": args.init, "preset": args.preset,
+                     "vocab": args.vocab, "lm_coef": args.lm_coef,
+                     "transfer_layers": args.transfer_layers, "n_ctx": args.n_ctx,
+                     "train_split": args.train_split, "eval_split": args.eval_split,
+                     "skip_bad_rows": args.skip_bad_rows},
+        "train": {"epochs": args.epochs, "micro_batch_size": args.micro_batch,
+                  "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
+                  "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
+                  "precision": args.precision, "quiet": True if args.quiet else None},
+    }
+    cfg, train_cfg = resolve(args.config, flags, args.set)
+    result, results = finetune(cfg, train_cfg, args.out, generic_spec(args), args.max_steps or 0)
+    if result.interrupted:
+        return 128 + int(result.interrupted)
+    if results:
+        print(json.dumps(results) if args.json else _summary(results))
+    return 0
+
+
+def _summary(results: dict) -> str:
+    metrics = ", ".join(f"{k} {v:.4f}" for k, v in results.items()
+                        if isinstance(v, float) and k not in ("n",))
+    return f"{results['task']} {results['split']} (n={results['n']}): {metrics}"

@@ -1,0 +1,331 @@
+"""`gpt1 finetune`: a task head on a (pre)trained GPT, trained by the shared training loop.
+
+Pieces: `build_model` (checkpoint or fresh model, layer transfer, task tokens), `encode_split`
+(examples -> id sequences through the task's transformation), `FinetuneSource` (seeded
+shuffled epochs, exact-resume state), `FinetuneLoss` (task + lm_coef x LM), the run folder's
+writer/reader (GPT files + `head.safetensors` + `task.json`), and `finetune` itself. The
+training length is OAI's `(n_train // batch) * epochs` updates unless `max_steps` is set.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from gpt1 import checkpoint as ckpt
+from gpt1 import distributed as dist
+from gpt1.config import FinetuneConfig, TrainConfig, model_preset
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.heads import FinetuneModel, finetune_loss
+from gpt1.model import GPT, flops_per_token
+from gpt1.tasks.examples import Split
+from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
+from gpt1.tasks.transforms import SpecialIds, pad_batch, transform
+from gpt1.trainer import TrainResult, train
+
+log = logging.getLogger("gpt1.finetune")
+HEAD_FILE, TASK_FILE, RESULTS_FILE = "head.safetensors", "task.json", "results.json"
+
+
+@dataclass
+class Encoded:
+    """A split turned into model inputs: K id sequences and a label per example."""
+
+    items: list[list[list[int]]]
+    labels: list[Any]
+    uids: list[str]
+
+
+# ---------------------------------------------------------------------------- model
+def load_tokenizer(folder: str | Path):
+    from gpt1.tokenizer import Tokenizer
+    return Tokenizer.from_dir(folder)
+
+
+def _transfer(fresh: GPT, pretrained: GPT, k: int) -> None:
+    """Copy the embeddings and the first `k` blocks of `pretrained` into `fresh` (a.5 n_transfer)."""
+    src = pretrained.state_dict()
+    keep = {n: t for n, t in src.items()
+            if n.startswith(("wte.", "wpe.")) or any(n.startswith(f"h.{i}.") for i in range(k))}
+    fresh.load_state_dict(keep, strict=False)
+
+
+def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneModel, Any, Path]:
+    """(model with task tokens and head, tokenizer, tokenizer folder) for a fine-tuning run."""
+    torch.manual_seed(seed)  # the same fresh weights (head, task tokens, new blocks) on every rank
+    if cfg.init in ("", "none"):
+        if not cfg.vocab:
+            raise ConfigError("--init none needs --vocab DIR (the tokenizer to train with)")
+        tok_dir = Path(cfg.vocab)
+        tok = load_tokenizer(tok_dir)
+        config = model_preset(cfg.preset)
+        config.vocab_size = tok.vocab_size
+        gpt = GPT(config)
+    else:
+        pretrained = ckpt.load_checkpoint(cfg.init)
+        found = ckpt.tokenizer_dir_of(cfg.init)
+        tok_dir = Path(cfg.vocab) if cfg.vocab else found
+        if tok_dir is None:
+            raise CheckpointError(f"{cfg.init}: the checkpoint carries no tokenizer files; "
+                                  "pass --vocab DIR")
+        tok = load_tokenizer(tok_dir)
+        n_layer = pretrained.config.n_layer
+        k = n_layer if cfg.transfer_layers == -2 else cfg.transfer_layers
+        if k > n_layer:
+            raise ConfigError(f"--transfer-layers {k}: the checkpoint has only {n_layer} blocks")
+        gpt = GPT(pretrained.config) if k != n_layer else pretrained
+        if k >= 0 and gpt is not pretrained:
+            _transfer(gpt, pretrained, k)
+    if gpt.config.vocab_size == tok.vocab_size:
+        ids = gpt.add_tokens(3)
+        assert ids == [tok.start_id, tok.delimiter_id, tok.classify_id], ids
+    elif gpt.config.vocab_size != tok.total_size:
+        raise CheckpointError(f"model vocab_size {gpt.config.vocab_size} does not match the "
+                              f"tokenizer ({tok.vocab_size} tokens + 3 task tokens)")
+    model = FinetuneModel(gpt, task.kind, task.n_outputs, tok.classify_id, cfg.clf_pdrop)
+    return model, tok, tok_dir
+
+
+def special_ids(tok: Any) -> SpecialIds:
+    return SpecialIds(tok.start_id, tok.delimiter_id, tok.classify_id)
+
+
+def encode_split(split: Split, task: Task, tok: Any, n_ctx: int, question_delimiter: bool = False,
+                 processes: int = 1) -> Encoded:
+    """Every example of `split` through the task's transformation (texts encoded once each)."""
+    texts: dict[str, None] = {}
+    for e in split.examples:
+        for t in (getattr(e, "text", None), getattr(e, "a", None), getattr(e, "b", None),
+                  getattr(e, "context", None), getattr(e, "question", None)):
+            if t is not None:
+                texts[t] = None
+        for c in getattr(e, "choices", []):
+            texts[c] = None
+    unique = list(texts)
+    table = dict(zip(unique, tok.encode_batch(unique, processes)))
+    ids = special_ids(tok)
+    items = [transform(task.kind, e, table.__getitem__, ids, n_ctx, question_delimiter)
+             for e in split.examples]
+    return Encoded(items, [e.label for e in split.examples], [e.uid for e in split.examples])
+
+
+def make_batch(enc: Encoded, index: list[int], regression: bool) -> dict[str, torch.Tensor]:
+    ids, mask = pad_batch([enc.items[i] for i in index])
+    batch = {"ids": ids, "mask": mask}
+    if all(enc.labels[i] is not None for i in index):
+        dtype = torch.float32 if regression else torch.long
+        batch["labels"] = torch.tensor([enc.labels[i] for i in index], dtype=dtype)
+    return batch
+
+
+# --------------------------------------------------------------------------- source
+class FinetuneSource:
+    """Shuffled epochs over the training examples; rank r takes every world-th example.
+
+    The permutation of epoch e comes from a generator seeded with (seed, e), so the state is
+    just (epoch, position): resume continues with exactly the next example.
+    """
+
+    def __init__(self, enc: Encoded, seed: int, regression: bool, rank: int = 0, world: int = 1):
+        self.enc, self.seed, self.regression = enc, seed, regression
+        self.rank, self.world = rank, world
+        self.epoch, self.pos = 0, 0
+        self._order = self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
+        perm = torch.randperm(len(self.enc.items), generator=g).tolist()
+        usable = len(perm) - len(perm) % self.world or len(perm)
+        return perm[:usable][self.rank::self.world]
+
+    def next_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        index = []
+        while len(index) < micro_batch_size:
+            if self.pos >= len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation(self.epoch)
+            take = self._order[self.pos:self.pos + micro_batch_size - len(index)]
+            index += take
+            self.pos += len(take)
+        return make_batch(self.enc, index, self.regression)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.epoch, self.pos = int(state["seed"]), int(state["epoch"]), int(state["pos"])
+        self._order = self._permutation(self.epoch)
+
+
+class FinetuneLoss:
+    """`loss_fn(model, batch)`: task loss + lm_coef x per-sequence LM loss (reference a.7)."""
+
+    def __init__(self, regression: bool, lm_coef: float):
+        self.regression, self.lm_coef = regression, lm_coef
+
+    def __call__(self, model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        out, lm = model(batch["ids"], batch["mask"], with_lm=self.lm_coef > 0)
+        loss, logs = finetune_loss(out, lm, batch["labels"], self.regression, self.lm_coef)
+        logs["tokens"] = float(batch["mask"].sum())
+        return loss, logs
+
+
+# ------------------------------------------------------------------------ run files
+def task_record(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int) -> dict[str, Any]:
+    return {"task": task.name, "kind": task.kind, "labels": task.labels, "n_outputs": task.n_outputs,
+            "spec": task.spec, "n_ctx": n_ctx, "classify_id": tok.classify_id,
+            "question_delimiter": cfg.question_delimiter, "clf_pdrop": cfg.clf_pdrop}
+
+
+def writer(tok_dir: Path, record: dict, resolved: dict) -> Any:
+    """The trainer's `write_model`: GPT files (loadable by gpt1.load_checkpoint) + head + task."""
+    def write(model: FinetuneModel, folder: Path) -> None:
+        ckpt.write_model_files(folder, model.gpt, tok_dir, {"finetune": resolved})
+        head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
+        save_file(head, str(Path(folder) / HEAD_FILE))
+        (Path(folder) / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return write
+
+
+def read_into(model: FinetuneModel, folder: Path) -> None:
+    """The trainer's `read_model`: weights of a fine-tuned folder into `model`."""
+    folder = Path(folder)
+    state = ckpt.load_state_dict(folder / ckpt.WEIGHTS)
+    ckpt.check_state_dict(model.gpt, state, folder / ckpt.WEIGHTS)
+    model.gpt.load_state_dict(state)
+    model.head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+
+
+def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
+    """(model, task record, tokenizer) of a fine-tuned run or checkpoint folder."""
+    folder = ckpt.resolve_checkpoint_dir(run)
+    if not (folder / TASK_FILE).is_file():
+        raise CheckpointError(f"{folder}: not a fine-tuned checkpoint (no {TASK_FILE}); "
+                              "run `gpt1 finetune` first")
+    record = json.loads((folder / TASK_FILE).read_text())
+    gpt = ckpt.load_checkpoint(folder)
+    model = FinetuneModel(gpt, record["kind"], record["n_outputs"], record["classify_id"],
+                          record.get("clf_pdrop", 0.1))
+    model.head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+    return model.eval(), record, load_tokenizer(folder)
+
+
+def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> Task:
+    """A registered task, or a generic one with its label set completed from the training file."""
+    if name.lower() in GENERIC and spec is not None:
+        spec = complete_generic_spec(name.lower(), spec, data, train_split)
+    return get_task(name, spec)
+
+
+# ------------------------------------------------------------------------- entry point
+def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
+             spec: dict | None = None, max_steps_cap: int = 0) -> tuple[TrainResult, dict]:
+    """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json)."""
+    from gpt1.evaluate import evaluate_model, write_results
+    from gpt1.pretrain import check_run_dir
+    out = Path(out)
+    check_run_dir(out, train_cfg.resume)
+    task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
+    info = dist.env_info()
+    model, tok, tok_dir = build_model(cfg, task, train_cfg.seed)
+    n_ctx = min(cfg.n_ctx or model.gpt.config.n_positions, model.gpt.config.n_positions)
+    train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
+    report_skipped(train_split)
+    enc = encode_split(train_split, task, tok, n_ctx, cfg.question_delimiter, cfg.encode_processes)
+    if train_cfg.max_steps == 0:
+        train_cfg.max_steps = max(1, int(len(enc.items) // train_cfg.batch_size * train_cfg.epochs))
+    if max_steps_cap:
+        train_cfg.max_steps = min(train_cfg.max_steps, max_steps_cap)
+    eval_fn = None
+    if train_cfg.eval_every:
+        eval_fn = periodic_eval(task, cfg, tok, n_ctx, train_cfg.micro_batch_size)
+    record = task_record(task, cfg, tok, n_ctx)
+    resolved = {"finetune": asdict(cfg), "train": asdict(train_cfg), "task": record,
+                "model": model.gpt.config.to_dict()}
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.json").write_text(json.dumps(resolved, indent=2) + "\n")
+        log.info("fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g)",
+                 task.name, len(enc.items), cfg.train_split, train_cfg.max_steps,
+                 train_cfg.batch_size, train_cfg.lr, cfg.lm_coef)
+    source = FinetuneSource(enc, train_cfg.seed, task.regression, info.rank, info.world_size)
+    try:
+        result = train(model, FinetuneLoss(task.regression, cfg.lm_coef), source, train_cfg, out,
+                       eval_fn=eval_fn, write_model=writer(tok_dir, record, resolved),
+                       read_model=read_into, resolved_config=resolved,
+                       flops_per_token=flops_per_token(model.gpt.config, n_ctx))
+    finally:
+        dist.destroy()
+    results: dict = {}
+    if not result.interrupted and cfg.eval_split and info.is_main:
+        model.eval()
+        results = evaluate_model(model, task, tok, cfg.data, cfg.eval_split, n_ctx,
+                                 cfg.question_delimiter, train_cfg.micro_batch_size,
+                                 cfg.skip_bad_rows)
+        results["train_n"] = len(enc.items)
+        results["steps"] = result.step
+        write_results(out, results)
+    return result, results
+
+
+def report_skipped(split: Split) -> None:
+    if split.skipped:
+        log.warning("%s: skipped %d malformed rows (first: %s)", split.path, len(split.skipped),
+                    split.skipped[0])
+    if split.dropped:
+        log.info("%s: left out %d rows without a gold label", split.path, split.dropped)
+
+
+def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: int) -> Any:
+    """The trainer's eval_fn: headline metrics on the evaluation split, prefixed `dev_`."""
+    from gpt1.evaluate import score
+    splits = {s: task.read(cfg.data, s, cfg.skip_bad_rows) for s in task.resolve_splits(cfg.eval_split)}
+    encoded = {s: encode_split(sp, task, tok, n_ctx, cfg.question_delimiter) for s, sp in splits.items()}
+
+    def evaluate(model: Any) -> dict[str, float]:
+        out = {}
+        for name, enc in encoded.items():
+            metrics = score(model, task, enc, micro)
+            out.update({f"{name}_{k}": v for k, v in metrics.items() if k != "n"})
+        return out
+    return evaluate
+
+
+# ---------------------------------------------------------------------------- config
+def resolve(config_file: str | Path | None, flags: dict[str, dict[str, Any]],
+            sets: list[str] | None = None) -> tuple[FinetuneConfig, TrainConfig]:
+    """Paper defaults -> TOML ([finetune], [train]) -> flags (None skipped) -> `--set` strings."""
+    from gpt1.config import FINETUNE_TRAIN, override
+    from gpt1.pretrain import load_toml
+    cfg, train_cfg = FinetuneConfig(), TrainConfig(**FINETUNE_TRAIN)
+    sections = {"finetune": cfg, "train": train_cfg}
+    table = load_toml(config_file) if config_file else {}
+    for name, values in table.items():
+        if name not in sections or not isinstance(values, dict):
+            raise ConfigError(f"{config_file}: unknown section [{name}]; known: finetune, train")
+        for key, value in values.items():
+            if not hasattr(sections[name], key):
+                raise ConfigError(f"{config_file}: unknown key {name}.{key}")
+            setattr(sections[name], key, value)
+    for name, values in flags.items():
+        for key, value in values.items():
+            if value is not None:
+                setattr(sections[name], key, value)
+    for assignment in sets or []:
+        dotted, sep, raw = assignment.partition("=")
+        section, _, key = dotted.strip().partition(".")
+        if not sep or section not in sections:
+            raise ConfigError(f"--set: expected finetune.KEY=VALUE or train.KEY=VALUE, got {assignment!r}")
+        override(sections[section], key, raw.strip(), f"--set {section}")
+    for obj in sections.values():
+        obj.__post_init__()
+    if not cfg.task or not cfg.data:
+        raise ConfigError("--task and --data are required")
+    if not cfg.init:
+        raise ConfigError("--init CHECKPOINT|none is required")
+    return cfg, train_cfg
