@@ -8,8 +8,10 @@ training length is OAI's `(n_train // batch) * epochs` updates unless `max_steps
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,8 @@ from gpt1 import distributed as dist
 from gpt1.config import FinetuneConfig, TrainConfig, model_preset
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.heads import FinetuneModel, finetune_loss
-from gpt1.model import GPT, flops_per_token
+from gpt1.lstm import arch_extra, load_any_checkpoint, model_flops
+from gpt1.model import GPT
 from gpt1.tasks.examples import Split
 from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
 from gpt1.tasks.transforms import SpecialIds, pad_batch, transform
@@ -47,6 +50,13 @@ def load_tokenizer(folder: str | Path):
     return Tokenizer.from_dir(folder)
 
 
+def train_subset(n: int, k: int, seed: int) -> list[int]:
+    """Sorted indices of a seeded random subset of `k` of `n` training examples (all if k >= n)."""
+    if k <= 0 or k >= n:
+        return list(range(n))
+    return sorted(random.Random(seed).sample(range(n), k))
+
+
 def _transfer(fresh: GPT, pretrained: GPT, k: int) -> None:
     """Copy the embeddings and the first `k` blocks of `pretrained` into `fresh` (a.5 n_transfer)."""
     src = pretrained.state_dict()
@@ -67,7 +77,7 @@ def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneMod
         config.vocab_size = tok.vocab_size
         gpt = GPT(config)
     else:
-        pretrained = ckpt.load_checkpoint(cfg.init)
+        pretrained = load_any_checkpoint(cfg.init)  # GPT, or the LSTM baseline (gpt1.lstm)
         found = ckpt.tokenizer_dir_of(cfg.init)
         tok_dir = Path(cfg.vocab) if cfg.vocab else found
         if tok_dir is None:
@@ -78,7 +88,7 @@ def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneMod
         k = n_layer if cfg.transfer_layers == -2 else cfg.transfer_layers
         if k > n_layer:
             raise ConfigError(f"--transfer-layers {k}: the checkpoint has only {n_layer} blocks")
-        gpt = GPT(pretrained.config) if k != n_layer else pretrained
+        gpt = type(pretrained)(pretrained.config) if k != n_layer else pretrained
         if k >= 0 and gpt is not pretrained:
             _transfer(gpt, pretrained, k)
     if gpt.config.vocab_size == tok.vocab_size:
@@ -185,7 +195,8 @@ def task_record(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int) -> dict[s
 def writer(tok_dir: Path, record: dict, resolved: dict) -> Any:
     """The trainer's `write_model`: GPT files (loadable by gpt1.load_checkpoint) + head + task."""
     def write(model: FinetuneModel, folder: Path) -> None:
-        ckpt.write_model_files(folder, model.gpt, tok_dir, {"finetune": resolved})
+        ckpt.write_model_files(folder, model.gpt, tok_dir, {"finetune": resolved,
+                                                            **arch_extra(model.gpt)})
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(Path(folder) / HEAD_FILE))
         (Path(folder) / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -208,7 +219,7 @@ def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
         raise CheckpointError(f"{folder}: not a fine-tuned checkpoint (no {TASK_FILE}); "
                               "run `gpt1 finetune` first")
     record = json.loads((folder / TASK_FILE).read_text())
-    gpt = ckpt.load_checkpoint(folder)
+    gpt = load_any_checkpoint(folder)
     model = FinetuneModel(gpt, record["kind"], record["n_outputs"], record["classify_id"],
                           record.get("clf_pdrop", 0.1))
     model.head.load_state_dict(load_file(str(folder / HEAD_FILE)))
@@ -236,6 +247,10 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
     n_ctx = min(cfg.n_ctx or model.gpt.config.n_positions, model.gpt.config.n_positions)
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
     report_skipped(train_split)
+    if cfg.train_examples:
+        keep = train_subset(len(train_split.examples), cfg.train_examples, train_cfg.seed)
+        train_split = dataclasses.replace(train_split,
+                                          examples=[train_split.examples[i] for i in keep])
     enc = encode_split(train_split, task, tok, n_ctx, cfg.question_delimiter, cfg.encode_processes)
     if train_cfg.max_steps == 0:
         train_cfg.max_steps = max(1, int(len(enc.items) // train_cfg.batch_size * train_cfg.epochs))
@@ -258,7 +273,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
         result = train(model, FinetuneLoss(task.regression, cfg.lm_coef), source, train_cfg, out,
                        eval_fn=eval_fn, write_model=writer(tok_dir, record, resolved),
                        read_model=read_into, resolved_config=resolved,
-                       flops_per_token=flops_per_token(model.gpt.config, n_ctx))
+                       flops_per_token=model_flops(model.gpt, n_ctx))
     finally:
         dist.destroy()
     results: dict = {}
@@ -268,6 +283,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
                                  cfg.question_delimiter, train_cfg.micro_batch_size,
                                  cfg.skip_bad_rows)
         results["train_n"] = len(enc.items)
+        results["train_skipped"] = len(train_split.skipped)
         results["steps"] = result.step
         write_results(out, results)
     return result, results

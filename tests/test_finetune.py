@@ -1,0 +1,143 @@
+"""Fine-tuning end to end at tiny size on real data (a few dozen examples, a few steps), the
+batch source's exact resume, layer transfer, and the commands' results/errors."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt1.cli import main
+from gpt1.config import FinetuneConfig, TrainConfig, FINETUNE_TRAIN
+from gpt1.finetune import Encoded, FinetuneSource, build_model, finetune, load_finetuned
+from gpt1.tasks import get_task
+
+pytestmark = pytest.mark.data
+TINY = {"max_steps": 2, "batch_size": 4, "micro_batch_size": 2, "quiet": True, "log_every": 1}
+
+
+def head_lines(src: Path, dst: Path, n: int) -> Path:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    dst.write_text("".join(src.open(encoding="utf-8").readlines()[:n]), encoding="utf-8")
+    return dst
+
+
+def tiny_run(tmp: Path, vocab: Path, task: str, data: Path, out: str, **ft) -> tuple[dict, Path]:
+    cfg = FinetuneConfig(task=task, data=str(data), init="none", preset="tiny", vocab=str(vocab),
+                         **ft)
+    train = TrainConfig(**{**FINETUNE_TRAIN, **TINY})
+    _, results = finetune(cfg, train, tmp / out)
+    return results, tmp / out
+
+
+def test_sst2_finetune_evaluate_predict(tmp_path: Path, shared_data: Path, gpt1_vocab: Path):
+    glue = shared_data / "glue" / "SST-2"
+    data = tmp_path / "sst2"
+    head_lines(glue / "train.tsv", data / "train.tsv", 41)
+    head_lines(glue / "dev.tsv", data / "dev.tsv", 25)
+    head_lines(glue / "test.tsv", data / "test.tsv", 11)
+    results, run = tiny_run(tmp_path, gpt1_vocab, "sst2", data, "run")
+    assert results["n"] == 24 and 0.0 <= results["accuracy"] <= 1.0 and results["steps"] == 2
+    assert json.loads((run / "results.json").read_text()) == results
+    # The saved run reloads to the same predictions (evaluate reproduces the metric).
+    code = main(["evaluate", str(run), "--task", "sst2", "--data", str(data), "--json"])
+    assert code == 0
+    again = json.loads((run / "results.json").read_text())
+    assert again["accuracy"] == results["accuracy"] and again["n"] == 24
+    assert main(["predict", str(run), "--data", str(data)]) == 0
+    rows = (run / "submission" / "SST-2.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 11
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"0", "1"}
+    # The GPT part is an ordinary checkpoint with the three task tokens.
+    model, record, tok = load_finetuned(run)
+    assert model.gpt.config.vocab_size == tok.total_size == 40481 and record["kind"] == "single"
+
+
+def test_story_cloze_multiple_choice(tmp_path: Path, shared_data: Path, gpt1_vocab: Path):
+    src = shared_data / "story_cloze" / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
+    data = head_lines(src, tmp_path / "roc.csv", 17)   # a file: used for every split as is
+    results, _ = tiny_run(tmp_path, gpt1_vocab, "story_cloze", data, "roc")
+    assert results["n"] == 16 and "accuracy" in results
+
+
+def test_stsb_regression_with_both_orders(tmp_path: Path, shared_data: Path, gpt1_vocab: Path):
+    data = tmp_path / "stsb"
+    head_lines(shared_data / "glue" / "STS-B" / "train.tsv", data / "train.tsv", 21)
+    head_lines(shared_data / "glue" / "STS-B" / "dev.tsv", data / "dev.tsv", 21)
+    results, run = tiny_run(tmp_path, gpt1_vocab, "stsb", data, "stsb", lm_coef=0.0)
+    assert results["n"] == 20 and {"pearson", "spearman"} <= set(results)
+    logged = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert logged and all("loss" in r for r in logged if "step" in r)
+
+
+def test_source_resumes_exactly():
+    enc = Encoded([[[i, 1]] for i in range(10)], list(range(10)), [str(i) for i in range(10)])
+    a = FinetuneSource(enc, seed=3, regression=False)
+    for _ in range(3):
+        a.next_batch(4)                                 # crosses into the second epoch
+    b = FinetuneSource(enc, seed=3, regression=False)
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    for _ in range(4):
+        assert torch.equal(a.next_batch(4)["ids"], b.next_batch(4)["ids"])
+    first = FinetuneSource(enc, seed=3, regression=False)
+    seen = [int(x) for _ in range(5) for x in first.next_batch(2)["ids"][:, 0, 0]]
+    assert sorted(seen) == list(range(10))              # one epoch = every example once
+    ranks = [FinetuneSource(enc, 3, False, rank=r, world=2) for r in range(2)]
+    assert not set(ranks[0]._order) & set(ranks[1]._order)
+
+
+def test_transfer_layers(tmp_path: Path, gpt1_vocab: Path):
+    from gpt1.checkpoint import save_model
+    from gpt1.config import model_preset
+    from gpt1.model import GPT
+    torch.manual_seed(0)
+    config = model_preset("tiny")
+    config.vocab_size = 40478
+    pre = GPT(config)
+    save_model(pre, tmp_path / "ckpt", tokenizer_dir=gpt1_vocab)
+    task = get_task("rte")
+    for k, emb_same, block0_same, block1_same in [(-2, True, True, True), (1, True, True, False),
+                                                  (0, True, False, False), (-1, False, False, False)]:
+        cfg = FinetuneConfig(task="rte", data=".", init=str(tmp_path / "ckpt"), transfer_layers=k)
+        model, tok, _ = build_model(cfg, task, seed=5)
+        g = model.gpt
+        assert torch.equal(g.wte.weight[:40478], pre.wte.weight) == emb_same
+        assert torch.equal(g.h[0].attn.c_attn.weight, pre.h[0].attn.c_attn.weight) == block0_same
+        assert torch.equal(g.h[1].mlp.c_fc.weight, pre.h[1].mlp.c_fc.weight) == block1_same
+        assert g.wte.weight.shape[0] == tok.total_size
+
+
+def test_cli_bad_row_is_one_line_error(tmp_path: Path, gpt1_vocab: Path, capsys):
+    data = tmp_path / "bad"
+    data.mkdir()
+    (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nno label here\n")
+    args = ["finetune", "--task", "sst2", "--data", str(data), "--init", "none", "--preset", "tiny",
+            "--vocab", str(gpt1_vocab), "--out", str(tmp_path / "run"), "--max-steps", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{data / 'train.tsv'}:3" in err and "expected 2 tab-separated fields" in err
+
+
+def test_skip_bad_rows_counts_and_reports(tmp_path: Path, shared_data: Path, gpt1_vocab: Path):
+    data = tmp_path / "sst2"
+    head_lines(shared_data / "glue" / "SST-2" / "dev.tsv", data / "train.tsv", 13)
+    with open(data / "train.tsv", "a") as fh:
+        fh.write("a row without its label\n")
+    head_lines(shared_data / "glue" / "SST-2" / "dev.tsv", data / "dev.tsv", 9)
+    results, _ = tiny_run(tmp_path, gpt1_vocab, "sst2", data, "skip", skip_bad_rows=True)
+    assert results["train_skipped"] == 1 and results["train_n"] == 12
+
+
+def test_config_file_and_unknown_keys(tmp_path: Path):
+    from gpt1.errors import ConfigError
+    from gpt1.finetune import resolve
+    root = Path(__file__).resolve().parents[1]
+    cfg, train = resolve(root / "configs" / "finetune_scitail.toml",
+                         {"finetune": {"data": "d", "init": "none", "lm_coef": 0.0}})
+    assert (cfg.task, cfg.train_split, cfg.lm_coef, train.lr, train.batch_size) == \
+        ("scitail", "dev", 0.0, 6.25e-5, 32)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[finetune]\nlambda = 1\n")
+    with pytest.raises(ConfigError, match="unknown key finetune.lambda"):
+        resolve(bad, {"finetune": {"data": "d", "init": "none"}})
