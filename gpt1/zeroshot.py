@@ -145,13 +145,15 @@ class Scorer:
     def score(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:
         """One `Score` per request; an empty continuation gets an empty `Score`."""
         plans, canon = self._plan(requests)
-        # Per canonical row: the positions to read and, per request token, (position, target).
-        wanted: dict[tuple[int, ...], set[int]] = {}
+        # Per canonical row: position -> the target tokens scored there (usually one).
+        wanted: dict[tuple[int, ...], dict[int, set[int]]] = {}
         for plan in plans:
             if plan is not None:
                 key, start, cont = plan
-                wanted.setdefault(canon[key], set()).update(range(start, start + len(cont)))
-        results: dict[tuple[tuple[int, ...], int], tuple[torch.Tensor, torch.Tensor]] = {}
+                positions = wanted.setdefault(canon[key], {})
+                for offset, target in enumerate(cont):
+                    positions.setdefault(start + offset, set()).add(target)
+        results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
             self._run(batch, wanted, results)
         out: list[Score] = []
@@ -160,12 +162,8 @@ class Scorer:
                 out.append(Score([], True))
                 continue
             key, start, cont = plan
-            lps, greedy = [], True
-            for offset, target in enumerate(cont):
-                logp, best = results[(canon[key], start + offset)]
-                lps.append(float(logp[target]))
-                greedy = greedy and int(best) == target
-            out.append(Score(lps, greedy))
+            pairs = [results[(canon[key], start + i, t)] for i, t in enumerate(cont)]
+            out.append(Score([lp for lp, _ in pairs], all(g for _, g in pairs)))
         return out
 
     def _batches(self, rows: list[tuple[int, ...]]):
@@ -186,18 +184,25 @@ class Scorer:
         for b, row in enumerate(batch):
             ids[b, :len(row)] = torch.tensor(row)
         hidden = self.model(ids.to(device))                        # [B, T, C]
-        keys = [(row, pos) for row in batch for pos in sorted(wanted[row])]
-        flat = torch.tensor([b * T + pos for b, row in enumerate(batch)
-                             for pos in sorted(wanted[row])], device=device)
+        positions = [(b, pos) for b, row in enumerate(batch) for pos in sorted(wanted[batch[b]])]
+        flat = torch.tensor([b * T + pos for b, pos in positions], device=device)
         picked = hidden.reshape(B * T, -1).index_select(0, flat)   # [N, C]
         weight = self.model.lm_weight()
-        for lo in range(0, len(keys), self.logits_chunk):
+        for lo in range(0, len(positions), self.logits_chunk):
+            chunk = positions[lo:lo + self.logits_chunk]
             # The output layer only where a next token is scored; softmax in fp32 even in bf16.
-            logits = F.linear(picked[lo:lo + self.logits_chunk], weight).float()   # [n, V]
-            logp = torch.log_softmax(logits, dim=-1).cpu()
-            best = logits.argmax(dim=-1).cpu()
-            for i, key in enumerate(keys[lo:lo + self.logits_chunk]):
-                results[key] = (logp[i], best[i])
+            logits = F.linear(picked[lo:lo + len(chunk)], weight).float()   # [n, V]
+            lse = torch.logsumexp(logits, dim=-1)                           # [n]
+            best = logits.argmax(dim=-1)                                    # [n]
+            triples = [(i, t) for i, (b, pos) in enumerate(chunk) for t in wanted[batch[b]][pos]]
+            rows = torch.tensor([i for i, _ in triples], device=device)
+            targets = torch.tensor([t for _, t in triples], device=device)
+            # Only the scored entries leave the chunk: log p = logit - logsumexp.
+            logp = (logits[rows, targets] - lse[rows]).tolist()
+            hit = (best[rows] == targets).tolist()
+            for (i, t), lp, g in zip(triples, logp, hit):
+                b, pos = chunk[i]
+                results[(batch[b], pos, t)] = (lp, g)
 
 
 # -------------------------------------------------------------------------------- heuristics
