@@ -323,6 +323,7 @@ class FinetuneConfig:
     skip_bad_rows: bool = False
     question_delimiter: bool = False  # multiple choice: also a delimiter between context and question
     encode_processes: int = 1
+    train_examples: int = 0          # train on a seeded random subset of this size (0 = all)
 
     def __post_init__(self) -> None:
         if self.lm_coef < 0:

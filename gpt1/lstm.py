@@ -232,3 +232,17 @@ def build_model(model: ModelConfig, arch: str = "gpt", seq_len: int | None = Non
         lstm = LSTMLM(lstm_config_for(model))
         return lstm, lstm.flops_per_token(seq_len), {ARCH_KEY: "lstm"}
     raise ConfigError(f"unknown architecture {arch!r}; choose gpt or lstm")
+
+
+def arch_extra(model: nn.Module) -> dict[str, Any]:
+    """The config.json keys a checkpoint of `model` needs beyond the GPT defaults."""
+    return {ARCH_KEY: "lstm"} if isinstance(model, LSTMLM) else {}
+
+
+def model_flops(model: nn.Module, seq_len: int | None = None) -> float:
+    """Training FLOPs per token of a GPT or an LSTMLM."""
+    if isinstance(model, LSTMLM):
+        return model.flops_per_token(seq_len)
+    from gpt1.model import flops_per_token
+
+    return flops_per_token(model.config, seq_len)

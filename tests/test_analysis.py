@@ -119,3 +119,109 @@ def test_sweep_refuses_other_settings_and_unreadable_records(tmp_path):
     (tmp_path / "sweep.json").write_text("{not json")
     with pytest.raises(DataError, match="sweep.json"):
         Sweep(tmp_path, "layers", {"task": "sst2", "init": "a"})
+
+
+# ------------------------------------------------------------------ sweeps over gpt1 finetune
+FT = ["--max-steps", "2", "--batch-size", "4", "--micro-batch", "2"]
+
+
+@pytest.fixture
+def sst2_setup(tmp_path, shared_data, gpt1_vocab):
+    """A tiny pretrained GPT and LSTM (with the GPT-1 vocabulary) and 40/24 SST-2 rows."""
+    glue = shared_data / "glue" / "SST-2"
+    data = tmp_path / "sst2"
+    data.mkdir()
+    for name, n in (("train.tsv", 41), ("dev.tsv", 25)):
+        lines = (glue / name).open(encoding="utf-8").readlines()[:n]
+        (data / name).write_text("".join(lines), encoding="utf-8")
+    torch.manual_seed(0)
+    gpt = GPT(ModelConfig(vocab_size=40478, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    lstm = LSTMLM(LSTMConfig(vocab_size=40478, n_embd=32, hidden_size=32, n_positions=64))
+    return {"data": data, "gpt": save_model(gpt, tmp_path / "gpt", tokenizer_dir=gpt1_vocab),
+            "lstm": save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=gpt1_vocab)}
+
+
+def finetune_lines(out):
+    return [shlex.split(l) for l in (out / "commands.txt").read_text().splitlines()
+            if l.startswith("gpt1 finetune")]
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, sst2_setup, capsys):
+    out = tmp_path / "layers"
+    argv = ["analysis", "layers", "--init", str(sst2_setup["gpt"]), "--task", "sst2", "--data",
+            str(sst2_setup["data"]), "--out", str(out), "--train-examples", "20",
+            "--train-eval-examples", "12", *FT]
+    assert main(argv) == 0
+    table = json.loads((out / "layers.json").read_text())
+    assert [r["k"] for r in table["rows"]] == [0, 1, 2] and table["metric"] == "accuracy"
+    assert all(0 <= r["dev"] <= 1 and 0 <= r["train"] <= 1 and r["seeds"] == 1
+               for r in table["rows"])
+    assert (out / "layers.png").read_bytes()[:4] == b"\x89PNG"
+    record = json.loads((out / "sweep.json").read_text())
+    assert record["runs"]["k=0/seed=0"]["result"]["train_results"]["n"] == 12
+    assert record["runs"]["k=1/seed=0"]["result"]["dev_results"]["train_n"] == 20
+    lines = finetune_lines(out)
+    assert [l[l.index("--transfer-layers") + 1] for l in lines] == ["0", "1", "2"]
+
+    # Re-running continues: nothing is fine-tuned again, the table is the same.
+    assert main(argv) == 0
+    assert len(finetune_lines(out)) == 3
+    assert json.loads((out / "layers.json").read_text()) == table
+
+    # A recorded command reproduces its sub-run's dev number exactly.
+    line = lines[1]
+    line[line.index("--out") + 1] = str(tmp_path / "again")
+    assert main(line[1:]) == 0
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert again["accuracy"] == table["rows"][1]["dev"]
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
+    out = tmp_path / "abl"
+    data_root = sst2_setup["data"].parent
+    assert main(["analysis", "ablations", "--init", str(sst2_setup["gpt"]), "--lstm-init",
+                 str(sst2_setup["lstm"]), "--tasks", "sst2", "--data-root", str(data_root),
+                 "--task-data", "sst2=sst2", "--out", str(out), *FT]) == 0
+    table = json.loads((out / "ablations.json").read_text())
+    assert list(table["rows"]) == ["full", "scratch", "no_aux", "lstm"]
+    for row in table["rows"].values():
+        assert row["avg"] == row["cells"]["sst2"]["mean"] and 0 <= row["avg"] <= 1
+    md = (out / "ablations.md").read_text()
+    assert "| method | Avg | sst2 (acc) |" in md and "LSTM w/ aux LM" in md
+    lines = finetune_lines(out)
+    assert len(lines) == 4
+    assert "--transfer-layers" in lines[1] and lines[1][lines[1].index("--transfer-layers") + 1] == "-1"
+    assert lines[2][lines[2].index("--lm-coef") + 1] == "0.0"
+    assert lines[3][lines[3].index("--init") + 1] == str(sst2_setup["lstm"])
+    # The fine-tuned LSTM run reloads as an LSTM.
+    from gpt1.finetune import load_finetuned
+    model, _, _ = load_finetuned(out / "runs" / "sst2-lstm-seed0")
+    assert isinstance(model.gpt, LSTMLM)
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
+    out = tmp_path / "ds"
+    assert main(["analysis", "data-size", "--init", str(sst2_setup["gpt"]), "--task", "sst2",
+                 "--data", str(sst2_setup["data"]), "--sizes", "10,all", "--seeds", "0",
+                 "--out", str(out), *FT]) == 0
+    table = json.loads((out / "data_size.json").read_text())
+    assert [r["size"] for r in table["rows"]] == ["10", "all"]
+    assert [r["pretrained"]["train_n"] for r in table["rows"]] == [10, 40]
+    assert all(r["scratch"]["seeds"] == 1 for r in table["rows"])
+    assert (out / "data_size.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| size | examples | pretrained | no pretraining | seeds |" in (out / "data_size.md").read_text()
+
+
+def test_bad_sweep_options_are_one_line_errors(tmp_path, capsys):
+    assert main(["analysis", "data-size", "--init", "x", "--task", "sst2", "--data", "d",
+                 "--sizes", "10,lots", "--out", str(tmp_path)]) == 2
+    assert "--sizes" in capsys.readouterr().err
+    assert main(["analysis", "ablations", "--init", "x", "--tasks", "nope", "--data-root", "d",
+                 "--out", str(tmp_path / "a")]) == 2
+    assert "--task-data nope=DIR" in capsys.readouterr().err

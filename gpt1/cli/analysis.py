@@ -37,7 +37,74 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
-    """layers, ablations, data-size: fine-tuning sweeps."""
+    """layers, ablations, data-size: sweeps of `gpt1 finetune` sub-runs."""
+    s = sub.add_parser("layers", help="Fig. 2 left: fine-tune with embeddings + K pretrained blocks",
+                       description="Fine-tune with the embeddings plus K = 0..n_layer pretrained "
+                                   "blocks; plot dev (solid) and train (dashed) metric against K.")
+    _init_task_data(s)
+    s.add_argument("--ks", help="K values, e.g. 0,3,6 (default: 0..n_layer)")
+    s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    s.add_argument("--train-eval-examples", type=int, default=1000,
+                   help="train metric on at most this many training examples (fixed sample)")
+    _splits_and_subset(s)
+    _finetune_options(s)
+
+    s = sub.add_parser("ablations", help="Table 5: full / no pretraining / no aux LM / LSTM",
+                       description="Fine-tune each task four ways (Table 5) and write the table "
+                                   "with an Avg column in the paper's layout.")
+    s.add_argument("--init", required=True, metavar="CHECKPOINT", help="pretrained GPT checkpoint")
+    s.add_argument("--lstm-init", metavar="CHECKPOINT", help="LSTM pretrained on the same corpus "
+                   "(gpt1 pretrain --arch lstm); without it the LSTM row is left out")
+    s.add_argument("--tasks", required=True, help="comma-separated task names, e.g. sst2,cola,stsb")
+    s.add_argument("--data-root", required=True, metavar="DIR",
+                   help="folder laid out like ../shared/data (glue/SST-2, snli, ...)")
+    s.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
+                   help="a task's folder (absolute, or relative to --data-root)")
+    s.add_argument("--splits", action="append", default=[], metavar="TASK=TRAIN:EVAL",
+                   help="train and scored splits of a task (default train:dev; snli, scitail, "
+                   "story_cloze: dev:test)")
+    s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
+    s.add_argument("--out", default="analysis/ablations", help="output folder")
+    _finetune_options(s)
+
+    s = sub.add_parser("data-size", help="dev metric against labelled examples, with and without "
+                       "pretraining", description="Fine-tune on seeded subsets of the training "
+                       "split with and without pretraining; plot dev metric against examples.")
+    _init_task_data(s)
+    s.add_argument("--sizes", default="100,300,1000,3000,10000,all",
+                   help="training-set sizes; all = the whole split")
+    s.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
+    s.add_argument("--train-split", default="train")
+    s.add_argument("--eval-split", default="dev")
+    _finetune_options(s)
+
+
+def _init_task_data(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--init", required=True, metavar="CHECKPOINT", help="pretrained checkpoint")
+    s.add_argument("--task", required=True, help="task name (see gpt1 finetune --help)")
+    s.add_argument("--data", required=True, metavar="DIR", help="the task's folder")
+    s.add_argument("--out", default=f"analysis/{s.prog.split()[-1]}", help="output folder")
+
+
+def _splits_and_subset(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--train-split", default="train")
+    s.add_argument("--eval-split", default="dev")
+    s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
+
+
+def _finetune_options(s: argparse.ArgumentParser) -> None:
+    """Passed to every `gpt1 finetune` sub-run (default: fine-tuning's own defaults)."""
+    g = s.add_argument_group("fine-tuning options for every sub-run")
+    g.add_argument("--max-steps", type=int)
+    g.add_argument("--epochs", type=float)
+    g.add_argument("--batch-size", type=int)
+    g.add_argument("--micro-batch", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--n-ctx", type=int)
+    g.add_argument("--precision", choices=["fp32", "bf16"])
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    s.set_defaults(_parser=s)
 
 
 def canonical_command(args: argparse.Namespace) -> list[str]:
@@ -53,6 +120,9 @@ def canonical_command(args: argparse.Namespace) -> list[str]:
         elif isinstance(action, argparse._StoreTrueAction):
             if value:
                 argv.append(action.option_strings[0])
+        elif isinstance(action, argparse._AppendAction):
+            for item in value or []:
+                argv += [action.option_strings[0], str(item)]
         elif value is not None:
             argv += [action.option_strings[0], str(value)]
     return argv
@@ -71,6 +141,36 @@ def run(args: argparse.Namespace) -> int:
                                                   "mean_cos_distant", "nearest_within_2")}))
         print(f"wrote {args.out}/positions_2d.png, positions_cosine.png, positions.json")
         return 0
-    from gpt1.analysis import runs
+    return _run_sweep(args, command)
 
-    return runs.run_sweep_command(args, command)
+
+def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
+    from gpt1.analysis.runs import FinetuneOptions, parse_ints
+
+    options = FinetuneOptions(args.max_steps, args.epochs, args.batch_size, args.micro_batch,
+                              args.lr, args.n_ctx, args.precision, list(args.set), args.quiet)
+    seeds = parse_ints(args.seeds, "--seeds")
+    if args.analysis == "layers":
+        from gpt1.analysis.layers import layers_sweep, markdown
+        ks = parse_ints(args.ks, "--ks") if args.ks else None
+        table = layers_sweep(args.init, args.task, args.data, args.out, options, seeds, ks,
+                             args.train_split, args.eval_split, args.train_examples,
+                             args.train_eval_examples, command)
+        print(markdown(table), end="")
+        print(f"wrote {args.out}/layers.png, layers.md, layers.json")
+    elif args.analysis == "ablations":
+        from gpt1.analysis.ablations import ablation_sweep, markdown, parse_mapping
+        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+        table = ablation_sweep(args.init, tasks, args.data_root, args.out, options, args.lstm_init,
+                               seeds, parse_mapping(args.task_data, "--task-data"),
+                               parse_mapping(args.splits, "--splits"), args.train_examples, command)
+        print(markdown(table, args.lstm_init is not None), end="")
+        print(f"wrote {args.out}/ablations.md, ablations.json")
+    else:
+        from gpt1.analysis.data_size import data_size_sweep, markdown, parse_sizes
+        table = data_size_sweep(args.init, args.task, args.data, args.out, options,
+                                parse_sizes(args.sizes), seeds, args.train_split, args.eval_split,
+                                command)
+        print(markdown(table), end="")
+        print(f"wrote {args.out}/data_size.png, data_size.md, data_size.json")
+    return 0

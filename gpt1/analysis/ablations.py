@@ -1,0 +1,134 @@
+"""Table 5: the full method against no pretraining, no auxiliary LM, and the LSTM baseline.
+
+Rows (each a `gpt1 finetune` sub-run per task and seed):
+  full     Transformer w/ aux LM: --init CKPT (lambda = 0.5)
+  scratch  Transformer w/o pre-training: --init CKPT --transfer-layers -1, i.e. the same
+           architecture and tokenizer with every weight freshly initialised
+  no_aux   Transformer w/o aux LM: --init CKPT --lm-coef 0
+  lstm     LSTM w/ aux LM: --init LSTM_CKPT (a `gpt1 pretrain --arch lstm` run on the same corpus)
+The LSTM row is left out (with a note) when no LSTM checkpoint is given. Output: ablations.md in
+the paper's layout (Avg first, then one column per task; mean ± std when several seeds),
+ablations.json. Where a task has no training split here, its dev split trains and its test split
+scores (`DEFAULT_SPLITS`; --splits overrides), and the table says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from gpt1.analysis import report
+from gpt1.analysis.runs import FinetuneOptions, execute, finetune_argv, headline
+from gpt1.analysis.sweep import Sweep
+from gpt1.errors import ConfigError
+
+ROWS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",
+        "no_aux": "Transformer w/o aux LM", "lstm": "LSTM w/ aux LM"}
+# Where each task's files are under a data root laid out like ../shared/data.
+TASK_FOLDERS = {"cola": "glue/CoLA", "sst2": "glue/SST-2", "mrpc": "glue/MRPC", "stsb": "glue/STS-B",
+                "qqp": "glue/QQP", "mnli": "glue/MNLI", "qnli": "glue/QNLI", "rte": "glue/RTE",
+                "snli": "snli", "scitail": "scitail", "story_cloze": "story_cloze", "race": "race"}
+# (train split, scored split) for tasks whose training split is not available in ../shared/data.
+DEFAULT_SPLITS = {"snli": ("dev", "test"), "scitail": ("dev", "test"), "story_cloze": ("dev", "test")}
+METRIC_NAMES = {"matthews": "mc", "pearson": "pc", "f1": "F1", "accuracy": "acc"}
+
+
+def parse_mapping(items: Sequence[str], name: str) -> dict[str, str]:
+    """['a=x', 'b=y'] -> {'a': 'x', 'b': 'y'}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise ConfigError(f"{name}: expected TASK=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def task_plan(tasks: Sequence[str], data_root: str | Path, folders: dict[str, str],
+              splits: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Per task: its data folder and the (train, eval) splits used."""
+    plan = {}
+    for task in tasks:
+        folder = folders.get(task) or TASK_FOLDERS.get(task)
+        if folder is None:
+            raise ConfigError(f"--tasks: no default folder for {task!r}; pass --task-data {task}=DIR")
+        path = Path(folder) if Path(folder).is_absolute() else Path(data_root) / folder
+        train, scored = DEFAULT_SPLITS.get(task, ("train", "dev"))
+        if task in splits:
+            train, _, scored = splits[task].partition(":")
+            if not train or not scored:
+                raise ConfigError(f"--splits {task}={splits[task]}: expected TRAIN:EVAL")
+        plan[task] = {"data": str(path), "train_split": train, "eval_split": scored}
+    return plan
+
+
+def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path, out: str | Path,
+                   options: FinetuneOptions, lstm_init: str | Path | None = None,
+                   seeds: Sequence[int] = (0,), folders: dict[str, str] | None = None,
+                   splits: dict[str, str] | None = None, train_examples: int | None = None,
+                   command: list[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) the ablations; write ablations.md / .json; return the table."""
+    plan = task_plan(tasks, data_root, folders or {}, splits or {})
+    rows = {"full": (init, {}), "scratch": (init, {"transfer_layers": -1}),
+            "no_aux": (init, {"lm_coef": 0.0})}
+    if lstm_init is not None:
+        rows["lstm"] = (lstm_init, {})
+    out = Path(out)
+    settings = {"init": str(init), "lstm_init": str(lstm_init) if lstm_init else None,
+                "plan": plan, "train_examples": train_examples, "finetune": options.settings()}
+    sweep = Sweep(out, "ablations", settings, command)
+    for task, where in plan.items():
+        for row, (ckpt, extra) in rows.items():
+            for seed in seeds:
+                run_dir = out / "runs" / f"{task}-{row}-seed{seed}"
+                argv = finetune_argv(task, where["data"], ckpt, run_dir, options, seed=seed,
+                                     train_split=where["train_split"],
+                                     eval_split=where["eval_split"],
+                                     train_examples=train_examples, **extra)
+
+                def job(argv=argv, task=task) -> dict[str, Any]:
+                    results = execute(argv)
+                    metric, value = headline(task, results)
+                    return {"metric": metric, "value": value, "results": results}
+                sweep.run(f"{task}/{row}/seed={seed}", argv, job, run_dir=run_dir)
+    table = summarise(sweep, plan, list(rows), seeds)
+    report.write_json(out / "ablations.json", table)
+    (out / "ablations.md").write_text(markdown(table, lstm_given=lstm_init is not None))
+    return table
+
+
+def summarise(sweep: Sweep, plan: dict[str, dict[str, str]], rows: Sequence[str],
+              seeds: Sequence[int]) -> dict[str, Any]:
+    """Per row and task: mean, std, seeds; the row's Avg = unweighted mean of its task means."""
+    table: dict[str, Any] = {"tasks": list(plan), "plan": plan, "metrics": {}, "rows": {}}
+    for row in rows:
+        cells = {}
+        for task in plan:
+            done = [sweep.result(f"{task}/{row}/seed={s}") for s in seeds
+                    if sweep.done(f"{task}/{row}/seed={s}")]
+            if done:
+                table["metrics"][task] = done[0]["metric"]
+            mean, std = report.mean_std([r["value"] for r in done])
+            cells[task] = {"mean": mean, "std": std, "seeds": len(done)}
+        means = [c["mean"] for c in cells.values() if c["seeds"]]
+        complete = len(means) == len(plan)
+        avg = sum(means) / len(means) if complete else float("nan")
+        table["rows"][row] = {"label": ROWS[row], "avg": avg, "cells": cells}
+    return table
+
+
+def markdown(table: dict[str, Any], lstm_given: bool) -> str:
+    tasks = table["tasks"]
+    header = ["method", "Avg"] + [f"{t} ({METRIC_NAMES.get(table['metrics'].get(t, ''), '?')})"
+                                  for t in tasks]
+    rows = []
+    for row in table["rows"].values():
+        cells = [report.pct(row["cells"][t]["mean"], row["cells"][t]["std"]) for t in tasks]
+        rows.append([row["label"], report.pct(row["avg"])] + cells)
+    notes = [f"- {t}: trained on its {p['train_split']} split, scored on {p['eval_split']}"
+             + (" (no training split here)" if p["train_split"] != "train" else "")
+             for t, p in table["plan"].items()]
+    if not lstm_given:
+        notes.append("- LSTM row left out: pass --lstm-init (a `gpt1 pretrain --arch lstm` run "
+                     "on the same corpus)")
+    return ("Ablations (Table 5 layout; values x 100; mean ± std over seeds where several)\n\n"
+            + report.markdown_table(header, rows) + "\n" + "\n".join(notes) + "\n")
