@@ -32,8 +32,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                weights: torch.Tensor, chunk: int, dtype: torch.dtype) -> torch.Tensor:
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+                weights: torch.Tensor, chunk: int, dtype: torch.dtype, want_grad: bool) -> torch.Tensor:
+        # Forward always runs with grad disabled, so the caller says whether gradients are wanted
+        # (under torch.no_grad, e.g. evaluation, they are not even though weights require them).
+        need_h = want_grad and ctx.needs_input_grad[0]
+        need_w = want_grad and ctx.needs_input_grad[1]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
@@ -70,7 +73,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         if ctx.grad_w is not None:
             gw = (ctx.grad_w * grad_out).to(ctx.weight_dtype)
         ctx.grad_h = ctx.grad_w = None
-        return gh, gw, None, None, None, None
+        return gh, gw, None, None, None, None, None
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -80,9 +83,10 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     `weights` are constants (for a mean: 1 / count on real targets, 0 on ignored ones).
     """
     dtype = _compute_dtype(hidden)
+    want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(hidden.device.type, enabled=False):
         return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, weights.float(),
-                                                max(int(chunk), 1), dtype)
+                                                max(int(chunk), 1), dtype, want_grad)
 
 
 def lm_loss(model: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None,
