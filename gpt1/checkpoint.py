@@ -251,11 +251,26 @@ def load_training_state(folder: str | Path) -> tuple[dict[str, torch.Tensor], di
     if not file.is_file():
         raise CheckpointError(f"{folder}: no {TRAINER_JSON}; this checkpoint cannot resume training "
                               "(it holds weights only)")
-    try:
-        info = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{file}: unreadable trainer state ({exc})") from None
+    info = read_trainer_json(folder)
+    if not (isinstance(info.get("optimizer"), dict) and isinstance(info.get("sources"), list)
+            and info["sources"]):
+        raise CheckpointError(f"{file}: damaged trainer state (expected \"optimizer\" and "
+                              "\"sources\" entries); resume from an older step-N folder")
     return load_state_dict(folder / TRAINER_TENSORS), info
+
+
+def read_trainer_json(folder: str | Path) -> dict[str, Any]:
+    """The parsed `trainer_state.json` of `folder`: a JSON object with a step >= 0."""
+    file = Path(folder) / TRAINER_JSON
+    try:
+        info = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{file}: unreadable trainer state ({exc}); resume from an older "
+                              "step-N folder or delete this one") from None
+    step = info.get("step") if isinstance(info, dict) else None
+    if type(step) is not int or step < 0:
+        raise CheckpointError(f"{file}: damaged trainer state (\"step\" must be an integer >= 0)")
+    return info
 
 
 def step_dirs(run_dir: str | Path) -> list[Path]:
@@ -275,7 +290,7 @@ def latest_resumable(run_dir: str | Path) -> Path | None:
     candidates = steps + ([final] if (final / TRAINER_JSON).is_file() else [])
     if not candidates:
         return None
-    return max(candidates, key=lambda p: json.loads((p / TRAINER_JSON).read_text()).get("step", 0))
+    return max(candidates, key=lambda p: read_trainer_json(p)["step"])
 
 
 def prune_steps(run_dir: str | Path, keep_last: int) -> None:

@@ -27,7 +27,7 @@ from torch import nn
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
 from gpt1.config import TrainConfig
-from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.metrics import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
 from gpt1.optim import build_optimizer, lr_at, set_lr
 
@@ -361,6 +361,16 @@ def _gather_fsdp(raw: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.M
 def _load_state(folder: Path, raw: nn.Module, optimizer: torch.optim.Optimizer,
                 source: BatchSource, info: dist.DistInfo, device: torch.device, fsdp: bool) -> dict:
     tensors, meta = ckpt.load_training_state(folder)
+    try:
+        return _restore(tensors, meta, raw, optimizer, source, info, device, fsdp)
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        # A hand-edited or foreign trainer state must not surface as a bare KeyError.
+        raise CheckpointError(f"{folder}: trainer state does not fit this run ({type(exc).__name__}: "
+                              f"{exc}); resume from another checkpoint or start a new --out") from None
+
+
+def _restore(tensors: dict, meta: dict, raw: nn.Module, optimizer: torch.optim.Optimizer,
+             source: BatchSource, info: dist.DistInfo, device: torch.device, fsdp: bool) -> dict:
     opt_state = ckpt.optimizer_from_flat(tensors, meta["optimizer"])
     if fsdp and info.enabled:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
