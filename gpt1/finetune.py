@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
@@ -209,7 +209,7 @@ def read_into(model: FinetuneModel, folder: Path) -> None:
     state = ckpt.load_state_dict(folder / ckpt.WEIGHTS)
     ckpt.check_state_dict(model.gpt, state, folder / ckpt.WEIGHTS)
     model.gpt.load_state_dict(state)
-    model.head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+    model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE))
 
 
 def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
@@ -222,7 +222,7 @@ def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
     gpt = load_any_checkpoint(folder)
     model = FinetuneModel(gpt, record["kind"], record["n_outputs"], record["classify_id"],
                           record.get("clf_pdrop", 0.1))
-    model.head.load_state_dict(load_file(str(folder / HEAD_FILE)))
+    model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE))
     return model.eval(), record, load_tokenizer(folder)
 
 
