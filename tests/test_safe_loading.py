@@ -1,0 +1,235 @@
+"""Untrusted files are safe to open: crafted pickles are refused (and never run), torch files are
+read with `weights_only=True`, damaged training state is a clear error, and nothing a config or a
+dataset contains can make a run write outside its run folder."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pickle
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt1.checkpoint import (TRAINER_JSON, TRAINER_TENSORS, WEIGHTS, latest_resumable,
+                             load_checkpoint, load_state_dict, load_training_state, save_model)
+from gpt1.config import model_preset
+from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.model import GPT
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Payload:
+    """Unpickling this runs `open(marker, "w")`: proof that a loader executed pickled code."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def tiny_checkpoint(folder: Path) -> Path:
+    torch.manual_seed(0)
+    cfg = model_preset("tiny")
+    return save_model(GPT(cfg), folder)
+
+
+def write_pickle(path: Path, marker: Path, kind: str) -> None:
+    """A malicious weights file: a raw pickle, or a torch.save zip archive holding one."""
+    if kind == "pickle":
+        path.write_bytes(pickle.dumps({"wte.weight": _Payload(marker)}, protocol=2))
+    else:
+        torch.save({"wte.weight": _Payload(marker)}, path)   # zip archive with data.pkl inside
+        assert zipfile.is_zipfile(path)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("kind", ["pickle", "torch-zip"])
+def test_crafted_pickle_as_weights_is_refused(tmp_path, kind):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "pwned"
+    write_pickle(folder / WEIGHTS, marker, kind)
+    with pytest.raises(CheckpointError, match="pickle") as err:
+        load_checkpoint(folder)
+    assert str(folder / WEIGHTS) in str(err.value)
+    assert not marker.exists()
+
+
+def test_pickle_next_to_missing_weights_is_named_not_loaded(tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    (folder / WEIGHTS).unlink()
+    marker = tmp_path / "pwned"
+    write_pickle(folder / "pytorch_model.bin", marker, "torch-zip")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin.*never loaded"):
+        load_checkpoint(folder)
+    assert not marker.exists()
+
+
+def test_crafted_pickle_in_trainer_state_is_refused(tmp_path):
+    folder = tiny_checkpoint(tmp_path / "run" / "step-1")
+    (folder / TRAINER_JSON).write_text(json.dumps({"step": 1}))
+    marker = tmp_path / "pwned"
+    write_pickle(folder / TRAINER_TENSORS, marker, "pickle")
+    with pytest.raises(CheckpointError, match="pickle"):
+        load_training_state(folder)
+    assert not marker.exists()
+
+
+def test_hf_pytorch_model_bin_is_read_weights_only(tmp_path):
+    """`gpt1 convert --from hf` reads pytorch_model.bin, but only with weights_only=True."""
+    from gpt1.convert import read_hf_weights
+    marker = tmp_path / "pwned"
+    write_pickle(tmp_path / "pytorch_model.bin", marker, "torch-zip")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+        read_hf_weights(tmp_path)
+    assert not marker.exists()
+    # A plain tensor dict still loads: weights_only is a filter, not a refusal of every .bin.
+    torch.save({"w": torch.arange(3.0)}, tmp_path / "pytorch_model.bin")
+    assert torch.equal(read_hf_weights(tmp_path)["w"], torch.arange(3.0))
+
+
+def test_every_torch_load_in_the_package_is_weights_only():
+    """Static guard: no `torch.load` without `weights_only=True`, no `pickle.load(s)`, and no
+    `np.load` that allows pickles anywhere in gpt1/."""
+    offenders = []
+    for file in (ROOT / "gpt1").rglob("*.py"):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
+            kw = {k.arg: k.value for k in node.keywords}
+            where = f"{file.relative_to(ROOT)}:{node.lineno}"
+            if owner == "torch" and node.func.attr == "load":
+                flag = kw.get("weights_only")
+                if not (isinstance(flag, ast.Constant) and flag.value is True):
+                    offenders.append(where)
+            if owner in ("pickle", "dill", "cloudpickle") and node.func.attr in ("load", "loads"):
+                offenders.append(where)
+            if owner in ("np", "numpy") and node.func.attr == "load":
+                flag = kw.get("allow_pickle")
+                if not (isinstance(flag, ast.Constant) and flag.value is False):
+                    offenders.append(where)
+    assert offenders == []
+
+
+@pytest.mark.parametrize("content", [b"", b"{not json", b'{"step": "../../x"}', b"[1, 2]",
+                                     b'{"step": 1}', b"\xff\xfe garbage",
+                                     b'{"step": 1, "sources": [{}], "optimizer": '
+                                     b'{"state": [], "param_groups": []}}'])
+def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
+    """Resuming from a hand-edited or damaged trainer_state.json never crashes with a bare
+    KeyError/ValueError/TypeError: it is a CheckpointError naming the folder."""
+    from gpt1.trainer import _load_state
+    from gpt1 import distributed as dist
+    run = tmp_path / "run"
+    folder = tiny_checkpoint(run / "step-3")
+    (folder / TRAINER_JSON).write_bytes(content)
+    from safetensors.torch import save_file
+    save_file({"rng/0/cpu": torch.get_rng_state()}, str(folder / TRAINER_TENSORS))
+    model = GPT(model_preset("tiny"))
+    opt = torch.optim.AdamW(model.parameters())
+
+    class Source:
+        def state_dict(self):
+            return {}
+
+        def load_state_dict(self, state):
+            dict(state)
+
+    with pytest.raises(CheckpointError) as err:
+        latest_resumable(run)
+        _load_state(folder, model, opt, Source(), dist.env_info(), torch.device("cpu"), False)
+    assert "step-3" in str(err.value)
+
+
+def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
+    """A fine-tuned folder's head.safetensors goes through the same safe loader."""
+    from gpt1.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    folder = tiny_checkpoint(tmp_path / "ft")
+    (folder / TASK_FILE).write_text(json.dumps({"task": "sst2", "kind": "single", "n_outputs": 2,
+                                                "classify_id": 3, "n_ctx": 16}))
+    marker = tmp_path / "pwned"
+    write_pickle(folder / HEAD_FILE, marker, "pickle")
+    with pytest.raises(CheckpointError, match="head.safetensors"):
+        load_finetuned(folder)
+    assert not marker.exists()
+
+
+def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    data = (folder / WEIGHTS).read_bytes()
+    for cut in (0, 5, 8, 100, len(data) // 2, len(data) - 1):
+        (folder / WEIGHTS).write_bytes(data[:cut])
+        with pytest.raises(CheckpointError):
+            load_state_dict(folder / WEIGHTS)
+
+
+# ------------------------------------------------------------------------ writes stay inside
+def _snapshot(root: Path, skip: Path) -> set[str]:
+    """Every path under `root` except those inside `skip` (the run folder)."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        d = Path(dirpath)
+        if d == skip or skip in d.parents:
+            continue
+        out.update(str(d / n) for n in dirnames + filenames if d / n != skip)
+    return out
+
+
+@pytest.mark.slow
+def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, monkeypatch):
+    """Config values and dataset fields that look like paths (`../`, absolute names) end up as
+    data, never as file names: a whole pretrain run, then fine-tune + predict on a dataset whose
+    ids and texts are traversal attempts, leave every file they write inside the run folders."""
+    from gpt1.cli import main
+    from test_pretrain import make_prepared
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    data = make_prepared(tmp_path / "data")
+    # meta.json split names and a TOML whose string values are traversal attempts
+    meta = json.loads((data / "meta.json").read_text())
+    meta["splits"]["../../escape"] = meta["splits"]["val"]
+    (data / "meta.json").write_text(json.dumps(meta))
+    toml = tmp_path / "hostile.toml"
+    toml.write_text('preset = "tiny"\n[train]\nmax_steps = 2\nsave_every = 1\n'
+                    'eval_every = 1\nlog_every = 1\n')
+    before = _snapshot(tmp_path, tmp_path / "run")
+    assert main(["--quiet", "pretrain", "--config", str(toml), "--data", str(data), "--out",
+                 str(tmp_path / "run"), "--set", "train.peak_flops=1"]) == 0
+    assert _snapshot(tmp_path, tmp_path / "run") == before
+    # fine-tune: a generic TSV task whose ids, texts and labels look like paths
+    ft = tmp_path / "ft"
+    ft.mkdir()
+    rows = ["id\ttext\tlabel"] + [f"../../../../tmp/evil{i}\t/etc/passwd ../x{i}\t{'../a' if i % 2 else '/b'}"
+                                  for i in range(8)]
+    for split in ("train", "dev", "test"):
+        (ft / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    (vocab / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(
+        ["<unk>"] + [chr(c) for c in range(33, 127)] + [chr(c) + "</w>" for c in range(33, 127)])}))
+    (vocab / "merges.txt").write_text("#version: 0.2\n")
+    before = _snapshot(tmp_path, tmp_path / "ftrun")
+    assert main(["--quiet", "finetune", "--task", "tsv", "--columns", "text=text,label=label,id=id",
+                 "--data", str(ft), "--init", "none", "--preset", "tiny", "--vocab", str(vocab),
+                 "--out", str(tmp_path / "ftrun"), "--max-steps", "2", "--batch-size", "4",
+                 "--micro-batch", "2", "--n-ctx", "32"]) == 0
+    assert main(["--quiet", "predict", str(tmp_path / "ftrun"), "--data", str(ft)]) == 0
+    assert _snapshot(tmp_path, tmp_path / "ftrun") == before
+    assert not list(Path("/tmp").glob("evil*"))
+    sub = (tmp_path / "ftrun" / "submission" / "tsv.tsv").read_text().splitlines()
+    assert sub[1].startswith("../../../../tmp/evil0\t")   # the id is written as data
+    # a tampered task.json cannot redirect the submission file either
+    task_file = tmp_path / "ftrun" / "final" / "task.json"
+    record = json.loads(task_file.read_text())
+    record["task"] = "../../escaped"
+    task_file.write_text(json.dumps(record))
+    with pytest.raises(Gpt1Error):
+        from gpt1.evaluate import predict_run
+        predict_run(tmp_path / "ftrun", None, str(ft))
+    assert _snapshot(tmp_path, tmp_path / "ftrun") == before
