@@ -108,7 +108,7 @@ class Scorer:
         self.model = model.eval()
         self.n_positions = model.config.n_positions
         self.batch_tokens, self.max_rows, self.logits_chunk = batch_tokens, max_rows, logits_chunk
-        self.truncated = 0   # requests whose context lost tokens on the left to fit n_positions
+        self.truncated = 0   # requests cut to fit n_positions (see `_plan`)
 
     def _plan(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]):
         """Rows to run (prefix-shared) and, per request, (row index, first position, targets)."""
@@ -121,13 +121,14 @@ class Scorer:
                 continue
             if not ctx:
                 raise ValueError("a continuation needs at least one context token to be scored")
-            if len(cont) >= self.n_positions:
-                raise ValueError(f"continuation of {len(cont)} tokens does not fit "
-                                 f"n_positions={self.n_positions}")
+            n_tokens = len(ctx) + len(cont)
+            # A continuation longer than the context window keeps its first n_positions - 1
+            # tokens after one context token; a long context loses tokens on the left.
+            cont = cont[:self.n_positions - 1]
             room = self.n_positions - len(cont) + 1   # the row is ctx + cont[:-1]
-            if len(ctx) > room:
-                ctx = ctx[-room:]
-                self.truncated += 1
+            ctx = ctx[-room:]
+            if len(ctx) + len(cont) < n_tokens:
+                self.truncated += 1   # reported with the results
             key = tuple(ctx + cont[:-1])
             rows.setdefault(key, len(rows))
             plans.append((key, len(ctx) - 1, cont))

@@ -88,6 +88,15 @@ def test_scorer_shares_prefix_rows():
     assert len(set(canon.values())) == 2   # [1,2,3,4] covers the other two rows; [7,8] alone
 
 
+def test_scorer_truncates_a_continuation_longer_than_the_window():
+    model = tiny_model()   # n_positions 24
+    scorer = zs.Scorer(model)
+    cont = list(range(1, 31))
+    (s,) = scorer.score([([5, 6], cont)])
+    assert scorer.truncated == 1 and len(s.logprobs) == 23
+    assert s.logprobs == pytest.approx(reference_logprobs(model, [5, 6], cont[:23]), abs=1e-5)
+
+
 def test_scorer_rejects_empty_context():
     with pytest.raises(ValueError):
         zs.Scorer(tiny_model()).score([([], [1])])
