@@ -225,6 +225,10 @@ def _candidate_scores(scorer: Scorer, contexts: list[list[int]], candidates: lis
 def zs_sst2(scorer: Scorer, tok: TextEncoder, examples: list[tuple[str, int]],
             calibrate: bool = False) -> dict[str, Any]:
     words = [tok.encode("negative"), tok.encode("positive")]   # index = label
+    unk = getattr(tok, "unk_id", None)
+    if unk is not None and any(unk in w for w in words):
+        log.warning("sst2: this vocabulary spells 'positive' or 'negative' with <unk>; the "
+                    "comparison is meaningless")
     contexts = [tok.encode(sentence + " very") for sentence, _ in examples]
     scores = _candidate_scores(scorer, contexts, [words] * len(contexts), "sum")
     if calibrate:
@@ -336,9 +340,15 @@ def zs_story_cloze(scorer: Scorer, tok: TextEncoder, examples: list[ChoiceExampl
 
 def zs_lambada(scorer: Scorer, tok: TextEncoder, examples: list[tuple[str, str]],
                calibrate: bool = False) -> dict[str, Any]:
-    scored = scorer.score([(tok.encode(ctx), tok.encode(word)) for ctx, word in examples])
+    targets = [tok.encode(word) for _, word in examples]
+    scored = scorer.score([(tok.encode(ctx), t) for (ctx, _), t in zip(examples, targets)])
+    # A target holding the unknown token cannot have been predicted: it counts as a miss (a
+    # vocabulary without the word would otherwise "predict" <unk> <unk> perfectly).
+    unk = getattr(tok, "unk_id", None)
+    has_unk = [unk is not None and unk in t for t in targets]
     total = sum(len(s.logprobs) for s in scored)
-    return {"accuracy": float(np.mean([s.greedy for s in scored])),
+    return {"accuracy": float(np.mean([s.greedy and not u for s, u in zip(scored, has_unk)])),
+            "unknown_targets": int(sum(has_unk)),
             "word_perplexity": float(math.exp(-sum(s.total for s in scored) / len(scored))),
             "token_perplexity": float(math.exp(-sum(s.total for s in scored) / max(total, 1)))}
 

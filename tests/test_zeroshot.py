@@ -272,7 +272,12 @@ def test_lambada_greedy_accuracy_with_rigged_model():
     tok = WordTok(WORDS)
     model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids["pollen"])
     r = zs.zs_lambada(zs.Scorer(model), tok, [("the bee had", "pollen"), ("the bee had", "it")])
-    assert r["accuracy"] == 0.5
+    assert r["accuracy"] == 0.5 and r["unknown_targets"] == 0
+    # A model that always predicts <unk> does not get credit for unknown words.
+    tok.unk_id = 0
+    model = rig(tiny_model(vocab=len(WORDS) + 1), 0)
+    r = zs.zs_lambada(zs.Scorer(model), tok, [("the bee had", "zebra"), ("the bee had", "it")])
+    assert r["accuracy"] == 0.0 and r["unknown_targets"] == 1
 
 
 def test_story_cloze_and_race_pick_likelier_mean():
