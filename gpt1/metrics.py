@@ -106,7 +106,10 @@ def truncate_after(file: Path, step: int) -> None:
                 kept.append(line)
         except json.JSONDecodeError:
             continue  # a half-written last line from a killed run
-    file.write_text("".join(k + "\n" for k in kept))
+    # Temporary file then rename: a kill during this rewrite must not lose the kept lines.
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    os.replace(tmp, file)
 
 
 def train_line(rec: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,10 @@ class BatchSource(Protocol):
 
 class TrainingDiverged(Gpt1Error):
     """The loss or gradient norm became NaN/inf; nothing was saved after the last good checkpoint."""
+
+
+class OutOfMemory(Gpt1Error):
+    """A micro-batch did not fit in memory; the message names the flags that fix it."""
 
 
 @dataclass
@@ -218,6 +223,10 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
             result.final_dir = save("final")
         result.step = state["step"]
         return result
+    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
+        if not _is_oom(exc):
+            raise
+        raise OutOfMemory(_oom_message(cfg, accum, info.world_size, exc)) from None
     finally:
         if bar is not None:
             bar.close()
@@ -256,6 +265,22 @@ def _diverged_message(step: int, loss: float, grad_norm: float, run_dir: Path) -
     where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
     return (f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped "
             f"without saving ({where}). Lower train.lr, raise warm-up, or use precision fp32.")
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc)
+    return (isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in text
+            or "out of memory" in text.lower())
+
+
+def _oom_message(cfg: TrainConfig, accum: int, world: int, exc: BaseException) -> str:
+    first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+    smaller = max(1, cfg.micro_batch_size // 2)
+    return (f"out of memory with --micro-batch {cfg.micro_batch_size} ({first}). Lower "
+            f"--micro-batch (e.g. {smaller}): gradient accumulation then rises from {accum} to "
+            f"{cfg.batch_size // (smaller * world)} steps so --batch-size {cfg.batch_size} and the "
+            "results stay the same; --precision bf16 or --set train.gradient_checkpointing=true "
+            "also save memory.")
 
 
 def _train_record(state: dict, step: int, lr: float, grad_norm: float, tok_s: float,
@@ -336,9 +361,18 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
                 "world_size": info.world_size, "sources": [e["source"] for e in per_rank],
                 "log": state["log"], "optimizer": opt_meta, "config": resolved}
         tmp = ckpt.atomic_dir(final)
-        write_model(model_for_files, tmp)
-        ckpt.save_training_state(tmp, tensors, meta)
-        ckpt.publish_dir(tmp, final)
+        try:
+            write_model(model_for_files, tmp)
+            ckpt.save_training_state(tmp, tensors, meta)
+            ckpt.publish_dir(tmp, final)
+        except OSError as exc:  # disk full, quota, read-only: the older checkpoints are untouched
+            shutil.rmtree(tmp, ignore_errors=True)
+            last = ckpt.latest_resumable(final.parent)
+            raise CheckpointError(
+                f"{final}: could not write the checkpoint ({exc.strerror or exc}); "
+                + (f"the last complete checkpoint {last} is intact" if last else
+                   "no earlier checkpoint exists") + ". Free space, then rerun with --resume auto"
+            ) from None
         if final.name.startswith("step-"):
             ckpt.prune_steps(final.parent, cfg.keep_last)
     dist.barrier()
