@@ -1,0 +1,171 @@
+"""Tokenizer benchmark and exactness check against the faithful reference.
+
+The reference is transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed,
+built from the original GPT-1 files. Both run in this process, pinned to one CPU core.
+
+    python benchmarks/tokenizer.py                # speed on the novels (ids compared too)
+    python benchmarks/tokenizer.py --files 20     # all 20 novels
+    python benchmarks/tokenizer.py --processes 2  # also the multi-process encoder
+    python benchmarks/tokenizer.py --check        # ids on every text line of ../shared/data
+
+--check prints, per source, the number of lines whose ids differ. Lines holding a backslash are
+counted separately: gpt1's default (OAI) does not pad backslashes while transformers does
+(reference d.1.9); with standardize="hf" they must match too.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def reference_tokenizer(vocab_dir: Path):
+    """transformers' slow OpenAIGPTTokenizer from the original files (needs ftfy + spaCy)."""
+    import transformers
+    from transformers import OpenAIGPTTokenizer
+    transformers.logging.set_verbosity_error()
+    ref = OpenAIGPTTokenizer(str(vocab_dir / "encoder_bpe_40000.json"),
+                             str(vocab_dir / "vocab_40000.bpe"))
+    if ref.fix_text is None:
+        raise SystemExit("transformers fell back to BasicTokenizer: install ftfy and spacy")
+    return ref
+
+
+def _fields(row: list[str]) -> Iterator[str]:
+    # sentence-like fields of a table row (ids, labels and scores hold no space)
+    return (f for f in row if " " in f.strip())
+
+
+def text_units(data: Path) -> Iterator[tuple[str, str]]:
+    """(source, text) for every line of text in ../shared/data: corpus lines, table fields."""
+    corpus = sorted((data / "corpus").rglob("*.txt"))
+    for path in corpus:
+        group = "novels" if path.parent.name == "gutenberg" else path.parent.name
+        for line in path.read_text(encoding="utf-8").split("\n"):
+            yield group, line
+    tables = sorted((data / "glue").rglob("*.tsv")) + sorted(
+        (data / "glue_kshot_samples").rglob("*.tsv")) + sorted(
+        p for p in (data / "nli_samples_textfooler").iterdir() if p.suffix == "")
+    for path in tables:
+        for line in path.read_text(encoding="utf-8").split("\n"):
+            for field in _fields(line.split("\t")):
+                yield "glue", field
+    for path in sorted((data / "snli").glob("s[12].*")):
+        for line in path.read_text(encoding="utf-8").split("\n"):
+            yield "snli", line
+    for path in sorted((data / "scitail").rglob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            for value in json.loads(line).values():
+                if isinstance(value, str) and " " in value:
+                    yield "scitail", value
+    for path in sorted((data / "story_cloze").glob("*.csv")):
+        with open(path, encoding="utf-8", newline="") as fh:
+            for row in csv.reader(fh):
+                for field in _fields(row):
+                    yield "story_cloze", field
+
+
+def check(data: Path, limit: int | None) -> int:
+    from gpt1.tokenizer import Tokenizer
+    vocab = data / "gpt1_tokenizer"
+    ref = reference_tokenizer(vocab)
+    oai, hf = Tokenizer.from_dir(vocab), Tokenizer.from_dir(vocab, standardize="hf")
+    seen: set[str] = set()
+    stats: dict[str, list[int]] = {}
+    examples = []
+    t0 = time.time()
+    for source, text in text_units(data):
+        if not text.strip() or text in seen:
+            continue
+        seen.add(text)
+        if limit is not None and len(seen) > limit:
+            break
+        s = stats.setdefault(source, [0, 0, 0, 0, 0])  # lines, bad, backslash, bad oai, bad hf
+        want = ref.encode(text)
+        s[0] += 1
+        if "\\" in text:
+            s[2] += 1
+            s[3] += oai.encode(text) != want
+            bad_hf = hf.encode(text) != want
+            s[4] += bad_hf
+            if bad_hf and len(examples) < 5:
+                examples.append((source, text))
+        elif oai.encode(text) != want or hf.encode(text) != want:
+            s[1] += 1
+            if len(examples) < 5:
+                examples.append((source, text))
+    print(f"{'source':12s} {'lines':>8s} {'mismatch':>8s} | {'with ' + chr(92):>7s} "
+          f"{'oai!=ref':>8s} {'hf!=ref':>7s}")
+    totals = [0] * 5
+    for source, s in stats.items():
+        print(f"{source:12s} {s[0]:8d} {s[1]:8d} | {s[2]:7d} {s[3]:8d} {s[4]:7d}")
+        totals = [a + b for a, b in zip(totals, s)]
+    print(f"{'total':12s} {totals[0]:8d} {totals[1]:8d} | {totals[2]:7d} {totals[3]:8d} "
+          f"{totals[4]:7d}   ({time.time() - t0:.0f} s)")
+    for source, text in examples:
+        print(f"  mismatch in {source}: {text[:120]!r}")
+    return 1 if totals[1] or totals[4] else 0
+
+
+def speed(data: Path, n_files: int, processes: int) -> None:
+    from gpt1.tokenizer import Tokenizer
+    vocab = data / "gpt1_tokenizer"
+    novels = sorted((data / "corpus" / "gutenberg").glob("*.txt"))[:n_files]
+    texts = [p.read_text(encoding="utf-8") for p in novels]
+    n_bytes = sum(len(t.encode()) for t in texts)
+    ref = reference_tokenizer(vocab)
+    tok = Tokenizer.from_dir(vocab)
+    t0 = time.perf_counter()
+    want = [ref.encode(t) for t in texts]
+    t_ref = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = [tok.encode(t) for t in texts]
+    t_ours = time.perf_counter() - t0
+    same = sum(a == b for a, b in zip(want, got))
+    n_tokens = sum(map(len, got))
+    print(f"{len(texts)} novels, {n_bytes / 1e6:.2f} MB, {n_tokens:,} tokens; "
+          f"identical ids for {same}/{len(texts)} novels")
+    print(f"transformers slow OpenAIGPTTokenizer: {n_bytes / t_ref / 1e3:8.0f} KB/s "
+          f"({t_ref:.1f} s)")
+    print(f"gpt1 Tokenizer (1 process, cold):     {n_bytes / t_ours / 1e3:8.0f} KB/s "
+          f"({t_ours:.1f} s)  = {t_ref / t_ours:.2f}x")
+    if processes > 1:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+        fresh = Tokenizer.from_dir(vocab)
+        t0 = time.perf_counter()
+        multi = fresh.encode_batch(texts, processes=processes)
+        t_multi = time.perf_counter() - t0
+        print(f"gpt1 encode_batch, {processes} processes:  {n_bytes / t_multi / 1e3:8.0f} KB/s "
+              f"({t_multi:.1f} s)  ids identical: {multi == got}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exactness on all shared text")
+    parser.add_argument("--limit", type=int, default=None, help="--check at most N lines")
+    parser.add_argument("--files", type=int, default=4, help="novels for the speed run")
+    parser.add_argument("--processes", type=int, default=1, help="also time encode_batch")
+    parser.add_argument("--data", type=Path, default=DATA)
+    args = parser.parse_args()
+    if not (args.data / "gpt1_tokenizer").is_dir():
+        raise SystemExit(f"shared data not found at {args.data} (set GPT1_SHARED_DATA)")
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core, both sides
+    if args.check:
+        return check(args.data, args.limit)
+    speed(args.data, args.files, args.processes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
