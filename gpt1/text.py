@@ -140,33 +140,80 @@ def chunks(text: str, standardize: Standardize = "oai") -> list[str]:
 # ---------------------------------------------------------------------------------------------
 # spaCy
 class SpacySplitter:
-    """spaCy's English tokenizer (blank pipeline, tokenizer only), applied to chunks."""
+    """spaCy's English tokenizer (blank pipeline, tokenizer only), applied to chunks.
+
+    spaCy splits text at spaces and tokenizes each piece with its prefix/suffix/infix rules
+    and special cases, on its own. One step looks across pieces: special cases that contain
+    punctuation (":)", "''", "'s") are also found by a phrase matcher over the token
+    sequence, which ignores whitespace, and overlapping matches are resolved longest first.
+    A match across a space is never applied, but it can block one inside the next piece
+    ("' ''tis" gives ', ', ', tis while "''tis" alone gives '', tis). `link` therefore joins
+    chunks whose boundary such a match could span; they are tokenized together.
+    """
 
     def __init__(self) -> None:
         from spacy.lang.en import English
-        self._tokenizer = English().tokenizer
-        self._special = set(self._tokenizer.rules)
+        from spacy.tokenizer import Tokenizer as SpacyTokenizer
+        nlp = English()
+        tok = self._tokenizer = nlp.tokenizer
+        self._special = set(tok.rules)
+        # The phrase patterns spaCy builds (Tokenizer.add_special_case): each special case
+        # with an affix, as tokenized by the affix rules alone.
+        bare = SpacyTokenizer(nlp.vocab, rules={}, prefix_search=tok.prefix_search,
+                              suffix_search=tok.suffix_search,
+                              infix_finditer=tok.infix_finditer, token_match=tok.token_match,
+                              url_match=tok.url_match)
+        # keyed by the two characters around the boundary, for a quick first test
+        self._pairs: dict[str, list[tuple[str, str]]] = {}
+        for key in tok.rules:
+            if tok.faster_heuristics and not (tok.find_prefix(key) or tok.find_infix(key)
+                                              or tok.find_suffix(key) or " " in key):
+                continue
+            pattern = [t.text for t in bare(key)]
+            for x, y in zip(pattern, pattern[1:]):  # tokens a boundary could fall between
+                if x and y and not x.isspace() and not y.isspace():
+                    self._pairs.setdefault(x[-1] + y[0], []).append((x, y))
 
-    def split(self, chunk_list: list[str]) -> list[list[str]]:
-        """The lower-cased spaCy tokens of each chunk. Chunks hold no whitespace, so the
-        newline chunk "\\n" is the caller's to handle (its BPE is fixed: "\\n</w>").
+    def link(self, chunk_list: list[str]) -> list[str]:
+        """Chunks, with runs that must be tokenized together joined by spaces into one unit:
+        a boundary is linked when the left chunk ends with one token of a special-case
+        pattern and the right chunk starts with the next one."""
+        units: list[str] = []
+        pairs = self._pairs
+        prev = ""
+        for chunk in chunk_list:
+            candidates = pairs.get(prev[-1:] + chunk[:1])
+            if candidates and chunk != UNK_SENTINEL and any(
+                    prev.endswith(x) and chunk.startswith(y) for x, y in candidates):
+                units[-1] = units[-1] + " " + chunk
+            else:
+                units.append(chunk)
+            prev = chunk if chunk != UNK_SENTINEL else ""
+        return units
+
+    def split(self, units: list[str]) -> list[list[str]]:
+        """The lower-cased spaCy tokens of each unit (a chunk or linked chunks). Chunks hold
+        no whitespace, so the newline chunk "\\n" is the caller's to handle (its BPE is
+        fixed: "\\n</w>").
 
         A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "gonna")
-        is one token: no English prefix, suffix or infix rule matches letters alone. The
-        others go through spaCy in one call, joined by single spaces; a token followed by a
-        space ends its chunk.
+        is one token: no English prefix, suffix or infix rule matches letters alone. Other
+        chunks go through spaCy in one call, joined by single spaces (a token followed by a
+        space ends its chunk); linked units go through spaCy one by one.
         """
-        out: list[list[str] | None] = [None] * len(chunk_list)
+        out: list[list[str] | None] = [None] * len(units)
         hard: list[int] = []
-        for i, chunk in enumerate(chunk_list):
-            if _LETTERS.fullmatch(chunk) and chunk not in self._special:
-                out[i] = [chunk]
+        for i, unit in enumerate(units):
+            if _LETTERS.fullmatch(unit) and unit not in self._special:
+                out[i] = [unit]
+            elif " " in unit:
+                out[i] = [t.text.lower() for t in self._tokenizer(unit)]
             else:
                 hard.append(i)
         if hard:
             tokens: list[str] = []
             pos = iter(hard)
-            for token in self._tokenizer(" ".join(chunk_list[i] for i in hard)):
+            for token in self._tokenizer(" ".join(units[i] for i in hard)):
                 tokens.append(token.text.lower())
                 if token.whitespace_:
                     out[next(pos)], tokens = tokens, []

@@ -164,21 +164,23 @@ class Tokenizer:
 
     # -- encoding ----------------------------------------------------------------------------
     def _encode_chunks(self, chunk_list: list[str]) -> list[list[int]]:
+        """Ids per unit (a chunk, or chunks spaCy must see together: SpacySplitter.link)."""
+        if self._splitter is None:
+            self._splitter = textlib.SpacySplitter()
+        units = self._splitter.link(chunk_list)
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             self._reset_cache()
             cache = self._cache
-        missing = [c for c in dict.fromkeys(chunk_list) if c not in cache]
+        missing = [u for u in dict.fromkeys(units) if u not in cache]
         if missing:
-            if self._splitter is None:
-                self._splitter = textlib.SpacySplitter()
             split = self._splitter.split(missing)
             tcache = self._token_cache
             new = [t for t in dict.fromkeys(chain.from_iterable(split)) if t not in tcache]
             tcache.update(zip(new, self._bpe_ids(new)))
-            for chunk, tokens in zip(missing, split):
-                cache[chunk] = [i for t in tokens for i in tcache[t]]
-        return [cache[c] for c in chunk_list]
+            for unit, tokens in zip(missing, split):
+                cache[unit] = [i for t in tokens for i in tcache[t]]
+        return [cache[u] for u in units]
 
     def _bpe_ids(self, tokens: list[str]) -> list[list[int]]:
         """Ids of spaCy tokens (no whitespace inside): HF `tokenizers`' BPE when the vocabulary
