@@ -100,7 +100,7 @@ def _read_shapes(folder: Path) -> list:
                               "params_0.npy .. params_9.npy)")
     try:
         return json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{file}: not valid JSON ({exc})") from None
 
 
@@ -261,7 +261,7 @@ def load_hf(folder: str | Path) -> GPT:
         raise CheckpointError(f"{cfg_file}: missing (an HF model folder has config.json)")
     try:
         data = json.loads(cfg_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{cfg_file}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{cfg_file}: expected a JSON object")

@@ -52,15 +52,18 @@ def open_prepared(folder: str | Path) -> PreparedData:
                         folder)
     try:
         meta = json.loads(meta_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DataError(f"unreadable JSON ({exc})", meta_file) from None
     if not isinstance(meta, dict) or meta.get("format") != "gpt1-tokens":
         raise DataError('expected "format": "gpt1-tokens"', meta_file, field="format")
-    if int(meta.get("version", 0)) > 1:
-        raise DataError(f"version {meta['version']} is newer than this gpt1 reads (1)", meta_file,
+    version = meta.get("version", 0)
+    if type(version) is not int:
+        raise DataError("version must be an integer", meta_file, field="version")
+    if version > 1:
+        raise DataError(f"version {version} is newer than this gpt1 reads (1)", meta_file,
                         field="version")
     vocab = meta.get("vocab_size")
-    if not isinstance(vocab, int) or vocab <= 0:
+    if type(vocab) is not int or vocab <= 0:  # type(): a JSON true is not a vocabulary size
         raise DataError("vocab_size must be a positive integer", meta_file, field="vocab_size")
     splits_meta = meta.get("splits")
     if not isinstance(splits_meta, dict) or "train" not in splits_meta:

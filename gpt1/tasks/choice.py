@@ -65,7 +65,7 @@ def read_race_file(path: Path) -> list[ChoiceExample]:
     """The questions of one RACE json file."""
     try:
         obj = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DataError(f"not a RACE JSON file ({exc})", path, getattr(exc, "lineno", None)) from None
     if not isinstance(obj, dict):
         raise DataError("expected a JSON object", path)

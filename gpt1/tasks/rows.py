@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -107,6 +108,9 @@ def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
         except json.JSONDecodeError as exc:
             bad.report(DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path, lineno))
             continue
+        except RecursionError:  # hostile input: nesting deeper than Python's recursion limit
+            bad.report(DataError("invalid JSON (nested too deeply)", path, lineno))
+            continue
         if not isinstance(obj, dict):
             bad.report(DataError(f"expected a JSON object, got {type(obj).__name__}", path, lineno))
             continue
@@ -147,8 +151,8 @@ def label_field(record: Record, name: str, path: Path, line: int,
             value = float(raw)
         except ValueError:
             raise DataError(f"expected a number, got {raw!r}", path, line, name) from None
-        if value != value:  # NaN would poison the loss silently
-            raise DataError("score is NaN", path, line, name)
+        if not math.isfinite(value):  # NaN or inf would poison the loss silently
+            raise DataError(f"score must be a finite number, got {raw!r}", path, line, name)
         return value
     key = (aliases or {}).get(raw, raw)
     if key not in labels:
