@@ -6,6 +6,7 @@ Loading never unpickles anything: weights come from safetensors only.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -33,8 +34,10 @@ def atomic_dir(final: Path) -> Path:
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    # Torn temporary/old folders of this name left by a killed process (and our own stale one).
+    for stale in final.parent.glob(f".{glob.escape(final.name)}.*"):
+        if stale.is_dir() and stale.name.rsplit(".", 1)[-1].startswith(("tmp-", "old-", "deleting-")):
+            shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
     return tmp
 
@@ -130,7 +133,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     file = folder / CONFIG
     try:
         data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{file}: unreadable config ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
         raise CheckpointError(f"{file}: not a gpt1 config (expected \"format\": \"gpt1\" and a "
@@ -264,7 +267,7 @@ def read_trainer_json(folder: str | Path) -> dict[str, Any]:
     file = Path(folder) / TRAINER_JSON
     try:
         info = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise CheckpointError(f"{file}: unreadable trainer state ({exc}); resume from an older "
                               "step-N folder or delete this one") from None
     step = info.get("step") if isinstance(info, dict) else None
@@ -298,4 +301,13 @@ def prune_steps(run_dir: str | Path, keep_last: int) -> None:
     if keep_last <= 0:
         return
     for old in step_dirs(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        # Rename, then delete: a kill mid-delete leaves a hidden folder, never a checkpoint
+        # folder with some of its files gone.
+        trash = old.with_name(f".{old.name}.deleting-{os.getpid()}")
+        os.replace(old, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    # Leftovers of killed processes (half-written or half-deleted folders); one process writes
+    # a run, so hidden step folders of other process ids are dead.
+    for stale in Path(run_dir).glob(".step-*"):
+        if stale.is_dir() and not stale.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)
