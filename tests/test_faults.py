@@ -1,0 +1,222 @@
+"""Crash safety: SIGKILL at random moments (also mid-checkpoint) then `--resume auto` equals an
+uninterrupted run, for `gpt1 pretrain` and `gpt1 finetune`; a full disk while saving keeps the
+previous checkpoint and says so; NaN/inf loss or gradients stop with advice and keep the last
+good checkpoint; running out of memory names the flags to change.
+
+The kill loops use benchmarks/faults.py (which runs many more kills for the fault report)."""
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import faults  # noqa: E402
+
+from gpt1 import checkpoint as ckpt  # noqa: E402
+from gpt1.config import TrainConfig, model_preset  # noqa: E402
+from gpt1.data import WindowSource, open_prepared  # noqa: E402
+from gpt1.errors import CheckpointError, Gpt1Error  # noqa: E402
+from gpt1.model import GPT  # noqa: E402
+from gpt1.objectives import WindowLMLoss  # noqa: E402
+from gpt1.trainer import OutOfMemory, TrainingDiverged, train  # noqa: E402
+
+
+# ------------------------------------------------------------------------------ kill loops
+@pytest.mark.slow
+def test_pretrain_survives_sigkills_and_equals_uninterrupted(tmp_path):
+    report = faults.pretrain_faults(tmp_path, kills=4, seed=1, steps=24)
+    assert report.problems == [] and report.data_lost == 0
+    assert report.kills >= 2, "the runs finished before they could be killed"
+    assert report.checkpoints_verified > 0
+    leftovers = [p.name for p in (tmp_path / "pre-kill").iterdir() if p.name.startswith(".step-")]
+    assert leftovers == []         # torn folders of killed processes are cleaned up
+    assert (tmp_path / "pre-kill" / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_finetune_survives_sigkills_and_equals_uninterrupted(tmp_path):
+    report = faults.finetune_faults(tmp_path, kills=3, seed=2, steps=24)
+    assert report.problems == [] and report.data_lost == 0
+    assert report.kills >= 2, "the runs finished before they could be killed"
+    results = json.loads((tmp_path / "ft-kill" / "results.json").read_text())
+    assert results["steps"] == 24 and 0.0 <= results["accuracy"] <= 1.0
+
+
+def test_kill_mid_checkpoint_leaves_previous_intact(tmp_path, monkeypatch):
+    """The moment a kill can hurt most -- between the first file of a checkpoint and its
+    publication -- is simulated in-process: the half-written folder is invisible to resume."""
+    run = tmp_path / "run"
+    calls = {"n": 0}
+    real = ckpt.save_training_state
+
+    def dies_in_second_save(folder, tensors, info):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt  # stands in for the process dying here
+        real(folder, tensors, info)
+
+    monkeypatch.setattr(ckpt, "save_training_state", dies_in_second_save)
+    with pytest.raises(KeyboardInterrupt):
+        tiny_train(tmp_path, run, max_steps=4, save_every=2)
+    assert [p.name for p in ckpt.step_dirs(run)] == ["step-2"]
+    assert any(".step-4.tmp-" in p.name for p in run.iterdir())      # the torn write
+    assert ckpt.latest_resumable(run) == run / "step-2"
+    ckpt.load_checkpoint(run / "step-2")
+
+
+# ----------------------------------------------------------------------- in-process helpers
+def tiny_train(tmp: Path, run: Path, loss_fn=None, **overrides) -> object:
+    data = tmp / "data"
+    if not (data / "meta.json").is_file():
+        faults.make_corpus(data)
+    prepared = open_prepared(data)
+    cfg = TrainConfig(**{"batch_size": 4, "micro_batch_size": 2, "lr": 1e-3, "warmup": 2,
+                         "max_steps": 6, "save_every": 2, "eval_every": 0, "log_every": 1,
+                         "quiet": True, "peak_flops": 1.0, "device": "cpu", **overrides})
+    torch.manual_seed(0)
+    config = model_preset("tiny")
+    config.vocab_size = prepared.vocab_size
+    source = WindowSource(prepared.splits["train"], 32, cfg.seed)
+    return train(GPT(config), loss_fn or WindowLMLoss(), source, cfg, run)
+
+
+class FaultyLoss:
+    """The real LM loss, with a fault injected at optimizer step `at` (1-based)."""
+
+    def __init__(self, at: int, kind: str, accum: int = 2):
+        self.at, self.kind, self.accum, self.calls = at, kind, accum, 0
+        self.base = WindowLMLoss()
+
+    def __call__(self, model, batch):
+        self.calls += 1
+        loss, info = self.base(model, batch)
+        if (self.calls - 1) // self.accum + 1 != self.at:
+            return loss, info
+        if self.kind == "nan":
+            return loss * float("nan"), info
+        if self.kind == "inf":
+            return loss + float("inf"), info
+        if self.kind == "inf_grad":
+            return _InfGrad.apply(loss), info
+        if self.kind == "oom_cuda":
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        if self.kind == "oom_cpu":
+            torch.empty(2 ** 62, dtype=torch.uint8)  # a real allocation no machine can serve
+        return loss, info
+
+
+class _InfGrad(torch.autograd.Function):
+    """Identity forward (the loss stays finite), infinite gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * float("inf")
+
+
+# ------------------------------------------------------------------------------- full disk
+def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    real = ckpt.save_file
+    state = {"n": 0}
+
+    def fills_the_disk(tensors, filename, metadata=None):
+        state["n"] += 1
+        if state["n"] <= 2:                    # step-2: weights + trainer state fit
+            return real(tensors, filename, metadata=metadata)
+        Path(filename).write_bytes(b"\0" * 1000)   # part of the file, then ENOSPC
+        raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+    monkeypatch.setattr(ckpt, "save_file", fills_the_disk)
+    with pytest.raises(CheckpointError) as err:
+        tiny_train(tmp_path, run, max_steps=6, save_every=2)
+    message = str(err.value)
+    assert "No space left on device" in message and "step-4" in message
+    assert "step-2 is intact" in message and "--resume auto" in message
+    assert [p.name for p in ckpt.step_dirs(run)] == ["step-2"]
+    assert not [p for p in run.iterdir() if ".tmp-" in p.name]      # the torn folder is removed
+    model = ckpt.load_checkpoint(run / "step-2")
+    _, meta = ckpt.load_training_state(run / "step-2")
+    assert meta["step"] == 2 and model.config.vocab_size == 300
+    # with space again, the run resumes from step-2 and finishes
+    monkeypatch.setattr(ckpt, "save_file", real)
+    result = tiny_train(tmp_path, run, max_steps=6, save_every=2, resume="auto")
+    assert result.step == 6 and (run / "final" / "model.safetensors").is_file()
+
+
+def test_full_disk_through_the_cli_is_one_line(tmp_path, monkeypatch, capsys):
+    from gpt1.cli import main
+    data = faults.make_corpus(tmp_path / "data")
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt, "save_file", no_space)
+    code = main(["--quiet", "pretrain", "--preset", "tiny", "--data", str(data), "--out",
+                 str(tmp_path / "run"), "--max-steps", "2", "--save-every", "1",
+                 "--eval-every", "0", "--set", "train.peak_flops=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "No space left on device" in err[0] and "no earlier checkpoint" in err[0]
+
+
+# --------------------------------------------------------------------------------- NaN/inf
+@pytest.mark.parametrize("kind", ["nan", "inf", "inf_grad"])
+def test_nonfinite_loss_or_gradient_stops_with_advice(tmp_path, kind):
+    run = tmp_path / "run"
+    with pytest.raises(TrainingDiverged) as err:
+        tiny_train(tmp_path, run, FaultyLoss(at=5, kind=kind), max_steps=8, save_every=2)
+    message = str(err.value)
+    assert "diverged at step 5" in message and "train.lr" in message
+    assert str(run / "step-4") in message
+    assert [p.name for p in ckpt.step_dirs(run)] == ["step-2", "step-4"]
+    assert not (run / "final").exists() and not (run / "step-5").exists()
+    model = ckpt.load_checkpoint(run / "step-4")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+@pytest.mark.slow
+def test_divergence_through_the_cli(tmp_path):
+    """A real divergence (absurd learning rate, no clipping): exit 2, one line of advice."""
+    data = faults.make_corpus(tmp_path / "data")
+    run = tmp_path / "run"
+    cmd = faults.pretrain_cmd(data, run, 20) + ["--lr", "1e30", "--set", "train.grad_clip=0",
+                                                 "--set", "train.warmup=0"]
+    done = subprocess.run(cmd, env=faults.env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "training diverged" in done.stderr and "Lower train.lr" in done.stderr
+    assert not (run / "final").exists()
+    last = ckpt.latest_resumable(run)
+    if last is not None:       # whatever was saved before the NaN still loads
+        ckpt.load_checkpoint(last)
+
+
+# ---------------------------------------------------------------------------- out of memory
+@pytest.mark.parametrize("kind", ["oom_cuda", "oom_cpu"])
+def test_out_of_memory_names_the_flags(tmp_path, kind):
+    run = tmp_path / "run"
+    with pytest.raises(OutOfMemory) as err:
+        tiny_train(tmp_path, run, FaultyLoss(at=3, kind=kind), max_steps=6, save_every=2)
+    message = str(err.value)
+    assert isinstance(err.value, Gpt1Error)
+    assert "--micro-batch 2" in message and "--micro-batch (e.g. 1)" in message
+    assert "from 2 to 4" in message and "--batch-size 4" in message
+    assert ckpt.latest_resumable(run) == run / "step-2"
+
+
+def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):
+    def broken(model, batch):
+        raise RuntimeError("shape mismatch: a bug, not memory")
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        tiny_train(tmp_path, tmp_path / "run", broken)
+
