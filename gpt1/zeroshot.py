@@ -87,9 +87,10 @@ def normalised(task: str, value: float) -> float:
 # ------------------------------------------------------------------------------------ scorer
 @dataclass
 class Score:
-    """Per-token log-probabilities of one continuation, and whether each token was the argmax."""
+    """Per-token log-probabilities of one continuation and, when asked for, whether every token
+    was the argmax of its next-token distribution (None when not asked for)."""
     logprobs: list[float]
-    greedy: bool
+    greedy: bool | None
 
     @property
     def total(self) -> float:
@@ -143,8 +144,12 @@ class Scorer:
         return plans, canon
 
     @torch.inference_mode()
-    def score(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[Score]:
-        """One `Score` per request; an empty continuation gets an empty `Score`."""
+    def score(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+              greedy: bool = False) -> list[Score]:
+        """One `Score` per request; an empty continuation gets an empty `Score`.
+
+        `greedy` also checks each scored token against the argmax (one more pass over the logits).
+        """
         plans, canon = self._plan(requests)
         # Per canonical row: position -> the target tokens scored there (usually one).
         wanted: dict[tuple[int, ...], dict[int, set[int]]] = {}
@@ -156,15 +161,16 @@ class Scorer:
                     positions.setdefault(start + offset, set()).add(target)
         results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
-            self._run(batch, wanted, results)
+            self._run(batch, wanted, results, greedy)
         out: list[Score] = []
         for plan in plans:
             if plan is None:
-                out.append(Score([], True))
+                out.append(Score([], True if greedy else None))
                 continue
             key, start, cont = plan
             pairs = [results[(canon[key], start + i, t)] for i, t in enumerate(cont)]
-            out.append(Score([lp for lp, _ in pairs], all(g for _, g in pairs)))
+            out.append(Score([lp for lp, _ in pairs],
+                             all(g for _, g in pairs) if greedy else None))
         return out
 
     def _batches(self, rows: list[tuple[int, ...]]):
@@ -178,7 +184,7 @@ class Scorer:
         if batch:
             yield batch
 
-    def _run(self, batch, wanted, results) -> None:
+    def _run(self, batch, wanted, results, greedy: bool) -> None:
         device = self.model.wte.weight.device
         B, T = len(batch), len(batch[0])
         ids = torch.zeros(B, T, dtype=torch.long)   # right padding never reaches earlier positions
@@ -194,13 +200,15 @@ class Scorer:
             # The output layer only where a next token is scored; softmax in fp32 even in bf16.
             logits = F.linear(picked[lo:lo + len(chunk)], weight).float()   # [n, V]
             lse = torch.logsumexp(logits, dim=-1)                           # [n]
-            best = logits.argmax(dim=-1)                                    # [n]
             triples = [(i, t) for i, (b, pos) in enumerate(chunk) for t in wanted[batch[b]][pos]]
             rows = torch.tensor([i for i, _ in triples], device=device)
             targets = torch.tensor([t for _, t in triples], device=device)
             # Only the scored entries leave the chunk: log p = logit - logsumexp.
             logp = (logits[rows, targets] - lse[rows]).tolist()
-            hit = (best[rows] == targets).tolist()
+            if greedy:
+                hit = (logits.argmax(dim=-1)[rows] == targets).tolist()
+            else:
+                hit = [None] * len(triples)
             for (i, t), lp, g in zip(triples, logp, hit):
                 b, pos = chunk[i]
                 results[(batch[b], pos, t)] = (lp, g)
@@ -341,7 +349,8 @@ def zs_story_cloze(scorer: Scorer, tok: TextEncoder, examples: list[ChoiceExampl
 def zs_lambada(scorer: Scorer, tok: TextEncoder, examples: list[tuple[str, str]],
                calibrate: bool = False) -> dict[str, Any]:
     targets = [tok.encode(word) for _, word in examples]
-    scored = scorer.score([(tok.encode(ctx), t) for (ctx, _), t in zip(examples, targets)])
+    scored = scorer.score([(tok.encode(ctx), t) for (ctx, _), t in zip(examples, targets)],
+                          greedy=True)
     # A target holding the unknown token cannot have been predicted: it counts as a miss (a
     # vocabulary without the word would otherwise "predict" <unk> <unk> perfectly).
     unk = getattr(tok, "unk_id", None)
