@@ -222,3 +222,21 @@ class SpacySplitter:
 
 
 _LETTERS = re.compile(r"[a-z]+")
+
+
+class Normalizer:
+    """Raw text -> the lower-cased spaCy tokens BPE sees (for training and inspection)."""
+
+    def __init__(self, standardize: Standardize = "oai") -> None:
+        self.standardize: Standardize = standardize
+        self._splitter = SpacySplitter()
+        self._cache: dict[str, list[str]] = {"\n": ["\n"], UNK_SENTINEL: [UNK_TOKEN]}
+
+    def words(self, text: str) -> list[str]:
+        units = self._splitter.link(chunks(text, self.standardize))
+        cache = self._cache
+        if len(cache) > 1_000_000:
+            self._cache = cache = {"\n": ["\n"], UNK_SENTINEL: [UNK_TOKEN]}
+        missing = [u for u in dict.fromkeys(units) if u not in cache]
+        cache.update(zip(missing, self._splitter.split(missing)))
+        return [w for u in units for w in cache[u]]

@@ -255,12 +255,79 @@ class Tokenizer:
     def train(cls, files_or_texts: Iterable[str | Path], merges: int,
               standardize: textlib.Standardize = "oai", min_frequency: int = 0,
               processes: int = 1) -> "Tokenizer":
-        """Learn `merges` BPE merges on texts normalised by the GPT-1 pipeline (see
-        gpt1.bpe_train)."""
-        from gpt1.bpe_train import train_bpe
-        encoder, merge_list = train_bpe(files_or_texts, merges, standardize=standardize,
-                                        min_frequency=min_frequency, processes=processes)
+        """Learn a vocabulary of `merges` BPE merges with the same pipeline before BPE.
+
+        Items that are `Path`s are read as UTF-8 files (folders: their .txt files, sorted);
+        `str` items are texts. Words are the lower-cased spaCy tokens; HF `tokenizers`'
+        BpeTrainer learns the merges with the `</w>` end-of-word suffix. The vocabulary is
+        "<unk>" (id 0), the characters, the characters with `</w>`, then one token per merge.
+        """
+        from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers
+        from tokenizers.models import BPE
+        from tokenizers.trainers import BpeTrainer
+        if merges < 0:
+            raise ValueError("merges must be >= 0")
+        counts = count_words(_iter_texts(files_or_texts), standardize, processes)
+        plain = sorted({c for w in counts for c in w})
+        final = sorted({w[-1] + EOW for w in counts})
+        hf = HFTokenizer(BPE(unk_token=textlib.UNK_TOKEN, end_of_word_suffix=EOW))
+        # words hold no spaces, so a space-joined stream splits back into the same words
+        hf.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
+        trainer = BpeTrainer(vocab_size=1 + len(plain) + len(final) + merges,
+                             min_frequency=min_frequency, special_tokens=[textlib.UNK_TOKEN],
+                             end_of_word_suffix=EOW, show_progress=False)
+        hf.train_from_iterator(_repeat_words(counts), trainer=trainer)
+        learned = json.loads(hf.to_str())["model"]["merges"][:merges]
+        merge_list = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned]
+        if len(merge_list) < merges:
+            log.warning("the corpus allowed only %d merges (asked for %d)", len(merge_list),
+                        merges)
+        encoder = {textlib.UNK_TOKEN: 0}
+        for token in chain(plain, final, (a + b for a, b in merge_list)):
+            encoder.setdefault(token, len(encoder))
         return cls(encoder, merge_list, standardize=standardize)
+
+
+def _iter_texts(files_or_texts: Iterable[str | Path]) -> Iterable[str]:
+    for item in files_or_texts:
+        if isinstance(item, Path):
+            files = sorted(item.rglob("*.txt")) if item.is_dir() else [item]
+            for path in files:
+                try:
+                    yield path.read_text(encoding="utf-8", errors="replace")
+                except OSError as exc:
+                    raise DataError(f"cannot read ({exc.strerror})", path) from None
+        else:
+            yield item
+
+
+def count_words(texts: Iterable[str], standardize: textlib.Standardize = "oai",
+                processes: int = 1) -> dict[str, int]:
+    """word -> count, words being the lower-cased spaCy tokens of the GPT-1 pipeline."""
+    counts: dict[str, int] = {}
+    normalizer = textlib.Normalizer(standardize)
+    if processes > 1:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with multiprocessing.get_context(method).Pool(processes) as pool:
+            parts = pool.imap_unordered(_count_one, ((t, standardize) for t in texts))
+            for part in parts:
+                for w, c in part.items():
+                    counts[w] = counts.get(w, 0) + c
+        return counts
+    for text in texts:
+        for w in normalizer.words(text):
+            counts[w] = counts.get(w, 0) + 1
+    return counts
+
+
+def _count_one(args: tuple[str, textlib.Standardize]) -> dict[str, int]:
+    return count_words([args[0]], args[1])
+
+
+def _repeat_words(counts: dict[str, int], per_item: int = 4096) -> Iterable[str]:
+    for word, count in counts.items():
+        for start in range(0, count, per_item):
+            yield " ".join([word] * min(per_item, count - start))
 
 
 def _build_fast_bpe(encoder: dict[str, int], merges: list[tuple[str, str]]):

@@ -1,0 +1,119 @@
+"""Encode and decode text with a GPT-1 vocabulary, or train a new vocabulary.
+
+Examples:
+  echo "Hello, world!" | gpt1 tokenizer encode --vocab ../shared/data/gpt1_tokenizer
+  echo "3570 240 1276 267" | gpt1 tokenizer decode --vocab runs/mini/final
+  gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/
+
+encode: one line of space-separated ids per input line (an empty line for an empty one).
+decode: one line of text per line of ids. --vocab takes a folder with vocab.json + merges.txt
+(a checkpoint or prepared-data folder) or the original encoder_bpe_40000.json + vocab_40000.bpe.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+import sys
+from pathlib import Path
+from typing import Iterator, TextIO
+
+HELP = "encode/decode text with a GPT-1 vocabulary; train a new vocabulary"
+BATCH_LINES = 4096
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    for name, help_ in (("encode", "stdin text lines -> id lines"),
+                        ("decode", "stdin id lines -> text lines")):
+        q = sub.add_parser(name, help=help_)
+        q.add_argument("--vocab", required=True, type=Path, metavar="DIR",
+                       help="folder with the tokenizer files")
+        q.add_argument("--standardize", choices=["oai", "hf"], default="oai",
+                       help="oai: backslashes not padded (original); hf: padded (default oai)")
+        if name == "encode":
+            q.add_argument("--processes", type=int, default=1, help="worker processes")
+    t = sub.add_parser("train", help="learn a new BPE vocabulary with the GPT-1 pipeline")
+    t.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
+                   help=".txt/.jsonl files or folders")
+    t.add_argument("--merges", type=int, required=True, help="number of BPE merges to learn")
+    t.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="writes vocab.json + merges.txt here")
+    t.add_argument("--min-frequency", type=int, default=0, help="ignore rarer pairs")
+    t.add_argument("--standardize", choices=["oai", "hf"], default="oai")
+    t.add_argument("--text-field", default="text", help="text field of .jsonl rows")
+    t.add_argument("--strip-gutenberg", action="store_true",
+                   help="keep only the text between Project Gutenberg START/END markers")
+    t.add_argument("--processes", type=int, default=1, help="worker processes for counting")
+    t.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "train":
+        return _train(args)
+    from gpt1.tokenizer import Tokenizer
+    tok = Tokenizer.from_dir(args.vocab, standardize=args.standardize)
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
+    lines = (line.rstrip("\n") for line in stdin)
+    out = encode_lines(tok, lines, args.processes) if args.action == "encode" \
+        else decode_lines(tok, lines)
+    write = sys.stdout.write
+    for line in out:
+        write(line + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def encode_lines(tok, lines: Iterator[str], processes: int = 1) -> Iterator[str]:
+    """Each text line -> its ids, space-separated (batches keep memory bounded)."""
+    while batch := list(itertools.islice(lines, BATCH_LINES)):
+        for ids in tok.encode_batch(batch, processes=processes):
+            yield " ".join(map(str, ids))
+
+
+def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator[str]:
+    """Each line of space-separated ids -> text; bad ids name the line."""
+    from gpt1.errors import DataError
+    for lineno, line in enumerate(lines, start=1):
+        try:
+            ids = [int(x) for x in line.split()]
+        except ValueError:
+            raise DataError(f"expected space-separated integer ids, got {line[:60]!r}",
+                            source, lineno) from None
+        try:
+            yield tok.decode(ids)
+        except DataError as exc:
+            raise DataError(exc.reason, source, lineno) from None
+
+
+def _train(args: argparse.Namespace) -> int:
+    import logging
+    import shutil
+    import time
+    from gpt1.checkpoint import atomic_dir, publish_dir
+    from gpt1.errors import DataError
+    from gpt1.prepare import PrepareOptions, Stats, documents, find_files
+    from gpt1.tokenizer import Tokenizer
+    if args.merges < 0:
+        raise DataError("--merges must be >= 0")
+    out: Path = args.out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
+        raise DataError("output exists and is not empty (pass --overwrite to replace it)", out)
+    opts = PrepareOptions(text_field=args.text_field, strip_gutenberg=args.strip_gutenberg)
+    stats = Stats()
+    files = find_files(args.corpus)
+    texts = (d for f in files for d in documents(f, opts, stats))
+    started = time.perf_counter()
+    tok = Tokenizer.train(texts, args.merges, standardize=args.standardize,
+                          min_frequency=args.min_frequency, processes=args.processes)
+    tmp = atomic_dir(out)
+    try:
+        tok.save(tmp)
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logging.getLogger(__name__).info(
+        "%d merges, vocabulary of %d tokens (+3 special) from %d files in %.1f s -> %s",
+        len(tok.merges), tok.vocab_size, len(files), time.perf_counter() - started, out)
+    return 0

@@ -1,0 +1,368 @@
+"""Corpus preparation: text files (or a hub dataset) -> token shards for pretraining.
+
+`prepare()` reads `.txt` / `.jsonl` files and folders, encodes every document with the GPT-1
+tokenizer (several processes), splits train/validation by document and writes, into OUT:
+
+    meta.json                 {"format": "gpt1-tokens", "version": 1, "vocab_size", "dtype",
+                               "splits": {"train"|"val": {"shards", "tokens", "documents"}},
+                               "sources", "stats"}
+    train-00000.bin ...       token shards (gpt1.shards), documents concatenated, no separator
+    val-00000.bin ...
+    vocab.json, merges.txt    the tokenizer, so training and checkpoints know the vocabulary
+
+The folder is built under a temporary name and renamed when complete, so an interrupted run
+leaves no half-written OUT. Bad input is counted, not fatal, where it can be: invalid UTF-8 is
+replaced, empty and binary files are skipped with a warning; malformed JSON lines are errors
+naming the file and line.
+"""
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import multiprocessing
+import random
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from gpt1.errors import DataError
+from gpt1.shards import dtype_for_vocab, write_shard
+from gpt1.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+FORMAT, VERSION = "gpt1-tokens", 1
+EXTENSIONS = (".txt", ".jsonl")
+DOC_SEPS = {"blank-line": re.compile(r"\n[^\S\n]*\n\s*"), "line": re.compile(r"\n")}
+_GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$",
+                              re.IGNORECASE | re.MULTILINE)
+_GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK",
+                            re.IGNORECASE | re.MULTILINE)
+
+
+@dataclass
+class PrepareOptions:
+    """How to read and split the corpus (the `gpt1 prepare` flags)."""
+    val_fraction: float = 0.005
+    seed: int = 1234
+    doc_sep: str | None = None          # None: a .txt file is one document
+    text_field: str = "text"            # the field of a .jsonl row that holds the text
+    strip_gutenberg: bool = False
+    workers: int = 1
+    shard_tokens: int = 100_000_000     # a shard is closed after the document that passes this
+    max_line_bytes: int = 64 << 20      # longer .jsonl lines are refused (a missing newline?)
+    overwrite: bool = False
+    quiet: bool = False
+    standardize: str = "oai"
+
+
+@dataclass
+class Stats:
+    files: int = 0
+    skipped_empty: list[str] = field(default_factory=list)
+    skipped_binary: list[str] = field(default_factory=list)
+    invalid_utf8_replaced: int = 0
+    gutenberg_stripped: int = 0
+    gutenberg_markers_missing: int = 0
+    empty_documents: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+@dataclass(frozen=True)
+class HubSource:
+    """A Hugging Face hub dataset, named on the command line as hub:NAME[:SPLIT]."""
+    name: str
+    split: str = "train"
+
+    def __str__(self) -> str:
+        return f"hub:{self.name}:{self.split}"
+
+
+def find_files(corpus: Sequence[str | Path]) -> list[Path | HubSource]:
+    """The files named or found (recursively, sorted) under the folders named, and hub:NAME
+    datasets."""
+    files: list[Path | HubSource] = []
+    for item in corpus:
+        if isinstance(item, str) and item.startswith("hub:"):
+            name, _, split = item[4:].partition(":")
+            files.append(HubSource(name, split or "train"))
+            continue
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in EXTENSIONS)
+            if not found:
+                raise DataError("folder holds no .txt or .jsonl files", path)
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise DataError("no such file or folder (for a hub dataset write hub:NAME)", path)
+    return files
+
+
+def _count_errors(exc: UnicodeDecodeError) -> tuple[str, int]:
+    _DECODE_ERRORS[0] += 1
+    return "\ufffd", exc.end
+
+
+_DECODE_ERRORS = [0]
+codecs.register_error("gpt1-count", _count_errors)
+
+
+def read_text(path: Path, stats: Stats | None) -> str | None:
+    """A file's text (BOM dropped, invalid UTF-8 replaced and counted), or None when the file
+    is empty or binary (warned and counted; `stats=None`: silently, for a second pass)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DataError(f"cannot read ({exc.strerror})", path) from None
+    if not raw.strip():
+        if stats is not None:
+            log.warning("%s: empty file, skipped", path)
+            stats.skipped_empty.append(str(path))
+        return None
+    if b"\0" in raw[:8192]:
+        if stats is not None:
+            log.warning("%s: binary file (NUL bytes), skipped", path)
+            stats.skipped_binary.append(str(path))
+        return None
+    before = _DECODE_ERRORS[0]
+    text = raw.decode("utf-8-sig", errors="gpt1-count")
+    replaced = _DECODE_ERRORS[0] - before
+    if replaced and stats is not None:
+        log.warning("%s: %d invalid UTF-8 sequences replaced by U+FFFD", path, replaced)
+        stats.invalid_utf8_replaced += replaced
+    return text
+
+
+def strip_gutenberg(text: str) -> str | None:
+    """The text between Project Gutenberg's START and END markers (None: no START marker)."""
+    start = _GUTENBERG_START.search(text)
+    if start is None:
+        return None
+    end = _GUTENBERG_END.search(text, start.end())
+    return text[start.end():end.start() if end else len(text)]
+
+
+def _jsonl_documents(path: Path, text: str, opts: PrepareOptions) -> Iterator[str]:
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if len(line) > opts.max_line_bytes:
+            raise DataError(f"line of {len(line) / 2**20:.1f} MiB exceeds the "
+                            f"{opts.max_line_bytes / 2**20:.0f} MiB limit (missing newlines?)",
+                            path, lineno)
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
+                            lineno) from None
+        value = row.get(opts.text_field) if isinstance(row, dict) else None
+        if not isinstance(value, str):
+            raise DataError("missing or not a string (choose the field with --text-field)",
+                            path, lineno, opts.text_field)
+        yield value
+
+
+def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError("reading a hub dataset needs the `datasets` package "
+                        "(pip install 'gpt1[hf]')", str(source)) from None
+    try:
+        rows = datasets.load_dataset(source.name, split=source.split)
+    except Exception as exc:  # offline, unknown name, ...: the library's message says which
+        raise DataError(f"cannot load hub dataset ({exc})", str(source)) from None
+    if opts.text_field not in rows.column_names:
+        raise DataError(f"no such column (columns: {rows.column_names})", str(source),
+                        field=opts.text_field)
+    for value in rows[opts.text_field]:
+        if isinstance(value, str) and value.strip():
+            yield value
+
+
+def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None
+              ) -> Iterator[str]:
+    """The documents of one file, as raw text (blank ones dropped)."""
+    if isinstance(path, HubSource):
+        yield from _hub_documents(path, opts)
+        return
+    text = read_text(path, stats)
+    if text is None:
+        return
+    if path.suffix == ".jsonl":
+        yield from (d for d in _jsonl_documents(path, text, opts) if d.strip())
+        return
+    if opts.strip_gutenberg:
+        body = strip_gutenberg(text)
+        if body is None:
+            if stats is not None:
+                log.warning("%s: no Project Gutenberg START marker; kept whole", path)
+                stats.gutenberg_markers_missing += 1
+        else:
+            text = body
+            if stats is not None:
+                stats.gutenberg_stripped += 1
+    if opts.doc_sep is None:
+        if text.strip():
+            yield text
+    else:
+        sep = DOC_SEPS.get(opts.doc_sep)
+        parts = sep.split(text) if sep else text.split(opts.doc_sep)
+        yield from (p for p in parts if p.strip())
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding and writing
+_TOKENIZER: Tokenizer | None = None
+
+
+def _init_worker(tok: Tokenizer) -> None:
+    global _TOKENIZER
+    _TOKENIZER = tok
+
+
+def _encode(text: str) -> np.ndarray:
+    assert _TOKENIZER is not None
+    return np.asarray(_TOKENIZER.encode(text), dtype=np.uint32)
+
+
+class ShardWriter:
+    """Accumulates one split's documents and writes numbered shards."""
+
+    def __init__(self, folder: Path, split: str, vocab_size: int, shard_tokens: int) -> None:
+        self.folder, self.split = folder, split
+        self.vocab_size, self.shard_tokens = vocab_size, shard_tokens
+        self.buffer: list[np.ndarray] = []
+        self.buffered = self.buffer_docs = 0
+        self.shards: list[str] = []
+        self.tokens = self.documents = 0
+
+    def add(self, ids: np.ndarray) -> None:
+        self.buffer.append(ids)
+        self.buffered += len(ids)
+        self.buffer_docs += 1
+        self.tokens += len(ids)
+        self.documents += 1
+        if self.buffered >= self.shard_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffer_docs and self.shards:
+            return
+        name = f"{self.split}-{len(self.shards):05d}.bin"
+        tokens = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.uint32)
+        write_shard(self.folder / name, tokens, self.buffer_docs, self.vocab_size)
+        self.shards.append(name)
+        self.buffer, self.buffered, self.buffer_docs = [], 0, 0
+
+
+def choose_val(n_docs: int, val_fraction: float, seed: int) -> set[int]:
+    """Indices of validation documents: round(n * fraction), at least one when n >= 2 and the
+    fraction is positive, never all; deterministic given n, fraction and seed."""
+    if n_docs < 2 or val_fraction <= 0:
+        return set()
+    n_val = min(n_docs - 1, max(1, round(n_docs * val_fraction)))
+    return set(random.Random(seed).sample(range(n_docs), n_val))
+
+
+def _open_pool(tok: Tokenizer, workers: int):
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return multiprocessing.get_context(method).Pool(workers, _init_worker, (tok,))
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
+            opts: PrepareOptions | None = None) -> dict:
+    """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
+    from gpt1.checkpoint import atomic_dir, copy_tokenizer_files, publish_dir
+    opts = opts or PrepareOptions()
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.overwrite:
+        raise DataError("output exists and is not empty (pass --overwrite to replace it)", out)
+    started = time.perf_counter()
+    tok = Tokenizer.from_dir(vocab, standardize=opts.standardize)  # type: ignore[arg-type]
+    files = find_files(corpus)
+    stats = Stats(files=len(files))
+    # Pass 1: count documents, so the validation choice depends only on their number and order
+    per_file = [sum(1 for _ in documents(f, opts, stats)) for f in files]
+    n_docs = sum(per_file)
+    if n_docs == 0:
+        raise DataError("no documents found (all files empty, binary or blank)", files[0]
+                        if len(files) == 1 else None)
+    val = choose_val(n_docs, opts.val_fraction, opts.seed)
+    tmp = atomic_dir(out)
+    try:
+        splits = _encode_all(files, tok, opts, stats, val, n_docs, tmp)
+        copy_tokenizer_files(vocab, tmp)
+        meta = {"format": FORMAT, "version": VERSION, "vocab_size": tok.vocab_size,
+                "dtype": dtype_for_vocab(tok.vocab_size).name, "splits": splits,
+                "sources": [str(f) for f in files],
+                "stats": {**stats.__dict__, "documents": n_docs,
+                          "tokens": sum(s["tokens"] for s in splits.values()),
+                          "seconds": round(time.perf_counter() - started, 3),
+                          "val_fraction": opts.val_fraction, "seed": opts.seed,
+                          "doc_sep": opts.doc_sep, "standardize": opts.standardize,
+                          "strip_gutenberg": opts.strip_gutenberg}}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        publish_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def _encode_all(files: list[Path | HubSource], tok: Tokenizer, opts: PrepareOptions, stats: Stats,
+                val: set[int], n_docs: int, folder: Path) -> dict:
+    from tqdm import tqdm
+    writers = {s: ShardWriter(folder, s, tok.vocab_size, opts.shard_tokens)
+               for s in ("train", "val")}
+    pool = _open_pool(tok, opts.workers) if opts.workers > 1 else None
+    index = 0
+    try:
+        with tqdm(total=n_docs, unit="doc", disable=opts.quiet, desc="prepare") as bar:
+            for batch in _batches(d for f in files for d in documents(f, opts, None)):
+                if pool is None:
+                    encoded = [np.asarray(tok.encode(d), dtype=np.uint32) for d in batch]
+                else:
+                    encoded = pool.map(_encode, batch, chunksize=max(1, len(batch) //
+                                                                     (4 * opts.workers)))
+                for ids in encoded:
+                    if len(ids) == 0:
+                        stats.empty_documents += 1
+                    else:
+                        writers["val" if index in val else "train"].add(ids)
+                    index += 1
+                bar.update(len(batch))
+    finally:
+        if pool is not None:
+            pool.terminate()
+    for writer in writers.values():
+        if writer.documents:
+            writer.flush()
+    return {s: {"shards": w.shards, "tokens": w.tokens, "documents": w.documents}
+            for s, w in writers.items()}
+
+
+def _batches(docs: Iterator[str], max_chars: int = 32 << 20, max_docs: int = 4096
+             ) -> Iterator[list[str]]:
+    # bounded batches: Pool.imap would read the whole corpus ahead into memory
+    batch: list[str] = []
+    size = 0
+    for doc in docs:
+        batch.append(doc)
+        size += len(doc)
+        if size >= max_chars or len(batch) >= max_docs:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch

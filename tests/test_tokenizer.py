@@ -1,0 +1,375 @@
+"""The GPT-1 tokenizer: exact ids against the faithful reference, speed paths proven equal to
+the slow ones, vocabulary checks, training, the `gpt1 tokenizer` command."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gpt1 import text as textlib
+from gpt1.errors import DataError
+from gpt1.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
+VOCAB = SHARED / "gpt1_tokenizer"
+needs_vocab = pytest.mark.skipif(not VOCAB.is_dir(), reason=f"no GPT-1 vocabulary at {VOCAB}")
+
+TRICKY = [
+    "Hello, world! Don't stop -- now.",
+    "em—dash en–dash bar― ellipsis… acute´s “curly” ‘quotes’",
+    "a\\b \\\\ back\\slash",
+    "Line one\r\nline two\n\n\n   line three  \t tabs",
+    "Café naïve résumé Ünïcode ΣΑΣ ὈΔΥΣΣΕΎΣ 字 😀",
+    "&amp; &lt;b&gt; &AMP; <b>bold</b> &amp;",
+    "Peggotty?’ ‘’Tis so, ma’am. She’ll :-) :) (-: 8) '' ''tis",
+    "U.S.A. e.g. i.e. 10a.m. 5p.m. $3.50 50% #tag @user http://example.com/x?y=1",
+    "cannot gonna gotta wanna lemme y'all o'clock",
+    "a <unk> b<UNK>c <unk><unk>",
+    "mojibake: Ã©tÃ© â€™",
+    "", "   ", "\n", "x",
+]
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    if not VOCAB.is_dir():
+        pytest.skip(f"no GPT-1 vocabulary at {VOCAB}")
+    return Tokenizer.from_dir(VOCAB)
+
+
+@pytest.fixture(scope="module")
+def tok_hf() -> Tokenizer:
+    if not VOCAB.is_dir():
+        pytest.skip(f"no GPT-1 vocabulary at {VOCAB}")
+    return Tokenizer.from_dir(VOCAB, standardize="hf")
+
+
+@pytest.fixture(scope="module")
+def ref():
+    """transformers 4.x slow OpenAIGPTTokenizer with ftfy + spaCy: the faithful reference."""
+    transformers = pytest.importorskip("transformers")
+    if not VOCAB.is_dir():
+        pytest.skip(f"no GPT-1 vocabulary at {VOCAB}")
+    transformers.logging.set_verbosity_error()
+    r = transformers.OpenAIGPTTokenizer(str(VOCAB / "encoder_bpe_40000.json"),
+                                        str(VOCAB / "vocab_40000.bpe"))
+    assert r.fix_text is not None, "reference fell back to BasicTokenizer"
+    return r
+
+
+# ---------------------------------------------------------------------------------------------
+# The vocabulary
+@needs_vocab
+def test_original_vocabulary_sizes_and_special_ids(tok):
+    assert tok.vocab_size == len(tok.encoder) == 40478
+    assert len(tok.merges) == 40000
+    assert (tok.start_id, tok.delimiter_id, tok.classify_id) == (40478, 40479, 40480)
+    assert tok.n_special == 3 and tok.total_size == 40481 == len(tok)
+    assert tok.encoder["<unk>"] == 0 and tok.encoder["\n</w>"] == 40477
+    assert tok.decode([tok.start_id, 3570, tok.delimiter_id, 3570, tok.classify_id]) == \
+        "_start_ hello _delimiter_ hello _classify_"
+
+
+@needs_vocab
+def test_hf_file_names_load_the_same_vocabulary(tmp_path, tok):
+    tok.save(tmp_path)
+    again = Tokenizer.from_dir(tmp_path)
+    assert again.encoder == tok.encoder and again.merges == tok.merges
+    assert again.encode(TRICKY[0]) == tok.encode(TRICKY[0])
+
+
+def _write_vocab(folder: Path, encoder: dict, merges: list[str]) -> Path:
+    folder.mkdir(exist_ok=True)
+    (folder / "vocab.json").write_text(json.dumps(encoder))
+    (folder / "merges.txt").write_text("#version: 0.2\n" + "".join(m + "\n" for m in merges))
+    return folder
+
+
+def test_vocab_and_merges_that_do_not_belong_together(tmp_path):
+    enc = {"<unk>": 0, "a": 1, "b": 2, "a</w>": 3, "b</w>": 4, "ab</w>": 5}
+    good = _write_vocab(tmp_path / "good", enc, ["a b</w>"])
+    assert Tokenizer.from_dir(good).merges == [("a", "b</w>")]
+    bad = _write_vocab(tmp_path / "bad", enc, ["a b</w>", "b a</w>"])
+    with pytest.raises(DataError, match=r"merges.txt:3.*'ba</w>' is not in the vocabulary"):
+        Tokenizer.from_dir(bad)
+    malformed = _write_vocab(tmp_path / "malformed", enc, ["a b</w> extra"])
+    with pytest.raises(DataError, match=r"merges.txt:2.*two tokens"):
+        Tokenizer.from_dir(malformed)
+    gaps = _write_vocab(tmp_path / "gaps", {"<unk>": 0, "a": 5}, [])
+    with pytest.raises(DataError, match=r"vocab.json.*0..1"):
+        Tokenizer.from_dir(gaps)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "vocab.json").write_text("{not json")
+    (tmp_path / "broken" / "merges.txt").write_text("")
+    with pytest.raises(DataError, match="vocab.json.*cannot read"):
+        Tokenizer.from_dir(tmp_path / "broken")
+    with pytest.raises(DataError, match="no tokenizer files"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_python_bpe_follows_merge_ranks():
+    ranks = {("a", "b"): 1, ("b", "c</w>"): 0, ("a", "bc</w>"): 2}
+    # (b, c</w>) ranks before (a, b), so "abc" becomes a + bc</w>, then abc</w>
+    from gpt1.tokenizer import bpe
+    assert bpe("abc", ranks) == ["abc</w>"]
+    assert bpe("abab", {("a", "b"): 0}) == ["ab", "a", "b</w>"]
+    assert bpe("x", ranks) == ["x</w>"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Exactness against the reference
+@needs_vocab
+@pytest.mark.parametrize("text", TRICKY)
+def test_tricky_strings_match_reference(tok, tok_hf, ref, text):
+    want = ref.encode(text)
+    assert tok_hf.encode(text) == want
+    if "\\" not in text:
+        assert tok.encode(text) == want
+
+
+@needs_vocab
+def test_backslash_is_padded_only_in_hf_mode(tok, tok_hf, ref):
+    text = "path\\to file"
+    assert tok_hf.encode(text) == ref.encode(text)
+    assert tok.tokenize(text)[:4] == ["path", "\\", "to</w>", "file</w>"]
+    assert tok_hf.tokenize(text)[:4] == ["path</w>", "\\</w>", "to</w>", "file</w>"]
+
+
+@needs_vocab
+def test_cross_chunk_special_case_matches_reference(tok, ref):
+    # spaCy's special-case matcher spans the space in "' ''tis" (see SpacySplitter); the cached
+    # chunk path must still give the in-context tokens, in either order of first sight
+    fresh = Tokenizer.from_dir(VOCAB)
+    assert fresh.encode("''tis") == ref.encode("''tis")
+    assert fresh.encode("' ''tis") == ref.encode("' ''tis")
+    assert fresh.encode("''tis") == ref.encode("''tis")
+    assert ref.encode("' ''tis") != ref.encode("'") + ref.encode("''tis")
+
+
+def _sample_lines(data: Path, every: int) -> list[str]:
+    """A deterministic sample: every Nth line or field of the shared text."""
+    lines: list[str] = []
+    for path in sorted((data / "corpus" / "gutenberg").glob("*.txt")):
+        lines += path.read_text(encoding="utf-8").split("\n")[::every * 4]
+    for path in sorted((data / "glue").rglob("*.tsv")):
+        rows = path.read_text(encoding="utf-8").split("\n")[::every]
+        lines += [f for r in rows for f in r.split("\t") if " " in f]
+    for path in sorted((data / "snli").glob("s[12].*")):
+        lines += path.read_text(encoding="utf-8").split("\n")[::every]
+    for path in sorted((data / "scitail").rglob("*.jsonl")):
+        rows = path.read_text(encoding="utf-8").splitlines()[::every // 4]
+        lines += [json.loads(r)["sentence1"] for r in rows]
+    for path in sorted((data / "story_cloze").glob("*.csv")):
+        with open(path, encoding="utf-8", newline="") as fh:
+            rows = list(csv.reader(fh))[::every // 4]
+        lines += [f for r in rows for f in r if " " in f]
+    return [line for line in lines if line.strip()]
+
+
+@needs_vocab
+@pytest.mark.data
+def test_deterministic_sample_of_shared_text_matches_reference(shared_data, ref):
+    lines = _sample_lines(shared_data, every=40)
+    assert len(lines) > 4000
+    fresh = Tokenizer.from_dir(VOCAB, standardize="hf")  # cold caches, as a user would start
+    bad = [line for line in lines if fresh.encode(line) != ref.encode(line)]
+    assert bad == []
+    # a whole paragraph block at once (newlines inside, cross-line ftfy state)
+    block = "\n".join(lines[:300])
+    assert fresh.encode(block) == ref.encode(block)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast paths equal the slow ones
+SAFE_ASCII = st.text(alphabet=st.sampled_from(
+    [chr(c) for c in range(0x20, 0x7F) if chr(c) != "&"] + ["\t", "\n"]), max_size=60)
+
+
+@given(SAFE_ASCII)
+@settings(max_examples=300, deadline=None)
+def test_ftfy_is_identity_on_the_skipped_characters(s):
+    import ftfy
+    assert ftfy.fix_text(s) == s
+
+
+TEXTISH = st.text(alphabet=st.one_of(
+    st.sampled_from(list("abcXYZ &<>;#\r\n\t'\"-…—“”‘’´ÃƒÂ©â€™¤\x1b\x00\x85\u2028é")),
+    st.characters()), max_size=80)
+
+
+@given(TEXTISH)
+@settings(max_examples=300, deadline=None)
+def test_fix_text_equals_ftfy(s):
+    import ftfy
+    assert textlib.fix_text(s) == ftfy.fix_text(s)
+
+
+@given(TEXTISH)
+@settings(max_examples=300, deadline=None)
+def test_standardized_chunks_equal_split_of_text_standardize(s):
+    from transformers.models.openai.tokenization_openai import text_standardize as hf_std
+    assert textlib.text_standardize(s, "hf") == hf_std(s)
+    expected = textlib.text_standardize(s, "oai")
+    assert textlib.standardized_chunks(s, "oai") == (expected.split(" ") if expected else [])
+
+
+@given(st.from_regex(r"[a-z]{1,12}", fullmatch=True))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_letter_words_are_one_spacy_token_unless_special(word):
+    splitter = _splitter()
+    tokens = [t.text for t in splitter._tokenizer(word)]
+    if word not in splitter._special:
+        assert tokens == [word]
+
+
+_SPLITTER: list = []
+
+
+def _splitter() -> textlib.SpacySplitter:
+    if not _SPLITTER:
+        _SPLITTER.append(textlib.SpacySplitter())
+    return _SPLITTER[0]
+
+
+def test_hf_lower_matches_per_character_lowering():
+    s = "ΟΔΥΣΣΕΥΣ İstanbul ẞ Σ"
+    assert textlib.hf_lower(s) == "".join(c.lower() for c in s)
+    assert textlib.hf_lower(s) != s.lower()  # str.lower applies the final-sigma rule
+
+
+# ---------------------------------------------------------------------------------------------
+# Properties, batches, long input
+@needs_vocab
+@given(st.text(max_size=200))
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_unicode_encodes_and_decodes_to_the_normalised_text(tok, s):
+    ids = tok.encode(s)
+    assert all(0 <= i < tok.vocab_size for i in ids)
+    words = _normalizer().words(s)
+    known = {t[0] for t in tok.encoder if len(t) == 1}
+    assume("<unk>" not in words and all(c in known for w in words for c in w))
+    assert tok.decode(ids) == " ".join(words)
+
+
+_NORMALIZER: list = []
+
+
+def _normalizer() -> textlib.Normalizer:
+    if not _NORMALIZER:
+        _NORMALIZER.append(textlib.Normalizer())
+    return _NORMALIZER[0]
+
+
+@needs_vocab
+def test_decode_is_lowercased_standardised_text(tok):
+    assert tok.decode(tok.encode("Hello—World… “Quote”")) == 'hello - world ... " quote "'
+    with pytest.raises(DataError, match="outside this vocabulary"):
+        tok.decode([tok.total_size])
+
+
+@needs_vocab
+def test_encode_batch_with_processes_equals_serial(tok):
+    texts = TRICKY * 3
+    assert tok.encode_batch(texts, processes=2) == [tok.encode(t) for t in texts]
+
+
+@needs_vocab
+def test_pickled_tokenizer_encodes_the_same(tok):
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.encode(TRICKY[1]) == tok.encode(TRICKY[1])
+
+
+@needs_vocab
+def test_line_of_several_megabytes(tok):
+    words = ["alpha", "beta,", "gamma", "(delta)", "epsilon's"]
+    line = " ".join(words[i % 5] for i in range(600_000))  # ~4 MB, no newline
+    assert len(line) > 3_500_000
+    ids = tok.encode(line)
+    per_cycle = sum(len(tok.encode(w)) for w in words)
+    assert len(ids) == 120_000 * per_cycle
+    assert ids[:per_cycle] == tok.encode(" ".join(words))
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+CORPUS = ["The quick brown fox jumps over the lazy dog. " * 3,
+          "Don't panic -- it's only a test; the fox isn't real!\nNew line here.",
+          "Naïve café owners sell “fresh” bread… every day."]
+
+
+def test_train_saves_files_loadable_by_gpt1_and_transformers(tmp_path):
+    trained = Tokenizer.train(CORPUS, merges=40)
+    assert len(trained.merges) == 40
+    assert trained.encoder["<unk>"] == 0
+    assert trained.vocab_size == len(trained.encoder)
+    trained.save(tmp_path)
+    again = Tokenizer.from_dir(tmp_path)
+    assert again.encoder == trained.encoder and again.merges == trained.merges
+    text = "The lazy fox doesn't panic; the café is “fresh”."
+    ids = trained.encode(text)
+    assert again.encode(text) == ids
+    assert trained.decode(ids) == " ".join(_normalizer().words(text))
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.OpenAIGPTTokenizer(str(tmp_path / "vocab.json"),
+                                         str(tmp_path / "merges.txt"))
+    assert hf.encode(text) == ids
+    assert hf.encode("zzz qqq") == trained.encode("zzz qqq")  # unknown characters -> 0
+
+
+def test_train_reads_files_and_learns_frequent_words_first(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("banana banana banana bandana\n" * 20, encoding="utf-8")
+    trained = Tokenizer.train([path], merges=4)
+    assert len(trained.merges) == 4
+    assert trained.tokenize("banana") == ["banana</w>"]
+    assert len(trained.tokenize("bandana")) > 1
+    # three words ("banana", "bandana", "\n") allow six merges in all
+    assert len(Tokenizer.train([path], merges=50).merges) == 6
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+def _cli(monkeypatch, capsys, argv: list[str], stdin: bytes) -> tuple[int, str, str]:
+    from gpt1.cli import main
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@needs_vocab
+def test_cli_encode_decode(monkeypatch, capsys, tok):
+    text = "Hello, world!\n\nDon't stop \xff now\n"
+    code, out, _ = _cli(monkeypatch, capsys, ["tokenizer", "encode", "--vocab", str(VOCAB)],
+                        text.encode("latin-1"))
+    assert code == 0
+    lines = out.split("\n")
+    assert lines[0] == " ".join(map(str, tok.encode("Hello, world!"))) and lines[1] == ""
+    assert lines[2] == " ".join(map(str, tok.encode("Don't stop \ufffd now")))
+    code, back, _ = _cli(monkeypatch, capsys, ["tokenizer", "decode", "--vocab", str(VOCAB)],
+                         out.encode())
+    assert code == 0 and back.split("\n")[:2] == ["hello , world !", ""]
+    code, _, err = _cli(monkeypatch, capsys, ["tokenizer", "decode", "--vocab", str(VOCAB)],
+                        b"1 2\n3 x\n")
+    assert code == 2 and "<stdin>:2" in err and "integer ids" in err
+
+
+def test_cli_train(monkeypatch, capsys, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("\n".join(CORPUS), encoding="utf-8")
+    out = tmp_path / "vocab"
+    code, _, _ = _cli(monkeypatch, capsys, ["tokenizer", "train", "--corpus", str(corpus),
+                                            "--merges", "30", "--out", str(out)], b"")
+    assert code == 0 and len(Tokenizer.from_dir(out).merges) == 30
+    code, _, err = _cli(monkeypatch, capsys, ["tokenizer", "train", "--corpus", str(corpus),
+                                              "--merges", "30", "--out", str(out)], b"")
+    assert code == 2 and "--overwrite" in err
