@@ -2,14 +2,16 @@
 
 This module owns everything between a raw string and the list of lower-cased spaCy tokens that
 BPE sees. It reproduces the faithful reference (transformers 4.x slow `OpenAIGPTTokenizer` with
-ftfy and spaCy, itself OAI's text_utils.py) exactly, but faster:
+ftfy and spaCy, a port of OAI's text_utils.py) exactly, but faster:
 
 - ftfy works line by line (`ftfy.fix_text` cuts its input at newlines); lines made only of
-  characters ftfy provably leaves alone (printable ASCII without '&', tab, newline) skip it.
-- After `text_standardize` the text is single-space-separated chunks, and spaCy's tokenizer
-  handles each whitespace-delimited chunk on its own (the English rules hold no special case
-  with an inner space), so a chunk's tokens can be cached: `chunks()` returns the chunks and
-  `SpacySplitter` splits only chunks it has not seen.
+  characters on which no ftfy fixer acts (printable ASCII without '&', tab, newline) skip it.
+- After `text_standardize` the text is single-space-separated chunks. spaCy tokenizes each
+  whitespace-delimited piece on its own except for one cross-piece effect (see
+  `SpacySplitter`), so the tokens of a chunk, or of a few linked chunks, can be cached.
+
+Like transformers (and unlike OAI, which lowercases spaCy's tokens only), the raw text is
+lower-cased before ftfy, and a literal "<unk>" is transformers' unknown token (id 0).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ _FTFY_CONFIG = None
 _FTFY_NO_HTML = None
 # Characters on which every ftfy fixer is the identity: ASCII needs no encoding repair, NFC
 # leaves it unchanged, and the ASCII-affecting fixers need '&' (HTML entities), '\r' (line
-# breaks), ESC (terminal escapes) or other C0 controls (removed). Proven by a hypothesis test.
+# breaks), ESC (terminal escapes) or other C0 controls (removed). A hypothesis test checks it.
 _FTFY_UNSAFE = re.compile(r"[^\t\n\x20-\x25\x27-\x7e]")
 
 

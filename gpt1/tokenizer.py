@@ -75,7 +75,7 @@ def read_vocab(path: Path) -> dict[str, int]:
     """Read and check an encoder json: token -> id, ids exactly 0..n-1."""
     try:
         encoder = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise DataError(f"cannot read vocabulary json ({exc})", path) from None
     if not isinstance(encoder, dict) or not encoder:
         raise DataError("vocabulary json must be a non-empty object {token: id}", path)
@@ -190,9 +190,12 @@ class Tokenizer:
         if self._fast_bpe is None:
             self._fast_bpe = _build_fast_bpe(self.encoder, self.merges) or False
         if self._fast_bpe:
-            batch = [[t] for t in tokens]
-            return [e.ids for e in self._fast_bpe.encode_batch(batch, is_pretokenized=True,
-                                                                add_special_tokens=False)]
+            # one pre-tokenized sequence, one call: no thread pool (we scale with processes)
+            enc = self._fast_bpe.encode(tokens, is_pretokenized=True, add_special_tokens=False)
+            out: list[list[int]] = [[] for _ in tokens]
+            for i, word in zip(enc.ids, enc.word_ids):
+                out[word].append(i)
+            return out
         get, unk, ranks = self.encoder.get, self.unk_id, self.ranks
         return [[get(p, unk) for p in bpe(t, ranks)] for t in tokens]
 
@@ -305,19 +308,28 @@ def count_words(texts: Iterable[str], standardize: textlib.Standardize = "oai",
                 processes: int = 1) -> dict[str, int]:
     """word -> count, words being the lower-cased spaCy tokens of the GPT-1 pipeline."""
     counts: dict[str, int] = {}
-    normalizer = textlib.Normalizer(standardize)
     if processes > 1:
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with multiprocessing.get_context(method).Pool(processes) as pool:
-            parts = pool.imap_unordered(_count_one, ((t, standardize) for t in texts))
-            for part in parts:
+            jobs = ((t, standardize) for t in texts)
+            for part in pool.imap_unordered(_count_one, jobs, chunksize=8):
                 for w, c in part.items():
                     counts[w] = counts.get(w, 0) + c
         return counts
     for text in texts:
-        for w in normalizer.words(text):
+        for w in _normalizer(standardize).words(text):
             counts[w] = counts.get(w, 0) + 1
     return counts
+
+
+_NORMALIZERS: dict[str, textlib.Normalizer] = {}
+
+
+def _normalizer(standardize: textlib.Standardize) -> textlib.Normalizer:
+    # one per process and mode: spaCy takes a while to set up and its cache pays off
+    if standardize not in _NORMALIZERS:
+        _NORMALIZERS[standardize] = textlib.Normalizer(standardize)
+    return _NORMALIZERS[standardize]
 
 
 def _count_one(args: tuple[str, textlib.Standardize]) -> dict[str, int]:
