@@ -4,6 +4,14 @@ A checkpoint folder gives OUT/results.json (raw metric, normalised score, n per 
 pretraining run folder (with step-N/ and final/ checkpoints) gives the curve over pretraining:
 OUT/curve.json, OUT/curve.md and OUT/curve.png; rerunning resumes where it stopped.
 
+Heuristics (paper §5): sst2 appends "very" and compares "positive" with "negative" (a word of
+several BPE pieces scores the sum of its pieces' log-probabilities); cola thresholds the mean token
+log-probability (threshold chosen on the train split, reported); race and story_cloze pick the
+answer/ending with the highest mean token log-probability; dpr substitutes each candidate for the
+pronoun and compares the mean log-probability of the rest of the sentence; lambada counts last
+words whose every piece is the greedy prediction. --calibrate subtracts each candidate's score
+after the content-free input "N/A". Normalised scores: 0 = chance, 1 = the 2018 state of the art.
+
 --data is a task's folder, or a root laid out like ../shared/data (glue/SST-2, glue/CoLA,
 story_cloze, corpus/lambada, dpr, RACE); with --task all, tasks without data are skipped.
 
