@@ -1,7 +1,7 @@
 """Fault report: crashes, hostile files, and what they cost.
 
 Runs `gpt1 pretrain` and `gpt1 finetune` (tiny preset, tiny data) and SIGKILLs them again and
-again at random moments -- half of the kills aimed at the instant a checkpoint is being written --
+again at random moments -- a third of the kills aimed at the instant a checkpoint is being written --
 resuming each time with `--resume auto`; after every kill every checkpoint on disk is verified
 (weights, config and trainer state load; the step matches the folder name), and at the end the
 run is compared with an uninterrupted one (every logged loss, every validation line, the final
@@ -174,23 +174,32 @@ def _wait_for_write(run: Path, proc: subprocess.Popen, deadline: float) -> bool:
 
 
 def kill_loop(cmd: list[str], run: Path, kills: int, rng: random.Random, span: float,
-              name: str, timeout: float = 300) -> KillReport:
+              name: str, steps: int, timeout: float = 300) -> KillReport:
     """SIGKILL `cmd` (which must include `--resume auto`) `kills` times, then let it finish.
 
-    `span` is the wall time of an uninterrupted run: random kills land uniformly in it. Every other
-    kill instead waits for a checkpoint's temporary folder to appear and kills at once.
+    Kills cycle through three kinds of moment: uniform in `span` (the wall time of an
+    uninterrupted run, shrunk to the work left; start-up included); the instant a checkpoint's temporary folder appears
+    (a write in progress); a random instant shortly after a random step past the newest
+    checkpoint (1-3 steps on, of `steps`) was logged.
     """
     report = KillReport(name)
     for k in range(kills):
         before = newest_step(run)
         proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        aimed = k % 2 == 1
-        if aimed:
-            _wait_for_write(run, proc, time.time() + timeout)
-        else:
-            end = time.time() + rng.uniform(0.1, span)
+        mode = k % 3
+        aimed = mode == 1
+        if mode == 0:      # a random moment of the whole run, start-up included
+            end = time.time() + rng.uniform(0.1, span * (steps - before) / steps)
             while time.time() < end and proc.poll() is None:
                 time.sleep(0.005)
+        elif mode == 1:    # the instant a checkpoint folder is being written
+            _wait_for_write(run, proc, time.time() + timeout)
+        else:              # a random moment within a random training step
+            target = min(before + rng.randint(1, 3), steps - 1)
+            end = time.time() + timeout
+            while logged_steps(run) < target and proc.poll() is None and time.time() < end:
+                time.sleep(0.005)
+            time.sleep(rng.uniform(0.0, 0.05))
         if proc.poll() is not None:      # finished (or failed) before the kill
             err = proc.stderr.read().decode(errors="replace")
             proc.wait()
@@ -259,21 +268,23 @@ def timed_run(cmd: list[str], timeout: float = 300) -> float:
 
 
 def pretrain_faults(work: Path, kills: int, seed: int, steps: int = 30) -> KillReport:
+    steps = max(steps, 2 * kills)  # room for every kill to land inside the run
     data = make_corpus(work / "data")
     ref, run = work / "pre-ref", work / "pre-kill"
     span = timed_run(pretrain_cmd(data, ref, steps))
     report = kill_loop(pretrain_cmd(data, run, steps) + ["--resume", "auto"], run, kills,
-                       random.Random(seed), span, "pretrain")
+                       random.Random(seed), span, "pretrain", steps)
     compare_runs(ref, run, report)
     return report
 
 
 def finetune_faults(work: Path, kills: int, seed: int, steps: int = 16) -> KillReport:
+    steps = max(steps, 2 * kills)  # room for every kill to land inside the run
     task, vocab = make_task(work / "task"), char_vocab(work / "vocab")
     ref, run = work / "ft-ref", work / "ft-kill"
     span = timed_run(finetune_cmd(task, vocab, ref, steps))
     report = kill_loop(finetune_cmd(task, vocab, run, steps) + ["--resume", "auto"], run, kills,
-                       random.Random(seed), span, "finetune")
+                       random.Random(seed), span, "finetune", steps)
     compare_runs(ref, run, report, extra_files=("results.json",))
     return report
 
