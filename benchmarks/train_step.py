@@ -24,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpt1 import GPT, ModelConfig  # noqa: E402
+from gpt1.model import flops_per_token  # noqa: E402
 from gpt1.convert import gpt1_to_hf_state  # noqa: E402
 from gpt1.objectives import lm_loss_window  # noqa: E402
 
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> None:
         compiled = torch.compile(ours)
         sides["gpt1+compile"] = lambda: step_ours(model=compiled)
     tokens = args.batch * args.seq_len
+    # Model FLOPs per token (6N + attention): both sides must do these matmuls, so their rate
+    # bounds the achievable ratio; everything else is what an implementation can save.
+    flops = flops_per_token(ours.config, args.seq_len)
     print(f"config: {args.n_layer} layers x {args.n_embd}, {args.n_head} heads, T={args.seq_len}, "
           f"batch {args.batch}, vocab {args.vocab}, dropout 0.1, threads {args.threads}, "
           f"{'plain' if args.plain_adam else 'fused'} Adam for gpt1")
@@ -107,8 +111,8 @@ def run(args: argparse.Namespace) -> None:
                 per_round[name].append(tokens / timed(step, args.steps, ctx))
         med = {name: statistics.median(v) for name, v in per_round.items()}
         for name, v in per_round.items():
-            print(f"{dtype:5s} {name:14s} median {med[name]:8.0f} tok/s   "
-                  f"rounds: {' '.join(f'{t:.0f}' for t in v)}")
+            print(f"{dtype:5s} {name:14s} median {med[name]:8.0f} tok/s  "
+                  f"{med[name] * flops / 1e9:6.1f} GFLOP/s   rounds: {' '.join(f'{t:.0f}' for t in v)}")
         for name in sides:
             if name != "transformers":
                 ratios = [a / b for a, b in zip(per_round[name], per_round["transformers"])]

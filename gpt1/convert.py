@@ -358,7 +358,7 @@ def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str =
     """Convert a model folder between formats; returns the written folder."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
-    if Path(dst).resolve() == Path(src).resolve() if Path(src).exists() else False:
+    if Path(src).exists() and Path(dst).resolve() == Path(src).resolve():
         raise ConfigError(f"{dst}: destination is the source folder")
     model, vocab = read_any(src, src_format, n_head)
     if dst_format == "hf":

@@ -62,7 +62,9 @@ def causal_attention_cpu_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """Causal attention with dropout, written out: q, k, v `[B, H, T, D]` -> `[B, H, T, D]`.
 
     On CPU, SDPA has no fused kernel with dropout and falls back to a generic path that is
-    slower than these four ops (about 2x in bf16). Same maths: masked scores are -inf.
+    slower than these four ops (about 2x in bf16). Same maths: masked scores are -inf. Under
+    bf16 autocast the softmax output is bf16 (accumulated in fp32), as in transformers' eager
+    attention; SDPA's generic path would upcast to fp32.
     """
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]
