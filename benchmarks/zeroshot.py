@@ -45,9 +45,9 @@ class Recorder:
     def __init__(self, scorer: zs.Scorer):
         self.scorer, self.requests, self.truncated = scorer, [], 0
 
-    def score(self, requests):
+    def score(self, requests, greedy: bool = False):
         self.requests.extend(requests)
-        return self.scorer.score(requests)
+        return self.scorer.score(requests, greedy=greedy)
 
 
 def record_requests(model: GPT, tok, tasks: list[str], limit: int) -> dict[str, list]:
