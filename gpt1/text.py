@@ -200,8 +200,7 @@ class SpacySplitter:
 
         A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "gonna")
         is one token: no English prefix, suffix or infix rule matches letters alone. Other
-        chunks go through spaCy in one call, joined by single spaces (a token followed by a
-        space ends its chunk); linked units go through spaCy one by one.
+        chunks go through spaCy in one call; linked units go through spaCy one by one.
         """
         out: list[list[str] | None] = [None] * len(units)
         hard: list[int] = []
@@ -213,12 +212,16 @@ class SpacySplitter:
             else:
                 hard.append(i)
         if hard:
+            # Joined by newlines, not spaces: spaCy makes each "\\n " a whitespace token, which
+            # no special-case pattern contains, so chunks that were never neighbours in the
+            # text cannot affect each other through the phrase matcher.
             tokens: list[str] = []
             pos = iter(hard)
-            for token in self._tokenizer(" ".join(units[i] for i in hard)):
-                tokens.append(token.text.lower())
-                if token.whitespace_:
+            for token in self._tokenizer(" \n ".join(units[i] for i in hard)):
+                if token.is_space:
                     out[next(pos)], tokens = tokens, []
+                else:
+                    tokens.append(token.text.lower())
             out[next(pos)] = tokens
         return out  # type: ignore[return-value]
 

@@ -153,6 +153,8 @@ def test_cross_chunk_special_case_matches_reference(tok, ref):
     assert fresh.encode("' ''tis") == ref.encode("' ''tis")
     assert fresh.encode("''tis") == ref.encode("''tis")
     assert ref.encode("' ''tis") != ref.encode("'") + ref.encode("''tis")
+    # chunks that are new together but not neighbours must not interact either
+    assert Tokenizer.from_dir(VOCAB).encode("' x ''tis") == ref.encode("' x ''tis")
 
 
 def _sample_lines(data: Path, every: int) -> list[str]:
@@ -183,9 +185,11 @@ def test_deterministic_sample_of_shared_text_matches_reference(shared_data, ref)
     fresh = Tokenizer.from_dir(VOCAB, standardize="hf")  # cold caches, as a user would start
     bad = [line for line in lines if fresh.encode(line) != ref.encode(line)]
     assert bad == []
-    # a whole paragraph block at once (newlines inside, cross-line ftfy state)
+    # whole blocks at once (newlines inside, cross-line ftfy state, batches of new chunks)
     block = "\n".join(lines[:300])
     assert fresh.encode(block) == ref.encode(block)
+    novel = (shared_data / "corpus" / "gutenberg" / "766-0.txt").read_text(encoding="utf-8")
+    assert fresh.encode(novel[:150_000]) == ref.encode(novel[:150_000])
 
 
 # ---------------------------------------------------------------------------------------------
