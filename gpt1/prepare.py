@@ -116,29 +116,47 @@ _DECODE_ERRORS = [0]
 codecs.register_error("gpt1-count", _count_errors)
 
 
+def _skip_file(path: Path, stats: Stats | None) -> bool:
+    """True for an empty or binary file (warned and counted unless `stats` is None)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8192)
+        size = path.stat().st_size
+    except OSError as exc:
+        raise DataError(f"cannot read ({exc.strerror})", path) from None
+    # whitespace-only files larger than the head are caught after reading (read_text)
+    empty = size <= len(head) and not head.strip()
+    if empty or b"\0" in head:
+        if stats is not None:
+            log.warning("%s: %s file, skipped", path, "empty" if empty else "binary (NUL bytes)")
+            (stats.skipped_empty if empty else stats.skipped_binary).append(str(path))
+        return True
+    return False
+
+
+def _count_replaced(path: Path, replaced: int, stats: Stats | None) -> None:
+    if replaced and stats is not None:
+        log.warning("%s: %d invalid UTF-8 sequences replaced by U+FFFD", path, replaced)
+        stats.invalid_utf8_replaced += replaced
+
+
 def read_text(path: Path, stats: Stats | None) -> str | None:
     """A file's text (BOM dropped, invalid UTF-8 replaced and counted), or None when the file
     is empty or binary (warned and counted; `stats=None`: silently, for a second pass)."""
+    if _skip_file(path, stats):
+        return None
     try:
         raw = path.read_bytes()
     except OSError as exc:
         raise DataError(f"cannot read ({exc.strerror})", path) from None
-    if not raw.strip():
+    if not raw.strip():  # grew or is all whitespace beyond what _skip_file looked at
         if stats is not None:
             log.warning("%s: empty file, skipped", path)
             stats.skipped_empty.append(str(path))
         return None
-    if b"\0" in raw[:8192]:
-        if stats is not None:
-            log.warning("%s: binary file (NUL bytes), skipped", path)
-            stats.skipped_binary.append(str(path))
-        return None
     before = _DECODE_ERRORS[0]
     text = raw.decode("utf-8-sig", errors="gpt1-count")
-    replaced = _DECODE_ERRORS[0] - before
-    if replaced and stats is not None:
-        log.warning("%s: %d invalid UTF-8 sequences replaced by U+FFFD", path, replaced)
-        stats.invalid_utf8_replaced += replaced
+    _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
     return text
 
 
@@ -151,24 +169,30 @@ def strip_gutenberg(text: str) -> str | None:
     return text[start.end():end.start() if end else len(text)]
 
 
-def _jsonl_documents(path: Path, text: str, opts: PrepareOptions) -> Iterator[str]:
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if len(line) > opts.max_line_bytes:
-            raise DataError(f"line of {len(line) / 2**20:.1f} MiB exceeds the "
-                            f"{opts.max_line_bytes / 2**20:.0f} MiB limit (missing newlines?)",
-                            path, lineno)
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
-                            lineno) from None
-        value = row.get(opts.text_field) if isinstance(row, dict) else None
-        if not isinstance(value, str):
-            raise DataError("missing or not a string (choose the field with --text-field)",
-                            path, lineno, opts.text_field)
-        yield value
+def _jsonl_documents(path: Path, opts: PrepareOptions, stats: Stats | None) -> Iterator[str]:
+    # streamed line by line: .jsonl corpora can be far larger than memory
+    if _skip_file(path, stats):
+        return
+    before = _DECODE_ERRORS[0]
+    with open(path, encoding="utf-8-sig", errors="gpt1-count", newline="\n") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if len(line) > opts.max_line_bytes:
+                raise DataError(f"line of {len(line) / 2**20:.1f} MiB exceeds the "
+                                f"{opts.max_line_bytes / 2**20:.0f} MiB limit (missing "
+                                "newlines?)", path, lineno)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
+                                lineno) from None
+            value = row.get(opts.text_field) if isinstance(row, dict) else None
+            if not isinstance(value, str):
+                raise DataError("missing or not a string (choose the field with "
+                                "--text-field)", path, lineno, opts.text_field)
+            yield value
+    _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
 
 
 def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
@@ -195,11 +219,11 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None
     if isinstance(path, HubSource):
         yield from _hub_documents(path, opts)
         return
+    if path.suffix == ".jsonl":
+        yield from (d for d in _jsonl_documents(path, opts, stats) if d.strip())
+        return
     text = read_text(path, stats)
     if text is None:
-        return
-    if path.suffix == ".jsonl":
-        yield from (d for d in _jsonl_documents(path, text, opts) if d.strip())
         return
     if opts.strip_gutenberg:
         body = strip_gutenberg(text)

@@ -260,8 +260,8 @@ class Tokenizer:
               processes: int = 1) -> "Tokenizer":
         """Learn a vocabulary of `merges` BPE merges with the same pipeline before BPE.
 
-        Items that are `Path`s are read as UTF-8 files (folders: their .txt files, sorted);
-        `str` items are texts. Words are the lower-cased spaCy tokens; HF `tokenizers`'
+        `Path` items, and one-line strings naming an existing file or folder, are read as
+        UTF-8 files (folders: their .txt files, sorted); other strings are texts. Words are the lower-cased spaCy tokens; HF `tokenizers`'
         BpeTrainer learns the merges with the `</w>` end-of-word suffix. The vocabulary is
         "<unk>" (id 0), the characters, the characters with `</w>`, then one token per merge.
         """
@@ -293,6 +293,9 @@ class Tokenizer:
 
 def _iter_texts(files_or_texts: Iterable[str | Path]) -> Iterable[str]:
     for item in files_or_texts:
+        if isinstance(item, str) and "\n" not in item and len(item) < 4096 and item.strip() \
+                and Path(item).exists():
+            item = Path(item)  # a path given as a string
         if isinstance(item, Path):
             files = sorted(item.rglob("*.txt")) if item.is_dir() else [item]
             for path in files:

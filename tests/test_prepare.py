@@ -142,6 +142,15 @@ def test_bad_jsonl_names_file_line_and_field(tmp_path, vocab):
     assert not any(p.name.startswith(".o") for p in tmp_path.iterdir())
 
 
+def test_invalid_utf8_in_jsonl_is_replaced_and_counted(tmp_path, vocab, tok):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b'{"text": "caf\xe9 ok"}\n{"text": "fine"}\n')
+    meta = prepare([rows], vocab, tmp_path / "out", PrepareOptions(quiet=True, val_fraction=0))
+    assert meta["stats"]["invalid_utf8_replaced"] == 1
+    assert _all_tokens(tmp_path / "out", "train").tolist() == \
+        tok.encode("caf\ufffd ok") + tok.encode("fine")
+
+
 def test_missing_and_empty_inputs(tmp_path, vocab):
     with pytest.raises(DataError, match="no such file or folder"):
         prepare([tmp_path / "nope"], vocab, tmp_path / "o", PrepareOptions(quiet=True))
