@@ -339,6 +339,7 @@ def test_train_reads_files_and_learns_frequent_words_first(tmp_path):
     assert trained.tokenize("banana") == ["banana</w>"]
     assert len(trained.tokenize("bandana")) > 1
     assert Tokenizer.train([path], merges=4, processes=2).merges == trained.merges
+    assert Tokenizer.train([str(path)], merges=4).merges == trained.merges  # path as a str
     # three words ("banana", "bandana", "\n") allow six merges in all
     assert len(Tokenizer.train([path], merges=50).merges) == 6
 
