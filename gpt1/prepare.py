@@ -60,6 +60,7 @@ class PrepareOptions:
     overwrite: bool = False
     quiet: bool = False
     standardize: str = "oai"
+    lower_first: bool = True            # False: OAI's order (see gpt1.tokenizer.Tokenizer)
 
 
 @dataclass
@@ -314,7 +315,8 @@ def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.overwrite:
         raise DataError("output exists and is not empty (pass --overwrite to replace it)", out)
     started = time.perf_counter()
-    tok = Tokenizer.from_dir(vocab, standardize=opts.standardize)  # type: ignore[arg-type]
+    tok = Tokenizer.from_dir(vocab, standardize=opts.standardize,  # type: ignore[arg-type]
+                             lower_first=opts.lower_first)
     files = find_files(corpus)
     stats = Stats(files=len(files))
     # Pass 1: count documents, so the validation choice depends only on their number and order
@@ -336,6 +338,7 @@ def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
                           "seconds": round(time.perf_counter() - started, 3),
                           "val_fraction": opts.val_fraction, "seed": opts.seed,
                           "doc_sep": opts.doc_sep, "standardize": opts.standardize,
+                          "lower_first": opts.lower_first,
                           "strip_gutenberg": opts.strip_gutenberg}}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish_dir(tmp, out)

@@ -122,12 +122,16 @@ def standardized_chunks(text: str, standardize: Standardize = "oai") -> list[str
     return chunks[start:end] if (start, end) != (0, len(chunks)) else chunks
 
 
-def chunks(text: str, standardize: Standardize = "oai") -> list[str]:
+def chunks(text: str, standardize: Standardize = "oai", lower_first: bool = True) -> list[str]:
     """Raw text -> standardized chunks, the whole pipeline before spaCy.
 
-    A literal "<unk>" in the (lower-cased) text is cut out as in transformers and appears as
-    `UNK_SENTINEL`; the pieces around it are normalised separately.
+    lower_first=True (transformers): the raw text is lower-cased first, and a literal "<unk>"
+    is cut out and appears as `UNK_SENTINEL` (the pieces around it are normalised
+    separately). lower_first=False (OAI text_utils.py): the text keeps its case until spaCy has
+    tokenized it, so spaCy's cased exceptions apply ("Mr." stays one token).
     """
+    if not lower_first:
+        return standardized_chunks(fix_text(text), standardize)
     text = hf_lower(text)
     if UNK_TOKEN not in text:
         return standardized_chunks(fix_text(text), standardize)
@@ -198,7 +202,7 @@ class SpacySplitter:
         no whitespace, so the newline chunk "\\n" is the caller's to handle (its BPE is
         fixed: "\\n</w>").
 
-        A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "gonna")
+        A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "Gonna")
         is one token: no English prefix, suffix or infix rule matches letters alone. Other
         chunks go through spaCy in one call; linked units go through spaCy one by one.
         """
@@ -206,7 +210,7 @@ class SpacySplitter:
         hard: list[int] = []
         for i, unit in enumerate(units):
             if _LETTERS.fullmatch(unit) and unit not in self._special:
-                out[i] = [unit]
+                out[i] = [unit.lower()]
             elif " " in unit:
                 out[i] = [t.text.lower() for t in self._tokenizer(unit)]
             else:
@@ -226,19 +230,20 @@ class SpacySplitter:
         return out  # type: ignore[return-value]
 
 
-_LETTERS = re.compile(r"[a-z]+")
+_LETTERS = re.compile(r"[A-Za-z]+")
 
 
 class Normalizer:
     """Raw text -> the lower-cased spaCy tokens BPE sees (for training and inspection)."""
 
-    def __init__(self, standardize: Standardize = "oai") -> None:
+    def __init__(self, standardize: Standardize = "oai", lower_first: bool = True) -> None:
         self.standardize: Standardize = standardize
+        self.lower_first = lower_first
         self._splitter = SpacySplitter()
         self._cache: dict[str, list[str]] = {"\n": ["\n"], UNK_SENTINEL: [UNK_TOKEN]}
 
     def words(self, text: str) -> list[str]:
-        units = self._splitter.link(chunks(text, self.standardize))
+        units = self._splitter.link(chunks(text, self.standardize, self.lower_first))
         cache = self._cache
         if len(cache) > 1_000_000:
             self._cache = cache = {"\n": ["\n"], UNK_SENTINEL: [UNK_TOKEN]}

@@ -113,15 +113,19 @@ def read_merges(path: Path, encoder: dict[str, int]) -> list[tuple[str, str]]:
 
 class Tokenizer:
     """GPT-1's tokenizer. `standardize="oai"` (default) keeps OAI's unpadded backslashes;
-    "hf" pads them like PORT/transformers."""
+    "hf" pads them like PORT/transformers. `lower_first=True` (default) lowercases the raw text
+    before ftfy and spaCy like transformers; False lowercases spaCy's tokens like OAI's
+    text_utils.py (spaCy's cased exceptions then apply: "Mr." is one token, as in the
+    original vocabulary's "mr.</w>")."""
 
     def __init__(self, encoder: dict[str, int], merges: Sequence[tuple[str, str]],
-                 standardize: textlib.Standardize = "oai") -> None:
+                 standardize: textlib.Standardize = "oai", lower_first: bool = True) -> None:
         if standardize not in ("oai", "hf"):
             raise ValueError(f"standardize must be 'oai' or 'hf', not {standardize!r}")
         self.encoder = dict(encoder)
         self.merges = list(merges)
         self.standardize: textlib.Standardize = standardize
+        self.lower_first = lower_first
         self.ranks = {pair: i for i, pair in enumerate(self.merges)}
         self.vocab_size = len(self.encoder)
         self.n_special = len(SPECIAL_TOKENS)
@@ -144,12 +148,14 @@ class Tokenizer:
 
     # -- loading and saving ------------------------------------------------------------------
     @classmethod
-    def from_dir(cls, path: str | Path, standardize: textlib.Standardize = "oai") -> "Tokenizer":
+    def from_dir(cls, path: str | Path, standardize: textlib.Standardize = "oai",
+                 lower_first: bool = True) -> "Tokenizer":
         """Load from a folder holding vocab.json + merges.txt (a checkpoint or prepared-data
         folder) or the original encoder_bpe_40000.json + vocab_40000.bpe."""
         vocab_file, merges_file = find_vocab_files(path)
         encoder = read_vocab(vocab_file)
-        return cls(encoder, read_merges(merges_file, encoder), standardize=standardize)
+        return cls(encoder, read_merges(merges_file, encoder), standardize=standardize,
+                   lower_first=lower_first)
 
     def save(self, out_dir: str | Path) -> None:
         """Write vocab.json + merges.txt (the names transformers' OpenAIGPTTokenizer loads)."""
@@ -202,7 +208,7 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Text -> ids with the exact GPT-1 pipeline; no special tokens are added."""
         return list(chain.from_iterable(
-            self._encode_chunks(textlib.chunks(text, self.standardize))))
+            self._encode_chunks(textlib.chunks(text, self.standardize, self.lower_first))))
 
     def encode_batch(self, texts: Sequence[str], processes: int = 1) -> list[list[int]]:
         """Encode many texts; `processes` > 1 spreads them over worker processes."""
@@ -234,7 +240,7 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-                f"standardize={self.standardize!r})")
+                f"standardize={self.standardize!r}, lower_first={self.lower_first})")
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -257,20 +263,20 @@ class Tokenizer:
     @classmethod
     def train(cls, files_or_texts: Iterable[str | Path], merges: int,
               standardize: textlib.Standardize = "oai", min_frequency: int = 0,
-              processes: int = 1) -> "Tokenizer":
+              processes: int = 1, lower_first: bool = True) -> "Tokenizer":
         """Learn a vocabulary of `merges` BPE merges with the same pipeline before BPE.
 
         `Path` items, and one-line strings naming an existing file or folder, are read as
-        UTF-8 files (folders: their .txt files, sorted); other strings are texts. Words are the lower-cased spaCy tokens; HF `tokenizers`'
-        BpeTrainer learns the merges with the `</w>` end-of-word suffix. The vocabulary is
-        "<unk>" (id 0), the characters, the characters with `</w>`, then one token per merge.
+        UTF-8 files (folders: their .txt files, sorted); other strings are texts. Words are
+        the lower-cased spaCy tokens; HF `tokenizers`' BpeTrainer learns the merges with the
+        `</w>` end-of-word suffix. The vocabulary is "<unk>" (id 0), the characters, the characters with `</w>`, then one token per merge.
         """
         from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers
         from tokenizers.models import BPE
         from tokenizers.trainers import BpeTrainer
         if merges < 0:
             raise ValueError("merges must be >= 0")
-        counts = count_words(_iter_texts(files_or_texts), standardize, processes)
+        counts = count_words(_iter_texts(files_or_texts), standardize, processes, lower_first)
         plain = sorted({c for w in counts for c in w})
         final = sorted({w[-1] + EOW for w in counts})
         hf = HFTokenizer(BPE(unk_token=textlib.UNK_TOKEN, end_of_word_suffix=EOW))
@@ -288,7 +294,7 @@ class Tokenizer:
         encoder = {textlib.UNK_TOKEN: 0}
         for token in chain(plain, final, (a + b for a, b in merge_list)):
             encoder.setdefault(token, len(encoder))
-        return cls(encoder, merge_list, standardize=standardize)
+        return cls(encoder, merge_list, standardize=standardize, lower_first=lower_first)
 
 
 def _iter_texts(files_or_texts: Iterable[str | Path]) -> Iterable[str]:
@@ -308,35 +314,36 @@ def _iter_texts(files_or_texts: Iterable[str | Path]) -> Iterable[str]:
 
 
 def count_words(texts: Iterable[str], standardize: textlib.Standardize = "oai",
-                processes: int = 1) -> dict[str, int]:
+                processes: int = 1, lower_first: bool = True) -> dict[str, int]:
     """word -> count, words being the lower-cased spaCy tokens of the GPT-1 pipeline."""
     counts: dict[str, int] = {}
     if processes > 1:
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         with multiprocessing.get_context(method).Pool(processes) as pool:
-            jobs = ((t, standardize) for t in texts)
+            jobs = ((t, standardize, lower_first) for t in texts)
             for part in pool.imap_unordered(_count_one, jobs, chunksize=8):
                 for w, c in part.items():
                     counts[w] = counts.get(w, 0) + c
         return counts
     for text in texts:
-        for w in _normalizer(standardize).words(text):
+        for w in _normalizer(standardize, lower_first).words(text):
             counts[w] = counts.get(w, 0) + 1
     return counts
 
 
-_NORMALIZERS: dict[str, textlib.Normalizer] = {}
+_NORMALIZERS: dict[tuple[str, bool], textlib.Normalizer] = {}
 
 
-def _normalizer(standardize: textlib.Standardize) -> textlib.Normalizer:
+def _normalizer(standardize: textlib.Standardize, lower_first: bool) -> textlib.Normalizer:
     # one per process and mode: spaCy takes a while to set up and its cache pays off
-    if standardize not in _NORMALIZERS:
-        _NORMALIZERS[standardize] = textlib.Normalizer(standardize)
-    return _NORMALIZERS[standardize]
+    key = (standardize, lower_first)
+    if key not in _NORMALIZERS:
+        _NORMALIZERS[key] = textlib.Normalizer(standardize, lower_first)
+    return _NORMALIZERS[key]
 
 
-def _count_one(args: tuple[str, textlib.Standardize]) -> dict[str, int]:
-    return count_words([args[0]], args[1])
+def _count_one(args: tuple[str, textlib.Standardize, bool]) -> dict[str, int]:
+    return count_words([args[0]], args[1], lower_first=args[2])
 
 
 def _repeat_words(counts: dict[str, int], per_item: int = 4096) -> Iterable[str]:

@@ -157,6 +157,25 @@ def test_cross_chunk_special_case_matches_reference(tok, ref):
     assert Tokenizer.from_dir(VOCAB).encode("' x ''tis") == ref.encode("' x ''tis")
 
 
+def _oai_reference(ref, text: str) -> list[int]:
+    """OAI's text_utils.py order, built from the reference's parts: ftfy -> text_standardize
+    -> spaCy on the cased text -> lowercase each token -> BPE."""
+    import ftfy
+    doc = ref.nlp(textlib.text_standardize(ftfy.fix_text(text), "oai"))
+    return [ref.encoder.get(p, 0) for t in doc for p in ref.bpe(t.text.lower()).split(" ")]
+
+
+@needs_vocab
+@pytest.mark.data
+def test_lower_first_false_follows_oai_order(shared_data, ref):
+    oai = Tokenizer.from_dir(VOCAB, lower_first=False)
+    lines = TRICKY + _sample_lines(shared_data, every=400)
+    assert [oai.encode(s) for s in lines] == [_oai_reference(ref, s) for s in lines]
+    # spaCy's cased exceptions keep "Mr." whole, as in the original vocabulary ("mr.</w>")
+    assert oai.tokenize("Mr. Holmes")[0] == "mr.</w>"
+    assert Tokenizer.from_dir(VOCAB).tokenize("Mr. Holmes")[:2] == ["mr</w>", ".</w>"]
+
+
 def _sample_lines(data: Path, every: int) -> list[str]:
     """A deterministic sample: every Nth line or field of the shared text."""
     lines: list[str] = []

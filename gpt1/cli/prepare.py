@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per shard (approximate; documents are not cut)")
     p.add_argument("--standardize", choices=["oai", "hf"], default="oai",
                    help="oai: backslashes not padded (original); hf: padded")
+    p.add_argument("--oai-lowercase", action="store_true",
+                   help="lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) "
+                        "instead of the raw text first like transformers")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                           text_field=args.text_field, strip_gutenberg=args.strip_gutenberg,
                           workers=args.workers, shard_tokens=args.shard_tokens,
                           overwrite=args.overwrite, quiet=args.quiet,
-                          standardize=args.standardize)
+                          standardize=args.standardize, lower_first=not args.oai_lowercase)
     meta = prepare(args.corpus, args.vocab, args.out, opts)
     stats, splits = meta["stats"], meta["splits"]
     print(f"{stats['documents']:,} documents, {stats['tokens']:,} tokens "

@@ -20,6 +20,8 @@ from typing import Iterator, TextIO
 
 HELP = "encode/decode text with a GPT-1 vocabulary; train a new vocabulary"
 BATCH_LINES = 4096
+OAI_LOWERCASE = ("lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) instead of "
+                 "the raw text first like transformers")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,6 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="oai: backslashes not padded (original); hf: padded (default oai)")
         if name == "encode":
             q.add_argument("--processes", type=int, default=1, help="worker processes")
+            q.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
     t = sub.add_parser("train", help="learn a new BPE vocabulary with the GPT-1 pipeline")
     t.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
                    help=".txt/.jsonl files or folders")
@@ -45,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--strip-gutenberg", action="store_true",
                    help="keep only the text between Project Gutenberg START/END markers")
     t.add_argument("--processes", type=int, default=1, help="worker processes for counting")
+    t.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
     t.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "train":
         return _train(args)
     from gpt1.tokenizer import Tokenizer
-    tok = Tokenizer.from_dir(args.vocab, standardize=args.standardize)
+    tok = Tokenizer.from_dir(args.vocab, standardize=args.standardize,
+                             lower_first=not getattr(args, "oai_lowercase", False))
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
     lines = (line.rstrip("\n") for line in stdin)
     out = encode_lines(tok, lines, args.processes) if args.action == "encode" \
@@ -105,7 +110,8 @@ def _train(args: argparse.Namespace) -> int:
     texts = (d for f in files for d in documents(f, opts, stats))
     started = time.perf_counter()
     tok = Tokenizer.train(texts, args.merges, standardize=args.standardize,
-                          min_frequency=args.min_frequency, processes=args.processes)
+                          min_frequency=args.min_frequency, processes=args.processes,
+                          lower_first=not args.oai_lowercase)
     tmp = atomic_dir(out)
     try:
         tok.save(tmp)
