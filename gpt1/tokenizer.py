@@ -269,7 +269,8 @@ class Tokenizer:
         `Path` items, and one-line strings naming an existing file or folder, are read as
         UTF-8 files (folders: their .txt files, sorted); other strings are texts. Words are
         the lower-cased spaCy tokens; HF `tokenizers`' BpeTrainer learns the merges with the
-        `</w>` end-of-word suffix. The vocabulary is "<unk>" (id 0), the characters, the characters with `</w>`, then one token per merge.
+        `</w>` end-of-word suffix. The vocabulary is "<unk>" (id 0), the characters, the
+        characters with `</w>`, then one token per merge.
         """
         from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers
         from tokenizers.models import BPE
