@@ -103,6 +103,7 @@ def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
     return [sys.executable, "-m", "gpt1", "--quiet", "finetune", "--task", "tsv", "--columns",
             "text=text,label=label", "--labels", "neg,pos", "--data", str(task), "--init", "none",
             "--preset", "tiny", "--vocab", str(vocab), "--out", str(out), "--max-steps", str(steps),
+            "--epochs", "100",   # --max-steps only caps the epoch-derived length
             "--batch-size", "4", "--micro-batch", "2", "--n-ctx", "32", "--save-every", "1",
             "--eval-every", "4", "--set", "train.peak_flops=1", "--set", "train.keep_last=2",
             "--set", "train.log_every=1"]
@@ -186,10 +187,11 @@ def kill_loop(cmd: list[str], run: Path, kills: int, rng: random.Random, span: f
     for k in range(kills):
         before = newest_step(run)
         proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        mode = k % 3
+        mode = (k + 2) % 3   # start with a step-aimed kill: it cannot miss the run
         aimed = mode == 1
         if mode == 0:      # a random moment of the whole run, start-up included
-            end = time.time() + rng.uniform(0.1, span * (steps - before) / steps)
+            # 0.6: a resumed run may be faster than the timed one (warm caches, less load)
+            end = time.time() + rng.uniform(0.1, 0.6 * span * (steps - before) / steps)
             while time.time() < end and proc.poll() is None:
                 time.sleep(0.005)
         elif mode == 1:    # the instant a checkpoint folder is being written
