@@ -75,8 +75,8 @@ def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--sizes", default="100,300,1000,3000,10000,all",
                    help="training-set sizes; all = the whole split")
     s.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
-    s.add_argument("--train-split", default="train")
-    s.add_argument("--eval-split", default="dev")
+    s.add_argument("--train-split", default="train", help="split the subsets are drawn from")
+    s.add_argument("--eval-split", default="dev", help="split scored (default dev)")
     _finetune_options(s)
 
 
@@ -88,22 +88,23 @@ def _init_task_data(s: argparse.ArgumentParser) -> None:
 
 
 def _splits_and_subset(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--train-split", default="train")
-    s.add_argument("--eval-split", default="dev")
+    s.add_argument("--train-split", default="train", help="split to train on (default train)")
+    s.add_argument("--eval-split", default="dev", help="split scored (default dev)")
     s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
 
 
 def _finetune_options(s: argparse.ArgumentParser) -> None:
     """Passed to every `gpt1 finetune` sub-run (default: fine-tuning's own defaults)."""
     g = s.add_argument_group("fine-tuning options for every sub-run")
-    g.add_argument("--max-steps", type=int)
-    g.add_argument("--epochs", type=float)
-    g.add_argument("--batch-size", type=int)
-    g.add_argument("--micro-batch", type=int)
-    g.add_argument("--lr", type=float)
-    g.add_argument("--n-ctx", type=int)
-    g.add_argument("--precision", choices=["fp32", "bf16"])
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    g.add_argument("--max-steps", type=int, help="cap on optimizer updates per sub-run")
+    g.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
+    g.add_argument("--batch-size", type=int, help="examples per update (default 32)")
+    g.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
+    g.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
+    g.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
+    g.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast (default fp32)")
+    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2")
     s.set_defaults(_parser=s)
 
 

@@ -19,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--split", default="dev", help="dev, test, or a task's split name")
     p.add_argument("--micro-batch", type=int, default=16, help="examples per forward pass")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--skip-bad-rows", action="store_true")
+    p.add_argument("--skip-bad-rows", action="store_true",
+                   help="skip malformed rows (counted and reported) instead of stopping")
     p.add_argument("--json", action="store_true", help="print results.json as the last line")
 
 

@@ -34,16 +34,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transfer-layers", type=int, metavar="K",
                    help="embeddings + first K blocks from the checkpoint; -1 = nothing (default: all)")
     p.add_argument("--max-steps", type=int, help="cap on optimizer updates (default: 3 epochs)")
-    p.add_argument("--epochs", type=float)
+    p.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
     p.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
     p.add_argument("--batch-size", type=int, help="examples per update (default 32)")
-    p.add_argument("--lr", type=float)
+    p.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
     p.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
     p.add_argument("--eval-every", type=int, help="score the eval split every N steps")
     p.add_argument("--save-every", type=int, help="resumable checkpoint every N steps")
-    p.add_argument("--resume", metavar="auto|PATH")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--precision", choices=["fp32", "bf16"])
+    p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint in "
+                   "--out (auto) or from a step-N folder")
+    p.add_argument("--seed", type=int, help="head and task-token init, dropout, shuffling and "
+                   "--train-examples subset (default 42)")
+    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast (default fp32)")
     p.add_argument("--train-split", help="split to train on (default train)")
     p.add_argument("--eval-split", help="split scored after training (default dev; '' = none)")
     p.add_argument("--train-examples", type=int, metavar="N",

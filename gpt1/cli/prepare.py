@@ -25,7 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=".txt/.jsonl files, folders, or hub:NAME[:SPLIT]")
     p.add_argument("--vocab", type=Path, required=True, metavar="DIR",
                    help="tokenizer folder (vocab.json + merges.txt or the original files)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR",
+                   help="folder to create (meta.json, token shards, vocab.json + merges.txt)")
     p.add_argument("--val-fraction", type=float, default=0.005,
                    help="fraction of documents held out for validation (default 0.005)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the validation choice")

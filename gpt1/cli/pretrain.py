@@ -33,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lr", type=float, help="peak learning rate")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="initial weights, dropout and window order "
+                   "(default 1234)")
     p.add_argument("--arch", choices=["gpt", "lstm"], default="gpt",
                    help="lstm: the paper's single-layer LSTM baseline, sized to match the preset's "
                    "parameters (gpt1.lstm)")

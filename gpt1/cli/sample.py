@@ -16,13 +16,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer files)")
     src.add_argument("--prompt-ids", help='token ids to continue, e.g. "12 7 99"')
-    p.add_argument("--max-new-tokens", type=int, default=50)
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--num-samples", type=int, default=1,
+                   help="independent continuations of the same prompt (default 1)")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
 
 

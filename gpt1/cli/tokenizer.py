@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     t.add_argument("--out", type=Path, required=True, metavar="DIR",
                    help="writes vocab.json + merges.txt here")
     t.add_argument("--min-frequency", type=int, default=0, help="ignore rarer pairs")
-    t.add_argument("--standardize", choices=["oai", "hf"], default="oai")
+    t.add_argument("--standardize", choices=["oai", "hf"], default="oai",
+                   help="oai: backslashes not padded (original); hf: padded (default oai)")
     t.add_argument("--text-field", default="text", help="text field of .jsonl rows")
     t.add_argument("--strip-gutenberg", action="store_true",
                    help="keep only the text between Project Gutenberg START/END markers")

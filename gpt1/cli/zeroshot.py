@@ -41,8 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first N examples of each split (CoLA: of train and of dev)")
     p.add_argument("--tokenizer", default=None,
                    help="vocab.json + merges.txt folder (default: the checkpoint's own)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="weights and activations in this type (default fp32)")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--batch-tokens", type=int, default=4096,
                    help="padded tokens per forward pass (default 4096)")
 
