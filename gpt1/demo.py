@@ -146,9 +146,8 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
     arms = {
         "pretrained + aux LM (GPT-1)": ["--init", str(pre_dir)],
         "pretrained, no aux LM": ["--init", str(pre_dir), "--lm-coef", "0"],
-        "no pretraining": ["--init", "none", "--preset", "tiny", "--vocab", str(tok_dir),
-                           "--transfer-layers", "-1", *[a for kv in model_sets[:4]
-                                                         for a in ("--set", kv)]],
+        # Same architecture and tokenizer, nothing transferred (reference a.5, n_transfer = -1).
+        "no pretraining": ["--init", str(pre_dir), "--transfer-layers", "-1"],
     }
     table: dict[str, Any] = {}
     for i, (name, extra) in enumerate(arms.items()):

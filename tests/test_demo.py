@@ -1,0 +1,30 @@
+"""`gpt1 demo` end to end at toy size: every step runs through the real commands and the report
+names each arm. (The full-size demo's numbers are in docs/results.md.)"""
+import json
+
+import pytest
+
+from gpt1.demo import DemoSettings, demo, format_table
+
+
+@pytest.mark.slow
+def test_demo_pipeline_writes_table_and_report(tmp_path):
+    settings = DemoSettings(out=tmp_path / "demo", merges=200, n_layer=1, n_embd=32, n_head=2,
+                            n_ctx=32, pretrain_steps=6, pretrain_batch=4, finetune_epochs=0.1,
+                            finetune_batch=8, quiet=True)
+    summary = demo(settings)
+    out = tmp_path / "demo"
+    assert set(summary["results"]) == {"pretrained + aux LM (GPT-1)", "pretrained, no aux LM",
+                                       "no pretraining"}
+    for res in summary["results"].values():
+        assert res["n"] == 360 and 0.0 <= res["accuracy"] <= 1.0
+    assert summary["zero_shot"]["n"] == 60
+    report = (out / "report.md").read_text()
+    assert "no pretraining" in report and "pretrain/loss.png" in report
+    assert (out / "pretrain" / "loss.png").is_file()
+    assert json.loads((out / "demo.json").read_text())["results"] == summary["results"]
+    assert "total time" in format_table(summary)
+    # re-running continues: every step is already done, nothing is retrained
+    again = demo(settings)
+    assert again["results"] == summary["results"]
+    assert all(t < 5 for t in again["timings"].values())
