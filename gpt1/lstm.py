@@ -33,6 +33,7 @@ from torch import nn
 
 from gpt1.config import ModelConfig, from_dict
 from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model import grow_token_table
 
 ARCH_KEY = "arch"
 PAPER_UNITS_PER_WIDTH = 2048 / 768
@@ -149,20 +150,9 @@ class LSTMLM(nn.Module):
         """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]`."""
         return F.linear(hidden, self.lm_weight())
 
-    @torch.no_grad()
     def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]:
         """Append `n` token rows initialised N(0, initializer_range); return their ids."""
-        if n <= 0:
-            return []
-        old = self.wte.weight
-        rows = torch.randn(n, old.shape[1], generator=generator, dtype=torch.float32)
-        rows = (rows * self.config.initializer_range).to(device=old.device, dtype=old.dtype)
-        table = nn.Embedding(old.shape[0] + n, old.shape[1], device=old.device, dtype=old.dtype)
-        table.weight.copy_(torch.cat([old, rows], dim=0))
-        self.wte = table
-        first = self.config.vocab_size
-        self.config.vocab_size += n
-        return list(range(first, first + n))
+        return grow_token_table(self, n, generator)
 
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
         """Parameter count; with `exclude_embeddings`, without the token table."""

@@ -242,24 +242,13 @@ class GPT(nn.Module):
         return F.linear(hidden, self.lm_weight())
 
     # ----------------------------------------------------------- task tokens
-    @torch.no_grad()
     def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]:
         """Append `n` token rows initialised N(0, initializer_range); return their ids.
 
         These are the paper's start / delimiter / extract tokens; the tied output layer covers
         them automatically because it is the token table itself.
         """
-        if n <= 0:
-            return []
-        old = self.wte.weight
-        new_rows = torch.randn(n, old.shape[1], generator=generator, dtype=torch.float32)
-        new_rows = (new_rows * self.config.initializer_range).to(device=old.device, dtype=old.dtype)
-        table = nn.Embedding(old.shape[0] + n, old.shape[1], device=old.device, dtype=old.dtype)
-        table.weight.copy_(torch.cat([old, new_rows], dim=0))
-        self.wte = table
-        first = self.config.vocab_size
-        self.config.vocab_size += n
-        return list(range(first, first + n))
+        return grow_token_table(self, n, generator)
 
     # ---------------------------------------------------------------- counts
     def num_parameters(self, exclude_embeddings: bool = False) -> int:
@@ -268,6 +257,23 @@ class GPT(nn.Module):
         if exclude_embeddings:
             total -= self.wte.weight.numel() + self.wpe.weight.numel()
         return total
+
+
+@torch.no_grad()
+def grow_token_table(model: nn.Module, n: int, generator: torch.Generator | None = None) -> list[int]:
+    """Append `n` rows drawn from N(0, initializer_range) to `model.wte` (any model with a `wte`
+    table and a `config` with `vocab_size`); return the new ids."""
+    if n <= 0:
+        return []
+    old = model.wte.weight
+    rows = torch.randn(n, old.shape[1], generator=generator, dtype=torch.float32)
+    rows = (rows * model.config.initializer_range).to(device=old.device, dtype=old.dtype)
+    table = nn.Embedding(old.shape[0] + n, old.shape[1], device=old.device, dtype=old.dtype)
+    table.weight.copy_(torch.cat([old, rows], dim=0))  # [V + n, C]
+    model.wte = table
+    first = model.config.vocab_size
+    model.config.vocab_size += n
+    return list(range(first, first + n))
 
 
 def parameter_count(config: ModelConfig, exclude_embeddings: bool = False) -> int:
