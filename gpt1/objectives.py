@@ -9,6 +9,10 @@ the full fp32 logits, their log-softmax and its gradient (about 2 GB each for th
 8 x 512 tokens). Under bf16 autocast the matmuls run in bf16 and the softmax in fp32, as
 autocast does for `F.linear` + `F.cross_entropy`.
 
+Per chunk the `[n, V]` work is: the logits matmul, one fused softmax (bf16 in, fp32 out), the
+one-hot subtraction (n elements), a cast back into the logits buffer (bf16 only) and the two
+gradient matmuls; the loss is -log p[target] and the per-row weights scale the `[n, C]` operands.
+
 The softmax covers the token table only (HF convention; OAI's joint matrix also covered position
 rows, reference d.1.10).
 """
@@ -39,28 +43,44 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         need_w = want_grad and ctx.needs_input_grad[1]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        grad_w: torch.Tensor | None = None
         w_c = weight.to(dtype)
         for start in range(0, hidden.shape[0], chunk):
-            h = hidden[start:start + chunk].to(dtype)                      # [n, C]
-            y, wt = targets[start:start + chunk], weights[start:start + chunk]
-            logits = (h @ w_c.t()).float()                                 # [n, V]
-            lse = torch.logsumexp(logits, dim=-1)                          # [n]
-            picked = logits.gather(1, y.clamp_min(0).unsqueeze(1)).squeeze(1)
-            total += ((lse - picked) * wt).sum()
-            if need_h or need_w:
-                # d loss / d logits = w_i * (softmax - onehot), computed in place over the chunk.
-                probs = logits.sub_(lse.unsqueeze(1)).exp_()
-                probs.scatter_add_(1, y.clamp_min(0).unsqueeze(1),
-                                   -torch.ones_like(picked).unsqueeze(1))
-                dlogits = (probs * wt.unsqueeze(1)).to(dtype)              # [n, V]
-                if need_h:
-                    grad_h[start:start + chunk] = (dlogits @ w_c).to(hidden.dtype)
-                if need_w:
-                    if dtype == torch.float32:
-                        grad_w.addmm_(dlogits.t(), h)                      # [V, C]
-                    else:
-                        grad_w.add_((dlogits.t() @ h).float())
+            h32 = hidden[start:start + chunk]                              # [n, C]
+            h = h32.to(dtype)
+            wt = weights[start:start + chunk].unsqueeze(1)                 # [n, 1]
+            idx = targets[start:start + chunk].clamp_min(0).unsqueeze(1)   # [n, 1]
+            logits = h @ w_c.t()                                           # [n, V], compute dtype
+            # One fused row-wise pass reads the (bf16 or fp32) logits and writes fp32
+            # probabilities: no fp32 copy of the logits, no separate logsumexp / exp passes.
+            probs = torch.softmax(logits, dim=1, dtype=torch.float32)      # [n, V]
+            nll = _picked_nll(probs, logits, idx)                          # [n]
+            total += (nll * wt.squeeze(1)).sum()
+            if not (need_h or need_w):
+                continue
+            # d CE / d logits = softmax - onehot, in place. The per-row weights are applied to
+            # the small [n, C] operands instead of this [n, V] matrix (saves a full pass).
+            probs.scatter_add_(1, idx, torch.full_like(nll, -1.0).unsqueeze(1))
+            if dtype == torch.float32:
+                dlogits = probs
+            else:
+                # Written into the logits buffer: on CPU a fresh [n, V] tensor costs a page fault
+                # per 4 KiB, about as much as the conversion itself.
+                dlogits = logits.copy_(probs)                              # [n, V]
+            del probs, logits
+            if need_h:
+                torch.mul(dlogits @ w_c, wt, out=grad_h[start:start + chunk])
+            if need_w:
+                hw = (h32 * wt).to(dtype)                                  # [n, C], rounded once
+                part = dlogits.t() @ hw                                    # [V, C]
+                if grad_w is None:
+                    grad_w = part.float()
+                elif part.dtype == torch.float32:
+                    grad_w.add_(part)
+                else:
+                    grad_w.add_(part.float())
+        if need_w and grad_w is None:  # no rows at all
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         # Gradients are kept on ctx (not inputs or outputs); backward only scales them.
         ctx.grad_h, ctx.grad_w, ctx.weight_dtype = grad_h, grad_w, weight.dtype
         return total
@@ -68,12 +88,29 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         gh = gw = None
+        # In place: ctx owns these buffers and backward runs once (no retain_graph use).
         if ctx.grad_h is not None:
-            gh = (ctx.grad_h * grad_out).to(ctx.grad_h.dtype)
+            gh = ctx.grad_h.mul_(grad_out.to(ctx.grad_h.dtype))
         if ctx.grad_w is not None:
-            gw = (ctx.grad_w * grad_out).to(ctx.weight_dtype)
+            gw = ctx.grad_w.mul_(grad_out).to(ctx.weight_dtype)
         ctx.grad_h = ctx.grad_w = None
         return gh, gw, None, None, None, None, None
+
+
+def _picked_nll(probs: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """-log p[target] per row `[n]`; rows whose probability underflows use logsumexp instead.
+
+    -log of a normal fp32 probability is as accurate as logsumexp - logit; only below ~1e-30
+    (a loss above 69 nats, e.g. a diverging run) would precision or finiteness suffer.
+    """
+    p = probs.gather(1, idx).squeeze(1)                                    # [n]
+    nll = -torch.log(p)
+    tiny = p < 1e-30
+    if bool(tiny.any()):
+        rows = tiny.nonzero().squeeze(1)
+        lg = logits[rows].float()                                          # [k, V]
+        nll[rows] = torch.logsumexp(lg, 1) - lg.gather(1, idx[rows]).squeeze(1)
+    return nll
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
