@@ -102,3 +102,26 @@ def test_adamw_option_builds_and_steps():
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
     model(torch.randint(0, 512, (2, 8))).sum().backward()
     opt.step()
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_fused_oai_adam_matches_foreach_reference(weight_decay):
+    # The fused kernel is fed rescaled eps / decay; it must give OAI's update to fp32 rounding.
+    torch.manual_seed(0)
+    a, b = GPT(model_preset("tiny")), GPT(model_preset("tiny"))
+    b.load_state_dict(a.state_dict())
+    initial = {n: p.detach().clone() for n, p in a.named_parameters()}
+    fused = OAIAdam(param_groups(a, weight_decay), lr=1e-2, fused=True)
+    ref = OAIAdam(param_groups(b, weight_decay), lr=1e-2, fused=False)
+    for step in range(5):
+        for pa, pb in zip(a.parameters(), b.parameters()):
+            g = torch.randn_like(pa) * (step + 1)
+            pa.grad, pb.grad = g.clone(), g.clone()
+        fused.step()
+        ref.step()
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert (pa - pb).abs().max() <= 1e-7, name
+        assert not torch.equal(pa, initial[name]), name          # the steps did move it
+    sa, sb = fused.state_dict()["state"], ref.state_dict()["state"]
+    assert float(sa[0]["step"]) == float(sb[0]["step"]) == 5.0
+    torch.testing.assert_close(sa[0]["exp_avg_sq"], sb[0]["exp_avg_sq"], rtol=1e-6, atol=0)
