@@ -10,6 +10,17 @@ autocast. Each side is used the way its users would use it: transformers compute
     python benchmarks/train_step.py --rounds 7 --steps 3 --dtype fp32
     python benchmarks/train_step.py --compile            # also torch.compile'd gpt1, reported apart
     python benchmarks/train_step.py --profile ours       # where the time goes (torch.profiler)
+
+Whole pretraining steps on real data (`--data DIR`, a `gpt1 prepare` folder; vocabulary from it):
+both sides draw the same windows from two identically seeded `gpt1.data.WindowSource`s. gpt1 runs
+the trainer's step (`gpt1.trainer`: OAI Adam from `build_optimizer`, scheduled lr, autocast,
+`WindowLMLoss`, accumulation, `_clip`); transformers runs a plain loop: logits -> fp32
+cross-entropy on the same targets, backward, `clip_grad_norm_`, `torch.optim.AdamW`. A matmul
+peak probe (large square GEMMs, best of repeated runs, same threads) runs in the same process,
+so achieved model FLOP/s (6N + attention per token) is also printed as % of the peak.
+
+    python benchmarks/train_step.py --data /work/runs/novels         # mini shape, B=8, T=256
+    python benchmarks/train_step.py --data DIR --accum 4 --dtype bf16
 """
 from __future__ import annotations
 
@@ -21,12 +32,18 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpt1 import GPT, ModelConfig  # noqa: E402
 from gpt1.model import flops_per_token  # noqa: E402
 from gpt1.convert import gpt1_to_hf_state  # noqa: E402
 from gpt1.objectives import lm_loss_window  # noqa: E402
+from gpt1.config import TrainConfig  # noqa: E402
+from gpt1.data import WindowSource, open_prepared  # noqa: E402
+from gpt1.objectives import WindowLMLoss  # noqa: E402
+from gpt1.optim import build_optimizer, lr_at, set_lr  # noqa: E402
+from gpt1.trainer import _clip, to_device  # noqa: E402
 
 
 def build(args: argparse.Namespace):
@@ -69,6 +86,120 @@ def make_steps(ours, theirs, args):
         return loss
 
     return step_ours, step_theirs
+
+
+def make_pretrain_steps(ours, theirs, args):
+    """Whole pretraining steps on real windows: gpt1 as its trainer runs one, HF in a plain loop.
+
+    Each closure returns the step's mean loss (a float, so the step is finished when timed).
+    """
+    split = open_prepared(args.data).splits["train"]
+    src_ours = WindowSource(split, args.seq_len, seed=0)
+    src_theirs = WindowSource(split, args.seq_len, seed=0)   # same seed: the same windows
+    cfg = TrainConfig(micro_batch_size=args.batch, batch_size=args.batch * args.accum,
+                      max_steps=10 ** 6, lr=args.lr, warmup=0, schedule="constant",
+                      precision="fp32", grad_clip=1.0, weight_decay=0.01)
+    opt_ours = build_optimizer(ours, cfg)                     # OAI Adam, fused
+    loss_fn = WindowLMLoss(cfg.loss_chunk_tokens)
+    device = torch.device("cpu")
+    state = {"step": 0}
+
+    def step_ours():
+        # The body of gpt1.trainer.train's step loop (logging, checkpoints and DDP sync aside).
+        set_lr(opt_ours, lr_at(state["step"], cfg, cfg.max_steps))
+        loss_sum = torch.zeros(())
+        for _ in range(args.accum):
+            batch = to_device(src_ours.next_batch(cfg.micro_batch_size), device)
+            loss, _ = loss_fn(ours, batch)          # inside the caller's autocast, as in train()
+            (loss / args.accum).backward()
+            loss_sum += loss.detach().float()
+        _clip(ours, cfg.grad_clip)
+        opt_ours.step()
+        opt_ours.zero_grad(set_to_none=True)
+        state["step"] += 1
+        return float(loss_sum) / args.accum
+
+    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=args.lr, weight_decay=0.01)
+
+    def step_theirs():
+        loss_sum = 0.0
+        for _ in range(args.accum):
+            x, y = src_theirs.next_batch(args.batch)             # [B, T] inputs and targets
+            logits = theirs(input_ids=x).logits                  # [B, T, V]
+            # What HF's own LM loss does: upcast the logits, mean cross-entropy.
+            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            (loss / args.accum).backward()
+            loss_sum += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        opt_theirs.step()
+        opt_theirs.zero_grad(set_to_none=True)
+        return loss_sum / args.accum
+
+    return step_ours, step_theirs
+
+
+def matmul_peak(dtype: torch.dtype, seconds: float, sizes=(1024, 2048, 3072)) -> float:
+    """Best FLOP/s of large square GEMMs in `dtype` over about `seconds` (current thread count)."""
+    gen = torch.Generator().manual_seed(0)
+    best = 0.0
+    for n in sizes:
+        a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
+        out = torch.empty(n, n, dtype=dtype)
+        torch.mm(a, b, out=out)                                  # warm-up, allocates nothing later
+        end = time.perf_counter() + seconds / len(sizes)
+        while time.perf_counter() < end:
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=out)
+            best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
+    return best
+
+
+def run_pretrain(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    args.vocab = open_prepared(args.data).vocab_size
+    ours, theirs = build(args)
+    step_ours, step_theirs = make_pretrain_steps(ours, theirs, args)
+    sides = {"gpt1": step_ours, "transformers": step_theirs}
+    tokens = args.batch * args.seq_len * args.accum
+    flops = flops_per_token(ours.config, args.seq_len)
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    peaks = {d: matmul_peak(dtypes[d], args.peak_seconds) for d in args.dtype.split(",")}
+    print(f"whole pretraining steps on {args.data}: {args.n_layer} layers x {args.n_embd}, "
+          f"{args.n_head} heads, T={args.seq_len}, micro-batch {args.batch} x {args.accum} "
+          f"accumulation, vocab {args.vocab}, dropout 0.1, threads {args.threads}; gpt1: trainer "
+          f"step with OAI Adam; transformers: plain loop with torch AdamW + clip_grad_norm_")
+    print(f"model FLOPs per token {flops / 1e6:.1f} M (6N + attention); {tokens} tokens per step")
+    for dtype in args.dtype.split(","):
+        ctx = autocast_for(dtype)
+        for step in sides.values():
+            timed(step, args.warmup, ctx)
+        per_round = {name: [] for name in sides}
+        losses = {name: [] for name in sides}
+        for r in range(args.rounds):
+            order = list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]
+            for name, step in order:
+                start = time.perf_counter()
+                for _ in range(args.steps):
+                    with ctx():
+                        losses[name].append(step())
+                per_round[name].append(tokens * args.steps / (time.perf_counter() - start))
+        # Probe again after the rounds: the peak is the best seen (background load only lowers it).
+        peaks[dtype] = max(peaks[dtype], matmul_peak(dtypes[dtype], args.peak_seconds))
+        peak = peaks[dtype]
+        print(f"{dtype:5s} matmul peak {peak / 1e9:7.1f} GFLOP/s (best square GEMM, {args.threads} threads)")
+        med = {name: statistics.median(v) for name, v in per_round.items()}
+        for name, v in per_round.items():
+            rate = med[name] * flops
+            print(f"{dtype:5s} {name:13s} median {med[name]:7.0f} tok/s  {rate / 1e9:6.1f} GFLOP/s = "
+                  f"{100 * rate / peak:5.1f}% of peak   mean loss {statistics.fmean(losses[name]):.4f}"
+                  f"   rounds: {' '.join(f'{t:.0f}' for t in v)}")
+        ratios = [a / b for a, b in zip(per_round["gpt1"], per_round["transformers"])]
+        hf_share = med["transformers"] * flops / peak
+        print(f"{dtype:5s} ratio gpt1/transformers: {med['gpt1'] / med['transformers']:.2f}x "
+              f"(per-round median {statistics.median(ratios):.2f}x); ceiling at 100% of peak: "
+              f"{1 / hf_share:.2f}x")
+    print("first timed step losses (same weights before warm-up, same windows; dropout masks differ): "
+          + ", ".join(f"{n} {l[0]:.4f}" for n, l in losses.items()))
 
 
 def timed(step, n: int, ctx) -> float:
@@ -149,8 +280,18 @@ def main() -> None:
     ap.add_argument("--plain-adam", action="store_true", help="unfused Adam for gpt1 too")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(gpt1)")
     ap.add_argument("--profile", choices=["ours", "theirs"], help="profile one side and exit")
+    ap.add_argument("--data", help="a `gpt1 prepare` folder: time whole pretraining steps on it")
+    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--data)")
+    ap.add_argument("--lr", type=float, default=2.5e-4, help="learning rate of both sides (--data)")
+    ap.add_argument("--peak-seconds", type=float, default=1.5,
+                    help="time spent by each matmul peak probe (--data)")
     args = ap.parse_args()
-    profile(args) if args.profile else run(args)
+    if args.profile:
+        profile(args)
+    elif args.data:
+        run_pretrain(args)
+    else:
+        run(args)
 
 
 if __name__ == "__main__":
