@@ -75,14 +75,16 @@ def run_case(args: argparse.Namespace) -> dict:
             # labels are shifted inside the model: pass the full window's first T+1 - 1 tokens
             return model(input_ids=data[:, :T], labels=data[:, :T]).loss
     else:
-        from gpt1.objectives import lm_loss_window
+        from gpt1.objectives import lm_loss
         from gpt1.optim import build_optimizer
         model = ours.to(device).train()
         model.gradient_checkpointing = args.checkpointing
         opt = build_optimizer(model, TrainConfig(lr=1e-4))
 
         def loss_of():
-            return lm_loss_window(model, model(data[:, :T][:, :-1]), data[:, :T][:, 1:])
+            # The same T positions and T - 1 shifted targets as HF's labels= path above.
+            ids = data[:, :T]
+            return lm_loss(model, model(ids), ids)
     losses, times = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()
@@ -95,7 +97,7 @@ def run_case(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         losses.append(float(loss))
-    tokens = args.micro_batch * (T - 1)
+    tokens = args.micro_batch * T                                  # positions run per step
     later = times[1:] or times
     return {"impl": args.impl + ("+ckpt" if args.checkpointing else ""), "precision": args.precision,
             "peak_gb": peak_memory(device), "tokens_per_s": tokens / (sum(later) / len(later)),
@@ -123,6 +125,7 @@ def main() -> None:
           f" tokens, {args.steps} steps, device {args.device}")
     print(f"{'impl':10s} {'precision':9s} {'peak GB':>8s} {'tok/s':>8s} {'loss':>8s}")
     for precision in args.precision:
+        results = {}
         for impl, ckpt in cases:
             cmd = [sys.executable, __file__, "--impl", impl, "--size", args.size, "--micro-batch",
                    str(args.micro_batch), "--seq-len", str(args.seq_len), "--precision", precision,
@@ -134,8 +137,15 @@ def main() -> None:
                 print(f"{impl} {precision}: failed\n{out.stderr[-2000:]}")
                 continue
             r = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"{r['impl']:10s} {r['precision']:9s} {r['peak_gb']:8.2f} {r['tokens_per_s']:8.0f} "
+            results[r["impl"]] = r
+            print(f"{r['impl']:10s} {r['precision']:9s} {r['peak_gb']:8.2f} {r['tokens_per_s']:8.1f} "
                   f"{r['first_loss']:8.4f}", flush=True)
+        hf = results.get("hf")
+        for name, r in results.items():
+            if hf and name != "hf":
+                print(f"{precision}: {name} / hf  peak memory {r['peak_gb'] / hf['peak_gb']:.2f}x, "
+                      f"tokens/s {r['tokens_per_s'] / hf['tokens_per_s']:.2f}x, first loss "
+                      f"{r['first_loss'] - hf['first_loss']:+.4f}", flush=True)
 
 
 if __name__ == "__main__":

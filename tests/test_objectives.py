@@ -73,3 +73,22 @@ def test_no_grad_evaluation_computes_value_only():
         ours = chunked_cross_entropy(h, w, y, wt, chunk=8)
     assert not ours.requires_grad
     torch.testing.assert_close(ours, reference(h, w, y, wt).detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
+    # A vocabulary-sized cap on logits per chunk (memory bound) must not change the result.
+    import gpt1.objectives as objectives
+    h, w, y, wt = inputs()
+    ref = chunked_cross_entropy(h, w, y, wt, chunk=4096)
+    ref.backward()
+    gw_ref = w.grad.clone()
+    w.grad = h.grad = None
+    monkeypatch.setattr(objectives, "CHUNK_ELEMENTS", 3 * w.shape[0])   # 3 rows per chunk
+    calls = []
+    real = torch.softmax
+    monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    ours = chunked_cross_entropy(h, w, y, wt, chunk=4096)
+    ours.backward()
+    assert len(calls) == 13 and calls[0][0] == 3                       # ceil(37 / 3) chunks
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(w.grad, gw_ref, rtol=1e-5, atol=1e-6)
