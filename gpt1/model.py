@@ -69,8 +69,42 @@ def causal_attention_cpu_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))  # [B, H, T, T]
-    probs = (scores + mask.to(scores.dtype)).softmax(-1)
-    return torch.matmul(dropout(probs, p, True), v)
+    scores = scores + mask.to(scores.dtype)
+    rate = _rational_rate(p) if p > 0 else None
+    if rate is not None:
+        return _SoftmaxDropoutMatmul.apply(scores, v, *rate)
+    return torch.matmul(dropout(scores.softmax(-1), p, True), v)
+
+
+class _SoftmaxDropoutMatmul(torch.autograd.Function):
+    """dropout(softmax(scores)) @ v, keeping only the probabilities and the uint8 keep-mask.
+
+    Autograd would also keep the dropped probabilities for the matmul's backward: one more
+    `[B, H, T, T]` tensor per layer (1.2 GB in fp32 for the paper's model at 8 x 512 tokens).
+    Backward rebuilds them with one multiply instead. Same mask draws as `dropout`.
+    """
+
+    @staticmethod
+    def forward(ctx, scores: torch.Tensor, v: torch.Tensor, num: int, den: int) -> torch.Tensor:
+        probs = scores.softmax(-1)                                          # [B, H, T, T]
+        keep = torch.randint(0, den, probs.shape, dtype=torch.uint8, device=probs.device) >= num
+        ctx.scale = den / (den - num)
+        ctx.scores_dtype = scores.dtype
+        ctx.save_for_backward(probs, keep, v)
+        # The 1 / (1 - p) scale is applied to the 4x smaller [B, H, T, D] side (T = 4 D here).
+        return torch.matmul(probs.mul(keep), v).mul_(ctx.scale)            # [B, H, T, D]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        probs, keep, v = ctx.saved_tensors
+        grad = grad.mul(ctx.scale)                                          # [B, H, T, D]
+        kept = probs.mul(keep).to(grad.dtype)                               # [B, H, T, T]
+        grad_v = torch.matmul(kept.transpose(-1, -2), grad).to(v.dtype)     # [B, H, T, D]
+        del kept
+        grad_probs = torch.matmul(grad, v.to(grad.dtype).transpose(-1, -2))
+        grad_probs = grad_probs.mul_(keep).to(probs.dtype)                  # [B, H, T, T]
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, ctx.scores_dtype)
+        return grad_scores, grad_v, None, None
 
 
 class LayerCache:
