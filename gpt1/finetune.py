@@ -247,6 +247,9 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
     n_ctx = min(cfg.n_ctx or model.gpt.config.n_positions, model.gpt.config.n_positions)
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
     report_skipped(train_split)
+    if cfg.eval_split and cfg.eval_split != cfg.train_split:
+        # Fail now, not after training, when the split scored at the end is missing or malformed.
+        task.read(cfg.data, cfg.eval_split, cfg.skip_bad_rows)
     if cfg.train_examples:
         keep = train_subset(len(train_split.examples), cfg.train_examples, train_cfg.seed)
         train_split = dataclasses.replace(train_split,

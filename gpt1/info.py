@@ -1,6 +1,7 @@
 """`gpt1 info`: describe a preset or a checkpoint without loading its weights."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,10 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
         config, source = model_preset(model), f"preset {model}"
     else:
         from gpt1.checkpoint import read_model_config, resolve_checkpoint_dir
+        from gpt1.lstm import checkpoint_arch
         folder = resolve_checkpoint_dir(model)
+        if checkpoint_arch(folder) != "gpt":
+            return _describe_lstm(folder, seq_len)
         config, source = read_model_config(folder), str(folder)
     T = seq_len or config.n_positions
     return {
@@ -24,4 +28,26 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
         "parameters_without_embeddings": parameter_count(config, exclude_embeddings=True),
         "seq_len": T,
         "flops_per_token": flops_per_token(config, T),
+    }
+
+
+def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
+    """The LSTM baseline (gpt1.lstm): counted on the meta device, nothing allocated."""
+    import torch
+
+    from gpt1.checkpoint import read_config
+    from gpt1.errors import CheckpointError, ConfigError
+    from gpt1.lstm import LSTMConfig, LSTMLM, model_flops
+    try:
+        config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(folder / "config.json"))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    with torch.device("meta"):
+        lstm = LSTMLM(config)
+    T = seq_len or config.n_positions
+    return {
+        "source": str(folder), "arch": "lstm", "config": dataclasses.asdict(config),
+        "parameters": lstm.num_parameters(),
+        "parameters_without_embeddings": lstm.num_parameters(exclude_embeddings=True),
+        "seq_len": T, "flops_per_token": model_flops(lstm, T),
     }

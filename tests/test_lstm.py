@@ -180,3 +180,14 @@ def test_pretrain_arch_lstm_end_to_end_and_resume(tmp_path):
     assert isinstance(load_any_checkpoint(run / "final"), LSTMLM)
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] for m in metrics if "step" in m) == 4
+
+
+def test_info_describes_an_lstm_checkpoint(tmp_path, capsys):
+    from gpt1.cli import main
+    torch.manual_seed(0)
+    model = LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=20))
+    save_lstm(model, tmp_path / "ck")
+    assert main(["info", str(tmp_path / "ck"), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert info["arch"] == "lstm" and info["parameters"] == model.num_parameters()
+    assert info["flops_per_token"] > 0

@@ -10,6 +10,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import sys
 import traceback
 
@@ -69,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"gpt1 {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:
+        # Output piped into `head` and friends: the reader left; that is not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return EXIT_OK
     except KeyboardInterrupt:
         print(f"gpt1 {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
