@@ -9,9 +9,10 @@ the full fp32 logits, their log-softmax and its gradient (about 2 GB each for th
 8 x 512 tokens). Under bf16 autocast the matmuls run in bf16 and the softmax in fp32, as
 autocast does for `F.linear` + `F.cross_entropy`.
 
-Per chunk the `[n, V]` work is: the logits matmul, one fused softmax (bf16 in, fp32 out), the
-one-hot subtraction (n elements), a cast back into the logits buffer (bf16 only) and the two
-gradient matmuls; the loss is -log p[target] and the per-row weights scale the `[n, C]` operands.
+Per chunk the `[n, V]` work is: the logits matmul, an fp32 softmax turned into softmax - onehot
+in place (on CPU through one small reused fp32 buffer for bf16 logits: no fresh `[n, V]` tensor,
+whose page faults cost more than the softmax), and the two gradient matmuls; the loss is
+-log p[target] and the per-row weights scale the `[n, C]` operands.
 
 The softmax covers the token table only (HF convention; OAI's joint matrix also covered position
 rows, reference d.1.10).
@@ -51,23 +52,23 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             wt = weights[start:start + chunk].unsqueeze(1)                 # [n, 1]
             idx = targets[start:start + chunk].clamp_min(0).unsqueeze(1)   # [n, 1]
             logits = h @ w_c.t()                                           # [n, V], compute dtype
-            # One fused row-wise pass reads the (bf16 or fp32) logits and writes fp32
-            # probabilities: no fp32 copy of the logits, no separate logsumexp / exp passes.
-            probs = torch.softmax(logits, dim=1, dtype=torch.float32)      # [n, V]
-            nll = _picked_nll(probs, logits, idx)                          # [n]
+            need = need_h or need_w
+            # In place: logits -> softmax - onehot (d CE / d logits) when gradients are wanted.
+            p = _softmax_minus_onehot_(logits, idx, need)                  # [n] fp32 p[target]
+            nll = -torch.log(p)
+            tiny = p < 1e-30
+            if bool(tiny.any()):
+                # -log of a normal fp32 probability is as exact as logsumexp - logit; only an
+                # underflowing one (a loss above 69 nats, e.g. divergence) needs recomputing.
+                rows = tiny.nonzero().squeeze(1)
+                lg = (h[rows] @ w_c.t()).float()                           # [k, V]
+                nll[rows] = torch.logsumexp(lg, 1) - lg.gather(1, idx[rows]).squeeze(1)
             total += (nll * wt.squeeze(1)).sum()
-            if not (need_h or need_w):
+            if not need:
                 continue
-            # d CE / d logits = softmax - onehot, in place. The per-row weights are applied to
-            # the small [n, C] operands instead of this [n, V] matrix (saves a full pass).
-            probs.scatter_add_(1, idx, torch.full_like(nll, -1.0).unsqueeze(1))
-            if dtype == torch.float32:
-                dlogits = probs
-            else:
-                # Written into the logits buffer: on CPU a fresh [n, V] tensor costs a page fault
-                # per 4 KiB, about as much as the conversion itself.
-                dlogits = logits.copy_(probs)                              # [n, V]
-            del probs, logits
+            # The per-row weights are applied to the small [n, C] operands, not to [n, V].
+            dlogits = logits
+            del logits
             if need_h:
                 torch.mul(dlogits @ w_c, wt, out=grad_h[start:start + chunk])
             if need_w:
@@ -95,20 +96,42 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return gh, gw, None, None, None, None, None
 
 
-def _picked_nll(probs: torch.Tensor, logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """-log p[target] per row `[n]`; rows whose probability underflows use logsumexp instead.
+# Rows per softmax block on CPU: the fp32 block (8 MiB) is allocated once per chunk and reused.
+_BLOCK_ELEMENTS = 1 << 21
 
-    -log of a normal fp32 probability is as accurate as logsumexp - logit; only below ~1e-30
-    (a loss above 69 nats, e.g. a diverging run) would precision or finiteness suffer.
+
+def _softmax_minus_onehot_(logits: torch.Tensor, idx: torch.Tensor, grad: bool) -> torch.Tensor:
+    """Return p[target] `[n]` (fp32); with `grad`, overwrite logits `[n, V]` by softmax - onehot.
+
+    The softmax is computed in fp32 whatever the logits' dtype (as autocast does for
+    cross-entropy). On CPU it runs in place on row blocks copied into one reused fp32 buffer: a
+    fresh `[n, V]` tensor there costs a page fault per 4 KiB, more than the softmax itself.
     """
-    p = probs.gather(1, idx).squeeze(1)                                    # [n]
-    nll = -torch.log(p)
-    tiny = p < 1e-30
-    if bool(tiny.any()):
-        rows = tiny.nonzero().squeeze(1)
-        lg = logits[rows].float()                                          # [k, V]
-        nll[rows] = torch.logsumexp(lg, 1) - lg.gather(1, idx[rows]).squeeze(1)
-    return nll
+    n, V = logits.shape
+    if logits.device.type != "cpu" or not hasattr(torch.ops.aten._softmax, "out"):
+        probs = torch.softmax(logits, dim=1, dtype=torch.float32)          # [n, V]
+        p = probs.gather(1, idx).squeeze(1)
+        if grad:
+            probs.scatter_add_(1, idx, torch.full_like(p, -1.0).unsqueeze(1))
+            logits.copy_(probs)
+        return p
+    rows = max(1, min(n, _BLOCK_ELEMENTS // max(V, 1)))
+    in_place = logits.dtype == torch.float32
+    buf = None if in_place else torch.empty(rows, V, dtype=torch.float32, device=logits.device)
+    p = torch.empty(n, dtype=torch.float32, device=logits.device)
+    minus_one = torch.full((rows, 1), -1.0, device=logits.device)
+    for r in range(0, n, rows):
+        blk = logits[r:r + rows]                                            # [b, V]
+        work = blk if in_place else buf[:blk.shape[0]].copy_(blk)
+        # The CPU kernel reads each row before writing it, so out may alias the input.
+        torch.ops.aten._softmax.out(work, 1, False, out=work)
+        i = idx[r:r + rows]
+        p[r:r + rows] = work.gather(1, i).squeeze(1)
+        if grad:
+            work.scatter_add_(1, i, minus_one[:blk.shape[0]])
+            if not in_place:
+                blk.copy_(work)
+    return p
 
 
 # At most this many logits per chunk (64 MiB in fp32): the chunk's temporaries are alive on top of

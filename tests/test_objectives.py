@@ -85,10 +85,25 @@ def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
     w.grad = h.grad = None
     monkeypatch.setattr(objectives, "CHUNK_ELEMENTS", 3 * w.shape[0])   # 3 rows per chunk
     calls = []
-    real = torch.softmax
-    monkeypatch.setattr(torch, "softmax", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
+    real = objectives._softmax_minus_onehot_
+    monkeypatch.setattr(objectives, "_softmax_minus_onehot_",
+                        lambda logits, *a: calls.append(logits.shape) or real(logits, *a))
     ours = chunked_cross_entropy(h, w, y, wt, chunk=4096)
     ours.backward()
     assert len(calls) == 13 and calls[0][0] == 3                       # ceil(37 / 3) chunks
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(w.grad, gw_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_blocks_in_place_equal_torch_softmax(monkeypatch, dtype):
+    # The CPU path converts logits in place, block by block through one reused buffer.
+    import gpt1.objectives as objectives
+    monkeypatch.setattr(objectives, "_BLOCK_ELEMENTS", 3 * 50)          # 3-row blocks, last one partial
+    logits = (torch.randn(20, 50) * 4).to(dtype)
+    idx = torch.randint(0, 50, (20, 1))
+    probs = torch.softmax(logits.float(), 1)
+    p = objectives._softmax_minus_onehot_(logits, idx, True)
+    torch.testing.assert_close(p, probs.gather(1, idx).squeeze(1))
+    expected = probs.scatter_add(1, idx, -torch.ones(20, 1)).to(dtype)
+    torch.testing.assert_close(logits, expected, rtol=0, atol=0 if dtype == torch.float32 else 4e-3)
