@@ -273,8 +273,13 @@ def apply_sections(cfg: RunConfig, data: dict[str, Any], source: str) -> None:
     revalidate(cfg, source)
 
 
-def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set") -> None:
-    """Apply one `section.key=value` override (value converted to the field's type)."""
+def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set",
+                    validate: bool = True) -> None:
+    """Apply one `section.key=value` override (value converted to the field's type).
+
+    With `validate=False` the caller checks the whole config once all overrides are in, so
+    that settings that only make sense together (n_embd and n_head) can be given in any order.
+    """
     if "=" not in assignment or "." not in assignment.split("=", 1)[0]:
         raise ConfigError(f"{source}: expected section.key=value, got {assignment!r}")
     dotted, raw = assignment.split("=", 1)
@@ -282,7 +287,8 @@ def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set") -> N
     if section not in ("model", "train", "data"):
         raise ConfigError(f"{source}: unknown section {section!r}; known: model, train, data")
     override(getattr(cfg, section), key.strip(), raw.strip(), f"{source} {section}")
-    revalidate(cfg, source)
+    if validate:
+        revalidate(cfg, source)
 
 
 def revalidate(cfg: RunConfig, source: str) -> None:

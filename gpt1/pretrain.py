@@ -53,7 +53,8 @@ def resolve_config(preset: str | None = None, config_file: str | Path | None = N
                 setattr(getattr(cfg, section), key, value)
     revalidate(cfg, "command line")
     for assignment in sets or []:
-        override_dotted(cfg, assignment)
+        override_dotted(cfg, assignment, validate=False)
+    revalidate(cfg, "--set")
     return cfg
 
 

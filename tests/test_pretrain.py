@@ -183,3 +183,12 @@ def test_plot_command_writes_pngs(tmp_path, capsys):
     (run / "metrics.jsonl").write_text("{not json\n")
     assert main(["plot", str(run)]) == 2
     assert "metrics.jsonl:1" in capsys.readouterr().err
+
+
+def test_set_overrides_are_checked_together_in_any_order():
+    from gpt1.errors import ConfigError
+    from gpt1.pretrain import resolve_config
+    cfg = resolve_config("tiny", sets=["model.n_embd=96", "model.n_head=3"])
+    assert (cfg.model.n_embd, cfg.model.n_head) == (96, 3)
+    with pytest.raises(ConfigError, match="divisible"):
+        resolve_config("tiny", sets=["model.n_embd=96", "model.n_head=5"])
