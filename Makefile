@@ -9,7 +9,6 @@ PYTEST_ARGS ?=
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
