@@ -21,6 +21,7 @@ so achieved model FLOP/s (6N + attention per token) is also printed as % of the 
 
     python benchmarks/train_step.py --data /work/runs/novels         # mini shape, B=8, T=256
     python benchmarks/train_step.py --data DIR --accum 4 --dtype bf16
+    python benchmarks/train_step.py --data DIR --via-train   # + gpt1.trainer.train's own tokens/s
 """
 from __future__ import annotations
 
@@ -200,6 +201,32 @@ def run_pretrain(args: argparse.Namespace) -> None:
               f"{1 / hf_share:.2f}x")
     print("first timed step losses (same weights before warm-up, same windows; dropout masks differ): "
           + ", ".join(f"{n} {l[0]:.4f}" for n, l in losses.items()))
+    if args.via_train:
+        for dtype in args.dtype.split(","):
+            check_with_train(args, dtype)
+
+
+def check_with_train(args: argparse.Namespace, dtype: str) -> None:
+    """Cross-check: gpt1.trainer.train itself on the same data, its own tokens/s log (not interleaved)."""
+    import json
+    import tempfile
+    from gpt1.trainer import train
+    steps = args.warmup + args.rounds * args.steps
+    config = ModelConfig(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.n_embd,
+                         n_layer=args.n_layer, n_head=args.n_head)
+    torch.manual_seed(0)
+    model = GPT(config)
+    cfg = TrainConfig(micro_batch_size=args.batch, batch_size=args.batch * args.accum,
+                      max_steps=steps, lr=args.lr, warmup=0, schedule="constant", precision=dtype,
+                      grad_clip=1.0, weight_decay=0.01, save_every=0, eval_every=0, log_every=1,
+                      quiet=True, device="cpu", peak_flops=1.0)
+    source = WindowSource(open_prepared(args.data).splits["train"], args.seq_len, seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        train(model, WindowLMLoss(cfg.loss_chunk_tokens), source, cfg, Path(tmp) / "run")
+        records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").open()]
+    rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][args.warmup:]
+    print(f"{dtype:5s} gpt1 via gpt1.trainer.train: median {statistics.median(rates):7.0f} tok/s over "
+          f"{len(rates)} logged steps (its own loop, run after the rounds)")
 
 
 def timed(step, n: int, ctx) -> float:
@@ -283,6 +310,8 @@ def main() -> None:
     ap.add_argument("--data", help="a `gpt1 prepare` folder: time whole pretraining steps on it")
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--data)")
     ap.add_argument("--lr", type=float, default=2.5e-4, help="learning rate of both sides (--data)")
+    ap.add_argument("--via-train", action="store_true",
+                    help="also run gpt1.trainer.train itself and report its logged tokens/s (--data)")
     ap.add_argument("--peak-seconds", type=float, default=1.5,
                     help="time spent by each matmul peak probe (--data)")
     args = ap.parse_args()
