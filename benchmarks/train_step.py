@@ -268,14 +268,21 @@ def run(args: argparse.Namespace) -> None:
             for name, step in order:
                 per_round[name].append(tokens / timed(step, args.steps, ctx))
         med = {name: statistics.median(v) for name, v in per_round.items()}
+        peak = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32, args.peak_seconds)
+        print(f"{dtype:5s} matmul peak {peak / 1e9:7.1f} GFLOP/s (best square GEMM, {args.threads} threads)")
         for name, v in per_round.items():
             print(f"{dtype:5s} {name:14s} median {med[name]:8.0f} tok/s  "
-                  f"{med[name] * flops / 1e9:6.1f} GFLOP/s   rounds: {' '.join(f'{t:.0f}' for t in v)}")
+                  f"{med[name] * flops / 1e9:6.1f} GFLOP/s = {100 * med[name] * flops / peak:5.1f}% of peak"
+                  f"   rounds: {' '.join(f'{t:.0f}' for t in v)}")
         for name in sides:
             if name != "transformers":
                 ratios = [a / b for a, b in zip(per_round[name], per_round["transformers"])]
                 print(f"{dtype:5s} ratio {name}/transformers: {med[name] / med['transformers']:.2f}x "
                       f"(per-round median {statistics.median(ratios):.2f}x)")
+        # The model's matmuls alone bound any implementation: at 100% of peak, the best ratio is
+        # peak / transformers' achieved rate.
+        print(f"{dtype:5s} ceiling for any implementation / transformers (100% of peak): "
+              f"{peak / (med['transformers'] * flops):.2f}x")
 
 
 def profile(args: argparse.Namespace) -> None:
@@ -313,7 +320,7 @@ def main() -> None:
     ap.add_argument("--via-train", action="store_true",
                     help="also run gpt1.trainer.train itself and report its logged tokens/s (--data)")
     ap.add_argument("--peak-seconds", type=float, default=1.5,
-                    help="time spent by each matmul peak probe (--data)")
+                    help="time spent by each matmul peak probe")
     args = ap.parse_args()
     if args.profile:
         profile(args)
