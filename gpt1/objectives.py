@@ -73,11 +73,12 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 torch.mul(dlogits @ w_c, wt, out=grad_h[start:start + chunk])
             if need_w:
                 hw = (h32 * wt).to(dtype)                                  # [n, C], rounded once
-                part = dlogits.t() @ hw                                    # [V, C]
                 if grad_w is None:
-                    grad_w = part.float()
+                    grad_w = (dlogits.t() @ hw).float()                    # [V, C]
+                elif dtype == torch.float32:
+                    grad_w.addmm_(dlogits.t(), hw)                         # accumulates in the GEMM
                 else:
-                    grad_w.add_(part)                                      # promotes bf16 in place
+                    grad_w.add_(dlogits.t() @ hw)                          # promotes bf16 in place
         if need_w and grad_w is None:  # no rows at all
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         # Gradients are kept on ctx (not inputs or outputs); backward only scales them.
