@@ -538,6 +538,9 @@ def run_checkpoints(run_dir: str | Path) -> list[tuple[str, int | None, Path]]:
             found.append((p.name, _updates_of(p), p))
     if not found:
         raise CheckpointError(f"{run_dir}: no step-N or final checkpoints in this run folder")
+    # `final` usually repeats the last step-N (same update count): score those weights once.
+    steps = {c[1] for c in found if c[0] != "final"}
+    found = [c for c in found if not (c[0] == "final" and c[1] is not None and c[1] in steps)]
     return sorted(found, key=lambda c: (c[1] is None, c[1] or 0, c[0]))
 
 

@@ -433,3 +433,16 @@ def test_cli_on_shared_data_with_real_vocab(shared_data, tmp_path):
     assert set(tasks) == {"sst2", "cola", "story_cloze", "lambada"}
     assert all(t["n"] == 6 for t in tasks.values())
     assert tasks["sst2"]["pieces"] == {"negative": 1, "positive": 1}   # whole words in GPT-1's BPE
+
+
+def test_run_checkpoints_score_final_once_when_it_repeats_the_last_step(tmp_path):
+    import json as _json
+
+    from gpt1.zeroshot import run_checkpoints
+    for name, step in (("step-10", 10), ("step-20", 20), ("final", 20)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text("{}")
+        (tmp_path / name / "trainer_state.json").write_text(_json.dumps({"step": step}))
+    assert [c[0] for c in run_checkpoints(tmp_path)] == ["step-10", "step-20"]
+    (tmp_path / "step-20" / "config.json").unlink()  # a final with no matching step-N stays
+    assert [c[0] for c in run_checkpoints(tmp_path)] == ["step-10", "final"]
