@@ -156,6 +156,11 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
              run / "results.json")
         table[name] = read_results(run)
     zero = zero_shot_check(pre_dir / "final", world) if world is not None else None
+    if world is not None:
+        # What a model that ignores the sentence can reach: always the dev set's commoner label.
+        positives = sum(label for _, label in world.dev) / len(world.dev)
+        table["majority class (no model)"] = {"accuracy": max(positives, 1 - positives),
+                                              "n": len(world.dev)}
     plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(arms))])
     seconds = round(time.time() - t0, 1)
     report = _report(table, zero, timings, seconds, plots, out)

@@ -15,7 +15,8 @@ def test_demo_pipeline_writes_table_and_report(tmp_path):
     summary = demo(settings)
     out = tmp_path / "demo"
     assert set(summary["results"]) == {"pretrained + aux LM (GPT-1)", "pretrained, no aux LM",
-                                       "no pretraining"}
+                                       "no pretraining", "majority class (no model)"}
+    assert 0.5 <= summary["results"]["majority class (no model)"]["accuracy"] < 1.0
     for res in summary["results"].values():
         assert res["n"] == 360 and 0.0 <= res["accuracy"] <= 1.0
     assert summary["zero_shot"]["n"] == 60
