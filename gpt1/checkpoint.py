@@ -311,3 +311,19 @@ def prune_steps(run_dir: str | Path, keep_last: int) -> None:
     for stale in Path(run_dir).glob(".step-*"):
         if stale.is_dir() and not stale.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)
+
+
+def trained_context(path: str | Path) -> int | None:
+    """The window length the checkpoint's pretraining run trained on, when its run folder says.
+
+    A model pretrained on windows shorter than `n_positions` never trained the later position
+    rows (they are still at their random init), so scoring and fine-tuning should not reach
+    them by default. Read from `run.json` (`data.n_ctx`) beside the checkpoint folder.
+    """
+    folder = resolve_checkpoint_dir(path)
+    run_file = folder.parent / "run.json"
+    try:
+        n_ctx = json.loads(run_file.read_text())["data"]["n_ctx"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return None
+    return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None

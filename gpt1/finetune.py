@@ -101,6 +101,14 @@ def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneMod
     return model, tok, tok_dir
 
 
+def default_context(cfg: FinetuneConfig, gpt: Any) -> int:
+    """n_positions, or the shorter window the initial checkpoint was pretrained on (positions
+    past it were never trained)."""
+    if cfg.init in ("", "none"):
+        return gpt.config.n_positions
+    return ckpt.trained_context(cfg.init) or gpt.config.n_positions
+
+
 def special_ids(tok: Any) -> SpecialIds:
     return SpecialIds(tok.start_id, tok.delimiter_id, tok.classify_id)
 
@@ -244,7 +252,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     model, tok, tok_dir = build_model(cfg, task, train_cfg.seed)
-    n_ctx = min(cfg.n_ctx or model.gpt.config.n_positions, model.gpt.config.n_positions)
+    n_ctx = min(cfg.n_ctx or default_context(cfg, model.gpt), model.gpt.config.n_positions)
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
     report_skipped(train_split)
     if cfg.eval_split and cfg.eval_split != cfg.train_split:

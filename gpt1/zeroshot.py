@@ -105,9 +105,10 @@ class Scorer:
     """Batched log-probability scoring of continuations with a `GPT` or `LSTMLM` (module doc)."""
 
     def __init__(self, model: torch.nn.Module, batch_tokens: int = 4096, max_rows: int = 64,
-                 logits_chunk: int = 1024):
+                 logits_chunk: int = 1024, max_context: int | None = None):
         self.model = model.eval()
-        self.n_positions = model.config.n_positions
+        # Rows never exceed the positions the model has (or, if smaller, was trained on).
+        self.n_positions = min(model.config.n_positions, max_context or model.config.n_positions)
         self.batch_tokens, self.max_rows, self.logits_chunk = batch_tokens, max_rows, logits_chunk
         self.truncated = 0   # requests cut to fit n_positions (see `_plan`)
 
@@ -479,7 +480,8 @@ def run_task(task: str, scorer: Scorer, tok: TextEncoder, folder: Path, limit: i
                    "normalised": normalised(task, result[ref.metric]), "n": n,
                    "chance": ref.chance, "reference": ref.sota, "reference_source": ref.source,
                    "calibrated": calibrate and task not in ("cola", "lambada"), "file": file,
-                   "truncated": scorer.truncated, "seconds": time.perf_counter() - start})
+                   "truncated": scorer.truncated, "context": scorer.n_positions,
+                   "seconds": time.perf_counter() - start})
     return result
 
 
@@ -513,7 +515,12 @@ def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str 
         log.info("zeroshot: skipping %s (no data under %s)", t, data)
     from gpt1.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(tok_dir)
-    scorer = Scorer(_prepare_model(folder, device, dtype), batch_tokens=batch_tokens)
+    from gpt1.checkpoint import trained_context
+    scorer = Scorer(_prepare_model(folder, device, dtype), batch_tokens=batch_tokens,
+                    max_context=trained_context(folder))
+    if scorer.n_positions < scorer.model.config.n_positions:
+        log.info("zeroshot: context capped at %d tokens, the window %s was pretrained on",
+                 scorer.n_positions, folder.name)
     results = {}
     for task in tasks:
         if folders[task] is not None:

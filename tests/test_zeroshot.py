@@ -446,3 +446,27 @@ def test_run_checkpoints_score_final_once_when_it_repeats_the_last_step(tmp_path
     assert [c[0] for c in run_checkpoints(tmp_path)] == ["step-10", "step-20"]
     (tmp_path / "step-20" / "config.json").unlink()  # a final with no matching step-N stays
     assert [c[0] for c in run_checkpoints(tmp_path)] == ["step-10", "final"]
+
+
+def test_scoring_stays_inside_the_pretrained_window(tmp_path):
+    import json as _json
+
+    import torch as _torch
+
+    from gpt1 import GPT, ModelConfig, save_model
+    from gpt1.checkpoint import trained_context
+    from gpt1.zeroshot import Scorer
+    model = GPT(ModelConfig(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    save_model(model, tmp_path / "run" / "step-5")
+    assert trained_context(tmp_path / "run" / "step-5") is None
+    (tmp_path / "run" / "run.json").write_text(_json.dumps({"data": {"n_ctx": 16}}))
+    assert trained_context(tmp_path / "run" / "step-5") == 16
+    scorer = Scorer(model.eval(), max_context=16)
+    ctx, cont = list(range(1, 21)), [3, 4]
+    capped = scorer.score([(ctx, cont)])[0]
+    assert scorer.truncated == 1
+    # the same as scoring only the last 16 - 1 tokens of context by hand
+    row = _torch.tensor([ctx[-15:] + cont[:-1]])
+    logp = model.lm_logits(model(row)).log_softmax(-1)[0]
+    expected = [logp[14, 3].item(), logp[15, 4].item()]
+    assert capped.logprobs == pytest.approx(expected, abs=1e-5)
