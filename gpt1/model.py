@@ -68,47 +68,67 @@ def causal_attention_cpu_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     bf16 autocast the softmax output is bf16 (accumulated in fp32), as in transformers' eager
     attention; SDPA's generic path would upcast to fp32.
     """
+    rate = _rational_rate(p) if p > 0 else None
+    if rate is not None:
+        return _CausalAttentionDropout.apply(q, k, v, *rate)
+    return torch.matmul(dropout(_causal_probs(q, k), p, True), v)
+
+
+def _causal_probs(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(D) + causal -inf mask): `[B, H, T, D]` x 2 -> `[B, H, T, T]`."""
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))  # [B, H, T, T]
-    scores = scores + mask.to(scores.dtype)
-    rate = _rational_rate(p) if p > 0 else None
-    if rate is not None:
-        return _SoftmaxDropoutMatmul.apply(scores, v, *rate)
-    return torch.matmul(dropout(scores.softmax(-1), p, True), v)
+    return (scores + mask.to(scores.dtype)).softmax(-1)
 
 
-class _SoftmaxDropoutMatmul(torch.autograd.Function):
-    """dropout(softmax(scores)) @ v, keeping only the probabilities and the 1-byte keep-mask.
+# Above this many bytes of attention probabilities per layer, backward recomputes them from q and
+# k (one more q k^T and softmax) instead of keeping them: the paper's model at 8 x 512 tokens
+# holds 100 MB per layer in fp32, 1.2 GB in all; the mini model's 12 MB stay saved (faster).
+RECOMPUTE_PROBS_BYTES = 32 << 20
 
-    Autograd would also keep the dropped probabilities for the matmul's backward: one more
-    `[B, H, T, T]` tensor per layer (1.2 GB in fp32 for the paper's model at 8 x 512 tokens).
-    Backward rebuilds them with one multiply instead. Same mask draws as `dropout`.
+
+class _CausalAttentionDropout(torch.autograd.Function):
+    """dropout(softmax(q k^T / sqrt(D), causal)) @ v keeping at most the probabilities + keep-mask.
+
+    Autograd would keep the probabilities and the dropped probabilities (two `[B, H, T, T]`
+    tensors per layer) plus a bool mask; this keeps the 1-byte mask and, below
+    `RECOMPUTE_PROBS_BYTES`, the probabilities. Same mask draws as `dropout`. Under autocast the
+    inputs are cast once here, so a recomputation in backward repeats the forward exactly.
     """
 
     @staticmethod
-    def forward(ctx, scores: torch.Tensor, v: torch.Tensor, num: int, den: int) -> torch.Tensor:
-        probs = scores.softmax(-1)                                          # [B, H, T, T]
-        keep = torch.randint(0, den, probs.shape, dtype=torch.uint8, device=probs.device) >= num
-        ctx.scale = den / (den - num)
-        ctx.scores_dtype = scores.dtype
-        ctx.save_for_backward(probs, keep, v)
-        # The 1 / (1 - p) scale is applied to the 4x smaller [B, H, T, D] side (T = 4 D here).
-        # (uint8 view of the mask: see _MaskDropout)
-        return torch.matmul(probs.mul(keep.view(torch.uint8)), v).mul_(ctx.scale)  # [B, H, T, D]
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num: int,
+                den: int) -> torch.Tensor:
+        ctx.dtypes = (q.dtype, k.dtype, v.dtype)
+        if torch.is_autocast_enabled(q.device.type):
+            dt = torch.get_autocast_dtype(q.device.type)
+            q, k, v = q.to(dt), k.to(dt), v.to(dt)
+        with torch.autocast(q.device.type, enabled=False):
+            probs = _causal_probs(q, k)                                     # [B, H, T, T]
+            keep = torch.randint(0, den, probs.shape, dtype=torch.uint8, device=probs.device) >= num
+            ctx.scale = den / (den - num)
+            ctx.recompute = probs.numel() * probs.element_size() > RECOMPUTE_PROBS_BYTES
+            ctx.save_for_backward(q, k, v, keep, None if ctx.recompute else probs)
+            # The mask multiplies as a uint8 view (a bool operand is first converted to a float
+            # copy on CPU); the 1 / (1 - p) scale goes on the 4x smaller [B, H, T, D] side.
+            return torch.matmul(probs.mul(keep.view(torch.uint8)), v).mul_(ctx.scale)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        probs, keep, v = ctx.saved_tensors
-        grad = grad.mul(ctx.scale)                                          # [B, H, T, D]
+        q, k, v, keep, probs = ctx.saved_tensors
+        if probs is None:
+            probs = _causal_probs(q, k)
         keep = keep.view(torch.uint8)
-        kept = probs.mul(keep).to(grad.dtype)                               # [B, H, T, T]
-        grad_v = torch.matmul(kept.transpose(-1, -2), grad).to(v.dtype)     # [B, H, T, D]
-        del kept
-        grad_probs = torch.matmul(grad, v.to(grad.dtype).transpose(-1, -2))
-        grad_probs = grad_probs.mul_(keep).to(probs.dtype)                  # [B, H, T, T]
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, ctx.scores_dtype)
-        return grad_scores, grad_v, None, None
+        grad = grad.to(v.dtype).mul(ctx.scale)                              # [B, H, T, D]
+        grad_v = torch.matmul(probs.mul(keep).transpose(-1, -2), grad)      # [B, H, T, D]
+        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep)     # [B, H, T, T]
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_scores.mul_(1.0 / math.sqrt(q.shape[-1]))
+        grad_q = torch.matmul(grad_scores, k)                               # [B, H, T, D]
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q)             # [B, H, T, D]
+        dq, dk, dv = ctx.dtypes
+        return grad_q.to(dq), grad_k.to(dk), grad_v.to(dv), None, None
 
 
 class LayerCache:

@@ -17,8 +17,17 @@ def reference(q, k, v, p):
     return dropout(s.softmax(-1), p, True) @ v
 
 
+@pytest.fixture(params=[False, True], ids=["saved", "recomputed"])
+def recompute(request, monkeypatch):
+    """Run a test with the probabilities kept for backward and with them recomputed."""
+    import gpt1.model as model
+    if request.param:
+        monkeypatch.setattr(model, "RECOMPUTE_PROBS_BYTES", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("p", [0.1, 0.25])
-def test_values_and_gradients_equal_plain_autograd(p):
+def test_values_and_gradients_equal_plain_autograd(p, recompute):
     base = [t.requires_grad_() for t in torch.randn(3, 2, 3, 19, 8).unbind(0)]
     g = torch.randn(2, 3, 19, 8)
     torch.manual_seed(7)
@@ -33,7 +42,7 @@ def test_values_and_gradients_equal_plain_autograd(p):
     assert grads[0].abs().sum() > 0
 
 
-def test_bf16_autocast_dtypes_and_closeness():
+def test_bf16_autocast_dtypes_and_closeness(recompute):
     base = [t.requires_grad_() for t in torch.randn(3, 2, 2, 16, 8).unbind(0)]
     torch.manual_seed(3)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -48,8 +57,9 @@ def test_bf16_autocast_dtypes_and_closeness():
         assert float((a - b).norm() / b.norm()) < 3e-2
 
 
-def test_saves_no_dropped_probabilities():
-    # Saved for backward: probs (fp32) + keep mask (bool) + v, not a second [B, H, T, T] float.
+def test_saves_no_dropped_probabilities(recompute):
+    # Saved for backward: q, k, v, the keep mask (bool) and probs (fp32) unless recomputed;
+    # never the dropped probabilities.
     q, k, v = (t.requires_grad_() for t in torch.randn(3, 1, 2, 64, 8).unbind(0))
     sizes = []
 
@@ -60,4 +70,5 @@ def test_saves_no_dropped_probabilities():
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         causal_attention_cpu_train(q, k, v, 0.1)
     big_float = [n for dt, n in sizes if dt.is_floating_point and n == 2 * 64 * 64]
-    assert len(big_float) == 1
+    assert len(big_float) == (0 if recompute else 1)
+    assert [n for dt, n in sizes if dt == torch.bool] == [2 * 64 * 64]
