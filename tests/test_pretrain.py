@@ -21,32 +21,16 @@ from gpt1.config import run_preset
 from gpt1.data import open_prepared
 from gpt1.errors import ConfigError, DataError
 from gpt1.pretrain import finalize, resolve_config
-from gpt1.shards import write_shard
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_prepared(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200) -> Path:
-    """A tiny `gpt1 prepare`-style folder: a noisy periodic token stream in two train shards."""
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import faults  # noqa: E402
 
-    def stream(n: int) -> np.ndarray:
-        base = np.arange(n) % 37 * 7 % vocab
-        return np.where(rng.random(n) < 0.2, rng.integers(0, vocab, n), base)
-
-    half = n_train // 2
-    write_shard(folder / "train-00000.bin", stream(half), 3, vocab)
-    write_shard(folder / "train-00001.bin", stream(n_train - half), 3, vocab)
-    write_shard(folder / "val-00000.bin", stream(n_val), 1, vocab)
-    meta = {"format": "gpt1-tokens", "version": 1, "vocab_size": vocab, "dtype": "uint16",
-            "splits": {"train": {"shards": ["train-00000.bin", "train-00001.bin"],
-                                 "tokens": n_train, "documents": 6},
-                       "val": {"shards": ["val-00000.bin"], "tokens": n_val, "documents": 1}}}
-    (folder / "meta.json").write_text(json.dumps(meta))
-    (folder / "vocab.json").write_text(json.dumps({"<unk>": 0}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    return folder
+# The tiny prepared corpus (two train shards of a noisy periodic stream, a character vocabulary)
+# is shared with the fault report.
+make_prepared = faults.make_corpus
 
 
 def pretrain_cmd(data: Path, out: Path, *extra: str) -> list[str]:
