@@ -2,8 +2,8 @@
 
 Pipeline (OAI text_utils.py, reference a.3): ftfy -> text_standardize -> spaCy English tokenizer
 -> lowercase -> BPE -> ids, unknown -> 0; the text steps live in `gpt1.text`. Ids are identical
-to transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed (checked on all of
-../shared/data by benchmarks/tokenizer.py --check). Speed comes from caching the ids of every
+to transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed (checked on a
+large public corpus by benchmarks/tokenizer.py --check). Speed comes from caching the ids of every
 whitespace-delimited chunk, so spaCy and BPE run once per distinct chunk.
 
 Special tokens `_start_`, `_delimiter_`, `_classify_` follow the vocabulary (40478, 40479, 40480

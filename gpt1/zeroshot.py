@@ -366,7 +366,7 @@ def zs_lambada(scorer: Scorer, tok: TextEncoder, examples: list[tuple[str, str]]
 # ------------------------------------------------------------------------------- task table
 @dataclass(frozen=True)
 class TaskSpec:
-    folders: tuple[str, ...]      # where the task lives under a data root (shared/data layout)
+    folders: tuple[str, ...]      # where the task lives under a data root
     load: Callable[[Path, int | None], dict[str, Any]]   # folder, limit -> heuristic kwargs
     run: Callable[..., dict[str, Any]]
 

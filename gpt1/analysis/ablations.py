@@ -8,8 +8,8 @@ Rows (each a `gpt1 finetune` sub-run per task and seed):
   lstm     LSTM w/ aux LM: --init LSTM_CKPT (a `gpt1 pretrain --arch lstm` run on the same corpus)
 The LSTM row is left out (with a note) when no LSTM checkpoint is given. Output: ablations.md in
 the paper's layout (Avg first, then one column per task; mean ± std when several seeds),
-ablations.json. Where a task has no training split here, its dev split trains and its test split
-scores (`DEFAULT_SPLITS`; --splits overrides), and the table says so.
+ablations.json. Every task trains on its train split and is scored on dev; --splits TASK=TRAIN:EVAL
+says otherwise (e.g. data without a train split), and the table says so.
 """
 from __future__ import annotations
 
@@ -23,12 +23,10 @@ from gpt1.errors import ConfigError
 
 ROWS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",
         "no_aux": "Transformer w/o aux LM", "lstm": "LSTM w/ aux LM"}
-# Where each task's files are under a data root laid out like ../shared/data.
+# Where each task's files are under a data root.
 TASK_FOLDERS = {"cola": "glue/CoLA", "sst2": "glue/SST-2", "mrpc": "glue/MRPC", "stsb": "glue/STS-B",
                 "qqp": "glue/QQP", "mnli": "glue/MNLI", "qnli": "glue/QNLI", "rte": "glue/RTE",
                 "snli": "snli", "scitail": "scitail", "story_cloze": "story_cloze", "race": "race"}
-# (train split, scored split) for tasks whose training split is not available in ../shared/data.
-DEFAULT_SPLITS = {"snli": ("dev", "test"), "scitail": ("dev", "test"), "story_cloze": ("dev", "test")}
 METRIC_NAMES = {"matthews": "mc", "pearson": "pc", "f1": "F1", "accuracy": "acc"}
 
 
@@ -52,7 +50,7 @@ def task_plan(tasks: Sequence[str], data_root: str | Path, folders: dict[str, st
         if folder is None:
             raise ConfigError(f"--tasks: no default folder for {task!r}; pass --task-data {task}=DIR")
         path = Path(folder) if Path(folder).is_absolute() else Path(data_root) / folder
-        train, scored = DEFAULT_SPLITS.get(task, ("train", "dev"))
+        train, scored = "train", "dev"
         if task in splits:
             train, _, scored = splits[task].partition(":")
             if not train or not scored:
@@ -125,7 +123,7 @@ def markdown(table: dict[str, Any], lstm_given: bool) -> str:
         cells = [report.pct(row["cells"][t]["mean"], row["cells"][t]["std"]) for t in tasks]
         rows.append([row["label"], report.pct(row["avg"])] + cells)
     notes = [f"- {t}: trained on its {p['train_split']} split, scored on {p['eval_split']}"
-             + (" (no training split here)" if p["train_split"] != "train" else "")
+             + (" (as --splits asked)" if p["train_split"] != "train" else "")
              for t, p in table["plan"].items()]
     if not lstm_given:
         notes.append("- LSTM row left out: pass --lstm-init (a `gpt1 pretrain --arch lstm` run "

@@ -4,10 +4,10 @@ again after an interruption and it continues where it stopped.
 
 Examples:
   gpt1 analysis positions runs/mini --out analysis/positions
-  gpt1 analysis layers --init runs/mini --task sst2 --data ../shared/data/glue/SST-2 --out analysis/layers
+  gpt1 analysis layers --init runs/mini --task sst2 --data data/glue/SST-2 --out analysis/layers
   gpt1 analysis ablations --init runs/mini --lstm-init runs/mini-lstm --tasks sst2,cola \\
-      --data-root ../shared/data --out analysis/ablations
-  gpt1 analysis data-size --init runs/mini --task sst2 --data ../shared/data/glue/SST-2 \\
+      --data-root data --out analysis/ablations
+  gpt1 analysis data-size --init runs/mini --task sst2 --data data/glue/SST-2 \\
       --sizes 100,300,1000,all --seeds 0,1,2 --out analysis/data-size
 """
 from __future__ import annotations
@@ -57,12 +57,12 @@ def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                    "(gpt1 pretrain --arch lstm); without it the LSTM row is left out")
     s.add_argument("--tasks", required=True, help="comma-separated task names, e.g. sst2,cola,stsb")
     s.add_argument("--data-root", required=True, metavar="DIR",
-                   help="folder laid out like ../shared/data (glue/SST-2, snli, ...)")
+                   help="folder holding each task in glue/SST-2, glue/CoLA, snli, scitail, story_cloze, ...")
     s.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
                    help="a task's folder (absolute, or relative to --data-root)")
     s.add_argument("--splits", action="append", default=[], metavar="TASK=TRAIN:EVAL",
-                   help="train and scored splits of a task (default train:dev; snli, scitail, "
-                   "story_cloze: dev:test)")
+                   help="train and scored splits of a task (default train:dev), e.g. "
+                   "scitail=dev:test for data that has no train split")
     s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
     s.add_argument("--out", default="analysis/ablations", help="output folder")

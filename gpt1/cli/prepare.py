@@ -1,8 +1,8 @@
 """Encode a text corpus into token shards for `gpt1 pretrain`.
 
 Examples:
-  gpt1 prepare --corpus ../shared/data/corpus/gutenberg --strip-gutenberg \\
-      --vocab ../shared/data/gpt1_tokenizer --out data/gutenberg --workers 2
+  gpt1 prepare --corpus gutenberg/ --strip-gutenberg \\
+      --vocab gpt1_tokenizer --out data/gutenberg --workers 2
   gpt1 prepare --corpus books.jsonl --text-field text --vocab vocab8k --out data/books
   gpt1 prepare --corpus hub:SOME/bookcorpus --vocab ... --out ...   (needs `datasets`, online)
 

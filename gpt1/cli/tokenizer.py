@@ -1,7 +1,7 @@
 """Encode and decode text with a GPT-1 vocabulary, or train a new vocabulary.
 
 Examples:
-  echo "Hello, world!" | gpt1 tokenizer encode --vocab ../shared/data/gpt1_tokenizer
+  echo "Hello, world!" | gpt1 tokenizer encode --vocab gpt1_tokenizer
   echo "3570 240 1276 267" | gpt1 tokenizer decode --vocab runs/mini/final
   gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/
 

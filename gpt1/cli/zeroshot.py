@@ -12,12 +12,12 @@ pronoun and compares the mean log-probability of the rest of the sentence; lamba
 words whose every piece is the greedy prediction. --calibrate subtracts each candidate's score
 after the content-free input "N/A". Normalised scores: 0 = chance, 1 = the 2018 state of the art.
 
---data is a task's folder, or a root laid out like ../shared/data (glue/SST-2, glue/CoLA,
-story_cloze, corpus/lambada, dpr, RACE); with --task all, tasks without data are skipped.
+--data is a task's folder, or a data root holding them in folders named glue/SST-2,
+glue/CoLA, story_cloze, corpus/lambada, dpr, RACE; with --task all, tasks without data are skipped.
 
 Examples:
-  gpt1 zeroshot runs/mini/final --task sst2 --data ../shared/data/glue/SST-2 --out zs/sst2
-  gpt1 zeroshot runs/mini --task all --data ../shared/data --out zs/mini --limit 500
+  gpt1 zeroshot runs/mini/final --task sst2 --data data/glue/SST-2 --out zs/sst2
+  gpt1 zeroshot runs/mini --task all --data data --out zs/mini --limit 500
 """
 from __future__ import annotations
 
