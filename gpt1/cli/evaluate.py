@@ -12,15 +12,20 @@ import json
 HELP = "score a fine-tuned run on a task split (writes results.json)"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: str) -> None:
+    """The options `evaluate` and `predict` share: which run, which data, how to run it."""
     p.add_argument("run", metavar="RUN", help="fine-tuned run or checkpoint folder")
     p.add_argument("--task", help="task name (checked against the run's task)")
     p.add_argument("--data", metavar="DIR", required=True, help="folder with the task's files")
-    p.add_argument("--split", default="dev", help="dev, test, or a task's split name")
+    p.add_argument("--split", default=split, help=split_help)
     p.add_argument("--micro-batch", type=int, default=16, help="examples per forward pass")
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="skip malformed rows (counted and reported) instead of stopping")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_scoring_arguments(p, "dev", "dev, test, or a task's split name")
     p.add_argument("--json", action="store_true", help="print results.json as the last line")
 
 
