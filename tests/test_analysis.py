@@ -121,6 +121,26 @@ def test_sweep_refuses_other_settings_and_unreadable_records(tmp_path):
         Sweep(tmp_path, "layers", {"task": "sst2", "init": "a"})
 
 
+
+def test_growable_settings_may_gain_tasks_and_a_row_but_not_change(tmp_path):
+    first = {"init": "a", "lstm_init": None, "plan": {"sst2": {"data": "d1"}}}
+    Sweep(tmp_path, "ablations", first, growable=("plan", "lstm_init")).run("sst2/full/seed=0", ["x"], lambda: {"v": 1})
+    grown = {"init": "a", "lstm_init": "L", "plan": {"cola": {"data": "d2"}}}
+    sweep = Sweep(tmp_path, "ablations", grown, growable=("plan", "lstm_init"))
+    assert sweep.done("sst2/full/seed=0") and sweep.done_with_prefix("sst2/full/seed=") == ["sst2/full/seed=0"]
+    record = json.loads((tmp_path / "sweep.json").read_text())["settings"]
+    assert record["plan"] == {"sst2": {"data": "d1"}, "cola": {"data": "d2"}}
+    assert record["lstm_init"] == "L"
+    # Once set, a growable value must match; a shared task must keep its data; init never grows.
+    for bad, field in (({**grown, "lstm_init": "M"}, "lstm_init"),
+                       ({**grown, "plan": {"sst2": {"data": "other"}}}, "plan"),
+                       ({**grown, "init": "b"}, "init")):
+        with pytest.raises(ConfigError, match=field):
+            Sweep(tmp_path, "ablations", bad, growable=("plan", "lstm_init"))
+    # A later invocation without the LSTM keeps the recorded one.
+    Sweep(tmp_path, "ablations", {**grown, "lstm_init": None}, growable=("plan", "lstm_init"))
+    assert json.loads((tmp_path / "sweep.json").read_text())["settings"]["lstm_init"] == "L"
+
 # ------------------------------------------------------------------ sweeps over gpt1 finetune
 FT = ["--max-steps", "2", "--batch-size", "4", "--micro-batch", "2"]
 

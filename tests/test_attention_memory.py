@@ -58,7 +58,7 @@ def test_bf16_autocast_dtypes_and_closeness(recompute):
 
 
 def test_saves_no_dropped_probabilities(recompute):
-    # Saved for backward: q, k, v, the keep mask (bool) and probs (fp32) unless recomputed;
+    # Saved for backward: q, k, v, the keep mask (uint8) and probs (fp32) unless recomputed;
     # never the dropped probabilities.
     q, k, v = (t.requires_grad_() for t in torch.randn(3, 1, 2, 64, 8).unbind(0))
     sizes = []
@@ -71,4 +71,4 @@ def test_saves_no_dropped_probabilities(recompute):
         causal_attention_cpu_train(q, k, v, 0.1)
     big_float = [n for dt, n in sizes if dt.is_floating_point and n == 2 * 64 * 64]
     assert len(big_float) == (0 if recompute else 1)
-    assert [n for dt, n in sizes if dt == torch.bool] == [2 * 64 * 64]
+    assert [n for dt, n in sizes if dt == torch.uint8] == [2 * 64 * 64]

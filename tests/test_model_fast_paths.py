@@ -64,3 +64,70 @@ def test_training_forward_is_causal():
     torch.manual_seed(3)  # same dropout masks
     b = model(changed)
     assert torch.equal(a[:, :10], b[:, :10]) and not torch.equal(a[:, 10:], b[:, 10:])
+
+
+def test_keep_mask_rate_is_exact_including_the_redrawn_values(monkeypatch):
+    """Every 16-bit value maps to keep/drop in equal buckets; values past the last whole bucket
+    are redrawn, so the drop rate is exactly num/den. Fed all 65536 values once, the buckets
+    alone must drop exactly num * (65536 // den) of them."""
+    import numpy as np
+    from gpt1 import model as model_mod
+
+    real_bits = np.random.SFC64
+
+    class AllValues:                      # random_raw yields each int16 value exactly once
+        def __init__(self, seed):
+            self.real = real_bits(seed)
+
+        def random_raw(self, size):
+            offsets = np.arange(65536, dtype=np.int32) - 32768        # -32768 ... 32767
+            return offsets.astype(np.int16).view(np.uint64)[:size].copy()
+
+    real_generator = np.random.Generator
+    monkeypatch.setattr(model_mod.np.random, "SFC64", AllValues)
+    monkeypatch.setattr(model_mod.np.random, "Generator", lambda bits: real_generator(bits.real))
+    for num, den in ((1, 10), (1, 3), (3, 7)):
+        keep = model_mod.keep_mask((65536,), num, den)
+        bucket = 65536 // den
+        leftover = 65536 - bucket * den
+        dropped_in_buckets = (keep[: bucket * den] == 0).sum().item()
+        assert keep.dtype == torch.uint8 and set(keep.unique().tolist()) <= {0, 1}
+        # the array is in value order from -32768 up, i.e. offset value 0, 1, ..., 65535
+        assert dropped_in_buckets == num * bucket
+        assert (keep[: num * bucket] == 0).all() and (keep[num * bucket: bucket * den] == 1).all()
+        assert keep[bucket * den:].numel() == leftover   # these came from the exact redraw
+
+
+def test_keep_mask_statistics_and_fresh_draws():
+    torch.manual_seed(0)
+    a = model_mod_keep((1000, 1000))
+    b = model_mod_keep((1000, 1000))
+    assert a.shape == (1000, 1000) and not torch.equal(a, b)
+    assert abs(1 - a.float().mean().item() - 0.1) < 2e-3   # sd of the rate is 3e-4
+
+
+def model_mod_keep(shape):
+    from gpt1.model import keep_mask
+    return keep_mask(shape, 1, 10)
+
+
+def test_keep_mask_in_16_bit_float_types_is_the_same_mask():
+    from gpt1.model import keep_mask
+    for dtype in (torch.bfloat16, torch.float16):
+        torch.manual_seed(4)
+        as_bytes = keep_mask((300, 70), 1, 10)
+        torch.manual_seed(4)
+        as_float = keep_mask((300, 70), 1, 10, dtype)
+        assert as_float.dtype == dtype
+        assert torch.equal(as_float.float(), as_bytes.float())
+
+
+def test_bf16_dropout_values_and_gradient():
+    torch.manual_seed(0)
+    x = torch.randn(400, 300, dtype=torch.bfloat16, requires_grad=True)
+    y = dropout(x, 0.1, True)
+    kept = y != 0
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y[kept], (x[kept].float() / 0.9).bfloat16())
+    y.backward(torch.ones_like(y))
+    torch.testing.assert_close(x.grad.float(), (kept.float() / 0.9).bfloat16().float())

@@ -73,7 +73,8 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
     out = Path(out)
     settings = {"init": str(init), "lstm_init": str(lstm_init) if lstm_init else None,
                 "plan": plan, "train_examples": train_examples, "finetune": options.settings()}
-    sweep = Sweep(out, "ablations", settings, command)
+    # Tasks and the LSTM row may be added to an existing folder by a later invocation.
+    sweep = Sweep(out, "ablations", settings, command, growable=("plan", "lstm_init"))
     for task, where in plan.items():
         for row, (ckpt, extra) in rows.items():
             for seed in seeds:
@@ -88,21 +89,20 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
                     metric, value = headline(task, results)
                     return {"metric": metric, "value": value, "results": results}
                 sweep.run(f"{task}/{row}/seed={seed}", argv, job, run_dir=run_dir)
-    table = summarise(sweep, plan, list(rows), seeds)
+    table = summarise(sweep, plan, list(rows))
     report.write_json(out / "ablations.json", table)
     (out / "ablations.md").write_text(markdown(table, lstm_given=lstm_init is not None))
     return table
 
 
-def summarise(sweep: Sweep, plan: dict[str, dict[str, str]], rows: Sequence[str],
-              seeds: Sequence[int]) -> dict[str, Any]:
-    """Per row and task: mean, std, seeds; the row's Avg = unweighted mean of its task means."""
+def summarise(sweep: Sweep, plan: dict[str, dict[str, str]], rows: Sequence[str]) -> dict[str, Any]:
+    """Per row and task: mean, std and count over every finished seed (including seeds run by
+    earlier invocations into the same folder); the row's Avg = unweighted mean of its task means."""
     table: dict[str, Any] = {"tasks": list(plan), "plan": plan, "metrics": {}, "rows": {}}
     for row in rows:
         cells = {}
         for task in plan:
-            done = [sweep.result(f"{task}/{row}/seed={s}") for s in seeds
-                    if sweep.done(f"{task}/{row}/seed={s}")]
+            done = [sweep.result(k) for k in sweep.done_with_prefix(f"{task}/{row}/seed=")]
             if done:
                 table["metrics"][task] = done[0]["metric"]
             mean, std = report.mean_std([r["value"] for r in done])
@@ -112,6 +112,11 @@ def summarise(sweep: Sweep, plan: dict[str, dict[str, str]], rows: Sequence[str]
         avg = sum(means) / len(means) if complete else float("nan")
         table["rows"][row] = {"label": ROWS[row], "avg": avg, "cells": cells}
     return table
+
+
+def _seed_counts(table: dict[str, Any], task: str) -> str:
+    counts = {row["cells"][task]["seeds"] for row in table["rows"].values()}
+    return "/".join(str(c) for c in sorted(counts))
 
 
 def markdown(table: dict[str, Any], lstm_given: bool) -> str:
@@ -124,6 +129,7 @@ def markdown(table: dict[str, Any], lstm_given: bool) -> str:
         rows.append([row["label"], report.pct(row["avg"])] + cells)
     notes = [f"- {t}: trained on its {p['train_split']} split, scored on {p['eval_split']}"
              + (" (as --splits asked)" if p["train_split"] != "train" else "")
+             + f"; seeds per cell: {_seed_counts(table, t)}"
              for t, p in table["plan"].items()]
     if not lstm_given:
         notes.append("- LSTM row left out: pass --lstm-init (a `gpt1 pretrain --arch lstm` run "

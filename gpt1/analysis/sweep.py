@@ -10,7 +10,8 @@ Re-running the same analysis into the same folder skips the finished sub-runs (a
 continues where it stopped; a sub-run killed half-way starts again from its beginning). Settings
 that define the analysis (init checkpoint, task, data, ...) must match the recorded ones, since
 mixing results from two set-ups in one table would be wrong; the set of sub-runs (seeds, K values,
-sizes) may grow.
+sizes) may grow, and so may the settings an analysis names as `growable`: a growable mapping may
+gain entries (a new task), a growable value recorded as null may be set once (a new row).
 """
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ class Sweep:
     """The record of one analysis folder; `run(key, argv, fn)` executes a sub-run once."""
 
     def __init__(self, out: str | Path, analysis: str, settings: dict[str, Any],
-                 command: list[str] | None = None):
+                 command: list[str] | None = None, growable: tuple[str, ...] = ()):
         self.out = Path(out)
+        self.growable = set(growable)
         self.out.mkdir(parents=True, exist_ok=True)
         self.analysis = analysis
         self.settings = json.loads(json.dumps(settings))  # normalise (tuples -> lists, Paths -> str)
@@ -59,13 +61,29 @@ class Sweep:
             raise ConfigError(f"{self.path}: this folder holds a {data.get('analysis')!r} analysis, "
                               f"not {self.analysis!r}; choose another --out")
         old = data.get("settings", {})
-        changed = sorted(k for k in set(old) | set(self.settings) if old.get(k) != self.settings.get(k))
+        changed = sorted(k for k in set(old) | set(self.settings)
+                         if not self._compatible(k, old.get(k), self.settings.get(k)))
         if changed:
             diffs = "; ".join(f"{k}: recorded {old.get(k)!r}, now {self.settings.get(k)!r}"
                               for k in changed)
             raise ConfigError(f"{self.path}: settings differ from the recorded sweep ({diffs}); "
                               "use another --out or the recorded settings")
         self.runs = dict(data.get("runs", {}))
+        for key in self.growable & set(old):       # keep what earlier invocations recorded
+            before, now = old[key], self.settings.get(key)
+            if isinstance(before, dict) and isinstance(now, dict):
+                self.settings[key] = {**before, **now}
+            elif now is None:
+                self.settings[key] = before
+
+    def _compatible(self, key: str, before: Any, now: Any) -> bool:
+        if before == now:
+            return True
+        if key not in self.growable:
+            return False
+        if isinstance(before, dict) and isinstance(now, dict):   # shared entries must agree
+            return all(before[k] == now[k] for k in set(before) & set(now))
+        return before is None or now is None
 
     def _write(self) -> None:
         data = {"analysis": self.analysis, "settings": self.settings, "runs": self.runs}
@@ -83,6 +101,10 @@ class Sweep:
 
     def result(self, key: str) -> dict[str, Any]:
         return self.runs[key]["result"]
+
+    def done_with_prefix(self, prefix: str) -> list[str]:
+        """Finished sub-run keys starting with `prefix`, sorted (e.g. every seed of a cell)."""
+        return sorted(k for k in self.runs if k.startswith(prefix))
 
     def run(self, key: str, argv: list[str], fn: Callable[[], dict[str, Any]],
             run_dir: Path | None = None) -> dict[str, Any]:
