@@ -155,6 +155,34 @@ def matmul_peak(dtype: torch.dtype, seconds: float, sizes=(1024, 2048, 3072)) ->
     return best
 
 
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
+
+
+def gemm_share(step, ctx, n: int = 2) -> tuple[float, float]:
+    """(seconds in GEMM kernels, wall seconds) per step, from a torch.profiler run of `n` steps.
+
+    GEMMs are the work no implementation can skip (both sides run the same matrix products), so
+    transformers' step time divided by gpt1's GEMM time bounds the ratio any further removal of
+    gpt1's other work (dropout, casts, GELU, softmax, optimizer) could reach at these shapes.
+    """
+    from torch.profiler import ProfilerActivity, profile as prof
+    with prof(activities=[ProfilerActivity.CPU]) as p:
+        start = time.perf_counter()
+        timed(step, n, ctx)
+        wall = (time.perf_counter() - start) / n
+    gemm = sum(e.self_cpu_time_total for e in p.key_averages() if e.key in GEMM_OPS) / 1e6 / n
+    return gemm, wall
+
+
+def print_gemm_ceiling(dtype: str, sides: dict, ctx) -> None:
+    shares = {name: gemm_share(sides[name], ctx) for name in ("gpt1", "transformers")}
+    (g_ours, w_ours), (g_hf, w_hf) = shares["gpt1"], shares["transformers"]
+    print(f"{dtype:5s} GEMM time per step (profiled): gpt1 {g_ours:.3f} s of {w_ours:.3f} s "
+          f"({100 * g_ours / w_ours:.0f}%), transformers {g_hf:.3f} s of {w_hf:.3f} s "
+          f"({100 * g_hf / w_hf:.0f}%); ratio if all of gpt1's non-GEMM work were free: "
+          f"{w_hf / g_ours:.2f}x")
+
+
 def run_pretrain(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     args.vocab = open_prepared(args.data).vocab_size
@@ -199,6 +227,7 @@ def run_pretrain(args: argparse.Namespace) -> None:
         print(f"{dtype:5s} ratio gpt1/transformers: {med['gpt1'] / med['transformers']:.2f}x "
               f"(per-round median {statistics.median(ratios):.2f}x); ceiling at 100% of peak: "
               f"{1 / hf_share:.2f}x")
+        print_gemm_ceiling(dtype, sides, ctx)
     print("first timed step losses (same weights before warm-up, same windows; dropout masks differ): "
           + ", ".join(f"{n} {l[0]:.4f}" for n, l in losses.items()))
     if args.via_train:
@@ -283,6 +312,7 @@ def run(args: argparse.Namespace) -> None:
         # peak / transformers' achieved rate.
         print(f"{dtype:5s} ceiling for any implementation / transformers (100% of peak): "
               f"{peak / (med['transformers'] * flops):.2f}x")
+        print_gemm_ceiling(dtype, sides, ctx)
 
 
 def profile(args: argparse.Namespace) -> None:
