@@ -148,9 +148,12 @@ class _CausalAttentionDropout(torch.autograd.Function):
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
         with torch.autocast(q.device.type, enabled=False):
             probs = _causal_probs(q, k, in_place=True)                      # [B, H, T, T]
-            keep = keep_mask(probs.shape, num, den, probs.dtype)            # [B, H, T, T]
             ctx.scale = den / (den - num)
             ctx.recompute = probs.numel() * probs.element_size() > RECOMPUTE_PROBS_BYTES
+            # Large (recomputed) layers keep a 1-byte mask; small ones one in the probabilities'
+            # 16-bit dtype, which multiplies faster (see keep_mask).
+            mask_dtype = torch.uint8 if ctx.recompute else probs.dtype
+            keep = keep_mask(probs.shape, num, den, mask_dtype)             # [B, H, T, T]
             ctx.save_for_backward(q, k, v, keep, None if ctx.recompute else probs)
             # The 1 / (1 - p) scale goes on the 4x smaller [B, H, T, D] side; unsaved
             # probabilities are dropped in place (no fresh [B, H, T, T] buffer).
