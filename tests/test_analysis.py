@@ -245,3 +245,27 @@ def test_bad_sweep_options_are_one_line_errors(tmp_path, capsys):
     assert main(["analysis", "ablations", "--init", "x", "--tasks", "nope", "--data-root", "d",
                  "--out", str(tmp_path / "a")]) == 2
     assert "--task-data nope=DIR" in capsys.readouterr().err
+
+
+def test_data_size_and_layers_tables_cover_every_recorded_run(tmp_path):
+    """A sweep grown over several invocations (other sizes, K values or seeds) is tabulated
+    whole, not just the part the latest command line asked for."""
+    from gpt1.analysis import data_size, layers
+    sweep = Sweep(tmp_path / "ds", "data-size", {"task": "sst2"})
+    for key, value in (("pretrained/n=100/seed=0", 0.6), ("pretrained/n=100/seed=1", 0.7),
+                       ("scratch/n=100/seed=0", 0.5), ("pretrained/n=3000/seed=0", 0.8),
+                       ("pretrained/n=all/seed=0", 0.9)):
+        sweep.run(key, ["x"], lambda v=value: {"metric": "accuracy", "value": v, "train_n": 1})
+    sizes = data_size.recorded_sizes(sweep, [300])
+    assert sizes == [100, 300, 3000, None]
+    table = data_size.summarise(sweep, sizes, "sst2")
+    first = table["rows"][0]
+    assert first["pretrained"]["seeds"] == 2 and abs(first["pretrained"]["mean"] - 0.65) < 1e-9
+    assert first["scratch"]["seeds"] == 1 and table["rows"][1]["pretrained"]["seeds"] == 0
+    assert table["rows"][-1]["size"] == "all"
+
+    sweep = Sweep(tmp_path / "layers", "layers", {"task": "sst2"})
+    for key in ("k=0/seed=0", "k=2/seed=0", "k=2/seed=1"):
+        sweep.run(key, ["x"], lambda: {"metric": "accuracy", "dev": 0.6, "train": 0.7})
+    table = layers.summarise(sweep, [0, 1, 2], "sst2", 2)
+    assert [r["seeds"] for r in table["rows"]] == [1, 0, 2]

@@ -62,22 +62,30 @@ def data_size_sweep(init: str | Path, task: str, data: str | Path, out: str | Pa
                     return {"metric": metric, "value": value, "train_n": results.get("train_n"),
                             "results": results}
                 sweep.run(f"{arm}/n={label}/seed={seed}", argv, job, run_dir=run_dir)
-    table = summarise(sweep, sizes, seeds, task)
+    table = summarise(sweep, recorded_sizes(sweep, sizes), task)
     report.write_json(out / "data_size.json", table)
     (out / "data_size.md").write_text(markdown(table))
     plot(table, out / "data_size.png")
     return table
 
 
-def summarise(sweep: Sweep, sizes: Sequence[int | None], seeds: Sequence[int],
-              task: str) -> dict[str, Any]:
+def recorded_sizes(sweep: Sweep, asked: Sequence[int | None]) -> list[int | None]:
+    """The sizes asked for now plus those earlier invocations into the folder finished, ascending
+    (`None` = all, last): a sweep grown over several invocations is tabulated whole."""
+    labels = {"all" if s is None else str(s) for s in asked}
+    labels |= {key.split("/")[1][2:] for key in sweep.runs if key.count("/") == 2}
+    numbers = sorted(int(label) for label in labels if label != "all")
+    return numbers + ([None] if "all" in labels else [])
+
+
+def summarise(sweep: Sweep, sizes: Sequence[int | None], task: str) -> dict[str, Any]:
+    """Per size and arm: mean, std and count over every finished seed of that cell."""
     rows, metric = [], ""
     for size in sizes:
         label = "all" if size is None else str(size)
         row: dict[str, Any] = {"size": label}
         for arm in ARMS:
-            done = [sweep.result(f"{arm}/n={label}/seed={s}") for s in seeds
-                    if sweep.done(f"{arm}/n={label}/seed={s}")]
+            done = [sweep.result(k) for k in sweep.done_with_prefix(f"{arm}/n={label}/seed=")]
             metric = done[0]["metric"] if done else metric
             mean, std = report.mean_std([r["value"] for r in done])
             # The real number of examples (`all`, or a size above the split's size).

@@ -45,19 +45,20 @@ def layers_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
                 return {"metric": metric, "dev": dev, "train": train[metric], "dev_results": results,
                         "train_results": train}
             sweep.run(f"k={k}/seed={seed}", argv, job, run_dir=run_dir)
-    table = summarise(sweep, ks, seeds, task, n_layer)
+    recorded = {int(key.split("/")[0][2:]) for key in sweep.runs}   # "k=K/seed=S"
+    table = summarise(sweep, sorted(set(ks) | recorded), task, n_layer)
     report.write_json(out / "layers.json", table)
     (out / "layers.md").write_text(markdown(table))
     plot(table, out / "layers.png")
     return table
 
 
-def summarise(sweep: Sweep, ks: Sequence[int], seeds: Sequence[int], task: str,
-              n_layer: int) -> dict[str, Any]:
+def summarise(sweep: Sweep, ks: Sequence[int], task: str, n_layer: int) -> dict[str, Any]:
+    """Per K: mean and std over every finished seed (earlier invocations' seeds included)."""
     rows = []
     metric = ""
     for k in ks:
-        done = [sweep.result(f"k={k}/seed={s}") for s in seeds if sweep.done(f"k={k}/seed={s}")]
+        done = [sweep.result(key) for key in sweep.done_with_prefix(f"k={k}/seed=")]
         metric = done[0]["metric"] if done else metric
         dev, dev_std = report.mean_std([r["dev"] for r in done])
         train, train_std = report.mean_std([r["train"] for r in done])
