@@ -10,51 +10,18 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpt1.config import ModelConfig
+from gpt1.masks import keep_mask
 
 
 def _rational_rate(p: float) -> tuple[int, int] | None:
     """(num, den) with num/den == p exactly (as floats) and den <= 255, else None."""
     frac = Fraction(p).limit_denominator(255)
     return (frac.numerator, frac.denominator) if float(frac) == p else None
-
-
-# The bit patterns of 1.0 in the 16-bit float types: a mask made directly in the activations'
-# dtype multiplies about 4x faster on CPU than a uint8 one (which is converted on the fly).
-_ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}
-
-
-def keep_mask(shape: torch.Size | tuple[int, ...], num: int, den: int,
-              dtype: torch.dtype = torch.uint8) -> torch.Tensor:
-    """A CPU dropout mask of `shape`: 0 with probability exactly num/den, else 1.
-
-    The mask is bf16/fp16 when `dtype` is one of those (same bytes as the activations it
-    multiplies), else uint8 (0/1). torch's CPU samplers draw one Mersenne-Twister number per
-    element on one thread, which made mask drawing a tenth of a training step. Here one 62-bit
-    seed is drawn from torch's default generator (so `torch.manual_seed` and saved RNG states
-    still decide every mask, and resume stays exact) and numpy's SFC64 fills 16 random bits per
-    element in bulk. A 16-bit value drops when it falls in the first `num` of `den` equal buckets
-    of `65536 // den` values; the few values past the last whole bucket are redrawn exactly, so
-    the rate is exactly num/den, not a rounded threshold.
-    """
-    n = math.prod(shape)
-    seed = int(torch.randint(0, 1 << 62, (1,), dtype=torch.int64))
-    bits = np.random.SFC64(seed)
-    u = bits.random_raw((n + 3) // 4).view(np.int16)[:n]                    # [n] uniform
-    bucket = 65536 // den
-    keep = u >= num * bucket - 32768        # numpy: its int16 compares are ~3x torch's here
-    leftover = np.flatnonzero(u >= bucket * den - 32768)
-    if leftover.size:
-        keep[leftover] = np.random.Generator(bits).integers(0, den, leftover.size) >= num
-    one = _ONE_BITS.get(dtype)
-    if one is None:
-        return torch.from_numpy(keep.view(np.uint8)).view(shape)
-    return torch.from_numpy(keep * np.int16(one)).view(dtype).view(shape)
 
 
 class _MaskDropout(torch.autograd.Function):

@@ -71,7 +71,7 @@ def test_keep_mask_rate_is_exact_including_the_redrawn_values(monkeypatch):
     are redrawn, so the drop rate is exactly num/den. Fed all 65536 values once, the buckets
     alone must drop exactly num * (65536 // den) of them."""
     import numpy as np
-    from gpt1 import model as model_mod
+    from gpt1 import masks as model_mod
 
     real_bits = np.random.SFC64
 
@@ -107,12 +107,12 @@ def test_keep_mask_statistics_and_fresh_draws():
 
 
 def model_mod_keep(shape):
-    from gpt1.model import keep_mask
+    from gpt1.masks import keep_mask
     return keep_mask(shape, 1, 10)
 
 
 def test_keep_mask_in_16_bit_float_types_is_the_same_mask():
-    from gpt1.model import keep_mask
+    from gpt1.masks import keep_mask
     for dtype in (torch.bfloat16, torch.float16):
         torch.manual_seed(4)
         as_bytes = keep_mask((300, 70), 1, 10)
@@ -131,3 +131,21 @@ def test_bf16_dropout_values_and_gradient():
     torch.testing.assert_close(y[kept], (x[kept].float() / 0.9).bfloat16())
     y.backward(torch.ones_like(y))
     torch.testing.assert_close(x.grad.float(), (kept.float() / 0.9).bfloat16().float())
+
+
+def test_keep_mask_chunks_do_not_depend_on_the_thread_count():
+    from gpt1.masks import CHUNK, keep_mask
+    shape = (3, CHUNK + 12345)                       # several chunks, a ragged last one
+    before = torch.get_num_threads()
+    try:
+        masks = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            torch.manual_seed(9)
+            masks.append(keep_mask(shape, 1, 10, torch.bfloat16))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
+    flat = masks[0].flatten().float()
+    assert not torch.equal(flat[:1000], flat[CHUNK:CHUNK + 1000])   # chunks are independent
+    assert abs(1 - flat.mean().item() - 0.1) < 2e-3
