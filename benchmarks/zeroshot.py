@@ -44,6 +44,7 @@ class Recorder:
 
     def __init__(self, scorer: zs.Scorer):
         self.scorer, self.requests, self.truncated = scorer, [], 0
+        self.n_positions, self.model = scorer.n_positions, scorer.model   # read by run_task
 
     def score(self, requests, greedy: bool = False):
         self.requests.extend(requests)
