@@ -111,6 +111,7 @@ class Scorer:
         self.n_positions = min(model.config.n_positions, max_context or model.config.n_positions)
         self.batch_tokens, self.max_rows, self.logits_chunk = batch_tokens, max_rows, logits_chunk
         self.truncated = 0   # requests cut to fit n_positions (see `_plan`)
+        self._logits_buffer: torch.Tensor | None = None   # reused [logits_chunk, V] fp32
 
     def _plan(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]):
         """Rows to run (prefix-shared) and, per request, (row index, first position, targets)."""
@@ -174,6 +175,28 @@ class Scorer:
                              all(g for _, g in pairs) if greedy else None))
         return out
 
+    def _log_probs(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Log-softmax of the output layer at `hidden` `[n, C]` -> `[n, V]`, fp32 even in bf16.
+
+        On CPU the logits land in one reused fp32 buffer and the log-softmax overwrites them in
+        place: a fresh `[n, V]` tensor (166 MB for 1,024 rows of GPT-1's vocabulary) costs a page
+        fault per 4 KiB, and logsumexp's own temporary as much again. The result is a view of
+        the buffer, valid until the next call.
+        """
+        if hidden.device.type != "cpu":
+            return torch.log_softmax(F.linear(hidden, weight).float(), dim=-1)
+        n, V = hidden.shape[0], weight.shape[0]
+        buf = self._logits_buffer
+        if buf is None or buf.shape[1] != V or buf.shape[0] < n:
+            buf = self._logits_buffer = torch.empty(max(n, self.logits_chunk), V)
+        out = buf[:n]
+        if hidden.dtype == weight.dtype == torch.float32:
+            torch.mm(hidden, weight.t(), out=out)
+        else:
+            out.copy_(F.linear(hidden, weight))     # 16-bit logits, upcast once
+        # The CPU kernel reads each row before writing it, so out may alias the input.
+        return torch.ops.aten._log_softmax.out(out, 1, False, out=out)
+
     def _batches(self, rows: list[tuple[int, ...]]):
         batch: list[tuple[int, ...]] = []
         for row in rows:   # longest first, so the first row of a batch sets its width
@@ -198,16 +221,14 @@ class Scorer:
         weight = self.model.lm_weight()
         for lo in range(0, len(positions), self.logits_chunk):
             chunk = positions[lo:lo + self.logits_chunk]
-            # The output layer only where a next token is scored; softmax in fp32 even in bf16.
-            logits = F.linear(picked[lo:lo + len(chunk)], weight).float()   # [n, V]
-            lse = torch.logsumexp(logits, dim=-1)                           # [n]
+            logp_all = self._log_probs(picked[lo:lo + len(chunk)], weight)   # [n, V] fp32
             triples = [(i, t) for i, (b, pos) in enumerate(chunk) for t in wanted[batch[b]][pos]]
             rows = torch.tensor([i for i, _ in triples], device=device)
             targets = torch.tensor([t for _, t in triples], device=device)
-            # Only the scored entries leave the chunk: log p = logit - logsumexp.
-            logp = (logits[rows, targets] - lse[rows]).tolist()
-            if greedy:
-                hit = (logits.argmax(dim=-1)[rows] == targets).tolist()
+            # Only the scored entries leave the chunk.
+            logp = logp_all[rows, targets].tolist()
+            if greedy:   # the argmax of the log-probabilities is the argmax of the logits
+                hit = (logp_all.argmax(dim=-1)[rows] == targets).tolist()
             else:
                 hit = [None] * len(triples)
             for (i, t), lp, g in zip(triples, logp, hit):
