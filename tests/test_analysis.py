@@ -217,6 +217,14 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     assert "--transfer-layers" in lines[1] and lines[1][lines[1].index("--transfer-layers") + 1] == "-1"
     assert lines[2][lines[2].index("--lm-coef") + 1] == "0.0"
     assert lines[3][lines[3].index("--init") + 1] == str(sst2_setup["lstm"])
+    # --rows runs only the rows asked for; the table keeps every row with results.
+    only = tmp_path / "abl-lstm"
+    assert main(["analysis", "ablations", "--init", str(sst2_setup["gpt"]), "--lstm-init",
+                 str(sst2_setup["lstm"]), "--tasks", "sst2", "--data-root", str(data_root),
+                 "--task-data", "sst2=sst2", "--out", str(only), "--rows", "lstm", *FT]) == 0
+    assert len(finetune_lines(only)) == 1
+    rows = json.loads((only / "ablations.json").read_text())["rows"]
+    assert rows["lstm"]["cells"]["sst2"]["seeds"] == 1 and rows["full"]["cells"]["sst2"]["seeds"] == 0
     # The fine-tuned LSTM run reloads as an LSTM.
     from gpt1.finetune import load_finetuned
     model, _, _ = load_finetuned(out / "runs" / "sst2-lstm-seed0")
@@ -245,6 +253,10 @@ def test_bad_sweep_options_are_one_line_errors(tmp_path, capsys):
     assert main(["analysis", "ablations", "--init", "x", "--tasks", "nope", "--data-root", "d",
                  "--out", str(tmp_path / "a")]) == 2
     assert "--task-data nope=DIR" in capsys.readouterr().err
+    (tmp_path / "root" / "glue" / "SST-2").mkdir(parents=True)
+    assert main(["analysis", "ablations", "--init", "x", "--tasks", "sst2", "--data-root",
+                 str(tmp_path / "root"), "--rows", "lstm", "--out", str(tmp_path / "b")]) == 2
+    assert "needs --lstm-init" in capsys.readouterr().err
 
 
 def test_data_size_and_layers_tables_cover_every_recorded_run(tmp_path):

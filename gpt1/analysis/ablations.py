@@ -63,13 +63,23 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
                    options: FinetuneOptions, lstm_init: str | Path | None = None,
                    seeds: Sequence[int] = (0,), folders: dict[str, str] | None = None,
                    splits: dict[str, str] | None = None, train_examples: int | None = None,
-                   command: list[str] | None = None) -> dict[str, Any]:
-    """Run (or resume) the ablations; write ablations.md / .json; return the table."""
+                   command: list[str] | None = None,
+                   only_rows: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run (or resume) the ablations; write ablations.md / .json; return the table.
+
+    `only_rows` runs just those rows (e.g. the LSTM row in a folder of its own while another
+    process runs the Transformer rows); the table shows every row it has results for.
+    """
     plan = task_plan(tasks, data_root, folders or {}, splits or {})
     rows = {"full": (init, {}), "scratch": (init, {"transfer_layers": -1}),
             "no_aux": (init, {"lm_coef": 0.0})}
     if lstm_init is not None:
         rows["lstm"] = (lstm_init, {})
+    for row in only_rows or ():
+        if row not in rows:
+            hint = " (it needs --lstm-init)" if row == "lstm" else ""
+            raise ConfigError(f"--rows: unknown or unavailable row {row!r}{hint}; "
+                              f"choose from {', '.join(rows)}")
     out = Path(out)
     settings = {"init": str(init), "lstm_init": str(lstm_init) if lstm_init else None,
                 "plan": plan, "train_examples": train_examples, "finetune": options.settings()}
@@ -77,6 +87,8 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
     sweep = Sweep(out, "ablations", settings, command, growable=("plan", "lstm_init"))
     for task, where in plan.items():
         for row, (ckpt, extra) in rows.items():
+            if only_rows and row not in only_rows:
+                continue
             for seed in seeds:
                 run_dir = out / "runs" / f"{task}-{row}-seed{seed}"
                 argv = finetune_argv(task, where["data"], ckpt, run_dir, options, seed=seed,

@@ -64,6 +64,8 @@ def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
                    help="train and scored splits of a task (default train:dev), e.g. "
                    "scitail=dev:test for data that has no train split")
     s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    s.add_argument("--rows", help="run only these rows: full,scratch,no_aux,lstm (default: all; "
+                   "the table shows every row with results in --out)")
     s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
     s.add_argument("--out", default="analysis/ablations", help="output folder")
     _finetune_options(s)
@@ -164,7 +166,9 @@ def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
         table = ablation_sweep(args.init, tasks, args.data_root, args.out, options, args.lstm_init,
                                seeds, parse_mapping(args.task_data, "--task-data"),
-                               parse_mapping(args.splits, "--splits"), args.train_examples, command)
+                               parse_mapping(args.splits, "--splits"), args.train_examples, command,
+                               [r.strip() for r in args.rows.split(",") if r.strip()]
+                               if args.rows else None)
         print(markdown(table, args.lstm_init is not None), end="")
         print(f"wrote {args.out}/ablations.md, ablations.json")
     else:
