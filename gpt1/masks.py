@@ -27,15 +27,14 @@ CHUNK = 1 << 20
 # dtype multiplies about 4x faster on CPU than a uint8 one (which is converted on the fly).
 _ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[int, ThreadPoolExecutor] = {}   # one per thread count torch has been set to
 
 
 def _workers() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None or _pool._max_workers != torch.get_num_threads():
-        _pool = ThreadPoolExecutor(max_workers=torch.get_num_threads(),
-                                   thread_name_prefix="gpt1-masks")
-    return _pool
+    n = torch.get_num_threads()
+    if n not in _pools:
+        _pools[n] = ThreadPoolExecutor(max_workers=n, thread_name_prefix="gpt1-masks")
+    return _pools[n]
 
 
 def _fill(out: np.ndarray, seed: int, index: int, num: int, den: int, one: int | None) -> None:
@@ -68,8 +67,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], num: int, den: int,
     starts = range(0, n, CHUNK)
     jobs = [(out[s:s + CHUNK], seed, i, num, den, one) for i, s in enumerate(starts)]
     if len(jobs) > 1 and torch.get_num_threads() > 1:
-        for done in _workers().map(lambda job: _fill(*job), jobs):
-            pass
+        list(_workers().map(lambda job: _fill(*job), jobs))   # list(): wait, re-raise errors
     else:
         for job in jobs:
             _fill(*job)

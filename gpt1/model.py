@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.config import ModelConfig
+from gpt1.inplace import softmax_, softmax_backward_
 from gpt1.masks import keep_mask
 
 
@@ -77,18 +78,14 @@ def causal_attention_cpu_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def _causal_probs(q: torch.Tensor, k: torch.Tensor, in_place: bool = False) -> torch.Tensor:
     """softmax(q k^T / sqrt(D) + causal -inf mask): `[B, H, T, D]` x 2 -> `[B, H, T, T]`.
 
-    With `in_place` (no autograd through the result), the mask and the softmax overwrite the
-    scores: a fresh `[B, H, T, T]` tensor on CPU costs a page fault per 4 KiB, and the two saved
-    allocations halve the time of this function.
+    The mask is always added in place (autograd does not need the scores); with `in_place`
+    (no autograd through the result) the softmax overwrites them too (`gpt1.inplace`).
     """
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]
     scores = torch.matmul(q, k.transpose(-1, -2)).mul_(1.0 / math.sqrt(q.shape[-1]))  # [B, H, T, T]
     scores.add_(mask.to(scores.dtype))
-    if in_place and scores.device.type == "cpu":
-        # The CPU kernel reads each row before writing it, so out may alias the input.
-        return torch.ops.aten._softmax.out(scores, -1, False, out=scores)
-    return scores.softmax(-1)
+    return softmax_(scores) if in_place and scores.device.type == "cpu" else scores.softmax(-1)
 
 
 # Above this many bytes of attention probabilities per layer, backward recomputes them from q and
@@ -136,9 +133,7 @@ class _CausalAttentionDropout(torch.autograd.Function):
         grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep)     # [B, H, T, T]
         # In place, reusing the [B, H, T, T] buffers (fresh ones page-fault on CPU): backward runs
         # once, so the saved probabilities may be overwritten once their last reader is done.
-        # The softmax-backward kernel reads a row's grad before writing it, so out may alias it.
-        grad_scores = torch.ops.aten._softmax_backward_data.out(
-            grad_probs, probs, -1, probs.dtype, grad_input=grad_probs)
+        grad_scores = softmax_backward_(grad_probs, probs)
         grad_v = torch.matmul(probs.mul_(keep).transpose(-1, -2), grad)     # [B, H, T, D]
         grad_scores.mul_(1.0 / math.sqrt(q.shape[-1]))
         grad_q = torch.matmul(grad_scores, k)                               # [B, H, T, D]

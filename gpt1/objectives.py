@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt1.inplace import softmax_
+
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(t.device.type):
@@ -124,8 +126,7 @@ def _softmax_minus_onehot_(logits: torch.Tensor, idx: torch.Tensor, grad: bool) 
     for r in range(0, n, rows):
         blk = logits[r:r + rows]                                            # [b, V]
         work = blk if in_place else buf[:blk.shape[0]].copy_(blk)
-        # The CPU kernel reads each row before writing it, so out may alias the input.
-        torch.ops.aten._softmax.out(work, 1, False, out=work)
+        softmax_(work, 1)
         i = idx[r:r + rows]
         p[r:r + rows] = work.gather(1, i).squeeze(1)
         if grad:

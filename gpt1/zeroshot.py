@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from gpt1 import zeroshot_data as zd
 from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.inplace import log_softmax_
 from gpt1.tasks.examples import ChoiceExample
 
 log = logging.getLogger(__name__)
@@ -194,8 +195,7 @@ class Scorer:
             torch.mm(hidden, weight.t(), out=out)
         else:
             out.copy_(F.linear(hidden, weight))     # 16-bit logits, upcast once
-        # The CPU kernel reads each row before writing it, so out may alias the input.
-        return torch.ops.aten._log_softmax.out(out, 1, False, out=out)
+        return log_softmax_(out, 1)
 
     def _batches(self, rows: list[tuple[int, ...]]):
         batch: list[tuple[int, ...]] = []
