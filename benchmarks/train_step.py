@@ -342,7 +342,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16 (autocast)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2, help="steps per side per round")
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="untimed steps per side and dtype first (a cold heap page-faults: after "
+                         "one, transformers' first bf16 rounds ran ~15%% slow)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plain-adam", action="store_true", help="unfused Adam for gpt1 too")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(gpt1)")

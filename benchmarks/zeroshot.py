@@ -16,6 +16,7 @@ so the timing is of equal work. Prints requests/s and the speedup per task and d
 
     python benchmarks/zeroshot.py                    # mini preset shape, 100 examples a task
     python benchmarks/zeroshot.py --preset gpt1 --limit 30 --repeats 2 --threads 2
+    python benchmarks/zeroshot.py --tasks cola --dtypes fp32 --ceiling   # + GEMM-bound ceiling
 """
 from __future__ import annotations
 
@@ -128,6 +129,22 @@ def interleaved(fns: dict, repeats: int) -> tuple[dict, dict]:
     return best, results
 
 
+GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
+
+
+def gemm_seconds(fn) -> float:
+    """Seconds spent in GEMM kernels during one call of `fn` (torch.profiler, self time).
+
+    Both engines must run these matrix products (the transformer on every row position, the
+    output layer on every scored position), so HF's time over gpt1's GEMM time bounds the
+    speedup any removal of gpt1's other work could reach on these inputs.
+    """
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in GEMM_OPS) / 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="mini", help="model shape (vocabulary: GPT-1's 40,478)")
@@ -138,6 +155,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="best of N timings")
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--max-rows", type=int, default=64)
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also profile gpt1's GEMM time per task: HF time / that = the best "
+                         "speedup possible on these inputs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from gpt1.tokenizer import Tokenizer
@@ -171,6 +191,10 @@ def main() -> None:
             n = len(reqs)
             print(f"{task:12s} {dtype:5s} {n:5d} {tokens:7d} {n / t_ours:9.1f} {n / t_all:11.1f} "
                   f"{n / t_hf:8.1f} {t_hf / t_ours:7.2f}x {diff:10.2e}", flush=True)
+            if args.ceiling:
+                gemm = gemm_seconds(lambda: scorer.score(reqs))
+                print(f"{'':12s} {dtype:5s} GEMM-bound ceiling: HF {t_hf:.3f} s / gpt1's GEMMs "
+                      f"{gemm:.3f} s (of {t_ours:.3f} s) = {t_hf / gemm:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -112,7 +112,7 @@ class Scorer:
         self.n_positions = min(model.config.n_positions, max_context or model.config.n_positions)
         self.batch_tokens, self.max_rows, self.logits_chunk = batch_tokens, max_rows, logits_chunk
         self.truncated = 0   # requests cut to fit n_positions (see `_plan`)
-        self._logits_buffer: torch.Tensor | None = None   # reused [logits_chunk, V] fp32
+        self._logits_buffers: dict[torch.dtype, torch.Tensor] = {}   # reused [logits_chunk, V]
 
     def _plan(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]):
         """Rows to run (prefix-shared) and, per request, (row index, first position, targets)."""
@@ -179,23 +179,31 @@ class Scorer:
     def _log_probs(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """Log-softmax of the output layer at `hidden` `[n, C]` -> `[n, V]`, fp32 even in bf16.
 
-        On CPU the logits land in one reused fp32 buffer and the log-softmax overwrites them in
-        place: a fresh `[n, V]` tensor (166 MB for 1,024 rows of GPT-1's vocabulary) costs a page
-        fault per 4 KiB, and logsumexp's own temporary as much again. The result is a view of
-        the buffer, valid until the next call.
+        On CPU the logits land in reused buffers and the log-softmax overwrites them in place: a
+        fresh `[n, V]` tensor (166 MB for 1,024 rows of GPT-1's vocabulary in fp32, 83 MB in
+        bf16) costs a page fault per 4 KiB, and logsumexp's own temporary as much again. 16-bit
+        logits go through a 16-bit buffer, upcast once into the fp32 one. The result is a view
+        of the fp32 buffer, valid until the next call.
         """
         if hidden.device.type != "cpu":
             return torch.log_softmax(F.linear(hidden, weight).float(), dim=-1)
-        n, V = hidden.shape[0], weight.shape[0]
-        buf = self._logits_buffer
-        if buf is None or buf.shape[1] != V or buf.shape[0] < n:
-            buf = self._logits_buffer = torch.empty(max(n, self.logits_chunk), V)
-        out = buf[:n]
+        n = hidden.shape[0]
+        out = self._buffer(torch.float32, n, weight.shape[0])
         if hidden.dtype == weight.dtype == torch.float32:
             torch.mm(hidden, weight.t(), out=out)
+        elif hidden.dtype == weight.dtype:
+            out.copy_(torch.mm(hidden, weight.t(), out=self._buffer(hidden.dtype, n, weight.shape[0])))
         else:
-            out.copy_(F.linear(hidden, weight))     # 16-bit logits, upcast once
+            out.copy_(F.linear(hidden, weight))
         return log_softmax_(out, 1)
+
+    def _buffer(self, dtype: torch.dtype, n: int, V: int) -> torch.Tensor:
+        """The first `n` rows of this scorer's reused `[>= n, V]` buffer of `dtype`."""
+        buf = self._logits_buffers.get(dtype)
+        if buf is None or buf.shape[1] != V or buf.shape[0] < n:
+            buf = self._logits_buffers[dtype] = torch.empty(max(n, self.logits_chunk), V,
+                                                            dtype=dtype)
+        return buf[:n]
 
     def _batches(self, rows: list[tuple[int, ...]]):
         batch: list[tuple[int, ...]] = []
