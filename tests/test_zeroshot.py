@@ -112,6 +112,24 @@ def test_scorer_bf16_close_to_fp32():
         assert b.logprobs == pytest.approx(a.logprobs, abs=0.25)
 
 
+def test_scorer_bf16_reuses_its_logits_buffers_without_mixing_chunks():
+    # logits_chunk=3 forces several chunks per batch through the same 16-bit and fp32 buffers;
+    # each request must still get its own positions' values (the plain bf16 computation).
+    model = tiny_model().to(torch.bfloat16)
+    reqs = [r for r in random_requests(random.Random(2), 12, 50) if len(r[0]) + len(r[1]) <= 25]
+    scorer = zs.Scorer(model, logits_chunk=3)
+    scored = scorer.score(reqs)
+    assert set(scorer._logits_buffers) == {torch.bfloat16, torch.float32}
+    for (ctx, cont), s in zip(reqs, scored):
+        full = (ctx + cont)[:-1]
+        with torch.no_grad():
+            logits = model.lm_logits(model(torch.tensor([full])))[0].float()
+        logp = torch.log_softmax(logits, -1)
+        first = len(full) - len(cont)
+        ref = [float(logp[first + i, t]) for i, t in enumerate(cont)]
+        assert s.logprobs == pytest.approx(ref, abs=0.05)
+
+
 def hf_model_from(model: GPT):
     transformers = pytest.importorskip("transformers")
     c = model.config
