@@ -53,11 +53,13 @@ def check_options(temperature: float, top_k: int | None, top_p: float | None,
 
 
 @torch.no_grad()
-def generate(model: GPT, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None,
+def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
              generator: torch.Generator | None = None, use_cache: bool = True) -> torch.Tensor:
     """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
 
+    `model` is a `GPT` (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM
+    baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
     temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
     """
     check_options(temperature, top_k, top_p, max_new_tokens)
@@ -72,7 +74,7 @@ def generate(model: GPT, ids: torch.Tensor, max_new_tokens: int, temperature: fl
     model.eval()
     device = model.wte.weight.device
     out = ids.to(device)
-    cache = KVCache(model.config.n_layer) if use_cache else None
+    cache = KVCache(model.config.n_layer) if use_cache and isinstance(model, GPT) else None
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
         for _ in range(max_new_tokens):
@@ -114,7 +116,8 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
            top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
            device: str = "cpu") -> list[Sample]:
     """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
-    from gpt1.checkpoint import load_checkpoint, resolve_checkpoint_dir, tokenizer_dir_of
+    from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+    from gpt1.lstm import load_any_checkpoint
     check_options(temperature, top_k, top_p, max_new_tokens)
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
@@ -131,7 +134,7 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
             raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt), so a text "
                                   "prompt cannot be encoded; use --prompt-ids")
         prompt_ids = list(tokenizer.encode(prompt))
-    model = load_checkpoint(folder, device=device)
+    model = load_any_checkpoint(folder, device=device)   # GPT or the LSTM baseline
     n_pos = model.config.n_positions
     if len(prompt_ids) > n_pos:
         log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos)

@@ -191,3 +191,21 @@ def test_info_describes_an_lstm_checkpoint(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert info["arch"] == "lstm" and info["parameters"] == model.num_parameters()
     assert info["flops_per_token"] > 0
+
+
+def test_sample_continues_an_lstm_checkpoint_greedily(tmp_path):
+    from gpt1.sample import sample
+    torch.manual_seed(0)
+    model = LSTMLM(small(n_positions=8)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)       # a peaked distribution, so the argmax path is not all one token
+    save_lstm(model, tmp_path / "ckpt")
+    prompt = [5, 17, 3]
+    (got,) = sample(tmp_path / "ckpt", prompt_ids=prompt, max_new_tokens=10, temperature=0)
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(10):         # past n_positions=8 only the last 8 tokens are read
+            window = torch.tensor([ids[-8:]])
+            ids.append(int(model.lm_logits(model(window))[0, -1].argmax()))
+    assert got.ids == ids and got.prompt_len == 3 and len(set(ids[3:])) > 1
