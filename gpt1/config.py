@@ -330,6 +330,7 @@ class FinetuneConfig:
     question_delimiter: bool = False  # multiple choice: also a delimiter between context and question
     encode_processes: int = 1
     train_examples: int = 0          # train on a seeded random subset of this size (0 = all)
+    group_by_length: bool = False    # batches of similar length (less padding; not OAI's shuffle)
 
     def __post_init__(self) -> None:
         if self.lm_coef < 0:

@@ -24,16 +24,23 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", 
 
 @torch.no_grad()
 def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
-    """Predicted class index (or choice index, or score) per example, in order."""
-    from gpt1.finetune import make_batch
+    """Predicted class index (or choice index, or score) per example, in order.
+
+    Batches are formed longest first, so each pads to a similar length (right padding does not
+    reach a causal model's real positions, so an example's output does not depend on its
+    batch); the predictions are put back in the split's order.
+    """
+    from gpt1.finetune import example_length, make_batch
     device = next(model.parameters()).device
-    preds: list[Any] = []
-    for start in range(0, len(enc.items), micro):
-        index = list(range(start, min(start + micro, len(enc.items))))
+    order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
+    preds: list[Any] = [None] * len(order)
+    for start in range(0, len(order), micro):
+        index = order[start:start + micro]
         batch = make_batch(enc, index, task.regression)
         out, _ = model(batch["ids"].to(device), batch["mask"].to(device), with_lm=False)
         out = out.float().cpu()
-        preds += out.tolist() if task.regression else out.argmax(-1).tolist()
+        for i, p in zip(index, out.tolist() if task.regression else out.argmax(-1).tolist()):
+            preds[i] = p
     return preds
 
 

@@ -132,6 +132,11 @@ def encode_split(split: Split, task: Task, tok: Any, n_ctx: int, question_delimi
     return Encoded(items, [e.label for e in split.examples], [e.uid for e in split.examples])
 
 
+def example_length(item: list[list[int]]) -> int:
+    """Padded length an example needs: its longest sequence (choices pad to the longest)."""
+    return max((len(seq) for seq in item), default=0)
+
+
 def make_batch(enc: Encoded, index: list[int], regression: bool) -> dict[str, torch.Tensor]:
     ids, mask = pad_batch([enc.items[i] for i in index])
     batch = {"ids": ids, "mask": mask}
@@ -142,16 +147,29 @@ def make_batch(enc: Encoded, index: list[int], regression: bool) -> dict[str, to
 
 
 # --------------------------------------------------------------------------- source
+# Length grouping sorts runs of this many micro-batches of a shuffled epoch by length.
+GROUP_BATCHES = 50
+
+
 class FinetuneSource:
     """Shuffled epochs over the training examples; rank r takes every world-th example.
 
     The permutation of epoch e comes from a generator seeded with (seed, e), so the state is
     just (epoch, position): resume continues with exactly the next example.
+
+    With `group_by_length` (the micro-batch size; 0 = off) each epoch's shuffled order is cut
+    into runs of `GROUP_BATCHES` micro-batches, each run sorted by length, the sorted runs cut
+    into micro-batches and those shuffled again: batches hold examples of similar length, so
+    far less padding (SST-2: 2.8x the real tokens with random batches of 32, 1.04x grouped),
+    while every example is still seen once per epoch in a seeded order. OpenAI's code shuffled
+    freely (and padded every example to the longest in the dataset), so this is off by default.
     """
 
-    def __init__(self, enc: Encoded, seed: int, regression: bool, rank: int = 0, world: int = 1):
+    def __init__(self, enc: Encoded, seed: int, regression: bool, rank: int = 0, world: int = 1,
+                 group_by_length: int = 0):
         self.enc, self.seed, self.regression = enc, seed, regression
         self.rank, self.world = rank, world
+        self.group = group_by_length
         self.epoch, self.pos = 0, 0
         self._order = self._permutation(0)
 
@@ -159,9 +177,30 @@ class FinetuneSource:
         g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
         perm = torch.randperm(len(self.enc.items), generator=g).tolist()
         usable = len(perm) - len(perm) % self.world or len(perm)
-        return perm[:usable][self.rank::self.world]
+        order = perm[:usable][self.rank::self.world]
+        return self._grouped(order, epoch, g) if self.group else order
+
+    def _grouped(self, order: list[int], epoch: int, g: torch.Generator) -> list[int]:
+        """`order` with runs sorted by length and cut where `next_batch` will cut them.
+
+        Batches run on across epochs, so epoch e starts (e * len) % micro examples into a
+        batch: its first `head` examples complete that batch, and whole micro-batches follow.
+        """
+        micro, n = self.group, len(order)
+        head = (micro - epoch * n % micro) % micro
+        run = GROUP_BATCHES * micro
+        body = order[head:]
+        body = [i for s in range(0, len(body), run)
+                for i in sorted(body[s:s + run], key=lambda i: -example_length(self.enc.items[i]))]
+        whole = len(body) - len(body) % micro
+        blocks = [body[s:s + micro] for s in range(0, whole, micro)]
+        shuffled = [blocks[b] for b in torch.randperm(len(blocks), generator=g).tolist()]
+        return order[:head] + [i for block in shuffled for i in block] + body[whole:]
 
     def next_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
+        if self.group and micro_batch_size != self.group:
+            raise ConfigError(f"this source groups by length for micro-batches of {self.group}, "
+                              f"asked for {micro_batch_size}")
         index = []
         while len(index) < micro_batch_size:
             if self.pos >= len(self._order):
@@ -279,7 +318,8 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
         log.info("fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g)",
                  task.name, len(enc.items), cfg.train_split, train_cfg.max_steps,
                  train_cfg.batch_size, train_cfg.lr, cfg.lm_coef)
-    source = FinetuneSource(enc, train_cfg.seed, task.regression, info.rank, info.world_size)
+    source = FinetuneSource(enc, train_cfg.seed, task.regression, info.rank, info.world_size,
+                            train_cfg.micro_batch_size if cfg.group_by_length else 0)
     try:
         result = train(model, FinetuneLoss(task.regression, cfg.lm_coef), source, train_cfg, out,
                        eval_fn=eval_fn, write_model=writer(tok_dir, record, resolved),

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-split", help="split scored after training (default dev; '' = none)")
     p.add_argument("--train-examples", type=int, metavar="N",
                    help="train on a random subset of N training examples (chosen by --seed)")
+    p.add_argument("--group-by-length", action="store_true", default=None,
+                   help="batch examples of similar length (far less padding, faster; the paper "
+                        "shuffled freely, so off by default)")
     p.add_argument("--skip-bad-rows", action="store_true", default=None,
                    help="skip malformed rows (counted and reported) instead of stopping")
     p.add_argument("--columns", metavar="ROLE=COL,...", help="csv/tsv/jsonl tasks: text=, a=, b=, "
@@ -82,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
                      "vocab": args.vocab, "lm_coef": args.lm_coef,
                      "transfer_layers": args.transfer_layers, "n_ctx": args.n_ctx,
                      "train_split": args.train_split, "eval_split": args.eval_split,
-                     "skip_bad_rows": args.skip_bad_rows, "train_examples": args.train_examples},
+                     "skip_bad_rows": args.skip_bad_rows, "train_examples": args.train_examples,
+                     "group_by_length": args.group_by_length},
         "train": {"epochs": args.epochs, "micro_batch_size": args.micro_batch,
                   "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
                   "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
