@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.model import GPT
-from gpt1.objectives import lm_loss_per_sequence
+from gpt1.objectives import lm_loss_sequence_mean
 
 KINDS = ("single", "pair", "similarity", "choice")
 
@@ -69,7 +69,8 @@ class TaskHead(nn.Module):
 
 
 class FinetuneModel(nn.Module):
-    """A GPT plus a task head; forward returns (task output, per-sequence LM loss `[B*K]`)."""
+    """A GPT plus a task head; forward returns (task output, LM loss): the LM loss is the mean
+    over the B*K sequences of each one's mean next-token loss (a scalar; None without `with_lm`)."""
 
     def __init__(self, gpt: GPT, kind: str, n_outputs: int, classify_id: int, pdrop: float = 0.1):
         super().__init__()
@@ -84,7 +85,7 @@ class FinetuneModel(nn.Module):
         hidden = self.gpt(flat)                                 # [B*K, T, C]
         states = extract_states(hidden, flat, self.classify_id).view(B, K, -1)  # [B, K, C]
         out = self.head(states)
-        lm = lm_loss_per_sequence(self.gpt, hidden, flat, mask.reshape(B * K, T)) if with_lm else None
+        lm = lm_loss_sequence_mean(self.gpt, hidden, flat, mask.reshape(B * K, T)) if with_lm else None
         return out, lm
 
 
@@ -97,7 +98,10 @@ def task_loss(output: torch.Tensor, labels: torch.Tensor, regression: bool) -> t
 
 def finetune_loss(output: torch.Tensor, lm: torch.Tensor | None, labels: torch.Tensor,
                   regression: bool, lm_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """task loss + lm_coef * mean per-sequence LM loss (reference a.7); lm_coef 0 drops the LM term."""
+    """task loss + lm_coef * mean per-sequence LM loss (reference a.7); lm_coef 0 drops the LM term.
+
+    `lm` is that mean already (`FinetuneModel`) or the per-sequence losses to average.
+    """
     task = task_loss(output, labels, regression)
     logs = {"task_loss": float(task.detach())}
     if lm_coef and lm is not None:

@@ -193,6 +193,23 @@ def lm_loss_per_sequence(model: Any, hidden: torch.Tensor, ids: torch.Tensor,
     return (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
+def lm_loss_sequence_mean(model: Any, hidden: torch.Tensor, ids: torch.Tensor,
+                          mask: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+    """`lm_loss_per_sequence(...).mean()` through the chunked loss, on real targets only.
+
+    The mean over S sequences of each one's mean CE is a weighted sum over real targets (weight
+    1 / (S n_s) for a target of sequence s with n_s real targets), so the output layer runs only
+    at real positions -- fine-tuning batches are mostly padding when examples differ in length --
+    and no `[B, T, V]` fp32 logits are kept. Scalar; 0 for a batch without real targets.
+    """
+    B, T, C = hidden.shape
+    real = mask[:, 1:] > 0                                      # [B, T-1] real targets
+    per_seq = real.sum(1).clamp_min(1).float()                  # [B] n_s
+    weights = (1.0 / (per_seq * B)).unsqueeze(1).expand(B, T - 1)[real]   # [N]
+    h = hidden[:, :-1][real]                                    # [N, C]
+    return chunked_cross_entropy(h, model.lm_weight(), ids[:, 1:][real], weights, chunk)
+
+
 class WindowLMLoss:
     """`loss_fn(model, batch)` for pretraining: batch = (inputs `[B, T]`, targets `[B, T]`)."""
 

@@ -47,14 +47,14 @@ def test_similarity_adds_both_orders():
     out, lm = m(x, mask)
     h = extract_states(m.gpt(x[0]), x[0], CLF)             # [2, C]: the two orders
     torch.testing.assert_close(out[0], m.head.linear(h[0] + h[1]))
-    assert lm.shape == (2,)
+    assert lm.shape == ()
 
 
 def test_choice_scores_each_answer_and_regression_is_scalar():
     m = tiny("choice", 1)
     x, mask = pad_batch([choice([5, 6], [], [[7], [8, 9], [10]], S, 64)] * 2)
     out, lm = m(x, mask)
-    assert out.shape == (2, 3) and lm.shape == (6,)
+    assert out.shape == (2, 3) and lm.shape == ()
     reg = tiny("similarity", 1)
     out, _ = reg(*pad_batch([similarity([5], [6], S, 64)] * 4))
     assert out.shape == (4,)
@@ -78,13 +78,15 @@ def test_head_init_is_n_0_002():
     assert head.linear.bias.abs().sum() == 0
 
 
-def test_lm_loss_ignores_pads_and_is_per_sequence():
+def test_lm_loss_ignores_pads_and_is_a_mean_over_sequences():
     m = tiny("single", 2)
-    x, mask = pad_batch([single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9, 10], S, 64)])
-    _, lm = m(x, mask)
-    _, lm_alone = m(*pad_batch([single([5, 6, 7], S, 64)]))
-    torch.testing.assert_close(lm[0], lm_alone[0])          # its pads do not count
-    assert lm.shape == (2,)
+    short, long = single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9, 10], S, 64)
+    _, lm = m(*pad_batch([short, long]))
+    _, lm_short = m(*pad_batch([short]))
+    _, lm_long = m(*pad_batch([long]))
+    # Each sequence counts once whatever its length, and the short one's pads do not count.
+    torch.testing.assert_close(lm, (lm_short + lm_long) / 2)
+    assert lm.shape == ()
 
 
 def test_finetune_loss_combines_task_and_lm():

@@ -84,6 +84,25 @@ def test_lm_loss_per_sequence_ignores_pads():
     assert per_seq.shape == (2,)
 
 
+def test_lm_loss_sequence_mean_equals_the_mean_of_per_sequence_losses():
+    from gpt1.objectives import lm_loss_sequence_mean
+    model = tiny_model()
+    ids = torch.randint(1, 512, (3, 10))
+    mask = torch.ones(3, 10)
+    mask[1, 6:] = 0
+    mask[2, 1:] = 0                                    # no real target at all: counts as 0
+    hidden = model(ids)
+    ref = lm_loss_per_sequence(model, hidden, ids, mask).mean()
+    ref_grads = torch.autograd.grad(ref, [hidden, model.wte.weight])
+    hidden = model(ids)
+    fused = lm_loss_sequence_mean(model, hidden, ids, mask, chunk=4)   # several chunks
+    grads = torch.autograd.grad(fused, [hidden, model.wte.weight])
+    torch.testing.assert_close(fused, ref)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert grads[0][2].abs().sum() == 0 and grads[0][1, 6:].abs().sum() == 0
+
+
 # ------------------------------------------------------------------------------- loop
 def test_accumulation_equals_large_batch(tmp_path):
     a, b = tiny_model(), tiny_model()
