@@ -45,6 +45,7 @@ from gpt1.data import WindowSource, open_prepared  # noqa: E402
 from gpt1.objectives import WindowLMLoss  # noqa: E402
 from gpt1.optim import build_optimizer, lr_at, set_lr  # noqa: E402
 from gpt1.trainer import _clip, to_device  # noqa: E402
+from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
 
 
 def build(args: argparse.Namespace):
@@ -155,23 +156,12 @@ def matmul_peak(dtype: torch.dtype, seconds: float, sizes=(1024, 2048, 3072)) ->
     return best
 
 
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
-
-
 def gemm_share(step, ctx, n: int = 2) -> tuple[float, float]:
-    """(seconds in GEMM kernels, wall seconds) per step, from a torch.profiler run of `n` steps.
-
-    GEMMs are the work no implementation can skip (both sides run the same matrix products), so
-    transformers' step time divided by gpt1's GEMM time bounds the ratio any further removal of
-    gpt1's other work (dropout, casts, GELU, softmax, optimizer) could reach at these shapes.
-    """
-    from torch.profiler import ProfilerActivity, profile as prof
-    with prof(activities=[ProfilerActivity.CPU]) as p:
-        start = time.perf_counter()
-        timed(step, n, ctx)
-        wall = (time.perf_counter() - start) / n
-    gemm = sum(e.self_cpu_time_total for e in p.key_averages() if e.key in GEMM_OPS) / 1e6 / n
-    return gemm, wall
+    """(seconds in GEMM kernels, wall seconds) per step, from a torch.profiler run of `n` steps
+    (`gemm_profile`): transformers' step time over gpt1's GEMM time bounds the ratio any further
+    removal of gpt1's other work (dropout, casts, GELU, softmax, optimizer) could reach here."""
+    gemm, wall = gemm_seconds(lambda: timed(step, n, ctx))
+    return gemm / n, wall / n
 
 
 def print_gemm_ceiling(dtype: str, sides: dict, ctx, hf_step_seconds: float) -> None:

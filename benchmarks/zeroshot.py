@@ -36,6 +36,7 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 from gpt1 import zeroshot as zs  # noqa: E402
 from gpt1.config import model_preset  # noqa: E402
 from gpt1.model import GPT  # noqa: E402
+from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -129,22 +130,6 @@ def interleaved(fns: dict, repeats: int) -> tuple[dict, dict]:
     return best, results
 
 
-GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
-
-
-def gemm_seconds(fn) -> float:
-    """Seconds spent in GEMM kernels during one call of `fn` (torch.profiler, self time).
-
-    Both engines must run these matrix products (the transformer on every row position, the
-    output layer on every scored position), so HF's time over gpt1's GEMM time bounds the
-    speedup any removal of gpt1's other work could reach on these inputs.
-    """
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    return sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in GEMM_OPS) / 1e6
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="mini", help="model shape (vocabulary: GPT-1's 40,478)")
@@ -192,7 +177,7 @@ def main() -> None:
             print(f"{task:12s} {dtype:5s} {n:5d} {tokens:7d} {n / t_ours:9.1f} {n / t_all:11.1f} "
                   f"{n / t_hf:8.1f} {t_hf / t_ours:7.2f}x {diff:10.2e}", flush=True)
             if args.ceiling:
-                gemm = gemm_seconds(lambda: scorer.score(reqs))
+                gemm, _ = gemm_seconds(lambda: scorer.score(reqs))
                 print(f"{'':12s} {dtype:5s} GEMM-bound ceiling: HF {t_hf:.3f} s / gpt1's GEMMs "
                       f"{gemm:.3f} s (of {t_ours:.3f} s) = {t_hf / gemm:.2f}x", flush=True)
 

@@ -158,6 +158,19 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
                                                 chunk, dtype, want_grad)
 
 
+def _real_targets(hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor):
+    """The positions whose next token is real (`mask` `[B, T]`, 1 = real): their hidden states
+    `[N, C]`, those next tokens `[N]` and each one's sequence index `[N]`.
+
+    Selecting them (instead of weighting pads by 0) keeps the output layer off the padding,
+    which in fine-tuning batches can be most of the positions.
+    """
+    B, T, _ = hidden.shape
+    real = mask[:, 1:] > 0                                                # [B, T-1]
+    seq = torch.arange(B, device=hidden.device).unsqueeze(1).expand(B, T - 1)[real]
+    return hidden[:, :-1][real], ids[:, 1:][real], seq
+
+
 def lm_loss(model: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None,
             chunk: int = 4096) -> torch.Tensor:
     """Mean next-token cross-entropy: hidden `[B, T, C]` at t predicts ids[:, t + 1].
@@ -165,10 +178,11 @@ def lm_loss(model: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Ten
     `mask` `[B, T]` (1 = real token) drops padded targets; the mean is over real targets.
     """
     B, T, C = hidden.shape
-    h = hidden[:, :-1].reshape(B * (T - 1), C)                  # [B*(T-1), C]
-    y = ids[:, 1:].reshape(-1)                                  # [B*(T-1)]
-    w = torch.ones_like(y, dtype=torch.float32) if mask is None else mask[:, 1:].reshape(-1).float()
-    w = w / w.sum().clamp_min(1.0)
+    if mask is None:
+        h, y = hidden[:, :-1].reshape(B * (T - 1), C), ids[:, 1:].reshape(-1)   # [N, C], [N]
+    else:
+        h, y, _ = _real_targets(hidden, ids, mask)
+    w = torch.full(y.shape, 1.0 / max(y.numel(), 1), dtype=torch.float32, device=y.device)
     return chunked_cross_entropy(h, model.lm_weight(), y, w, chunk)
 
 
@@ -185,7 +199,8 @@ def lm_loss_per_sequence(model: Any, hidden: torch.Tensor, ids: torch.Tensor,
                          mask: torch.Tensor) -> torch.Tensor:
     """Per-sequence mean LM loss `[B]` over real targets (reference a.7): sum_t CE_t M_{t+1} / sum M_{t+1}.
 
-    Fine-tuning sequences are short, so plain logits are fine here.
+    The plain formula (full fp32 logits at every position), for per-sequence values and as the
+    reference `lm_loss_sequence_mean` is tested against; fine-tuning trains with the latter.
     """
     logits = model.lm_logits(hidden[:, :-1])                    # [B, T-1, V]
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
@@ -198,16 +213,13 @@ def lm_loss_sequence_mean(model: Any, hidden: torch.Tensor, ids: torch.Tensor,
     """`lm_loss_per_sequence(...).mean()` through the chunked loss, on real targets only.
 
     The mean over S sequences of each one's mean CE is a weighted sum over real targets (weight
-    1 / (S n_s) for a target of sequence s with n_s real targets), so the output layer runs only
-    at real positions -- fine-tuning batches are mostly padding when examples differ in length --
-    and no `[B, T, V]` fp32 logits are kept. Scalar; 0 for a batch without real targets.
+    1 / (S n_s) for a target of sequence s with n_s real targets), so no `[B, T, V]` fp32 logits
+    are kept and the output layer never sees padding. Scalar; 0 for a batch without real targets.
     """
-    B, T, C = hidden.shape
-    real = mask[:, 1:] > 0                                      # [B, T-1] real targets
-    per_seq = real.sum(1).clamp_min(1).float()                  # [B] n_s
-    weights = (1.0 / (per_seq * B)).unsqueeze(1).expand(B, T - 1)[real]   # [N]
-    h = hidden[:, :-1][real]                                    # [N, C]
-    return chunked_cross_entropy(h, model.lm_weight(), ids[:, 1:][real], weights, chunk)
+    h, y, seq = _real_targets(hidden, ids, mask)
+    per_seq = torch.bincount(seq, minlength=hidden.shape[0]).clamp_min(1).float()   # [S] n_s
+    weights = 1.0 / (per_seq[seq] * hidden.shape[0])                                  # [N]
+    return chunked_cross_entropy(h, model.lm_weight(), y, weights, chunk)
 
 
 class WindowLMLoss:
