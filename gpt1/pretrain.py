@@ -143,12 +143,15 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt") -> TrainResult:
                        eval_fn=eval_fn, tokenizer_dir=tokenizer_dir, resolved_config=resolved,
                        flops_per_token=model_flops,
                        write_model=_writer(tokenizer_dir, resolved, extra))
-        if info.is_main and not result.interrupted:
-            from gpt1.metrics import plot_run
-            plot_run(out)
-        return result
     finally:
+        # Every rank leaves the trainer's final barrier together and tears down at once (as
+        # fine-tuning does); rank 0's plotting comes after, so no rank closes its process
+        # group while another is still busy inside it.
         dist.destroy()
+    if info.is_main and not result.interrupted:
+        from gpt1.metrics import plot_run
+        plot_run(out)
+    return result
 
 
 def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:

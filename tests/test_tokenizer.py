@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import string
 import sys
 from pathlib import Path
 
@@ -272,9 +273,16 @@ def test_hf_lower_matches_per_character_lowering():
 
 # ---------------------------------------------------------------------------------------------
 # Properties, batches, long input
+# Any unicode (most of it outside the vocabulary, so only the id-range check applies), mixed with
+# text the vocabulary covers, so the round trip is checked on many examples; derandomized so that
+# CI draws the same examples every run (unseeded, the filtered share sometimes tripped
+# Hypothesis's filter_too_much health check).
+_COVERED = string.ascii_letters + string.digits + " .,;:!?'\"()-"
+
+
 @needs_vocab
-@given(st.text(max_size=200))
-@settings(max_examples=200, deadline=None,
+@given(st.one_of(st.text(max_size=200), st.text(alphabet=_COVERED, max_size=200)))
+@settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_unicode_encodes_and_decodes_to_the_normalised_text(tok, s):
     ids = tok.encode(s)
