@@ -82,7 +82,10 @@ class FinetuneModel(nn.Module):
                 with_lm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, K, T = ids.shape
         flat = ids.reshape(B * K, T)                            # [B*K, T]
-        hidden = self.gpt(flat)                                 # [B*K, T, C]
+        # Each row is computed up to its last real token: the padding after it is skipped.
+        positions = torch.arange(1, T + 1, device=mask.device, dtype=mask.dtype)
+        lengths = (mask.reshape(B * K, T) * positions).amax(dim=1).long()   # [B*K]
+        hidden = self.gpt(flat, lengths=lengths)                # [B*K, T, C]
         states = extract_states(hidden, flat, self.classify_id).view(B, K, -1)  # [B, K, C]
         out = self.head(states)
         lm = lm_loss_sequence_mean(self.gpt, hidden, flat, mask.reshape(B * K, T)) if with_lm else None

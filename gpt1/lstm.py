@@ -136,8 +136,14 @@ class LSTMLM(nn.Module):
                 with torch.no_grad():
                     p[H:2 * H].fill_(0.5)  # gate order is input | forget | cell | output
 
-    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`. `position_ids` is ignored."""
+    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
+
+        `position_ids` is ignored, and so is `lengths` (`GPT.forward`'s right-padding hint): a
+        left-to-right LSTM's real positions never see the padding after them, and the states it
+        computes at the padding are not zeroed, as nothing reads them.
+        """
         x = self.drop(self.wte(ids))                 # [B, T, E]
         out, _ = self.lstm(x)                        # [B, T, H]; state starts at zero per row
         return self.resid_dropout(self.c_proj(out))  # [B, T, E]

@@ -172,6 +172,29 @@ class KVCache:
         return 0 if k is None else k.shape[2]
 
 
+class Unpadded:
+    """Where the real tokens of a right-padded `[B, T]` batch sit among its B*T positions.
+
+    Everything in a block but attention is position-wise, so it can run on the real tokens
+    alone (`[N, C]`); attention needs rows, and runs on `pad(...)`-ed `[B, T, ...]` tensors whose
+    padding, being after every real token, is never attended to by one.
+    """
+
+    def __init__(self, lengths: torch.Tensor, T: int):
+        self.B, self.T = lengths.shape[0], T
+        keep = torch.arange(T, device=lengths.device) < lengths[:, None]   # [B, T]
+        self.index = keep.flatten().nonzero().squeeze(1)                    # [N] flat positions
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """`[N, F]` -> `[B, T, F]`, zeros at padding."""
+        full = x.new_zeros(self.B * self.T, x.shape[-1])
+        return full.index_copy(0, self.index, x).view(self.B, self.T, -1)
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """`[B, T, F]` -> `[N, F]`, the real positions in row-major order."""
+        return x.reshape(self.B * self.T, -1).index_select(0, self.index)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with one fused q|k|v projection (GPT-1's `c_attn`)."""
 
@@ -183,10 +206,15 @@ class CausalSelfAttention(nn.Module):
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = Dropout(config.resid_pdrop)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        B, T, C = x.shape
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
+                layout: Unpadded | None = None) -> torch.Tensor:
+        """x `[B, T, C]`, or the real tokens `[N, C]` of a padded batch described by `layout`."""
+        qkv = self.c_attn(x)
+        if layout is not None:
+            qkv = layout.pad(qkv)                                # [N, 3C] -> [B, T, 3C]
+        B, T, C = qkv.shape[0], qkv.shape[1], x.shape[-1]
         # [B, T, 3C] -> [B, T, 3, H, D] -> 3 x [B, H, T, D]; the split order is q | k | v as in OAI.
-        q, k, v = self.c_attn(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         mask, causal = None, True
         if cache is not None:
             k, v = cache.extend(k, v)  # [B, H, past + T, D]
@@ -203,6 +231,8 @@ class CausalSelfAttention(nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=self.attn_pdrop if self.training else 0.0,
                 is_causal=causal)
         y = y.transpose(1, 2).reshape(B, T, C)  # [B, H, T, D] -> [B, T, C]
+        if layout is not None:
+            y = layout.unpad(y)                   # [B, T, C] -> [N, C]
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -232,8 +262,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        x = self.ln_1(x + self.attn(x, cache))
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
+                layout: Unpadded | None = None) -> torch.Tensor:
+        x = self.ln_1(x + self.attn(x, cache, layout))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -270,35 +301,61 @@ class GPT(nn.Module):
 
     # --------------------------------------------------------------- forward
     def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+                cache: KVCache | None = None, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
 
         With `cache` (inference only), `ids` continue the cached positions and the cache grows.
+        With `lengths` `[B]`, row b is right-padded after its first `lengths[b]` tokens: every
+        position-wise layer skips the padding, whose hidden states come back as zeros. The real
+        positions' states are those of the padded batch (causal attention never lets a token see
+        later padding), computed on the real tokens only.
         """
         past = len(cache) if cache is not None else 0
-        T = ids.shape[-1]
+        B, T = ids.shape[0], ids.shape[-1]
         if past + T > self.config.n_positions:
             raise ValueError(f"sequence of {past + T} tokens is longer than n_positions="
                              f"{self.config.n_positions}")
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=ids.device)
+        layout = self._layout(ids, lengths, cache)
+        if layout is not None:
+            ids = layout.unpad(ids.reshape(B, T, 1)).squeeze(1)                       # [N]
+            position_ids = layout.unpad(position_ids.expand(B, T).reshape(B, T, 1)).squeeze(1)
+        x = self._embed(ids, position_ids)
+        for i, block in enumerate(self.h):
+            if cache is not None:
+                x = block(x, cache.layers[i])
+            elif self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, None, layout, use_reentrant=False)
+            else:
+                x = block(x, None, layout)
+        return layout.pad(x) if layout is not None else x
+
+    def _layout(self, ids: torch.Tensor, lengths: torch.Tensor | None,
+                cache: KVCache | None) -> Unpadded | None:
+        """The unpadded layout for `lengths`, or None where there is no padding to skip."""
+        if lengths is None:
+            return None
+        if cache is not None or ids.dim() != 2:
+            raise ValueError("lengths needs ids [B, T] and no cache")
+        lengths = lengths.to(ids.device)
+        if lengths.shape != ids.shape[:1] or bool((lengths < 0).any() | (lengths > ids.shape[1]).any()):
+            raise ValueError(f"lengths must be [B] = [{ids.shape[0]}] values in 0..{ids.shape[1]}; "
+                             f"got shape {list(lengths.shape)}")
+        if bool((lengths == ids.shape[1]).all()):
+            return None
+        return Unpadded(lengths, ids.shape[1])
+
+    def _embed(self, ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Token + position embeddings (with embedding dropout), any leading shape."""
         if self.training and self.config.embd_dropout == "matrix" and self.config.embd_pdrop > 0:
             # OAI: dropout on the embedding tables before the gather; the tied output layer of
             # this forward pass sees the same dropped token table.
             wte = self.drop(self.wte.weight)
             self._dropped_wte = wte
-            x = F.embedding(ids, wte) + F.embedding(position_ids, self.drop(self.wpe.weight))
-        else:
-            self._dropped_wte = None
-            x = self.drop(self.wte(ids) + self.wpe(position_ids))
-        for i, block in enumerate(self.h):
-            if cache is not None:
-                x = block(x, cache.layers[i])
-            elif self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        return x
+            return F.embedding(ids, wte) + F.embedding(position_ids, self.drop(self.wpe.weight))
+        self._dropped_wte = None
+        return self.drop(self.wte(ids) + self.wpe(position_ids))
 
     def lm_weight(self) -> torch.Tensor:
         """The output layer's weight `[vocab_size, n_embd]`: the (possibly dropped) token table."""

@@ -41,6 +41,17 @@ def test_head_reads_the_hidden_state_at_the_extract_position():
     torch.testing.assert_close(out, out2)
 
 
+def test_padded_batch_equals_each_example_alone():
+    # The model skips each row's padding; outputs and LM losses are those of the rows alone.
+    m = tiny("similarity", 2)
+    examples = [similarity([5, 6, 7, 8, 9], [10, 11], S, 64), similarity([5], [6], S, 64),
+                similarity([12, 13], [14, 15, 16], S, 64)]
+    out, lm = m(*pad_batch(examples))
+    alone = [m(*pad_batch([e])) for e in examples]
+    torch.testing.assert_close(out, torch.cat([o for o, _ in alone]))
+    torch.testing.assert_close(lm, torch.stack([l for _, l in alone]).mean())
+
+
 def test_similarity_adds_both_orders():
     m = tiny("similarity", 2)
     x, mask = pad_batch([similarity([5, 6, 7], [8, 9], S, 64)])
