@@ -19,6 +19,7 @@ rows, reference d.1.10).
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -48,15 +49,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(hidden) if need_h else None
         grad_w: torch.Tensor | None = None
         w_c = weight.to(dtype)
+        V = w_c.shape[0]
         for start in range(0, hidden.shape[0], chunk):
             h32 = hidden[start:start + chunk]                              # [n, C]
             h = h32.to(dtype)
             wt = weights[start:start + chunk].unsqueeze(1)                 # [n, 1]
             idx = targets[start:start + chunk].clamp_min(0).unsqueeze(1)   # [n, 1]
-            logits = h @ w_c.t()                                           # [n, V], compute dtype
+            padded = _aligned_logits(h, w_c)                               # [n, V_padded]
             need = need_h or need_w
             # In place: logits -> softmax - onehot (d CE / d logits) when gradients are wanted.
-            p = _softmax_minus_onehot_(logits, idx, need)                  # [n] fp32 p[target]
+            p = _softmax_minus_onehot_(padded, idx, need)                  # [n] fp32 p[target]
+            logits = padded[:, :V]                                         # [n, V] view
             nll = -torch.log(p)
             tiny = p < 1e-30
             if bool(tiny.any()):
@@ -70,7 +73,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 continue
             # The per-row weights are applied to the small [n, C] operands, not to [n, V].
             dlogits = logits
-            del logits
+            del logits, padded
             if need_h:
                 torch.mul(dlogits @ w_c, wt, out=grad_h[start:start + chunk])
             if need_w:
@@ -97,6 +100,27 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             gw = ctx.grad_w.mul_(grad_out).to(ctx.weight_dtype)
         ctx.grad_h = ctx.grad_w = None
         return gh, gw, None, None, None, None, None
+
+
+def _aligned_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """`h @ w.T` `[n, V]` written into a `[n, V_padded]` tensor whose extra columns (if any) hold
+    -inf.
+
+    In fp32, V_padded rounds V up to 16 so that each row starts on a 64-byte boundary: with
+    GPT-1's 40,478 (or 40,481) tokens an fp32 GEMM writing unaligned rows ran 1.3x slower on the
+    CPU (`benchmarks/logits_alignment.py`), and the whole chunked loss 1.11x (also at the mini
+    run's 7,858). bf16 showed no difference (0.95-1.10x, noise), so 16-bit rows are not padded.
+    -inf columns get probability 0 in the softmax and a zero gradient, so callers may use the
+    whole rows or their first V columns.
+    """
+    n, V = h.shape[0], w.shape[0]
+    width = -(-V // 16) * 16 if h.dtype == torch.float32 else V
+    if width == V:
+        return h @ w.t()
+    out = torch.empty(n, width, dtype=h.dtype, device=h.device)
+    torch.mm(h, w.t(), out=out[:, :V])
+    out[:, V:] = -math.inf
+    return out
 
 
 # Rows per softmax block on CPU: the fp32 block (8 MiB) is allocated once per chunk and reused.
