@@ -36,7 +36,7 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from gpt1 import objectives
 
-    aligned = objectives._aligned_logits
+    aligned = objectives.aligned_logits
     variants = {"plain rows": lambda h, w: h @ w.t(), "aligned rows": aligned}
     g = torch.Generator().manual_seed(0)
     h = torch.randn(n, C, generator=g).requires_grad_()
@@ -51,12 +51,12 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
         best = {name: float("inf") for name in variants}
         for round_ in range(repeats + 1):
             for name, fn in variants.items():
-                objectives._aligned_logits = fn
+                objectives.aligned_logits = fn
                 start = time.perf_counter()
                 step()
                 if round_:   # round 0 warms both up
                     best[name] = min(best[name], time.perf_counter() - start)
-        objectives._aligned_logits = aligned
+        objectives.aligned_logits = aligned
         a, b = best["plain rows"], best["aligned rows"]
         print(f"chunked LM loss, {dtype}, {n} positions: plain rows {a * 1e3:.0f} ms, "
               f"aligned rows {b * 1e3:.0f} ms, {a / b:.2f}x", flush=True)
@@ -75,7 +75,7 @@ def main() -> None:
     V, C = args.vocab, args.n_embd
     if args.loss:
         return loss_ab(V, C, args.repeats)
-    width = -(-V // 16) * 16
+    width = -(-V // 16) * 16   # gpt1.objectives.logits_width in fp32
     print(f"V={V} (padded rows: {width}), C={C}, {args.threads} thread(s)")
     for dtype in (torch.float32, torch.bfloat16):
         E = (torch.randn(V, C) * 0.02).to(dtype)

@@ -55,7 +55,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             h = h32.to(dtype)
             wt = weights[start:start + chunk].unsqueeze(1)                 # [n, 1]
             idx = targets[start:start + chunk].clamp_min(0).unsqueeze(1)   # [n, 1]
-            padded = _aligned_logits(h, w_c)                               # [n, V_padded]
+            padded = aligned_logits(h, w_c)                                # [n, width]
             need = need_h or need_w
             # In place: logits -> softmax - onehot (d CE / d logits) when gradients are wanted.
             p = _softmax_minus_onehot_(padded, idx, need)                  # [n] fp32 p[target]
@@ -102,22 +102,29 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return gh, gw, None, None, None, None, None
 
 
-def _aligned_logits(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """`h @ w.T` `[n, V]` written into a `[n, V_padded]` tensor whose extra columns (if any) hold
-    -inf.
+def logits_width(V: int, dtype: torch.dtype) -> int:
+    """Row length of a logits buffer for V tokens: in fp32, V rounded up to 16 (64 bytes).
 
-    In fp32, V_padded rounds V up to 16 so that each row starts on a 64-byte boundary: with
-    GPT-1's 40,478 (or 40,481) tokens an fp32 GEMM writing unaligned rows ran 1.3x slower on the
-    CPU (`benchmarks/logits_alignment.py`), and the whole chunked loss 1.11x (also at the mini
-    run's 7,858). bf16 showed no difference (0.95-1.10x, noise), so 16-bit rows are not padded.
-    -inf columns get probability 0 in the softmax and a zero gradient, so callers may use the
-    whole rows or their first V columns.
+    With GPT-1's 40,478 (or 40,481) tokens an fp32 GEMM writing unaligned rows ran 1.3x slower
+    on the CPU (`benchmarks/logits_alignment.py`), and the whole chunked loss 1.11x (also at the
+    mini run's 7,858). bf16 showed no difference (0.95-1.10x, noise), so 16-bit rows stay V long.
+    """
+    return -(-V // 16) * 16 if dtype == torch.float32 else V
+
+
+def aligned_logits(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`h @ w.T` in rows of `logits_width` columns `[n, width]`, the columns past V set to -inf.
+
+    -inf columns get probability 0 in a softmax and a zero gradient, so callers may use the whole
+    rows or their first V columns. `out` is a reusable buffer of at least `[n, width]`.
     """
     n, V = h.shape[0], w.shape[0]
-    width = -(-V // 16) * 16 if h.dtype == torch.float32 else V
-    if width == V:
-        return h @ w.t()
-    out = torch.empty(n, width, dtype=h.dtype, device=h.device)
+    width = logits_width(V, h.dtype)
+    if out is None:
+        if width == V:
+            return h @ w.t()
+        out = torch.empty(n, width, dtype=h.dtype, device=h.device)
+    out = out[:n, :width]
     torch.mm(h, w.t(), out=out[:, :V])
     out[:, V:] = -math.inf
     return out

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from gpt1 import zeroshot_data as zd
 from gpt1.errors import CheckpointError, ConfigError, DataError
 from gpt1.inplace import log_softmax_
+from gpt1.objectives import aligned_logits, logits_width
 from gpt1.tasks.examples import ChoiceExample
 
 log = logging.getLogger(__name__)
@@ -184,30 +185,25 @@ class Scorer:
         On CPU the logits land in reused buffers and the log-softmax overwrites them in place: a
         fresh `[n, V]` tensor (166 MB for 1,024 rows of GPT-1's vocabulary in fp32, 83 MB in
         bf16) costs a page fault per 4 KiB, and logsumexp's own temporary as much again. The
-        buffers' rows are padded to a multiple of 64 bytes: with GPT-1's 40,478 columns an fp32
-        GEMM writing unaligned rows runs about 1.3x slower here. 16-bit logits go through a
-        16-bit buffer, upcast once into the fp32 one. The result is a view of the fp32 buffer,
-        valid until the next call.
+        fp32 buffer's rows are `logits_width` long (aligned: see `gpt1.objectives`). 16-bit
+        logits go through a 16-bit buffer, upcast once into the fp32 one. The result is a view of
+        the fp32 buffer, valid until the next call.
         """
         if hidden.device.type != "cpu":
             return torch.log_softmax(F.linear(hidden, weight).float(), dim=-1)
         n, V = hidden.shape[0], weight.shape[0]
-        out = self._buffer(torch.float32, n, V)          # [n, V_padded]
+        out = self._buffer(torch.float32, n, logits_width(V, torch.float32))   # [n, width]
         if hidden.dtype == weight.dtype == torch.float32:
-            torch.mm(hidden, weight.t(), out=out[:, :V])
-        elif hidden.dtype == weight.dtype:
-            low = self._buffer(hidden.dtype, n, V)
-            torch.mm(hidden, weight.t(), out=low[:, :V])
-            out.copy_(low)                                # the padding columns are set below
-        else:
-            out[:, :V] = F.linear(hidden, weight)
-        out[:, V:] = -math.inf                            # exp(-inf) = 0: the softmax ignores them
+            aligned_logits(hidden, weight, out=out)
+        else:   # 16-bit logits (their rows stay V long), upcast once into the fp32 rows
+            low = (aligned_logits(hidden, weight, out=self._buffer(hidden.dtype, n, V))
+                   if hidden.dtype == weight.dtype else F.linear(hidden, weight))   # [n, V]
+            out[:, :V].copy_(low)
+            out[:, V:] = -math.inf                    # exp(-inf) = 0: the softmax ignores them
         return log_softmax_(out, 1)
 
-    def _buffer(self, dtype: torch.dtype, n: int, V: int) -> torch.Tensor:
-        """The first `n` rows of this scorer's reused `[>= n, V_padded]` buffer of `dtype`, where
-        V_padded is V rounded up to 64 bytes' worth of fp32 values (16)."""
-        width = -(-V // 16) * 16
+    def _buffer(self, dtype: torch.dtype, n: int, width: int) -> torch.Tensor:
+        """The first `n` rows of this scorer's reused `[>= n, width]` buffer of `dtype`."""
         buf = self._logits_buffers.get(dtype)
         if buf is None or buf.shape[1] != width or buf.shape[0] < n:
             buf = self._logits_buffers[dtype] = torch.empty(max(n, self.logits_chunk), width,
