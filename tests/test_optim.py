@@ -120,7 +120,9 @@ def test_fused_oai_adam_matches_foreach_reference(weight_decay):
         fused.step()
         ref.step()
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
-        assert (pa - pb).abs().max() <= 1e-7, name
+        # Within two fp32 ulps: the fused kernel's FMAs may round the last bit differently from the
+        # foreach reference, depending on which vector ISA the CPU build picks.
+        torch.testing.assert_close(pa, pb, rtol=2.4e-7, atol=1e-7, msg=name)
         assert not torch.equal(pa, initial[name]), name          # the steps did move it
     sa, sb = fused.state_dict()["state"], ref.state_dict()["state"]
     assert float(sa[0]["step"]) == float(sb[0]["step"]) == 5.0
