@@ -85,6 +85,10 @@ def _task_of(record: dict, name: str | None) -> Task:
     task = get_task(record["task"], record.get("spec") or None)
     if name and get_task(name, record.get("spec") or None).name != task.name:
         raise ConfigError(f"this run was fine-tuned on {task.name!r}, not {name!r}")
+    if task.n_outputs != record["n_outputs"]:
+        # A head of another width would score against the wrong classes without saying so.
+        raise ConfigError(f"task.json: n_outputs {record['n_outputs']} does not match task "
+                          f"{task.name!r} ({task.n_outputs} outputs)")
     return task
 
 
