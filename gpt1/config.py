@@ -170,7 +170,8 @@ def override(obj: Any, key: str, raw: str, source: str = "override") -> None:
         else:
             value = raw
     except ValueError:
-        raise ConfigError(f"{source}: {key}={raw!r} is not a valid {type(current).__name__}") from None
+        expected = _TYPE_RULES.get(type(current).__name__, (None, type(current).__name__))[1]
+        raise ConfigError(f"{source}: {key} must be {expected}, got {raw!r}") from None
     setattr(obj, key, value)
 
 
