@@ -36,6 +36,8 @@ FORMATS_IN = ("openai", "hf", "gpt1")
 FORMATS_OUT = ("gpt1", "hf")
 OPENAI_SHAPES = "params_shapes.json"
 OPENAI_SHARDS = 10
+# 2 + 12 * 4096 shape entries of at most ~30 characters each fit well within this.
+OPENAI_SHAPES_MAX_BYTES = 4_000_000
 OPENAI_VOCAB = ("encoder_bpe_40000.json", "vocab_40000.bpe")
 # Per block, the release stores 12 arrays in this order (reference a.5), named here in our layout.
 # "linear" arrays are conv weights [1, in, out] that become nn.Linear weights [out, in].
@@ -117,6 +119,11 @@ def _read_shapes(folder: Path) -> list:
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (the original release has {OPENAI_SHAPES} beside "
                               "params_0.npy .. params_9.npy)")
+    size = file.stat().st_size
+    if size > OPENAI_SHAPES_MAX_BYTES:  # refuse before parsing millions of entries
+        raise CheckpointError(f"{file}: {size:,} bytes of shapes; a model within "
+                              f"model.n_layer <= {MODEL_LIMITS['n_layer']:,} needs under "
+                              f"{OPENAI_SHAPES_MAX_BYTES:,} (the release's file is 3 kB)")
     try:
         return json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:

@@ -290,7 +290,11 @@ def test_openai_shapes_for_200k_layers_are_refused_fast(tmp_path, capsys):
     assert main(["convert", str(folder), str(tmp_path / "out"), "--from", "openai",
                  "--n-head", "4"]) == 2
     err = capsys.readouterr().err
-    assert "params_shapes.json" in err and "200,000 layers" in err and "micro-batch" not in err
+    assert "params_shapes.json: 20,600,021 bytes of shapes" in err and "micro-batch" not in err
+    # Under the size cap but still too many layers: refused by counting, before any model.
+    (folder / "params_shapes.json").write_text(json.dumps(shapes[:2] + [[1]] * 12 * 5000))
+    with pytest.raises(CheckpointError, match="describe 5,000 layers; model.n_layer must be"):
+        load_openai(folder, n_head=4)
 
 
 def test_openai_shapes_must_match_the_shards(tmp_path):
@@ -468,3 +472,19 @@ def test_hf_index_paths_outside_the_folder_are_refused(tmp_path, target, capsys)
 
 def test_all_errors_are_gpt1_errors():
     assert issubclass(TooLargeError, Gpt1Error)
+
+
+# ------------------------------------------------------------------------ LSTM baseline
+@pytest.mark.parametrize("change, expected", [
+    ({"hidden_size": "64"}, "lstm.hidden_size must be an integer"),
+    ({"n_layer": 10**9}, "lstm.n_layer must be in 1..64"),
+    ({"hidden_size": 2**20, "n_layer": 64}, "needs at least"),
+    ({"hidden_size": 512}, "do not belong together")])
+def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
+    from gpt1.lstm import LSTMConfig, LSTMLM, load_any_checkpoint, save_lstm
+    torch.manual_seed(0)
+    folder = save_lstm(LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32,
+                                         n_positions=24)), tmp_path / "lstm")
+    edit_config(folder, **change)
+    with pytest.raises(Gpt1Error, match=expected):
+        load_any_checkpoint(folder)
