@@ -594,9 +594,12 @@ def _updates_of(folder: Path) -> int | None:
             data = json.loads((folder / name).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
+        if not isinstance(data, dict):
+            continue
         for table in (data, data.get("trainer") or {}):
             for key in ("step", "updates", "global_step"):
-                if isinstance(table, dict) and isinstance(table.get(key), int):
+                # type(): a JSON true is not an update count
+                if isinstance(table, dict) and type(table.get(key)) is int and table[key] >= 0:
                     return table[key]
     return None
 
@@ -615,8 +618,12 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
            "dtype": settings.get("dtype", "fp32")}
     curve: dict[str, Any] = {"settings": key, "data": str(data), "checkpoints": {}}
     if cache_file.is_file():
-        old = json.loads(cache_file.read_text())
-        if old.get("settings") == key:
+        try:
+            old = json.loads(cache_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            old = None
+        if (isinstance(old, dict) and old.get("settings") == key
+                and isinstance(old.get("checkpoints"), dict)):
             curve = old
         else:
             log.info("zeroshot: settings changed since %s was written; starting afresh", cache_file)

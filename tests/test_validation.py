@@ -35,7 +35,8 @@ TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 def tiny_checkpoint(folder: Path, vocab: bool = False) -> Path:
     torch.manual_seed(0)
     tok = faults.char_vocab(folder.parent / "vocab") if vocab else None
-    cfg = ModelConfig(**{**TINY, "vocab_size": 512}) if vocab else ModelConfig(**TINY)
+    size = len(json.loads((tok / "vocab.json").read_text())) if vocab else TINY["vocab_size"]
+    cfg = ModelConfig(**{**TINY, "vocab_size": size})
     return save_model(GPT(cfg), folder, tok)
 
 
@@ -488,3 +489,13 @@ def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
     edit_config(folder, **change)
     with pytest.raises(Gpt1Error, match=expected):
         load_any_checkpoint(folder)
+
+
+def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=True)
+    assert main(["sample", str(folder), "--prompt-ids", "1 2", "--max-new-tokens", "20",
+                 "--num-samples", str(10**12)]) == 2
+    err = capsys.readouterr().err
+    assert "sampling needs at least" in err and "num_samples=1,000,000,000,000" in err
+    assert main(["sample", str(folder), "--prompt-ids", "1 2", "--max-new-tokens", "2",
+                 "--num-samples", "3"]) == 0
