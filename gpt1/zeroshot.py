@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt1 import zeroshot_data as zd
-from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
 from gpt1.inplace import log_softmax_
 from gpt1.objectives import aligned_logits, logits_width
 from gpt1.tasks.examples import ChoiceExample
@@ -166,6 +166,9 @@ class Scorer:
         results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
             self._run(batch, wanted, results, greedy)
+        if any(lp != lp for lp, _ in results.values()):   # NaN: argmax would pick silently
+            raise Gpt1Error("the model produced NaN log-probabilities (overflow in this dtype, "
+                            "or damaged weights); scores would be meaningless")
         out: list[Score] = []
         for plan in plans:
             if plan is None:

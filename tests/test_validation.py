@@ -499,3 +499,15 @@ def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
     assert "sampling needs at least" in err and "num_samples=1,000,000,000,000" in err
     assert main(["sample", str(folder), "--prompt-ids", "1 2", "--max-new-tokens", "2",
                  "--num-samples", "3"]) == 0
+
+
+def test_zeroshot_scorer_refuses_nan_log_probs():
+    from gpt1.zeroshot import Scorer
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY)).eval()
+    reqs = [([1, 2, 3], [4, 5]), ([1, 2], [6])]
+    assert all(np.isfinite(s.total) for s in Scorer(model).score(reqs))
+    with torch.no_grad():   # finite weights can still overflow: a NaN must not become a score
+        model.h[0].ln_1.weight.fill_(float("nan"))
+    with pytest.raises(Gpt1Error, match="NaN log-probabilities"):
+        Scorer(model).score(reqs)
