@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gpt1.errors import ConfigError
+from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.tasks.metrics import compute
 from gpt1.tasks.registry import Task, get_task
 
@@ -39,6 +39,9 @@ def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
         batch = make_batch(enc, index, task.regression)
         out, _ = model(batch["ids"].to(device), batch["mask"].to(device), with_lm=False)
         out = out.float().cpu()
+        if not bool(torch.isfinite(out).all()):   # argmax of NaN rows would pick class 0 silently
+            raise Gpt1Error("the model produced NaN or infinite outputs (overflow or damaged "
+                            "weights); predictions would be meaningless")
         for i, p in zip(index, out.tolist() if task.regression else out.argmax(-1).tolist()):
             preds[i] = p
     return preds

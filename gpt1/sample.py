@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpt1.errors import CheckpointError, ConfigError
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model import GPT, KVCache
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
                 cache = None  # past the context: positions shift, re-read the window each step
                 hidden = model(out[:, -n_pos:])[:, -1]
             logits = model.lm_logits(hidden).float()  # [B, V]
+            if not bool(torch.isfinite(logits).all()):
+                # Overflow (or damage): multinomial would crash, argmax would pick token 0.
+                raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn "
+                                "from them")
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:

@@ -511,3 +511,32 @@ def test_zeroshot_scorer_refuses_nan_log_probs():
         model.h[0].ln_1.weight.fill_(float("nan"))
     with pytest.raises(Gpt1Error, match="NaN log-probabilities"):
         Scorer(model).score(reqs)
+
+
+def test_evaluate_refuses_nan_outputs():
+    from types import SimpleNamespace
+    from gpt1.evaluate import predict_outputs
+
+    class NanModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, ids, mask, with_lm=False):
+            return torch.full((ids.shape[0], 2), float("nan")), None
+
+    enc = SimpleNamespace(items=[[[1, 2, 3]], [[1, 2]]], labels=[0, 1])
+    task = SimpleNamespace(regression=False)
+    with pytest.raises(Gpt1Error, match="NaN or infinite outputs"):
+        predict_outputs(NanModel(), task, enc, 2)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_generate_refuses_nan_logits(temperature):
+    from gpt1.sample import generate
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(**TINY))
+    with torch.no_grad():
+        model.h[1].mlp.c_fc.bias.fill_(float("inf"))
+    with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
+        generate(model, torch.tensor([[1, 2]]), 3, temperature=temperature)
