@@ -17,8 +17,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from gpt1.config import ModelConfig
-from gpt1.errors import CheckpointError, ConfigError
+from gpt1.config import ModelConfig, read_json_file
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model import GPT
 
 FORMAT = "gpt1"
@@ -131,10 +131,7 @@ def read_config(path: str | Path) -> dict[str, Any]:
     """The parsed `config.json` of a checkpoint folder, validated."""
     folder = resolve_checkpoint_dir(path)
     file = folder / CONFIG
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: unreadable config ({exc})") from None
+    data = read_json_file(file, CheckpointError)
     if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
         raise CheckpointError(f"{file}: not a gpt1 config (expected \"format\": \"gpt1\" and a "
                               "\"model\" table); convert other formats with `gpt1 convert`")
@@ -311,10 +308,10 @@ def read_trainer_json(folder: str | Path) -> dict[str, Any]:
     """The parsed `trainer_state.json` of `folder`: a JSON object with a step >= 0."""
     file = Path(folder) / TRAINER_JSON
     try:
-        info = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: unreadable trainer state ({exc}); resume from an older "
-                              "step-N folder or delete this one") from None
+        info = read_json_file(file, CheckpointError, limit=64_000_000)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; resume from an older step-N folder or delete this "
+                              "one") from None
     step = info.get("step") if isinstance(info, dict) else None
     if type(step) is not int or step < 0:
         raise CheckpointError(f"{file}: damaged trainer state (\"step\" must be an integer >= 0)")
@@ -368,7 +365,7 @@ def trained_context(path: str | Path) -> int | None:
     folder = resolve_checkpoint_dir(path)
     run_file = folder.parent / "run.json"
     try:
-        n_ctx = json.loads(run_file.read_text())["data"]["n_ctx"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        n_ctx = read_json_file(run_file)["data"]["n_ctx"]
+    except (Gpt1Error, KeyError, TypeError):
         return None
     return n_ctx if type(n_ctx) is int and n_ctx > 0 else None

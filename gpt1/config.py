@@ -6,6 +6,7 @@ whole run resolves to one set of dataclasses: preset -> TOML file -> command-lin
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -19,6 +20,24 @@ from gpt1.errors import ConfigError
 # is then judged against the device's memory by `gpt1.memory`.
 MODEL_LIMITS: dict[str, int] = {"vocab_size": 2**31 - 1, "n_positions": 2**20, "n_embd": 2**17,
                                 "n_layer": 4096, "n_head": 2**17, "n_inner": 2**20}
+
+
+MAX_JSON_BYTES = 16_000_000   # settings and metadata files; the largest real one is ~100 kB
+
+
+def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_BYTES) -> Any:
+    """Parse a small JSON settings/metadata file, refusing one over `limit` bytes before it is
+    read (a huge file would take minutes and gigabytes to parse). Errors are `error` instances
+    naming the file."""
+    from pathlib import Path
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{path}: {size:,} bytes; a file of this kind is at most {limit:,}")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise error(f"{path}: unreadable JSON ({exc})") from None
 
 
 def is_int(value: Any) -> bool:

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from gpt1.checkpoint import (TOKENIZER_FILES, atomic_dir, check_finite, check_state_dict,
                              check_weights_size, copy_tokenizer_files, load_checkpoint,
                              load_state_dict, publish_dir, tokenizer_dir_of, write_model_files)
-from gpt1.config import MODEL_LIMITS, ModelConfig
+from gpt1.config import MODEL_LIMITS, ModelConfig, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.memory import ensure_model_fits
 from gpt1.model import GPT
@@ -124,10 +124,7 @@ def _read_shapes(folder: Path) -> list:
         raise CheckpointError(f"{file}: {size:,} bytes of shapes; a model within "
                               f"model.n_layer <= {MODEL_LIMITS['n_layer']:,} needs under "
                               f"{OPENAI_SHAPES_MAX_BYTES:,} (the release's file is 3 kB)")
-    try:
-        return json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: not valid JSON ({exc})") from None
+    return read_json_file(file, CheckpointError)
 
 
 def _open_shards(folder: Path) -> list[np.ndarray]:
@@ -284,10 +281,8 @@ def hf_weight_files(folder: Path) -> list[Path]:
     if single.is_file():
         return [single]
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-            raise CheckpointError(f"{index}: unreadable index ({exc})") from None
+        data = read_json_file(index, CheckpointError)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index}: weight_map must be a non-empty table "
                                   "(tensor name -> file)")
@@ -331,10 +326,7 @@ def load_hf(folder: str | Path) -> GPT:
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file}: missing (an HF model folder has config.json)")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({exc})") from None
+    data = read_json_file(cfg_file, CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{cfg_file}: expected a JSON object")
     if data.get("format") == "gpt1":

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpt1.config import read_json_file
 from gpt1.errors import DataError
 from gpt1.shards import read_shard
 
@@ -50,10 +51,7 @@ def open_prepared(folder: str | Path) -> PreparedData:
     if not meta_file.is_file():
         raise DataError(f"no {META} here; create the folder with `gpt1 prepare --out {folder}`",
                         folder)
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise DataError(f"unreadable JSON ({exc})", meta_file) from None
+    meta = read_json_file(meta_file, DataError)
     if not isinstance(meta, dict) or meta.get("format") != "gpt1-tokens":
         raise DataError('expected "format": "gpt1-tokens"', meta_file, field="format")
     version = meta.get("version", 0)

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
-from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset
+from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset, read_json_file
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.heads import FinetuneModel, finetune_loss
 from gpt1.lstm import arch_extra, load_any_checkpoint, model_flops
@@ -286,10 +286,7 @@ def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
 def read_task_record(folder: Path) -> dict[str, Any]:
     """The validated `task.json` of a fine-tuned checkpoint folder."""
     file = Path(folder) / TASK_FILE
-    try:
-        record = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: unreadable task record ({exc})") from None
+    record = read_json_file(file, CheckpointError)
     try:
         return check_task_record(record, str(file))
     except ConfigError as exc:

@@ -540,3 +540,16 @@ def test_generate_refuses_nan_logits(temperature):
         model.h[1].mlp.c_fc.bias.fill_(float("inf"))
     with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
         generate(model, torch.tensor([[1, 2]]), 3, temperature=temperature)
+
+
+def test_oversized_json_metadata_is_refused_before_parsing(tmp_path):
+    folder = tiny_checkpoint(tmp_path / "ckpt")
+    text = (folder / CONFIG).read_text()
+    (folder / CONFIG).write_text(text[:-2] + " " * 16_000_000 + text[-2:])
+    with pytest.raises(CheckpointError, match=r"config.json: 16,000,\d+ bytes; a file of this kind"):
+        load_checkpoint(folder)
+    data = faults.make_corpus(tmp_path / "d")
+    with open(data / "meta.json", "a") as fh:
+        fh.write(" " * 16_000_001)
+    with pytest.raises(DataError, match="meta.json: .* bytes"):
+        open_prepared(data)
