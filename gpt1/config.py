@@ -40,6 +40,26 @@ def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_B
         raise error(f"{path}: unreadable JSON ({exc})") from None
 
 
+def file_inside(folder: Any, name: Any, roots: tuple = ()) -> Any:
+    """`folder / name` for a file name read from a file, or ConfigError when the name is not a
+    plain relative path or the file resolves (through symlinks) outside `folder` and `roots`.
+
+    One rule for every file that names other files (an HF index's weight_map, meta.json's
+    shards): a crafted name must not make gpt1 read, say, `../../secret.safetensors`.
+    """
+    from pathlib import Path
+    folder = Path(folder)
+    if type(name) is not str or not name or "\0" in name:
+        raise ConfigError(f"file name {name!r} is not a non-empty string")
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ConfigError(f"file {name!r} is outside {folder}; only files inside it are read")
+    real = (folder / name).resolve()
+    if not any(Path(r).resolve() in real.parents for r in (folder, *roots)):
+        raise ConfigError(f"file {name!r} resolves to {real}, outside {folder}; only files "
+                          "inside it are read")
+    return folder / name
+
+
 def is_int(value: Any) -> bool:
     """A real integer: not a bool (JSON `true`), a float (`2.0`) or a string (`"2"`)."""
     return type(value) is int

@@ -25,7 +25,7 @@ from safetensors.torch import save_file
 from gpt1.checkpoint import (TOKENIZER_FILES, atomic_dir, check_finite, check_state_dict,
                              check_weights_size, copy_tokenizer_files, load_checkpoint,
                              load_state_dict, publish_dir, tokenizer_dir_of, write_model_files)
-from gpt1.config import MODEL_LIMITS, ModelConfig, read_json_file
+from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.memory import ensure_model_fits
 from gpt1.model import GPT
@@ -258,20 +258,16 @@ def hf_config_to_model(data: dict, source: str) -> ModelConfig:
 
 
 def inside_folder(folder: Path, name: object, source: Path | str) -> Path:
-    """`folder / name` for a file name read from a file, refused when it would leave `folder`
-    (absolute paths, `..`, or a symlink resolving elsewhere)."""
-    if type(name) is not str or not name or "\0" in name:
-        raise CheckpointError(f"{source}: file name {name!r} is not a non-empty string")
-    path = folder / name
-    if Path(name).is_absolute() or ".." in Path(name).parts:
-        raise CheckpointError(f"{source}: file {name!r} is outside {folder}; only files inside "
-                              "the model folder are read")
-    root = folder.resolve()
-    real = path.resolve()
-    if real != root and root not in real.parents:
-        raise CheckpointError(f"{source}: file {name!r} resolves to {real}, outside {folder}; "
-                              "only files inside the model folder are read")
-    return path
+    """A weight file named by `source` (an HF index), refused when it leaves `folder`.
+
+    A hub snapshot (`.../snapshots/REV/`) links its files into the repository's `blobs/`
+    folder; those links are the snapshot's own and are followed.
+    """
+    roots = (folder.parent.parent / "blobs",) if folder.parent.name == "snapshots" else ()
+    try:
+        return file_inside(folder, name, roots)
+    except ConfigError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
 
 
 def hf_weight_files(folder: Path) -> list[Path]:

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt1.config import read_json_file
-from gpt1.errors import DataError
+from gpt1.config import file_inside, read_json_file
+from gpt1.errors import ConfigError, DataError
 from gpt1.shards import read_shard
 
 META = "meta.json"
@@ -91,16 +91,10 @@ def open_prepared(folder: str | Path) -> PreparedData:
 
 def shard_path(folder: Path, name: Any, meta_file: Path, field: str) -> Path:
     """A shard file named in meta.json: a plain relative name that stays inside `folder`."""
-    if type(name) is not str or not name or "\0" in name:
-        raise DataError(f"expected a shard file name, got {name!r}", meta_file, field=field)
-    if Path(name).is_absolute() or ".." in Path(name).parts:
-        raise DataError(f"shard {name!r} is outside the data folder", meta_file, field=field)
-    path = folder / name
-    root, real = folder.resolve(), path.resolve()
-    if root not in real.parents:
-        raise DataError(f"shard {name!r} resolves to {real}, outside the data folder", meta_file,
-                        field=field)
-    return path
+    try:
+        return file_inside(folder, name)
+    except ConfigError as exc:
+        raise DataError(f"shard {exc}", meta_file, field=field) from None
 
 
 ID_CHECK_CHUNK = 1 << 24   # tokens per pass of the id check (32-64 MB of the memory map)

@@ -429,7 +429,7 @@ def test_meta_json_shard_paths_stay_inside(tmp_path, name):
     meta = json.loads((data / "meta.json").read_text())
     meta["splits"]["train"]["shards"] = [name]
     (data / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(DataError, match="outside the data folder|shard file name"):
+    with pytest.raises(DataError, match="outside|not a non-empty string"):
         open_prepared(data)
 
 
@@ -465,7 +465,7 @@ def test_hf_index_paths_outside_the_folder_are_refused(tmp_path, target, capsys)
     data["weight_map"] = {k: (target if v == "part-2.safetensors" else v)
                           for k, v in data["weight_map"].items()}
     index.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match="outside|file names"):
+    with pytest.raises(CheckpointError, match="outside|file names|not a non-empty string"):
         load_hf(folder)
     assert main(["convert", str(folder), str(tmp_path / "out"), "--from", "hf"]) == 2
     assert "model.safetensors.index.json" in capsys.readouterr().err
@@ -553,3 +553,17 @@ def test_oversized_json_metadata_is_refused_before_parsing(tmp_path):
         fh.write(" " * 16_000_001)
     with pytest.raises(DataError, match="meta.json: .* bytes"):
         open_prepared(data)
+
+
+def test_hub_snapshot_links_into_blobs_are_followed(tmp_path):
+    # huggingface_hub's cache: snapshots/REV/NAME -> ../../blobs/HASH
+    repo = tmp_path / "models--openai--tiny"
+    folder = sharded_hf(repo / "snapshots" / "abc123")
+    (repo / "blobs").mkdir()
+    for name in ("part-1.safetensors", "part-2.safetensors"):
+        os.replace(folder / name, repo / "blobs" / f"hash-{name}")
+        (folder / name).symlink_to(Path("../../blobs") / f"hash-{name}")
+    assert load_hf(folder).config.n_layer == 2
+    os.replace(repo / "blobs", tmp_path / "elsewhere")
+    (repo / "blobs").symlink_to(tmp_path / "elsewhere")   # blobs itself elsewhere: still the cache's
+    assert load_hf(folder).config.n_layer == 2
