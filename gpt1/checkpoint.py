@@ -203,9 +203,11 @@ def check_weights_size(config: ModelConfig, files: list[Path], source: Path | st
     need = parameter_count(config) * min_bytes_per_param
     have = sum(f.stat().st_size for f in files if f.is_file())
     if have < need:
-        raise CheckpointError(f"{source}: the config describes {parameter_count(config):,} "
-                              f"parameters (at least {need:,} bytes) but the weights hold "
-                              f"{have:,} bytes; config and weights do not belong together")
+        where = files[0] if len(files) == 1 else files[0].parent
+        raise CheckpointError(f"{where}: {have:,} bytes of weights, but {source} describes "
+                              f"{parameter_count(config):,} parameters (at least {need:,} bytes): "
+                              "the weights are truncated, or config and weights do not belong "
+                              "together")
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT:

@@ -429,7 +429,10 @@ def resolve(config_file: str | Path | None, flags: dict[str, dict[str, Any]],
             raise ConfigError(f"--set: expected finetune.KEY=VALUE or train.KEY=VALUE, got {assignment!r}")
         override(sections[section], key, raw.strip(), f"--set {section}")
     for obj in sections.values():
-        obj.__post_init__()
+        try:   # types and ranges of everything the TOML, flags and --set gave
+            obj.__post_init__()
+        except ConfigError as exc:
+            raise ConfigError(f"{config_file or '--set'}: {exc}") from None
     if not cfg.task or not cfg.data:
         raise ConfigError("--task and --data are required")
     if not cfg.init:

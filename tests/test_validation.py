@@ -567,3 +567,14 @@ def test_hub_snapshot_links_into_blobs_are_followed(tmp_path):
     os.replace(repo / "blobs", tmp_path / "elsewhere")
     (repo / "blobs").symlink_to(tmp_path / "elsewhere")   # blobs itself elsewhere: still the cache's
     assert load_hf(folder).config.n_layer == 2
+
+
+def test_finetune_toml_values_are_typed(tmp_path):
+    from gpt1.finetune import resolve
+    toml = tmp_path / "ft.toml"
+    for text, field in [('[train]\nbatch_size = "32"\n', "train.batch_size"),
+                        ("[finetune]\nlm_coef = true\n", "finetune.lm_coef"),
+                        ("[finetune]\ntransfer_layers = 2.0\n", "finetune.transfer_layers")]:
+        toml.write_text(text)
+        with pytest.raises(ConfigError, match=f"ft.toml: {field} must be"):
+            resolve(toml, {"finetune": {"task": "sst2", "data": "d", "init": "none"}})
