@@ -578,3 +578,16 @@ def test_finetune_toml_values_are_typed(tmp_path):
         toml.write_text(text)
         with pytest.raises(ConfigError, match=f"ft.toml: {field} must be"):
             resolve(toml, {"finetune": {"task": "sst2", "data": "d", "init": "none"}})
+
+
+def test_cuda_budget_is_the_device_total(monkeypatch):
+    from types import SimpleNamespace
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda i: SimpleNamespace(total_memory=80 * 10**9, name="Fake GPU"))
+    assert memory.available_bytes("cuda:1") == (80 * 10**9, "cuda:1 (Fake GPU) has")
+    cfg = ModelConfig(**{**TINY, "n_layer": 4096, "n_embd": 4096, "n_head": 32})   # ~825B params
+    monkeypatch.setattr(memory, "_cpu_available", lambda: 10**15)
+    with pytest.raises(TooLargeError, match=r"cuda:1 \(Fake GPU\) has 80.0 GB"):
+        memory.ensure_model_fits(cfg, "config.json", "cuda:1")
+    memory.ensure_model_fits(cfg, "config.json", "cpu")
