@@ -17,8 +17,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from gpt1.config import ModelConfig
-from gpt1.errors import CheckpointError, ConfigError
+from gpt1.config import ModelConfig, read_json_file
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model import GPT
 
 FORMAT = "gpt1"
@@ -131,14 +131,16 @@ def read_config(path: str | Path) -> dict[str, Any]:
     """The parsed `config.json` of a checkpoint folder, validated."""
     folder = resolve_checkpoint_dir(path)
     file = folder / CONFIG
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: unreadable config ({exc})") from None
+    data = read_json_file(file, CheckpointError)
     if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
         raise CheckpointError(f"{file}: not a gpt1 config (expected \"format\": \"gpt1\" and a "
                               "\"model\" table); convert other formats with `gpt1 convert`")
-    if data.get("format_version", 0) > FORMAT_VERSION:
+    version = data.get("format_version", 0)
+    if type(version) is not int or version < 0:
+        raise CheckpointError(f"{file}: format_version must be an integer >= 0, got {version!r}")
+    if not isinstance(data["model"], dict):
+        raise CheckpointError(f"{file}: \"model\" must be a table of settings")
+    if version > FORMAT_VERSION:
         raise CheckpointError(f"{file}: format_version {data['format_version']} is newer than this "
                               f"gpt1 understands ({FORMAT_VERSION})")
     return data
@@ -155,6 +157,17 @@ def read_model_config(path: str | Path) -> ModelConfig:
 def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
     """Tensors from a safetensors file; pickles are refused with a clear message."""
     file = Path(file)
+    refuse_pickle(file)
+    try:
+        state = load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
+    check_finite(state, file)
+    return state
+
+
+def refuse_pickle(file: Path) -> None:
+    """A missing file, or a pickle/torch zip posing as safetensors, is a clear error."""
     if not file.is_file():
         raise CheckpointError(f"{file}: missing weights file")
     with open(file, "rb") as fh:
@@ -164,10 +177,37 @@ def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
     if (head[:1] == b"\x80" or head.startswith(b"PK\x03\x04")) and head[8:9] != b"{":
         raise CheckpointError(f"{file}: this is a pickle/torch file, not safetensors; gpt1 never "
                               "unpickles weights (convert it with `gpt1 convert --from hf`)")
-    try:
-        return load_file(str(file))
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
+
+
+def check_finite(state: dict[str, torch.Tensor], source: Path | str) -> None:
+    """Every floating-point tensor holds only finite values (one pass each, no copy kept).
+
+    NaN or inf weights never give a right answer: a model built from them would score at
+    chance, or crash mid-sampling, without saying why.
+    """
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{source}: tensor {name!r} holds {bad:,} NaN or infinite "
+                                  "value(s); the weights are damaged")
+
+
+def check_weights_size(config: ModelConfig, files: list[Path], source: Path | str,
+                       min_bytes_per_param: int = 2) -> None:
+    """Refuse a config that describes more parameters than the weight files can hold.
+
+    Checked from file sizes before anything is read or built, so a config.json edited to a
+    huge size is refused at once even when the machine could hold the model.
+    """
+    from gpt1.model import parameter_count
+    need = parameter_count(config) * min_bytes_per_param
+    have = sum(f.stat().st_size for f in files if f.is_file())
+    if have < need:
+        where = files[0] if len(files) == 1 else files[0].parent
+        raise CheckpointError(f"{where}: {have:,} bytes of weights, but {source} describes "
+                              f"{parameter_count(config):,} parameters (at least {need:,} bytes): "
+                              "the weights are truncated, or config and weights do not belong "
+                              "together")
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT:
@@ -179,6 +219,10 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT
         pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
         hint = f" (found {', '.join(pickles)}: pickles are never loaded)" if pickles else ""
         raise CheckpointError(f"{weights}: missing weights file{hint}")
+    from gpt1.memory import ensure_model_fits
+    ensure_model_fits(config, str(folder / CONFIG), device)
+    refuse_pickle(weights)
+    check_weights_size(config, [weights], folder / CONFIG)
     state = load_state_dict(weights)
     with torch.device("meta"):
         model = GPT(config)
@@ -266,10 +310,10 @@ def read_trainer_json(folder: str | Path) -> dict[str, Any]:
     """The parsed `trainer_state.json` of `folder`: a JSON object with a step >= 0."""
     file = Path(folder) / TRAINER_JSON
     try:
-        info = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: unreadable trainer state ({exc}); resume from an older "
-                              "step-N folder or delete this one") from None
+        info = read_json_file(file, CheckpointError, limit=64_000_000)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; resume from an older step-N folder or delete this "
+                              "one") from None
     step = info.get("step") if isinstance(info, dict) else None
     if type(step) is not int or step < 0:
         raise CheckpointError(f"{file}: damaged trainer state (\"step\" must be an integer >= 0)")
@@ -323,7 +367,7 @@ def trained_context(path: str | Path) -> int | None:
     folder = resolve_checkpoint_dir(path)
     run_file = folder.parent / "run.json"
     try:
-        n_ctx = json.loads(run_file.read_text())["data"]["n_ctx"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        n_ctx = read_json_file(run_file)["data"]["n_ctx"]
+    except (Gpt1Error, KeyError, TypeError):
         return None
-    return int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None
+    return n_ctx if type(n_ctx) is int and n_ctx > 0 else None

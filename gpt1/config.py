@@ -6,10 +6,102 @@ whole run resolves to one set of dataclasses: preset -> TOML file -> command-lin
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gpt1.errors import ConfigError
+
+
+# ------------------------------------------------------------------------------ validation
+# Upper bounds far above any GPT-1-family model and far below sizes whose mere bookkeeping
+# (a million-layer module list, a 2**40-row table) would hang or overflow. What fits within them
+# is then judged against the device's memory by `gpt1.memory`.
+MODEL_LIMITS: dict[str, int] = {"vocab_size": 2**31 - 1, "n_positions": 2**20, "n_embd": 2**17,
+                                "n_layer": 4096, "n_head": 2**17, "n_inner": 2**20}
+
+
+MAX_JSON_BYTES = 16_000_000   # settings and metadata files; the largest real one is ~100 kB
+
+
+def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_BYTES) -> Any:
+    """Parse a small JSON settings/metadata file, refusing one over `limit` bytes before it is
+    read (a huge file would take minutes and gigabytes to parse). Errors are `error` instances
+    naming the file."""
+    from pathlib import Path
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise error(f"{path}: {size:,} bytes; a file of this kind is at most {limit:,}")
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise error(f"{path}: unreadable JSON ({exc})") from None
+
+
+def file_inside(folder: Any, name: Any, roots: tuple = ()) -> Any:
+    """`folder / name` for a file name read from a file, or ConfigError when the name is not a
+    plain relative path or the file resolves (through symlinks) outside `folder` and `roots`.
+
+    One rule for every file that names other files (an HF index's weight_map, meta.json's
+    shards): a crafted name must not make gpt1 read, say, `../../secret.safetensors`.
+    """
+    from pathlib import Path
+    folder = Path(folder)
+    if type(name) is not str or not name or "\0" in name:
+        raise ConfigError(f"file name {name!r} is not a non-empty string")
+    if Path(name).is_absolute() or ".." in Path(name).parts:
+        raise ConfigError(f"file {name!r} is outside {folder}; only files inside it are read")
+    real = (folder / name).resolve()
+    if not any(Path(r).resolve() in real.parents for r in (folder, *roots)):
+        raise ConfigError(f"file {name!r} resolves to {real}, outside {folder}; only files "
+                          "inside it are read")
+    return folder / name
+
+
+def is_int(value: Any) -> bool:
+    """A real integer: not a bool (JSON `true`), a float (`2.0`) or a string (`"2"`)."""
+    return type(value) is int
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool."""
+    return type(value) in (int, float) and math.isfinite(value)
+
+
+_TYPE_RULES: dict[str, tuple[Any, str]] = {
+    "int": (is_int, "an integer"),
+    "float": (is_number, "a finite number"),
+    "bool": (lambda v: type(v) is bool, "true or false"),
+    "str": (lambda v: type(v) is str, "a string"),
+    "int | None": (lambda v: v is None or is_int(v), "an integer or null"),
+}
+
+
+def check_types(obj: Any, section: str) -> None:
+    """Every field of dataclass `obj` holds a value of its declared type (no coercion).
+
+    A string `"2"`, a float `2.5` or `true` where an integer belongs is an error naming the
+    field, not a silent conversion.
+    """
+    for f in fields(obj):
+        rule = _TYPE_RULES.get(str(f.type))
+        if rule is None:
+            continue
+        value = getattr(obj, f.name)
+        ok, expected = rule
+        if not ok(value):
+            raise ConfigError(f"{section}.{f.name} must be {expected}, got {value!r} "
+                              f"({type(value).__name__})")
+
+
+def check_ranges(obj: Any, section: str, limits: dict[str, int]) -> None:
+    """Each named integer field is in 1..limit."""
+    for name, limit in limits.items():
+        value = getattr(obj, name)
+        if not 1 <= value <= limit:
+            raise ConfigError(f"{section}.{name} must be in 1..{limit:,}, got {value!r}")
 
 
 @dataclass
@@ -34,11 +126,10 @@ class ModelConfig:
     embd_dropout: str = "sum"
 
     def __post_init__(self) -> None:
+        check_types(self, "model")
         if self.n_inner is None:
             self.n_inner = 4 * self.n_embd
-        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner"):
-            if int(getattr(self, name)) <= 0:
-                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)!r}")
+        check_ranges(self, "model", MODEL_LIMITS)
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.afn not in ("gelu", "relu"):
@@ -48,6 +139,9 @@ class ModelConfig:
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not 0.0 < self.layer_norm_epsilon < 1.0 or self.initializer_range < 0:
+            raise ConfigError("model.layer_norm_epsilon must be in (0, 1) and "
+                              "model.initializer_range >= 0")
 
     @property
     def head_dim(self) -> int:
@@ -79,7 +173,8 @@ def model_preset(name: str) -> ModelConfig:
 
 
 def from_dict(cls: type, data: dict[str, Any], source: str = "config") -> Any:
-    """Build dataclass `cls` from a mapping; unknown keys are an error naming `source`."""
+    """Build dataclass `cls` from a mapping; unknown keys, wrong types and out-of-range values
+    are errors naming `source` (every loader of a file that carries sizes comes through here)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a table of settings, got {type(data).__name__}")
     known = {f.name for f in fields(cls)}
@@ -87,7 +182,10 @@ def from_dict(cls: type, data: dict[str, Any], source: str = "config") -> Any:
     if unknown:
         raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; "
                           f"known keys are {', '.join(sorted(known))}")
-    return cls(**data)
+    try:
+        return cls(**data)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def override(obj: Any, key: str, raw: str, source: str = "override") -> None:
@@ -111,7 +209,8 @@ def override(obj: Any, key: str, raw: str, source: str = "override") -> None:
         else:
             value = raw
     except ValueError:
-        raise ConfigError(f"{source}: {key}={raw!r} is not a valid {type(current).__name__}") from None
+        expected = _TYPE_RULES.get(type(current).__name__, (None, type(current).__name__))[1]
+        raise ConfigError(f"{source}: {key} must be {expected}, got {raw!r}") from None
     setattr(obj, key, value)
 
 
@@ -167,6 +266,7 @@ class TrainConfig:
     quiet: bool = False
 
     def __post_init__(self) -> None:
+        check_types(self, "train")
         for name in ("micro_batch_size", "batch_size", "log_every"):
             if int(getattr(self, name)) <= 0:
                 raise ConfigError(f"train.{name} must be positive, got {getattr(self, name)!r}")
@@ -197,6 +297,7 @@ class DataConfig:
     val_windows: int = 64            # fixed validation set: this many evenly spaced windows (0 = all)
 
     def __post_init__(self) -> None:
+        check_types(self, "data")
         if self.n_ctx < 0 or self.val_windows < 0:
             raise ConfigError("data.n_ctx and data.val_windows must be >= 0")
 
@@ -333,6 +434,7 @@ class FinetuneConfig:
     group_by_length: bool = False    # batches of similar length (less padding; not OAI's shuffle)
 
     def __post_init__(self) -> None:
+        check_types(self, "finetune")
         if self.lm_coef < 0:
             raise ConfigError(f"finetune.lm_coef must be >= 0, got {self.lm_coef}")
         if self.transfer_layers < -2:
@@ -345,3 +447,47 @@ class FinetuneConfig:
 FINETUNE_TRAIN: dict[str, Any] = {"lr": 6.25e-5, "batch_size": 32, "micro_batch_size": 8,
                                   "epochs": 3.0, "warmup": 0.002, "schedule": "warmup_linear",
                                   "save_every": 0, "eval_every": 0, "log_every": 10, "seed": 42}
+
+
+# ------------------------------------------------------------------ fine-tuned task record
+TASK_KINDS = ("single", "pair", "similarity", "choice")
+MAX_OUTPUTS = 2**20   # classes of one head; far beyond any task, far below a runaway head
+
+
+def check_task_record(record: Any, source: str) -> dict[str, Any]:
+    """Validate a fine-tuned run's `task.json` (types, ranges and agreement between fields)
+    before anything is sized from it. Returns the record."""
+    def fail(field_name: str, expected: str) -> None:
+        value = record.get(field_name) if isinstance(record, dict) else None
+        raise ConfigError(f"{source}: {field_name} must be {expected}, got {value!r}")
+
+    if not isinstance(record, dict):
+        raise ConfigError(f"{source}: expected a JSON object")
+    if type(record.get("task")) is not str or not record["task"]:
+        fail("task", "a task name")
+    if record.get("kind") not in TASK_KINDS:
+        fail("kind", " or ".join(TASK_KINDS))
+    labels = record.get("labels")
+    if labels is not None and not (isinstance(labels, list) and labels
+                                   and all(type(x) is str for x in labels)):
+        fail("labels", "a non-empty list of strings or null")
+    n_out = record.get("n_outputs")
+    if not is_int(n_out) or not 1 <= n_out <= MAX_OUTPUTS:
+        fail("n_outputs", f"an integer in 1..{MAX_OUTPUTS:,}")
+    want = 1 if record["kind"] == "choice" or labels is None else len(labels)
+    if "labels" in record and n_out != want:
+        fail("n_outputs", f"{want} (from kind and labels)")
+    for name, limit in (("n_ctx", MODEL_LIMITS["n_positions"]),
+                        ("classify_id", MODEL_LIMITS["vocab_size"])):
+        value = record.get(name)
+        low = 1 if name == "n_ctx" else 0
+        if not is_int(value) or not low <= value <= limit:
+            fail(name, f"an integer in {low}..{limit:,}")
+    pdrop = record.get("clf_pdrop", 0.1)
+    if not is_number(pdrop) or not 0.0 <= pdrop < 1.0:
+        fail("clf_pdrop", "a number in [0, 1)")
+    if type(record.get("question_delimiter", False)) is not bool:
+        fail("question_delimiter", "true or false")
+    if record.get("spec") is not None and not isinstance(record["spec"], dict):
+        fail("spec", "a table or null")
+    return record

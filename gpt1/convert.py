@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -21,11 +22,12 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from gpt1.checkpoint import (TOKENIZER_FILES, atomic_dir, check_state_dict, copy_tokenizer_files,
-                             load_checkpoint, load_state_dict, publish_dir, tokenizer_dir_of,
-                             write_model_files)
-from gpt1.config import ModelConfig
+from gpt1.checkpoint import (TOKENIZER_FILES, atomic_dir, check_finite, check_state_dict,
+                             check_weights_size, copy_tokenizer_files, load_checkpoint,
+                             load_state_dict, publish_dir, tokenizer_dir_of, write_model_files)
+from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
+from gpt1.memory import ensure_model_fits
 from gpt1.model import GPT
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,8 @@ FORMATS_IN = ("openai", "hf", "gpt1")
 FORMATS_OUT = ("gpt1", "hf")
 OPENAI_SHAPES = "params_shapes.json"
 OPENAI_SHARDS = 10
+# 2 + 12 * 4096 shape entries of at most ~30 characters each fit well within this.
+OPENAI_SHAPES_MAX_BYTES = 4_000_000
 OPENAI_VOCAB = ("encoder_bpe_40000.json", "vocab_40000.bpe")
 # Per block, the release stores 12 arrays in this order (reference a.5), named here in our layout.
 # "linear" arrays are conv weights [1, in, out] that become nn.Linear weights [out, in].
@@ -61,10 +65,10 @@ def plan_openai(shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
         n = len(shapes) if isinstance(shapes, list) else type(shapes).__name__
         raise CheckpointError(f"{source}: expected a list of 2 + 12*n_layer shapes (146 for GPT-1), "
                               f"got {n}")
-    try:
-        shapes = [tuple(int(d) for d in s) for s in shapes]
-    except (TypeError, ValueError):
-        raise CheckpointError(f"{source}: every entry must be a list of integers") from None
+    if (len(shapes) - 2) // 12 > MODEL_LIMITS["n_layer"]:
+        raise CheckpointError(f"{source}: {len(shapes):,} arrays describe {(len(shapes) - 2) // 12:,} "
+                              f"layers; model.n_layer must be in 1..{MODEL_LIMITS['n_layer']:,}")
+    shapes = _shape_tuples(shapes, source)
     if len(shapes[0]) != 2 or len(shapes[1]) != 2 or shapes[0][1] != shapes[1][1]:
         raise CheckpointError(f"{source}: arrays 0 and 1 must be positions [n_ctx, C] and tokens "
                               f"[vocab, C], got {list(shapes[0])} and {list(shapes[1])}")
@@ -76,14 +80,19 @@ def plan_openai(shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
                              n_head=n_head, n_inner=n_inner)
     except ConfigError as exc:
         raise CheckpointError(f"{source}: {exc}") from None
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    # Expected shapes from arithmetic, not from a (meta) model: nothing is built from the file's
+    # sizes until they have been checked against each other and against the shards.
+    F_ = config.n_inner
+    block = {"attn.c_attn.weight": (3 * C, C), "attn.c_attn.bias": (3 * C,),
+             "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
+             "mlp.c_fc.weight": (F_, C), "mlp.c_fc.bias": (F_,),
+             "mlp.c_proj.weight": (C, F_), "mlp.c_proj.bias": (C,)}
     plan = [("wpe.weight", shapes[0]), ("wte.weight", shapes[1])]
     for i in range(n_layer):
         for j, (name, kind) in enumerate(OPENAI_BLOCK):
             idx = 2 + 12 * i + j
             full = f"h.{i}.{name}"
-            want = expected[full]
+            want = block.get(name, (C,))
             if kind == "linear":
                 want = (1, want[1], want[0])  # stored [1, in, out], ours [out, in]
             if shapes[idx] != want:
@@ -93,15 +102,29 @@ def plan_openai(shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
     return config, plan
 
 
+def _shape_tuples(shapes: list, source: str) -> list[tuple[int, ...]]:
+    """Each entry a list of 1 to 3 positive integers (JSON `true` or `2.0` are not sizes)."""
+    out = []
+    for i, shape in enumerate(shapes):
+        if (not isinstance(shape, list) or not 1 <= len(shape) <= 3
+                or not all(type(d) is int and 0 < d <= 2**31 for d in shape)):
+            raise CheckpointError(f"{source}: array {i} has shape {str(shape)[:60]}; every entry "
+                                  "must be a list of 1 to 3 positive integers")
+        out.append(tuple(shape))
+    return out
+
+
 def _read_shapes(folder: Path) -> list:
     file = folder / OPENAI_SHAPES
     if not file.is_file():
         raise CheckpointError(f"{file}: missing (the original release has {OPENAI_SHAPES} beside "
                               "params_0.npy .. params_9.npy)")
-    try:
-        return json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{file}: not valid JSON ({exc})") from None
+    size = file.stat().st_size
+    if size > OPENAI_SHAPES_MAX_BYTES:  # refuse before parsing millions of entries
+        raise CheckpointError(f"{file}: {size:,} bytes of shapes; a model within "
+                              f"model.n_layer <= {MODEL_LIMITS['n_layer']:,} needs under "
+                              f"{OPENAI_SHAPES_MAX_BYTES:,} (the release's file is 3 kB)")
+    return read_json_file(file, CheckpointError)
 
 
 def _open_shards(folder: Path) -> list[np.ndarray]:
@@ -142,15 +165,23 @@ def _pieces(shards: list[np.ndarray], sizes: list[int]) -> Iterator[np.ndarray]:
 def load_openai(folder: str | Path, n_head: int = 12) -> GPT:
     """The original release (`params_shapes.json` + ten `params_N.npy`) as a `GPT`."""
     folder = Path(folder)
-    config, plan = plan_openai(_read_shapes(folder), n_head, str(folder / OPENAI_SHAPES))
+    source = str(folder / OPENAI_SHAPES)
+    shapes = _read_shapes(folder)
+    config, plan = plan_openai(shapes, n_head, source)
+    # The shapes must account for exactly the floats the shards hold (read from the .npy
+    # headers) before any model or buffer is sized from the untrusted shapes.
     shards = _open_shards(folder)
-    sizes = [int(np.prod(shape)) for _, shape in plan]
+    sizes = [math.prod(shape) for _, shape in plan]
     have = sum(len(a) for a in shards)
     if have != sum(sizes):
         raise CheckpointError(f"{folder}: the shards hold {have:,} floats but {OPENAI_SHAPES} needs "
                               f"{sum(sizes):,} (a shard is truncated or from another release)")
+    ensure_model_fits(config, source)
     state = {}
     for (name, shape), flat in zip(plan, _pieces(shards, sizes)):
+        if not np.isfinite(flat).all():
+            raise CheckpointError(f"{folder}: array {name!r} holds NaN or infinite values; the "
+                                  "release is damaged")
         t = torch.from_numpy(flat).view(shape)
         if len(shape) == 3:
             t = t[0].t().contiguous()  # [1, in, out] -> [out, in] for nn.Linear
@@ -226,31 +257,63 @@ def hf_config_to_model(data: dict, source: str) -> ModelConfig:
         raise CheckpointError(f"{source}: {exc}") from None
 
 
-def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
-    """Tensors of an HF folder: model.safetensors (single or sharded) or pytorch_model.bin."""
+def inside_folder(folder: Path, name: object, source: Path | str) -> Path:
+    """A weight file named by `source` (an HF index), refused when it leaves `folder`.
+
+    A hub snapshot (`.../snapshots/REV/`) links its files into the repository's `blobs/`
+    folder; those links are the snapshot's own and are followed.
+    """
+    roots = (folder.parent.parent / "blobs",) if folder.parent.name == "snapshots" else ()
+    try:
+        return file_inside(folder, name, roots)
+    except ConfigError as exc:
+        raise CheckpointError(f"{source}: {exc}") from None
+
+
+def hf_weight_files(folder: Path) -> list[Path]:
+    """The weight files of an HF folder (model.safetensors, the shards its index names, or
+    pytorch_model.bin), each checked to lie inside `folder`; nothing is read but the index."""
     single, index = folder / "model.safetensors", folder / "model.safetensors.index.json"
     if single.is_file():
-        return load_state_dict(single)
+        return [single]
     if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index}: unreadable index ({exc})") from None
-        state: dict[str, torch.Tensor] = {}
-        for name in files:
-            state.update(load_state_dict(folder / name))
-        return state
+        data = read_json_file(index, CheckpointError)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: weight_map must be a non-empty table "
+                                  "(tensor name -> file)")
+        names = []
+        for value in weight_map.values():
+            if type(value) is not str:
+                raise CheckpointError(f"{index}: weight_map values must be file names, "
+                                      f"got {value!r}")
+            names.append(value)
+        return [inside_folder(folder, name, index) for name in sorted(set(names))]
     binary = folder / "pytorch_model.bin"
     if binary.is_file():
-        try:  # weights_only: plain tensors only, no arbitrary objects are unpickled
-            state = torch.load(binary, map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - any failure here is a bad file, not a bug
-            raise CheckpointError(f"{binary}: not a loadable torch state dict ({exc})") from None
-        if not isinstance(state, dict):
-            raise CheckpointError(f"{binary}: expected a state dict, got {type(state).__name__}")
-        return state
+        return [binary]
     raise CheckpointError(f"{folder}: no weights (expected model.safetensors, "
                           "model.safetensors.index.json or pytorch_model.bin)")
+
+
+def read_hf_weights(folder: Path, files: list[Path] | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of an HF folder: model.safetensors (single or sharded) or pytorch_model.bin."""
+    files = hf_weight_files(folder) if files is None else files
+    if files[0].name != "pytorch_model.bin":
+        state: dict[str, torch.Tensor] = {}
+        for file in files:
+            state.update(load_state_dict(file))
+        return state
+    binary = files[0]
+    try:  # weights_only: plain tensors only, no arbitrary objects are unpickled
+        state = torch.load(binary, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure here is a bad file, not a bug
+        raise CheckpointError(f"{binary}: not a loadable torch state dict ({exc})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{binary}: expected a state dict of tensors, got "
+                              f"{type(state).__name__}")
+    check_finite(state, binary)
+    return state
 
 
 def load_hf(folder: str | Path) -> GPT:
@@ -259,16 +322,16 @@ def load_hf(folder: str | Path) -> GPT:
     cfg_file = folder / "config.json"
     if not cfg_file.is_file():
         raise CheckpointError(f"{cfg_file}: missing (an HF model folder has config.json)")
-    try:
-        data = json.loads(cfg_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise CheckpointError(f"{cfg_file}: not valid JSON ({exc})") from None
+    data = read_json_file(cfg_file, CheckpointError)
     if not isinstance(data, dict):
         raise CheckpointError(f"{cfg_file}: expected a JSON object")
     if data.get("format") == "gpt1":
         raise CheckpointError(f"{folder}: this is a gpt1 checkpoint; use --from gpt1")
     config = hf_config_to_model(data, str(cfg_file))
-    state = hf_to_gpt1_state(read_hf_weights(folder), str(folder))
+    files = hf_weight_files(folder)
+    ensure_model_fits(config, str(cfg_file))
+    check_weights_size(config, files, cfg_file)
+    state = hf_to_gpt1_state(read_hf_weights(folder, files), str(folder))
     with torch.device("meta"):
         model = GPT(config)
     check_state_dict(model, state, folder)

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpt1.errors import DataError
+from gpt1.config import file_inside, read_json_file
+from gpt1.errors import ConfigError, DataError
 from gpt1.shards import read_shard
 
 META = "meta.json"
@@ -50,10 +51,7 @@ def open_prepared(folder: str | Path) -> PreparedData:
     if not meta_file.is_file():
         raise DataError(f"no {META} here; create the folder with `gpt1 prepare --out {folder}`",
                         folder)
-    try:
-        meta = json.loads(meta_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise DataError(f"unreadable JSON ({exc})", meta_file) from None
+    meta = read_json_file(meta_file, DataError)
     if not isinstance(meta, dict) or meta.get("format") != "gpt1-tokens":
         raise DataError('expected "format": "gpt1-tokens"', meta_file, field="format")
     version = meta.get("version", 0)
@@ -63,8 +61,12 @@ def open_prepared(folder: str | Path) -> PreparedData:
         raise DataError(f"version {version} is newer than this gpt1 reads (1)", meta_file,
                         field="version")
     vocab = meta.get("vocab_size")
-    if type(vocab) is not int or vocab <= 0:  # type(): a JSON true is not a vocabulary size
-        raise DataError("vocab_size must be a positive integer", meta_file, field="vocab_size")
+    if type(vocab) is not int or not 0 < vocab <= 2**32:  # type(): JSON true is not a size
+        raise DataError("vocab_size must be an integer in 1..2**32 (ids are stored as uint32 at "
+                        "most)", meta_file, field="vocab_size")
+    dtype = meta.get("dtype")
+    if dtype is not None and dtype not in ("uint16", "uint32"):
+        raise DataError(f"dtype must be uint16 or uint32, got {dtype!r}", meta_file, field="dtype")
     splits_meta = meta.get("splits")
     if not isinstance(splits_meta, dict) or "train" not in splits_meta:
         raise DataError('expected "splits" with at least "train"', meta_file, field="splits")
@@ -74,13 +76,41 @@ def open_prepared(folder: str | Path) -> PreparedData:
             raise DataError(f'split {name!r} needs a "shards" list', meta_file,
                             field=f"splits.{name}.shards")
         arrays = []
-        for shard in info["shards"]:
-            path = folder / str(shard)
+        for i, shard in enumerate(info["shards"]):
+            path = shard_path(folder, shard, meta_file, f"splits.{name}.shards[{i}]")
             if not path.is_file():
                 raise DataError("shard listed in meta.json is missing", path)
-            arrays.append(read_shard(path))
+            tokens = read_shard(path)
+            if dtype is not None and tokens.dtype != np.dtype(dtype):
+                raise DataError(f"shard stores {tokens.dtype} ids but meta.json says {dtype}", path)
+            check_token_ids(tokens, vocab, path)
+            arrays.append(tokens)
         splits[name] = Split(name, arrays, int(sum(a.size for a in arrays)))
     return PreparedData(folder, meta, vocab, splits)
+
+
+def shard_path(folder: Path, name: Any, meta_file: Path, field: str) -> Path:
+    """A shard file named in meta.json: a plain relative name that stays inside `folder`."""
+    try:
+        return file_inside(folder, name)
+    except ConfigError as exc:
+        raise DataError(f"shard {exc}", meta_file, field=field) from None
+
+
+ID_CHECK_CHUNK = 1 << 24   # tokens per pass of the id check (32-64 MB of the memory map)
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
+    """Every id of a shard is below `vocab_size`, checked once at open in bounded chunks, so a
+    bad id is an error naming the file instead of an IndexError deep inside a training run."""
+    for start in range(0, tokens.size, ID_CHECK_CHUNK):
+        chunk = tokens[start:start + ID_CHECK_CHUNK]
+        top = int(chunk.max())
+        if top >= vocab_size:
+            at = start + int(np.argmax(chunk >= vocab_size))
+            raise DataError(f"token id {int(tokens[at])} at position {at:,} is out of range for "
+                            f"the vocabulary of {vocab_size:,} in meta.json (the shard belongs to "
+                            "another vocabulary or is damaged; re-run `gpt1 prepare`)", path)
 
 
 class WindowSource:

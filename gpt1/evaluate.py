@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from gpt1.errors import ConfigError
+from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.tasks.metrics import compute
 from gpt1.tasks.registry import Task, get_task
 
@@ -39,6 +39,9 @@ def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
         batch = make_batch(enc, index, task.regression)
         out, _ = model(batch["ids"].to(device), batch["mask"].to(device), with_lm=False)
         out = out.float().cpu()
+        if not bool(torch.isfinite(out).all()):   # argmax of NaN rows would pick class 0 silently
+            raise Gpt1Error("the model produced NaN or infinite outputs (overflow or damaged "
+                            "weights); predictions would be meaningless")
         for i, p in zip(index, out.tolist() if task.regression else out.argmax(-1).tolist()):
             preds[i] = p
     return preds
@@ -85,6 +88,10 @@ def _task_of(record: dict, name: str | None) -> Task:
     task = get_task(record["task"], record.get("spec") or None)
     if name and get_task(name, record.get("spec") or None).name != task.name:
         raise ConfigError(f"this run was fine-tuned on {task.name!r}, not {name!r}")
+    if task.n_outputs != record["n_outputs"]:
+        # A head of another width would score against the wrong classes without saying so.
+        raise ConfigError(f"task.json: n_outputs {record['n_outputs']} does not match task "
+                          f"{task.name!r} ({task.n_outputs} outputs)")
     return task
 
 

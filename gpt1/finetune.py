@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
-from gpt1.config import FinetuneConfig, TrainConfig, model_preset
+from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset, read_json_file
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.heads import FinetuneModel, finetune_loss
 from gpt1.lstm import arch_extra, load_any_checkpoint, model_flops
@@ -265,12 +265,32 @@ def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
     if not (folder / TASK_FILE).is_file():
         raise CheckpointError(f"{folder}: not a fine-tuned checkpoint (no {TASK_FILE}); "
                               "run `gpt1 finetune` first")
-    record = json.loads((folder / TASK_FILE).read_text())
+    record = read_task_record(folder)
+    config_data = ckpt.read_config(folder)
+    if config_data.get("arch", "gpt") == "gpt":
+        from gpt1.memory import ensure_model_fits
+        config = ckpt.read_model_config(folder)
+        ensure_model_fits(config, str(folder / TASK_FILE), "cpu",
+                          extra_params=(config.n_embd + 1) * record["n_outputs"])
     gpt = load_any_checkpoint(folder)
+    if record["classify_id"] >= gpt.config.vocab_size or record["n_ctx"] > gpt.config.n_positions:
+        raise CheckpointError(f"{folder / TASK_FILE}: classify_id {record['classify_id']} or n_ctx "
+                              f"{record['n_ctx']} does not fit the model (vocab_size "
+                              f"{gpt.config.vocab_size}, n_positions {gpt.config.n_positions})")
     model = FinetuneModel(gpt, record["kind"], record["n_outputs"], record["classify_id"],
                           record.get("clf_pdrop", 0.1))
     model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE))
     return model.eval(), record, load_tokenizer(folder)
+
+
+def read_task_record(folder: Path) -> dict[str, Any]:
+    """The validated `task.json` of a fine-tuned checkpoint folder."""
+    file = Path(folder) / TASK_FILE
+    record = read_json_file(file, CheckpointError)
+    try:
+        return check_task_record(record, str(file))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> Task:
@@ -278,6 +298,24 @@ def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> T
     if name.lower() in GENERIC and spec is not None:
         spec = complete_generic_spec(name.lower(), spec, data, train_split)
     return get_task(name, spec)
+
+
+def check_training_memory(cfg: FinetuneConfig, task: Task, train_cfg: TrainConfig,
+                          info: Any) -> None:
+    """Refuse, from the configs alone, a run that cannot fit before any model is built."""
+    from gpt1.memory import ensure_training_fits
+    from gpt1.trainer import resolve_device
+    if cfg.init in ("", "none"):
+        config, source = model_preset(cfg.preset), f"--preset {cfg.preset}"
+    else:
+        folder = ckpt.resolve_checkpoint_dir(cfg.init)
+        if ckpt.read_config(folder).get("arch", "gpt") != "gpt":
+            return  # the LSTM baseline is sized by its own config when it loads
+        config, source = ckpt.read_model_config(folder), str(folder / ckpt.CONFIG)
+    n_ctx = min(cfg.n_ctx or config.n_positions, config.n_positions)
+    head = (config.n_embd + 1) * task.n_outputs
+    ensure_training_fits(config, train_cfg, n_ctx, source, resolve_device(train_cfg.device,
+                         info.local_rank), extra_params=head, world_size=info.world_size)
 
 
 # ------------------------------------------------------------------------- entry point
@@ -290,6 +328,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
     check_run_dir(out, train_cfg.resume)
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
+    check_training_memory(cfg, task, train_cfg, info)
     model, tok, tok_dir = build_model(cfg, task, train_cfg.seed)
     n_ctx = min(cfg.n_ctx or default_context(cfg, model.gpt), model.gpt.config.n_positions)
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
@@ -390,7 +429,10 @@ def resolve(config_file: str | Path | None, flags: dict[str, dict[str, Any]],
             raise ConfigError(f"--set: expected finetune.KEY=VALUE or train.KEY=VALUE, got {assignment!r}")
         override(sections[section], key, raw.strip(), f"--set {section}")
     for obj in sections.values():
-        obj.__post_init__()
+        try:   # types and ranges of everything the TOML, flags and --set gave
+            obj.__post_init__()
+        except ConfigError as exc:
+            raise ConfigError(f"{config_file or '--set'}: {exc}") from None
     if not cfg.task or not cfg.data:
         raise ConfigError("--task and --data are required")
     if not cfg.init:

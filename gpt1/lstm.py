@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt1.config import ModelConfig, from_dict
+from gpt1.config import MODEL_LIMITS, ModelConfig, check_ranges, check_types, from_dict
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.model import grow_token_table
 
@@ -53,9 +53,11 @@ class LSTMConfig:
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_embd", "hidden_size", "n_layer", "n_positions"):
-            if int(getattr(self, name)) <= 0:
-                raise ConfigError(f"lstm.{name} must be positive, got {getattr(self, name)!r}")
+        check_types(self, "lstm")
+        check_ranges(self, "lstm", {"vocab_size": MODEL_LIMITS["vocab_size"],
+                                    "n_positions": MODEL_LIMITS["n_positions"],
+                                    "n_embd": MODEL_LIMITS["n_embd"],
+                                    "hidden_size": MODEL_LIMITS["n_inner"], "n_layer": 64})
         for name in ("embd_pdrop", "resid_pdrop"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
                 raise ConfigError(f"lstm.{name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -202,6 +204,14 @@ def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") ->
         config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(source))
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
+    from gpt1.memory import ensure_fits, human
+    params = lstm_parameter_count(config)
+    for where in {"cpu", str(torch.device(device))}:
+        ensure_fits(params * 4, "the model", str(source), f"{params:,} parameters", where)
+    if (folder / WEIGHTS).is_file() and (folder / WEIGHTS).stat().st_size < params * 2:
+        raise CheckpointError(f"{source}: the config describes {params:,} parameters but "
+                              f"{WEIGHTS} holds {human((folder / WEIGHTS).stat().st_size)}; config "
+                              "and weights do not belong together")
     state = load_state_dict(folder / WEIGHTS)
     with torch.device("meta"):
         model = LSTMLM(config)

@@ -120,6 +120,12 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt") -> TrainResult:
     data = open_prepared(cfg.data.path)
     n_ctx = finalize(cfg, data)
     info = dist.env_info()
+    from gpt1.memory import ensure_training_fits
+    from gpt1.trainer import resolve_device
+    # Sized from the configs alone, before run.json, the model or any optimizer state exist.
+    ensure_training_fits(cfg.model, cfg.train, n_ctx, "pretrain config",
+                         resolve_device(cfg.train.device, info.local_rank),
+                         world_size=info.world_size)
     resolved = cfg.to_dict()
     if arch != "gpt":
         resolved["arch"] = arch

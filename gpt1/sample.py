@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from gpt1.errors import CheckpointError, ConfigError
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model import GPT, KVCache
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
                 cache = None  # past the context: positions shift, re-read the window each step
                 hidden = model(out[:, -n_pos:])[:, -1]
             logits = model.lm_logits(hidden).float()  # [B, V]
+            if not bool(torch.isfinite(logits).all()):
+                # Overflow (or damage): multinomial would crash, argmax would pick token 0.
+                raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn "
+                                "from them")
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -111,6 +116,17 @@ def parse_ids(raw: str) -> list[int]:
         raise ConfigError(f"--prompt-ids must be integers separated by spaces, got {raw!r}") from None
 
 
+def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
+                          device: str) -> None:
+    """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
+    hidden state per position and layer and one row of logits."""
+    from gpt1.memory import ensure_fits
+    window = min(config.n_positions, max_new_tokens + 1)   # the prompt holds at least one token
+    need = num_samples * (window * config.n_embd * config.n_layer + config.vocab_size) * 4
+    ensure_fits(need, "sampling", "--num-samples", f"num_samples={num_samples:,} x {window:,} "
+                f"positions x n_layer={config.n_layer} x n_embd={config.n_embd}", device)
+
+
 def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[int] | None = None,
            max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
@@ -124,6 +140,9 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
     folder = resolve_checkpoint_dir(checkpoint)
+    # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
+    model = load_any_checkpoint(folder, device=device)   # GPT or the LSTM baseline
+    check_sampling_memory(model.config, num_samples, max_new_tokens, device)
     tok_dir = tokenizer_dir_of(folder)
     tokenizer = None
     if tok_dir is not None:
@@ -134,7 +153,6 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
             raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt), so a text "
                                   "prompt cannot be encoded; use --prompt-ids")
         prompt_ids = list(tokenizer.encode(prompt))
-    model = load_any_checkpoint(folder, device=device)   # GPT or the LSTM baseline
     n_pos = model.config.n_positions
     if len(prompt_ids) > n_pos:
         log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos)

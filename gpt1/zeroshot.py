@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt1 import zeroshot_data as zd
-from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
 from gpt1.inplace import log_softmax_
 from gpt1.objectives import aligned_logits, logits_width
 from gpt1.tasks.examples import ChoiceExample
@@ -166,6 +166,9 @@ class Scorer:
         results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
             self._run(batch, wanted, results, greedy)
+        if any(lp != lp for lp, _ in results.values()):   # NaN: argmax would pick silently
+            raise Gpt1Error("the model produced NaN log-probabilities (overflow in this dtype, "
+                            "or damaged weights); scores would be meaningless")
         out: list[Score] = []
         for plan in plans:
             if plan is None:
@@ -594,9 +597,12 @@ def _updates_of(folder: Path) -> int | None:
             data = json.loads((folder / name).read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError):
             continue
+        if not isinstance(data, dict):
+            continue
         for table in (data, data.get("trainer") or {}):
             for key in ("step", "updates", "global_step"):
-                if isinstance(table, dict) and isinstance(table.get(key), int):
+                # type(): a JSON true is not an update count
+                if isinstance(table, dict) and type(table.get(key)) is int and table[key] >= 0:
                     return table[key]
     return None
 
@@ -615,8 +621,12 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
            "dtype": settings.get("dtype", "fp32")}
     curve: dict[str, Any] = {"settings": key, "data": str(data), "checkpoints": {}}
     if cache_file.is_file():
-        old = json.loads(cache_file.read_text())
-        if old.get("settings") == key:
+        try:
+            old = json.loads(cache_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            old = None
+        if (isinstance(old, dict) and old.get("settings") == key
+                and isinstance(old.get("checkpoints"), dict)):
             curve = old
         else:
             log.info("zeroshot: settings changed since %s was written; starting afresh", cache_file)

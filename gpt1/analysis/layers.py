@@ -21,9 +21,9 @@ def layers_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
                  eval_split: str = "dev", train_examples: int | None = None,
                  train_eval_examples: int = 1000, command: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the layers-transferred sweep; write the plot and tables; return the table."""
-    from gpt1.checkpoint import read_config
+    from gpt1.checkpoint import read_model_config
 
-    n_layer = int(read_config(init)["model"]["n_layer"])
+    n_layer = read_model_config(init).n_layer   # validated: a sweep of K = 0..n_layer runs
     ks = list(range(n_layer + 1)) if ks is None else list(ks)
     out = Path(out)
     settings = {"init": str(init), "task": task, "data": str(data), "train_split": train_split,

@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpt1 {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except MemoryError:
-        print(f"gpt1 {args.command}: error: out of memory; lower --micro-batch (and raise "
-              "gradient accumulation to keep the global batch)", file=sys.stderr)
+        # Only the training commands have a micro-batch to lower; elsewhere the model or the
+        # input itself is larger than this machine's memory.
+        hint = ("lower --micro-batch (and raise gradient accumulation to keep the global batch)"
+                if args.command in ("pretrain", "finetune") else
+                "the model or input is larger than this machine's memory")
+        print(f"gpt1 {args.command}: error: out of memory; {hint}", file=sys.stderr)
         return EXIT_ERROR
