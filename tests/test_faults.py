@@ -3,29 +3,25 @@ uninterrupted run, for `gpt1 pretrain` and `gpt1 finetune`; a full disk while sa
 previous checkpoint and says so; NaN/inf loss or gradients stop with advice and keep the last
 good checkpoint; running out of memory names the flags to change.
 
-The kill loops use benchmarks/faults.py (which runs many more kills for the fault report)."""
+The kill loops and fault cases live in gpt1.testing (benchmarks/faults.py runs more kills)."""
 from __future__ import annotations
 
 import errno
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import faults  # noqa: E402
-
-from gpt1 import checkpoint as ckpt  # noqa: E402
-from gpt1.config import TrainConfig, model_preset  # noqa: E402
-from gpt1.data import WindowSource, open_prepared  # noqa: E402
-from gpt1.errors import CheckpointError, Gpt1Error  # noqa: E402
-from gpt1.model import GPT  # noqa: E402
-from gpt1.objectives import WindowLMLoss  # noqa: E402
-from gpt1.trainer import OutOfMemory, TrainingDiverged, train  # noqa: E402
+from gpt1 import checkpoint as ckpt
+from gpt1.config import TrainConfig, model_preset
+from gpt1.data import WindowSource, open_prepared
+from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.model import GPT
+from gpt1.objectives import WindowLMLoss
+from gpt1.testing import faults
+from gpt1.trainer import OutOfMemory, TrainingDiverged, train
 
 
 # ------------------------------------------------------------------------------ kill loops
