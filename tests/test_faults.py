@@ -20,7 +20,7 @@ from gpt1.data import WindowSource, open_prepared
 from gpt1.errors import CheckpointError, Gpt1Error
 from gpt1.model import GPT
 from gpt1.objectives import WindowLMLoss
-from gpt1.testing import faults
+from gpt1.testing import fault_cases, faults
 from gpt1.trainer import OutOfMemory, TrainingDiverged, train
 
 
@@ -216,3 +216,27 @@ def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):
     with pytest.raises(RuntimeError, match="shape mismatch"):
         tiny_train(tmp_path, tmp_path / "run", broken)
 
+
+
+# ---------------------------------------------------------------------------- fault cases
+DISK_CASES = [(name, case) for name, case in fault_cases.CASES
+              if case.__name__ in ("disk_full_while_checkpointing", "read_only_run_folder",
+                                   "disk_full_while_converting")]
+
+
+@pytest.mark.parametrize("name,case", DISK_CASES, ids=[c.__name__ for _, c in DISK_CASES])
+@pytest.mark.parametrize("real", [True, False], ids=["real-tmpfs", "simulated"])
+def test_disk_fault_cases(tmp_path, monkeypatch, name, case, real):
+    """A full disk and a read-only folder: real private tmpfs mounts where `unshare -rm` works
+    (skipped elsewhere), and the same faults raised from the writer everywhere."""
+    if real and not fault_cases.private_mounts():
+        pytest.skip("no unprivileged private mounts here (unshare -rm)")
+    monkeypatch.setitem(fault_cases._MOUNTS, "ok", real)
+    result = case(tmp_path)
+    assert result.problems == () and result.data_lost == 0, result.outcome
+    assert ("simulated" in result.outcome) != real
+
+
+def test_every_fault_case_is_listed_once():
+    names = [case.__name__ for _, case in fault_cases.CASES]
+    assert len(names) == len(set(names)) >= 11
