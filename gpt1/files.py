@@ -204,11 +204,15 @@ def publish_dir(tmp: str | Path, final: str | Path) -> None:
     """Rename a completed temporary folder onto `final` (replacing an older one)."""
     tmp, final = Path(tmp), Path(final)
     fsync_dir(tmp)
-    if final.exists():
+    if final.exists() or final.is_symlink():
         old = _temp_name(final, "old")
         os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            os.replace(old, final)   # put the previous output back: never neither
+            raise
+        remove(old)
     else:
         os.replace(tmp, final)
     fsync_dir(final.parent)
@@ -308,6 +312,13 @@ def clear_folder(folder: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ run lock
+def _command_line() -> str:
+    """This process's command line, as the user typed it for `gpt1` / `python -m gpt1`."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    first = script.parent.name if script.name == "__main__.py" else script.name  # python -m X
+    return shlex.join([first, *sys.argv[1:]])
+
+
 class RunLock:
     """An exclusive advisory lock on a folder (`flock` on FOLDER/.gpt1.lock), held for a run.
 
@@ -319,7 +330,7 @@ class RunLock:
     def __init__(self, folder: str | Path, command: str | None = None):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_FILE
-        self.command = command or shlex.join(["gpt1", *sys.argv[1:]])
+        self.command = command or _command_line()
         self._fd: int | None = None
 
     def acquire(self) -> RunLock:

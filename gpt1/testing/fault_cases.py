@@ -234,7 +234,7 @@ def two_writers_one_run(work: Path) -> CaseResult:
     running = first.poll() is None
     first.wait(timeout=600)
     problems += one_line(second.returncode, second.stderr.strip(), "in use by another gpt1",
-                         f"pid {first.pid}", "gpt1 pretrain")
+                         f"pid {first.pid}", "gpt1 --quiet pretrain --preset tiny", "since 20")
     if not running:
         problems.append("the first run had finished before the second started (not a race)")
     if first.returncode != 0:
