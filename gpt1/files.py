@@ -381,6 +381,16 @@ class RunLock:
         self.release()
 
 
+def resumes_in(folder: str | Path, resume: str | None) -> bool:
+    """Whether `--resume` continues the run in `folder` (`auto`, or a checkpoint inside it),
+    rather than starting a new run there from another run's checkpoint."""
+    if not resume:
+        return False
+    if resume == "auto":
+        return True
+    return Path(resume).resolve().is_relative_to(Path(folder).resolve())
+
+
 def claim_run_dir(folder: str | Path, resume: bool, overwrite: bool,
                   command: str | None = None) -> RunLock:
     """Lock a run folder for this process and apply the run-folder policy.

@@ -291,7 +291,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
     `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts."""
     out = Path(out)
-    lock = (files.claim_run_dir(out, bool(train_cfg.resume), overwrite)
+    lock = (files.claim_run_dir(out, files.resumes_in(out, train_cfg.resume), overwrite)
             if dist.env_info().is_main else None)
     try:
         return _finetune(cfg, train_cfg, out, spec, max_steps_cap)

@@ -19,7 +19,7 @@ from gpt1 import distributed as dist
 from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, run_preset
 from gpt1.data import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
-from gpt1.files import claim_run_dir, write_json
+from gpt1.files import claim_run_dir, resumes_in, write_json
 from gpt1.lstm import build_model
 from gpt1.objectives import WindowLMLoss, lm_loss_window
 from gpt1.trainer import TrainResult, train
@@ -110,7 +110,8 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt",
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
-    lock = claim_run_dir(out, bool(cfg.train.resume), overwrite) if dist.env_info().is_main else None
+    lock = (claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
+            if dist.env_info().is_main else None)
     try:
         return _pretrain(cfg, out, arch)
     finally:

@@ -316,3 +316,15 @@ def test_weights_follow_the_umask(tmp_path, mask):
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
     assert set(modes.values()) == {0o666 & ~mask}, modes
+
+
+def test_resume_from_another_run_does_not_mix_into_a_used_folder(tmp_path, prepared, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli(capsys, *pretrain_argv(prepared, a, 2))[0] == 0
+    b.mkdir()
+    (b / "metrics.jsonl").write_text('{"step": 9, "loss": 1.0}\n')
+    code, err = cli(capsys, *pretrain_argv(prepared, b, 3, "--resume", str(a / "step-1")))
+    assert code == 2 and "not empty" in err
+    assert (b / "metrics.jsonl").read_text() == '{"step": 9, "loss": 1.0}\n'
+    assert files.resumes_in(a, str(a / "step-1")) and files.resumes_in(a, "auto")
+    assert not files.resumes_in(b, str(a / "step-1")) and not files.resumes_in(b, None)
