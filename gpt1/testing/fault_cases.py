@@ -31,8 +31,7 @@ from typing import Callable
 from unittest import mock
 
 from gpt1.files import LOCK_FILE
-from gpt1.testing.faults import (char_vocab, env, make_corpus, make_task, pretrain_cmd,
-                                 verify_run)
+from gpt1.testing.faults import char_vocab, env, make_corpus, make_task, verify_run
 
 
 @dataclass
