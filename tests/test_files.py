@@ -328,3 +328,22 @@ def test_resume_from_another_run_does_not_mix_into_a_used_folder(tmp_path, prepa
     assert (b / "metrics.jsonl").read_text() == '{"step": 9, "loss": 1.0}\n'
     assert files.resumes_in(a, str(a / "step-1")) and files.resumes_in(a, "auto")
     assert not files.resumes_in(b, str(a / "step-1")) and not files.resumes_in(b, None)
+
+
+def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypatch):
+    import builtins
+
+    from gpt1 import metrics
+    real_open = builtins.open
+
+    def full_on_append(file, mode="r", *args, **kwargs):
+        if str(file).endswith("metrics.jsonl") and "a" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(metrics, "open", full_on_append, raising=False)
+    run = tmp_path / "run"
+    code, err = cli(capsys, *pretrain_argv(prepared, run, 2))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(run / "metrics.jsonl") in err and "No space left on device; needs about" in err
+    assert leftovers(run) == []
