@@ -6,7 +6,6 @@ Loading never unpickles anything: weights come from safetensors only.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
@@ -19,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from gpt1.config import ModelConfig, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
+from gpt1.files import atomic_dir, atomic_folder, follow_umask, publish_dir  # noqa: F401 (re-exported)
 from gpt1.model import GPT
 
 FORMAT = "gpt1"
@@ -29,51 +29,13 @@ TOKENIZER_FILES = ("vocab.json", "merges.txt")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
-def atomic_dir(final: Path) -> Path:
-    """A fresh temporary sibling of `final`; publish it with `publish_dir`."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}"
-    # Torn temporary/old folders of this name left by a killed process (and our own stale one).
-    for stale in final.parent.glob(f".{glob.escape(final.name)}.*"):
-        if stale.is_dir() and stale.name.rsplit(".", 1)[-1].startswith(("tmp-", "old-", "deleting-")):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp.mkdir()
-    return tmp
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename a completed temporary folder onto `final` (replacing an older one)."""
-    final = Path(final)
-    _fsync_dir(tmp)
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{os.getpid()}"
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    _fsync_dir(final.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    for child in Path(path).iterdir() if Path(path).is_dir() else []:
-        if child.is_file():
-            with open(child, "rb") as fh:
-                os.fsync(fh.fileno())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_model_files(folder: Path, model: GPT, tokenizer_dir: str | Path | None = None,
                       extra: dict[str, Any] | None = None) -> None:
     """Write weights, config and tokenizer files into an existing (temporary) folder."""
     folder = Path(folder)
     state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / WEIGHTS), metadata={"format": FORMAT})
+    follow_umask(folder / WEIGHTS)
     config = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.config.to_dict()}
     if extra:
         config.update(extra)
@@ -99,10 +61,14 @@ def save_model(model: GPT, out_dir: str | Path, tokenizer_dir: str | Path | None
                extra: dict[str, Any] | None = None) -> Path:
     """Save `model` as a checkpoint folder, atomically (temporary name, then rename)."""
     out_dir = Path(out_dir)
-    tmp = atomic_dir(out_dir)
-    write_model_files(tmp, model, tokenizer_dir, extra)
-    publish_dir(tmp, out_dir)
+    with atomic_folder(out_dir, needed=state_bytes(model.state_dict())) as tmp:
+        write_model_files(tmp, model, tokenizer_dir, extra)
     return out_dir
+
+
+def state_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes the tensors take in a safetensors file (what a write of them needs)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
 def resolve_checkpoint_dir(path: str | Path) -> Path:
@@ -288,6 +254,7 @@ def save_training_state(folder: Path, tensors: dict[str, torch.Tensor], info: di
     """Write trainer tensors (optimizer moments, RNG states as uint8) and JSON state into `folder`."""
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(Path(folder) / TRAINER_TENSORS),
               metadata={"format": FORMAT})
+    follow_umask(Path(folder) / TRAINER_TENSORS)
     (Path(folder) / TRAINER_JSON).write_text(json.dumps(info) + "\n")
 
 

@@ -22,11 +22,12 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from gpt1.checkpoint import (TOKENIZER_FILES, atomic_dir, check_finite, check_state_dict,
-                             check_weights_size, copy_tokenizer_files, load_checkpoint,
-                             load_state_dict, publish_dir, tokenizer_dir_of, write_model_files)
+from gpt1.checkpoint import (TOKENIZER_FILES, check_finite, check_state_dict, check_weights_size,
+                             copy_tokenizer_files, load_checkpoint, load_state_dict, state_bytes,
+                             tokenizer_dir_of, write_model_files)
 from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
+from gpt1.files import atomic_folder, check_output, follow_umask
 from gpt1.memory import ensure_model_fits
 from gpt1.model import GPT
 
@@ -357,13 +358,13 @@ def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None) 
     if model.config.embd_dropout != "sum":
         log.warning("transformers drops the summed embedding; embd_dropout=%r is not carried over",
                     model.config.embd_dropout)
-    tmp = atomic_dir(out_dir)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(gpt1_to_hf_state(state), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    if tokenizer_dir is not None:
-        copy_tokenizer_files(tokenizer_dir, tmp)
-    publish_dir(tmp, out_dir)
+    with atomic_folder(out_dir, needed=state_bytes(state)) as tmp:
+        save_file(gpt1_to_hf_state(state), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        follow_umask(tmp / "model.safetensors")
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        if tokenizer_dir is not None:
+            copy_tokenizer_files(tokenizer_dir, tmp)
     return out_dir
 
 
@@ -417,17 +418,22 @@ def read_any(src: str | Path, fmt: str, n_head: int = 12) -> tuple[GPT, Path | N
 
 
 def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str = "gpt1",
-            n_head: int = 12) -> Path:
-    """Convert a model folder between formats; returns the written folder."""
+            n_head: int = 12, overwrite: bool = False) -> Path:
+    """Convert a model folder between formats; returns the written folder.
+
+    An existing `dst` is replaced only with `overwrite`, and never when it holds `src` or the
+    current folder (`gpt1.files.check_output`)."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
     if Path(src).exists() and Path(dst).resolve() == Path(src).resolve():
         raise ConfigError(f"{dst}: destination is the source folder")
+    check_output(dst, overwrite, (src,))
     model, vocab = read_any(src, src_format, n_head)
+    out = Path(os.path.abspath(dst))   # `.`-style names have no name to build a temporary sibling from
     if dst_format == "hf":
-        return save_hf(model, dst, vocab)
-    tmp = atomic_dir(Path(dst))
-    write_model_files(tmp, model, vocab, extra={"converted_from": {"format": src_format,
-                                                                   "path": os.fspath(src)}})
-    publish_dir(tmp, Path(dst))
+        save_hf(model, out, vocab)
+        return Path(dst)
+    with atomic_folder(out, needed=state_bytes(model.state_dict())) as tmp:
+        write_model_files(tmp, model, vocab, extra={"converted_from": {"format": src_format,
+                                                                       "path": os.fspath(src)}})
     return Path(dst)

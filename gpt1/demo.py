@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.errors import Gpt1Error
+from gpt1.files import LOCK_FILE, OutputExists, RunLock, write_json, write_text
 
 log = logging.getLogger("gpt1.demo")
 
@@ -44,6 +45,22 @@ class DemoSettings:
     task: str | None = None
     data: str | None = None
     quiet: bool = False
+    overwrite: bool = False   # write into a --out that holds things the demo did not make
+
+
+# What the demo writes into --out (a rerun reuses finished steps; anything else is the user's).
+DEMO_NAMES = {"data", "tokenizer", "prepared", "pretrain", "finetune-0", "finetune-1", "finetune-2",
+              "report.md", "demo.json", LOCK_FILE}
+
+
+def check_demo_folder(out: Path, overwrite: bool) -> None:
+    """Refuse a --out holding anything the demo does not write, unless `overwrite`."""
+    foreign = sorted(p.name for p in out.iterdir() if p.name not in DEMO_NAMES) if out.is_dir() else []
+    if out.exists() and not out.is_dir():
+        raise OutputExists(f"{out}: exists and is not a folder; choose another --out")
+    if foreign and not overwrite:
+        raise OutputExists(f"{out}: holds files the demo did not write ({', '.join(foreign[:4])}); "
+                           "choose another --out, or pass --overwrite to write the demo beside them")
 
 
 def run_cli(argv: list[str], quiet: bool) -> None:
@@ -103,7 +120,12 @@ def read_results(run: Path) -> dict[str, Any]:
 def demo(settings: DemoSettings) -> dict[str, Any]:
     """Run the pipeline and write `report.md`; returns the results table as a dict."""
     s, out, t0 = settings, settings.out, time.time()
-    out.mkdir(parents=True, exist_ok=True)
+    check_demo_folder(out, s.overwrite)
+    with RunLock(out):
+        return _demo(s, out, t0)
+
+
+def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
     world = None
     if s.corpus:
         if not (s.task and s.data):
@@ -152,8 +174,8 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for i, (name, extra) in enumerate(arms.items()):
         run = out / f"finetune-{i}"
-        step(f"finetune {i}", ["finetune", *ft_common, *extra, "--out", str(run)],
-             run / "results.json")
+        step(f"finetune {i}", ["finetune", *ft_common, *extra, "--out", str(run), "--resume",
+                               "auto"], run / "results.json")
         table[name] = read_results(run)
     zero = zero_shot_check(pre_dir / "final", world) if world is not None else None
     if world is not None:
@@ -164,10 +186,10 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
     plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(arms))])
     seconds = round(time.time() - t0, 1)
     report = _report(table, zero, timings, seconds, plots, out)
-    (out / "report.md").write_text(report)
+    write_text(out / "report.md", report)
     summary = {"results": table, "zero_shot": zero, "seconds": seconds, "timings": timings,
                "report": str(out / "report.md")}
-    (out / "demo.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "demo.json", summary)
     return summary
 
 

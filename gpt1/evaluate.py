@@ -1,18 +1,21 @@
 """`gpt1 evaluate` and `gpt1 predict`: score a fine-tuned run on a split, write submissions.
 
-Results go to `results.json` in the run folder: {"task", "split", "n", metric: value, ...}.
-When a split stands for several files (MNLI's matched and mismatched dev sets) the first one's
-metrics are the top-level entries and each file also has its own entry.
+`gpt1 finetune` writes the scores of its evaluation split to `RUN/results.json`; `gpt1 evaluate`
+writes `RUN/results.<split>.json`: {"task", "split", "n", metric: value, ...}. When a split stands
+for several files (MNLI's matched and mismatched dev sets) the first one's metrics are the
+top-level entries and each file also has its own entry. `gpt1 predict` writes
+`index<TAB>prediction` files named by `submission_name`. Neither replaces an existing file
+unless told `--overwrite`.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.files import check_output, write_json, write_text
 from gpt1.tasks.metrics import compute
 from gpt1.tasks.registry import Task, get_task
 
@@ -70,11 +73,24 @@ def evaluate_model(model: Any, task: Task, tok: Any, data: str, split: str, n_ct
     return results
 
 
-def write_results(run: str | Path, results: dict[str, Any]) -> Path:
-    path = Path(run) / "results.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    return path
+def write_results(run: str | Path, results: dict[str, Any], name: str = "results.json",
+                  overwrite: bool = True) -> Path:
+    """Write `results` as RUN/`name` atomically (refusing an existing file unless `overwrite`)."""
+    path = Path(run) / name
+    check_output(path, overwrite)
+    return write_json(path, results)
+
+
+def results_name(split: str) -> str:
+    """The file `gpt1 evaluate` writes for `split` (`results.json` is fine-tuning's own)."""
+    return f"results.{split}.json"
+
+
+def submission_name(task: Task, split_file: str) -> str:
+    """`gpt1 predict`'s file for one split file: GLUE's submission name for test splits
+    (`SST-2.tsv`, `MNLI-m.tsv`), the name plus the split otherwise (`SST-2.dev.tsv`)."""
+    stem = GLUE_FILES.get(f"{task.name}/{split_file}", GLUE_FILES.get(task.name, task.name))
+    return f"{stem}.tsv" if split_file.startswith("test") else f"{stem}.{split_file}.tsv"
 
 
 def _run_folder(run: str | Path) -> Path:
@@ -96,40 +112,42 @@ def _task_of(record: dict, name: str | None) -> Task:
 
 
 def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str = "dev",
-                 micro: int = 16, skip_bad_rows: bool = False, device: str = "cpu") -> dict[str, Any]:
-    """Load a fine-tuned run, score it on `split`, write `results.json` into the run folder."""
+                 micro: int = 16, skip_bad_rows: bool = False, device: str = "cpu",
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into the run
+    folder (an existing one only with `overwrite`)."""
     from gpt1.finetune import load_finetuned
+    check_output(_run_folder(run) / results_name(split), overwrite)
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model.to(device)
     results = evaluate_model(model, task, tok, data, split, record["n_ctx"],
                              record.get("question_delimiter", False), micro, skip_bad_rows)
-    write_results(_run_folder(run), results)
+    write_results(_run_folder(run), results, results_name(split), overwrite)
     return results
 
 
 def predict_run(run: str | Path, task_name: str | None, data: str, split: str = "test",
                 out: str | Path | None = None, micro: int = 16, skip_bad_rows: bool = False,
-                device: str = "cpu") -> list[Path]:
-    """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for)."""
+                device: str = "cpu", overwrite: bool = False) -> list[Path]:
+    """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for), named
+    by `submission_name`; an existing file is replaced only with `overwrite`."""
     from gpt1.finetune import encode_split, load_finetuned
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model.to(device)
     out_dir = Path(out) if out else _run_folder(run) / "submission"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    names = task.resolve_splits(split)
+    for name in names:       # refuse before any work, not after the first file
+        check_output(out_dir / submission_name(task, name), overwrite)
     written = []
-    for name in task.resolve_splits(split):
+    for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
         preds = predict_outputs(model, task, enc, micro)
-        stem = GLUE_FILES.get(f"{task.name}/{name}", GLUE_FILES.get(task.name, task.name))
-        path = out_dir / f"{stem}.tsv"
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write("index\tprediction\n")
-            for uid, p in zip(enc.uids, preds):
-                fh.write(f"{uid}\t{_label_text(task, p)}\n")
-        written.append(path)
+        rows = ["index\tprediction\n"] + [f"{uid}\t{_label_text(task, p)}\n"
+                                          for uid, p in zip(enc.uids, preds)]
+        written.append(write_text(out_dir / submission_name(task, name), "".join(rows)))
     return written
 
 

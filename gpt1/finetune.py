@@ -21,6 +21,7 @@ from safetensors.torch import save_file
 
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
+from gpt1 import files
 from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset, read_json_file
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.heads import FinetuneModel, finetune_loss
@@ -246,6 +247,7 @@ def writer(tok_dir: Path, record: dict, resolved: dict) -> Any:
                                                             **arch_extra(model.gpt)})
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(Path(folder) / HEAD_FILE))
+        files.follow_umask(Path(folder) / HEAD_FILE)
         (Path(folder) / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
     return write
 
@@ -320,12 +322,25 @@ def check_training_memory(cfg: FinetuneConfig, task: Task, train_cfg: TrainConfi
 
 # ------------------------------------------------------------------------- entry point
 def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
-             spec: dict | None = None, max_steps_cap: int = 0) -> tuple[TrainResult, dict]:
-    """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json)."""
-    from gpt1.evaluate import evaluate_model, write_results
-    from gpt1.pretrain import check_run_dir
+             spec: dict | None = None, max_steps_cap: int = 0,
+             overwrite: bool = False) -> tuple[TrainResult, dict]:
+    """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json).
+
+    A non-empty `out` is continued only with `train_cfg.resume`, started over only with
+    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts."""
     out = Path(out)
-    check_run_dir(out, train_cfg.resume)
+    lock = (files.claim_run_dir(out, files.resumes_in(out, train_cfg.resume), overwrite)
+            if dist.env_info().is_main else None)
+    try:
+        return _finetune(cfg, train_cfg, out, spec, max_steps_cap)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict | None,
+              max_steps_cap: int) -> tuple[TrainResult, dict]:
+    from gpt1.evaluate import evaluate_model, write_results
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
@@ -352,8 +367,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
     resolved = {"finetune": asdict(cfg), "train": asdict(train_cfg), "task": record,
                 "model": model.gpt.config.to_dict()}
     if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "run.json").write_text(json.dumps(resolved, indent=2) + "\n")
+        files.write_json(out / "run.json", resolved)
         log.info("fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g)",
                  task.name, len(enc.items), cfg.train_split, train_cfg.max_steps,
                  train_cfg.batch_size, train_cfg.lr, cfg.lm_coef)

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from gpt1.files import write_bytes, write_text, writing
+
 log = logging.getLogger("gpt1.train")
 
 METRICS = "metrics.jsonl"
@@ -74,17 +76,18 @@ class MetricsLogger:
         self.file = Path(run_dir) / METRICS
         self.bar: Any = None
         if enabled:
-            self.file.parent.mkdir(parents=True, exist_ok=True)
             if resume_step is None:
-                self.file.write_text("")
+                write_text(self.file, "")
             else:
                 truncate_after(self.file, resume_step)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with open(self.file, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        with writing(self.file, len(line)):
+            with open(self.file, "a") as fh:
+                fh.write(line)
 
     def console(self, text: str) -> None:
         if not self.enabled:
@@ -107,9 +110,7 @@ def truncate_after(file: Path, step: int) -> None:
         except json.JSONDecodeError:
             continue  # a half-written last line from a killed run
     # Temporary file then rename: a kill during this rewrite must not lose the kept lines.
-    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    os.replace(tmp, file)
+    write_text(file, "".join(k + "\n" for k in kept))
 
 
 def train_line(rec: dict[str, Any]) -> str:
@@ -140,8 +141,18 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def plot_run(run_dir: str | Path) -> list[Path]:
-    """Write loss.png (train and validation loss) and lr.png from a run's metrics.jsonl."""
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write a matplotlib figure as PNG atomically (a failed write leaves no partial file)."""
+    import io
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    return write_bytes(path, buffer.getvalue())
+
+
+def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
+    """Write loss.png (train and validation loss) and lr.png from a run's metrics.jsonl.
+
+    With `overwrite=False`, existing plots are refused (`gpt1 plot` without --overwrite)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -149,6 +160,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     train = [r for r in records if "loss" in r]
+    if not overwrite:
+        from gpt1.files import check_output
+        for name in ("loss.png", "lr.png"):
+            check_output(run_dir / name, overwrite)
     val = [r for r in records if "val_loss" in r]
     written = []
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -162,7 +177,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(run_dir / "loss.png", dpi=120)
+    save_figure(fig, run_dir / "loss.png")
     plt.close(fig)
     written.append(run_dir / "loss.png")
     lr = [r for r in train if "lr" in r]
@@ -173,7 +188,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         ax.set_ylabel("learning rate")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(run_dir / "lr.png", dpi=120)
+        save_figure(fig, run_dir / "lr.png")
         plt.close(fig)
         written.append(run_dir / "lr.png")
     return written

@@ -309,11 +309,11 @@ def _open_pool(tok: Tokenizer, workers: int):
 def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
             opts: PrepareOptions | None = None) -> dict:
     """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
-    from gpt1.checkpoint import atomic_dir, copy_tokenizer_files, publish_dir
+    from gpt1.checkpoint import copy_tokenizer_files
+    from gpt1.files import atomic_dir, check_output, publish_dir, writing
     opts = opts or PrepareOptions()
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not opts.overwrite:
-        raise DataError("output exists and is not empty (pass --overwrite to replace it)", out)
+    check_output(out, opts.overwrite, (*corpus, vocab))
     started = time.perf_counter()
     tok = Tokenizer.from_dir(vocab, standardize=opts.standardize,  # type: ignore[arg-type]
                              lower_first=opts.lower_first)
@@ -328,20 +328,21 @@ def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
     val = choose_val(n_docs, opts.val_fraction, opts.seed)
     tmp = atomic_dir(out)
     try:
-        splits = _encode_all(files, tok, opts, stats, val, n_docs, tmp)
-        copy_tokenizer_files(vocab, tmp)
-        meta = {"format": FORMAT, "version": VERSION, "vocab_size": tok.vocab_size,
-                "dtype": dtype_for_vocab(tok.vocab_size).name, "splits": splits,
-                "sources": [str(f) for f in files],
-                "stats": {**stats.__dict__, "documents": n_docs,
-                          "tokens": sum(s["tokens"] for s in splits.values()),
-                          "seconds": round(time.perf_counter() - started, 3),
-                          "val_fraction": opts.val_fraction, "seed": opts.seed,
-                          "doc_sep": opts.doc_sep, "standardize": opts.standardize,
-                          "lower_first": opts.lower_first,
-                          "strip_gutenberg": opts.strip_gutenberg}}
-        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        publish_dir(tmp, out)
+        with writing(out, cleanup=tmp):
+            splits = _encode_all(files, tok, opts, stats, val, n_docs, tmp)
+            copy_tokenizer_files(vocab, tmp)
+            meta = {"format": FORMAT, "version": VERSION, "vocab_size": tok.vocab_size,
+                    "dtype": dtype_for_vocab(tok.vocab_size).name, "splits": splits,
+                    "sources": [str(f) for f in files],
+                    "stats": {**stats.__dict__, "documents": n_docs,
+                              "tokens": sum(s["tokens"] for s in splits.values()),
+                              "seconds": round(time.perf_counter() - started, 3),
+                              "val_fraction": opts.val_fraction, "seed": opts.seed,
+                              "doc_sep": opts.doc_sep, "standardize": opts.standardize,
+                              "lower_first": opts.lower_first,
+                              "strip_gutenberg": opts.strip_gutenberg}}
+            (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+            publish_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

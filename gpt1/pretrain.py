@@ -7,7 +7,6 @@ tokens: ceil(epochs * train_tokens / (batch_size * n_ctx)) updates (the paper: 1
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import tomllib
@@ -20,6 +19,7 @@ from gpt1 import distributed as dist
 from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, run_preset
 from gpt1.data import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
+from gpt1.files import claim_run_dir, resumes_in, write_json
 from gpt1.lstm import build_model
 from gpt1.objectives import WindowLMLoss, lm_loss_window
 from gpt1.trainer import TrainResult, train
@@ -98,25 +98,28 @@ def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: 
     return evaluate
 
 
-def check_run_dir(out: Path, resume: str) -> None:
-    """Refuse to silently start over in a folder that already holds checkpoints."""
-    if resume or not out.is_dir():
-        return
-    if any(p.name.startswith("step-") or p.name == "final" for p in out.iterdir()):
-        raise ConfigError(f"{out} already holds checkpoints; pass --resume auto to continue that run "
-                          "or choose a new --out")
-
-
-def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt") -> TrainResult:
+def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt",
+             overwrite: bool = False) -> TrainResult:
     """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.lstm.lstm_config_for(cfg.model)`,
-    parameter-matched), with the identical data, objective and schedule.
+    parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
+    continued only with `cfg.train.resume`, started over only with `overwrite` (see
+    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts.
     """
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
-    check_run_dir(out, cfg.train.resume)
+    lock = (claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
+            if dist.env_info().is_main else None)
+    try:
+        return _pretrain(cfg, out, arch)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     data = open_prepared(cfg.data.path)
     n_ctx = finalize(cfg, data)
     info = dist.env_info()
@@ -130,8 +133,7 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt") -> TrainResult:
     if arch != "gpt":
         resolved["arch"] = arch
     if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / RUN_CONFIG).write_text(json.dumps(resolved, indent=2) + "\n")
+        write_json(out / RUN_CONFIG, resolved)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)

@@ -14,8 +14,8 @@ from the plain module. `info` is a dict of floats; its "tokens" entry feeds toke
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
-import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -27,6 +27,7 @@ from torch import nn
 
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
+from gpt1 import files
 from gpt1.config import TrainConfig
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.metrics import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
@@ -360,18 +361,19 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
         meta = {"format": "gpt1-trainer", "version": 1, "step": state["step"], "total_steps": total,
                 "world_size": info.world_size, "sources": [e["source"] for e in per_rank],
                 "log": state["log"], "optimizer": opt_meta, "config": resolved}
-        tmp = ckpt.atomic_dir(final)
+        needed = ckpt.state_bytes(model_for_files.state_dict()) + ckpt.state_bytes(tensors)
         try:
-            write_model(model_for_files, tmp)
-            ckpt.save_training_state(tmp, tensors, meta)
-            ckpt.publish_dir(tmp, final)
-        except OSError as exc:  # disk full, quota, read-only: the older checkpoints are untouched
-            shutil.rmtree(tmp, ignore_errors=True)
+            with files.atomic_folder(final, needed=needed) as tmp:
+                write_model(model_for_files, tmp)
+                ckpt.save_training_state(tmp, tensors, meta)
+        except files.WriteError as exc:  # disk full, quota, read-only: older checkpoints untouched
             last = ckpt.latest_resumable(final.parent)
+            fix = ("Free space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
+                   "Make the folder writable" if exc.errno in (errno.EROFS, errno.EACCES,
+                                                                errno.EPERM) else "Fix the disk")
             raise CheckpointError(
-                f"{final}: could not write the checkpoint ({exc.strerror or exc}); "
-                + (f"the last complete checkpoint {last} is intact" if last else
-                   "no earlier checkpoint exists") + ". Free space, then rerun with --resume auto"
+                f"{exc}; " + (f"the last complete checkpoint {last} is intact" if last else
+                              "no earlier checkpoint exists") + f". {fix}, then rerun with --resume auto"
             ) from None
         if final.name.startswith("step-"):
             ckpt.prune_steps(final.parent, cfg.keep_last)

@@ -44,6 +44,8 @@ import torch.nn.functional as F
 
 from gpt1 import zeroshot_data as zd
 from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
+from gpt1.files import OutputExists, write_json, write_text
+from gpt1.metrics import save_figure
 from gpt1.inplace import log_softmax_
 from gpt1.objectives import aligned_logits, logits_width
 from gpt1.tasks.examples import ChoiceExample
@@ -608,28 +610,27 @@ def _updates_of(folder: Path) -> int | None:
 
 
 def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, out_dir: str | Path,
-                 **settings: Any) -> dict[str, Any]:
+                 overwrite: bool = False, **settings: Any) -> dict[str, Any]:
     """Zero-shot over a pretraining run (Fig. 2 right): every checkpoint, every task with data.
 
     Resumable: results accumulate in OUT/curve.json after each checkpoint, and a rerun with the
-    same settings evaluates only what is missing. Writes curve.md (table) and curve.png.
+    same settings evaluates only what is missing. Writes curve.md (table) and curve.png. A
+    curve.json with other settings (or curve files without one) is replaced only with `overwrite`.
     """
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cache_file = out_dir / "curve.json"
     key = {"limit": settings.get("limit"), "calibrate": bool(settings.get("calibrate", False)),
            "dtype": settings.get("dtype", "fp32")}
     curve: dict[str, Any] = {"settings": key, "data": str(data), "checkpoints": {}}
-    if cache_file.is_file():
-        try:
-            old = json.loads(cache_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            old = None
-        if (isinstance(old, dict) and old.get("settings") == key
-                and isinstance(old.get("checkpoints"), dict)):
-            curve = old
-        else:
-            log.info("zeroshot: settings changed since %s was written; starting afresh", cache_file)
+    old = _read_curve(cache_file) if cache_file.is_file() else None
+    if old is not None and old.get("settings") == key:
+        curve = old
+    elif not overwrite:
+        for name in ("curve.json", "curve.md", "curve.png"):
+            if (out_dir / name).exists():
+                raise OutputExists(f"{out_dir / name}: exists from a curve with other settings "
+                                   f"({old.get('settings') if old else 'unknown'}, now {key}); "
+                                   "pass --overwrite to start afresh, or choose another --out")
     for name, updates, folder in run_checkpoints(run_dir):
         done = curve["checkpoints"].get(name, {"updates": updates, "tasks": {}})
         todo = [t for t in tasks if t not in done["tasks"]]
@@ -637,13 +638,19 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
             done["tasks"].update(evaluate_checkpoint(folder, todo, data, **settings))
             done["updates"] = updates
             curve["checkpoints"][name] = done
-            tmp = cache_file.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(curve, indent=1) + "\n")
-            tmp.replace(cache_file)   # a killed sweep keeps every finished checkpoint
+            write_json(cache_file, curve, indent=1)  # a killed sweep keeps every finished checkpoint
     shown = [t for t in tasks if any(t in e["tasks"] for e in curve["checkpoints"].values())]
-    (out_dir / "curve.md").write_text(curve_table(curve, shown))
+    write_text(out_dir / "curve.md", curve_table(curve, shown))
     plot_curve(curve, shown, out_dir / "curve.png")
     return curve
+
+
+def _read_curve(file: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def curve_table(curve: dict[str, Any], tasks: Sequence[str]) -> str:
@@ -684,5 +691,5 @@ def plot_curve(curve: dict[str, Any], tasks: Sequence[str], png: Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    save_figure(fig, png)
     plt.close(fig)

@@ -3,29 +3,25 @@ uninterrupted run, for `gpt1 pretrain` and `gpt1 finetune`; a full disk while sa
 previous checkpoint and says so; NaN/inf loss or gradients stop with advice and keep the last
 good checkpoint; running out of memory names the flags to change.
 
-The kill loops use benchmarks/faults.py (which runs many more kills for the fault report)."""
+The kill loops and fault cases live in gpt1.testing (benchmarks/faults.py runs more kills)."""
 from __future__ import annotations
 
 import errno
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import faults  # noqa: E402
-
-from gpt1 import checkpoint as ckpt  # noqa: E402
-from gpt1.config import TrainConfig, model_preset  # noqa: E402
-from gpt1.data import WindowSource, open_prepared  # noqa: E402
-from gpt1.errors import CheckpointError, Gpt1Error  # noqa: E402
-from gpt1.model import GPT  # noqa: E402
-from gpt1.objectives import WindowLMLoss  # noqa: E402
-from gpt1.trainer import OutOfMemory, TrainingDiverged, train  # noqa: E402
+from gpt1 import checkpoint as ckpt
+from gpt1.config import TrainConfig, model_preset
+from gpt1.data import WindowSource, open_prepared
+from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.model import GPT
+from gpt1.objectives import WindowLMLoss
+from gpt1.testing import fault_cases, faults
+from gpt1.trainer import OutOfMemory, TrainingDiverged, train
 
 
 # ------------------------------------------------------------------------------ kill loops
@@ -220,3 +216,27 @@ def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):
     with pytest.raises(RuntimeError, match="shape mismatch"):
         tiny_train(tmp_path, tmp_path / "run", broken)
 
+
+
+# ---------------------------------------------------------------------------- fault cases
+DISK_CASES = [(name, case) for name, case in fault_cases.CASES
+              if case.__name__ in ("disk_full_while_checkpointing", "read_only_run_folder",
+                                   "disk_full_while_converting")]
+
+
+@pytest.mark.parametrize("name,case", DISK_CASES, ids=[c.__name__ for _, c in DISK_CASES])
+@pytest.mark.parametrize("real", [True, False], ids=["real-tmpfs", "simulated"])
+def test_disk_fault_cases(tmp_path, monkeypatch, name, case, real):
+    """A full disk and a read-only folder: real private tmpfs mounts where `unshare -rm` works
+    (skipped elsewhere), and the same faults raised from the writer everywhere."""
+    if real and not fault_cases.private_mounts():
+        pytest.skip("no unprivileged private mounts here (unshare -rm)")
+    monkeypatch.setitem(fault_cases._MOUNTS, "ok", real)
+    result = case(tmp_path)
+    assert result.problems == () and result.data_lost == 0, result.outcome
+    assert ("simulated" in result.outcome) != real
+
+
+def test_every_fault_case_is_listed_once():
+    names = [case.__name__ for _, case in fault_cases.CASES]
+    assert len(names) == len(set(names)) >= 11

@@ -43,8 +43,9 @@ def test_sst2_finetune_evaluate_predict(tmp_path: Path, shared_data: Path, gpt1_
     # The saved run reloads to the same predictions (evaluate reproduces the metric).
     code = main(["evaluate", str(run), "--task", "sst2", "--data", str(data), "--json"])
     assert code == 0
-    again = json.loads((run / "results.json").read_text())
+    again = json.loads((run / "results.dev.json").read_text())    # results.json stays as it was
     assert again["accuracy"] == results["accuracy"] and again["n"] == 24
+    assert json.loads((run / "results.json").read_text()) == results
     assert main(["predict", str(run), "--data", str(data)]) == 0
     rows = (run / "submission" / "SST-2.tsv").read_text().splitlines()
     assert rows[0] == "index\tprediction" and len(rows) == 11
@@ -65,7 +66,7 @@ def test_stsb_regression_with_both_orders(tmp_path: Path, shared_data: Path, gpt
     data = tmp_path / "stsb"
     head_lines(shared_data / "glue" / "STS-B" / "train.tsv", data / "train.tsv", 21)
     head_lines(shared_data / "glue" / "STS-B" / "dev.tsv", data / "dev.tsv", 21)
-    results, run = tiny_run(tmp_path, gpt1_vocab, "stsb", data, "stsb", lm_coef=0.0)
+    results, run = tiny_run(tmp_path, gpt1_vocab, "stsb", data, "stsb-run", lm_coef=0.0)
     assert results["n"] == 20 and {"pearson", "spearman"} <= set(results)
     logged = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert logged and all("loss" in r for r in logged if "step" in r)

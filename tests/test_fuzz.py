@@ -2,10 +2,10 @@
 reader, fed mutated copies of real files from ../shared/data (truncated lines, wrong column
 counts, wrong encodings, huge fields, empty files, byte damage), either parses or raises the
 project's own error type (`Gpt1Error`), within a time limit. The mutations and the reader table
-live in benchmarks/faults.py, which runs many more of them for the fault report."""
+live in gpt1.testing.faults; benchmarks/faults.py runs many more of them for the fault report."""
 from __future__ import annotations
 
-import sys
+import os
 from pathlib import Path
 
 import pytest
@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import faults  # noqa: E402
+from gpt1.testing import faults  # noqa: E402
+
+SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.errors import DataError, Gpt1Error  # noqa: E402
 from gpt1.tokenizer import Tokenizer  # noqa: E402
@@ -40,9 +41,9 @@ def char_tokenizer(tmp_path_factory) -> Tokenizer:
 
 @pytest.fixture(scope="module")
 def gpt1_tokenizer() -> Tokenizer:
-    folder = faults.SHARED / "gpt1_tokenizer"
+    folder = SHARED / "gpt1_tokenizer"
     if not folder.is_dir():
-        pytest.skip(f"shared data not found at {faults.SHARED}")
+        pytest.skip(f"shared data not found at {SHARED}")
     tok = Tokenizer.from_dir(folder)
     tok.encode("warm up spaCy")
     return tok
@@ -84,10 +85,10 @@ def test_decode_of_foreign_ids_is_a_data_error(char_tokenizer):
 # ------------------------------------------------------------------------------- readers
 @pytest.fixture(scope="module")
 def reader_table(tmp_path_factory):
-    if not faults.SHARED.is_dir():
-        pytest.skip(f"shared data not found at {faults.SHARED}")
+    if not SHARED.is_dir():
+        pytest.skip(f"shared data not found at {SHARED}")
     work = tmp_path_factory.mktemp("readers")
-    return {r.name: (r, faults.stage(r, work / "src")) for r in faults.readers(faults.SHARED, work)}, work
+    return {r.name: (r, faults.stage(r, work / "src")) for r in faults.readers(SHARED, work)}, work
 
 
 READER_NAMES = ["cola", "sst2", "stsb", "qnli", "mnli (GLUE tsv)", "qqp", "snli (parallel lines)",

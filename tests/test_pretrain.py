@@ -22,11 +22,9 @@ from gpt1.data import open_prepared
 from gpt1.errors import ConfigError, DataError
 from gpt1.pretrain import finalize, resolve_config
 
+from gpt1.testing import faults
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import faults  # noqa: E402
 
 # The tiny prepared corpus (two train shards of a noisy periodic stream, a character vocabulary)
 # is shared with the fault report.

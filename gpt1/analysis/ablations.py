@@ -103,7 +103,7 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
                 sweep.run(f"{task}/{row}/seed={seed}", argv, job, run_dir=run_dir)
     table = summarise(sweep, plan, list(rows))
     report.write_json(out / "ablations.json", table)
-    (out / "ablations.md").write_text(markdown(table, lstm_given=lstm_init is not None))
+    report.write_text(out / "ablations.md", markdown(table, lstm_given=lstm_init is not None))
     return table
 
 

@@ -64,7 +64,7 @@ def data_size_sweep(init: str | Path, task: str, data: str | Path, out: str | Pa
                 sweep.run(f"{arm}/n={label}/seed={seed}", argv, job, run_dir=run_dir)
     table = summarise(sweep, recorded_sizes(sweep, sizes), task)
     report.write_json(out / "data_size.json", table)
-    (out / "data_size.md").write_text(markdown(table))
+    report.write_text(out / "data_size.md", markdown(table))
     plot(table, out / "data_size.png")
     return table
 
@@ -129,5 +129,5 @@ def plot(table: dict[str, Any], png: Path) -> None:
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    report.save_figure(fig, png)
     plt.close(fig)

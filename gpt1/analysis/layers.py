@@ -48,7 +48,7 @@ def layers_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
     recorded = {int(key.split("/")[0][2:]) for key in sweep.runs}   # "k=K/seed=S"
     table = summarise(sweep, sorted(set(ks) | recorded), task, n_layer)
     report.write_json(out / "layers.json", table)
-    (out / "layers.md").write_text(markdown(table))
+    report.write_text(out / "layers.md", markdown(table))
     plot(table, out / "layers.png")
     return table
 
@@ -92,5 +92,5 @@ def plot(table: dict[str, Any], png: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(png, dpi=120)
+    report.save_figure(fig, png)
     plt.close(fig)

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError
+from gpt1.files import write_json
+from gpt1.metrics import save_figure
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,16 @@ def pca(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return centred @ vt[:k].T, ratio
 
 
+OUTPUTS = ("positions_2d.png", "positions_cosine.png", "positions.json")
+
+
+def check_positions_out(out: str | Path, overwrite: bool) -> None:
+    """Refuse to replace the files `analyse_positions` writes unless `overwrite`."""
+    from gpt1.files import check_output
+    for name in OUTPUTS:
+        check_output(Path(out) / name, overwrite)
+
+
 def analyse_positions(checkpoint: str | Path, out: str | Path, method: str = "tsne",
                       max_positions: int | None = None, seed: int = 0) -> dict[str, Any]:
     """Write the two PNGs and positions.json for `checkpoint` into `out`; return the summary."""
@@ -103,7 +115,7 @@ def analyse_positions(checkpoint: str | Path, out: str | Path, method: str = "ts
                    pca_explained_variance=[float(x) for x in pca(table, 3)[1]])
     _plot(coords, cos, used, out, title=Path(checkpoint).name or str(checkpoint))
     summary["files"] = ["positions_2d.png", "positions_cosine.png"]
-    (out / "positions.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_json(out / "positions.json", summary)
     return summary
 
 
@@ -121,7 +133,7 @@ def _plot(coords: np.ndarray, cos: np.ndarray, method: str, out: Path, title: st
     ax.set_xticks([])
     ax.set_yticks([])
     fig.tight_layout()
-    fig.savefig(out / "positions_2d.png", dpi=120)
+    save_figure(fig, out / "positions_2d.png")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 5))
@@ -131,5 +143,5 @@ def _plot(coords: np.ndarray, cos: np.ndarray, method: str, out: Path, title: st
     ax.set_ylabel("position")
     ax.set_title(f"position-embedding cosine similarity, {title}")
     fig.tight_layout()
-    fig.savefig(out / "positions_cosine.png", dpi=120)
+    save_figure(fig, out / "positions_cosine.png")
     plt.close(fig)

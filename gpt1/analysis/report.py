@@ -5,11 +5,11 @@ with one decimal (91.3); correlations are shown x 100 as well, as the paper does
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any, Sequence
+
+from gpt1 import files
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -38,10 +38,19 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (a reader never sees half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Write JSON atomically (a reader never sees half a file; a failed write leaves none)."""
+    files.write_json(path, data)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write a Markdown table (or any text) atomically."""
+    files.write_text(path, text)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a figure as PNG atomically."""
+    from gpt1.metrics import save_figure as save
+    save(fig, path)
 
 
 def pyplot():

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gpt1.errors import ConfigError, DataError
+from gpt1 import files
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,12 @@ class Sweep:
                  command: list[str] | None = None, growable: tuple[str, ...] = ()):
         self.out = Path(out)
         self.growable = set(growable)
-        self.out.mkdir(parents=True, exist_ok=True)
+        if not (self.out / SWEEP_FILE).is_file() and not files.is_empty(self.out):
+            # Only a folder this analysis started (its sweep.json) is continued.
+            raise files.OutputExists(f"{self.out}: not empty and holds no {SWEEP_FILE} (not an "
+                                     "analysis folder); choose another --out")
+        with files.writing(self.out):
+            self.out.mkdir(parents=True, exist_ok=True)
         self.analysis = analysis
         self.settings = json.loads(json.dumps(settings))  # normalise (tuples -> lists, Paths -> str)
         self.path = self.out / SWEEP_FILE
@@ -87,9 +93,7 @@ class Sweep:
 
     def _write(self) -> None:
         data = {"analysis": self.analysis, "settings": self.settings, "runs": self.runs}
-        tmp = self.path.with_name(f".{SWEEP_FILE}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        files.write_text(self.path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
     def log_command(self, argv: list[str] | None, comment: str | None = None) -> None:
         """Append a command line (and an optional `# comment` line) to commands.txt."""

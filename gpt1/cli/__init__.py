@@ -31,6 +31,12 @@ def common_options() -> argparse.ArgumentParser:
     return parent
 
 
+def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
+    """The one `--overwrite` flag: without it no command replaces what it did not create."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"replace {what} (without it an existing output is refused)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpt1", parents=[common_options()],

@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-positions", type=int, default=None,
                    help="only the first N positions (default: all)")
     s.add_argument("--seed", type=int, default=0, help="t-SNE random state")
+    from gpt1.cli import add_overwrite
+    add_overwrite(s, "existing positions_2d.png, positions_cosine.png, positions.json")
     s.set_defaults(_parser=s)
 
     _add_sweep_commands(sub)
@@ -134,9 +136,10 @@ def canonical_command(args: argparse.Namespace) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     command = canonical_command(args)
     if args.analysis == "positions":
-        from gpt1.analysis.positions import analyse_positions
+        from gpt1.analysis.positions import analyse_positions, check_positions_out
         from gpt1.analysis.sweep import record_command
 
+        check_positions_out(args.out, args.overwrite)
         record_command(args.out, command)
         summary = analyse_positions(args.checkpoint, args.out, method=args.method,
                                     max_positions=args.max_positions, seed=args.seed)

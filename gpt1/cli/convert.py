@@ -15,7 +15,10 @@ HELP = "convert weights: original OpenAI shards / transformers folder <-> gpt1 c
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="SRC", help="source folder (or an HF hub name with --from hf)")
-    p.add_argument("dst", metavar="DST", help="folder to write (replaced atomically if it exists)")
+    from gpt1.cli import add_overwrite
+    p.add_argument("dst", metavar="DST", help="folder to create (written under a temporary name, "
+                   "then renamed)")
+    add_overwrite(p, "an existing DST (never one that holds SRC or the current folder)")
     p.add_argument("--from", dest="src_format", required=True, choices=["openai", "hf", "gpt1"],
                    help="format of SRC")
     p.add_argument("--to", dest="dst_format", default="gpt1", choices=["gpt1", "hf"],
@@ -26,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.convert import convert
-    out = convert(args.src, args.dst, args.src_format, args.dst_format, n_head=args.n_head)
+    out = convert(args.src, args.dst, args.src_format, args.dst_format, n_head=args.n_head,
+                  overwrite=args.overwrite)
     print(f"wrote {args.dst_format} model to {out}")
     return 0

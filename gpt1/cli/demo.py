@@ -28,12 +28,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", help="with --corpus: a task name (e.g. sst2) or csv/jsonl")
     p.add_argument("--data", metavar="DIR", help="with --corpus: the task's folder")
     p.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
+    from gpt1.cli import add_overwrite
+    add_overwrite(p, "the demo's files in a --out that also holds other files (those are left "
+                  "alone; a rerun into the demo's own folder reuses its finished steps)")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.demo import DemoSettings, demo, format_table
     settings = DemoSettings(out=Path(args.out), seed=args.seed, pretrain_steps=args.pretrain_steps,
-                            corpus=args.corpus, task=args.task, data=args.data, quiet=args.quiet)
+                            corpus=args.corpus, task=args.task, data=args.data, quiet=args.quiet,
+                            overwrite=args.overwrite)
     summary = demo(settings)
     print(format_table(summary))
     if args.json:

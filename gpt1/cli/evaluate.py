@@ -1,4 +1,4 @@
-"""Score a fine-tuned run on a task split; writes results.json into the run folder.
+"""Score a fine-tuned run on a task split; writes results.SPLIT.json into the run folder.
 
 Examples:
   gpt1 evaluate runs/sst2 --task sst2 --data glue/SST-2 --split dev
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "score a fine-tuned run on a task split (writes results.json)"
+HELP = "score a fine-tuned run on a task split (writes RUN/results.SPLIT.json)"
 
 
 def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: str) -> None:
@@ -22,17 +22,19 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="skip malformed rows (counted and reported) instead of stopping")
+    from gpt1.cli import add_overwrite
+    add_overwrite(p, "an existing output file")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scoring_arguments(p, "dev", "dev, test, or a task's split name")
-    p.add_argument("--json", action="store_true", help="print results.json as the last line")
+    p.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
     from gpt1.evaluate import evaluate_run
     results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,
-                           args.skip_bad_rows, args.device)
+                           args.skip_bad_rows, args.device, overwrite=args.overwrite)
     print(json.dumps(results) if args.json else _summary(results))
     return 0

@@ -22,6 +22,7 @@ HELP = "fine-tune on a task (classification, entailment, similarity, multiple ch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import add_overwrite
     p.add_argument("--task", help="task name (cola, sst2, mnli, snli, scitail, qnli, rte, wnli, mrpc, "
                    "qqp, stsb, story_cloze, race, race_middle, race_high) or csv/tsv/jsonl")
     p.add_argument("--data", metavar="DIR", help="folder with the task's files (or hf:NAME)")
@@ -43,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=int, help="resumable checkpoint every N steps")
     p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint in "
                    "--out (auto) or from a step-N folder")
+    add_overwrite(p, "a non-empty --out: delete its contents and start over")
     p.add_argument("--seed", type=int, help="head and task-token init, dropout, shuffling and "
                    "--train-examples subset (default 42)")
     p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast (default fp32)")
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
                   "precision": args.precision, "quiet": True if args.quiet else None},
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)
-    result, results = finetune(cfg, train_cfg, args.out, generic_spec(args), args.max_steps or 0)
+    result, results = finetune(cfg, train_cfg, args.out, generic_spec(args), args.max_steps or 0,
+                               overwrite=args.overwrite)
     if result.interrupted:
         return 128 + int(result.interrupted)
     if results:

@@ -2,7 +2,11 @@
 
 Examples:
   gpt1 predict runs/cola --task cola --data glue/CoLA            # -> runs/cola/submission/CoLA.tsv
+  gpt1 predict runs/cola --data glue/CoLA --split dev            # -> runs/cola/submission/CoLA.dev.tsv
   gpt1 predict runs/mnli --task mnli --data glue/MNLI --out sub  # -> sub/MNLI-m.tsv, sub/MNLI-mm.tsv
+
+Test splits get GLUE's submission names; other splits add the split's file name. An existing
+file is refused unless --overwrite.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpt1.evaluate import predict_run
     for path in predict_run(args.run, args.task, args.data, args.split, args.out,
-                            args.micro_batch, args.skip_bad_rows, args.device):
+                            args.micro_batch, args.skip_bad_rows, args.device,
+                            overwrite=args.overwrite):
         print(path)
     return 0

@@ -21,6 +21,7 @@ HELP = "encode .txt/.jsonl corpora into token shards (train/val split by documen
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import add_overwrite
     p.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
                    help=".txt/.jsonl files, folders, or hub:NAME[:SPLIT]")
     p.add_argument("--vocab", type=Path, required=True, metavar="DIR",
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oai-lowercase", action="store_true",
                    help="lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) "
                         "instead of the raw text first like transformers")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_overwrite(p, "a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:

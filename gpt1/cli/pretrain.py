@@ -17,6 +17,7 @@ HELP = "pretrain a GPT-1 language model on prepared token shards"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import add_overwrite
     p.add_argument("--preset", default=None, help="gpt1 (paper), mini (CPU) or tiny (tests); "
                    "default: the TOML's `preset`, else gpt1")
     p.add_argument("--config", metavar="FILE.toml", help="TOML with [model] [train] [data] tables")
@@ -28,6 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, help="console/metrics line every N steps")
     p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint in "
                    "--out (auto) or from a step-N folder")
+    add_overwrite(p, "a non-empty --out: delete its contents and start over")
     p.add_argument("--micro-batch", type=int, help="sequences per forward pass per device")
     p.add_argument("--batch-size", type=int, help="global batch (sequences per update)")
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
                   "quiet": True if args.quiet else None},
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)
-    result = pretrain(cfg, args.out, arch=args.arch)
+    result = pretrain(cfg, args.out, arch=args.arch, overwrite=args.overwrite)
     if result.interrupted:
         return 128 + int(result.interrupted)
     return 0

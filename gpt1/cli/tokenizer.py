@@ -25,6 +25,7 @@ OAI_LOWERCASE = ("lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one to
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import add_overwrite
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_ in (("encode", "stdin text lines -> id lines"),
                         ("decode", "stdin id lines -> text lines")):
@@ -50,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep only the text between Project Gutenberg START/END markers")
     t.add_argument("--processes", type=int, default=1, help="worker processes for counting")
     t.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
-    t.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_overwrite(t, "a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,17 +95,15 @@ def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator
 
 def _train(args: argparse.Namespace) -> int:
     import logging
-    import shutil
     import time
-    from gpt1.checkpoint import atomic_dir, publish_dir
+    from gpt1.files import atomic_folder, check_output
     from gpt1.errors import DataError
     from gpt1.prepare import PrepareOptions, Stats, documents, find_files
     from gpt1.tokenizer import Tokenizer
     if args.merges < 0:
         raise DataError("--merges must be >= 0")
     out: Path = args.out
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not args.overwrite:
-        raise DataError("output exists and is not empty (pass --overwrite to replace it)", out)
+    check_output(out, args.overwrite, tuple(args.corpus))
     opts = PrepareOptions(text_field=args.text_field, strip_gutenberg=args.strip_gutenberg)
     stats = Stats()
     files = find_files(args.corpus)
@@ -113,13 +112,8 @@ def _train(args: argparse.Namespace) -> int:
     tok = Tokenizer.train(texts, args.merges, standardize=args.standardize,
                           min_frequency=args.min_frequency, processes=args.processes,
                           lower_first=not args.oai_lowercase)
-    tmp = atomic_dir(out)
-    try:
+    with atomic_folder(out) as tmp:
         tok.save(tmp)
-        publish_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     logging.getLogger(__name__).info(
         "%d merges, vocabulary of %d tokens (+3 special) from %d files in %.1f s -> %s",
         len(tok.merges), tok.vocab_size, len(files), time.perf_counter() - started, out)

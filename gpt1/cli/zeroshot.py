@@ -22,7 +22,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 HELP = "zero-shot heuristics (sst2, cola, race, dpr, story_cloze, lambada) on a checkpoint or run"
@@ -34,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--task", default="all",
                    help="sst2, cola, race, dpr, story_cloze, lambada, a comma list, or all")
     p.add_argument("--data", required=True, help="the task's data folder, or a data root")
+    from gpt1.cli import add_overwrite
     p.add_argument("--out", required=True, help="output folder")
+    add_overwrite(p, "OUT/results.json, or a curve made with other settings")
     p.add_argument("--calibrate", action="store_true",
                    help="score candidates against a content-free prompt (contextual calibration)")
     p.add_argument("--limit", type=int, default=None,
@@ -50,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
+    from gpt1.files import check_output, write_json
     from gpt1.zeroshot import evaluate_checkpoint, evaluate_run, parse_tasks
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit must be positive, got {args.limit}")
@@ -59,17 +61,17 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     path = Path(args.checkpoint)
     if path.is_dir() and not (path / "config.json").is_file():
-        curve = evaluate_run(path, tasks, args.data, out, **settings)
+        curve = evaluate_run(path, tasks, args.data, out, overwrite=args.overwrite, **settings)
         print((out / "curve.md").read_text(), end="")
         print(f"wrote {out / 'curve.json'}, {out / 'curve.md'}, {out / 'curve.png'} "
               f"({len(curve['checkpoints'])} checkpoints)")
         return 0
+    check_output(out / "results.json", args.overwrite)
     results = evaluate_checkpoint(path, tasks, args.data, **settings)
-    out.mkdir(parents=True, exist_ok=True)
     record = {"checkpoint": str(path), "data": str(args.data),
               "settings": {k: v for k, v in settings.items() if k != "tokenizer_dir"},
               "tasks": results}
-    (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_json(out / "results.json", record)
     for task, r in results.items():
         extra = f", threshold {r['threshold']:.4f}" if "threshold" in r else ""
         print(f"{task:12s} {r['metric']} {r['value']:.4f}  normalised {r['normalised']:+.3f}  "

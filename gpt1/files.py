@@ -1,0 +1,422 @@
+"""What touches a user's disk: atomic files and folders, fsync, the run lock, the overwrite policy.
+
+One policy for every command that writes: nothing it did not create in this run is deleted or
+replaced unless the user passes `--overwrite`; a run folder is either resumed (`--resume`) or
+refused, never mixed; one process at a time writes a run folder (an advisory `flock` on
+`RUN/.gpt1.lock`, released by the kernel when the holder dies, even by SIGKILL). Every write
+failure (disk full, read-only folder, no permission) becomes one `WriteError` line naming the path
+and what was needed, and leaves no temporary file or folder behind.
+
+Files are published by writing a hidden temporary sibling (`.NAME.tmp-PID`), fsyncing it and
+renaming it onto the final name, so a reader never sees half a file. They follow the user's umask
+(safetensors writes its files with mode 0600; they are widened to what `open` would give).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import glob
+import json
+import logging
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from gpt1.errors import DataError, Gpt1Error
+
+log = logging.getLogger(__name__)
+
+LOCK_FILE = ".gpt1.lock"
+_TEMP_KINDS = ("tmp-", "old-", "deleting-")
+
+
+class WriteError(Gpt1Error):
+    """A file or folder could not be written (disk full, read-only folder, no permission)."""
+
+    def __init__(self, message: str, errno_: int | None = None):
+        super().__init__(message)
+        self.errno = errno_
+
+
+class OutputExists(DataError):
+    """The output already holds something this run did not create (and --overwrite was not given)."""
+
+
+class RunLocked(Gpt1Error):
+    """Another process holds the run folder's lock."""
+
+
+# ---------------------------------------------------------------------------- failures
+def _human(n: int) -> str:
+    for unit in ("bytes", "kB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:,} bytes" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)
+
+
+def _free_bytes(path: Path) -> int | None:
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+def _errno_of(exc: BaseException) -> int | None:
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    text = str(exc)  # safetensors reports I/O errors as SafetensorError("... (os error 28)")
+    for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO):
+        if f"os error {code})" in text or os.strerror(code) in text:
+            return code
+    return None
+
+
+def write_failure(path: str | Path, exc: BaseException, needed: int | None = None) -> WriteError:
+    """The one-line error for a failed write of `path` (what failed, and what was needed)."""
+    path = Path(path)
+    code = _errno_of(exc)
+    reason = os.strerror(code) if code else (getattr(exc, "strerror", None) or str(exc).strip()
+                                             or type(exc).__name__)
+    reason = reason.splitlines()[0][:200]
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        free = _free_bytes(path)
+        need = f"needs about {_human(needed)}" if needed else "needs more space"
+        have = f", {_human(free)} free there" if free is not None else ""
+        hint = f"{need}{have}"
+    elif code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        hint = "needs a writable folder"
+    else:
+        hint = "needs a working disk"
+    return WriteError(f"{path}: could not write ({reason}; {hint})", code)
+
+
+def _is_write_failure(exc: BaseException, *ours: Path) -> bool:
+    if isinstance(exc, OSError):
+        # An OSError about some other file (an input that cannot be read) is not ours to explain.
+        name = exc.filename
+        if name is None or isinstance(name, int):
+            return True
+        target = Path(os.fsdecode(name)).absolute()
+        return any(target == p or target.is_relative_to(p) or p.is_relative_to(target)
+                   for p in (o.absolute() for o in ours))
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - safetensors is a dependency
+        return False
+    return isinstance(exc, SafetensorError)
+
+
+@contextlib.contextmanager
+def writing(path: str | Path, needed: int | None = None,
+            cleanup: str | Path | None = None) -> Iterator[None]:
+    """Turn an OSError/SafetensorError inside the block into a `WriteError` about `path`,
+    after removing `cleanup` (a temporary file or folder) so nothing half-written stays.
+
+    Only exceptions are cleaned up after; a process killed mid-write leaves its temporary for the
+    next writer of the same name (`atomic_dir`) or the next checkpoint (`prune_steps`) to delete."""
+    try:
+        yield
+    except Exception as exc:
+        if cleanup is not None:
+            remove(cleanup)
+        ours = (Path(path),) + ((Path(cleanup),) if cleanup is not None else ())
+        if _is_write_failure(exc, *ours):
+            raise write_failure(path, exc, needed) from None
+        raise
+
+
+def remove(path: str | Path) -> None:
+    """Delete a file or folder we created, ignoring errors (best effort on a failing disk)."""
+    path = Path(path)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+# --------------------------------------------------------------------------- permissions
+def current_umask() -> int:
+    """The process umask (read without changing it where /proc allows)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | Path) -> None:
+    """Give a file we wrote the mode a plain `open(..., "w")` would have (0666 minus the umask)."""
+    os.chmod(path, 0o666 & ~current_umask())
+
+
+# ------------------------------------------------------------------------------ fsync
+def fsync_dir(path: str | Path) -> None:
+    """fsync every file directly inside `path`, then the folder itself (its entries)."""
+    path = Path(path)
+    for child in path.iterdir() if path.is_dir() else []:
+        if child.is_file():
+            with open(child, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------ atomic writes
+def _temp_name(final: Path, kind: str = "tmp") -> Path:
+    return final.parent / f".{final.name}.{kind}-{os.getpid()}"
+
+
+def atomic_dir(final: str | Path) -> Path:
+    """A fresh temporary sibling of `final`; publish it with `publish_dir`."""
+    final = Path(final)
+    tmp = _temp_name(final)
+    with writing(final.parent):
+        final.parent.mkdir(parents=True, exist_ok=True)
+        # Torn temporary/old folders of this name left by a killed process (and our own stale one).
+        for stale in final.parent.glob(f".{glob.escape(final.name)}.*"):
+            if stale.is_dir() and stale.name.rsplit(".", 1)[-1].startswith(_TEMP_KINDS):
+                shutil.rmtree(stale, ignore_errors=True)
+    with writing(tmp, cleanup=tmp):
+        tmp.mkdir()
+    return tmp
+
+
+def publish_dir(tmp: str | Path, final: str | Path) -> None:
+    """Rename a completed temporary folder onto `final` (replacing an older one)."""
+    tmp, final = Path(tmp), Path(final)
+    fsync_dir(tmp)
+    if final.exists() or final.is_symlink():
+        old = _temp_name(final, "old")
+        os.replace(final, old)
+        try:
+            os.replace(tmp, final)
+        except BaseException:
+            os.replace(old, final)   # put the previous output back: never neither
+            raise
+        remove(old)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str | Path, needed: int | None = None) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces `final`, on any failure it is removed
+    (write failures become a `WriteError` naming `final`)."""
+    final = Path(final)
+    tmp = atomic_dir(final)
+    with writing(final, needed, cleanup=tmp):
+        yield tmp
+        publish_dir(tmp, final)
+
+
+def write_bytes(path: str | Path, data: bytes) -> Path:
+    """Write `data` to `path` atomically (temporary sibling, fsync, rename)."""
+    path = Path(path)
+    tmp = _temp_name(path)
+    with writing(path, len(data), cleanup=tmp):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write UTF-8 `text` to `path` atomically."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | Path, data: Any, indent: int | None = 2) -> Path:
+    """Write `data` as JSON (plus a newline) to `path` atomically."""
+    return write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+# ---------------------------------------------------------------------- overwrite policy
+def is_empty(folder: Path) -> bool:
+    """True for a missing folder or one holding nothing but our lock file."""
+    return not folder.exists() or (folder.is_dir() and all(p.name == LOCK_FILE
+                                                           for p in folder.iterdir()))
+
+
+def _listing(folder: Path, limit: int = 4) -> str:
+    names = sorted(p.name for p in folder.iterdir() if p.name != LOCK_FILE)
+    more = f", ... ({len(names)} entries)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def check_output(path: str | Path, overwrite: bool, sources: tuple[str | Path, ...] = ()) -> None:
+    """Refuse an existing file or non-empty folder at `path` unless `overwrite`; even with it,
+    refuse to replace a folder holding one of `sources` or the current folder."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        return
+    if overwrite:
+        check_replaceable(path, *sources)
+        return
+    if path.is_dir() and not path.is_symlink():
+        if is_empty(path):
+            return
+        raise OutputExists(f"{path}: output folder is not empty (holds {_listing(path)}); "
+                           "pass --overwrite to replace it, or choose another output")
+    raise OutputExists(f"{path}: exists; pass --overwrite to replace it, or choose another output")
+
+
+def check_replaceable(dst: str | Path, *sources: str | Path) -> None:
+    """Refuse, even with --overwrite, to replace a folder that holds one of `sources` or the
+    current working directory (`.`, `..`, `/`): replacing it would delete what is being read
+    or the folder the user stands in."""
+    dst = Path(dst).resolve()
+    for src in sources:
+        if Path(src).exists() and Path(src).resolve().is_relative_to(dst):
+            raise OutputExists(f"{dst}: holds the source {src}; replacing it would delete the "
+                               "source. Choose another output folder")
+    if Path.cwd().resolve().is_relative_to(dst):
+        raise OutputExists(f"{dst}: is the current folder or one above it; choose another output "
+                           "folder")
+
+
+def clear_folder(folder: Path) -> None:
+    """Delete everything in `folder` but the lock file (for --overwrite of a run folder).
+
+    Each entry is renamed to a hidden name first, so a kill mid-delete never leaves something
+    that looks like a half-deleted checkpoint."""
+    for entry in sorted(folder.iterdir()):
+        if entry.name == LOCK_FILE:
+            continue
+        trash = folder / f".{entry.name}.deleting-{os.getpid()}"
+        with writing(entry):
+            os.replace(entry, trash)
+        remove(trash)
+
+
+# ------------------------------------------------------------------------------ run lock
+def _command_line() -> str:
+    """This process's command line, as the user typed it for `gpt1` / `python -m gpt1`."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    first = script.parent.name if script.name == "__main__.py" else script.name  # python -m X
+    return shlex.join([first, *sys.argv[1:]])
+
+
+class RunLock:
+    """An exclusive advisory lock on a folder (`flock` on FOLDER/.gpt1.lock), held for a run.
+
+    The lock file records who holds it (pid, host, command, start time) so a second writer is
+    told whom it waits for. The kernel drops the lock when the holder exits or is killed, so a
+    SIGKILLed run never blocks the next one; the file itself stays (empty) and is harmless.
+    """
+
+    def __init__(self, folder: str | Path, command: str | None = None):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self.command = command or _command_line()
+        self._fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        with writing(self.path):
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunLocked(f"{self.folder}: in use by another gpt1 process ({self.holder()}); "
+                            "wait for it to finish or stop it, or choose another folder") from None
+        except OSError as exc:  # a filesystem without flock (some network mounts)
+            log.warning("%s: cannot lock (%s); make sure no other process writes here",
+                        self.path, exc.strerror)
+            os.close(fd)
+            return self
+        self._fd = fd
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command[:500],
+                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        with contextlib.suppress(OSError):  # the lock holds even if the note cannot be written
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        return self
+
+    def holder(self) -> str:
+        """Who holds the lock, as written in the lock file (best effort)."""
+        try:
+            info = json.loads(self.path.read_text() or "{}")
+            return (f"pid {info['pid']} on {info['host']}, `{info['command']}`, "
+                    f"since {info['started']}")
+        except (OSError, ValueError, KeyError, TypeError):
+            return "holder unknown"
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def resumes_in(folder: str | Path, resume: str | None) -> bool:
+    """Whether `--resume` continues the run in `folder` (`auto`, or a checkpoint inside it),
+    rather than starting a new run there from another run's checkpoint."""
+    if not resume:
+        return False
+    if resume == "auto":
+        return True
+    return Path(resume).resolve().is_relative_to(Path(folder).resolve())
+
+
+def claim_run_dir(folder: str | Path, resume: bool, overwrite: bool,
+                  command: str | None = None) -> RunLock:
+    """Lock a run folder for this process and apply the run-folder policy.
+
+    An empty or missing folder is a new run. A non-empty one is continued only with `resume`,
+    replaced (emptied) only with `overwrite`, and refused otherwise. Returns the held lock;
+    the caller releases it when the run ends.
+    """
+    folder = Path(folder)
+    if resume and overwrite:
+        raise OutputExists("--resume and --overwrite exclude each other: continue the run or "
+                           "start it over, not both")
+    if folder.exists() and not folder.is_dir():
+        raise OutputExists(f"{folder}: exists and is not a folder; choose another output folder")
+    if overwrite and folder.exists():
+        check_replaceable(folder)
+    lock = RunLock(folder, command).acquire()
+    try:
+        if not resume and not is_empty(folder):
+            if not overwrite:
+                raise OutputExists(
+                    f"{folder}: run folder is not empty (holds {_listing(folder)}); pass --resume "
+                    "auto to continue that run, --overwrite to start it over (deletes them), or "
+                    "choose a new --out")
+            clear_folder(folder)
+    except BaseException:
+        lock.release()
+        raise
+    return lock

@@ -1,0 +1,349 @@
+"""The write policy (`gpt1.files`): nothing replaced without --overwrite, one writer per run folder,
+write failures as one line with nothing left behind, files that follow the umask.
+
+The end-to-end fault cases (real commands, real full disks where the machine allows) run in
+tests/test_faults.py through `gpt1.testing.fault_cases`."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt1 import checkpoint as ckpt
+from gpt1 import files
+from gpt1.cli import main
+from gpt1.testing import faults
+from gpt1.testing.fault_cases import leftovers, snapshot, tiny_checkpoint
+
+
+def cli(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["--quiet", *argv])
+    return code, capsys.readouterr().err.strip()
+
+
+# ------------------------------------------------------------------------ overwrite policy
+def test_check_output_refuses_existing_unless_overwrite(tmp_path):
+    files.check_output(tmp_path / "new", False)              # absent: fine
+    (tmp_path / "empty").mkdir()
+    files.check_output(tmp_path / "empty", False)            # empty folder: fine
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "a.txt").write_text("x")
+    with pytest.raises(files.OutputExists, match="--overwrite"):
+        files.check_output(tmp_path / "full", False)
+    (tmp_path / "f.json").write_text("{}")
+    with pytest.raises(files.OutputExists, match="--overwrite"):
+        files.check_output(tmp_path / "f.json", False)
+    files.check_output(tmp_path / "full", True)
+
+
+def test_overwrite_never_replaces_the_source_or_the_current_folder(tmp_path, monkeypatch):
+    (tmp_path / "run" / "final").mkdir(parents=True)
+    with pytest.raises(files.OutputExists, match="holds the source"):
+        files.check_output(tmp_path / "run", True, (tmp_path / "run" / "final",))
+    monkeypatch.chdir(tmp_path / "run" / "final")
+    for dst in (".", "..", "/"):
+        with pytest.raises(files.OutputExists, match="current folder"):
+            files.check_output(dst, True)
+
+
+def test_convert_keeps_an_existing_destination(tmp_path, capsys):
+    """Issue case 1: `convert SRC DST` deleted DST's contents recursively."""
+    src = tiny_checkpoint(tmp_path / "ckpt")
+    dst = tmp_path / "v"
+    (dst / "sub").mkdir(parents=True)
+    (dst / "thesis.txt").write_text("precious\n")
+    before = snapshot(dst)
+    code, err = cli(capsys, "convert", str(src), str(dst), "--from", "gpt1")
+    assert code == 2 and len(err.splitlines()) == 1 and "--overwrite" in err and str(dst) in err
+    assert snapshot(dst) == before and (dst / "sub").is_dir()
+    # with --overwrite the folder is replaced by the converted checkpoint
+    code, err = cli(capsys, "convert", str(src), str(dst), "--from", "gpt1", "--overwrite")
+    assert code == 0, err
+    assert not (dst / "thesis.txt").exists() and (dst / "model.safetensors").is_file()
+    assert leftovers(tmp_path) == []
+
+
+def test_convert_refuses_its_own_run_and_the_current_folder(tmp_path, capsys, monkeypatch):
+    run = tmp_path / "rc"
+    tiny_checkpoint(run / "final")
+    before = snapshot(run)
+    code, err = cli(capsys, "convert", str(run / "final"), str(run), "--from", "gpt1", "--overwrite")
+    assert code == 2 and "holds the source" in err and snapshot(run) == before
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / "mine.txt").write_text("mine")
+    monkeypatch.chdir(here)
+    for dst in (".", ".."):
+        for flags in ([], ["--overwrite"]):
+            code, err = cli(capsys, "convert", str(run / "final"), dst, "--from", "gpt1", *flags)
+            assert code == 2 and len(err.splitlines()) == 1, err
+    assert (here / "mine.txt").read_text() == "mine" and snapshot(run) == before
+    assert leftovers(tmp_path) == []
+
+
+@pytest.fixture
+def prepared(tmp_path_factory) -> Path:
+    return faults.make_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def pretrain_argv(data: Path, out: Path, steps: int = 2, *extra: str) -> list[str]:
+    return ["pretrain", "--preset", "tiny", "--data", str(data), "--out", str(out),
+            "--max-steps", str(steps), "--save-every", "1", "--eval-every", "0",
+            "--set", "train.peak_flops=1", *extra]
+
+
+def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsys):
+    """Issue case 2: metrics.jsonl, run.json, results.json and plots were replaced silently."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in ("metrics.jsonl", "run.json", "results.json", "loss.png"):
+        (out / name).write_text(f"the user's {name}\n")
+    before = snapshot(out)
+    code, err = cli(capsys, *pretrain_argv(prepared, out))
+    assert code == 2 and len(err.splitlines()) == 1
+    assert "--resume auto" in err and "--overwrite" in err and "metrics.jsonl" in err
+    assert snapshot(out) == before
+    # --overwrite starts over; --resume and --overwrite together are refused
+    code, err = cli(capsys, *pretrain_argv(prepared, out, 2, "--resume", "auto", "--overwrite"))
+    assert code == 2 and "exclude each other" in err
+    code, err = cli(capsys, *pretrain_argv(prepared, out, 2, "--overwrite"))
+    assert code == 0, err
+    assert not (out / "results.json").exists() and (out / "final").is_dir()
+    assert "the user's" not in (out / "metrics.jsonl").read_text()
+
+
+def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, capsys):
+    """Issue case 2: predict --split dev replaced the test predictions."""
+    task, vocab = faults.make_task(tmp_path / "task"), faults.char_vocab(tmp_path / "vocab")
+    (task / "test.tsv").write_text((task / "dev.tsv").read_text())
+    run = tmp_path / "ft"
+    code, err = cli(capsys, "finetune", "--task", "tsv", "--columns", "text=text,label=label",
+                    "--labels", "neg,pos", "--data", str(task), "--init", "none", "--preset",
+                    "tiny", "--vocab", str(vocab), "--out", str(run), "--max-steps", "2",
+                    "--batch-size", "4", "--micro-batch", "2", "--n-ctx", "32",
+                    "--set", "train.peak_flops=1")
+    assert code == 0, err
+    finetuned = (run / "results.json").read_text()
+    assert cli(capsys, "predict", str(run), "--data", str(task))[0] == 0
+    test_file = (run / "submission" / "tsv.tsv").read_text()
+    assert cli(capsys, "predict", str(run), "--data", str(task), "--split", "dev")[0] == 0
+    assert (run / "submission" / "tsv.tsv").read_text() == test_file
+    assert (run / "submission" / "tsv.dev.tsv").read_text().startswith("index\tprediction\n")
+    assert cli(capsys, "evaluate", str(run), "--data", str(task))[0] == 0
+    assert json.loads((run / "results.dev.json").read_text())["split"] == "dev"
+    assert (run / "results.json").read_text() == finetuned
+    assert cli(capsys, "plot", str(run))[0] == 0
+    before = snapshot(run)
+    for argv in (["predict", str(run), "--data", str(task)],
+                 ["predict", str(run), "--data", str(task), "--split", "dev"],
+                 ["evaluate", str(run), "--data", str(task)], ["plot", str(run)]):
+        code, err = cli(capsys, *argv)
+        assert code == 2 and "--overwrite" in err and len(err.splitlines()) == 1, (argv, err)
+    assert snapshot(run) == before
+    code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--overwrite")
+    assert code == 0, err
+
+
+def test_zeroshot_keeps_an_existing_results_file(tmp_path, capsys):
+    src = tiny_checkpoint(tmp_path / "ckpt")
+    out = tmp_path / "zs"
+    out.mkdir()
+    (out / "results.json").write_text('{"mine": true}\n')
+    code, err = cli(capsys, "zeroshot", str(src), "--task", "sst2", "--data", str(tmp_path),
+                    "--out", str(out))
+    assert code == 2 and "--overwrite" in err and (out / "results.json").read_text() == '{"mine": true}\n'
+
+
+def test_prepare_and_tokenizer_share_the_policy(tmp_path, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello world. " * 50)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("keep")
+    code, err = cli(capsys, "tokenizer", "train", "--corpus", str(corpus), "--merges", "10",
+                    "--out", str(out))
+    assert code == 2 and "--overwrite" in err and "keep.txt" in err
+    code, err = cli(capsys, "tokenizer", "train", "--corpus", str(corpus), "--merges", "10",
+                    "--out", str(tmp_path), "--overwrite")     # holds the corpus
+    assert code == 2 and "holds the source" in err and corpus.is_file()
+    code, err = cli(capsys, "prepare", "--corpus", str(corpus), "--vocab",
+                    str(faults.char_vocab(tmp_path / "vocab")), "--out", str(out))
+    assert code == 2 and "--overwrite" in err and (out / "keep.txt").read_text() == "keep"
+
+
+# ------------------------------------------------------------------------------ run lock
+def test_lock_names_its_holder_and_is_released(tmp_path):
+    with files.RunLock(tmp_path, "gpt1 pretrain --out x"):
+        with pytest.raises(files.RunLocked) as err:
+            files.RunLock(tmp_path).acquire()
+        message = str(err.value)
+        assert f"pid {os.getpid()}" in message and "gpt1 pretrain --out x" in message
+        assert "since 20" in message
+    with files.RunLock(tmp_path):          # released: the next holder gets it
+        pass
+    assert files.is_empty(tmp_path)        # only the (empty) lock file stays
+
+
+def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepared):
+    """Issue case 3: two processes on one run folder duplicated 49 steps of metrics.jsonl."""
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "gpt1", "--quiet", *pretrain_argv(prepared, run, 30),
+            "--log-every", "1", "--resume", "auto"]
+    first = subprocess.Popen(argv, env=faults.env(), stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
+        assert first.poll() is None and time.time() < deadline, first.stderr.read()
+        time.sleep(0.02)
+    second = subprocess.run(argv, env=faults.env(), capture_output=True, text=True, timeout=300)
+    still_running = first.poll() is None
+    assert first.wait(timeout=600) == 0, first.stderr.read()
+    first.stderr.close()
+    assert still_running
+    err = second.stderr.strip()
+    assert second.returncode == 2 and len(err.splitlines()) == 1, err
+    assert "in use by another gpt1 process" in err and f"pid {first.pid}" in err
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 31))
+
+
+def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, prepared, capsys):
+    run = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from gpt1.files import "
+                               "RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); "
+                               "time.sleep(600)", str(run)], env=faults.env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    code, err = cli(capsys, *pretrain_argv(prepared, run, 2, "--resume", "auto"))
+    assert code == 2 and "in use" in err
+    holder.kill()
+    holder.wait()
+    holder.stdout.close()
+    code, err = cli(capsys, *pretrain_argv(prepared, run, 2, "--resume", "auto"))
+    assert code == 0, err
+    assert (run / "final" / "model.safetensors").is_file()
+
+
+# -------------------------------------------------------------------------- write failures
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_checkpoint_write_failure_is_one_line_without_leftovers(tmp_path, prepared, capsys,
+                                                                monkeypatch, code):
+    """Issue case 7: disk full / read-only while checkpointing, also from safetensors itself."""
+    from safetensors import SafetensorError
+    real, calls = ckpt.save_file, {"n": 0}
+
+    def failing(tensors, filename, metadata=None):
+        calls["n"] += 1
+        if calls["n"] <= 2:                     # step-1 fits
+            return real(tensors, filename, metadata=metadata)
+        Path(filename).write_bytes(b"\0" * 100)
+        if code == errno.ENOSPC:                # what safetensors raises on a full disk
+            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
+                                  "StorageFull, message: \"No space left on device\" })")
+        raise OSError(code, os.strerror(code), filename)
+
+    monkeypatch.setattr(ckpt, "save_file", failing)
+    run = tmp_path / "run"
+    exit_code, err = cli(capsys, *pretrain_argv(prepared, run, 3))
+    assert exit_code == 2 and len(err.splitlines()) == 1, err
+    assert str(run / "step-2") in err and os.strerror(code) in err and "is intact" in err
+    assert ("needs about" in err) == (code == errno.ENOSPC)
+    assert [p.name for p in ckpt.step_dirs(run)] == ["step-1"]
+    assert leftovers(run) == []
+    ckpt.load_checkpoint(run / "step-1")
+
+
+def test_atomic_dir_mkdir_failure_is_a_write_error(tmp_path, monkeypatch):
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if ".tmp-" in self.name:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    with pytest.raises(files.WriteError, match="Read-only file system; needs a writable folder"):
+        files.atomic_dir(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_atomic_file_write_failure_leaves_the_old_file(tmp_path, monkeypatch):
+    target = files.write_json(tmp_path / "results.json", {"old": 1})
+    real_replace = os.replace
+
+    def no_space(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(dst))
+
+    monkeypatch.setattr(os, "replace", no_space)
+    with pytest.raises(files.WriteError, match="No space left on device; needs about"):
+        files.write_json(target, {"new": 2})
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert json.loads(target.read_text()) == {"old": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def test_read_errors_are_not_reported_as_write_errors(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        with files.writing(tmp_path / "out"):
+            open(tmp_path / "elsewhere" / "input.txt")
+
+
+def test_save_model_write_failure_leaves_nothing(tmp_path, monkeypatch):
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(ckpt, "save_file", no_space)
+    with pytest.raises(files.WriteError, match=r"ckpt: could not write \(No space left"):
+        tiny_checkpoint(tmp_path / "ckpt")
+    assert leftovers(tmp_path) == [] and not (tmp_path / "ckpt").exists()
+
+
+# ------------------------------------------------------------------------------- umask
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_weights_follow_the_umask(tmp_path, mask):
+    """Issue case 12: weights were 0600 (safetensors' temporary file) while JSON was 0644."""
+    old = os.umask(mask)
+    try:
+        folder = tiny_checkpoint(tmp_path / "ckpt")
+        ckpt.save_training_state(folder, {"x": torch.zeros(2)}, {"step": 0})
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+    assert set(modes.values()) == {0o666 & ~mask}, modes
+
+
+def test_resume_from_another_run_does_not_mix_into_a_used_folder(tmp_path, prepared, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert cli(capsys, *pretrain_argv(prepared, a, 2))[0] == 0
+    b.mkdir()
+    (b / "metrics.jsonl").write_text('{"step": 9, "loss": 1.0}\n')
+    code, err = cli(capsys, *pretrain_argv(prepared, b, 3, "--resume", str(a / "step-1")))
+    assert code == 2 and "not empty" in err
+    assert (b / "metrics.jsonl").read_text() == '{"step": 9, "loss": 1.0}\n'
+    assert files.resumes_in(a, str(a / "step-1")) and files.resumes_in(a, "auto")
+    assert not files.resumes_in(b, str(a / "step-1")) and not files.resumes_in(b, None)
+
+
+def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypatch):
+    import builtins
+
+    from gpt1 import metrics
+    real_open = builtins.open
+
+    def full_on_append(file, mode="r", *args, **kwargs):
+        if str(file).endswith("metrics.jsonl") and "a" in mode:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(metrics, "open", full_on_append, raising=False)
+    run = tmp_path / "run"
+    code, err = cli(capsys, *pretrain_argv(prepared, run, 2))
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(run / "metrics.jsonl") in err and "No space left on device; needs about" in err
+    assert leftovers(run) == []
