@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +24,7 @@ from gpt1.memory import TooLargeError
 from gpt1.model import GPT
 from gpt1.shards import write_shard
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import faults  # noqa: E402
+from gpt1.testing import faults
 
 TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 
