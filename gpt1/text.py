@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from gpt1.spacy_linear import LinearSpacy
+
 Standardize = Literal["oai", "hf"]
 
 # The reference (transformers) lowercases the raw text before ftfy, one character at a time
@@ -171,14 +173,19 @@ class SpacySplitter:
                               url_match=tok.url_match)
         # keyed by the two characters around the boundary, for a quick first test
         self._pairs: dict[str, list[tuple[str, str]]] = {}
+        patterns: dict[str, list[str]] = {}
         for key in tok.rules:
             if tok.faster_heuristics and not (tok.find_prefix(key) or tok.find_infix(key)
                                               or tok.find_suffix(key) or " " in key):
                 continue
-            pattern = [t.text for t in bare(key)]
+            pattern = patterns[key] = [t.text for t in bare(key)]
             for x, y in zip(pattern, pattern[1:]):  # tokens a boundary could fall between
                 if x and y and not x.isspace() and not y.isspace():
                     self._pairs.setdefault(x[-1] + y[0], []).append((x, y))
+        # spaCy's cost grows with the square of a piece's length when the piece has many
+        # affixes (100,000 '!' take minutes); long units go through the linear equivalent.
+        linear = LinearSpacy(tok, patterns)
+        self._linear = linear if linear.supported else None
 
     def link(self, chunk_list: list[str]) -> list[str]:
         """Chunks, with runs that must be tokenized together joined by spaces into one unit:
@@ -203,14 +210,17 @@ class SpacySplitter:
         fixed: "\\n</w>").
 
         A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "Gonna")
-        is one token: no English prefix, suffix or infix rule matches letters alone. Other
-        chunks go through spaCy in one call; linked units go through spaCy one by one.
+        is one token: no English prefix, suffix or infix rule matches letters alone. Units over
+        _LONG_UNIT characters go through `LinearSpacy` (spaCy's own cost is quadratic in
+        them); other chunks go through spaCy in one call, other linked units one by one.
         """
         out: list[list[str] | None] = [None] * len(units)
         hard: list[int] = []
         for i, unit in enumerate(units):
             if _LETTERS.fullmatch(unit) and unit not in self._special:
                 out[i] = [unit.lower()]
+            elif len(unit) > _LONG_UNIT and self._linear is not None:
+                out[i] = [t.lower() for t in self._linear(unit)]
             elif " " in unit:
                 out[i] = [t.text.lower() for t in self._tokenizer(unit)]
             else:
@@ -231,6 +241,8 @@ class SpacySplitter:
 
 
 _LETTERS = re.compile(r"[A-Za-z]+")
+# Units longer than this go through LinearSpacy; shorter ones are faster in spaCy itself.
+_LONG_UNIT = 64
 
 
 class Normalizer:

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import re
 import string
 import sys
 from pathlib import Path
@@ -254,6 +255,69 @@ def test_letter_words_are_one_spacy_token_unless_special(word):
     tokens = [t.text for t in splitter._tokenizer(word)]
     if word not in splitter._special:
         assert tokens == [word]
+
+
+# ---------------------------------------------------------------------------------------------
+# Long pieces: LinearSpacy (spaCy's algorithm with windowed affix regexes) equals spaCy
+_PIECE_ALPHABET = list("!'.\"()-:;?$%#&*+,/<=>@[]^_`{|}~aZ1 ") + [
+    "...", "''", "'s", "’s", ":)", "(-:", "n't", "…", "😀", "’", "‘", "“", "”", "—", "°C.", "°",
+    "Mr.", "e.g.", "U.S.", "US$", "km²", "10a.m.", "http://x.com/y?z=1", "x@y.org", "tis",
+    "cannot", "gonna", "\u00a3", "€", "¿", "¡", "«", "»", "✓", "™", "\\"]
+_piece_texts = st.lists(st.one_of(st.sampled_from(_PIECE_ALPHABET),
+                                  st.builds(lambda c, n: c * n,
+                                            st.sampled_from(list("!'.-)(?,;:\"$%*…’😀")),
+                                            st.integers(1, 80)),
+                                  st.text(min_size=1, max_size=3)),
+                        min_size=1, max_size=12).map("".join)
+
+
+def _spacy_tokens(splitter: textlib.SpacySplitter, text: str) -> list[str]:
+    return [t.text for t in splitter._tokenizer(text)]
+
+
+def _pieces(text: str) -> str:
+    """What SpacySplitter passes: no whitespace but single spaces between pieces."""
+    return " ".join(text.split())
+
+
+@given(_piece_texts)
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_linear_spacy_equals_spacy(text):
+    splitter = _splitter()
+    text = _pieces(text)
+    assume(text)
+    assert splitter._linear is not None, "spaCy's affix rules failed LinearSpacy's analysis"
+    assert splitter._linear(text) == _spacy_tokens(splitter, text)
+
+
+@pytest.mark.parametrize("run", ["!", "'", ".", "-", ")", "(", "?!", "'.", "…", "’", "😀", ":)",
+                                 "$", "%", "a!", "!a", "''tis ", "e.g.", "--", ".'", ",'"])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 500])
+def test_linear_spacy_equals_spacy_on_runs(run, n):
+    splitter = _splitter()
+    for text in (run * n, "word" + run * n, run * n + "word", "(" + run * n + ")'s"):
+        text = _pieces(text)
+        assert splitter._linear(text) == _spacy_tokens(splitter, text), text[:40]
+
+
+@needs_vocab
+@pytest.mark.parametrize("text", ["!" * 3000, "'" * 2001, "." * 3000, "-" * 3000, ")" * 1500,
+                                  "Wow" + "!?" * 700 + "x", "(" * 900 + "hi" + ")" * 900 + "'s",
+                                  "’" * 999 + "tis", "😀" * 1000, "a" * 5000, "ab" * 2500,
+                                  "'" * 5 + " " + "''tis" * 300, "z" * 2000 + "!" * 2000])
+def test_long_punctuation_runs_match_reference(tok, ref, text):
+    # the reference takes about a second on each; the fast path is linear in the length
+    assert tok.encode(text) == ref.encode(text)
+
+
+def test_linear_spacy_refuses_regexes_it_cannot_window():
+    from spacy.lang.en import English
+    from gpt1.spacy_linear import LinearSpacy
+    nlp = English()
+    nlp.tokenizer.suffix_search = re.compile(r"(?:a[^x]*b)$").search  # unbounded, not one class
+    assert not LinearSpacy(nlp.tokenizer, {}).supported
+    nlp = English()
+    assert LinearSpacy(nlp.tokenizer, {}).supported
 
 
 _SPLITTER: list = []
