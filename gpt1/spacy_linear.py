@@ -91,6 +91,20 @@ def _window_bound(pattern: str, anchor: Any, forbidden: tuple) -> int | None:
     return bound
 
 
+# spaCy's URL pattern allows "user:password@" as \S+(?::\S*)?@: on a piece with many ':' and no
+# '@' the regex backtracks through every ':' and rescans to the end (quadratic). \S+@ accepts the
+# same strings (\S covers ':'), and url_match is only tested for a match, anchored at both ends,
+# so the answer is the same; it backtracks only at '@'.
+_URL_USERINFO = r"(?:\S+(?::\S*)?@)?"
+
+
+def _linear_url_match(url_match: Any) -> Any:
+    pattern = getattr(url_match, "__self__", None)
+    if not isinstance(pattern, re.Pattern) or _URL_USERINFO not in pattern.pattern:
+        return url_match
+    return re.compile(pattern.pattern.replace(_URL_USERINFO, r"(?:\S+@)?"), pattern.flags).match
+
+
 class LinearSpacy:
     """Tokens of spaCy's tokenizer `tok` for one text, linear in the length of each piece."""
 
@@ -101,13 +115,15 @@ class LinearSpacy:
         self._prefix = tok.prefix_search
         self._suffix = tok.suffix_search
         self._infix = tok.infix_finditer
-        self._url = tok.url_match
+        self._url = _linear_url_match(tok.url_match)
         self._rules = {key: [t[ORTH] if ORTH in t else t["ORTH"] for t in value] for key, value in tok.rules.items()}
         self._max_special = max(map(len, self._rules), default=0)
         self._matcher = PhraseMatcher(tok.vocab)
         self._vocab = tok.vocab
         for key, pattern in matcher_patterns.items():
             self._matcher.add(key, [self._doc(pattern, [False] * len(pattern))])
+        self._prefix_cache: dict[str, tuple[int, int]] = {}
+        self._suffix_cache: dict[str, tuple[int, int]] = {}
         self.supported = False
         if tok.token_match is None and self._prefix is not None and self._suffix is not None:
             pre = _window_bound(self._prefix.__self__.pattern, sre_c.AT_BEGINNING,
@@ -115,8 +131,8 @@ class LinearSpacy:
             suf = _window_bound(self._suffix.__self__.pattern, sre_c.AT_END,
                                 ("AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"))
             if pre is not None and suf is not None:
-                self._prefix_window = max(16, 2 * pre)
-                self._suffix_window = max(16, 2 * suf)
+                self._prefix_window = max(8, 2 * pre)
+                self._suffix_window = max(8, 2 * suf)
                 self.supported = True
 
     def _doc(self, words: list[str], spaces: list[bool]):
@@ -128,24 +144,36 @@ class LinearSpacy:
         size = self._prefix_window
         while True:
             if hi - lo <= size:
-                m = self._prefix(s[lo:hi])
-                return m.end() - m.start() if m is not None else 0
-            window = s[lo:lo + size]
-            m = self._prefix(window)
-            if m is None or m.end() < size:  # decided inside the window
-                return m.end() - m.start() if m is not None else 0
+                start, end = self._match(self._prefix, self._prefix_cache, s[lo:hi])
+                return end - start
+            start, end = self._match(self._prefix, self._prefix_cache, s[lo:lo + size])
+            if end < size:  # decided inside the window (no match: end == 0)
+                return end - start
             size *= 2  # a run reached the window's edge
 
     def _suffix_len(self, s: str, lo: int, hi: int) -> int:
         size = self._suffix_window
         while True:
             if hi - lo <= size:
-                m = self._suffix(s[lo:hi])
-                return m.end() - m.start() if m is not None else 0
-            m = self._suffix(s[hi - size:hi])
-            if m is None or m.start() > 0:
-                return m.end() - m.start() if m is not None else 0
+                start, end = self._match(self._suffix, self._suffix_cache, s[lo:hi])
+                return end - start
+            start, end = self._match(self._suffix, self._suffix_cache, s[hi - size:hi])
+            if start != 0 or end == 0:  # decided inside the window (no match: end == 0)
+                return end - start
             size *= 2
+
+    @staticmethod
+    def _match(search: Any, cache: dict[str, tuple[int, int]], window: str) -> tuple[int, int]:
+        """(start, end) of search(window), (0, 0) for no match (affix matches are never
+        empty); windows repeat in long runs, so results are kept (a bounded cache)."""
+        found = cache.get(window)
+        if found is None:
+            m = search(window)
+            found = (m.start(), m.end()) if m is not None else (0, 0)
+            if len(cache) > 100_000:
+                cache.clear()
+            cache[window] = found
+        return found
 
     def _special(self, s: str, lo: int, hi: int) -> bool:
         return 0 < hi - lo <= self._max_special and s[lo:hi] in self._rules

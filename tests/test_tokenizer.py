@@ -291,7 +291,8 @@ def test_linear_spacy_equals_spacy(text):
 
 
 @pytest.mark.parametrize("run", ["!", "'", ".", "-", ")", "(", "?!", "'.", "…", "’", "😀", ":)",
-                                 "$", "%", "a!", "!a", "''tis ", "e.g.", "--", ".'", ",'"])
+                                 "$", "%", "a!", "!a", "''tis ", "e.g.", "--", ".'", ",'", "a:",
+                                 "a@", "x@y:", "a.b@", "http://a.b/"])
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 500])
 def test_linear_spacy_equals_spacy_on_runs(run, n):
     splitter = _splitter()
@@ -308,6 +309,13 @@ def test_linear_spacy_equals_spacy_on_runs(run, n):
 def test_long_punctuation_runs_match_reference(tok, ref, text):
     # the reference takes about a second on each; the fast path is linear in the length
     assert tok.encode(text) == ref.encode(text)
+
+
+@given(st.text(alphabet="a1.:@/?#-_x", min_size=1, max_size=30))
+@settings(max_examples=2000, deadline=None)
+def test_linear_url_match_accepts_what_spacy_accepts(text):
+    splitter = _splitter()
+    assert bool(splitter._linear._url(text)) == bool(splitter._tokenizer.url_match(text))
 
 
 def test_linear_spacy_refuses_regexes_it_cannot_window():
