@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
-from gpt1.tasks.rows import Record, collect, label_field, label_text, records, text_field
+from gpt1.tasks.rows import NUMBER, Record, collect, label_field, label_text, records, text_field
 
 KINDS = ("single", "pair", "similarity", "choice")
 ROLES = {"single": ("text",), "pair": ("a", "b"), "similarity": ("a", "b"),
@@ -66,11 +66,7 @@ def scan_labels(path: Path, column: str) -> list[str]:
 
 
 def _is_number(value: str) -> bool:
-    try:
-        float(value)
-        return True
-    except ValueError:
-        return False
+    return bool(NUMBER.fullmatch(value))  # a decimal number: not "nan", "inf" or "1_000"
 
 
 def _choices(rec: Record, spec: str, path: Path, line: int) -> list[str]:

@@ -35,7 +35,7 @@ Builder = Callable[[int, Record], "Example | None"]
 # (512 tokens are a few thousand characters), small enough that a damaged or hostile file is
 # refused before its rows are tokenized.
 MAX_FIELD_CHARS = 1 << 20
-_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 def check_field_sizes(record: Record | list, path: Path, line: int | None,
@@ -244,7 +244,7 @@ def label_field(record: Record, name: str, path: Path, line: int,
     if labels is None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             score = float(value)
-        elif isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        elif isinstance(value, str) and NUMBER.fullmatch(value.strip()):
             score = float(value)
         else:
             raise DataError(f"expected a number, got {value!r}", path, line, name)
