@@ -209,6 +209,27 @@ def runs(data: Path, before_limit: int) -> None:
                 t_before = f"{time.perf_counter() - t0:9.2f}"
                 same = "same" if got == want else "DIFFERENT"
             print(f"{pattern!r:8s} {n:7d} {t_now:7.2f} {t_before:>9s} {same}", flush=True)
+    python_bpe(now, before_limit)
+
+
+def python_bpe(tok, before_limit: int) -> None:
+    """The Python BPE (vocabularies without "<unk>" cannot use `tokenizers`) on one long word
+    of random letters: the heap version (now) and the rescanning one (before)."""
+    import random
+    from gpt1.tokenizer import bpe, bpe_heap
+    print(f"\nPython BPE, one word of n random letters\n{'n':>7s} {'heap s':>7s} "
+          f"{'rescan s':>9s} pieces")
+    for n in RUN_LENGTHS:
+        word = "".join(random.Random(n).choices("abcdefghijklmnopqrstuvwxyz", k=n))
+        t0 = time.perf_counter()
+        got = bpe_heap(word, tok.ranks)
+        t_heap = time.perf_counter() - t0
+        t_before, same = "", ""
+        if n <= before_limit:
+            t0 = time.perf_counter()
+            same = "same" if bpe(word, tok.ranks) == got else "DIFFERENT"
+            t_before = f"{time.perf_counter() - t0:9.2f}"
+        print(f"{n:7d} {t_heap:7.2f} {t_before:>9s} {same}", flush=True)
 
 
 def short_lines(data: Path, n_lines: int) -> None:

@@ -262,14 +262,17 @@ class LinearSpacy:
         matches = self._matcher(self._doc(words, spaces))
         if not matches:
             return words
-        spans = sorted({(start, end) for _, start, end in matches},
-                       key=lambda se: (se[0] - se[1], se[0]))
-        seen: set[int] = set()
+        starts_by_length: dict[int, set[int]] = {}
+        for _, start, end in matches:
+            starts_by_length.setdefault(end - start, set()).add(start)
+        seen = bytearray(len(words))
         kept: dict[int, int] = {}
-        for start, end in spans:
-            if start not in seen and end - 1 not in seen:
-                kept[start] = end
-            seen.update(range(start, end))
+        for length in sorted(starts_by_length, reverse=True):
+            for start in sorted(starts_by_length[length]):
+                end = start + length
+                if not seen[start] and not seen[end - 1]:
+                    kept[start] = end
+                seen[start:end] = b"\x01" * length
         out: list[str] = []
         i = 0
         while i < len(words):

@@ -11,6 +11,7 @@ for the original files); `encode` never adds them.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import multiprocessing
@@ -34,7 +35,8 @@ _BATCH_TEXTS = 4096  # texts whose new words encode_batch sends through spaCy an
 
 def bpe(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     """OAI's TextEncoder.bpe: merge the lowest-ranked adjacent pair (all its occurrences, left to
-    right) until no ranked pair remains. `</w>` is glued to the last character."""
+    right) until no ranked pair remains. `</w>` is glued to the last character. Each round
+    rescans the word: quadratic in its length (`bpe_heap` is not)."""
     word = list(token[:-1]) + [token[-1] + EOW]
     while len(word) > 1:
         best, best_rank = None, None
@@ -54,12 +56,57 @@ def bpe(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
                 merged.append(word[i])
                 i += 1
         word = merged
+    return _oai_pieces(word)
+
+
+def _oai_pieces(word: list[str]) -> list[str]:
     # OAI special case: spaCy's newline token "\n " would give "\n", " </w>"; it means "\n</w>".
     if word == ["\n", " " + EOW]:
         return ["\n" + EOW]
     # The reference joins pieces with spaces and splits them again, so a piece holding a space
     # becomes several (unknown) pieces; keep that behaviour.
     return " ".join(word).split(" ")
+
+
+def bpe_heap(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """`bpe` in O(n log n): pair occurrences in a heap by (rank, position), merged in that
+    order. The same pieces as `bpe` when every pair holding a merged token ranks after the merge
+    that made it (`merges_are_ordered`; true of learned merges): then the pairs a merge creates
+    are never taken before the remaining occurrences of the merge itself, and occurrences of
+    one rank go left to right as in `bpe`."""
+    word = list(token[:-1]) + [token[-1] + EOW]
+    n = len(word)
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prev = list(range(-1, n - 1))
+    alive = [True] * n
+    heap = [(r, i) for i in range(n - 1) if (r := ranks.get((word[i], word[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = nxt[i] if alive[i] else -1
+        if j == -1 or ranks.get((word[i], word[j])) != rank:
+            continue  # stale: one side was merged since this entry was pushed
+        word[i] += word[j]
+        alive[j] = False
+        nxt[i] = nxt[j]
+        if nxt[j] != -1:
+            prev[nxt[j]] = i
+        for left, right in ((prev[i], i), (i, nxt[i])):
+            if left != -1 and right != -1:
+                r = ranks.get((word[left], word[right]))
+                if r is not None:
+                    heapq.heappush(heap, (r, left))
+    return _oai_pieces([w for w, keep in zip(word, alive) if keep])
+
+
+def merges_are_ordered(merges: Sequence[tuple[str, str]]) -> bool:
+    """Every merge comes after all merges that produce either of its two tokens."""
+    made_by: dict[str, int] = {}
+    for rank, (a, b) in enumerate(merges):
+        made_by[a + b] = rank  # ends as the last merge producing the token
+    return all(made_by.get(a, -1) < rank and made_by.get(b, -1) < rank
+               for rank, (a, b) in enumerate(merges))
 
 
 def find_vocab_files(folder: str | Path) -> tuple[Path, Path]:
@@ -140,6 +187,7 @@ class Tokenizer:
         self._splitter: textlib.SpacySplitter | None = None
         self._cache: dict[str, list[int]] = {}
         self._fast_bpe = None
+        self._ordered_merges: bool | None = None
         self._reset_cache()
 
     def _reset_cache(self) -> None:
@@ -206,7 +254,10 @@ class Tokenizer:
                 out[word].append(i)
             return out
         get, unk, ranks = self.encoder.get, self.unk_id, self.ranks
-        return [[get(p, unk) for p in bpe(t, ranks)] for t in tokens]
+        if self._ordered_merges is None:
+            self._ordered_merges = merges_are_ordered(self.merges)
+        merge = bpe_heap if self._ordered_merges else bpe
+        return [[get(p, unk) for p in merge(t, ranks)] for t in tokens]
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids with the exact GPT-1 pipeline; no special tokens are added."""

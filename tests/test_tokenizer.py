@@ -127,6 +127,56 @@ def test_python_bpe_follows_merge_ranks():
     assert bpe("x", ranks) == ["x</w>"]
 
 
+@st.composite
+def _learned_merges_and_words(draw):
+    """Merges made like learned ones (each joins two tokens that exist by then), and words."""
+    alphabet = list("abc")
+    tokens = alphabet + [c + "</w>" for c in alphabet]
+    merges: list[tuple[str, str]] = []
+    for _ in range(draw(st.integers(0, 40))):
+        a = draw(st.sampled_from([t for t in tokens if not t.endswith("</w>")]))
+        b = draw(st.sampled_from(tokens))
+        if a + b not in tokens:  # learned merges make each token once
+            merges.append((a, b))
+            tokens.append(a + b)
+    words = draw(st.lists(st.text(alphabet="abc", min_size=1, max_size=40), min_size=1,
+                          max_size=5))
+    return merges, words
+
+
+@given(_learned_merges_and_words())
+@settings(max_examples=1500, deadline=None)
+def test_heap_bpe_equals_python_bpe_for_ordered_merges(case):
+    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    merges, words = case
+    assert merges_are_ordered(merges)
+    ranks = {pair: i for i, pair in enumerate(merges)}
+    for word in words:
+        assert bpe_heap(word, ranks) == bpe(word, ranks)
+
+
+def test_merges_out_of_order_keep_the_rescanning_bpe():
+    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    merges = [("ab", "a"), ("a", "b")]  # uses "ab" before the merge that makes it
+    assert not merges_are_ordered(merges)
+    ranks = {pair: i for i, pair in enumerate(merges)}
+    assert bpe("ababx", ranks) != bpe_heap("ababx", ranks)  # why the check exists
+    encoder = {t: i for i, t in enumerate(["a", "b", "x</w>", "ab", "aba"])}
+    tok = Tokenizer(encoder, merges)  # no "<unk>": the Python BPE
+    assert tok.encode("ababx") == [encoder.get(p, 0) for p in bpe("ababx", ranks)]
+
+
+@needs_vocab
+def test_heap_bpe_on_the_original_vocabulary(tok):
+    import random
+    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    assert merges_are_ordered(tok.merges)
+    rng = random.Random(0)
+    words = ["".join(rng.choices("etaoinshrdlu'-.1", k=rng.randint(1, 60))) for _ in range(300)]
+    for word in words + ["aaaaaaaaaaaa", "abababababa", "\n "]:
+        assert bpe_heap(word, tok.ranks) == bpe(word, tok.ranks), word
+
+
 # ---------------------------------------------------------------------------------------------
 # Exactness against the reference
 @needs_vocab
