@@ -210,6 +210,26 @@ def runs(data: Path, before_limit: int) -> None:
                 same = "same" if got == want else "DIFFERENT"
             print(f"{pattern!r:8s} {n:7d} {t_now:7.2f} {t_before:>9s} {same}", flush=True)
     python_bpe(now, before_limit)
+    whitespace_runs(before_limit)
+
+
+def whitespace_runs(before_limit: int) -> None:
+    """A run of spaces with no newline: text_standardize's newline rule, now (whole runs) and
+    before (OAI's regex \\s*\\n\\s*, which retries at every position of the run)."""
+    import re
+    from gpt1 import text as textlib
+    print(f"\nnewline rule on 'a' + n spaces + 'b'\n{'n':>7s} {'now s':>7s} {'before s':>9s}")
+    for n in RUN_LENGTHS:
+        text = "a" + " " * n + "b\nc"
+        t0 = time.perf_counter()
+        got = textlib._newline_runs(text, " \n ")
+        t_now = time.perf_counter() - t0
+        t_before, same = "", ""
+        if n <= before_limit:
+            t0 = time.perf_counter()
+            same = "same" if re.sub(r"\s*\n\s*", " \n ", text) == got else "DIFFERENT"
+            t_before = f"{time.perf_counter() - t0:9.2f}"
+        print(f"{n:7d} {t_now:7.3f} {t_before:>9s} {same}", flush=True)
 
 
 def python_bpe(tok, before_limit: int) -> None:

@@ -9,6 +9,9 @@ ftfy and spaCy, a port of OAI's text_utils.py) exactly, but faster:
 - After `text_standardize` the text is single-space-separated chunks. spaCy tokenizes each
   whitespace-delimited piece on its own except for one cross-piece effect (see
   `SpacySplitter`), so the tokens of a chunk, or of a few linked chunks, can be cached.
+- spaCy's time grows with the square of a piece's length when the piece has many prefixes or
+  suffixes (100,000 '!' take minutes); long units go through `gpt1.spacy_linear.LinearSpacy`,
+  the same algorithm in linear time with the same tokens.
 
 Like transformers (and unlike OAI, which lowercases spaCy's tokens only), the raw text is
 lower-cased before ftfy, and a literal "<unk>" is transformers' unknown token (id 0).
@@ -90,7 +93,20 @@ _PAD_OAI = re.compile(r"""(([-~!";?+,)(/*\[\]}{|_])\2*)""")
 # OAI wrote its pattern as a non-raw string, so '\\+' became "literal +" and backslashes are not
 # padded; PORT/HF use a raw string and pad backslash runs too (reference d.1.9).
 _PAD_HF = re.compile(r"""(([-~!";?+,)(\\/*\[\]}{|_])\2*)""")
-_NEWLINE_WS = re.compile(r"\s*\n\s*")
+# OAI's re.sub(r"\s*\n\s*", " \n ", text) replaces each whitespace run that holds a newline
+# (the leftmost match starts where the run starts and \s* runs to its end), but it retries at
+# every position of a run without one: quadratic in the run. Whole runs, tested for "\n", are
+# the same replacement in linear time (a hypothesis test checks the equality).
+_WS_RUN = re.compile(r"\s+")
+
+
+def _newline_runs(text: str, replacement: str) -> str:
+    """`re.sub(r"\s*\n\s*", replacement, text)` in time linear in the text."""
+    if "\n" not in text:
+        return text
+    return _WS_RUN.sub(lambda m: replacement if "\n" in m.group() else m.group(), text)
+
+
 _OTHER_WS = re.compile(r"[^\S\n]+")
 _CHUNK = re.compile(r"\S+|\n")
 
@@ -106,14 +122,14 @@ def _pad(text: str, standardize: Standardize) -> str:
 def text_standardize(text: str, standardize: Standardize = "oai") -> str:
     """OAI's text_standardize (or the HF/PORT variant that also pads backslashes)."""
     text = _pad(text.translate(_REPLACE), standardize)
-    text = _NEWLINE_WS.sub(" \n ", text)
+    text = _newline_runs(text, " \n ")
     return _OTHER_WS.sub(" ", text).strip()
 
 
 def standardized_chunks(text: str, standardize: Standardize = "oai") -> list[str]:
     """`text_standardize(text).split(" ")` (empty list for empty output), computed directly:
     each whitespace run holding a newline becomes one "\\n" chunk, other runs separate chunks."""
-    text = _NEWLINE_WS.sub("\n", _pad(text.translate(_REPLACE), standardize))
+    text = _newline_runs(_pad(text.translate(_REPLACE), standardize), "\n")
     chunks = _CHUNK.findall(text)
     # strip(): no leading or trailing newline chunk
     start, end = 0, len(chunks)

@@ -5,6 +5,9 @@ Pipeline (OAI text_utils.py, reference a.3): ftfy -> text_standardize -> spaCy E
 to transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed (checked on a
 large public corpus by benchmarks/tokenizer.py --check). Speed comes from caching the ids of every
 whitespace-delimited chunk, so spaCy and BPE run once per distinct chunk.
+Time is linear in the input: long pieces go through `gpt1.spacy_linear` instead of spaCy's
+quadratic affix loop, and BPE runs in `tokenizers` (or `bpe_heap` when the merges are in
+learned order), never rescanning a word.
 
 Special tokens `_start_`, `_delimiter_`, `_classify_` follow the vocabulary (40478, 40479, 40480
 for the original files); `encode` never adds them.

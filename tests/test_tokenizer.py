@@ -298,6 +298,14 @@ def test_standardized_chunks_equal_split_of_text_standardize(s):
     assert textlib.standardized_chunks(s, "oai") == (expected.split(" ") if expected else [])
 
 
+@given(st.text(alphabet=" \t\n\r\x0b\x0c\x1c\x85\u2028\u00a0\u3000a-", max_size=60))
+@settings(max_examples=2000, deadline=None)
+def test_newline_runs_equal_the_reference_regex(s):
+    import re as re_
+    for replacement in ("\n", " \n "):
+        assert textlib._newline_runs(s, replacement) == re_.sub(r"\s*\n\s*", replacement, s)
+
+
 @given(st.from_regex(r"[a-z]{1,12}", fullmatch=True))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_letter_words_are_one_spacy_token_unless_special(word):
