@@ -385,6 +385,9 @@ def test_hub_rows_follow_the_same_rules(monkeypatch):
         {"sentence1": "a", "sentence2": "b", "label": float("nan")}])
     with pytest.raises(DataError, match="finite"):
         hub.read_hub(get_task("stsb"), "glue/stsb", "train", hub.BadRows())
+    monkeypatch.setattr(hub, "_load", lambda name, split: [  # GLUE test rows: -1 is no label
+        {"sentence1": "a", "sentence2": "b", "label": -1.0}])
+    assert hub.read_hub(get_task("stsb"), "glue/stsb", "test", hub.BadRows())[0][0].label is None
     monkeypatch.setattr(hub, "_load", lambda name, split: [
         {"article": "a", "question": "q", "options": ["x", "y"], "answer": "Z"}])
     with pytest.raises(DataError, match="unknown answer 'Z'"):

@@ -39,7 +39,7 @@ def _load(name: str, split: str) -> Any:
 def _label(row: dict, task: "Task", where: str, index: int) -> int | float | None:
     name = "label" if "label" in row else "answer"
     value = row.get(name)
-    if value is None or (type(value) is int and value == -1):  # the hub's "no label"
+    if value is None or (isinstance(value, (int, float)) and value == -1):  # hub: "no label"
         return None
     if task.kind == "choice" and isinstance(value, str):
         letter = value.strip()
