@@ -73,14 +73,31 @@ def _is_single_class_run(items: list, anchor: Any) -> bool:
             and list(av[2]) == [body[0]])
 
 
-def _window_bound(pattern: str, anchor: Any, forbidden: tuple) -> int | None:
+def _anchors(items: Any) -> set:
+    """The anchor codes (^, $, ...) anywhere in a parsed regex."""
+    found: set = set()
+    for op, av in items:
+        if op is sre_c.AT:
+            found.add(av)
+        elif op is sre_c.SUBPATTERN:
+            found |= _anchors(av[-1])
+        elif op is sre_c.BRANCH:
+            for branch in av[1]:
+                found |= _anchors(branch)
+        elif op in (sre_c.MAX_REPEAT, sre_c.MIN_REPEAT):
+            found |= _anchors(av[2])
+        elif op in (sre_c.ASSERT, sre_c.ASSERT_NOT):
+            found |= _anchors(av[1])
+    return found
+
+
+def _window_bound(pattern: str, anchor: Any) -> int | None:
     """The largest reach of the bounded alternatives of an affix regex, or None when some
-    alternative is neither bounded nor a single-class run, or holds an anchor that a window
-    edge would fake."""
+    alternative is neither bounded nor a single-class run, or holds an anchor other than
+    `anchor` (a window's edge would fake the start or end of the string)."""
     bound = 0
     for alt in _alternatives(pattern):
-        text = repr(alt)
-        if any(f"AT {name}" in text.replace("(", " ").replace(",", "") for name in forbidden):
+        if not _anchors(alt) <= {anchor}:
             return None
         reach = _reach(alt)
         if reach == _UNBOUNDED:
@@ -111,12 +128,12 @@ class LinearSpacy:
     def __init__(self, tok: Any, matcher_patterns: dict[str, list[str]]) -> None:
         from spacy.attrs import ORTH
         from spacy.matcher import PhraseMatcher
-        self._tok = tok
         self._prefix = tok.prefix_search
         self._suffix = tok.suffix_search
         self._infix = tok.infix_finditer
         self._url = _linear_url_match(tok.url_match)
-        self._rules = {key: [t[ORTH] if ORTH in t else t["ORTH"] for t in value] for key, value in tok.rules.items()}
+        self._rules = {key: [t[ORTH] if ORTH in t else t["ORTH"] for t in value]
+                       for key, value in tok.rules.items()}
         self._max_special = max(map(len, self._rules), default=0)
         self._matcher = PhraseMatcher(tok.vocab)
         self._vocab = tok.vocab
@@ -126,10 +143,8 @@ class LinearSpacy:
         self._suffix_cache: dict[str, tuple[int, int]] = {}
         self.supported = False
         if tok.token_match is None and self._prefix is not None and self._suffix is not None:
-            pre = _window_bound(self._prefix.__self__.pattern, sre_c.AT_BEGINNING,
-                                ("AT_END", "AT_END_STRING", "AT_END_LINE"))
-            suf = _window_bound(self._suffix.__self__.pattern, sre_c.AT_END,
-                                ("AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"))
+            pre = _window_bound(self._prefix.__self__.pattern, sre_c.AT_BEGINNING)
+            suf = _window_bound(self._suffix.__self__.pattern, sre_c.AT_END)
             if pre is not None and suf is not None:
                 self._prefix_window = max(8, 2 * pre)
                 self._suffix_window = max(8, 2 * suf)
