@@ -7,6 +7,9 @@ built from the original GPT-1 files. Both run in this process, pinned to one CPU
     python benchmarks/tokenizer.py --files 20     # all 20 novels
     python benchmarks/tokenizer.py --processes 2  # also the multi-process encoder
     python benchmarks/tokenizer.py --check        # ids on every text line of ../shared/data
+    python benchmarks/tokenizer.py --check-linear # LinearSpacy vs spaCy on every piece there
+    python benchmarks/tokenizer.py --runs         # long runs of punctuation: time vs length
+    python benchmarks/tokenizer.py --lines 22000  # short lines: reference, encode, CLI batches
 
 --check prints, per source, the number of lines whose ids differ. Lines holding a backslash are
 counted separately: gpt1's default (OAI) does not pad backslashes while transformers does
@@ -148,6 +151,143 @@ def speed(data: Path, n_files: int, processes: int) -> None:
               f"({t_multi:.1f} s)  ids identical: {multi == got}")
 
 
+def check_linear(data: Path) -> int:
+    """LinearSpacy (used for long pieces) against spaCy itself on every distinct unit (chunk,
+    or linked chunks) of the shared text, in both lowercase modes, whatever its length."""
+    from gpt1 import text as textlib
+    splitter = textlib.SpacySplitter()
+    assert splitter._linear is not None
+    seen: set[str] = set()
+    bad = 0
+    t0 = time.time()
+    for _, text in text_units(data):
+        for lower in (True, False):
+            for unit in splitter.link(textlib.chunks(text, "oai", lower)):
+                if unit in seen or unit in ("\n", textlib.UNK_SENTINEL):
+                    continue
+                seen.add(unit)
+                want = [t.text for t in splitter._tokenizer(unit)]
+                if splitter._linear(unit) != want:
+                    bad += 1
+                    if bad <= 5:
+                        print(f"  mismatch: {unit[:120]!r}")
+    print(f"{len(seen)} distinct units, {bad} differ ({time.time() - t0:.0f} s)")
+    return 1 if bad else 0
+
+
+RUNS = ["!", "'", ".", "-", ")", "?!", "$%", ".'", "😀", "(x)", "a", "ab", "xyzzy", "random"]
+RUN_LENGTHS = (8_000, 16_000, 32_000, 100_000)
+
+
+def _run_text(pattern: str, n: int) -> str:
+    if pattern == "random":  # symbols and letters in no order, no whitespace
+        import random
+        return "".join(random.Random(n).choices("$%#&*@^=<>'\".!?()-:;,😀…’a1", k=n))
+    return pattern * (n // len(pattern))
+
+
+def runs(data: Path, before_limit: int) -> None:
+    """Seconds to encode n characters made of one repeated pattern, with the linear path
+    (now) and with spaCy alone on every piece (before; only up to --before-limit characters:
+    it is quadratic). Ids are compared wherever both ran."""
+    from gpt1.tokenizer import Tokenizer
+    vocab = data / "gpt1_tokenizer"
+    now, before = Tokenizer.from_dir(vocab), Tokenizer.from_dir(vocab)
+    now.encode("warm up."), before.encode("warm up.")
+    before._splitter._linear = None  # every piece through spaCy itself
+    print(f"{'pattern':8s} {'n':>7s} {'now s':>7s} {'before s':>9s} ids")
+    for pattern in RUNS:
+        for n in RUN_LENGTHS:
+            text = _run_text(pattern, n)
+            t0 = time.perf_counter()
+            got = now.encode(text)
+            t_now = time.perf_counter() - t0
+            t_before, same = "", ""
+            if n <= before_limit:
+                t0 = time.perf_counter()
+                want = before.encode(text)
+                t_before = f"{time.perf_counter() - t0:9.2f}"
+                same = "same" if got == want else "DIFFERENT"
+            print(f"{pattern!r:8s} {n:7d} {t_now:7.2f} {t_before:>9s} {same}", flush=True)
+    python_bpe(now, before_limit)
+    whitespace_runs(before_limit)
+
+
+def whitespace_runs(before_limit: int) -> None:
+    """A run of spaces with no newline: text_standardize's newline rule, now (whole runs) and
+    before (OAI's regex \\s*\\n\\s*, which retries at every position of the run)."""
+    import re
+    from gpt1 import text as textlib
+    print(f"\nnewline rule on 'a' + n spaces + 'b'\n{'n':>7s} {'now s':>7s} {'before s':>9s}")
+    for n in RUN_LENGTHS:
+        text = "a" + " " * n + "b\nc"
+        t0 = time.perf_counter()
+        got = textlib._newline_runs(text, " \n ")
+        t_now = time.perf_counter() - t0
+        t_before, same = "", ""
+        if n <= before_limit:
+            t0 = time.perf_counter()
+            same = "same" if re.sub(r"\s*\n\s*", " \n ", text) == got else "DIFFERENT"
+            t_before = f"{time.perf_counter() - t0:9.2f}"
+        print(f"{n:7d} {t_now:7.3f} {t_before:>9s} {same}", flush=True)
+
+
+def python_bpe(tok, before_limit: int) -> None:
+    """The Python BPE (vocabularies without "<unk>" cannot use `tokenizers`) on one long word
+    of random letters: the heap version (now) and the rescanning one (before)."""
+    import random
+    from gpt1.tokenizer import bpe, bpe_heap
+    print(f"\nPython BPE, one word of n random letters\n{'n':>7s} {'heap s':>7s} "
+          f"{'rescan s':>9s} pieces")
+    for n in RUN_LENGTHS:
+        word = "".join(random.Random(n).choices("abcdefghijklmnopqrstuvwxyz", k=n))
+        t0 = time.perf_counter()
+        got = bpe_heap(word, tok.ranks)
+        t_heap = time.perf_counter() - t0
+        t_before, same = "", ""
+        if n <= before_limit:
+            t0 = time.perf_counter()
+            same = "same" if bpe(word, tok.ranks) == got else "DIFFERENT"
+            t_before = f"{time.perf_counter() - t0:9.2f}"
+        print(f"{n:7d} {t_heap:7.2f} {t_before:>9s} {same}", flush=True)
+
+
+def short_lines(data: Path, n_lines: int) -> None:
+    """Short sentences (SST-2 training sentences), one process: the reference line by line,
+    gpt1 `encode` line by line (what `gpt1 tokenizer encode` did), and the command's own
+    batched path (`encode_lines`)."""
+    from gpt1.cli.tokenizer import encode_lines
+    from gpt1.tokenizer import Tokenizer
+    vocab = data / "gpt1_tokenizer"
+    lines = []
+    with open(data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as fh:
+        next(fh)
+        for row in fh:
+            lines.append(row.split("\t")[0])
+            if len(lines) == n_lines:
+                break
+    n_bytes = sum(len(t.encode()) for t in lines)
+    ref = reference_tokenizer(vocab)
+    t0 = time.perf_counter()
+    want = [" ".join(map(str, ref.encode(t))) for t in lines]
+    t_ref = time.perf_counter() - t0
+    times = {}
+    for name in ("encode per line", "tokenizer encode (batched)"):
+        tok = Tokenizer.from_dir(vocab)
+        tok.encode("warm up.")  # spaCy loaded, as in the command before its first line
+        t0 = time.perf_counter()
+        if name == "encode per line":
+            got = [" ".join(map(str, tok.encode(t))) for t in lines]
+        else:
+            got = list(encode_lines(tok, iter(lines)))
+        times[name] = time.perf_counter() - t0
+        assert got == want, f"{name}: ids differ from the reference"
+    print(f"{len(lines)} lines, {n_bytes / 1e6:.2f} MB; ids identical to the reference")
+    print(f"transformers slow OpenAIGPTTokenizer: {t_ref:6.2f} s")
+    for name, t in times.items():
+        print(f"gpt1 {name:27s}: {t:6.2f} s  = {t_ref / t:.2f}x")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,6 +295,12 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="--check at most N lines")
     parser.add_argument("--files", type=int, default=4, help="novels for the speed run")
     parser.add_argument("--processes", type=int, default=1, help="also time encode_batch")
+    parser.add_argument("--check-linear", action="store_true",
+                        help="LinearSpacy vs spaCy on every distinct piece of the shared text")
+    parser.add_argument("--runs", action="store_true", help="long runs of punctuation")
+    parser.add_argument("--before-limit", type=int, default=8_000,
+                        help="--runs: longest input for the quadratic spaCy-only path")
+    parser.add_argument("--lines", type=int, default=0, help="short lines: the CLI's batches")
     parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()
     if not (args.data / "gpt1_tokenizer").is_dir():
@@ -163,6 +309,14 @@ def main() -> int:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core, both sides
     if args.check:
         return check(args.data, args.limit)
+    if args.check_linear:
+        return check_linear(args.data)
+    if args.runs:
+        runs(args.data, args.before_limit)
+        return 0
+    if args.lines:
+        short_lines(args.data, args.lines)
+        return 0
     speed(args.data, args.files, args.processes)
     return 0
 

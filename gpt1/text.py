@@ -9,6 +9,9 @@ ftfy and spaCy, a port of OAI's text_utils.py) exactly, but faster:
 - After `text_standardize` the text is single-space-separated chunks. spaCy tokenizes each
   whitespace-delimited piece on its own except for one cross-piece effect (see
   `SpacySplitter`), so the tokens of a chunk, or of a few linked chunks, can be cached.
+- spaCy's time grows with the square of a piece's length when the piece has many prefixes or
+  suffixes (100,000 '!' take minutes); long units go through `gpt1.spacy_linear.LinearSpacy`,
+  the same algorithm in linear time with the same tokens.
 
 Like transformers (and unlike OAI, which lowercases spaCy's tokens only), the raw text is
 lower-cased before ftfy, and a literal "<unk>" is transformers' unknown token (id 0).
@@ -17,6 +20,8 @@ from __future__ import annotations
 
 import re
 from typing import Literal
+
+from gpt1.spacy_linear import LinearSpacy
 
 Standardize = Literal["oai", "hf"]
 
@@ -88,7 +93,20 @@ _PAD_OAI = re.compile(r"""(([-~!";?+,)(/*\[\]}{|_])\2*)""")
 # OAI wrote its pattern as a non-raw string, so '\\+' became "literal +" and backslashes are not
 # padded; PORT/HF use a raw string and pad backslash runs too (reference d.1.9).
 _PAD_HF = re.compile(r"""(([-~!";?+,)(\\/*\[\]}{|_])\2*)""")
-_NEWLINE_WS = re.compile(r"\s*\n\s*")
+# OAI's re.sub(r"\s*\n\s*", " \n ", text) replaces each whitespace run that holds a newline
+# (the leftmost match starts where the run starts and \s* runs to its end), but it retries at
+# every position of a run without one: quadratic in the run. Whole runs, tested for "\n", are
+# the same replacement in linear time (a hypothesis test checks the equality).
+_WS_RUN = re.compile(r"\s+")
+
+
+def _newline_runs(text: str, replacement: str) -> str:
+    """`re.sub(r"\s*\n\s*", replacement, text)` in time linear in the text."""
+    if "\n" not in text:
+        return text
+    return _WS_RUN.sub(lambda m: replacement if "\n" in m.group() else m.group(), text)
+
+
 _OTHER_WS = re.compile(r"[^\S\n]+")
 _CHUNK = re.compile(r"\S+|\n")
 
@@ -104,14 +122,14 @@ def _pad(text: str, standardize: Standardize) -> str:
 def text_standardize(text: str, standardize: Standardize = "oai") -> str:
     """OAI's text_standardize (or the HF/PORT variant that also pads backslashes)."""
     text = _pad(text.translate(_REPLACE), standardize)
-    text = _NEWLINE_WS.sub(" \n ", text)
+    text = _newline_runs(text, " \n ")
     return _OTHER_WS.sub(" ", text).strip()
 
 
 def standardized_chunks(text: str, standardize: Standardize = "oai") -> list[str]:
     """`text_standardize(text).split(" ")` (empty list for empty output), computed directly:
     each whitespace run holding a newline becomes one "\\n" chunk, other runs separate chunks."""
-    text = _NEWLINE_WS.sub("\n", _pad(text.translate(_REPLACE), standardize))
+    text = _newline_runs(_pad(text.translate(_REPLACE), standardize), "\n")
     chunks = _CHUNK.findall(text)
     # strip(): no leading or trailing newline chunk
     start, end = 0, len(chunks)
@@ -171,14 +189,19 @@ class SpacySplitter:
                               url_match=tok.url_match)
         # keyed by the two characters around the boundary, for a quick first test
         self._pairs: dict[str, list[tuple[str, str]]] = {}
+        patterns: dict[str, list[str]] = {}
         for key in tok.rules:
             if tok.faster_heuristics and not (tok.find_prefix(key) or tok.find_infix(key)
                                               or tok.find_suffix(key) or " " in key):
                 continue
-            pattern = [t.text for t in bare(key)]
+            pattern = patterns[key] = [t.text for t in bare(key)]
             for x, y in zip(pattern, pattern[1:]):  # tokens a boundary could fall between
                 if x and y and not x.isspace() and not y.isspace():
                     self._pairs.setdefault(x[-1] + y[0], []).append((x, y))
+        # spaCy's cost grows with the square of a piece's length when the piece has many
+        # affixes (100,000 '!' take minutes); long units go through the linear equivalent.
+        linear = LinearSpacy(tok, patterns)
+        self._linear = linear if linear.supported else None
 
     def link(self, chunk_list: list[str]) -> list[str]:
         """Chunks, with runs that must be tokenized together joined by spaces into one unit:
@@ -203,14 +226,17 @@ class SpacySplitter:
         fixed: "\\n</w>").
 
         A chunk of ASCII letters that is not one of spaCy's special cases ("cannot", "Gonna")
-        is one token: no English prefix, suffix or infix rule matches letters alone. Other
-        chunks go through spaCy in one call; linked units go through spaCy one by one.
+        is one token: no English prefix, suffix or infix rule matches letters alone. Units over
+        _LONG_UNIT characters go through `LinearSpacy` (spaCy's own cost is quadratic in
+        them); other chunks go through spaCy in one call, other linked units one by one.
         """
         out: list[list[str] | None] = [None] * len(units)
         hard: list[int] = []
         for i, unit in enumerate(units):
             if _LETTERS.fullmatch(unit) and unit not in self._special:
                 out[i] = [unit.lower()]
+            elif len(unit) > _LONG_UNIT and self._linear is not None:
+                out[i] = [t.lower() for t in self._linear(unit)]
             elif " " in unit:
                 out[i] = [t.text.lower() for t in self._tokenizer(unit)]
             else:
@@ -231,6 +257,8 @@ class SpacySplitter:
 
 
 _LETTERS = re.compile(r"[A-Za-z]+")
+# Units longer than this go through LinearSpacy; shorter ones are faster in spaCy itself.
+_LONG_UNIT = 64
 
 
 class Normalizer:

@@ -5,12 +5,16 @@ Pipeline (OAI text_utils.py, reference a.3): ftfy -> text_standardize -> spaCy E
 to transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed (checked on a
 large public corpus by benchmarks/tokenizer.py --check). Speed comes from caching the ids of every
 whitespace-delimited chunk, so spaCy and BPE run once per distinct chunk.
+Time is linear in the input: long pieces go through `gpt1.spacy_linear` instead of spaCy's
+quadratic affix loop, and BPE runs in `tokenizers` (or `bpe_heap` when the merges are in
+learned order), never rescanning a word.
 
 Special tokens `_start_`, `_delimiter_`, `_classify_` follow the vocabulary (40478, 40479, 40480
 for the original files); `encode` never adds them.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import multiprocessing
@@ -29,11 +33,13 @@ HF_FILES = ("vocab.json", "merges.txt")
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 EOW = "</w>"
 _CACHE_LIMIT = 1_000_000  # chunks; the cache is dropped when it grows past this (huge corpora)
+_BATCH_TEXTS = 4096  # texts whose new words encode_batch sends through spaCy and BPE together
 
 
 def bpe(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     """OAI's TextEncoder.bpe: merge the lowest-ranked adjacent pair (all its occurrences, left to
-    right) until no ranked pair remains. `</w>` is glued to the last character."""
+    right) until no ranked pair remains. `</w>` is glued to the last character. Each round
+    rescans the word: quadratic in its length (`bpe_heap` is not)."""
     word = list(token[:-1]) + [token[-1] + EOW]
     while len(word) > 1:
         best, best_rank = None, None
@@ -53,12 +59,57 @@ def bpe(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
                 merged.append(word[i])
                 i += 1
         word = merged
+    return _oai_pieces(word)
+
+
+def _oai_pieces(word: list[str]) -> list[str]:
     # OAI special case: spaCy's newline token "\n " would give "\n", " </w>"; it means "\n</w>".
     if word == ["\n", " " + EOW]:
         return ["\n" + EOW]
     # The reference joins pieces with spaces and splits them again, so a piece holding a space
     # becomes several (unknown) pieces; keep that behaviour.
     return " ".join(word).split(" ")
+
+
+def bpe_heap(token: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """`bpe` in O(n log n): pair occurrences in a heap by (rank, position), merged in that
+    order. The same pieces as `bpe` when every pair holding a merged token ranks after the merge
+    that made it (`merges_are_ordered`; true of learned merges): then the pairs a merge creates
+    are never taken before the remaining occurrences of the merge itself, and occurrences of
+    one rank go left to right as in `bpe`."""
+    word = list(token[:-1]) + [token[-1] + EOW]
+    n = len(word)
+    nxt = list(range(1, n + 1))
+    nxt[-1] = -1
+    prev = list(range(-1, n - 1))
+    alive = [True] * n
+    heap = [(r, i) for i in range(n - 1) if (r := ranks.get((word[i], word[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = nxt[i] if alive[i] else -1
+        if j == -1 or ranks.get((word[i], word[j])) != rank:
+            continue  # stale: one side was merged since this entry was pushed
+        word[i] += word[j]
+        alive[j] = False
+        nxt[i] = nxt[j]
+        if nxt[j] != -1:
+            prev[nxt[j]] = i
+        for left, right in ((prev[i], i), (i, nxt[i])):
+            if left != -1 and right != -1:
+                r = ranks.get((word[left], word[right]))
+                if r is not None:
+                    heapq.heappush(heap, (r, left))
+    return _oai_pieces([w for w, keep in zip(word, alive) if keep])
+
+
+def merges_are_ordered(merges: Sequence[tuple[str, str]]) -> bool:
+    """Every merge comes after all merges that produce either of its two tokens."""
+    made_by: dict[str, int] = {}
+    for rank, (a, b) in enumerate(merges):
+        made_by[a + b] = rank  # ends as the last merge producing the token
+    return all(made_by.get(a, -1) < rank and made_by.get(b, -1) < rank
+               for rank, (a, b) in enumerate(merges))
 
 
 def find_vocab_files(folder: str | Path) -> tuple[Path, Path]:
@@ -139,6 +190,7 @@ class Tokenizer:
         self._splitter: textlib.SpacySplitter | None = None
         self._cache: dict[str, list[int]] = {}
         self._fast_bpe = None
+        self._ordered_merges: bool | None = None
         self._reset_cache()
 
     def _reset_cache(self) -> None:
@@ -169,16 +221,18 @@ class Tokenizer:
             fh.writelines(f"{a} {b}\n" for a, b in self.merges)
 
     # -- encoding ----------------------------------------------------------------------------
-    def _encode_chunks(self, chunk_list: list[str]) -> list[list[int]]:
-        """Ids per unit (a chunk, or chunks spaCy must see together: SpacySplitter.link)."""
+    def _encode_chunk_lists(self, chunk_lists: list[list[str]]) -> list[list[int]]:
+        """The ids of each text given as its chunks. Units (a chunk, or chunks spaCy must see
+        together: SpacySplitter.link) never span two texts; units not in the cache go through
+        spaCy and BPE together, once each, whatever text they come from."""
         if self._splitter is None:
             self._splitter = textlib.SpacySplitter()
-        units = self._splitter.link(chunk_list)
+        unit_lists = [self._splitter.link(c) for c in chunk_lists]
         cache = self._cache
         if len(cache) > _CACHE_LIMIT:
             self._reset_cache()
             cache = self._cache
-        missing = [u for u in dict.fromkeys(units) if u not in cache]
+        missing = [u for u in dict.fromkeys(chain.from_iterable(unit_lists)) if u not in cache]
         if missing:
             split = self._splitter.split(missing)
             tcache = self._token_cache
@@ -186,7 +240,7 @@ class Tokenizer:
             tcache.update(zip(new, self._bpe_ids(new)))
             for unit, tokens in zip(missing, split):
                 cache[unit] = [i for t in tokens for i in tcache[t]]
-        return [cache[u] for u in units]
+        return [list(chain.from_iterable(cache[u] for u in units)) for units in unit_lists]
 
     def _bpe_ids(self, tokens: list[str]) -> list[list[int]]:
         """Ids of spaCy tokens (no whitespace inside): HF `tokenizers`' BPE when the vocabulary
@@ -203,20 +257,32 @@ class Tokenizer:
                 out[word].append(i)
             return out
         get, unk, ranks = self.encoder.get, self.unk_id, self.ranks
-        return [[get(p, unk) for p in bpe(t, ranks)] for t in tokens]
+        if self._ordered_merges is None:
+            self._ordered_merges = merges_are_ordered(self.merges)
+        merge = bpe_heap if self._ordered_merges else bpe
+        return [[get(p, unk) for p in merge(t, ranks)] for t in tokens]
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids with the exact GPT-1 pipeline; no special tokens are added."""
-        return list(chain.from_iterable(
-            self._encode_chunks(textlib.chunks(text, self.standardize, self.lower_first))))
+        return self._encode_chunk_lists(
+            [textlib.chunks(text, self.standardize, self.lower_first)])[0]
 
     def encode_batch(self, texts: Sequence[str], processes: int = 1) -> list[list[int]]:
-        """Encode many texts; `processes` > 1 spreads them over worker processes."""
+        """Encode many texts (the same ids as `encode` on each, faster on many short texts:
+        their new words go through spaCy and BPE together); `processes` > 1 spreads them over
+        worker processes."""
         processes = min(processes, len(texts))
         if processes <= 1:
-            return [self.encode(t) for t in texts]
+            out: list[list[int]] = []
+            for start in range(0, len(texts), _BATCH_TEXTS):  # bounds the chunk lists held
+                out.extend(self._encode_chunk_lists(
+                    [textlib.chunks(t, self.standardize, self.lower_first)
+                     for t in texts[start:start + _BATCH_TEXTS]]))
+            return out
+        size = max(1, len(texts) // (8 * processes))
+        batches = [texts[i:i + size] for i in range(0, len(texts), size)]
         with _pool(self, processes) as pool:
-            return pool.map(_worker_encode, texts, chunksize=max(1, len(texts) // (8 * processes)))
+            return list(chain.from_iterable(pool.map(_worker_encode, batches)))
 
     def tokenize(self, text: str) -> list[str]:
         """The BPE pieces of `text` (for inspection)."""
@@ -374,9 +440,9 @@ def _init_worker(tok: Tokenizer) -> None:
     _WORKER = tok
 
 
-def _worker_encode(text: str) -> list[int]:
+def _worker_encode(texts: Sequence[str]) -> list[list[int]]:
     assert _WORKER is not None
-    return _WORKER.encode(text)
+    return _WORKER.encode_batch(texts)
 
 
 def _pool(tok: Tokenizer, processes: int):

@@ -214,3 +214,181 @@ def test_unknown_task_and_split():
         get_task("imdb")
     with pytest.raises(ConfigError, match="unknown split"):
         get_task("sst2").read(".", "validation")
+
+
+# ------------------------------------------------------------------ one strict rule for every format
+from gpt1.tasks import hub  # noqa: E402
+from gpt1.tasks.rows import MAX_FIELD_CHARS  # noqa: E402
+
+
+def _jsonl_task(labels=None):
+    spec = {"columns": {"text": "t", "label": "y"}}
+    return get_task("jsonl", dict(spec, labels=labels) if labels else spec)
+
+
+def _jsonl(tmp_path: Path, *rows: str) -> Path:
+    return write(tmp_path / "train.jsonl", "".join(r + "\n" for r in rows))
+
+
+@pytest.mark.parametrize("label", ['["pos"]', '{"c": "pos"}', "true", "1.5", '""', '"  "'])
+def test_jsonl_label_that_is_not_a_string_or_integer_is_an_error(tmp_path: Path, label):
+    path = _jsonl(tmp_path, '{"t": "fine", "y": "pos"}', '{"t": "odd", "y": %s}' % label)
+    with pytest.raises(DataError) as err:  # the label set read from the training file
+        complete_generic_spec("jsonl", {"columns": {"text": "t", "label": "y"}}, tmp_path, "train")
+    assert (Path(err.value.path), err.value.line, err.value.field) == (path, 2, "y")
+    assert "['pos']" not in str(err.value)
+    with pytest.raises(DataError) as err:  # labels given
+        _jsonl_task(["pos", "neg"]).read(tmp_path, "train")
+    assert (err.value.line, err.value.field) == (2, "y")
+
+
+def test_jsonl_integer_label_is_the_class_of_its_digits(tmp_path: Path):
+    _jsonl(tmp_path, '{"t": "a", "y": 1}', '{"t": "b", "y": "0"}', '{"t": "c", "y": "1"}')
+    spec = complete_generic_spec("jsonl", {"columns": {"text": "t", "label": "y"}}, tmp_path,
+                                 "train")
+    assert spec["labels"] == ["0", "1"]
+    assert [e.label for e in get_task("jsonl", spec).read(tmp_path, "train").examples] == [1, 0, 1]
+
+
+@pytest.mark.parametrize("row", ['{"t": "a", "y": "pos", "y": "neg"}',
+                                 '{"t": "a", "y": "pos", "meta": {"k": 1, "k": 2}}'])
+def test_jsonl_duplicate_keys_are_an_error(tmp_path: Path, row):
+    _jsonl(tmp_path, '{"t": "fine", "y": "pos"}', row)
+    with pytest.raises(DataError, match="appears twice") as err:
+        _jsonl_task(["pos", "neg"]).read(tmp_path, "train")
+    assert err.value.line == 2 and err.value.field in ("y", "k")
+
+
+@pytest.mark.parametrize("name,text", [
+    ("test.csv", "id,review,review\n1,a,b\n"),
+    ("test.tsv", "id\treview\treview\n1\ta\tb\n"),
+])
+def test_duplicate_header_names_are_an_error(tmp_path: Path, name, text):
+    path = write(tmp_path / name, text)
+    task = get_task(name.split(".")[1], {"columns": {"text": "review"}, "labels": ["x"]})
+    with pytest.raises(DataError, match="appears twice in the header") as err:
+        task.read(tmp_path, "test")
+    assert (Path(err.value.path), err.value.line, err.value.field) == (path, 1, "review")
+
+
+def test_duplicate_glue_header_names_are_an_error(tmp_path: Path):
+    write(tmp_path / "train.tsv", "sentence\tlabel\tlabel\nnice\t1\t0\n")
+    with pytest.raises(DataError, match="'label' appears twice"):
+        get_task("sst2").read(tmp_path, "train")
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
+def test_one_field_size_limit_for_every_format(tmp_path: Path, fmt):
+    def row(text: str) -> str:
+        return {"csv": f"1,{text}\n", "tsv": f"1\t{text}\n",
+                "jsonl": json.dumps({"id": "1", "review": text}) + "\n"}[fmt]
+    head = {"csv": "id,review\n", "tsv": "id\treview\n", "jsonl": ""}[fmt]
+    task = get_task(fmt, {"columns": {"text": "review", "id": "id"}, "labels": ["x"]})
+    path = write(tmp_path / f"test.{fmt}", head + row("x" * MAX_FIELD_CHARS))
+    assert len(task.read(tmp_path, "test").examples[0].text) == MAX_FIELD_CHARS
+    path = write(tmp_path / f"test.{fmt}", head + row("ok") + row("x" * (10 * MAX_FIELD_CHARS)))
+    with pytest.raises(DataError, match=f"the limit is {MAX_FIELD_CHARS:,}") as err:
+        task.read(tmp_path, "test")
+    assert (Path(err.value.path), err.value.field) == (path, "review")
+    assert err.value.line == (3 if head else 2)
+    skipped = task.read(tmp_path, "test", skip_bad_rows=True)
+    assert len(skipped) == 1 and len(skipped.skipped) == 1
+
+
+def test_field_size_limit_in_nested_jsonl_and_race_files(tmp_path: Path):
+    big = "x" * (MAX_FIELD_CHARS + 1)
+    write(tmp_path / "train.jsonl", json.dumps({"ctx": "c", "opts": ["a", big], "y": "1"}) + "\n")
+    task = get_task("jsonl", {"columns": {"context": "ctx", "choices": "opts", "label": "y"},
+                              "labels": ["0", "1"]})
+    with pytest.raises(DataError, match="field 'opts\\[1\\]'"):
+        task.read(tmp_path, "train")
+    race = tmp_path / "RACE" / "dev" / "high"
+    write(race / "1.txt", json.dumps({"article": big, "questions": ["q"], "options": [["a", "b"]],
+                                      "answers": ["A"]}))
+    with pytest.raises(DataError, match="field 'article'"):
+        get_task("race").read(tmp_path / "RACE", "dev")
+    write(race / "1.txt", '{"article": "a", "article": "b", "questions": [], "options": [], '
+                          '"answers": []}')
+    with pytest.raises(DataError, match="'article' appears twice"):
+        get_task("race").read(tmp_path / "RACE", "dev")
+
+
+@pytest.mark.parametrize("score", ["nan", "NaN", "inf", "-Infinity", "1e999", "1_000", "0x10", ""])
+def test_stsb_score_must_be_a_finite_decimal_number(tmp_path: Path, score):
+    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    write(tmp_path / "train.tsv", header + f"0\tg\tf\ty\t0\tn\tn\tA\tB\t{score}\n")
+    with pytest.raises(DataError) as err:
+        get_task("stsb").read(tmp_path, "train")
+    assert (err.value.line, err.value.field) == (2, "score")
+
+
+def test_jsonl_nan_and_infinity_are_not_json(tmp_path: Path):
+    _jsonl(tmp_path, '{"t": "a", "y": NaN}')
+    task = get_task("jsonl", {"columns": {"text": "t", "label": "y"}, "regression": True})
+    with pytest.raises(DataError, match=r"train\.jsonl:1.*NaN is not JSON"):
+        task.read(tmp_path, "train")
+    _jsonl(tmp_path, '{"t": "a", "y": 2.5}', '{"t": "b", "y": "3"}', '{"t": "c", "y": true}')
+    with pytest.raises(DataError, match="expected a number, got True") as err:
+        task.read(tmp_path, "train")
+    assert err.value.line == 3
+    assert [e.label for e in task.read(tmp_path, "train", skip_bad_rows=True).examples] == [2.5, 3.0]
+
+
+@pytest.mark.parametrize("value,message", [("5", "expected text, got int"),
+                                           ('["a"]', "expected text, got list"),
+                                           ("null", "missing column"), ('"  "', "empty text")])
+def test_jsonl_text_must_be_a_non_empty_string(tmp_path: Path, value, message):
+    _jsonl(tmp_path, '{"t": %s, "y": "pos"}' % value)
+    with pytest.raises(DataError, match=message) as err:
+        _jsonl_task(["pos"]).read(tmp_path, "train")
+    assert (err.value.line, err.value.field) == (1, "t")
+
+
+def test_jsonl_id_must_be_a_string_or_integer(tmp_path: Path):
+    write(tmp_path / "test.jsonl", '{"t": "a", "i": 7}\n{"t": "b", "i": ["x"]}\n')
+    task = get_task("jsonl", {"columns": {"text": "t", "id": "i"}, "labels": ["x"]})
+    with pytest.raises(DataError) as err:
+        task.read(tmp_path, "test")
+    assert (err.value.line, err.value.field) == (2, "i")
+    assert task.read(tmp_path, "test", skip_bad_rows=True).examples[0].uid == "7"
+
+
+def test_empty_label_is_an_error(tmp_path: Path):
+    write(tmp_path / "train.tsv", "sentence\tlabel\nnice\t1\nbad\t \n")
+    with pytest.raises(DataError, match="empty label") as err:
+        get_task("sst2").read(tmp_path, "train")
+    assert (err.value.line, err.value.field) == (3, "label")
+
+
+def test_utf16_file_is_named_as_such(tmp_path: Path):
+    (tmp_path / "train.tsv").write_bytes("sentence\tlabel\nnice\t1\n".encode("utf-16"))
+    with pytest.raises(DataError, match="UTF-16") as err:
+        get_task("sst2").read(tmp_path, "train")
+    assert err.value.line == 1
+
+
+def test_hub_rows_follow_the_same_rules(monkeypatch):
+    rows = [{"sentence": "good", "label": 1, "idx": 0},
+            {"sentence": "x" * (MAX_FIELD_CHARS + 1), "label": 0, "idx": 1},
+            {"sentence": 5, "label": 0, "idx": 2},
+            {"sentence": "fine", "label": True, "idx": 3},
+            {"text_is_missing": "a", "label": 0, "idx": 4}]
+    monkeypatch.setattr(hub, "_load", lambda name, split: rows)
+    task = get_task("sst2")
+    with pytest.raises(DataError, match="limit is") as err:
+        hub.read_hub(task, "glue/sst2", "train", hub.BadRows())
+    assert (err.value.line, err.value.field) == (2, "sentence")
+    bad = hub.BadRows(skip=True)
+    examples, _, _ = hub.read_hub(task, "glue/sst2", "train", bad)
+    assert [e.text for e in examples] == ["good"] and [e.line for e in bad.rows] == [2, 3, 4, 5]
+    monkeypatch.setattr(hub, "_load", lambda name, split: [
+        {"sentence1": "a", "sentence2": "b", "label": float("nan")}])
+    with pytest.raises(DataError, match="finite"):
+        hub.read_hub(get_task("stsb"), "glue/stsb", "train", hub.BadRows())
+    monkeypatch.setattr(hub, "_load", lambda name, split: [  # GLUE test rows: -1 is no label
+        {"sentence1": "a", "sentence2": "b", "label": -1.0}])
+    assert hub.read_hub(get_task("stsb"), "glue/stsb", "test", hub.BadRows())[0][0].label is None
+    monkeypatch.setattr(hub, "_load", lambda name, split: [
+        {"article": "a", "question": "q", "options": ["x", "y"], "answer": "Z"}])
+    with pytest.raises(DataError, match="unknown answer 'Z'"):
+        hub.read_hub(get_task("race"), "race/all", "train", hub.BadRows())

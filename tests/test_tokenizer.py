@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import re
 import string
 import sys
 from pathlib import Path
@@ -124,6 +125,56 @@ def test_python_bpe_follows_merge_ranks():
     assert bpe("abc", ranks) == ["abc</w>"]
     assert bpe("abab", {("a", "b"): 0}) == ["ab", "a", "b</w>"]
     assert bpe("x", ranks) == ["x</w>"]
+
+
+@st.composite
+def _learned_merges_and_words(draw):
+    """Merges made like learned ones (each joins two tokens that exist by then), and words."""
+    alphabet = list("abc")
+    tokens = alphabet + [c + "</w>" for c in alphabet]
+    merges: list[tuple[str, str]] = []
+    for _ in range(draw(st.integers(0, 40))):
+        a = draw(st.sampled_from([t for t in tokens if not t.endswith("</w>")]))
+        b = draw(st.sampled_from(tokens))
+        if a + b not in tokens:  # learned merges make each token once
+            merges.append((a, b))
+            tokens.append(a + b)
+    words = draw(st.lists(st.text(alphabet="abc", min_size=1, max_size=40), min_size=1,
+                          max_size=5))
+    return merges, words
+
+
+@given(_learned_merges_and_words())
+@settings(max_examples=1500, deadline=None)
+def test_heap_bpe_equals_python_bpe_for_ordered_merges(case):
+    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    merges, words = case
+    assert merges_are_ordered(merges)
+    ranks = {pair: i for i, pair in enumerate(merges)}
+    for word in words:
+        assert bpe_heap(word, ranks) == bpe(word, ranks)
+
+
+def test_merges_out_of_order_keep_the_rescanning_bpe():
+    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    merges = [("ab", "a"), ("a", "b")]  # uses "ab" before the merge that makes it
+    assert not merges_are_ordered(merges)
+    ranks = {pair: i for i, pair in enumerate(merges)}
+    assert bpe("ababx", ranks) != bpe_heap("ababx", ranks)  # why the check exists
+    encoder = {t: i for i, t in enumerate(["a", "b", "x</w>", "ab", "aba"])}
+    tok = Tokenizer(encoder, merges)  # no "<unk>": the Python BPE
+    assert tok.encode("ababx") == [encoder.get(p, 0) for p in bpe("ababx", ranks)]
+
+
+@needs_vocab
+def test_heap_bpe_on_the_original_vocabulary(tok):
+    import random
+    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    assert merges_are_ordered(tok.merges)
+    rng = random.Random(0)
+    words = ["".join(rng.choices("etaoinshrdlu'-.1", k=rng.randint(1, 60))) for _ in range(300)]
+    for word in words + ["aaaaaaaaaaaa", "abababababa", "\n "]:
+        assert bpe_heap(word, tok.ranks) == bpe(word, tok.ranks), word
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,6 +298,14 @@ def test_standardized_chunks_equal_split_of_text_standardize(s):
     assert textlib.standardized_chunks(s, "oai") == (expected.split(" ") if expected else [])
 
 
+@given(st.text(alphabet=" \t\n\r\x0b\x0c\x1c\x85\u2028\u00a0\u3000a-", max_size=60))
+@settings(max_examples=2000, deadline=None)
+def test_newline_runs_equal_the_reference_regex(s):
+    import re as re_
+    for replacement in ("\n", " \n "):
+        assert textlib._newline_runs(s, replacement) == re_.sub(r"\s*\n\s*", replacement, s)
+
+
 @given(st.from_regex(r"[a-z]{1,12}", fullmatch=True))
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_letter_words_are_one_spacy_token_unless_special(word):
@@ -254,6 +313,77 @@ def test_letter_words_are_one_spacy_token_unless_special(word):
     tokens = [t.text for t in splitter._tokenizer(word)]
     if word not in splitter._special:
         assert tokens == [word]
+
+
+# ---------------------------------------------------------------------------------------------
+# Long pieces: LinearSpacy (spaCy's algorithm with windowed affix regexes) equals spaCy
+_PIECE_ALPHABET = list("!'.\"()-:;?$%#&*+,/<=>@[]^_`{|}~aZ1 ") + [
+    "...", "''", "'s", "’s", ":)", "(-:", "n't", "…", "😀", "’", "‘", "“", "”", "—", "°C.", "°",
+    "Mr.", "e.g.", "U.S.", "US$", "km²", "10a.m.", "http://x.com/y?z=1", "x@y.org", "tis",
+    "cannot", "gonna", "\u00a3", "€", "¿", "¡", "«", "»", "✓", "™", "\\"]
+_piece_texts = st.lists(st.one_of(st.sampled_from(_PIECE_ALPHABET),
+                                  st.builds(lambda c, n: c * n,
+                                            st.sampled_from(list("!'.-)(?,;:\"$%*…’😀")),
+                                            st.integers(1, 80)),
+                                  st.text(min_size=1, max_size=3)),
+                        min_size=1, max_size=12).map("".join)
+
+
+def _spacy_tokens(splitter: textlib.SpacySplitter, text: str) -> list[str]:
+    return [t.text for t in splitter._tokenizer(text)]
+
+
+def _pieces(text: str) -> str:
+    """What SpacySplitter passes: no whitespace but single spaces between pieces."""
+    return " ".join(text.split())
+
+
+@given(_piece_texts)
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_linear_spacy_equals_spacy(text):
+    splitter = _splitter()
+    text = _pieces(text)
+    assume(text)
+    assert splitter._linear is not None, "spaCy's affix rules failed LinearSpacy's analysis"
+    assert splitter._linear(text) == _spacy_tokens(splitter, text)
+
+
+@pytest.mark.parametrize("run", ["!", "'", ".", "-", ")", "(", "?!", "'.", "…", "’", "😀", ":)",
+                                 "$", "%", "a!", "!a", "''tis ", "e.g.", "--", ".'", ",'", "a:",
+                                 "a@", "x@y:", "a.b@", "http://a.b/"])
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 500])
+def test_linear_spacy_equals_spacy_on_runs(run, n):
+    splitter = _splitter()
+    for text in (run * n, "word" + run * n, run * n + "word", "(" + run * n + ")'s"):
+        text = _pieces(text)
+        assert splitter._linear(text) == _spacy_tokens(splitter, text), text[:40]
+
+
+@needs_vocab
+@pytest.mark.parametrize("text", ["!" * 3000, "'" * 2001, "." * 3000, "-" * 3000, ")" * 1500,
+                                  "Wow" + "!?" * 700 + "x", "(" * 900 + "hi" + ")" * 900 + "'s",
+                                  "’" * 999 + "tis", "😀" * 1000, "a" * 5000, "ab" * 2500,
+                                  "'" * 5 + " " + "''tis" * 300, "z" * 2000 + "!" * 2000])
+def test_long_punctuation_runs_match_reference(tok, ref, text):
+    # the reference takes about a second on each; the fast path is linear in the length
+    assert tok.encode(text) == ref.encode(text)
+
+
+@given(st.text(alphabet="a1.:@/?#-_x", min_size=1, max_size=30))
+@settings(max_examples=2000, deadline=None)
+def test_linear_url_match_accepts_what_spacy_accepts(text):
+    splitter = _splitter()
+    assert bool(splitter._linear._url(text)) == bool(splitter._tokenizer.url_match(text))
+
+
+def test_linear_spacy_refuses_regexes_it_cannot_window():
+    from spacy.lang.en import English
+    from gpt1.spacy_linear import LinearSpacy
+    nlp = English()
+    nlp.tokenizer.suffix_search = re.compile(r"(?:a[^x]*b)$").search  # unbounded, not one class
+    assert not LinearSpacy(nlp.tokenizer, {}).supported
+    nlp = English()
+    assert LinearSpacy(nlp.tokenizer, {}).supported
 
 
 _SPLITTER: list = []

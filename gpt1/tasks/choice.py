@@ -14,7 +14,6 @@ question. A `{split}.jsonl` with one question per line (`article`, `question`, `
 """
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -22,7 +21,8 @@ import numpy as np
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example
-from gpt1.tasks.rows import Record, collect, csv_records, jsonl_records, label_field, text_field
+from gpt1.tasks.rows import (Record, check_field_sizes, collect, csv_records, jsonl_records,
+                             label_field, load_json, text_field)
 
 STORY_CLOZE_VAL = ["cloze_test_val__spring2016 - cloze_test_ALL_val.csv", "*val*.csv"]
 STORY_CLOZE_TEST = ["cloze_test_test__spring2016 - cloze_test_ALL_test.csv", "*test*.csv"]
@@ -64,11 +64,15 @@ def _natural_key(path: Path) -> list:
 def read_race_file(path: Path) -> list[ChoiceExample]:
     """The questions of one RACE json file."""
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise DataError(f"not a RACE JSON file ({exc})", path, getattr(exc, "lineno", None)) from None
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"not valid UTF-8 (byte {exc.start + 1} of the file)", path) from None
+    except OSError as exc:
+        raise DataError(f"cannot read file ({exc.strerror})", path) from None
+    obj = load_json(text, path, None)
     if not isinstance(obj, dict):
         raise DataError("expected a JSON object", path)
+    check_field_sizes(obj, path, None)
     article = text_field(obj, "article", path, None)  # type: ignore[arg-type]
     fields = {k: obj.get(k) for k in ("questions", "options", "answers")}
     for key, value in fields.items():

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
-from gpt1.tasks.rows import Record, collect, label_field, records, text_field
+from gpt1.tasks.rows import NUMBER, Record, collect, label_field, label_text, records, text_field
 
 KINDS = ("single", "pair", "similarity", "choice")
 ROLES = {"single": ("text",), "pair": ("a", "b"), "similarity": ("a", "b"),
@@ -56,21 +56,17 @@ def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
 def scan_labels(path: Path, column: str) -> list[str]:
     """Sorted distinct values of `column` in `path` (the training file): the class names."""
     values = set()
-    for line, rec in records(path, BadRows(skip=True)):
-        if column not in rec:
+    for line, rec in records(path, BadRows(skip=True)):  # bad rows are reported when read
+        if column not in rec or rec[column] is None:
             raise DataError(f"missing label column {column!r}", path, line, column)
-        values.add(str(rec[column]).strip())
+        values.add(label_text(rec[column], path, line, column))
     if not values:
         raise DataError("no rows to take the label set from", path)
     return sorted(values, key=lambda v: (not _is_number(v), float(v) if _is_number(v) else 0, v))
 
 
 def _is_number(value: str) -> bool:
-    try:
-        float(value)
-        return True
-    except ValueError:
-        return False
+    return bool(NUMBER.fullmatch(value))  # a decimal number: not "nan", "inf" or "1_000"
 
 
 def _choices(rec: Record, spec: str, path: Path, line: int) -> list[str]:
@@ -93,7 +89,8 @@ def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
         label = None
         if has_label and (need_labels or cols["label"] in rec):
             label = label_field(rec, cols["label"], path, line, labels)
-        uid = str(rec.get(cols.get("id", ""), line))
+        uid = label_text(rec[cols["id"]], path, line, cols["id"]) \
+            if "id" in cols and rec.get(cols["id"]) is not None else str(line)
         if kind == "single":
             return TextExample(text_field(rec, cols["text"], path, line), label, uid)
         if kind in ("pair", "similarity"):

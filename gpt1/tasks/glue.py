@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, PairExample, TextExample
-from gpt1.tasks.rows import Record, collect, label_field, records, text_field
+from gpt1.tasks.rows import Record, _lines, collect, label_field, records, text_field
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,11 @@ GLUE_COLUMNS: dict[str, GlueColumns] = {
 
 
 def _first_line_fields(path: Path) -> list[str]:
-    with open(path, "rb") as fh:
-        return fh.readline().decode("utf-8", "replace").lstrip("\ufeff").rstrip("\r\n").split("\t")
+    lines = _lines(path)  # the same encoding checks as the rows
+    try:
+        return next(lines, (1, ""))[1].split("\t")
+    finally:
+        lines.close()
 
 
 def read_glue_tsv(path: Path, columns: GlueColumns, labels: list[str] | None, bad: BadRows,

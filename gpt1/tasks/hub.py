@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpt1.errors import DataError, Gpt1Error
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
+from gpt1.tasks.rows import check_field_sizes, label_field, text_field
 
 if TYPE_CHECKING:
     from gpt1.tasks.registry import Task
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 HUB_SPLITS = {"dev": "validation", "dev_matched": "validation_matched",
               "dev_mismatched": "validation_mismatched", "test_matched": "test_matched",
               "test_mismatched": "test_mismatched", "train": "train", "test": "test"}
+LETTERS = "ABCDEFGH"
 FIRST = ("sentence", "text", "sentence1", "premise", "question", "question1")
 SECOND = ("sentence2", "hypothesis", "sentence", "question2")
 
@@ -35,16 +37,29 @@ def _load(name: str, split: str) -> Any:
 
 
 def _label(row: dict, task: "Task", where: str, index: int) -> int | float | None:
-    value = row.get("label", row.get("answer"))
-    if value is None or value == -1:
+    name = "label" if "label" in row else "answer"
+    value = row.get(name)
+    if value is None or (isinstance(value, (int, float)) and value == -1):  # hub: "no label"
         return None
     if task.kind == "choice" and isinstance(value, str):
-        return "ABCDEFGH".index(value.strip())
-    if task.labels is None:
-        return float(value)
-    if not isinstance(value, int) or not 0 <= value < len(task.labels):
-        raise DataError(f"unknown label {value!r}", where, index, "label")
+        letter = value.strip()
+        if len(letter) != 1 or letter not in LETTERS:
+            raise DataError(f"unknown answer {value!r}; expected a letter A-H", where, index,
+                            name)
+        return LETTERS.index(letter)
+    if task.labels is None:  # a finite score, as in the file readers
+        return label_field(row, name, where, index, None)  # type: ignore[arg-type]
+    if type(value) is not int or not 0 <= value < len(task.labels):
+        raise DataError(f"unknown label {value!r}", where, index, name)
     return value
+
+
+def _text(row: dict, names: tuple[str, ...], where: str, index: int,
+          skip: Any = None) -> str:
+    name = next((k for k in names if k in row and row[k] is not skip), None)
+    if name is None:
+        raise DataError(f"no text column (looked for {', '.join(names)})", where, index)
+    return text_field(row, name, where, index)  # type: ignore[arg-type]
 
 
 def read_hub(task: "Task", name: str, split: str, bad: BadRows) -> tuple[list[Example], Path, int]:
@@ -53,15 +68,25 @@ def read_hub(task: "Task", name: str, split: str, bad: BadRows) -> tuple[list[Ex
     where = f"hf:{name}[{split}]"
     out: list[Example] = []
     for i, row in enumerate(rows, 1):
-        first = next((row[k] for k in FIRST if k in row), None)
-        label = _label(row, task, where, i)
-        uid = str(row.get("idx", i))
-        if task.kind == "choice":
-            out.append(ChoiceExample(row.get("article", ""), row.get("question", ""),
-                                     list(row.get("options", [])), label, uid))
-        elif task.kind == "single":
-            out.append(TextExample(first, label, uid))
-        else:
-            second = next((row[k] for k in SECOND if k in row and row[k] is not first), None)
-            out.append(PairExample(first, second, label, uid))
+        try:
+            row = dict(row)
+            check_field_sizes(row, where, i)  # type: ignore[arg-type]
+            label = _label(row, task, where, i)
+            uid = str(row.get("idx", i))
+            if task.kind == "choice":
+                options = row.get("options")
+                if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
+                    raise DataError("expected a list of option strings", where, i, "options")
+                out.append(ChoiceExample(text_field(row, "article", where, i),  # type: ignore[arg-type]
+                                         text_field(row, "question", where, i, allow_empty=True),  # type: ignore[arg-type]
+                                         list(options), label, uid))
+            elif task.kind == "single":
+                out.append(TextExample(_text(row, FIRST, where, i), label, uid))
+            else:
+                first = _text(row, FIRST, where, i)
+                key = next(k for k in FIRST if k in row)
+                out.append(PairExample(first, _text(row, SECOND, where, i, skip=row[key]),
+                                       label, uid))
+        except DataError as exc:
+            bad.report(exc)
     return out, Path(where), 0

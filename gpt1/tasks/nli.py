@@ -18,7 +18,8 @@ from pathlib import Path
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, PairExample
 from gpt1.tasks.glue import GLUE_COLUMNS, read_glue_tsv
-from gpt1.tasks.rows import Record, _lines, collect, jsonl_records, label_field, text_field, tsv_records
+from gpt1.tasks.rows import (Record, _lines, check_field_sizes, collect, jsonl_records,
+                             label_field, text_field, tsv_records)
 
 NLI_LABELS = ["entailment", "neutral", "contradiction"]
 SCITAIL_LABELS = ["entailment", "neutral"]
@@ -73,6 +74,7 @@ def read_parallel(s1: Path, labels: list[str], bad: BadRows) -> tuple[list[Examp
         line = rows[0][0]
         rec = {"premise": rows[0][1].strip(), "hypothesis": rows[1][1].strip(), "label": rows[2][1]}
         try:
+            check_field_sizes(rec, s1, line)
             if rec["label"].strip() == "-":
                 dropped += 1
                 continue

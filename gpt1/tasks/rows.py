@@ -4,12 +4,24 @@ Every record comes with the 1-based line number an editor shows for its first li
 reader can name `file:line` and the field when a row is malformed. TSV is read without any quote
 handling (GLUE's files contain unbalanced `"` characters; GLUE's own code reads them with
 quoting off), so one physical line is one record. CSV follows RFC 4180 quoting (Story Cloze).
+
+The same rules hold in every format (each breach is a `DataError` naming file, line and field):
+- Files are UTF-8; a UTF-8 byte-order mark before the first line is ignored, a UTF-16 one is
+  named as such.
+- A header (TSV, CSV) names each column once; a JSON object names each key once.
+- No field holds more than `MAX_FIELD_CHARS` characters (`check_field_sizes`, the one check).
+- JSON Lines: standard JSON only (NaN and Infinity are not JSON); text fields are strings;
+  a class label is a string or an integer (1 and "1" are the same class), never a list,
+  object, boolean or fraction; a regression score is a finite number or a string holding one.
+- Empty text is an error unless a reader allows it (RACE questions); an empty label is an error.
 """
 from __future__ import annotations
 
 import csv
 import json
 import math
+import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -18,6 +30,70 @@ from gpt1.tasks.examples import BadRows, Example, UnknownLabelError
 
 Record = dict[str, Any]
 Builder = Callable[[int, Record], "Example | None"]
+
+# The longest field any reader accepts, in characters: far beyond any text the model can read
+# (512 tokens are a few thousand characters), small enough that a damaged or hostile file is
+# refused before its rows are tokenized.
+MAX_FIELD_CHARS = 1 << 20
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+
+def check_field_sizes(record: Record | list, path: Path, line: int | None,
+                      where: str | None = None) -> None:
+    """Every string in `record` (nested lists and objects included) is at most
+    MAX_FIELD_CHARS long; the first that is not names its field."""
+    items = record.items() if isinstance(record, dict) else enumerate(record)
+    for key, value in items:
+        name = str(key) if where is None else f"{where}[{key!r}]" if isinstance(key, str) \
+            else f"{where}[{key}]"
+        if isinstance(value, str):
+            if len(value) > MAX_FIELD_CHARS:
+                raise DataError(f"field of {len(value):,} characters; the limit is "
+                                f"{MAX_FIELD_CHARS:,}", path, line, name)
+        elif isinstance(value, (dict, list)):
+            check_field_sizes(value, path, line, name)
+
+
+def check_header(names: list[str], path: Path, line: int) -> None:
+    """A header names each column once (a repeated name would hide one of the columns)."""
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise DataError(f"column {name!r} appears twice in the header", path, line, name)
+        seen.add(name)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def load_json(text: str, path: Path, line: int | None) -> Any:
+    """Strict JSON: duplicate keys (at any depth), NaN and Infinity are errors."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except _DuplicateKey as exc:
+        raise DataError(f"key {exc.args[0]!r} appears twice in one JSON object", path, line,
+                        exc.args[0]) from None
+    except json.JSONDecodeError as exc:
+        raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
+                        line if line is not None else exc.lineno) from None
+    except ValueError as exc:  # NaN / Infinity
+        raise DataError(f"invalid JSON ({exc})", path, line) from None
+    except RecursionError:  # hostile input: nesting deeper than Python's recursion limit
+        raise DataError("invalid JSON (nested too deeply)", path, line) from None
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -30,6 +106,9 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         for lineno, raw in enumerate(fh, 1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first field
+            elif lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+                raise DataError("UTF-16 text (byte-order mark); save the file as UTF-8",
+                                path, lineno)
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -50,6 +129,7 @@ def tsv_records(path: Path, bad: BadRows, names: list[str] | None = None,
     for lineno, line in _lines(path):
         if header is None:
             header = line.split("\t")
+            check_header(header, path, lineno)
             continue
         if line == "":
             continue  # blank line: nothing to read (trailing newlines are common)
@@ -61,6 +141,11 @@ def tsv_records(path: Path, bad: BadRows, names: list[str] | None = None,
         record = dict(zip(header, fields))
         if extra_last:
             record[extra_last] = fields[-1]
+        try:
+            check_field_sizes(record, path, lineno)
+        except DataError as exc:
+            bad.report(exc)
+            continue
         yield lineno, record
     if header is None and names is None:
         raise DataError("empty file (expected a header line)", path)
@@ -79,11 +164,15 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
     reader = csv.reader(feed())
     header: list[str] | None = None
     start = 1
+    # the csv module's own limit (128 Ki characters by default) would refuse long fields with
+    # its own message and no field name; check_field_sizes is the rule for every format
+    limit = csv.field_size_limit(sys.maxsize)
     try:
         for fields in reader:
             first, start = start, line_of[0] + 1
             if header is None:
                 header = fields
+                check_header(header, path, first)
                 continue
             if not fields:
                 continue  # blank line
@@ -91,9 +180,17 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
                 bad.report(DataError(f"expected {len(header)} comma-separated fields "
                                      f"({', '.join(header)}), got {len(fields)}", path, first))
                 continue
-            yield first, dict(zip(header, fields))
+            record = dict(zip(header, fields))
+            try:
+                check_field_sizes(record, path, first)
+            except DataError as exc:
+                bad.report(exc)
+                continue
+            yield first, record
     except csv.Error as exc:
         raise DataError(f"malformed CSV ({exc})", path, line_of[0]) from None
+    finally:
+        csv.field_size_limit(limit)
     if header is None:
         raise DataError("empty file (expected a header line)", path)
 
@@ -104,15 +201,13 @@ def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            bad.report(DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path, lineno))
-            continue
-        except RecursionError:  # hostile input: nesting deeper than Python's recursion limit
-            bad.report(DataError("invalid JSON (nested too deeply)", path, lineno))
-            continue
-        if not isinstance(obj, dict):
-            bad.report(DataError(f"expected a JSON object, got {type(obj).__name__}", path, lineno))
+            obj = load_json(line, path, lineno)
+            if not isinstance(obj, dict):
+                raise DataError(f"expected a JSON object, got {type(obj).__name__}", path,
+                                lineno)
+            check_field_sizes(obj, path, lineno)
+        except DataError as exc:
+            bad.report(exc)
             continue
         yield lineno, obj
 
@@ -145,20 +240,36 @@ def label_field(record: Record, name: str, path: Path, line: int,
     """A class index (`labels` given) or a float score (`labels` None), from column `name`."""
     if name not in record or record[name] is None:
         raise DataError(f"missing label column {name!r}", path, line, name)
-    raw = str(record[name]).strip()
+    value = record[name]
     if labels is None:
-        try:
-            value = float(raw)
-        except ValueError:
-            raise DataError(f"expected a number, got {raw!r}", path, line, name) from None
-        if not math.isfinite(value):  # NaN or inf would poison the loss silently
-            raise DataError(f"score must be a finite number, got {raw!r}", path, line, name)
-        return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            score = float(value)
+        elif isinstance(value, str) and NUMBER.fullmatch(value.strip()):
+            score = float(value)
+        else:
+            raise DataError(f"expected a number, got {value!r}", path, line, name)
+        if not math.isfinite(score):  # an overflowing 1e999 would poison the loss silently
+            raise DataError(f"score must be a finite number, got {value!r}", path, line, name)
+        return score
+    raw = label_text(value, path, line, name)
     key = (aliases or {}).get(raw, raw)
     if key not in labels:
         raise UnknownLabelError(f"unknown label {raw!r}; expected one of {', '.join(labels)}",
                         path, line, name)
     return labels.index(key)
+
+
+def label_text(value: Any, path: Path, line: int | None, name: str) -> str:
+    """A class label as text: a string (stripped) or an integer (JSON 1 is the class "1");
+    anything else (list, object, boolean, fraction) or an empty label is malformed."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if not isinstance(value, str):
+        raise DataError(f"expected a label string or integer, got {type(value).__name__} "
+                        f"{json.dumps(value)[:60]}", path, line, name)
+    if not value.strip():
+        raise DataError("empty label", path, line, name)
+    return value.strip()
 
 
 def collect(recs: Iterator[tuple[int, Record]], bad: BadRows, build: Builder) -> tuple[list[Example], int]:
