@@ -23,8 +23,9 @@ from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
 from gpt1.config import FinetuneConfig, TrainConfig, model_preset
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.heads import FinetuneModel, finetune_loss
-from gpt1.lstm import arch_extra, load_any_checkpoint, model_flops
+from gpt1.heads import FinetuneModel
+from gpt1.objectives import finetune_loss
+from gpt1.registry import arch_extra, load_any_checkpoint, model_flops
 from gpt1.model import GPT
 from gpt1.tasks.examples import Split
 from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC

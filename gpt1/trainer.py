@@ -27,6 +27,7 @@ from torch import nn
 
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
+from gpt1.activation_checkpointing import checkpoint_blocks
 from gpt1.config import TrainConfig
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.metrics import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
@@ -129,8 +130,8 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
     read_model = read_model or default_read_model
 
     raw = model.to(device)
-    if hasattr(raw, "gradient_checkpointing"):
-        raw.gradient_checkpointing = cfg.gradient_checkpointing
+    if cfg.gradient_checkpointing:
+        checkpoint_blocks(raw)
     resume_dir = _find_resume(cfg.resume, run_dir)
     if resume_dir is not None:
         read_model(raw, resume_dir)
@@ -150,9 +151,8 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
     if info.is_main and resume_dir is not None:
         logger.console(f"resuming from {resume_dir} at step {state['step']}")
     peak = peak_flops(device, cfg.precision, cfg.peak_flops) if info.is_main else 0.0
-    if flops_per_token is None and hasattr(raw, "config") and hasattr(raw.config, "n_positions"):
-        from gpt1.model import flops_per_token as fpt
-        flops_per_token = fpt(raw.config)
+    if flops_per_token is None and hasattr(raw, "flops_per_token"):
+        flops_per_token = raw.flops_per_token()  # gpt1.registry.LanguageModel; else no MFU
 
     def save(name: str) -> Path:
         return _save(run_dir / name, raw, optimizer, source, state, write_model, info, cfg, total,

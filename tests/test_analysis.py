@@ -11,7 +11,8 @@ from gpt1.analysis.positions import analyse_positions, cosine_matrix, project_2d
 from gpt1.analysis.sweep import Sweep
 from gpt1.cli import main
 from gpt1.errors import CheckpointError, ConfigError, DataError
-from gpt1.lstm import LSTMLM, LSTMConfig, save_lstm
+from gpt1.lstm import LSTMLM, LSTMConfig
+from gpt1.registry import save_lstm
 
 
 def smooth_table(n: int = 40, c: int = 16) -> np.ndarray:

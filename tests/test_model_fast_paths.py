@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
-from gpt1.model import causal_attention_cpu_train, dropout
+from gpt1.fast_cpu import causal_attention_cpu_train, dropout
 
 
 def test_dropout_rate_scale_and_gradient():
