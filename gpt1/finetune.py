@@ -330,6 +330,10 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
         dist.destroy()
     results: dict = {}
     if not result.interrupted and cfg.eval_split and info.is_main:
+        if info.enabled and train_cfg.distributed == "fsdp":
+            # Rank 0 scores alone, and an FSDP2 model is sharded over the (now closed) group:
+            # score the unsharded weights the trainer just wrote instead.
+            model = load_finetuned(result.final_dir)[0]
         model.eval()
         results = evaluate_model(model, task, tok, cfg.data, cfg.eval_split, n_ctx,
                                  cfg.question_delimiter, train_cfg.micro_batch_size,

@@ -267,9 +267,11 @@ class Unpadded:
         self.index = keep.flatten().nonzero().squeeze(1)                    # [N] flat positions
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """`[N, F]` -> `[B, T, F]`, zeros at padding."""
-        full = x.new_zeros(self.B * self.T, x.shape[-1])
-        return full.index_copy(0, self.index, x).view(self.B, self.T, -1)
+        """`[N, F]` -> `[B, T, F]`, zeros at padding (a fresh tensor, not a view: FSDP2 warns
+        about modules returning views)."""
+        full = x.new_zeros(self.B, self.T, x.shape[-1])
+        full.view(self.B * self.T, -1).index_copy_(0, self.index, x)
+        return full
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """`[B, T, F]` -> `[N, F]`, the real positions in row-major order."""

@@ -351,7 +351,7 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
                                         "rng": _rng_state(next(raw.parameters()).device)})
     model_for_files, opt_state = raw, optimizer.state_dict()
     if cfg.distributed == "fsdp" and info.enabled:
-        model_for_files, opt_state = _gather_fsdp(raw, optimizer)
+        model_for_files, opt_state = dist.full_state(raw, optimizer)
     if info.is_main:
         tensors, opt_meta = ckpt.optimizer_to_flat(opt_state)
         for r, entry in enumerate(per_rank):
@@ -377,19 +377,6 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
             ckpt.prune_steps(final.parent, cfg.keep_last)
     dist.barrier()
     return final
-
-
-def _gather_fsdp(raw: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict]:
-    """Full (unsharded, CPU) model and optimizer state from FSDP2 shards, for rank 0 to write."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(raw, optimizer, options=opts)
-    if not dist.env_info().is_main:
-        return raw, {"state": {}, "param_groups": []}
-    with torch.device("meta"):
-        plain = type(raw)(raw.config)
-    plain.load_state_dict(model_sd, assign=True)
-    return plain, optim_sd
 
 
 def _load_state(folder: Path, raw: nn.Module, optimizer: torch.optim.Optimizer,
