@@ -8,10 +8,10 @@ from gpt1 import GPT, ModelConfig, load_checkpoint, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.activation_checkpointing import checkpoint_blocks, is_checkpointed
 from gpt1.model import parameter_count
+from conftest import tiny_model_config
 
 
-def tiny(**kw) -> ModelConfig:
-    return ModelConfig(**{**dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4), **kw})
+tiny = tiny_model_config
 
 
 def test_issue_example_config_works():
