@@ -265,13 +265,13 @@ class Unpadded:
         self.B, self.T = lengths.shape[0], T
         keep = torch.arange(T, device=lengths.device) < lengths[:, None]   # [B, T]
         self.index = keep.flatten().nonzero().squeeze(1)                    # [N] flat positions
+        self.rows_cols = (self.index // T, self.index % T)                  # [N] row, [N] column
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """`[N, F]` -> `[B, T, F]`, zeros at padding (a fresh tensor, not a view: FSDP2 warns
         about modules returning views)."""
         full = x.new_zeros(self.B, self.T, x.shape[-1])
-        full.view(self.B * self.T, -1).index_copy_(0, self.index, x)
-        return full
+        return full.index_put_(self.rows_cols, x)
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
         """`[B, T, F]` -> `[N, F]`, the real positions in row-major order."""
