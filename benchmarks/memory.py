@@ -75,16 +75,19 @@ def run_case(args: argparse.Namespace) -> dict:
             # labels are shifted inside the model: pass the full window's first T+1 - 1 tokens
             return model(input_ids=data[:, :T], labels=data[:, :T]).loss
     else:
+        from gpt1.activation_checkpointing import checkpoint_blocks
         from gpt1.objectives import lm_loss
         from gpt1.optim import build_optimizer
         model = ours.to(device).train()
-        model.gradient_checkpointing = args.checkpointing
+        if args.checkpointing:
+            checkpoint_blocks(model)
         opt = build_optimizer(model, TrainConfig(lr=1e-4))
 
         def loss_of():
             # The same T positions and T - 1 shifted targets as HF's labels= path above.
             ids = data[:, :T]
-            return lm_loss(model, model(ids), ids)
+            hidden, head = model(ids, with_head_weight=True)
+            return lm_loss(head, hidden, ids)
     losses, times = [], []
     for _ in range(args.steps):
         t0 = time.perf_counter()

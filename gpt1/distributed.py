@@ -7,8 +7,11 @@ without torchrun everything degrades to a single process. The model code never s
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
+import itertools
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -54,19 +57,59 @@ def destroy() -> None:
         dist.destroy_process_group()
 
 
+# FSDP2 shards a module in place; to write a checkpoint rank 0 needs the same module unsharded.
+# `wrap` keeps a parameter-free (meta) twin of each module it shards, for `full_state` to fill.
+_unsharded_twins: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+
+
 def wrap(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
-    """DDP (default) or FSDP2 `fully_shard` per block when more than one process runs."""
+    """DDP (default) or FSDP2 `fully_shard` per block when more than one process runs.
+
+    The blocks are the members of every `h` ModuleList inside `model` (`GPT.h`, or
+    `FinetuneModel.gpt.h`); FSDP2 shards `model` itself in place and returns it.
+    """
     if not (dist.is_initialized() and dist.get_world_size() > 1):
         return model
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
-        for block in getattr(model, "h", []):
+        _unsharded_twins[model] = _meta_twin(model)
+        for block in _blocks(model):
             fully_shard(block)
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
     ids = [device.index or 0] if device.type == "cuda" else None
     return DDP(model, device_ids=ids)
+
+
+def _blocks(model: nn.Module) -> list[nn.Module]:
+    return [block for module in model.modules()
+            if isinstance(getattr(module, "h", None), nn.ModuleList) for block in module.h]
+
+
+def _meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose parameters and buffers are on the meta device (no memory)."""
+    memo: dict[int, Any] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        meta = torch.empty_like(t, device="meta")
+        memo[id(t)] = nn.Parameter(meta, t.requires_grad) if isinstance(t, nn.Parameter) else meta
+    return copy.deepcopy(model, memo)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict]:
+    """The unsharded model (CPU) and full optimizer state of an FSDP2-wrapped `model`, on rank 0.
+
+    Every rank must call it (the shards are gathered); the other ranks get `model` and an empty
+    optimizer state back.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
+    if not env_info().is_main:
+        return model, {"state": {}, "param_groups": []}
+    plain = copy.deepcopy(_unsharded_twins[model])   # the twin stays meta for the next save
+    plain.load_state_dict(model_sd, assign=True)
+    return plain, optim_sd
 
 
 def unwrap(model: nn.Module) -> nn.Module:

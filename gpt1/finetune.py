@@ -24,8 +24,9 @@ from gpt1 import distributed as dist
 from gpt1 import files
 from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset, read_json_file
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.heads import FinetuneModel, finetune_loss
-from gpt1.lstm import arch_extra, load_any_checkpoint, model_flops
+from gpt1.heads import FinetuneModel
+from gpt1.objectives import finetune_loss
+from gpt1.registry import arch_extra, load_any_checkpoint, model_flops
 from gpt1.model import GPT
 from gpt1.tasks.examples import Split
 from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
@@ -382,6 +383,10 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
         dist.destroy()
     results: dict = {}
     if not result.interrupted and cfg.eval_split and info.is_main:
+        if info.enabled and train_cfg.distributed == "fsdp":
+            # Rank 0 scores alone, and an FSDP2 model is sharded over the (now closed) group:
+            # score the unsharded weights the trainer just wrote instead.
+            model = load_finetuned(result.final_dir)[0]
         model.eval()
         results = evaluate_model(model, task, tok, cfg.data, cfg.eval_split, n_ctx,
                                  cfg.question_delimiter, train_cfg.micro_batch_size,

@@ -1,8 +1,9 @@
-"""Task heads on the hidden state at the extract token, the fine-tuning module and its losses.
+"""Task heads on the hidden state at the extract token, and the fine-tuning module.
 
 `FinetuneModel(gpt, kind, n_outputs)` takes ids `[B, K, T]` (K sequences per example: 1 for
-classification/entailment, 2 for similarity, one per choice) and returns the task output and the
-per-sequence LM loss, in one forward so that DDP sees every parameter used.
+classification/entailment, 2 for similarity, one per choice) and returns the task output and what
+the auxiliary LM loss needs (`SequenceLM`), in one forward so that DDP sees every parameter used.
+The losses themselves are in `gpt1.objectives` (`finetune_loss`, `aux_lm_loss`).
 
 - The extract state is the final hidden state at the FIRST `_classify_` token of each sequence
   (OAI's argmax over `ids == clf`), gathered per sequence.
@@ -15,12 +16,13 @@ Head weights are N(0, 0.02), biases 0.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpt1.model import GPT
-from gpt1.objectives import lm_loss_sequence_mean
 
 KINDS = ("single", "pair", "similarity", "choice")
 
@@ -68,9 +70,19 @@ class TaskHead(nn.Module):
         return out.squeeze(-1) if self.n_outputs == 1 else out
 
 
+class SequenceLM(NamedTuple):
+    """The inputs of the auxiliary LM loss for the B*K sequences of a fine-tuning batch."""
+
+    hidden: torch.Tensor        # [B*K, T, C]
+    ids: torch.Tensor           # [B*K, T]
+    mask: torch.Tensor          # [B*K, T], 1 = real token
+    head_weight: torch.Tensor   # [V, C], the tied output weight of this forward pass
+
+
 class FinetuneModel(nn.Module):
-    """A GPT plus a task head; forward returns (task output, LM loss): the LM loss is the mean
-    over the B*K sequences of each one's mean next-token loss (a scalar; None without `with_lm`)."""
+    """A GPT plus a task head; forward returns (task output, `SequenceLM` or None without
+    `with_lm`). `gpt1.objectives.aux_lm_loss` turns the latter into the mean over the B*K
+    sequences of each one's mean next-token loss."""
 
     def __init__(self, gpt: GPT, kind: str, n_outputs: int, classify_id: int, pdrop: float = 0.1):
         super().__init__()
@@ -79,36 +91,14 @@ class FinetuneModel(nn.Module):
         self.classify_id = classify_id
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor,
-                with_lm: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                with_lm: bool = True) -> tuple[torch.Tensor, SequenceLM | None]:
         B, K, T = ids.shape
         flat = ids.reshape(B * K, T)                            # [B*K, T]
         # Each row is computed up to its last real token: the padding after it is skipped.
         positions = torch.arange(1, T + 1, device=mask.device, dtype=mask.dtype)
         lengths = (mask.reshape(B * K, T) * positions).amax(dim=1).long()   # [B*K]
-        hidden = self.gpt(flat, lengths=lengths)                # [B*K, T, C]
+        hidden, head_weight = self.gpt(flat, lengths=lengths, with_head_weight=True)  # [B*K, T, C]
         states = extract_states(hidden, flat, self.classify_id).view(B, K, -1)  # [B, K, C]
         out = self.head(states)
-        lm = lm_loss_sequence_mean(self.gpt, hidden, flat, mask.reshape(B * K, T)) if with_lm else None
+        lm = SequenceLM(hidden, flat, mask.reshape(B * K, T), head_weight) if with_lm else None
         return out, lm
-
-
-def task_loss(output: torch.Tensor, labels: torch.Tensor, regression: bool) -> torch.Tensor:
-    """Mean cross-entropy over classes or choices, or mean squared error for regression."""
-    if regression:
-        return F.mse_loss(output.float(), labels.float())
-    return F.cross_entropy(output.float(), labels.long())
-
-
-def finetune_loss(output: torch.Tensor, lm: torch.Tensor | None, labels: torch.Tensor,
-                  regression: bool, lm_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
-    """task loss + lm_coef * mean per-sequence LM loss (reference a.7); lm_coef 0 drops the LM term.
-
-    `lm` is that mean already (`FinetuneModel`) or the per-sequence losses to average.
-    """
-    task = task_loss(output, labels, regression)
-    logs = {"task_loss": float(task.detach())}
-    if lm_coef and lm is not None:
-        lm_mean = lm.mean()
-        logs["lm_loss"] = float(lm_mean.detach())
-        return task + lm_coef * lm_mean, logs
-    return task, logs

@@ -15,7 +15,7 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
         config, source = model_preset(model), f"preset {model}"
     else:
         from gpt1.checkpoint import read_model_config, resolve_checkpoint_dir
-        from gpt1.lstm import checkpoint_arch
+        from gpt1.registry import checkpoint_arch
         folder = resolve_checkpoint_dir(model)
         if checkpoint_arch(folder) != "gpt":
             return _describe_lstm(folder, seq_len)
@@ -37,7 +37,8 @@ def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
 
     from gpt1.checkpoint import read_config
     from gpt1.errors import CheckpointError, ConfigError
-    from gpt1.lstm import LSTMConfig, LSTMLM, model_flops
+    from gpt1.lstm import LSTMConfig, LSTMLM
+    from gpt1.registry import model_flops
     try:
         config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(folder / "config.json"))
     except ConfigError as exc:

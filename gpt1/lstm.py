@@ -3,9 +3,10 @@
 The paper compares its Transformer with a single-layer 2048-unit LSTM pretrained and fine-tuned in
 the same framework. `LSTMLM` is a drop-in for `GPT`: `model(ids [B, T]) -> hidden [B, T, n_embd]`,
 `lm_logits(hidden)` tied to the token table, `lm_weight()`, `add_tokens(n)`, `num_parameters()`,
-`.config`, `.wte` and a (ignored) `gradient_checkpointing` attribute. So pretraining, fine-tuning,
-zero-shot scoring and checkpoints need no LSTM-specific code; only loading has to know which class
-to build, which `load_any_checkpoint` does from the `"arch"` key of `config.json`.
+`flops_per_token()`, `.config` and `.wte` (the `gpt1.registry.LanguageModel` protocol). So
+pretraining, fine-tuning, zero-shot scoring and checkpoints need no LSTM-specific code; only
+building and loading have to know which class to make, which `gpt1.registry` does (from the
+`"arch"` key of `config.json` when loading).
 
 Layout: token table (n_embd) -> dropout -> single-layer unidirectional LSTM (hidden_size units;
 causal by construction) -> linear projection back to n_embd -> dropout. The projection lets the
@@ -24,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,10 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.config import MODEL_LIMITS, ModelConfig, check_ranges, check_types, from_dict
-from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model import grow_token_table
+from gpt1.errors import ConfigError
+from gpt1.model import LMOutput, grow_token_table, parameter_count
 
-ARCH_KEY = "arch"
 PAPER_UNITS_PER_WIDTH = 2048 / 768
 
 
@@ -84,8 +83,6 @@ def lstm_config_for(model: ModelConfig, rule: str = "params") -> LSTMConfig:
     rule="params": hidden size whose non-embedding parameter count is closest to the Transformer's
     blocks (multiple of 64). rule="paper": 2048/768 units per unit of Transformer width.
     """
-    from gpt1.model import parameter_count
-
     E = model.n_embd
     if rule == "params":
         target = parameter_count(model, exclude_embeddings=True)
@@ -114,8 +111,6 @@ class LSTMLM(nn.Module):
                             batch_first=True)
         self.c_proj = nn.Linear(config.hidden_size, config.n_embd)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
-        # Accepted for interface parity with GPT; a single recurrent layer has nothing to checkpoint.
-        self.gradient_checkpointing = False
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -139,16 +134,19 @@ class LSTMLM(nn.Module):
                     p[H:2 * H].fill_(0.5)  # gate order is input | forget | cell | output
 
     def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
+                lengths: torch.Tensor | None = None, *,
+                with_head_weight: bool = False) -> torch.Tensor | LMOutput:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (with `with_head_weight`,
+        `LMOutput(hidden, token table)`, as `GPT.forward`).
 
         `position_ids` is ignored, and so is `lengths` (`GPT.forward`'s right-padding hint): a
         left-to-right LSTM's real positions never see the padding after them, and the states it
         computes at the padding are not zeroed, as nothing reads them.
         """
-        x = self.drop(self.wte(ids))                 # [B, T, E]
-        out, _ = self.lstm(x)                        # [B, T, H]; state starts at zero per row
-        return self.resid_dropout(self.c_proj(out))  # [B, T, E]
+        x = self.drop(self.wte(ids))                   # [B, T, E]
+        out, _ = self.lstm(x)                          # [B, T, H]; state starts at zero per row
+        hidden = self.resid_dropout(self.c_proj(out))  # [B, T, E]
+        return LMOutput(hidden, self.wte.weight) if with_head_weight else hidden
 
     def lm_weight(self) -> torch.Tensor:
         """The output layer's weight `[vocab_size, n_embd]`: the token table."""
@@ -170,85 +168,3 @@ class LSTMLM(nn.Module):
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N over the matrices, including the tied output layer."""
         return 6.0 * lstm_parameter_count(self.config)
-
-
-# --------------------------------------------------------------------------- checkpoints
-def save_lstm(model: LSTMLM, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
-    """Save an `LSTMLM` as a gpt1 checkpoint folder marked `"arch": "lstm"`."""
-    from gpt1.checkpoint import save_model
-
-    return save_model(model, out_dir, tokenizer_dir, extra={ARCH_KEY: "lstm"})  # type: ignore[arg-type]
-
-
-def checkpoint_arch(path: str | Path) -> str:
-    """"gpt" or "lstm": the architecture recorded in a checkpoint's config.json (default "gpt")."""
-    from gpt1.checkpoint import read_config
-
-    arch = read_config(path).get(ARCH_KEY, "gpt")
-    if arch not in ("gpt", "lstm"):
-        raise CheckpointError(f"{path}: unknown \"{ARCH_KEY}\" {arch!r} in config.json "
-                              "(expected \"gpt\" or \"lstm\")")
-    return arch
-
-
-def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """Load a checkpoint folder (or a run's newest) as `GPT` or `LSTMLM`, by its `"arch"` key."""
-    from gpt1.checkpoint import (WEIGHTS, check_state_dict, load_checkpoint, load_state_dict,
-                                 read_config, resolve_checkpoint_dir)
-
-    folder = resolve_checkpoint_dir(path)
-    if checkpoint_arch(folder) == "gpt":
-        return load_checkpoint(folder, device)
-    source = folder / "config.json"
-    try:
-        config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(source))
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from None
-    from gpt1.memory import ensure_fits, human
-    params = lstm_parameter_count(config)
-    for where in {"cpu", str(torch.device(device))}:
-        ensure_fits(params * 4, "the model", str(source), f"{params:,} parameters", where)
-    if (folder / WEIGHTS).is_file() and (folder / WEIGHTS).stat().st_size < params * 2:
-        raise CheckpointError(f"{source}: the config describes {params:,} parameters but "
-                              f"{WEIGHTS} holds {human((folder / WEIGHTS).stat().st_size)}; config "
-                              "and weights do not belong together")
-    state = load_state_dict(folder / WEIGHTS)
-    with torch.device("meta"):
-        model = LSTMLM(config)
-    check_state_dict(model, state, folder / WEIGHTS)  # type: ignore[arg-type]
-    model.load_state_dict(state, assign=True)
-    # nn.LSTM keeps a flat view of its weights for fused kernels; rebuild it after `assign`.
-    model.lstm.flatten_parameters()
-    return model.to(device)
-
-
-
-def build_model(model: ModelConfig, arch: str = "gpt", seq_len: int | None = None
-                ) -> tuple[nn.Module, float, dict[str, Any]]:
-    """A fresh model for pretraining: GPT(model) or the matched LSTM (`lstm_config_for(model)`).
-
-    Returns the model, its training FLOPs per token and the extra config.json keys its
-    checkpoints need (`{"arch": "lstm"}` for the LSTM, nothing for GPT).
-    """
-    from gpt1.model import GPT, flops_per_token
-
-    if arch == "gpt":
-        return GPT(model), flops_per_token(model, seq_len), {}
-    if arch == "lstm":
-        lstm = LSTMLM(lstm_config_for(model))
-        return lstm, lstm.flops_per_token(seq_len), {ARCH_KEY: "lstm"}
-    raise ConfigError(f"unknown architecture {arch!r}; choose gpt or lstm")
-
-
-def arch_extra(model: nn.Module) -> dict[str, Any]:
-    """The config.json keys a checkpoint of `model` needs beyond the GPT defaults."""
-    return {ARCH_KEY: "lstm"} if isinstance(model, LSTMLM) else {}
-
-
-def model_flops(model: nn.Module, seq_len: int | None = None) -> float:
-    """Training FLOPs per token of a GPT or an LSTMLM."""
-    if isinstance(model, LSTMLM):
-        return model.flops_per_token(seq_len)
-    from gpt1.model import flops_per_token
-
-    return flops_per_token(model.config, seq_len)

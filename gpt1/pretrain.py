@@ -20,7 +20,7 @@ from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, 
 from gpt1.data import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
 from gpt1.files import claim_run_dir, resumes_in, write_json
-from gpt1.lstm import build_model
+from gpt1.registry import build_model
 from gpt1.objectives import WindowLMLoss, lm_loss_window
 from gpt1.trainer import TrainResult, train
 

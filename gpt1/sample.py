@@ -133,7 +133,7 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
            device: str = "cpu") -> list[Sample]:
     """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
     from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.lstm import load_any_checkpoint
+    from gpt1.registry import load_any_checkpoint
     check_options(temperature, top_k, top_p, max_new_tokens)
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")

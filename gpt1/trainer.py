@@ -28,6 +28,7 @@ from torch import nn
 from gpt1 import checkpoint as ckpt
 from gpt1 import distributed as dist
 from gpt1 import files
+from gpt1.activation_checkpointing import checkpoint_blocks
 from gpt1.config import TrainConfig
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.metrics import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
@@ -130,8 +131,8 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
     read_model = read_model or default_read_model
 
     raw = model.to(device)
-    if hasattr(raw, "gradient_checkpointing"):
-        raw.gradient_checkpointing = cfg.gradient_checkpointing
+    if cfg.gradient_checkpointing:
+        checkpoint_blocks(raw)
     resume_dir = _find_resume(cfg.resume, run_dir)
     if resume_dir is not None:
         read_model(raw, resume_dir)
@@ -151,9 +152,8 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
     if info.is_main and resume_dir is not None:
         logger.console(f"resuming from {resume_dir} at step {state['step']}")
     peak = peak_flops(device, cfg.precision, cfg.peak_flops) if info.is_main else 0.0
-    if flops_per_token is None and hasattr(raw, "config") and hasattr(raw.config, "n_positions"):
-        from gpt1.model import flops_per_token as fpt
-        flops_per_token = fpt(raw.config)
+    if flops_per_token is None and hasattr(raw, "flops_per_token"):
+        flops_per_token = raw.flops_per_token()  # gpt1.registry.LanguageModel; else no MFU
 
     def save(name: str) -> Path:
         return _save(run_dir / name, raw, optimizer, source, state, write_model, info, cfg, total,
@@ -352,7 +352,7 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
                                         "rng": _rng_state(next(raw.parameters()).device)})
     model_for_files, opt_state = raw, optimizer.state_dict()
     if cfg.distributed == "fsdp" and info.enabled:
-        model_for_files, opt_state = _gather_fsdp(raw, optimizer)
+        model_for_files, opt_state = dist.full_state(raw, optimizer)
     if info.is_main:
         tensors, opt_meta = ckpt.optimizer_to_flat(opt_state)
         for r, entry in enumerate(per_rank):
@@ -379,19 +379,6 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
             ckpt.prune_steps(final.parent, cfg.keep_last)
     dist.barrier()
     return final
-
-
-def _gather_fsdp(raw: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, dict]:
-    """Full (unsharded, CPU) model and optimizer state from FSDP2 shards, for rank 0 to write."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_sd, optim_sd = get_state_dict(raw, optimizer, options=opts)
-    if not dist.env_info().is_main:
-        return raw, {"state": {}, "param_groups": []}
-    with torch.device("meta"):
-        plain = type(raw)(raw.config)
-    plain.load_state_dict(model_sd, assign=True)
-    return plain, optim_sd
 
 
 def _load_state(folder: Path, raw: nn.Module, optimizer: torch.optim.Optimizer,

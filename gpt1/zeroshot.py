@@ -529,7 +529,7 @@ def run_task(task: str, scorer: Scorer, tok: TextEncoder, folder: Path, limit: i
 # -------------------------------------------------------------------------- entry points
 def _prepare_model(checkpoint: Path, device: str, dtype: str) -> torch.nn.Module:
     """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `dtype`."""
-    from gpt1.lstm import load_any_checkpoint
+    from gpt1.registry import load_any_checkpoint
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype not in dtypes:
         raise ConfigError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")

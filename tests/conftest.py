@@ -1,16 +1,59 @@
-"""Shared fixtures. Tests that need ../shared/data skip (saying why) when it is absent."""
+"""Shared fixtures: the tiny model configs, the tiny prepared corpus, the shared data.
+
+Tests that need ../shared/data skip (saying why) when it is absent.
+"""
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 import torch
+
+from gpt1.config import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 torch.set_num_threads(1)  # tests run two workers on two cores; keep them from oversubscribing
+
+# The tiny GPT the unit tests build (2 layers, 4 heads of 8); tests override single fields
+# (a vocabulary or a context length that makes their point) through `tiny_config`.
+TINY_MODEL: dict[str, Any] = dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+# The smallest model that still has several heads' worth of width to mix (1 layer, 2 heads of 8).
+TINIER_MODEL: dict[str, Any] = dict(vocab_size=50, n_positions=24, n_embd=16, n_layer=1, n_head=2)
+
+
+def tiny_model_config(**overrides: Any) -> ModelConfig:
+    """`TINY_MODEL` with `overrides` (for helpers outside fixtures)."""
+    return ModelConfig(**{**TINY_MODEL, **overrides})
+
+
+@pytest.fixture
+def tiny_config() -> Callable[..., ModelConfig]:
+    """`tiny_config(**overrides)`: the tiny GPT config with some fields changed."""
+    return tiny_model_config
+
+
+@pytest.fixture
+def tinier_config() -> Callable[..., ModelConfig]:
+    """`tinier_config(**overrides)`: the one-layer, 16-wide config with some fields changed."""
+    return lambda **overrides: ModelConfig(**{**TINIER_MODEL, **overrides})
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment for running `python -m gpt1` from a test: this checkout, one thread."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    """A tiny `gpt1 prepare` folder (two train shards of a noisy periodic token stream, a
+    character vocabulary), shared read-only by every test in the session."""
+    from gpt1.testing import faults  # the fault harness makes the same corpus for its report
+    return faults.make_corpus(tmp_path_factory.mktemp("tiny_corpus") / "data")
 
 
 @pytest.fixture

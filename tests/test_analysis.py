@@ -11,7 +11,9 @@ from gpt1.analysis.positions import analyse_positions, cosine_matrix, project_2d
 from gpt1.analysis.sweep import Sweep
 from gpt1.cli import main
 from gpt1.errors import CheckpointError, ConfigError, DataError
-from gpt1.lstm import LSTMLM, LSTMConfig, save_lstm
+from gpt1.lstm import LSTMLM, LSTMConfig
+from gpt1.registry import save_lstm
+from conftest import TINIER_MODEL, tiny_model_config
 
 
 def smooth_table(n: int = 40, c: int = 16) -> np.ndarray:
@@ -45,7 +47,7 @@ def test_pca_projection_and_bad_method():
 
 
 def tiny_checkpoint(tmp_path, smooth: bool = True):
-    model = GPT(ModelConfig(vocab_size=50, n_positions=24, n_embd=16, n_layer=1, n_head=2))
+    model = GPT(ModelConfig(**TINIER_MODEL))
     if smooth:
         with torch.no_grad():
             model.wpe.weight.copy_(torch.tensor(smooth_table(24, 16), dtype=torch.float32))
@@ -155,7 +157,7 @@ def sst2_setup(tmp_path, shared_data, gpt1_vocab):
         lines = (glue / name).open(encoding="utf-8").readlines()[:n]
         (data / name).write_text("".join(lines), encoding="utf-8")
     torch.manual_seed(0)
-    gpt = GPT(ModelConfig(vocab_size=40478, n_positions=64, n_embd=32, n_layer=2, n_head=2))
+    gpt = GPT(tiny_model_config(vocab_size=40478, n_positions=64, n_head=2))
     lstm = LSTMLM(LSTMConfig(vocab_size=40478, n_embd=32, hidden_size=32, n_positions=64))
     return {"data": data, "gpt": save_model(gpt, tmp_path / "gpt", tokenizer_dir=gpt1_vocab),
             "lstm": save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=gpt1_vocab)}

@@ -6,8 +6,9 @@ import torch
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
 from gpt1.cli import main
+from conftest import TINY_MODEL
 
-TINY = dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+TINY = TINY_MODEL
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from gpt1.errors import CheckpointError, Gpt1Error
 
 transformers = pytest.importorskip("transformers")
 from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: E402
+from conftest import TINY_MODEL  # noqa: E402
 
-TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
+TINY = {**TINY_MODEL, "vocab_size": 101, "n_positions": 24}
 
 
 def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from gpt1.config import model_preset
-from gpt1.heads import FinetuneModel, TaskHead, extract_states, finetune_loss, shared_dropout
+from gpt1.heads import FinetuneModel, TaskHead, extract_states, shared_dropout
+from gpt1.objectives import aux_lm_loss, finetune_loss
 from gpt1.model import GPT
 from gpt1.tasks.transforms import SpecialIds, choice, pad_batch, similarity, single
 
@@ -49,7 +50,7 @@ def test_padded_batch_equals_each_example_alone():
     out, lm = m(*pad_batch(examples))
     alone = [m(*pad_batch([e])) for e in examples]
     torch.testing.assert_close(out, torch.cat([o for o, _ in alone]))
-    torch.testing.assert_close(lm, torch.stack([l for _, l in alone]).mean())
+    torch.testing.assert_close(aux_lm_loss(lm), torch.stack([aux_lm_loss(l) for _, l in alone]).mean())
 
 
 def test_similarity_adds_both_orders():
@@ -58,14 +59,14 @@ def test_similarity_adds_both_orders():
     out, lm = m(x, mask)
     h = extract_states(m.gpt(x[0]), x[0], CLF)             # [2, C]: the two orders
     torch.testing.assert_close(out[0], m.head.linear(h[0] + h[1]))
-    assert lm.shape == ()
+    assert aux_lm_loss(lm).shape == ()
 
 
 def test_choice_scores_each_answer_and_regression_is_scalar():
     m = tiny("choice", 1)
     x, mask = pad_batch([choice([5, 6], [], [[7], [8, 9], [10]], S, 64)] * 2)
     out, lm = m(x, mask)
-    assert out.shape == (2, 3) and lm.shape == ()
+    assert out.shape == (2, 3) and aux_lm_loss(lm).shape == ()
     reg = tiny("similarity", 1)
     out, _ = reg(*pad_batch([similarity([5], [6], S, 64)] * 4))
     assert out.shape == (4,)
@@ -92,9 +93,8 @@ def test_head_init_is_n_0_002():
 def test_lm_loss_ignores_pads_and_is_a_mean_over_sequences():
     m = tiny("single", 2)
     short, long = single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9, 10], S, 64)
-    _, lm = m(*pad_batch([short, long]))
-    _, lm_short = m(*pad_batch([short]))
-    _, lm_long = m(*pad_batch([long]))
+    lm, lm_short, lm_long = (aux_lm_loss(m(*pad_batch(rows))[1])
+                             for rows in ([short, long], [short], [long]))
     # Each sequence counts once whatever its length, and the short one's pads do not count.
     torch.testing.assert_close(lm, (lm_short + lm_long) / 2)
     assert lm.shape == ()
@@ -112,6 +112,17 @@ def test_finetune_loss_combines_task_and_lm():
     torch.testing.assert_close(loss0, task) and "lm_loss" not in logs0
     mse, _ = finetune_loss(torch.tensor([1.0, 2.0]), None, torch.tensor([1.5, 2.0]), True, 0.5)
     assert mse.item() == pytest.approx(0.125)
+
+
+def test_the_lm_loss_is_computed_outside_forward_from_its_outputs():
+    # FinetuneModel.forward returns what the loss needs; the loss equals the plain formula.
+    from gpt1.objectives import lm_loss_per_sequence
+    m = tiny("pair", 3)
+    x, mask = pad_batch([single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9], S, 64)])
+    out, lm = m(x, mask)
+    assert m(x, mask, with_lm=False)[1] is None
+    plain = lm_loss_per_sequence(m.gpt, m.gpt(x.flatten(0, 1)), x.flatten(0, 1), mask.flatten(0, 1))
+    torch.testing.assert_close(aux_lm_loss(lm), plain.mean())
 
 
 def test_gradients_reach_task_tokens_and_head():

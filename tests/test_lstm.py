@@ -6,9 +6,11 @@ import torch
 
 from gpt1 import GPT, ModelConfig, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.lstm import (LSTMLM, LSTMConfig, checkpoint_arch, load_any_checkpoint, lstm_config_for,
-                       lstm_parameter_count, save_lstm)
+from gpt1.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
+from gpt1.registry import (LanguageModel, build_model, checkpoint_arch, load_any_checkpoint, model_flops,
+                           save_lstm)
 from gpt1.model import parameter_count
+from conftest import TINIER_MODEL
 
 
 def small(**kw) -> LSTMConfig:
@@ -107,7 +109,7 @@ def test_lstm_checkpoint_roundtrip(tmp_path):
 
 
 def test_load_any_checkpoint_returns_gpt_for_plain_checkpoints(tmp_path):
-    model = GPT(ModelConfig(vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 16}))
     save_model(model, tmp_path / "g")
     assert checkpoint_arch(tmp_path / "g") == "gpt"
     assert isinstance(load_any_checkpoint(tmp_path / "g"), GPT)
@@ -209,3 +211,17 @@ def test_sample_continues_an_lstm_checkpoint_greedily(tmp_path):
             window = torch.tensor([ids[-8:]])
             ids.append(int(model.lm_logits(model(window))[0, -1].argmax()))
     assert got.ids == ids and got.prompt_len == 3 and len(set(ids[3:])) > 1
+
+
+def test_both_architectures_satisfy_the_registry_protocol(tinier_config):
+    config = tinier_config(n_positions=16)
+    for arch, cls in (("gpt", GPT), ("lstm", LSTMLM)):
+        model, flops, extra = build_model(config, arch, seq_len=16)
+        assert isinstance(model, cls) and isinstance(model, LanguageModel)
+        assert flops == model_flops(model, 16) == model.flops_per_token(16) > 0
+        assert extra == ({} if arch == "gpt" else {"arch": "lstm"})
+        ids = torch.randint(0, 50, (2, 5))
+        hidden, head = model.eval()(ids, lengths=torch.tensor([5, 3]), with_head_weight=True)
+        assert hidden.shape == (2, 5, 16) and head is model.wte.weight
+    with pytest.raises(ConfigError, match="unknown architecture"):
+        build_model(config, "rnn")

@@ -4,8 +4,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpt1 import GPT, ModelConfig
-from gpt1.model import causal_attention_cpu_train, dropout
+from gpt1 import GPT
+from gpt1.fast_cpu import causal_attention_cpu_train, dropout
 
 
 def test_dropout_rate_scale_and_gradient():
@@ -53,9 +53,9 @@ def test_cpu_attention_with_dropout_matches_explicit_formula():
     assert torch.allclose(ours, dropout(w, 0.1, True) @ v, atol=1e-6)
 
 
-def test_training_forward_is_causal():
+def test_training_forward_is_causal(tiny_config):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=4)).train()
+    model = GPT(tiny_config(vocab_size=50, n_positions=16)).train()
     ids = torch.randint(0, 50, (2, 16))
     changed = ids.clone()
     changed[:, 10] = (changed[:, 10] + 1) % 50

@@ -7,8 +7,9 @@ from gpt1.convert import gpt1_to_hf_state
 from gpt1.errors import ConfigError
 from gpt1.model import KVCache
 from gpt1.sample import filter_logits, generate
+from conftest import TINY_MODEL
 
-TINY = dict(vocab_size=89, n_positions=40, n_embd=32, n_layer=2, n_head=4)
+TINY = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}
 
 
 def model(seed: int = 0) -> GPT:

@@ -479,7 +479,8 @@ def test_all_errors_are_gpt1_errors():
     ({"hidden_size": 2**20, "n_layer": 64}, "needs at least"),
     ({"hidden_size": 512}, "do not belong together")])
 def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
-    from gpt1.lstm import LSTMConfig, LSTMLM, load_any_checkpoint, save_lstm
+    from gpt1.lstm import LSTMConfig, LSTMLM
+    from gpt1.registry import load_any_checkpoint, save_lstm
     torch.manual_seed(0)
     folder = save_lstm(LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32,
                                          n_positions=24)), tmp_path / "lstm")

@@ -16,13 +16,12 @@ from gpt1.config import ModelConfig
 from gpt1.errors import DataError
 from gpt1.model import GPT
 from gpt1.tasks.examples import ChoiceExample
+from conftest import TINIER_MODEL, tiny_model_config
 
 
 def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=vocab, n_positions=24, n_embd=32, n_layer=2, n_head=4)
-    cfg.update(kw)
-    model = GPT(ModelConfig(**cfg)).eval()
+    model = GPT(tiny_model_config(**{"vocab_size": vocab, "n_positions": 24, **kw})).eval()
     with torch.no_grad():   # larger weights than the init, so log-probs differ visibly by position
         for p in model.parameters():
             if p.dim() > 1:
@@ -474,7 +473,7 @@ def test_scoring_stays_inside_the_pretrained_window(tmp_path):
     from gpt1 import GPT, ModelConfig, save_model
     from gpt1.checkpoint import trained_context
     from gpt1.zeroshot import Scorer
-    model = GPT(ModelConfig(vocab_size=50, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 32}))
     save_model(model, tmp_path / "run" / "step-5")
     assert trained_context(tmp_path / "run" / "step-5") is None
     (tmp_path / "run" / "run.json").write_text(_json.dumps({"data": {"n_ctx": 16}}))

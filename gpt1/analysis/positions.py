@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 def position_table(checkpoint: str | Path, max_positions: int | None = None) -> np.ndarray:
     """The learned position embeddings `[n_positions, n_embd]` of a checkpoint, as float64."""
-    from gpt1.lstm import load_any_checkpoint
+    from gpt1.registry import load_any_checkpoint
 
     model = load_any_checkpoint(checkpoint)
     if not hasattr(model, "wpe"):
