@@ -5,7 +5,6 @@ Tests that need ../shared/data skip (saying why) when it is absent.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
