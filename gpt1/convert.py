@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -28,10 +28,13 @@ from gpt1.config import ModelConfig
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model import GPT
 
+if TYPE_CHECKING:
+    from gpt1.export_hf import HFExport
+
 log = logging.getLogger(__name__)
 
 FORMATS_IN = ("openai", "hf", "gpt1")
-FORMATS_OUT = ("gpt1", "hf")
+FORMATS_OUT = ("gpt1", "hf", "onnx")
 OPENAI_SHAPES = "params_shapes.json"
 OPENAI_SHARDS = 10
 OPENAI_VOCAB = ("encoder_bpe_40000.json", "vocab_40000.bpe")
@@ -287,19 +290,25 @@ def hf_config_of(config: ModelConfig) -> dict:
     return out
 
 
-def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None) -> Path:
-    """Write `model` as a folder `OpenAIGPTLMHeadModel.from_pretrained` loads."""
+def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None,
+            export: "HFExport | None" = None) -> Path:
+    """Write `model` as a folder `OpenAIGPTLMHeadModel.from_pretrained` loads; `export`
+    (gpt1.export_hf) adds the tokenizer, the trained window, the task head and the card."""
+    from gpt1.export_hf import HFExport
     out_dir = Path(out_dir)
+    export = export or HFExport()
     config = hf_config_of(model.config)
     if model.config.embd_dropout != "sum":
         log.warning("transformers drops the summed embedding; embd_dropout=%r is not carried over",
                     model.config.embd_dropout)
     tmp = atomic_dir(out_dir)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(gpt1_to_hf_state(state), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    hf_state, config = export.adjust(gpt1_to_hf_state(state), config)
+    save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if tokenizer_dir is not None:
         copy_tokenizer_files(tokenizer_dir, tmp)
+    export.write(tmp, config)
     publish_dir(tmp, out_dir)
     return out_dir
 
@@ -354,15 +363,26 @@ def read_any(src: str | Path, fmt: str, n_head: int = 12) -> tuple[GPT, Path | N
 
 
 def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str = "gpt1",
-            n_head: int = 12) -> Path:
-    """Convert a model folder between formats; returns the written folder."""
+            n_head: int = 12, notes: list[str] | None = None,
+            keep_positions: bool = False) -> Path:
+    """Convert a model folder between formats; returns the written folder (or .onnx file).
+
+    `notes` receives the lines the user must read about an hf or onnx export (how to load the
+    tokenizer exactly, what happened to a task head, the trained window)."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
     if Path(src).exists() and Path(dst).resolve() == Path(src).resolve():
         raise ConfigError(f"{dst}: destination is the source folder")
     model, vocab = read_any(src, src_format, n_head)
+    if dst_format == "onnx":
+        from gpt1.export_onnx import export_onnx
+        return export_onnx(src, src_format, model, Path(dst), notes)
     if dst_format == "hf":
-        return save_hf(model, dst, vocab)
+        from gpt1.export_hf import plan
+        export = plan(src, src_format, model.config.n_positions, vocab, keep_positions)
+        if notes is not None:
+            notes.extend(export.notes)
+        return save_hf(model, dst, vocab, export)
     tmp = atomic_dir(Path(dst))
     write_model_files(tmp, model, vocab, extra={"converted_from": {"format": src_format,
                                                                    "path": os.fspath(src)}})

@@ -24,6 +24,7 @@ suffixes, and its special-case matcher across affixes.
 """
 from __future__ import annotations
 
+import html.entities
 import re
 from typing import Sequence
 
@@ -33,9 +34,12 @@ EOW = "</w>"
 UNK = "<unk>"
 # text_standardize's padded characters (gpt1.text._PAD_OAI / _PAD_HF); OAI does not pad "\".
 _PADDED = {"oai": '-~!";?+,)(/*[]}{|_', "hf": '-~!";?+,)(\\/*[]}{|_'}
-# Common HTML entities (after lowercasing); ftfy unescapes every HTML5 entity.
-_ENTITIES = {"&amp;": "&", "&lt;": "<", "&gt;": ">", "&quot;": '"', "&#39;": "'", "&apos;": "'",
-             "&nbsp;": "\u00a0"}
+# HTML entities unescaped (after lowercasing): the common ones and accented Latin letters. ftfy
+# unescapes all of HTML5's (and numeric ones); one normaliser step per entity costs time.
+_ENTITY_NAMES = ("amp lt gt quot apos nbsp deg mdash ndash hellip rsquo lsquo ldquo rdquo copy reg "
+                 "pound euro cent yen sect para middot frac12 frac14 frac34 times divide laquo "
+                 "raquo szlig")
+_ENTITY_LETTERS = re.compile(r"[a-z](acute|grave|circ|uml|tilde|cedil|ring|slash);")
 _AFFIX_PASSES = 4  # prefixes (or suffixes) peeled from one token; more are very rare
 
 
@@ -77,7 +81,11 @@ def _normalizer():
     steps = [n.Replace("\u03a3", "\u03c3"), n.Lowercase()]          # gpt1.text.hf_lower
     # ftfy, in its own order: HTML entities, C1 controls, ligatures, width, quotes, line breaks,
     # control characters, NFC.
-    steps += [n.Replace(k, v) for k, v in _ENTITIES.items()]
+    entities = {f"&{k};": chardata.HTML_ENTITIES[f"&{k};"] for k in _ENTITY_NAMES.split()}
+    entities.update((f"&{k}", v) for k, v in html.entities.html5.items()
+                    if _ENTITY_LETTERS.fullmatch(k))
+    entities.update({"&#39;": "'", "&#34;": '"'})
+    steps += [n.Replace(k, v) for k, v in entities.items()]
     for code in range(0x80, 0xA0):
         char = bytes([code]).decode("cp1252", errors="ignore")
         if char:
@@ -107,8 +115,12 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
     # starts with what it matches and checks the whole word in a look-behind, so that the
     # regex engine can skip ahead to candidate characters.
     not_special = "|".join("^" + re.escape(k) for k in sorted(specials, key=len, reverse=True))
-    peel_prefix = rf"^(?!(?:{exact})(?:[.,:;'!?]|\.\.+)*$)(?:{prefix})"
-    peel_suffix = rf"(?:{suffix})$(?<!{not_special})"
+    # Most positions hold a lowercase letter, where only the unit suffixes ("5km") can start:
+    # a cheap first test skips them.
+    skip_letters = r"(?=[^\p{Ll}]|(?<=[0-9])\p{Ll})"
+    guard = rf"(?:{exact})(?:[.,:;'!?]|\.\.+)*$"  # a special case, perhaps with suffixes
+    peel_prefix = rf"^(?=(?:{prefix}))(?!{guard})(?:{prefix})"
+    peel_suffix = rf"{skip_letters}(?:{suffix})$(?<!{not_special})"
     by_piece: dict[str, list[str]] = {}
     for key, pieces in specials.items():
         for i in range(1, len(pieces)):
@@ -119,7 +131,7 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
     steps = [p.Split(Regex(r"[^\S\n]+"), "removed"), p.Split("\n", "isolated"),
              p.Split(Regex(runs), "isolated"),
              # spaCy's matcher keeps "''" whole when it starts or ends a word
-             p.Split(Regex(r"^''(?=[^'])|(?<=[^'])''$"), "isolated")]
+             p.Split(Regex(rf"^'(?!{guard})'(?=[^'])|(?<=[^'])''$"), "isolated")]
     steps += [p.Split(Regex(peel_prefix), "isolated")] * _AFFIX_PASSES
     steps += [p.Split(Regex(peel_suffix), "isolated")] * _AFFIX_PASSES
     if splits:
