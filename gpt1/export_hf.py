@@ -96,9 +96,9 @@ class HFExport:
         from gpt1 import hf_tokenizer
         encoder, merges = self.vocab
         hf_tokenizer.build(encoder, merges, self.specials).save(str(folder / "tokenizer.json"))
-        start = "_start_" if "_start_" in self.specials else hf_tokenizer.UNK
-        tokens = {"unk_token": hf_tokenizer.UNK, "bos_token": start, "eos_token": hf_tokenizer.UNK,
-                  "pad_token": hf_tokenizer.UNK}
+        unk = hf_tokenizer.unk_token(encoder) or hf_tokenizer.UNK
+        start = "_start_" if "_start_" in self.specials else unk
+        tokens = {"unk_token": unk, "bos_token": start, "eos_token": unk, "pad_token": unk}
         if self.specials:
             tokens["additional_special_tokens"] = list(self.specials)
         settings = {"tokenizer_class": "OpenAIGPTTokenizer", "model_max_length": max_length,

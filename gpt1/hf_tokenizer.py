@@ -118,7 +118,7 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
     # Most positions hold a lowercase letter, where only the unit suffixes ("5km") can start:
     # a cheap first test skips them.
     skip_letters = r"(?=[^\p{Ll}]|(?<=[0-9])\p{Ll})"
-    guard = rf"(?:{exact})(?:[.,:;'!?]|\.\.+)*$"  # a special case, perhaps with suffixes
+    guard = rf"(?:{exact})(?:{suffix})*$"  # a special case, perhaps with suffixes
     peel_prefix = rf"^(?=(?:{prefix}))(?!{guard})(?:{prefix})"
     peel_suffix = rf"{skip_letters}(?:{suffix})$(?<!{not_special})"
     by_piece: dict[str, list[str]] = {}
@@ -140,13 +140,20 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
     return p.Sequence(steps)
 
 
+def unk_token(encoder: dict[str, int]) -> str | None:
+    """The token unknown pieces become: gpt1 maps them to "<unk>", or to id 0 without one."""
+    if UNK in encoder:
+        return UNK
+    return next((t for t, i in encoder.items() if i == 0), None)
+
+
 def build(encoder: dict[str, int], merges: Sequence[tuple[str, str]],
           special_tokens: Sequence[str] = (), standardize: Standardize = "oai"):
     """A `tokenizers.Tokenizer` giving gpt1's ids for the vocabulary `encoder` + `merges`, with
     `special_tokens` added after the vocabulary (the task tokens of a fine-tuned model)."""
     from tokenizers import AddedToken, Tokenizer, decoders
     from tokenizers.models import BPE
-    tok = Tokenizer(BPE(vocab=dict(encoder), merges=list(merges), unk_token=UNK,
+    tok = Tokenizer(BPE(vocab=dict(encoder), merges=list(merges), unk_token=unk_token(encoder),
                         end_of_word_suffix=EOW, fuse_unk=False))
     tok.normalizer = _normalizer()
     tok.pre_tokenizer = _pre_tokenizer(spacy_rules(standardize), standardize)

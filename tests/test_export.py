@@ -24,7 +24,7 @@ TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 TRICKY = ["It's 3.5 -- doesn't \"Mr. Smith\" know?", "''Cause I said so,'' she said.",
           "Caf\u00e9 \u201cquoted\u201d \u2014 \u2018single\u2019\u2026 e.g. 5km a.m. u.s.",
           "Tom &amp; Jerry &lt;3 &eacute;t\u00e9", "line one\n\n  line two <unk> end", "",
-          "don't can't won't gonna cannot y'all o'clock ma'am 'em", "x...y ... end...!!! ??",
+          "don't can't won't gonna cannot y'all o'clock ma'am 'em 'em's", "x...y ... end...!!! ??",
           "A:B 10:30 $5 5% #1 @user www.example.com (1,000) [a] {b} |c| ~d~ \u00bfs\u00ed?",
           "\u03a3\u039f\u03a3 ﬁne \uff21\uff22"]
 
