@@ -40,7 +40,7 @@ _ENTITY_NAMES = ("amp lt gt quot apos nbsp deg mdash ndash hellip rsquo lsquo ld
                  "pound euro cent yen sect para middot frac12 frac14 frac34 times divide laquo "
                  "raquo szlig")
 _ENTITY_LETTERS = re.compile(r"[a-z](acute|grave|circ|uml|tilde|cedil|ring|slash);")
-_AFFIX_PASSES = 4  # prefixes (or suffixes) peeled from one token; more are very rare
+_AFFIX_PASSES = 4  # suffixes peeled from one token; more are very rare
 
 
 def _onig(pattern: str) -> str:
@@ -119,7 +119,8 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
     # a cheap first test skips them.
     skip_letters = r"(?=[^\p{Ll}]|(?<=[0-9])\p{Ll})"
     guard = rf"(?:{exact})(?:{suffix})*$"  # a special case, perhaps with suffixes
-    peel_prefix = rf"^(?=(?:{prefix}))(?!{guard})(?:{prefix})"
+    # \G: each match starts where the previous one ended, so one pass peels every prefix
+    peel_prefix = rf"\G(?=(?:{prefix}))(?!{guard})(?:{prefix})"
     peel_suffix = rf"{skip_letters}(?:{suffix})$(?<!{not_special})"
     by_piece: dict[str, list[str]] = {}
     for key, pieces in specials.items():
@@ -132,7 +133,7 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
              p.Split(Regex(runs), "isolated"),
              # spaCy's matcher keeps "''" whole when it starts or ends a word
              p.Split(Regex(rf"^'(?!{guard})'(?=[^'])|(?<=[^'])''$"), "isolated")]
-    steps += [p.Split(Regex(peel_prefix), "isolated")] * _AFFIX_PASSES
+    steps.append(p.Split(Regex(peel_prefix), "isolated"))
     steps += [p.Split(Regex(peel_suffix), "isolated")] * _AFFIX_PASSES
     if splits:
         steps.append(p.Split(Regex("|".join(splits)), "isolated"))

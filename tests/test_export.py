@@ -251,3 +251,11 @@ def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
     text = "A whole text, scored from its first token."
     rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])[0]
     assert math.isclose(rolling, logprob([0], tok.encode(text)), abs_tol=1e-4)
+    # generation needs an end token to decode (None crashed the harness): greedy equals gpt1's
+    ids = tok.encode("The cat sat on the")
+    for _ in range(5):
+        with torch.no_grad():
+            ids.append(int(gpt.lm_logits(gpt(torch.tensor([ids])))[0, -1].argmax()))
+    request = ("The cat sat on the", {"until": ["\n\n"], "max_gen_toks": 5, "do_sample": False})
+    text = lm.generate_until([Instance("generate_until", {}, request, 0)])[0]
+    assert text.strip() == tok.decode(ids[-5:])
