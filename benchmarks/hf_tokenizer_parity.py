@@ -109,8 +109,9 @@ def main() -> int:
 
     def show(text: str, a: list[int], b: list[int]) -> None:
         j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        print(f"    {text[:90]!r}\n      gpt1 {[tok.decoder.get(i) for i in a[max(0, j - 1):j + 3]]}"
-              f"  hf {[tok.decoder.get(i) for i in b[max(0, j - 1):j + 3]]}")
+        around = slice(max(0, j - 1), j + 3)
+        print(f"    {text[:90]!r}\n      gpt1 {[tok.decoder.get(i) for i in a[around]]}"
+              f"  hf {[tok.decoder.get(i) for i in b[around]]}")
 
     with tempfile.TemporaryDirectory() as tmp:
         export = export_tiny(vocab, Path(tmp))
@@ -127,7 +128,8 @@ def main() -> int:
         if args.slow:
             slow = AutoTokenizer.from_pretrained(export, use_fast=False)
             if slow.fix_text is None:
-                raise SystemExit("the slow tokenizer fell back to BasicTokenizer: install ftfy, spacy")
+                raise SystemExit("the slow tokenizer fell back to BasicTokenizer: "
+                                 "install ftfy and spacy")
             compare("slow (use_fast=False, ftfy + spaCy)", items, want,
                     lambda texts: [slow.encode(t) for t in texts], args.examples, show)
     return 1 if bad > 0.01 * len(items) else 0

@@ -41,7 +41,8 @@ LAYOUTS = {"single": "[_start_] text [_classify_]",
            "pair": "[_start_] premise [_delimiter_] hypothesis [_classify_]",
            "similarity": "[_start_] a [_delimiter_] b [_classify_] and [_start_] b [_delimiter_] a "
                          "[_classify_]",
-           "choice": "[_start_] context question [_delimiter_] answer_k [_classify_], one per answer"}
+           "choice": "[_start_] context question [_delimiter_] answer_k [_classify_], one per "
+                     "answer"}
 FORMULAS = {"single": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
             "pair": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
             "similarity": "output = (h_ab + h_ba) @ weight.T + bias: the states at _classify_ of "

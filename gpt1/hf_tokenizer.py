@@ -1,4 +1,4 @@
-"""GPT-1's text pipeline as a Hugging Face `tokenizers` pipeline (the `tokenizer.json` of an export).
+"""GPT-1's text pipeline written with Hugging Face `tokenizers` (an export's `tokenizer.json`).
 
 transformers' fast `OpenAIGPTTokenizerFast` splits on whitespace and punctuation (BERT style), so
 its ids differ from the ids GPT-1 was trained on for ordinary text ("it's", "3.5", "doesn't").
@@ -92,7 +92,8 @@ def _normalizer():
             steps.append(n.Replace(chr(code), char))
     maps = {**chardata.LIGATURES, **chardata.WIDTH_MAP}
     steps += [n.Replace(chr(k), v if isinstance(v, str) else chr(v)) for k, v in maps.items()]
-    steps += [n.Replace(Regex("[\u02bc\u2018-\u201b]"), "'"), n.Replace(Regex("[\u201c-\u201f]"), '"'),
+    steps += [n.Replace(Regex("[\u02bc\u2018-\u201b]"), "'"),
+              n.Replace(Regex("[\u201c-\u201f]"), '"'),
               n.Replace(Regex("\r\n|[\r\u2028\u2029\u0085]"), "\n")]
     controls = "".join(re.escape(chr(c)) for c in chardata.CONTROL_CHARS)
     steps += [n.Replace(Regex(f"[{controls}]"), ""), n.NFC()]
