@@ -68,6 +68,12 @@ def spacy_rules(standardize: Standardize = "oai") -> dict:
                 or any(c in key for c in "\u2018\u2019\u201c\u201d") or "".join(pieces) != key):
             continue  # cannot reach spaCy as one chunk after lowercasing, ftfy and standardize
         specials[key] = pieces
+    # spaCy's matcher also applies special cases across a split-off "." ("id." -> "i", "d" + "."
+    # -> "i", "d."): the same as one more special case.
+    for key, pieces in list(specials.items()):
+        dotted = pieces[-1] + "."
+        if len(pieces) > 1 and dotted in specials and key + "." not in specials:
+            specials[key + "."] = pieces[:-1] + [dotted]
     # text_standardize pads a run of one character as one chunk; spaCy then splits the runs of
     # some characters ("!!!" -> "!", "!", "!") and keeps others whole ("---").
     singles = "".join(c for c in _PADDED[standardize] if len(nlp.tokenizer(c * 3)) == 3)
