@@ -55,6 +55,7 @@ class HFExport:
     """The decisions of one export; `notes` are printed by `convert` and repeated in the card."""
 
     window: int | None = None            # trained positions kept (None: all)
+    trained: int | None = None           # the window the model was trained on, when recorded
     record: dict | None = None           # task.json of a fine-tuned checkpoint
     head: dict[str, torch.Tensor] | None = None
     double_heads: bool = False           # head mapped onto OpenAIGPTDoubleHeadsModel
@@ -87,7 +88,8 @@ class HFExport:
     def write(self, folder: Path, config: dict[str, Any]) -> None:
         """tokenizer.json, tokenizer_config.json, special_tokens_map.json, the head, README.md."""
         if self.vocab is not None:
-            self._write_tokenizer(folder, config["n_positions"])
+            n = config["n_positions"]
+            self._write_tokenizer(folder, min(n, self.trained) if self.trained else n)
         if self.head is not None:
             save_file({k: v.contiguous() for k, v in self.head.items()}, str(folder / HEAD_FILE))
             (folder / HEAD_INFO).write_text(json.dumps(self._head_info(), indent=2) + "\n")
@@ -130,6 +132,7 @@ def plan(src: str | Path, src_format: str, n_positions: int, vocab_dir: Path | N
         window = trained_context(folder)
         if export.record is not None and isinstance(export.record.get("n_ctx"), int):
             window = export.record["n_ctx"]
+        export.trained = window
         if window is not None and window < n_positions:
             if keep_positions:
                 export.notes.append(f"positions {window}..{n_positions - 1} were never trained "
@@ -207,8 +210,10 @@ def model_card(export: HFExport, config: dict[str, Any]) -> str:
         "text's first token after a start token (lm-evaluation-harness): "
         + ("every fine-tuning input starts with `_start_`." if export.specials else
            "`<unk>` stands for no text (gpt1 pads with it)."),
-        f"`n_positions` and `model_max_length` are {config['n_positions']}, the window the "
-        "model was trained on.", "",
+        f"`n_positions` and `model_max_length` are {config['n_positions']}"
+        + (", the window the model was trained on." if export.trained == config["n_positions"]
+           else "; no shorter training window is recorded." if export.trained is None
+           else f"; it was trained on windows of {export.trained} tokens."), "",
     ]
     if export.record is not None:
         r = export.record

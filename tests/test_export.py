@@ -126,6 +126,7 @@ def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
     # asked to keep them, every row stays
     convert(run, tmp_path / "all", "gpt1", "hf", keep_positions=True)
     assert json.loads((tmp_path / "all" / "config.json").read_text())["n_positions"] == 24
+    assert AutoTokenizer.from_pretrained(tmp_path / "all").model_max_length == 16
 
 
 # ------------------------------------------------------------------------------ task heads
