@@ -121,6 +121,7 @@ def export_onnx(src: str | Path, src_format: str, gpt: GPT, dst: Path,
     finally:
         tmp.unlink(missing_ok=True)
     if notes is not None:
-        notes.append(f"onnx: {what}; dynamic batch and sequence axes (sequence <= "
-                     f"{window or gpt.config.n_positions}, the trained window)")
+        trained = f"; trained on windows of {window}" if window else ""
+        notes.append(f"onnx: {what}; dynamic batch and sequence axes (sequence up to "
+                     f"n_positions={gpt.config.n_positions}{trained})")
     return dst
