@@ -150,6 +150,20 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
     assert snapshot(run) == before
     code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--overwrite")
     assert code == 0, err
+    # A run folder the user may only read: --out puts the results elsewhere.
+    before = snapshot(run)
+    os.chmod(run, 0o555)
+    try:
+        if not os.access(run, os.W_OK):      # root writes anyway: nothing to refuse then
+            code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--split", "test")
+            assert code == 2 and len(err.splitlines()) == 1 and str(run) in err, err
+        code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--split", "test",
+                        "--out", str(tmp_path / "scores"))
+        assert code == 0, err
+    finally:
+        os.chmod(run, 0o755)
+    assert json.loads((tmp_path / "scores" / "results.test.json").read_text())["split"] == "test"
+    assert snapshot(run) == before
 
 
 def test_zeroshot_keeps_an_existing_results_file(tmp_path, capsys):
