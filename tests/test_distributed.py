@@ -48,3 +48,69 @@ def test_two_processes_match_one(tmp_path):
     assert names(two) == names(one)
     state = json.loads((two / "step-6" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and len(state["sources"]) == 2
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc)."""
+    from pathlib import Path
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.slow
+def test_second_torchrun_launch_on_a_held_run_is_refused(tmp_path):
+    """The run lock under torchrun: rank 0 of a running launch holds the folder; a second launch
+    on it is refused with gpt1's one-line error naming the holder, torchrun stops the second
+    launch's other rank (no hang in rendezvous), and the first run's metrics stay single."""
+    import contextlib
+    import os
+    import signal
+    import time
+    data = make_prepared(tmp_path / "data")
+    run = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    argv = cmd(torchrun, data, run, "--log-every", "1", "--resume", "auto")
+    argv[argv.index("--max-steps") + 1] = "1000000"     # runs until stopped below
+    argv[argv.index("--save-every") + 1] = "1000"
+    argv[argv.index("--eval-every") + 1] = "0"
+    # A session of its own, so that a failing test can stop torchrun's workers too.
+    first = subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        logged = lambda: ((run / "metrics.jsonl").read_text().count('"loss"')
+                          if (run / "metrics.jsonl").is_file() else 0)
+        deadline = time.time() + 300
+        while logged() < 2 and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert logged() >= 2, "the first launch never logged a step"
+        second = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=240,
+                                start_new_session=True)
+        assert second.returncode != 0
+        refusals = [line for line in second.stderr.splitlines() if "gpt1 pretrain: error:" in line]
+        assert len(refusals) == 1, second.stderr[-3000:]
+        assert "in use by another gpt1 process" in refusals[0] and "since 20" in refusals[0]
+        holder = int(refusals[0].split("(pid ", 1)[1].split()[0])
+        assert holder in children(first.pid)      # rank 0 of the first launch holds the lock
+        assert first.poll() is None, "the first launch died while the second was refused"
+    finally:
+        ranks = children(first.pid)    # torchrun starts its workers in sessions of their own
+        first.send_signal(signal.SIGTERM)          # torchrun passes it on to its ranks
+        try:
+            first.wait(timeout=60)
+        finally:
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            first.kill()
+            first.wait()
+            first.stderr.close()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines[:-1] if '"loss"' in line]
+    assert steps == list(range(1, len(steps) + 1))   # each step once: the second launch wrote nothing
