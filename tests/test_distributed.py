@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gpt1.testing.fault_cases import child_pids
 from test_pretrain import env, make_prepared, train_losses
 
 NO_DROPOUT = ["--set", "model.embd_pdrop=0", "--set", "model.attn_pdrop=0",
@@ -50,20 +51,6 @@ def test_two_processes_match_one(tmp_path):
     assert state["world_size"] == 2 and len(state["sources"]) == 2
 
 
-def children(pid: int) -> list[int]:
-    """Processes whose parent is `pid` (from /proc)."""
-    from pathlib import Path
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
 @pytest.mark.slow
 def test_second_torchrun_launch_on_a_held_run_is_refused(tmp_path):
     """The run lock under torchrun: rank 0 of a running launch holds the folder; a second launch
@@ -97,10 +84,10 @@ def test_second_torchrun_launch_on_a_held_run_is_refused(tmp_path):
         assert len(refusals) == 1, second.stderr[-3000:]
         assert "in use by another gpt1 process" in refusals[0] and "since 20" in refusals[0]
         holder = int(refusals[0].split("(pid ", 1)[1].split()[0])
-        assert holder in children(first.pid)      # rank 0 of the first launch holds the lock
+        assert holder in child_pids(first.pid)      # rank 0 of the first launch holds the lock
         assert first.poll() is None, "the first launch died while the second was refused"
     finally:
-        ranks = children(first.pid)    # torchrun starts its workers in sessions of their own
+        ranks = child_pids(first.pid)    # torchrun starts its workers in sessions of their own
         first.send_signal(signal.SIGTERM)          # torchrun passes it on to its ranks
         try:
             first.wait(timeout=60)

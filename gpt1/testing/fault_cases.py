@@ -246,6 +246,66 @@ def two_writers_one_run(work: Path) -> CaseResult:
                   + damaged, problems)
 
 
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat_file.parent.name))
+    return found
+
+
+def two_torchrun_launches_one_run(work: Path) -> CaseResult:
+    """Two `torchrun --nproc_per_node 2` launches (gloo, CPU) on one run folder."""
+    data = make_corpus(work / "data")
+    run = work / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", "2", "-m", "gpt1", "--quiet"]
+    argv = torchrun + tiny_pretrain(data, run, 1_000_000, "--log-every", "1", "--resume", "auto",
+                                    "--batch-size", "4", "--micro-batch", "2")
+    argv[argv.index("--save-every") + 1] = "1000"
+    first = subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    problems: list[str] = []
+    try:
+        if not _wait_for_step(run, first, 2):
+            problems.append("the first launch never logged a step")
+        t0 = time.perf_counter()
+        second = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300)
+        seconds = time.perf_counter() - t0
+        ranks = child_pids(first.pid)
+        lines = [l for l in second.stderr.splitlines() if "gpt1 pretrain: error:" in l]
+        if second.returncode == 0:
+            problems.append("the second launch exited 0")
+        if len(lines) != 1 or "in use by another gpt1 process" not in lines[0]:
+            problems.append(f"no one-line refusal: {second.stderr[-300:]!r}")
+        elif not any(f"(pid {pid} " in lines[0] for pid in ranks):
+            problems.append(f"the refusal does not name a rank of the first launch: {lines[0]}")
+        if first.poll() is not None:
+            problems.append("the first launch died")
+    finally:
+        ranks = child_pids(first.pid)
+        first.send_signal(signal.SIGTERM)    # torchrun passes it on to its ranks
+        try:
+            first.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
+        for pid in ranks:                     # in sessions of their own: never leave them running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.stderr.close()
+    dups = _duplicated_steps(run) if (run / "metrics.jsonl").is_file() else []
+    return result(f"second launch refused: rank 0 prints the one line naming the holder (rank 0 "
+                  f"of the first launch), torchrun stops rank 1 and exits 1 after "
+                  f"{seconds:.1f} s, start-up included; first launch undisturbed",
+                  [f"duplicated step {s} in metrics.jsonl" for s in dups], problems)
+
+
 def sigkilled_lock_holder(work: Path) -> CaseResult:
     data = make_corpus(work / "data")
     run = work / "run"
@@ -474,10 +534,16 @@ def _model_field(folder: Path, **fields) -> None:
 def billion_layers_in_a_checkpoint(work: Path) -> CaseResult:
     ckpt = tiny_checkpoint(work / "ckpt")
     _model_field(ckpt, n_layer=1_000_000_000)
+    # Every field within its own range, but 10^15 parameters: refused by the memory estimate.
+    huge = tiny_checkpoint(work / "huge")
+    _model_field(huge, n_layer=4096, n_embd=2**17, n_head=2**10, n_inner=2**19)
     return refused([(["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"],
-                     ("config.json", "model.n_layer"))],
-                   "sample refused (exit 2) naming config.json and model.n_layer, nothing built",
-                   watched=ckpt)
+                     ("config.json", "model.n_layer")),
+                    (["sample", str(huge), "--prompt", "x", "--max-new-tokens", "2"],
+                     ("config.json", "n_layer=4,096", "needs at least"))],
+                   "sample refused (exit 2) naming config.json and model.n_layer, nothing built; "
+                   "in-range fields adding up to 10^15 parameters refused by the memory estimate",
+                   watched=work)
 
 
 def mistyped_sizes_in_a_checkpoint(work: Path) -> CaseResult:
@@ -692,12 +758,14 @@ CASES: list[tuple[str, Case]] = [
     ("pretrain into a folder with metrics/results/plots", pretrain_into_a_used_folder),
     ("evaluate / predict / plot / zeroshot onto their own earlier output", results_written_twice),
     ("two pretrain processes on one run folder", two_writers_one_run),
+    ("two torchrun launches (2 ranks each) on one run folder", two_torchrun_launches_one_run),
     ("lock holder SIGKILLed, then --resume auto", sigkilled_lock_holder),
     ("disk full while writing a checkpoint", disk_full_while_checkpointing),
     ("run folder read-only on resume", read_only_run_folder),
     ("disk full while converting", disk_full_while_converting),
     ("umask 027", files_follow_the_umask),
-    ("checkpoint config.json: n_layer 1e9, then `sample`", billion_layers_in_a_checkpoint),
+    ("checkpoint config.json: n_layer 1e9 (or 10^15 parameters), then `sample`",
+     billion_layers_in_a_checkpoint),
     ('config.json: n_layer "2" / 2.5 / true, format_version "2", then `info`',
      mistyped_sizes_in_a_checkpoint),
     ("HF config.json: n_layer 1e9, then `convert --from hf`", billion_layers_in_an_hf_config),
