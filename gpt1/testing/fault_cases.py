@@ -1,4 +1,5 @@
-"""Fault cases: what a user's disk or a second process can do to a command, and what it costs.
+"""Fault cases: what a user's disk, a second process or a hostile file can do to a command, and
+what it costs.
 
 Each case is a function `case(work: Path) -> CaseResult` that sets up its own files under `work`,
 runs real `gpt1` commands (in this process through `gpt1.cli.main`, or as subprocesses where a
