@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import torch
 from gpt1 import checkpoint as ckpt
 from gpt1 import files
 from gpt1.cli import main
-from gpt1.testing import faults
+from gpt1.testing import fault_cases, faults
 from gpt1.testing.fault_cases import leftovers, snapshot, tiny_checkpoint
 
 
@@ -164,6 +165,18 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
         os.chmod(run, 0o755)
     assert json.loads((tmp_path / "scores" / "results.test.json").read_text())["split"] == "test"
     assert snapshot(run) == before
+    if fault_cases.private_mounts():    # a really read-only mount (root ignores file modes)
+        ro = tmp_path / "ro"
+        evaluate = [sys.executable, "-m", "gpt1", "--quiet", "evaluate", str(ro / "ft"), "--data",
+                    str(task), "--split", "train"]
+        script = (f"cp -a {run} {ro}/ft && mount -o remount,ro {ro} && "
+                  f"{{ {shlex.join(evaluate)}; echo rc=$?; }} && "
+                  f"{shlex.join(evaluate + ['--out', str(tmp_path / 'scores')])}")
+        done = fault_cases._in_tmpfs(ro, "size=64m", script)
+        assert done.returncode == 0, done.stderr[-2000:]
+        refusal = [line for line in done.stderr.splitlines() if "error" in line]
+        assert "rc=2" in done.stdout and len(refusal) == 1 and "Read-only" in refusal[0], done.stderr
+        assert (tmp_path / "scores" / "results.train.json").is_file()
 
 
 def test_zeroshot_keeps_an_existing_results_file(tmp_path, capsys):
