@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_pretrain import env, make_prepared, train_losses
 
 from gpt1.testing.fault_cases import child_pids
-from test_pretrain import env, make_prepared, train_losses
 
 NO_DROPOUT = ["--set", "model.embd_pdrop=0", "--set", "model.attn_pdrop=0",
               "--set", "model.resid_pdrop=0"]

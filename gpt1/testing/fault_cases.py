@@ -97,6 +97,7 @@ def result(outcome: str, lost_files: list[str], problems: list[str]) -> CaseResu
 def tiny_checkpoint(folder: Path) -> Path:
     """A tiny gpt1 checkpoint folder (random weights, character vocabulary)."""
     import torch
+
     from gpt1.checkpoint import save_model
     from gpt1.config import model_preset
     from gpt1.model import GPT
@@ -572,8 +573,9 @@ def billion_layers_in_an_hf_config(work: Path) -> CaseResult:
 
 
 def _tiny_config():
-    from gpt1.config import ModelConfig
     import torch
+
+    from gpt1.config import ModelConfig
     torch.manual_seed(0)
     return ModelConfig(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 
@@ -581,6 +583,7 @@ def _tiny_config():
 def openai_release(folder: Path) -> Path:
     """A tiny model saved the way OpenAI's release is: `params_shapes.json` + 10 .npy shards."""
     import numpy as np
+
     from gpt1.convert import OPENAI_BLOCK
     from gpt1.model import GPT
     config = _tiny_config()
@@ -612,6 +615,7 @@ def huge_params_shapes(work: Path) -> CaseResult:
 def huge_n_outputs(work: Path) -> CaseResult:
     import torch
     from safetensors.torch import save_file
+
     from gpt1.finetune import HEAD_FILE, TASK_FILE
     runs = []
     for value in (20_000_000, 1e12):
@@ -647,6 +651,7 @@ def nan_weights(work: Path) -> CaseResult:
 
 def token_id_beyond_the_vocabulary(work: Path) -> CaseResult:
     import numpy as np
+
     from gpt1.shards import write_shard
     data = make_corpus(work / "data", vocab=300)
     ids = np.arange(3000) % 300
@@ -659,6 +664,7 @@ def token_id_beyond_the_vocabulary(work: Path) -> CaseResult:
 
 def hf_index_outside_its_folder(work: Path) -> CaseResult:
     from safetensors.torch import load_file, save_file
+
     from gpt1.convert import save_hf
     from gpt1.model import GPT
     hf = save_hf(GPT(_tiny_config()), work / "hf")
@@ -704,47 +710,37 @@ def a_run_of_punctuation(work: Path) -> CaseResult:
                   f"({total:.2f} s in all; 1 `!` took {start:.2f} s)", [], problems)
 
 
-def _finetune_on(work: Path, task: str, columns: str, data: Path) -> list[str]:
-    return ["finetune", "--task", task, "--columns", columns, "--data", str(data), "--init",
-            "none", "--preset", "tiny", "--vocab", str(char_vocab(work / "vocab")), "--out",
-            str(work / "run"), "--max-steps", "1", "--batch-size", "2", "--micro-batch", "2",
-            "--n-ctx", "32", "--set", "train.peak_flops=1"]
-
-
-def _bad_rows(work: Path, name: str, head: str, rows: list[str]) -> Path:
-    data = work / name
-    data.mkdir()
-    good = {"csv": "1,a fine film,pos\n2,a sad film,neg\n", "tsv": "1\ta fine film\tpos\n2\ta "
-            "sad film\tneg\n", "jsonl": '{"id": "1", "t": "a fine film", "y": "pos"}\n'
-            '{"id": "2", "t": "a sad film", "y": "neg"}\n'}[name.split("-")[0]]
-    (data / f"train.{name.split('-')[0]}").write_text(head + good + "".join(rows))
-    return data
+def _finetune_on(work: Path, fmt: str, text: str) -> list[str]:
+    """`gpt1 finetune` on a generic `fmt` task whose train file is `text` (columns t and y)."""
+    data = work / "data"
+    data.mkdir(parents=True)
+    (data / f"train.{fmt}").write_text(text)
+    return ["finetune", "--task", fmt, "--columns", "text=t,label=y", "--data", str(data),
+            "--init", "none", "--preset", "tiny", "--vocab", str(char_vocab(work / "vocab")),
+            "--out", str(work / "run"), "--max-steps", "1", "--batch-size", "2",
+            "--micro-batch", "2", "--n-ctx", "32", "--set", "train.peak_flops=1"]
 
 
 def strict_readers(work: Path) -> CaseResult:
-    """Rows `gpt1 finetune` must refuse with file, line and field (before any training)."""
+    """Rows `gpt1 finetune` must refuse naming file, line and field, before any training."""
     big = "x" * 10_000_000
-    jsonl, csv, tsv = "text=t,label=y", "text=t,label=y", "text=t,label=y"
-    cases = [
-        ("jsonl-list", "jsonl", jsonl, "", ['{"id": "3", "t": "odd", "y": ["pos"]}\n'],
+    good = {"csv": "id,t,y\n1,a fine film,pos\n2,a sad film,neg\n",
+            "tsv": "id\tt\ty\n1\ta fine film\tpos\n2\ta sad film\tneg\n",
+            "jsonl": '{"id": "1", "t": "a fine film", "y": "pos"}\n'
+                     '{"id": "2", "t": "a sad film", "y": "neg"}\n'}
+    files = [  # (format, file text, what the one line must say)
+        ("jsonl", good["jsonl"] + '{"id": "3", "t": "odd", "y": ["pos"]}\n',
          ("train.jsonl:3, field 'y'", "list")),
-        ("jsonl-dup", "jsonl", jsonl, "", ['{"id": "3", "t": "odd", "y": "pos", "y": "neg"}\n'],
+        ("jsonl", good["jsonl"] + '{"id": "3", "t": "odd", "y": "pos", "y": "neg"}\n',
          ("train.jsonl:3, field 'y'", "appears twice")),
-        ("csv-dup", "csv", csv, "id,t,y,y\n", [], ("train.csv:1, field 'y'", "appears twice")),
-        ("csv-big", "csv", csv, "id,t,y\n", [f"3,{big},pos\n"], ("train.csv:4, field 't'", "limit")),
-        ("tsv-big", "tsv", tsv, "id\tt\ty\n", [f"3\t{big}\tpos\n"],
-         ("train.tsv:4, field 't'", "limit")),
-        ("jsonl-big", "jsonl", jsonl, "", [json.dumps({"id": "3", "t": big, "y": "pos"}) + "\n"],
+        ("csv", "id,t,y,y\n1,a fine film,pos,pos\n", ("train.csv:1, field 'y'", "appears twice")),
+        ("csv", good["csv"] + f"3,{big},pos\n", ("train.csv:4, field 't'", "limit")),
+        ("tsv", good["tsv"] + f"3\t{big}\tpos\n", ("train.tsv:4, field 't'", "limit")),
+        ("jsonl", good["jsonl"] + json.dumps({"id": "3", "t": big, "y": "pos"}) + "\n",
          ("train.jsonl:3, field 't'", "limit")),
     ]
-    runs = []
-    for name, task, columns, head, rows, must in cases:
-        if name == "csv-dup":
-            rows = []
-        data = _bad_rows(work, name, head, rows)
-        if name == "csv-dup":
-            (data / "train.csv").write_text("id,t,y,y\n1,a fine film,pos,pos\n")
-        runs.append((_finetune_on(work / f"w-{name}", task, columns, data), must))
+    runs = [(_finetune_on(work / f"file-{i}", fmt, text), must)
+            for i, (fmt, text, must) in enumerate(files)]
     return refused(runs, "finetune refused a JSONL list label, a duplicated JSONL key, a "
                    "duplicated CSV header name, and a 10 MB field in CSV, TSV and JSONL alike "
                    "(exit 2, one line naming file, line and field)", limit=None)
