@@ -113,17 +113,18 @@ def _task_of(record: dict, name: str | None) -> Task:
 
 def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str = "dev",
                  micro: int = 16, skip_bad_rows: bool = False, device: str = "cpu",
-                 overwrite: bool = False) -> dict[str, Any]:
-    """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into the run
-    folder (an existing one only with `overwrite`)."""
+                 overwrite: bool = False, out: str | Path | None = None) -> dict[str, Any]:
+    """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
+    (default: the run folder; an existing file only with `overwrite`)."""
     from gpt1.finetune import load_finetuned
-    check_output(_run_folder(run) / results_name(split), overwrite)
+    out_dir = Path(out) if out else _run_folder(run)
+    check_output(out_dir / results_name(split), overwrite)
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model.to(device)
     results = evaluate_model(model, task, tok, data, split, record["n_ctx"],
                              record.get("question_delimiter", False), micro, skip_bad_rows)
-    write_results(_run_folder(run), results, results_name(split), overwrite)
+    write_results(out_dir, results, results_name(split), overwrite)
     return results
 
 

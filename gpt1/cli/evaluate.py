@@ -1,8 +1,10 @@
-"""Score a fine-tuned run on a task split; writes results.SPLIT.json into the run folder.
+"""Score a fine-tuned run on a task split; writes results.SPLIT.json into the run folder
+(or into --out, e.g. when the run folder is read-only).
 
 Examples:
   gpt1 evaluate runs/sst2 --task sst2 --data glue/SST-2 --split dev
   gpt1 evaluate runs/mnli --task mnli --data glue/MNLI --split dev --json   # matched + mismatched
+  gpt1 evaluate runs/sst2 --data glue/SST-2 --out scores            # -> scores/results.dev.json
 """
 from __future__ import annotations
 
@@ -29,12 +31,13 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_scoring_arguments(p, "dev", "dev, test, or a task's split name")
     p.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
+    p.add_argument("--out", metavar="DIR", help="where to write results.SPLIT.json (default RUN)")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
     from gpt1.evaluate import evaluate_run
     results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,
-                           args.skip_bad_rows, args.device, overwrite=args.overwrite)
+                           args.skip_bad_rows, args.device, overwrite=args.overwrite, out=args.out)
     print(json.dumps(results) if args.json else _summary(results))
     return 0
