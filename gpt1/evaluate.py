@@ -23,25 +23,33 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", 
 
 
 @torch.no_grad()
-def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
-    """Predicted class index (or choice index, or score) per example, in order.
+def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
+    """The head's output per example, in order: class logits or choice scores (a list of
+    floats each), or a float score for regression tasks.
 
     Batches are formed longest first, so each pads to a similar length (right padding does not
     reach a causal model's real positions, so an example's output does not depend on its
-    batch); the predictions are put back in the split's order.
+    batch); the outputs are put back in the split's order.
     """
     from gpt1.finetune import example_length, make_batch
     device = next(model.parameters()).device
     order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
-    preds: list[Any] = [None] * len(order)
+    outputs: list[Any] = [None] * len(order)
     for start in range(0, len(order), micro):
         index = order[start:start + micro]
         batch = make_batch(enc, index, task.regression)
         out, _ = model(batch["ids"].to(device), batch["mask"].to(device), with_lm=False)
-        out = out.float().cpu()
-        for i, p in zip(index, out.tolist() if task.regression else out.argmax(-1).tolist()):
-            preds[i] = p
-    return preds
+        for i, row in zip(index, out.float().cpu().tolist()):
+            outputs[i] = row
+    return outputs
+
+
+def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
+    """Predicted class index (or choice index, or score) per example, in order."""
+    outputs = predict_raw(model, task, enc, micro)
+    if task.regression or not outputs:
+        return outputs
+    return torch.tensor(outputs).argmax(-1).tolist()
 
 
 def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
@@ -121,12 +129,12 @@ def predict_run(run: str | Path, task_name: str | None, data: str, split: str = 
         with open(path, "w", encoding="utf-8") as fh:
             fh.write("index\tprediction\n")
             for uid, p in zip(enc.uids, preds):
-                fh.write(f"{uid}\t{_label_text(task, p)}\n")
+                fh.write(f"{uid}\t{label_text(task, p)}\n")
         written.append(path)
     return written
 
 
-def _label_text(task: Task, pred: Any) -> str:
+def label_text(task: Task, pred: Any) -> str:
     if task.regression:
         return f"{pred:.3f}"
     if task.kind == "choice":
