@@ -127,6 +127,15 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     return 2 * n ** 3 / best
 
 
+def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
+    """Bytes/s of summing a `mib` MiB fp32 tensor (best of `reps`): the memory read speed that
+    bounds batch-1 decoding, which must read every weight once per token."""
+    x = torch.ones(mib << 18)
+    x.sum()
+    best = min(timed(lambda: x.sum()) for _ in range(reps))
+    return x.numel() * 4 / best
+
+
 def classify_flops(seqs: list[list[int]], n_embd: int = 768, n_layer: int = 12) -> float:
     """Forward FLOPs of the unpadded classifier on `seqs`: weight matmuls on real tokens plus
     attention (causal half credited), the head ignored."""
@@ -222,6 +231,14 @@ def main() -> None:
             for name, rate in rates.items():
                 print(f"  generate {name:16s} {rate:8.1f} new tokens/s")
             print(f"  gpt1 / HF {rates['gpt1'] / rates['HF']:.2f}x")
+            # Batch-1 decoding reads every weight once per token (the position table aside).
+            weight_bytes = sum(p.numel() * p.element_size() for n, p in clf.gpt.named_parameters()
+                               if n != "wpe.weight")
+            bandwidth = read_bandwidth()
+            bound = bandwidth / weight_bytes
+            print(f"  memory read bandwidth {bandwidth / 1e9:.1f} GB/s; weights "
+                  f"{weight_bytes / 1e6:.0f} MB: at most {bound:.1f} tokens/s at batch 1; gpt1 at "
+                  f"{rates['gpt1'] / bound:.0%} of that bound, which is {bound / rates['HF']:.2f}x HF")
     tmp.cleanup()
 
 
