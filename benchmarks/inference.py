@@ -226,7 +226,7 @@ def main() -> None:
                 same = int((ours[0] == theirs[0]).long().cumprod(0).sum()) - args.prompt
                 print(f"  generate: greedy outputs agree on the first {same} of "
                       f"{args.new_tokens} new tokens")
-                times = alternate(gen, args.repeats)
+                times = alternate(gen, args.repeats, warm=False)   # the check above warmed up
             rates = {k: args.new_tokens / statistics.median(v) for k, v in times.items()}
             for name, rate in rates.items():
                 print(f"  generate {name:16s} {rate:8.1f} new tokens/s")
@@ -242,9 +242,10 @@ def main() -> None:
     tmp.cleanup()
 
 
-def alternate(systems: dict, repeats: int) -> dict[str, list[float]]:
-    """Warm each system up once, then time them in turn, `repeats` rounds."""
-    for fn in systems.values():
+def alternate(systems: dict, repeats: int, warm: bool = True) -> dict[str, list[float]]:
+    """Warm each system up once (unless `warm` is False), then time them in turn, `repeats`
+    rounds."""
+    for fn in systems.values() if warm else ():
         fn()
     times: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(repeats):
