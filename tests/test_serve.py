@@ -341,7 +341,7 @@ def test_bad_requests_get_a_one_line_4xx(world):
 def test_queue_limit_answers_503_with_retry_after(world):
     """A batch waiting for company holds its items in the queue: past max_queue, 503."""
     run = world["runs"]["single"][0]
-    with serving(run, max_queue=2, wait_s=3.0) as url:
+    with serving(run, max_queue=2, wait_s=10.0) as url:   # a wide window, even on a busy machine
         first: dict[str, httpx.Response] = {}
         t = threading.Thread(target=lambda: first.setdefault(
             "r", post(f"{url}/v1/predict", {"inputs": [{"text": "a"}, {"text": "b"}]})))
@@ -370,7 +370,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits(world):
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "gpt1", "serve", str(run), "--port", str(port),
-                             "--batch-wait-ms", "1500", "--threads", "1"],
+                             "--batch-wait-ms", "8000", "--threads", "1"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         def up() -> bool:
@@ -414,7 +414,7 @@ def test_cli_refuses_bad_options(world, capsys):
         main(["serve", str(run), "--precision", "fp8"])
 
 
-def test_bf16_engine_runs_and_mostly_agrees(world):
+def test_bf16_engine_predicts(world):
     """bf16 serves the same endpoints; its agreement with fp32 is measured (benchmarks) not
     assumed, so here only that it predicts valid labels and probabilities."""
     run, data, rows = world["runs"]["single"]
