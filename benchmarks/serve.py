@@ -130,9 +130,10 @@ def in_process(run: Path, precision: str, texts: list[str], gen_prompts: list[st
             engine.predict(engine.encode(engine.examples([{"text": t} for t in texts[s:s + 64]])))
 
     classify()   # warm-up (and the tokenizer's cache, as a running server's)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     classify()
     rate = len(texts) / (time.perf_counter() - start)
+    in_process.cpu_ms = 1e3 * (time.process_time() - cpu) / len(texts)
     gen_rate = None
     if gen_prompts:
         ids = [engine.token_ids(p, None, "prompt") for p in gen_prompts]
@@ -143,6 +144,12 @@ def in_process(run: Path, precision: str, texts: list[str], gen_prompts: list[st
         gen_rate = len(ids) * gen_tokens / (time.perf_counter() - start)
     del engine
     return rate, gen_rate
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -181,6 +188,9 @@ def main() -> None:
     p.add_argument("--limit-s", type=float, default=120.0, help="time limit per level")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--skip", default="", help="classify and/or generate")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="then N rounds alternating in-process classify and the server at the "
+                        "largest client count (the ratio with the least drift; default 0)")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     levels = [int(c) for c in args.clients.split(",")]
@@ -202,24 +212,38 @@ def main() -> None:
                 # in-process reference's does after its warm-up.
                 asyncio.run(load(port, "/v1/predict", bodies, max(levels), args.limit_s * 4))
                 for c in levels:
-                    results["classify"].append(asyncio.run(load(port, "/v1/predict", bodies, c,
-                                                                 args.limit_s)))
+                    cpu0 = process_cpu(server.pid)
+                    r = asyncio.run(load(port, "/v1/predict", bodies, c, args.limit_s))
+                    r["cpu_ms"] = 1e3 * (process_cpu(server.pid) - cpu0) / max(1, r["ok"])
+                    results["classify"].append(r)
             if "generate" not in skip:
                 bodies = [json.dumps({"prompt": t, "max_new_tokens": args.gen_tokens,
                                       "temperature": 0}).encode() for t in gen_texts]
                 for c in levels:
                     results["generate"].append(asyncio.run(load(port, "/v1/generate", bodies, c,
                                                                  args.limit_s)))
+            ratios = []
+            for _ in range(args.rounds):   # the engine in this process stays loaded: reuse it
+                ref, _ = in_process(run, args.precision, cls_texts, [], 0, args.threads)
+                r = asyncio.run(load(port, "/v1/predict", bodies, max(levels), args.limit_s))
+                ratios.append((ref, r["rps"], r["errors"]))
         finally:
             server.terminate()
             server.wait(120)
         after = in_process(run, args.precision, cls_texts, gen_texts, args.gen_tokens, args.threads)
     report(results, before, after, args.gen_tokens)
+    for ref, rps, errors in ratios:
+        print(f"round: in process {ref:.1f} sentences/s, server at {max(levels)} clients "
+              f"{rps:.1f} requests/s, errors {errors or 0}: {rps / ref:.2f}x")
+    if ratios:
+        print(f"median ratio over {len(ratios)} rounds: "
+              f"{statistics.median(r / f for f, r, _ in ratios):.2f}x")
 
 
 def report(results: dict, before: tuple, after: tuple, gen_tokens: int) -> None:
     ref_cls = (before[0] + after[0]) / 2
-    print(f"in process: classify {before[0]:.1f} / {after[0]:.1f} sentences/s (before / after)"
+    print(f"in process: classify {before[0]:.1f} / {after[0]:.1f} sentences/s (before / after), "
+          f"{in_process.cpu_ms:.2f} ms CPU per sentence"
           + (f"; generate {before[1]:.2f} / {after[1]:.2f} new tokens/s" if before[1] else ""))
     for kind, rows in results.items():
         for r in rows:
@@ -228,7 +252,8 @@ def report(results: dict, before: tuple, after: tuple, gen_tokens: int) -> None:
             unit = "sentences/s" if kind == "classify" else "new tokens/s"
             print(f"{kind:8s} {r['clients']:3d} clients: {r['ok']:4d} ok, errors {r['errors'] or 0}, "
                   f"{r['rps']:7.2f} req/s, p50 {r['p50'] * 1e3:8.1f} ms, p99 {r['p99'] * 1e3:8.1f} ms"
-                  f" | {per:7.2f} {unit} = {per / ref:.2f}x in process")
+                  f" | {per:7.2f} {unit} = {per / ref:.2f}x in process"
+                  + (f"; server CPU {r['cpu_ms']:.2f} ms/request" if "cpu_ms" in r else ""))
 
 
 if __name__ == "__main__":
