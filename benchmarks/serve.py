@@ -7,7 +7,7 @@ keep-alive HTTP/1.1 connection each, sending SST-2 dev sentences (../shared/data
 - generate: `POST /v1/generate`, greedy, `--gen-tokens` new tokens after the sentence.
 Each level (1, 8, 64 clients) is bounded by a request count and a time limit (no new request
 starts after it). The reference is the in-process throughput of the same work with the same
-engine (tokenize + `Engine.predict` in batches of 64; `Engine.stream` one prompt at a time),
+engine (tokenize + `Engine.predict` in batches of 16, `gpt1 predict`'s default; `Engine.stream` one prompt at a time),
 measured in this process before and after the server levels. Both sides see the sentences once
 untimed first, so the tokenizer's cache holds them on both (the figures are model + serving).
 
@@ -119,15 +119,15 @@ async def load(port: int, path: str, bodies: list[bytes], clients: int, limit_s:
 # -------------------------------------------------------------------------- in process
 def in_process(run: Path, precision: str, texts: list[str], gen_prompts: list[str],
                gen_tokens: int, threads: int) -> tuple[float, float | None]:
-    """(sentences/s of tokenize + predict in batches of 64, new tokens/s of one-at-a-time
+    """(sentences/s of tokenize + predict in batches of 16, new tokens/s of one-at-a-time
     greedy generation) with the engine the server uses."""
     from gpt1.serve.engine import load_engine
     engine = load_engine(run, precision=precision)
     torch.set_num_threads(threads)
 
     def classify() -> None:
-        for s in range(0, len(texts), 64):
-            engine.predict(engine.encode(engine.examples([{"text": t} for t in texts[s:s + 64]])))
+        for s in range(0, len(texts), 16):
+            engine.predict(engine.encode(engine.examples([{"text": t} for t in texts[s:s + 16]])))
 
     classify()   # warm-up (and the tokenizer's cache, as a running server's)
     start, cpu = time.perf_counter(), time.process_time()

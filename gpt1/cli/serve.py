@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("batching and limits")
     g.add_argument("--batch-tokens", type=int, default=8192,
                    help="most tokens in one model batch (default 8192)")
-    g.add_argument("--batch-items", type=int, default=64,
-                   help="most examples in one model batch (default 64)")
+    g.add_argument("--batch-items", type=int, default=16,
+                   help="most examples in one model batch (default 16, as gpt1 predict)")
     g.add_argument("--batch-wait-ms", type=float, default=2.0,
                    help="how long a batch waits for more requests (default 2 ms)")
     g.add_argument("--max-queue", type=int, default=1024,

@@ -121,7 +121,7 @@ KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"
 
 
 def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int = 8192,
-               batch_items: int = 64, wait_s: float = 0.002, max_queue: int = 1024) -> Any:
+               batch_items: int = 16, wait_s: float = 0.002, max_queue: int = 1024) -> Any:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware)."""
     limits = limits or Limits()
     metrics = Metrics()

@@ -50,7 +50,7 @@ class Batcher:
     """The worker thread and its queue (see the module docstring)."""
 
     def __init__(self, run_batch: Callable[[str, list[Any]], list[Any]], batch_tokens: int = 8192,
-                 batch_items: int = 64, wait_s: float = 0.002, max_queue: int = 1024,
+                 batch_items: int = 16, wait_s: float = 0.002, max_queue: int = 1024,
                  max_active_generations: int = 16, on_batch: Callable[[str, int, int], None] | None = None):
         self.run_batch, self.batch_tokens, self.batch_items = run_batch, batch_tokens, batch_items
         self.wait_s, self.max_queue, self.max_active = wait_s, max_queue, max_active_generations

@@ -22,7 +22,7 @@ log = logging.getLogger("gpt1.serve")
 
 def serve(path: str | Path, host: str = "127.0.0.1", port: int = 8000, device: str = "cpu",
           precision: str = "fp32", limits: Limits | None = None, batch_tokens: int = 8192,
-          batch_items: int = 64, wait_ms: float = 2.0, max_queue: int = 1024,
+          batch_items: int = 16, wait_ms: float = 2.0, max_queue: int = 1024,
           threads: int | None = None, graceful_timeout: float | None = None) -> None:
     """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped."""
     import uvicorn
