@@ -26,17 +26,18 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", 
 
 
 @torch.no_grad()
-def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
-    """Predicted class index (or choice index, or score) per example, in order.
+def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
+    """The head's output per example, in order: class logits or choice scores (a list of
+    floats each), or a float score for regression tasks.
 
     Batches are formed longest first, so each pads to a similar length (right padding does not
     reach a causal model's real positions, so an example's output does not depend on its
-    batch); the predictions are put back in the split's order.
+    batch); the outputs are put back in the split's order.
     """
     from gpt1.finetune import example_length, make_batch
     device = next(model.parameters()).device
     order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
-    preds: list[Any] = [None] * len(order)
+    outputs: list[Any] = [None] * len(order)
     for start in range(0, len(order), micro):
         index = order[start:start + micro]
         batch = make_batch(enc, index, task.regression)
@@ -45,9 +46,17 @@ def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
         if not bool(torch.isfinite(out).all()):   # argmax of NaN rows would pick class 0 silently
             raise Gpt1Error("the model produced NaN or infinite outputs (overflow or damaged "
                             "weights); predictions would be meaningless")
-        for i, p in zip(index, out.tolist() if task.regression else out.argmax(-1).tolist()):
-            preds[i] = p
-    return preds
+        for i, row in zip(index, out.tolist()):
+            outputs[i] = row
+    return outputs
+
+
+def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
+    """Predicted class index (or choice index, or score) per example, in order."""
+    outputs = predict_raw(model, task, enc, micro)
+    if task.regression or not outputs:
+        return outputs
+    return torch.tensor(outputs).argmax(-1).tolist()
 
 
 def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
@@ -146,13 +155,13 @@ def predict_run(run: str | Path, task_name: str | None, data: str, split: str = 
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
         preds = predict_outputs(model, task, enc, micro)
-        rows = ["index\tprediction\n"] + [f"{uid}\t{_label_text(task, p)}\n"
+        rows = ["index\tprediction\n"] + [f"{uid}\t{label_text(task, p)}\n"
                                           for uid, p in zip(enc.uids, preds)]
         written.append(write_text(out_dir / submission_name(task, name), "".join(rows)))
     return written
 
 
-def _label_text(task: Task, pred: Any) -> str:
+def label_text(task: Task, pred: Any) -> str:
     if task.regression:
         return f"{pred:.3f}"
     if task.kind == "choice":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -63,6 +63,22 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
     temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
     """
+    if ids.dim() == 1:
+        ids = ids[None]
+    steps = list(generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p,
+                                 generator, use_cache))
+    return torch.cat([ids.to(model.wte.weight.device), *steps], dim=1)
+
+
+def generate_stream(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, generator: torch.Generator | None = None,
+                    use_cache: bool = True) -> Iterator[torch.Tensor]:
+    """`generate`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
+
+    The checks run before the first token; the model is in eval mode while the generator runs
+    and restored when it ends (or is closed early).
+    """
     check_options(temperature, top_k, top_p, max_new_tokens)
     if ids.dim() == 1:
         ids = ids[None]
@@ -71,6 +87,14 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     vocab, n_pos = model.config.vocab_size, model.config.n_positions
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ConfigError(f"prompt ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+
+
+def _steps(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, temperature: float,
+           top_k: int | None, top_p: float | None, generator: torch.Generator | None,
+           use_cache: bool) -> Iterator[torch.Tensor]:
+    """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly)."""
+    n_pos = model.config.n_positions
     was_training = model.training
     model.eval()
     device = model.wte.weight.device
@@ -79,12 +103,13 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
         for _ in range(max_new_tokens):
-            if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                hidden = model(fresh, cache=cache)[:, -1]
-            else:
-                cache = None  # past the context: positions shift, re-read the window each step
-                hidden = model(out[:, -n_pos:])[:, -1]
-            logits = model.lm_logits(hidden).float()  # [B, V]
+            with torch.no_grad():
+                if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
+                    hidden = model(fresh, cache=cache)[:, -1]
+                else:
+                    cache = None  # past the context: positions shift, re-read the window each step
+                    hidden = model(out[:, -n_pos:])[:, -1]
+                logits = model.lm_logits(hidden).float()  # [B, V]
             if not bool(torch.isfinite(logits).all()):
                 # Overflow (or damage): multinomial would crash, argmax would pick token 0.
                 raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn "
@@ -96,9 +121,9 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
                 nxt = torch.multinomial(probs, 1, generator=generator)
             out = torch.cat([out, nxt], dim=1)
             fresh = nxt
+            yield nxt
     finally:
         model.train(was_training)
-    return out
 
 
 @dataclass

@@ -16,7 +16,7 @@ import traceback
 
 # Listed in the order `gpt1 --help` shows them. A module that is not present is not offered.
 COMMANDS = ["demo", "info", "convert", "sample", "tokenizer", "prepare", "pretrain", "plot",
-            "finetune", "evaluate", "predict", "zeroshot", "analysis"]
+            "finetune", "evaluate", "predict", "serve", "zeroshot", "analysis"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
