@@ -4,7 +4,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpt1 import GPT
+from gpt1 import GPT, ModelConfig
 from gpt1.fast_cpu import causal_attention_cpu_train, dropout
 
 

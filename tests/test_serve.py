@@ -125,7 +125,8 @@ def world(tmp_path_factory) -> dict[str, Any]:
     config = model_preset("tiny")
     config.vocab_size = load_tokenizer(vocab).vocab_size
     lm = save_model(GPT(config), root / "lm", vocab)
-    from gpt1.lstm import LSTMLM, lstm_config_for, save_lstm
+    from gpt1.lstm import LSTMLM, lstm_config_for
+    from gpt1.registry import save_lstm
     lstm = save_lstm(LSTMLM(lstm_config_for(config)), root / "lstm", vocab)
     return {"root": root, "vocab": vocab, "runs": runs, "lm": lm, "lstm": lstm}
 
@@ -253,7 +254,7 @@ def test_lstm_checkpoint_generates_and_scores(world):
 
 
 def test_score_equals_the_zero_shot_scorer(world):
-    from gpt1.lstm import load_any_checkpoint
+    from gpt1.registry import load_any_checkpoint
     from gpt1.tokenizer import Tokenizer
     from gpt1.zeroshot import Scorer
     tok = Tokenizer.from_dir(world["lm"])

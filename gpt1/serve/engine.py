@@ -186,7 +186,7 @@ def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") 
         task = _task_of(record, None)
         classifier = classifier.to(device=device, dtype=dtype).eval()
         return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
-    from gpt1.lstm import load_any_checkpoint
+    from gpt1.registry import load_any_checkpoint
     lm = load_any_checkpoint(folder, device=device).to(dtype).eval()
     tok_dir = tokenizer_dir_of(folder)
     tok = None
