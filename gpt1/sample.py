@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
@@ -52,15 +53,16 @@ def check_options(temperature: float, top_k: int | None, top_p: float | None,
         raise ConfigError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
 
 
-@torch.no_grad()
-def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, use_cache: bool = True) -> torch.Tensor:
-    """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
+def generate_stream(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
+                    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                    generator: torch.Generator | None = None,
+                    use_cache: bool = True) -> Iterator[torch.Tensor]:
+    """Yield the next tokens `[B, 1]` of `ids` `[B, T]`, one step at a time, as they are chosen.
 
     `model` is a `GPT` (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM
     baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
-    temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
+    temperature 0 is greedy (argmax). The model is in eval mode while the generator runs and is
+    restored when it finishes or is closed.
     """
     check_options(temperature, top_k, top_p, max_new_tokens)
     if ids.dim() == 1:
@@ -70,6 +72,12 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     vocab, n_pos = model.config.vocab_size, model.config.n_positions
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ConfigError(f"prompt ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    return _stream(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache,
+                   n_pos)
+
+
+def _stream(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache, n_pos):
+    """The body of `generate_stream` (its checks run when it is called, not when first read)."""
     was_training = model.training
     model.eval()
     device = model.wte.weight.device
@@ -78,22 +86,78 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
         for _ in range(max_new_tokens):
-            if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                hidden = model(fresh, cache=cache)[:, -1]
-            else:
-                cache = None  # past the context: positions shift, re-read the window each step
-                hidden = model(out[:, -n_pos:])[:, -1]
-            logits = model.lm_logits(hidden).float()  # [B, V]
-            if temperature == 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
-                nxt = torch.multinomial(probs, 1, generator=generator)
+            with torch.no_grad():
+                if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
+                    hidden = model(fresh, cache=cache)[:, -1]
+                else:
+                    cache = None  # past the context: positions shift, re-read the window each step
+                    hidden = model(out[:, -n_pos:])[:, -1]
+                logits = model.lm_logits(hidden).float()  # [B, V]
+                if temperature == 0:
+                    nxt = logits.argmax(-1, keepdim=True)
+                else:
+                    probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
+                    nxt = torch.multinomial(probs, 1, generator=generator)
             out = torch.cat([out, nxt], dim=1)
             fresh = nxt
+            yield nxt
     finally:
         model.train(was_training)
-    return out
+
+
+@torch.no_grad()
+def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
+             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True) -> torch.Tensor:
+    """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
+
+    The whole of `generate_stream` at once (same model kinds, same options).
+    """
+    if ids.dim() == 1:
+        ids = ids[None]
+    steps = list(generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p,
+                                 generator, use_cache))
+    ids = ids.to(model.wte.weight.device)
+    return torch.cat([ids, *steps], dim=1) if steps else ids
+
+
+class TextStream:
+    """Incremental decoding: push token ids, get the text they add, equal in the end to
+    `Tokenizer.decode` of all of them.
+
+    A BPE piece ending in `</w>` closes a word (a space follows it); other pieces continue one.
+    Text is released as soon as it is certain: trailing whitespace is held back until more text
+    follows (decode strips it at the end), leading whitespace is dropped (decode strips it too).
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.started = False      # released any non-space text yet
+        self.pending = ""         # whitespace held back
+
+    def push(self, token: int) -> str:
+        text = self.pending + _piece(self.tokenizer, token)
+        if not self.started:
+            text = text.lstrip()
+        body = text.rstrip()
+        self.pending = text[len(body):]
+        if body:
+            self.started = True
+        return body
+
+    def flush(self) -> str:
+        """The end of the text: whatever is held back is trailing whitespace, which decode drops."""
+        self.pending = ""
+        return ""
+
+
+def _piece(tokenizer, token: int) -> str:
+    """One id's text as `Tokenizer.decode` joins it: `</w>` becomes a space."""
+    from gpt1.tokenizer import EOW
+    piece = tokenizer.decoder.get(int(token))
+    if piece is None:
+        raise ConfigError(f"token id {int(token)} is outside this vocabulary")
+    return piece.replace(EOW, " ")
 
 
 @dataclass

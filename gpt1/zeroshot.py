@@ -127,9 +127,10 @@ class Scorer:
             if not ctx:
                 raise ValueError("a continuation needs at least one context token to be scored")
             n_tokens = len(ctx) + len(cont)
-            # A continuation longer than the context window keeps its first n_positions - 1
-            # tokens after one context token; a long context loses tokens on the left.
-            cont = cont[:self.n_positions - 1]
+            # A continuation longer than the context window keeps its first n_positions
+            # tokens after one context token (the row is that token + all but the last
+            # continuation token); a long context loses tokens on the left.
+            cont = cont[:self.n_positions]
             room = self.n_positions - len(cont) + 1   # the row is ctx + cont[:-1]
             ctx = ctx[-room:]
             if len(ctx) + len(cont) < n_tokens:
