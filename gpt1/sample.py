@@ -1,7 +1,8 @@
 """Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
 
-`generate(model, ids, ...)` is the importable core; `sample(checkpoint, ...)` is the `gpt1 sample`
-entry point (loads the checkpoint and, for text prompts, its tokenizer).
+`generate_stream(model, ids, ...)` is the importable core (one step at a time); `generate` runs it
+to the end; `TextStream` turns the ids into text as they come. `Session` holds a loaded checkpoint
+and its tokenizer for prompt after prompt; `sample(checkpoint, ...)` is the one-shot entry point.
 The context is capped at `n_positions`: past that, each step re-reads the last `n_positions`
 tokens (learned positions cannot slide, so the cache is not reused there).
 """
@@ -175,40 +176,84 @@ def parse_ids(raw: str) -> list[int]:
         raise ConfigError(f"--prompt-ids must be integers separated by spaces, got {raw!r}") from None
 
 
+class Session:
+    """A loaded checkpoint (GPT or the LSTM baseline) and its tokenizer, ready for prompt after
+    prompt (`gpt1 sample --interactive` keeps one open)."""
+
+    def __init__(self, checkpoint: str | Path, device: str = "auto", precision: str = "auto"):
+        from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+        from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+        from gpt1.lstm import load_any_checkpoint
+        self.folder = resolve_checkpoint_dir(checkpoint)
+        tok_dir = tokenizer_dir_of(self.folder)
+        self.tokenizer = None
+        if tok_dir is not None:
+            from gpt1.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
+            self.tokenizer = Tokenizer.from_dir(tok_dir)
+        self.device = resolve_device(device)
+        dtype = torch_dtype(resolve_precision(precision, self.device))
+        self.model = load_any_checkpoint(self.folder, device=self.device).to(dtype).eval()
+
+    def prompt_ids(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> list[int]:
+        """The ids to continue: `prompt` encoded, or `prompt_ids`, cut to the last n_positions."""
+        if (prompt is None) == (prompt_ids is None):
+            raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
+        if prompt is not None:
+            if self.tokenizer is None:
+                raise CheckpointError(f"{self.folder}: no tokenizer files (vocab.json + merges.txt), "
+                                      "so a text prompt cannot be encoded; use --prompt-ids")
+            prompt_ids = list(self.tokenizer.encode(prompt))
+        n_pos = self.model.config.n_positions
+        if len(prompt_ids) > n_pos:
+            log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids),
+                        n_pos)
+            prompt_ids = prompt_ids[-n_pos:]
+        return list(prompt_ids)
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else torch.seed())
+        return generator
+
+    def stream_text(self, prompt_ids: list[int], max_new_tokens: int = 50,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
+        """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
+        joined, the pieces equal `Tokenizer.decode` of the new ids."""
+        if self.tokenizer is None:
+            raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
+        text = TextStream(self.tokenizer)
+        steps = generate_stream(self.model, torch.tensor([prompt_ids]), max_new_tokens,
+                                temperature, top_k, top_p, self._generator(seed))
+        for step in steps:
+            piece = text.push(int(step[0, 0]))
+            if piece:
+                yield piece
+
+    def samples(self, prompt_ids: list[int], max_new_tokens: int = 50, temperature: float = 1.0,
+                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                num_samples: int = 1) -> list[Sample]:
+        """`num_samples` continuations of the same prompt, generated as one batch."""
+        if num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
+        ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
+        out = generate(self.model, ids, max_new_tokens, temperature, top_k, top_p,
+                       self._generator(seed))
+        n = len(prompt_ids)
+        return [Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
+                for row in out.tolist()]
+
+
 def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[int] | None = None,
            max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
-           device: str = "cpu") -> list[Sample]:
+           device: str = "auto", precision: str = "auto") -> list[Sample]:
     """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
-    from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.lstm import load_any_checkpoint
     check_options(temperature, top_k, top_p, max_new_tokens)
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
-    folder = resolve_checkpoint_dir(checkpoint)
-    tok_dir = tokenizer_dir_of(folder)
-    tokenizer = None
-    if tok_dir is not None:
-        from gpt1.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
-        tokenizer = Tokenizer.from_dir(tok_dir)
-    if prompt is not None:
-        if tokenizer is None:
-            raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt), so a text "
-                                  "prompt cannot be encoded; use --prompt-ids")
-        prompt_ids = list(tokenizer.encode(prompt))
-    model = load_any_checkpoint(folder, device=device)   # GPT or the LSTM baseline
-    n_pos = model.config.n_positions
-    if len(prompt_ids) > n_pos:
-        log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos)
-        prompt_ids = prompt_ids[-n_pos:]
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else torch.seed())
-    ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
-    out = generate(model, ids, max_new_tokens, temperature, top_k, top_p, generator)
-    samples = []
-    for row in out.tolist():
-        text = tokenizer.decode(row[len(prompt_ids):]) if tokenizer is not None else None
-        samples.append(Sample(row, len(prompt_ids), text))
-    return samples
+    session = Session(checkpoint, device, precision)
+    return session.samples(session.prompt_ids(prompt, prompt_ids), max_new_tokens, temperature,
+                           top_k, top_p, seed, num_samples)
