@@ -1,0 +1,116 @@
+"""lm-evaluation-harness: gpt1's native adapter vs the harness's own `hf` model, same checkpoint.
+
+The checkpoint is exported with `gpt1 convert CK OUT --from gpt1 --to hf`; the `hf` model loads OUT
+with the slow tokenizer (`use_fast_tokenizer=False`: with ftfy and spaCy installed its ids are
+GPT-1's), `prefix_token_id=0` (the export has no start or end token, without which the harness
+cannot tokenize) and `max_length` = the window the checkpoint was pretrained on (the export does
+not record it). Both run the local task `gpt1_lambada` (gpt1/lm_eval_tasks) through
+`lm_eval.simple_evaluate` on the same LAMBADA passages; the script prints
+
+* the largest per-request difference in log-likelihood and how many greedy flags differ,
+* acc and perplexity from each model's harness results,
+* the wall time of each model's `loglikelihood` call on the same requests (the model's own work),
+  and of each whole `simple_evaluate` (task loading and the harness's bookkeeping included);
+  best of --repeats, the two models alternating.
+
+    python benchmarks/lm_eval_adapter.py --checkpoint runs/lambada-small --limit 500
+    python benchmarks/lm_eval_adapter.py --checkpoint CK --limit 100 --hf-batch-size 8 --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+def evaluate(lm, limit: int, data: Path) -> tuple[dict, list, float]:
+    """simple_evaluate on gpt1_lambada: (metrics, per-request (loglik, greedy), seconds)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from gpt1.harness import TASKS_DIR
+    metadata = {"data": str(data)}
+    start = time.perf_counter()
+    out = lm_eval.simple_evaluate(model=lm, tasks=["gpt1_lambada"], limit=limit, log_samples=True,
+                                  metadata=metadata, bootstrap_iters=0,
+                                  task_manager=TaskManager(include_path=str(TASKS_DIR),
+                                                           metadata=metadata))
+    seconds = time.perf_counter() - start
+    samples = sorted(out["samples"]["gpt1_lambada"], key=lambda s: s["doc_id"])
+    per_request = [tuple(s["resps"][0][0]) for s in samples]
+    return out["results"]["gpt1_lambada"], per_request, seconds
+
+
+def loglikelihood_seconds(lm, passages: list[tuple[str, str]]) -> float:
+    """Wall time of one `loglikelihood` call on the task's requests (context, " " + last word)."""
+    from lm_eval.api.instance import Instance
+    requests = [Instance("loglikelihood", {}, (c, " " + w), i) for i, (c, w) in enumerate(passages)]
+    start = time.perf_counter()
+    lm.loglikelihood(requests, disable_tqdm=True)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", required=True, help="a gpt1 checkpoint with its tokenizer")
+    ap.add_argument("--data", default=str(DATA), help="data root holding corpus/lambada")
+    ap.add_argument("--limit", type=int, default=500, help="LAMBADA passages")
+    ap.add_argument("--repeats", type=int, default=2, help="timed runs per model (alternating)")
+    ap.add_argument("--hf-batch-size", type=int, default=32, help="the hf model's batch size")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    logging.getLogger("lm_eval").setLevel(logging.ERROR)
+
+    from lm_eval.models.huggingface import HFLM
+
+    from gpt1.convert import convert
+    from gpt1.harness import Gpt1LM
+
+    native = Gpt1LM(checkpoint=args.checkpoint, device="cpu", precision="fp32", prefix_token_id=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        export = convert(args.checkpoint, Path(tmp) / "hf", "gpt1", "hf")
+        hf = HFLM(pretrained=str(export), tokenizer=str(export), use_fast_tokenizer=False,
+                  prefix_token_id=0, max_length=native.max_length, device="cpu",
+                  batch_size=args.hf_batch_size, dtype="float32")
+        from gpt1.zeroshot_data import read_lambada
+        passages = read_lambada(Path(args.data) / "corpus" / "lambada")[:args.limit]
+        times: dict[str, list[float]] = {"gpt1": [], "hf": []}
+        calls: dict[str, list[float]] = {"gpt1": [], "hf": []}
+        results = {}
+        for _ in range(args.repeats):
+            for name, lm in (("gpt1", native), ("hf", hf)):
+                calls[name].append(loglikelihood_seconds(lm, passages))
+                metrics, per_request, seconds = evaluate(lm, args.limit, Path(args.data))
+                times[name].append(seconds)
+                results[name] = (metrics, per_request)
+    (g_metrics, g_req), (h_metrics, h_req) = results["gpt1"], results["hf"]
+    assert len(g_req) == len(h_req) == min(args.limit, len(g_req))
+    diff = max(abs(a[0] - b[0]) for a, b in zip(g_req, h_req))
+    flips = sum(bool(a[1]) != bool(b[1]) for a, b in zip(g_req, h_req))
+    print(f"checkpoint {args.checkpoint}: {len(g_req)} LAMBADA passages, context "
+          f"{native.max_length} tokens, {args.threads} threads, hf batch {args.hf_batch_size}")
+    print(f"per-request log-likelihood: max |gpt1 - hf| = {diff:.2e}; greedy flags differing: "
+          f"{flips}")
+    for name, metrics in (("gpt1", g_metrics), ("hf", h_metrics)):
+        print(f"{name:5s} acc {metrics['acc,none']:.4f}  perplexity {metrics['perplexity,none']:.2f}"
+              f"  loglikelihood {min(calls[name]):.2f} s ({', '.join(f'{t:.2f}' for t in calls[name])})"
+              f"  simple_evaluate {min(times[name]):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in times[name])})")
+    print(f"native adapter speed-up: loglikelihood {min(calls['hf']) / min(calls['gpt1']):.2f}x, "
+          f"simple_evaluate {min(times['hf']) / min(times['gpt1']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
