@@ -88,27 +88,41 @@ def _task_of(record: dict, name: str | None) -> Task:
     return task
 
 
+def _place(model: Any, device: str, precision: str) -> Any:
+    """The model on `device` in `precision` (both may be "auto": see gpt1.devices)."""
+    from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+    where = resolve_device(device)
+    return model.to(device=where, dtype=torch_dtype(resolve_precision(precision, where)))
+
+
 def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str = "dev",
-                 micro: int = 16, skip_bad_rows: bool = False, device: str = "cpu") -> dict[str, Any]:
-    """Load a fine-tuned run, score it on `split`, write `results.json` into the run folder."""
+                 micro: int = 16, skip_bad_rows: bool = False, device: str = "auto",
+                 precision: str = "auto") -> dict[str, Any]:
+    """Load a fine-tuned run, score it on `split`, write `results.json` into the run folder
+    (`results_path(run)`)."""
     from gpt1.finetune import load_finetuned
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
-    model.to(device)
+    model = _place(model, device, precision)
     results = evaluate_model(model, task, tok, data, split, record["n_ctx"],
                              record.get("question_delimiter", False), micro, skip_bad_rows)
     write_results(_run_folder(run), results)
     return results
 
 
+def results_path(run: str | Path) -> Path:
+    """Where `evaluate_run` writes: results.json in the run folder (RUN or RUN/final given)."""
+    return _run_folder(run) / "results.json"
+
+
 def predict_run(run: str | Path, task_name: str | None, data: str, split: str = "test",
                 out: str | Path | None = None, micro: int = 16, skip_bad_rows: bool = False,
-                device: str = "cpu") -> list[Path]:
+                device: str = "auto", precision: str = "auto") -> list[Path]:
     """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for)."""
     from gpt1.finetune import encode_split, load_finetuned
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
-    model.to(device)
+    model = _place(model, device, precision)
     out_dir = Path(out) if out else _run_folder(run) / "submission"
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []

@@ -1,4 +1,5 @@
-"""Score a fine-tuned run on a task split; writes results.json into the run folder.
+"""Score a fine-tuned run on a task split (dev unless --split says otherwise); writes results.json
+into the run folder and prints where.
 
 Examples:
   gpt1 evaluate runs/sst2 --task sst2 --data glue/SST-2 --split dev
@@ -17,22 +18,32 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
     p.add_argument("run", metavar="RUN", help="fine-tuned run or checkpoint folder")
     p.add_argument("--task", help="task name (checked against the run's task)")
     p.add_argument("--data", metavar="DIR", required=True, help="folder with the task's files")
+    from gpt1.devices import DEVICE_HELP, PRECISION_HELP
     p.add_argument("--split", default=split, help=split_help)
-    p.add_argument("--micro-batch", type=int, default=16, help="examples per forward pass")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--micro-batch", type=int, default=16,
+                   help="examples per forward pass (default 16)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--precision", default="auto", help=PRECISION_HELP)
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="skip malformed rows (counted and reported) instead of stopping")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_scoring_arguments(p, "dev", "dev, test, or a task's split name")
+    add_scoring_arguments(p, "dev", "dev (default), test, or a task's split name")
     p.add_argument("--json", action="store_true", help="print results.json as the last line")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
-    from gpt1.evaluate import evaluate_run
+    from gpt1.errors import ConfigError
+    from gpt1.evaluate import evaluate_run, results_path
+    if args.micro_batch < 1:
+        raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
     results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,
-                           args.skip_bad_rows, args.device)
-    print(json.dumps(results) if args.json else _summary(results))
+                           args.skip_bad_rows, args.device, args.precision)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(_summary(results))
+        print(f"wrote {results_path(args.run)}")
     return 0

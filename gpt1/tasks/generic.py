@@ -14,7 +14,8 @@ from typing import Any
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
-from gpt1.tasks.rows import Record, collect, label_field, records, text_field
+from gpt1.tasks.rows import (Record, collect, label_field, missing_column, optional_label, records,
+                             text_field)
 
 KINDS = ("single", "pair", "similarity", "choice")
 ROLES = {"single": ("text",), "pair": ("a", "b"), "similarity": ("a", "b"),
@@ -58,7 +59,7 @@ def scan_labels(path: Path, column: str) -> list[str]:
     values = set()
     for line, rec in records(path, BadRows(skip=True)):
         if column not in rec:
-            raise DataError(f"missing label column {column!r}", path, line, column)
+            raise DataError(missing_column(column, rec, "label column"), path, line, column)
         values.add(str(rec[column]).strip())
     if not values:
         raise DataError("no rows to take the label set from", path)
@@ -91,8 +92,10 @@ def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
 
     def build(line: int, rec: Record) -> Example:
         label = None
-        if has_label and (need_labels or cols["label"] in rec):
+        if has_label and need_labels:
             label = label_field(rec, cols["label"], path, line, labels)
+        elif has_label and cols["label"] in rec:   # prediction: a label is kept where it reads
+            label = optional_label(rec, cols["label"], path, line, labels)
         uid = str(rec.get(cols.get("id", ""), line))
         if kind == "single":
             return TextExample(text_field(rec, cols["text"], path, line), label, uid)
