@@ -10,9 +10,12 @@
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from gpt1.errors import ConfigError
+
+if TYPE_CHECKING:   # torch is imported by the functions: the CLI reads the help texts without it
+    import torch
 
 DEVICE_HELP = "auto (default: cuda if available, else cpu), cpu, cuda or cuda:N"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -21,11 +24,12 @@ PRECISION_HELP = ("auto (default: bf16 on a GPU that supports it, fp32 otherwise
                   " or fp16")
 TRAIN_PRECISION_HELP = ("auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise),"
                         " fp32 or bf16 (autocast)")
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def resolve_device(name: str | None = "auto") -> torch.device:
     """`auto` -> cuda when available else cpu; `cpu`, `cuda`, `cuda:N` checked to exist."""
+    import torch
     name = (name or "auto").strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -47,6 +51,7 @@ def resolve_device(name: str | None = "auto") -> torch.device:
 def resolve_precision(name: str | None, device: torch.device | str,
                       allowed: tuple[str, ...] = PRECISIONS) -> str:
     """`auto` -> bf16 on a bf16-capable CUDA device, else fp32; others checked against `allowed`."""
+    import torch
     name = (name or "auto").strip().lower()
     if name not in allowed:
         raise ConfigError(f"precision must be one of {', '.join(allowed)}, got {name!r}")
@@ -60,6 +65,7 @@ def resolve_precision(name: str | None, device: torch.device | str,
 
 def torch_dtype(precision: str) -> torch.dtype:
     """The torch dtype of a resolved precision name (fp32, bf16, fp16)."""
-    if precision not in DTYPES:
-        raise ConfigError(f"precision must be one of {', '.join(DTYPES)}, got {precision!r}")
-    return DTYPES[precision]
+    import torch
+    if precision not in DTYPE_NAMES:
+        raise ConfigError(f"precision must be one of {', '.join(DTYPE_NAMES)}, got {precision!r}")
+    return getattr(torch, DTYPE_NAMES[precision])
