@@ -148,10 +148,11 @@ def test_harness_runs_a_local_task_end_to_end(lm, checkpoint, shared_data):
 def test_cli_hands_options_to_the_harness(checkpoint, shared_data, capsys):
     from gpt1.cli import main
     rc = main(["lm-eval", "--model_args", f"checkpoint={checkpoint},precision=fp32",
-               "--tasks", "gpt1_sst2", "--data", str(shared_data), "--limit", "3"])
+               "--tasks", "gpt1_sst2,gpt1_story_cloze", "--data", str(shared_data),
+               "--limit", "3"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "gpt1_sst2" in out and "acc" in out
+    assert "gpt1_sst2" in out and "gpt1_story_cloze" in out and "acc_norm" in out
 
 
 def test_local_tasks_say_where_the_data_must_come_from(checkpoint):

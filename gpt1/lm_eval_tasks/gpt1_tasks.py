@@ -39,11 +39,11 @@ def load_lambada(**metadata: Any) -> datasets.DatasetDict:
 
 def load_sst2(**metadata: Any) -> datasets.DatasetDict:
     """SST-2 dev (and train, for few-shot examples): `sentence`, `label` (0 negative, 1 positive)."""
-    from gpt1.zeroshot import _read_split
+    from gpt1.tasks.registry import get_task
     folder = _folder("sst2", metadata)
     out = {}
     for split in ("train", "dev"):
-        examples, _ = _read_split("sst2", folder, [split])
+        examples = get_task("sst2").read(folder, split).examples
         out["validation" if split == "dev" else split] = datasets.Dataset.from_dict(
             {"sentence": [e.text for e in examples], "label": [int(e.label) for e in examples]})
     return datasets.DatasetDict(out)
@@ -51,8 +51,8 @@ def load_sst2(**metadata: Any) -> datasets.DatasetDict:
 
 def load_story_cloze(**metadata: Any) -> datasets.DatasetDict:
     """Story Cloze test: `context` (the four sentences), `endings` (two), `label` (0 or 1)."""
-    from gpt1.zeroshot import _read_split
-    examples, _ = _read_split("story_cloze", _folder("story_cloze", metadata), ["test"])
+    from gpt1.tasks.registry import get_task
+    examples = get_task("story_cloze").read(_folder("story_cloze", metadata), "test").examples
     return datasets.DatasetDict({"test": datasets.Dataset.from_dict(
         {"context": [e.context for e in examples], "endings": [list(e.choices) for e in examples],
          "label": [int(e.label) for e in examples]})})
