@@ -4,16 +4,19 @@ The checkpoint is exported with `gpt1 convert CK OUT --from gpt1 --to hf`; the `
 with the slow tokenizer (`use_fast_tokenizer=False`: with ftfy and spaCy installed its ids are
 GPT-1's), `prefix_token_id=0` (the export has no start or end token, without which the harness
 cannot tokenize) and `max_length` = the window the checkpoint was pretrained on (the export does
-not record it). Both run the local task `gpt1_lambada` (gpt1/lm_eval_tasks) through
-`lm_eval.simple_evaluate` on the same LAMBADA passages; the script prints
+not record it). Both run the local tasks `gpt1_lambada` and `gpt1_sst2` (gpt1/lm_eval_tasks)
+through `lm_eval.simple_evaluate` on the same examples (the first --limit of each); the script
+prints, per task,
 
 * the largest per-request difference in log-likelihood and how many greedy flags differ,
-* acc and perplexity from each model's harness results,
-* the wall time of each model's `loglikelihood` call on the same requests (the model's own work),
-  and of each whole `simple_evaluate` (task loading and the harness's bookkeeping included);
-  best of --repeats, the two models alternating.
+* each model's metrics from its harness results (LAMBADA: acc, perplexity; SST-2: acc);
 
-    python benchmarks/lm_eval_adapter.py --checkpoint runs/lambada-small --limit 500
+and the wall time of each model's `loglikelihood` call on the LAMBADA requests (the model's own
+work, tokenization included), and of each whole `simple_evaluate` of both tasks (data loading and
+the harness's bookkeeping included; the harness's task index is built once beforehand, the same
+for both); best of --repeats, the two models alternating.
+
+    python benchmarks/lm_eval_adapter.py --checkpoint runs/lm-small/final --limit 500
     python benchmarks/lm_eval_adapter.py --checkpoint CK --limit 100 --hf-batch-size 8 --repeats 3
 """
 from __future__ import annotations
@@ -33,22 +36,19 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 
-def evaluate(lm, limit: int, data: Path) -> tuple[dict, list, float]:
-    """simple_evaluate on gpt1_lambada: (metrics, per-request (loglik, greedy), seconds)."""
+def evaluate(lm, tasks: list[str], limit: int, manager, metadata: dict) -> tuple[dict, float]:
+    """simple_evaluate: per task (metrics, per-request (loglik, greedy)), and its seconds."""
     import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    from gpt1.harness import TASKS_DIR
-    metadata = {"data": str(data)}
     start = time.perf_counter()
-    out = lm_eval.simple_evaluate(model=lm, tasks=["gpt1_lambada"], limit=limit, log_samples=True,
-                                  metadata=metadata, bootstrap_iters=0,
-                                  task_manager=TaskManager(include_path=str(TASKS_DIR),
-                                                           metadata=metadata))
+    out = lm_eval.simple_evaluate(model=lm, tasks=tasks, limit=limit, log_samples=True,
+                                  metadata=metadata, bootstrap_iters=0, task_manager=manager)
     seconds = time.perf_counter() - start
-    samples = sorted(out["samples"]["gpt1_lambada"], key=lambda s: s["doc_id"])
-    per_request = [tuple(s["resps"][0][0]) for s in samples]
-    return out["results"]["gpt1_lambada"], per_request, seconds
+    per_task = {}
+    for task in tasks:
+        samples = sorted(out["samples"][task], key=lambda s: s["doc_id"])
+        per_task[task] = (out["results"][task],
+                          [tuple(r[0]) for s in samples for r in s["resps"]])
+    return per_task, seconds
 
 
 def loglikelihood_seconds(lm, passages: list[tuple[str, str]]) -> float:
@@ -84,30 +84,37 @@ def main() -> None:
         hf = HFLM(pretrained=str(export), tokenizer=str(export), use_fast_tokenizer=False,
                   prefix_token_id=0, max_length=native.max_length, device="cpu",
                   batch_size=args.hf_batch_size, dtype="float32")
+        from gpt1.harness import task_manager
         from gpt1.zeroshot_data import read_lambada
         passages = read_lambada(Path(args.data) / "corpus" / "lambada")[:args.limit]
+        tasks = ["gpt1_lambada", "gpt1_sst2"]
+        metadata = {"data": str(args.data)}
+        manager = task_manager(tasks, metadata)   # built once: the same for both models
         times: dict[str, list[float]] = {"gpt1": [], "hf": []}
         calls: dict[str, list[float]] = {"gpt1": [], "hf": []}
         results = {}
         for _ in range(args.repeats):
             for name, lm in (("gpt1", native), ("hf", hf)):
                 calls[name].append(loglikelihood_seconds(lm, passages))
-                metrics, per_request, seconds = evaluate(lm, args.limit, Path(args.data))
+                results[name], seconds = evaluate(lm, tasks, args.limit, manager, metadata)
                 times[name].append(seconds)
-                results[name] = (metrics, per_request)
-    (g_metrics, g_req), (h_metrics, h_req) = results["gpt1"], results["hf"]
-    assert len(g_req) == len(h_req) == min(args.limit, len(g_req))
-    diff = max(abs(a[0] - b[0]) for a, b in zip(g_req, h_req))
-    flips = sum(bool(a[1]) != bool(b[1]) for a, b in zip(g_req, h_req))
-    print(f"checkpoint {args.checkpoint}: {len(g_req)} LAMBADA passages, context "
-          f"{native.max_length} tokens, {args.threads} threads, hf batch {args.hf_batch_size}")
-    print(f"per-request log-likelihood: max |gpt1 - hf| = {diff:.2e}; greedy flags differing: "
-          f"{flips}")
-    for name, metrics in (("gpt1", g_metrics), ("hf", h_metrics)):
-        print(f"{name:5s} acc {metrics['acc,none']:.4f}  perplexity {metrics['perplexity,none']:.2f}"
-              f"  loglikelihood {min(calls[name]):.2f} s ({', '.join(f'{t:.2f}' for t in calls[name])})"
-              f"  simple_evaluate {min(times[name]):.2f} s "
-              f"({', '.join(f'{t:.2f}' for t in times[name])})")
+    print(f"checkpoint {args.checkpoint}: context {native.max_length} tokens, {args.threads} "
+          f"threads, hf batch {args.hf_batch_size}, --limit {args.limit}")
+    for task in tasks:
+        (g_metrics, g_req), (h_metrics, h_req) = results["gpt1"][task], results["hf"][task]
+        assert len(g_req) == len(h_req)
+        diff = max(abs(a[0] - b[0]) for a, b in zip(g_req, h_req))
+        flips = sum(bool(a[1]) != bool(b[1]) for a, b in zip(g_req, h_req))
+        print(f"{task}: {len(g_req)} requests; per-request log-likelihood max |gpt1 - hf| = "
+              f"{diff:.2e}; greedy flags differing: {flips}")
+        for name, metrics in (("gpt1", g_metrics), ("hf", h_metrics)):
+            shown = ", ".join(f"{k.split(',')[0]} {v:.4f}" for k, v in metrics.items()
+                              if k.endswith(",none") and "stderr" not in k)
+            print(f"  {name:5s} {shown}")
+    for name in ("gpt1", "hf"):
+        print(f"{name:5s} loglikelihood on the LAMBADA requests {min(calls[name]):.2f} s "
+              f"({', '.join(f'{t:.2f}' for t in calls[name])}); simple_evaluate of both tasks "
+              f"{min(times[name]):.2f} s ({', '.join(f'{t:.2f}' for t in times[name])})")
     print(f"native adapter speed-up: loglikelihood {min(calls['hf']) / min(calls['gpt1']):.2f}x, "
           f"simple_evaluate {min(times['hf']) / min(times['gpt1']):.2f}x")
 
