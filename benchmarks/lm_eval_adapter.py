@@ -51,6 +51,38 @@ def evaluate(lm, tasks: list[str], limit: int, manager, metadata: dict) -> tuple
     return per_task, seconds
 
 
+def widened(checkpoint: str, out: Path) -> str:
+    """The checkpoint itself, or, when its MLP is narrower than 4 x n_embd (transformers' OpenAIGPT
+    cannot hold that), the same function with zero units added: gelu(0) = 0 and their output
+    weights are 0, so the logits are unchanged. Both models then score the widened copy."""
+    import shutil
+
+    import torch
+
+    from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
+    from gpt1.checkpoint import resolve_checkpoint_dir
+    folder = resolve_checkpoint_dir(checkpoint)
+    model = load_checkpoint(folder).eval()
+    width = 4 * model.config.n_embd
+    if model.config.n_inner == width:
+        return str(folder)
+    wide = GPT(ModelConfig(**{**model.config.to_dict(), "n_inner": width})).eval()
+    state = wide.state_dict()
+    for name, old in model.state_dict().items():
+        state[name] = torch.zeros_like(state[name])
+        state[name][tuple(slice(0, n) for n in old.shape)] = old
+    wide.load_state_dict(state)
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+    with torch.no_grad():
+        assert torch.equal(model.lm_logits(model(x)), wide.lm_logits(wide(x)))
+    save_model(wide, out / "final", tokenizer_dir=folder)
+    if (folder.parent / "run.json").is_file():   # the trained window travels with it
+        shutil.copy(folder.parent / "run.json", out / "run.json")
+    print(f"MLP widened from {model.config.n_inner} to {width} units with zero units "
+          "(logits identical) so that transformers can hold it")
+    return str(out / "final")
+
+
 def loglikelihood_seconds(lm, passages: list[tuple[str, str]]) -> float:
     """Wall time of one `loglikelihood` call on the task's requests (context, " " + last word)."""
     from lm_eval.api.instance import Instance
@@ -78,9 +110,10 @@ def main() -> None:
     from gpt1.convert import convert
     from gpt1.harness import Gpt1LM
 
-    native = Gpt1LM(checkpoint=args.checkpoint, device="cpu", precision="fp32", prefix_token_id=0)
     with tempfile.TemporaryDirectory() as tmp:
-        export = convert(args.checkpoint, Path(tmp) / "hf", "gpt1", "hf")
+        checkpoint = widened(args.checkpoint, Path(tmp) / "widened")
+        native = Gpt1LM(checkpoint=checkpoint, device="cpu", precision="fp32", prefix_token_id=0)
+        export = convert(checkpoint, Path(tmp) / "hf", "gpt1", "hf")
         hf = HFLM(pretrained=str(export), tokenizer=str(export), use_fast_tokenizer=False,
                   prefix_token_id=0, max_length=native.max_length, device="cpu",
                   batch_size=args.hf_batch_size, dtype="float32")
