@@ -18,12 +18,12 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
     p.add_argument("run", metavar="RUN", help="fine-tuned run or checkpoint folder")
     p.add_argument("--task", help="task name (checked against the run's task)")
     p.add_argument("--data", metavar="DIR", required=True, help="folder with the task's files")
-    from gpt1.devices import DEVICE_HELP, PRECISION_HELP
+    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
     p.add_argument("--split", default=split, help=split_help)
     p.add_argument("--micro-batch", type=int, default=16,
                    help="examples per forward pass (default 16)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--precision", default="auto", help=PRECISION_HELP)
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="skip malformed rows (counted and reported) instead of stopping")
 

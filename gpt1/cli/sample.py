@@ -20,7 +20,7 @@ HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.devices import DEVICE_HELP, PRECISION_HELP
+    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint folder or run folder")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer files); "
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-samples", type=int, default=1,
                    help="independent continuations of the same prompt (default 1)")
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--precision", default="auto", help=PRECISION_HELP)
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
 
 
