@@ -2,9 +2,9 @@
 
 The checkpoint is exported with `gpt1 convert CK OUT --from gpt1 --to hf`; the `hf` model loads OUT
 with the slow tokenizer (`use_fast_tokenizer=False`: with ftfy and spaCy installed its ids are
-GPT-1's), `prefix_token_id=0` (the export has no start or end token, without which the harness
-cannot tokenize) and `max_length` = the window the checkpoint was pretrained on (the export does
-not record it). Both run the local tasks `gpt1_lambada` and `gpt1_sst2` (gpt1/lm_eval_tasks)
+GPT-1's), `prefix_token_id=0` (`<unk>`: GPT-1 has no start token) and `max_length` = the window
+the checkpoint was pretrained on, both given explicitly so that the comparison does not depend
+on what the export's tokenizer files declare. Both run the local tasks `gpt1_lambada` and `gpt1_sst2` (gpt1/lm_eval_tasks)
 through `lm_eval.simple_evaluate` on the same examples (the first --limit of each); the script
 prints, per task,
 

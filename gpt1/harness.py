@@ -13,10 +13,10 @@
   cache of `gpt1.sample.generate_stream`, stopped as soon as a stop string appears in the text.
 
 GPT-1 has no start-of-text token. Where the harness needs a token before the text (an empty
-context, the first rolling window) the adapter uses `prefix_token_id`: by default the
-tokenizer's newline token (`\\n</w>`), which precedes every paragraph of the pretraining text; pass
-`prefix_token_id=N` to choose another (e.g. 0 to match a transformers export run with
-`prefix_token_id=0`). The context is capped at the window the checkpoint was pretrained on
+context, the first rolling window) the adapter uses `prefix_token_id`: by default the token
+`gpt1 convert --to hf` declares as the export's start token, so both routes score alike: `<unk>`
+("no text"; gpt1 pads with it) for a pretrained LM, `_start_` for a fine-tuned model's body (every
+fine-tuning input starts with it). `prefix_token_id=N` chooses another. The context is capped at the window the checkpoint was pretrained on
 (`run.json`), else at `n_positions`; `max_length=N` caps it further.
 
 Register with `register()` (done by `gpt1 lm-eval`, see `gpt1.cli.lm_eval`); the task definitions
@@ -92,9 +92,9 @@ class Gpt1LM(TemplateLM):
                              max_context=self._max_length)
         self.model = model
         self._max_gen_toks = int(max_gen_toks)
-        if prefix_token_id is None:
-            newline = self.tok.encode("\n")
-            prefix_token_id = newline[0] if len(newline) == 1 else self.tok.unk_id
+        if prefix_token_id is None:   # as the transformers export declares (module doc)
+            fine_tuned = model.config.vocab_size > self.tok.vocab_size   # task tokens appended
+            prefix_token_id = self.tok.vocab_size if fine_tuned else self.tok.unk_id
         self._prefix = int(prefix_token_id)
         if not 0 <= self._prefix < model.config.vocab_size:
             raise ConfigError(f"prefix_token_id must be in [0, {model.config.vocab_size}), "

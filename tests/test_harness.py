@@ -69,6 +69,8 @@ def test_loglikelihood_equals_the_scorer_and_a_direct_computation(lm):
         assert total == pytest.approx(s_total, abs=1e-6) and greedy == s_greedy
         assert total == pytest.approx(d_total, abs=1e-4) and greedy == d_greedy
     assert len({round(t, 4) for t, _ in got}) == len(got)   # distinct requests, distinct numbers
+    # a pretrained LM's prefix is <unk>, the start token the transformers export declares
+    assert lm.prefix_token_id == lm.tok.unk_id == 0
     # the greedy flag is true for a continuation made of the argmax token
     ctx = lm.tok_encode("the old man")
     with torch.no_grad():
