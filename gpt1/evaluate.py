@@ -120,32 +120,47 @@ def _task_of(record: dict, name: str | None) -> Task:
     return task
 
 
+def _place(model: Any, device: str, precision: str) -> Any:
+    """The model on `device` in `precision` (both may be "auto": see gpt1.devices)."""
+    from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+    where = resolve_device(device)
+    return model.to(device=where, dtype=torch_dtype(resolve_precision(precision, where)))
+
+
 def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str = "dev",
-                 micro: int = 16, skip_bad_rows: bool = False, device: str = "cpu",
-                 overwrite: bool = False, out: str | Path | None = None) -> dict[str, Any]:
+                 micro: int = 16, skip_bad_rows: bool = False, device: str = "auto",
+                 precision: str = "auto", overwrite: bool = False,
+                 out: str | Path | None = None) -> dict[str, Any]:
     """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
-    (default: the run folder; an existing file only with `overwrite`)."""
+    (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
     from gpt1.finetune import load_finetuned
-    out_dir = Path(out) if out else _run_folder(run)
+    out_dir = results_path(run, split, out).parent
     check_output(out_dir / results_name(split), overwrite)
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
-    model.to(device)
+    model = _place(model, device, precision)
     results = evaluate_model(model, task, tok, data, split, record["n_ctx"],
                              record.get("question_delimiter", False), micro, skip_bad_rows)
     write_results(out_dir, results, results_name(split), overwrite)
     return results
 
 
+def results_path(run: str | Path, split: str, out: str | Path | None = None) -> Path:
+    """Where `evaluate_run` writes: results.<split>.json in `out` or the run folder (RUN or
+    RUN/final given)."""
+    return (Path(out) if out else _run_folder(run)) / results_name(split)
+
+
 def predict_run(run: str | Path, task_name: str | None, data: str, split: str = "test",
                 out: str | Path | None = None, micro: int = 16, skip_bad_rows: bool = False,
-                device: str = "cpu", overwrite: bool = False) -> list[Path]:
+                device: str = "auto", precision: str = "auto",
+                overwrite: bool = False) -> list[Path]:
     """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for), named
     by `submission_name`; an existing file is replaced only with `overwrite`."""
     from gpt1.finetune import encode_split, load_finetuned
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
-    model.to(device)
+    model = _place(model, device, precision)
     out_dir = Path(out) if out else _run_folder(run) / "submission"
     names = task.resolve_splits(split)
     for name in names:       # refuse before any work, not after the first file
