@@ -97,7 +97,7 @@ def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(tm
     out = capsys.readouterr().out
     assert f"wrote {run / 'final'} (fine-tuned model), {run / 'results.json'}" in out
     assert main(["evaluate", str(run), "--data", str(data), "--split", "train"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {run / 'results.json'}"
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {run / 'results.train.json'}"
     assert main(["predict", str(run), "--data", str(data), "--split", "dev"]) == 0
     written = Path(capsys.readouterr().out.strip())
     rows = written.read_text().splitlines()
