@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
-    from gpt1.evaluate import evaluate_run
+    from gpt1.recipes.evaluate import evaluate_run
     results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,
                            args.skip_bad_rows, args.device, overwrite=args.overwrite)
     print(json.dumps(results) if args.json else _summary(results))

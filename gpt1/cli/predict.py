@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.evaluate import predict_run
+    from gpt1.recipes.evaluate import predict_run
     for path in predict_run(args.run, args.task, args.data, args.split, args.out,
                             args.micro_batch, args.skip_bad_rows, args.device,
                             overwrite=args.overwrite):

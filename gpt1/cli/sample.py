@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.sample import parse_ids, sample
+    from gpt1.recipes.sample import parse_ids, sample
     ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     samples = sample(args.checkpoint, prompt=args.prompt, prompt_ids=ids,
                      max_new_tokens=args.max_new_tokens, temperature=args.temperature,

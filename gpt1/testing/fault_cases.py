@@ -96,9 +96,9 @@ def result(outcome: str, lost_files: list[str], problems: list[str]) -> CaseResu
 def tiny_checkpoint(folder: Path) -> Path:
     """A tiny gpt1 checkpoint folder (random weights, character vocabulary)."""
     import torch
-    from gpt1.checkpoint import save_model
+    from gpt1.model.checkpoint import save_model
     from gpt1.config import model_preset
-    from gpt1.model import GPT
+    from gpt1.model.gpt import GPT
     torch.manual_seed(0)
     config = model_preset("tiny")
     config.vocab_size = 300
@@ -337,7 +337,7 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
         lines = done.stdout.strip().splitlines()
         state, code = json.loads(lines[-2]), int(lines[-1])
         return _disk_full_outcome(code, done.stderr.strip(), state, simulated=False)
-    from gpt1 import checkpoint
+    from gpt1.model import checkpoint
     real, calls = checkpoint.save_file, {"n": 0}
 
     def fills_up(tensors, filename, metadata=None):
@@ -399,7 +399,7 @@ def disk_full_while_converting(work: Path) -> CaseResult:
         code, left, tag = int(lines[0]), lines[1:], "real 256 kB tmpfs"
         err = done.stderr.strip()
     else:
-        from gpt1 import convert
+        from gpt1.recipes import convert
 
         def no_space(*args, **kwargs):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

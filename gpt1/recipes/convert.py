@@ -22,14 +22,14 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from gpt1.checkpoint import (TOKENIZER_FILES, check_finite, check_state_dict, check_weights_size,
+from gpt1.model.checkpoint import (TOKENIZER_FILES, check_finite, check_state_dict, check_weights_size,
                              copy_tokenizer_files, load_checkpoint, load_state_dict, state_bytes,
                              tokenizer_dir_of, write_model_files)
 from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.files import atomic_folder, check_output, follow_umask
-from gpt1.memory import ensure_model_fits
-from gpt1.model import GPT
+from gpt1.model.memory import ensure_model_fits
+from gpt1.model.gpt import GPT
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.model import GPT, KVCache
+from gpt1.model.gpt import GPT, KVCache
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
                           device: str) -> None:
     """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
     hidden state per position and layer and one row of logits."""
-    from gpt1.memory import ensure_fits
+    from gpt1.model.memory import ensure_fits
     window = min(config.n_positions, max_new_tokens + 1)   # the prompt holds at least one token
     need = num_samples * (window * config.n_embd * config.n_layer + config.vocab_size) * 4
     ensure_fits(need, "sampling", "--num-samples", f"num_samples={num_samples:,} x {window:,} "
@@ -132,8 +132,8 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
            top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
            device: str = "cpu") -> list[Sample]:
     """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
-    from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.registry import load_any_checkpoint
+    from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+    from gpt1.model.registry import load_any_checkpoint
     check_options(temperature, top_k, top_p, max_new_tokens)
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
@@ -146,7 +146,7 @@ def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[i
     tok_dir = tokenizer_dir_of(folder)
     tokenizer = None
     if tok_dir is not None:
-        from gpt1.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
+        from gpt1.text.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
         tokenizer = Tokenizer.from_dir(tok_dir)
     if prompt is not None:
         if tokenizer is None:
