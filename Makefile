@@ -7,15 +7,21 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test venv bench clean
 
-$(VENV)/.installed: pyproject.toml
+# The demo needs the package alone; the tests also need the dev extras (transformers, lm-eval,
+# pytest, ...), installed on top when `make test` first runs.
+$(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e .
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.base
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed
 
-demo: venv
+demo: $(VENV)/.base
 	$(VENV)/bin/gpt1 demo
 
 test: venv

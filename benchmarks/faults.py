@@ -8,9 +8,13 @@ Three parts, each printed as a table (machinery in `gpt1.testing.faults` and
    each time with `--resume auto`; every checkpoint on disk is verified after every kill, and the
    end result is compared bitwise with an uninterrupted run.
 2. Fault cases (case, outcome, data lost): overwrite attempts (convert, pretrain, evaluate,
-   predict, plot, zeroshot), two processes on one run folder, a SIGKILLed lock holder, a full
-   disk and a read-only folder (real private tmpfs mounts where `unshare -rm` is allowed,
-   simulated otherwise), the umask.
+   predict, plot, zeroshot), two processes or two torchrun launches on one run folder, a
+   SIGKILLed lock holder, a full disk and a read-only folder (real private tmpfs mounts where
+   `unshare -rm` is allowed, simulated otherwise), the umask; hostile files (sizes and types in
+   config.json, HF config.json, params_shapes.json and task.json, NaN weights, token ids beyond
+   the vocabulary, an index.json pointing outside its folder), each a real command that must
+   exit 2 with one line, timed where speed is the point; 100,000 `!` through `tokenizer encode`;
+   bad rows (a list label, duplicated keys and header names, 10 MB fields).
 3. Every dataset reader fed mutated copies of real files from ../shared/data (truncated lines,
    wrong column counts, wrong encodings, huge fields, empty files, random byte damage): each must
    parse or raise a `Gpt1Error`, within a time limit.

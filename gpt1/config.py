@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -250,7 +251,7 @@ class TrainConfig:
     eps: float = 1e-8
     grad_clip: float = 1.0           # global-norm clipping; <= 0 disables
     optimizer: str = "oai"           # "oai": exact OAI Adam (reference a.8); "adamw": torch AdamW
-    precision: str = "fp32"          # "fp32" | "bf16" (autocast)
+    precision: str = "auto"          # "auto" | "fp32" | "bf16" (autocast); auto: gpt1.devices
     compile: bool = False
     gradient_checkpointing: bool = False
     distributed: str = "ddp"         # "ddp" | "fsdp" (FSDP2 fully_shard) when launched by torchrun
@@ -278,12 +279,12 @@ class TrainConfig:
                               f"got {self.schedule!r}")
         if self.optimizer not in ("oai", "adamw"):
             raise ConfigError(f"train.optimizer must be 'oai' or 'adamw', got {self.optimizer!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ConfigError(f"train.precision must be 'fp32' or 'bf16', got {self.precision!r}")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.distributed not in ("ddp", "fsdp"):
             raise ConfigError(f"train.distributed must be 'ddp' or 'fsdp', got {self.distributed!r}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ConfigError(f"train.device must be auto, cpu or cuda, got {self.device!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
+            raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.lr < 0 or self.warmup < 0 or self.epochs < 0:
             raise ConfigError("train.lr, train.warmup and train.epochs must be >= 0")
 

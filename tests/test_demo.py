@@ -26,7 +26,8 @@ def test_demo_pipeline_writes_table_and_report(tmp_path):
     assert json.loads((out / "demo.json").read_text())["results"] == summary["results"]
     assert "total time" in format_table(summary)
     # re-running continues: every step is already done, nothing is retrained (no file a step
-    # wrote is rewritten; only the plots, the report and demo.json are made anew)
+    # wrote is rewritten; only the plots, the report and demo.json are made anew), and the
+    # report keeps the times of the run that did the work (not the seconds it took to skip them)
     def step_files() -> dict[str, tuple[int, int]]:
         dirs = ["tokenizer", "prepared", "pretrain", "finetune-0", "finetune-1", "finetune-2"]
         return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.stat().st_size)
@@ -36,4 +37,26 @@ def test_demo_pipeline_writes_table_and_report(tmp_path):
     again = demo(settings)
     assert again["results"] == summary["results"]
     assert step_files() == before
-    assert set(again["timings"]) == set(summary["timings"])
+    assert again["reused_steps"] == list(summary["timings"])
+    assert again["timings"] == summary["timings"]
+    assert again["seconds"] >= sum(summary["timings"].values())
+    assert "Re-run: tokenizer, prepare, pretrain" in (out / "report.md").read_text()
+
+
+def test_demo_checks_a_user_task_before_running_anything(tmp_path):
+    from gpt1.errors import Gpt1Error
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text to pretrain on\n")
+    task = tmp_path / "task"
+    task.mkdir()
+    for split in ("train", "dev"):
+        (task / f"{split}.csv").write_text("review,stars\ngood,1\nbad,0\n")
+    out = tmp_path / "demo"
+    base = dict(out=out, corpus=[str(corpus)], task="csv", data=str(task), quiet=True)
+    with pytest.raises(Gpt1Error, match="needs --columns"):
+        demo(DemoSettings(**base))
+    with pytest.raises(Gpt1Error, match=r"missing column 'text'.*review, stars"):
+        demo(DemoSettings(**base, columns="text=text,label=stars"))
+    with pytest.raises(Gpt1Error, match="with --corpus"):
+        demo(DemoSettings(out=out, task="sst2"))
+    assert not out.exists()   # nothing was written, no step ran

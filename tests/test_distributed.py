@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import subprocess_env
+from gpt1.testing.fault_cases import child_pids
 
 NO_DROPOUT = ["--set", "model.embd_pdrop=0", "--set", "model.attn_pdrop=0",
               "--set", "model.resid_pdrop=0"]
@@ -136,3 +137,55 @@ def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab):
             torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5)
     results = [json.loads((runs[m] / "results.json").read_text()) for m in ("ddp", "fsdp")]
     assert results[0] == results[1] and results[0]["n"] == 24
+
+
+@pytest.mark.slow
+def test_second_torchrun_launch_on_a_held_run_is_refused(tiny_corpus, tmp_path):
+    """The run lock under torchrun: rank 0 of a running launch holds the folder; a second launch
+    on it is refused with gpt1's one-line error naming the holder, torchrun stops the second
+    launch's other rank (no hang in rendezvous), and the first run's metrics stay single."""
+    import contextlib
+    import os
+    import signal
+    import time
+    data = tiny_corpus
+    run = tmp_path / "run"
+    torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node", "2"]
+    argv = cmd(torchrun, data, run, "--log-every", "1", "--resume", "auto")
+    argv[argv.index("--max-steps") + 1] = "1000000"     # runs until stopped below
+    argv[argv.index("--save-every") + 1] = "1000"
+    argv[argv.index("--eval-every") + 1] = "0"
+    # A session of its own, so that a failing test can stop torchrun's workers too.
+    first = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    try:
+        logged = lambda: ((run / "metrics.jsonl").read_text().count('"loss"')
+                          if (run / "metrics.jsonl").is_file() else 0)
+        deadline = time.time() + 300
+        while logged() < 2 and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert logged() >= 2, "the first launch never logged a step"
+        second = subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True, timeout=240,
+                                start_new_session=True)
+        assert second.returncode != 0
+        refusals = [line for line in second.stderr.splitlines() if "gpt1 pretrain: error:" in line]
+        assert len(refusals) == 1, second.stderr[-3000:]
+        assert "in use by another gpt1 process" in refusals[0] and "since 20" in refusals[0]
+        holder = int(refusals[0].split("(pid ", 1)[1].split()[0])
+        assert holder in child_pids(first.pid)      # rank 0 of the first launch holds the lock
+        assert first.poll() is None, "the first launch died while the second was refused"
+    finally:
+        ranks = child_pids(first.pid)    # torchrun starts its workers in sessions of their own
+        first.send_signal(signal.SIGTERM)          # torchrun passes it on to its ranks
+        try:
+            first.wait(timeout=60)
+        finally:
+            for pid in ranks:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            first.kill()
+            first.wait()
+            first.stderr.close()
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(line)["step"] for line in lines[:-1] if '"loss"' in line]
+    assert steps == list(range(1, len(steps) + 1))   # each step once: the second launch wrote nothing

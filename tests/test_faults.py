@@ -237,6 +237,23 @@ def test_disk_fault_cases(tmp_path, monkeypatch, name, case, real):
     assert ("simulated" in result.outcome) != real
 
 
+CHECK_CASES = [(name, case) for name, case in fault_cases.CASES
+               if case.__name__ in ("billion_layers_in_a_checkpoint",
+                                    "mistyped_sizes_in_a_checkpoint",
+                                    "billion_layers_in_an_hf_config", "huge_n_outputs",
+                                    "nan_weights", "token_id_beyond_the_vocabulary",
+                                    "hf_index_outside_its_folder", "strict_readers")]
+
+
+@pytest.mark.parametrize("name,case", CHECK_CASES, ids=[c.__name__ for _, c in CHECK_CASES])
+def test_validation_and_reader_fault_cases(tmp_path, monkeypatch, name, case):
+    """The table's hostile-file rows: each command exits 2 with one line naming the file and
+    field, and writes nothing (speed is the benchmark's business, not the test's)."""
+    monkeypatch.setattr(fault_cases, "CHECK_TIMES", False)
+    result = case(tmp_path)
+    assert result.problems == () and result.data_lost == 0, result.outcome
+
+
 def test_every_fault_case_is_listed_once():
     names = [case.__name__ for _, case in fault_cases.CASES]
-    assert len(names) == len(set(names)) >= 11
+    assert len(names) == len(set(names)) >= 21

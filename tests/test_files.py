@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 import stat
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import torch
 from gpt1.model import checkpoint as ckpt
 from gpt1 import files
 from gpt1.cli import main
-from gpt1.testing import faults
+from gpt1.testing import fault_cases, faults
 from gpt1.testing.fault_cases import leftovers, snapshot, tiny_checkpoint
 
 
@@ -150,6 +151,32 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
     assert snapshot(run) == before
     code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--overwrite")
     assert code == 0, err
+    # A run folder the user may only read: --out puts the results elsewhere.
+    before = snapshot(run)
+    os.chmod(run, 0o555)
+    try:
+        if not os.access(run, os.W_OK):      # root writes anyway: nothing to refuse then
+            code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--split", "test")
+            assert code == 2 and len(err.splitlines()) == 1 and str(run) in err, err
+        code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--split", "test",
+                        "--out", str(tmp_path / "scores"))
+        assert code == 0, err
+    finally:
+        os.chmod(run, 0o755)
+    assert json.loads((tmp_path / "scores" / "results.test.json").read_text())["split"] == "test"
+    assert snapshot(run) == before
+    if fault_cases.private_mounts():    # a really read-only mount (root ignores file modes)
+        ro = tmp_path / "ro"
+        evaluate = [sys.executable, "-m", "gpt1", "--quiet", "evaluate", str(ro / "ft"), "--data",
+                    str(task), "--split", "train"]
+        script = (f"cp -a {run} {ro}/ft && mount -o remount,ro {ro} && "
+                  f"{{ {shlex.join(evaluate)}; echo rc=$?; }} && "
+                  f"{shlex.join(evaluate + ['--out', str(tmp_path / 'scores')])}")
+        done = fault_cases._in_tmpfs(ro, "size=64m", script)
+        assert done.returncode == 0, done.stderr[-2000:]
+        refusal = [line for line in done.stderr.splitlines() if "error" in line]
+        assert "rc=2" in done.stdout and len(refusal) == 1 and "Read-only" in refusal[0], done.stderr
+        assert (tmp_path / "scores" / "results.train.json").is_file()
 
 
 def test_zeroshot_keeps_an_existing_results_file(tmp_path, capsys):
@@ -195,23 +222,29 @@ def test_lock_names_its_holder_and_is_released(tmp_path):
 def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepared):
     """Issue case 3: two processes on one run folder duplicated 49 steps of metrics.jsonl."""
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", "gpt1", "--quiet", *pretrain_argv(prepared, run, 30),
-            "--log-every", "1", "--resume", "auto"]
+    # The first run is long enough to outlive the second's start-up on any machine, and is
+    # stopped with SIGTERM (it saves and exits 143) once the second has been refused.
+    argv = [sys.executable, "-m", "gpt1", "--quiet", *pretrain_argv(prepared, run, 1_000_000),
+            "--log-every", "1", "--resume", "auto", "--set", "train.keep_last=2"]
     first = subprocess.Popen(argv, env=faults.env(), stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 300
-    while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
-        assert first.poll() is None and time.time() < deadline, first.stderr.read()
-        time.sleep(0.02)
-    second = subprocess.run(argv, env=faults.env(), capture_output=True, text=True, timeout=300)
-    still_running = first.poll() is None
-    assert first.wait(timeout=600) == 0, first.stderr.read()
-    first.stderr.close()
-    assert still_running
+    try:
+        deadline = time.time() + 300
+        while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
+            assert first.poll() is None and time.time() < deadline, first.stderr.read()
+            time.sleep(0.02)
+        second = subprocess.run(argv, env=faults.env(), capture_output=True, text=True,
+                                timeout=300)
+        assert first.poll() is None
+    finally:
+        first.terminate()
+        code = first.wait(timeout=600)
+        first.stderr.close()
+    assert code == 128 + 15
     err = second.stderr.strip()
     assert second.returncode == 2 and len(err.splitlines()) == 1, err
     assert "in use by another gpt1 process" in err and f"pid {first.pid}" in err
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, 31))
+    assert len(steps) >= 1 and steps == list(range(1, len(steps) + 1))   # none twice
 
 
 def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, prepared, capsys):

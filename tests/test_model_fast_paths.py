@@ -4,7 +4,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from gpt1 import GPT
+from gpt1 import GPT, ModelConfig
 from gpt1.model.fast_cpu import causal_attention_cpu_train, dropout
 
 
@@ -149,3 +149,37 @@ def test_keep_mask_chunks_do_not_depend_on_the_thread_count():
     flat = masks[0].flatten().float()
     assert not torch.equal(flat[:1000], flat[CHUNK:CHUNK + 1000])   # chunks are independent
     assert abs(1 - flat.mean().item() - 0.1) < 2e-3
+
+
+
+class _ConcatCache:
+    """The plain key/value cache: a fresh concatenation per step (what LayerCache replaces)."""
+
+    def __init__(self) -> None:
+        self.k = self.v = None
+
+    @property
+    def length(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor):
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+        self.k, self.v = k, v
+        return k, v
+
+
+def test_preallocated_kv_cache_equals_concatenation():
+    """Keys/values written in place into growing buffers give bit-identical hidden states to
+    concatenated ones, through buffer growth (past 64 positions) and multi-token chunks."""
+    from gpt1.model.gpt import KVCache
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(vocab_size=300, n_positions=160, n_embd=64, n_layer=2, n_head=4)).eval()
+    ids = torch.randint(0, 300, (2, 150))
+    chunks = [(0, 3), (3, 4), (4, 40), (40, 70)] + [(i, i + 1) for i in range(70, 150)]
+    fast, plain = KVCache(2), KVCache(2)
+    plain.layers = [_ConcatCache() for _ in range(2)]
+    with torch.no_grad():
+        for lo, hi in chunks:
+            assert torch.equal(m(ids[:, lo:hi], cache=fast), m(ids[:, lo:hi], cache=plain)), (lo, hi)
+    assert len(fast) == len(plain) == 150 and fast.layers[0].k.shape[2] >= 150

@@ -94,8 +94,8 @@ def test_scorer_truncates_a_continuation_longer_than_the_window():
     scorer = zs.Scorer(model)
     cont = list(range(1, 31))
     (s,) = scorer.score([([5, 6], cont)])
-    assert scorer.truncated == 1 and len(s.logprobs) == 23
-    assert s.logprobs == pytest.approx(reference_logprobs(model, [5, 6], cont[:23]), abs=1e-5)
+    assert scorer.truncated == 1 and len(s.logprobs) == 24   # one context token + 23 = 24 rows
+    assert s.logprobs == pytest.approx(reference_logprobs(model, [6], cont[:24]), abs=1e-5)
 
 
 def test_scorer_rejects_empty_context():

@@ -16,7 +16,7 @@ import traceback
 
 # Listed in the order `gpt1 --help` shows them. A module that is not present is not offered.
 COMMANDS = ["demo", "info", "convert", "sample", "tokenizer", "prepare", "pretrain", "plot",
-            "finetune", "evaluate", "predict", "zeroshot", "analysis"]
+            "finetune", "evaluate", "predict", "serve", "zeroshot", "lm-eval", "analysis"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -45,15 +45,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpt1 {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        module_name = f"gpt1.cli.{name}"
+        module_name = f"gpt1.cli.{name.replace('-', '_')}"
         if importlib.util.find_spec(module_name) is None:
             continue
         module = importlib.import_module(module_name)
+        # A command that hands its other options on to another tool (lm-eval) must not have
+        # them abbreviated into its own.
         p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
                            parents=[common_options()],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=argparse.RawDescriptionHelpFormatter,
+                           allow_abbrev=not getattr(module, "PASS_THROUGH", False))
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _pass_through=getattr(module, "PASS_THROUGH", False))
     return parser
 
 
@@ -64,7 +67,10 @@ def configure_logging(debug: bool, quiet: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "_pass_through", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
     args.debug = getattr(args, "debug", False)
     args.quiet = getattr(args, "quiet", False)
     configure_logging(args.debug, args.quiet)

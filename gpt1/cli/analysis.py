@@ -106,7 +106,9 @@ def _finetune_options(s: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
     g.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
     g.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
-    g.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast (default fp32)")
+    g.add_argument("--precision", choices=["auto", "fp32", "bf16"],
+                   help="auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise), "
+                        "fp32 or bf16")
     g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2")
     s.set_defaults(_parser=s)

@@ -1,8 +1,11 @@
-"""Score a fine-tuned run on a task split; writes results.SPLIT.json into the run folder.
+"""Score a fine-tuned run on a task split (dev unless --split says otherwise); writes
+results.SPLIT.json into the run folder (or into --out, e.g. when the run folder is read-only) and
+prints where.
 
 Examples:
   gpt1 evaluate runs/sst2 --task sst2 --data glue/SST-2 --split dev
   gpt1 evaluate runs/mnli --task mnli --data glue/MNLI --split dev --json   # matched + mismatched
+  gpt1 evaluate runs/sst2 --data glue/SST-2 --out scores            # -> scores/results.dev.json
 """
 from __future__ import annotations
 
@@ -17,9 +20,12 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
     p.add_argument("run", metavar="RUN", help="fine-tuned run or checkpoint folder")
     p.add_argument("--task", help="task name (checked against the run's task)")
     p.add_argument("--data", metavar="DIR", required=True, help="folder with the task's files")
+    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
     p.add_argument("--split", default=split, help=split_help)
-    p.add_argument("--micro-batch", type=int, default=16, help="examples per forward pass")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--micro-batch", type=int, default=16,
+                   help="examples per forward pass (default 16)")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument("--skip-bad-rows", action="store_true",
                    help="skip malformed rows (counted and reported) instead of stopping")
     from gpt1.cli import add_overwrite
@@ -27,14 +33,23 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_scoring_arguments(p, "dev", "dev, test, or a task's split name")
+    add_scoring_arguments(p, "dev", "dev (default), test, or a task's split name")
     p.add_argument("--json", action="store_true", help="print the results as JSON (last line)")
+    p.add_argument("--out", metavar="DIR", help="where to write results.SPLIT.json (default RUN)")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
-    from gpt1.recipes.evaluate import evaluate_run
+    from gpt1.errors import ConfigError
+    from gpt1.recipes.evaluate import evaluate_run, results_path
+    if args.micro_batch < 1:
+        raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
     results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,
-                           args.skip_bad_rows, args.device, overwrite=args.overwrite)
-    print(json.dumps(results) if args.json else _summary(results))
+                           args.skip_bad_rows, args.device, args.precision,
+                           overwrite=args.overwrite, out=args.out)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(_summary(results))
+        print(f"wrote {results_path(args.run, args.split, args.out)}")
     return 0

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 HELP = "fine-tune on a task (classification, entailment, similarity, multiple choice)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
+    from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
     p.add_argument("--task", help="task name (cola, sst2, mnli, snli, scitail, qnli, rte, wnli, mrpc, "
                    "qqp, stsb, story_cloze, race, race_middle, race_high) or csv/tsv/jsonl")
     p.add_argument("--data", metavar="DIR", help="folder with the task's files (or hf:NAME)")
@@ -47,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_overwrite(p, "a non-empty --out: delete its contents and start over")
     p.add_argument("--seed", type=int, help="head and task-token init, dropout, shuffling and "
                    "--train-examples subset (default 42)")
-    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast (default fp32)")
+    p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
+    p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
     p.add_argument("--train-split", help="split to train on (default train)")
     p.add_argument("--eval-split", help="split scored after training (default dev; '' = none)")
     p.add_argument("--train-examples", type=int, metavar="N",
@@ -92,15 +95,25 @@ def run(args: argparse.Namespace) -> int:
         "train": {"epochs": args.epochs, "micro_batch_size": args.micro_batch,
                   "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
                   "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
-                  "precision": args.precision, "quiet": True if args.quiet else None},
+                  "precision": args.precision, "device": args.device,
+                  "quiet": True if args.quiet else None},
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)
     result, results = finetune(cfg, train_cfg, args.out, generic_spec(args), args.max_steps or 0,
                                overwrite=args.overwrite)
     if result.interrupted:
         return 128 + int(result.interrupted)
+    if results and args.json:
+        print(json.dumps(results))
+        return 0
     if results:
-        print(json.dumps(results) if args.json else _summary(results))
+        print(_summary(results))
+    final = getattr(result, "final_dir", None)
+    wrote = [f"{final} (fine-tuned model)"] if final else []
+    if results:
+        wrote.append(f"{Path(args.out) / 'results.json'}")
+    if wrote:
+        print("wrote " + ", ".join(wrote))
     return 0
 
 

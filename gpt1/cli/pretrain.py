@@ -18,6 +18,7 @@ HELP = "pretrain a GPT-1 language model on prepared token shards"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
+    from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
     p.add_argument("--preset", default=None, help="gpt1 (paper), mini (CPU) or tiny (tests); "
                    "default: the TOML's `preset`, else gpt1")
     p.add_argument("--config", metavar="FILE.toml", help="TOML with [model] [train] [data] tables")
@@ -33,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, help="sequences per forward pass per device")
     p.add_argument("--batch-size", type=int, help="global batch (sequences per update)")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--precision", choices=["fp32", "bf16"], help="bf16 = autocast")
+    p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
+    p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument("--seed", type=int, help="initial weights, dropout and window order "
                    "(default 1234)")
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
                   "eval_every": args.eval_every, "log_every": args.log_every,
                   "resume": args.resume, "micro_batch_size": args.micro_batch,
                   "batch_size": args.batch_size, "lr": args.lr, "precision": args.precision,
-                  "compile": args.compile, "seed": args.seed,
+                  "compile": args.compile, "seed": args.seed, "device": args.device,
                   "quiet": True if args.quiet else None},
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)

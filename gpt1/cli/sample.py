@@ -1,21 +1,34 @@
 """Generate text from a checkpoint: greedy (--temperature 0) or sampled with top-k / top-p.
 
+Text appears as it is generated (one sample; with several they are printed when done).
+--prompt - reads the prompt from standard input; --interactive keeps the model loaded and
+answers one prompt per input line until end of input, an empty line or Ctrl-C.
+GPT and LSTM-baseline checkpoints both work (the LSTM re-reads its window at each step).
+
 Examples:
   gpt1 sample runs/mini/final --prompt "the old man" --max-new-tokens 40 --top-k 40 --seed 1
   gpt1 sample runs/mini/final --prompt-ids "12 7 99" --temperature 0
+  echo "the old man" | gpt1 sample runs/mini --prompt - --temperature 0
+  gpt1 sample runs/mini --interactive --top-k 40
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
-HELP = "generate text from a checkpoint"
+HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint folder or run folder")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer files)")
+    src.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer files); "
+                     "- reads it from standard input")
     src.add_argument("--prompt-ids", help='token ids to continue, e.g. "12 7 99"')
+    src.add_argument("--interactive", action="store_true",
+                     help="read prompts line by line from standard input and answer each "
+                          "(ends at end of input, an empty line or Ctrl-C)")
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
@@ -23,23 +36,76 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     p.add_argument("--num-samples", type=int, default=1,
                    help="independent continuations of the same prompt (default 1)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.recipes.sample import parse_ids, sample
-    ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    samples = sample(args.checkpoint, prompt=args.prompt, prompt_ids=ids,
-                     max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                     top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                     num_samples=args.num_samples, device=args.device)
+    from gpt1.errors import ConfigError
+    from gpt1.recipes.sample import Session, check_options, parse_ids
+    # Every option is checked before the model is loaded.
+    check_options(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
+    if args.num_samples < 1:
+        raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
+    prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    prompt = args.prompt
+    if prompt == "-":
+        prompt = sys.stdin.read().rstrip("\n")
+        if not prompt.strip():
+            raise ConfigError("--prompt -: standard input held no text")
+    session = Session(args.checkpoint, args.device, args.precision)
+    if args.interactive:
+        return _interactive(session, args)
+    _answer(session, args, prompt, prompt_ids)
+    return 0
+
+
+def _answer(session, args: argparse.Namespace, prompt: str | None,
+            prompt_ids: list[int] | None) -> None:
+    """Print the continuation(s) of one prompt; one text sample is streamed as it is made."""
+    ids = session.prompt_ids(prompt, prompt_ids)
+    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                   top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    as_text = session.tokenizer is not None and not args.ids
+    if as_text and args.num_samples == 1:
+        shown = (prompt or "").strip()
+        sys.stdout.write(shown)
+        sys.stdout.flush()
+        separator = " " if shown else ""   # between the prompt and the first piece only
+        for piece in session.stream_text(ids, **options):
+            sys.stdout.write(separator + piece)
+            separator = ""
+            sys.stdout.flush()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        return
+    samples = session.samples(ids, num_samples=args.num_samples, **options)
     for i, s in enumerate(samples):
         if len(samples) > 1:
             print(f"=== sample {i + 1} ===")
         if s.text is not None and not args.ids:
-            prefix = args.prompt if args.prompt is not None else ""
+            prefix = prompt if prompt is not None else ""
             print(f"{prefix}{' ' if prefix else ''}{s.text}".strip())
         else:
             print(" ".join(str(t) for t in s.ids))
+
+
+def _interactive(session, args: argparse.Namespace) -> int:
+    """Prompt after prompt on one loaded model, until end of input or an empty line."""
+    if session.tokenizer is None:
+        from gpt1.errors import CheckpointError
+        raise CheckpointError(f"{session.folder}: no tokenizer files, so --interactive cannot "
+                              "read text prompts")
+    tty = sys.stdin.isatty()
+    try:
+        while True:
+            if tty:
+                print("> ", end="", file=sys.stderr, flush=True)
+            line = sys.stdin.readline()
+            if not line.strip():   # end of input or an empty line
+                break
+            _answer(session, args, line.rstrip("\n"), None)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
     return 0

@@ -24,12 +24,36 @@ OAI_LOWERCASE = ("lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one to
                  "the raw text first like transformers")
 
 
+DESCRIPTIONS = {
+    "encode": "Read text lines from standard input and write one line of space-separated token ids "
+              "per input line (an empty line for an empty one), with the GPT-1 pipeline: ftfy, "
+              "text standardisation, spaCy, lowercase, BPE.\n\n"
+              "Example:\n  echo \"Hello, world!\" | gpt1 tokenizer encode --vocab gpt1_tokenizer",
+    "decode": "Read lines of space-separated token ids from standard input and write one line of "
+              "text per line (word pieces joined, </w> read as a space).\n\n"
+              "Example:\n  echo \"3570 240 1276 267\" | gpt1 tokenizer decode --vocab runs/mini/final",
+    "train": "Learn a new BPE vocabulary from .txt/.jsonl files with the GPT-1 pipeline and write "
+             "vocab.json + merges.txt (the layout every other command reads).\n\n"
+             "Example:\n  gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/",
+}
+
+
+def _sub(sub: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
+    """A subcommand with its description and the options every command has (--debug, --quiet)."""
+    import textwrap
+    from gpt1.cli import common_options
+    summary, example = DESCRIPTIONS[name].split("\n\n", 1)
+    return sub.add_parser(name, help=help_, description=textwrap.fill(summary, 79) + "\n\n" + example,
+                          parents=[common_options()],
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_ in (("encode", "stdin text lines -> id lines"),
                         ("decode", "stdin id lines -> text lines")):
-        q = sub.add_parser(name, help=help_)
+        q = _sub(sub, name, help_)
         q.add_argument("--vocab", required=True, type=Path, metavar="DIR",
                        help="folder with the tokenizer files")
         q.add_argument("--standardize", choices=["oai", "hf"], default="oai",
@@ -37,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         if name == "encode":
             q.add_argument("--processes", type=int, default=1, help="worker processes")
             q.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
-    t = sub.add_parser("train", help="learn a new BPE vocabulary with the GPT-1 pipeline")
+    t = _sub(sub, "train", "learn a new BPE vocabulary with the GPT-1 pipeline")
     t.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
                    help=".txt/.jsonl files or folders")
     t.add_argument("--merges", type=int, required=True, help="number of BPE merges to learn")

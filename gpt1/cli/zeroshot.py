@@ -42,11 +42,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first N examples of each split (CoLA: of train and of dev)")
     p.add_argument("--tokenizer", default=None,
                    help="vocab.json + merges.txt folder (default: the checkpoint's own)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
-                   help="weights and activations in this type (default fp32)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="weights and activations in this type: " + PRECISION_HELP)
+    # The old name, kept working but no longer shown.
+    p.add_argument("--dtype", choices=PRECISIONS, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--batch-tokens", type=int, default=4096,
                    help="padded tokens per forward pass (default 4096)")
+
+
+def _precision(args: argparse.Namespace) -> str:
+    """--precision, or the deprecated --dtype (a warning says so); both given must agree."""
+    from gpt1.errors import ConfigError
+    if args.dtype is None:
+        return args.precision or "auto"
+    import logging
+    logging.getLogger(__name__).warning("zeroshot: --dtype is deprecated; use --precision")
+    if args.precision is not None and args.precision != args.dtype:
+        raise ConfigError(f"--precision {args.precision} and --dtype {args.dtype} disagree")
+    return args.dtype
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.zeroshot.scorer import evaluate_checkpoint, evaluate_run, parse_tasks
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit must be positive, got {args.limit}")
+    if args.batch_tokens <= 0:
+        raise ConfigError(f"--batch-tokens must be positive, got {args.batch_tokens}")
     tasks = parse_tasks(args.task)
     settings = dict(tokenizer_dir=args.tokenizer, limit=args.limit, calibrate=args.calibrate,
-                    device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens)
+                    device=args.device, precision=_precision(args),
+                    batch_tokens=args.batch_tokens)
     out = Path(args.out)
     path = Path(args.checkpoint)
     if path.is_dir() and not (path / "config.json").is_file():

@@ -228,18 +228,36 @@ class LayerCache:
 
     Exact for GPT-1: with causal attention, a position's keys and values depend only on the
     tokens up to it, and post-LN changes nothing about that.
+
+    The keys and values live in buffers with room to spare (doubled when full), written in place:
+    concatenating a fresh `[B, H, past + T, D]` pair per layer and step costs an allocation and
+    a copy of the whole cache every token. Attention reads views of the filled part, the same
+    numbers the concatenated tensors held.
     """
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None
+        self.k: torch.Tensor | None = None   # [B, H, capacity, D] buffers
         self.v: torch.Tensor | None = None
+        self.length = 0                      # filled positions
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
-        if self.k is not None:
-            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
-        self.k, self.v = k, v
-        return k, v
+        end = self.length + k.shape[2]
+        if self.k is None or end > self.k.shape[2]:
+            capacity = max(2 * end, 64)
+            self.k = self._grown(self.k, k, capacity)
+            self.v = self._grown(self.v, v, capacity)
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        B, H, _, D = like.shape
+        buf = like.new_empty(B, H, capacity, D)
+        if old is not None:
+            buf[:, :, :self.length] = old[:, :, :self.length]
+        return buf
 
 
 class KVCache:
@@ -249,8 +267,7 @@ class KVCache:
         self.layers = [LayerCache() for _ in range(n_layer)]
 
     def __len__(self) -> int:
-        k = self.layers[0].k
-        return 0 if k is None else k.shape[2]
+        return self.layers[0].length
 
 
 class Unpadded:

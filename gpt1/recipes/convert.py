@@ -16,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 import torch
@@ -31,10 +31,13 @@ from gpt1.files import atomic_folder, check_output, follow_umask
 from gpt1.model.memory import ensure_model_fits
 from gpt1.model.gpt import GPT
 
+if TYPE_CHECKING:
+    from gpt1.recipes.export_hf import HFExport
+
 log = logging.getLogger(__name__)
 
 FORMATS_IN = ("openai", "hf", "gpt1")
-FORMATS_OUT = ("gpt1", "hf")
+FORMATS_OUT = ("gpt1", "hf", "onnx")
 OPENAI_SHAPES = "params_shapes.json"
 OPENAI_SHARDS = 10
 # 2 + 12 * 4096 shape entries of at most ~30 characters each fit well within this.
@@ -351,20 +354,26 @@ def hf_config_of(config: ModelConfig) -> dict:
     return out
 
 
-def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None) -> Path:
-    """Write `model` as a folder `OpenAIGPTLMHeadModel.from_pretrained` loads."""
+def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None,
+            export: "HFExport | None" = None) -> Path:
+    """Write `model` as a folder `OpenAIGPTLMHeadModel.from_pretrained` loads; `export`
+    (gpt1.recipes.export_hf) adds the tokenizer, the trained window, the task head and the card."""
+    from gpt1.recipes.export_hf import HFExport
     out_dir = Path(out_dir)
+    export = export or HFExport()
     config = hf_config_of(model.config)
     if model.config.embd_dropout != "sum":
         log.warning("transformers drops the summed embedding; embd_dropout=%r is not carried over",
                     model.config.embd_dropout)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    with atomic_folder(out_dir, needed=state_bytes(state)) as tmp:
-        save_file(gpt1_to_hf_state(state), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    hf_state, config = export.adjust(gpt1_to_hf_state(state), config)
+    with atomic_folder(out_dir, needed=state_bytes(hf_state)) as tmp:
+        save_file(hf_state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         follow_umask(tmp / "model.safetensors")
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if tokenizer_dir is not None:
             copy_tokenizer_files(tokenizer_dir, tmp)
+        export.write(tmp, config)
     return out_dir
 
 
@@ -418,11 +427,14 @@ def read_any(src: str | Path, fmt: str, n_head: int = 12) -> tuple[GPT, Path | N
 
 
 def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str = "gpt1",
-            n_head: int = 12, overwrite: bool = False) -> Path:
-    """Convert a model folder between formats; returns the written folder.
+            n_head: int = 12, overwrite: bool = False, notes: list[str] | None = None,
+            keep_positions: bool = False) -> Path:
+    """Convert a model folder between formats; returns the written folder (or .onnx file).
 
     An existing `dst` is replaced only with `overwrite`, and never when it holds `src` or the
-    current folder (`gpt1.files.check_output`)."""
+    current folder (`gpt1.files.check_output`). `notes` receives the lines the user must read
+    about an hf or onnx export (how to load the tokenizer exactly, what happened to a task head,
+    the trained window)."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
     if Path(src).exists() and Path(dst).resolve() == Path(src).resolve():
@@ -430,8 +442,15 @@ def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str =
     check_output(dst, overwrite, (src,))
     model, vocab = read_any(src, src_format, n_head)
     out = Path(os.path.abspath(dst))   # `.`-style names have no name to build a temporary sibling from
+    if dst_format == "onnx":
+        from gpt1.recipes.export_onnx import export_onnx
+        return export_onnx(src, src_format, model, out, notes)
     if dst_format == "hf":
-        save_hf(model, out, vocab)
+        from gpt1.recipes.export_hf import plan
+        export = plan(src, src_format, model.config.n_positions, vocab, keep_positions)
+        if notes is not None:
+            notes.extend(export.notes)
+        save_hf(model, out, vocab, export)
         return Path(dst)
     with atomic_folder(out, needed=state_bytes(model.state_dict())) as tmp:
         write_model_files(tmp, model, vocab, extra={"converted_from": {"format": src_format,

@@ -26,17 +26,18 @@ GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", 
 
 
 @torch.no_grad()
-def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
-    """Predicted class index (or choice index, or score) per example, in order.
+def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
+    """The head's output per example, in order: class logits or choice scores (a list of
+    floats each), or a float score for regression tasks.
 
     Batches are formed longest first, so each pads to a similar length (right padding does not
     reach a causal model's real positions, so an example's output does not depend on its
-    batch); the predictions are put back in the split's order.
+    batch); the outputs are put back in the split's order.
     """
     from gpt1.recipes.finetune import example_length, make_batch
     device = next(model.parameters()).device
     order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
-    preds: list[Any] = [None] * len(order)
+    outputs: list[Any] = [None] * len(order)
     for start in range(0, len(order), micro):
         index = order[start:start + micro]
         batch = make_batch(enc, index, task.regression)
@@ -45,9 +46,17 @@ def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
         if not bool(torch.isfinite(out).all()):   # argmax of NaN rows would pick class 0 silently
             raise Gpt1Error("the model produced NaN or infinite outputs (overflow or damaged "
                             "weights); predictions would be meaningless")
-        for i, p in zip(index, out.tolist() if task.regression else out.argmax(-1).tolist()):
-            preds[i] = p
-    return preds
+        for i, row in zip(index, out.tolist()):
+            outputs[i] = row
+    return outputs
+
+
+def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
+    """Predicted class index (or choice index, or score) per example, in order."""
+    outputs = predict_raw(model, task, enc, micro)
+    if task.regression or not outputs:
+        return outputs
+    return torch.tensor(outputs).argmax(-1).tolist()
 
 
 def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
@@ -111,31 +120,47 @@ def _task_of(record: dict, name: str | None) -> Task:
     return task
 
 
+def _place(model: Any, device: str, precision: str) -> Any:
+    """The model on `device` in `precision` (both may be "auto": see gpt1.devices)."""
+    from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+    where = resolve_device(device)
+    return model.to(device=where, dtype=torch_dtype(resolve_precision(precision, where)))
+
+
 def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str = "dev",
-                 micro: int = 16, skip_bad_rows: bool = False, device: str = "cpu",
-                 overwrite: bool = False) -> dict[str, Any]:
-    """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into the run
-    folder (an existing one only with `overwrite`)."""
+                 micro: int = 16, skip_bad_rows: bool = False, device: str = "auto",
+                 precision: str = "auto", overwrite: bool = False,
+                 out: str | Path | None = None) -> dict[str, Any]:
+    """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
+    (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
     from gpt1.recipes.finetune import load_finetuned
-    check_output(_run_folder(run) / results_name(split), overwrite)
+    out_dir = results_path(run, split, out).parent
+    check_output(out_dir / results_name(split), overwrite)
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
-    model.to(device)
+    model = _place(model, device, precision)
     results = evaluate_model(model, task, tok, data, split, record["n_ctx"],
                              record.get("question_delimiter", False), micro, skip_bad_rows)
-    write_results(_run_folder(run), results, results_name(split), overwrite)
+    write_results(out_dir, results, results_name(split), overwrite)
     return results
+
+
+def results_path(run: str | Path, split: str, out: str | Path | None = None) -> Path:
+    """Where `evaluate_run` writes: results.<split>.json in `out` or the run folder (RUN or
+    RUN/final given)."""
+    return (Path(out) if out else _run_folder(run)) / results_name(split)
 
 
 def predict_run(run: str | Path, task_name: str | None, data: str, split: str = "test",
                 out: str | Path | None = None, micro: int = 16, skip_bad_rows: bool = False,
-                device: str = "cpu", overwrite: bool = False) -> list[Path]:
+                device: str = "auto", precision: str = "auto",
+                overwrite: bool = False) -> list[Path]:
     """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for), named
     by `submission_name`; an existing file is replaced only with `overwrite`."""
     from gpt1.recipes.finetune import encode_split, load_finetuned
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
-    model.to(device)
+    model = _place(model, device, precision)
     out_dir = Path(out) if out else _run_folder(run) / "submission"
     names = task.resolve_splits(split)
     for name in names:       # refuse before any work, not after the first file
@@ -145,13 +170,13 @@ def predict_run(run: str | Path, task_name: str | None, data: str, split: str = 
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
         preds = predict_outputs(model, task, enc, micro)
-        rows = ["index\tprediction\n"] + [f"{uid}\t{_label_text(task, p)}\n"
+        rows = ["index\tprediction\n"] + [f"{uid}\t{label_text(task, p)}\n"
                                           for uid, p in zip(enc.uids, preds)]
         written.append(write_text(out_dir / submission_name(task, name), "".join(rows)))
     return written
 
 
-def _label_text(task: Task, pred: Any) -> str:
+def label_text(task: Task, pred: Any) -> str:
     if task.regression:
         return f"{pred:.3f}"
     if task.kind == "choice":

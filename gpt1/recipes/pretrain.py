@@ -145,7 +145,8 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     if info.is_main:
         log.info("pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, "
                  "%s, out %s", f"{model.num_parameters():,}", cfg.train.max_steps,
-                 cfg.train.batch_size, n_ctx, cfg.train.micro_batch_size, cfg.train.precision, out)
+                 cfg.train.batch_size, n_ctx, cfg.train.micro_batch_size,
+                 _precision_shown(cfg.train, info.local_rank), out)
     try:
         result = train(model, WindowLMLoss(cfg.train.loss_chunk_tokens), source, cfg.train, out,
                        eval_fn=eval_fn, tokenizer_dir=tokenizer_dir, resolved_config=resolved,
@@ -171,3 +172,11 @@ def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -
     def write(model: torch.nn.Module, folder: Path) -> None:
         write_model_files(folder, model, tokenizer_dir, {**extra, "run": resolved})
     return write
+
+
+def _precision_shown(train_cfg: Any, local_rank: int) -> str:
+    """The precision the trainer will use, for the log line ("auto" resolved)."""
+    from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
+    from gpt1.train.loop import resolve_device
+    return resolve_precision(train_cfg.precision, resolve_device(train_cfg.device, local_rank),
+                             TRAIN_PRECISIONS)

@@ -1,7 +1,8 @@
 """Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
 
-`generate(model, ids, ...)` is the importable core; `sample(checkpoint, ...)` is the `gpt1 sample`
-entry point (loads the checkpoint and, for text prompts, its tokenizer).
+`generate_stream(model, ids, ...)` is the importable core (one step at a time); `generate` runs it
+to the end; `TextStream` turns the ids into text as they come. `Session` holds a loaded checkpoint
+and its tokenizer for prompt after prompt; `sample(checkpoint, ...)` is the one-shot entry point.
 The context is capped at `n_positions`: past that, each step re-reads the last `n_positions`
 tokens (learned positions cannot slide, so the cache is not reused there).
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -63,14 +64,38 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
     temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
     """
+    if ids.dim() == 1:
+        ids = ids[None]
+    steps = list(generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p,
+                                 generator, use_cache))
+    return torch.cat([ids.to(model.wte.weight.device), *steps], dim=1)
+
+
+def generate_stream(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, generator: torch.Generator | None = None,
+                    use_cache: bool = True) -> Iterator[torch.Tensor]:
+    """`generate`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
+
+    The checks run before the first token; the model is in eval mode while the generator runs
+    and restored when it ends (or is closed early).
+    """
     check_options(temperature, top_k, top_p, max_new_tokens)
     if ids.dim() == 1:
         ids = ids[None]
     if ids.shape[-1] == 0:
         raise ConfigError("empty prompt: GPT-1 has no start-of-text token; give at least one token")
-    vocab, n_pos = model.config.vocab_size, model.config.n_positions
+    vocab = model.config.vocab_size
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ConfigError(f"prompt ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+
+
+def _steps(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, temperature: float,
+           top_k: int | None, top_p: float | None, generator: torch.Generator | None,
+           use_cache: bool) -> Iterator[torch.Tensor]:
+    """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly)."""
+    n_pos = model.config.n_positions
     was_training = model.training
     model.eval()
     device = model.wte.weight.device
@@ -79,12 +104,13 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
         for _ in range(max_new_tokens):
-            if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                hidden = model(fresh, cache=cache)[:, -1]
-            else:
-                cache = None  # past the context: positions shift, re-read the window each step
-                hidden = model(out[:, -n_pos:])[:, -1]
-            logits = model.lm_logits(hidden).float()  # [B, V]
+            with torch.no_grad():
+                if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
+                    hidden = model(fresh, cache=cache)[:, -1]
+                else:
+                    cache = None  # past the context: positions shift, re-read the window each step
+                    hidden = model(out[:, -n_pos:])[:, -1]
+                logits = model.lm_logits(hidden).float()  # [B, V]
             if not bool(torch.isfinite(logits).all()):
                 # Overflow (or damage): multinomial would crash, argmax would pick token 0.
                 raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn "
@@ -96,9 +122,9 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
                 nxt = torch.multinomial(probs, 1, generator=generator)
             out = torch.cat([out, nxt], dim=1)
             fresh = nxt
+            yield nxt
     finally:
         model.train(was_training)
-    return out
 
 
 @dataclass
@@ -116,6 +142,45 @@ def parse_ids(raw: str) -> list[int]:
         raise ConfigError(f"--prompt-ids must be integers separated by spaces, got {raw!r}") from None
 
 
+class TextStream:
+    """Incremental decoding: push token ids, get the text they add, equal in the end to
+    `Tokenizer.decode` of all of them.
+
+    A BPE piece ending in `</w>` closes a word (a space follows it); other pieces continue one.
+    Text is released as soon as it is certain: trailing whitespace is held back until more text
+    follows (decode strips it at the end), leading whitespace is dropped (decode strips it too).
+    """
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.started = False      # released any non-space text yet
+        self.pending = ""         # whitespace held back
+
+    def push(self, token: int) -> str:
+        text = self.pending + _piece(self.tokenizer, token)
+        if not self.started:
+            text = text.lstrip()
+        body = text.rstrip()
+        self.pending = text[len(body):]
+        if body:
+            self.started = True
+        return body
+
+    def flush(self) -> str:
+        """The end of the text: whatever is held back is trailing whitespace, which decode drops."""
+        self.pending = ""
+        return ""
+
+
+def _piece(tokenizer, token: int) -> str:
+    """One id's text as `Tokenizer.decode` joins it: `</w>` becomes a space."""
+    from gpt1.text.tokenizer import EOW
+    piece = tokenizer.decoder.get(int(token))
+    if piece is None:
+        raise ConfigError(f"token id {int(token)} is outside this vocabulary")
+    return piece.replace(EOW, " ")
+
+
 def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
                           device: str) -> None:
     """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
@@ -127,42 +192,86 @@ def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
                 f"positions x n_layer={config.n_layer} x n_embd={config.n_embd}", device)
 
 
+class Session:
+    """A loaded checkpoint (GPT or the LSTM baseline) and its tokenizer, ready for prompt after
+    prompt (`gpt1 sample --interactive` keeps one open)."""
+
+    def __init__(self, checkpoint: str | Path, device: str = "auto", precision: str = "auto"):
+        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+        from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+        from gpt1.model.registry import load_any_checkpoint
+        self.folder = resolve_checkpoint_dir(checkpoint)
+        self.device = resolve_device(device)
+        dtype = torch_dtype(resolve_precision(precision, self.device))
+        # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
+        self.model = load_any_checkpoint(self.folder, device=self.device).to(dtype).eval()
+        tok_dir = tokenizer_dir_of(self.folder)
+        self.tokenizer = None
+        if tok_dir is not None:
+            from gpt1.text.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
+            self.tokenizer = Tokenizer.from_dir(tok_dir)
+
+    def prompt_ids(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> list[int]:
+        """The ids to continue: `prompt` encoded, or `prompt_ids`, cut to the last n_positions."""
+        if (prompt is None) == (prompt_ids is None):
+            raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
+        if prompt is not None:
+            if self.tokenizer is None:
+                raise CheckpointError(f"{self.folder}: no tokenizer files (vocab.json + merges.txt), "
+                                      "so a text prompt cannot be encoded; use --prompt-ids")
+            prompt_ids = list(self.tokenizer.encode(prompt))
+        n_pos = self.model.config.n_positions
+        if len(prompt_ids) > n_pos:
+            log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids),
+                        n_pos)
+            prompt_ids = prompt_ids[-n_pos:]
+        return list(prompt_ids)
+
+    def _generator(self, seed: int | None) -> torch.Generator:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(seed if seed is not None else torch.seed())
+        return generator
+
+    def stream_text(self, prompt_ids: list[int], max_new_tokens: int = 50,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
+        """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
+        joined, the pieces equal `Tokenizer.decode` of the new ids."""
+        if self.tokenizer is None:
+            raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
+        text = TextStream(self.tokenizer)
+        steps = generate_stream(self.model, torch.tensor([prompt_ids]), max_new_tokens,
+                                temperature, top_k, top_p, self._generator(seed))
+        for step in steps:
+            piece = text.push(int(step[0, 0]))
+            if piece:
+                yield piece
+
+    def samples(self, prompt_ids: list[int], max_new_tokens: int = 50, temperature: float = 1.0,
+                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                num_samples: int = 1) -> list[Sample]:
+        """`num_samples` continuations of the same prompt, generated as one batch."""
+        if num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
+        check_sampling_memory(self.model.config, num_samples, max_new_tokens, str(self.device))
+        ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
+        out = generate(self.model, ids, max_new_tokens, temperature, top_k, top_p,
+                       self._generator(seed))
+        n = len(prompt_ids)
+        return [Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
+                for row in out.tolist()]
+
+
 def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[int] | None = None,
            max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
-           device: str = "cpu") -> list[Sample]:
+           device: str = "auto", precision: str = "auto") -> list[Sample]:
     """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
-    from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.model.registry import load_any_checkpoint
     check_options(temperature, top_k, top_p, max_new_tokens)
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
-    folder = resolve_checkpoint_dir(checkpoint)
-    # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
-    model = load_any_checkpoint(folder, device=device)   # GPT or the LSTM baseline
-    check_sampling_memory(model.config, num_samples, max_new_tokens, device)
-    tok_dir = tokenizer_dir_of(folder)
-    tokenizer = None
-    if tok_dir is not None:
-        from gpt1.text.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
-        tokenizer = Tokenizer.from_dir(tok_dir)
-    if prompt is not None:
-        if tokenizer is None:
-            raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt), so a text "
-                                  "prompt cannot be encoded; use --prompt-ids")
-        prompt_ids = list(tokenizer.encode(prompt))
-    n_pos = model.config.n_positions
-    if len(prompt_ids) > n_pos:
-        log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos)
-        prompt_ids = prompt_ids[-n_pos:]
-    generator = torch.Generator(device=device)
-    generator.manual_seed(seed if seed is not None else torch.seed())
-    ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
-    out = generate(model, ids, max_new_tokens, temperature, top_k, top_p, generator)
-    samples = []
-    for row in out.tolist():
-        text = tokenizer.decode(row[len(prompt_ids):]) if tokenizer is not None else None
-        samples.append(Sample(row, len(prompt_ids), text))
-    return samples
+    session = Session(checkpoint, device, precision)
+    return session.samples(session.prompt_ids(prompt, prompt_ids), max_new_tokens, temperature,
+                           top_k, top_p, seed, num_samples)

@@ -14,7 +14,8 @@ from typing import Any
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
-from gpt1.tasks.rows import NUMBER, Record, collect, label_field, label_text, records, text_field
+from gpt1.tasks.rows import (NUMBER, Record, collect, label_field, label_text, missing_column,
+                             optional_label, records, text_field)
 
 KINDS = ("single", "pair", "similarity", "choice")
 ROLES = {"single": ("text",), "pair": ("a", "b"), "similarity": ("a", "b"),
@@ -58,7 +59,7 @@ def scan_labels(path: Path, column: str) -> list[str]:
     values = set()
     for line, rec in records(path, BadRows(skip=True)):  # bad rows are reported when read
         if column not in rec or rec[column] is None:
-            raise DataError(f"missing label column {column!r}", path, line, column)
+            raise DataError(missing_column(column, rec, "label column"), path, line, column)
         values.add(label_text(rec[column], path, line, column))
     if not values:
         raise DataError("no rows to take the label set from", path)
@@ -87,8 +88,10 @@ def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
 
     def build(line: int, rec: Record) -> Example:
         label = None
-        if has_label and (need_labels or cols["label"] in rec):
+        if has_label and need_labels:
             label = label_field(rec, cols["label"], path, line, labels)
+        elif has_label and cols["label"] in rec:   # prediction: a label is kept where it reads
+            label = optional_label(rec, cols["label"], path, line, labels)
         uid = label_text(rec[cols["id"]], path, line, cols["id"]) \
             if "id" in cols and rec.get(cols["id"]) is not None else str(line)
         if kind == "single":

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, PairExample, TextExample
-from gpt1.tasks.rows import Record, _lines, collect, label_field, records, text_field
+from gpt1.tasks.rows import Record, _lines, collect, label_field, optional_label, records, text_field
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def read_glue_tsv(path: Path, columns: GlueColumns, labels: list[str] | None, ba
         if has_label:
             if columns.label_last and rec[columns.label].strip() == "-":
                 return None
-            label = label_field(rec, columns.label, path, line, labels, aliases)
+            read_label = label_field if need_labels else optional_label
+            label = read_label(rec, columns.label, path, line, labels, aliases)
         uid = rec[id_col] if id_col else str(line)
         if len(texts) == 1:
             return TextExample(texts[0], label, uid)

@@ -226,7 +226,7 @@ def records(path: Path, bad: BadRows, names: list[str] | None = None,
 def text_field(record: Record, name: str, path: Path, line: int, allow_empty: bool = False) -> str:
     """A required text column; missing, non-string or (unless allowed) empty is malformed."""
     if name not in record or record[name] is None:
-        raise DataError(f"missing column {name!r}", path, line, name)
+        raise DataError(missing_column(name, record), path, line, name)
     value = record[name]
     if not isinstance(value, str):
         raise DataError(f"expected text, got {type(value).__name__}", path, line, name)
@@ -235,11 +235,27 @@ def text_field(record: Record, name: str, path: Path, line: int, allow_empty: bo
     return value
 
 
+def missing_column(name: str, record: Record, what: str = "column") -> str:
+    """"missing column 'x' (this row has: a, b)": the message names the columns that exist."""
+    present = ", ".join(str(k) for k in record if record[k] is not None) or "no columns"
+    return f"missing {what} {name!r} (this row has: {present})"
+
+
+def optional_label(record: Record, name: str, path: Path, line: int, labels: list[str] | None,
+                   aliases: dict[str, str] | None = None) -> int | float | None:
+    """The label where it reads as one, else None: for prediction, which needs no labels (a gold
+    label never seen in training, or a blank one, must not stop it)."""
+    try:
+        return label_field(record, name, path, line, labels, aliases)
+    except DataError:
+        return None
+
+
 def label_field(record: Record, name: str, path: Path, line: int,
                 labels: list[str] | None, aliases: dict[str, str] | None = None) -> int | float:
     """A class index (`labels` given) or a float score (`labels` None), from column `name`."""
     if name not in record or record[name] is None:
-        raise DataError(f"missing label column {name!r}", path, line, name)
+        raise DataError(missing_column(name, record, "label column"), path, line, name)
     value = record[name]
     if labels is None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):

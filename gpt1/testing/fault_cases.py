@@ -1,10 +1,11 @@
-"""Fault cases: what a user's disk or a second process can do to a command, and what it costs.
+"""Fault cases: what a user's disk, a second process or a hostile file can do to a command, and
+what it costs.
 
 Each case is a function `case(work: Path) -> CaseResult` that sets up its own files under `work`,
 runs real `gpt1` commands (in this process through `gpt1.cli.main`, or as subprocesses where a
 second process or a kill is the point), and reports the outcome in words and how many of the
 user's files or checkpoints were lost or damaged. `CASES` lists them in table order; to add a case,
-write a function and append it (`tests/test_faults.py` runs every case and asserts no data lost).
+write a function and append it (`tests/test_faults.py` runs the cases and asserts nothing lost).
 
 A full disk and a read-only folder are real where the machine lets an unprivileged process mount a
 private tmpfs (`unshare -rm`, Linux user namespaces); elsewhere the writer is made to raise the
@@ -96,6 +97,7 @@ def result(outcome: str, lost_files: list[str], problems: list[str]) -> CaseResu
 def tiny_checkpoint(folder: Path) -> Path:
     """A tiny gpt1 checkpoint folder (random weights, character vocabulary)."""
     import torch
+
     from gpt1.model.checkpoint import save_model
     from gpt1.config import model_preset
     from gpt1.model.gpt import GPT
@@ -244,6 +246,66 @@ def two_writers_one_run(work: Path) -> CaseResult:
     return result("second writer refused (exit 2) naming the holder (pid, host, command, start); "
                   "first finished", [f"duplicated step {s} in metrics.jsonl" for s in dups]
                   + damaged, problems)
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (Linux /proc)."""
+    found = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat_file.parent.name))
+    return found
+
+
+def two_torchrun_launches_one_run(work: Path) -> CaseResult:
+    """Two `torchrun --nproc_per_node 2` launches (gloo, CPU) on one run folder."""
+    data = make_corpus(work / "data")
+    run = work / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", "2", "-m", "gpt1", "--quiet"]
+    argv = torchrun + tiny_pretrain(data, run, 1_000_000, "--log-every", "1", "--resume", "auto",
+                                    "--batch-size", "4", "--micro-batch", "2")
+    argv[argv.index("--save-every") + 1] = "1000"
+    first = subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    problems: list[str] = []
+    try:
+        if not _wait_for_step(run, first, 2):
+            problems.append("the first launch never logged a step")
+        t0 = time.perf_counter()
+        second = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300)
+        seconds = time.perf_counter() - t0
+        ranks = child_pids(first.pid)
+        lines = [l for l in second.stderr.splitlines() if "gpt1 pretrain: error:" in l]
+        if second.returncode == 0:
+            problems.append("the second launch exited 0")
+        if len(lines) != 1 or "in use by another gpt1 process" not in lines[0]:
+            problems.append(f"no one-line refusal: {second.stderr[-300:]!r}")
+        elif not any(f"(pid {pid} " in lines[0] for pid in ranks):
+            problems.append(f"the refusal does not name a rank of the first launch: {lines[0]}")
+        if first.poll() is not None:
+            problems.append("the first launch died")
+    finally:
+        ranks = child_pids(first.pid)
+        first.send_signal(signal.SIGTERM)    # torchrun passes it on to its ranks
+        try:
+            first.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            first.kill()
+            first.wait()
+        for pid in ranks:                     # in sessions of their own: never leave them running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        first.stderr.close()
+    dups = _duplicated_steps(run) if (run / "metrics.jsonl").is_file() else []
+    return result(f"second launch refused: rank 0 prints the one line naming the holder (rank 0 "
+                  f"of the first launch), torchrun stops rank 1 and exits 1 after "
+                  f"{seconds:.1f} s, start-up included; first launch undisturbed",
+                  [f"duplicated step {s} in metrics.jsonl" for s in dups], problems)
 
 
 def sigkilled_lock_holder(work: Path) -> CaseResult:
@@ -432,6 +494,258 @@ def files_follow_the_umask(work: Path) -> CaseResult:
     return result("weights, config and tokenizer files all 0640 under umask 027", [], problems)
 
 
+# ------------------------------------------------------------------- sizes and types
+# Time limits are checked when the table is printed (benchmarks/faults.py); tests turn them off,
+# since a loaded test machine says nothing about speed.
+CHECK_TIMES = True
+
+
+def timed_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str, float]:
+    """(exit status, stderr, seconds) of `gpt1 ARGV` in this process (start-up excluded)."""
+    t0 = time.perf_counter()
+    code, err = run_cli(argv, cwd)
+    return code, err, time.perf_counter() - t0
+
+
+def refused(runs: list[tuple[list[str], tuple[str, ...]]], outcome: str, limit: float | None = 1.0,
+            watched: Path | None = None) -> CaseResult:
+    """Each (argv, must) must exit 2 with one stderr line holding `must`, within `limit` seconds;
+    nothing under `watched` may change (a refusal writes nothing)."""
+    before = snapshot(watched) if watched is not None else {}
+    problems, slowest = [], 0.0
+    for argv, must in runs:
+        code, err, seconds = timed_cli(argv)
+        slowest = max(slowest, seconds)
+        problems += [f"{argv[0]}: {p}" for p in one_line(code, err, *must)]
+        if CHECK_TIMES and limit is not None and seconds > limit:
+            problems.append(f"{argv[0]} took {seconds:.2f} s (limit {limit} s)")
+    took = f"; slowest {slowest:.2f} s" if limit is not None else ""
+    return result(outcome + took, lost(before, watched) if watched is not None else [], problems)
+
+
+def _edit_json(path: Path, change: Callable[[dict], None]) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
+
+
+def _model_field(folder: Path, **fields) -> None:
+    _edit_json(folder / "config.json", lambda d: d["model"].update(fields))
+
+
+def billion_layers_in_a_checkpoint(work: Path) -> CaseResult:
+    ckpt = tiny_checkpoint(work / "ckpt")
+    _model_field(ckpt, n_layer=1_000_000_000)
+    # Every field within its own range, but 10^15 parameters: refused by the memory estimate.
+    huge = tiny_checkpoint(work / "huge")
+    _model_field(huge, n_layer=4096, n_embd=2**17, n_head=2**10, n_inner=2**19)
+    return refused([(["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"],
+                     ("config.json", "model.n_layer")),
+                    (["sample", str(huge), "--prompt", "x", "--max-new-tokens", "2"],
+                     ("config.json", "n_layer=4,096", "needs at least"))],
+                   "sample refused (exit 2) naming config.json and model.n_layer, nothing built; "
+                   "in-range fields adding up to 10^15 parameters refused by the memory estimate",
+                   watched=work)
+
+
+def mistyped_sizes_in_a_checkpoint(work: Path) -> CaseResult:
+    runs = []
+    for i, value in enumerate(["2", 2.5, True]):
+        ckpt = tiny_checkpoint(work / f"ckpt{i}")
+        _model_field(ckpt, n_layer=value)
+        runs.append((["info", str(ckpt)], ("config.json", "model.n_layer must be", "an integer")))
+    ckpt = tiny_checkpoint(work / "ckpt-version")
+    _edit_json(ckpt / "config.json", lambda d: d.update(format_version="2"))
+    runs.append((["info", str(ckpt)], ("config.json", "format_version")))
+    return refused(runs, 'info refused n_layer "2", 2.5 and true, and format_version "2" '
+                   "(exit 2, one line naming the field)")
+
+
+def billion_layers_in_an_hf_config(work: Path) -> CaseResult:
+    from gpt1.recipes.convert import save_hf
+    from gpt1.model.gpt import GPT
+    hf = save_hf(GPT(_tiny_config()), work / "hf")
+    _edit_json(hf / "config.json", lambda d: d.update(n_layer=1_000_000_000))
+    return refused([(["convert", str(hf), str(work / "out"), "--from", "hf"],
+                     ("config.json", "model.n_layer"))],
+                   "convert --from hf refused (exit 2) naming config.json and n_layer; no DST",
+                   watched=work)
+
+
+def _tiny_config():
+    import torch
+
+    from gpt1.config import ModelConfig
+    torch.manual_seed(0)
+    return ModelConfig(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
+
+
+def openai_release(folder: Path) -> Path:
+    """A tiny model saved the way OpenAI's release is: `params_shapes.json` + 10 .npy shards."""
+    import numpy as np
+
+    from gpt1.recipes.convert import OPENAI_BLOCK
+    from gpt1.model.gpt import GPT
+    config = _tiny_config()
+    sd = GPT(config).state_dict()
+    arrays = [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
+    for i in range(config.n_layer):
+        for name, kind in OPENAI_BLOCK:
+            t = sd[f"h.{i}.{name}"].numpy()
+            arrays.append(t.T[None] if kind == "linear" else t)
+    flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float32)
+    folder.mkdir(parents=True)
+    for i, part in enumerate(np.array_split(flat, 10)):
+        np.save(folder / f"params_{i}.npy", part)
+    (folder / "params_shapes.json").write_text(json.dumps([list(a.shape) for a in arrays]))
+    return folder
+
+
+def huge_params_shapes(work: Path) -> CaseResult:
+    oai = openai_release(work / "oai")
+    shapes = json.loads((oai / "params_shapes.json").read_text())
+    (oai / "params_shapes.json").write_text(json.dumps(shapes[:2] + shapes[2:14] * 200_000))
+    size = (oai / "params_shapes.json").stat().st_size
+    return refused([(["convert", str(oai), str(work / "out"), "--from", "openai", "--n-head", "4"],
+                     ("params_shapes.json",))],
+                   f"convert --from openai refused a {size / 1e6:.0f} MB params_shapes.json "
+                   "(200,000 layers) by its size, naming the file", watched=work)
+
+
+def huge_n_outputs(work: Path) -> CaseResult:
+    import torch
+    from safetensors.torch import save_file
+
+    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE
+    runs = []
+    for value in (20_000_000, 1e12):
+        ft = tiny_checkpoint(work / f"ft-{value:g}")
+        save_file({"linear.weight": torch.zeros(2, 64), "linear.bias": torch.zeros(2)},
+                  str(ft / HEAD_FILE))
+        (ft / TASK_FILE).write_text(json.dumps(
+            {"task": "sst2", "kind": "single", "labels": None, "n_outputs": value, "n_ctx": 16,
+             "classify_id": 3, "clf_pdrop": 0.1, "question_delimiter": False, "spec": None}))
+        for command in ("evaluate", "predict"):
+            runs.append(([command, str(ft), "--data", str(work)], ("task.json", "n_outputs")))
+    return refused(runs, "evaluate and predict refused n_outputs 20,000,000 and 1e12 "
+                   "(exit 2, naming task.json and n_outputs), nothing allocated", watched=work)
+
+
+def nan_weights(work: Path) -> CaseResult:
+    from safetensors.torch import load_file, save_file
+    ckpt = tiny_checkpoint(work / "ckpt")
+    state = load_file(str(ckpt / "model.safetensors"))
+    state["h.1.mlp.c_fc.weight"][3, 4] = float("nan")
+    save_file(state, str(ckpt / "model.safetensors"))
+    sst2 = work / "sst2"
+    sst2.mkdir()
+    (sst2 / "dev.tsv").write_text("sentence\tlabel\na fine film\t1\na sad film\t0\n")
+    must = ("h.1.mlp.c_fc.weight",)
+    return refused([(["convert", str(ckpt), str(work / "out"), "--from", "gpt1"], must),
+                    (["zeroshot", str(ckpt), "--task", "sst2", "--data", str(sst2), "--out",
+                      str(work / "zs")], must),
+                    (["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"], must)],
+                   "convert, zeroshot and sample refused (exit 2) naming the NaN tensor; "
+                   "no output written", limit=None, watched=work)
+
+
+def token_id_beyond_the_vocabulary(work: Path) -> CaseResult:
+    import numpy as np
+
+    from gpt1.text.shards import write_shard
+    data = make_corpus(work / "data", vocab=300)
+    ids = np.arange(3000) % 300
+    ids[1234] = 300
+    write_shard(data / "train-00001.bin", ids, 1, 400)
+    return refused([(tiny_pretrain(data, work / "run"), ("train-00001.bin", "token id 300"))],
+                   "pretrain refused at open (exit 2) naming the shard, id and position",
+                   limit=None, watched=data)
+
+
+def hf_index_outside_its_folder(work: Path) -> CaseResult:
+    from safetensors.torch import load_file, save_file
+
+    from gpt1.recipes.convert import save_hf
+    from gpt1.model.gpt import GPT
+    hf = save_hf(GPT(_tiny_config()), work / "hf")
+    state = load_file(str(hf / "model.safetensors"))
+    names = sorted(state)
+    save_file({k: state[k] for k in names[:5]}, str(hf / "part-1.safetensors"))
+    save_file({k: state[k] for k in names[5:]}, str(work / "outside.safetensors"))
+    (hf / "model.safetensors").unlink()
+    (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        k: "part-1.safetensors" if i < 5 else "../outside.safetensors"
+        for i, k in enumerate(names)}}))
+    return refused([(["convert", str(hf), str(work / "out"), "--from", "hf"],
+                     ("model.safetensors.index.json", "outside"))],
+                   "convert --from hf refused the `../outside.safetensors` entry (exit 2)",
+                   limit=None, watched=work)
+
+
+# --------------------------------------------------------------------- text and readers
+def a_run_of_punctuation(work: Path) -> CaseResult:
+    """100,000 `!` on one line through `gpt1 tokenizer encode` (spaCy's suffix search alone is
+    quadratic here); start-up (imports, loading spaCy) is measured on a one-character line and
+    subtracted."""
+    vocab = char_vocab(work / "vocab")
+    argv = [sys.executable, "-m", "gpt1", "tokenizer", "encode", "--vocab", str(vocab)]
+
+    def timed(text: str) -> tuple[float, subprocess.CompletedProcess]:
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, input=text, env=env(), capture_output=True, text=True,
+                              timeout=600)
+        return time.perf_counter() - t0, done
+
+    start, empty = timed("!\n")
+    total, done = timed("!" * 100_000 + "\n")
+    problems = [f"exit {c}: {d.stderr[-300:]}" for c, d in ((empty.returncode, empty),
+                                                            (done.returncode, done)) if c]
+    n_ids = len(done.stdout.split())
+    if not problems and n_ids < 1000:
+        problems.append(f"only {n_ids} ids for 100,000 characters")
+    work_s = total - start
+    if CHECK_TIMES and work_s > 2.0:
+        problems.append(f"{work_s:.2f} s beyond start-up (target 2 s)")
+    return result(f"exit 0, {n_ids:,} ids in {work_s:.2f} s beyond start-up "
+                  f"({total:.2f} s in all; 1 `!` took {start:.2f} s)", [], problems)
+
+
+def _finetune_on(work: Path, fmt: str, text: str) -> list[str]:
+    """`gpt1 finetune` on a generic `fmt` task whose train file is `text` (columns t and y)."""
+    data = work / "data"
+    data.mkdir(parents=True)
+    (data / f"train.{fmt}").write_text(text)
+    return ["finetune", "--task", fmt, "--columns", "text=t,label=y", "--data", str(data),
+            "--init", "none", "--preset", "tiny", "--vocab", str(char_vocab(work / "vocab")),
+            "--out", str(work / "run"), "--max-steps", "1", "--batch-size", "2",
+            "--micro-batch", "2", "--n-ctx", "32", "--set", "train.peak_flops=1"]
+
+
+def strict_readers(work: Path) -> CaseResult:
+    """Rows `gpt1 finetune` must refuse naming file, line and field, before any training."""
+    big = "x" * 10_000_000
+    good = {"csv": "id,t,y\n1,a fine film,pos\n2,a sad film,neg\n",
+            "tsv": "id\tt\ty\n1\ta fine film\tpos\n2\ta sad film\tneg\n",
+            "jsonl": '{"id": "1", "t": "a fine film", "y": "pos"}\n'
+                     '{"id": "2", "t": "a sad film", "y": "neg"}\n'}
+    files = [  # (format, file text, what the one line must say)
+        ("jsonl", good["jsonl"] + '{"id": "3", "t": "odd", "y": ["pos"]}\n',
+         ("train.jsonl:3, field 'y'", "list")),
+        ("jsonl", good["jsonl"] + '{"id": "3", "t": "odd", "y": "pos", "y": "neg"}\n',
+         ("train.jsonl:3, field 'y'", "appears twice")),
+        ("csv", "id,t,y,y\n1,a fine film,pos,pos\n", ("train.csv:1, field 'y'", "appears twice")),
+        ("csv", good["csv"] + f"3,{big},pos\n", ("train.csv:4, field 't'", "limit")),
+        ("tsv", good["tsv"] + f"3\t{big}\tpos\n", ("train.tsv:4, field 't'", "limit")),
+        ("jsonl", good["jsonl"] + json.dumps({"id": "3", "t": big, "y": "pos"}) + "\n",
+         ("train.jsonl:3, field 't'", "limit")),
+    ]
+    runs = [(_finetune_on(work / f"file-{i}", fmt, text), must)
+            for i, (fmt, text, must) in enumerate(files)]
+    return refused(runs, "finetune refused a JSONL list label, a duplicated JSONL key, a "
+                   "duplicated CSV header name, and a 10 MB field in CSV, TSV and JSONL alike "
+                   "(exit 2, one line naming file, line and field)", limit=None)
+
+
 # ------------------------------------------------------------------------------- table
 Case = Callable[[Path], CaseResult]
 CASES: list[tuple[str, Case]] = [
@@ -441,11 +755,25 @@ CASES: list[tuple[str, Case]] = [
     ("pretrain into a folder with metrics/results/plots", pretrain_into_a_used_folder),
     ("evaluate / predict / plot / zeroshot onto their own earlier output", results_written_twice),
     ("two pretrain processes on one run folder", two_writers_one_run),
+    ("two torchrun launches (2 ranks each) on one run folder", two_torchrun_launches_one_run),
     ("lock holder SIGKILLed, then --resume auto", sigkilled_lock_holder),
     ("disk full while writing a checkpoint", disk_full_while_checkpointing),
     ("run folder read-only on resume", read_only_run_folder),
     ("disk full while converting", disk_full_while_converting),
     ("umask 027", files_follow_the_umask),
+    ("checkpoint config.json: n_layer 1e9 (or 10^15 parameters), then `sample`",
+     billion_layers_in_a_checkpoint),
+    ('config.json: n_layer "2" / 2.5 / true, format_version "2", then `info`',
+     mistyped_sizes_in_a_checkpoint),
+    ("HF config.json: n_layer 1e9, then `convert --from hf`", billion_layers_in_an_hf_config),
+    ("params_shapes.json for 200,000 layers, then `convert --from openai`", huge_params_shapes),
+    ("task.json: n_outputs 20,000,000 and 1e12, then `evaluate` / `predict`", huge_n_outputs),
+    ("a NaN weight, then `convert` / `zeroshot` / `sample`", nan_weights),
+    ("token id 300 in a shard of a 300-token vocabulary, then `pretrain`",
+     token_id_beyond_the_vocabulary),
+    ("HF index.json weight_map `../outside.safetensors`", hf_index_outside_its_folder),
+    ("100,000 `!` through `tokenizer encode`", a_run_of_punctuation),
+    ("bad rows: JSONL list label, duplicate keys / header, 10 MB field", strict_readers),
 ]
 
 

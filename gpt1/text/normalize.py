@@ -101,7 +101,7 @@ _WS_RUN = re.compile(r"\s+")
 
 
 def _newline_runs(text: str, replacement: str) -> str:
-    """`re.sub(r"\s*\n\s*", replacement, text)` in time linear in the text."""
+    r"""`re.sub(r"\s*\n\s*", replacement, text)` in time linear in the text."""
     if "\n" not in text:
         return text
     return _WS_RUN.sub(lambda m: replacement if "\n" in m.group() else m.group(), text)

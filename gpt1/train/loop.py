@@ -30,6 +30,7 @@ from gpt1.train import distributed as dist
 from gpt1 import files
 from gpt1.train.parallelize import checkpoint_blocks
 from gpt1.config import TrainConfig
+from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
 from gpt1.train.optim import build_optimizer, lr_at, set_lr
@@ -75,6 +76,10 @@ class _ModelView:
 
 
 def resolve_device(name: str, local_rank: int = 0) -> torch.device:
+    """auto/cpu/cuda -> this rank's device; cuda:N (one process) -> that device."""
+    if name.startswith("cuda:"):
+        from gpt1.devices import resolve_device as named
+        return named(name)
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise ConfigError("train.device=cuda but no CUDA device is available")
@@ -124,6 +129,7 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
         raise ConfigError("train.max_steps must be set (> 0) before training")
     run_dir = Path(run_dir)
     device = resolve_device(cfg.device, dist.env_info().local_rank)
+    precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
     info = dist.init(device.type)
     accum = _accumulation(cfg, info.world_size)
     total = cfg.total_steps or cfg.max_steps
@@ -151,7 +157,7 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
                            resume_step=state["step"] if resume_dir is not None else None)
     if info.is_main and resume_dir is not None:
         logger.console(f"resuming from {resume_dir} at step {state['step']}")
-    peak = peak_flops(device, cfg.precision, cfg.peak_flops) if info.is_main else 0.0
+    peak = peak_flops(device, precision, cfg.peak_flops) if info.is_main else 0.0
     if flops_per_token is None and hasattr(raw, "flops_per_token"):
         flops_per_token = raw.flops_per_token()  # gpt1.model.registry.LanguageModel; else no MFU
 
@@ -159,7 +165,7 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
         return _save(run_dir / name, raw, optimizer, source, state, write_model, info, cfg, total,
                      resolved_config)
 
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if cfg.precision == "bf16"
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
                 else contextlib.nullcontext())
     stop = {"signal": 0}
     previous = _install_handlers(stop)

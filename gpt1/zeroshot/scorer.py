@@ -129,9 +129,10 @@ class Scorer:
             if not ctx:
                 raise ValueError("a continuation needs at least one context token to be scored")
             n_tokens = len(ctx) + len(cont)
-            # A continuation longer than the context window keeps its first n_positions - 1
-            # tokens after one context token; a long context loses tokens on the left.
-            cont = cont[:self.n_positions - 1]
+            # A continuation longer than the context window keeps its first n_positions
+            # tokens after one context token (the row is that token + all but the last
+            # continuation token); a long context loses tokens on the left.
+            cont = cont[:self.n_positions]
             room = self.n_positions - len(cont) + 1   # the row is ctx + cont[:-1]
             ctx = ctx[-room:]
             if len(ctx) + len(cont) < n_tokens:
@@ -527,18 +528,19 @@ def run_task(task: str, scorer: Scorer, tok: TextEncoder, folder: Path, limit: i
 
 
 # -------------------------------------------------------------------------- entry points
-def _prepare_model(checkpoint: Path, device: str, dtype: str) -> torch.nn.Module:
-    """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `dtype`."""
+def _prepare_model(checkpoint: Path, device: str, precision: str) -> torch.nn.Module:
+    """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `precision`
+    (device and precision may be "auto": see gpt1.devices)."""
+    from gpt1.devices import resolve_device, resolve_precision, torch_dtype
     from gpt1.model.registry import load_any_checkpoint
-    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-    if dtype not in dtypes:
-        raise ConfigError(f"dtype must be one of {', '.join(dtypes)}, got {dtype!r}")
-    return load_any_checkpoint(checkpoint, device=device).to(dtypes[dtype]).eval()
+    where = resolve_device(device)
+    dtype = torch_dtype(resolve_precision(precision, where))
+    return load_any_checkpoint(checkpoint, device=where).to(dtype).eval()
 
 
 def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str | Path,
                         tokenizer_dir: str | Path | None = None, limit: int | None = None,
-                        calibrate: bool = False, device: str = "cpu", dtype: str = "fp32",
+                        calibrate: bool = False, device: str = "auto", precision: str = "auto",
                         batch_tokens: int = 4096) -> dict[str, dict[str, Any]]:
     """Results per task for one checkpoint; tasks without data under `data` are skipped (logged)."""
     from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
@@ -557,7 +559,7 @@ def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str 
     from gpt1.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(tok_dir)
     from gpt1.model.checkpoint import trained_context
-    scorer = Scorer(_prepare_model(folder, device, dtype), batch_tokens=batch_tokens,
+    scorer = Scorer(_prepare_model(folder, device, precision), batch_tokens=batch_tokens,
                     max_context=trained_context(folder))
     if scorer.n_positions < scorer.model.config.n_positions:
         log.info("zeroshot: context capped at %d tokens, the window %s was pretrained on",
@@ -620,7 +622,7 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
     out_dir = Path(out_dir)
     cache_file = out_dir / "curve.json"
     key = {"limit": settings.get("limit"), "calibrate": bool(settings.get("calibrate", False)),
-           "dtype": settings.get("dtype", "fp32")}
+           "precision": _resolved_precision(settings)}
     curve: dict[str, Any] = {"settings": key, "data": str(data), "checkpoints": {}}
     old = _read_curve(cache_file) if cache_file.is_file() else None
     if old is not None and old.get("settings") == key:
@@ -651,6 +653,11 @@ def _read_curve(file: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
+def _resolved_precision(settings: dict[str, Any]) -> str:
+    """The precision a sweep runs in, as a concrete name (its results depend on it)."""
+    from gpt1.devices import resolve_device, resolve_precision
+    return resolve_precision(settings.get("precision", "auto"),
+                             resolve_device(settings.get("device", "auto")))
 
 
 def curve_table(curve: dict[str, Any], tasks: Sequence[str]) -> str:

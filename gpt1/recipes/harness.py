@@ -1,0 +1,251 @@
+"""gpt1 checkpoints as a native model of EleutherAI's lm-evaluation-harness (`lm-eval`).
+
+`Gpt1LM` implements the harness's three request types with gpt1's own machinery:
+
+* `loglikelihood`: `gpt1.zeroshot.scorer.Scorer` (length-sorted, right-padded rows whose padding the model
+  skips; rows that are prefixes of others share a forward pass; the output layer only at the
+  scored positions) on the faithful GPT-1 tokenizer (ftfy, spaCy, lowercase, BPE with `</w>`).
+  Context/continuation splitting is the harness's own (`TemplateLM._encode_pair`), so the token
+  ids equal those of the harness's `hf` model with the slow transformers tokenizer.
+* `loglikelihood_rolling`: the harness's own rolling windows (`get_rolling_token_windows`,
+  context length 1), all windows of all documents scored in one `Scorer.score` call.
+* `generate_until`: greedy (or sampled, when a task asks for it) decoding with the key/value
+  cache of `gpt1.recipes.sample.generate_stream`, stopped as soon as a stop string appears in the text.
+
+GPT-1 has no start-of-text token. Where the harness needs a token before the text (an empty
+context, the first rolling window) the adapter uses `prefix_token_id`: by default the token
+`gpt1 convert --to hf` declares as the export's start token, so both routes score alike: `<unk>`
+("no text"; gpt1 pads with it) for a pretrained LM, `_start_` for a fine-tuned model's body (every
+fine-tuning input starts with it). `prefix_token_id=N` chooses another. The context is capped at the window the checkpoint was pretrained on
+(`run.json`), else at `n_positions`; `max_length=N` caps it further.
+
+Register with `register()` (done by `gpt1 lm-eval`, see `gpt1.cli.lm_eval`); the task definitions
+for data the harness cannot fetch offline live in `gpt1/lm_eval_tasks/` (`TASKS_DIR`).
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import model_registry
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+from gpt1.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+MODEL_NAME = "gpt1"
+TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
+
+
+def register() -> None:
+    """Make `--model gpt1` known to the harness (idempotent)."""
+    if MODEL_NAME not in model_registry:
+        model_registry.register(MODEL_NAME)(Gpt1LM)
+
+
+def _harness_device(name: str | None) -> torch.device:
+    """The harness passes `cuda:0` by default; fall back to auto when there is no GPU."""
+    from gpt1.devices import resolve_device
+    if name and name.startswith("cuda") and not torch.cuda.is_available():
+        log.info("lm-eval: no CUDA device; running on the CPU")
+        name = "auto"
+    return resolve_device(name or "auto")
+
+
+class Gpt1LM(TemplateLM):
+    """A gpt1 checkpoint (GPT or the LSTM baseline) for the evaluation harness (module doc)."""
+
+    def __init__(self, checkpoint: str, tokenizer: str | None = None, device: str | None = "auto",
+                 precision: str = "auto", batch_tokens: int | str = 4096, max_rows: int | str = 64,
+                 max_length: int | str | None = None, max_gen_toks: int | str = 256,
+                 prefix_token_id: int | str | None = None, batch_size: Any = None,
+                 max_batch_size: Any = None, **unused: Any) -> None:
+        super().__init__()
+        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
+        from gpt1.devices import resolve_precision, torch_dtype
+        from gpt1.model.registry import load_any_checkpoint
+        from gpt1.text.tokenizer import Tokenizer
+        from gpt1.zeroshot.scorer import Scorer
+        if unused:
+            log.warning("lm-eval: gpt1 ignores model_args %s", ", ".join(sorted(unused)))
+        # Rows per forward pass follow a token budget (batch_tokens, max_rows), not batch_size.
+        del batch_size, max_batch_size
+        folder = resolve_checkpoint_dir(checkpoint)
+        tok_dir = Path(tokenizer) if tokenizer else tokenizer_dir_of(folder)
+        if tok_dir is None:
+            raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt); "
+                                  "pass tokenizer=DIR in --model_args")
+        self.tok = Tokenizer.from_dir(tok_dir)
+        self._device = _harness_device(device)
+        self.precision = resolve_precision(precision, self._device)
+        model = load_any_checkpoint(folder, device=self._device)
+        model = model.to(torch_dtype(self.precision)).eval()
+        limits = [model.config.n_positions, trained_context(folder)]
+        if max_length is not None:
+            limits.append(int(max_length))
+        self._max_length = min(n for n in limits if n)
+        self.scorer = Scorer(model, batch_tokens=int(batch_tokens), max_rows=int(max_rows),
+                             max_context=self._max_length)
+        self.model = model
+        self._max_gen_toks = int(max_gen_toks)
+        if prefix_token_id is None:   # as the transformers export declares (module doc)
+            fine_tuned = model.config.vocab_size > self.tok.vocab_size   # task tokens appended
+            prefix_token_id = self.tok.vocab_size if fine_tuned else self.tok.unk_id
+        self._prefix = int(prefix_token_id)
+        if not 0 <= self._prefix < model.config.vocab_size:
+            raise ConfigError(f"prefix_token_id must be in [0, {model.config.vocab_size}), "
+                              f"got {self._prefix}")
+        self.checkpoint = str(folder)
+
+    # -- what the harness reads ----------------------------------------------------------------
+    @property
+    def eot_token_id(self) -> int:
+        # GPT-1 has no end-of-text token; the prefix token stands in where the harness needs one.
+        return self._prefix
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self._prefix
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def max_gen_toks(self) -> int:
+        return self._max_gen_toks
+
+    @property
+    def tokenizer_name(self) -> str:
+        return f"gpt1:{self.checkpoint}"
+
+    def get_model_info(self) -> dict[str, Any]:
+        return {"model_num_parameters": sum(p.numel() for p in self.model.parameters()),
+                "model_dtype": self.precision, "model_revision": "", "model_sha": ""}
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
+                   **kwargs: Any) -> list[int]:
+        """GPT-1's ids for `string` (GPT-1 adds no special tokens, so the flag changes nothing)."""
+        return list(self.tok.encode(string))
+
+    def tok_decode(self, tokens: list[int]) -> str:
+        return self.tok.decode(tokens)
+
+    # -- scoring -------------------------------------------------------------------------------
+    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
+                              disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+        scores = self.scorer.score([(ctx, cont) for _, ctx, cont in requests], greedy=True)
+        out = []
+        for (key, _, _), score in zip(requests, scores):
+            result = (score.total, bool(score.greedy))
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, result)
+            out.append(result)
+        return out
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
+        """Sum of every token's log-probability, in the harness's disjoint rolling windows."""
+        windows: list[tuple[list[int], list[int]]] = []
+        counts: list[int] = []
+        for (string,) in (req.args for req in requests):
+            doc = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(string), prefix_token=self._prefix,
+                max_seq_len=self._max_length, context_len=1)]
+            windows.extend(doc)
+            counts.append(len(doc))
+        scores = iter(self.scorer.score(windows))
+        out = []
+        for req, n in zip(requests, counts):
+            total = sum(next(scores).total for _ in range(n))
+            self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
+            out.append(total)
+        return out
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Continue each context until a stop string (`until`) or `max_gen_toks` tokens."""
+        out = []
+        for req in requests:
+            context, gen_kwargs = req.args
+            text = self.generate_text(context, **dict(gen_kwargs or {}))
+            self.cache_hook.add_partial("generate_until", req.args, text)
+            out.append(text)
+        return out
+
+    def generate_text(self, context: str, until: list[str] | str | None = None,
+                      max_gen_toks: int | None = None, do_sample: bool = False,
+                      temperature: float = 0.0, top_k: int | None = None,
+                      top_p: float | None = None, seed: int | None = None,
+                      **ignored: Any) -> str:
+        """One continuation of `context`, cut before the first stop string in `until`."""
+        from gpt1.recipes.sample import TextStream, generate_stream
+        stops = [until] if isinstance(until, str) else list(until or [])
+        n_new = self._max_gen_toks if max_gen_toks is None else int(max_gen_toks)
+        if not do_sample:
+            temperature = 0.0
+        elif temperature == 0:
+            temperature = 1.0
+        ids = self.tok_encode(context) or [self._prefix]
+        # Keep room for the new tokens inside the window, like the harness's own models.
+        ids = ids[-max(1, self._max_length - n_new):]
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator(device=self._device)
+            generator.manual_seed(seed if seed is not None else 1234)
+        stream = TextStream(self.tok)
+        text = ""
+        for token in _first_row(generate_stream(self.model, torch.tensor([ids]), n_new,
+                                                temperature, top_k, top_p, generator)):
+            text += stream.push(token)
+            cut = _first_stop(text, stops)
+            if cut is not None:
+                return text[:cut]
+        text += stream.flush()
+        cut = _first_stop(text, stops)
+        return text if cut is None else text[:cut]
+
+
+def _first_row(tokens: Iterator[torch.Tensor]) -> Iterator[int]:
+    for token in tokens:   # [1, 1] per step
+        yield int(token[0, 0])
+
+
+def _first_stop(text: str, stops: list[str]) -> int | None:
+    """Index of the earliest stop string in `text`, or None."""
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def simple_evaluate(checkpoint: str, tasks: list[str], data: str | None = None,
+                    limit: int | float | None = None, **model_args: Any) -> dict[str, Any]:
+    """`lm_eval.simple_evaluate` on a gpt1 checkpoint with gpt1's local tasks available.
+
+    `data` is the data root (or a task's folder) the local tasks read (see gpt1/lm_eval_tasks).
+    """
+    import lm_eval
+    register()
+    model_args = {"checkpoint": checkpoint, **model_args}
+    metadata = {"data": str(data)} if data else {}
+    return lm_eval.simple_evaluate(model=MODEL_NAME, model_args=model_args, tasks=tasks,
+                                   limit=limit, metadata=metadata,
+                                   task_manager=task_manager(tasks, metadata))
+
+
+def only_local(tasks: list[str]) -> bool:
+    """Whether every task named is one of gpt1's local tasks (or their tag)."""
+    return bool(tasks) and all(t.strip().startswith("gpt1_") for t in tasks)
+
+
+def task_manager(tasks: list[str], metadata: dict[str, Any] | None = None) -> Any:
+    """A harness TaskManager that knows gpt1's local tasks. When only those are asked for, the
+    harness's own ~14,000 task files are not indexed (over a minute on a loaded 2-core CPU)."""
+    from lm_eval.tasks import TaskManager
+    return TaskManager(include_path=str(TASKS_DIR), include_defaults=not only_local(tasks),
+                       metadata=metadata or {})
+
+
+__all__ = ["Gpt1LM", "register", "simple_evaluate", "TASKS_DIR"]

@@ -1,0 +1,279 @@
+"""The HTTP API (FastAPI): /v1/predict, /v1/generate, /v1/score, /health, /metrics, /docs.
+
+Every error is JSON `{"error": "<one line>"}` with a 4xx status for a bad request (422: invalid
+body, 413: body too large, 404: unknown path or an endpoint this model does not serve), 503 with
+`Retry-After` when the queue is full, 500 (logged with its traceback) for a bug. The model runs
+in the batcher's worker thread; handlers only validate, tokenize and wait.
+"""
+# No `from __future__ import annotations`: FastAPI reads the body types of the handlers below,
+# which are local classes, from their evaluated annotations.
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from gpt1.errors import Gpt1Error
+from gpt1.serve.batcher import Batcher, Job, QueueFull
+from gpt1.serve.engine import Engine
+from gpt1.serve.metrics import Metrics
+from gpt1.serve.schemas import Limits, generate_model, predict_model, score_model
+
+log = logging.getLogger("gpt1.serve")
+RETRY_AFTER_S = 1
+
+
+def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": " ".join(str(message).split())}, status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    """Pydantic's errors as one line: `inputs.0.text: Field required; ...`."""
+    parts = []
+    for e in exc.errors():
+        loc = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body",))
+        if e.get("type") == "json_invalid":
+            parts.append("body is not valid JSON")
+            continue
+        msg = e.get("msg", "invalid").replace("Value error, ", "")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts[:5]) + (f" (and {len(parts) - 5} more)" if len(parts) > 5 else "")
+
+
+class Guard:
+    """ASGI middleware: body-size limit (413 before the body reaches the app), request counts,
+    latencies to the last byte and the in-flight gauge."""
+
+    def __init__(self, app: Any, metrics: Metrics, max_body_bytes: int):
+        self.app, self.metrics, self.max_body = app, metrics, max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        endpoint = scope["path"] if scope["path"] in KNOWN_PATHS else "other"
+        status = {"code": 500}
+        start = time.perf_counter()
+        self.metrics.in_flight.inc()
+
+        async def counting_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            body = await self._read_body(scope, receive)
+            if body is None:
+                await error(413, f"request body over {self.max_body} bytes")(scope, receive,
+                                                                               counting_send)
+                return
+            if scope["method"] == "POST":
+                # The API reads only JSON: a body sent as a form (curl -d's default type) is
+                # read as JSON too, instead of failing with a puzzling message.
+                headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
+                scope = dict(scope, headers=headers + [(b"content-type", b"application/json")])
+            await self.app(scope, _replay(body, receive), counting_send)
+        finally:
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(endpoint, str(status["code"])).inc()
+            self.metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+
+    async def _read_body(self, scope: dict, receive: Any) -> bytes | None:
+        """The whole body, or None once it passes the limit (by Content-Length or by count)."""
+        length = dict(scope.get("headers", [])).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return None
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """An ASGI receive that gives the app the body read already, then the client's own
+    messages (so a disconnect still reaches a streaming response)."""
+    sent = {"done": False}
+
+    async def replay() -> dict:
+        if not sent["done"]:
+            sent["done"] = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay
+
+
+KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
+
+
+def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int = 8192,
+               batch_items: int = 16, wait_s: float = 0.002, max_queue: int = 1024) -> Any:
+    """The ASGI app serving `engine` (wrapped in the `Guard` middleware)."""
+    limits = limits or Limits()
+    metrics = Metrics()
+
+    def run_batch(kind: str, items: list[Any]) -> list[Any]:
+        if kind == "predict":
+            return engine.predict(items, micro=batch_items)
+        return engine.score(items)
+
+    batcher = Batcher(run_batch, batch_tokens, batch_items, wait_s, max_queue,
+                      on_batch=metrics.observe_batch)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        batcher.start()
+        log.info("gpt1 serve: %s ready", engine.folder)
+        yield
+        batcher.stop()   # uvicorn has already let the requests in flight finish
+
+    app = FastAPI(title="gpt1", version="1", lifespan=lifespan,
+                  description="GPT-1 inference: predict with a fine-tuned run, generate and "
+                              "score with a language model. Errors are {\"error\": \"...\"}.")
+    app.state.engine, app.state.batcher, app.state.metrics = engine, batcher, metrics
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error(422, _validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if exc.status_code == 404 and request.url.path == "/v1/predict":
+            return error(404, "this model is a pretrained language model: /v1/predict needs a "
+                              "fine-tuned run (use /v1/generate or /v1/score)")
+        if exc.status_code == 404:
+            return error(404, f"no such endpoint: {request.url.path} (see /docs)")
+        if exc.status_code == 405:
+            return error(405, f"{request.method} is not allowed on {request.url.path}",
+                         getattr(exc, "headers", None))
+        return error(exc.status_code, exc.detail, getattr(exc, "headers", None))
+
+    @app.exception_handler(Gpt1Error)
+    async def user_error(request: Request, exc: Gpt1Error) -> JSONResponse:
+        return error(422, str(exc))
+
+    @app.exception_handler(QueueFull)
+    async def busy(request: Request, exc: QueueFull) -> JSONResponse:
+        return error(503, f"server busy: {exc}; retry later", {"Retry-After": str(RETRY_AFTER_S)})
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error on %s", request.url.path)
+        return error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    async def submit(kind: str, payload: Any, tokens: int, items: int) -> Any:
+        loop = asyncio.get_running_loop()
+        job = Job(kind, payload, tokens, items, loop, future=loop.create_future())
+        batcher.submit(job)
+        metrics.queued.set(batcher.queued_items)
+        return await job.future
+
+    PredictRequest = predict_model(engine.fields, limits) if engine.task is not None else None
+    GenerateRequest = generate_model(limits)
+    ScoreRequest = score_model(limits)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        """Liveness and what is being served."""
+        return {"status": "ok", **engine.describe(), "queued_items": batcher.queued_items}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus text format."""
+        metrics.queued.set(batcher.queued_items)
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    async def predict(body: PredictRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        """Label (or score) and probabilities per item, exactly as `gpt1 predict` computes them."""
+        items = [item.model_dump(by_alias=True) for item in body.inputs]
+        encoded = engine.encode(engine.examples(items))
+        tokens = sum(len(seq) for item in encoded for seq in item)
+        preds = await submit("predict", encoded, tokens, len(encoded))
+        return {"predictions": [p.as_dict(engine.task.labels if engine.task.kind != "choice"
+                                          else None) for p in preds]}
+
+    if engine.task is not None:   # a language model has no task to predict
+        app.post("/v1/predict")(predict)
+
+    @app.post("/v1/score")
+    async def score(body: ScoreRequest) -> dict[str, Any]:  # type: ignore[valid-type]
+        """Log-probability of each continuation's tokens given its context (zero-shot scorer)."""
+        pairs = [(engine.token_ids(it.context, it.context_ids, "context"),
+                  engine.token_ids(it.continuation, it.continuation_ids, "continuation"))
+                 for it in body.items]
+        for n, (ctx, cont) in enumerate(pairs):
+            if not ctx or not cont:
+                return error(422, f"items.{n}: the {'context' if not ctx else 'continuation'} "
+                                  "has no tokens")
+        tokens = sum(len(c) + len(x) for c, x in pairs)
+        return {"results": await submit("score", pairs, tokens, len(pairs))}
+
+    @app.post("/v1/generate", response_model=None)
+    async def generate(body: GenerateRequest) -> Any:  # type: ignore[valid-type]
+        """Continue a prompt (gpt1 sample's options); `"stream": true` sends server-sent events."""
+        prompt = engine.token_ids(body.prompt, body.prompt_ids, "prompt")
+        if not prompt:
+            return error(422, "prompt: no tokens after tokenization")
+        if len(prompt) > engine.n_positions:
+            return error(422, f"prompt: {len(prompt)} tokens, more than the model's "
+                              f"{engine.n_positions} positions")
+        loop = asyncio.get_running_loop()
+        tokens: asyncio.Queue = asyncio.Queue()
+        job = Job("generate", lambda: engine.stream(prompt, body.max_new_tokens, body.temperature,
+                                                    body.top_k, body.top_p, body.seed),
+                  len(prompt), 1, loop, emit=tokens.put_nowait)
+        batcher.submit(job)
+
+        async def new_tokens() -> AsyncIterator[int]:
+            try:
+                while True:
+                    item = await tokens.get()
+                    if item is None:
+                        return
+                    if isinstance(item, BaseException):
+                        raise item
+                    metrics.generated.inc()
+                    yield item
+            finally:
+                job.cancelled.set()   # no-op when finished; frees the worker if the client left
+
+        if body.stream:
+            return StreamingResponse(_events(engine, prompt, new_tokens()),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        ids = [t async for t in new_tokens()]
+        return {"text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}
+
+    return Guard(app, metrics, limits.max_body_bytes)
+
+
+async def _events(engine: Engine, prompt: list[int], tokens: AsyncIterator[int]) -> AsyncIterator[str]:
+    """Server-sent events: one `data: {"id", "text"}` per token (`text` is what it adds to the
+    decoded continuation), then `data: {"done": true, "text", "ids", "prompt_ids"}`."""
+    ids: list[int] = []
+    shown = ""
+    try:
+        async for token in tokens:
+            ids.append(token)
+            text = engine.decode(ids)
+            piece = text[len(shown):] if text is not None and text.startswith(shown) else text
+            shown = text if text is not None else shown
+            yield f"data: {json.dumps({'id': token, 'text': piece})}\n\n"
+    except Exception as exc:   # headers are sent: report in the stream, one line
+        yield f"data: {json.dumps({'error': ' '.join(str(exc).split())})}\n\n"
+        return
+    yield f"data: {json.dumps({'done': True, 'text': engine.decode(ids), 'ids': ids, 'prompt_ids': prompt})}\n\n"

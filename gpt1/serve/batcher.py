@@ -1,0 +1,193 @@
+"""Dynamic batching: one worker thread owns the model; concurrent requests are run together.
+
+Requests become `Job`s in a bounded queue. The worker takes the oldest job; a predict or score job
+is joined by the other queued jobs of its kind (waiting at most `wait_s` for more to arrive,
+up to `batch_tokens` tokens and `batch_items` examples), and the whole batch goes through one call
+of the engine (one forward per batch on the unpadded path). Under load the queue fills while a
+batch runs, so batches grow with load without any waiting; a request alone waits at most `wait_s`.
+
+Generations run one token per turn, interleaved with batches: every active generation advances by
+a token between two batches, so a long generation neither blocks classification nor starves.
+
+Past `max_queue` queued items (examples, score pairs, generations) `submit` raises `QueueFull`
+(the app answers 503 with Retry-After): memory stays bounded whatever the load. Results are
+handed back to the event loop thread-safely; an exception in a batch fails that batch's requests
+only, never the worker.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+log = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """The queue holds `max_queue` items already: the request is refused (HTTP 503)."""
+
+
+@dataclass
+class Job:
+    """One request's work: `payload` is a list of items for "predict"/"score", an iterator
+    factory for "generate". `tokens` counts toward the batch budget, `items` toward the queue."""
+
+    kind: str
+    payload: Any
+    tokens: int
+    items: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future | None = None
+    emit: Callable[[Any], None] | None = None     # generate: called per token, then with None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+
+class Batcher:
+    """The worker thread and its queue (see the module docstring)."""
+
+    def __init__(self, run_batch: Callable[[str, list[Any]], list[Any]], batch_tokens: int = 8192,
+                 batch_items: int = 16, wait_s: float = 0.002, max_queue: int = 1024,
+                 max_active_generations: int = 16, on_batch: Callable[[str, int, int], None] | None = None):
+        self.run_batch, self.batch_tokens, self.batch_items = run_batch, batch_tokens, batch_items
+        self.wait_s, self.max_queue, self.max_active = wait_s, max_queue, max_active_generations
+        self.on_batch = on_batch or (lambda kind, items, tokens: None)
+        self._jobs: deque[Job] = deque()
+        self._queued_items = 0
+        self._active: list[tuple[Job, Iterator[Any]]] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="gpt1-batcher", daemon=True)
+
+    @property
+    def queued_items(self) -> int:
+        return self._queued_items
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish every queued and active job, then end the worker."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` or raise `QueueFull`; its future (or emit) receives the result."""
+        with self._cond:
+            if self._stopping:
+                raise QueueFull("the server is shutting down")
+            if self._queued_items + job.items > self.max_queue:
+                raise QueueFull(f"queue full ({self._queued_items} items waiting)")
+            self._jobs.append(job)
+            self._queued_items += job.items
+            self._cond.notify()
+
+    # ------------------------------------------------------------------ worker
+    def _work(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                if not self._active:
+                    return
+            elif batch[0].kind == "generate":
+                self._start_generations(batch)
+            else:
+                self._run(batch)
+            self._step_generations()
+
+    def _next_batch(self) -> list[Job] | None:
+        """The next jobs to run together; None when nothing is queued (after waiting, unless
+        generations are active or the server stops)."""
+        with self._cond:
+            while not self._jobs and not self._active and not self._stopping:
+                self._cond.wait()
+            if not self._jobs:
+                return None
+            first = self._jobs.popleft()
+            batch, tokens, items = [first], first.tokens, first.items
+            if first.kind == "generate":
+                room = self.max_active - len(self._active)
+                while room > 1 and self._jobs and self._jobs[0].kind == "generate":
+                    batch.append(self._jobs.popleft())
+                    room -= 1
+            else:
+                deadline = time.monotonic() + self.wait_s
+                while True:
+                    for job in list(self._jobs):
+                        if job.kind != first.kind:
+                            continue
+                        if tokens + job.tokens > self.batch_tokens or items + job.items > self.batch_items:
+                            break
+                        self._jobs.remove(job)
+                        batch.append(job)
+                        tokens, items = tokens + job.tokens, items + job.items
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stopping or tokens >= self.batch_tokens or items >= self.batch_items:
+                        break
+                    self._cond.wait(left)
+            self._queued_items -= sum(job.items for job in batch)
+            return batch
+
+    def _run(self, batch: list[Job]) -> None:
+        kind = batch[0].kind
+        flat = [item for job in batch for item in job.payload]
+        try:
+            results = self.run_batch(kind, flat)
+        except Exception as exc:   # fail these requests, keep serving
+            log.exception("batch of %d %s items failed", len(flat), kind)
+            for job in batch:
+                _resolve(job, exc=exc)
+            return
+        self.on_batch(kind, len(flat), sum(job.tokens for job in batch))
+        start = 0
+        for job in batch:
+            _resolve(job, results[start:start + len(job.payload)])
+            start += len(job.payload)
+
+    def _start_generations(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            try:
+                self._active.append((job, job.payload()))
+            except Exception as exc:
+                _emit(job, exc)
+
+    def _step_generations(self) -> None:
+        """Advance every active generation by one token (drop finished or abandoned ones)."""
+        still = []
+        for job, steps in self._active:
+            if job.cancelled.is_set():
+                steps.close()   # the client left: free the cache now
+                continue
+            try:
+                token = next(steps)
+            except StopIteration:
+                _emit(job, None)
+                continue
+            except Exception as exc:
+                log.exception("generation failed")
+                _emit(job, exc)
+                continue
+            _emit(job, token)
+            still.append((job, steps))
+        self._active = still
+
+
+def _resolve(job: Job, result: Any = None, exc: BaseException | None = None) -> None:
+    def settle() -> None:
+        if job.future is not None and not job.future.done():
+            if exc is not None:
+                job.future.set_exception(exc)
+            else:
+                job.future.set_result(result)
+    job.loop.call_soon_threadsafe(settle)
+
+
+def _emit(job: Job, item: Any) -> None:
+    """Hand a token (or None: finished, or an exception) to the job's consumer."""
+    if job.emit is not None:
+        job.loop.call_soon_threadsafe(job.emit, item)

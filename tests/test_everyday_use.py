@@ -1,0 +1,108 @@
+"""Rough edges a new user meets: one device/precision spelling, commands that say where they
+wrote, help and common options on every subcommand, prediction without labels."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt1.cli import main
+from gpt1.config import TrainConfig
+from gpt1.devices import resolve_device, resolve_precision
+from gpt1.errors import ConfigError
+
+
+def test_auto_device_and_precision():
+    cpu = torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu") == cpu
+    assert resolve_precision("auto", cpu) == "fp32"
+    assert resolve_precision("bf16", cpu) == "bf16"
+    with pytest.raises(ConfigError, match="precision must be one of"):
+        resolve_precision("fp8", cpu)
+    with pytest.raises(ConfigError, match="unknown device|unsupported device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda:0")
+    assert TrainConfig().precision == "auto" and TrainConfig().device == "auto"
+    TrainConfig(device="cuda:1", precision="bf16")   # valid spellings
+    with pytest.raises(ConfigError, match="train.device"):
+        TrainConfig(device="gpu")
+
+
+def test_pretrain_and_finetune_take_device(tmp_path, capsys):
+    for command in (["pretrain", "--data", str(tmp_path)], ["finetune", "--task", "sst2",
+                                                           "--data", str(tmp_path), "--init", "none"]):
+        assert main([*command, "--out", str(tmp_path / "run"), "--device", "gpu"]) == 2
+        assert "train.device must be auto, cpu, cuda or cuda:N, got 'gpu'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_zeroshot_dtype_is_a_hidden_alias_of_precision(capsys):
+    from gpt1.cli.zeroshot import _precision
+    ns = lambda **kw: argparse.Namespace(**{"precision": None, "dtype": None, **kw})  # noqa: E731
+    assert _precision(ns()) == "auto"
+    assert _precision(ns(precision="bf16")) == "bf16"
+    assert _precision(ns(dtype="fp16")) == "fp16"
+    with pytest.raises(ConfigError, match="disagree"):
+        _precision(ns(precision="fp32", dtype="bf16"))
+    with pytest.raises(SystemExit):
+        main(["zeroshot", "--help"])
+    out = capsys.readouterr().out
+    assert "--precision" in out and "--dtype" not in out
+
+
+@pytest.mark.parametrize("action", ["encode", "decode", "train"])
+def test_tokenizer_subcommands_have_descriptions_and_common_options(action, capsys):
+    with pytest.raises(SystemExit):
+        main(["tokenizer", action, "--help"])
+    out = capsys.readouterr().out
+    assert "--debug" in out and "--quiet" in out and "Example:" in out
+
+
+def test_tokenizer_quiet_after_the_subcommand(gpt1_vocab, monkeypatch, capsys):
+    import io
+    import sys
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello world\n")))
+    assert main(["tokenizer", "encode", "--vocab", str(gpt1_vocab), "--quiet"]) == 0
+    assert capsys.readouterr().out.split() == ["3570", "1276"]
+
+
+def test_evaluate_split_help_states_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--help"])
+    assert "dev (default)" in capsys.readouterr().out
+
+
+def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
+    path.write_text("sentence,label\n" + "".join(f"{s},{y}\n" for s, y in rows))
+
+
+@pytest.mark.data
+def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(tmp_path, gpt1_vocab,
+                                                                               capsys):
+    data = tmp_path / "task"
+    data.mkdir()
+    write_csv(data / "train.csv", [("a good film", "pos"), ("a bad film", "neg")] * 4)
+    # dev holds a gold label never seen in training: evaluation cannot score it, prediction can
+    write_csv(data / "dev.csv", [("a fine film", "pos"), ("an odd film", "meh")])
+    run = tmp_path / "run"
+    common = ["--task", "csv", "--columns", "text=sentence,label=label", "--data", str(data)]
+    assert main(["finetune", *common, "--init", "none", "--preset", "tiny", "--vocab",
+                 str(gpt1_vocab), "--out", str(run), "--max-steps", "1", "--batch-size", "4",
+                 "--micro-batch", "4", "--eval-split", "train", "--device", "cpu", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {run / 'final'} (fine-tuned model), {run / 'results.json'}" in out
+    assert main(["evaluate", str(run), "--data", str(data), "--split", "train"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == f"wrote {run / 'results.json'}"
+    assert main(["predict", str(run), "--data", str(data), "--split", "dev"]) == 0
+    written = Path(capsys.readouterr().out.strip())
+    rows = written.read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 3
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"neg", "pos"}
+    # evaluation does need the labels, and says which one it does not know
+    assert main(["evaluate", str(run), "--data", str(data), "--split", "dev"]) == 2
+    assert "unknown label 'meh'" in capsys.readouterr().err

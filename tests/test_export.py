@@ -1,0 +1,262 @@
+"""Exports for other tools: the transformers tokenizer gives gpt1's ids, the trained window and the
+start token are carried, task heads map exactly (or are written beside), ONNX and lm-eval agree."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt1 import GPT, ModelConfig, save_model
+from gpt1.cli import main
+from gpt1.recipes.convert import convert
+from gpt1.recipes.finetune import writer
+from gpt1.model.heads import FinetuneModel
+
+transformers = pytest.importorskip("transformers")
+from transformers import (AutoTokenizer, OpenAIGPTDoubleHeadsModel,  # noqa: E402
+                          OpenAIGPTLMHeadModel)
+
+TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
+TRICKY = ["It's 3.5 -- doesn't \"Mr. Smith\" know?", "''Cause I said so,'' she said.",
+          "Caf\u00e9 \u201cquoted\u201d \u2014 \u2018single\u2019\u2026 e.g. 5km a.m. u.s.",
+          "Tom &amp; Jerry &lt;3 &eacute;t\u00e9", "line one\n\n  line two <unk> end", "",
+          "don't can't won't gonna cannot y'all o'clock ma'am 'em 'em's", "x...y ... end...!!! ??",
+          "A:B 10:30 $5 5% #1 @user www.example.com (1,000) [a] {b} |c| ~d~ \u00bfs\u00ed?",
+          "\u03a3\u039f\u03a3 ﬁne \uff21\uff22"]
+
+
+def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Perturb every parameter (zero biases and unit gains would hide a mix-up)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return model.eval()
+
+
+def finetuned(tmp: Path, kind: str, n_outputs: int, window_run: int | None = None) -> Path:
+    """A fine-tuned checkpoint folder (GPT with task tokens, head, task.json)."""
+    torch.manual_seed(0)
+    gpt = GPT(ModelConfig(**TINY))
+    classify = gpt.add_tokens(3)[2]
+    model = randomized(FinetuneModel(gpt, kind, n_outputs, classify), 1)
+    record = {"task": f"toy-{kind}", "kind": kind, "labels": list(range(n_outputs)),
+              "n_outputs": n_outputs, "n_ctx": window_run or TINY["n_positions"],
+              "classify_id": classify, "question_delimiter": False, "clf_pdrop": 0.1}
+    folder = tmp / f"ft-{kind}-{n_outputs}"
+    folder.mkdir()
+    writer(None, record, {})(model, folder)
+    return folder
+
+
+def task_inputs(K: int, classify: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, K, T] in the task layout (start ... classify, then right padding) and the mask."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = 3, 12
+    ids = torch.zeros(B, K, T, dtype=torch.long)
+    mask = torch.zeros(B, K, T)
+    for b in range(B):
+        for k in range(K):
+            n = int(torch.randint(4, T + 1, (1,), generator=g))
+            ids[b, k, 0] = classify - 2
+            ids[b, k, 1:n - 1] = torch.randint(1, 100, (n - 2,), generator=g)
+            ids[b, k, n - 1] = classify
+            mask[b, k, :n] = 1
+    return ids, mask
+
+
+def ours(folder: Path, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """gpt1's task output for the checkpoint written by `finetuned` (it has no tokenizer)."""
+    from gpt1 import load_checkpoint
+    record = json.loads((folder / "task.json").read_text())
+    model = FinetuneModel(load_checkpoint(folder), record["kind"], record["n_outputs"],
+                          record["classify_id"])
+    model.head.load_state_dict(load_file(folder / "head.safetensors"))
+    model.eval()
+    with torch.no_grad():
+        return model(ids, mask, with_lm=False)[0]
+
+
+# ------------------------------------------------------------------------------ tokenizer
+def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
+    from gpt1.text.tokenizer import Tokenizer
+    save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
+    notes: list[str] = []
+    convert(tmp_path / "ck", tmp_path / "hf", "gpt1", "hf", notes=notes)
+    ref = Tokenizer.from_dir(gpt1_vocab)
+    fast = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert type(fast).__name__ == "OpenAIGPTTokenizerFast"
+    for text in TRICKY:
+        assert fast.encode(text) == ref.encode(text), text
+    # the ids people complained about: "it 's", "3.5", "--", "does n't"
+    assert fast.tokenize("It's 3.5 -- doesn't") == ["it</w>", "'s</w>", "3.", "5</w>", "--</w>",
+                                                    "does</w>", "n't</w>"]
+    slow = AutoTokenizer.from_pretrained(tmp_path / "hf", use_fast=False)
+    if slow.fix_text is not None:  # ftfy + spaCy present: the slow class is exact
+        for text in TRICKY:
+            assert slow.encode(text) == ref.encode(text), text
+    assert fast.decode(fast.encode("It's fine.")) == ref.decode(ref.encode("It's fine."))
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "use_fast=False" in card and any("use_fast=False" in n for n in notes)
+
+
+def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
+    run = tmp_path / "run"
+    save_model(randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 2), run / "final",
+               gpt1_vocab)
+    (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
+    notes: list[str] = []
+    convert(run, tmp_path / "hf", "gpt1", "hf", notes=notes)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["n_positions"] == 16 and any("n_positions=16" in n for n in notes)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert tok.model_max_length == 16 and tok.bos_token == "<unk>" and tok.bos_token_id == 0
+    assert tok.pad_token_id == 0
+    hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    assert hf.transformer.positions_embed.weight.shape[0] == 16
+    from gpt1 import load_checkpoint
+    gpt = load_checkpoint(run).eval()
+    x = torch.randint(0, 40478, (2, 16))
+    with torch.no_grad():
+        assert torch.allclose(hf(x).logits, gpt.lm_logits(gpt(x)), atol=1e-5, rtol=0)
+    # asked to keep them, every row stays
+    convert(run, tmp_path / "all", "gpt1", "hf", keep_positions=True)
+    assert json.loads((tmp_path / "all" / "config.json").read_text())["n_positions"] == 24
+    assert AutoTokenizer.from_pretrained(tmp_path / "all").model_max_length == 16
+
+
+# ------------------------------------------------------------------------------ task heads
+@pytest.mark.parametrize("kind,n_outputs,K", [("choice", 1, 4), ("single", 1, 1), ("pair", 1, 1)])
+def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
+    folder = finetuned(tmp_path, kind, n_outputs)
+    notes: list[str] = []
+    convert(folder, tmp_path / "hf", "gpt1", "hf", notes=notes)
+    assert any("OpenAIGPTDoubleHeadsModel" in n for n in notes)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["OpenAIGPTDoubleHeadsModel"]
+    hf = OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "hf").eval()
+    classify = config["gpt1_task"]["classify_id"]
+    ids, mask = task_inputs(K, classify)
+    mc_token_ids = (ids == classify).int().argmax(dim=-1)                 # [B, K]
+    with torch.no_grad():
+        out = hf(ids, mc_token_ids=mc_token_ids)
+    want = ours(folder, ids, mask)
+    got = out.mc_logits if kind == "choice" else out.mc_logits[:, 0]
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=0)
+    # the softmax over choices (the task's probabilities) agrees as well
+    if kind == "choice":
+        assert torch.allclose(got.softmax(-1), want.softmax(-1), atol=1e-6)
+    assert (tmp_path / "hf" / "task_head.safetensors").is_file()
+
+
+@pytest.mark.parametrize("kind,n_outputs,K", [("single", 3, 1), ("pair", 2, 1),
+                                              ("similarity", 1, 2)])
+def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
+    folder = finetuned(tmp_path, kind, n_outputs)
+    notes: list[str] = []
+    convert(folder, tmp_path / "hf", "gpt1", "hf", notes=notes)
+    assert any("no transformers class" in n for n in notes)
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["OpenAIGPTLMHeadModel"]
+    info = json.loads((tmp_path / "hf" / "task_head.json").read_text())
+    head = load_file(tmp_path / "hf" / "task_head.safetensors")
+    assert info["kind"] == kind and info["n_outputs"] == n_outputs
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert "task_head.safetensors" in card
+    # the documented recipe, applied to transformers' hidden states, gives gpt1's output
+    hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    classify = config["gpt1_task"]["classify_id"]
+    ids, mask = task_inputs(K, classify)
+    B, _, T = ids.shape
+    with torch.no_grad():
+        hidden = hf.transformer(ids.view(B * K, T)).last_hidden_state    # [B*K, T, C]
+    pos = (ids.view(B * K, T) == classify).int().argmax(dim=1)
+    states = hidden[torch.arange(B * K), pos].view(B, K, -1)
+    h = states.sum(dim=1) if kind == "similarity" else states[:, 0]
+    got = h @ head["linear.weight"].T + head["linear.bias"]
+    want = ours(folder, ids, mask)
+    assert torch.allclose(got.squeeze(-1) if n_outputs == 1 else got, want, atol=1e-5, rtol=0)
+
+
+def test_convert_prints_the_notes(tmp_path, capsys, gpt1_vocab):
+    save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
+    assert main(["convert", str(tmp_path / "ck"), str(tmp_path / "hf"), "--from", "gpt1",
+                 "--to", "hf"]) == 0
+    out = capsys.readouterr().out
+    assert f"AutoTokenizer.from_pretrained({tmp_path / 'hf'}, use_fast=False)" in out
+
+
+# ------------------------------------------------------------------------------------ ONNX
+def test_onnx_language_model_matches(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    gpt = randomized(GPT(ModelConfig(**TINY)), 4)
+    save_model(gpt, tmp_path / "ck")
+    out = convert(tmp_path / "ck", tmp_path / "lm.onnx", "gpt1", "onnx")
+    session = ort.InferenceSession(str(out))
+    for shape in [(1, 3), (3, 17), (2, 24)]:   # dynamic batch and sequence
+        x = torch.randint(0, TINY["vocab_size"], shape)
+        got = torch.from_numpy(session.run(None, {"input_ids": x.numpy()})[0])
+        with torch.no_grad():
+            want = gpt.lm_logits(gpt(x))
+        assert torch.allclose(got, want, atol=1e-4, rtol=0), shape
+
+
+@pytest.mark.parametrize("kind,n_outputs,K", [("single", 3, 1), ("choice", 1, 4)])
+def test_onnx_task_model_matches(tmp_path, kind, n_outputs, K):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    folder = finetuned(tmp_path, kind, n_outputs)
+    out = convert(folder, tmp_path / "task.onnx", "gpt1", "onnx")
+    session = ort.InferenceSession(str(out))
+    classify = json.loads((folder / "task.json").read_text())["classify_id"]
+    for seed in (3, 4):
+        ids, mask = task_inputs(K, classify, seed)
+        got = torch.from_numpy(session.run(None, {"input_ids": ids.numpy()})[0])
+        assert torch.allclose(got, ours(folder, ids, mask), atol=1e-4, rtol=0)
+
+
+# ---------------------------------------------------------------------------------- lm-eval
+def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
+    """lm-evaluation-harness's own `hf` model loads the export with no extra arguments: the
+    start token is found, the window is the trained one, and scores equal gpt1's."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("accelerate")  # lm_eval's hf model needs it
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+    from gpt1 import load_checkpoint
+    from gpt1.text.tokenizer import Tokenizer
+    run = tmp_path / "run"
+    save_model(randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 5), run / "final",
+               gpt1_vocab)
+    (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 20}}))
+    convert(run, tmp_path / "hf", "gpt1", "hf")
+    lm = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2)
+    assert lm.max_length == 20 and lm.prefix_token_id == 0
+    gpt, tok = load_checkpoint(run).eval(), Tokenizer.from_dir(gpt1_vocab)
+
+    def logprob(context: list[int], target: list[int]) -> float:
+        x = torch.tensor([context + target])
+        with torch.no_grad():
+            logp = gpt.lm_logits(gpt(x)).log_softmax(-1)[0]
+        return sum(float(logp[len(context) - 1 + i, t]) for i, t in enumerate(target))
+
+    pairs = [("The cat sat on the", " mat."), ("It's 3.5 miles,", " isn't it?")]
+    reqs = [Instance("loglikelihood", {}, pair, i) for i, pair in enumerate(pairs)]
+    for (context, cont), (got, _) in zip(pairs, lm.loglikelihood(reqs)):
+        assert math.isclose(got, logprob(tok.encode(context), tok.encode(cont)), abs_tol=1e-4)
+    text = "A whole text, scored from its first token."
+    rolling = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (text,), 0)])[0]
+    assert math.isclose(rolling, logprob([0], tok.encode(text)), abs_tol=1e-4)
+    # generation needs an end token to decode (None crashed the harness): greedy equals gpt1's
+    ids = tok.encode("The cat sat on the")
+    for _ in range(5):
+        with torch.no_grad():
+            ids.append(int(gpt.lm_logits(gpt(torch.tensor([ids])))[0, -1].argmax()))
+    request = ("The cat sat on the", {"until": ["\n\n"], "max_gen_toks": 5, "do_sample": False})
+    text = lm.generate_until([Instance("generate_until", {}, request, 0)])[0]
+    assert text.strip() == tok.decode(ids[-5:])
