@@ -18,7 +18,7 @@ WORK=${WORK:-$(mktemp -d)}
 import json, sys
 from pathlib import Path
 import numpy as np
-from gpt1.shards import write_shard
+from gpt1.text.shards import write_shard
 out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
 rng = np.random.default_rng(0)
 write_shard(out / "train-00000.bin", rng.integers(0, 40478, 4_000_000), 1, 40478)

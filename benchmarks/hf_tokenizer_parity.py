@@ -35,7 +35,7 @@ def export_tiny(vocab: Path, out: Path) -> Path:
     """A tiny random model with the original vocabulary, exported like any checkpoint."""
     import torch
     from gpt1 import GPT, ModelConfig, save_model
-    from gpt1.convert import convert
+    from gpt1.recipes.convert import convert
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=40478, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     save_model(model, out / "ckpt", tokenizer_dir=vocab)
@@ -99,7 +99,7 @@ def main() -> int:
         raise SystemExit(f"shared data not found at {args.data} (set GPT1_SHARED_DATA)")
     import transformers
     from transformers import AutoTokenizer
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     transformers.logging.set_verbosity_error()
     tok = Tokenizer.from_dir(vocab)
     items = lines_of(args.data, args.limit)

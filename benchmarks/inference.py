@@ -2,7 +2,7 @@
 
 Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabulary,
 `[start] sentence [classify]`), in file order:
-* gpt1: `gpt1.evaluate.predict_raw` -- what `gpt1 predict` and `gpt1 serve` run: batches of 32,
+* gpt1: `gpt1.recipes.evaluate.predict_raw` -- what `gpt1 predict` and `gpt1 serve` run: batches of 32,
   longest first, on the unpadded path (`GPT.forward(ids, lengths=...)`); also in file order
   ("gpt1 file order") to show what the length sort adds;
 * HF: transformers' `OpenAIGPTForSequenceClassification`, batches of 32 in file order, right-padded
@@ -11,7 +11,7 @@ Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabu
   padded batches. ORT's CPU provider has no bf16 kernels for this graph, so it runs fp32 only.
 
 Generation: greedy, 128 new tokens after a 32-token prompt, batch 1: gpt1's KV-cache decoder
-(`gpt1.sample.generate`, what `gpt1 sample` and `/v1/generate` run) vs transformers' `generate`
+(`gpt1.recipes.sample.generate`, what `gpt1 sample` and `/v1/generate` run) vs transformers' `generate`
 on `OpenAIGPTLMHeadModel` with the same weights (their greedy outputs are compared).
 
 Weights are random (speed does not depend on them). fp32 and bf16, the systems alternating
@@ -38,12 +38,12 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.convert import gpt1_to_hf_state  # noqa: E402
-from gpt1.evaluate import predict_raw  # noqa: E402
-from gpt1.finetune import Encoded  # noqa: E402
-from gpt1.heads import FinetuneModel  # noqa: E402
-from gpt1.model import GPT  # noqa: E402
-from gpt1.sample import generate  # noqa: E402
+from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
+from gpt1.recipes.evaluate import predict_raw  # noqa: E402
+from gpt1.recipes.finetune import Encoded  # noqa: E402
+from gpt1.model.heads import FinetuneModel  # noqa: E402
+from gpt1.model.gpt import GPT  # noqa: E402
+from gpt1.recipes.sample import generate  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -51,7 +51,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def sst2_sequences(n: int, min_len: int, max_len: int, start: int, clf: int) -> list[list[int]]:
     """The first `n` SST-2 dev sentences whose `[start] ids [classify]` has min..max tokens."""
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(DATA / "gpt1_tokenizer")
     lines = (DATA / "glue" / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
     out = []

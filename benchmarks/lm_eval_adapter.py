@@ -60,7 +60,7 @@ def widened(checkpoint: str, out: Path) -> str:
     import torch
 
     from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
-    from gpt1.checkpoint import resolve_checkpoint_dir
+    from gpt1.model.checkpoint import resolve_checkpoint_dir
     folder = resolve_checkpoint_dir(checkpoint)
     model = load_checkpoint(folder).eval()
     width = 4 * model.config.n_embd
@@ -107,8 +107,8 @@ def main() -> None:
 
     from lm_eval.models.huggingface import HFLM
 
-    from gpt1.convert import convert
-    from gpt1.harness import Gpt1LM
+    from gpt1.recipes.convert import convert
+    from gpt1.recipes.harness import Gpt1LM
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = widened(args.checkpoint, Path(tmp) / "widened")
@@ -117,8 +117,8 @@ def main() -> None:
         hf = HFLM(pretrained=str(export), tokenizer=str(export), use_fast_tokenizer=False,
                   prefix_token_id=0, max_length=native.max_length, device="cpu",
                   batch_size=args.hf_batch_size, dtype="float32")
-        from gpt1.harness import task_manager
-        from gpt1.zeroshot_data import read_lambada
+        from gpt1.recipes.harness import task_manager
+        from gpt1.zeroshot.data import read_lambada
         passages = read_lambada(Path(args.data) / "corpus" / "lambada")[:args.limit]
         tasks = ["gpt1_lambada", "gpt1_sst2"]
         metadata = {"data": str(args.data)}

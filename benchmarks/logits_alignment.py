@@ -34,7 +34,7 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gpt1 import objectives
+    from gpt1.train import objectives
 
     aligned = objectives.aligned_logits
     variants = {"plain rows": lambda h, w: h @ w.t(), "aligned rows": aligned}
@@ -75,7 +75,7 @@ def main() -> None:
     V, C = args.vocab, args.n_embd
     if args.loss:
         return loss_ab(V, C, args.repeats)
-    width = -(-V // 16) * 16   # gpt1.objectives.logits_width in fp32
+    width = -(-V // 16) * 16   # gpt1.train.objectives.logits_width in fp32
     print(f"V={V} (padded rows: {width}), C={C}, {args.threads} thread(s)")
     for dtype in (torch.float32, torch.bfloat16):
         E = (torch.randn(V, C) * 0.02).to(dtype)

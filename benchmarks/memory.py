@@ -1,10 +1,10 @@
 """Peak memory of one training step: gpt1's trainer pieces against transformers' OpenAIGPTLMHeadModel.
 
 Each case runs in its own process (peak RSS only grows), with the same config, the same weights
-(converted with gpt1.convert), the same batch, dropout 0.1 and an Adam step:
+(converted with gpt1.recipes.convert), the same batch, dropout 0.1 and an Adam step:
 
 - hf:   `OpenAIGPTLMHeadModel(..., labels=)` + loss.backward() + torch Adam, as its users train it;
-- gpt1: `GPT` + `gpt1.objectives.lm_loss_window` (chunked tied-head loss, no full fp32 logits kept)
+- gpt1: `GPT` + `gpt1.train.objectives.lm_loss_window` (chunked tied-head loss, no full fp32 logits kept)
         + OAI Adam, optionally with activation checkpointing.
 
 Prints peak RSS (CPU) or max allocated (CUDA), tokens/s of the steps after the first, and the
@@ -44,7 +44,7 @@ def run_case(args: argparse.Namespace) -> dict:
     """One implementation, one precision: build, run `steps` training steps, measure."""
     import torch
     from gpt1.config import ModelConfig, TrainConfig
-    from gpt1.model import GPT
+    from gpt1.model.gpt import GPT
     torch.manual_seed(0)
     device = torch.device(args.device)
     cfg = ModelConfig(**SIZES[args.size])
@@ -59,7 +59,7 @@ def run_case(args: argparse.Namespace) -> dict:
                 else nullcontext())
     if args.impl == "hf":
         from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
-        from gpt1.convert import gpt1_to_hf_state
+        from gpt1.recipes.convert import gpt1_to_hf_state
         hf_cfg = OpenAIGPTConfig(vocab_size=cfg.vocab_size, n_positions=cfg.n_positions,
                                  n_embd=cfg.n_embd, n_layer=cfg.n_layer, n_head=cfg.n_head, afn="gelu",
                                  embd_pdrop=cfg.embd_pdrop, attn_pdrop=cfg.attn_pdrop,
@@ -75,9 +75,9 @@ def run_case(args: argparse.Namespace) -> dict:
             # labels are shifted inside the model: pass the full window's first T+1 - 1 tokens
             return model(input_ids=data[:, :T], labels=data[:, :T]).loss
     else:
-        from gpt1.activation_checkpointing import checkpoint_blocks
-        from gpt1.objectives import lm_loss
-        from gpt1.optim import build_optimizer
+        from gpt1.train.parallelize import checkpoint_blocks
+        from gpt1.train.objectives import lm_loss
+        from gpt1.train.optim import build_optimizer
         model = ours.to(device).train()
         if args.checkpointing:
             checkpoint_blocks(model)

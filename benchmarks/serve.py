@@ -39,9 +39,9 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 def write_run(folder: Path, preset: str) -> Path:
     """A fine-tuned SST-2 run with random weights (what `gpt1 finetune` writes)."""
     from gpt1.config import FinetuneConfig, model_preset
-    from gpt1.finetune import load_tokenizer, task_record, writer
-    from gpt1.heads import FinetuneModel
-    from gpt1.model import GPT
+    from gpt1.recipes.finetune import load_tokenizer, task_record, writer
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.model.gpt import GPT
     from gpt1.tasks import get_task
     vocab = DATA / "gpt1_tokenizer"
     tok = load_tokenizer(vocab)

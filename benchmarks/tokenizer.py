@@ -78,7 +78,7 @@ def text_units(data: Path) -> Iterator[tuple[str, str]]:
 
 
 def check(data: Path, limit: int | None) -> int:
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     vocab = data / "gpt1_tokenizer"
     ref = reference_tokenizer(vocab)
     oai, hf = Tokenizer.from_dir(vocab), Tokenizer.from_dir(vocab, standardize="hf")
@@ -120,7 +120,7 @@ def check(data: Path, limit: int | None) -> int:
 
 
 def speed(data: Path, n_files: int, processes: int) -> None:
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     vocab = data / "gpt1_tokenizer"
     novels = sorted((data / "corpus" / "gutenberg").glob("*.txt"))[:n_files]
     texts = [p.read_text(encoding="utf-8") for p in novels]
@@ -154,7 +154,7 @@ def speed(data: Path, n_files: int, processes: int) -> None:
 def check_linear(data: Path) -> int:
     """LinearSpacy (used for long pieces) against spaCy itself on every distinct unit (chunk,
     or linked chunks) of the shared text, in both lowercase modes, whatever its length."""
-    from gpt1 import text as textlib
+    from gpt1.text import normalize as textlib
     splitter = textlib.SpacySplitter()
     assert splitter._linear is not None
     seen: set[str] = set()
@@ -190,7 +190,7 @@ def runs(data: Path, before_limit: int) -> None:
     """Seconds to encode n characters made of one repeated pattern, with the linear path
     (now) and with spaCy alone on every piece (before; only up to --before-limit characters:
     it is quadratic). Ids are compared wherever both ran."""
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     vocab = data / "gpt1_tokenizer"
     now, before = Tokenizer.from_dir(vocab), Tokenizer.from_dir(vocab)
     now.encode("warm up."), before.encode("warm up.")
@@ -217,7 +217,7 @@ def whitespace_runs(before_limit: int) -> None:
     """A run of spaces with no newline: text_standardize's newline rule, now (whole runs) and
     before (OAI's regex \\s*\\n\\s*, which retries at every position of the run)."""
     import re
-    from gpt1 import text as textlib
+    from gpt1.text import normalize as textlib
     print(f"\nnewline rule on 'a' + n spaces + 'b'\n{'n':>7s} {'now s':>7s} {'before s':>9s}")
     for n in RUN_LENGTHS:
         text = "a" + " " * n + "b\nc"
@@ -236,7 +236,7 @@ def python_bpe(tok, before_limit: int) -> None:
     """The Python BPE (vocabularies without "<unk>" cannot use `tokenizers`) on one long word
     of random letters: the heap version (now) and the rescanning one (before)."""
     import random
-    from gpt1.tokenizer import bpe, bpe_heap
+    from gpt1.text.tokenizer import bpe, bpe_heap
     print(f"\nPython BPE, one word of n random letters\n{'n':>7s} {'heap s':>7s} "
           f"{'rescan s':>9s} pieces")
     for n in RUN_LENGTHS:
@@ -257,7 +257,7 @@ def short_lines(data: Path, n_lines: int) -> None:
     gpt1 `encode` line by line (what `gpt1 tokenizer encode` did), and the command's own
     batched path (`encode_lines`)."""
     from gpt1.cli.tokenizer import encode_lines
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     vocab = data / "gpt1_tokenizer"
     lines = []
     with open(data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as fh:

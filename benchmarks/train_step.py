@@ -1,10 +1,10 @@
 """Training-step throughput: gpt1's GPT against transformers' OpenAIGPTLMHeadModel, one process.
 
-Both sides get the same config, the same weights (converted with gpt1.convert), the same batch and
+Both sides get the same config, the same weights (converted with gpt1.recipes.convert), the same batch and
 dropout 0.1, and run forward + LM loss + backward + Adam step. Rounds alternate between the two so
 that background load hits both alike; the median over rounds is reported, in fp32 and in bf16
 autocast. Each side is used the way its users would use it: transformers computes its loss through
-`labels=` (shifted inside the model), gpt1 through `gpt1.objectives.lm_loss_window` on shifted targets.
+`labels=` (shifted inside the model), gpt1 through `gpt1.train.objectives.lm_loss_window` on shifted targets.
 
     python benchmarks/train_step.py                      # defaults: 6 x 384, 6 heads, T=256, B=8
     python benchmarks/train_step.py --rounds 7 --steps 3 --dtype fp32
@@ -12,8 +12,8 @@ autocast. Each side is used the way its users would use it: transformers compute
     python benchmarks/train_step.py --profile ours       # where the time goes (torch.profiler)
 
 Whole pretraining steps on real data (`--data DIR`, a `gpt1 prepare` folder; vocabulary from it):
-both sides draw the same windows from two identically seeded `gpt1.data.WindowSource`s. gpt1 runs
-the trainer's step (`gpt1.trainer`: OAI Adam from `build_optimizer`, scheduled lr, autocast,
+both sides draw the same windows from two identically seeded `gpt1.text.windows.WindowSource`s. gpt1 runs
+the trainer's step (`gpt1.train.loop`: OAI Adam from `build_optimizer`, scheduled lr, autocast,
 `WindowLMLoss`, accumulation, `_clip`); transformers runs a plain loop: logits -> fp32
 cross-entropy on the same targets, backward, `clip_grad_norm_`, `torch.optim.AdamW`. A matmul
 peak probe (large square GEMMs, best of repeated runs, same threads) runs in the same process,
@@ -21,7 +21,7 @@ so achieved model FLOP/s (6N + attention per token) is also printed as % of the 
 
     python benchmarks/train_step.py --data /work/runs/novels         # mini shape, B=8, T=256
     python benchmarks/train_step.py --data DIR --accum 4 --dtype bf16
-    python benchmarks/train_step.py --data DIR --via-train   # + gpt1.trainer.train's own tokens/s
+    python benchmarks/train_step.py --data DIR --via-train   # + gpt1.train.loop.train's own tokens/s
 """
 from __future__ import annotations
 
@@ -37,14 +37,14 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpt1 import GPT, ModelConfig  # noqa: E402
-from gpt1.model import flops_per_token  # noqa: E402
-from gpt1.convert import gpt1_to_hf_state  # noqa: E402
-from gpt1.objectives import lm_loss_window  # noqa: E402
+from gpt1.model.gpt import flops_per_token  # noqa: E402
+from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
+from gpt1.train.objectives import lm_loss_window  # noqa: E402
 from gpt1.config import TrainConfig  # noqa: E402
-from gpt1.data import WindowSource, open_prepared  # noqa: E402
-from gpt1.objectives import WindowLMLoss  # noqa: E402
-from gpt1.optim import build_optimizer, lr_at, set_lr  # noqa: E402
-from gpt1.trainer import _clip, to_device  # noqa: E402
+from gpt1.text.windows import WindowSource, open_prepared  # noqa: E402
+from gpt1.train.objectives import WindowLMLoss  # noqa: E402
+from gpt1.train.optim import build_optimizer, lr_at, set_lr  # noqa: E402
+from gpt1.train.loop import _clip, to_device  # noqa: E402
 from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
 
 
@@ -107,7 +107,7 @@ def make_pretrain_steps(ours, theirs, args):
     state = {"step": 0}
 
     def step_ours():
-        # The body of gpt1.trainer.train's step loop (logging, checkpoints and DDP sync aside).
+        # The body of gpt1.train.loop.train's step loop (logging, checkpoints and DDP sync aside).
         set_lr(opt_ours, lr_at(state["step"], cfg, cfg.max_steps))
         loss_sum = torch.zeros(())
         for _ in range(args.accum):
@@ -229,10 +229,10 @@ def run_pretrain(args: argparse.Namespace) -> None:
 
 
 def check_with_train(args: argparse.Namespace, dtype: str) -> None:
-    """Cross-check: gpt1.trainer.train itself on the same data, its own tokens/s log (not interleaved)."""
+    """Cross-check: gpt1.train.loop.train itself on the same data, its own tokens/s log (not interleaved)."""
     import json
     import tempfile
-    from gpt1.trainer import train
+    from gpt1.train.loop import train
     steps = args.warmup + args.rounds * args.steps
     config = ModelConfig(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.n_embd,
                          n_layer=args.n_layer, n_head=args.n_head)
@@ -247,7 +247,7 @@ def check_with_train(args: argparse.Namespace, dtype: str) -> None:
         train(model, WindowLMLoss(cfg.loss_chunk_tokens), source, cfg, Path(tmp) / "run")
         records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").open()]
     rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][args.warmup:]
-    print(f"{dtype:5s} gpt1 via gpt1.trainer.train: median {statistics.median(rates):7.0f} tok/s over "
+    print(f"{dtype:5s} gpt1 via gpt1.train.loop.train: median {statistics.median(rates):7.0f} tok/s over "
           f"{len(rates)} logged steps (its own loop, run after the rounds)")
 
 
@@ -343,7 +343,7 @@ def main() -> None:
     ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--data)")
     ap.add_argument("--lr", type=float, default=2.5e-4, help="learning rate of both sides (--data)")
     ap.add_argument("--via-train", action="store_true",
-                    help="also run gpt1.trainer.train itself and report its logged tokens/s (--data)")
+                    help="also run gpt1.train.loop.train itself and report its logged tokens/s (--data)")
     ap.add_argument("--peak-seconds", type=float, default=1.5,
                     help="time spent by each matmul peak probe")
     args = ap.parse_args()

@@ -3,7 +3,7 @@
 For each task the heuristic's own requests are recorded once (real data from ../shared/data,
 tokenized with the original GPT-1 vocabulary), then scored by:
 
-* gpt1: `gpt1.zeroshot.Scorer` -- one forward per length-sorted batch, the tied output layer only at
+* gpt1: `gpt1.zeroshot.scorer.Scorer` -- one forward per length-sorted batch, the tied output layer only at
   the positions whose next token is scored, rows that are prefixes of other rows shared;
 * gpt1 (all positions): the same batches through our model with full logits at every position,
   to show how much comes from the output layer;
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-from gpt1 import zeroshot as zs  # noqa: E402
+from gpt1.zeroshot import scorer as zs  # noqa: E402
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.model import GPT  # noqa: E402
+from gpt1.model.gpt import GPT  # noqa: E402
 from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -145,7 +145,7 @@ def main() -> None:
                          "speedup possible on these inputs")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(DATA / "gpt1_tokenizer")
     config = model_preset(args.preset)
     config.vocab_size = 40478

@@ -18,7 +18,7 @@ from gpt1.errors import ConfigError
 # ------------------------------------------------------------------------------ validation
 # Upper bounds far above any GPT-1-family model and far below sizes whose mere bookkeeping
 # (a million-layer module list, a 2**40-row table) would hang or overflow. What fits within them
-# is then judged against the device's memory by `gpt1.memory`.
+# is then judged against the device's memory by `gpt1.model.memory`.
 MODEL_LIMITS: dict[str, int] = {"vocab_size": 2**31 - 1, "n_positions": 2**20, "n_embd": 2**17,
                                 "n_layer": 4096, "n_head": 2**17, "n_inner": 2**20}
 

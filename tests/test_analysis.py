@@ -11,8 +11,8 @@ from gpt1.analysis.positions import analyse_positions, cosine_matrix, project_2d
 from gpt1.analysis.sweep import Sweep
 from gpt1.cli import main
 from gpt1.errors import CheckpointError, ConfigError, DataError
-from gpt1.lstm import LSTMLM, LSTMConfig
-from gpt1.registry import save_lstm
+from gpt1.model.lstm import LSTMLM, LSTMConfig
+from gpt1.model.registry import save_lstm
 from conftest import TINIER_MODEL, tiny_model_config
 
 
@@ -228,7 +228,7 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     rows = json.loads((only / "ablations.json").read_text())["rows"]
     assert rows["lstm"]["cells"]["sst2"]["seeds"] == 1 and rows["full"]["cells"]["sst2"]["seeds"] == 0
     # The fine-tuned LSTM run reloads as an LSTM.
-    from gpt1.finetune import load_finetuned
+    from gpt1.recipes.finetune import load_finetuned
     model, _, _ = load_finetuned(out / "runs" / "sst2-lstm-seed0")
     assert isinstance(model.gpt, LSTMLM)
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from gpt1.fast_cpu import causal_attention_cpu_train, dropout
+from gpt1.model.fast_cpu import causal_attention_cpu_train, dropout
 
 
 def reference(q, k, v, p):
@@ -20,7 +20,7 @@ def reference(q, k, v, p):
 @pytest.fixture(params=[False, True], ids=["saved", "recomputed"])
 def recompute(request, monkeypatch):
     """Run a test with the probabilities kept for backward and with them recomputed."""
-    import gpt1.fast_cpu as model
+    import gpt1.model.fast_cpu as model
     if request.param:
         monkeypatch.setattr(model, "RECOMPUTE_PROBS_BYTES", 0)
     return request.param

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
-from gpt1.convert import OPENAI_BLOCK, convert, load_openai, plan_openai, read_any
+from gpt1.recipes.convert import OPENAI_BLOCK, convert, load_openai, plan_openai, read_any
 from gpt1.errors import CheckpointError, Gpt1Error
 
 transformers = pytest.importorskip("transformers")

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from gpt1.demo import DemoSettings, demo, format_table
+from gpt1.recipes.demo import DemoSettings, demo, format_table
 
 
 @pytest.mark.slow

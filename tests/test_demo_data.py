@@ -1,4 +1,4 @@
-from gpt1.demo_data import build_world
+from gpt1.recipes.demo_world import build_world
 
 
 def test_world_is_deterministic_and_split_by_creature():

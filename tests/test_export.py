@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from gpt1 import GPT, ModelConfig, save_model
 from gpt1.cli import main
-from gpt1.convert import convert
-from gpt1.finetune import writer
-from gpt1.heads import FinetuneModel
+from gpt1.recipes.convert import convert
+from gpt1.recipes.finetune import writer
+from gpt1.model.heads import FinetuneModel
 
 transformers = pytest.importorskip("transformers")
 from transformers import (AutoTokenizer, OpenAIGPTDoubleHeadsModel,  # noqa: E402
@@ -83,7 +83,7 @@ def ours(folder: Path, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 # ------------------------------------------------------------------------------ tokenizer
 def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
     notes: list[str] = []
     convert(tmp_path / "ck", tmp_path / "hf", "gpt1", "hf", notes=notes)
@@ -229,7 +229,7 @@ def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
     from gpt1 import load_checkpoint
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     run = tmp_path / "run"
     save_model(randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 5), run / "final",
                gpt1_vocab)

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1 import checkpoint as ckpt
+from gpt1.model import checkpoint as ckpt
 from gpt1.config import TrainConfig, model_preset
-from gpt1.data import WindowSource, open_prepared
+from gpt1.text.windows import WindowSource, open_prepared
 from gpt1.errors import CheckpointError, Gpt1Error
-from gpt1.model import GPT
-from gpt1.objectives import WindowLMLoss
+from gpt1.model.gpt import GPT
+from gpt1.train.objectives import WindowLMLoss
 from gpt1.testing import fault_cases, faults
-from gpt1.trainer import OutOfMemory, TrainingDiverged, train
+from gpt1.train.loop import OutOfMemory, TrainingDiverged, train
 
 
 # ------------------------------------------------------------------------------ kill loops

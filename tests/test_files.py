@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1 import checkpoint as ckpt
+from gpt1.model import checkpoint as ckpt
 from gpt1 import files
 from gpt1.cli import main
 from gpt1.testing import fault_cases, faults
@@ -366,7 +366,7 @@ def test_resume_from_another_run_does_not_mix_into_a_used_folder(tmp_path, prepa
 def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypatch):
     import builtins
 
-    from gpt1 import metrics
+    from gpt1.train import telemetry as metrics
     real_open = builtins.open
 
     def full_on_append(file, mode="r", *args, **kwargs):

@@ -10,7 +10,7 @@ import torch
 
 from gpt1.cli import main
 from gpt1.config import FinetuneConfig, TrainConfig, FINETUNE_TRAIN
-from gpt1.finetune import Encoded, FinetuneSource, build_model, finetune, load_finetuned
+from gpt1.recipes.finetune import Encoded, FinetuneSource, build_model, finetune, load_finetuned
 from gpt1.tasks import get_task
 
 pytestmark = pytest.mark.data
@@ -89,9 +89,9 @@ def test_source_resumes_exactly():
 
 
 def test_transfer_layers(tmp_path: Path, gpt1_vocab: Path):
-    from gpt1.checkpoint import save_model
+    from gpt1.model.checkpoint import save_model
     from gpt1.config import model_preset
-    from gpt1.model import GPT
+    from gpt1.model.gpt import GPT
     torch.manual_seed(0)
     config = model_preset("tiny")
     config.vocab_size = 40478
@@ -132,7 +132,7 @@ def test_skip_bad_rows_counts_and_reports(tmp_path: Path, shared_data: Path, gpt
 
 def test_config_file_and_unknown_keys(tmp_path: Path):
     from gpt1.errors import ConfigError
-    from gpt1.finetune import resolve
+    from gpt1.recipes.finetune import resolve
     root = Path(__file__).resolve().parents[1]
     cfg, train = resolve(root / "configs" / "finetune_scitail.toml",
                          {"finetune": {"data": "d", "init": "none", "lm_coef": 0.0}})
@@ -157,7 +157,7 @@ def _padding_ratio(batches) -> float:
 
 
 def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch):
-    import gpt1.finetune as ft
+    import gpt1.recipes.finetune as ft
     monkeypatch.setattr(ft, "GROUP_BATCHES", 10)
     enc = _varied(203)                               # 203 % 4 != 0: batches straddle epochs
     grouped = FinetuneSource(enc, seed=1, regression=False, group_by_length=4)
@@ -187,9 +187,9 @@ def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch
 
 def test_evaluation_batches_by_length_and_keeps_the_split_order():
     from gpt1.config import model_preset
-    from gpt1.evaluate import predict_outputs
-    from gpt1.heads import FinetuneModel
-    from gpt1.model import GPT
+    from gpt1.recipes.evaluate import predict_outputs
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.model.gpt import GPT
     torch.manual_seed(0)
     gpt = GPT(model_preset("tiny"))
     clf = gpt.add_tokens(1)[0]

@@ -18,7 +18,7 @@ from gpt1.testing import faults  # noqa: E402
 SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.errors import DataError, Gpt1Error  # noqa: E402
-from gpt1.tokenizer import Tokenizer  # noqa: E402
+from gpt1.text.tokenizer import Tokenizer  # noqa: E402
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -156,7 +156,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2 ** 70, 2 ** 70)
 def test_meta_json_with_any_value_in_any_field(tmp_path_factory, field, value):
     """Each field of a prepared folder's meta.json replaced by an arbitrary JSON value."""
     import json
-    from gpt1.data import open_prepared
+    from gpt1.text.windows import open_prepared
     folder = faults.make_corpus(tmp_path_factory.mktemp("meta"), n_train=600, n_val=100)
     meta = json.loads((folder / "meta.json").read_text())
     if field in ("format", "version", "vocab_size", "splits"):

@@ -12,7 +12,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from gpt1.harness import Gpt1LM  # noqa: E402
+from gpt1.recipes.harness import Gpt1LM  # noqa: E402
 
 TINY = dict(vocab_size=40478, n_positions=48, n_embd=32, n_layer=2, n_head=2)
 ONE_TOKEN_WORDS = ["the", "man", "said", "that", "he", "was", "not", "here", "and", "she"]
@@ -59,7 +59,7 @@ PAIRS = [("the old man looked at the sea", " and"), ("she said that", " he was n
 
 
 def test_loglikelihood_equals_the_scorer_and_a_direct_computation(lm):
-    from gpt1.zeroshot import Scorer
+    from gpt1.zeroshot.scorer import Scorer
     got = lm.loglikelihood(requests("loglikelihood", PAIRS))
     encoded = [([lm.prefix_token_id], lm.tok_encode(c)) if not a else lm._encode_pair(a, c)
                for a, c in PAIRS]
@@ -81,7 +81,7 @@ def test_loglikelihood_equals_the_scorer_and_a_direct_computation(lm):
 
 def window_losses(model: GPT, windows: list[list[int]]) -> float:
     """-sum of log-probabilities as the LM loss sees windows: mean cross-entropy x targets."""
-    from gpt1.objectives import lm_loss_window
+    from gpt1.train.objectives import lm_loss_window
     total = 0.0
     for seq in windows:
         ids = torch.tensor([seq])
@@ -133,8 +133,8 @@ def test_generate_until_greedy_equals_gpt1_sample_and_honours_stop_strings(lm, c
 
 
 def test_harness_runs_a_local_task_end_to_end(lm, checkpoint, shared_data):
-    from gpt1.harness import simple_evaluate
-    from gpt1.zeroshot_data import read_lambada
+    from gpt1.recipes.harness import simple_evaluate
+    from gpt1.zeroshot.data import read_lambada
     results = simple_evaluate(str(checkpoint), ["gpt1_lambada"], data=str(shared_data), limit=4,
                               device="cpu", precision="fp32")
     metrics = results["results"]["gpt1_lambada"]
@@ -159,6 +159,6 @@ def test_cli_hands_options_to_the_harness(checkpoint, shared_data, capsys):
 
 def test_local_tasks_say_where_the_data_must_come_from(checkpoint):
     from gpt1.errors import DataError
-    from gpt1.harness import simple_evaluate
+    from gpt1.recipes.harness import simple_evaluate
     with pytest.raises(DataError, match="--data"):
         simple_evaluate(str(checkpoint), ["gpt1_lambada"], limit=1, device="cpu")

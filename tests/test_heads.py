@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from gpt1.config import model_preset
-from gpt1.heads import FinetuneModel, TaskHead, extract_states, shared_dropout
-from gpt1.objectives import aux_lm_loss, finetune_loss
-from gpt1.model import GPT
+from gpt1.model.heads import FinetuneModel, TaskHead, extract_states, shared_dropout
+from gpt1.train.objectives import aux_lm_loss, finetune_loss
+from gpt1.model.gpt import GPT
 from gpt1.tasks.transforms import SpecialIds, choice, pad_batch, similarity, single
 
 CLF = 514
@@ -116,7 +116,7 @@ def test_finetune_loss_combines_task_and_lm():
 
 def test_the_lm_loss_is_computed_outside_forward_from_its_outputs():
     # FinetuneModel.forward returns what the loss needs; the loss equals the plain formula.
-    from gpt1.objectives import lm_loss_per_sequence
+    from gpt1.train.objectives import lm_loss_per_sequence
     m = tiny("pair", 3)
     x, mask = pad_batch([single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9], S, 64)])
     out, lm = m(x, mask)

@@ -6,10 +6,10 @@ import torch
 
 from gpt1 import GPT, ModelConfig, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
-from gpt1.registry import (LanguageModel, build_model, checkpoint_arch, load_any_checkpoint, model_flops,
-                           save_lstm)
-from gpt1.model import parameter_count
+from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
+from gpt1.model.registry import (LanguageModel, build_model, checkpoint_arch, load_any_checkpoint,
+                                 model_flops, save_lstm)
+from gpt1.model.gpt import parameter_count
 from conftest import TINIER_MODEL
 
 
@@ -150,7 +150,7 @@ def test_trains_one_batch_down():
 def prepared_folder(path, vocab=64, tokens=3000):
     import numpy as np
 
-    from gpt1.shards import write_shard
+    from gpt1.text.shards import write_shard
 
     path.mkdir()
     rng = np.random.default_rng(0)
@@ -196,7 +196,7 @@ def test_info_describes_an_lstm_checkpoint(tmp_path, capsys):
 
 
 def test_sample_continues_an_lstm_checkpoint_greedily(tmp_path):
-    from gpt1.sample import sample
+    from gpt1.recipes.sample import sample
     torch.manual_seed(0)
     model = LSTMLM(small(n_positions=8)).eval()
     with torch.no_grad():

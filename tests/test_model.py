@@ -6,8 +6,8 @@ import torch
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.activation_checkpointing import checkpoint_blocks, is_checkpointed
-from gpt1.model import parameter_count
+from gpt1.train.parallelize import checkpoint_blocks, is_checkpointed
+from gpt1.model.gpt import parameter_count
 from conftest import tiny_model_config
 
 

@@ -1,11 +1,11 @@
-"""The CPU fast paths in gpt1.model compute the same maths as torch's reference ops."""
+"""The CPU fast paths in gpt1.model.gpt compute the same maths as torch's reference ops."""
 import math
 
 import torch
 import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
-from gpt1.fast_cpu import causal_attention_cpu_train, dropout
+from gpt1.model.fast_cpu import causal_attention_cpu_train, dropout
 
 
 def test_dropout_rate_scale_and_gradient():
@@ -71,7 +71,7 @@ def test_keep_mask_rate_is_exact_including_the_redrawn_values(monkeypatch):
     are redrawn, so the drop rate is exactly num/den. Fed all 65536 values once, the buckets
     alone must drop exactly num * (65536 // den) of them."""
     import numpy as np
-    from gpt1 import masks as model_mod
+    from gpt1.model import masks as model_mod
 
     real_bits = np.random.SFC64
 
@@ -107,12 +107,12 @@ def test_keep_mask_statistics_and_fresh_draws():
 
 
 def model_mod_keep(shape):
-    from gpt1.masks import keep_mask
+    from gpt1.model.masks import keep_mask
     return keep_mask(shape, 1, 10)
 
 
 def test_keep_mask_in_16_bit_float_types_is_the_same_mask():
-    from gpt1.masks import keep_mask
+    from gpt1.model.masks import keep_mask
     for dtype in (torch.bfloat16, torch.float16):
         torch.manual_seed(4)
         as_bytes = keep_mask((300, 70), 1, 10)
@@ -134,7 +134,7 @@ def test_bf16_dropout_values_and_gradient():
 
 
 def test_keep_mask_chunks_do_not_depend_on_the_thread_count():
-    from gpt1.masks import CHUNK, keep_mask
+    from gpt1.model.masks import CHUNK, keep_mask
     shape = (3, CHUNK + 12345)                       # several chunks, a ragged last one
     before = torch.get_num_threads()
     try:
@@ -172,7 +172,7 @@ class _ConcatCache:
 def test_preallocated_kv_cache_equals_concatenation():
     """Keys/values written in place into growing buffers give bit-identical hidden states to
     concatenated ones, through buffer growth (past 64 positions) and multi-token chunks."""
-    from gpt1.model import KVCache
+    from gpt1.model.gpt import KVCache
     torch.manual_seed(0)
     m = GPT(ModelConfig(vocab_size=300, n_positions=160, n_embd=64, n_layer=2, n_head=4)).eval()
     ids = torch.randint(0, 300, (2, 150))

@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt1.objectives import chunked_cross_entropy
+from gpt1.train.objectives import chunked_cross_entropy
 
 
 def reference(h, w, y, wt):
@@ -77,7 +77,7 @@ def test_no_grad_evaluation_computes_value_only():
 
 def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
     # A vocabulary-sized cap on logits per chunk (memory bound) must not change the result.
-    import gpt1.objectives as objectives
+    import gpt1.train.objectives as objectives
     h, w, y, wt = inputs()
     ref = chunked_cross_entropy(h, w, y, wt, chunk=4096)
     ref.backward()
@@ -98,7 +98,7 @@ def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_blocks_in_place_equal_torch_softmax(monkeypatch, dtype):
     # The CPU path converts logits in place, block by block through one reused buffer.
-    import gpt1.objectives as objectives
+    import gpt1.train.objectives as objectives
     monkeypatch.setattr(objectives, "_BLOCK_ELEMENTS", 3 * 50)          # 3-row blocks, last one partial
     logits = (torch.randn(20, 50) * 4).to(dtype)
     idx = torch.randint(0, 50, (20, 1))

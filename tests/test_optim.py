@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from gpt1.config import TrainConfig, model_preset
-from gpt1.model import GPT
-from gpt1.optim import OAIAdam, build_optimizer, lr_at, lr_multiplier, param_groups
+from gpt1.model.gpt import GPT
+from gpt1.train.optim import OAIAdam, build_optimizer, lr_at, lr_multiplier, param_groups
 
 
 def test_warmup_cosine_values():

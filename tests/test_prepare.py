@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from gpt1.errors import DataError
-from gpt1.prepare import PrepareOptions, choose_val, prepare, strip_gutenberg
-from gpt1.shards import read_header, read_shard
-from gpt1.tokenizer import Tokenizer
+from gpt1.text.prepare import PrepareOptions, choose_val, prepare, strip_gutenberg
+from gpt1.text.shards import read_header, read_shard
+from gpt1.text.tokenizer import Tokenizer
 
 HEADER = ("The Project Gutenberg EBook of Something\nLicence blah blah header words\n"
           "*** START OF THIS PROJECT GUTENBERG EBOOK SOMETHING ***\n")

@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt1.checkpoint import load_checkpoint, load_training_state, step_dirs
+from gpt1.model.checkpoint import load_checkpoint, load_training_state, step_dirs
 from gpt1.cli import main
 from gpt1.config import run_preset
-from gpt1.data import open_prepared
+from gpt1.text.windows import open_prepared
 from gpt1.errors import ConfigError, DataError
-from gpt1.pretrain import finalize, resolve_config
+from gpt1.recipes.pretrain import finalize, resolve_config
 
 from gpt1.testing import faults
 
@@ -169,7 +169,7 @@ def test_plot_command_writes_pngs(tmp_path, capsys):
 
 def test_set_overrides_are_checked_together_in_any_order():
     from gpt1.errors import ConfigError
-    from gpt1.pretrain import resolve_config
+    from gpt1.recipes.pretrain import resolve_config
     cfg = resolve_config("tiny", sets=["model.n_embd=96", "model.n_head=3"])
     assert (cfg.model.n_embd, cfg.model.n_head) == (96, 3)
     with pytest.raises(ConfigError, match="divisible"):

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1.checkpoint import (TRAINER_JSON, TRAINER_TENSORS, WEIGHTS, latest_resumable,
+from gpt1.model.checkpoint import (TRAINER_JSON, TRAINER_TENSORS, WEIGHTS, latest_resumable,
                              load_checkpoint, load_state_dict, load_training_state, save_model)
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
-from gpt1.model import GPT
+from gpt1.model.gpt import GPT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,7 +81,7 @@ def test_crafted_pickle_in_trainer_state_is_refused(tmp_path):
 
 def test_hf_pytorch_model_bin_is_read_weights_only(tmp_path):
     """`gpt1 convert --from hf` reads pytorch_model.bin, but only with weights_only=True."""
-    from gpt1.convert import read_hf_weights
+    from gpt1.recipes.convert import read_hf_weights
     marker = tmp_path / "pwned"
     write_pickle(tmp_path / "pytorch_model.bin", marker, "torch-zip")
     with pytest.raises(CheckpointError, match="pytorch_model.bin"):
@@ -123,8 +123,8 @@ def test_every_torch_load_in_the_package_is_weights_only():
 def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
     """Resuming from a hand-edited or damaged trainer_state.json never crashes with a bare
     KeyError/ValueError/TypeError: it is a CheckpointError naming the folder."""
-    from gpt1.trainer import _load_state
-    from gpt1 import distributed as dist
+    from gpt1.train.loop import _load_state
+    from gpt1.train import distributed as dist
     run = tmp_path / "run"
     folder = tiny_checkpoint(run / "step-3")
     (folder / TRAINER_JSON).write_bytes(content)
@@ -148,7 +148,7 @@ def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
 
 def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     """A fine-tuned folder's head.safetensors goes through the same safe loader."""
-    from gpt1.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     (folder / TASK_FILE).write_text(json.dumps({"task": "sst2", "kind": "single", "n_outputs": 2,
                                                 "classify_id": 3, "n_ctx": 16}))
@@ -230,6 +230,6 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     record["task"] = "../../escaped"
     task_file.write_text(json.dumps(record))
     with pytest.raises(Gpt1Error):
-        from gpt1.evaluate import predict_run
+        from gpt1.recipes.evaluate import predict_run
         predict_run(tmp_path / "ftrun", None, str(ft))
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before

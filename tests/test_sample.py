@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from gpt1 import GPT, ModelConfig
-from gpt1.convert import gpt1_to_hf_state
+from gpt1.recipes.convert import gpt1_to_hf_state
 from gpt1.errors import ConfigError
-from gpt1.model import KVCache
-from gpt1.sample import filter_logits, generate
+from gpt1.model.gpt import KVCache
+from gpt1.recipes.sample import filter_logits, generate
 from conftest import TINY_MODEL
 
 TINY = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}

@@ -27,7 +27,7 @@ def vocab():
 
 @pytest.fixture(scope="module")
 def tokenizer(vocab):
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     return Tokenizer.from_dir(vocab)
 
 
@@ -43,7 +43,7 @@ def checkpoint(vocab, tmp_path_factory):
 
 
 def test_text_stream_equals_decode(tokenizer):
-    from gpt1.sample import TextStream
+    from gpt1.recipes.sample import TextStream
     rng = random.Random(0)
     newline = tokenizer.encode("\n")
     words = tokenizer.encode("It's 3.5 miles -- doesn't he know? \" quoted \" end .")
@@ -56,7 +56,7 @@ def test_text_stream_equals_decode(tokenizer):
 
 
 def test_text_streams_before_generation_ends(checkpoint):
-    from gpt1.sample import Session
+    from gpt1.recipes.sample import Session
     session = Session(checkpoint, device="cpu", precision="fp32")
     calls = []
     handle = session.model.register_forward_hook(lambda *a: calls.append(1))
@@ -107,8 +107,8 @@ def test_prompt_dash_with_empty_stdin_is_a_clear_error(checkpoint):
 
 def test_lstm_checkpoints_sample_too(vocab, tmp_path, capsys):
     from gpt1.cli import main
-    from gpt1.lstm import LSTMConfig, LSTMLM
-    from gpt1.registry import save_lstm
+    from gpt1.model.lstm import LSTMConfig, LSTMLM
+    from gpt1.model.registry import save_lstm
     torch.manual_seed(0)
     lstm = LSTMLM(LSTMConfig(vocab_size=40478, n_embd=16, hidden_size=32, n_positions=24))
     folder = save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=vocab)

@@ -30,9 +30,9 @@ pytest.importorskip("uvicorn")
 
 from gpt1.cli import main  # noqa: E402
 from gpt1.config import FinetuneConfig, model_preset  # noqa: E402
-from gpt1.finetune import load_tokenizer, task_record, writer  # noqa: E402
-from gpt1.heads import FinetuneModel  # noqa: E402
-from gpt1.model import GPT  # noqa: E402
+from gpt1.recipes.finetune import load_tokenizer, task_record, writer  # noqa: E402
+from gpt1.model.heads import FinetuneModel  # noqa: E402
+from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.serve.app import create_app  # noqa: E402
 from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
@@ -121,12 +121,12 @@ def world(tmp_path_factory) -> dict[str, Any]:
         write_rows(data / name, rows, fmt)
         runs[kind] = (run, data, rows)
     torch.manual_seed(1)
-    from gpt1.checkpoint import save_model
+    from gpt1.model.checkpoint import save_model
     config = model_preset("tiny")
     config.vocab_size = load_tokenizer(vocab).vocab_size
     lm = save_model(GPT(config), root / "lm", vocab)
-    from gpt1.lstm import LSTMLM, lstm_config_for
-    from gpt1.registry import save_lstm
+    from gpt1.model.lstm import LSTMLM, lstm_config_for
+    from gpt1.model.registry import save_lstm
     lstm = save_lstm(LSTMLM(lstm_config_for(config)), root / "lstm", vocab)
     return {"root": root, "vocab": vocab, "runs": runs, "lm": lm, "lstm": lstm}
 
@@ -178,8 +178,8 @@ def request_items(kind: str, rows: list[dict]) -> list[dict]:
 def test_predict_equals_gpt1_predict(world, kind, tmp_path):
     """Labels (scores for regression) equal the submission `gpt1 predict` writes, for all four
     task kinds; probabilities are the softmax of the head's outputs for the same inputs."""
-    from gpt1.evaluate import predict_raw
-    from gpt1.finetune import encode_split, load_finetuned
+    from gpt1.recipes.evaluate import predict_raw
+    from gpt1.recipes.finetune import encode_split, load_finetuned
     from gpt1.tasks.examples import Split
     run, data, rows = world["runs"][kind]
     expected = submission(run, data, tmp_path / "sub")
@@ -216,7 +216,7 @@ def test_predict_equals_gpt1_predict(world, kind, tmp_path):
 def test_generate_equals_gpt1_sample(world):
     """Greedy output equals `gpt1 sample --temperature 0`; seeded sampling equals `gpt1 sample
     --seed`; the SSE stream carries the same tokens, then the whole text."""
-    from gpt1.sample import sample
+    from gpt1.recipes.sample import sample
     lm = world["lm"]
     greedy = sample(lm, prompt="the old man", max_new_tokens=30, temperature=0)[0]
     seeded = sample(lm, prompt="the old man", max_new_tokens=30, temperature=0.9, top_k=20,
@@ -244,7 +244,7 @@ def test_generate_equals_gpt1_sample(world):
 
 
 def test_lstm_checkpoint_generates_and_scores(world):
-    from gpt1.sample import sample
+    from gpt1.recipes.sample import sample
     expected = sample(world["lstm"], prompt="hello", max_new_tokens=8, temperature=0)[0]
     with serving(world["lstm"]) as url:
         g = post(f"{url}/v1/generate", {"prompt": "hello", "max_new_tokens": 8, "temperature": 0})
@@ -254,9 +254,9 @@ def test_lstm_checkpoint_generates_and_scores(world):
 
 
 def test_score_equals_the_zero_shot_scorer(world):
-    from gpt1.registry import load_any_checkpoint
-    from gpt1.tokenizer import Tokenizer
-    from gpt1.zeroshot import Scorer
+    from gpt1.model.registry import load_any_checkpoint
+    from gpt1.text.tokenizer import Tokenizer
+    from gpt1.zeroshot.scorer import Scorer
     tok = Tokenizer.from_dir(world["lm"])
     pairs = [("the film was very", "good"), ("the film was very", "bad"), ("a", "b c d e")]
     expected = Scorer(load_any_checkpoint(world["lm"])).score(

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from gpt1.errors import DataError
-from gpt1.shards import read_header, read_shard, write_shard
+from gpt1.text.shards import read_header, read_shard, write_shard
 
 
 @pytest.mark.parametrize("vocab", [500, 70000])

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gpt1 import text as textlib
+from gpt1.text import normalize as textlib
 from gpt1.errors import DataError
-from gpt1.tokenizer import Tokenizer
+from gpt1.text.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -121,7 +121,7 @@ def test_vocab_and_merges_that_do_not_belong_together(tmp_path):
 def test_python_bpe_follows_merge_ranks():
     ranks = {("a", "b"): 1, ("b", "c</w>"): 0, ("a", "bc</w>"): 2}
     # (b, c</w>) ranks before (a, b), so "abc" becomes a + bc</w>, then abc</w>
-    from gpt1.tokenizer import bpe
+    from gpt1.text.tokenizer import bpe
     assert bpe("abc", ranks) == ["abc</w>"]
     assert bpe("abab", {("a", "b"): 0}) == ["ab", "a", "b</w>"]
     assert bpe("x", ranks) == ["x</w>"]
@@ -147,7 +147,7 @@ def _learned_merges_and_words(draw):
 @given(_learned_merges_and_words())
 @settings(max_examples=1500, deadline=None)
 def test_heap_bpe_equals_python_bpe_for_ordered_merges(case):
-    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    from gpt1.text.tokenizer import bpe, bpe_heap, merges_are_ordered
     merges, words = case
     assert merges_are_ordered(merges)
     ranks = {pair: i for i, pair in enumerate(merges)}
@@ -156,7 +156,7 @@ def test_heap_bpe_equals_python_bpe_for_ordered_merges(case):
 
 
 def test_merges_out_of_order_keep_the_rescanning_bpe():
-    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    from gpt1.text.tokenizer import bpe, bpe_heap, merges_are_ordered
     merges = [("ab", "a"), ("a", "b")]  # uses "ab" before the merge that makes it
     assert not merges_are_ordered(merges)
     ranks = {pair: i for i, pair in enumerate(merges)}
@@ -169,7 +169,7 @@ def test_merges_out_of_order_keep_the_rescanning_bpe():
 @needs_vocab
 def test_heap_bpe_on_the_original_vocabulary(tok):
     import random
-    from gpt1.tokenizer import bpe, bpe_heap, merges_are_ordered
+    from gpt1.text.tokenizer import bpe, bpe_heap, merges_are_ordered
     assert merges_are_ordered(tok.merges)
     rng = random.Random(0)
     words = ["".join(rng.choices("etaoinshrdlu'-.1", k=rng.randint(1, 60))) for _ in range(300)]
@@ -378,7 +378,7 @@ def test_linear_url_match_accepts_what_spacy_accepts(text):
 
 def test_linear_spacy_refuses_regexes_it_cannot_window():
     from spacy.lang.en import English
-    from gpt1.spacy_linear import LinearSpacy
+    from gpt1.text.spacy_linear import LinearSpacy
     nlp = English()
     nlp.tokenizer.suffix_search = re.compile(r"(?:a[^x]*b)$").search  # unbounded, not one class
     assert not LinearSpacy(nlp.tokenizer, {}).supported

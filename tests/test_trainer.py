@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt1.checkpoint import load_checkpoint, load_training_state, step_dirs
+from gpt1.model.checkpoint import load_checkpoint, load_training_state, step_dirs
 from gpt1.config import TrainConfig, model_preset
-from gpt1.data import Split, WindowSource
-from gpt1.model import GPT
-from gpt1.objectives import WindowLMLoss, chunked_cross_entropy, lm_loss, lm_loss_per_sequence
-from gpt1.trainer import TrainingDiverged, train
+from gpt1.text.windows import Split, WindowSource
+from gpt1.model.gpt import GPT
+from gpt1.train.objectives import WindowLMLoss, chunked_cross_entropy, lm_loss, lm_loss_per_sequence
+from gpt1.train.loop import TrainingDiverged, train
 
 
 def tiny_model(seed: int = 0, dropout: float = 0.0) -> GPT:
@@ -85,7 +85,7 @@ def test_lm_loss_per_sequence_ignores_pads():
 
 
 def test_lm_loss_sequence_mean_equals_the_mean_of_per_sequence_losses():
-    from gpt1.objectives import lm_loss_sequence_mean
+    from gpt1.train.objectives import lm_loss_sequence_mean
     model = tiny_model()
     ids = torch.randint(1, 512, (3, 10))
     mask = torch.ones(3, 10)

@@ -12,17 +12,17 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gpt1 import memory
-from gpt1.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_model, trained_context
+from gpt1.model import memory
+from gpt1.model.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_model, trained_context
 from gpt1.cli import main
 from gpt1.config import (ModelConfig, TrainConfig, check_task_record, model_preset,
                          override_dotted, run_preset)
-from gpt1.convert import convert, load_hf, load_openai, save_hf
-from gpt1.data import open_prepared
+from gpt1.recipes.convert import convert, load_hf, load_openai, save_hf
+from gpt1.text.windows import open_prepared
 from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
-from gpt1.memory import TooLargeError
-from gpt1.model import GPT
-from gpt1.shards import write_shard
+from gpt1.model.memory import TooLargeError
+from gpt1.model.gpt import GPT
+from gpt1.text.shards import write_shard
 
 from gpt1.testing import faults
 
@@ -90,7 +90,7 @@ def test_n_embd_must_divide_by_n_head():
 
 
 def test_toml_and_set_values_are_typed(tmp_path):
-    from gpt1.pretrain import resolve_config
+    from gpt1.recipes.pretrain import resolve_config
     toml = tmp_path / "run.toml"
     for line, field in [('[model]\nn_layer = "2"\n', "model.n_layer"),
                         ("[model]\nn_layer = 2.5\n", "model.n_layer"),
@@ -172,8 +172,8 @@ def test_pretrain_refuses_before_writing_anything(tmp_path, monkeypatch, capsys)
 
 def test_finetune_refuses_before_building(tmp_path, monkeypatch):
     from gpt1.config import FinetuneConfig
-    from gpt1.finetune import check_training_memory
-    from gpt1.distributed import env_info
+    from gpt1.recipes.finetune import check_training_memory
+    from gpt1.train.distributed import env_info
     from gpt1.tasks.registry import get_task
     folder = tiny_checkpoint(tmp_path / "ckpt")
     task = get_task("sst2")
@@ -204,7 +204,7 @@ def test_task_record_is_validated(field, value, expected):
 
 @pytest.mark.parametrize("n_outputs", [20_000_000, 1e12])
 def test_predict_refuses_huge_n_outputs_before_allocating(tmp_path, n_outputs, capsys):
-    from gpt1.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     save_file({"linear.weight": torch.zeros(2, 32), "linear.bias": torch.zeros(2)},
               str(folder / HEAD_FILE))
@@ -260,7 +260,7 @@ def release(folder: Path) -> Path:
     sd = model.state_dict()
     shapes, arrays = [], []
     arrays += [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
-    from gpt1.convert import OPENAI_BLOCK
+    from gpt1.recipes.convert import OPENAI_BLOCK
     for i in range(TINY["n_layer"]):
         for name, kind in OPENAI_BLOCK:
             t = sd[f"h.{i}.{name}"].numpy()
@@ -358,7 +358,7 @@ def test_openai_shard_with_nan_is_refused(tmp_path):
 
 
 def test_finetuned_head_with_nan_is_refused(tmp_path):
-    from gpt1.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     save_file({"linear.weight": torch.full((2, 32), float("nan")), "linear.bias": torch.zeros(2)},
               str(folder / HEAD_FILE))
@@ -381,8 +381,8 @@ def test_token_ids_at_or_above_vocab_are_refused_at_open(tmp_path, capsys):
 
 
 def test_token_id_check_is_chunked(tmp_path, monkeypatch):
-    import gpt1.data
-    monkeypatch.setattr(gpt1.data, "ID_CHECK_CHUNK", 1000)
+    import gpt1.text.windows
+    monkeypatch.setattr(gpt1.text.windows, "ID_CHECK_CHUNK", 1000)
     data = faults.make_corpus(tmp_path / "d", vocab=300)
     ids = np.arange(3000) % 300
     ids[2999] = 65535
@@ -479,8 +479,8 @@ def test_all_errors_are_gpt1_errors():
     ({"hidden_size": 2**20, "n_layer": 64}, "needs at least"),
     ({"hidden_size": 512}, "do not belong together")])
 def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
-    from gpt1.lstm import LSTMConfig, LSTMLM
-    from gpt1.registry import load_any_checkpoint, save_lstm
+    from gpt1.model.lstm import LSTMConfig, LSTMLM
+    from gpt1.model.registry import load_any_checkpoint, save_lstm
     torch.manual_seed(0)
     folder = save_lstm(LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32,
                                          n_positions=24)), tmp_path / "lstm")
@@ -500,7 +500,7 @@ def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
 
 
 def test_zeroshot_scorer_refuses_nan_log_probs():
-    from gpt1.zeroshot import Scorer
+    from gpt1.zeroshot.scorer import Scorer
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY)).eval()
     reqs = [([1, 2, 3], [4, 5]), ([1, 2], [6])]
@@ -513,7 +513,7 @@ def test_zeroshot_scorer_refuses_nan_log_probs():
 
 def test_evaluate_refuses_nan_outputs():
     from types import SimpleNamespace
-    from gpt1.evaluate import predict_outputs
+    from gpt1.recipes.evaluate import predict_outputs
 
     class NanModel(torch.nn.Module):
         def __init__(self):
@@ -531,7 +531,7 @@ def test_evaluate_refuses_nan_outputs():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generate_refuses_nan_logits(temperature):
-    from gpt1.sample import generate
+    from gpt1.recipes.sample import generate
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY))
     with torch.no_grad():
@@ -568,7 +568,7 @@ def test_hub_snapshot_links_into_blobs_are_followed(tmp_path):
 
 
 def test_finetune_toml_values_are_typed(tmp_path):
-    from gpt1.finetune import resolve
+    from gpt1.recipes.finetune import resolve
     toml = tmp_path / "ft.toml"
     for text, field in [('[train]\nbatch_size = "32"\n', "train.batch_size"),
                         ("[finetune]\nlm_coef = true\n", "finetune.lm_coef"),

@@ -1,4 +1,5 @@
-"""Zero-shot heuristics and the selective batched scorer (gpt1/zeroshot.py, gpt1/zeroshot_data.py)."""
+"""Zero-shot heuristics and the selective batched scorer (gpt1/zeroshot/scorer.py,
+gpt1/zeroshot/data.py)."""
 from __future__ import annotations
 
 import json
@@ -9,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from gpt1 import zeroshot as zs
-from gpt1 import zeroshot_data as zd
-from gpt1.checkpoint import save_model
+from gpt1.zeroshot import scorer as zs
+from gpt1.zeroshot import data as zd
+from gpt1.model.checkpoint import save_model
 from gpt1.config import ModelConfig
 from gpt1.errors import DataError
-from gpt1.model import GPT
+from gpt1.model.gpt import GPT
 from gpt1.tasks.examples import ChoiceExample
 from conftest import TINIER_MODEL, tiny_model_config
 
@@ -72,7 +73,7 @@ def test_scorer_equals_full_logits_computation():
 
 
 def test_scorer_works_with_the_lstm_baseline():
-    from gpt1.lstm import LSTMConfig, LSTMLM
+    from gpt1.model.lstm import LSTMConfig, LSTMLM
     torch.manual_seed(0)
     model = LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=24)).eval()
     reqs = random_requests(random.Random(3), 10, 50)
@@ -455,7 +456,7 @@ def test_cli_on_shared_data_with_real_vocab(shared_data, tmp_path):
 def test_run_checkpoints_score_final_once_when_it_repeats_the_last_step(tmp_path):
     import json as _json
 
-    from gpt1.zeroshot import run_checkpoints
+    from gpt1.zeroshot.scorer import run_checkpoints
     for name, step in (("step-10", 10), ("step-20", 20), ("final", 20)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text("{}")
@@ -471,8 +472,8 @@ def test_scoring_stays_inside_the_pretrained_window(tmp_path):
     import torch as _torch
 
     from gpt1 import GPT, ModelConfig, save_model
-    from gpt1.checkpoint import trained_context
-    from gpt1.zeroshot import Scorer
+    from gpt1.model.checkpoint import trained_context
+    from gpt1.zeroshot.scorer import Scorer
     model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 32}))
     save_model(model, tmp_path / "run" / "step-5")
     assert trained_context(tmp_path / "run" / "step-5") is None

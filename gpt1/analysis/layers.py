@@ -21,7 +21,7 @@ def layers_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
                  eval_split: str = "dev", train_examples: int | None = None,
                  train_eval_examples: int = 1000, command: list[str] | None = None) -> dict[str, Any]:
     """Run (or resume) the layers-transferred sweep; write the plot and tables; return the table."""
-    from gpt1.checkpoint import read_model_config
+    from gpt1.model.checkpoint import read_model_config
 
     n_layer = read_model_config(init).n_layer   # validated: a sweep of K = 0..n_layer runs
     ks = list(range(n_layer + 1)) if ks is None else list(ks)

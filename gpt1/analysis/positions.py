@@ -22,14 +22,14 @@ import torch
 
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.files import write_json
-from gpt1.metrics import save_figure
+from gpt1.train.telemetry import save_figure
 
 log = logging.getLogger(__name__)
 
 
 def position_table(checkpoint: str | Path, max_positions: int | None = None) -> np.ndarray:
     """The learned position embeddings `[n_positions, n_embd]` of a checkpoint, as float64."""
-    from gpt1.registry import load_any_checkpoint
+    from gpt1.model.registry import load_any_checkpoint
 
     model = load_any_checkpoint(checkpoint)
     if not hasattr(model, "wpe"):

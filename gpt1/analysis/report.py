@@ -49,7 +49,7 @@ def write_text(path: Path, text: str) -> None:
 
 def save_figure(fig: Any, path: Path) -> None:
     """Write a figure as PNG atomically."""
-    from gpt1.metrics import save_figure as save
+    from gpt1.train.telemetry import save_figure as save
     save(fig, path)
 
 

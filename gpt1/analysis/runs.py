@@ -109,8 +109,8 @@ def headline(task_name: str, results: dict[str, Any]) -> tuple[str, float]:
 def train_metric(run: str | Path, data: str | Path, train_split: str, limit: int, seed: int = 0,
                  train_examples: int | None = None, micro: int = 16) -> dict[str, Any]:
     """Score a fine-tuned run on up to `limit` of the training examples it was trained on."""
-    from gpt1.evaluate import score
-    from gpt1.finetune import encode_split, load_finetuned, resolve_task
+    from gpt1.recipes.evaluate import score
+    from gpt1.recipes.finetune import encode_split, load_finetuned, resolve_task
 
     model, record, tok = load_finetuned(run)
     task = resolve_task(record["task"], record.get("spec") or None, str(data), train_split)
@@ -128,7 +128,7 @@ def train_metric(run: str | Path, data: str | Path, train_split: str, limit: int
 
 def training_subset(n: int, k: int, seed: int) -> list[int]:
     """Indices of the `k` training examples a run with `--train-examples k --seed seed` uses."""
-    from gpt1.finetune import train_subset
+    from gpt1.recipes.finetune import train_subset
 
     return train_subset(n, k, seed)
 

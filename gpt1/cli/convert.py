@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.convert import convert
+    from gpt1.recipes.convert import convert
     notes: list[str] = []
     out = convert(args.src, args.dst, args.src_format, args.dst_format, n_head=args.n_head,
                   overwrite=args.overwrite, notes=notes,

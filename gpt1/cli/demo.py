@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.demo import DemoSettings, demo, format_table
+    from gpt1.recipes.demo import DemoSettings, demo, format_table
     settings = DemoSettings(out=Path(args.out), seed=args.seed, pretrain_steps=args.pretrain_steps,
                             corpus=args.corpus, task=args.task, data=args.data,
                             columns=args.columns, labels=args.labels, quiet=args.quiet,

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
     from gpt1.errors import ConfigError
-    from gpt1.evaluate import evaluate_run, results_path
+    from gpt1.recipes.evaluate import evaluate_run, results_path
     if args.micro_batch < 1:
         raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
     results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,

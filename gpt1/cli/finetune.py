@@ -83,8 +83,8 @@ def generic_spec(args: argparse.Namespace) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.finetune import finetune
-    from gpt1.finetune import resolve
+    from gpt1.recipes.finetune import finetune
+    from gpt1.recipes.finetune import resolve
     flags = {
         "finetune": {"task": args.task, "data": args.data, "init": args.init, "preset": args.preset,
                      "vocab": args.vocab, "lm_coef": args.lm_coef,

@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.info import describe
+    from gpt1.recipes.info import describe
     info = describe(args.model, seq_len=args.seq_len)
     if args.json:
         print(json.dumps(info))

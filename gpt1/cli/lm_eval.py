@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def harness_argv(extra: list[str], data: str | None) -> list[str]:
     """The harness's `run` argv: our defaults for --model and --device, our tasks included."""
     import json
-    from gpt1.harness import TASKS_DIR
+    from gpt1.recipes.harness import TASKS_DIR
     argv = list(extra)
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     if "--model" not in given:
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     import functools
 
     import lm_eval.tasks
-    from gpt1.harness import only_local, register
+    from gpt1.recipes.harness import only_local, register
     register()
     cli = HarnessCLI()
     parsed = cli._parser.parse_args(harness_argv(args.extra, args.data))

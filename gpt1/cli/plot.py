@@ -18,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.metrics import plot_run
+    from gpt1.train.telemetry import plot_run
     for path in plot_run(args.run, overwrite=args.overwrite):
         print(path)
     return 0

@@ -23,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
-    from gpt1.evaluate import predict_run
+    from gpt1.recipes.evaluate import predict_run
     if args.micro_batch < 1:
         raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
     for path in predict_run(args.run, args.task, args.data, args.split, args.out,

@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import DataError
-    from gpt1.prepare import PrepareOptions, prepare
+    from gpt1.text.prepare import PrepareOptions, prepare
     if not 0 <= args.val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.workers < 1 or args.shard_tokens < 1:

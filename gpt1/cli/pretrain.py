@@ -41,13 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default 1234)")
     p.add_argument("--arch", choices=["gpt", "lstm"], default="gpt",
                    help="lstm: the paper's single-layer LSTM baseline, sized to match the preset's "
-                   "parameters (gpt1.lstm)")
+                   "parameters (gpt1.model.lstm)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="any setting, e.g. --set train.warmup=500 --set model.n_layer=4")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.pretrain import pretrain, resolve_config
+    from gpt1.recipes.pretrain import pretrain, resolve_config
     flags = {
         "data": {"path": args.data},
         "train": {"max_steps": args.max_steps, "save_every": args.save_every,

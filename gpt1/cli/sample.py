@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
-    from gpt1.sample import Session, check_options, parse_ids
+    from gpt1.recipes.sample import Session, check_options, parse_ids
     # Every option is checked before the model is loaded.
     check_options(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
     if args.num_samples < 1:

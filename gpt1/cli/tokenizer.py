@@ -81,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.action == "train":
         return _train(args)
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(args.vocab, standardize=args.standardize,
                              lower_first=not getattr(args, "oai_lowercase", False))
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
@@ -122,8 +122,8 @@ def _train(args: argparse.Namespace) -> int:
     import time
     from gpt1.files import atomic_folder, check_output
     from gpt1.errors import DataError
-    from gpt1.prepare import PrepareOptions, Stats, documents, find_files
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.prepare import PrepareOptions, Stats, documents, find_files
+    from gpt1.text.tokenizer import Tokenizer
     if args.merges < 0:
         raise DataError("--merges must be >= 0")
     out: Path = args.out

@@ -3,10 +3,10 @@
 `load_engine(path)` loads a fine-tuned run (any task kind, including user csv/tsv/jsonl tasks)
 or a pretrained checkpoint (GPT or the LSTM baseline). An `Engine` then
 - turns request items into task examples and model inputs with the library's own readers'
-  example types and transformations (`gpt1.finetune.encode_split`), and predicts them with
-  `gpt1.evaluate.predict_raw`, the function behind `gpt1 predict`;
-- scores continuations with the zero-shot `Scorer` (`gpt1.zeroshot`);
-- generates with `gpt1.sample.generate_stream`, the KV-cache decoder behind `gpt1 sample`.
+  example types and transformations (`gpt1.recipes.finetune.encode_split`), and predicts them with
+  `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`;
+- scores continuations with the zero-shot `Scorer` (`gpt1.zeroshot.scorer`);
+- generates with `gpt1.recipes.sample.generate_stream`, the KV-cache decoder behind `gpt1 sample`.
 All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ class Engine:
     def __init__(self, folder: Path, lm: torch.nn.Module, tokenizer: Any | None,
                  classifier: torch.nn.Module | None = None, task: Task | None = None,
                  record: dict | None = None, precision: str = "fp32"):
-        from gpt1.checkpoint import trained_context
-        from gpt1.zeroshot import Scorer
+        from gpt1.model.checkpoint import trained_context
+        from gpt1.zeroshot.scorer import Scorer
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
         self.classifier, self.task, self.record = classifier, task, record or {}
         self.precision = precision
@@ -113,7 +113,7 @@ class Engine:
 
     def encode(self, examples: list[Example]) -> list[list[list[int]]]:
         """Examples -> their K id sequences each, exactly as `gpt1 predict` builds them."""
-        from gpt1.finetune import encode_split
+        from gpt1.recipes.finetune import encode_split
         split = Split("request", Path("<request>"), examples)
         enc = encode_split(split, self.task, self.tokenizer, self.record["n_ctx"],
                            self.record.get("question_delimiter", False))
@@ -121,8 +121,8 @@ class Engine:
 
     def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
         """Predictions of encoded examples (one forward per `micro` examples, longest first)."""
-        from gpt1.evaluate import label_text, predict_raw
-        from gpt1.finetune import Encoded
+        from gpt1.recipes.evaluate import label_text, predict_raw
+        from gpt1.recipes.finetune import Encoded
         raw = predict_raw(self.classifier, self.task, Encoded(items, [None] * len(items),
                                                               [""] * len(items)), micro)
         out = []
@@ -160,7 +160,7 @@ class Engine:
     def stream(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
                top_k: int | None, top_p: float | None, seed: int | None) -> Iterator[int]:
         """New token ids one by one, as `gpt1 sample` would draw them for this prompt and seed."""
-        from gpt1.sample import generate_stream
+        from gpt1.recipes.sample import generate_stream
         generator = torch.Generator(device=self.lm.wte.weight.device)
         generator.manual_seed(seed if seed is not None else torch.seed())
         ids = torch.tensor([prompt_ids], dtype=torch.long)
@@ -174,23 +174,23 @@ class Engine:
 
 def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") -> Engine:
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving."""
-    from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.finetune import TASK_FILE, load_finetuned
+    from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+    from gpt1.recipes.finetune import TASK_FILE, load_finetuned
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     dtype = PRECISIONS[precision]
     folder = resolve_checkpoint_dir(path)
     if (folder / TASK_FILE).is_file():
-        from gpt1.evaluate import _task_of
+        from gpt1.recipes.evaluate import _task_of
         classifier, record, tok = load_finetuned(folder)
         task = _task_of(record, None)
         classifier = classifier.to(device=device, dtype=dtype).eval()
         return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
-    from gpt1.registry import load_any_checkpoint
+    from gpt1.model.registry import load_any_checkpoint
     lm = load_any_checkpoint(folder, device=device).to(dtype).eval()
     tok_dir = tokenizer_dir_of(folder)
     tok = None
     if tok_dir is not None:
-        from gpt1.tokenizer import Tokenizer
+        from gpt1.text.tokenizer import Tokenizer
         tok = Tokenizer.from_dir(tok_dir)
     return Engine(folder, lm, tok, precision=precision)

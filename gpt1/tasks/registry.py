@@ -1,7 +1,7 @@
 """The task registry: a task = reader + input transformation + head + metrics.
 
 `get_task(name)` returns a `Task`; `task.read(data, split)` returns a `Split` of examples.
-`kind` selects both the transformation (`transforms.py`) and the head (`heads.py`):
+`kind` selects both the transformation (`transforms.py`) and the head (`gpt1.model.heads`):
 "single" (classification), "pair" (entailment), "similarity" (both orders summed) and
 "choice" (multiple choice). `labels` None means regression (STS-B).
 """

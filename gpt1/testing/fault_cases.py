@@ -98,9 +98,9 @@ def tiny_checkpoint(folder: Path) -> Path:
     """A tiny gpt1 checkpoint folder (random weights, character vocabulary)."""
     import torch
 
-    from gpt1.checkpoint import save_model
+    from gpt1.model.checkpoint import save_model
     from gpt1.config import model_preset
-    from gpt1.model import GPT
+    from gpt1.model.gpt import GPT
     torch.manual_seed(0)
     config = model_preset("tiny")
     config.vocab_size = 300
@@ -399,7 +399,7 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
         lines = done.stdout.strip().splitlines()
         state, code = json.loads(lines[-2]), int(lines[-1])
         return _disk_full_outcome(code, done.stderr.strip(), state, simulated=False)
-    from gpt1 import checkpoint
+    from gpt1.model import checkpoint
     real, calls = checkpoint.save_file, {"n": 0}
 
     def fills_up(tensors, filename, metadata=None):
@@ -461,7 +461,7 @@ def disk_full_while_converting(work: Path) -> CaseResult:
         code, left, tag = int(lines[0]), lines[1:], "real 256 kB tmpfs"
         err = done.stderr.strip()
     else:
-        from gpt1 import convert
+        from gpt1.recipes import convert
 
         def no_space(*args, **kwargs):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -562,8 +562,8 @@ def mistyped_sizes_in_a_checkpoint(work: Path) -> CaseResult:
 
 
 def billion_layers_in_an_hf_config(work: Path) -> CaseResult:
-    from gpt1.convert import save_hf
-    from gpt1.model import GPT
+    from gpt1.recipes.convert import save_hf
+    from gpt1.model.gpt import GPT
     hf = save_hf(GPT(_tiny_config()), work / "hf")
     _edit_json(hf / "config.json", lambda d: d.update(n_layer=1_000_000_000))
     return refused([(["convert", str(hf), str(work / "out"), "--from", "hf"],
@@ -584,8 +584,8 @@ def openai_release(folder: Path) -> Path:
     """A tiny model saved the way OpenAI's release is: `params_shapes.json` + 10 .npy shards."""
     import numpy as np
 
-    from gpt1.convert import OPENAI_BLOCK
-    from gpt1.model import GPT
+    from gpt1.recipes.convert import OPENAI_BLOCK
+    from gpt1.model.gpt import GPT
     config = _tiny_config()
     sd = GPT(config).state_dict()
     arrays = [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
@@ -616,7 +616,7 @@ def huge_n_outputs(work: Path) -> CaseResult:
     import torch
     from safetensors.torch import save_file
 
-    from gpt1.finetune import HEAD_FILE, TASK_FILE
+    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE
     runs = []
     for value in (20_000_000, 1e12):
         ft = tiny_checkpoint(work / f"ft-{value:g}")
@@ -652,7 +652,7 @@ def nan_weights(work: Path) -> CaseResult:
 def token_id_beyond_the_vocabulary(work: Path) -> CaseResult:
     import numpy as np
 
-    from gpt1.shards import write_shard
+    from gpt1.text.shards import write_shard
     data = make_corpus(work / "data", vocab=300)
     ids = np.arange(3000) % 300
     ids[1234] = 300
@@ -665,8 +665,8 @@ def token_id_beyond_the_vocabulary(work: Path) -> CaseResult:
 def hf_index_outside_its_folder(work: Path) -> CaseResult:
     from safetensors.torch import load_file, save_file
 
-    from gpt1.convert import save_hf
-    from gpt1.model import GPT
+    from gpt1.recipes.convert import save_hf
+    from gpt1.model.gpt import GPT
     hf = save_hf(GPT(_tiny_config()), work / "hf")
     state = load_file(str(hf / "model.safetensors"))
     names = sorted(state)

@@ -42,7 +42,7 @@ ROOT = Path(gpt1.__file__).resolve().parents[1]
 # =============================================================================== tiny inputs
 def make_corpus(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200) -> Path:
     """A tiny `gpt1 prepare`-style folder: a noisy periodic token stream, two train shards."""
-    from gpt1.shards import write_shard
+    from gpt1.text.shards import write_shard
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
 
@@ -130,7 +130,7 @@ class KillReport:
 
 def verify_run(run: Path) -> tuple[int, list[str]]:
     """Load every published checkpoint of `run`; (count verified, problems found)."""
-    from gpt1.checkpoint import load_checkpoint, load_training_state
+    from gpt1.model.checkpoint import load_checkpoint, load_training_state
     count, problems = 0, []
     for folder in sorted(p for p in run.iterdir() if p.is_dir() and not p.name.startswith(".")
                          and (p.name.startswith("step-") or p.name == "final")):
@@ -146,7 +146,7 @@ def verify_run(run: Path) -> tuple[int, list[str]]:
 
 
 def newest_step(run: Path) -> int:
-    from gpt1.checkpoint import latest_resumable, read_trainer_json
+    from gpt1.model.checkpoint import latest_resumable, read_trainer_json
     last = latest_resumable(run) if run.is_dir() else None
     return read_trainer_json(last)["step"] if last else 0
 
@@ -383,10 +383,10 @@ def _dpr_text() -> bytes:
 
 def readers(shared: Path, work: Path) -> list[Reader]:
     """Every dataset reader with a real file from ../shared/data (synthetic where none exists)."""
-    from gpt1.data import open_prepared
-    from gpt1.shards import read_shard
-    from gpt1.tokenizer import Tokenizer
-    from gpt1.zeroshot_data import read_dpr, read_lambada
+    from gpt1.text.windows import open_prepared
+    from gpt1.text.shards import read_shard
+    from gpt1.text.tokenizer import Tokenizer
+    from gpt1.zeroshot.data import read_dpr, read_lambada
     g, k = shared / "glue", shared / "glue_kshot_samples"
     synth = work / "synthetic"
     synth.mkdir(parents=True, exist_ok=True)

@@ -15,16 +15,16 @@ from typing import Any
 
 import torch
 
-from gpt1 import distributed as dist
+from gpt1.train import distributed as dist
 from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, run_preset
-from gpt1.data import PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
 from gpt1.files import claim_run_dir, resumes_in, write_json
-from gpt1.registry import build_model
-from gpt1.objectives import WindowLMLoss, lm_loss_window
-from gpt1.trainer import TrainResult, train
+from gpt1.model.registry import build_model
+from gpt1.train.objectives import WindowLMLoss, lm_loss_window
+from gpt1.train.loop import TrainResult, train
 
-log = logging.getLogger("gpt1.pretrain")
+log = logging.getLogger("gpt1.recipes.pretrain")
 RUN_CONFIG = "run.json"
 
 
@@ -102,7 +102,7 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt",
              overwrite: bool = False) -> TrainResult:
     """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
 
-    `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.lstm.lstm_config_for(cfg.model)`,
+    `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
     continued only with `cfg.train.resume`, started over only with `overwrite` (see
     `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts.
@@ -123,8 +123,8 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     data = open_prepared(cfg.data.path)
     n_ctx = finalize(cfg, data)
     info = dist.env_info()
-    from gpt1.memory import ensure_training_fits
-    from gpt1.trainer import resolve_device
+    from gpt1.model.memory import ensure_training_fits
+    from gpt1.train.loop import resolve_device
     # Sized from the configs alone, before run.json, the model or any optimizer state exist.
     ensure_training_fits(cfg.model, cfg.train, n_ctx, "pretrain config",
                          resolve_device(cfg.train.device, info.local_rank),
@@ -158,7 +158,7 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
         # group while another is still busy inside it.
         dist.destroy()
     if info.is_main and not result.interrupted:
-        from gpt1.metrics import plot_run
+        from gpt1.train.telemetry import plot_run
         plot_run(out)
     return result
 
@@ -167,7 +167,7 @@ def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -
     """The trainer's default checkpoint writer, or one that also records `extra` (e.g. the arch)."""
     if not extra:
         return None
-    from gpt1.checkpoint import write_model_files
+    from gpt1.model.checkpoint import write_model_files
 
     def write(model: torch.nn.Module, folder: Path) -> None:
         write_model_files(folder, model, tokenizer_dir, {**extra, "run": resolved})
@@ -177,6 +177,6 @@ def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -
 def _precision_shown(train_cfg: Any, local_rank: int) -> str:
     """The precision the trainer will use, for the log line ("auto" resolved)."""
     from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
-    from gpt1.trainer import resolve_device
+    from gpt1.train.loop import resolve_device
     return resolve_precision(train_cfg.precision, resolve_device(train_cfg.device, local_rank),
                              TRAIN_PRECISIONS)

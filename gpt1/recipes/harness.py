@@ -2,7 +2,7 @@
 
 `Gpt1LM` implements the harness's three request types with gpt1's own machinery:
 
-* `loglikelihood`: `gpt1.zeroshot.Scorer` (length-sorted, right-padded rows whose padding the model
+* `loglikelihood`: `gpt1.zeroshot.scorer.Scorer` (length-sorted, right-padded rows whose padding the model
   skips; rows that are prefixes of others share a forward pass; the output layer only at the
   scored positions) on the faithful GPT-1 tokenizer (ftfy, spaCy, lowercase, BPE with `</w>`).
   Context/continuation splitting is the harness's own (`TemplateLM._encode_pair`), so the token
@@ -10,7 +10,7 @@
 * `loglikelihood_rolling`: the harness's own rolling windows (`get_rolling_token_windows`,
   context length 1), all windows of all documents scored in one `Scorer.score` call.
 * `generate_until`: greedy (or sampled, when a task asks for it) decoding with the key/value
-  cache of `gpt1.sample.generate_stream`, stopped as soon as a stop string appears in the text.
+  cache of `gpt1.recipes.sample.generate_stream`, stopped as soon as a stop string appears in the text.
 
 GPT-1 has no start-of-text token. Where the harness needs a token before the text (an empty
 context, the first rolling window) the adapter uses `prefix_token_id`: by default the token
@@ -65,11 +65,11 @@ class Gpt1LM(TemplateLM):
                  prefix_token_id: int | str | None = None, batch_size: Any = None,
                  max_batch_size: Any = None, **unused: Any) -> None:
         super().__init__()
-        from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
+        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
         from gpt1.devices import resolve_precision, torch_dtype
-        from gpt1.registry import load_any_checkpoint
-        from gpt1.tokenizer import Tokenizer
-        from gpt1.zeroshot import Scorer
+        from gpt1.model.registry import load_any_checkpoint
+        from gpt1.text.tokenizer import Tokenizer
+        from gpt1.zeroshot.scorer import Scorer
         if unused:
             log.warning("lm-eval: gpt1 ignores model_args %s", ", ".join(sorted(unused)))
         # Rows per forward pass follow a token budget (batch_tokens, max_rows), not batch_size.
@@ -182,7 +182,7 @@ class Gpt1LM(TemplateLM):
                       top_p: float | None = None, seed: int | None = None,
                       **ignored: Any) -> str:
         """One continuation of `context`, cut before the first stop string in `until`."""
-        from gpt1.sample import TextStream, generate_stream
+        from gpt1.recipes.sample import TextStream, generate_stream
         stops = [until] if isinstance(until, str) else list(until or [])
         n_new = self._max_gen_toks if max_gen_toks is None else int(max_gen_toks)
         if not do_sample:

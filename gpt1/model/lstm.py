@@ -3,9 +3,9 @@
 The paper compares its Transformer with a single-layer 2048-unit LSTM pretrained and fine-tuned in
 the same framework. `LSTMLM` is a drop-in for `GPT`: `model(ids [B, T]) -> hidden [B, T, n_embd]`,
 `lm_logits(hidden)` tied to the token table, `lm_weight()`, `add_tokens(n)`, `num_parameters()`,
-`flops_per_token()`, `.config` and `.wte` (the `gpt1.registry.LanguageModel` protocol). So
+`flops_per_token()`, `.config` and `.wte` (the `gpt1.model.registry.LanguageModel` protocol). So
 pretraining, fine-tuning, zero-shot scoring and checkpoints need no LSTM-specific code; only
-building and loading have to know which class to make, which `gpt1.registry` does (from the
+building and loading have to know which class to make, which `gpt1.model.registry` does (from the
 `"arch"` key of `config.json` when loading).
 
 Layout: token table (n_embd) -> dropout -> single-layer unidirectional LSTM (hidden_size units;
@@ -33,7 +33,7 @@ from torch import nn
 
 from gpt1.config import MODEL_LIMITS, ModelConfig, check_ranges, check_types, from_dict
 from gpt1.errors import ConfigError
-from gpt1.model import LMOutput, grow_token_table, parameter_count
+from gpt1.model.gpt import LMOutput, grow_token_table, parameter_count
 
 PAPER_UNITS_PER_WIDTH = 2048 / 768
 

@@ -42,12 +42,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from gpt1 import zeroshot_data as zd
+from gpt1.zeroshot import data as zd
 from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
 from gpt1.files import OutputExists, write_json, write_text
-from gpt1.metrics import save_figure
-from gpt1.inplace import log_softmax_
-from gpt1.objectives import aligned_logits, logits_width
+from gpt1.train.telemetry import save_figure
+from gpt1.model.inplace import log_softmax_
+from gpt1.train.objectives import aligned_logits, logits_width
 from gpt1.tasks.examples import ChoiceExample
 
 log = logging.getLogger(__name__)
@@ -191,7 +191,7 @@ class Scorer:
         On CPU the logits land in reused buffers and the log-softmax overwrites them in place: a
         fresh `[n, V]` tensor (166 MB for 1,024 rows of GPT-1's vocabulary in fp32, 83 MB in
         bf16) costs a page fault per 4 KiB, and logsumexp's own temporary as much again. The
-        fp32 buffer's rows are `logits_width` long (aligned: see `gpt1.objectives`). 16-bit
+        fp32 buffer's rows are `logits_width` long (aligned: see `gpt1.train.objectives`). 16-bit
         logits go through a 16-bit buffer, upcast once into the fp32 one. The result is a view of
         the fp32 buffer, valid until the next call.
         """
@@ -532,7 +532,7 @@ def _prepare_model(checkpoint: Path, device: str, precision: str) -> torch.nn.Mo
     """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `precision`
     (device and precision may be "auto": see gpt1.devices)."""
     from gpt1.devices import resolve_device, resolve_precision, torch_dtype
-    from gpt1.registry import load_any_checkpoint
+    from gpt1.model.registry import load_any_checkpoint
     where = resolve_device(device)
     dtype = torch_dtype(resolve_precision(precision, where))
     return load_any_checkpoint(checkpoint, device=where).to(dtype).eval()
@@ -543,7 +543,7 @@ def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str 
                         calibrate: bool = False, device: str = "auto", precision: str = "auto",
                         batch_tokens: int = 4096) -> dict[str, dict[str, Any]]:
     """Results per task for one checkpoint; tasks without data under `data` are skipped (logged)."""
-    from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+    from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
     folder = resolve_checkpoint_dir(checkpoint)
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer_dir_of(folder)
     if tok_dir is None:
@@ -556,9 +556,9 @@ def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str 
                         f"{', '.join(TASKS[tasks[0]].folders)})", data)
     for t in missing:
         log.info("zeroshot: skipping %s (no data under %s)", t, data)
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(tok_dir)
-    from gpt1.checkpoint import trained_context
+    from gpt1.model.checkpoint import trained_context
     scorer = Scorer(_prepare_model(folder, device, precision), batch_tokens=batch_tokens,
                     max_context=trained_context(folder))
     if scorer.n_positions < scorer.model.config.n_positions:

@@ -22,17 +22,17 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from gpt1.checkpoint import (TOKENIZER_FILES, check_finite, check_state_dict, check_weights_size,
+from gpt1.model.checkpoint import (TOKENIZER_FILES, check_finite, check_state_dict, check_weights_size,
                              copy_tokenizer_files, load_checkpoint, load_state_dict, state_bytes,
                              tokenizer_dir_of, write_model_files)
 from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.files import atomic_folder, check_output, follow_umask
-from gpt1.memory import ensure_model_fits
-from gpt1.model import GPT
+from gpt1.model.memory import ensure_model_fits
+from gpt1.model.gpt import GPT
 
 if TYPE_CHECKING:
-    from gpt1.export_hf import HFExport
+    from gpt1.recipes.export_hf import HFExport
 
 log = logging.getLogger(__name__)
 
@@ -357,8 +357,8 @@ def hf_config_of(config: ModelConfig) -> dict:
 def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None,
             export: "HFExport | None" = None) -> Path:
     """Write `model` as a folder `OpenAIGPTLMHeadModel.from_pretrained` loads; `export`
-    (gpt1.export_hf) adds the tokenizer, the trained window, the task head and the card."""
-    from gpt1.export_hf import HFExport
+    (gpt1.recipes.export_hf) adds the tokenizer, the trained window, the task head and the card."""
+    from gpt1.recipes.export_hf import HFExport
     out_dir = Path(out_dir)
     export = export or HFExport()
     config = hf_config_of(model.config)
@@ -443,10 +443,10 @@ def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str =
     model, vocab = read_any(src, src_format, n_head)
     out = Path(os.path.abspath(dst))   # `.`-style names have no name to build a temporary sibling from
     if dst_format == "onnx":
-        from gpt1.export_onnx import export_onnx
+        from gpt1.recipes.export_onnx import export_onnx
         return export_onnx(src, src_format, model, out, notes)
     if dst_format == "hf":
-        from gpt1.export_hf import plan
+        from gpt1.recipes.export_hf import plan
         export = plan(src, src_format, model.config.n_positions, vocab, keep_positions)
         if notes is not None:
             notes.extend(export.notes)

@@ -2,7 +2,7 @@
 
 transformers' fast `OpenAIGPTTokenizerFast` splits on whitespace and punctuation (BERT style), so
 its ids differ from the ids GPT-1 was trained on for ordinary text ("it's", "3.5", "doesn't").
-This module rebuilds the gpt1 pipeline (`gpt1.text`, `gpt1.tokenizer`) out of the building
+This module rebuilds the gpt1 pipeline (`gpt1.text.normalize`, `gpt1.text.tokenizer`) out of the building
 blocks the `tokenizers` library has, so that `AutoTokenizer.from_pretrained(EXPORT)` gives gpt1's
 ids on nearly every line:
 
@@ -28,11 +28,11 @@ import html.entities
 import re
 from typing import Sequence
 
-from gpt1.text import Standardize
+from gpt1.text.normalize import Standardize
 
 EOW = "</w>"
 UNK = "<unk>"
-# text_standardize's padded characters (gpt1.text._PAD_OAI / _PAD_HF); OAI does not pad "\".
+# text_standardize's padded characters (gpt1.text.normalize._PAD_OAI / _PAD_HF); OAI does not pad "\".
 _PADDED = {"oai": '-~!";?+,)(/*[]}{|_', "hf": '-~!";?+,)(\\/*[]}{|_'}
 # HTML entities unescaped (after lowercasing): the common ones and accented Latin letters. ftfy
 # unescapes all of HTML5's (and numeric ones); one normaliser step per entity costs time.
@@ -84,7 +84,7 @@ def spacy_rules(standardize: Standardize = "oai") -> dict:
 def _normalizer():
     import ftfy.chardata as chardata
     from tokenizers import Regex, normalizers as n
-    steps = [n.Replace("\u03a3", "\u03c3"), n.Lowercase()]          # gpt1.text.hf_lower
+    steps = [n.Replace("\u03a3", "\u03c3"), n.Lowercase()]          # gpt1.text.normalize.hf_lower
     # ftfy, in its own order: HTML entities, C1 controls, ligatures, width, quotes, line breaks,
     # control characters, NFC.
     entities = {f"&{k};": chardata.HTML_ENTITIES[f"&{k};"] for k in _ENTITY_NAMES.split()}

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.model import GPT, KVCache
+from gpt1.model.gpt import GPT, KVCache
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class TextStream:
 
 def _piece(tokenizer, token: int) -> str:
     """One id's text as `Tokenizer.decode` joins it: `</w>` becomes a space."""
-    from gpt1.tokenizer import EOW
+    from gpt1.text.tokenizer import EOW
     piece = tokenizer.decoder.get(int(token))
     if piece is None:
         raise ConfigError(f"token id {int(token)} is outside this vocabulary")
@@ -185,7 +185,7 @@ def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
                           device: str) -> None:
     """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
     hidden state per position and layer and one row of logits."""
-    from gpt1.memory import ensure_fits
+    from gpt1.model.memory import ensure_fits
     window = min(config.n_positions, max_new_tokens + 1)   # the prompt holds at least one token
     need = num_samples * (window * config.n_embd * config.n_layer + config.vocab_size) * 4
     ensure_fits(need, "sampling", "--num-samples", f"num_samples={num_samples:,} x {window:,} "
@@ -197,9 +197,9 @@ class Session:
     prompt (`gpt1 sample --interactive` keeps one open)."""
 
     def __init__(self, checkpoint: str | Path, device: str = "auto", precision: str = "auto"):
-        from gpt1.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
+        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
         from gpt1.devices import resolve_device, resolve_precision, torch_dtype
-        from gpt1.registry import load_any_checkpoint
+        from gpt1.model.registry import load_any_checkpoint
         self.folder = resolve_checkpoint_dir(checkpoint)
         self.device = resolve_device(device)
         dtype = torch_dtype(resolve_precision(precision, self.device))
@@ -208,7 +208,7 @@ class Session:
         tok_dir = tokenizer_dir_of(self.folder)
         self.tokenizer = None
         if tok_dir is not None:
-            from gpt1.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
+            from gpt1.text.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
             self.tokenizer = Tokenizer.from_dir(tok_dir)
 
     def prompt_ids(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> list[int]:

@@ -1,10 +1,10 @@
 """CPU fast paths for the model, behind one seam: drop-ins for `F.dropout` and causal SDPA.
 
-The model (`gpt1.model`) calls into this module in exactly two places, and each entry point is a
+The model (`gpt1.model.gpt`) calls into this module in exactly two places, and each entry point is a
 drop-in for the torch function it names, falling back to it wherever the fast path does not apply:
 
 - `Dropout` / `dropout`: `nn.Dropout` / `F.dropout`. On CPU, for rates with a small exact fraction
-  (0.1 = 1/10), masks come from `gpt1.masks.keep_mask` (drawn in bulk on every intra-op thread,
+  (0.1 = 1/10), masks come from `gpt1.model.masks.keep_mask` (drawn in bulk on every intra-op thread,
   several times cheaper than `bernoulli_`; dropout runs 19 times per step of the mini model).
 - `causal_attention`: `F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)`. On
   CPU with dropout, SDPA has no fused kernel and falls back to a generic path slower than the four
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt1.inplace import softmax_, softmax_backward_
-from gpt1.masks import keep_mask
+from gpt1.model.inplace import softmax_, softmax_backward_
+from gpt1.model.masks import keep_mask
 
 
 def _rational_rate(p: float) -> tuple[int, int] | None:
@@ -93,7 +93,7 @@ def _causal_probs(q: torch.Tensor, k: torch.Tensor, in_place: bool = False) -> t
     """softmax(q k^T / sqrt(D) + causal -inf mask): `[B, H, T, D]` x 2 -> `[B, H, T, T]`.
 
     The mask is always added in place (autograd does not need the scores); with `in_place`
-    (no autograd through the result) the softmax overwrites them too (`gpt1.inplace`).
+    (no autograd through the result) the softmax overwrites them too (`gpt1.model.inplace`).
     """
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]

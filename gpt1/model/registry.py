@@ -1,7 +1,7 @@
 """The model registry: every architecture behind one small protocol, built or loaded by name.
 
-Two architectures share the commands: `"gpt"` (`gpt1.model.GPT`, the paper's Transformer) and
-`"lstm"` (`gpt1.lstm.LSTMLM`, the Table 5 baseline). Both satisfy `LanguageModel`, which is all
+Two architectures share the commands: `"gpt"` (`gpt1.model.gpt.GPT`, the paper's Transformer) and
+`"lstm"` (`gpt1.model.lstm.LSTMLM`, the Table 5 baseline). Both satisfy `LanguageModel`, which is all
 that pretraining, fine-tuning, zero-shot scoring and sampling use. This module is the only place
 that knows which class goes with which name:
 
@@ -18,12 +18,12 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from gpt1.checkpoint import (WEIGHTS, check_state_dict, load_checkpoint, load_state_dict,
+from gpt1.model.checkpoint import (WEIGHTS, check_state_dict, load_checkpoint, load_state_dict,
                              read_config, resolve_checkpoint_dir, save_model)
 from gpt1.config import ModelConfig
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
-from gpt1.model import GPT
+from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
+from gpt1.model.gpt import GPT
 
 ARCH_KEY = "arch"
 ARCHS = ("gpt", "lstm")
@@ -35,7 +35,7 @@ class LanguageModel(Protocol):
 
     Calling it maps ids `[B, T]` to hidden states `[B, T, n_embd]`; `lengths=` marks right-padded
     rows, and `with_head_weight=True` also returns the tied output weight of that pass
-    (`gpt1.model.LMOutput`).
+    (`gpt1.model.gpt.LMOutput`).
     """
 
     config: Any
@@ -100,7 +100,7 @@ def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") ->
 
 def _check_lstm_size(config: LSTMConfig, folder: Path, device: str | torch.device) -> None:
     """Refuse an LSTM config that cannot fit, or that describes more weights than the file holds."""
-    from gpt1.memory import ensure_fits, human
+    from gpt1.model.memory import ensure_fits, human
     source = folder / "config.json"
     params = lstm_parameter_count(config)
     for where in {"cpu", str(torch.device(device))}:

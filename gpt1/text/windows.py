@@ -1,7 +1,7 @@
 """Pretraining data: a `gpt1 prepare` folder read as random contiguous windows, with exact-resume state.
 
 The folder holds `meta.json` (format "gpt1-tokens", vocab_size, dtype, splits -> shards), the token
-shards (`gpt1.shards`) and the tokenizer files. A training batch is `micro` windows of n_ctx + 1
+shards (`gpt1.text.shards`) and the tokenizer files. A training batch is `micro` windows of n_ctx + 1
 contiguous tokens (inputs = the first n_ctx, targets = the last n_ctx), each starting at a uniformly
 random offset within one shard (shards weighted by how many windows they hold).
 
@@ -22,7 +22,7 @@ import torch
 
 from gpt1.config import file_inside, read_json_file
 from gpt1.errors import ConfigError, DataError
-from gpt1.shards import read_shard
+from gpt1.text.shards import read_shard
 
 META = "meta.json"
 

@@ -4,7 +4,7 @@
 trained on, its vocabulary) and decides the export; `HFExport.adjust` maps weights and config,
 `HFExport.write` adds the files. `convert --to hf` calls both and prints `HFExport.notes`.
 
-- Tokenizer: `tokenizer.json` (gpt1's pipeline in `tokenizers`, see `gpt1.hf_tokenizer`) beside
+- Tokenizer: `tokenizer.json` (gpt1's pipeline in `tokenizers`, see `gpt1.text.hf_tokenizer`) beside
   `vocab.json` + `merges.txt`; `tokenizer_config.json` names the slow `OpenAIGPTTokenizer` (exact
   with ftfy + spaCy), the trained window as `model_max_length`, and a start token for tools that
   need one (lm-evaluation-harness scores a text's first token after it): `_start_` for a
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from gpt1.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
+from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 
 HEAD_FILE, HEAD_INFO = "task_head.safetensors", "task_head.json"
 TASK_TOKENS = ("_start_", "_delimiter_", "_classify_")
@@ -96,7 +96,7 @@ class HFExport:
         (folder / "README.md").write_text(model_card(self, config))
 
     def _write_tokenizer(self, folder: Path, max_length: int) -> None:
-        from gpt1 import hf_tokenizer
+        from gpt1.text import hf_tokenizer
         encoder, merges = self.vocab
         hf_tokenizer.build(encoder, merges, self.specials).save(str(folder / "tokenizer.json"))
         unk = hf_tokenizer.unk_token(encoder) or hf_tokenizer.UNK
@@ -165,7 +165,7 @@ def _plan_head(export: HFExport, folder: Path) -> None:
 
 
 def _plan_tokenizer(export: HFExport, vocab_dir: Path) -> None:
-    from gpt1.tokenizer import find_vocab_files, read_merges, read_vocab
+    from gpt1.text.tokenizer import find_vocab_files, read_merges, read_vocab
     vocab_file, merges_file = find_vocab_files(vocab_dir)
     encoder = read_vocab(vocab_file)
     export.vocab = (encoder, read_merges(merges_file, encoder))
@@ -183,7 +183,7 @@ def load_line(folder: str = "DIR") -> str:
 
 def model_card(export: HFExport, config: dict[str, Any]) -> str:
     """README.md of the export folder."""
-    from gpt1.hf_tokenizer import UNK
+    from gpt1.text.hf_tokenizer import UNK
     start = "_start_" if export.specials else UNK
     arch = config["architectures"][0]
     lines = [

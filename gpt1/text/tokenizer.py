@@ -1,11 +1,11 @@
 """The GPT-1 tokenizer: vocabulary files, BPE with `</w>`, special tokens, encode/decode, training.
 
 Pipeline (OAI text_utils.py, reference a.3): ftfy -> text_standardize -> spaCy English tokenizer
--> lowercase -> BPE -> ids, unknown -> 0; the text steps live in `gpt1.text`. Ids are identical
+-> lowercase -> BPE -> ids, unknown -> 0; the text steps live in `gpt1.text.normalize`. Ids are identical
 to transformers 4.x's slow `OpenAIGPTTokenizer` with ftfy and spaCy installed (checked on a
 large public corpus by benchmarks/tokenizer.py --check). Speed comes from caching the ids of every
 whitespace-delimited chunk, so spaCy and BPE run once per distinct chunk.
-Time is linear in the input: long pieces go through `gpt1.spacy_linear` instead of spaCy's
+Time is linear in the input: long pieces go through `gpt1.text.spacy_linear` instead of spaCy's
 quadratic affix loop, and BPE runs in `tokenizers` (or `bpe_heap` when the merges are in
 learned order), never rescanning a word.
 
@@ -23,7 +23,7 @@ from itertools import chain
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from gpt1 import text as textlib
+from gpt1.text import normalize as textlib
 from gpt1.errors import DataError
 
 log = logging.getLogger(__name__)

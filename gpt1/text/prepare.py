@@ -6,7 +6,7 @@ tokenizer (several processes), splits train/validation by document and writes, i
     meta.json                 {"format": "gpt1-tokens", "version": 1, "vocab_size", "dtype",
                                "splits": {"train"|"val": {"shards", "tokens", "documents"}},
                                "sources", "stats"}
-    train-00000.bin ...       token shards (gpt1.shards), documents concatenated, no separator
+    train-00000.bin ...       token shards (gpt1.text.shards), documents concatenated, no separator
     val-00000.bin ...
     vocab.json, merges.txt    the tokenizer, so training and checkpoints know the vocabulary
 
@@ -32,8 +32,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from gpt1.errors import DataError
-from gpt1.shards import dtype_for_vocab, write_shard
-from gpt1.tokenizer import Tokenizer
+from gpt1.text.shards import dtype_for_vocab, write_shard
+from gpt1.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class PrepareOptions:
     overwrite: bool = False
     quiet: bool = False
     standardize: str = "oai"
-    lower_first: bool = True            # False: OAI's order (see gpt1.tokenizer.Tokenizer)
+    lower_first: bool = True            # False: OAI's order (see gpt1.text.tokenizer.Tokenizer)
 
 
 @dataclass
@@ -309,7 +309,7 @@ def _open_pool(tok: Tokenizer, workers: int):
 def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
             opts: PrepareOptions | None = None) -> dict:
     """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
-    from gpt1.checkpoint import copy_tokenizer_files
+    from gpt1.model.checkpoint import copy_tokenizer_files
     from gpt1.files import atomic_dir, check_output, publish_dir, writing
     opts = opts or PrepareOptions()
     out = Path(out)

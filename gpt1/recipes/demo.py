@@ -1,6 +1,6 @@
 """`gpt1 demo`: GPT-1's whole idea, end to end, in a few minutes on a laptop CPU.
 
-With no flags it builds a synthetic world (`gpt1.demo_data`): unlabelled text that states which
+With no flags it builds a synthetic world (`gpt1.recipes.demo_world`): unlabelled text that states which
 invented creatures are friendly or dangerous, and a labelled task whose dev examples mention only
 creatures the labelled training examples never do. It then runs the real commands, in order:
 tokenizer training -> corpus preparation -> pretraining -> fine-tuning with pretraining, without
@@ -21,7 +21,7 @@ from typing import Any
 from gpt1.errors import Gpt1Error
 from gpt1.files import LOCK_FILE, OutputExists, RunLock, write_json, write_text
 
-log = logging.getLogger("gpt1.demo")
+log = logging.getLogger("gpt1.recipes.demo")
 
 
 @dataclass
@@ -71,8 +71,8 @@ def check_user_inputs(s: DemoSettings) -> list[str]:
     Returns the task arguments for `gpt1 finetune`."""
     import argparse
     from gpt1.cli.finetune import generic_spec
-    from gpt1.finetune import resolve_task
-    from gpt1.prepare import find_files
+    from gpt1.recipes.finetune import resolve_task
+    from gpt1.text.prepare import find_files
     if not (s.task and s.data):
         raise Gpt1Error("with --corpus, also give --task and --data (a labelled task to fine-tune)")
     find_files(s.corpus)
@@ -101,7 +101,7 @@ def run_cli(argv: list[str], quiet: bool) -> None:
 
 def write_world(out: Path, seed: int) -> tuple[Path, Path, Any]:
     """Write the synthetic corpus (one .txt per document) and task (train/dev .csv)."""
-    from gpt1.demo_data import build_world
+    from gpt1.recipes.demo_world import build_world
     world = build_world(seed=seed)
     corpus_dir, task_dir = out / "data" / "corpus", out / "data" / "task"
     corpus_dir.mkdir(parents=True, exist_ok=True)
@@ -119,9 +119,9 @@ def write_world(out: Path, seed: int) -> tuple[Path, Path, Any]:
 def zero_shot_check(checkpoint: Path, world: Any) -> dict[str, Any]:
     """Does the pretrained LM alone know each held-out creature? Compare the log-probability of
     "dangerous" and "friendly" after "the NAME is a fierce and" style prompts, one per creature."""
-    from gpt1.checkpoint import load_checkpoint, tokenizer_dir_of
-    from gpt1.tokenizer import Tokenizer
-    from gpt1.zeroshot import Scorer
+    from gpt1.model.checkpoint import load_checkpoint, tokenizer_dir_of
+    from gpt1.text.tokenizer import Tokenizer
+    from gpt1.zeroshot.scorer import Scorer
     model = load_checkpoint(checkpoint).eval()
     tok = Tokenizer.from_dir(tokenizer_dir_of(checkpoint))
     names = sorted({w for s, _ in world.dev for w in s.split() if w in world.creatures})
@@ -245,7 +245,7 @@ def _earlier_timings(out: Path) -> dict[str, float]:
 
 
 def _plots(pre_dir: Path, runs: list[Path]) -> list[Path]:
-    from gpt1.metrics import plot_run
+    from gpt1.train.telemetry import plot_run
     made: list[Path] = []
     for run in [pre_dir, *runs]:
         try:

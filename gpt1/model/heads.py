@@ -3,7 +3,7 @@
 `FinetuneModel(gpt, kind, n_outputs)` takes ids `[B, K, T]` (K sequences per example: 1 for
 classification/entailment, 2 for similarity, one per choice) and returns the task output and what
 the auxiliary LM loss needs (`SequenceLM`), in one forward so that DDP sees every parameter used.
-The losses themselves are in `gpt1.objectives` (`finetune_loss`, `aux_lm_loss`).
+The losses themselves are in `gpt1.train.objectives` (`finetune_loss`, `aux_lm_loss`).
 
 - The extract state is the final hidden state at the FIRST `_classify_` token of each sequence
   (OAI's argmax over `ids == clf`), gathered per sequence.
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt1.model import GPT
+from gpt1.model.gpt import GPT
 
 KINDS = ("single", "pair", "similarity", "choice")
 
@@ -81,7 +81,7 @@ class SequenceLM(NamedTuple):
 
 class FinetuneModel(nn.Module):
     """A GPT plus a task head; forward returns (task output, `SequenceLM` or None without
-    `with_lm`). `gpt1.objectives.aux_lm_loss` turns the latter into the mean over the B*K
+    `with_lm`). `gpt1.train.objectives.aux_lm_loss` turns the latter into the mean over the B*K
     sequences of each one's mean next-token loss."""
 
     def __init__(self, gpt: GPT, kind: str, n_outputs: int, classify_id: int, pdrop: float = 0.1):

@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gpt1.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
+from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.heads import TaskHead
-from gpt1.model import GPT
+from gpt1.model.heads import TaskHead
+from gpt1.model.gpt import GPT
 
 OPSET = 18
 
@@ -44,7 +44,7 @@ class LanguageModel(nn.Module):
 
 
 class TaskModel(nn.Module):
-    """ids `[B, K, T]` -> the task head's output, as `gpt1.heads.FinetuneModel` in eval mode."""
+    """ids `[B, K, T]` -> the task head's output, as `gpt1.model.heads.FinetuneModel` in eval mode."""
 
     def __init__(self, gpt: GPT, head: TaskHead, classify_id: int):
         super().__init__()

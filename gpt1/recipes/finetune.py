@@ -19,21 +19,21 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from gpt1 import checkpoint as ckpt
-from gpt1 import distributed as dist
+from gpt1.model import checkpoint as ckpt
+from gpt1.train import distributed as dist
 from gpt1 import files
 from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset, read_json_file
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.heads import FinetuneModel
-from gpt1.objectives import finetune_loss
-from gpt1.registry import arch_extra, load_any_checkpoint, model_flops
-from gpt1.model import GPT
+from gpt1.model.heads import FinetuneModel
+from gpt1.train.objectives import finetune_loss
+from gpt1.model.registry import arch_extra, load_any_checkpoint, model_flops
+from gpt1.model.gpt import GPT
 from gpt1.tasks.examples import Split
 from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
 from gpt1.tasks.transforms import SpecialIds, pad_batch, transform
-from gpt1.trainer import TrainResult, train
+from gpt1.train.loop import TrainResult, train
 
-log = logging.getLogger("gpt1.finetune")
+log = logging.getLogger("gpt1.recipes.finetune")
 HEAD_FILE, TASK_FILE, RESULTS_FILE = "head.safetensors", "task.json", "results.json"
 
 
@@ -48,7 +48,7 @@ class Encoded:
 
 # ---------------------------------------------------------------------------- model
 def load_tokenizer(folder: str | Path):
-    from gpt1.tokenizer import Tokenizer
+    from gpt1.text.tokenizer import Tokenizer
     return Tokenizer.from_dir(folder)
 
 
@@ -79,7 +79,7 @@ def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneMod
         config.vocab_size = tok.vocab_size
         gpt = GPT(config)
     else:
-        pretrained = load_any_checkpoint(cfg.init)  # GPT, or the LSTM baseline (gpt1.lstm)
+        pretrained = load_any_checkpoint(cfg.init)  # GPT, or the LSTM baseline (gpt1.model.lstm)
         found = ckpt.tokenizer_dir_of(cfg.init)
         tok_dir = Path(cfg.vocab) if cfg.vocab else found
         if tok_dir is None:
@@ -271,7 +271,7 @@ def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
     record = read_task_record(folder)
     config_data = ckpt.read_config(folder)
     if config_data.get("arch", "gpt") == "gpt":
-        from gpt1.memory import ensure_model_fits
+        from gpt1.model.memory import ensure_model_fits
         config = ckpt.read_model_config(folder)
         ensure_model_fits(config, str(folder / TASK_FILE), "cpu",
                           extra_params=(config.n_embd + 1) * record["n_outputs"])
@@ -306,8 +306,8 @@ def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> T
 def check_training_memory(cfg: FinetuneConfig, task: Task, train_cfg: TrainConfig,
                           info: Any) -> None:
     """Refuse, from the configs alone, a run that cannot fit before any model is built."""
-    from gpt1.memory import ensure_training_fits
-    from gpt1.trainer import resolve_device
+    from gpt1.model.memory import ensure_training_fits
+    from gpt1.train.loop import resolve_device
     if cfg.init in ("", "none"):
         config, source = model_preset(cfg.preset), f"--preset {cfg.preset}"
     else:
@@ -341,7 +341,7 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
 
 def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict | None,
               max_steps_cap: int) -> tuple[TrainResult, dict]:
-    from gpt1.evaluate import evaluate_model, write_results
+    from gpt1.recipes.evaluate import evaluate_model, write_results
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
@@ -408,7 +408,7 @@ def report_skipped(split: Split) -> None:
 
 def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: int) -> Any:
     """The trainer's eval_fn: headline metrics on the evaluation split, prefixed `dev_`."""
-    from gpt1.evaluate import score
+    from gpt1.recipes.evaluate import score
     splits = {s: task.read(cfg.data, s, cfg.skip_bad_rows) for s in task.resolve_splits(cfg.eval_split)}
     encoded = {s: encode_split(sp, task, tok, n_ctx, cfg.question_delimiter) for s, sp in splits.items()}
 
@@ -426,7 +426,7 @@ def resolve(config_file: str | Path | None, flags: dict[str, dict[str, Any]],
             sets: list[str] | None = None) -> tuple[FinetuneConfig, TrainConfig]:
     """Paper defaults -> TOML ([finetune], [train]) -> flags (None skipped) -> `--set` strings."""
     from gpt1.config import FINETUNE_TRAIN, override
-    from gpt1.pretrain import load_toml
+    from gpt1.recipes.pretrain import load_toml
     cfg, train_cfg = FinetuneConfig(), TrainConfig(**FINETUNE_TRAIN)
     sections = {"finetune": cfg, "train": train_cfg}
     table = load_toml(config_file) if config_file else {}

@@ -25,7 +25,7 @@ class TooLargeError(ConfigError):
 
 def parameter_count(config: ModelConfig, extra: int = 0) -> int:
     """Parameters of a GPT with `config` (plus `extra`, e.g. a task head), without allocating."""
-    from gpt1.model import parameter_count as count
+    from gpt1.model.gpt import parameter_count as count
     return count(config) + int(extra)
 
 

@@ -3,11 +3,11 @@
 Read top to bottom as the paper: attention, MLP, block, GPT; then the helpers for decoding (KV
 cache) and right-padded batches, and the parameter and FLOP counts.
 
-The model maps token ids to final hidden states; heads and losses live elsewhere (`heads.py`,
-`objectives.py`). It is single-device code: no distributed, autocast or compile logic here, and
-no state kept between calls. Its CPU fast paths are behind one seam (`gpt1.fast_cpu`: drop-ins
-for dropout and causal SDPA); activation checkpointing is applied from outside
-(`gpt1.activation_checkpointing`). Parameter names follow GPT-2/HF (`wte`, `wpe`,
+The model maps token ids to final hidden states; heads and losses live elsewhere
+(`gpt1.model.heads`, `gpt1.train.objectives`). It is single-device code: no distributed, autocast
+or compile logic here, and no state kept between calls. Its CPU fast paths are behind one seam
+(`gpt1.model.fast_cpu`: drop-ins for dropout and causal SDPA); activation checkpointing is
+applied from outside (`gpt1.train.parallelize`). Parameter names follow GPT-2/HF (`wte`, `wpe`,
 `h.{i}.attn.c_attn`, ...) so conversion is a rename plus transposes.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.config import ModelConfig
-from gpt1.fast_cpu import Dropout, causal_attention
+from gpt1.model.fast_cpu import Dropout, causal_attention
 
 
 class CausalSelfAttention(nn.Module):

@@ -10,7 +10,7 @@ ftfy and spaCy, a port of OAI's text_utils.py) exactly, but faster:
   whitespace-delimited piece on its own except for one cross-piece effect (see
   `SpacySplitter`), so the tokens of a chunk, or of a few linked chunks, can be cached.
 - spaCy's time grows with the square of a piece's length when the piece has many prefixes or
-  suffixes (100,000 '!' take minutes); long units go through `gpt1.spacy_linear.LinearSpacy`,
+  suffixes (100,000 '!' take minutes); long units go through `gpt1.text.spacy_linear.LinearSpacy`,
   the same algorithm in linear time with the same tokens.
 
 Like transformers (and unlike OAI, which lowercases spaCy's tokens only), the raw text is
@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from gpt1.spacy_linear import LinearSpacy
+from gpt1.text.spacy_linear import LinearSpacy
 
 Standardize = Literal["oai", "hf"]
 

@@ -30,10 +30,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt1.inplace import softmax_
+from gpt1.model.inplace import softmax_
 
 if TYPE_CHECKING:
-    from gpt1.heads import SequenceLM
+    from gpt1.model.heads import SequenceLM
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, save_file
 from gpt1.config import ModelConfig, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.files import atomic_dir, atomic_folder, follow_umask, publish_dir  # noqa: F401 (re-exported)
-from gpt1.model import GPT
+from gpt1.model.gpt import GPT
 
 FORMAT = "gpt1"
 FORMAT_VERSION = 1
@@ -165,7 +165,7 @@ def check_weights_size(config: ModelConfig, files: list[Path], source: Path | st
     Checked from file sizes before anything is read or built, so a config.json edited to a
     huge size is refused at once even when the machine could hold the model.
     """
-    from gpt1.model import parameter_count
+    from gpt1.model.gpt import parameter_count
     need = parameter_count(config) * min_bytes_per_param
     have = sum(f.stat().st_size for f in files if f.is_file())
     if have < need:
@@ -185,7 +185,7 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT
         pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
         hint = f" (found {', '.join(pickles)}: pickles are never loaded)" if pickles else ""
         raise CheckpointError(f"{weights}: missing weights file{hint}")
-    from gpt1.memory import ensure_model_fits
+    from gpt1.model.memory import ensure_model_fits
     ensure_model_fits(config, str(folder / CONFIG), device)
     refuse_pickle(weights)
     check_weights_size(config, [weights], folder / CONFIG)

@@ -25,15 +25,15 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from gpt1 import checkpoint as ckpt
-from gpt1 import distributed as dist
+from gpt1.model import checkpoint as ckpt
+from gpt1.train import distributed as dist
 from gpt1 import files
-from gpt1.activation_checkpointing import checkpoint_blocks
+from gpt1.train.parallelize import checkpoint_blocks
 from gpt1.config import TrainConfig
 from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.metrics import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
-from gpt1.optim import build_optimizer, lr_at, set_lr
+from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
+from gpt1.train.optim import build_optimizer, lr_at, set_lr
 
 
 class BatchSource(Protocol):
@@ -159,7 +159,7 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
         logger.console(f"resuming from {resume_dir} at step {state['step']}")
     peak = peak_flops(device, precision, cfg.peak_flops) if info.is_main else 0.0
     if flops_per_token is None and hasattr(raw, "flops_per_token"):
-        flops_per_token = raw.flops_per_token()  # gpt1.registry.LanguageModel; else no MFU
+        flops_per_token = raw.flops_per_token()  # gpt1.model.registry.LanguageModel; else no MFU
 
     def save(name: str) -> Path:
         return _save(run_dir / name, raw, optimizer, source, state, write_model, info, cfg, total,

@@ -1,0 +1,1 @@
+"""Recipes: each command as a plain function (pretrain, finetune, evaluate, sample, info, convert, demo)."""

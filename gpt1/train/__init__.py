@@ -1,0 +1,1 @@
+"""Training: the one loop, losses, optimiser and schedules, distributed wrapping, telemetry."""

@@ -1,0 +1,1 @@
+"""Zero-shot: the batched log-likelihood scorer, the paper's heuristics and their datasets."""
