@@ -54,7 +54,7 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
                 objectives.aligned_logits = fn
                 start = time.perf_counter()
                 step()
-                if round_:   # round 0 warms both up
+                if round_:   # the first round warms both up
                     best[name] = min(best[name], time.perf_counter() - start)
         objectives.aligned_logits = aligned
         a, b = best["plain rows"], best["aligned rows"]

@@ -19,7 +19,7 @@ cross-entropy on the same targets, backward, `clip_grad_norm_`, `torch.optim.Ada
 peak probe (large square GEMMs, best of repeated runs, same threads) runs in the same process,
 so achieved model FLOP/s (6N + attention per token) is also printed as % of the peak.
 
-    python benchmarks/train_step.py --data /work/runs/novels         # mini shape, B=8, T=256
+    python benchmarks/train_step.py --data data/novels              # mini shape, B=8, T=256
     python benchmarks/train_step.py --data DIR --accum 4 --dtype bf16
     python benchmarks/train_step.py --data DIR --via-train   # + gpt1.train.loop.train's own tokens/s
 """
