@@ -19,8 +19,14 @@ from typing import Any
 from gpt1.errors import ConfigError, DataError
 from gpt1.recipes.commands import FinetuneOptions, FinetuneRun
 
-__all__ = ["FinetuneOptions", "FinetuneRun", "headline", "train_metric", "training_subset",
-           "parse_ints"]
+__all__ = [
+    "FinetuneOptions",
+    "FinetuneRun",
+    "headline",
+    "parse_ints",
+    "train_metric",
+    "training_subset",
+]
 
 log = logging.getLogger(__name__)
 

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import CheckpointError, DataError
 from gpt1.files import OutputExists, write_json, write_text
-from gpt1.model.checkpoint import (resolve_checkpoint_dir, run_checkpoints, tokenizer_dir_of,
-                                   trained_context)
+from gpt1.model.checkpoint import (
+    resolve_checkpoint_dir,
+    run_checkpoints,
+    tokenizer_dir_of,
+    trained_context,
+)
 from gpt1.model.registry import load_any_checkpoint
 from gpt1.text.tokenizer import Tokenizer
 from gpt1.train.telemetry import save_figure

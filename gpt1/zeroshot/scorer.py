@@ -12,8 +12,8 @@ evaluation of checkpoints and the curve over a run in `gpt1.zeroshot.curve`.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
