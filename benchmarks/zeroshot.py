@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
+from gpt1.zeroshot import heuristics as zh  # noqa: E402
 from gpt1.zeroshot import scorer as zs  # noqa: E402
 from gpt1.config import model_preset  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
@@ -56,9 +57,9 @@ class Recorder:
 def record_requests(model: GPT, tok, tasks: list[str], limit: int) -> dict[str, list]:
     out = {}
     for task in tasks:
-        folder = zs.task_folder(task, DATA)
+        folder = zh.task_folder(task, DATA)
         rec = Recorder(zs.Scorer(model))
-        zs.run_task(task, rec, tok, folder, limit=limit)
+        zh.run_task(task, rec, tok, folder, limit=limit)
         out[task] = rec.requests
     return out
 

@@ -1,5 +1,5 @@
-"""Zero-shot heuristics and the selective batched scorer (gpt1/zeroshot/scorer.py,
-gpt1/zeroshot/data.py)."""
+"""Zero-shot: the selective batched scorer, the heuristics, the datasets and the curve
+(gpt1/zeroshot/scorer.py, heuristics.py, data.py, curve.py)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from gpt1.zeroshot import curve as zc
+from gpt1.zeroshot import heuristics as zh
 from gpt1.zeroshot import scorer as zs
 from gpt1.zeroshot import data as zd
 from gpt1.model.checkpoint import save_model
@@ -195,7 +197,7 @@ def test_sst2_rigged_model_predicts_one_class():
     examples = [("good movie", 1), ("bad film", 0), ("the movie", 1), ("bad", 0), ("a film", 0)]
     for word, expect_positive in (("positive", True), ("negative", False)):
         model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids[word])
-        r = zs.zs_sst2(zs.Scorer(model), tok, examples)
+        r = zh.zs_sst2(zs.Scorer(model), tok, examples)
         assert r["predicted_positive"] == (1.0 if expect_positive else 0.0)
         assert r["accuracy"] == pytest.approx(0.4 if expect_positive else 0.6)
 
@@ -223,8 +225,8 @@ def test_sst2_calibration_removes_the_prior():
              ("good very", "positive"): -0.4, ("good very", "negative"): -3.5,
              ("bad very", "positive"): -1.0, ("bad very", "negative"): -2.0}
     examples = [("good", 1), ("bad", 0)]
-    plain = zs.zs_sst2(FakeScorer(tok, table), tok, examples)
-    calibrated = zs.zs_sst2(FakeScorer(tok, table), tok, examples, calibrate=True)
+    plain = zh.zs_sst2(FakeScorer(tok, table), tok, examples)
+    calibrated = zh.zs_sst2(FakeScorer(tok, table), tok, examples, calibrate=True)
     assert plain["predicted_positive"] == 1.0 and plain["accuracy"] == 0.5
     assert calibrated["accuracy"] == 1.0
 
@@ -238,7 +240,7 @@ def test_sst2_multi_piece_word_scored_by_sum():
     # pieces of "negative" have -1 each (sum -2) vs "positive" -1.5: sum says positive,
     # a per-token mean would say negative.
     table = {("good very", "positive"): -1.5, ("good very", "a b"): -1.0}
-    r = zs.zs_sst2(FakeScorer(tok, table), tok, [("good", 1)])
+    r = zh.zs_sst2(FakeScorer(tok, table), tok, [("good", 1)])
     assert r["accuracy"] == 1.0 and r["pieces"] == {"negative": 2, "positive": 1}
 
 
@@ -249,13 +251,13 @@ def brute_force_best_mcc(scores, labels):
 
 
 def test_best_threshold_hand_case_and_against_brute_force():
-    t, mcc = zs.best_threshold(np.array([3.0, 2.0, 1.0, 0.0]), np.array([1, 1, 0, 0]))
+    t, mcc = zh.best_threshold(np.array([3.0, 2.0, 1.0, 0.0]), np.array([1, 1, 0, 0]))
     assert t == 1.5 and mcc == pytest.approx(1.0)
     rng = np.random.default_rng(0)
     for _ in range(20):
         scores = rng.integers(0, 6, size=30).astype(float)    # many ties
         labels = (rng.random(30) < 0.6).astype(int)
-        t, mcc = zs.best_threshold(scores, labels)
+        t, mcc = zh.best_threshold(scores, labels)
         assert mcc == pytest.approx(brute_force_best_mcc(scores, labels))
         from sklearn.metrics import matthews_corrcoef
         assert matthews_corrcoef(labels, (scores >= t).astype(int)) == pytest.approx(mcc)
@@ -267,7 +269,7 @@ def test_cola_threshold_comes_from_train_split():
     table = {("the", w): v for w, v in mean.items()}
     train = [("the a", 1), ("the b", 1), ("the c", 0), ("the movie", 0)]   # best cut: -2.5
     dev = [("the a", 1), ("the b", 0), ("the c", 1), ("the movie", 0)]
-    r = zs.zs_cola(FakeScorer(tok, table), tok, train, dev)
+    r = zh.zs_cola(FakeScorer(tok, table), tok, train, dev)
     assert r["threshold"] == pytest.approx(-2.5) and r["train_mcc"] == pytest.approx(1.0)
     # dev predictions use the train threshold: a,b -> 1; c,movie -> 0 => MCC 0
     assert r["mcc"] == pytest.approx(0.0) and r["accuracy"] == 0.5
@@ -276,26 +278,26 @@ def test_cola_threshold_comes_from_train_split():
 def test_dpr_requests_and_decision():
     tok = WordTok(WORDS)
     ex = zd.DprExample("The bee had the flower because it had pollen", "it", ("bee", "flower"), 1)
-    (c0, r0), (c1, r1) = zs.dpr_requests(tok, ex)
+    (c0, r0), (c1, r1) = zh.dpr_requests(tok, ex)
     assert c0 == tok.encode("the bee had the flower because bee")
     assert c1 == tok.encode("the bee had the flower because flower")
     assert r0 == r1 == tok.encode("had pollen")
     table = {("the bee had the flower because bee", "had pollen"): -3.0,
              ("the bee had the flower because flower", "had pollen"): -1.0}
-    assert zs.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 1.0
+    assert zh.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 1.0
     table[("the bee had the flower because bee", "had pollen")] = -0.5
-    assert zs.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 0.0
+    assert zh.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 0.0
 
 
 def test_lambada_greedy_accuracy_with_rigged_model():
     tok = WordTok(WORDS)
     model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids["pollen"])
-    r = zs.zs_lambada(zs.Scorer(model), tok, [("the bee had", "pollen"), ("the bee had", "it")])
+    r = zh.zs_lambada(zs.Scorer(model), tok, [("the bee had", "pollen"), ("the bee had", "it")])
     assert r["accuracy"] == 0.5 and r["unknown_targets"] == 0
     # A model that always predicts <unk> does not get credit for unknown words.
     tok.unk_id = 0
     model = rig(tiny_model(vocab=len(WORDS) + 1), 0)
-    r = zs.zs_lambada(zs.Scorer(model), tok, [("the bee had", "zebra"), ("the bee had", "it")])
+    r = zh.zs_lambada(zs.Scorer(model), tok, [("the bee had", "zebra"), ("the bee had", "it")])
     assert r["accuracy"] == 0.0 and r["unknown_targets"] == 1
 
 
@@ -305,16 +307,16 @@ def test_story_cloze_and_race_pick_likelier_mean():
              ("the bee a", "good"): -3.0, ("the bee a", "bad"): -0.5, ("the bee a", "it"): -1.0,
              ("the bee a", "film"): -4.0}
     sc = ChoiceExample("the bee", "", ["it", "had pollen"], 1)
-    assert zs.zs_story_cloze(FakeScorer(tok, table), tok, [sc])["accuracy"] == 1.0
+    assert zh.zs_story_cloze(FakeScorer(tok, table), tok, [sc])["accuracy"] == 1.0
     race = ChoiceExample("the bee", "a", ["good", "bad", "it", "film"], 1)
-    assert zs.zs_race(FakeScorer(tok, table), tok, [race])["accuracy"] == 1.0
+    assert zh.zs_race(FakeScorer(tok, table), tok, [race])["accuracy"] == 1.0
 
 
-@pytest.mark.parametrize("task", list(zs.REFERENCES))
+@pytest.mark.parametrize("task", list(zh.REFERENCES))
 def test_normalised_score_is_zero_at_chance_one_at_reference(task):
-    ref = zs.REFERENCES[task]
-    assert zs.normalised(task, ref.chance) == pytest.approx(0.0)
-    assert zs.normalised(task, ref.sota) == pytest.approx(1.0)
+    ref = zh.REFERENCES[task]
+    assert zh.normalised(task, ref.chance) == pytest.approx(0.0)
+    assert zh.normalised(task, ref.sota) == pytest.approx(1.0)
 
 
 # ----------------------------------------------------------------------------------- readers
@@ -352,18 +354,18 @@ def test_race_folder_through_task_readers(tmp_path):
     (race / "1.txt").write_text(json.dumps({"article": "A text.", "questions": ["Q1?", "Q2?"],
                                             "options": [["a", "b", "c", "d"], ["e", "f", "g", "h"]],
                                             "answers": ["B", "D"], "id": "1.txt"}))
-    folder = zs.task_folder("race", tmp_path)
-    loaded = zs.TASKS["race"].load(folder, None)   # no test split here: dev is used
+    folder = zh.task_folder("race", tmp_path)
+    loaded = zh.TASKS["race"].load(folder, None)   # no test split here: dev is used
     assert [e.label for e in loaded["examples"]] == [1, 3] and "dev" in loaded["file"]
 
 
 def test_loaders_on_shared_data(shared_data):
-    sst = zs.TASKS["sst2"].load(zs.task_folder("sst2", shared_data), None)["examples"]
+    sst = zh.TASKS["sst2"].load(zh.task_folder("sst2", shared_data), None)["examples"]
     assert len(sst) == 872 and {y for _, y in sst} == {0, 1}
-    cola = zs.TASKS["cola"].load(zs.task_folder("cola", shared_data), None)
+    cola = zh.TASKS["cola"].load(zh.task_folder("cola", shared_data), None)
     assert len(cola["train"]) == 8551 and len(cola["dev"]) == 1043
     assert len(zd.read_lambada(shared_data / "corpus/lambada")) == 5153
-    sc = zs.TASKS["story_cloze"].load(zs.task_folder("story_cloze", shared_data), None)
+    sc = zh.TASKS["story_cloze"].load(zh.task_folder("story_cloze", shared_data), None)
     assert len(sc["examples"]) == 1871 and "test" in sc["file"]
 
 
@@ -404,7 +406,7 @@ def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
     assert main(["zeroshot", str(run / "step-10"), "--task", "sst2", "--data",
                  str(data / "glue/SST-2"), "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())["tasks"]["sst2"]
-    assert res["n"] == 3 and res["normalised"] == pytest.approx(zs.normalised("sst2", res["value"]))
+    assert res["n"] == 3 and res["normalised"] == pytest.approx(zh.normalised("sst2", res["value"]))
     # The curve over the run; tasks without data (cola, lambada, ...) are skipped.
     out2 = tmp_path / "zs2"
     assert main(["zeroshot", str(run), "--task", "all", "--data", str(data), "--out", str(out2),
@@ -420,9 +422,9 @@ def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
     save_model(tiny_model(vocab=n_vocab, seed=1, n_positions=128), run / "step-1000",
                tmp_path / "vocab")
     calls = []
-    real = zs.evaluate_checkpoint
-    monkeypatch.setattr(zs, "evaluate_checkpoint", lambda f, *a, **k: calls.append(f.name) or real(f, *a, **k))
-    zs.evaluate_run(run, ["sst2", "dpr"], data, out2, calibrate=True)
+    real = zc.evaluate_checkpoint
+    monkeypatch.setattr(zc, "evaluate_checkpoint", lambda f, *a, **k: calls.append(f.name) or real(f, *a, **k))
+    zc.evaluate_run(run, ["sst2", "dpr"], data, out2, calibrate=True)
     assert calls == ["step-1000"]
 
 
@@ -456,7 +458,7 @@ def test_cli_on_shared_data_with_real_vocab(shared_data, tmp_path):
 def test_run_checkpoints_score_final_once_when_it_repeats_the_last_step(tmp_path):
     import json as _json
 
-    from gpt1.zeroshot.scorer import run_checkpoints
+    from gpt1.model.checkpoint import run_checkpoints
     for name, step in (("step-10", 10), ("step-20", 20), ("final", 20)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text("{}")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, execute, finetune_argv, headline
+from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 
@@ -91,16 +91,16 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
                 continue
             for seed in seeds:
                 run_dir = out / "runs" / f"{task}-{row}-seed{seed}"
-                argv = finetune_argv(task, where["data"], ckpt, run_dir, options, seed=seed,
-                                     train_split=where["train_split"],
-                                     eval_split=where["eval_split"],
-                                     train_examples=train_examples, **extra)
+                sub = FinetuneRun(task, where["data"], ckpt, run_dir, options, seed=seed,
+                                 train_split=where["train_split"],
+                                 eval_split=where["eval_split"],
+                                 train_examples=train_examples, **extra)
 
-                def job(argv=argv, task=task) -> dict[str, Any]:
-                    results = execute(argv)
+                def job(sub=sub, task=task) -> dict[str, Any]:
+                    results = sub.run()
                     metric, value = headline(task, results)
                     return {"metric": metric, "value": value, "results": results}
-                sweep.run(f"{task}/{row}/seed={seed}", argv, job, run_dir=run_dir)
+                sweep.run(f"{task}/{row}/seed={seed}", sub.argv(), job, run_dir=run_dir)
     table = summarise(sweep, plan, list(rows))
     report.write_json(out / "ablations.json", table)
     report.write_text(out / "ablations.md", markdown(table, lstm_given=lstm_init is not None))

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, execute, finetune_argv, headline
+from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 
@@ -52,16 +52,16 @@ def data_size_sweep(init: str | Path, task: str, data: str | Path, out: str | Pa
         for arm, extra in ARMS.items():
             for seed in seeds:
                 run_dir = out / "runs" / f"{arm}-n{label}-seed{seed}"
-                argv = finetune_argv(task, data, init, run_dir, options, seed=seed,
-                                     train_split=train_split, eval_split=eval_split,
-                                     train_examples=size, **extra)
+                sub = FinetuneRun(task, data, init, run_dir, options, seed=seed,
+                                 train_split=train_split, eval_split=eval_split,
+                                 train_examples=size, **extra)
 
-                def job(argv=argv) -> dict[str, Any]:
-                    results = execute(argv)
+                def job(sub=sub) -> dict[str, Any]:
+                    results = sub.run()
                     metric, value = headline(task, results)
                     return {"metric": metric, "value": value, "train_n": results.get("train_n"),
                             "results": results}
-                sweep.run(f"{arm}/n={label}/seed={seed}", argv, job, run_dir=run_dir)
+                sweep.run(f"{arm}/n={label}/seed={seed}", sub.argv(), job, run_dir=run_dir)
     table = summarise(sweep, recorded_sizes(sweep, sizes), task)
     report.write_json(out / "data_size.json", table)
     report.write_text(out / "data_size.md", markdown(table))

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, execute, finetune_argv, headline, train_metric
+from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline, train_metric
 from gpt1.analysis.sweep import Sweep
 
 
@@ -33,18 +33,18 @@ def layers_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
     for k in ks:
         for seed in seeds:
             run_dir = out / "runs" / f"k{k}-seed{seed}"
-            argv = finetune_argv(task, data, init, run_dir, options, seed=seed, transfer_layers=k,
-                                 train_split=train_split, eval_split=eval_split,
+            sub = FinetuneRun(task, data, init, run_dir, options, seed=seed, transfer_layers=k,
+                              train_split=train_split, eval_split=eval_split,
                                  train_examples=train_examples)
 
-            def job(argv=argv, run_dir=run_dir, seed=seed) -> dict[str, Any]:
-                results = execute(argv)
+            def job(sub=sub, run_dir=run_dir, seed=seed) -> dict[str, Any]:
+                results = sub.run()
                 metric, dev = headline(task, results)
                 train = train_metric(run_dir, data, train_split, train_eval_examples, seed,
                                      train_examples)
                 return {"metric": metric, "dev": dev, "train": train[metric], "dev_results": results,
                         "train_results": train}
-            sweep.run(f"k={k}/seed={seed}", argv, job, run_dir=run_dir)
+            sweep.run(f"k={k}/seed={seed}", sub.argv(), job, run_dir=run_dir)
     recorded = {int(key.split("/")[0][2:]) for key in sweep.runs}   # "k=K/seed=S"
     table = summarise(sweep, sorted(set(ks) | recorded), task, n_layer)
     report.write_json(out / "layers.json", table)

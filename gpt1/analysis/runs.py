@@ -1,96 +1,34 @@
-"""One fine-tuning sub-run of an analysis, as the exact `gpt1 finetune` command it is.
+"""One fine-tuning sub-run of an analysis, and what a sweep reads from it.
 
-A sweep never calls fine-tuning internals with settings of its own: it builds the argv of a
-`gpt1 finetune` command, records it (commands.txt), runs it in this process through the CLI's own
-parser, and reads the run's `results.json`. So every number in an analysis table can be reproduced
-by pasting one line of commands.txt. This module also reads a run's headline metric (the task's
-first metric; the mean over several dev files such as MNLI matched/mismatched) and scores a
-fine-tuned run on (a sample of) its training examples for the train curve of Fig. 2 (left).
+A sweep never calls fine-tuning internals with settings of its own: each sub-run is a
+`gpt1.recipes.commands.FinetuneRun`, the settings of one `gpt1 finetune` command. The sweep
+records that command (commands.txt), runs the same settings through the fine-tuning recipe in
+this process, and reads the run's `results.json`. So every number in an analysis table can be
+reproduced by pasting one line of commands.txt. This module also reads a run's headline metric
+(the task's first metric; the mean over several dev files such as MNLI matched/mismatched) and
+scores a fine-tuned run on (a sample of) its training examples for the train curve of Fig. 2 (left).
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpt1.errors import ConfigError, DataError
+from gpt1.recipes.commands import FinetuneOptions, FinetuneRun
+
+__all__ = [
+    "FinetuneOptions",
+    "FinetuneRun",
+    "headline",
+    "parse_ints",
+    "train_metric",
+    "training_subset",
+]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FinetuneOptions:
-    """Settings every sub-run of a sweep shares (passed through to `gpt1 finetune`)."""
-
-    max_steps: int | None = None
-    epochs: float | None = None
-    batch_size: int | None = None
-    micro_batch: int | None = None
-    lr: float | None = None
-    n_ctx: int | None = None
-    precision: str | None = None
-    sets: list[str] = field(default_factory=list)
-    quiet: bool = False
-
-    def argv(self) -> list[str]:
-        out: list[str] = []
-        for name in ("max_steps", "epochs", "batch_size", "micro_batch", "lr", "n_ctx", "precision"):
-            value = getattr(self, name)
-            if value is not None:
-                out += ["--" + name.replace("_", "-"), str(value)]
-        for assignment in self.sets:
-            out += ["--set", assignment]
-        return out + (["--quiet"] if self.quiet else [])
-
-    def settings(self) -> dict[str, Any]:
-        """What defines the sweep's results (quietness does not)."""
-        return {k: v for k, v in vars(self).items() if k != "quiet"}
-
-
-def finetune_argv(task: str, data: str | Path, init: str | Path, out: str | Path,
-                  options: FinetuneOptions, *, seed: int, transfer_layers: int | None = None,
-                  lm_coef: float | None = None, train_split: str | None = None,
-                  eval_split: str | None = None, train_examples: int | None = None) -> list[str]:
-    """The exact `gpt1 finetune` command line of one sub-run."""
-    argv = ["gpt1", "finetune", "--task", task, "--data", str(data), "--init", str(init),
-            "--out", str(out), "--seed", str(seed)]
-    if transfer_layers is not None:
-        argv += ["--transfer-layers", str(transfer_layers)]
-    if lm_coef is not None:
-        argv += ["--lm-coef", str(lm_coef)]
-    if train_split is not None:
-        argv += ["--train-split", train_split]
-    if eval_split is not None:
-        argv += ["--eval-split", eval_split]
-    if train_examples is not None:
-        argv += ["--train-examples", str(train_examples)]
-    return argv + options.argv()
-
-
-def execute(argv: list[str]) -> dict[str, Any]:
-    """Run a `gpt1 ...` command line in this process; return its run folder's results.json.
-
-    Errors propagate as exceptions (the sweep stops, the finished sub-runs stay recorded).
-    """
-    from gpt1.cli import build_parser
-
-    if argv[:1] != ["gpt1"]:
-        raise ValueError(f"not a gpt1 command: {argv}")
-    args = build_parser().parse_args(argv[1:])
-    args.debug = getattr(args, "debug", False)
-    args.quiet = getattr(args, "quiet", False)
-    code = int(args._run(args) or 0)
-    if code != 0:
-        raise RuntimeError(f"`{' '.join(argv)}` exited with status {code}")
-    results_file = Path(args.out) / "results.json"
-    if not results_file.is_file():
-        raise DataError("the fine-tuning run wrote no results.json (was --eval-split empty?)",
-                        results_file)
-    return json.loads(results_file.read_text())
 
 
 def headline(task_name: str, results: dict[str, Any]) -> tuple[str, float]:

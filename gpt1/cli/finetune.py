@@ -72,14 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def generic_spec(args: argparse.Namespace) -> dict | None:
-    if not args.columns:
-        return None
-    from gpt1.tasks.generic import parse_columns
-    spec = {"columns": parse_columns(args.columns), "regression": args.regression,
-            "similarity": args.similarity}
-    if args.labels:
-        spec["labels"] = [x.strip() for x in args.labels.split(",") if x.strip()]
-    return spec
+    from gpt1.tasks.generic import spec_from_flags
+    return spec_from_flags(args.columns, args.labels, args.regression, args.similarity)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -118,27 +118,9 @@ def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator
 
 
 def _train(args: argparse.Namespace) -> int:
-    import logging
-    import time
-    from gpt1.files import atomic_folder, check_output
-    from gpt1.errors import DataError
-    from gpt1.text.prepare import PrepareOptions, Stats, documents, find_files
-    from gpt1.text.tokenizer import Tokenizer
-    if args.merges < 0:
-        raise DataError("--merges must be >= 0")
-    out: Path = args.out
-    check_output(out, args.overwrite, tuple(args.corpus))
-    opts = PrepareOptions(text_field=args.text_field, strip_gutenberg=args.strip_gutenberg)
-    stats = Stats()
-    files = find_files(args.corpus)
-    texts = (d for f in files for d in documents(f, opts, stats))
-    started = time.perf_counter()
-    tok = Tokenizer.train(texts, args.merges, standardize=args.standardize,
-                          min_frequency=args.min_frequency, processes=args.processes,
-                          lower_first=not args.oai_lowercase)
-    with atomic_folder(out) as tmp:
-        tok.save(tmp)
-    logging.getLogger(__name__).info(
-        "%d merges, vocabulary of %d tokens (+3 special) from %d files in %.1f s -> %s",
-        len(tok.merges), tok.vocab_size, len(files), time.perf_counter() - started, out)
+    from gpt1.text.prepare import train_tokenizer
+    train_tokenizer(args.corpus, args.merges, args.out, overwrite=args.overwrite,
+                    min_frequency=args.min_frequency, standardize=args.standardize,
+                    processes=args.processes, lower_first=not args.oai_lowercase,
+                    text_field=args.text_field, strip_gutenberg=args.strip_gutenberg)
     return 0

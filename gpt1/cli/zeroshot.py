@@ -67,7 +67,8 @@ def _precision(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
     from gpt1.files import check_output, write_json
-    from gpt1.zeroshot.scorer import evaluate_checkpoint, evaluate_run, parse_tasks
+    from gpt1.zeroshot.curve import evaluate_checkpoint, evaluate_run
+    from gpt1.zeroshot.heuristics import parse_tasks
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit must be positive, got {args.limit}")
     if args.batch_tokens <= 0:

@@ -16,7 +16,7 @@ from gpt1.errors import DataError
 
 
 def _folder(task: str, metadata: dict[str, Any]) -> Path:
-    from gpt1.zeroshot.scorer import TASKS, task_folder
+    from gpt1.zeroshot.heuristics import TASKS, task_folder
     data = metadata.get("data")
     if not data:
         raise DataError(f"the {task} task reads local files: pass --data DIR to gpt1 lm-eval "
@@ -30,7 +30,7 @@ def _folder(task: str, metadata: dict[str, Any]) -> Path:
 
 def load_lambada(**metadata: Any) -> datasets.DatasetDict:
     """LAMBADA passages: `context` (all but the last word) and `word` (the last word)."""
-    from gpt1.zeroshot.scorer import TASKS
+    from gpt1.zeroshot.heuristics import TASKS
     loaded = TASKS["lambada"].load(_folder("lambada", metadata), None)
     rows = loaded["examples"]
     return datasets.DatasetDict({"test": datasets.Dataset.from_dict(

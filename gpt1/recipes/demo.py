@@ -2,10 +2,11 @@
 
 With no flags it builds a synthetic world (`gpt1.recipes.demo_world`): unlabelled text that states which
 invented creatures are friendly or dangerous, and a labelled task whose dev examples mention only
-creatures the labelled training examples never do. It then runs the real commands, in order:
-tokenizer training -> corpus preparation -> pretraining -> fine-tuning with pretraining, without
-pretraining and without the auxiliary LM -> a zero-shot check -> a Markdown report with the loss
-curves. With `--corpus/--task/--data` the same pipeline runs on a user's own data.
+creatures the labelled training examples never do. It then runs the real recipes, in order, by
+calling them (each step logs the equivalent `gpt1` command line): tokenizer training -> corpus
+preparation -> pretraining -> fine-tuning with pretraining, without pretraining and without the
+auxiliary LM -> a zero-shot check -> a Markdown report with the loss curves. With
+`--corpus/--task/--data` the same pipeline runs on a user's own data.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from gpt1.errors import Gpt1Error
 from gpt1.files import LOCK_FILE, OutputExists, RunLock, write_json, write_text
+from gpt1.recipes.commands import FinetuneOptions, FinetuneRun
 
 log = logging.getLogger("gpt1.recipes.demo")
 
@@ -65,38 +67,19 @@ def check_demo_folder(out: Path, overwrite: bool) -> None:
                            "choose another --out, or pass --overwrite to write the demo beside them")
 
 
-def check_user_inputs(s: DemoSettings) -> list[str]:
+def check_user_inputs(s: DemoSettings) -> None:
     """Everything a run on the user's data needs, checked before any step runs: the corpus
-    files, the task (with --columns for csv/tsv/jsonl) and its train and dev splits.
-    Returns the task arguments for `gpt1 finetune`."""
-    import argparse
-    from gpt1.cli.finetune import generic_spec
+    files, the task (with --columns for csv/tsv/jsonl) and its train and dev splits."""
     from gpt1.recipes.finetune import resolve_task
+    from gpt1.tasks.generic import spec_from_flags
     from gpt1.text.prepare import find_files
     if not (s.task and s.data):
         raise Gpt1Error("with --corpus, also give --task and --data (a labelled task to fine-tune)")
     find_files(s.corpus)
-    spec = generic_spec(argparse.Namespace(columns=s.columns, labels=s.labels, regression=False,
-                                           similarity=False))
-    task = resolve_task(s.task, spec, s.data, "train")
+    task = resolve_task(s.task, spec_from_flags(s.columns, s.labels), s.data, "train")
     for split in ("train", "dev"):
         if not task.read(s.data, split).examples:
             raise Gpt1Error(f"{s.data}: the {split} split of {s.task} has no examples")
-    args = ["--task", s.task, "--data", s.data]
-    for flag, value in (("--columns", s.columns), ("--labels", s.labels)):
-        if value:
-            args += [flag, value]
-    return args
-
-
-def run_cli(argv: list[str], quiet: bool) -> None:
-    """Run one `gpt1` command in this process; a failure stops the demo with its message."""
-    from gpt1.cli import main
-    args = (["--quiet"] if quiet else []) + argv
-    log.info("$ gpt1 %s", " ".join(argv))
-    code = main(args)
-    if code != 0:
-        raise Gpt1Error(f"step `gpt1 {' '.join(argv)}` failed with exit code {code}")
 
 
 def write_world(out: Path, seed: int) -> tuple[Path, Path, Any]:
@@ -151,31 +134,33 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
                         "them with --corpus")
     if s.pretrain_steps < 1:
         raise Gpt1Error(f"--pretrain-steps must be >= 1, got {s.pretrain_steps}")
-    corpus_args: list[str] = []
-    task_args: list[str] = []
     if s.corpus:   # checked before anything is written or run
-        corpus_args, task_args = list(s.corpus), check_user_inputs(s)
+        check_user_inputs(s)
     check_demo_folder(out, s.overwrite)
     with RunLock(out):
-        return _demo(s, out, t0, corpus_args, task_args)
+        return _demo(s, out, t0)
 
 
-def _demo(s: DemoSettings, out: Path, t0: float, corpus_args: list[str],
-          task_args: list[str]) -> dict[str, Any]:
+def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
     world = None
     out.mkdir(parents=True, exist_ok=True)
-    if not s.corpus:
+    if s.corpus:
+        corpus = list(s.corpus)
+        task = {"task": s.task, "data": s.data, "columns": s.columns, "labels": s.labels}
+    else:
         corpus_dir, task_dir, world = write_world(out, s.seed)
-        corpus_args = [str(corpus_dir)]
-        task_args = ["--task", "csv", "--data", str(task_dir), "--columns",
-                     "text=sentence,label=label", "--labels", "0,1"]
+        corpus = [str(corpus_dir)]
+        task = {"task": "csv", "data": str(task_dir), "columns": "text=sentence,label=label",
+                "labels": "0,1"}
     q = s.quiet
     tok_dir, data_dir, pre_dir = out / "tokenizer", out / "prepared", out / "pretrain"
     timings: dict[str, float] = {}
     reused: list[str] = []   # steps done by an earlier run: their times are that run's
     earlier = _earlier_timings(out)
 
-    def step(name: str, argv: list[str], done: Path | None = None) -> None:
+    def step(name: str, argv: list[str], call: Callable[[], Any], done: Path | None = None) -> None:
+        """Run `call` (the recipe behind the command line `argv`, logged for people) unless an
+        earlier run finished it (`done` exists)."""
         start = time.time()
         if done is not None and done.exists():
             log.info("%s: already done (%s)", name, done)
@@ -184,37 +169,54 @@ def _demo(s: DemoSettings, out: Path, t0: float, corpus_args: list[str],
                 reused.append(name)
                 return
         else:
-            run_cli(argv, q)
+            log.info("$ %s", " ".join(argv))
+            call()
         timings[name] = round(time.time() - start, 1)
 
-    step("tokenizer", ["tokenizer", "train", "--corpus", *corpus_args, "--merges", str(s.merges),
-                       "--out", str(tok_dir)], tok_dir / "merges.txt")
-    step("prepare", ["prepare", "--corpus", *corpus_args, "--vocab", str(tok_dir), "--out",
+    from gpt1.recipes.pretrain import pretrain, resolve_config
+    from gpt1.text.prepare import PrepareOptions, prepare, train_tokenizer
+    step("tokenizer", ["gpt1", "tokenizer", "train", "--corpus", *corpus, "--merges",
+                       str(s.merges), "--out", str(tok_dir)],
+         lambda: train_tokenizer(corpus, s.merges, tok_dir), tok_dir / "merges.txt")
+    step("prepare", ["gpt1", "prepare", "--corpus", *corpus, "--vocab", str(tok_dir), "--out",
                      str(data_dir), "--val-fraction", "0.05", "--seed", str(s.seed)],
+         lambda: prepare(corpus, tok_dir, data_dir,
+                         PrepareOptions(val_fraction=0.05, seed=s.seed, quiet=q)),
          data_dir / "meta.json")
     model_sets = [f"model.n_layer={s.n_layer}", f"model.n_embd={s.n_embd}",
                   f"model.n_head={s.n_head}", f"model.n_positions={s.n_ctx}",
                   f"data.n_ctx={s.n_ctx}", "train.warmup=50", "train.save_every=200",
                   "train.eval_every=100", "train.log_every=50"]
-    step("pretrain", ["pretrain", "--preset", "tiny", "--data", str(data_dir), "--out", str(pre_dir),
-                      "--max-steps", str(s.pretrain_steps), "--batch-size", str(s.pretrain_batch),
-                      "--micro-batch", str(s.pretrain_batch), "--lr", str(s.pretrain_lr),
-                      "--seed", str(s.seed), "--resume", "auto",
-                      *[a for kv in model_sets for a in ("--set", kv)]], pre_dir / "final")
-    ft_common = [*task_args, "--epochs", str(s.finetune_epochs), "--batch-size",
-                 str(s.finetune_batch), "--micro-batch", str(s.finetune_batch), "--lr",
-                 str(s.finetune_lr), "--seed", str(s.seed), "--n-ctx", str(s.n_ctx)]
-    arms = {
-        "pretrained + aux LM (GPT-1)": ["--init", str(pre_dir)],
-        "pretrained, no aux LM": ["--init", str(pre_dir), "--lm-coef", "0"],
+    pretrain_flags = {"data": {"path": str(data_dir)},
+                      "train": {"max_steps": s.pretrain_steps, "batch_size": s.pretrain_batch,
+                                "micro_batch_size": s.pretrain_batch, "lr": s.pretrain_lr,
+                                "seed": s.seed, "resume": "auto", "quiet": True if q else None}}
+
+    def run_pretrain() -> None:
+        result = pretrain(resolve_config("tiny", None, pretrain_flags, model_sets), pre_dir)
+        if result.interrupted:
+            raise Gpt1Error(f"pretraining was interrupted (signal {int(result.interrupted)})")
+    step("pretrain", ["gpt1", "pretrain", "--preset", "tiny", "--data", str(data_dir), "--out",
+                      str(pre_dir), "--max-steps", str(s.pretrain_steps), "--batch-size",
+                      str(s.pretrain_batch), "--micro-batch", str(s.pretrain_batch), "--lr",
+                      str(s.pretrain_lr), "--seed", str(s.seed), "--resume", "auto",
+                      *[a for kv in model_sets for a in ("--set", kv)]],
+         run_pretrain, pre_dir / "final")
+    options = FinetuneOptions(epochs=s.finetune_epochs, batch_size=s.finetune_batch,
+                              micro_batch=s.finetune_batch, lr=s.finetune_lr, n_ctx=s.n_ctx,
+                              quiet=q)
+    arms: dict[str, dict[str, Any]] = {
+        "pretrained + aux LM (GPT-1)": {},
+        "pretrained, no aux LM": {"lm_coef": 0.0},
         # Same architecture and tokenizer, nothing transferred (reference a.5, n_transfer = -1).
-        "no pretraining": ["--init", str(pre_dir), "--transfer-layers", "-1"],
+        "no pretraining": {"transfer_layers": -1},
     }
     table: dict[str, Any] = {}
     for i, (name, extra) in enumerate(arms.items()):
         run = out / f"finetune-{i}"
-        step(f"finetune {i}", ["finetune", *ft_common, *extra, "--out", str(run), "--resume",
-                               "auto"], run / "results.json")
+        sub = FinetuneRun(init=pre_dir, out=run, options=options, seed=s.seed, resume="auto",
+                          **task, **extra)
+        step(f"finetune {i}", sub.argv(), sub.run, run / "results.json")
         table[name] = read_results(run)
     zero = zero_shot_check(pre_dir / "final", world) if world is not None else None
     if world is not None:

@@ -106,3 +106,16 @@ def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
     if need_labels and not has_label:
         raise ConfigError("--columns needs label=COLUMN for training and evaluation")
     return collect(records(path, bad), bad, build)
+
+
+def spec_from_flags(columns: str | None, labels: str | None = None, regression: bool = False,
+                    similarity: bool = False) -> dict[str, Any] | None:
+    """A csv/tsv/jsonl task's spec from `--columns ROLE=COL,...` and `--labels L1,L2,...`
+    (None without columns: a registered task)."""
+    if not columns:
+        return None
+    spec: dict[str, Any] = {"columns": parse_columns(columns), "regression": regression,
+                            "similarity": similarity}
+    if labels:
+        spec["labels"] = [x.strip() for x in labels.split(",") if x.strip()]
+    return spec

@@ -32,6 +32,7 @@ class Task:
     dev: tuple[str, ...] = ("dev",)         # what `--split dev` evaluates (MNLI: both dev sets)
     test: tuple[str, ...] = ("test",)
     spec: dict[str, Any] = field(default_factory=dict)  # generic tasks: format, columns, labels
+    folders: tuple[str, ...] = ()           # standard subfolders of a data root holding the task
 
     @property
     def n_outputs(self) -> int:
@@ -140,10 +141,13 @@ MNLI_SPLITS = ("train", "dev_matched", "dev_mismatched", "test_matched", "test_m
 
 
 def _builtin() -> dict[str, Task]:
-    race = lambda name, levels: Task(name, "choice", None, ACC, _race_reader(levels))  # noqa: E731
+    race = lambda name, levels, folders=(): Task(name, "choice", None, ACC,  # noqa: E731
+                                                 _race_reader(levels), folders=folders)
     return {t.name: t for t in [
-        Task("cola", "single", BINARY, MCC + ("accuracy",), _glue_reader("cola")),
-        Task("sst2", "single", BINARY, ACC, _glue_reader("sst2")),
+        Task("cola", "single", BINARY, MCC + ("accuracy",), _glue_reader("cola"),
+             folders=("glue/CoLA", "CoLA", "cola")),
+        Task("sst2", "single", BINARY, ACC, _glue_reader("sst2"),
+             folders=("glue/SST-2", "SST-2", "sst2")),
         Task("mnli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.mnli_candidates),
              splits=MNLI_SPLITS, dev=("dev_matched", "dev_mismatched"),
              test=("test_matched", "test_mismatched")),
@@ -158,8 +162,9 @@ def _builtin() -> dict[str, Task]:
                                    "dev": ["dev.tsv"], "test": ["test.tsv", "msr_paraphrase_test.txt"]})),
         Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp")),
         Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
-        Task("story_cloze", "choice", None, ACC, _story_cloze_reader),
-        race("race", ("middle", "high")),
+        Task("story_cloze", "choice", None, ACC, _story_cloze_reader,
+             folders=("story_cloze", "ROCStories")),
+        race("race", ("middle", "high"), ("RACE", "race")),
         race("race_middle", ("middle",)),
         race("race_high", ("high",)),
     ]}

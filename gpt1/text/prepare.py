@@ -250,6 +250,31 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None
 _TOKENIZER: Tokenizer | None = None
 
 
+def train_tokenizer(corpus: Sequence[str | Path], merges: int, out: str | Path, *,
+                    overwrite: bool = False, min_frequency: int = 0, standardize: str = "oai",
+                    processes: int = 1, lower_first: bool = True, text_field: str = "text",
+                    strip_gutenberg: bool = False) -> Tokenizer:
+    """Learn `merges` BPE merges from the corpus files and write `vocab.json` + `merges.txt` into
+    `out` (atomically; an existing `out` is refused unless `overwrite`). `gpt1 tokenizer train`."""
+    from gpt1.files import atomic_folder, check_output
+    if merges < 0:
+        raise DataError("--merges must be >= 0")
+    out = Path(out)
+    check_output(out, overwrite, tuple(corpus))
+    opts = PrepareOptions(text_field=text_field, strip_gutenberg=strip_gutenberg)
+    stats = Stats()
+    files = find_files(corpus)
+    texts = (d for f in files for d in documents(f, opts, stats))
+    started = time.perf_counter()
+    tok = Tokenizer.train(texts, merges, standardize=standardize, min_frequency=min_frequency,
+                          processes=processes, lower_first=lower_first)
+    with atomic_folder(out) as tmp:
+        tok.save(tmp)
+    log.info("%d merges, vocabulary of %d tokens (+3 special) from %d files in %.1f s -> %s",
+             len(tok.merges), tok.vocab_size, len(files), time.perf_counter() - started, out)
+    return tok
+
+
 def _init_worker(tok: Tokenizer) -> None:
     global _TOKENIZER
     _TOKENIZER = tok
