@@ -439,8 +439,9 @@ def _parse_sets(sets: list[str], defaults: dict[str, Any], source: str = "--set"
 def resolve(base: dict[str, tuple[type, dict[str, Any]]], layers: list[tuple[str, Layer]]
             ) -> dict[str, Any]:
     """The one resolution rule: each section's `base` settings, then each (source, layer) in
-    order, later values winning; every section built (validated) once per layer, errors naming
-    the layer's source. Returns {section: frozen config}.
+    order, later values winning (a None value means "not given", except from `--set`, where
+    `KEY=none` restores the field's derived default); every section is built, and so validated,
+    after each layer, errors naming the layer's source. Returns {section: frozen config}.
 
     Derived sizes follow their source: a model's n_inner is 4 * n_embd unless a layer (not the
     preset) sets n_inner explicitly; head size is always n_embd // n_head.
@@ -451,10 +452,13 @@ def resolve(base: dict[str, tuple[type, dict[str, Any]]], layers: list[tuple[str
     for source, layer in [("defaults", {}), *layers]:
         for section, values in layer.items():
             for key, value in values.items():
-                if value is None:
-                    continue   # a flag that was not given (or n_inner=none: derived anyway)
+                if value is None and source != "--set":
+                    continue   # a flag that was not given
                 settings[section][key] = value
-                explicit.add((section, key))
+                if value is None:
+                    explicit.discard((section, key))   # --set KEY=none: back to the derived value
+                else:
+                    explicit.add((section, key))
         if ("model", "n_inner") not in explicit and "model" in settings:
             settings["model"]["n_inner"] = None          # follows n_embd
         for name, (cls, _) in base.items():
