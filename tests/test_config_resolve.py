@@ -199,3 +199,15 @@ def test_a_resolved_config_round_trips_through_run_json():
     again = RunConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again == cfg and again.model.n_inner == 512
     assert ModelConfig.from_dict(cfg.model.to_dict()) == cfg.model
+
+
+def test_the_demos_model_settings_give_gpt1s_mlp_width():
+    """The demo widens the tiny preset by --set; its model must keep the 4x MLP that the
+    transformers export (`gpt1 convert --to hf`) requires."""
+    from gpt1.recipes.demo import DemoSettings
+    s = DemoSettings()
+    sets = [f"model.n_layer={s.n_layer}", f"model.n_embd={s.n_embd}", f"model.n_head={s.n_head}",
+            f"model.n_positions={s.n_ctx}"]
+    model = resolve_pretrain("tiny", sets=sets).model
+    assert model.n_embd == s.n_embd != model_preset("tiny").n_embd
+    assert model.n_inner == 4 * s.n_embd
