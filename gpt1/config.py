@@ -133,7 +133,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_types(self, "model")
         if self.n_inner is None:
-            # Derived, not stored by the caller: the paper's 4x MLP width (frozen, hence __setattr__).
+            # Derived: the paper's 4x MLP width (the class is frozen, hence object.__setattr__).
             object.__setattr__(self, "n_inner", 4 * self.n_embd)
         check_ranges(self, "model", MODEL_LIMITS)
         if self.n_embd % self.n_head:
@@ -185,7 +185,7 @@ MODEL_PRESETS: dict[str, ModelConfig] = {name: ModelConfig(**settings)
 
 
 def model_preset(name: str) -> ModelConfig:
-    """A named model preset (frozen: derive variants with `.derive(...)` or `dataclasses.replace`)."""
+    """A named model preset (frozen: derive variants with `.derive(...)`)."""
     if name not in MODEL_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
     return dataclasses.replace(MODEL_PRESETS[name])
@@ -208,7 +208,7 @@ def from_dict(cls: type, data: dict[str, Any], source: str = "config") -> Any:
 
 
 def convert(obj: Any, key: str, raw: str, source: str = "override") -> Any:
-    """The string `raw` (a `--set` value) converted to the type of dataclass field `key` of `obj`."""
+    """The string `raw` (a `--set` value) converted to the type of field `key` of `obj`."""
     by_name = {f.name: f for f in fields(obj)}
     if key not in by_name:
         raise ConfigError(f"{source}: unknown key {key!r}; known keys are {', '.join(sorted(by_name))}")
@@ -430,7 +430,8 @@ def _parse_sets(sets: list[str], defaults: dict[str, Any], source: str = "--set"
                               f"({' or '.join(s + '.KEY=VALUE' for s in defaults)}), "
                               f"got {assignment!r}")
         if section not in defaults:
-            raise ConfigError(f"{source}: unknown section {section!r}; known: {', '.join(defaults)}")
+            raise ConfigError(f"{source}: unknown section {section!r}; "
+                              f"known: {', '.join(defaults)}")
         value = convert(defaults[section], key.strip(), raw.strip(), f"{source} {section}")
         layer.setdefault(section, {})[key.strip()] = value
     return layer
@@ -488,7 +489,8 @@ def resolve_pretrain(preset: str | None = None, toml: dict[str, Any] | None = No
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRETRAIN_PRESETS)}")
     recipe = PRETRAIN_PRESETS[name]
     base = {"model": (ModelConfig, _model_defaults(name)),
-            "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()), **recipe.get("train", {})}),
+            "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()),
+                                    **recipe.get("train", {})}),
             "data": (DataConfig, {**dataclasses.asdict(DataConfig()), **recipe.get("data", {})})}
     defaults = {"model": MODEL_PRESETS[name], "train": TrainConfig(), "data": DataConfig()}
     layers = [(toml_source, _check_layer(table, defaults, toml_source)),
