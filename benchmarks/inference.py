@@ -83,8 +83,7 @@ def build_models(vocab: int):
     from transformers import (OpenAIGPTConfig, OpenAIGPTForSequenceClassification,
                               OpenAIGPTLMHeadModel)
     torch.manual_seed(0)
-    config = model_preset("gpt1")
-    config.vocab_size = vocab
+    config = model_preset("gpt1").derive(vocab_size=vocab)
     gpt = GPT(config).eval()
     clf = FinetuneModel(gpt, "single", 2, vocab - 1).eval()
     hf_config = OpenAIGPTConfig(vocab_size=vocab, n_positions=config.n_positions,

@@ -49,7 +49,7 @@ def run_case(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     cfg = ModelConfig(**SIZES[args.size])
     if args.no_dropout:  # makes the two first-step losses comparable digit for digit
-        cfg.embd_pdrop = cfg.attn_pdrop = cfg.resid_pdrop = 0.0
+        cfg = cfg.derive(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
     T = args.seq_len or cfg.n_positions
     ours = GPT(cfg)
     g = torch.Generator().manual_seed(1)

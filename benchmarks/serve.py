@@ -46,8 +46,7 @@ def write_run(folder: Path, preset: str) -> Path:
     vocab = DATA / "gpt1_tokenizer"
     tok = load_tokenizer(vocab)
     torch.manual_seed(0)
-    config = model_preset(preset)
-    config.vocab_size = tok.vocab_size
+    config = model_preset(preset).derive(vocab_size=tok.vocab_size)
     gpt = GPT(config)
     gpt.add_tokens(3)
     task = get_task("sst2")

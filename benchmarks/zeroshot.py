@@ -148,8 +148,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from gpt1.text.tokenizer import Tokenizer
     tok = Tokenizer.from_dir(DATA / "gpt1_tokenizer")
-    config = model_preset(args.preset)
-    config.vocab_size = 40478
+    config = model_preset(args.preset).derive(vocab_size=40478)
     torch.manual_seed(0)
     base = GPT(config).eval()
     requests = record_requests(base, tok, args.tasks.split(","), args.limit)

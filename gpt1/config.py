@@ -1,7 +1,11 @@
-"""Typed configuration: the model's shape (transformers' `OpenAIGPTConfig` names) and named presets.
+"""Typed configuration: the model's shape (transformers' `OpenAIGPTConfig` names), named presets,
+the training sections, and the one resolver every command uses.
 
-Training-related sections (optimiser, schedule, data, run) live beside the model config so that a
-whole run resolves to one set of dataclasses: preset -> TOML file -> command-line overrides.
+Every config is a frozen dataclass: once resolved it cannot change; a variant is derived with
+`dataclasses.replace` (or `ModelConfig.derive`, which keeps derived sizes following their source).
+`resolve_pretrain` and `resolve_finetune` build a run's configs in one order for every command:
+preset -> TOML file -> command-line flags -> `--set section.key=value`, later layers winning, and
+the whole result validated once (types, ranges, agreement between fields) where it is built.
 """
 from __future__ import annotations
 
@@ -105,7 +109,7 @@ def check_ranges(obj: Any, section: str, limits: dict[str, int]) -> None:
             raise ConfigError(f"{section}.{name} must be in 1..{limit:,}, got {value!r}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """Shape and regularisation of a GPT-1 decoder. Defaults are the paper's 117M model."""
 
@@ -114,7 +118,7 @@ class ModelConfig:
     n_embd: int = 768
     n_layer: int = 12
     n_head: int = 12
-    n_inner: int | None = None       # MLP width; None means 4 * n_embd
+    n_inner: int | None = None       # MLP width; None means 4 * n_embd (GPT-1), filled in at build
     afn: str = "gelu"                # "gelu" is GPT-1's tanh approximation (HF: gelu_new); or "relu"
     embd_pdrop: float = 0.1
     attn_pdrop: float = 0.1
@@ -129,7 +133,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         check_types(self, "model")
         if self.n_inner is None:
-            self.n_inner = 4 * self.n_embd
+            # Derived: the paper's 4x MLP width (the class is frozen, hence object.__setattr__).
+            object.__setattr__(self, "n_inner", 4 * self.n_embd)
         check_ranges(self, "model", MODEL_LIMITS)
         if self.n_embd % self.n_head:
             raise ConfigError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
@@ -146,7 +151,16 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Head size, always derived: n_embd / n_head."""
         return self.n_embd // self.n_head
+
+    def derive(self, **changes: Any) -> "ModelConfig":
+        """A copy with `changes`; the MLP width follows a new n_embd (4x) unless `changes` sets
+        n_inner or this config's width was not the 4x default (then it was chosen on purpose)."""
+        if ("n_embd" in changes and "n_inner" not in changes
+                and self.n_inner == 4 * self.n_embd):
+            changes["n_inner"] = None
+        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -156,18 +170,22 @@ class ModelConfig:
         return from_dict(cls, data, source)
 
 
-MODEL_PRESETS: dict[str, ModelConfig] = {
+# What each model preset sets; everything else (n_inner = 4 * n_embd among it) is derived when
+# the config is built, so a later `n_embd` from a TOML, flag or --set carries n_inner along.
+MODEL_PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     # The paper's model: 116,534,784 parameters with the 40,478-token vocabulary.
-    "gpt1": ModelConfig(),
+    "gpt1": {},
     # For CPU experiments: a 6-layer, 384-wide model (about 17M parameters with an 8k vocabulary).
-    "mini": ModelConfig(vocab_size=8192, n_positions=256, n_embd=384, n_layer=6, n_head=6),
+    "mini": {"vocab_size": 8192, "n_positions": 256, "n_embd": 384, "n_layer": 6, "n_head": 6},
     # For tests: runs a training step in milliseconds.
-    "tiny": ModelConfig(vocab_size=512, n_positions=64, n_embd=64, n_layer=2, n_head=2),
+    "tiny": {"vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 2},
 }
+MODEL_PRESETS: dict[str, ModelConfig] = {name: ModelConfig(**settings)
+                                         for name, settings in MODEL_PRESET_SETTINGS.items()}
 
 
 def model_preset(name: str) -> ModelConfig:
-    """A fresh copy of a named model preset."""
+    """A named model preset (frozen: derive variants with `.derive(...)`)."""
     if name not in MODEL_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
     return dataclasses.replace(MODEL_PRESETS[name])
@@ -189,30 +207,32 @@ def from_dict(cls: type, data: dict[str, Any], source: str = "config") -> Any:
         raise ConfigError(f"{source}: {exc}") from None
 
 
-def override(obj: Any, key: str, raw: str, source: str = "override") -> None:
-    """Set dataclass field `key` of `obj` from the string `raw`, converted to the field's type."""
+def convert(obj: Any, key: str, raw: str, source: str = "override") -> Any:
+    """The string `raw` (a `--set` value) converted to the type of field `key` of `obj`."""
     by_name = {f.name: f for f in fields(obj)}
     if key not in by_name:
         raise ConfigError(f"{source}: unknown key {key!r}; known keys are {', '.join(sorted(by_name))}")
     current = getattr(obj, key)
+    if raw.lower() in ("none", "null") and (current is None or "None" in str(by_name[key].type)):
+        return None
     try:
         if isinstance(current, bool):
             low = raw.lower()
             if low not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(raw)
             value: Any = low in ("true", "1", "yes")
-        elif isinstance(current, int) and not isinstance(current, bool):
+        elif isinstance(current, int):
             value = int(raw)
         elif isinstance(current, float):
             value = float(raw)
         elif current is None:
-            value = None if raw.lower() in ("none", "null") else _guess(raw)
+            value = _guess(raw)
         else:
             value = raw
     except ValueError:
         expected = _TYPE_RULES.get(type(current).__name__, (None, type(current).__name__))[1]
         raise ConfigError(f"{source}: {key} must be {expected}, got {raw!r}") from None
-    setattr(obj, key, value)
+    return value
 
 
 def _guess(raw: str) -> Any:
@@ -228,12 +248,24 @@ def _guess(raw: str) -> Any:
 SCHEDULES = ("warmup_cosine", "warmup_linear", "warmup_constant", "constant")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """The one training loop's settings (pretraining and fine-tuning share them).
 
     Defaults are the paper's pretraining recipe (reference a.8) except the batch geometry and
-    length, which presets and commands set.
+    length, which presets and commands set. The fields form four groups (kept in one flat class
+    so that every saved run.json and trainer_state keeps loading as it was written):
+
+    - length and batch: micro_batch_size, batch_size, max_steps, epochs, total_steps;
+    - optimiser and schedule: lr, schedule, warmup, oai_first_step, weight_decay, beta1, beta2,
+      eps, grad_clip, optimizer, seed;
+    - runtime: precision, compile, gradient_checkpointing, distributed, device, loss_chunk_tokens;
+    - checkpoints and telemetry: save_every, keep_last, eval_every, log_every, resume, peak_flops,
+      quiet.
+
+    `max_steps` means the same in every command: the run's length in optimizer updates, or 0 to
+    derive it from `epochs` (pretraining: epochs over the training tokens; fine-tuning: OAI's
+    `(n_train // batch_size) * epochs`).
     """
 
     micro_batch_size: int = 8        # sequences per forward/backward on one device
@@ -289,7 +321,7 @@ class TrainConfig:
             raise ConfigError("train.lr, train.warmup and train.epochs must be >= 0")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     """Where pretraining tokens come from and how windows are cut."""
 
@@ -303,7 +335,7 @@ class DataConfig:
             raise ConfigError("data.n_ctx and data.val_windows must be >= 0")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     """A whole pretraining run: model, training loop and data sections."""
 
@@ -348,68 +380,168 @@ PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def run_preset(name: str) -> RunConfig:
-    """A fresh RunConfig for a pretraining preset (model preset + recipe)."""
-    if name not in PRETRAIN_PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRETRAIN_PRESETS)}")
-    recipe = PRETRAIN_PRESETS[name]
-    return RunConfig(model=model_preset(name), train=TrainConfig(**recipe.get("train", {})),
-                     data=DataConfig(**recipe.get("data", {})))
+    """The RunConfig of a pretraining preset (model preset + recipe)."""
+    return resolve_pretrain(preset=name)
 
 
-def apply_sections(cfg: RunConfig, data: dict[str, Any], source: str) -> None:
-    """Overlay a parsed TOML mapping ({section: {key: value}}) onto `cfg`; unknown keys are errors."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: expected tables [model], [train], [data]")
-    for section, values in data.items():
-        if section not in ("model", "train", "data"):
-            raise ConfigError(f"{source}: unknown section [{section}]; known: model, train, data")
+# ---------------------------------------------------------------------------------- resolver
+def load_toml(path: Any) -> dict[str, Any]:
+    """A TOML settings file as a table; unreadable or invalid files are ConfigErrors naming it."""
+    import tomllib
+    from pathlib import Path
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
+
+
+Layer = dict[str, dict[str, Any]]   # {section: {key: value}}
+
+
+def _check_layer(table: Any, defaults: dict[str, Any], source: str) -> Layer:
+    """A TOML/flags table checked against the sections' fields (unknown names are errors)."""
+    known_sections = ", ".join(defaults)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source}: expected tables {', '.join(f'[{s}]' for s in defaults)}")
+    for section, values in table.items():
+        if section not in defaults:
+            raise ConfigError(f"{source}: unknown section [{section}]; known: {known_sections}")
         if not isinstance(values, dict):
             raise ConfigError(f"{source}: [{section}] must be a table")
-        target = getattr(cfg, section)
-        known = {f.name for f in fields(target)}
-        for key, value in values.items():
+        known = {f.name for f in fields(defaults[section])}
+        for key in values:
             if key not in known:
                 raise ConfigError(f"{source}: unknown key {section}.{key}; known keys are "
                                   f"{', '.join(sorted(known))}")
-            setattr(target, key, value)
-    revalidate(cfg, source)
+    return table
 
 
-def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set",
-                    validate: bool = True) -> None:
-    """Apply one `section.key=value` override (value converted to the field's type).
+def _parse_sets(sets: list[str], defaults: dict[str, Any], source: str = "--set") -> Layer:
+    """`section.key=value` strings as a layer, each value converted to its field's type."""
+    layer: Layer = {}
+    for assignment in sets:
+        dotted, sep, raw = assignment.partition("=")
+        section, dot, key = dotted.strip().partition(".")
+        if not sep or not dot:
+            raise ConfigError(f"{source}: expected section.key=value "
+                              f"({' or '.join(s + '.KEY=VALUE' for s in defaults)}), "
+                              f"got {assignment!r}")
+        if section not in defaults:
+            raise ConfigError(f"{source}: unknown section {section!r}; "
+                              f"known: {', '.join(defaults)}")
+        value = convert(defaults[section], key.strip(), raw.strip(), f"{source} {section}")
+        layer.setdefault(section, {})[key.strip()] = value
+    return layer
 
-    With `validate=False` the caller checks the whole config once all overrides are in, so
-    that settings that only make sense together (n_embd and n_head) can be given in any order.
+
+def resolve(base: dict[str, tuple[type, dict[str, Any]]], layers: list[tuple[str, Layer]]
+            ) -> dict[str, Any]:
+    """The one resolution rule: each section's `base` settings, then each (source, layer) in
+    order, later values winning (a None value means "not given", except from `--set`, where
+    `KEY=none` restores the field's derived default); every section is built, and so validated,
+    after each layer, errors naming the layer's source. Returns {section: frozen config}.
+
+    Derived sizes follow their source: a model's n_inner is 4 * n_embd unless a layer (not the
+    preset) sets n_inner explicitly; head size is always n_embd // n_head.
     """
-    if "=" not in assignment or "." not in assignment.split("=", 1)[0]:
-        raise ConfigError(f"{source}: expected section.key=value, got {assignment!r}")
-    dotted, raw = assignment.split("=", 1)
-    section, key = dotted.strip().split(".", 1)
-    if section not in ("model", "train", "data"):
-        raise ConfigError(f"{source}: unknown section {section!r}; known: model, train, data")
-    override(getattr(cfg, section), key.strip(), raw.strip(), f"{source} {section}")
-    if validate:
-        revalidate(cfg, source)
+    settings = {name: dict(values) for name, (_, values) in base.items()}
+    explicit: set[tuple[str, str]] = set()
+    built: dict[str, Any] = {}
+    for source, layer in [("defaults", {}), *layers]:
+        for section, values in layer.items():
+            for key, value in values.items():
+                if value is None and source != "--set":
+                    continue   # a flag that was not given
+                settings[section][key] = value
+                if value is None:
+                    explicit.discard((section, key))   # --set KEY=none: back to the derived value
+                else:
+                    explicit.add((section, key))
+        if ("model", "n_inner") not in explicit and "model" in settings:
+            settings["model"]["n_inner"] = None          # follows n_embd
+        for name, (cls, _) in base.items():
+            try:
+                built[name] = cls(**settings[name])
+            except ConfigError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
+    return built
 
 
-def revalidate(cfg: RunConfig, source: str) -> None:
-    """Re-run each section's checks after fields were set one by one."""
-    for section in ("model", "train", "data"):
-        obj = getattr(cfg, section)
-        try:
-            obj.__post_init__()
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from None
+def _model_defaults(preset: str) -> dict[str, Any]:
+    if preset not in MODEL_PRESET_SETTINGS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    return {**dataclasses.asdict(ModelConfig()), **MODEL_PRESET_SETTINGS[preset], "n_inner": None}
 
 
-__all__ = ["ModelConfig", "MODEL_PRESETS", "model_preset", "from_dict", "override", "field",
+def resolve_pretrain(preset: str | None = None, toml: dict[str, Any] | None = None,
+                     flags: Layer | None = None, sets: list[str] | None = None,
+                     toml_source: str = "config") -> RunConfig:
+    """A pretraining run's frozen RunConfig: preset (model + recipe; the argument, else the
+    TOML's `preset` key, else gpt1) -> `toml` (a parsed table: [model] [train] [data]) ->
+    `flags` ({section: {key: value}}, None values skipped) -> `sets` ("section.key=value")."""
+    table = dict(toml or {})
+    name = preset or table.pop("preset", None) or "gpt1"
+    table.pop("preset", None)
+    if name not in PRETRAIN_PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRETRAIN_PRESETS)}")
+    recipe = PRETRAIN_PRESETS[name]
+    base = {"model": (ModelConfig, _model_defaults(name)),
+            "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()),
+                                    **recipe.get("train", {})}),
+            "data": (DataConfig, {**dataclasses.asdict(DataConfig()), **recipe.get("data", {})})}
+    defaults = {"model": MODEL_PRESETS[name], "train": TrainConfig(), "data": DataConfig()}
+    layers = [(toml_source, _check_layer(table, defaults, toml_source)),
+              ("command line", _check_layer(flags or {}, defaults, "command line")),
+              ("--set", _parse_sets(sets or [], defaults))]
+    built = resolve(base, layers)
+    return RunConfig(model=built["model"], train=built["train"], data=built["data"])
+
+
+def resolve_finetune(toml: dict[str, Any] | None = None, flags: Layer | None = None,
+                     sets: list[str] | None = None, toml_source: str = "config",
+                     require_run: bool = True) -> tuple["FinetuneConfig", TrainConfig]:
+    """A fine-tuning run's frozen (FinetuneConfig, TrainConfig): the paper's recipe
+    (`FINETUNE_TRAIN`) -> `toml` ([finetune] [train]) -> `flags` -> `sets`, by the same rule as
+    `resolve_pretrain`. With `require_run`, task, data and init must be given."""
+    base = {"finetune": (FinetuneConfig, dataclasses.asdict(FinetuneConfig())),
+            "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()), **FINETUNE_TRAIN})}
+    defaults = {"finetune": FinetuneConfig(), "train": TrainConfig(**FINETUNE_TRAIN)}
+    layers = [(toml_source, _check_layer(toml or {}, defaults, toml_source)),
+              ("command line", _check_layer(flags or {}, defaults, "command line")),
+              ("--set", _parse_sets(sets or [], defaults))]
+    built = resolve(base, layers)
+    cfg, train_cfg = built["finetune"], built["train"]
+    if require_run:
+        if not cfg.task or not cfg.data:
+            raise ConfigError("--task and --data are required")
+        if not cfg.init:
+            raise ConfigError("--init CHECKPOINT|none is required")
+    return cfg, train_cfg
+
+
+def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set") -> RunConfig:
+    """`cfg` with one `section.key=value` applied (a new, validated RunConfig)."""
+    defaults = {"model": cfg.model, "train": cfg.train, "data": cfg.data}
+    layer = _parse_sets([assignment], defaults, source)
+    base = {"model": (ModelConfig, dataclasses.asdict(cfg.model)),
+            "train": (TrainConfig, dataclasses.asdict(cfg.train)),
+            "data": (DataConfig, dataclasses.asdict(cfg.data))}
+    if cfg.model.n_inner != 4 * cfg.model.n_embd:
+        layer = {**layer, "model": {"n_inner": cfg.model.n_inner, **layer.get("model", {})}}
+    built = resolve(base, [(source, layer)])
+    return RunConfig(model=built["model"], train=built["train"], data=built["data"])
+
+
+__all__ = ["ModelConfig", "MODEL_PRESETS", "model_preset", "from_dict", "convert", "field",
            "TrainConfig", "DataConfig", "RunConfig", "PRETRAIN_PRESETS", "run_preset",
-           "apply_sections", "override_dotted"]
+           "resolve", "resolve_pretrain", "resolve_finetune", "override_dotted", "load_toml"]
 
 
 # ------------------------------------------------------------------------------- fine-tuning
-@dataclass
+@dataclass(frozen=True)
 class FinetuneConfig:
     """What a fine-tuning run adds to the model and training sections (reference a.6, a.7, a.10).
 

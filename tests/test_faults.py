@@ -77,8 +77,7 @@ def tiny_train(tmp: Path, run: Path, loss_fn=None, **overrides) -> object:
                          "max_steps": 6, "save_every": 2, "eval_every": 0, "log_every": 1,
                          "quiet": True, "peak_flops": 1.0, "device": "cpu", **overrides})
     torch.manual_seed(0)
-    config = model_preset("tiny")
-    config.vocab_size = prepared.vocab_size
+    config = model_preset("tiny").derive(vocab_size=prepared.vocab_size)
     source = WindowSource(prepared.splits["train"], 32, cfg.seed)
     return train(GPT(config), loss_fn or WindowLMLoss(), source, cfg, run)
 

@@ -93,8 +93,7 @@ def test_transfer_layers(tmp_path: Path, gpt1_vocab: Path):
     from gpt1.config import model_preset
     from gpt1.model.gpt import GPT
     torch.manual_seed(0)
-    config = model_preset("tiny")
-    config.vocab_size = 40478
+    config = model_preset("tiny").derive(vocab_size=40478)
     pre = GPT(config)
     save_model(pre, tmp_path / "ckpt", tokenizer_dir=gpt1_vocab)
     task = get_task("rte")

@@ -1,6 +1,7 @@
 """Schedules, the exact OAI Adam update, and which parameters decay."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -38,7 +39,7 @@ def test_warmup_linear_and_fraction():
 def test_first_step_convention():
     cfg = TrainConfig(lr=1.0, warmup=10, schedule="warmup_cosine")
     assert lr_at(0, cfg, 100) == 0.0               # OAI quirk: first update has lr 0
-    cfg.oai_first_step = False
+    cfg = dataclasses.replace(cfg, oai_first_step=False)
     assert lr_at(0, cfg, 100) == pytest.approx(0.1)
 
 

@@ -68,8 +68,8 @@ def test_gpt1_preset_is_the_paper_recipe():
 def test_total_steps_and_vocab_from_data(tmp_path):
     data = open_prepared(make_prepared(tmp_path / "d", vocab=300))
     cfg = run_preset("gpt1")
-    cfg.model.n_positions = 512
-    finalize(cfg, data)
+    assert cfg.model.n_positions == 512
+    cfg = finalize(cfg, data)
     assert cfg.model.vocab_size == 300
     assert cfg.train.max_steps == int(np.ceil(100 * 6000 / (64 * 512)))   # 100 epochs
 

@@ -59,8 +59,7 @@ def tiny_run(out: Path, vocab: Path, task: str, spec: dict | None = None, seed: 
     """A fine-tuned run folder with random weights (what `gpt1 finetune` writes)."""
     torch.manual_seed(seed)
     tok = load_tokenizer(vocab)
-    config = model_preset("tiny")
-    config.vocab_size = tok.vocab_size
+    config = model_preset("tiny").derive(vocab_size=tok.vocab_size)
     gpt = GPT(config)
     gpt.add_tokens(3)
     t = get_task(task, spec)
@@ -122,8 +121,7 @@ def world(tmp_path_factory) -> dict[str, Any]:
         runs[kind] = (run, data, rows)
     torch.manual_seed(1)
     from gpt1.model.checkpoint import save_model
-    config = model_preset("tiny")
-    config.vocab_size = load_tokenizer(vocab).vocab_size
+    config = model_preset("tiny").derive(vocab_size=load_tokenizer(vocab).vocab_size)
     lm = save_model(GPT(config), root / "lm", vocab)
     from gpt1.model.lstm import LSTMLM, lstm_config_for
     from gpt1.model.registry import save_lstm

@@ -18,8 +18,7 @@ from gpt1.train.loop import TrainingDiverged, train
 
 def tiny_model(seed: int = 0, dropout: float = 0.0) -> GPT:
     torch.manual_seed(seed)
-    cfg = model_preset("tiny")
-    cfg.embd_pdrop = cfg.attn_pdrop = cfg.resid_pdrop = dropout
+    cfg = model_preset("tiny").derive(embd_pdrop=dropout, attn_pdrop=dropout, resid_pdrop=dropout)
     return GPT(cfg)
 
 

@@ -100,7 +100,8 @@ def _splits_and_subset(s: argparse.ArgumentParser) -> None:
 def _finetune_options(s: argparse.ArgumentParser) -> None:
     """Passed to every `gpt1 finetune` sub-run (default: fine-tuning's own defaults)."""
     g = s.add_argument_group("fine-tuning options for every sub-run")
-    g.add_argument("--max-steps", type=int, help="cap on optimizer updates per sub-run")
+    g.add_argument("--max-steps", type=int,
+                   help="optimizer updates per sub-run (finetune --max-steps)")
     g.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
     g.add_argument("--batch-size", type=int, help="examples per update (default 32)")
     g.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")

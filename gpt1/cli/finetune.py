@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lm-coef", type=float, help="auxiliary LM weight lambda (default 0.5; 0 = off)")
     p.add_argument("--transfer-layers", type=int, metavar="K",
                    help="embeddings + first K blocks from the checkpoint; -1 = nothing (default: all)")
-    p.add_argument("--max-steps", type=int, help="cap on optimizer updates (default: 3 epochs)")
+    p.add_argument("--max-steps", type=int, help="optimizer updates, as in pretrain (same as --set "
+                   "train.max_steps=N; default 0: (examples // batch) x epochs)")
     p.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
     p.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
     p.add_argument("--batch-size", type=int, help="examples per update (default 32)")
@@ -86,14 +87,15 @@ def run(args: argparse.Namespace) -> int:
                      "train_split": args.train_split, "eval_split": args.eval_split,
                      "skip_bad_rows": args.skip_bad_rows, "train_examples": args.train_examples,
                      "group_by_length": args.group_by_length},
-        "train": {"epochs": args.epochs, "micro_batch_size": args.micro_batch,
+        "train": {"max_steps": args.max_steps, "epochs": args.epochs,
+                  "micro_batch_size": args.micro_batch,
                   "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
                   "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
                   "precision": args.precision, "device": args.device,
                   "quiet": True if args.quiet else None},
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)
-    result, results = finetune(cfg, train_cfg, args.out, generic_spec(args), args.max_steps or 0,
+    result, results = finetune(cfg, train_cfg, args.out, generic_spec(args),
                                overwrite=args.overwrite)
     if result.interrupted:
         return 128 + int(result.interrupted)

@@ -12,6 +12,8 @@ applied from outside (`gpt1.train.parallelize`). Parameter names follow GPT-2/HF
 """
 from __future__ import annotations
 
+import dataclasses
+
 from typing import NamedTuple
 
 import torch
@@ -308,7 +310,9 @@ def grow_token_table(model: nn.Module, n: int, generator: torch.Generator | None
     table.weight.copy_(torch.cat([old, rows], dim=0))  # [V + n, C]
     model.wte = table
     first = model.config.vocab_size
-    model.config.vocab_size += n
+    # A new config for this model only: configs are frozen, and the one it was built from may
+    # be shared (a pretrained model and a fresh copy made from its config).
+    model.config = dataclasses.replace(model.config, vocab_size=first + n)
     return list(range(first, first + n))
 
 

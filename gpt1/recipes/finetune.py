@@ -75,9 +75,7 @@ def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneMod
             raise ConfigError("--init none needs --vocab DIR (the tokenizer to train with)")
         tok_dir = Path(cfg.vocab)
         tok = load_tokenizer(tok_dir)
-        config = model_preset(cfg.preset)
-        config.vocab_size = tok.vocab_size
-        gpt = GPT(config)
+        gpt = GPT(dataclasses.replace(model_preset(cfg.preset), vocab_size=tok.vocab_size))
     else:
         pretrained = load_any_checkpoint(cfg.init)  # GPT, or the LSTM baseline (gpt1.model.lstm)
         found = ckpt.tokenizer_dir_of(cfg.init)
@@ -322,6 +320,16 @@ def check_training_memory(cfg: FinetuneConfig, task: Task, train_cfg: TrainConfi
 
 
 # ------------------------------------------------------------------------- entry point
+def run_length(train_cfg: TrainConfig, n_train: int, cap: int = 0) -> TrainConfig:
+    """`train_cfg` with its length fixed: `max_steps` as given, or (0) OAI's
+    `(n_train // batch_size) * epochs` updates; then at most `cap` updates when `cap` > 0 (a
+    library option for sweeps; the `--max-steps` flag sets `max_steps` itself)."""
+    steps = train_cfg.max_steps or max(1, int(n_train // train_cfg.batch_size * train_cfg.epochs))
+    if cap:
+        steps = min(steps, cap)
+    return dataclasses.replace(train_cfg, max_steps=steps)
+
+
 def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
              spec: dict | None = None, max_steps_cap: int = 0,
              overwrite: bool = False) -> tuple[TrainResult, dict]:
@@ -357,10 +365,7 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
         train_split = dataclasses.replace(train_split,
                                           examples=[train_split.examples[i] for i in keep])
     enc = encode_split(train_split, task, tok, n_ctx, cfg.question_delimiter, cfg.encode_processes)
-    if train_cfg.max_steps == 0:
-        train_cfg.max_steps = max(1, int(len(enc.items) // train_cfg.batch_size * train_cfg.epochs))
-    if max_steps_cap:
-        train_cfg.max_steps = min(train_cfg.max_steps, max_steps_cap)
+    train_cfg = run_length(train_cfg, len(enc.items), max_steps_cap)
     eval_fn = None
     if train_cfg.eval_every:
         eval_fn = periodic_eval(task, cfg, tok, n_ctx, train_cfg.micro_batch_size)
@@ -424,36 +429,8 @@ def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: 
 # ---------------------------------------------------------------------------- config
 def resolve(config_file: str | Path | None, flags: dict[str, dict[str, Any]],
             sets: list[str] | None = None) -> tuple[FinetuneConfig, TrainConfig]:
-    """Paper defaults -> TOML ([finetune], [train]) -> flags (None skipped) -> `--set` strings."""
-    from gpt1.config import FINETUNE_TRAIN, override
-    from gpt1.recipes.pretrain import load_toml
-    cfg, train_cfg = FinetuneConfig(), TrainConfig(**FINETUNE_TRAIN)
-    sections = {"finetune": cfg, "train": train_cfg}
+    """Paper defaults -> TOML ([finetune], [train]) -> flags (None skipped) -> `--set` strings:
+    `gpt1.config.resolve_finetune` with the TOML read from `config_file`."""
+    from gpt1.config import load_toml, resolve_finetune
     table = load_toml(config_file) if config_file else {}
-    for name, values in table.items():
-        if name not in sections or not isinstance(values, dict):
-            raise ConfigError(f"{config_file}: unknown section [{name}]; known: finetune, train")
-        for key, value in values.items():
-            if not hasattr(sections[name], key):
-                raise ConfigError(f"{config_file}: unknown key {name}.{key}")
-            setattr(sections[name], key, value)
-    for name, values in flags.items():
-        for key, value in values.items():
-            if value is not None:
-                setattr(sections[name], key, value)
-    for assignment in sets or []:
-        dotted, sep, raw = assignment.partition("=")
-        section, _, key = dotted.strip().partition(".")
-        if not sep or section not in sections:
-            raise ConfigError(f"--set: expected finetune.KEY=VALUE or train.KEY=VALUE, got {assignment!r}")
-        override(sections[section], key, raw.strip(), f"--set {section}")
-    for obj in sections.values():
-        try:   # types and ranges of everything the TOML, flags and --set gave
-            obj.__post_init__()
-        except ConfigError as exc:
-            raise ConfigError(f"{config_file or '--set'}: {exc}") from None
-    if not cfg.task or not cfg.data:
-        raise ConfigError("--task and --data are required")
-    if not cfg.init:
-        raise ConfigError("--init CHECKPOINT|none is required")
-    return cfg, train_cfg
+    return resolve_finetune(table, flags, sets, toml_source=str(config_file or "config"))

@@ -7,16 +7,16 @@ tokens: ceil(epochs * train_tokens / (batch_size * n_ctx)) updates (the paper: 1
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt1.train import distributed as dist
-from gpt1.config import RunConfig, apply_sections, override_dotted, revalidate, run_preset
+from gpt1.config import RunConfig, load_toml, resolve_pretrain
 from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
 from gpt1.files import claim_run_dir, resumes_in, write_json
@@ -28,48 +28,29 @@ log = logging.getLogger("gpt1.recipes.pretrain")
 RUN_CONFIG = "run.json"
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        return tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML ({exc})") from None
-
-
 def resolve_config(preset: str | None = None, config_file: str | Path | None = None,
                    flags: dict[str, dict[str, Any]] | None = None,
                    sets: list[str] | None = None) -> RunConfig:
-    """Preset -> TOML -> flags ({section: {key: value}}, None values skipped) -> `--set` strings."""
+    """Preset -> TOML file -> flags ({section: {key: value}}, None values skipped) -> `--set`
+    strings: `gpt1.config.resolve_pretrain` with the TOML read from `config_file`."""
     table = load_toml(config_file) if config_file else {}
-    file_preset = table.pop("preset", None)
-    cfg = run_preset(preset or file_preset or "gpt1")
-    if table:
-        apply_sections(cfg, table, str(config_file))
-    for section, values in (flags or {}).items():
-        for key, value in values.items():
-            if value is not None:
-                setattr(getattr(cfg, section), key, value)
-    revalidate(cfg, "command line")
-    for assignment in sets or []:
-        override_dotted(cfg, assignment, validate=False)
-    revalidate(cfg, "--set")
-    return cfg
+    return resolve_pretrain(preset, table, flags, sets, toml_source=str(config_file or "config"))
 
 
-def finalize(cfg: RunConfig, data: PreparedData) -> int:
-    """Fill in what depends on the data: vocab size, n_ctx and run length. Returns n_ctx."""
-    cfg.model.vocab_size = data.vocab_size
+def finalize(cfg: RunConfig, data: PreparedData) -> RunConfig:
+    """`cfg` completed from the data: vocab size (the tokenizer's), n_ctx (0 = n_positions) and
+    run length (max_steps 0 = ceil(epochs * train_tokens / (batch_size * n_ctx)))."""
     n_ctx = cfg.data.n_ctx or cfg.model.n_positions
     if n_ctx > cfg.model.n_positions:
         raise ConfigError(f"data.n_ctx ({n_ctx}) exceeds model.n_positions ({cfg.model.n_positions})")
-    cfg.data.n_ctx = n_ctx
-    if cfg.train.max_steps == 0:
+    max_steps = cfg.train.max_steps
+    if max_steps == 0:
         tokens = data.splits["train"].tokens
-        cfg.train.max_steps = max(1, math.ceil(cfg.train.epochs * tokens /
-                                               (cfg.train.batch_size * n_ctx)))
-    return n_ctx
+        max_steps = max(1, math.ceil(cfg.train.epochs * tokens / (cfg.train.batch_size * n_ctx)))
+    return dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, vocab_size=data.vocab_size),
+        data=dataclasses.replace(cfg.data, n_ctx=n_ctx),
+        train=dataclasses.replace(cfg.train, max_steps=max_steps))
 
 
 def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: int) -> Any:
@@ -121,7 +102,8 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt",
 
 def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     data = open_prepared(cfg.data.path)
-    n_ctx = finalize(cfg, data)
+    cfg = finalize(cfg, data)
+    n_ctx = cfg.data.n_ctx
     info = dist.env_info()
     from gpt1.model.memory import ensure_training_fits
     from gpt1.train.loop import resolve_device

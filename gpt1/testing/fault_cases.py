@@ -102,8 +102,7 @@ def tiny_checkpoint(folder: Path) -> Path:
     from gpt1.config import model_preset
     from gpt1.model.gpt import GPT
     torch.manual_seed(0)
-    config = model_preset("tiny")
-    config.vocab_size = 300
+    config = model_preset("tiny").derive(vocab_size=300)
     return save_model(GPT(config), folder, char_vocab(folder.parent / "vocab"))
 
 
