@@ -88,7 +88,8 @@ class FinetuneRun:
                          "lm_coef": self.lm_coef, "transfer_layers": self.transfer_layers,
                          "n_ctx": o.n_ctx, "train_split": self.train_split,
                          "eval_split": self.eval_split, "train_examples": self.train_examples},
-            "train": {"epochs": o.epochs, "micro_batch_size": o.micro_batch,
+            "train": {"max_steps": o.max_steps, "epochs": o.epochs,
+                      "micro_batch_size": o.micro_batch,
                       "batch_size": o.batch_size, "lr": o.lr, "resume": self.resume,
                       "seed": self.seed, "precision": o.precision,
                       "quiet": True if o.quiet else None},
@@ -105,7 +106,8 @@ class FinetuneRun:
         Errors propagate as exceptions; an interrupted run is a `Gpt1Error`."""
         from gpt1.recipes.finetune import finetune, resolve
         cfg, train_cfg = resolve(None, self.flags(), self.options.sets)
-        result, _ = finetune(cfg, train_cfg, self.out, self.spec(), self.options.max_steps or 0)
+        # --max-steps has one meaning everywhere: train.max_steps, the run's length in updates.
+        result, _ = finetune(cfg, train_cfg, self.out, self.spec())
         if result.interrupted:
             raise Gpt1Error(f"`{' '.join(self.argv())}` was interrupted "
                             f"(signal {int(result.interrupted)})")
