@@ -157,8 +157,8 @@ def _padding_ratio(batches) -> float:
 
 
 def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch):
-    import gpt1.recipes.finetune as ft
-    monkeypatch.setattr(ft, "GROUP_BATCHES", 10)
+    import gpt1.tasks.batches as batches
+    monkeypatch.setattr(batches, "GROUP_BATCHES", 10)
     enc = _varied(203)                               # 203 % 4 != 0: batches straddle epochs
     grouped = FinetuneSource(enc, seed=1, regression=False, group_by_length=4)
     plain = FinetuneSource(enc, seed=1, regression=False)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1.model.checkpoint import (TRAINER_JSON, TRAINER_TENSORS, WEIGHTS, latest_resumable,
-                             load_checkpoint, load_state_dict, load_training_state, save_model)
+from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict, save_model
+from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
 from gpt1.model.gpt import GPT

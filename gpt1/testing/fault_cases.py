@@ -399,7 +399,7 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
         lines = done.stdout.strip().splitlines()
         state, code = json.loads(lines[-2]), int(lines[-1])
         return _disk_full_outcome(code, done.stderr.strip(), state, simulated=False)
-    from gpt1.model import checkpoint
+    from gpt1 import checkpoint_files as checkpoint
     real, calls = checkpoint.save_file, {"n": 0}
 
     def fills_up(tensors, filename, metadata=None):
