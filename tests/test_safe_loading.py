@@ -148,7 +148,8 @@ def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
 
 def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     """A fine-tuned folder's head.safetensors goes through the same safe loader."""
-    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.recipes.evaluate import load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     (folder / TASK_FILE).write_text(json.dumps({"task": "sst2", "kind": "single", "n_outputs": 2,
                                                 "classify_id": 3, "n_ctx": 16}))

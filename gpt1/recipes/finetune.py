@@ -1,6 +1,6 @@
 """`gpt1 finetune`: a task head on a (pre)trained GPT, trained by the shared training loop.
 
-Pieces: `build_model` (checkpoint or fresh model, layer transfer, task tokens), `encode_split`
+Pieces: `build_finetune_model` (checkpoint or fresh model, layer transfer, task tokens), `encode_split`
 (examples -> id sequences through the task's transformation), `FinetuneSource` (seeded
 shuffled epochs, exact-resume state), `FinetuneLoss` (task + lm_coef x LM), the run folder's
 writer/reader (GPT files + `head.safetensors` + `task.json`), and `finetune` itself. The
@@ -28,11 +28,10 @@ from gpt1.model.heads import FinetuneModel
 from gpt1.train.objectives import finetune_loss
 from gpt1.model.registry import arch_extra, load_any_checkpoint, model_flops
 from gpt1.model.gpt import GPT
-from gpt1.model.finetuned import HEAD_FILE, TASK_FILE, read_task_record  # noqa: F401 (re-exported)
+from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+# load_finetuned is re-exported for the analyses, which still import it from here.
 from gpt1.recipes.evaluate import evaluate_model, load_finetuned, score, write_results  # noqa: F401
-from gpt1.tasks.batches import (  # noqa: F401 (re-exported: where callers have long found them)
-    GROUP_BATCHES, Encoded, FinetuneSource, encode_split, example_length, make_batch, report_skipped,
-    special_ids)
+from gpt1.tasks.batches import FinetuneSource, encode_split, report_skipped
 from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
 from gpt1.train.loop import TrainResult, train
 
@@ -61,7 +60,7 @@ def _transfer(fresh: GPT, pretrained: GPT, k: int) -> None:
     fresh.load_state_dict(keep, strict=False)
 
 
-def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneModel, Any, Path]:
+def build_finetune_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneModel, Any, Path]:
     """(model with task tokens and head, tokenizer, tokenizer folder) for a fine-tuning run."""
     torch.manual_seed(seed)  # the same fresh weights (head, task tokens, new blocks) on every rank
     if cfg.init in ("", "none"):
@@ -194,7 +193,7 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
-    model, tok, tok_dir = build_model(cfg, task, train_cfg.seed)
+    model, tok, tok_dir = build_finetune_model(cfg, task, train_cfg.seed)
     n_ctx = min(cfg.n_ctx or default_context(cfg, model.gpt), model.gpt.config.n_positions)
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
     report_skipped(train_split)

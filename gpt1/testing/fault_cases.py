@@ -616,7 +616,7 @@ def huge_n_outputs(work: Path) -> CaseResult:
     import torch
     from safetensors.torch import save_file
 
-    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE
+    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     runs = []
     for value in (20_000_000, 1e12):
         ft = tiny_checkpoint(work / f"ft-{value:g}")
