@@ -38,7 +38,7 @@ from gpt1.errors import CheckpointError, ConfigError
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "gpt1"
-TASKS_DIR = Path(__file__).resolve().parent / "lm_eval_tasks"
+TASKS_DIR = Path(__file__).resolve().parent.parent / "lm_eval_tasks"
 
 
 def register() -> None:
