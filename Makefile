@@ -24,7 +24,9 @@ venv: $(VENV)/.installed
 demo: $(VENV)/.base
 	$(VENV)/bin/gpt1 demo
 
+# lint-imports first: the layers of docs/architecture.md, as contracts in pyproject.toml.
 test: venv
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 bench: venv

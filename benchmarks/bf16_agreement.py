@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpt1.recipes.evaluate import predict_raw  # noqa: E402
-from gpt1.recipes.finetune import encode_split  # noqa: E402
+from gpt1.tasks.batches import encode_split  # noqa: E402
 from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.tasks.metrics import compute  # noqa: E402
 

@@ -40,7 +40,7 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 from gpt1.config import model_preset  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
 from gpt1.recipes.evaluate import predict_raw  # noqa: E402
-from gpt1.recipes.finetune import Encoded  # noqa: E402
+from gpt1.tasks.batches import Encoded  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.recipes.sample import generate  # noqa: E402

@@ -228,7 +228,7 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     rows = json.loads((only / "ablations.json").read_text())["rows"]
     assert rows["lstm"]["cells"]["sst2"]["seeds"] == 1 and rows["full"]["cells"]["sst2"]["seeds"] == 0
     # The fine-tuned LSTM run reloads as an LSTM.
-    from gpt1.recipes.finetune import load_finetuned
+    from gpt1.recipes.evaluate import load_finetuned
     model, _, _ = load_finetuned(out / "runs" / "sst2-lstm-seed0")
     assert isinstance(model.gpt, LSTMLM)
 

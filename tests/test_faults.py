@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt1 import checkpoint_files
 from gpt1.model import checkpoint as ckpt
+from gpt1.train import state as train_state
 from gpt1.config import TrainConfig, model_preset
 from gpt1.text.windows import WindowSource, open_prepared
 from gpt1.errors import CheckpointError, Gpt1Error
@@ -50,7 +52,7 @@ def test_kill_mid_checkpoint_leaves_previous_intact(tmp_path, monkeypatch):
     publication -- is simulated in-process: the half-written folder is invisible to resume."""
     run = tmp_path / "run"
     calls = {"n": 0}
-    real = ckpt.save_training_state
+    real = train_state.save_training_state
 
     def dies_in_second_save(folder, tensors, info):
         calls["n"] += 1
@@ -58,12 +60,12 @@ def test_kill_mid_checkpoint_leaves_previous_intact(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # stands in for the process dying here
         real(folder, tensors, info)
 
-    monkeypatch.setattr(ckpt, "save_training_state", dies_in_second_save)
+    monkeypatch.setattr(train_state, "save_training_state", dies_in_second_save)
     with pytest.raises(KeyboardInterrupt):
         tiny_train(tmp_path, run, max_steps=4, save_every=2)
-    assert [p.name for p in ckpt.step_dirs(run)] == ["step-2"]
+    assert [p.name for p in train_state.step_dirs(run)] == ["step-2"]
     assert any(".step-4.tmp-" in p.name for p in run.iterdir())      # the torn write
-    assert ckpt.latest_resumable(run) == run / "step-2"
+    assert train_state.latest_resumable(run) == run / "step-2"
     ckpt.load_checkpoint(run / "step-2")
 
 
@@ -122,7 +124,7 @@ class _InfGrad(torch.autograd.Function):
 # ------------------------------------------------------------------------------- full disk
 def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch):
     run = tmp_path / "run"
-    real = ckpt.save_file
+    real = checkpoint_files.save_file
     state = {"n": 0}
 
     def fills_the_disk(tensors, filename, metadata=None):
@@ -132,19 +134,19 @@ def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch)
         Path(filename).write_bytes(b"\0" * 1000)   # part of the file, then ENOSPC
         raise OSError(errno.ENOSPC, "No space left on device", filename)
 
-    monkeypatch.setattr(ckpt, "save_file", fills_the_disk)
+    monkeypatch.setattr(checkpoint_files, "save_file", fills_the_disk)
     with pytest.raises(CheckpointError) as err:
         tiny_train(tmp_path, run, max_steps=6, save_every=2)
     message = str(err.value)
     assert "No space left on device" in message and "step-4" in message
     assert "step-2 is intact" in message and "--resume auto" in message
-    assert [p.name for p in ckpt.step_dirs(run)] == ["step-2"]
+    assert [p.name for p in train_state.step_dirs(run)] == ["step-2"]
     assert not [p for p in run.iterdir() if ".tmp-" in p.name]      # the torn folder is removed
     model = ckpt.load_checkpoint(run / "step-2")
-    _, meta = ckpt.load_training_state(run / "step-2")
+    _, meta = train_state.load_training_state(run / "step-2")
     assert meta["step"] == 2 and model.config.vocab_size == 300
     # with space again, the run resumes from step-2 and finishes
-    monkeypatch.setattr(ckpt, "save_file", real)
+    monkeypatch.setattr(checkpoint_files, "save_file", real)
     result = tiny_train(tmp_path, run, max_steps=6, save_every=2, resume="auto")
     assert result.step == 6 and (run / "final" / "model.safetensors").is_file()
 
@@ -156,7 +158,7 @@ def test_full_disk_through_the_cli_is_one_line(tmp_path, monkeypatch, capsys):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "save_file", no_space)
+    monkeypatch.setattr(checkpoint_files, "save_file", no_space)
     code = main(["--quiet", "pretrain", "--preset", "tiny", "--data", str(data), "--out",
                  str(tmp_path / "run"), "--max-steps", "2", "--save-every", "1",
                  "--eval-every", "0", "--set", "train.peak_flops=1"])
@@ -174,7 +176,7 @@ def test_nonfinite_loss_or_gradient_stops_with_advice(tmp_path, kind):
     message = str(err.value)
     assert "diverged at step 5" in message and "train.lr" in message
     assert str(run / "step-4") in message
-    assert [p.name for p in ckpt.step_dirs(run)] == ["step-2", "step-4"]
+    assert [p.name for p in train_state.step_dirs(run)] == ["step-2", "step-4"]
     assert not (run / "final").exists() and not (run / "step-5").exists()
     model = ckpt.load_checkpoint(run / "step-4")
     assert all(torch.isfinite(p).all() for p in model.parameters())
@@ -191,7 +193,7 @@ def test_divergence_through_the_cli(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "training diverged" in done.stderr and "Lower train.lr" in done.stderr
     assert not (run / "final").exists()
-    last = ckpt.latest_resumable(run)
+    last = train_state.latest_resumable(run)
     if last is not None:       # whatever was saved before the NaN still loads
         ckpt.load_checkpoint(last)
 
@@ -206,7 +208,7 @@ def test_out_of_memory_names_the_flags(tmp_path, kind):
     assert isinstance(err.value, Gpt1Error)
     assert "--micro-batch 2" in message and "--micro-batch (e.g. 1)" in message
     assert "from 2 to 4" in message and "--batch-size 4" in message
-    assert ckpt.latest_resumable(run) == run / "step-2"
+    assert train_state.latest_resumable(run) == run / "step-2"
 
 
 def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt1 import checkpoint_files
 from gpt1.model import checkpoint as ckpt
+from gpt1.train import state as train_state
 from gpt1 import files
 from gpt1.cli import main
 from gpt1.testing import fault_cases, faults
@@ -270,7 +272,7 @@ def test_checkpoint_write_failure_is_one_line_without_leftovers(tmp_path, prepar
                                                                 monkeypatch, code):
     """Issue case 7: disk full / read-only while checkpointing, also from safetensors itself."""
     from safetensors import SafetensorError
-    real, calls = ckpt.save_file, {"n": 0}
+    real, calls = checkpoint_files.save_file, {"n": 0}
 
     def failing(tensors, filename, metadata=None):
         calls["n"] += 1
@@ -282,13 +284,13 @@ def test_checkpoint_write_failure_is_one_line_without_leftovers(tmp_path, prepar
                                   "StorageFull, message: \"No space left on device\" })")
         raise OSError(code, os.strerror(code), filename)
 
-    monkeypatch.setattr(ckpt, "save_file", failing)
+    monkeypatch.setattr(checkpoint_files, "save_file", failing)
     run = tmp_path / "run"
     exit_code, err = cli(capsys, *pretrain_argv(prepared, run, 3))
     assert exit_code == 2 and len(err.splitlines()) == 1, err
     assert str(run / "step-2") in err and os.strerror(code) in err and "is intact" in err
     assert ("needs about" in err) == (code == errno.ENOSPC)
-    assert [p.name for p in ckpt.step_dirs(run)] == ["step-1"]
+    assert [p.name for p in train_state.step_dirs(run)] == ["step-1"]
     assert leftovers(run) == []
     ckpt.load_checkpoint(run / "step-1")
 
@@ -331,7 +333,7 @@ def test_read_errors_are_not_reported_as_write_errors(tmp_path):
 def test_save_model_write_failure_leaves_nothing(tmp_path, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-    monkeypatch.setattr(ckpt, "save_file", no_space)
+    monkeypatch.setattr(checkpoint_files, "save_file", no_space)
     with pytest.raises(files.WriteError, match=r"ckpt: could not write \(No space left"):
         tiny_checkpoint(tmp_path / "ckpt")
     assert leftovers(tmp_path) == [] and not (tmp_path / "ckpt").exists()
@@ -344,7 +346,7 @@ def test_weights_follow_the_umask(tmp_path, mask):
     old = os.umask(mask)
     try:
         folder = tiny_checkpoint(tmp_path / "ckpt")
-        ckpt.save_training_state(folder, {"x": torch.zeros(2)}, {"step": 0})
+        train_state.save_training_state(folder, {"x": torch.zeros(2)}, {"step": 0})
     finally:
         os.umask(old)
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}

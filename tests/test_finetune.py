@@ -10,7 +10,9 @@ import torch
 
 from gpt1.cli import main
 from gpt1.config import FinetuneConfig, TrainConfig, FINETUNE_TRAIN
-from gpt1.recipes.finetune import Encoded, FinetuneSource, build_model, finetune, load_finetuned
+from gpt1.recipes.evaluate import load_finetuned
+from gpt1.recipes.finetune import build_finetune_model, finetune
+from gpt1.tasks.batches import Encoded, FinetuneSource
 from gpt1.tasks import get_task
 
 pytestmark = pytest.mark.data
@@ -100,7 +102,7 @@ def test_transfer_layers(tmp_path: Path, gpt1_vocab: Path):
     for k, emb_same, block0_same, block1_same in [(-2, True, True, True), (1, True, True, False),
                                                   (0, True, False, False), (-1, False, False, False)]:
         cfg = FinetuneConfig(task="rte", data=".", init=str(tmp_path / "ckpt"), transfer_layers=k)
-        model, tok, _ = build_model(cfg, task, seed=5)
+        model, tok, _ = build_finetune_model(cfg, task, seed=5)
         g = model.gpt
         assert torch.equal(g.wte.weight[:40478], pre.wte.weight) == emb_same
         assert torch.equal(g.h[0].attn.c_attn.weight, pre.h[0].attn.c_attn.weight) == block0_same
@@ -156,8 +158,8 @@ def _padding_ratio(batches) -> float:
 
 
 def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch):
-    import gpt1.recipes.finetune as ft
-    monkeypatch.setattr(ft, "GROUP_BATCHES", 10)
+    import gpt1.tasks.batches as batches
+    monkeypatch.setattr(batches, "GROUP_BATCHES", 10)
     enc = _varied(203)                               # 203 % 4 != 0: batches straddle epochs
     grouped = FinetuneSource(enc, seed=1, regression=False, group_by_length=4)
     plain = FinetuneSource(enc, seed=1, regression=False)

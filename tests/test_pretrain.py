@@ -15,7 +15,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt1.model.checkpoint import load_checkpoint, load_training_state, step_dirs
+from gpt1.model.checkpoint import load_checkpoint
+from gpt1.train.state import load_training_state, step_dirs
 from gpt1.cli import main
 from gpt1.config import run_preset
 from gpt1.text.windows import open_prepared

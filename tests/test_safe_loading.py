@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1.model.checkpoint import (TRAINER_JSON, TRAINER_TENSORS, WEIGHTS, latest_resumable,
-                             load_checkpoint, load_state_dict, load_training_state, save_model)
+from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict, save_model
+from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
 from gpt1.model.gpt import GPT
@@ -148,7 +148,8 @@ def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
 
 def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     """A fine-tuned folder's head.safetensors goes through the same safe loader."""
-    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.recipes.evaluate import load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     (folder / TASK_FILE).write_text(json.dumps({"task": "sst2", "kind": "single", "n_outputs": 2,
                                                 "classify_id": 3, "n_ctx": 16}))

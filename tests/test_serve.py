@@ -177,7 +177,8 @@ def test_predict_equals_gpt1_predict(world, kind, tmp_path):
     """Labels (scores for regression) equal the submission `gpt1 predict` writes, for all four
     task kinds; probabilities are the softmax of the head's outputs for the same inputs."""
     from gpt1.recipes.evaluate import predict_raw
-    from gpt1.recipes.finetune import encode_split, load_finetuned
+    from gpt1.recipes.evaluate import load_finetuned
+    from gpt1.tasks.batches import encode_split
     from gpt1.tasks.examples import Split
     run, data, rows = world["runs"][kind]
     expected = submission(run, data, tmp_path / "sub")

@@ -367,6 +367,12 @@ def test_utf16_file_is_named_as_such(tmp_path: Path):
     assert err.value.line == 1
 
 
+def _kind_labels(name: str) -> tuple:
+    """What the hub reader is given of a registered task."""
+    task = get_task(name)
+    return task.kind, task.labels
+
+
 def test_hub_rows_follow_the_same_rules(monkeypatch):
     rows = [{"sentence": "good", "label": 1, "idx": 0},
             {"sentence": "x" * (MAX_FIELD_CHARS + 1), "label": 0, "idx": 1},
@@ -376,19 +382,19 @@ def test_hub_rows_follow_the_same_rules(monkeypatch):
     monkeypatch.setattr(hub, "_load", lambda name, split: rows)
     task = get_task("sst2")
     with pytest.raises(DataError, match="limit is") as err:
-        hub.read_hub(task, "glue/sst2", "train", hub.BadRows())
+        hub.read_hub(task.kind, task.labels, "glue/sst2", "train", hub.BadRows())
     assert (err.value.line, err.value.field) == (2, "sentence")
     bad = hub.BadRows(skip=True)
-    examples, _, _ = hub.read_hub(task, "glue/sst2", "train", bad)
+    examples, _, _ = hub.read_hub(task.kind, task.labels, "glue/sst2", "train", bad)
     assert [e.text for e in examples] == ["good"] and [e.line for e in bad.rows] == [2, 3, 4, 5]
     monkeypatch.setattr(hub, "_load", lambda name, split: [
         {"sentence1": "a", "sentence2": "b", "label": float("nan")}])
     with pytest.raises(DataError, match="finite"):
-        hub.read_hub(get_task("stsb"), "glue/stsb", "train", hub.BadRows())
+        hub.read_hub(*_kind_labels("stsb"), "glue/stsb", "train", hub.BadRows())
     monkeypatch.setattr(hub, "_load", lambda name, split: [  # GLUE test rows: -1 is no label
         {"sentence1": "a", "sentence2": "b", "label": -1.0}])
-    assert hub.read_hub(get_task("stsb"), "glue/stsb", "test", hub.BadRows())[0][0].label is None
+    assert hub.read_hub(*_kind_labels("stsb"), "glue/stsb", "test", hub.BadRows())[0][0].label is None
     monkeypatch.setattr(hub, "_load", lambda name, split: [
         {"article": "a", "question": "q", "options": ["x", "y"], "answer": "Z"}])
     with pytest.raises(DataError, match="unknown answer 'Z'"):
-        hub.read_hub(get_task("race"), "race/all", "train", hub.BadRows())
+        hub.read_hub(*_kind_labels("race"), "race/all", "train", hub.BadRows())

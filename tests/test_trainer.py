@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt1.model.checkpoint import load_checkpoint, load_training_state, step_dirs
+from gpt1.model.checkpoint import load_checkpoint
+from gpt1.train.state import load_training_state, step_dirs
 from gpt1.config import TrainConfig, model_preset
 from gpt1.text.windows import Split, WindowSource
 from gpt1.model.gpt import GPT

@@ -204,7 +204,8 @@ def test_task_record_is_validated(field, value, expected):
 
 @pytest.mark.parametrize("n_outputs", [20_000_000, 1e12])
 def test_predict_refuses_huge_n_outputs_before_allocating(tmp_path, n_outputs, capsys):
-    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.recipes.evaluate import load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     save_file({"linear.weight": torch.zeros(2, 32), "linear.bias": torch.zeros(2)},
               str(folder / HEAD_FILE))
@@ -358,7 +359,8 @@ def test_openai_shard_with_nan_is_refused(tmp_path):
 
 
 def test_finetuned_head_with_nan_is_refused(tmp_path):
-    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE, load_finetuned
+    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.recipes.evaluate import load_finetuned
     folder = tiny_checkpoint(tmp_path / "ft")
     save_file({"linear.weight": torch.full((2, 32), float("nan")), "linear.bias": torch.zeros(2)},
               str(folder / HEAD_FILE))

@@ -15,6 +15,7 @@ import torch
 
 from gpt1.config import ModelConfig, TrainConfig
 from gpt1.errors import ConfigError
+from gpt1.model.gpt import parameter_count as count
 
 FLOAT_BYTES = 4   # weights, gradients and optimizer moments are kept in float32
 
@@ -25,7 +26,6 @@ class TooLargeError(ConfigError):
 
 def parameter_count(config: ModelConfig, extra: int = 0) -> int:
     """Parameters of a GPT with `config` (plus `extra`, e.g. a task head), without allocating."""
-    from gpt1.model.gpt import parameter_count as count
     return count(config) + int(extra)
 
 

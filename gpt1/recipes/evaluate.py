@@ -14,8 +14,12 @@ from typing import Any
 
 import torch
 
+from gpt1.checkpoint_files import resolve_checkpoint_dir
+from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.files import check_output, write_json, write_text
+from gpt1.model.finetuned import load_finetuned_model
+from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
 from gpt1.tasks.metrics import compute
 from gpt1.tasks.registry import Task, get_task
 
@@ -34,7 +38,6 @@ def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
     reach a causal model's real positions, so an example's output does not depend on its
     batch); the outputs are put back in the split's order.
     """
-    from gpt1.recipes.finetune import example_length, make_batch
     device = next(model.parameters()).device
     order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
     outputs: list[Any] = [None] * len(order)
@@ -68,7 +71,6 @@ def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
 def evaluate_model(model: Any, task: Task, tok: Any, data: str, split: str, n_ctx: int,
                    question_delimiter: bool, micro: int, skip_bad_rows: bool = False) -> dict[str, Any]:
     """Metrics of `model` on `split` of `task` (all files it stands for)."""
-    from gpt1.recipes.finetune import encode_split, report_skipped
     results: dict[str, Any] = {"task": task.name, "split": split}
     for i, name in enumerate(task.resolve_splits(split)):
         sp = task.read(data, name, skip_bad_rows, need_labels=True)
@@ -102,9 +104,15 @@ def submission_name(task: Task, split_file: str) -> str:
     return f"{stem}.tsv" if split_file.startswith("test") else f"{stem}.{split_file}.tsv"
 
 
+def load_finetuned(run: str | Path) -> tuple[Any, dict[str, Any], Any]:
+    """(model, task record, tokenizer) of a fine-tuned run or checkpoint folder."""
+    from gpt1.text.tokenizer import Tokenizer   # deferred: spaCy and ftfy load with it
+    model, record, folder = load_finetuned_model(run)
+    return model, record, Tokenizer.from_dir(folder)
+
+
 def _run_folder(run: str | Path) -> Path:
     """The run folder that holds a fine-tuned checkpoint (RUN or RUN/final given)."""
-    from gpt1.model.checkpoint import resolve_checkpoint_dir
     folder = resolve_checkpoint_dir(run)
     return folder.parent if Path(run).resolve() != folder.resolve() else folder
 
@@ -122,7 +130,6 @@ def _task_of(record: dict, name: str | None) -> Task:
 
 def _place(model: Any, device: str, precision: str) -> Any:
     """The model on `device` in `precision` (both may be "auto": see gpt1.devices)."""
-    from gpt1.devices import resolve_device, resolve_precision, torch_dtype
     where = resolve_device(device)
     return model.to(device=where, dtype=torch_dtype(resolve_precision(precision, where)))
 
@@ -133,7 +140,6 @@ def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str =
                  out: str | Path | None = None) -> dict[str, Any]:
     """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
     (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
-    from gpt1.recipes.finetune import load_finetuned
     out_dir = results_path(run, split, out).parent
     check_output(out_dir / results_name(split), overwrite)
     model, record, tok = load_finetuned(run)
@@ -157,7 +163,6 @@ def predict_run(run: str | Path, task_name: str | None, data: str, split: str = 
                 overwrite: bool = False) -> list[Path]:
     """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for), named
     by `submission_name`; an existing file is replaced only with `overwrite`."""
-    from gpt1.recipes.finetune import encode_split, load_finetuned
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model = _place(model, device, precision)

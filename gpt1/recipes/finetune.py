@@ -1,6 +1,6 @@
 """`gpt1 finetune`: a task head on a (pre)trained GPT, trained by the shared training loop.
 
-Pieces: `build_model` (checkpoint or fresh model, layer transfer, task tokens), `encode_split`
+Pieces: `build_finetune_model` (checkpoint or fresh model, layer transfer, task tokens), `encode_split`
 (examples -> id sequences through the task's transformation), `FinetuneSource` (seeded
 shuffled epochs, exact-resume state), `FinetuneLoss` (task + lm_coef x LM), the run folder's
 writer/reader (GPT files + `head.safetensors` + `task.json`), and `finetune` itself. The
@@ -12,7 +12,7 @@ import dataclasses
 import json
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +22,21 @@ from safetensors.torch import save_file
 from gpt1.model import checkpoint as ckpt
 from gpt1.train import distributed as dist
 from gpt1 import files
-from gpt1.config import FinetuneConfig, TrainConfig, check_task_record, model_preset, read_json_file
+from gpt1.config import FinetuneConfig, TrainConfig, model_preset
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.model.heads import FinetuneModel
 from gpt1.train.objectives import finetune_loss
 from gpt1.model.registry import arch_extra, load_any_checkpoint, model_flops
 from gpt1.model.gpt import GPT
-from gpt1.tasks.examples import Split
+from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+# load_finetuned is re-exported for the analyses, which still import it from here.
+from gpt1.recipes.evaluate import evaluate_model, load_finetuned, score, write_results  # noqa: F401
+from gpt1.tasks.batches import FinetuneSource, encode_split, report_skipped
 from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
-from gpt1.tasks.transforms import SpecialIds, pad_batch, transform
 from gpt1.train.loop import TrainResult, train
 
 log = logging.getLogger("gpt1.recipes.finetune")
-HEAD_FILE, TASK_FILE, RESULTS_FILE = "head.safetensors", "task.json", "results.json"
-
-
-@dataclass
-class Encoded:
-    """A split turned into model inputs: K id sequences and a label per example."""
-
-    items: list[list[list[int]]]
-    labels: list[Any]
-    uids: list[str]
+RESULTS_FILE = "results.json"
 
 
 # ---------------------------------------------------------------------------- model
@@ -67,7 +60,7 @@ def _transfer(fresh: GPT, pretrained: GPT, k: int) -> None:
     fresh.load_state_dict(keep, strict=False)
 
 
-def build_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneModel, Any, Path]:
+def build_finetune_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneModel, Any, Path]:
     """(model with task tokens and head, tokenizer, tokenizer folder) for a fine-tuning run."""
     torch.manual_seed(seed)  # the same fresh weights (head, task tokens, new blocks) on every rank
     if cfg.init in ("", "none"):
@@ -109,116 +102,6 @@ def default_context(cfg: FinetuneConfig, gpt: Any) -> int:
     return ckpt.trained_context(cfg.init) or gpt.config.n_positions
 
 
-def special_ids(tok: Any) -> SpecialIds:
-    return SpecialIds(tok.start_id, tok.delimiter_id, tok.classify_id)
-
-
-def encode_split(split: Split, task: Task, tok: Any, n_ctx: int, question_delimiter: bool = False,
-                 processes: int = 1) -> Encoded:
-    """Every example of `split` through the task's transformation (texts encoded once each)."""
-    texts: dict[str, None] = {}
-    for e in split.examples:
-        for t in (getattr(e, "text", None), getattr(e, "a", None), getattr(e, "b", None),
-                  getattr(e, "context", None), getattr(e, "question", None)):
-            if t is not None:
-                texts[t] = None
-        for c in getattr(e, "choices", []):
-            texts[c] = None
-    unique = list(texts)
-    table = dict(zip(unique, tok.encode_batch(unique, processes)))
-    ids = special_ids(tok)
-    items = [transform(task.kind, e, table.__getitem__, ids, n_ctx, question_delimiter)
-             for e in split.examples]
-    return Encoded(items, [e.label for e in split.examples], [e.uid for e in split.examples])
-
-
-def example_length(item: list[list[int]]) -> int:
-    """Padded length an example needs: its longest sequence (choices pad to the longest)."""
-    return max((len(seq) for seq in item), default=0)
-
-
-def make_batch(enc: Encoded, index: list[int], regression: bool) -> dict[str, torch.Tensor]:
-    ids, mask = pad_batch([enc.items[i] for i in index])
-    batch = {"ids": ids, "mask": mask}
-    if all(enc.labels[i] is not None for i in index):
-        dtype = torch.float32 if regression else torch.long
-        batch["labels"] = torch.tensor([enc.labels[i] for i in index], dtype=dtype)
-    return batch
-
-
-# --------------------------------------------------------------------------- source
-# Length grouping sorts runs of this many micro-batches of a shuffled epoch by length.
-GROUP_BATCHES = 50
-
-
-class FinetuneSource:
-    """Shuffled epochs over the training examples; rank r takes every world-th example.
-
-    The permutation of epoch e comes from a generator seeded with (seed, e), so the state is
-    just (epoch, position): resume continues with exactly the next example.
-
-    With `group_by_length` (the micro-batch size; 0 = off) each epoch's shuffled order is cut
-    into runs of `GROUP_BATCHES` micro-batches, each run sorted by length, the sorted runs cut
-    into micro-batches and those shuffled again: batches hold examples of similar length, so
-    far less padding (SST-2: 2.8x the real tokens with random batches of 32, 1.04x grouped),
-    while every example is still seen once per epoch in a seeded order. OpenAI's code shuffled
-    freely (and padded every example to the longest in the dataset), so this is off by default.
-    """
-
-    def __init__(self, enc: Encoded, seed: int, regression: bool, rank: int = 0, world: int = 1,
-                 group_by_length: int = 0):
-        self.enc, self.seed, self.regression = enc, seed, regression
-        self.rank, self.world = rank, world
-        self.group = group_by_length
-        self.epoch, self.pos = 0, 0
-        self._order = self._permutation(0)
-
-    def _permutation(self, epoch: int) -> list[int]:
-        g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
-        perm = torch.randperm(len(self.enc.items), generator=g).tolist()
-        usable = len(perm) - len(perm) % self.world or len(perm)
-        order = perm[:usable][self.rank::self.world]
-        return self._grouped(order, epoch, g) if self.group else order
-
-    def _grouped(self, order: list[int], epoch: int, g: torch.Generator) -> list[int]:
-        """`order` with runs sorted by length and cut where `next_batch` will cut them.
-
-        Batches run on across epochs, so epoch e starts (e * len) % micro examples into a
-        batch: its first `head` examples complete that batch, and whole micro-batches follow.
-        """
-        micro, n = self.group, len(order)
-        head = (micro - epoch * n % micro) % micro
-        run = GROUP_BATCHES * micro
-        body = order[head:]
-        body = [i for s in range(0, len(body), run)
-                for i in sorted(body[s:s + run], key=lambda i: -example_length(self.enc.items[i]))]
-        whole = len(body) - len(body) % micro
-        blocks = [body[s:s + micro] for s in range(0, whole, micro)]
-        shuffled = [blocks[b] for b in torch.randperm(len(blocks), generator=g).tolist()]
-        return order[:head] + [i for block in shuffled for i in block] + body[whole:]
-
-    def next_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
-        if self.group and micro_batch_size != self.group:
-            raise ConfigError(f"this source groups by length for micro-batches of {self.group}, "
-                              f"asked for {micro_batch_size}")
-        index = []
-        while len(index) < micro_batch_size:
-            if self.pos >= len(self._order):
-                self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            take = self._order[self.pos:self.pos + micro_batch_size - len(index)]
-            index += take
-            self.pos += len(take)
-        return make_batch(self.enc, index, self.regression)
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.seed, self.epoch, self.pos = int(state["seed"]), int(state["epoch"]), int(state["pos"])
-        self._order = self._permutation(self.epoch)
-
-
 class FinetuneLoss:
     """`loss_fn(model, batch)`: task loss + lm_coef x per-sequence LM loss (reference a.7)."""
 
@@ -258,40 +141,6 @@ def read_into(model: FinetuneModel, folder: Path) -> None:
     ckpt.check_state_dict(model.gpt, state, folder / ckpt.WEIGHTS)
     model.gpt.load_state_dict(state)
     model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE))
-
-
-def load_finetuned(run: str | Path) -> tuple[FinetuneModel, dict, Any]:
-    """(model, task record, tokenizer) of a fine-tuned run or checkpoint folder."""
-    folder = ckpt.resolve_checkpoint_dir(run)
-    if not (folder / TASK_FILE).is_file():
-        raise CheckpointError(f"{folder}: not a fine-tuned checkpoint (no {TASK_FILE}); "
-                              "run `gpt1 finetune` first")
-    record = read_task_record(folder)
-    config_data = ckpt.read_config(folder)
-    if config_data.get("arch", "gpt") == "gpt":
-        from gpt1.model.memory import ensure_model_fits
-        config = ckpt.read_model_config(folder)
-        ensure_model_fits(config, str(folder / TASK_FILE), "cpu",
-                          extra_params=(config.n_embd + 1) * record["n_outputs"])
-    gpt = load_any_checkpoint(folder)
-    if record["classify_id"] >= gpt.config.vocab_size or record["n_ctx"] > gpt.config.n_positions:
-        raise CheckpointError(f"{folder / TASK_FILE}: classify_id {record['classify_id']} or n_ctx "
-                              f"{record['n_ctx']} does not fit the model (vocab_size "
-                              f"{gpt.config.vocab_size}, n_positions {gpt.config.n_positions})")
-    model = FinetuneModel(gpt, record["kind"], record["n_outputs"], record["classify_id"],
-                          record.get("clf_pdrop", 0.1))
-    model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE))
-    return model.eval(), record, load_tokenizer(folder)
-
-
-def read_task_record(folder: Path) -> dict[str, Any]:
-    """The validated `task.json` of a fine-tuned checkpoint folder."""
-    file = Path(folder) / TASK_FILE
-    record = read_json_file(file, CheckpointError)
-    try:
-        return check_task_record(record, str(file))
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from None
 
 
 def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> Task:
@@ -349,11 +198,10 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
 
 def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict | None,
               max_steps_cap: int) -> tuple[TrainResult, dict]:
-    from gpt1.recipes.evaluate import evaluate_model, write_results
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
-    model, tok, tok_dir = build_model(cfg, task, train_cfg.seed)
+    model, tok, tok_dir = build_finetune_model(cfg, task, train_cfg.seed)
     n_ctx = min(cfg.n_ctx or default_context(cfg, model.gpt), model.gpt.config.n_positions)
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
     report_skipped(train_split)
@@ -403,17 +251,8 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
     return result, results
 
 
-def report_skipped(split: Split) -> None:
-    if split.skipped:
-        log.warning("%s: skipped %d malformed rows (first: %s)", split.path, len(split.skipped),
-                    split.skipped[0])
-    if split.dropped:
-        log.info("%s: left out %d rows without a gold label", split.path, split.dropped)
-
-
 def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: int) -> Any:
     """The trainer's eval_fn: headline metrics on the evaluation split, prefixed `dev_`."""
-    from gpt1.recipes.evaluate import score
     splits = {s: task.read(cfg.data, s, cfg.skip_bad_rows) for s in task.resolve_splits(cfg.eval_split)}
     encoded = {s: encode_split(sp, task, tok, n_ctx, cfg.question_delimiter) for s, sp in splits.items()}
 

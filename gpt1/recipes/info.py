@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.config import MODEL_PRESETS, model_preset
+from gpt1.checkpoint_files import read_config, resolve_checkpoint_dir
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model.checkpoint import read_model_config
 from gpt1.model.gpt import flops_per_token, parameter_count
+from gpt1.model.lstm import LSTMConfig, LSTMLM
+from gpt1.model.registry import checkpoint_arch, model_flops
 
 
 def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
@@ -14,8 +19,6 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
     if model in MODEL_PRESETS and not (Path(model) / "config.json").exists():
         config, source = model_preset(model), f"preset {model}"
     else:
-        from gpt1.model.checkpoint import read_model_config, resolve_checkpoint_dir
-        from gpt1.model.registry import checkpoint_arch
         folder = resolve_checkpoint_dir(model)
         if checkpoint_arch(folder) != "gpt":
             return _describe_lstm(folder, seq_len)
@@ -34,11 +37,6 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
 def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
     """The LSTM baseline (gpt1.model.lstm): counted on the meta device, nothing allocated."""
     import torch
-
-    from gpt1.model.checkpoint import read_config
-    from gpt1.errors import CheckpointError, ConfigError
-    from gpt1.model.lstm import LSTMConfig, LSTMLM
-    from gpt1.model.registry import model_flops
     try:
         config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(folder / "config.json"))
     except ConfigError as exc:

@@ -15,8 +15,12 @@ from typing import Any, Iterator
 
 import torch
 
+from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
+from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model.gpt import GPT, KVCache
+from gpt1.model.memory import ensure_fits
+from gpt1.model.registry import load_any_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +189,6 @@ def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
                           device: str) -> None:
     """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
     hidden state per position and layer and one row of logits."""
-    from gpt1.model.memory import ensure_fits
     window = min(config.n_positions, max_new_tokens + 1)   # the prompt holds at least one token
     need = num_samples * (window * config.n_embd * config.n_layer + config.vocab_size) * 4
     ensure_fits(need, "sampling", "--num-samples", f"num_samples={num_samples:,} x {window:,} "
@@ -197,9 +200,6 @@ class Session:
     prompt (`gpt1 sample --interactive` keeps one open)."""
 
     def __init__(self, checkpoint: str | Path, device: str = "auto", precision: str = "auto"):
-        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-        from gpt1.devices import resolve_device, resolve_precision, torch_dtype
-        from gpt1.model.registry import load_any_checkpoint
         self.folder = resolve_checkpoint_dir(checkpoint)
         self.device = resolve_device(device)
         dtype = torch_dtype(resolve_precision(precision, self.device))

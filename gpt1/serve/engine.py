@@ -3,7 +3,7 @@
 `load_engine(path)` loads a fine-tuned run (any task kind, including user csv/tsv/jsonl tasks)
 or a pretrained checkpoint (GPT or the LSTM baseline). An `Engine` then
 - turns request items into task examples and model inputs with the library's own readers'
-  example types and transformations (`gpt1.recipes.finetune.encode_split`), and predicts them with
+  example types and transformations (`gpt1.tasks.batches.encode_split`), and predicts them with
   `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`;
 - scores continuations with the zero-shot `Scorer` (`gpt1.zeroshot.scorer`);
 - generates with `gpt1.recipes.sample.generate_stream`, the KV-cache decoder behind `gpt1 sample`.
@@ -19,6 +19,8 @@ from typing import Any, Iterator
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.model.finetuned import TASK_FILE
+from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
 
@@ -113,7 +115,6 @@ class Engine:
 
     def encode(self, examples: list[Example]) -> list[list[list[int]]]:
         """Examples -> their K id sequences each, exactly as `gpt1 predict` builds them."""
-        from gpt1.recipes.finetune import encode_split
         split = Split("request", Path("<request>"), examples)
         enc = encode_split(split, self.task, self.tokenizer, self.record["n_ctx"],
                            self.record.get("question_delimiter", False))
@@ -122,7 +123,6 @@ class Engine:
     def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
         """Predictions of encoded examples (one forward per `micro` examples, longest first)."""
         from gpt1.recipes.evaluate import label_text, predict_raw
-        from gpt1.recipes.finetune import Encoded
         raw = predict_raw(self.classifier, self.task, Encoded(items, [None] * len(items),
                                                               [""] * len(items)), micro)
         out = []
@@ -175,7 +175,7 @@ class Engine:
 def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") -> Engine:
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving."""
     from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.recipes.finetune import TASK_FILE, load_finetuned
+    from gpt1.recipes.evaluate import load_finetuned
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     dtype = PRECISIONS[precision]

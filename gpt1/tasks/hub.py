@@ -1,19 +1,19 @@
 """Hub datasets (`--data hf:glue/rte`) through Hugging Face `datasets`, only when asked for.
 
 `datasets` is imported lazily; without it, or offline, the user gets one line saying so. The
-hub's integer labels already follow GLUE's class order, which is the order of `Task.labels`.
+hub's integer labels already follow GLUE's class order, which is the order of a task's `labels`.
+The reader is given a task's kind and labels, never the task itself: the task table
+(`gpt1.tasks.registry`) imports this module, not the other way round.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpt1.errors import DataError, Gpt1Error
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
 from gpt1.tasks.rows import check_field_sizes, label_field, text_field
 
-if TYPE_CHECKING:
-    from gpt1.tasks.registry import Task
 
 HUB_SPLITS = {"dev": "validation", "dev_matched": "validation_matched",
               "dev_mismatched": "validation_mismatched", "test_matched": "test_matched",
@@ -36,20 +36,21 @@ def _load(name: str, split: str) -> Any:
         raise Gpt1Error(f"cannot load hub dataset {name!r} split {split!r} (offline?): {first}") from None
 
 
-def _label(row: dict, task: "Task", where: str, index: int) -> int | float | None:
+def _label(row: dict, kind: str, labels: list[str] | None, where: str,
+           index: int) -> int | float | None:
     name = "label" if "label" in row else "answer"
     value = row.get(name)
     if value is None or (isinstance(value, (int, float)) and value == -1):  # hub: "no label"
         return None
-    if task.kind == "choice" and isinstance(value, str):
+    if kind == "choice" and isinstance(value, str):
         letter = value.strip()
         if len(letter) != 1 or letter not in LETTERS:
             raise DataError(f"unknown answer {value!r}; expected a letter A-H", where, index,
                             name)
         return LETTERS.index(letter)
-    if task.labels is None:  # a finite score, as in the file readers
+    if labels is None:  # a finite score, as in the file readers
         return label_field(row, name, where, index, None)  # type: ignore[arg-type]
-    if type(value) is not int or not 0 <= value < len(task.labels):
+    if type(value) is not int or not 0 <= value < len(labels):
         raise DataError(f"unknown label {value!r}", where, index, name)
     return value
 
@@ -62,8 +63,10 @@ def _text(row: dict, names: tuple[str, ...], where: str, index: int,
     return text_field(row, name, where, index)  # type: ignore[arg-type]
 
 
-def read_hub(task: "Task", name: str, split: str, bad: BadRows) -> tuple[list[Example], Path, int]:
-    """Examples of one hub split, in the shape of `task`'s examples."""
+def read_hub(kind: str, labels: list[str] | None, name: str, split: str,
+             bad: BadRows) -> tuple[list[Example], Path, int]:
+    """Examples of one hub split, in the shape of a task's examples: `kind` ("single", "pair",
+    "choice", ...) and `labels` (the class names in order, None for a score) are the task's."""
     rows = _load(name, split)
     where = f"hf:{name}[{split}]"
     out: list[Example] = []
@@ -71,16 +74,16 @@ def read_hub(task: "Task", name: str, split: str, bad: BadRows) -> tuple[list[Ex
         try:
             row = dict(row)
             check_field_sizes(row, where, i)  # type: ignore[arg-type]
-            label = _label(row, task, where, i)
+            label = _label(row, kind, labels, where, i)
             uid = str(row.get("idx", i))
-            if task.kind == "choice":
+            if kind == "choice":
                 options = row.get("options")
                 if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
                     raise DataError("expected a list of option strings", where, i, "options")
                 out.append(ChoiceExample(text_field(row, "article", where, i),  # type: ignore[arg-type]
                                          text_field(row, "question", where, i, allow_empty=True),  # type: ignore[arg-type]
                                          list(options), label, uid))
-            elif task.kind == "single":
+            elif kind == "single":
                 out.append(TextExample(_text(row, FIRST, where, i), label, uid))
             else:
                 first = _text(row, FIRST, where, i)

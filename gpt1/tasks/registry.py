@@ -15,6 +15,7 @@ from gpt1.errors import ConfigError, DataError
 from gpt1.tasks import choice, generic, glue, nli
 from gpt1.tasks.examples import BadRows, Example, Split
 from gpt1.tasks.files import find_split_file
+from gpt1.tasks.hub import read_hub
 
 Reader = Callable[["Task", Path, str, BadRows, bool], tuple[list[Example], Path, int]]
 
@@ -66,8 +67,7 @@ class Task:
             need_labels = not split.startswith("test")
         bad = BadRows(skip=skip_bad_rows)
         if isinstance(data, str) and data.startswith("hf:"):
-            from gpt1.tasks.hub import read_hub
-            examples, path, dropped = read_hub(self, data[3:], split, bad)
+            examples, path, dropped = read_hub(self.kind, self.labels, data[3:], split, bad)
         else:
             examples, path, dropped = self.reader(self, Path(data), split, bad, need_labels)
         if not examples:

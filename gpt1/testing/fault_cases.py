@@ -398,7 +398,7 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
         lines = done.stdout.strip().splitlines()
         state, code = json.loads(lines[-2]), int(lines[-1])
         return _disk_full_outcome(code, done.stderr.strip(), state, simulated=False)
-    from gpt1.model import checkpoint
+    from gpt1 import checkpoint_files as checkpoint
     real, calls = checkpoint.save_file, {"n": 0}
 
     def fills_up(tensors, filename, metadata=None):
@@ -615,7 +615,7 @@ def huge_n_outputs(work: Path) -> CaseResult:
     import torch
     from safetensors.torch import save_file
 
-    from gpt1.recipes.finetune import HEAD_FILE, TASK_FILE
+    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     runs = []
     for value in (20_000_000, 1e12):
         ft = tiny_checkpoint(work / f"ft-{value:g}")

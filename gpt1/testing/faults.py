@@ -130,7 +130,8 @@ class KillReport:
 
 def verify_run(run: Path) -> tuple[int, list[str]]:
     """Load every published checkpoint of `run`; (count verified, problems found)."""
-    from gpt1.model.checkpoint import load_checkpoint, load_training_state
+    from gpt1.model.checkpoint import load_checkpoint
+    from gpt1.train.state import load_training_state
     count, problems = 0, []
     for folder in sorted(p for p in run.iterdir() if p.is_dir() and not p.name.startswith(".")
                          and (p.name.startswith("step-") or p.name == "final")):
@@ -146,7 +147,7 @@ def verify_run(run: Path) -> tuple[int, list[str]]:
 
 
 def newest_step(run: Path) -> int:
-    from gpt1.model.checkpoint import latest_resumable, read_trainer_json
+    from gpt1.train.state import latest_resumable, read_trainer_json
     last = latest_resumable(run) if run.is_dir() else None
     return read_trainer_json(last)["step"] if last else 0
 

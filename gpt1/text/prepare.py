@@ -334,7 +334,7 @@ def _open_pool(tok: Tokenizer, workers: int):
 def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
             opts: PrepareOptions | None = None) -> dict:
     """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
-    from gpt1.model.checkpoint import copy_tokenizer_files
+    from gpt1.checkpoint_files import copy_tokenizer_files
     from gpt1.files import atomic_dir, check_output, publish_dir, writing
     opts = opts or PrepareOptions()
     out = Path(out)

@@ -25,7 +25,8 @@ from typing import Any, Callable, Protocol
 import torch
 from torch import nn
 
-from gpt1.model import checkpoint as ckpt
+from gpt1 import checkpoint_files as ckpt
+from gpt1.train import state as train_state
 from gpt1.train import distributed as dist
 from gpt1 import files
 from gpt1.train.parallelize import checkpoint_blocks
@@ -245,13 +246,13 @@ def _find_resume(resume: str, run_dir: Path) -> Path | None:
     if not resume:
         return None
     if resume == "auto":
-        return ckpt.latest_resumable(run_dir)
+        return train_state.latest_resumable(run_dir)
     path = Path(resume)
-    if not (path / ckpt.TRAINER_JSON).is_file():
-        found = ckpt.latest_resumable(path) if path.is_dir() else None
+    if not (path / train_state.TRAINER_JSON).is_file():
+        found = train_state.latest_resumable(path) if path.is_dir() else None
         if found is None:
             raise ConfigError(f"--resume {resume}: no resumable checkpoint (step-N folder with "
-                              f"{ckpt.TRAINER_JSON}) there")
+                              f"{train_state.TRAINER_JSON}) there")
         return found
     return path
 
@@ -268,7 +269,7 @@ def _clip(model: nn.Module, max_norm: float) -> float:
 
 
 def _diverged_message(step: int, loss: float, grad_norm: float, run_dir: Path) -> str:
-    last = ckpt.latest_resumable(run_dir)
+    last = train_state.latest_resumable(run_dir)
     where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
     return (f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped "
             f"without saving ({where}). Lower train.lr, raise warm-up, or use precision fp32.")
@@ -360,7 +361,7 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
     if cfg.distributed == "fsdp" and info.enabled:
         model_for_files, opt_state = dist.full_state(raw, optimizer)
     if info.is_main:
-        tensors, opt_meta = ckpt.optimizer_to_flat(opt_state)
+        tensors, opt_meta = train_state.optimizer_to_flat(opt_state)
         for r, entry in enumerate(per_rank):
             for kind, t in entry["rng"].items():
                 tensors[f"rng/{r}/{kind}"] = t.cpu()
@@ -371,9 +372,9 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
         try:
             with files.atomic_folder(final, needed=needed) as tmp:
                 write_model(model_for_files, tmp)
-                ckpt.save_training_state(tmp, tensors, meta)
+                train_state.save_training_state(tmp, tensors, meta)
         except files.WriteError as exc:  # disk full, quota, read-only: older checkpoints untouched
-            last = ckpt.latest_resumable(final.parent)
+            last = train_state.latest_resumable(final.parent)
             fix = ("Free space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
                    "Make the folder writable" if exc.errno in (errno.EROFS, errno.EACCES,
                                                                 errno.EPERM) else "Fix the disk")
@@ -382,14 +383,14 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
                               "no earlier checkpoint exists") + f". {fix}, then rerun with --resume auto"
             ) from None
         if final.name.startswith("step-"):
-            ckpt.prune_steps(final.parent, cfg.keep_last)
+            train_state.prune_steps(final.parent, cfg.keep_last)
     dist.barrier()
     return final
 
 
 def _load_state(folder: Path, raw: nn.Module, optimizer: torch.optim.Optimizer,
                 source: BatchSource, info: dist.DistInfo, device: torch.device, fsdp: bool) -> dict:
-    tensors, meta = ckpt.load_training_state(folder)
+    tensors, meta = train_state.load_training_state(folder)
     try:
         return _restore(tensors, meta, raw, optimizer, source, info, device, fsdp)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
@@ -400,7 +401,7 @@ def _load_state(folder: Path, raw: nn.Module, optimizer: torch.optim.Optimizer,
 
 def _restore(tensors: dict, meta: dict, raw: nn.Module, optimizer: torch.optim.Optimizer,
              source: BatchSource, info: dist.DistInfo, device: torch.device, fsdp: bool) -> dict:
-    opt_state = ckpt.optimizer_from_flat(tensors, meta["optimizer"])
+    opt_state = train_state.optimizer_from_flat(tensors, meta["optimizer"])
     if fsdp and info.enabled:
         from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                              set_optimizer_state_dict)

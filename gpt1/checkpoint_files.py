@@ -1,0 +1,187 @@
+"""Checkpoint folder files that know no model class: safetensors + `config.json`, tokenizer files.
+
+A checkpoint folder is self-contained: it carries the model config and, when known, the
+tokenizer's `vocab.json` + `merges.txt`, so every command can rebuild model and tokenizer from it.
+Loading never unpickles anything: weights come from safetensors only. This module sits on the
+ground floor (beside `config` and `files`) so that text preparation, the training loop and the
+model all read and write these folders without importing each other; building a `GPT` from a
+folder is `gpt1.model.checkpoint`'s job, resumable training state `gpt1.train.state`'s.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from gpt1.config import read_json_file
+from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.files import follow_umask
+
+FORMAT = "gpt1"
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+CONFIG = "config.json"
+TOKENIZER_FILES = ("vocab.json", "merges.txt")
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], file: str | Path) -> None:
+    """Write contiguous CPU tensors as a gpt1 safetensors file that follows the umask."""
+    save_file(tensors, str(file), metadata={"format": FORMAT})
+    follow_umask(file)
+
+
+def write_model_files(folder: Path, model: nn.Module, tokenizer_dir: str | Path | None = None,
+                      extra: dict[str, Any] | None = None) -> None:
+    """Write weights, config and tokenizer files into an existing (temporary) folder.
+
+    `model` is any module with a `config` that has `to_dict()` (a GPT, the LSTM baseline).
+    """
+    folder = Path(folder)
+    state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    save_tensors(state, folder / WEIGHTS)
+    config = {"format": FORMAT, "format_version": FORMAT_VERSION, "model": model.config.to_dict()}
+    if extra:
+        config.update(extra)
+    (folder / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    if tokenizer_dir is not None:
+        copy_tokenizer_files(tokenizer_dir, folder)
+
+
+def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:
+    """Copy a vocabulary (HF or original file names) into `dst` as vocab.json + merges.txt."""
+    src, dst = Path(src), Path(dst)
+    pairs = [("vocab.json", "merges.txt"), ("encoder_bpe_40000.json", "vocab_40000.bpe")]
+    for vocab, merges in pairs:
+        if (src / vocab).is_file() and (src / merges).is_file():
+            shutil.copyfile(src / vocab, dst / "vocab.json")
+            shutil.copyfile(src / merges, dst / "merges.txt")
+            return
+    raise CheckpointError(f"{src}: no tokenizer files (expected vocab.json + merges.txt or "
+                          "encoder_bpe_40000.json + vocab_40000.bpe)")
+
+
+def state_bytes(tensors: dict[str, torch.Tensor]) -> int:
+    """Bytes the tensors take in a safetensors file (what a write of them needs)."""
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def resolve_checkpoint_dir(path: str | Path) -> Path:
+    """A checkpoint folder itself, or the newest checkpoint inside a run folder."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    if path.is_file():
+        raise CheckpointError(f"{path}: expected a checkpoint folder (with {WEIGHTS} and {CONFIG}), "
+                              "got a file")
+    if (path / CONFIG).is_file():
+        return path
+    candidates = [p for p in path.iterdir() if p.is_dir() and (p / CONFIG).is_file()
+                  and not p.name.startswith(".")]
+    if (path / "final").is_dir() and (path / "final" / CONFIG).is_file():
+        return path / "final"
+    steps = [p for p in candidates if p.name.startswith("step-") and p.name[5:].isdigit()]
+    if steps:
+        return max(steps, key=lambda p: int(p.name[5:]))
+    if len(candidates) == 1:
+        return candidates[0]
+    raise CheckpointError(f"{path}: not a checkpoint folder (no {CONFIG}) and no checkpoint inside")
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    """The parsed `config.json` of a checkpoint folder, validated."""
+    folder = resolve_checkpoint_dir(path)
+    file = folder / CONFIG
+    data = read_json_file(file, CheckpointError)
+    if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
+        raise CheckpointError(f"{file}: not a gpt1 config (expected \"format\": \"gpt1\" and a "
+                              "\"model\" table); convert other formats with `gpt1 convert`")
+    version = data.get("format_version", 0)
+    if type(version) is not int or version < 0:
+        raise CheckpointError(f"{file}: format_version must be an integer >= 0, got {version!r}")
+    if not isinstance(data["model"], dict):
+        raise CheckpointError(f"{file}: \"model\" must be a table of settings")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{file}: format_version {data['format_version']} is newer than this "
+                              f"gpt1 understands ({FORMAT_VERSION})")
+    return data
+
+
+def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
+    """Tensors from a safetensors file; pickles are refused with a clear message."""
+    file = Path(file)
+    refuse_pickle(file)
+    try:
+        state = load_file(str(file))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
+    check_finite(state, file)
+    return state
+
+
+def refuse_pickle(file: Path) -> None:
+    """A missing file, or a pickle/torch zip posing as safetensors, is a clear error."""
+    if not file.is_file():
+        raise CheckpointError(f"{file}: missing weights file")
+    with open(file, "rb") as fh:
+        head = fh.read(9)
+    # A safetensors file is an 8-byte header length then "{"; its length's low byte may be 0x80,
+    # so only call it a pickle/zip when that JSON brace is absent.
+    if (head[:1] == b"\x80" or head.startswith(b"PK\x03\x04")) and head[8:9] != b"{":
+        raise CheckpointError(f"{file}: this is a pickle/torch file, not safetensors; gpt1 never "
+                              "unpickles weights (convert it with `gpt1 convert --from hf`)")
+
+
+def check_finite(state: dict[str, torch.Tensor], source: Path | str) -> None:
+    """Every floating-point tensor holds only finite values (one pass each, no copy kept).
+
+    NaN or inf weights never give a right answer: a model built from them would score at
+    chance, or crash mid-sampling, without saying why.
+    """
+    for name, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise CheckpointError(f"{source}: tensor {name!r} holds {bad:,} NaN or infinite "
+                                  "value(s); the weights are damaged")
+
+
+def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: Path | str) -> None:
+    """Every tensor present, with the expected shape, and nothing unexpected."""
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{source}: weights do not match the config: missing "
+                              f"{missing[:5] or 'none'}, unexpected {unexpected[:5] or 'none'}")
+    for name, shape in expected.items():
+        if tuple(state[name].shape) != shape:
+            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, "
+                                  f"expected {shape} from config.json")
+
+
+def tokenizer_dir_of(path: str | Path) -> Path | None:
+    """The checkpoint folder if it carries tokenizer files, else None."""
+    folder = resolve_checkpoint_dir(path)
+    return folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
+
+
+def trained_context(path: str | Path) -> int | None:
+    """The window length the checkpoint's pretraining run trained on, when its run folder says.
+
+    A model pretrained on windows shorter than `n_positions` never trained the later position
+    rows (they are still at their random init), so scoring and fine-tuning should not reach
+    them by default. Read from `run.json` (`data.n_ctx`) beside the checkpoint folder.
+    """
+    folder = resolve_checkpoint_dir(path)
+    run_file = folder.parent / "run.json"
+    try:
+        n_ctx = read_json_file(run_file)["data"]["n_ctx"]
+    except (Gpt1Error, KeyError, TypeError):
+        return None
+    return n_ctx if type(n_ctx) is int and n_ctx > 0 else None

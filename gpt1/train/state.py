@@ -1,0 +1,121 @@
+"""Resumable training state: optimizer <-> flat tensors, trainer_state files, step-N folders.
+
+Written beside the weights of every `step-N` (and `final`) folder of a run. Knows no model,
+task or text code: the training loop trains any module.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt1.checkpoint_files import load_state_dict, save_tensors
+from gpt1.config import read_json_file
+from gpt1.errors import CheckpointError
+
+TRAINER_TENSORS = "trainer_state.safetensors"
+TRAINER_JSON = "trainer_state.json"
+
+
+def optimizer_to_flat(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Split an optimizer `state_dict()` into safetensors-ready tensors and a JSON description."""
+    tensors: dict[str, torch.Tensor] = {}
+    entries = []
+    for i, (key, values) in enumerate(state_dict["state"].items()):
+        scalars = {}
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"optim/{i}/{name}"] = value.detach().to("cpu").contiguous()
+            else:
+                scalars[name] = value
+        entries.append({"key": key, "tensors": [n for n, v in values.items()
+                                                 if isinstance(v, torch.Tensor)],
+                        "scalars": scalars})
+    return tensors, {"state": entries, "param_groups": state_dict["param_groups"]}
+
+
+def optimizer_from_flat(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of `optimizer_to_flat`: an optimizer `state_dict()` (tensors on CPU)."""
+    state = {}
+    for i, entry in enumerate(meta["state"]):
+        values: dict[str, Any] = dict(entry["scalars"])
+        for name in entry["tensors"]:
+            values[name] = tensors[f"optim/{i}/{name}"]
+        state[entry["key"]] = values
+    return {"state": state, "param_groups": meta["param_groups"]}
+
+
+def save_training_state(folder: Path, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> None:
+    """Write trainer tensors (optimizer moments, RNG states as uint8) and JSON state into `folder`."""
+    save_tensors({k: v.contiguous() for k, v in tensors.items()}, Path(folder) / TRAINER_TENSORS)
+    (Path(folder) / TRAINER_JSON).write_text(json.dumps(info) + "\n")
+
+
+def load_training_state(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Tensors and JSON state written by `save_training_state`."""
+    folder = Path(folder)
+    file = folder / TRAINER_JSON
+    if not file.is_file():
+        raise CheckpointError(f"{folder}: no {TRAINER_JSON}; this checkpoint cannot resume training "
+                              "(it holds weights only)")
+    info = read_trainer_json(folder)
+    if not (isinstance(info.get("optimizer"), dict) and isinstance(info.get("sources"), list)
+            and info["sources"]):
+        raise CheckpointError(f"{file}: damaged trainer state (expected \"optimizer\" and "
+                              "\"sources\" entries); resume from an older step-N folder")
+    return load_state_dict(folder / TRAINER_TENSORS), info
+
+
+def read_trainer_json(folder: str | Path) -> dict[str, Any]:
+    """The parsed `trainer_state.json` of `folder`: a JSON object with a step >= 0."""
+    file = Path(folder) / TRAINER_JSON
+    try:
+        info = read_json_file(file, CheckpointError, limit=64_000_000)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}; resume from an older step-N folder or delete this "
+                              "one") from None
+    step = info.get("step") if isinstance(info, dict) else None
+    if type(step) is not int or step < 0:
+        raise CheckpointError(f"{file}: damaged trainer state (\"step\" must be an integer >= 0)")
+    return info
+
+
+def step_dirs(run_dir: str | Path) -> list[Path]:
+    """`step-N` checkpoint folders of a run, oldest first (temporary folders excluded)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("step-")
+             and p.name[5:].isdigit() and (p / TRAINER_JSON).is_file()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
+
+
+def latest_resumable(run_dir: str | Path) -> Path | None:
+    """The newest checkpoint of a run that carries trainer state (`step-N`, else `final`)."""
+    steps = step_dirs(run_dir)
+    final = Path(run_dir) / "final"
+    candidates = steps + ([final] if (final / TRAINER_JSON).is_file() else [])
+    if not candidates:
+        return None
+    return max(candidates, key=lambda p: read_trainer_json(p)["step"])
+
+
+def prune_steps(run_dir: str | Path, keep_last: int) -> None:
+    """Keep the newest `keep_last` step-N folders (0 keeps all)."""
+    if keep_last <= 0:
+        return
+    for old in step_dirs(run_dir)[:-keep_last]:
+        # Rename, then delete: a kill mid-delete leaves a hidden folder, never a checkpoint
+        # folder with some of its files gone.
+        trash = old.with_name(f".{old.name}.deleting-{os.getpid()}")
+        os.replace(old, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    # Leftovers of killed processes (half-written or half-deleted folders); one process writes
+    # a run, so hidden step folders of other process ids are dead.
+    for stale in Path(run_dir).glob(".step-*"):
+        if stale.is_dir() and not stale.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)
