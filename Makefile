@@ -24,8 +24,11 @@ venv: $(VENV)/.installed
 demo: $(VENV)/.base
 	$(VENV)/bin/gpt1 demo
 
-# lint-imports first: the layers of docs/architecture.md, as contracts in pyproject.toml.
+# Lint first: ruff (rules and formatting) and lint-imports (the layers of docs/architecture.md,
+# as contracts in pyproject.toml); then the tests.
 test: venv
+	$(VENV)/bin/ruff check gpt1 tests benchmarks scripts
+	$(VENV)/bin/ruff format --check gpt1 tests benchmarks scripts
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 

@@ -23,6 +23,7 @@ Three parts, each printed as a table (machinery in `gpt1.testing.faults` and
     .venv/bin/python benchmarks/faults.py --kills 4 --inputs 30
     .venv/bin/python benchmarks/faults.py --only cases    # just the fault-case table
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))   # run from a checkout without installing
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.testing.fault_cases import run_cases  # noqa: E402
@@ -46,12 +47,16 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=20, help="SIGKILLs per command")
     parser.add_argument("--inputs", type=int, default=200, help="mutated files per reader")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", choices=["kills", "cases", "readers"],
-                        help="run one part of the report")
+    parser.add_argument(
+        "--only", choices=["kills", "cases", "readers"], help="run one part of the report"
+    )
     parser.add_argument("--skip-kills", action="store_true", help="same as leaving out part 1")
     args = parser.parse_args()
-    parts = {args.only} if args.only else {"kills", "cases", "readers"} - (
-        {"kills"} if args.skip_kills else set())
+    parts = (
+        {args.only}
+        if args.only
+        else {"kills", "cases", "readers"} - ({"kills"} if args.skip_kills else set())
+    )
     t0 = time.time()
     lost = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,19 +64,28 @@ def main() -> int:
         print(f"# gpt1 fault report (seed {args.seed})\n")
         if "kills" in parts:
             print("## SIGKILL at random moments, resume with --resume auto\n")
-            print("| command | kills survived | of which mid-checkpoint | resumes | checkpoints "
-                  "verified | steps recomputed | data lost |")
+            print(
+                "| command | kills survived | of which mid-checkpoint | resumes | checkpoints "
+                "verified | steps recomputed | data lost |"
+            )
             print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             for fn in (pretrain_faults, finetune_faults):
                 r = fn(work / fn.__name__, args.kills, args.seed)
                 lost += r.data_lost
-                print(f"| gpt1 {r.command} | {r.kills} | {r.kills_in_write} | {r.resumes} | "
-                      f"{r.checkpoints_verified} | {r.steps_redone} | {r.data_lost} |", flush=True)
+                print(
+                    f"| gpt1 {r.command} | {r.kills} | {r.kills_in_write} | {r.resumes} | "
+                    f"{r.checkpoints_verified} | {r.steps_redone} | {r.data_lost} |",
+                    flush=True,
+                )
                 for p in r.problems:
                     print(f"  - {p}")
-            print("\nFinal result of every killed run equals the uninterrupted run (metrics lines, "
-                  "final weights" + (", results.json" if True else "") + ", bitwise): "
-                  + ("yes" if lost == 0 else "NO"))
+            print(
+                "\nFinal result of every killed run equals the uninterrupted run (metrics lines, "
+                "final weights"
+                + (", results.json" if True else "")
+                + ", bitwise): "
+                + ("yes" if lost == 0 else "NO")
+            )
         if "cases" in parts:
             print("\n## Fault cases\n")
             print("| case | outcome | data lost |")
@@ -79,14 +93,17 @@ def main() -> int:
             for name, r in run_cases(work / "cases"):
                 lost += r.data_lost + (1 if r.problems and not r.data_lost else 0)
                 print(f"| {name} | {r.outcome} | {r.data_lost} |", flush=True)
-            print(f"\n`{' '.join(['.venv/bin/python', 'benchmarks/faults.py', *sys.argv[1:]])}`, "
-                  f"{time.strftime('%Y-%m-%d')}")
+            print(
+                f"\n`{' '.join(['.venv/bin/python', 'benchmarks/faults.py', *sys.argv[1:]])}`, "
+                f"{time.strftime('%Y-%m-%d')}"
+            )
         if "readers" in parts and SHARED.is_dir():
             print("\n## Mutated real files per reader (parse, or raise the project's own error)\n")
             print("| reader | inputs tried | parsed | clean error | crash or hang |")
             print("| --- | ---: | ---: | ---: | ---: |")
-            for name, n, ok, err, failures in fuzz_readers(SHARED, work / "fuzz", args.inputs,
-                                                             args.seed):
+            for name, n, ok, err, failures in fuzz_readers(
+                SHARED, work / "fuzz", args.inputs, args.seed
+            ):
                 lost += len(failures)
                 print(f"| {name} | {n} | {ok} | {err} | {len(failures)} |", flush=True)
                 for f in failures[:5]:

@@ -4,10 +4,11 @@ GEMMs are the work no implementation can skip (both sides of a benchmark run the
 products), so the reference's time divided by gpt1's GEMM time bounds the speedup any removal of
 gpt1's other work could reach on those inputs.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
 
@@ -16,6 +17,7 @@ def gemm_seconds(fn: Callable[[], object]) -> tuple[float, float]:
     """(seconds in GEMM kernels, wall seconds) of one call of `fn` under torch.profiler
     (GEMM time is the kernels' self time; the wall time is inflated by the profiler)."""
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
         fn()

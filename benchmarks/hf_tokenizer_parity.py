@@ -15,6 +15,7 @@ and prints, per source, the lines whose ids differ from `gpt1.Tokenizer` (defaul
     python benchmarks/hf_tokenizer_parity.py --slow     # also the slow tokenizer (minutes)
     python benchmarks/hf_tokenizer_parity.py --limit 20000 --examples 20
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,10 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 def export_tiny(vocab: Path, out: Path) -> Path:
     """A tiny random model with the original vocabulary, exported like any checkpoint."""
     import torch
+
     from gpt1 import GPT, ModelConfig, save_model
     from gpt1.recipes.convert import convert
+
     torch.manual_seed(0)
     model = GPT(ModelConfig(vocab_size=40478, n_positions=16, n_embd=8, n_layer=1, n_head=2))
     save_model(model, out / "ckpt", tokenizer_dir=vocab)
@@ -53,6 +56,7 @@ def old_export(export: Path, out: Path) -> Path:
 
 def lines_of(data: Path, limit: int | None) -> list[tuple[str, str]]:
     from tokenizer import text_units  # benchmarks/tokenizer.py: the same lines as --check
+
     seen: dict[str, str] = {}
     for source, text in text_units(data):
         if text.strip() and text not in seen:
@@ -63,8 +67,9 @@ def lines_of(data: Path, limit: int | None) -> list[tuple[str, str]]:
     return items
 
 
-def compare(name: str, items: list[tuple[str, str]], want: list[list[int]], encode,
-            examples: int, show) -> int:
+def compare(
+    name: str, items: list[tuple[str, str]], want: list[list[int]], encode, examples: int, show
+) -> int:
     t0 = time.perf_counter()
     got = encode([t for _, t in items])
     seconds = time.perf_counter() - t0
@@ -77,8 +82,10 @@ def compare(name: str, items: list[tuple[str, str]], want: list[list[int]], enco
             s[1] += 1
             bad.append(i)
     total = len(items)
-    print(f"\n{name}: {len(bad):,} of {total:,} lines differ ({100 * len(bad) / total:.3f}%), "
-          f"{seconds:.0f} s")
+    print(
+        f"\n{name}: {len(bad):,} of {total:,} lines differ ({100 * len(bad) / total:.3f}%), "
+        f"{seconds:.0f} s"
+    )
     for source, (n, k) in per_source.items():
         print(f"  {source:12s} {k:7,d} / {n:7,d}  ({100 * k / n:.3f}%)")
     for i in bad[:examples]:
@@ -87,8 +94,9 @@ def compare(name: str, items: list[tuple[str, str]], want: list[list[int]], enco
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--slow", action="store_true", help="also use_fast=False (ftfy + spaCy)")
     parser.add_argument("--limit", type=int, default=None, help="a random sample of N lines")
     parser.add_argument("--examples", type=int, default=3, help="differing lines to print")
@@ -99,7 +107,9 @@ def main() -> int:
         raise SystemExit(f"shared data not found at {args.data} (set GPT1_SHARED_DATA)")
     import transformers
     from transformers import AutoTokenizer
+
     from gpt1.text.tokenizer import Tokenizer
+
     transformers.logging.set_verbosity_error()
     tok = Tokenizer.from_dir(vocab)
     items = lines_of(args.data, args.limit)
@@ -110,8 +120,10 @@ def main() -> int:
     def show(text: str, a: list[int], b: list[int]) -> None:
         j = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         around = slice(max(0, j - 1), j + 3)
-        print(f"    {text[:90]!r}\n      gpt1 {[tok.decoder.get(i) for i in a[around]]}"
-              f"  hf {[tok.decoder.get(i) for i in b[around]]}")
+        print(
+            f"    {text[:90]!r}\n      gpt1 {[tok.decoder.get(i) for i in a[around]]}"
+            f"  hf {[tok.decoder.get(i) for i in b[around]]}"
+        )
 
     with tempfile.TemporaryDirectory() as tmp:
         export = export_tiny(vocab, Path(tmp))
@@ -121,17 +133,37 @@ def main() -> int:
 
         def fast(hf):
             return lambda texts: hf(texts, add_special_tokens=False)["input_ids"]
-        compare("before (vocab.json + merges.txt, default AutoTokenizer)", items, want,
-                fast(before), args.examples, show)
-        bad = compare("after (tokenizer.json, default AutoTokenizer)", items, want, fast(after),
-                      args.examples, show)
+
+        compare(
+            "before (vocab.json + merges.txt, default AutoTokenizer)",
+            items,
+            want,
+            fast(before),
+            args.examples,
+            show,
+        )
+        bad = compare(
+            "after (tokenizer.json, default AutoTokenizer)",
+            items,
+            want,
+            fast(after),
+            args.examples,
+            show,
+        )
         if args.slow:
             slow = AutoTokenizer.from_pretrained(export, use_fast=False)
             if slow.fix_text is None:
-                raise SystemExit("the slow tokenizer fell back to BasicTokenizer: "
-                                 "install ftfy and spacy")
-            compare("slow (use_fast=False, ftfy + spaCy)", items, want,
-                    lambda texts: [slow.encode(t) for t in texts], args.examples, show)
+                raise SystemExit(
+                    "the slow tokenizer fell back to BasicTokenizer: install ftfy and spacy"
+                )
+            compare(
+                "slow (use_fast=False, ftfy + spaCy)",
+                items,
+                want,
+                lambda texts: [slow.encode(t) for t in texts],
+                args.examples,
+                show,
+            )
     return 1 if bad > 0.01 * len(items) else 0
 
 

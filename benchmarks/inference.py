@@ -21,6 +21,7 @@ measured too, so each throughput can be read as a fraction of it.
     python benchmarks/inference.py                          # 256 sentences, 3 repeats
     python benchmarks/inference.py --sentences 64 --repeats 1 --dtypes fp32   # quick look
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,13 +39,13 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.config import model_preset  # noqa: E402
+from gpt1.model.gpt import GPT  # noqa: E402
+from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
 from gpt1.recipes.evaluate import predict_raw  # noqa: E402
-from gpt1.tasks.batches import Encoded  # noqa: E402
-from gpt1.model.heads import FinetuneModel  # noqa: E402
-from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.recipes.sample import generate  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
+from gpt1.tasks.batches import Encoded  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -52,6 +53,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def sst2_sequences(n: int, min_len: int, max_len: int, start: int, clf: int) -> list[list[int]]:
     """The first `n` SST-2 dev sentences whose `[start] ids [classify]` has min..max tokens."""
     from gpt1.text.tokenizer import Tokenizer
+
     tok = Tokenizer.from_dir(DATA / "gpt1_tokenizer")
     lines = (DATA / "glue" / "SST-2" / "dev.tsv").read_text(encoding="utf-8").splitlines()[1:]
     out = []
@@ -68,27 +70,37 @@ def padded_batches(seqs: list[list[int]], size: int) -> list[tuple[torch.Tensor,
     """File-order batches, right-padded with 0, and their attention masks."""
     out = []
     for s in range(0, len(seqs), size):
-        chunk = seqs[s:s + size]
+        chunk = seqs[s : s + size]
         T = max(len(q) for q in chunk)
         ids = torch.zeros(len(chunk), T, dtype=torch.long)
         mask = torch.zeros(len(chunk), T, dtype=torch.long)
         for b, q in enumerate(chunk):
-            ids[b, :len(q)] = torch.tensor(q)
-            mask[b, :len(q)] = 1
+            ids[b, : len(q)] = torch.tensor(q)
+            mask[b, : len(q)] = 1
         out.append((ids, mask))
     return out
 
 
 def build_models(vocab: int):
-    from transformers import (OpenAIGPTConfig, OpenAIGPTForSequenceClassification,
-                              OpenAIGPTLMHeadModel)
+    from transformers import (
+        OpenAIGPTConfig,
+        OpenAIGPTForSequenceClassification,
+        OpenAIGPTLMHeadModel,
+    )
+
     torch.manual_seed(0)
     config = model_preset("gpt1").derive(vocab_size=vocab)
     gpt = GPT(config).eval()
     clf = FinetuneModel(gpt, "single", 2, vocab - 1).eval()
-    hf_config = OpenAIGPTConfig(vocab_size=vocab, n_positions=config.n_positions,
-                                n_embd=config.n_embd, n_layer=config.n_layer, n_head=config.n_head,
-                                num_labels=2, pad_token_id=0)
+    hf_config = OpenAIGPTConfig(
+        vocab_size=vocab,
+        n_positions=config.n_positions,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        num_labels=2,
+        pad_token_id=0,
+    )
     state = gpt1_to_hf_state(gpt.state_dict())
     hf_clf = OpenAIGPTForSequenceClassification(hf_config).eval()
     hf_clf.load_state_dict({**hf_clf.state_dict(), **state})
@@ -100,12 +112,23 @@ def build_models(vocab: int):
 def onnx_session(hf_clf, batches, threads: int, folder: Path):
     """Export the HF classifier with torch.onnx (dynamic batch and length) and open it in ORT."""
     import onnxruntime as ort
+
     path = folder / "hf_openai_gpt_clf.onnx"
     ids, mask = batches[0]
-    torch.onnx.export(hf_clf, (ids, mask), str(path), input_names=["input_ids", "attention_mask"],
-                      output_names=["logits"], opset_version=17, dynamo=False,
-                      dynamic_axes={"input_ids": {0: "batch", 1: "seq"},
-                                    "attention_mask": {0: "batch", 1: "seq"}, "logits": {0: "batch"}})
+    torch.onnx.export(
+        hf_clf,
+        (ids, mask),
+        str(path),
+        input_names=["input_ids", "attention_mask"],
+        output_names=["logits"],
+        opset_version=17,
+        dynamo=False,
+        dynamic_axes={
+            "input_ids": {0: "batch", 1: "seq"},
+            "attention_mask": {0: "batch", 1: "seq"},
+            "logits": {0: "batch"},
+        },
+    )
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -123,7 +146,7 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
     torch.mm(a, b)
     best = min(timed(lambda: torch.mm(a, b)) for _ in range(reps))
-    return 2 * n ** 3 / best
+    return 2 * n**3 / best
 
 
 def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
@@ -145,7 +168,9 @@ def classify_flops(seqs: list[list[int]], n_embd: int = 768, n_layer: int = 12) 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--sentences", type=int, default=256)
     p.add_argument("--min-len", type=int, default=8)
     p.add_argument("--max-len", type=int, default=96)
@@ -156,8 +181,11 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--skip", default="", help="comma list of parts to skip: classify,generate,ort")
-    p.add_argument("--file-order", action="store_true",
-                   help="also time gpt1 on the padded file-order batches (no length sort)")
+    p.add_argument(
+        "--file-order",
+        action="store_true",
+        help="also time gpt1 on the padded file-order batches (no length sort)",
+    )
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     skip = set(filter(None, args.skip.split(",")))
@@ -165,9 +193,11 @@ def main() -> None:
     start_id, clf_id = vocab - 3, vocab - 1
     seqs = sst2_sequences(args.sentences, args.min_len, args.max_len, start_id, clf_id)
     lengths = [len(s) for s in seqs]
-    print(f"{len(seqs)} SST-2 dev sentences, {min(lengths)}..{max(lengths)} tokens "
-          f"(mean {statistics.mean(lengths):.1f}), batches of {args.batch}, "
-          f"{args.threads} threads, torch {torch.__version__}")
+    print(
+        f"{len(seqs)} SST-2 dev sentences, {min(lengths)}..{max(lengths)} tokens "
+        f"(mean {statistics.mean(lengths):.1f}), batches of {args.batch}, "
+        f"{args.threads} threads, torch {torch.__version__}"
+    )
     clf32, hf_clf32, hf_lm32 = build_models(vocab)
     task = get_task("sst2")
     enc = Encoded([[s] for s in seqs], [None] * len(seqs), [""] * len(seqs))
@@ -177,6 +207,7 @@ def main() -> None:
     session = None
     if "classify" not in skip and "ort" not in skip:
         import onnxruntime as ort
+
         session = onnx_session(hf_clf32, batches, args.threads, Path(tmp.name))
         print(f"onnxruntime {ort.__version__}: exported the HF classifier with torch.onnx")
 
@@ -185,59 +216,84 @@ def main() -> None:
         peak = matmul_peak(dtype)
         clf = clf32.to(dtype) if dtype != torch.float32 else clf32
         import copy
+
         hf_clf = copy.deepcopy(hf_clf32).to(dtype) if dtype != torch.float32 else hf_clf32
         hf_lm = copy.deepcopy(hf_lm32).to(dtype) if dtype != torch.float32 else hf_lm32
-        print(f"\n== {dname}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, {args.threads} threads)")
+        print(
+            f"\n== {dname}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, {args.threads} threads)"
+        )
         if "classify" not in skip:
             systems = {
                 "gpt1": lambda: predict_raw(clf, task, enc, args.batch),
-                "HF": lambda: [hf_clf(input_ids=ids, attention_mask=mask).logits
-                               for ids, mask in batches],
+                "HF": lambda: [
+                    hf_clf(input_ids=ids, attention_mask=mask).logits for ids, mask in batches
+                ],
             }
             if args.file_order:
                 systems["gpt1 file order"] = lambda: [
-                    clf(ids[:, None], mask[:, None].float(), with_lm=False) for ids, mask in batches]
+                    clf(ids[:, None], mask[:, None].float(), with_lm=False) for ids, mask in batches
+                ]
             if session is not None:
-                systems["ORT fp32"] = lambda: [session.run(None, {"input_ids": ids.numpy(),
-                                                                  "attention_mask": mask.numpy()})
-                                               for ids, mask in batches]
+                systems["ORT fp32"] = lambda: [
+                    session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+                    for ids, mask in batches
+                ]
             with torch.inference_mode():
                 check_classifier(clf, hf_clf, batches, task, enc, args.batch, session, dtype)
                 times = alternate(systems, args.repeats)
             rates = {k: len(seqs) / statistics.median(v) for k, v in times.items()}
             for name, rate in rates.items():
-                print(f"  classify {name:16s} {rate:8.1f} sentences/s  "
-                      f"({flops * rate / len(seqs) / peak:5.1%} of matmul peak)")
-            print(f"  gpt1 / HF {rates['gpt1'] / rates['HF']:.2f}x" + (
-                f", gpt1 / ORT {rates['gpt1'] / rates['ORT fp32']:.2f}x, ORT / HF "
-                f"{rates['ORT fp32'] / rates['HF']:.2f}x" if "ORT fp32" in rates else ""))
+                print(
+                    f"  classify {name:16s} {rate:8.1f} sentences/s  "
+                    f"({flops * rate / len(seqs) / peak:5.1%} of matmul peak)"
+                )
+            print(
+                f"  gpt1 / HF {rates['gpt1'] / rates['HF']:.2f}x"
+                + (
+                    f", gpt1 / ORT {rates['gpt1'] / rates['ORT fp32']:.2f}x, ORT / HF "
+                    f"{rates['ORT fp32'] / rates['HF']:.2f}x"
+                    if "ORT fp32" in rates
+                    else ""
+                )
+            )
         if "generate" not in skip:
-            prompt = torch.tensor([sum(seqs, [])[:args.prompt]])
+            prompt = torch.tensor([sum(seqs, [])[: args.prompt]])
             gen = {
                 "gpt1": lambda: generate(clf.gpt, prompt, args.new_tokens, temperature=0),
-                "HF": lambda: hf_lm.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                             max_new_tokens=args.new_tokens,
-                                             min_new_tokens=args.new_tokens, do_sample=False,
-                                             pad_token_id=0),
+                "HF": lambda: hf_lm.generate(
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=args.new_tokens,
+                    min_new_tokens=args.new_tokens,
+                    do_sample=False,
+                    pad_token_id=0,
+                ),
             }
             with torch.inference_mode():
                 ours, theirs = gen["gpt1"](), gen["HF"]()
                 same = int((ours[0] == theirs[0]).long().cumprod(0).sum()) - args.prompt
-                print(f"  generate: greedy outputs agree on the first {same} of "
-                      f"{args.new_tokens} new tokens")
-                times = alternate(gen, args.repeats, warm=False)   # the check above warmed up
+                print(
+                    f"  generate: greedy outputs agree on the first {same} of "
+                    f"{args.new_tokens} new tokens"
+                )
+                times = alternate(gen, args.repeats, warm=False)  # the check above warmed up
             rates = {k: args.new_tokens / statistics.median(v) for k, v in times.items()}
             for name, rate in rates.items():
                 print(f"  generate {name:16s} {rate:8.1f} new tokens/s")
             print(f"  gpt1 / HF {rates['gpt1'] / rates['HF']:.2f}x")
             # Batch-1 decoding reads every weight once per token (the position table aside).
-            weight_bytes = sum(p.numel() * p.element_size() for n, p in clf.gpt.named_parameters()
-                               if n != "wpe.weight")
+            weight_bytes = sum(
+                p.numel() * p.element_size()
+                for n, p in clf.gpt.named_parameters()
+                if n != "wpe.weight"
+            )
             bandwidth = read_bandwidth()
             bound = bandwidth / weight_bytes
-            print(f"  memory read bandwidth {bandwidth / 1e9:.1f} GB/s; weights "
-                  f"{weight_bytes / 1e6:.0f} MB: at most {bound:.1f} tokens/s at batch 1; gpt1 at "
-                  f"{rates['gpt1'] / bound:.0%} of that bound, which is {bound / rates['HF']:.2f}x HF")
+            print(
+                f"  memory read bandwidth {bandwidth / 1e9:.1f} GB/s; weights "
+                f"{weight_bytes / 1e6:.0f} MB: at most {bound:.1f} tokens/s at batch 1; gpt1 at "
+                f"{rates['gpt1'] / bound:.0%} of that bound, which is {bound / rates['HF']:.2f}x HF"
+            )
     tmp.cleanup()
 
 
@@ -258,8 +314,8 @@ def check_classifier(clf, hf_clf, batches, task, enc, micro, session, dtype) -> 
     through HF's (random) head is not possible, so compare final hidden states at the last token."""
     ids, mask = batches[0]
     lengths = mask.sum(1)
-    ours = clf.gpt(ids, lengths=lengths)                                    # [B, T, C]
-    theirs = hf_clf.transformer(input_ids=ids, attention_mask=mask)[0]      # [B, T, C]
+    ours = clf.gpt(ids, lengths=lengths)  # [B, T, C]
+    theirs = hf_clf.transformer(input_ids=ids, attention_mask=mask)[0]  # [B, T, C]
     rows = torch.arange(ids.shape[0])
     diff = (ours[rows, lengths - 1].float() - theirs[rows, lengths - 1].float()).abs().max()
     print(f"  check: last-token hidden states gpt1 vs HF, max |diff| {float(diff):.2e}")

@@ -12,6 +12,7 @@ first V columns of a `[n, V rounded up to 16]` buffer, alternating, best of N.
 logits rows against the same loss with plain `h @ W.T` logits, alternating, best of N (in bf16
 the loss does not pad its rows, so both sides run the same code there).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,6 +34,7 @@ def best_ms(fn, repeats: int) -> float:
 def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from gpt1.train import objectives
 
@@ -43,27 +45,34 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
     w = (torch.randn(V, C, generator=g) * 0.02).requires_grad_()
     y, weights = torch.randint(0, V, (n,), generator=g), torch.full((n,), 1.0 / n)
     for dtype in ("fp32", "bf16"):
+
         def step():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
                 loss = objectives.chunked_cross_entropy(h, w, y, weights)
             loss.backward()
             h.grad = w.grad = None
+
         best = {name: float("inf") for name in variants}
         for round_ in range(repeats + 1):
             for name, fn in variants.items():
                 objectives.aligned_logits = fn
                 start = time.perf_counter()
                 step()
-                if round_:   # the first round warms both up
+                if round_:  # the first round warms both up
                     best[name] = min(best[name], time.perf_counter() - start)
         objectives.aligned_logits = aligned
         a, b = best["plain rows"], best["aligned rows"]
-        print(f"chunked LM loss, {dtype}, {n} positions: plain rows {a * 1e3:.0f} ms, "
-              f"aligned rows {b * 1e3:.0f} ms, {a / b:.2f}x", flush=True)
+        print(
+            f"chunked LM loss, {dtype}, {n} positions: plain rows {a * 1e3:.0f} ms, "
+            f"aligned rows {b * 1e3:.0f} ms, {a / b:.2f}x",
+            flush=True,
+        )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--vocab", type=int, default=40478)
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--rows", default="306,824,1024")
@@ -75,7 +84,7 @@ def main() -> None:
     V, C = args.vocab, args.n_embd
     if args.loss:
         return loss_ab(V, C, args.repeats)
-    width = -(-V // 16) * 16   # gpt1.train.objectives.logits_width in fp32
+    width = -(-V // 16) * 16  # gpt1.train.objectives.logits_width in fp32
     print(f"V={V} (padded rows: {width}), C={C}, {args.threads} thread(s)")
     for dtype in (torch.float32, torch.bfloat16):
         E = (torch.randn(V, C) * 0.02).to(dtype)
@@ -85,8 +94,11 @@ def main() -> None:
             a = best_ms(lambda: torch.mm(h, E.t(), out=plain), args.repeats)
             b = best_ms(lambda: torch.mm(h, E.t(), out=padded[:, :V]), args.repeats)
             gflop = 2 * n * C * V / 1e9
-            print(f"{str(dtype):15s} n={n:5d}: [n, V] {a:7.1f} ms ({gflop / a * 1e3:5.1f} GFLOP/s)   "
-                  f"aligned rows {b:7.1f} ms ({gflop / b * 1e3:5.1f} GFLOP/s)   {a / b:.2f}x", flush=True)
+            print(
+                f"{str(dtype):15s} n={n:5d}: [n, V] {a:7.1f} ms ({gflop / a * 1e3:5.1f} GFLOP/s)   "
+                f"aligned rows {b:7.1f} ms ({gflop / b * 1e3:5.1f} GFLOP/s)   {a / b:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

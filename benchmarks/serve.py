@@ -15,6 +15,7 @@ untimed first, so the tokenizer's cache holds them on both (the figures are mode
     python benchmarks/serve.py --precision bf16 --requests 512
     python benchmarks/serve.py --skip generate --clients 64 --requests 128   # quick look
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,10 +40,11 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 def write_run(folder: Path, preset: str) -> Path:
     """A fine-tuned SST-2 run with random weights (what `gpt1 finetune` writes)."""
     from gpt1.config import FinetuneConfig, model_preset
-    from gpt1.recipes.finetune import load_tokenizer, task_record, writer
-    from gpt1.model.heads import FinetuneModel
     from gpt1.model.gpt import GPT
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.recipes.finetune import load_tokenizer, task_record, writer
     from gpt1.tasks import get_task
+
     vocab = DATA / "gpt1_tokenizer"
     tok = load_tokenizer(vocab)
     torch.manual_seed(0)
@@ -52,8 +54,9 @@ def write_run(folder: Path, preset: str) -> Path:
     task = get_task("sst2")
     model = FinetuneModel(gpt, task.kind, task.n_outputs, tok.classify_id)
     (folder / "final").mkdir(parents=True)
-    writer(vocab, task_record(task, FinetuneConfig(task="sst2"), tok, config.n_positions),
-           {})(model, folder / "final")
+    writer(vocab, task_record(task, FinetuneConfig(task="sst2"), tok, config.n_positions), {})(
+        model, folder / "final"
+    )
     return folder
 
 
@@ -65,8 +68,10 @@ def sentences() -> list[str]:
 # ------------------------------------------------------------------------------ client
 async def http_post(reader, writer, path: str, body: bytes) -> tuple[int, bytes]:
     """One request on a keep-alive connection; the response must carry Content-Length."""
-    writer.write(b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body))
+    writer.write(
+        b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+    )
     await writer.drain()
     status = int((await reader.readline()).split()[1])
     length = 0
@@ -111,24 +116,38 @@ async def load(port: int, path: str, bodies: list[bytes], clients: int, limit_s:
     wall = time.perf_counter() - start
     lat = sorted(latencies)
     pick = lambda q: lat[min(len(lat) - 1, int(q * len(lat)))] if lat else float("nan")  # noqa: E731
-    return {"clients": clients, "ok": len(lat), "errors": errors, "seconds": wall,
-            "rps": len(lat) / wall, "p50": pick(0.50), "p99": pick(0.99)}
+    return {
+        "clients": clients,
+        "ok": len(lat),
+        "errors": errors,
+        "seconds": wall,
+        "rps": len(lat) / wall,
+        "p50": pick(0.50),
+        "p99": pick(0.99),
+    }
 
 
 # -------------------------------------------------------------------------- in process
-def in_process(run: Path, precision: str, texts: list[str], gen_prompts: list[str],
-               gen_tokens: int, threads: int) -> tuple[float, float | None]:
+def in_process(
+    run: Path,
+    precision: str,
+    texts: list[str],
+    gen_prompts: list[str],
+    gen_tokens: int,
+    threads: int,
+) -> tuple[float, float | None]:
     """(sentences/s of tokenize + predict in batches of 16, new tokens/s of one-at-a-time
     greedy generation) with the engine the server uses."""
     from gpt1.serve.engine import load_engine
+
     engine = load_engine(run, precision=precision)
     torch.set_num_threads(threads)
 
     def classify() -> None:
         for s in range(0, len(texts), 16):
-            engine.predict(engine.encode(engine.examples([{"text": t} for t in texts[s:s + 16]])))
+            engine.predict(engine.encode(engine.examples([{"text": t} for t in texts[s : s + 16]])))
 
-    classify()   # warm-up (and the tokenizer's cache, as a running server's)
+    classify()  # warm-up (and the tokenizer's cache, as a running server's)
     start, cpu = time.perf_counter(), time.process_time()
     classify()
     rate = len(texts) / (time.perf_counter() - start)
@@ -141,7 +160,6 @@ def in_process(run: Path, precision: str, texts: list[str], gen_prompts: list[st
         for prompt in ids:
             list(engine.stream(prompt, gen_tokens, 0.0, None, None, 0))
         gen_rate = len(ids) * gen_tokens / (time.perf_counter() - start)
-    del engine
     return rate, gen_rate
 
 
@@ -159,10 +177,27 @@ def free_port() -> int:
 
 def start_server(run: Path, port: int, precision: str, threads: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "gpt1", "--quiet", "serve", str(run), "--port",
-                             str(port), "--precision", precision, "--threads", str(threads),
-                             "--max-queue", "100000"], env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpt1",
+            "--quiet",
+            "serve",
+            str(run),
+            "--port",
+            str(port),
+            "--precision",
+            precision,
+            "--threads",
+            str(threads),
+            "--max-queue",
+            "100000",
+        ],
+        env=env,
+    )
     import urllib.request
+
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -177,7 +212,9 @@ def start_server(run: Path, port: int, precision: str, threads: int) -> subproce
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--preset", default="gpt1", help="model size (default gpt1: 117M)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     p.add_argument("--clients", default="1,8,64")
@@ -187,20 +224,28 @@ def main() -> None:
     p.add_argument("--limit-s", type=float, default=120.0, help="time limit per level")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--skip", default="", help="classify and/or generate")
-    p.add_argument("--rounds", type=int, default=0,
-                   help="then N rounds alternating in-process classify and the server at the "
-                        "largest client count (the ratio with the least drift; default 0)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="then N rounds alternating in-process classify and the server at the "
+        "largest client count (the ratio with the least drift; default 0)",
+    )
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     levels = [int(c) for c in args.clients.split(",")]
     texts = sentences()
-    cls_texts = (texts * (args.requests // len(texts) + 1))[:args.requests]
-    gen_texts = texts[:args.gen_requests] if "generate" not in skip else []
+    cls_texts = (texts * (args.requests // len(texts) + 1))[: args.requests]
+    gen_texts = texts[: args.gen_requests] if "generate" not in skip else []
     with tempfile.TemporaryDirectory() as tmp:
         run = write_run(Path(tmp) / "sst2", args.preset)
-        print(f"{args.preset} SST-2 classifier (random weights), {args.precision}, "
-              f"{args.threads} threads, SST-2 dev sentences, loopback")
-        before = in_process(run, args.precision, cls_texts, gen_texts, args.gen_tokens, args.threads)
+        print(
+            f"{args.preset} SST-2 classifier (random weights), {args.precision}, "
+            f"{args.threads} threads, SST-2 dev sentences, loopback"
+        )
+        before = in_process(
+            run, args.precision, cls_texts, gen_texts, args.gen_tokens, args.threads
+        )
         port = free_port()
         server = start_server(run, port, args.precision, args.threads)
         results = {"classify": [], "generate": []}
@@ -216,13 +261,18 @@ def main() -> None:
                     r["cpu_ms"] = 1e3 * (process_cpu(server.pid) - cpu0) / max(1, r["ok"])
                     results["classify"].append(r)
             if "generate" not in skip:
-                bodies = [json.dumps({"prompt": t, "max_new_tokens": args.gen_tokens,
-                                      "temperature": 0}).encode() for t in gen_texts]
+                bodies = [
+                    json.dumps(
+                        {"prompt": t, "max_new_tokens": args.gen_tokens, "temperature": 0}
+                    ).encode()
+                    for t in gen_texts
+                ]
                 for c in levels:
-                    results["generate"].append(asyncio.run(load(port, "/v1/generate", bodies, c,
-                                                                 args.limit_s)))
+                    results["generate"].append(
+                        asyncio.run(load(port, "/v1/generate", bodies, c, args.limit_s))
+                    )
             ratios = []
-            for _ in range(args.rounds):   # the engine in this process stays loaded: reuse it
+            for _ in range(args.rounds):  # the engine in this process stays loaded: reuse it
                 ref, _ = in_process(run, args.precision, cls_texts, [], 0, args.threads)
                 r = asyncio.run(load(port, "/v1/predict", bodies, max(levels), args.limit_s))
                 ratios.append((ref, r["rps"], r["errors"]))
@@ -232,27 +282,35 @@ def main() -> None:
         after = in_process(run, args.precision, cls_texts, gen_texts, args.gen_tokens, args.threads)
     report(results, before, after, args.gen_tokens)
     for ref, rps, errors in ratios:
-        print(f"round: in process {ref:.1f} sentences/s, server at {max(levels)} clients "
-              f"{rps:.1f} requests/s, errors {errors or 0}: {rps / ref:.2f}x")
+        print(
+            f"round: in process {ref:.1f} sentences/s, server at {max(levels)} clients "
+            f"{rps:.1f} requests/s, errors {errors or 0}: {rps / ref:.2f}x"
+        )
     if ratios:
-        print(f"median ratio over {len(ratios)} rounds: "
-              f"{statistics.median(r / f for f, r, _ in ratios):.2f}x")
+        print(
+            f"median ratio over {len(ratios)} rounds: "
+            f"{statistics.median(r / f for f, r, _ in ratios):.2f}x"
+        )
 
 
 def report(results: dict, before: tuple, after: tuple, gen_tokens: int) -> None:
     ref_cls = (before[0] + after[0]) / 2
-    print(f"in process: classify {before[0]:.1f} / {after[0]:.1f} sentences/s (before / after), "
-          f"{in_process.cpu_ms:.2f} ms CPU per sentence"
-          + (f"; generate {before[1]:.2f} / {after[1]:.2f} new tokens/s" if before[1] else ""))
+    print(
+        f"in process: classify {before[0]:.1f} / {after[0]:.1f} sentences/s (before / after), "
+        f"{in_process.cpu_ms:.2f} ms CPU per sentence"
+        + (f"; generate {before[1]:.2f} / {after[1]:.2f} new tokens/s" if before[1] else "")
+    )
     for kind, rows in results.items():
         for r in rows:
             per = r["rps"] * (gen_tokens if kind == "generate" else 1)
             ref = ref_cls if kind == "classify" else (before[1] + after[1]) / 2
             unit = "sentences/s" if kind == "classify" else "new tokens/s"
-            print(f"{kind:8s} {r['clients']:3d} clients: {r['ok']:4d} ok, errors {r['errors'] or 0}, "
-                  f"{r['rps']:7.2f} req/s, p50 {r['p50'] * 1e3:8.1f} ms, p99 {r['p99'] * 1e3:8.1f} ms"
-                  f" | {per:7.2f} {unit} = {per / ref:.2f}x in process"
-                  + (f"; server CPU {r['cpu_ms']:.2f} ms/request" if "cpu_ms" in r else ""))
+            print(
+                f"{kind:8s} {r['clients']:3d} clients: {r['ok']:4d} ok, errors {r['errors'] or 0}, "
+                f"{r['rps']:7.2f} req/s, p50 {r['p50'] * 1e3:8.1f} ms, p99 {r['p99'] * 1e3:8.1f} ms"
+                f" | {per:7.2f} {unit} = {per / ref:.2f}x in process"
+                + (f"; server CPU {r['cpu_ms']:.2f} ms/request" if "cpu_ms" in r else "")
+            )
 
 
 if __name__ == "__main__":

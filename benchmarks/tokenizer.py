@@ -15,6 +15,7 @@ built from the original GPT-1 files. Both run in this process, pinned to one CPU
 counted separately: gpt1's default (OAI) does not pad backslashes while transformers does
 (reference d.1.9); with standardize="hf" they must match too.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,9 +36,11 @@ def reference_tokenizer(vocab_dir: Path):
     """transformers' slow OpenAIGPTTokenizer from the original files (needs ftfy + spaCy)."""
     import transformers
     from transformers import OpenAIGPTTokenizer
+
     transformers.logging.set_verbosity_error()
-    ref = OpenAIGPTTokenizer(str(vocab_dir / "encoder_bpe_40000.json"),
-                             str(vocab_dir / "vocab_40000.bpe"))
+    ref = OpenAIGPTTokenizer(
+        str(vocab_dir / "encoder_bpe_40000.json"), str(vocab_dir / "vocab_40000.bpe")
+    )
     if ref.fix_text is None:
         raise SystemExit("transformers fell back to BasicTokenizer: install ftfy and spacy")
     return ref
@@ -55,9 +58,11 @@ def text_units(data: Path) -> Iterator[tuple[str, str]]:
         group = "novels" if path.parent.name == "gutenberg" else path.parent.name
         for line in path.read_text(encoding="utf-8").split("\n"):
             yield group, line
-    tables = sorted((data / "glue").rglob("*.tsv")) + sorted(
-        (data / "glue_kshot_samples").rglob("*.tsv")) + sorted(
-        p for p in (data / "nli_samples_textfooler").iterdir() if p.suffix == "")
+    tables = (
+        sorted((data / "glue").rglob("*.tsv"))
+        + sorted((data / "glue_kshot_samples").rglob("*.tsv"))
+        + sorted(p for p in (data / "nli_samples_textfooler").iterdir() if p.suffix == "")
+    )
     for path in tables:
         for line in path.read_text(encoding="utf-8").split("\n"):
             for field in _fields(line.split("\t")):
@@ -79,6 +84,7 @@ def text_units(data: Path) -> Iterator[tuple[str, str]]:
 
 def check(data: Path, limit: int | None) -> int:
     from gpt1.text.tokenizer import Tokenizer
+
     vocab = data / "gpt1_tokenizer"
     ref = reference_tokenizer(vocab)
     oai, hf = Tokenizer.from_dir(vocab), Tokenizer.from_dir(vocab, standardize="hf")
@@ -106,14 +112,18 @@ def check(data: Path, limit: int | None) -> int:
             s[1] += 1
             if len(examples) < 5:
                 examples.append((source, text))
-    print(f"{'source':12s} {'lines':>8s} {'mismatch':>8s} | {'with ' + chr(92):>7s} "
-          f"{'oai!=ref':>8s} {'hf!=ref':>7s}")
+    print(
+        f"{'source':12s} {'lines':>8s} {'mismatch':>8s} | {'with ' + chr(92):>7s} "
+        f"{'oai!=ref':>8s} {'hf!=ref':>7s}"
+    )
     totals = [0] * 5
     for source, s in stats.items():
         print(f"{source:12s} {s[0]:8d} {s[1]:8d} | {s[2]:7d} {s[3]:8d} {s[4]:7d}")
         totals = [a + b for a, b in zip(totals, s)]
-    print(f"{'total':12s} {totals[0]:8d} {totals[1]:8d} | {totals[2]:7d} {totals[3]:8d} "
-          f"{totals[4]:7d}   ({time.time() - t0:.0f} s)")
+    print(
+        f"{'total':12s} {totals[0]:8d} {totals[1]:8d} | {totals[2]:7d} {totals[3]:8d} "
+        f"{totals[4]:7d}   ({time.time() - t0:.0f} s)"
+    )
     for source, text in examples:
         print(f"  mismatch in {source}: {text[:120]!r}")
     return 1 if totals[1] or totals[4] else 0
@@ -121,6 +131,7 @@ def check(data: Path, limit: int | None) -> int:
 
 def speed(data: Path, n_files: int, processes: int) -> None:
     from gpt1.text.tokenizer import Tokenizer
+
     vocab = data / "gpt1_tokenizer"
     novels = sorted((data / "corpus" / "gutenberg").glob("*.txt"))[:n_files]
     texts = [p.read_text(encoding="utf-8") for p in novels]
@@ -135,26 +146,34 @@ def speed(data: Path, n_files: int, processes: int) -> None:
     t_ours = time.perf_counter() - t0
     same = sum(a == b for a, b in zip(want, got))
     n_tokens = sum(map(len, got))
-    print(f"{len(texts)} novels, {n_bytes / 1e6:.2f} MB, {n_tokens:,} tokens; "
-          f"identical ids for {same}/{len(texts)} novels")
-    print(f"transformers slow OpenAIGPTTokenizer: {n_bytes / t_ref / 1e3:8.0f} KB/s "
-          f"({t_ref:.1f} s)")
-    print(f"gpt1 Tokenizer (1 process, cold):     {n_bytes / t_ours / 1e3:8.0f} KB/s "
-          f"({t_ours:.1f} s)  = {t_ref / t_ours:.2f}x")
+    print(
+        f"{len(texts)} novels, {n_bytes / 1e6:.2f} MB, {n_tokens:,} tokens; "
+        f"identical ids for {same}/{len(texts)} novels"
+    )
+    print(
+        f"transformers slow OpenAIGPTTokenizer: {n_bytes / t_ref / 1e3:8.0f} KB/s ({t_ref:.1f} s)"
+    )
+    print(
+        f"gpt1 Tokenizer (1 process, cold):     {n_bytes / t_ours / 1e3:8.0f} KB/s "
+        f"({t_ours:.1f} s)  = {t_ref / t_ours:.2f}x"
+    )
     if processes > 1:
         os.sched_setaffinity(0, range(os.cpu_count() or 1))
         fresh = Tokenizer.from_dir(vocab)
         t0 = time.perf_counter()
         multi = fresh.encode_batch(texts, processes=processes)
         t_multi = time.perf_counter() - t0
-        print(f"gpt1 encode_batch, {processes} processes:  {n_bytes / t_multi / 1e3:8.0f} KB/s "
-              f"({t_multi:.1f} s)  ids identical: {multi == got}")
+        print(
+            f"gpt1 encode_batch, {processes} processes:  {n_bytes / t_multi / 1e3:8.0f} KB/s "
+            f"({t_multi:.1f} s)  ids identical: {multi == got}"
+        )
 
 
 def check_linear(data: Path) -> int:
     """LinearSpacy (used for long pieces) against spaCy itself on every distinct unit (chunk,
     or linked chunks) of the shared text, in both lowercase modes, whatever its length."""
     from gpt1.text import normalize as textlib
+
     splitter = textlib.SpacySplitter()
     assert splitter._linear is not None
     seen: set[str] = set()
@@ -182,6 +201,7 @@ RUN_LENGTHS = (8_000, 16_000, 32_000, 100_000)
 def _run_text(pattern: str, n: int) -> str:
     if pattern == "random":  # symbols and letters in no order, no whitespace
         import random
+
         return "".join(random.Random(n).choices("$%#&*@^=<>'\".!?()-:;,😀…’a1", k=n))
     return pattern * (n // len(pattern))
 
@@ -191,6 +211,7 @@ def runs(data: Path, before_limit: int) -> None:
     (now) and with spaCy alone on every piece (before; only up to --before-limit characters:
     it is quadratic). Ids are compared wherever both ran."""
     from gpt1.text.tokenizer import Tokenizer
+
     vocab = data / "gpt1_tokenizer"
     now, before = Tokenizer.from_dir(vocab), Tokenizer.from_dir(vocab)
     now.encode("warm up."), before.encode("warm up.")
@@ -217,7 +238,9 @@ def whitespace_runs(before_limit: int) -> None:
     """A run of spaces with no newline: text_standardize's newline rule, now (whole runs) and
     before (OAI's regex \\s*\\n\\s*, which retries at every position of the run)."""
     import re
+
     from gpt1.text import normalize as textlib
+
     print(f"\nnewline rule on 'a' + n spaces + 'b'\n{'n':>7s} {'now s':>7s} {'before s':>9s}")
     for n in RUN_LENGTHS:
         text = "a" + " " * n + "b\nc"
@@ -236,9 +259,13 @@ def python_bpe(tok, before_limit: int) -> None:
     """The Python BPE (vocabularies without "<unk>" cannot use `tokenizers`) on one long word
     of random letters: the heap version (now) and the rescanning one (before)."""
     import random
+
     from gpt1.text.tokenizer import bpe, bpe_heap
-    print(f"\nPython BPE, one word of n random letters\n{'n':>7s} {'heap s':>7s} "
-          f"{'rescan s':>9s} pieces")
+
+    print(
+        f"\nPython BPE, one word of n random letters\n{'n':>7s} {'heap s':>7s} "
+        f"{'rescan s':>9s} pieces"
+    )
     for n in RUN_LENGTHS:
         word = "".join(random.Random(n).choices("abcdefghijklmnopqrstuvwxyz", k=n))
         t0 = time.perf_counter()
@@ -258,6 +285,7 @@ def short_lines(data: Path, n_lines: int) -> None:
     batched path (`encode_lines`)."""
     from gpt1.cli.tokenizer import encode_lines
     from gpt1.text.tokenizer import Tokenizer
+
     vocab = data / "gpt1_tokenizer"
     lines = []
     with open(data / "glue" / "SST-2" / "train.tsv", encoding="utf-8") as fh:
@@ -289,17 +317,25 @@ def short_lines(data: Path, n_lines: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--check", action="store_true", help="exactness on all shared text")
     parser.add_argument("--limit", type=int, default=None, help="--check at most N lines")
     parser.add_argument("--files", type=int, default=4, help="novels for the speed run")
     parser.add_argument("--processes", type=int, default=1, help="also time encode_batch")
-    parser.add_argument("--check-linear", action="store_true",
-                        help="LinearSpacy vs spaCy on every distinct piece of the shared text")
+    parser.add_argument(
+        "--check-linear",
+        action="store_true",
+        help="LinearSpacy vs spaCy on every distinct piece of the shared text",
+    )
     parser.add_argument("--runs", action="store_true", help="long runs of punctuation")
-    parser.add_argument("--before-limit", type=int, default=8_000,
-                        help="--runs: longest input for the quadratic spaCy-only path")
+    parser.add_argument(
+        "--before-limit",
+        type=int,
+        default=8_000,
+        help="--runs: longest input for the quadratic spaCy-only path",
+    )
     parser.add_argument("--lines", type=int, default=0, help="short lines: the CLI's batches")
     parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()

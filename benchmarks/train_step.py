@@ -23,6 +23,7 @@ so achieved model FLOP/s (6N + attention per token) is also printed as % of the 
     python benchmarks/train_step.py --data DIR --accum 4 --dtype bf16
     python benchmarks/train_step.py --data DIR --via-train   # + gpt1.train.loop.train's own tokens/s
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,26 +37,41 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
+
 from gpt1 import GPT, ModelConfig  # noqa: E402
+from gpt1.config import TrainConfig  # noqa: E402
 from gpt1.model.gpt import flops_per_token  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
-from gpt1.train.objectives import lm_loss_window  # noqa: E402
-from gpt1.config import TrainConfig  # noqa: E402
 from gpt1.text.windows import WindowSource, open_prepared  # noqa: E402
-from gpt1.train.objectives import WindowLMLoss  # noqa: E402
-from gpt1.train.optim import build_optimizer, lr_at, set_lr  # noqa: E402
 from gpt1.train.loop import _clip, to_device  # noqa: E402
-from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
+from gpt1.train.objectives import (
+    WindowLMLoss,  # noqa: E402
+    lm_loss_window,  # noqa: E402
+)
+from gpt1.train.optim import build_optimizer, lr_at, set_lr  # noqa: E402
 
 
 def build(args: argparse.Namespace):
-    config = ModelConfig(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.n_embd,
-                         n_layer=args.n_layer, n_head=args.n_head)
+    config = ModelConfig(
+        vocab_size=args.vocab,
+        n_positions=args.seq_len,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+    )
     torch.manual_seed(0)
     ours = GPT(config).train()
     from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
-    hf_config = OpenAIGPTConfig(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.n_embd,
-                                n_layer=args.n_layer, n_head=args.n_head, afn="gelu")
+
+    hf_config = OpenAIGPTConfig(
+        vocab_size=args.vocab,
+        n_positions=args.seq_len,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        afn="gelu",
+    )
     hf_config._attn_implementation = "eager"  # the only implementation OpenAIGPT has
     theirs = OpenAIGPTLMHeadModel(hf_config).train()
     missing, unexpected = theirs.load_state_dict(gpt1_to_hf_state(ours.state_dict()), strict=False)
@@ -97,11 +113,19 @@ def make_pretrain_steps(ours, theirs, args):
     """
     split = open_prepared(args.data).splits["train"]
     src_ours = WindowSource(split, args.seq_len, seed=0)
-    src_theirs = WindowSource(split, args.seq_len, seed=0)   # same seed: the same windows
-    cfg = TrainConfig(micro_batch_size=args.batch, batch_size=args.batch * args.accum,
-                      max_steps=10 ** 6, lr=args.lr, warmup=0, schedule="constant",
-                      precision="fp32", grad_clip=1.0, weight_decay=0.01)
-    opt_ours = build_optimizer(ours, cfg)                     # OAI Adam, fused
+    src_theirs = WindowSource(split, args.seq_len, seed=0)  # same seed: the same windows
+    cfg = TrainConfig(
+        micro_batch_size=args.batch,
+        batch_size=args.batch * args.accum,
+        max_steps=10**6,
+        lr=args.lr,
+        warmup=0,
+        schedule="constant",
+        precision="fp32",
+        grad_clip=1.0,
+        weight_decay=0.01,
+    )
+    opt_ours = build_optimizer(ours, cfg)  # OAI Adam, fused
     loss_fn = WindowLMLoss(cfg.loss_chunk_tokens)
     device = torch.device("cpu")
     state = {"step": 0}
@@ -112,7 +136,7 @@ def make_pretrain_steps(ours, theirs, args):
         loss_sum = torch.zeros(())
         for _ in range(args.accum):
             batch = to_device(src_ours.next_batch(cfg.micro_batch_size), device)
-            loss, _ = loss_fn(ours, batch)          # inside the caller's autocast, as in train()
+            loss, _ = loss_fn(ours, batch)  # inside the caller's autocast, as in train()
             (loss / args.accum).backward()
             loss_sum += loss.detach().float()
         _clip(ours, cfg.grad_clip)
@@ -126,8 +150,8 @@ def make_pretrain_steps(ours, theirs, args):
     def step_theirs():
         loss_sum = 0.0
         for _ in range(args.accum):
-            x, y = src_theirs.next_batch(args.batch)             # [B, T] inputs and targets
-            logits = theirs(input_ids=x).logits                  # [B, T, V]
+            x, y = src_theirs.next_batch(args.batch)  # [B, T] inputs and targets
+            logits = theirs(input_ids=x).logits  # [B, T, V]
             # What HF's own LM loss does: upcast the logits, mean cross-entropy.
             loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
             (loss / args.accum).backward()
@@ -147,12 +171,12 @@ def matmul_peak(dtype: torch.dtype, seconds: float, sizes=(1024, 2048, 3072)) ->
     for n in sizes:
         a, b = (torch.randn(n, n, generator=gen).to(dtype) for _ in range(2))
         out = torch.empty(n, n, dtype=dtype)
-        torch.mm(a, b, out=out)                                  # warm-up, allocates nothing later
+        torch.mm(a, b, out=out)  # warm-up, allocates nothing later
         end = time.perf_counter() + seconds / len(sizes)
         while time.perf_counter() < end:
             t0 = time.perf_counter()
             torch.mm(a, b, out=out)
-            best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
+            best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
     return best
 
 
@@ -169,12 +193,17 @@ def print_gemm_ceiling(dtype: str, sides: dict, ctx, hf_step_seconds: float) -> 
     (unprofiled, median) step time over gpt1's GEMM time."""
     shares = {name: gemm_share(sides[name], ctx) for name in ("gpt1", "transformers")}
     (g_ours, w_ours), (g_hf, w_hf) = shares["gpt1"], shares["transformers"]
-    print(f"{dtype:5s} GEMM time per step (profiled): gpt1 {g_ours:.3f} s of {w_ours:.3f} s "
-          f"({100 * g_ours / w_ours:.0f}%), transformers {g_hf:.3f} s of {w_hf:.3f} s "
-          f"({100 * g_hf / w_hf:.0f}%)")
-    print(f"{dtype:5s} GEMM-bound ceiling: transformers' median step {hf_step_seconds:.3f} s / "
-          f"gpt1's GEMMs {g_ours:.3f} s = {hf_step_seconds / g_ours:.2f}x (the ratio if all of "
-          f"gpt1's non-GEMM work took no time)")
+    print(
+        f"{dtype:5s} GEMM time per step (profiled): gpt1 {g_ours:.3f} s of {w_ours:.3f} s "
+        f"({100 * g_ours / w_ours:.0f}%), transformers {g_hf:.3f} s of {w_hf:.3f} s "
+        f"({100 * g_hf / w_hf:.0f}%)"
+    )
+    print(
+        f"{dtype:5s} GEMM-bound ceiling: transformers' median step {hf_step_seconds:.3f} s / "
+        f"gpt1's GEMMs {g_ours:.3f} s = {hf_step_seconds / g_ours:.2f}x (the ratio if all of "
+        f"gpt1's non-GEMM work took no time)"
+    )
+
 
 def run_pretrain(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
@@ -186,10 +215,12 @@ def run_pretrain(args: argparse.Namespace) -> None:
     flops = flops_per_token(ours.config, args.seq_len)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     peaks = {d: matmul_peak(dtypes[d], args.peak_seconds) for d in args.dtype.split(",")}
-    print(f"whole pretraining steps on {args.data}: {args.n_layer} layers x {args.n_embd}, "
-          f"{args.n_head} heads, T={args.seq_len}, micro-batch {args.batch} x {args.accum} "
-          f"accumulation, vocab {args.vocab}, dropout 0.1, threads {args.threads}; gpt1: trainer "
-          f"step with OAI Adam; transformers: plain loop with torch AdamW + clip_grad_norm_")
+    print(
+        f"whole pretraining steps on {args.data}: {args.n_layer} layers x {args.n_embd}, "
+        f"{args.n_head} heads, T={args.seq_len}, micro-batch {args.batch} x {args.accum} "
+        f"accumulation, vocab {args.vocab}, dropout 0.1, threads {args.threads}; gpt1: trainer "
+        f"step with OAI Adam; transformers: plain loop with torch AdamW + clip_grad_norm_"
+    )
     print(f"model FLOPs per token {flops / 1e6:.1f} M (6N + attention); {tokens} tokens per step")
     for dtype in args.dtype.split(","):
         ctx = autocast_for(dtype)
@@ -208,21 +239,29 @@ def run_pretrain(args: argparse.Namespace) -> None:
         # Probe again after the rounds: the peak is the best seen (background load only lowers it).
         peaks[dtype] = max(peaks[dtype], matmul_peak(dtypes[dtype], args.peak_seconds))
         peak = peaks[dtype]
-        print(f"{dtype:5s} matmul peak {peak / 1e9:7.1f} GFLOP/s (best square GEMM, {args.threads} threads)")
+        print(
+            f"{dtype:5s} matmul peak {peak / 1e9:7.1f} GFLOP/s (best square GEMM, {args.threads} threads)"
+        )
         med = {name: statistics.median(v) for name, v in per_round.items()}
         for name, v in per_round.items():
             rate = med[name] * flops
-            print(f"{dtype:5s} {name:13s} median {med[name]:7.0f} tok/s  {rate / 1e9:6.1f} GFLOP/s = "
-                  f"{100 * rate / peak:5.1f}% of peak   mean loss {statistics.fmean(losses[name]):.4f}"
-                  f"   rounds: {' '.join(f'{t:.0f}' for t in v)}")
+            print(
+                f"{dtype:5s} {name:13s} median {med[name]:7.0f} tok/s  {rate / 1e9:6.1f} GFLOP/s = "
+                f"{100 * rate / peak:5.1f}% of peak   mean loss {statistics.fmean(losses[name]):.4f}"
+                f"   rounds: {' '.join(f'{t:.0f}' for t in v)}"
+            )
         ratios = [a / b for a, b in zip(per_round["gpt1"], per_round["transformers"])]
         hf_share = med["transformers"] * flops / peak
-        print(f"{dtype:5s} ratio gpt1/transformers: {med['gpt1'] / med['transformers']:.2f}x "
-              f"(per-round median {statistics.median(ratios):.2f}x); ceiling at 100% of peak: "
-              f"{1 / hf_share:.2f}x")
+        print(
+            f"{dtype:5s} ratio gpt1/transformers: {med['gpt1'] / med['transformers']:.2f}x "
+            f"(per-round median {statistics.median(ratios):.2f}x); ceiling at 100% of peak: "
+            f"{1 / hf_share:.2f}x"
+        )
         print_gemm_ceiling(dtype, sides, ctx, tokens / med["transformers"])
-    print("first timed step losses (same weights before warm-up, same windows; dropout masks differ): "
-          + ", ".join(f"{n} {l[0]:.4f}" for n, l in losses.items()))
+    print(
+        "first timed step losses (same weights before warm-up, same windows; dropout masks differ): "
+        + ", ".join(f"{n} {l[0]:.4f}" for n, l in losses.items())
+    )
     if args.via_train:
         for dtype in args.dtype.split(","):
             check_with_train(args, dtype)
@@ -232,23 +271,45 @@ def check_with_train(args: argparse.Namespace, dtype: str) -> None:
     """Cross-check: gpt1.train.loop.train itself on the same data, its own tokens/s log (not interleaved)."""
     import json
     import tempfile
+
     from gpt1.train.loop import train
+
     steps = args.warmup + args.rounds * args.steps
-    config = ModelConfig(vocab_size=args.vocab, n_positions=args.seq_len, n_embd=args.n_embd,
-                         n_layer=args.n_layer, n_head=args.n_head)
+    config = ModelConfig(
+        vocab_size=args.vocab,
+        n_positions=args.seq_len,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+    )
     torch.manual_seed(0)
     model = GPT(config)
-    cfg = TrainConfig(micro_batch_size=args.batch, batch_size=args.batch * args.accum,
-                      max_steps=steps, lr=args.lr, warmup=0, schedule="constant", precision=dtype,
-                      grad_clip=1.0, weight_decay=0.01, save_every=0, eval_every=0, log_every=1,
-                      quiet=True, device="cpu", peak_flops=1.0)
+    cfg = TrainConfig(
+        micro_batch_size=args.batch,
+        batch_size=args.batch * args.accum,
+        max_steps=steps,
+        lr=args.lr,
+        warmup=0,
+        schedule="constant",
+        precision=dtype,
+        grad_clip=1.0,
+        weight_decay=0.01,
+        save_every=0,
+        eval_every=0,
+        log_every=1,
+        quiet=True,
+        device="cpu",
+        peak_flops=1.0,
+    )
     source = WindowSource(open_prepared(args.data).splits["train"], args.seq_len, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         train(model, WindowLMLoss(cfg.loss_chunk_tokens), source, cfg, Path(tmp) / "run")
         records = [json.loads(line) for line in (Path(tmp) / "run" / "metrics.jsonl").open()]
-    rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][args.warmup:]
-    print(f"{dtype:5s} gpt1 via gpt1.train.loop.train: median {statistics.median(rates):7.0f} tok/s over "
-          f"{len(rates)} logged steps (its own loop, run after the rounds)")
+    rates = [r["tokens_per_s"] for r in records if "tokens_per_s" in r][args.warmup :]
+    print(
+        f"{dtype:5s} gpt1 via gpt1.train.loop.train: median {statistics.median(rates):7.0f} tok/s over "
+        f"{len(rates)} logged steps (its own loop, run after the rounds)"
+    )
 
 
 def timed(step, n: int, ctx) -> float:
@@ -277,9 +338,11 @@ def run(args: argparse.Namespace) -> None:
     # Model FLOPs per token (6N + attention): both sides must do these matmuls, so their rate
     # bounds the achievable ratio; everything else is what an implementation can save.
     flops = flops_per_token(ours.config, args.seq_len)
-    print(f"config: {args.n_layer} layers x {args.n_embd}, {args.n_head} heads, T={args.seq_len}, "
-          f"batch {args.batch}, vocab {args.vocab}, dropout 0.1, threads {args.threads}, "
-          f"{'plain' if args.plain_adam else 'fused'} Adam for gpt1")
+    print(
+        f"config: {args.n_layer} layers x {args.n_embd}, {args.n_head} heads, T={args.seq_len}, "
+        f"batch {args.batch}, vocab {args.vocab}, dropout 0.1, threads {args.threads}, "
+        f"{'plain' if args.plain_adam else 'fused'} Adam for gpt1"
+    )
     for dtype in args.dtype.split(","):
         ctx = autocast_for(dtype)
         for step in sides.values():
@@ -291,20 +354,28 @@ def run(args: argparse.Namespace) -> None:
                 per_round[name].append(tokens / timed(step, args.steps, ctx))
         med = {name: statistics.median(v) for name, v in per_round.items()}
         peak = matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32, args.peak_seconds)
-        print(f"{dtype:5s} matmul peak {peak / 1e9:7.1f} GFLOP/s (best square GEMM, {args.threads} threads)")
+        print(
+            f"{dtype:5s} matmul peak {peak / 1e9:7.1f} GFLOP/s (best square GEMM, {args.threads} threads)"
+        )
         for name, v in per_round.items():
-            print(f"{dtype:5s} {name:14s} median {med[name]:8.0f} tok/s  "
-                  f"{med[name] * flops / 1e9:6.1f} GFLOP/s = {100 * med[name] * flops / peak:5.1f}% of peak"
-                  f"   rounds: {' '.join(f'{t:.0f}' for t in v)}")
+            print(
+                f"{dtype:5s} {name:14s} median {med[name]:8.0f} tok/s  "
+                f"{med[name] * flops / 1e9:6.1f} GFLOP/s = {100 * med[name] * flops / peak:5.1f}% of peak"
+                f"   rounds: {' '.join(f'{t:.0f}' for t in v)}"
+            )
         for name in sides:
             if name != "transformers":
                 ratios = [a / b for a, b in zip(per_round[name], per_round["transformers"])]
-                print(f"{dtype:5s} ratio {name}/transformers: {med[name] / med['transformers']:.2f}x "
-                      f"(per-round median {statistics.median(ratios):.2f}x)")
+                print(
+                    f"{dtype:5s} ratio {name}/transformers: {med[name] / med['transformers']:.2f}x "
+                    f"(per-round median {statistics.median(ratios):.2f}x)"
+                )
         # The model's matmuls alone bound any implementation: at 100% of peak, the best ratio is
         # peak / transformers' achieved rate.
-        print(f"{dtype:5s} ceiling for any implementation / transformers (100% of peak): "
-              f"{peak / (med['transformers'] * flops):.2f}x")
+        print(
+            f"{dtype:5s} ceiling for any implementation / transformers (100% of peak): "
+            f"{peak / (med['transformers'] * flops):.2f}x"
+        )
         print_gemm_ceiling(dtype, sides, ctx, tokens / med["transformers"])
 
 
@@ -315,14 +386,18 @@ def profile(args: argparse.Namespace) -> None:
     step = step_ours if args.profile == "ours" else step_theirs
     ctx = autocast_for(args.dtype.split(",")[0])
     timed(step, 1, ctx)
-    from torch.profiler import ProfilerActivity, profile as prof
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
     with prof(activities=[ProfilerActivity.CPU]) as p:
         timed(step, args.steps, ctx)
     print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=30))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--n-head", type=int, default=6)
@@ -332,20 +407,30 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32,bf16", help="comma list of fp32, bf16 (autocast)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2, help="steps per side per round")
-    ap.add_argument("--warmup", type=int, default=3,
-                    help="untimed steps per side and dtype first (a cold heap page-faults: after "
-                         "one, transformers' first bf16 rounds ran ~15%% slow)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed steps per side and dtype first (a cold heap page-faults: after "
+        "one, transformers' first bf16 rounds ran ~15%% slow)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plain-adam", action="store_true", help="unfused Adam for gpt1 too")
     ap.add_argument("--compile", action="store_true", help="also time torch.compile(gpt1)")
     ap.add_argument("--profile", choices=["ours", "theirs"], help="profile one side and exit")
     ap.add_argument("--data", help="a `gpt1 prepare` folder: time whole pretraining steps on it")
-    ap.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step (--data)")
+    ap.add_argument(
+        "--accum", type=int, default=1, help="micro-batches per optimizer step (--data)"
+    )
     ap.add_argument("--lr", type=float, default=2.5e-4, help="learning rate of both sides (--data)")
-    ap.add_argument("--via-train", action="store_true",
-                    help="also run gpt1.train.loop.train itself and report its logged tokens/s (--data)")
-    ap.add_argument("--peak-seconds", type=float, default=1.5,
-                    help="time spent by each matmul peak probe")
+    ap.add_argument(
+        "--via-train",
+        action="store_true",
+        help="also run gpt1.train.loop.train itself and report its logged tokens/s (--data)",
+    )
+    ap.add_argument(
+        "--peak-seconds", type=float, default=1.5, help="time spent by each matmul peak probe"
+    )
     args = ap.parse_args()
     if args.profile:
         profile(args)

@@ -18,6 +18,7 @@ so the timing is of equal work. Prints requests/s and the speedup per task and d
     python benchmarks/zeroshot.py --preset gpt1 --limit 30 --repeats 2 --threads 2
     python benchmarks/zeroshot.py --tasks cola --dtypes fp32 --ceiling   # + GEMM-bound ceiling
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,17 +28,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-from gpt1.zeroshot import heuristics as zh  # noqa: E402
-from gpt1.zeroshot import scorer as zs  # noqa: E402
+from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
+
 from gpt1.config import model_preset  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
-from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
+from gpt1.zeroshot import heuristics as zh  # noqa: E402
+from gpt1.zeroshot import scorer as zs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -47,7 +48,7 @@ class Recorder:
 
     def __init__(self, scorer: zs.Scorer):
         self.scorer, self.requests, self.truncated = scorer, [], 0
-        self.n_positions, self.model = scorer.n_positions, scorer.model   # read by run_task
+        self.n_positions, self.model = scorer.n_positions, scorer.model  # read by run_task
 
     def score(self, requests, greedy: bool = False):
         self.requests.extend(requests)
@@ -66,15 +67,23 @@ def record_requests(model: GPT, tok, tasks: list[str], limit: int) -> dict[str, 
 
 def hf_model(model: GPT):
     import transformers
+
     transformers.logging.set_verbosity_error()
     c = model.config
-    cfg = transformers.OpenAIGPTConfig(vocab_size=c.vocab_size, n_positions=c.n_positions,
-                                       n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-                                       afn="gelu")
+    cfg = transformers.OpenAIGPTConfig(
+        vocab_size=c.vocab_size,
+        n_positions=c.n_positions,
+        n_embd=c.n_embd,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        afn="gelu",
+    )
     hf = transformers.OpenAIGPTLMHeadModel(cfg).eval()
     state = {}
     for k, v in model.state_dict().items():
-        name = {"wte.weight": "tokens_embed.weight", "wpe.weight": "positions_embed.weight"}.get(k, k)
+        name = {"wte.weight": "tokens_embed.weight", "wpe.weight": "positions_embed.weight"}.get(
+            k, k
+        )
         # nn.Linear stores [out, in]; HF's Conv1D stores [in, out].
         state["transformer." + name] = v.t() if ".c_" in k and k.endswith("weight") else v
     hf.load_state_dict(state, strict=False)
@@ -105,8 +114,8 @@ def score_plain(forward_logits, batches, requests, n_positions: int) -> list[lis
     for batch in batches:
         ids = torch.zeros(len(batch), len(batch[0]), dtype=torch.long)
         for b, row in enumerate(batch):
-            ids[b, :len(row)] = torch.tensor(row)
-        logp = torch.log_softmax(forward_logits(ids).float(), dim=-1)   # [B, T, V]
+            ids[b, : len(row)] = torch.tensor(row)
+        logp = torch.log_softmax(forward_logits(ids).float(), dim=-1)  # [B, T, V]
         for b, row in enumerate(batch):
             table[row] = logp[b]
     out = []
@@ -132,7 +141,9 @@ def interleaved(fns: dict, repeats: int) -> tuple[dict, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--preset", default="mini", help="model shape (vocabulary: GPT-1's 40,478)")
     ap.add_argument("--tasks", default="sst2,cola,story_cloze,lambada")
     ap.add_argument("--limit", type=int, default=100, help="examples per task")
@@ -141,21 +152,29 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="best of N timings")
     ap.add_argument("--batch-tokens", type=int, default=4096)
     ap.add_argument("--max-rows", type=int, default=64)
-    ap.add_argument("--ceiling", action="store_true",
-                    help="also profile gpt1's GEMM time per task: HF time / that = the best "
-                         "speedup possible on these inputs")
+    ap.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also profile gpt1's GEMM time per task: HF time / that = the best "
+        "speedup possible on these inputs",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from gpt1.text.tokenizer import Tokenizer
+
     tok = Tokenizer.from_dir(DATA / "gpt1_tokenizer")
     config = model_preset(args.preset).derive(vocab_size=40478)
     torch.manual_seed(0)
     base = GPT(config).eval()
     requests = record_requests(base, tok, args.tasks.split(","), args.limit)
-    print(f"preset {args.preset} ({base.num_parameters():,} parameters), {args.threads} thread(s), "
-          f"batch_tokens {args.batch_tokens}, best of {args.repeats}")
-    print(f"{'task':12s} {'dtype':5s} {'reqs':>5s} {'tokens':>7s} {'gpt1 r/s':>9s} "
-          f"{'all-pos r/s':>11s} {'HF r/s':>8s} {'speedup':>8s} {'max|dlogp|':>10s}")
+    print(
+        f"preset {args.preset} ({base.num_parameters():,} parameters), {args.threads} thread(s), "
+        f"batch_tokens {args.batch_tokens}, best of {args.repeats}"
+    )
+    print(
+        f"{'task':12s} {'dtype':5s} {'reqs':>5s} {'tokens':>7s} {'gpt1 r/s':>9s} "
+        f"{'all-pos r/s':>11s} {'HF r/s':>8s} {'speedup':>8s} {'max|dlogp|':>10s}"
+    )
     for dtype in args.dtypes.split(","):
         ours = GPT(config).eval()
         ours.load_state_dict(base.state_dict())
@@ -166,20 +185,31 @@ def main() -> None:
             batches = plain_batches(reqs, n_pos, args.batch_tokens, args.max_rows)
             tokens = sum(len(r) for b in batches for r in b)
             scorer = zs.Scorer(ours, batch_tokens=args.batch_tokens, max_rows=args.max_rows)
-            t, res = interleaved({
-                "gpt1": lambda: scorer.score(reqs),
-                "all": lambda: score_plain(lambda ids: ours.lm_logits(ours(ids)), batches, reqs, n_pos),
-                "hf": lambda: score_plain(lambda ids: hf(ids).logits, batches, reqs, n_pos),
-            }, args.repeats)
+            t, res = interleaved(
+                {
+                    "gpt1": lambda: scorer.score(reqs),
+                    "all": lambda: score_plain(
+                        lambda ids: ours.lm_logits(ours(ids)), batches, reqs, n_pos
+                    ),
+                    "hf": lambda: score_plain(lambda ids: hf(ids).logits, batches, reqs, n_pos),
+                },
+                args.repeats,
+            )
             t_ours, t_all, t_hf, scored, ref = t["gpt1"], t["all"], t["hf"], res["gpt1"], res["hf"]
             diff = max(abs(a - b) for s, r in zip(scored, ref) for a, b in zip(s.logprobs, r))
             n = len(reqs)
-            print(f"{task:12s} {dtype:5s} {n:5d} {tokens:7d} {n / t_ours:9.1f} {n / t_all:11.1f} "
-                  f"{n / t_hf:8.1f} {t_hf / t_ours:7.2f}x {diff:10.2e}", flush=True)
+            print(
+                f"{task:12s} {dtype:5s} {n:5d} {tokens:7d} {n / t_ours:9.1f} {n / t_all:11.1f} "
+                f"{n / t_hf:8.1f} {t_hf / t_ours:7.2f}x {diff:10.2e}",
+                flush=True,
+            )
             if args.ceiling:
                 gemm, _ = gemm_seconds(lambda: scorer.score(reqs))
-                print(f"{'':12s} {dtype:5s} GEMM-bound ceiling: HF {t_hf:.3f} s / gpt1's GEMMs "
-                      f"{gemm:.3f} s (of {t_ours:.3f} s) = {t_hf / gemm:.2f}x", flush=True)
+                print(
+                    f"{'':12s} {dtype:5s} GEMM-bound ceiling: HF {t_hf:.3f} s / gpt1's GEMMs "
+                    f"{gemm:.3f} s (of {t_ours:.3f} s) = {t_hf / gemm:.2f}x",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

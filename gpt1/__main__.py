@@ -1,4 +1,5 @@
 """`python -m gpt1` is the `gpt1` command."""
+
 import sys
 
 from gpt1.cli import main

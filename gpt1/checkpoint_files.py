@@ -7,6 +7,7 @@ ground floor (beside `config` and `files`) so that text preparation, the trainin
 model all read and write these folders without importing each other; building a `GPT` from a
 folder is `gpt1.model.checkpoint`'s job, resumable training state `gpt1.train.state`'s.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,12 @@ def save_tensors(tensors: dict[str, torch.Tensor], file: str | Path) -> None:
     follow_umask(file)
 
 
-def write_model_files(folder: Path, model: nn.Module, tokenizer_dir: str | Path | None = None,
-                      extra: dict[str, Any] | None = None) -> None:
+def write_model_files(
+    folder: Path,
+    model: nn.Module,
+    tokenizer_dir: str | Path | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
     """Write weights, config and tokenizer files into an existing (temporary) folder.
 
     `model` is any module with a `config` that has `to_dict()` (a GPT, the LSTM baseline).
@@ -63,8 +68,10 @@ def copy_tokenizer_files(src: str | Path, dst: str | Path) -> None:
             shutil.copyfile(src / vocab, dst / "vocab.json")
             shutil.copyfile(src / merges, dst / "merges.txt")
             return
-    raise CheckpointError(f"{src}: no tokenizer files (expected vocab.json + merges.txt or "
-                          "encoder_bpe_40000.json + vocab_40000.bpe)")
+    raise CheckpointError(
+        f"{src}: no tokenizer files (expected vocab.json + merges.txt or "
+        "encoder_bpe_40000.json + vocab_40000.bpe)"
+    )
 
 
 def state_bytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -78,12 +85,16 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint folder")
     if path.is_file():
-        raise CheckpointError(f"{path}: expected a checkpoint folder (with {WEIGHTS} and {CONFIG}), "
-                              "got a file")
+        raise CheckpointError(
+            f"{path}: expected a checkpoint folder (with {WEIGHTS} and {CONFIG}), got a file"
+        )
     if (path / CONFIG).is_file():
         return path
-    candidates = [p for p in path.iterdir() if p.is_dir() and (p / CONFIG).is_file()
-                  and not p.name.startswith(".")]
+    candidates = [
+        p
+        for p in path.iterdir()
+        if p.is_dir() and (p / CONFIG).is_file() and not p.name.startswith(".")
+    ]
     if (path / "final").is_dir() and (path / "final" / CONFIG).is_file():
         return path / "final"
     steps = [p for p in candidates if p.name.startswith("step-") and p.name[5:].isdigit()]
@@ -100,16 +111,20 @@ def read_config(path: str | Path) -> dict[str, Any]:
     file = folder / CONFIG
     data = read_json_file(file, CheckpointError)
     if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
-        raise CheckpointError(f"{file}: not a gpt1 config (expected \"format\": \"gpt1\" and a "
-                              "\"model\" table); convert other formats with `gpt1 convert`")
+        raise CheckpointError(
+            f'{file}: not a gpt1 config (expected "format": "gpt1" and a '
+            '"model" table); convert other formats with `gpt1 convert`'
+        )
     version = data.get("format_version", 0)
     if type(version) is not int or version < 0:
         raise CheckpointError(f"{file}: format_version must be an integer >= 0, got {version!r}")
     if not isinstance(data["model"], dict):
-        raise CheckpointError(f"{file}: \"model\" must be a table of settings")
+        raise CheckpointError(f'{file}: "model" must be a table of settings')
     if version > FORMAT_VERSION:
-        raise CheckpointError(f"{file}: format_version {data['format_version']} is newer than this "
-                              f"gpt1 understands ({FORMAT_VERSION})")
+        raise CheckpointError(
+            f"{file}: format_version {data['format_version']} is newer than this "
+            f"gpt1 understands ({FORMAT_VERSION})"
+        )
     return data
 
 
@@ -134,8 +149,10 @@ def refuse_pickle(file: Path) -> None:
     # A safetensors file is an 8-byte header length then "{"; its length's low byte may be 0x80,
     # so only call it a pickle/zip when that JSON brace is absent.
     if (head[:1] == b"\x80" or head.startswith(b"PK\x03\x04")) and head[8:9] != b"{":
-        raise CheckpointError(f"{file}: this is a pickle/torch file, not safetensors; gpt1 never "
-                              "unpickles weights (convert it with `gpt1 convert --from hf`)")
+        raise CheckpointError(
+            f"{file}: this is a pickle/torch file, not safetensors; gpt1 never "
+            "unpickles weights (convert it with `gpt1 convert --from hf`)"
+        )
 
 
 def check_finite(state: dict[str, torch.Tensor], source: Path | str) -> None:
@@ -147,8 +164,10 @@ def check_finite(state: dict[str, torch.Tensor], source: Path | str) -> None:
     for name, tensor in state.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
-            raise CheckpointError(f"{source}: tensor {name!r} holds {bad:,} NaN or infinite "
-                                  "value(s); the weights are damaged")
+            raise CheckpointError(
+                f"{source}: tensor {name!r} holds {bad:,} NaN or infinite "
+                "value(s); the weights are damaged"
+            )
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: Path | str) -> None:
@@ -157,12 +176,16 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: P
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{source}: weights do not match the config: missing "
-                              f"{missing[:5] or 'none'}, unexpected {unexpected[:5] or 'none'}")
+        raise CheckpointError(
+            f"{source}: weights do not match the config: missing "
+            f"{missing[:5] or 'none'}, unexpected {unexpected[:5] or 'none'}"
+        )
     for name, shape in expected.items():
         if tuple(state[name].shape) != shape:
-            raise CheckpointError(f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, "
-                                  f"expected {shape} from config.json")
+            raise CheckpointError(
+                f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, "
+                f"expected {shape} from config.json"
+            )
 
 
 def tokenizer_dir_of(path: str | Path) -> Path | None:

@@ -7,6 +7,7 @@ Every config is a frozen dataclass: once resolved it cannot change; a variant is
 preset -> TOML file -> command-line flags -> `--set section.key=value`, later layers winning, and
 the whole result validated once (types, ranges, agreement between fields) where it is built.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,16 +19,21 @@ from typing import Any
 
 from gpt1.errors import ConfigError
 
-
 # ------------------------------------------------------------------------------ validation
 # Upper bounds far above any GPT-1-family model and far below sizes whose mere bookkeeping
 # (a million-layer module list, a 2**40-row table) would hang or overflow. What fits within them
 # is then judged against the device's memory by `gpt1.model.memory`.
-MODEL_LIMITS: dict[str, int] = {"vocab_size": 2**31 - 1, "n_positions": 2**20, "n_embd": 2**17,
-                                "n_layer": 4096, "n_head": 2**17, "n_inner": 2**20}
+MODEL_LIMITS: dict[str, int] = {
+    "vocab_size": 2**31 - 1,
+    "n_positions": 2**20,
+    "n_embd": 2**17,
+    "n_layer": 4096,
+    "n_head": 2**17,
+    "n_inner": 2**20,
+}
 
 
-MAX_JSON_BYTES = 16_000_000   # settings and metadata files; the largest real one is ~100 kB
+MAX_JSON_BYTES = 16_000_000  # settings and metadata files; the largest real one is ~100 kB
 
 
 def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_BYTES) -> Any:
@@ -35,6 +41,7 @@ def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_B
     read (a huge file would take minutes and gigabytes to parse). Errors are `error` instances
     naming the file."""
     from pathlib import Path
+
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -53,6 +60,7 @@ def file_inside(folder: Any, name: Any, roots: tuple = ()) -> Any:
     shards): a crafted name must not make gpt1 read, say, `../../secret.safetensors`.
     """
     from pathlib import Path
+
     folder = Path(folder)
     if type(name) is not str or not name or "\0" in name:
         raise ConfigError(f"file name {name!r} is not a non-empty string")
@@ -60,8 +68,9 @@ def file_inside(folder: Any, name: Any, roots: tuple = ()) -> Any:
         raise ConfigError(f"file {name!r} is outside {folder}; only files inside it are read")
     real = (folder / name).resolve()
     if not any(Path(r).resolve() in real.parents for r in (folder, *roots)):
-        raise ConfigError(f"file {name!r} resolves to {real}, outside {folder}; only files "
-                          "inside it are read")
+        raise ConfigError(
+            f"file {name!r} resolves to {real}, outside {folder}; only files inside it are read"
+        )
     return folder / name
 
 
@@ -97,8 +106,9 @@ def check_types(obj: Any, section: str) -> None:
         value = getattr(obj, f.name)
         ok, expected = rule
         if not ok(value):
-            raise ConfigError(f"{section}.{f.name} must be {expected}, got {value!r} "
-                              f"({type(value).__name__})")
+            raise ConfigError(
+                f"{section}.{f.name} must be {expected}, got {value!r} ({type(value).__name__})"
+            )
 
 
 def check_ranges(obj: Any, section: str, limits: dict[str, int]) -> None:
@@ -113,13 +123,13 @@ def check_ranges(obj: Any, section: str, limits: dict[str, int]) -> None:
 class ModelConfig:
     """Shape and regularisation of a GPT-1 decoder. Defaults are the paper's 117M model."""
 
-    vocab_size: int = 40478          # rows of the token table (grows when task tokens are added)
-    n_positions: int = 512           # learned position rows = longest context
+    vocab_size: int = 40478  # rows of the token table (grows when task tokens are added)
+    n_positions: int = 512  # learned position rows = longest context
     n_embd: int = 768
     n_layer: int = 12
     n_head: int = 12
-    n_inner: int | None = None       # MLP width; None means 4 * n_embd (GPT-1), filled in at build
-    afn: str = "gelu"                # "gelu" is GPT-1's tanh approximation (HF: gelu_new); or "relu"
+    n_inner: int | None = None  # MLP width; None means 4 * n_embd (GPT-1), filled in at build
+    afn: str = "gelu"  # "gelu" is GPT-1's tanh approximation (HF: gelu_new); or "relu"
     embd_pdrop: float = 0.1
     attn_pdrop: float = 0.1
     resid_pdrop: float = 0.1
@@ -146,19 +156,19 @@ class ModelConfig:
             if not 0.0 <= float(getattr(self, name)) < 1.0:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
         if not 0.0 < self.layer_norm_epsilon < 1.0 or self.initializer_range < 0:
-            raise ConfigError("model.layer_norm_epsilon must be in (0, 1) and "
-                              "model.initializer_range >= 0")
+            raise ConfigError(
+                "model.layer_norm_epsilon must be in (0, 1) and model.initializer_range >= 0"
+            )
 
     @property
     def head_dim(self) -> int:
         """Head size, always derived: n_embd / n_head."""
         return self.n_embd // self.n_head
 
-    def derive(self, **changes: Any) -> "ModelConfig":
+    def derive(self, **changes: Any) -> ModelConfig:
         """A copy with `changes`; the MLP width follows a new n_embd (4x) unless `changes` sets
         n_inner or this config's width was not the 4x default (then it was chosen on purpose)."""
-        if ("n_embd" in changes and "n_inner" not in changes
-                and self.n_inner == 4 * self.n_embd):
+        if "n_embd" in changes and "n_inner" not in changes and self.n_inner == 4 * self.n_embd:
             changes["n_inner"] = None
         return dataclasses.replace(self, **changes)
 
@@ -166,7 +176,7 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> ModelConfig:
         return from_dict(cls, data, source)
 
 
@@ -180,8 +190,9 @@ MODEL_PRESET_SETTINGS: dict[str, dict[str, Any]] = {
     # For tests: runs a training step in milliseconds.
     "tiny": {"vocab_size": 512, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 2},
 }
-MODEL_PRESETS: dict[str, ModelConfig] = {name: ModelConfig(**settings)
-                                         for name, settings in MODEL_PRESET_SETTINGS.items()}
+MODEL_PRESETS: dict[str, ModelConfig] = {
+    name: ModelConfig(**settings) for name, settings in MODEL_PRESET_SETTINGS.items()
+}
 
 
 def model_preset(name: str) -> ModelConfig:
@@ -199,8 +210,10 @@ def from_dict(cls: type, data: dict[str, Any], source: str = "config") -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; "
-                          f"known keys are {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"{source}: unknown key(s) {', '.join(unknown)}; "
+            f"known keys are {', '.join(sorted(known))}"
+        )
     try:
         return cls(**data)
     except ConfigError as exc:
@@ -211,7 +224,9 @@ def convert(obj: Any, key: str, raw: str, source: str = "override") -> Any:
     """The string `raw` (a `--set` value) converted to the type of field `key` of `obj`."""
     by_name = {f.name: f for f in fields(obj)}
     if key not in by_name:
-        raise ConfigError(f"{source}: unknown key {key!r}; known keys are {', '.join(sorted(by_name))}")
+        raise ConfigError(
+            f"{source}: unknown key {key!r}; known keys are {', '.join(sorted(by_name))}"
+        )
     current = getattr(obj, key)
     if raw.lower() in ("none", "null") and (current is None or "None" in str(by_name[key].type)):
         return None
@@ -268,34 +283,36 @@ class TrainConfig:
     `(n_train // batch_size) * epochs`).
     """
 
-    micro_batch_size: int = 8        # sequences per forward/backward on one device
-    batch_size: int = 64             # global batch; accumulation = batch / (micro * world)
-    max_steps: int = 0               # optimizer updates; 0 = derive from `epochs` (pretraining)
-    epochs: float = 100.0            # used only when max_steps == 0
-    total_steps: int = 0             # schedule length; 0 = max_steps (set it to stop early on a longer schedule)
+    micro_batch_size: int = 8  # sequences per forward/backward on one device
+    batch_size: int = 64  # global batch; accumulation = batch / (micro * world)
+    max_steps: int = 0  # optimizer updates; 0 = derive from `epochs` (pretraining)
+    epochs: float = 100.0  # used only when max_steps == 0
+    total_steps: int = (
+        0  # schedule length; 0 = max_steps (set it to stop early on a longer schedule)
+    )
     lr: float = 2.5e-4
     schedule: str = "warmup_cosine"
-    warmup: float = 2000             # >= 1: steps; < 1: fraction of total_steps
-    oai_first_step: bool = True      # schedule at the pre-increment step (OAI: first update has lr 0)
-    weight_decay: float = 0.01       # L2 on matrices only (rank > 1), decoupled, OAI style
+    warmup: float = 2000  # >= 1: steps; < 1: fraction of total_steps
+    oai_first_step: bool = True  # schedule at the pre-increment step (OAI: first update has lr 0)
+    weight_decay: float = 0.01  # L2 on matrices only (rank > 1), decoupled, OAI style
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
-    grad_clip: float = 1.0           # global-norm clipping; <= 0 disables
-    optimizer: str = "oai"           # "oai": exact OAI Adam (reference a.8); "adamw": torch AdamW
-    precision: str = "auto"          # "auto" | "fp32" | "bf16" (autocast); auto: gpt1.devices
+    grad_clip: float = 1.0  # global-norm clipping; <= 0 disables
+    optimizer: str = "oai"  # "oai": exact OAI Adam (reference a.8); "adamw": torch AdamW
+    precision: str = "auto"  # "auto" | "fp32" | "bf16" (autocast); auto: gpt1.devices
     compile: bool = False
     gradient_checkpointing: bool = False
-    distributed: str = "ddp"         # "ddp" | "fsdp" (FSDP2 fully_shard) when launched by torchrun
-    device: str = "auto"             # "auto" | "cpu" | "cuda"
+    distributed: str = "ddp"  # "ddp" | "fsdp" (FSDP2 fully_shard) when launched by torchrun
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
     save_every: int = 1000
     keep_last: int = 3
     eval_every: int = 500
     log_every: int = 10
     seed: int = 1234
-    resume: str = ""                 # "" | "auto" | path to a step-N folder
-    peak_flops: float = 0.0          # for MFU; 0 = known GPU table or a short matmul probe on CPU
-    loss_chunk_tokens: int = 4096    # LM loss computed this many positions at a time
+    resume: str = ""  # "" | "auto" | path to a step-N folder
+    peak_flops: float = 0.0  # for MFU; 0 = known GPU table or a short matmul probe on CPU
+    loss_chunk_tokens: int = 4096  # LM loss computed this many positions at a time
     quiet: bool = False
 
     def __post_init__(self) -> None:
@@ -307,16 +324,23 @@ class TrainConfig:
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.schedule not in SCHEDULES:
-            raise ConfigError(f"train.schedule must be one of {', '.join(SCHEDULES)}, "
-                              f"got {self.schedule!r}")
+            raise ConfigError(
+                f"train.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
         if self.optimizer not in ("oai", "adamw"):
             raise ConfigError(f"train.optimizer must be 'oai' or 'adamw', got {self.optimizer!r}")
         if self.precision not in ("auto", "fp32", "bf16"):
             raise ConfigError(f"train.precision must be auto, fp32 or bf16, got {self.precision!r}")
         if self.distributed not in ("ddp", "fsdp"):
-            raise ConfigError(f"train.distributed must be 'ddp' or 'fsdp', got {self.distributed!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", self.device):
-            raise ConfigError(f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+            raise ConfigError(
+                f"train.distributed must be 'ddp' or 'fsdp', got {self.distributed!r}"
+            )
+        if self.device not in ("auto", "cpu", "cuda") and not re.fullmatch(
+            r"cuda:\d+", self.device
+        ):
+            raise ConfigError(
+                f"train.device must be auto, cpu, cuda or cuda:N, got {self.device!r}"
+            )
         if self.lr < 0 or self.warmup < 0 or self.epochs < 0:
             raise ConfigError("train.lr, train.warmup and train.epochs must be >= 0")
 
@@ -325,9 +349,9 @@ class TrainConfig:
 class DataConfig:
     """Where pretraining tokens come from and how windows are cut."""
 
-    path: str = ""                   # a `gpt1 prepare` output folder
-    n_ctx: int = 0                   # window length; 0 = model.n_positions
-    val_windows: int = 64            # fixed validation set: this many evenly spaced windows (0 = all)
+    path: str = ""  # a `gpt1 prepare` output folder
+    n_ctx: int = 0  # window length; 0 = model.n_positions
+    val_windows: int = 64  # fixed validation set: this many evenly spaced windows (0 = all)
 
     def __post_init__(self) -> None:
         check_types(self, "data")
@@ -347,35 +371,67 @@ class RunConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "RunConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> RunConfig:
         if not isinstance(data, dict):
             raise ConfigError(f"{source}: expected a table of settings")
         unknown = sorted(set(data) - {"model", "train", "data"})
         if unknown:
-            raise ConfigError(f"{source}: unknown section(s) {', '.join(unknown)}; "
-                              "known sections are model, train, data")
-        return cls(model=ModelConfig.from_dict(data.get("model", {}), f"{source} [model]"),
-                   train=from_dict(TrainConfig, data.get("train", {}), f"{source} [train]"),
-                   data=from_dict(DataConfig, data.get("data", {}), f"{source} [data]"))
+            raise ConfigError(
+                f"{source}: unknown section(s) {', '.join(unknown)}; "
+                "known sections are model, train, data"
+            )
+        return cls(
+            model=ModelConfig.from_dict(data.get("model", {}), f"{source} [model]"),
+            train=from_dict(TrainConfig, data.get("train", {}), f"{source} [train]"),
+            data=from_dict(DataConfig, data.get("data", {}), f"{source} [data]"),
+        )
 
 
 # Pretraining presets: the model preset of the same name plus a training recipe.
 PRETRAIN_PRESETS: dict[str, dict[str, Any]] = {
     # The paper (reference a.8): 64 x 512 tokens, lr 2.5e-4, 2000 warm-up updates from 0, cosine
     # to 0, 100 epochs, dropout 0.1, L2 0.01 on matrices.
-    "gpt1": {"train": {"batch_size": 64, "micro_batch_size": 8, "lr": 2.5e-4, "warmup": 2000,
-                       "schedule": "warmup_cosine", "epochs": 100.0},
-             "data": {"n_ctx": 512}},
+    "gpt1": {
+        "train": {
+            "batch_size": 64,
+            "micro_batch_size": 8,
+            "lr": 2.5e-4,
+            "warmup": 2000,
+            "schedule": "warmup_cosine",
+            "epochs": 100.0,
+        },
+        "data": {"n_ctx": 512},
+    },
     # CPU-sized: about an hour on a small corpus.
-    "mini": {"train": {"batch_size": 32, "micro_batch_size": 8, "lr": 6e-4, "warmup": 100,
-                       "schedule": "warmup_cosine", "epochs": 2.0, "save_every": 200,
-                       "eval_every": 100, "log_every": 10},
-             "data": {"n_ctx": 128, "val_windows": 128}},
+    "mini": {
+        "train": {
+            "batch_size": 32,
+            "micro_batch_size": 8,
+            "lr": 6e-4,
+            "warmup": 100,
+            "schedule": "warmup_cosine",
+            "epochs": 2.0,
+            "save_every": 200,
+            "eval_every": 100,
+            "log_every": 10,
+        },
+        "data": {"n_ctx": 128, "val_windows": 128},
+    },
     # Tests and smoke runs.
-    "tiny": {"train": {"batch_size": 4, "micro_batch_size": 2, "lr": 1e-3, "warmup": 2,
-                       "schedule": "warmup_cosine", "max_steps": 20, "save_every": 10,
-                       "eval_every": 10, "log_every": 1},
-             "data": {"n_ctx": 32, "val_windows": 8}},
+    "tiny": {
+        "train": {
+            "batch_size": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "warmup": 2,
+            "schedule": "warmup_cosine",
+            "max_steps": 20,
+            "save_every": 10,
+            "eval_every": 10,
+            "log_every": 1,
+        },
+        "data": {"n_ctx": 32, "val_windows": 8},
+    },
 }
 
 
@@ -387,8 +443,10 @@ def run_preset(name: str) -> RunConfig:
 # ---------------------------------------------------------------------------------- resolver
 def load_toml(path: Any) -> dict[str, Any]:
     """A TOML settings file as a table; unreadable or invalid files are ConfigErrors naming it."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
+
     path = Path(path)
     try:
         return tomllib.loads(path.read_text())
@@ -398,7 +456,7 @@ def load_toml(path: Any) -> dict[str, Any]:
         raise ConfigError(f"{path}: invalid TOML ({exc})") from None
 
 
-Layer = dict[str, dict[str, Any]]   # {section: {key: value}}
+Layer = dict[str, dict[str, Any]]  # {section: {key: value}}
 
 
 def _check_layer(table: Any, defaults: dict[str, Any], source: str) -> Layer:
@@ -414,8 +472,10 @@ def _check_layer(table: Any, defaults: dict[str, Any], source: str) -> Layer:
         known = {f.name for f in fields(defaults[section])}
         for key in values:
             if key not in known:
-                raise ConfigError(f"{source}: unknown key {section}.{key}; known keys are "
-                                  f"{', '.join(sorted(known))}")
+                raise ConfigError(
+                    f"{source}: unknown key {section}.{key}; known keys are "
+                    f"{', '.join(sorted(known))}"
+                )
     return table
 
 
@@ -426,19 +486,23 @@ def _parse_sets(sets: list[str], defaults: dict[str, Any], source: str = "--set"
         dotted, sep, raw = assignment.partition("=")
         section, dot, key = dotted.strip().partition(".")
         if not sep or not dot:
-            raise ConfigError(f"{source}: expected section.key=value "
-                              f"({' or '.join(s + '.KEY=VALUE' for s in defaults)}), "
-                              f"got {assignment!r}")
+            raise ConfigError(
+                f"{source}: expected section.key=value "
+                f"({' or '.join(s + '.KEY=VALUE' for s in defaults)}), "
+                f"got {assignment!r}"
+            )
         if section not in defaults:
-            raise ConfigError(f"{source}: unknown section {section!r}; "
-                              f"known: {', '.join(defaults)}")
+            raise ConfigError(
+                f"{source}: unknown section {section!r}; known: {', '.join(defaults)}"
+            )
         value = convert(defaults[section], key.strip(), raw.strip(), f"{source} {section}")
         layer.setdefault(section, {})[key.strip()] = value
     return layer
 
 
-def resolve(base: dict[str, tuple[type, dict[str, Any]]], layers: list[tuple[str, Layer]]
-            ) -> dict[str, Any]:
+def resolve(
+    base: dict[str, tuple[type, dict[str, Any]]], layers: list[tuple[str, Layer]]
+) -> dict[str, Any]:
     """The one resolution rule: each section's `base` settings, then each (source, layer) in
     order, later values winning (a None value means "not given", except from `--set`, where
     `KEY=none` restores the field's derived default); every section is built, and so validated,
@@ -454,14 +518,14 @@ def resolve(base: dict[str, tuple[type, dict[str, Any]]], layers: list[tuple[str
         for section, values in layer.items():
             for key, value in values.items():
                 if value is None and source != "--set":
-                    continue   # a flag that was not given
+                    continue  # a flag that was not given
                 settings[section][key] = value
                 if value is None:
-                    explicit.discard((section, key))   # --set KEY=none: back to the derived value
+                    explicit.discard((section, key))  # --set KEY=none: back to the derived value
                 else:
                     explicit.add((section, key))
         if ("model", "n_inner") not in explicit and "model" in settings:
-            settings["model"]["n_inner"] = None          # follows n_embd
+            settings["model"]["n_inner"] = None  # follows n_embd
         for name, (cls, _) in base.items():
             try:
                 built[name] = cls(**settings[name])
@@ -476,9 +540,13 @@ def _model_defaults(preset: str) -> dict[str, Any]:
     return {**dataclasses.asdict(ModelConfig()), **MODEL_PRESET_SETTINGS[preset], "n_inner": None}
 
 
-def resolve_pretrain(preset: str | None = None, toml: dict[str, Any] | None = None,
-                     flags: Layer | None = None, sets: list[str] | None = None,
-                     toml_source: str = "config") -> RunConfig:
+def resolve_pretrain(
+    preset: str | None = None,
+    toml: dict[str, Any] | None = None,
+    flags: Layer | None = None,
+    sets: list[str] | None = None,
+    toml_source: str = "config",
+) -> RunConfig:
     """A pretraining run's frozen RunConfig: preset (model + recipe; the argument, else the
     TOML's `preset` key, else gpt1) -> `toml` (a parsed table: [model] [train] [data]) ->
     `flags` ({section: {key: value}}, None values skipped) -> `sets` ("section.key=value")."""
@@ -488,30 +556,41 @@ def resolve_pretrain(preset: str | None = None, toml: dict[str, Any] | None = No
     if name not in PRETRAIN_PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRETRAIN_PRESETS)}")
     recipe = PRETRAIN_PRESETS[name]
-    base = {"model": (ModelConfig, _model_defaults(name)),
-            "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()),
-                                    **recipe.get("train", {})}),
-            "data": (DataConfig, {**dataclasses.asdict(DataConfig()), **recipe.get("data", {})})}
+    base = {
+        "model": (ModelConfig, _model_defaults(name)),
+        "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()), **recipe.get("train", {})}),
+        "data": (DataConfig, {**dataclasses.asdict(DataConfig()), **recipe.get("data", {})}),
+    }
     defaults = {"model": MODEL_PRESETS[name], "train": TrainConfig(), "data": DataConfig()}
-    layers = [(toml_source, _check_layer(table, defaults, toml_source)),
-              ("command line", _check_layer(flags or {}, defaults, "command line")),
-              ("--set", _parse_sets(sets or [], defaults))]
+    layers = [
+        (toml_source, _check_layer(table, defaults, toml_source)),
+        ("command line", _check_layer(flags or {}, defaults, "command line")),
+        ("--set", _parse_sets(sets or [], defaults)),
+    ]
     built = resolve(base, layers)
     return RunConfig(model=built["model"], train=built["train"], data=built["data"])
 
 
-def resolve_finetune(toml: dict[str, Any] | None = None, flags: Layer | None = None,
-                     sets: list[str] | None = None, toml_source: str = "config",
-                     require_run: bool = True) -> tuple["FinetuneConfig", TrainConfig]:
+def resolve_finetune(
+    toml: dict[str, Any] | None = None,
+    flags: Layer | None = None,
+    sets: list[str] | None = None,
+    toml_source: str = "config",
+    require_run: bool = True,
+) -> tuple[FinetuneConfig, TrainConfig]:
     """A fine-tuning run's frozen (FinetuneConfig, TrainConfig): the paper's recipe
     (`FINETUNE_TRAIN`) -> `toml` ([finetune] [train]) -> `flags` -> `sets`, by the same rule as
     `resolve_pretrain`. With `require_run`, task, data and init must be given."""
-    base = {"finetune": (FinetuneConfig, dataclasses.asdict(FinetuneConfig())),
-            "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()), **FINETUNE_TRAIN})}
+    base = {
+        "finetune": (FinetuneConfig, dataclasses.asdict(FinetuneConfig())),
+        "train": (TrainConfig, {**dataclasses.asdict(TrainConfig()), **FINETUNE_TRAIN}),
+    }
     defaults = {"finetune": FinetuneConfig(), "train": TrainConfig(**FINETUNE_TRAIN)}
-    layers = [(toml_source, _check_layer(toml or {}, defaults, toml_source)),
-              ("command line", _check_layer(flags or {}, defaults, "command line")),
-              ("--set", _parse_sets(sets or [], defaults))]
+    layers = [
+        (toml_source, _check_layer(toml or {}, defaults, toml_source)),
+        ("command line", _check_layer(flags or {}, defaults, "command line")),
+        ("--set", _parse_sets(sets or [], defaults)),
+    ]
     built = resolve(base, layers)
     cfg, train_cfg = built["finetune"], built["train"]
     if require_run:
@@ -526,18 +605,35 @@ def override_dotted(cfg: RunConfig, assignment: str, source: str = "--set") -> R
     """`cfg` with one `section.key=value` applied (a new, validated RunConfig)."""
     defaults = {"model": cfg.model, "train": cfg.train, "data": cfg.data}
     layer = _parse_sets([assignment], defaults, source)
-    base = {"model": (ModelConfig, dataclasses.asdict(cfg.model)),
-            "train": (TrainConfig, dataclasses.asdict(cfg.train)),
-            "data": (DataConfig, dataclasses.asdict(cfg.data))}
+    base = {
+        "model": (ModelConfig, dataclasses.asdict(cfg.model)),
+        "train": (TrainConfig, dataclasses.asdict(cfg.train)),
+        "data": (DataConfig, dataclasses.asdict(cfg.data)),
+    }
     if cfg.model.n_inner != 4 * cfg.model.n_embd:
         layer = {**layer, "model": {"n_inner": cfg.model.n_inner, **layer.get("model", {})}}
     built = resolve(base, [(source, layer)])
     return RunConfig(model=built["model"], train=built["train"], data=built["data"])
 
 
-__all__ = ["ModelConfig", "MODEL_PRESETS", "model_preset", "from_dict", "convert", "field",
-           "TrainConfig", "DataConfig", "RunConfig", "PRETRAIN_PRESETS", "run_preset",
-           "resolve", "resolve_pretrain", "resolve_finetune", "override_dotted", "load_toml"]
+__all__ = [
+    "ModelConfig",
+    "MODEL_PRESETS",
+    "model_preset",
+    "from_dict",
+    "convert",
+    "field",
+    "TrainConfig",
+    "DataConfig",
+    "RunConfig",
+    "PRETRAIN_PRESETS",
+    "run_preset",
+    "resolve",
+    "resolve_pretrain",
+    "resolve_finetune",
+    "override_dotted",
+    "load_toml",
+]
 
 
 # ------------------------------------------------------------------------------- fine-tuning
@@ -550,46 +646,60 @@ class FinetuneConfig:
     """
 
     task: str = ""
-    data: str = ""                   # folder (or file, or hf:NAME) with the task's files
-    init: str = ""                   # checkpoint folder, or "none" (train from scratch)
-    preset: str = "mini"             # model size with init = "none"
-    vocab: str = ""                  # tokenizer folder with init = "none"
-    lm_coef: float = 0.5             # lambda for the auxiliary LM loss; 0 drops it
-    transfer_layers: int = -2        # blocks taken from the checkpoint: -2 = all, -1 = nothing
+    data: str = ""  # folder (or file, or hf:NAME) with the task's files
+    init: str = ""  # checkpoint folder, or "none" (train from scratch)
+    preset: str = "mini"  # model size with init = "none"
+    vocab: str = ""  # tokenizer folder with init = "none"
+    lm_coef: float = 0.5  # lambda for the auxiliary LM loss; 0 drops it
+    transfer_layers: int = -2  # blocks taken from the checkpoint: -2 = all, -1 = nothing
     clf_pdrop: float = 0.1
-    n_ctx: int = 0                   # 0 = the model's n_positions
+    n_ctx: int = 0  # 0 = the model's n_positions
     train_split: str = "train"
     eval_split: str = "dev"
     skip_bad_rows: bool = False
-    question_delimiter: bool = False  # multiple choice: also a delimiter between context and question
+    question_delimiter: bool = (
+        False  # multiple choice: also a delimiter between context and question
+    )
     encode_processes: int = 1
-    train_examples: int = 0          # train on a seeded random subset of this size (0 = all)
-    group_by_length: bool = False    # batches of similar length (less padding; not OAI's shuffle)
+    train_examples: int = 0  # train on a seeded random subset of this size (0 = all)
+    group_by_length: bool = False  # batches of similar length (less padding; not OAI's shuffle)
 
     def __post_init__(self) -> None:
         check_types(self, "finetune")
         if self.lm_coef < 0:
             raise ConfigError(f"finetune.lm_coef must be >= 0, got {self.lm_coef}")
         if self.transfer_layers < -2:
-            raise ConfigError("finetune.transfer_layers must be -1 (nothing), 0..n_layer, or -2 (all)")
+            raise ConfigError(
+                "finetune.transfer_layers must be -1 (nothing), 0..n_layer, or -2 (all)"
+            )
         if not 0.0 <= self.clf_pdrop < 1.0:
             raise ConfigError(f"finetune.clf_pdrop must be in [0, 1), got {self.clf_pdrop}")
 
 
 # The paper's fine-tuning recipe (reference a.8, a.10) for the shared training loop.
-FINETUNE_TRAIN: dict[str, Any] = {"lr": 6.25e-5, "batch_size": 32, "micro_batch_size": 8,
-                                  "epochs": 3.0, "warmup": 0.002, "schedule": "warmup_linear",
-                                  "save_every": 0, "eval_every": 0, "log_every": 10, "seed": 42}
+FINETUNE_TRAIN: dict[str, Any] = {
+    "lr": 6.25e-5,
+    "batch_size": 32,
+    "micro_batch_size": 8,
+    "epochs": 3.0,
+    "warmup": 0.002,
+    "schedule": "warmup_linear",
+    "save_every": 0,
+    "eval_every": 0,
+    "log_every": 10,
+    "seed": 42,
+}
 
 
 # ------------------------------------------------------------------ fine-tuned task record
 TASK_KINDS = ("single", "pair", "similarity", "choice")
-MAX_OUTPUTS = 2**20   # classes of one head; far beyond any task, far below a runaway head
+MAX_OUTPUTS = 2**20  # classes of one head; far beyond any task, far below a runaway head
 
 
 def check_task_record(record: Any, source: str) -> dict[str, Any]:
     """Validate a fine-tuned run's `task.json` (types, ranges and agreement between fields)
     before anything is sized from it. Returns the record."""
+
     def fail(field_name: str, expected: str) -> None:
         value = record.get(field_name) if isinstance(record, dict) else None
         raise ConfigError(f"{source}: {field_name} must be {expected}, got {value!r}")
@@ -601,8 +711,9 @@ def check_task_record(record: Any, source: str) -> dict[str, Any]:
     if record.get("kind") not in TASK_KINDS:
         fail("kind", " or ".join(TASK_KINDS))
     labels = record.get("labels")
-    if labels is not None and not (isinstance(labels, list) and labels
-                                   and all(type(x) is str for x in labels)):
+    if labels is not None and not (
+        isinstance(labels, list) and labels and all(type(x) is str for x in labels)
+    ):
         fail("labels", "a non-empty list of strings or null")
     n_out = record.get("n_outputs")
     if not is_int(n_out) or not 1 <= n_out <= MAX_OUTPUTS:
@@ -610,8 +721,10 @@ def check_task_record(record: Any, source: str) -> dict[str, Any]:
     want = 1 if record["kind"] == "choice" or labels is None else len(labels)
     if "labels" in record and n_out != want:
         fail("n_outputs", f"{want} (from kind and labels)")
-    for name, limit in (("n_ctx", MODEL_LIMITS["n_positions"]),
-                        ("classify_id", MODEL_LIMITS["vocab_size"])):
+    for name, limit in (
+        ("n_ctx", MODEL_LIMITS["n_positions"]),
+        ("classify_id", MODEL_LIMITS["vocab_size"]),
+    ):
         value = record.get(name)
         low = 1 if name == "n_ctx" else 0
         if not is_int(value) or not low <= value <= limit:

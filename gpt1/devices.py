@@ -8,28 +8,33 @@
   traffic; training uses it as autocast over fp32 weights, inference casts the weights.
   `fp16` is for inference only (training in fp16 would need loss scaling, which gpt1 does not do).
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from gpt1.errors import ConfigError
 
-if TYPE_CHECKING:   # torch is imported by the functions: the CLI reads the help texts without it
+if TYPE_CHECKING:  # torch is imported by the functions: the CLI reads the help texts without it
     import torch
 
 DEVICE_HELP = "auto (default: cuda if available, else cpu), cpu, cuda or cuda:N"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")
-PRECISION_HELP = ("auto (default: bf16 on a GPU that supports it, fp32 otherwise), fp32, bf16"
-                  " or fp16")
-TRAIN_PRECISION_HELP = ("auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise),"
-                        " fp32 or bf16 (autocast)")
+PRECISION_HELP = (
+    "auto (default: bf16 on a GPU that supports it, fp32 otherwise), fp32, bf16 or fp16"
+)
+TRAIN_PRECISION_HELP = (
+    "auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise),"
+    " fp32 or bf16 (autocast)"
+)
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def resolve_device(name: str | None = "auto") -> torch.device:
     """`auto` -> cuda when available else cpu; `cpu`, `cuda`, `cuda:N` checked to exist."""
     import torch
+
     name = (name or "auto").strip().lower()
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -39,8 +44,10 @@ def resolve_device(name: str | None = "auto") -> torch.device:
         raise ConfigError(f"unknown device {name!r}; expected {DEVICE_HELP}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError(f"device {name!r} asked for, but no CUDA device is available "
-                              "(use --device cpu or auto)")
+            raise ConfigError(
+                f"device {name!r} asked for, but no CUDA device is available "
+                "(use --device cpu or auto)"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
     elif device.type != "cpu":
@@ -48,10 +55,12 @@ def resolve_device(name: str | None = "auto") -> torch.device:
     return device
 
 
-def resolve_precision(name: str | None, device: torch.device | str,
-                      allowed: tuple[str, ...] = PRECISIONS) -> str:
+def resolve_precision(
+    name: str | None, device: torch.device | str, allowed: tuple[str, ...] = PRECISIONS
+) -> str:
     """`auto` -> bf16 on a bf16-capable CUDA device, else fp32; others checked against `allowed`."""
     import torch
+
     name = (name or "auto").strip().lower()
     if name not in allowed:
         raise ConfigError(f"precision must be one of {', '.join(allowed)}, got {name!r}")
@@ -66,6 +75,7 @@ def resolve_precision(name: str | None, device: torch.device | str,
 def torch_dtype(precision: str) -> torch.dtype:
     """The torch dtype of a resolved precision name (fp32, bf16, fp16)."""
     import torch
+
     if precision not in DTYPE_NAMES:
         raise ConfigError(f"precision must be one of {', '.join(DTYPE_NAMES)}, got {precision!r}")
     return getattr(torch, DTYPE_NAMES[precision])

@@ -2,6 +2,7 @@
 
 The CLI prints a `Gpt1Error` as one line (no traceback unless `--debug`); anything else is a bug.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,13 @@ class CheckpointError(Gpt1Error):
 class DataError(Gpt1Error):
     """Bad input data. Names the file, the 1-based line and the field when they are known."""
 
-    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None,
-                 field: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        path: str | Path | None = None,
+        line: int | None = None,
+        field: str | None = None,
+    ):
         self.path, self.line, self.field, self.reason = path, line, field, message
         where = []
         if path is not None:

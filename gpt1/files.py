@@ -11,6 +11,7 @@ Files are published by writing a hidden temporary sibling (`.NAME.tmp-PID`), fsy
 renaming it onto the final name, so a reader never sees half a file. They follow the user's umask
 (safetensors writes its files with mode 0600; they are widened to what `open` would give).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +26,9 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from gpt1.errors import DataError, Gpt1Error
 
@@ -85,8 +87,11 @@ def write_failure(path: str | Path, exc: BaseException, needed: int | None = Non
     """The one-line error for a failed write of `path` (what failed, and what was needed)."""
     path = Path(path)
     code = _errno_of(exc)
-    reason = os.strerror(code) if code else (getattr(exc, "strerror", None) or str(exc).strip()
-                                             or type(exc).__name__)
+    reason = (
+        os.strerror(code)
+        if code
+        else (getattr(exc, "strerror", None) or str(exc).strip() or type(exc).__name__)
+    )
     reason = reason.splitlines()[0][:200]
     if code in (errno.ENOSPC, errno.EDQUOT):
         free = _free_bytes(path)
@@ -107,8 +112,10 @@ def _is_write_failure(exc: BaseException, *ours: Path) -> bool:
         if name is None or isinstance(name, int):
             return True
         target = Path(os.fsdecode(name)).absolute()
-        return any(target == p or target.is_relative_to(p) or p.is_relative_to(target)
-                   for p in (o.absolute() for o in ours))
+        return any(
+            target == p or target.is_relative_to(p) or p.is_relative_to(target)
+            for p in (o.absolute() for o in ours)
+        )
     try:
         from safetensors import SafetensorError
     except ImportError:  # pragma: no cover - safetensors is a dependency
@@ -117,8 +124,9 @@ def _is_write_failure(exc: BaseException, *ours: Path) -> bool:
 
 
 @contextlib.contextmanager
-def writing(path: str | Path, needed: int | None = None,
-            cleanup: str | Path | None = None) -> Iterator[None]:
+def writing(
+    path: str | Path, needed: int | None = None, cleanup: str | Path | None = None
+) -> Iterator[None]:
     """Turn an OSError/SafetensorError inside the block into a `WriteError` about `path`,
     after removing `cleanup` (a temporary file or folder) so nothing half-written stays.
 
@@ -210,7 +218,7 @@ def publish_dir(tmp: str | Path, final: str | Path) -> None:
         try:
             os.replace(tmp, final)
         except BaseException:
-            os.replace(old, final)   # put the previous output back: never neither
+            os.replace(old, final)  # put the previous output back: never neither
             raise
         remove(old)
     else:
@@ -256,8 +264,9 @@ def write_json(path: str | Path, data: Any, indent: int | None = 2) -> Path:
 # ---------------------------------------------------------------------- overwrite policy
 def is_empty(folder: Path) -> bool:
     """True for a missing folder or one holding nothing but our lock file."""
-    return not folder.exists() or (folder.is_dir() and all(p.name == LOCK_FILE
-                                                           for p in folder.iterdir()))
+    return not folder.exists() or (
+        folder.is_dir() and all(p.name == LOCK_FILE for p in folder.iterdir())
+    )
 
 
 def _listing(folder: Path, limit: int = 4) -> str:
@@ -278,8 +287,10 @@ def check_output(path: str | Path, overwrite: bool, sources: tuple[str | Path, .
     if path.is_dir() and not path.is_symlink():
         if is_empty(path):
             return
-        raise OutputExists(f"{path}: output folder is not empty (holds {_listing(path)}); "
-                           "pass --overwrite to replace it, or choose another output")
+        raise OutputExists(
+            f"{path}: output folder is not empty (holds {_listing(path)}); "
+            "pass --overwrite to replace it, or choose another output"
+        )
     raise OutputExists(f"{path}: exists; pass --overwrite to replace it, or choose another output")
 
 
@@ -290,11 +301,14 @@ def check_replaceable(dst: str | Path, *sources: str | Path) -> None:
     dst = Path(dst).resolve()
     for src in sources:
         if Path(src).exists() and Path(src).resolve().is_relative_to(dst):
-            raise OutputExists(f"{dst}: holds the source {src}; replacing it would delete the "
-                               "source. Choose another output folder")
+            raise OutputExists(
+                f"{dst}: holds the source {src}; replacing it would delete the "
+                "source. Choose another output folder"
+            )
     if Path.cwd().resolve().is_relative_to(dst):
-        raise OutputExists(f"{dst}: is the current folder or one above it; choose another output "
-                           "folder")
+        raise OutputExists(
+            f"{dst}: is the current folder or one above it; choose another output folder"
+        )
 
 
 def clear_folder(folder: Path) -> None:
@@ -341,16 +355,25 @@ class RunLock:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise RunLocked(f"{self.folder}: in use by another gpt1 process ({self.holder()}); "
-                            "wait for it to finish or stop it, or choose another folder") from None
+            raise RunLocked(
+                f"{self.folder}: in use by another gpt1 process ({self.holder()}); "
+                "wait for it to finish or stop it, or choose another folder"
+            ) from None
         except OSError as exc:  # a filesystem without flock (some network mounts)
-            log.warning("%s: cannot lock (%s); make sure no other process writes here",
-                        self.path, exc.strerror)
+            log.warning(
+                "%s: cannot lock (%s); make sure no other process writes here",
+                self.path,
+                exc.strerror,
+            )
             os.close(fd)
             return self
         self._fd = fd
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command[:500],
-                  "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": self.command[:500],
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        }
         with contextlib.suppress(OSError):  # the lock holds even if the note cannot be written
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
@@ -360,8 +383,9 @@ class RunLock:
         """Who holds the lock, as written in the lock file (best effort)."""
         try:
             info = json.loads(self.path.read_text() or "{}")
-            return (f"pid {info['pid']} on {info['host']}, `{info['command']}`, "
-                    f"since {info['started']}")
+            return (
+                f"pid {info['pid']} on {info['host']}, `{info['command']}`, since {info['started']}"
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return "holder unknown"
 
@@ -391,8 +415,9 @@ def resumes_in(folder: str | Path, resume: str | None) -> bool:
     return Path(resume).resolve().is_relative_to(Path(folder).resolve())
 
 
-def claim_run_dir(folder: str | Path, resume: bool, overwrite: bool,
-                  command: str | None = None) -> RunLock:
+def claim_run_dir(
+    folder: str | Path, resume: bool, overwrite: bool, command: str | None = None
+) -> RunLock:
     """Lock a run folder for this process and apply the run-folder policy.
 
     An empty or missing folder is a new run. A non-empty one is continued only with `resume`,
@@ -401,8 +426,10 @@ def claim_run_dir(folder: str | Path, resume: bool, overwrite: bool,
     """
     folder = Path(folder)
     if resume and overwrite:
-        raise OutputExists("--resume and --overwrite exclude each other: continue the run or "
-                           "start it over, not both")
+        raise OutputExists(
+            "--resume and --overwrite exclude each other: continue the run or "
+            "start it over, not both"
+        )
     if folder.exists() and not folder.is_dir():
         raise OutputExists(f"{folder}: exists and is not a folder; choose another output folder")
     if overwrite and folder.exists():
@@ -414,7 +441,8 @@ def claim_run_dir(folder: str | Path, resume: bool, overwrite: bool,
                 raise OutputExists(
                     f"{folder}: run folder is not empty (holds {_listing(folder)}); pass --resume "
                     "auto to continue that run, --overwrite to start it over (deletes them), or "
-                    "choose a new --out")
+                    "choose a new --out"
+                )
             clear_folder(folder)
     except BaseException:
         lock.release()

@@ -2,11 +2,13 @@
 
 Tests that need ../shared/data skip (saying why) when it is absent.
 """
+
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -52,6 +54,7 @@ def tiny_corpus(tmp_path_factory) -> Path:
     """A tiny `gpt1 prepare` folder (two train shards of a noisy periodic token stream, a
     character vocabulary), shared read-only by every test in the session."""
     from gpt1.testing import faults  # the fault harness makes the same corpus for its report
+
     return faults.make_corpus(tmp_path_factory.mktemp("tiny_corpus") / "data")
 
 

@@ -1,10 +1,12 @@
 """Analyses: position-embedding summary and plots, sweep bookkeeping and resumption, the CLI."""
+
 import json
 import shlex
 
 import numpy as np
 import pytest
 import torch
+from conftest import TINIER_MODEL, tiny_model_config
 
 from gpt1 import GPT, ModelConfig, save_model
 from gpt1.analysis.positions import analyse_positions, cosine_matrix, project_2d, summarise
@@ -13,7 +15,6 @@ from gpt1.cli import main
 from gpt1.errors import CheckpointError, ConfigError, DataError
 from gpt1.model.lstm import LSTMLM, LSTMConfig
 from gpt1.model.registry import save_lstm
-from conftest import TINIER_MODEL, tiny_model_config
 
 
 def smooth_table(n: int = 40, c: int = 16) -> np.ndarray:
@@ -71,8 +72,9 @@ def test_positions_command_writes_pngs_summary_and_command(tmp_path, capsys):
 
 
 def test_positions_of_an_lstm_is_a_clear_error(tmp_path, capsys):
-    save_lstm(LSTMLM(LSTMConfig(vocab_size=20, n_embd=8, hidden_size=8, n_positions=8)),
-              tmp_path / "l")
+    save_lstm(
+        LSTMLM(LSTMConfig(vocab_size=20, n_embd=8, hidden_size=8, n_positions=8)), tmp_path / "l"
+    )
     with pytest.raises(CheckpointError, match="no position embeddings"):
         analyse_positions(tmp_path / "l", tmp_path / "o")
     assert main(["analysis", "positions", str(tmp_path / "l"), "--out", str(tmp_path / "o")]) == 2
@@ -88,6 +90,7 @@ def test_sweep_skips_finished_runs_and_resumes_after_a_crash(tmp_path):
             if fail:
                 raise KeyboardInterrupt  # a sweep killed during sub-run `key`
             return {"acc": len(key)}
+
         return fn
 
     sweep = Sweep(tmp_path, "layers", {"task": "sst2"}, ["gpt1", "analysis", "layers"])
@@ -123,25 +126,31 @@ def test_sweep_refuses_other_settings_and_unreadable_records(tmp_path):
         Sweep(tmp_path, "layers", {"task": "sst2", "init": "a"})
 
 
-
 def test_growable_settings_may_gain_tasks_and_a_row_but_not_change(tmp_path):
     first = {"init": "a", "lstm_init": None, "plan": {"sst2": {"data": "d1"}}}
-    Sweep(tmp_path, "ablations", first, growable=("plan", "lstm_init")).run("sst2/full/seed=0", ["x"], lambda: {"v": 1})
+    Sweep(tmp_path, "ablations", first, growable=("plan", "lstm_init")).run(
+        "sst2/full/seed=0", ["x"], lambda: {"v": 1}
+    )
     grown = {"init": "a", "lstm_init": "L", "plan": {"cola": {"data": "d2"}}}
     sweep = Sweep(tmp_path, "ablations", grown, growable=("plan", "lstm_init"))
-    assert sweep.done("sst2/full/seed=0") and sweep.done_with_prefix("sst2/full/seed=") == ["sst2/full/seed=0"]
+    assert sweep.done("sst2/full/seed=0") and sweep.done_with_prefix("sst2/full/seed=") == [
+        "sst2/full/seed=0"
+    ]
     record = json.loads((tmp_path / "sweep.json").read_text())["settings"]
     assert record["plan"] == {"sst2": {"data": "d1"}, "cola": {"data": "d2"}}
     assert record["lstm_init"] == "L"
     # Once set, a growable value must match; a shared task must keep its data; init never grows.
-    for bad, field in (({**grown, "lstm_init": "M"}, "lstm_init"),
-                       ({**grown, "plan": {"sst2": {"data": "other"}}}, "plan"),
-                       ({**grown, "init": "b"}, "init")):
+    for bad, field in (
+        ({**grown, "lstm_init": "M"}, "lstm_init"),
+        ({**grown, "plan": {"sst2": {"data": "other"}}}, "plan"),
+        ({**grown, "init": "b"}, "init"),
+    ):
         with pytest.raises(ConfigError, match=field):
             Sweep(tmp_path, "ablations", bad, growable=("plan", "lstm_init"))
     # A later invocation without the LSTM keeps the recorded one.
     Sweep(tmp_path, "ablations", {**grown, "lstm_init": None}, growable=("plan", "lstm_init"))
     assert json.loads((tmp_path / "sweep.json").read_text())["settings"]["lstm_init"] == "L"
+
 
 # ------------------------------------------------------------------ sweeps over gpt1 finetune
 FT = ["--max-steps", "2", "--batch-size", "4", "--micro-batch", "2"]
@@ -159,27 +168,48 @@ def sst2_setup(tmp_path, shared_data, gpt1_vocab):
     torch.manual_seed(0)
     gpt = GPT(tiny_model_config(vocab_size=40478, n_positions=64, n_head=2))
     lstm = LSTMLM(LSTMConfig(vocab_size=40478, n_embd=32, hidden_size=32, n_positions=64))
-    return {"data": data, "gpt": save_model(gpt, tmp_path / "gpt", tokenizer_dir=gpt1_vocab),
-            "lstm": save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=gpt1_vocab)}
+    return {
+        "data": data,
+        "gpt": save_model(gpt, tmp_path / "gpt", tokenizer_dir=gpt1_vocab),
+        "lstm": save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=gpt1_vocab),
+    }
 
 
 def finetune_lines(out):
-    return [shlex.split(l) for l in (out / "commands.txt").read_text().splitlines()
-            if l.startswith("gpt1 finetune")]
+    return [
+        shlex.split(l)
+        for l in (out / "commands.txt").read_text().splitlines()
+        if l.startswith("gpt1 finetune")
+    ]
 
 
 @pytest.mark.slow
 @pytest.mark.data
 def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, sst2_setup, capsys):
     out = tmp_path / "layers"
-    argv = ["analysis", "layers", "--init", str(sst2_setup["gpt"]), "--task", "sst2", "--data",
-            str(sst2_setup["data"]), "--out", str(out), "--train-examples", "20",
-            "--train-eval-examples", "12", *FT]
+    argv = [
+        "analysis",
+        "layers",
+        "--init",
+        str(sst2_setup["gpt"]),
+        "--task",
+        "sst2",
+        "--data",
+        str(sst2_setup["data"]),
+        "--out",
+        str(out),
+        "--train-examples",
+        "20",
+        "--train-eval-examples",
+        "12",
+        *FT,
+    ]
     assert main(argv) == 0
     table = json.loads((out / "layers.json").read_text())
     assert [r["k"] for r in table["rows"]] == [0, 1, 2] and table["metric"] == "accuracy"
-    assert all(0 <= r["dev"] <= 1 and 0 <= r["train"] <= 1 and r["seeds"] == 1
-               for r in table["rows"])
+    assert all(
+        0 <= r["dev"] <= 1 and 0 <= r["train"] <= 1 and r["seeds"] == 1 for r in table["rows"]
+    )
     assert (out / "layers.png").read_bytes()[:4] == b"\x89PNG"
     record = json.loads((out / "sweep.json").read_text())
     assert record["runs"]["k=0/seed=0"]["result"]["train_results"]["n"] == 12
@@ -205,9 +235,28 @@ def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, 
 def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     out = tmp_path / "abl"
     data_root = sst2_setup["data"].parent
-    assert main(["analysis", "ablations", "--init", str(sst2_setup["gpt"]), "--lstm-init",
-                 str(sst2_setup["lstm"]), "--tasks", "sst2", "--data-root", str(data_root),
-                 "--task-data", "sst2=sst2", "--out", str(out), *FT]) == 0
+    assert (
+        main(
+            [
+                "analysis",
+                "ablations",
+                "--init",
+                str(sst2_setup["gpt"]),
+                "--lstm-init",
+                str(sst2_setup["lstm"]),
+                "--tasks",
+                "sst2",
+                "--data-root",
+                str(data_root),
+                "--task-data",
+                "sst2=sst2",
+                "--out",
+                str(out),
+                *FT,
+            ]
+        )
+        == 0
+    )
     table = json.loads((out / "ablations.json").read_text())
     assert list(table["rows"]) == ["full", "scratch", "no_aux", "lstm"]
     for row in table["rows"].values():
@@ -216,19 +265,46 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     assert "| method | Avg | sst2 (acc) |" in md and "LSTM w/ aux LM" in md
     lines = finetune_lines(out)
     assert len(lines) == 4
-    assert "--transfer-layers" in lines[1] and lines[1][lines[1].index("--transfer-layers") + 1] == "-1"
+    assert (
+        "--transfer-layers" in lines[1]
+        and lines[1][lines[1].index("--transfer-layers") + 1] == "-1"
+    )
     assert lines[2][lines[2].index("--lm-coef") + 1] == "0.0"
     assert lines[3][lines[3].index("--init") + 1] == str(sst2_setup["lstm"])
     # --rows runs only the rows asked for; the table keeps every row with results.
     only = tmp_path / "abl-lstm"
-    assert main(["analysis", "ablations", "--init", str(sst2_setup["gpt"]), "--lstm-init",
-                 str(sst2_setup["lstm"]), "--tasks", "sst2", "--data-root", str(data_root),
-                 "--task-data", "sst2=sst2", "--out", str(only), "--rows", "lstm", *FT]) == 0
+    assert (
+        main(
+            [
+                "analysis",
+                "ablations",
+                "--init",
+                str(sst2_setup["gpt"]),
+                "--lstm-init",
+                str(sst2_setup["lstm"]),
+                "--tasks",
+                "sst2",
+                "--data-root",
+                str(data_root),
+                "--task-data",
+                "sst2=sst2",
+                "--out",
+                str(only),
+                "--rows",
+                "lstm",
+                *FT,
+            ]
+        )
+        == 0
+    )
     assert len(finetune_lines(only)) == 1
     rows = json.loads((only / "ablations.json").read_text())["rows"]
-    assert rows["lstm"]["cells"]["sst2"]["seeds"] == 1 and rows["full"]["cells"]["sst2"]["seeds"] == 0
+    assert (
+        rows["lstm"]["cells"]["sst2"]["seeds"] == 1 and rows["full"]["cells"]["sst2"]["seeds"] == 0
+    )
     # The fine-tuned LSTM run reloads as an LSTM.
     from gpt1.recipes.evaluate import load_finetuned
+
     model, _, _ = load_finetuned(out / "runs" / "sst2-lstm-seed0")
     assert isinstance(model.gpt, LSTMLM)
 
@@ -237,27 +313,98 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
 @pytest.mark.data
 def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
     out = tmp_path / "ds"
-    assert main(["analysis", "data-size", "--init", str(sst2_setup["gpt"]), "--task", "sst2",
-                 "--data", str(sst2_setup["data"]), "--sizes", "10,all", "--seeds", "0",
-                 "--out", str(out), *FT]) == 0
+    assert (
+        main(
+            [
+                "analysis",
+                "data-size",
+                "--init",
+                str(sst2_setup["gpt"]),
+                "--task",
+                "sst2",
+                "--data",
+                str(sst2_setup["data"]),
+                "--sizes",
+                "10,all",
+                "--seeds",
+                "0",
+                "--out",
+                str(out),
+                *FT,
+            ]
+        )
+        == 0
+    )
     table = json.loads((out / "data_size.json").read_text())
     assert [r["size"] for r in table["rows"]] == ["10", "all"]
     assert [r["pretrained"]["train_n"] for r in table["rows"]] == [10, 40]
     assert all(r["scratch"]["seeds"] == 1 for r in table["rows"])
     assert (out / "data_size.png").read_bytes()[:4] == b"\x89PNG"
-    assert "| size | examples | pretrained | no pretraining | seeds |" in (out / "data_size.md").read_text()
+    assert (
+        "| size | examples | pretrained | no pretraining | seeds |"
+        in (out / "data_size.md").read_text()
+    )
 
 
 def test_bad_sweep_options_are_one_line_errors(tmp_path, capsys):
-    assert main(["analysis", "data-size", "--init", "x", "--task", "sst2", "--data", "d",
-                 "--sizes", "10,lots", "--out", str(tmp_path)]) == 2
+    assert (
+        main(
+            [
+                "analysis",
+                "data-size",
+                "--init",
+                "x",
+                "--task",
+                "sst2",
+                "--data",
+                "d",
+                "--sizes",
+                "10,lots",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 2
+    )
     assert "--sizes" in capsys.readouterr().err
-    assert main(["analysis", "ablations", "--init", "x", "--tasks", "nope", "--data-root", "d",
-                 "--out", str(tmp_path / "a")]) == 2
+    assert (
+        main(
+            [
+                "analysis",
+                "ablations",
+                "--init",
+                "x",
+                "--tasks",
+                "nope",
+                "--data-root",
+                "d",
+                "--out",
+                str(tmp_path / "a"),
+            ]
+        )
+        == 2
+    )
     assert "--task-data nope=DIR" in capsys.readouterr().err
     (tmp_path / "root" / "glue" / "SST-2").mkdir(parents=True)
-    assert main(["analysis", "ablations", "--init", "x", "--tasks", "sst2", "--data-root",
-                 str(tmp_path / "root"), "--rows", "lstm", "--out", str(tmp_path / "b")]) == 2
+    assert (
+        main(
+            [
+                "analysis",
+                "ablations",
+                "--init",
+                "x",
+                "--tasks",
+                "sst2",
+                "--data-root",
+                str(tmp_path / "root"),
+                "--rows",
+                "lstm",
+                "--out",
+                str(tmp_path / "b"),
+            ]
+        )
+        == 2
+    )
     assert "needs --lstm-init" in capsys.readouterr().err
 
 
@@ -265,10 +412,15 @@ def test_data_size_and_layers_tables_cover_every_recorded_run(tmp_path):
     """A sweep grown over several invocations (other sizes, K values or seeds) is tabulated
     whole, not just the part the latest command line asked for."""
     from gpt1.analysis import data_size, layers
+
     sweep = Sweep(tmp_path / "ds", "data-size", {"task": "sst2"})
-    for key, value in (("pretrained/n=100/seed=0", 0.6), ("pretrained/n=100/seed=1", 0.7),
-                       ("scratch/n=100/seed=0", 0.5), ("pretrained/n=3000/seed=0", 0.8),
-                       ("pretrained/n=all/seed=0", 0.9)):
+    for key, value in (
+        ("pretrained/n=100/seed=0", 0.6),
+        ("pretrained/n=100/seed=1", 0.7),
+        ("scratch/n=100/seed=0", 0.5),
+        ("pretrained/n=3000/seed=0", 0.8),
+        ("pretrained/n=all/seed=0", 0.9),
+    ):
         sweep.run(key, ["x"], lambda v=value: {"metric": "accuracy", "value": v, "train_n": 1})
     sizes = data_size.recorded_sizes(sweep, [300])
     assert sizes == [100, 300, 3000, None]

@@ -1,4 +1,5 @@
 """The memory-lean CPU training attention (softmax -> dropout -> @ v as one autograd Function)."""
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,8 @@ def reference(q, k, v, p):
     """Plain autograd: masked scores, softmax, the project's dropout, @ v."""
     T = q.shape[-2]
     s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(
-        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")
+    )
     return dropout(s.softmax(-1), p, True) @ v
 
 
@@ -21,6 +23,7 @@ def reference(q, k, v, p):
 def recompute(request, monkeypatch):
     """Run a test with the probabilities kept for backward and with them recomputed."""
     import gpt1.model.fast_cpu as model
+
     if request.param:
         monkeypatch.setattr(model, "RECOMPUTE_PROBS_BYTES", 0)
     return request.param
@@ -33,7 +36,7 @@ def test_values_and_gradients_equal_plain_autograd(p, recompute):
     torch.manual_seed(7)
     ours = causal_attention_cpu_train(*base, p)
     grads = torch.autograd.grad((ours * g).sum(), base)
-    torch.manual_seed(7)                                   # the same dropout draws
+    torch.manual_seed(7)  # the same dropout draws
     ref = reference(*base, p)
     ref_grads = torch.autograd.grad((ref * g).sum(), base)
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)

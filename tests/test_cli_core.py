@@ -1,12 +1,13 @@
 """`gpt1 info`, `gpt1 convert` and `gpt1 sample` end to end through `gpt1.cli.main`."""
+
 import json
 
 import pytest
 import torch
+from conftest import TINY_MODEL
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
 from gpt1.cli import main
-from conftest import TINY_MODEL
 
 TINY = TINY_MODEL
 
@@ -49,18 +50,44 @@ def test_convert_errors_are_one_line(tmp_path, capsys):
 
 
 def test_sample_prompt_ids_greedy(ckpt, capsys):
-    args = ["sample", str(ckpt), "--prompt-ids", "1 2 3", "--max-new-tokens", "7", "--temperature", "0"]
+    args = [
+        "sample",
+        str(ckpt),
+        "--prompt-ids",
+        "1 2 3",
+        "--max-new-tokens",
+        "7",
+        "--temperature",
+        "0",
+    ]
     assert main(args) == 0
     first = capsys.readouterr().out.split()
     assert len(first) == 10 and first[:3] == ["1", "2", "3"]
     model = load_checkpoint(ckpt).eval()
     from gpt1.recipes.sample import generate
-    assert [int(t) for t in first] == generate(model, torch.tensor([[1, 2, 3]]), 7, temperature=0)[0].tolist()
+
+    assert [int(t) for t in first] == generate(model, torch.tensor([[1, 2, 3]]), 7, temperature=0)[
+        0
+    ].tolist()
 
 
 def test_sample_seeded_num_samples(ckpt, capsys):
-    args = ["sample", str(ckpt), "--prompt-ids", "5,6", "--max-new-tokens", "9", "--top-k", "20",
-            "--top-p", "0.9", "--seed", "3", "--num-samples", "2"]
+    args = [
+        "sample",
+        str(ckpt),
+        "--prompt-ids",
+        "5,6",
+        "--max-new-tokens",
+        "9",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "3",
+        "--num-samples",
+        "2",
+    ]
     assert main(args) == 0
     first = capsys.readouterr().out
     assert first.count("=== sample") == 2
@@ -84,7 +111,20 @@ def test_sample_text_prompt_with_gpt1_vocab(gpt1_vocab, tmp_path, capsys):
     torch.manual_seed(0)
     model = GPT(ModelConfig(**{**TINY, "vocab_size": 40478}))
     folder = save_model(model, tmp_path / "ck", tokenizer_dir=gpt1_vocab)
-    assert main(["sample", str(folder), "--prompt", "The old man", "--max-new-tokens", "5",
-                 "--temperature", "0"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                str(folder),
+                "--prompt",
+                "The old man",
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "0",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.strip()
     assert out.startswith("The old man ") and len(out.split()) >= 4

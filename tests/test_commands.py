@@ -1,5 +1,6 @@
 """A fine-tuning run described once (gpt1/recipes/commands.py): the recipe call and the recorded
 `gpt1 finetune` command must mean the same run."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,25 +19,54 @@ def _captured_call(monkeypatch, run_call):
     seen = {}
 
     def fake(cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False):
-        seen.update(cfg=cfg, train_cfg=train_cfg, out=str(out), spec=spec, cap=max_steps_cap,
-                    overwrite=overwrite)
+        seen.update(
+            cfg=cfg,
+            train_cfg=train_cfg,
+            out=str(out),
+            spec=spec,
+            cap=max_steps_cap,
+            overwrite=overwrite,
+        )
         raise _Stop
+
     monkeypatch.setattr(ft, "finetune", fake)
     with pytest.raises(_Stop):
         run_call()
     return seen
 
 
-@pytest.mark.parametrize("run", [
-    FinetuneRun("sst2", "data/SST-2", "runs/mini", "runs/out", FinetuneOptions(), seed=3),
-    FinetuneRun("csv", "data/mine", "runs/mini", "runs/out a", seed=7, transfer_layers=-1,
-                lm_coef=0.0, train_split="dev", eval_split="", train_examples=20,
-                columns="text=sentence,label=label", labels="0,1", resume="auto",
-                options=FinetuneOptions(max_steps=5, epochs=2.5, batch_size=8, micro_batch=4,
-                                        lr=1e-4, n_ctx=64, precision="fp32",
-                                        sets=["train.warmup=0.01", "finetune.clf_pdrop=0.2"],
-                                        quiet=True)),
-])
+@pytest.mark.parametrize(
+    "run",
+    [
+        FinetuneRun("sst2", "data/SST-2", "runs/mini", "runs/out", FinetuneOptions(), seed=3),
+        FinetuneRun(
+            "csv",
+            "data/mine",
+            "runs/mini",
+            "runs/out a",
+            seed=7,
+            transfer_layers=-1,
+            lm_coef=0.0,
+            train_split="dev",
+            eval_split="",
+            train_examples=20,
+            columns="text=sentence,label=label",
+            labels="0,1",
+            resume="auto",
+            options=FinetuneOptions(
+                max_steps=5,
+                epochs=2.5,
+                batch_size=8,
+                micro_batch=4,
+                lr=1e-4,
+                n_ctx=64,
+                precision="fp32",
+                sets=["train.warmup=0.01", "finetune.clf_pdrop=0.2"],
+                quiet=True,
+            ),
+        ),
+    ],
+)
 def test_recorded_command_resolves_to_the_same_call(monkeypatch, run):
     direct = _captured_call(monkeypatch, run.run)
     argv = run.argv()
@@ -47,8 +77,32 @@ def test_recorded_command_resolves_to_the_same_call(monkeypatch, run):
 
 
 def test_options_flags_keep_their_order():
-    run = FinetuneRun("sst2", "d", "i", "o", FinetuneOptions(lr=0.001, sets=["train.warmup=0"]),
-                      seed=0, lm_coef=0.5)
-    assert run.argv() == ["gpt1", "finetune", "--task", "sst2", "--data", "d", "--init", "i",
-                          "--out", "o", "--seed", "0", "--lm-coef", "0.5", "--lr", "0.001",
-                          "--set", "train.warmup=0"]
+    run = FinetuneRun(
+        "sst2",
+        "d",
+        "i",
+        "o",
+        FinetuneOptions(lr=0.001, sets=["train.warmup=0"]),
+        seed=0,
+        lm_coef=0.5,
+    )
+    assert run.argv() == [
+        "gpt1",
+        "finetune",
+        "--task",
+        "sst2",
+        "--data",
+        "d",
+        "--init",
+        "i",
+        "--out",
+        "o",
+        "--seed",
+        "0",
+        "--lm-coef",
+        "0.5",
+        "--lr",
+        "0.001",
+        "--set",
+        "train.warmup=0",
+    ]

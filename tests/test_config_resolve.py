@@ -1,14 +1,25 @@
 """The one config resolver: precedence, derived sizes, one meaning per flag, frozen results,
 and run.json files written by earlier versions still loading."""
+
 import dataclasses
 import json
 from types import SimpleNamespace
 
 import pytest
 
-from gpt1.config import (FINETUNE_TRAIN, DataConfig, FinetuneConfig, ModelConfig, RunConfig,
-                         TrainConfig, from_dict, model_preset, override_dotted, resolve_finetune,
-                         resolve_pretrain)
+from gpt1.config import (
+    FINETUNE_TRAIN,
+    DataConfig,
+    FinetuneConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    from_dict,
+    model_preset,
+    override_dotted,
+    resolve_finetune,
+    resolve_pretrain,
+)
 from gpt1.errors import ConfigError
 
 FT_FLAGS = {"finetune": {"task": "sst2", "data": "glue/SST-2", "init": "none"}}
@@ -17,21 +28,21 @@ FT_FLAGS = {"finetune": {"task": "sst2", "data": "glue/SST-2", "init": "none"}}
 # ------------------------------------------------------------------------- precedence
 def test_pretrain_precedence_preset_toml_flags_set():
     preset = resolve_pretrain("tiny")
-    assert preset.train.lr == 1e-3 and preset.model.n_layer == 2      # the tiny recipe
+    assert preset.train.lr == 1e-3 and preset.model.n_layer == 2  # the tiny recipe
     toml = {"train": {"lr": 0.1, "warmup": 5}, "model": {"n_layer": 3}}
-    assert resolve_pretrain("tiny", toml).train.lr == 0.1               # TOML beats preset
-    flags = {"train": {"lr": 0.2, "seed": None}}                        # None: flag not given
+    assert resolve_pretrain("tiny", toml).train.lr == 0.1  # TOML beats preset
+    flags = {"train": {"lr": 0.2, "seed": None}}  # None: flag not given
     cfg = resolve_pretrain("tiny", toml, flags)
-    assert (cfg.train.lr, cfg.train.warmup, cfg.train.seed) == (0.2, 5, 1234)   # flags beat TOML
+    assert (cfg.train.lr, cfg.train.warmup, cfg.train.seed) == (0.2, 5, 1234)  # flags beat TOML
     cfg = resolve_pretrain("tiny", toml, flags, ["train.lr=0.3", "model.n_layer=4"])
-    assert (cfg.train.lr, cfg.model.n_layer, cfg.train.warmup) == (0.3, 4, 5)   # --set beats all
-    assert cfg.train.batch_size == 4                                    # untouched: the preset's
+    assert (cfg.train.lr, cfg.model.n_layer, cfg.train.warmup) == (0.3, 4, 5)  # --set beats all
+    assert cfg.train.batch_size == 4  # untouched: the preset's
 
 
 def test_preset_argument_beats_the_tomls_preset_key():
     assert resolve_pretrain(None, {"preset": "tiny"}).model.n_embd == 64
     assert resolve_pretrain("mini", {"preset": "tiny"}).model.n_embd == 384
-    assert resolve_pretrain().model.n_embd == 768                        # default: gpt1
+    assert resolve_pretrain().model.n_embd == 768  # default: gpt1
 
 
 def test_finetune_precedence_defaults_toml_flags_set():
@@ -74,8 +85,9 @@ def test_n_inner_follows_n_embd_unless_set():
     cfg = resolve_pretrain("tiny", {"model": {"n_inner": 100}}, sets=["model.n_embd=128"])
     assert cfg.model.n_inner == 100
     # n_inner=none asks for the derived width again.
-    cfg = resolve_pretrain("tiny", {"model": {"n_inner": 100}},
-                           sets=["model.n_embd=128", "model.n_inner=none"])
+    cfg = resolve_pretrain(
+        "tiny", {"model": {"n_inner": 100}}, sets=["model.n_embd=128", "model.n_inner=none"]
+    )
     assert cfg.model.n_inner == 512
 
 
@@ -83,7 +95,7 @@ def test_derive_keeps_derived_sizes_following():
     tiny = model_preset("tiny")
     assert tiny.derive(n_embd=128).n_inner == 512
     assert tiny.derive(n_embd=128, n_inner=300).n_inner == 300
-    custom = tiny.derive(n_inner=100)                 # a width chosen on purpose stays
+    custom = tiny.derive(n_inner=100)  # a width chosen on purpose stays
     assert custom.derive(n_embd=128).n_inner == 100
     assert override_dotted(resolve_pretrain("tiny"), "model.n_embd=128").model.n_inner == 512
 
@@ -95,6 +107,7 @@ def _captured(monkeypatch, module, name, result):
     def fake(*args, **kwargs):
         seen["args"], seen["kwargs"] = args, kwargs
         return result
+
     monkeypatch.setattr(module, name, fake)
     return seen
 
@@ -103,39 +116,91 @@ def test_max_steps_means_train_max_steps_in_both_commands(monkeypatch, tmp_path)
     import gpt1.recipes.finetune as ft
     import gpt1.recipes.pretrain as pt
     from gpt1.cli import main
+
     done = SimpleNamespace(interrupted=0, final_dir=None)
     seen = _captured(monkeypatch, pt, "pretrain", done)
-    assert main(["pretrain", "--preset", "tiny", "--data", "d", "--out", str(tmp_path / "p"),
-                 "--max-steps", "7"]) == 0
+    assert (
+        main(
+            [
+                "pretrain",
+                "--preset",
+                "tiny",
+                "--data",
+                "d",
+                "--out",
+                str(tmp_path / "p"),
+                "--max-steps",
+                "7",
+            ]
+        )
+        == 0
+    )
     assert seen["args"][0].train.max_steps == 7
     seen = _captured(monkeypatch, ft, "finetune", (done, {}))
-    assert main(["finetune", "--task", "sst2", "--data", "d", "--init", "none",
-                 "--out", str(tmp_path / "f"), "--max-steps", "7"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--task",
+                "sst2",
+                "--data",
+                "d",
+                "--init",
+                "none",
+                "--out",
+                str(tmp_path / "f"),
+                "--max-steps",
+                "7",
+            ]
+        )
+        == 0
+    )
     train_cfg = seen["args"][1]
     assert train_cfg.max_steps == 7
     assert seen["kwargs"].get("max_steps_cap", 0) == 0 and len(seen["args"]) < 5
     # The same setting by --set, in either command.
-    assert main(["finetune", "--task", "sst2", "--data", "d", "--init", "none",
-                 "--out", str(tmp_path / "f"), "--set", "train.max_steps=9"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                "--task",
+                "sst2",
+                "--data",
+                "d",
+                "--init",
+                "none",
+                "--out",
+                str(tmp_path / "f"),
+                "--set",
+                "train.max_steps=9",
+            ]
+        )
+        == 0
+    )
     assert seen["args"][1].max_steps == 9
 
 
 def test_finetune_run_length():
     from gpt1.recipes.finetune import run_length
-    train = TrainConfig(**FINETUNE_TRAIN)                        # batch 32, 3 epochs
-    assert run_length(train, 320).max_steps == 30                # (320 // 32) * 3
+
+    train = TrainConfig(**FINETUNE_TRAIN)  # batch 32, 3 epochs
+    assert run_length(train, 320).max_steps == 30  # (320 // 32) * 3
     exact = dataclasses.replace(train, max_steps=50)
-    assert run_length(exact, 320).max_steps == 50                # beyond 3 epochs: runs on
-    assert run_length(exact, 320, cap=20).max_steps == 20        # the library's cap for sweeps
+    assert run_length(exact, 320).max_steps == 50  # beyond 3 epochs: runs on
+    assert run_length(exact, 320, cap=20).max_steps == 20  # the library's cap for sweeps
     assert run_length(train, 320, cap=100).max_steps == 30
-    assert train.max_steps == 0                                  # the input is untouched
+    assert train.max_steps == 0  # the input is untouched
 
 
 # ------------------------------------------------------------------------------ frozen
 def test_resolved_configs_are_immutable():
     cfg = resolve_pretrain("tiny")
-    for obj, name in ((cfg.model, "n_embd"), (cfg.train, "lr"), (cfg.data, "n_ctx"),
-                      (cfg, "model")):
+    for obj, name in (
+        (cfg.model, "n_embd"),
+        (cfg.train, "lr"),
+        (cfg.data, "n_ctx"),
+        (cfg, "model"),
+    ):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, name, getattr(obj, name))
     ft_cfg, train = resolve_finetune(flags=FT_FLAGS)
@@ -149,9 +214,10 @@ def test_resolved_configs_are_immutable():
 
 def test_adding_task_tokens_leaves_a_shared_config_alone():
     from gpt1.model.gpt import GPT
+
     config = model_preset("tiny")
     pretrained = GPT(config)
-    fresh = type(pretrained)(pretrained.config)          # as fine-tuning's layer transfer does
+    fresh = type(pretrained)(pretrained.config)  # as fine-tuning's layer transfer does
     ids = fresh.add_tokens(3)
     assert ids == [512, 513, 514] and fresh.config.vocab_size == 515
     assert pretrained.config.vocab_size == config.vocab_size == 512
@@ -159,19 +225,53 @@ def test_adding_task_tokens_leaves_a_shared_config_alone():
 
 
 # ---------------------------------------------------------------------- saved run files
-OLD_PRETRAIN_RUN = {   # a run.json as `gpt1 pretrain` wrote it: one flat [train] table
-    "model": {"vocab_size": 300, "n_positions": 64, "n_embd": 64, "n_layer": 2, "n_head": 2,
-              "n_inner": 256, "afn": "gelu", "embd_pdrop": 0.1, "attn_pdrop": 0.1,
-              "resid_pdrop": 0.1, "layer_norm_epsilon": 1e-05, "initializer_range": 0.02,
-              "embd_dropout": "sum"},
-    "train": {"micro_batch_size": 2, "batch_size": 4, "max_steps": 20, "epochs": 100.0,
-              "total_steps": 0, "lr": 0.001, "schedule": "warmup_cosine", "warmup": 2,
-              "oai_first_step": True, "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.999,
-              "eps": 1e-08, "grad_clip": 1.0, "optimizer": "oai", "precision": "auto",
-              "compile": False, "gradient_checkpointing": False, "distributed": "ddp",
-              "device": "auto", "save_every": 10, "keep_last": 3, "eval_every": 10,
-              "log_every": 1, "seed": 1234, "resume": "", "peak_flops": 0.0,
-              "loss_chunk_tokens": 4096, "quiet": False},
+OLD_PRETRAIN_RUN = {  # a run.json as `gpt1 pretrain` wrote it: one flat [train] table
+    "model": {
+        "vocab_size": 300,
+        "n_positions": 64,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 2,
+        "n_inner": 256,
+        "afn": "gelu",
+        "embd_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+        "resid_pdrop": 0.1,
+        "layer_norm_epsilon": 1e-05,
+        "initializer_range": 0.02,
+        "embd_dropout": "sum",
+    },
+    "train": {
+        "micro_batch_size": 2,
+        "batch_size": 4,
+        "max_steps": 20,
+        "epochs": 100.0,
+        "total_steps": 0,
+        "lr": 0.001,
+        "schedule": "warmup_cosine",
+        "warmup": 2,
+        "oai_first_step": True,
+        "weight_decay": 0.01,
+        "beta1": 0.9,
+        "beta2": 0.999,
+        "eps": 1e-08,
+        "grad_clip": 1.0,
+        "optimizer": "oai",
+        "precision": "auto",
+        "compile": False,
+        "gradient_checkpointing": False,
+        "distributed": "ddp",
+        "device": "auto",
+        "save_every": 10,
+        "keep_last": 3,
+        "eval_every": 10,
+        "log_every": 1,
+        "seed": 1234,
+        "resume": "",
+        "peak_flops": 0.0,
+        "loss_chunk_tokens": 4096,
+        "quiet": False,
+    },
     "data": {"path": "runs/d", "n_ctx": 32, "val_windows": 8},
 }
 
@@ -180,15 +280,23 @@ def test_old_run_json_files_load(tmp_path):
     file = tmp_path / "run.json"
     file.write_text(json.dumps(OLD_PRETRAIN_RUN))
     cfg = RunConfig.from_dict(json.loads(file.read_text()), str(file))
-    assert cfg.to_dict() == OLD_PRETRAIN_RUN                      # loads and writes back as is
+    assert cfg.to_dict() == OLD_PRETRAIN_RUN  # loads and writes back as is
     assert cfg.model.n_inner == 256 and cfg.train.max_steps == 20
     # An older file without the newer keys takes their defaults.
-    old = {**OLD_PRETRAIN_RUN, "train": {k: v for k, v in OLD_PRETRAIN_RUN["train"].items()
-                                          if k not in ("loss_chunk_tokens", "peak_flops")}}
+    old = {
+        **OLD_PRETRAIN_RUN,
+        "train": {
+            k: v
+            for k, v in OLD_PRETRAIN_RUN["train"].items()
+            if k not in ("loss_chunk_tokens", "peak_flops")
+        },
+    }
     assert RunConfig.from_dict(old).train.loss_chunk_tokens == 4096
     # A fine-tuning run.json: [finetune] and [train] tables.
-    ft = {"finetune": dataclasses.asdict(FinetuneConfig(task="sst2", data="d", init="none")),
-          "train": OLD_PRETRAIN_RUN["train"]}
+    ft = {
+        "finetune": dataclasses.asdict(FinetuneConfig(task="sst2", data="d", init="none")),
+        "train": OLD_PRETRAIN_RUN["train"],
+    }
     assert from_dict(FinetuneConfig, ft["finetune"]).task == "sst2"
     assert from_dict(TrainConfig, ft["train"]) == TrainConfig(**OLD_PRETRAIN_RUN["train"])
     assert from_dict(DataConfig, OLD_PRETRAIN_RUN["data"]).n_ctx == 32
@@ -205,9 +313,14 @@ def test_the_demos_model_settings_give_gpt1s_mlp_width():
     """The demo widens the tiny preset by --set; its model must keep the 4x MLP that the
     transformers export (`gpt1 convert --to hf`) requires."""
     from gpt1.recipes.demo import DemoSettings
+
     s = DemoSettings()
-    sets = [f"model.n_layer={s.n_layer}", f"model.n_embd={s.n_embd}", f"model.n_head={s.n_head}",
-            f"model.n_positions={s.n_ctx}"]
+    sets = [
+        f"model.n_layer={s.n_layer}",
+        f"model.n_embd={s.n_embd}",
+        f"model.n_head={s.n_head}",
+        f"model.n_positions={s.n_ctx}",
+    ]
     model = resolve_pretrain("tiny", sets=sets).model
     assert model.n_embd == s.n_embd != model_preset("tiny").n_embd
     assert model.n_inner == 4 * s.n_embd

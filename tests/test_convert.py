@@ -1,4 +1,5 @@
 """Weights in and out: transformers parity both ways, original OpenAI shards, bad inputs."""
+
 import json
 from pathlib import Path
 
@@ -7,12 +8,12 @@ import pytest
 import torch
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
-from gpt1.recipes.convert import OPENAI_BLOCK, convert, load_openai, plan_openai, read_any
 from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.recipes.convert import OPENAI_BLOCK, convert, load_openai, plan_openai, read_any
 
 transformers = pytest.importorskip("transformers")
-from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: E402
 from conftest import TINY_MODEL  # noqa: E402
+from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: E402
 
 TINY = {**TINY_MODEL, "vocab_size": 101, "n_positions": 24}
 
@@ -27,7 +28,9 @@ def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:
 
 
 def ids(seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (3, 17), generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, TINY["vocab_size"], (3, 17), generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def our_logits(model: GPT, x: torch.Tensor) -> torch.Tensor:
@@ -106,23 +109,39 @@ def write_release(folder: Path, model: GPT, cuts=(0.03, 0.1, 0.11, 0.3, 0.5, 0.5
     flat = np.concatenate([a.reshape(-1) for a in arrays]).astype(np.float32)
     bounds = [0] + [int(c * len(flat)) for c in cuts] + [len(flat)]
     for i in range(10):
-        np.save(folder / f"params_{i}.npy", flat[bounds[i]:bounds[i + 1]])
+        np.save(folder / f"params_{i}.npy", flat[bounds[i] : bounds[i + 1]])
     (folder / "params_shapes.json").write_text(json.dumps(shapes))
     return shapes, arrays
 
 
 def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
     """An HF model filled directly from the release arrays (Conv1D keeps [in, out])."""
-    hf = OpenAIGPTLMHeadModel(OpenAIGPTConfig(
-        vocab_size=config.vocab_size, n_positions=config.n_positions, n_embd=config.n_embd,
-        n_layer=config.n_layer, n_head=config.n_head)).eval()
+    hf = OpenAIGPTLMHeadModel(
+        OpenAIGPTConfig(
+            vocab_size=config.vocab_size,
+            n_positions=config.n_positions,
+            n_embd=config.n_embd,
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+        )
+    ).eval()
     tr = hf.transformer
     params = [tr.positions_embed.weight, tr.tokens_embed.weight]
     for block in tr.h:
-        params += [block.attn.c_attn.weight, block.attn.c_attn.bias, block.attn.c_proj.weight,
-                   block.attn.c_proj.bias, block.ln_1.weight, block.ln_1.bias,
-                   block.mlp.c_fc.weight, block.mlp.c_fc.bias, block.mlp.c_proj.weight,
-                   block.mlp.c_proj.bias, block.ln_2.weight, block.ln_2.bias]
+        params += [
+            block.attn.c_attn.weight,
+            block.attn.c_attn.bias,
+            block.attn.c_proj.weight,
+            block.attn.c_proj.bias,
+            block.ln_1.weight,
+            block.ln_1.bias,
+            block.mlp.c_fc.weight,
+            block.mlp.c_fc.bias,
+            block.mlp.c_proj.weight,
+            block.mlp.c_proj.bias,
+            block.ln_2.weight,
+            block.ln_2.bias,
+        ]
     with torch.no_grad():
         for p, a in zip(params, arrays):
             p.copy_(torch.from_numpy(a.reshape(p.shape)))
@@ -159,8 +178,13 @@ def test_full_size_release_shapes(shared_data):
     shapes = json.loads((shared_data / "gpt1_tokenizer" / "params_shapes.json").read_text())
     assert len(shapes) == 146
     config, plan = plan_openai(shapes, n_head=12)
-    assert (config.vocab_size, config.n_positions, config.n_embd, config.n_layer, config.n_inner) \
-        == (40478, 512, 768, 12, 3072)
+    assert (
+        config.vocab_size,
+        config.n_positions,
+        config.n_embd,
+        config.n_layer,
+        config.n_inner,
+    ) == (40478, 512, 768, 12, 3072)
     assert sum(int(np.prod(s)) for _, s in plan) == 116_534_784
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
@@ -189,7 +213,9 @@ def test_truncated_shard(tmp_path):
 
 def test_shard_too_short_overall(tmp_path):
     write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
-    np.save(tmp_path / "m" / "params_9.npy", np.zeros(3, dtype=np.float32))  # a valid but short file
+    np.save(
+        tmp_path / "m" / "params_9.npy", np.zeros(3, dtype=np.float32)
+    )  # a valid but short file
     with pytest.raises(CheckpointError, match="shards hold .* floats but params_shapes.json needs"):
         load_openai(tmp_path / "m", n_head=4)
 
@@ -226,7 +252,9 @@ def test_hf_wrong_shapes_named(tmp_path):
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
     cfg["n_positions"] = 48
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(CheckpointError, match=r"'wpe.weight' has shape \(24, 32\), expected \(48, 32\)"):
+    with pytest.raises(
+        CheckpointError, match=r"'wpe.weight' has shape \(24, 32\), expected \(48, 32\)"
+    ):
         read_any(tmp_path / "hf", "hf")
 
 

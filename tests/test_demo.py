@@ -1,5 +1,6 @@
 """`gpt1 demo` end to end at toy size: every step runs through the real commands and the report
 names each arm. (The full-size demo's numbers are in docs/results.md.)"""
+
 import json
 
 import pytest
@@ -9,13 +10,27 @@ from gpt1.recipes.demo import DemoSettings, demo, format_table
 
 @pytest.mark.slow
 def test_demo_pipeline_writes_table_and_report(tmp_path):
-    settings = DemoSettings(out=tmp_path / "demo", merges=200, n_layer=1, n_embd=32, n_head=2,
-                            n_ctx=32, pretrain_steps=6, pretrain_batch=4, finetune_epochs=0.1,
-                            finetune_batch=8, quiet=True)
+    settings = DemoSettings(
+        out=tmp_path / "demo",
+        merges=200,
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        n_ctx=32,
+        pretrain_steps=6,
+        pretrain_batch=4,
+        finetune_epochs=0.1,
+        finetune_batch=8,
+        quiet=True,
+    )
     summary = demo(settings)
     out = tmp_path / "demo"
-    assert set(summary["results"]) == {"pretrained + aux LM (GPT-1)", "pretrained, no aux LM",
-                                       "no pretraining", "majority class (no model)"}
+    assert set(summary["results"]) == {
+        "pretrained + aux LM (GPT-1)",
+        "pretrained, no aux LM",
+        "no pretraining",
+        "majority class (no model)",
+    }
     assert 0.5 <= summary["results"]["majority class (no model)"]["accuracy"] < 1.0
     for res in summary["results"].values():
         assert res["n"] == 360 and 0.0 <= res["accuracy"] <= 1.0
@@ -25,13 +40,19 @@ def test_demo_pipeline_writes_table_and_report(tmp_path):
     assert (out / "pretrain" / "loss.png").is_file()
     assert json.loads((out / "demo.json").read_text())["results"] == summary["results"]
     assert "total time" in format_table(summary)
+
     # re-running continues: every step is already done, nothing is retrained (no file a step
     # wrote is rewritten; only the plots, the report and demo.json are made anew), and the
     # report keeps the times of the run that did the work (not the seconds it took to skip them)
     def step_files() -> dict[str, tuple[int, int]]:
         dirs = ["tokenizer", "prepared", "pretrain", "finetune-0", "finetune-1", "finetune-2"]
-        return {str(p.relative_to(out)): (p.stat().st_mtime_ns, p.stat().st_size)
-                for d in dirs for p in (out / d).rglob("*") if p.is_file() and p.suffix != ".png"}
+        return {
+            str(p.relative_to(out)): (p.stat().st_mtime_ns, p.stat().st_size)
+            for d in dirs
+            for p in (out / d).rglob("*")
+            if p.is_file() and p.suffix != ".png"
+        }
+
     before = step_files()
     assert any(k.startswith("pretrain/final/") for k in before)
     again = demo(settings)
@@ -45,6 +66,7 @@ def test_demo_pipeline_writes_table_and_report(tmp_path):
 
 def test_demo_checks_a_user_task_before_running_anything(tmp_path):
     from gpt1.errors import Gpt1Error
+
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text to pretrain on\n")
     task = tmp_path / "task"
@@ -59,4 +81,4 @@ def test_demo_checks_a_user_task_before_running_anything(tmp_path):
         demo(DemoSettings(**base, columns="text=text,label=stars"))
     with pytest.raises(Gpt1Error, match="with --corpus"):
         demo(DemoSettings(out=out, task="sst2"))
-    assert not out.exists()   # nothing was written, no step ran
+    assert not out.exists()  # nothing was written, no step ran

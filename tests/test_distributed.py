@@ -2,6 +2,7 @@
 on CPU) with DDP and with FSDP2, and two torchrun agents rendezvousing like two machines
 (`--nnodes 2`, c10d on 127.0.0.1). Same losses at the same global batch, same weights, same files,
 only rank 0 writes; FSDP2 checkpoints resume exactly and fine-tune like DDP."""
+
 from __future__ import annotations
 
 import json
@@ -13,21 +14,50 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import subprocess_env
 from safetensors.torch import load_file
 
-from conftest import subprocess_env
 from gpt1.testing.fault_cases import child_pids
 
-NO_DROPOUT = ["--set", "model.embd_pdrop=0", "--set", "model.attn_pdrop=0",
-              "--set", "model.resid_pdrop=0"]
+NO_DROPOUT = [
+    "--set",
+    "model.embd_pdrop=0",
+    "--set",
+    "model.attn_pdrop=0",
+    "--set",
+    "model.resid_pdrop=0",
+]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def cmd(launcher: list[str], data, out, *extra: str) -> list[str]:
-    return [*launcher, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny", "--data", str(data),
-            "--out", str(out), "--max-steps", "6", "--batch-size", "4", "--micro-batch", "2",
-            "--save-every", "3", "--eval-every", "3", "--set", "train.peak_flops=1", *NO_DROPOUT,
-            *extra]
+    return [
+        *launcher,
+        "-m",
+        "gpt1",
+        "--quiet",
+        "pretrain",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-steps",
+        "6",
+        "--batch-size",
+        "4",
+        "--micro-batch",
+        "2",
+        "--save-every",
+        "3",
+        "--eval-every",
+        "3",
+        "--set",
+        "train.peak_flops=1",
+        *NO_DROPOUT,
+        *extra,
+    ]
 
 
 def run(args: list[str]) -> None:
@@ -43,7 +73,7 @@ def records(run_dir: Path, key: str) -> list[tuple[int, float]]:
 def assert_same_run(one: Path, two: Path) -> None:
     """`two` (2 processes) followed `one` (1 process): losses, weights, files, per-rank state."""
     l1, l2 = records(one, "loss"), records(two, "loss")
-    assert [s for s, _ in l1] == [s for s, _ in l2] == list(range(1, 7))   # one line per step
+    assert [s for s, _ in l1] == [s for s, _ in l2] == list(range(1, 7))  # one line per step
     np.testing.assert_allclose([v for _, v in l2], [v for _, v in l1], rtol=2e-5)
     v1, v2 = records(one, "val_loss"), records(two, "val_loss")
     assert len(v1) == len(v2) == 3
@@ -82,10 +112,24 @@ def test_fsdp2_matches_one_process_and_resumes_exactly(tiny_corpus, one_process,
     assert_same_run(one_process, two)
     # The sharded optimizer state went through a full (unsharded) checkpoint and back; with
     # activation checkpointing on top, steps 4-6 repeat the uninterrupted run.
-    run(cmd(launcher, tiny_corpus, resumed, "--resume", str(two / "step-3"),
-            "--set", "train.distributed=fsdp", "--set", "train.gradient_checkpointing=true"))
-    np.testing.assert_allclose([v for _, v in records(resumed, "loss")],
-                               [v for s, v in records(two, "loss") if s > 3], rtol=1e-6)
+    run(
+        cmd(
+            launcher,
+            tiny_corpus,
+            resumed,
+            "--resume",
+            str(two / "step-3"),
+            "--set",
+            "train.distributed=fsdp",
+            "--set",
+            "train.gradient_checkpointing=true",
+        )
+    )
+    np.testing.assert_allclose(
+        [v for _, v in records(resumed, "loss")],
+        [v for s, v in records(two, "loss") if s > 3],
+        rtol=1e-6,
+    )
 
 
 def free_port() -> int:
@@ -99,12 +143,33 @@ def test_two_nodes_match_one(tiny_corpus, one_process, tmp_path):
     # Two torchrun agents, one process each, find each other through a c10d rendezvous as two
     # machines would (README: "two machines"); here both are this machine, on 127.0.0.1 only.
     two = tmp_path / "nodes"
-    agent = [*TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "gpt1-test",
-             "--local-addr", "127.0.0.1", "--max-restarts", "0"]
-    procs = [subprocess.Popen(cmd(agent, tiny_corpus, two), env=subprocess_env(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    agent = [
+        *TORCHRUN,
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{free_port()}",
+        "--rdzv-id",
+        "gpt1-test",
+        "--local-addr",
+        "127.0.0.1",
+        "--max-restarts",
+        "0",
+    ]
+    procs = [
+        subprocess.Popen(
+            cmd(agent, tiny_corpus, two),
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -124,11 +189,42 @@ def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab):
     runs = {}
     for mode in ("ddp", "fsdp"):
         runs[mode] = tmp_path / mode
-        run([*TORCHRUN, "--standalone", "--nproc_per_node", "2", "-m", "gpt1", "--quiet",
-             "finetune", "--task", "sst2", "--data", str(data), "--init", "none", "--preset", "tiny",
-             "--vocab", str(gpt1_vocab), "--out", str(runs[mode]), "--max-steps", "3",
-             "--batch-size", "4", "--micro-batch", "2", "--save-every", "2",
-             "--set", "train.peak_flops=1", "--set", f"train.distributed={mode}"])
+        run(
+            [
+                *TORCHRUN,
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "gpt1",
+                "--quiet",
+                "finetune",
+                "--task",
+                "sst2",
+                "--data",
+                str(data),
+                "--init",
+                "none",
+                "--preset",
+                "tiny",
+                "--vocab",
+                str(gpt1_vocab),
+                "--out",
+                str(runs[mode]),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "4",
+                "--micro-batch",
+                "2",
+                "--save-every",
+                "2",
+                "--set",
+                "train.peak_flops=1",
+                "--set",
+                f"train.distributed={mode}",
+            ]
+        )
     ddp, fsdp = (records(runs[m], "loss") for m in ("ddp", "fsdp"))
     np.testing.assert_allclose([v for _, v in fsdp], [v for _, v in ddp], rtol=2e-5)
     for name in ("model.safetensors", "head.safetensors"):
@@ -148,35 +244,51 @@ def test_second_torchrun_launch_on_a_held_run_is_refused(tiny_corpus, tmp_path):
     import os
     import signal
     import time
+
     data = tiny_corpus
     run = tmp_path / "run"
     torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node", "2"]
     argv = cmd(torchrun, data, run, "--log-every", "1", "--resume", "auto")
-    argv[argv.index("--max-steps") + 1] = "1000000"     # runs until stopped below
+    argv[argv.index("--max-steps") + 1] = "1000000"  # runs until stopped below
     argv[argv.index("--save-every") + 1] = "1000"
     argv[argv.index("--eval-every") + 1] = "0"
     # A session of its own, so that a failing test can stop torchrun's workers too.
-    first = subprocess.Popen(argv, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    first = subprocess.Popen(
+        argv,
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        logged = lambda: ((run / "metrics.jsonl").read_text().count('"loss"')
-                          if (run / "metrics.jsonl").is_file() else 0)
+        logged = lambda: (
+            (run / "metrics.jsonl").read_text().count('"loss"')
+            if (run / "metrics.jsonl").is_file()
+            else 0
+        )
         deadline = time.time() + 300
         while logged() < 2 and first.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         assert logged() >= 2, "the first launch never logged a step"
-        second = subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True, timeout=240,
-                                start_new_session=True)
+        second = subprocess.run(
+            argv,
+            env=subprocess_env(),
+            capture_output=True,
+            text=True,
+            timeout=240,
+            start_new_session=True,
+        )
         assert second.returncode != 0
         refusals = [line for line in second.stderr.splitlines() if "gpt1 pretrain: error:" in line]
         assert len(refusals) == 1, second.stderr[-3000:]
         assert "in use by another gpt1 process" in refusals[0] and "since 20" in refusals[0]
         holder = int(refusals[0].split("(pid ", 1)[1].split()[0])
-        assert holder in child_pids(first.pid)      # rank 0 of the first launch holds the lock
+        assert holder in child_pids(first.pid)  # rank 0 of the first launch holds the lock
         assert first.poll() is None, "the first launch died while the second was refused"
     finally:
-        ranks = child_pids(first.pid)    # torchrun starts its workers in sessions of their own
-        first.send_signal(signal.SIGTERM)          # torchrun passes it on to its ranks
+        ranks = child_pids(first.pid)  # torchrun starts its workers in sessions of their own
+        first.send_signal(signal.SIGTERM)  # torchrun passes it on to its ranks
         try:
             first.wait(timeout=60)
         finally:
@@ -188,4 +300,6 @@ def test_second_torchrun_launch_on_a_held_run_is_refused(tiny_corpus, tmp_path):
             first.stderr.close()
     lines = (run / "metrics.jsonl").read_text().splitlines()
     steps = [json.loads(line)["step"] for line in lines[:-1] if '"loss"' in line]
-    assert steps == list(range(1, len(steps) + 1))   # each step once: the second launch wrote nothing
+    assert steps == list(
+        range(1, len(steps) + 1)
+    )  # each step once: the second launch wrote nothing

@@ -1,5 +1,6 @@
 """Rough edges a new user meets: one device/precision spelling, commands that say where they
 wrote, help and common options on every subcommand, prediction without labels."""
+
 from __future__ import annotations
 
 import argparse
@@ -28,21 +29,26 @@ def test_auto_device_and_precision():
         with pytest.raises(ConfigError, match="no CUDA device"):
             resolve_device("cuda:0")
     assert TrainConfig().precision == "auto" and TrainConfig().device == "auto"
-    TrainConfig(device="cuda:1", precision="bf16")   # valid spellings
+    TrainConfig(device="cuda:1", precision="bf16")  # valid spellings
     with pytest.raises(ConfigError, match="train.device"):
         TrainConfig(device="gpu")
 
 
 def test_pretrain_and_finetune_take_device(tmp_path, capsys):
-    for command in (["pretrain", "--data", str(tmp_path)], ["finetune", "--task", "sst2",
-                                                           "--data", str(tmp_path), "--init", "none"]):
+    for command in (
+        ["pretrain", "--data", str(tmp_path)],
+        ["finetune", "--task", "sst2", "--data", str(tmp_path), "--init", "none"],
+    ):
         assert main([*command, "--out", str(tmp_path / "run"), "--device", "gpu"]) == 2
-        assert "train.device must be auto, cpu, cuda or cuda:N, got 'gpu'" in capsys.readouterr().err
+        assert (
+            "train.device must be auto, cpu, cuda or cuda:N, got 'gpu'" in capsys.readouterr().err
+        )
     assert not (tmp_path / "run").exists()
 
 
 def test_zeroshot_dtype_is_a_hidden_alias_of_precision(capsys):
     from gpt1.cli.zeroshot import _precision
+
     ns = lambda **kw: argparse.Namespace(**{"precision": None, "dtype": None, **kw})  # noqa: E731
     assert _precision(ns()) == "auto"
     assert _precision(ns(precision="bf16")) == "bf16"
@@ -66,6 +72,7 @@ def test_tokenizer_subcommands_have_descriptions_and_common_options(action, caps
 def test_tokenizer_quiet_after_the_subcommand(gpt1_vocab, monkeypatch, capsys):
     import io
     import sys
+
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"hello world\n")))
     assert main(["tokenizer", "encode", "--vocab", str(gpt1_vocab), "--quiet"]) == 0
     assert capsys.readouterr().out.split() == ["3570", "1276"]
@@ -82,8 +89,9 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
 
 
 @pytest.mark.data
-def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(tmp_path, gpt1_vocab,
-                                                                               capsys):
+def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(
+    tmp_path, gpt1_vocab, capsys
+):
     data = tmp_path / "task"
     data.mkdir()
     write_csv(data / "train.csv", [("a good film", "pos"), ("a bad film", "neg")] * 4)
@@ -91,9 +99,34 @@ def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(tm
     write_csv(data / "dev.csv", [("a fine film", "pos"), ("an odd film", "meh")])
     run = tmp_path / "run"
     common = ["--task", "csv", "--columns", "text=sentence,label=label", "--data", str(data)]
-    assert main(["finetune", *common, "--init", "none", "--preset", "tiny", "--vocab",
-                 str(gpt1_vocab), "--out", str(run), "--max-steps", "1", "--batch-size", "4",
-                 "--micro-batch", "4", "--eval-split", "train", "--device", "cpu", "-q"]) == 0
+    assert (
+        main(
+            [
+                "finetune",
+                *common,
+                "--init",
+                "none",
+                "--preset",
+                "tiny",
+                "--vocab",
+                str(gpt1_vocab),
+                "--out",
+                str(run),
+                "--max-steps",
+                "1",
+                "--batch-size",
+                "4",
+                "--micro-batch",
+                "4",
+                "--eval-split",
+                "train",
+                "--device",
+                "cpu",
+                "-q",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"wrote {run / 'final'} (fine-tuned model), {run / 'results.json'}" in out
     assert main(["evaluate", str(run), "--data", str(data), "--split", "train"]) == 0

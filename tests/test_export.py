@@ -1,5 +1,6 @@
 """Exports for other tools: the transformers tokenizer gives gpt1's ids, the trained window and the
 start token are carried, task heads map exactly (or are written beside), ONNX and lm-eval agree."""
+
 from __future__ import annotations
 
 import json
@@ -12,21 +13,26 @@ from safetensors.torch import load_file
 
 from gpt1 import GPT, ModelConfig, save_model
 from gpt1.cli import main
+from gpt1.model.heads import FinetuneModel
 from gpt1.recipes.convert import convert
 from gpt1.recipes.finetune import writer
-from gpt1.model.heads import FinetuneModel
 
 transformers = pytest.importorskip("transformers")
-from transformers import (AutoTokenizer, OpenAIGPTDoubleHeadsModel,  # noqa: E402
-                          OpenAIGPTLMHeadModel)
+from transformers import AutoTokenizer, OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel  # noqa: E402
 
 TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
-TRICKY = ["It's 3.5 -- doesn't \"Mr. Smith\" know?", "''Cause I said so,'' she said.",
-          "Caf\u00e9 \u201cquoted\u201d \u2014 \u2018single\u2019\u2026 e.g. 5km a.m. u.s.",
-          "Tom &amp; Jerry &lt;3 &eacute;t\u00e9", "line one\n\n  line two <unk> end", "",
-          "don't can't won't gonna cannot y'all o'clock ma'am 'em 'em's", "x...y ... end...!!! ??",
-          "A:B 10:30 $5 5% #1 @user www.example.com (1,000) [a] {b} |c| ~d~ \u00bfs\u00ed?",
-          "\u03a3\u039f\u03a3 ﬁne \uff21\uff22"]
+TRICKY = [
+    "It's 3.5 -- doesn't \"Mr. Smith\" know?",
+    "''Cause I said so,'' she said.",
+    "Caf\u00e9 \u201cquoted\u201d \u2014 \u2018single\u2019\u2026 e.g. 5km a.m. u.s.",
+    "Tom &amp; Jerry &lt;3 &eacute;t\u00e9",
+    "line one\n\n  line two <unk> end",
+    "",
+    "don't can't won't gonna cannot y'all o'clock ma'am 'em 'em's",
+    "x...y ... end...!!! ??",
+    "A:B 10:30 $5 5% #1 @user www.example.com (1,000) [a] {b} |c| ~d~ \u00bfs\u00ed?",
+    "\u03a3\u039f\u03a3 ﬁne \uff21\uff22",
+]
 
 
 def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -44,9 +50,16 @@ def finetuned(tmp: Path, kind: str, n_outputs: int, window_run: int | None = Non
     gpt = GPT(ModelConfig(**TINY))
     classify = gpt.add_tokens(3)[2]
     model = randomized(FinetuneModel(gpt, kind, n_outputs, classify), 1)
-    record = {"task": f"toy-{kind}", "kind": kind, "labels": list(range(n_outputs)),
-              "n_outputs": n_outputs, "n_ctx": window_run or TINY["n_positions"],
-              "classify_id": classify, "question_delimiter": False, "clf_pdrop": 0.1}
+    record = {
+        "task": f"toy-{kind}",
+        "kind": kind,
+        "labels": list(range(n_outputs)),
+        "n_outputs": n_outputs,
+        "n_ctx": window_run or TINY["n_positions"],
+        "classify_id": classify,
+        "question_delimiter": False,
+        "clf_pdrop": 0.1,
+    }
     folder = tmp / f"ft-{kind}-{n_outputs}"
     folder.mkdir()
     writer(None, record, {})(model, folder)
@@ -63,7 +76,7 @@ def task_inputs(K: int, classify: int, seed: int = 3) -> tuple[torch.Tensor, tor
         for k in range(K):
             n = int(torch.randint(4, T + 1, (1,), generator=g))
             ids[b, k, 0] = classify - 2
-            ids[b, k, 1:n - 1] = torch.randint(1, 100, (n - 2,), generator=g)
+            ids[b, k, 1 : n - 1] = torch.randint(1, 100, (n - 2,), generator=g)
             ids[b, k, n - 1] = classify
             mask[b, k, :n] = 1
     return ids, mask
@@ -72,9 +85,11 @@ def task_inputs(K: int, classify: int, seed: int = 3) -> tuple[torch.Tensor, tor
 def ours(folder: Path, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """gpt1's task output for the checkpoint written by `finetuned` (it has no tokenizer)."""
     from gpt1 import load_checkpoint
+
     record = json.loads((folder / "task.json").read_text())
-    model = FinetuneModel(load_checkpoint(folder), record["kind"], record["n_outputs"],
-                          record["classify_id"])
+    model = FinetuneModel(
+        load_checkpoint(folder), record["kind"], record["n_outputs"], record["classify_id"]
+    )
     model.head.load_state_dict(load_file(folder / "head.safetensors"))
     model.eval()
     with torch.no_grad():
@@ -84,6 +99,7 @@ def ours(folder: Path, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------ tokenizer
 def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
     from gpt1.text.tokenizer import Tokenizer
+
     save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
     notes: list[str] = []
     convert(tmp_path / "ck", tmp_path / "hf", "gpt1", "hf", notes=notes)
@@ -93,8 +109,15 @@ def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
     for text in TRICKY:
         assert fast.encode(text) == ref.encode(text), text
     # the ids people complained about: "it 's", "3.5", "--", "does n't"
-    assert fast.tokenize("It's 3.5 -- doesn't") == ["it</w>", "'s</w>", "3.", "5</w>", "--</w>",
-                                                    "does</w>", "n't</w>"]
+    assert fast.tokenize("It's 3.5 -- doesn't") == [
+        "it</w>",
+        "'s</w>",
+        "3.",
+        "5</w>",
+        "--</w>",
+        "does</w>",
+        "n't</w>",
+    ]
     slow = AutoTokenizer.from_pretrained(tmp_path / "hf", use_fast=False)
     if slow.fix_text is not None:  # ftfy + spaCy present: the slow class is exact
         for text in TRICKY:
@@ -106,8 +129,9 @@ def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
 
 def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
     run = tmp_path / "run"
-    save_model(randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 2), run / "final",
-               gpt1_vocab)
+    save_model(
+        randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 2), run / "final", gpt1_vocab
+    )
     (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
     notes: list[str] = []
     convert(run, tmp_path / "hf", "gpt1", "hf", notes=notes)
@@ -119,6 +143,7 @@ def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
     hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
     assert hf.transformer.positions_embed.weight.shape[0] == 16
     from gpt1 import load_checkpoint
+
     gpt = load_checkpoint(run).eval()
     x = torch.randint(0, 40478, (2, 16))
     with torch.no_grad():
@@ -141,7 +166,7 @@ def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
     hf = OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "hf").eval()
     classify = config["gpt1_task"]["classify_id"]
     ids, mask = task_inputs(K, classify)
-    mc_token_ids = (ids == classify).int().argmax(dim=-1)                 # [B, K]
+    mc_token_ids = (ids == classify).int().argmax(dim=-1)  # [B, K]
     with torch.no_grad():
         out = hf(ids, mc_token_ids=mc_token_ids)
     want = ours(folder, ids, mask)
@@ -153,8 +178,9 @@ def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
     assert (tmp_path / "hf" / "task_head.safetensors").is_file()
 
 
-@pytest.mark.parametrize("kind,n_outputs,K", [("single", 3, 1), ("pair", 2, 1),
-                                              ("similarity", 1, 2)])
+@pytest.mark.parametrize(
+    "kind,n_outputs,K", [("single", 3, 1), ("pair", 2, 1), ("similarity", 1, 2)]
+)
 def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
     folder = finetuned(tmp_path, kind, n_outputs)
     notes: list[str] = []
@@ -173,7 +199,7 @@ def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
     ids, mask = task_inputs(K, classify)
     B, _, T = ids.shape
     with torch.no_grad():
-        hidden = hf.transformer(ids.view(B * K, T)).last_hidden_state    # [B*K, T, C]
+        hidden = hf.transformer(ids.view(B * K, T)).last_hidden_state  # [B*K, T, C]
     pos = (ids.view(B * K, T) == classify).int().argmax(dim=1)
     states = hidden[torch.arange(B * K), pos].view(B, K, -1)
     h = states.sum(dim=1) if kind == "similarity" else states[:, 0]
@@ -184,8 +210,12 @@ def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
 
 def test_convert_prints_the_notes(tmp_path, capsys, gpt1_vocab):
     save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
-    assert main(["convert", str(tmp_path / "ck"), str(tmp_path / "hf"), "--from", "gpt1",
-                 "--to", "hf"]) == 0
+    assert (
+        main(
+            ["convert", str(tmp_path / "ck"), str(tmp_path / "hf"), "--from", "gpt1", "--to", "hf"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"AutoTokenizer.from_pretrained({tmp_path / 'hf'}, use_fast=False)" in out
 
@@ -198,7 +228,7 @@ def test_onnx_language_model_matches(tmp_path):
     save_model(gpt, tmp_path / "ck")
     out = convert(tmp_path / "ck", tmp_path / "lm.onnx", "gpt1", "onnx")
     session = ort.InferenceSession(str(out))
-    for shape in [(1, 3), (3, 17), (2, 24)]:   # dynamic batch and sequence
+    for shape in [(1, 3), (3, 17), (2, 24)]:  # dynamic batch and sequence
         x = torch.randint(0, TINY["vocab_size"], shape)
         got = torch.from_numpy(session.run(None, {"input_ids": x.numpy()})[0])
         with torch.no_grad():
@@ -228,11 +258,14 @@ def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
     pytest.importorskip("accelerate")  # lm_eval's hf model needs it
     from lm_eval.api.instance import Instance
     from lm_eval.models.huggingface import HFLM
+
     from gpt1 import load_checkpoint
     from gpt1.text.tokenizer import Tokenizer
+
     run = tmp_path / "run"
-    save_model(randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 5), run / "final",
-               gpt1_vocab)
+    save_model(
+        randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 5), run / "final", gpt1_vocab
+    )
     (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 20}}))
     convert(run, tmp_path / "hf", "gpt1", "hf")
     lm = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2)

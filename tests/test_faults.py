@@ -4,6 +4,7 @@ previous checkpoint and says so; NaN/inf loss or gradients stop with advice and 
 good checkpoint; running out of memory names the flags to change.
 
 The kill loops and fault cases live in gpt1.testing (benchmarks/faults.py runs more kills)."""
+
 from __future__ import annotations
 
 import errno
@@ -15,15 +16,15 @@ import pytest
 import torch
 
 from gpt1 import checkpoint_files
-from gpt1.model import checkpoint as ckpt
-from gpt1.train import state as train_state
 from gpt1.config import TrainConfig, model_preset
-from gpt1.text.windows import WindowSource, open_prepared
 from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.model import checkpoint as ckpt
 from gpt1.model.gpt import GPT
-from gpt1.train.objectives import WindowLMLoss
 from gpt1.testing import fault_cases, faults
+from gpt1.text.windows import WindowSource, open_prepared
+from gpt1.train import state as train_state
 from gpt1.train.loop import OutOfMemory, TrainingDiverged, train
+from gpt1.train.objectives import WindowLMLoss
 
 
 # ------------------------------------------------------------------------------ kill loops
@@ -34,7 +35,7 @@ def test_pretrain_survives_sigkills_and_equals_uninterrupted(tmp_path):
     assert report.kills >= 2, "the runs finished before they could be killed"
     assert report.checkpoints_verified > 0
     leftovers = [p.name for p in (tmp_path / "pre-kill").iterdir() if p.name.startswith(".step-")]
-    assert leftovers == []         # torn folders of killed processes are cleaned up
+    assert leftovers == []  # torn folders of killed processes are cleaned up
     assert (tmp_path / "pre-kill" / "final" / "model.safetensors").is_file()
 
 
@@ -64,7 +65,7 @@ def test_kill_mid_checkpoint_leaves_previous_intact(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         tiny_train(tmp_path, run, max_steps=4, save_every=2)
     assert [p.name for p in train_state.step_dirs(run)] == ["step-2"]
-    assert any(".step-4.tmp-" in p.name for p in run.iterdir())      # the torn write
+    assert any(".step-4.tmp-" in p.name for p in run.iterdir())  # the torn write
     assert train_state.latest_resumable(run) == run / "step-2"
     ckpt.load_checkpoint(run / "step-2")
 
@@ -75,9 +76,22 @@ def tiny_train(tmp: Path, run: Path, loss_fn=None, **overrides) -> object:
     if not (data / "meta.json").is_file():
         faults.make_corpus(data)
     prepared = open_prepared(data)
-    cfg = TrainConfig(**{"batch_size": 4, "micro_batch_size": 2, "lr": 1e-3, "warmup": 2,
-                         "max_steps": 6, "save_every": 2, "eval_every": 0, "log_every": 1,
-                         "quiet": True, "peak_flops": 1.0, "device": "cpu", **overrides})
+    cfg = TrainConfig(
+        **{
+            "batch_size": 4,
+            "micro_batch_size": 2,
+            "lr": 1e-3,
+            "warmup": 2,
+            "max_steps": 6,
+            "save_every": 2,
+            "eval_every": 0,
+            "log_every": 1,
+            "quiet": True,
+            "peak_flops": 1.0,
+            "device": "cpu",
+            **overrides,
+        }
+    )
     torch.manual_seed(0)
     config = model_preset("tiny").derive(vocab_size=prepared.vocab_size)
     source = WindowSource(prepared.splits["train"], 32, cfg.seed)
@@ -105,7 +119,7 @@ class FaultyLoss:
         if self.kind == "oom_cuda":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         if self.kind == "oom_cpu":
-            torch.empty(2 ** 62, dtype=torch.uint8)  # a real allocation no machine can serve
+            torch.empty(2**62, dtype=torch.uint8)  # a real allocation no machine can serve
         return loss, info
 
 
@@ -129,9 +143,9 @@ def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch)
 
     def fills_the_disk(tensors, filename, metadata=None):
         state["n"] += 1
-        if state["n"] <= 2:                    # step-2: weights + trainer state fit
+        if state["n"] <= 2:  # step-2: weights + trainer state fit
             return real(tensors, filename, metadata=metadata)
-        Path(filename).write_bytes(b"\0" * 1000)   # part of the file, then ENOSPC
+        Path(filename).write_bytes(b"\0" * 1000)  # part of the file, then ENOSPC
         raise OSError(errno.ENOSPC, "No space left on device", filename)
 
     monkeypatch.setattr(checkpoint_files, "save_file", fills_the_disk)
@@ -141,7 +155,7 @@ def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch)
     assert "No space left on device" in message and "step-4" in message
     assert "step-2 is intact" in message and "--resume auto" in message
     assert [p.name for p in train_state.step_dirs(run)] == ["step-2"]
-    assert not [p for p in run.iterdir() if ".tmp-" in p.name]      # the torn folder is removed
+    assert not [p for p in run.iterdir() if ".tmp-" in p.name]  # the torn folder is removed
     model = ckpt.load_checkpoint(run / "step-2")
     _, meta = train_state.load_training_state(run / "step-2")
     assert meta["step"] == 2 and model.config.vocab_size == 300
@@ -153,15 +167,33 @@ def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch)
 
 def test_full_disk_through_the_cli_is_one_line(tmp_path, monkeypatch, capsys):
     from gpt1.cli import main
+
     data = faults.make_corpus(tmp_path / "data")
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint_files, "save_file", no_space)
-    code = main(["--quiet", "pretrain", "--preset", "tiny", "--data", str(data), "--out",
-                 str(tmp_path / "run"), "--max-steps", "2", "--save-every", "1",
-                 "--eval-every", "0", "--set", "train.peak_flops=1"])
+    code = main(
+        [
+            "--quiet",
+            "pretrain",
+            "--preset",
+            "tiny",
+            "--data",
+            str(data),
+            "--out",
+            str(tmp_path / "run"),
+            "--max-steps",
+            "2",
+            "--save-every",
+            "1",
+            "--eval-every",
+            "0",
+            "--set",
+            "train.peak_flops=1",
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "No space left on device" in err[0] and "no earlier checkpoint" in err[0]
@@ -187,14 +219,20 @@ def test_divergence_through_the_cli(tmp_path):
     """A real divergence (absurd learning rate, no clipping): exit 2, one line of advice."""
     data = faults.make_corpus(tmp_path / "data")
     run = tmp_path / "run"
-    cmd = faults.pretrain_cmd(data, run, 20) + ["--lr", "1e30", "--set", "train.grad_clip=0",
-                                                 "--set", "train.warmup=0"]
+    cmd = faults.pretrain_cmd(data, run, 20) + [
+        "--lr",
+        "1e30",
+        "--set",
+        "train.grad_clip=0",
+        "--set",
+        "train.warmup=0",
+    ]
     done = subprocess.run(cmd, env=faults.env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "training diverged" in done.stderr and "Lower train.lr" in done.stderr
     assert not (run / "final").exists()
     last = train_state.latest_resumable(run)
-    if last is not None:       # whatever was saved before the NaN still loads
+    if last is not None:  # whatever was saved before the NaN still loads
         ckpt.load_checkpoint(last)
 
 
@@ -214,15 +252,18 @@ def test_out_of_memory_names_the_flags(tmp_path, kind):
 def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):
     def broken(model, batch):
         raise RuntimeError("shape mismatch: a bug, not memory")
+
     with pytest.raises(RuntimeError, match="shape mismatch"):
         tiny_train(tmp_path, tmp_path / "run", broken)
 
 
-
 # ---------------------------------------------------------------------------- fault cases
-DISK_CASES = [(name, case) for name, case in fault_cases.CASES
-              if case.__name__ in ("disk_full_while_checkpointing", "read_only_run_folder",
-                                   "disk_full_while_converting")]
+DISK_CASES = [
+    (name, case)
+    for name, case in fault_cases.CASES
+    if case.__name__
+    in ("disk_full_while_checkpointing", "read_only_run_folder", "disk_full_while_converting")
+]
 
 
 @pytest.mark.parametrize("name,case", DISK_CASES, ids=[c.__name__ for _, c in DISK_CASES])
@@ -238,12 +279,21 @@ def test_disk_fault_cases(tmp_path, monkeypatch, name, case, real):
     assert ("simulated" in result.outcome) != real
 
 
-CHECK_CASES = [(name, case) for name, case in fault_cases.CASES
-               if case.__name__ in ("billion_layers_in_a_checkpoint",
-                                    "mistyped_sizes_in_a_checkpoint",
-                                    "billion_layers_in_an_hf_config", "huge_n_outputs",
-                                    "nan_weights", "token_id_beyond_the_vocabulary",
-                                    "hf_index_outside_its_folder", "strict_readers")]
+CHECK_CASES = [
+    (name, case)
+    for name, case in fault_cases.CASES
+    if case.__name__
+    in (
+        "billion_layers_in_a_checkpoint",
+        "mistyped_sizes_in_a_checkpoint",
+        "billion_layers_in_an_hf_config",
+        "huge_n_outputs",
+        "nan_weights",
+        "token_id_beyond_the_vocabulary",
+        "hf_index_outside_its_folder",
+        "strict_readers",
+    )
+]
 
 
 @pytest.mark.parametrize("name,case", CHECK_CASES, ids=[c.__name__ for _, c in CHECK_CASES])

@@ -3,6 +3,7 @@ write failures as one line with nothing left behind, files that follow the umask
 
 The end-to-end fault cases (real commands, real full disks where the machine allows) run in
 tests/test_faults.py through `gpt1.testing.fault_cases`."""
+
 from __future__ import annotations
 
 import errno
@@ -18,13 +19,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1 import checkpoint_files
-from gpt1.model import checkpoint as ckpt
-from gpt1.train import state as train_state
-from gpt1 import files
+from gpt1 import checkpoint_files, files
 from gpt1.cli import main
+from gpt1.model import checkpoint as ckpt
 from gpt1.testing import fault_cases, faults
 from gpt1.testing.fault_cases import leftovers, snapshot, tiny_checkpoint
+from gpt1.train import state as train_state
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
@@ -34,9 +34,9 @@ def cli(capsys, *argv: str) -> tuple[int, str]:
 
 # ------------------------------------------------------------------------ overwrite policy
 def test_check_output_refuses_existing_unless_overwrite(tmp_path):
-    files.check_output(tmp_path / "new", False)              # absent: fine
+    files.check_output(tmp_path / "new", False)  # absent: fine
     (tmp_path / "empty").mkdir()
-    files.check_output(tmp_path / "empty", False)            # empty folder: fine
+    files.check_output(tmp_path / "empty", False)  # empty folder: fine
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "a.txt").write_text("x")
     with pytest.raises(files.OutputExists, match="--overwrite"):
@@ -78,7 +78,9 @@ def test_convert_refuses_its_own_run_and_the_current_folder(tmp_path, capsys, mo
     run = tmp_path / "rc"
     tiny_checkpoint(run / "final")
     before = snapshot(run)
-    code, err = cli(capsys, "convert", str(run / "final"), str(run), "--from", "gpt1", "--overwrite")
+    code, err = cli(
+        capsys, "convert", str(run / "final"), str(run), "--from", "gpt1", "--overwrite"
+    )
     assert code == 2 and "holds the source" in err and snapshot(run) == before
     here = tmp_path / "here"
     here.mkdir()
@@ -98,9 +100,24 @@ def prepared(tmp_path_factory) -> Path:
 
 
 def pretrain_argv(data: Path, out: Path, steps: int = 2, *extra: str) -> list[str]:
-    return ["pretrain", "--preset", "tiny", "--data", str(data), "--out", str(out),
-            "--max-steps", str(steps), "--save-every", "1", "--eval-every", "0",
-            "--set", "train.peak_flops=1", *extra]
+    return [
+        "pretrain",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--save-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--set",
+        "train.peak_flops=1",
+        *extra,
+    ]
 
 
 def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsys):
@@ -128,11 +145,36 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
     task, vocab = faults.make_task(tmp_path / "task"), faults.char_vocab(tmp_path / "vocab")
     (task / "test.tsv").write_text((task / "dev.tsv").read_text())
     run = tmp_path / "ft"
-    code, err = cli(capsys, "finetune", "--task", "tsv", "--columns", "text=text,label=label",
-                    "--labels", "neg,pos", "--data", str(task), "--init", "none", "--preset",
-                    "tiny", "--vocab", str(vocab), "--out", str(run), "--max-steps", "2",
-                    "--batch-size", "4", "--micro-batch", "2", "--n-ctx", "32",
-                    "--set", "train.peak_flops=1")
+    code, err = cli(
+        capsys,
+        "finetune",
+        "--task",
+        "tsv",
+        "--columns",
+        "text=text,label=label",
+        "--labels",
+        "neg,pos",
+        "--data",
+        str(task),
+        "--init",
+        "none",
+        "--preset",
+        "tiny",
+        "--vocab",
+        str(vocab),
+        "--out",
+        str(run),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--micro-batch",
+        "2",
+        "--n-ctx",
+        "32",
+        "--set",
+        "train.peak_flops=1",
+    )
     assert code == 0, err
     finetuned = (run / "results.json").read_text()
     assert cli(capsys, "predict", str(run), "--data", str(task))[0] == 0
@@ -145,9 +187,12 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
     assert (run / "results.json").read_text() == finetuned
     assert cli(capsys, "plot", str(run))[0] == 0
     before = snapshot(run)
-    for argv in (["predict", str(run), "--data", str(task)],
-                 ["predict", str(run), "--data", str(task), "--split", "dev"],
-                 ["evaluate", str(run), "--data", str(task)], ["plot", str(run)]):
+    for argv in (
+        ["predict", str(run), "--data", str(task)],
+        ["predict", str(run), "--data", str(task), "--split", "dev"],
+        ["evaluate", str(run), "--data", str(task)],
+        ["plot", str(run)],
+    ):
         code, err = cli(capsys, *argv)
         assert code == 2 and "--overwrite" in err and len(err.splitlines()) == 1, (argv, err)
     assert snapshot(run) == before
@@ -157,27 +202,50 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
     before = snapshot(run)
     os.chmod(run, 0o555)
     try:
-        if not os.access(run, os.W_OK):      # root writes anyway: nothing to refuse then
+        if not os.access(run, os.W_OK):  # root writes anyway: nothing to refuse then
             code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--split", "test")
             assert code == 2 and len(err.splitlines()) == 1 and str(run) in err, err
-        code, err = cli(capsys, "evaluate", str(run), "--data", str(task), "--split", "test",
-                        "--out", str(tmp_path / "scores"))
+        code, err = cli(
+            capsys,
+            "evaluate",
+            str(run),
+            "--data",
+            str(task),
+            "--split",
+            "test",
+            "--out",
+            str(tmp_path / "scores"),
+        )
         assert code == 0, err
     finally:
         os.chmod(run, 0o755)
     assert json.loads((tmp_path / "scores" / "results.test.json").read_text())["split"] == "test"
     assert snapshot(run) == before
-    if fault_cases.private_mounts():    # a really read-only mount (root ignores file modes)
+    if fault_cases.private_mounts():  # a really read-only mount (root ignores file modes)
         ro = tmp_path / "ro"
-        evaluate = [sys.executable, "-m", "gpt1", "--quiet", "evaluate", str(ro / "ft"), "--data",
-                    str(task), "--split", "train"]
-        script = (f"cp -a {run} {ro}/ft && mount -o remount,ro {ro} && "
-                  f"{{ {shlex.join(evaluate)}; echo rc=$?; }} && "
-                  f"{shlex.join(evaluate + ['--out', str(tmp_path / 'scores')])}")
+        evaluate = [
+            sys.executable,
+            "-m",
+            "gpt1",
+            "--quiet",
+            "evaluate",
+            str(ro / "ft"),
+            "--data",
+            str(task),
+            "--split",
+            "train",
+        ]
+        script = (
+            f"cp -a {run} {ro}/ft && mount -o remount,ro {ro} && "
+            f"{{ {shlex.join(evaluate)}; echo rc=$?; }} && "
+            f"{shlex.join(evaluate + ['--out', str(tmp_path / 'scores')])}"
+        )
         done = fault_cases._in_tmpfs(ro, "size=64m", script)
         assert done.returncode == 0, done.stderr[-2000:]
         refusal = [line for line in done.stderr.splitlines() if "error" in line]
-        assert "rc=2" in done.stdout and len(refusal) == 1 and "Read-only" in refusal[0], done.stderr
+        assert "rc=2" in done.stdout and len(refusal) == 1 and "Read-only" in refusal[0], (
+            done.stderr
+        )
         assert (tmp_path / "scores" / "results.train.json").is_file()
 
 
@@ -186,9 +254,14 @@ def test_zeroshot_keeps_an_existing_results_file(tmp_path, capsys):
     out = tmp_path / "zs"
     out.mkdir()
     (out / "results.json").write_text('{"mine": true}\n')
-    code, err = cli(capsys, "zeroshot", str(src), "--task", "sst2", "--data", str(tmp_path),
-                    "--out", str(out))
-    assert code == 2 and "--overwrite" in err and (out / "results.json").read_text() == '{"mine": true}\n'
+    code, err = cli(
+        capsys, "zeroshot", str(src), "--task", "sst2", "--data", str(tmp_path), "--out", str(out)
+    )
+    assert (
+        code == 2
+        and "--overwrite" in err
+        and (out / "results.json").read_text() == '{"mine": true}\n'
+    )
 
 
 def test_prepare_and_tokenizer_share_the_policy(tmp_path, capsys):
@@ -197,14 +270,33 @@ def test_prepare_and_tokenizer_share_the_policy(tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("keep")
-    code, err = cli(capsys, "tokenizer", "train", "--corpus", str(corpus), "--merges", "10",
-                    "--out", str(out))
+    code, err = cli(
+        capsys, "tokenizer", "train", "--corpus", str(corpus), "--merges", "10", "--out", str(out)
+    )
     assert code == 2 and "--overwrite" in err and "keep.txt" in err
-    code, err = cli(capsys, "tokenizer", "train", "--corpus", str(corpus), "--merges", "10",
-                    "--out", str(tmp_path), "--overwrite")     # holds the corpus
+    code, err = cli(
+        capsys,
+        "tokenizer",
+        "train",
+        "--corpus",
+        str(corpus),
+        "--merges",
+        "10",
+        "--out",
+        str(tmp_path),
+        "--overwrite",
+    )  # holds the corpus
     assert code == 2 and "holds the source" in err and corpus.is_file()
-    code, err = cli(capsys, "prepare", "--corpus", str(corpus), "--vocab",
-                    str(faults.char_vocab(tmp_path / "vocab")), "--out", str(out))
+    code, err = cli(
+        capsys,
+        "prepare",
+        "--corpus",
+        str(corpus),
+        "--vocab",
+        str(faults.char_vocab(tmp_path / "vocab")),
+        "--out",
+        str(out),
+    )
     assert code == 2 and "--overwrite" in err and (out / "keep.txt").read_text() == "keep"
 
 
@@ -216,9 +308,9 @@ def test_lock_names_its_holder_and_is_released(tmp_path):
         message = str(err.value)
         assert f"pid {os.getpid()}" in message and "gpt1 pretrain --out x" in message
         assert "since 20" in message
-    with files.RunLock(tmp_path):          # released: the next holder gets it
+    with files.RunLock(tmp_path):  # released: the next holder gets it
         pass
-    assert files.is_empty(tmp_path)        # only the (empty) lock file stays
+    assert files.is_empty(tmp_path)  # only the (empty) lock file stays
 
 
 def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepared):
@@ -226,16 +318,26 @@ def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepare
     run = tmp_path / "run"
     # The first run is long enough to outlive the second's start-up on any machine, and is
     # stopped with SIGTERM (it saves and exits 143) once the second has been refused.
-    argv = [sys.executable, "-m", "gpt1", "--quiet", *pretrain_argv(prepared, run, 1_000_000),
-            "--log-every", "1", "--resume", "auto", "--set", "train.keep_last=2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "gpt1",
+        "--quiet",
+        *pretrain_argv(prepared, run, 1_000_000),
+        "--log-every",
+        "1",
+        "--resume",
+        "auto",
+        "--set",
+        "train.keep_last=2",
+    ]
     first = subprocess.Popen(argv, env=faults.env(), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
         while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
             assert first.poll() is None and time.time() < deadline, first.stderr.read()
             time.sleep(0.02)
-        second = subprocess.run(argv, env=faults.env(), capture_output=True, text=True,
-                                timeout=300)
+        second = subprocess.run(argv, env=faults.env(), capture_output=True, text=True, timeout=300)
         assert first.poll() is None
     finally:
         first.terminate()
@@ -246,15 +348,24 @@ def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepare
     assert second.returncode == 2 and len(err.splitlines()) == 1, err
     assert "in use by another gpt1 process" in err and f"pid {first.pid}" in err
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(steps) >= 1 and steps == list(range(1, len(steps) + 1))   # none twice
+    assert len(steps) >= 1 and steps == list(range(1, len(steps) + 1))  # none twice
 
 
 def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, prepared, capsys):
     run = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from gpt1.files import "
-                               "RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); "
-                               "time.sleep(600)", str(run)], env=faults.env(),
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from gpt1.files import "
+            "RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); "
+            "time.sleep(600)",
+            str(run),
+        ],
+        env=faults.env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     code, err = cli(capsys, *pretrain_argv(prepared, run, 2, "--resume", "auto"))
     assert code == 2 and "in use" in err
@@ -268,20 +379,24 @@ def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, prepared, capsys
 
 # -------------------------------------------------------------------------- write failures
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EACCES])
-def test_checkpoint_write_failure_is_one_line_without_leftovers(tmp_path, prepared, capsys,
-                                                                monkeypatch, code):
+def test_checkpoint_write_failure_is_one_line_without_leftovers(
+    tmp_path, prepared, capsys, monkeypatch, code
+):
     """Issue case 7: disk full / read-only while checkpointing, also from safetensors itself."""
     from safetensors import SafetensorError
+
     real, calls = checkpoint_files.save_file, {"n": 0}
 
     def failing(tensors, filename, metadata=None):
         calls["n"] += 1
-        if calls["n"] <= 2:                     # step-1 fits
+        if calls["n"] <= 2:  # step-1 fits
             return real(tensors, filename, metadata=metadata)
         Path(filename).write_bytes(b"\0" * 100)
-        if code == errno.ENOSPC:                # what safetensors raises on a full disk
-            raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: "
-                                  "StorageFull, message: \"No space left on device\" })")
+        if code == errno.ENOSPC:  # what safetensors raises on a full disk
+            raise SafetensorError(
+                "Error while serializing: IoError(Os { code: 28, kind: "
+                'StorageFull, message: "No space left on device" })'
+            )
         raise OSError(code, os.strerror(code), filename)
 
     monkeypatch.setattr(checkpoint_files, "save_file", failing)
@@ -333,6 +448,7 @@ def test_read_errors_are_not_reported_as_write_errors(tmp_path):
 def test_save_model_write_failure_leaves_nothing(tmp_path, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
     monkeypatch.setattr(checkpoint_files, "save_file", no_space)
     with pytest.raises(files.WriteError, match=r"ckpt: could not write \(No space left"):
         tiny_checkpoint(tmp_path / "ckpt")
@@ -369,6 +485,7 @@ def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypat
     import builtins
 
     from gpt1.train import telemetry as metrics
+
     real_open = builtins.open
 
     def full_on_append(file, mode="r", *args, **kwargs):

@@ -1,5 +1,6 @@
 """Fine-tuning end to end at tiny size on real data (a few dozen examples, a few steps), the
 batch source's exact resume, layer transfer, and the commands' results/errors."""
+
 from __future__ import annotations
 
 import json
@@ -9,11 +10,11 @@ import pytest
 import torch
 
 from gpt1.cli import main
-from gpt1.config import FinetuneConfig, TrainConfig, FINETUNE_TRAIN
+from gpt1.config import FINETUNE_TRAIN, FinetuneConfig, TrainConfig
 from gpt1.recipes.evaluate import load_finetuned
 from gpt1.recipes.finetune import build_finetune_model, finetune
-from gpt1.tasks.batches import Encoded, FinetuneSource
 from gpt1.tasks import get_task
+from gpt1.tasks.batches import Encoded, FinetuneSource
 
 pytestmark = pytest.mark.data
 TINY = {"max_steps": 2, "batch_size": 4, "micro_batch_size": 2, "quiet": True, "log_every": 1}
@@ -26,8 +27,9 @@ def head_lines(src: Path, dst: Path, n: int) -> Path:
 
 
 def tiny_run(tmp: Path, vocab: Path, task: str, data: Path, out: str, **ft) -> tuple[dict, Path]:
-    cfg = FinetuneConfig(task=task, data=str(data), init="none", preset="tiny", vocab=str(vocab),
-                         **ft)
+    cfg = FinetuneConfig(
+        task=task, data=str(data), init="none", preset="tiny", vocab=str(vocab), **ft
+    )
     train = TrainConfig(**{**FINETUNE_TRAIN, **TINY})
     _, results = finetune(cfg, train, tmp / out)
     return results, tmp / out
@@ -45,7 +47,7 @@ def test_sst2_finetune_evaluate_predict(tmp_path: Path, shared_data: Path, gpt1_
     # The saved run reloads to the same predictions (evaluate reproduces the metric).
     code = main(["evaluate", str(run), "--task", "sst2", "--data", str(data), "--json"])
     assert code == 0
-    again = json.loads((run / "results.dev.json").read_text())    # results.json stays as it was
+    again = json.loads((run / "results.dev.json").read_text())  # results.json stays as it was
     assert again["accuracy"] == results["accuracy"] and again["n"] == 24
     assert json.loads((run / "results.json").read_text()) == results
     assert main(["predict", str(run), "--data", str(data)]) == 0
@@ -59,7 +61,7 @@ def test_sst2_finetune_evaluate_predict(tmp_path: Path, shared_data: Path, gpt1_
 
 def test_story_cloze_multiple_choice(tmp_path: Path, shared_data: Path, gpt1_vocab: Path):
     src = shared_data / "story_cloze" / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
-    data = head_lines(src, tmp_path / "roc.csv", 17)   # a file: used for every split as is
+    data = head_lines(src, tmp_path / "roc.csv", 17)  # a file: used for every split as is
     results, _ = tiny_run(tmp_path, gpt1_vocab, "story_cloze", data, "roc")
     assert results["n"] == 16 and "accuracy" in results
 
@@ -78,29 +80,34 @@ def test_source_resumes_exactly():
     enc = Encoded([[[i, 1]] for i in range(10)], list(range(10)), [str(i) for i in range(10)])
     a = FinetuneSource(enc, seed=3, regression=False)
     for _ in range(3):
-        a.next_batch(4)                                 # crosses into the second epoch
+        a.next_batch(4)  # crosses into the second epoch
     b = FinetuneSource(enc, seed=3, regression=False)
     b.load_state_dict(json.loads(json.dumps(a.state_dict())))
     for _ in range(4):
         assert torch.equal(a.next_batch(4)["ids"], b.next_batch(4)["ids"])
     first = FinetuneSource(enc, seed=3, regression=False)
     seen = [int(x) for _ in range(5) for x in first.next_batch(2)["ids"][:, 0, 0]]
-    assert sorted(seen) == list(range(10))              # one epoch = every example once
+    assert sorted(seen) == list(range(10))  # one epoch = every example once
     ranks = [FinetuneSource(enc, 3, False, rank=r, world=2) for r in range(2)]
     assert not set(ranks[0]._order) & set(ranks[1]._order)
 
 
 def test_transfer_layers(tmp_path: Path, gpt1_vocab: Path):
-    from gpt1.model.checkpoint import save_model
     from gpt1.config import model_preset
+    from gpt1.model.checkpoint import save_model
     from gpt1.model.gpt import GPT
+
     torch.manual_seed(0)
     config = model_preset("tiny").derive(vocab_size=40478)
     pre = GPT(config)
     save_model(pre, tmp_path / "ckpt", tokenizer_dir=gpt1_vocab)
     task = get_task("rte")
-    for k, emb_same, block0_same, block1_same in [(-2, True, True, True), (1, True, True, False),
-                                                  (0, True, False, False), (-1, False, False, False)]:
+    for k, emb_same, block0_same, block1_same in [
+        (-2, True, True, True),
+        (1, True, True, False),
+        (0, True, False, False),
+        (-1, False, False, False),
+    ]:
         cfg = FinetuneConfig(task="rte", data=".", init=str(tmp_path / "ckpt"), transfer_layers=k)
         model, tok, _ = build_finetune_model(cfg, task, seed=5)
         g = model.gpt
@@ -114,8 +121,23 @@ def test_cli_bad_row_is_one_line_error(tmp_path: Path, gpt1_vocab: Path, capsys)
     data = tmp_path / "bad"
     data.mkdir()
     (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nno label here\n")
-    args = ["finetune", "--task", "sst2", "--data", str(data), "--init", "none", "--preset", "tiny",
-            "--vocab", str(gpt1_vocab), "--out", str(tmp_path / "run"), "--max-steps", "1"]
+    args = [
+        "finetune",
+        "--task",
+        "sst2",
+        "--data",
+        str(data),
+        "--init",
+        "none",
+        "--preset",
+        "tiny",
+        "--vocab",
+        str(gpt1_vocab),
+        "--out",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "1",
+    ]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{data / 'train.tsv'}:3" in err and "expected 2 tab-separated fields" in err
@@ -134,11 +156,19 @@ def test_skip_bad_rows_counts_and_reports(tmp_path: Path, shared_data: Path, gpt
 def test_config_file_and_unknown_keys(tmp_path: Path):
     from gpt1.errors import ConfigError
     from gpt1.recipes.finetune import resolve
+
     root = Path(__file__).resolve().parents[1]
-    cfg, train = resolve(root / "configs" / "finetune_scitail.toml",
-                         {"finetune": {"data": "d", "init": "none", "lm_coef": 0.0}})
-    assert (cfg.task, cfg.train_split, cfg.lm_coef, train.lr, train.batch_size) == \
-        ("scitail", "dev", 0.0, 6.25e-5, 32)
+    cfg, train = resolve(
+        root / "configs" / "finetune_scitail.toml",
+        {"finetune": {"data": "d", "init": "none", "lm_coef": 0.0}},
+    )
+    assert (cfg.task, cfg.train_split, cfg.lm_coef, train.lr, train.batch_size) == (
+        "scitail",
+        "dev",
+        0.0,
+        6.25e-5,
+        32,
+    )
     bad = tmp_path / "bad.toml"
     bad.write_text("[finetune]\nlambda = 1\n")
     with pytest.raises(ConfigError, match="unknown key finetune.lambda"):
@@ -149,7 +179,9 @@ def _varied(n: int, seed: int = 0) -> Encoded:
     """n single-sequence examples of random lengths 1..40 (token i + 1 repeated: id = example)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, 41, (n,), generator=g).tolist()
-    return Encoded([[[i + 1] * L] for i, L in enumerate(lengths)], [0] * n, [str(i) for i in range(n)])
+    return Encoded(
+        [[[i + 1] * L] for i, L in enumerate(lengths)], [0] * n, [str(i) for i in range(n)]
+    )
 
 
 def _padding_ratio(batches) -> float:
@@ -159,17 +191,18 @@ def _padding_ratio(batches) -> float:
 
 def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch):
     import gpt1.tasks.batches as batches
+
     monkeypatch.setattr(batches, "GROUP_BATCHES", 10)
-    enc = _varied(203)                               # 203 % 4 != 0: batches straddle epochs
+    enc = _varied(203)  # 203 % 4 != 0: batches straddle epochs
     grouped = FinetuneSource(enc, seed=1, regression=False, group_by_length=4)
     plain = FinetuneSource(enc, seed=1, regression=False)
-    n_batches = 3 * 203 // 4                         # three epochs
+    n_batches = 3 * 203 // 4  # three epochs
     g_batches = [grouped.next_batch(4) for _ in range(n_batches)]
     p_batches = [plain.next_batch(4) for _ in range(n_batches)]
     # Every example once per epoch: the first 203 * 3 ids, epoch by epoch.
     seen = [int(row[0, 0]) - 1 for b in g_batches for row in b["ids"]]
     for e in range(2):
-        assert sorted(seen[e * 203:(e + 1) * 203]) == list(range(203))
+        assert sorted(seen[e * 203 : (e + 1) * 203]) == list(range(203))
     # Batches cut where the sorted runs were cut, in every epoch (not only the aligned first).
     assert _padding_ratio(g_batches) < 1.12 < 1.4 < _padding_ratio(p_batches)
     assert grouped.epoch == 2
@@ -182,22 +215,26 @@ def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch
     for _ in range(70):
         assert torch.equal(again.next_batch(4)["ids"], resumed.next_batch(4)["ids"])
     from gpt1.errors import ConfigError
+
     with pytest.raises(ConfigError):
         grouped.next_batch(8)
 
 
 def test_evaluation_batches_by_length_and_keeps_the_split_order():
     from gpt1.config import model_preset
-    from gpt1.recipes.evaluate import predict_outputs
-    from gpt1.model.heads import FinetuneModel
     from gpt1.model.gpt import GPT
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.recipes.evaluate import predict_outputs
+
     torch.manual_seed(0)
     gpt = GPT(model_preset("tiny"))
     clf = gpt.add_tokens(1)[0]
-    model = FinetuneModel(gpt, "single", 1, clf).eval()       # one output: a regression score
+    model = FinetuneModel(gpt, "single", 1, clf).eval()  # one output: a regression score
     g = torch.Generator().manual_seed(2)
-    items = [[torch.randint(0, 500, (int(L),), generator=g).tolist() + [clf]]
-             for L in torch.randint(1, 30, (23,), generator=g)]
+    items = [
+        [torch.randint(0, 500, (int(L),), generator=g).tolist() + [clf]]
+        for L in torch.randint(1, 30, (23,), generator=g)
+    ]
     enc = Encoded(items, [0.0] * 23, [str(i) for i in range(23)])
     task = get_task("stsb")
     batched = predict_outputs(model, task, enc, micro=5)

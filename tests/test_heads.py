@@ -1,14 +1,15 @@
 """Heads: the extract position, shared classifier dropout, similarity sum, losses."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 from gpt1.config import model_preset
-from gpt1.model.heads import FinetuneModel, TaskHead, extract_states, shared_dropout
-from gpt1.train.objectives import aux_lm_loss, finetune_loss
 from gpt1.model.gpt import GPT
+from gpt1.model.heads import FinetuneModel, TaskHead, extract_states, shared_dropout
 from gpt1.tasks.transforms import SpecialIds, choice, pad_batch, similarity, single
+from gpt1.train.objectives import aux_lm_loss, finetune_loss
 
 CLF = 514
 S = SpecialIds(512, 513, CLF)
@@ -34,7 +35,7 @@ def test_head_reads_the_hidden_state_at_the_extract_position():
     x, mask = pad_batch([single([5, 6, 7], S, 64)])
     out, _ = m(x, mask)
     hidden = m.gpt(x[:, 0])
-    expected = m.head.linear(hidden[0, 4])                 # position of _classify_
+    expected = m.head.linear(hidden[0, 4])  # position of _classify_
     torch.testing.assert_close(out[0], expected)
     # Padding after the extract token (causal attention) does not change the output.
     padded = torch.cat([x, torch.zeros(1, 1, 6, dtype=torch.long)], dim=2)
@@ -45,19 +46,24 @@ def test_head_reads_the_hidden_state_at_the_extract_position():
 def test_padded_batch_equals_each_example_alone():
     # The model skips each row's padding; outputs and LM losses are those of the rows alone.
     m = tiny("similarity", 2)
-    examples = [similarity([5, 6, 7, 8, 9], [10, 11], S, 64), similarity([5], [6], S, 64),
-                similarity([12, 13], [14, 15, 16], S, 64)]
+    examples = [
+        similarity([5, 6, 7, 8, 9], [10, 11], S, 64),
+        similarity([5], [6], S, 64),
+        similarity([12, 13], [14, 15, 16], S, 64),
+    ]
     out, lm = m(*pad_batch(examples))
     alone = [m(*pad_batch([e])) for e in examples]
     torch.testing.assert_close(out, torch.cat([o for o, _ in alone]))
-    torch.testing.assert_close(aux_lm_loss(lm), torch.stack([aux_lm_loss(l) for _, l in alone]).mean())
+    torch.testing.assert_close(
+        aux_lm_loss(lm), torch.stack([aux_lm_loss(l) for _, l in alone]).mean()
+    )
 
 
 def test_similarity_adds_both_orders():
     m = tiny("similarity", 2)
     x, mask = pad_batch([similarity([5, 6, 7], [8, 9], S, 64)])
     out, lm = m(x, mask)
-    h = extract_states(m.gpt(x[0]), x[0], CLF)             # [2, C]: the two orders
+    h = extract_states(m.gpt(x[0]), x[0], CLF)  # [2, C]: the two orders
     torch.testing.assert_close(out[0], m.head.linear(h[0] + h[1]))
     assert aux_lm_loss(lm).shape == ()
 
@@ -77,7 +83,7 @@ def test_classifier_dropout_mask_is_shared_across_choices():
     h = torch.ones(4, 3, 256)
     d = shared_dropout(h, 0.5, training=True)
     assert torch.equal(d[:, 0], d[:, 1]) and torch.equal(d[:, 1], d[:, 2])
-    assert not torch.equal(d[0, 0], d[1, 0])               # but differs between examples
+    assert not torch.equal(d[0, 0], d[1, 0])  # but differs between examples
     assert set(d.unique().tolist()) == {0.0, 2.0}
     assert torch.equal(shared_dropout(h, 0.5, training=False), h)
     head = TaskHead(256, "choice", 1).train()
@@ -93,8 +99,9 @@ def test_head_init_is_n_0_002():
 def test_lm_loss_ignores_pads_and_is_a_mean_over_sequences():
     m = tiny("single", 2)
     short, long = single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9, 10], S, 64)
-    lm, lm_short, lm_long = (aux_lm_loss(m(*pad_batch(rows))[1])
-                             for rows in ([short, long], [short], [long]))
+    lm, lm_short, lm_long = (
+        aux_lm_loss(m(*pad_batch(rows))[1]) for rows in ([short, long], [short], [long])
+    )
     # Each sequence counts once whatever its length, and the short one's pads do not count.
     torch.testing.assert_close(lm, (lm_short + lm_long) / 2)
     assert lm.shape == ()
@@ -117,6 +124,7 @@ def test_finetune_loss_combines_task_and_lm():
 def test_the_lm_loss_is_computed_outside_forward_from_its_outputs():
     # FinetuneModel.forward returns what the loss needs; the loss equals the plain formula.
     from gpt1.train.objectives import lm_loss_per_sequence
+
     m = tiny("pair", 3)
     x, mask = pad_batch([single([5, 6, 7], S, 64), single([5, 6, 7, 8, 9], S, 64)])
     out, lm = m(x, mask)

@@ -1,16 +1,23 @@
 """The LSTM baseline: GPT's interface, causal, tied head, task tokens, sizing rule, checkpoints."""
+
 import json
 
 import pytest
 import torch
+from conftest import TINIER_MODEL
 
 from gpt1 import GPT, ModelConfig, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
-from gpt1.model.registry import (LanguageModel, build_model, checkpoint_arch, load_any_checkpoint,
-                                 model_flops, save_lstm)
 from gpt1.model.gpt import parameter_count
-from conftest import TINIER_MODEL
+from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
+from gpt1.model.registry import (
+    LanguageModel,
+    build_model,
+    checkpoint_arch,
+    load_any_checkpoint,
+    model_flops,
+    save_lstm,
+)
 
 
 def small(**kw) -> LSTMConfig:
@@ -66,7 +73,8 @@ def test_forget_gate_bias_and_parameter_count():
     assert torch.all(b[16:32] == 1.0) and torch.all(b[:16] == 0) and torch.all(b[32:] == 0)
     assert model.num_parameters() == lstm_parameter_count(model.config)
     assert model.num_parameters(exclude_embeddings=True) == lstm_parameter_count(
-        model.config, exclude_embeddings=True)
+        model.config, exclude_embeddings=True
+    )
     assert model.num_parameters() - model.num_parameters(True) == 97 * 32
 
 
@@ -122,7 +130,7 @@ def test_unknown_arch_and_mismatched_weights_are_checkpoint_errors(tmp_path):
     data = json.loads(cfg_file.read_text())
     data["arch"] = "rnn"
     cfg_file.write_text(json.dumps(data))
-    with pytest.raises(CheckpointError, match="unknown \"arch\""):
+    with pytest.raises(CheckpointError, match='unknown "arch"'):
         load_any_checkpoint(tmp_path / "ck")
     data["arch"] = "lstm"
     data["model"]["hidden_size"] = 64
@@ -158,8 +166,12 @@ def prepared_folder(path, vocab=64, tokens=3000):
     stream = (np.cumsum(rng.integers(1, 3, size=tokens)) % vocab).astype(np.int64)
     write_shard(path / "train-0.bin", stream[:2500], n_docs=1, vocab_size=vocab)
     write_shard(path / "val-0.bin", stream[2500:], n_docs=1, vocab_size=vocab)
-    meta = {"format": "gpt1-tokens", "version": 1, "vocab_size": vocab,
-            "splits": {"train": {"shards": ["train-0.bin"]}, "val": {"shards": ["val-0.bin"]}}}
+    meta = {
+        "format": "gpt1-tokens",
+        "version": 1,
+        "vocab_size": vocab,
+        "splits": {"train": {"shards": ["train-0.bin"]}, "val": {"shards": ["val-0.bin"]}},
+    }
     (path / "meta.json").write_text(json.dumps(meta))
     return path
 
@@ -170,8 +182,22 @@ def test_pretrain_arch_lstm_end_to_end_and_resume(tmp_path):
 
     data = prepared_folder(tmp_path / "data")
     run = tmp_path / "run"
-    base = ["pretrain", "--preset", "tiny", "--arch", "lstm", "--data", str(data), "--out", str(run),
-            "--save-every", "2", "--eval-every", "2", "-q"]
+    base = [
+        "pretrain",
+        "--preset",
+        "tiny",
+        "--arch",
+        "lstm",
+        "--data",
+        str(data),
+        "--out",
+        str(run),
+        "--save-every",
+        "2",
+        "--eval-every",
+        "2",
+        "-q",
+    ]
     assert main(base + ["--max-steps", "2"]) == 0
     model = load_any_checkpoint(run)
     assert isinstance(model, LSTMLM) and model.config.vocab_size == 64
@@ -186,6 +212,7 @@ def test_pretrain_arch_lstm_end_to_end_and_resume(tmp_path):
 
 def test_info_describes_an_lstm_checkpoint(tmp_path, capsys):
     from gpt1.cli import main
+
     torch.manual_seed(0)
     model = LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=20))
     save_lstm(model, tmp_path / "ck")
@@ -197,17 +224,18 @@ def test_info_describes_an_lstm_checkpoint(tmp_path, capsys):
 
 def test_sample_continues_an_lstm_checkpoint_greedily(tmp_path):
     from gpt1.recipes.sample import sample
+
     torch.manual_seed(0)
     model = LSTMLM(small(n_positions=8)).eval()
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0, 0.5)       # a peaked distribution, so the argmax path is not all one token
+            p.normal_(0, 0.5)  # a peaked distribution, so the argmax path is not all one token
     save_lstm(model, tmp_path / "ckpt")
     prompt = [5, 17, 3]
     (got,) = sample(tmp_path / "ckpt", prompt_ids=prompt, max_new_tokens=10, temperature=0)
     ids = list(prompt)
     with torch.no_grad():
-        for _ in range(10):         # past n_positions=8 only the last 8 tokens are read
+        for _ in range(10):  # past n_positions=8 only the last 8 tokens are read
             window = torch.tensor([ids[-8:]])
             ids.append(int(model.lm_logits(model(window))[0, -1].argmax()))
     assert got.ids == ids and got.prompt_len == 3 and len(set(ids[3:])) > 1

@@ -1,15 +1,15 @@
 """The model is exactly GPT-1: shapes, causality, parameter count, init, dropout, task tokens."""
+
 import json
 
 import pytest
 import torch
+from conftest import tiny_model_config
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.train.parallelize import checkpoint_blocks, is_checkpointed
 from gpt1.model.gpt import parameter_count
-from conftest import tiny_model_config
-
+from gpt1.train.parallelize import checkpoint_blocks, is_checkpointed
 
 tiny = tiny_model_config
 
@@ -50,13 +50,13 @@ def test_post_ln_block_matches_formula():
     B, T, C = x.shape
     q, k, v = b.attn.c_attn(x).split(C, dim=-1)
     heads = lambda t: t.view(B, T, 4, 8).transpose(1, 2)
-    w = heads(q) @ heads(k).transpose(-1, -2) / 8 ** 0.5
+    w = heads(q) @ heads(k).transpose(-1, -2) / 8**0.5
     mask = torch.tril(torch.ones(T, T))
     w = w * mask - 1e9 * (1 - mask)  # OAI's multiplicative mask
     a = (w.softmax(-1) @ heads(v)).transpose(1, 2).reshape(B, T, C)
     n = b.ln_1(x + b.attn.c_proj(a))
     h = b.mlp.c_fc(n)
-    h = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h ** 3)))
+    h = 0.5 * h * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (h + 0.044715 * h**3)))
     expected = b.ln_2(n + b.mlp.c_proj(h))
     torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)
 
@@ -91,13 +91,14 @@ def test_lengths_skip_right_padding_exactly():
 def test_lengths_give_the_padded_gradients(checkpointing, embd_dropout):
     # Train mode without dropout: the loss on real positions has the same gradients either way.
     torch.manual_seed(0)
-    model = GPT(tiny(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0,
-                     embd_dropout=embd_dropout)).train()
+    model = GPT(
+        tiny(embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0, embd_dropout=embd_dropout)
+    ).train()
     if checkpointing:
         assert checkpoint_blocks(model) == 2 and is_checkpointed(model)
     ids = torch.randint(0, 97, (3, 9))
     lengths = torch.tensor([9, 4, 6])
-    real = (torch.arange(9) < lengths[:, None]).float()[..., None]   # [B, T, 1]
+    real = (torch.arange(9) < lengths[:, None]).float()[..., None]  # [B, T, 1]
     grads = []
     for kwargs in ({}, {"lengths": lengths}):
         model.zero_grad()

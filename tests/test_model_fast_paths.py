@@ -1,4 +1,5 @@
 """The CPU fast paths in gpt1.model.gpt compute the same maths as torch's reference ops."""
+
 import math
 
 import torch
@@ -48,8 +49,11 @@ def test_cpu_attention_with_dropout_matches_explicit_formula():
     torch.manual_seed(1)
     ours = causal_attention_cpu_train(q, k, v, 0.1)
     torch.manual_seed(1)  # same draws: rebuild them through the public dropout helper
-    w = (q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(
-        torch.ones(17, 17, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    w = (
+        (q @ k.transpose(-1, -2) / math.sqrt(8))
+        .masked_fill(torch.ones(17, 17, dtype=torch.bool).triu(1), float("-inf"))
+        .softmax(-1)
+    )
     assert torch.allclose(ours, dropout(w, 0.1, True) @ v, atol=1e-6)
 
 
@@ -71,16 +75,17 @@ def test_keep_mask_rate_is_exact_including_the_redrawn_values(monkeypatch):
     are redrawn, so the drop rate is exactly num/den. Fed all 65536 values once, the buckets
     alone must drop exactly num * (65536 // den) of them."""
     import numpy as np
+
     from gpt1.model import masks as model_mod
 
     real_bits = np.random.SFC64
 
-    class AllValues:                      # random_raw yields each int16 value exactly once
+    class AllValues:  # random_raw yields each int16 value exactly once
         def __init__(self, seed):
             self.real = real_bits(seed)
 
         def random_raw(self, size):
-            offsets = np.arange(65536, dtype=np.int32) - 32768        # -32768 ... 32767
+            offsets = np.arange(65536, dtype=np.int32) - 32768  # -32768 ... 32767
             return offsets.astype(np.int16).view(np.uint64)[:size].copy()
 
     real_generator = np.random.Generator
@@ -94,8 +99,8 @@ def test_keep_mask_rate_is_exact_including_the_redrawn_values(monkeypatch):
         assert keep.dtype == torch.uint8 and set(keep.unique().tolist()) <= {0, 1}
         # the array is in value order from -32768 up, i.e. offset value 0, 1, ..., 65535
         assert dropped_in_buckets == num * bucket
-        assert (keep[: num * bucket] == 0).all() and (keep[num * bucket: bucket * den] == 1).all()
-        assert keep[bucket * den:].numel() == leftover   # these came from the exact redraw
+        assert (keep[: num * bucket] == 0).all() and (keep[num * bucket : bucket * den] == 1).all()
+        assert keep[bucket * den :].numel() == leftover  # these came from the exact redraw
 
 
 def test_keep_mask_statistics_and_fresh_draws():
@@ -103,16 +108,18 @@ def test_keep_mask_statistics_and_fresh_draws():
     a = model_mod_keep((1000, 1000))
     b = model_mod_keep((1000, 1000))
     assert a.shape == (1000, 1000) and not torch.equal(a, b)
-    assert abs(1 - a.float().mean().item() - 0.1) < 2e-3   # sd of the rate is 3e-4
+    assert abs(1 - a.float().mean().item() - 0.1) < 2e-3  # sd of the rate is 3e-4
 
 
 def model_mod_keep(shape):
     from gpt1.model.masks import keep_mask
+
     return keep_mask(shape, 1, 10)
 
 
 def test_keep_mask_in_16_bit_float_types_is_the_same_mask():
     from gpt1.model.masks import keep_mask
+
     for dtype in (torch.bfloat16, torch.float16):
         torch.manual_seed(4)
         as_bytes = keep_mask((300, 70), 1, 10)
@@ -135,7 +142,8 @@ def test_bf16_dropout_values_and_gradient():
 
 def test_keep_mask_chunks_do_not_depend_on_the_thread_count():
     from gpt1.model.masks import CHUNK, keep_mask
-    shape = (3, CHUNK + 12345)                       # several chunks, a ragged last one
+
+    shape = (3, CHUNK + 12345)  # several chunks, a ragged last one
     before = torch.get_num_threads()
     try:
         masks = []
@@ -147,9 +155,8 @@ def test_keep_mask_chunks_do_not_depend_on_the_thread_count():
         torch.set_num_threads(before)
     assert torch.equal(masks[0], masks[1]) and torch.equal(masks[0], masks[2])
     flat = masks[0].flatten().float()
-    assert not torch.equal(flat[:1000], flat[CHUNK:CHUNK + 1000])   # chunks are independent
+    assert not torch.equal(flat[:1000], flat[CHUNK : CHUNK + 1000])  # chunks are independent
     assert abs(1 - flat.mean().item() - 0.1) < 2e-3
-
 
 
 class _ConcatCache:
@@ -173,6 +180,7 @@ def test_preallocated_kv_cache_equals_concatenation():
     """Keys/values written in place into growing buffers give bit-identical hidden states to
     concatenated ones, through buffer growth (past 64 positions) and multi-token chunks."""
     from gpt1.model.gpt import KVCache
+
     torch.manual_seed(0)
     m = GPT(ModelConfig(vocab_size=300, n_positions=160, n_embd=64, n_layer=2, n_head=4)).eval()
     ids = torch.randint(0, 300, (2, 150))
@@ -181,5 +189,8 @@ def test_preallocated_kv_cache_equals_concatenation():
     plain.layers = [_ConcatCache() for _ in range(2)]
     with torch.no_grad():
         for lo, hi in chunks:
-            assert torch.equal(m(ids[:, lo:hi], cache=fast), m(ids[:, lo:hi], cache=plain)), (lo, hi)
+            assert torch.equal(m(ids[:, lo:hi], cache=fast), m(ids[:, lo:hi], cache=plain)), (
+                lo,
+                hi,
+            )
     assert len(fast) == len(plain) == 150 and fast.layers[0].k.shape[2] >= 150

@@ -1,4 +1,5 @@
 """The chunked tied-head cross-entropy (custom autograd Function) against plain F.cross_entropy."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,8 @@ def inputs(n=37, c=24, v=101, seed=0, scale=1.0):
     h = (torch.randn(n, c, generator=g) * scale).requires_grad_()
     w = (torch.randn(v, c, generator=g) * 0.3).requires_grad_()
     y = torch.randint(0, v, (n,), generator=g)
-    y[::5] = -100                                        # ignored targets carry weight 0
-    wt = torch.rand(n, generator=g)                      # non-uniform per-row weights
+    y[::5] = -100  # ignored targets carry weight 0
+    wt = torch.rand(n, generator=g)  # non-uniform per-row weights
     wt[y < 0] = 0.0
     return h, w, y, wt
 
@@ -29,7 +30,7 @@ def inputs(n=37, c=24, v=101, seed=0, scale=1.0):
 def test_fp32_value_and_gradients_equal_plain_cross_entropy(chunk):
     h, w, y, wt = inputs()
     ours = chunked_cross_entropy(h, w, y, wt, chunk=chunk)
-    (3.0 * ours).backward()                              # upstream gradient is applied
+    (3.0 * ours).backward()  # upstream gradient is applied
     gh, gw = h.grad.clone(), w.grad.clone()
     h.grad = w.grad = None
     ref = reference(h, w, y, wt)
@@ -37,7 +38,7 @@ def test_fp32_value_and_gradients_equal_plain_cross_entropy(chunk):
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(gh, h.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(gw, w.grad, rtol=1e-5, atol=1e-6)
-    assert gh[y < 0].abs().max() == 0                    # ignored rows get no gradient
+    assert gh[y < 0].abs().max() == 0  # ignored rows get no gradient
 
 
 def test_bf16_autocast_close_to_fp32_reference():
@@ -63,7 +64,7 @@ def test_underflowing_target_probability_stays_finite_and_exact():
     ours = chunked_cross_entropy(h, w, y, wt, chunk=4)
     ref = reference(h.double(), w.double(), y, wt.double()).item()
     assert torch.isfinite(ours)
-    assert ref > 100                                     # the case actually underflows
+    assert ref > 100  # the case actually underflows
     assert abs(ours.item() - ref) < 1e-4 * ref
 
 
@@ -78,19 +79,23 @@ def test_no_grad_evaluation_computes_value_only():
 def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
     # A vocabulary-sized cap on logits per chunk (memory bound) must not change the result.
     import gpt1.train.objectives as objectives
+
     h, w, y, wt = inputs()
     ref = chunked_cross_entropy(h, w, y, wt, chunk=4096)
     ref.backward()
     gw_ref = w.grad.clone()
     w.grad = h.grad = None
-    monkeypatch.setattr(objectives, "CHUNK_ELEMENTS", 3 * w.shape[0])   # 3 rows per chunk
+    monkeypatch.setattr(objectives, "CHUNK_ELEMENTS", 3 * w.shape[0])  # 3 rows per chunk
     calls = []
     real = objectives._softmax_minus_onehot_
-    monkeypatch.setattr(objectives, "_softmax_minus_onehot_",
-                        lambda logits, *a: calls.append(logits.shape) or real(logits, *a))
+    monkeypatch.setattr(
+        objectives,
+        "_softmax_minus_onehot_",
+        lambda logits, *a: calls.append(logits.shape) or real(logits, *a),
+    )
     ours = chunked_cross_entropy(h, w, y, wt, chunk=4096)
     ours.backward()
-    assert len(calls) == 13 and calls[0][0] == 3                       # ceil(37 / 3) chunks
+    assert len(calls) == 13 and calls[0][0] == 3  # ceil(37 / 3) chunks
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(w.grad, gw_ref, rtol=1e-5, atol=1e-6)
 
@@ -99,7 +104,8 @@ def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
 def test_softmax_blocks_in_place_equal_torch_softmax(monkeypatch, dtype):
     # The CPU path converts logits in place, block by block through one reused buffer.
     import gpt1.train.objectives as objectives
-    monkeypatch.setattr(objectives, "_BLOCK_ELEMENTS", 3 * 50)          # 3-row blocks, last one partial
+
+    monkeypatch.setattr(objectives, "_BLOCK_ELEMENTS", 3 * 50)  # 3-row blocks, last one partial
     logits = (torch.randn(20, 50) * 4).to(dtype)
     idx = torch.randint(0, 50, (20, 1))
     probs = torch.softmax(logits.float(), 1)

@@ -1,4 +1,5 @@
 """`gpt1 prepare`: corpus files -> token shards + meta.json + tokenizer files."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,18 @@ from gpt1.text.prepare import PrepareOptions, choose_val, prepare, strip_gutenbe
 from gpt1.text.shards import read_header, read_shard
 from gpt1.text.tokenizer import Tokenizer
 
-HEADER = ("The Project Gutenberg EBook of Something\nLicence blah blah header words\n"
-          "*** START OF THIS PROJECT GUTENBERG EBOOK SOMETHING ***\n")
+HEADER = (
+    "The Project Gutenberg EBook of Something\nLicence blah blah header words\n"
+    "*** START OF THIS PROJECT GUTENBERG EBOOK SOMETHING ***\n"
+)
 FOOTER = "\n*** END OF THIS PROJECT GUTENBERG EBOOK SOMETHING ***\nFull licence text here.\n"
-PARAGRAPHS = ["It was a dark and stormy night; the rain fell in torrents.",
-              "Except at occasional intervals, when it was checked by a violent gust.",
-              "Call me Ishmael. Some years ago -- never mind how long precisely.",
-              "It is a truth universally acknowledged, that a single man...",
-              "Happy families are all alike; every unhappy family is unhappy in its own way."]
+PARAGRAPHS = [
+    "It was a dark and stormy night; the rain fell in torrents.",
+    "Except at occasional intervals, when it was checked by a violent gust.",
+    "Call me Ishmael. Some years ago -- never mind how long precisely.",
+    "It is a truth universally acknowledged, that a single man...",
+    "Happy families are all alike; every unhappy family is unhappy in its own way.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +43,14 @@ def tok(vocab) -> Tokenizer:
 def _corpus(root: Path) -> Path:
     corpus = root / "corpus"
     (corpus / "sub").mkdir(parents=True)
-    (corpus / "book.txt").write_text(HEADER + "\n\n".join(PARAGRAPHS[:3]) + FOOTER,
-                                     encoding="utf-8")
+    (corpus / "book.txt").write_text(
+        HEADER + "\n\n".join(PARAGRAPHS[:3]) + FOOTER, encoding="utf-8"
+    )
     (corpus / "sub" / "rows.jsonl").write_text(
         "".join(json.dumps({"text": p, "id": i}) + "\n" for i, p in enumerate(PARAGRAPHS[3:]))
-        + "\n", encoding="utf-8")
+        + "\n",
+        encoding="utf-8",
+    )
     (corpus / "sub" / "latin1.txt").write_bytes("Caf\xe9 au lait, cr\xe8me.".encode("latin-1"))
     (corpus / "empty.txt").write_text("  \n", encoding="utf-8")
     (corpus / "image.txt").write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR")
@@ -59,8 +67,9 @@ def _all_tokens(out: Path, split: str) -> np.ndarray:
 def test_prepare_writes_shards_meta_and_tokenizer(tmp_path, vocab, tok):
     corpus = _corpus(tmp_path)
     out = tmp_path / "out"
-    meta = prepare([corpus], vocab, out, PrepareOptions(strip_gutenberg=True, val_fraction=0.3,
-                                                        quiet=True))
+    meta = prepare(
+        [corpus], vocab, out, PrepareOptions(strip_gutenberg=True, val_fraction=0.3, quiet=True)
+    )
     assert meta == json.loads((out / "meta.json").read_text())
     assert meta["format"] == "gpt1-tokens" and meta["version"] == 1
     assert meta["vocab_size"] == tok.vocab_size and meta["dtype"] == "uint16"
@@ -72,12 +81,21 @@ def test_prepare_writes_shards_meta_and_tokenizer(tmp_path, vocab, tok):
     assert stats["skipped_empty"] == [str(corpus / "empty.txt")]
     assert stats["skipped_binary"] == [str(corpus / "image.txt")]
     assert stats["invalid_utf8_replaced"] == 2 and stats["gutenberg_stripped"] == 2 - 1
-    assert [Path(s).name for s in meta["sources"]] == ["book.txt", "empty.txt", "image.txt",
-                                                       "latin1.txt", "rows.jsonl"]
+    assert [Path(s).name for s in meta["sources"]] == [
+        "book.txt",
+        "empty.txt",
+        "image.txt",
+        "latin1.txt",
+        "rows.jsonl",
+    ]
     splits = meta["splits"]
     assert splits["val"]["documents"] == round(4 * 0.3) and splits["train"]["documents"] == 3
-    docs = [tok.encode("\n\n".join(PARAGRAPHS[:3]) + "\n"), tok.encode("Caf\ufffd au lait, "
-            "cr\ufffdme."), tok.encode(PARAGRAPHS[3]), tok.encode(PARAGRAPHS[4])]
+    docs = [
+        tok.encode("\n\n".join(PARAGRAPHS[:3]) + "\n"),
+        tok.encode("Caf\ufffd au lait, cr\ufffdme."),
+        tok.encode(PARAGRAPHS[3]),
+        tok.encode(PARAGRAPHS[4]),
+    ]
     train, val = _all_tokens(out, "train"), _all_tokens(out, "val")
     assert len(train) + len(val) == sum(map(len, docs)) == stats["tokens"]
     assert splits["train"]["tokens"] == len(train)
@@ -93,7 +111,7 @@ def test_prepare_writes_shards_meta_and_tokenizer(tmp_path, vocab, tok):
 
 def _contains(haystack: np.ndarray, needle: list[int]) -> bool:
     n = len(needle)
-    return any(haystack[i:i + n].tolist() == needle for i in range(len(haystack) - n + 1))
+    return any(haystack[i : i + n].tolist() == needle for i in range(len(haystack) - n + 1))
 
 
 def test_prepare_is_deterministic_and_workers_give_the_same_shards(tmp_path, vocab):
@@ -104,15 +122,16 @@ def test_prepare_is_deterministic_and_workers_give_the_same_shards(tmp_path, voc
     assert one["splits"] == two["splits"]
     assert one["stats"]["documents"] == 3 + 1 + 2  # blank-line paragraphs of book.txt
     for split in ("train", "val"):
-        assert np.array_equal(_all_tokens(tmp_path / "one", split),
-                              _all_tokens(tmp_path / "two", split))
+        assert np.array_equal(
+            _all_tokens(tmp_path / "one", split), _all_tokens(tmp_path / "two", split)
+        )
 
 
 def test_validation_choice():
     assert choose_val(1, 0.5, 0) == set()
-    assert len(choose_val(2, 0.001, 0)) == 1          # at least one when there are two
+    assert len(choose_val(2, 0.001, 0)) == 1  # at least one when there are two
     assert len(choose_val(1000, 0.01, 0)) == 10
-    assert len(choose_val(3, 0.99, 0)) == 2           # never every document
+    assert len(choose_val(3, 0.99, 0)) == 2  # never every document
     assert choose_val(1000, 0.01, 7) == choose_val(1000, 0.01, 7) != choose_val(1000, 0.01, 8)
     assert choose_val(50, 0.0, 0) == set()
 
@@ -147,8 +166,9 @@ def test_invalid_utf8_in_jsonl_is_replaced_and_counted(tmp_path, vocab, tok):
     rows.write_bytes(b'{"text": "caf\xe9 ok"}\n{"text": "fine"}\n')
     meta = prepare([rows], vocab, tmp_path / "out", PrepareOptions(quiet=True, val_fraction=0))
     assert meta["stats"]["invalid_utf8_replaced"] == 1
-    assert _all_tokens(tmp_path / "out", "train").tolist() == \
-        tok.encode("caf\ufffd ok") + tok.encode("fine")
+    assert _all_tokens(tmp_path / "out", "train").tolist() == tok.encode(
+        "caf\ufffd ok"
+    ) + tok.encode("fine")
 
 
 def test_missing_and_empty_inputs(tmp_path, vocab):
@@ -166,17 +186,43 @@ def test_strip_gutenberg():
 
 def test_cli_prepare(tmp_path, vocab, capsys):
     from gpt1.cli import main
+
     corpus = _corpus(tmp_path)
-    code = main(["prepare", "--corpus", str(corpus), "--vocab", str(vocab), "--out",
-                 str(tmp_path / "out"), "--doc-sep", "blank-line", "--quiet",
-                 "--strip-gutenberg", "--shard-tokens", "10"])
+    code = main(
+        [
+            "prepare",
+            "--corpus",
+            str(corpus),
+            "--vocab",
+            str(vocab),
+            "--out",
+            str(tmp_path / "out"),
+            "--doc-sep",
+            "blank-line",
+            "--quiet",
+            "--strip-gutenberg",
+            "--shard-tokens",
+            "10",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "6 documents" in out and "skipped files: 2" in out
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     # tiny --shard-tokens: a shard per document (documents are never cut)
     assert len(meta["splits"]["train"]["shards"]) == meta["splits"]["train"]["documents"]
-    code = main(["prepare", "--corpus", str(corpus), "--vocab", str(vocab), "--out",
-                 str(tmp_path / "out2"), "--val-fraction", "1.5"])
+    code = main(
+        [
+            "prepare",
+            "--corpus",
+            str(corpus),
+            "--vocab",
+            str(vocab),
+            "--out",
+            str(tmp_path / "out2"),
+            "--val-fraction",
+            "1.5",
+        ]
+    )
     assert code == 2 and "--val-fraction" in capsys.readouterr().err
 
 
@@ -184,9 +230,12 @@ def test_cli_prepare(tmp_path, vocab, capsys):
 def test_prepare_a_gutenberg_novel(shared_data, tmp_path):
     novel = shared_data / "corpus" / "gutenberg" / "1661.txt"
     vocab = shared_data / "gpt1_tokenizer"
-    meta = prepare([novel], vocab, tmp_path / "out", PrepareOptions(strip_gutenberg=True,
-                                                                    doc_sep="blank-line",
-                                                                    quiet=True))
+    meta = prepare(
+        [novel],
+        vocab,
+        tmp_path / "out",
+        PrepareOptions(strip_gutenberg=True, doc_sep="blank-line", quiet=True),
+    )
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == 40478
     assert meta["splits"]["val"]["documents"] >= 1
     assert Tokenizer.from_dir(tmp_path / "out").vocab_size == 40478

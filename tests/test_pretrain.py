@@ -1,5 +1,6 @@
 """`gpt1 pretrain` end to end at tiny size: config resolution, exact resume after SIGKILL, SIGTERM,
 plots, and user errors."""
+
 from __future__ import annotations
 
 import json
@@ -15,15 +16,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from gpt1.model.checkpoint import load_checkpoint
-from gpt1.train.state import load_training_state, step_dirs
 from gpt1.cli import main
 from gpt1.config import run_preset
-from gpt1.text.windows import open_prepared
 from gpt1.errors import ConfigError, DataError
+from gpt1.model.checkpoint import load_checkpoint
 from gpt1.recipes.pretrain import finalize, resolve_config
-
 from gpt1.testing import faults
+from gpt1.text.windows import open_prepared
+from gpt1.train.state import load_training_state, step_dirs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,8 +33,22 @@ make_prepared = faults.make_corpus
 
 
 def pretrain_cmd(data: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny", "--data",
-            str(data), "--out", str(out), "--set", "train.peak_flops=1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "gpt1",
+        "--quiet",
+        "pretrain",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--set",
+        "train.peak_flops=1",
+        *extra,
+    ]
 
 
 def env() -> dict:
@@ -72,14 +86,19 @@ def test_total_steps_and_vocab_from_data(tmp_path):
     assert cfg.model.n_positions == 512
     cfg = finalize(cfg, data)
     assert cfg.model.vocab_size == 300
-    assert cfg.train.max_steps == int(np.ceil(100 * 6000 / (64 * 512)))   # 100 epochs
+    assert cfg.train.max_steps == int(np.ceil(100 * 6000 / (64 * 512)))  # 100 epochs
 
 
 def test_toml_then_flags_then_set(tmp_path):
     toml = tmp_path / "run.toml"
     toml.write_text('preset = "tiny"\n[train]\nlr = 0.5\nbatch_size = 8\n[model]\nn_layer = 3\n')
     cfg = resolve_config(None, toml, {"train": {"lr": 0.25, "seed": None}}, ["train.warmup=7"])
-    assert (cfg.model.n_layer, cfg.train.batch_size, cfg.train.lr, cfg.train.warmup) == (3, 8, 0.25, 7)
+    assert (cfg.model.n_layer, cfg.train.batch_size, cfg.train.lr, cfg.train.warmup) == (
+        3,
+        8,
+        0.25,
+        7,
+    )
     toml.write_text("[train]\nlearning_rate = 1\n")
     with pytest.raises(ConfigError, match="unknown key train.learning_rate"):
         resolve_config(None, toml)
@@ -90,12 +109,17 @@ def test_toml_then_flags_then_set(tmp_path):
 
 
 def test_bad_data_folder_errors(tmp_path, capsys):
-    assert main(["pretrain", "--preset", "tiny", "--data", str(tmp_path), "--out",
-                 str(tmp_path / "r")]) == 2
+    assert (
+        main(
+            ["pretrain", "--preset", "tiny", "--data", str(tmp_path), "--out", str(tmp_path / "r")]
+        )
+        == 2
+    )
     assert "meta.json" in capsys.readouterr().err
     bad = make_prepared(tmp_path / "d")
-    (bad / "meta.json").write_text(json.dumps({"format": "gpt1-tokens", "vocab_size": "x",
-                                               "splits": {}}))
+    (bad / "meta.json").write_text(
+        json.dumps({"format": "gpt1-tokens", "vocab_size": "x", "splits": {}})
+    )
     with pytest.raises(DataError, match="vocab_size"):
         open_prepared(bad)
 
@@ -108,18 +132,27 @@ def test_exact_resume_after_sigkill(tmp_path):
     full, cut = tmp_path / "full", tmp_path / "cut"
     subprocess.run(pretrain_cmd(data, full, *args), check=True, env=env(), capture_output=True)
 
-    proc = subprocess.Popen(pretrain_cmd(data, cut, *args), env=env(), stderr=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        pretrain_cmd(data, cut, *args),
+        env=env(),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     wait_for("step-6", proc, cut)
     assert proc.poll() is None, "the run finished before it could be killed"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     killed_at = max(int(p.name[5:]) for p in step_dirs(cut))
     assert killed_at < 40 and not (cut / "final").exists()
-    subprocess.run(pretrain_cmd(data, cut, *args, "--resume", "auto"), check=True, env=env(),
-                   capture_output=True)
+    subprocess.run(
+        pretrain_cmd(data, cut, *args, "--resume", "auto"),
+        check=True,
+        env=env(),
+        capture_output=True,
+    )
 
-    assert train_losses(cut) == train_losses(full)          # bitwise, every step
+    assert train_losses(cut) == train_losses(full)  # bitwise, every step
     assert len(train_losses(full)) == 40
     a = load_file(str(full / "final" / "model.safetensors"))
     b = load_file(str(cut / "final" / "model.safetensors"))
@@ -127,7 +160,7 @@ def test_exact_resume_after_sigkill(tmp_path):
     vals = [json.loads(l) for l in (cut / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in vals if "val_loss" in r] == [0, 10, 20, 30, 40]
     assert (cut / "loss.png").is_file() and (cut / "run.json").is_file()
-    assert load_checkpoint(cut).config.vocab_size == 300       # vocabulary from the data
+    assert load_checkpoint(cut).config.vocab_size == 300  # vocabulary from the data
     assert (cut / "final" / "vocab.json").is_file()
 
 
@@ -135,9 +168,13 @@ def test_exact_resume_after_sigkill(tmp_path):
 def test_sigterm_writes_checkpoint_then_exits(tmp_path):
     data = make_prepared(tmp_path / "data")
     run = tmp_path / "run"
-    proc = subprocess.Popen(pretrain_cmd(data, run, "--max-steps", "100000", "--save-every", "0",
-                                         "--eval-every", "0"),
-                            env=env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        pretrain_cmd(data, run, "--max-steps", "100000", "--save-every", "0", "--eval-every", "0"),
+        env=env(),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
     wait_for("metrics.jsonl", proc, run)
     end = time.time() + 60
     while not train_losses(run) and time.time() < end:
@@ -149,8 +186,9 @@ def test_sigterm_writes_checkpoint_then_exits(tmp_path):
     _, meta = load_training_state(steps[0])
     assert meta["step"] == int(steps[0].name[5:]) >= 1
     # refusing to start over silently in a folder with checkpoints
-    again = subprocess.run(pretrain_cmd(data, run, "--max-steps", "3"), env=env(),
-                           capture_output=True, text=True)
+    again = subprocess.run(
+        pretrain_cmd(data, run, "--max-steps", "3"), env=env(), capture_output=True, text=True
+    )
     assert again.returncode == 2 and "--resume auto" in again.stderr
 
 
@@ -171,6 +209,7 @@ def test_plot_command_writes_pngs(tmp_path, capsys):
 def test_set_overrides_are_checked_together_in_any_order():
     from gpt1.errors import ConfigError
     from gpt1.recipes.pretrain import resolve_config
+
     cfg = resolve_config("tiny", sets=["model.n_embd=96", "model.n_head=3"])
     assert (cfg.model.n_embd, cfg.model.n_head) == (96, 3)
     with pytest.raises(ConfigError, match="divisible"):

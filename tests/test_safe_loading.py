@@ -1,6 +1,7 @@
 """Untrusted files are safe to open: crafted pickles are refused (and never run), torch files are
 read with `weights_only=True`, damaged training state is a clear error, and nothing a config or a
 dataset contains can make a run write outside its run folder."""
+
 from __future__ import annotations
 
 import ast
@@ -13,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict, save_model
-from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict, save_model
 from gpt1.model.gpt import GPT
+from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def write_pickle(path: Path, marker: Path, kind: str) -> None:
     if kind == "pickle":
         path.write_bytes(pickle.dumps({"wte.weight": _Payload(marker)}, protocol=2))
     else:
-        torch.save({"wte.weight": _Payload(marker)}, path)   # zip archive with data.pkl inside
+        torch.save({"wte.weight": _Payload(marker)}, path)  # zip archive with data.pkl inside
         assert zipfile.is_zipfile(path)
     assert not marker.exists()
 
@@ -82,6 +83,7 @@ def test_crafted_pickle_in_trainer_state_is_refused(tmp_path):
 def test_hf_pytorch_model_bin_is_read_weights_only(tmp_path):
     """`gpt1 convert --from hf` reads pytorch_model.bin, but only with weights_only=True."""
     from gpt1.recipes.convert import read_hf_weights
+
     marker = tmp_path / "pwned"
     write_pickle(tmp_path / "pytorch_model.bin", marker, "torch-zip")
     with pytest.raises(CheckpointError, match="pytorch_model.bin"):
@@ -116,19 +118,29 @@ def test_every_torch_load_in_the_package_is_weights_only():
     assert offenders == []
 
 
-@pytest.mark.parametrize("content", [b"", b"{not json", b'{"step": "../../x"}', b"[1, 2]",
-                                     b'{"step": 1}', b"\xff\xfe garbage",
-                                     b'{"step": 1, "sources": [{}], "optimizer": '
-                                     b'{"state": [], "param_groups": []}}'])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"{not json",
+        b'{"step": "../../x"}',
+        b"[1, 2]",
+        b'{"step": 1}',
+        b"\xff\xfe garbage",
+        b'{"step": 1, "sources": [{}], "optimizer": {"state": [], "param_groups": []}}',
+    ],
+)
 def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
     """Resuming from a hand-edited or damaged trainer_state.json never crashes with a bare
     KeyError/ValueError/TypeError: it is a CheckpointError naming the folder."""
-    from gpt1.train.loop import _load_state
     from gpt1.train import distributed as dist
+    from gpt1.train.loop import _load_state
+
     run = tmp_path / "run"
     folder = tiny_checkpoint(run / "step-3")
     (folder / TRAINER_JSON).write_bytes(content)
     from safetensors.torch import save_file
+
     save_file({"rng/0/cpu": torch.get_rng_state()}, str(folder / TRAINER_TENSORS))
     model = GPT(model_preset("tiny"))
     opt = torch.optim.AdamW(model.parameters())
@@ -150,9 +162,13 @@ def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     """A fine-tuned folder's head.safetensors goes through the same safe loader."""
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
+
     folder = tiny_checkpoint(tmp_path / "ft")
-    (folder / TASK_FILE).write_text(json.dumps({"task": "sst2", "kind": "single", "n_outputs": 2,
-                                                "classify_id": 3, "n_ctx": 16}))
+    (folder / TASK_FILE).write_text(
+        json.dumps(
+            {"task": "sst2", "kind": "single", "n_outputs": 2, "classify_id": 3, "n_ctx": 16}
+        )
+    )
     marker = tmp_path / "pwned"
     write_pickle(folder / HEAD_FILE, marker, "pickle")
     with pytest.raises(CheckpointError, match="head.safetensors"):
@@ -186,8 +202,10 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     """Config values and dataset fields that look like paths (`../`, absolute names) end up as
     data, never as file names: a whole pretrain run, then fine-tune + predict on a dataset whose
     ids and texts are traversal attempts, leave every file they write inside the run folders."""
-    from gpt1.cli import main
     from test_pretrain import make_prepared
+
+    from gpt1.cli import main
+
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
@@ -197,34 +215,89 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     meta["splits"]["../../escape"] = meta["splits"]["val"]
     (data / "meta.json").write_text(json.dumps(meta))
     toml = tmp_path / "hostile.toml"
-    toml.write_text('preset = "tiny"\n[train]\nmax_steps = 2\nsave_every = 1\n'
-                    'eval_every = 1\nlog_every = 1\n')
+    toml.write_text(
+        'preset = "tiny"\n[train]\nmax_steps = 2\nsave_every = 1\neval_every = 1\nlog_every = 1\n'
+    )
     before = _snapshot(tmp_path, tmp_path / "run")
-    assert main(["--quiet", "pretrain", "--config", str(toml), "--data", str(data), "--out",
-                 str(tmp_path / "run"), "--set", "train.peak_flops=1"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "pretrain",
+                "--config",
+                str(toml),
+                "--data",
+                str(data),
+                "--out",
+                str(tmp_path / "run"),
+                "--set",
+                "train.peak_flops=1",
+            ]
+        )
+        == 0
+    )
     assert _snapshot(tmp_path, tmp_path / "run") == before
     # fine-tune: a generic TSV task whose ids, texts and labels look like paths
     ft = tmp_path / "ft"
     ft.mkdir()
-    rows = ["id\ttext\tlabel"] + [f"../../../../tmp/evil{i}\t/etc/passwd ../x{i}\t{'../a' if i % 2 else '/b'}"
-                                  for i in range(8)]
+    rows = ["id\ttext\tlabel"] + [
+        f"../../../../tmp/evil{i}\t/etc/passwd ../x{i}\t{'../a' if i % 2 else '/b'}"
+        for i in range(8)
+    ]
     for split in ("train", "dev", "test"):
         (ft / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     vocab = tmp_path / "vocab"
     vocab.mkdir()
-    (vocab / "vocab.json").write_text(json.dumps({c: i for i, c in enumerate(
-        ["<unk>"] + [chr(c) for c in range(33, 127)] + [chr(c) + "</w>" for c in range(33, 127)])}))
+    (vocab / "vocab.json").write_text(
+        json.dumps(
+            {
+                c: i
+                for i, c in enumerate(
+                    ["<unk>"]
+                    + [chr(c) for c in range(33, 127)]
+                    + [chr(c) + "</w>" for c in range(33, 127)]
+                )
+            }
+        )
+    )
     (vocab / "merges.txt").write_text("#version: 0.2\n")
     before = _snapshot(tmp_path, tmp_path / "ftrun")
-    assert main(["--quiet", "finetune", "--task", "tsv", "--columns", "text=text,label=label,id=id",
-                 "--data", str(ft), "--init", "none", "--preset", "tiny", "--vocab", str(vocab),
-                 "--out", str(tmp_path / "ftrun"), "--max-steps", "2", "--batch-size", "4",
-                 "--micro-batch", "2", "--n-ctx", "32"]) == 0
+    assert (
+        main(
+            [
+                "--quiet",
+                "finetune",
+                "--task",
+                "tsv",
+                "--columns",
+                "text=text,label=label,id=id",
+                "--data",
+                str(ft),
+                "--init",
+                "none",
+                "--preset",
+                "tiny",
+                "--vocab",
+                str(vocab),
+                "--out",
+                str(tmp_path / "ftrun"),
+                "--max-steps",
+                "2",
+                "--batch-size",
+                "4",
+                "--micro-batch",
+                "2",
+                "--n-ctx",
+                "32",
+            ]
+        )
+        == 0
+    )
     assert main(["--quiet", "predict", str(tmp_path / "ftrun"), "--data", str(ft)]) == 0
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before
     assert not list(Path("/tmp").glob("evil*"))
     sub = (tmp_path / "ftrun" / "submission" / "tsv.tsv").read_text().splitlines()
-    assert sub[1].startswith("../../../../tmp/evil0\t")   # the id is written as data
+    assert sub[1].startswith("../../../../tmp/evil0\t")  # the id is written as data
     # a tampered task.json cannot redirect the submission file either
     task_file = tmp_path / "ftrun" / "final" / "task.json"
     record = json.loads(task_file.read_text())
@@ -232,5 +305,6 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     task_file.write_text(json.dumps(record))
     with pytest.raises(Gpt1Error):
         from gpt1.recipes.evaluate import predict_run
+
         predict_run(tmp_path / "ftrun", None, str(ft))
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before

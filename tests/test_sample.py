@@ -1,13 +1,14 @@
 """Generation: greedy equals transformers' generate, the KV cache is exact, filters are right."""
+
 import pytest
 import torch
+from conftest import TINY_MODEL
 
 from gpt1 import GPT, ModelConfig
-from gpt1.recipes.convert import gpt1_to_hf_state
 from gpt1.errors import ConfigError
 from gpt1.model.gpt import KVCache
+from gpt1.recipes.convert import gpt1_to_hf_state
 from gpt1.recipes.sample import filter_logits, generate
-from conftest import TINY_MODEL
 
 TINY = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}
 
@@ -22,7 +23,9 @@ def model(seed: int = 0) -> GPT:
 
 
 def prompt(n: int = 6, batch: int = 2) -> torch.Tensor:
-    return torch.randint(0, TINY["vocab_size"], (batch, n), generator=torch.Generator().manual_seed(7))
+    return torch.randint(
+        0, TINY["vocab_size"], (batch, n), generator=torch.Generator().manual_seed(7)
+    )
 
 
 def test_greedy_equals_transformers_generate():
@@ -34,8 +37,9 @@ def test_greedy_equals_transformers_generate():
     hf.tie_weights()
     x = prompt()
     ours = generate(m, x, 20, temperature=0)
-    theirs = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=20, do_sample=False,
-                         pad_token_id=0)
+    theirs = hf.generate(
+        x, attention_mask=torch.ones_like(x), max_new_tokens=20, do_sample=False, pad_token_id=0
+    )
     assert ours.shape == (2, 26)
     assert torch.equal(ours, theirs)
     assert len(set(ours[0, 6:].tolist())) > 1  # a non-trivial continuation
@@ -52,8 +56,12 @@ def test_kv_cache_matches_full_recompute():
     with torch.no_grad():
         ref = m(full)
         cache = KVCache(m.config.n_layer)
-        parts = [m(full[:, :4], cache=cache), m(full[:, 4:9], cache=cache), m(full[:, 9:10], cache=cache),
-                 m(full[:, 10:], cache=cache)]
+        parts = [
+            m(full[:, :4], cache=cache),
+            m(full[:, 4:9], cache=cache),
+            m(full[:, 9:10], cache=cache),
+            m(full[:, 10:], cache=cache),
+        ]
     assert len(cache) == 20
     assert torch.allclose(torch.cat(parts, 1), ref, atol=1e-5)
 
@@ -80,7 +88,9 @@ def test_seeded_sampling_is_reproducible_and_varies_with_seed():
 def test_top_k_one_is_greedy():
     m = model(4)
     x = prompt(4)
-    sampled = generate(m, x, 12, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0))
+    sampled = generate(
+        m, x, 12, temperature=0.7, top_k=1, generator=torch.Generator().manual_seed(0)
+    )
     assert torch.equal(sampled, generate(m, x, 12, temperature=0))
 
 
@@ -103,12 +113,22 @@ def test_sampling_follows_the_filtered_distribution():
     with torch.no_grad():
         probs = filter_logits(m.lm_logits(m(x[:1]))[:, -1], top_k=3).softmax(-1)[0]
     counts = torch.bincount(out[:, -1], minlength=TINY["vocab_size"]).float() / len(out)
-    assert set(torch.nonzero(counts).flatten().tolist()) <= set(torch.topk(probs, 3).indices.tolist())
+    assert set(torch.nonzero(counts).flatten().tolist()) <= set(
+        torch.topk(probs, 3).indices.tolist()
+    )
     assert torch.allclose(counts, probs, atol=0.03)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1.0), dict(top_k=0), dict(top_p=0.0),
-                                    dict(top_p=1.5), dict(max_new_tokens=-1)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=-1.0),
+        dict(top_k=0),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(max_new_tokens=-1),
+    ],
+)
 def test_bad_options(kwargs):
     args = dict(max_new_tokens=3, temperature=1.0)
     args.update(kwargs)

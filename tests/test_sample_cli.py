@@ -1,4 +1,5 @@
 """`gpt1 sample` as people use it: streamed text, a prompt from standard input, --interactive."""
+
 from __future__ import annotations
 
 import os
@@ -19,6 +20,7 @@ TINY = dict(vocab_size=40478, n_positions=48, n_embd=32, n_layer=2, n_head=2)
 @pytest.fixture(scope="module")
 def vocab():
     from conftest import SHARED_DATA
+
     folder = SHARED_DATA / "gpt1_tokenizer"
     if not folder.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (set GPT1_SHARED_DATA)")
@@ -28,6 +30,7 @@ def vocab():
 @pytest.fixture(scope="module")
 def tokenizer(vocab):
     from gpt1.text.tokenizer import Tokenizer
+
     return Tokenizer.from_dir(vocab)
 
 
@@ -44,10 +47,11 @@ def checkpoint(vocab, tmp_path_factory):
 
 def test_text_stream_equals_decode(tokenizer):
     from gpt1.recipes.sample import TextStream
+
     rng = random.Random(0)
     newline = tokenizer.encode("\n")
     words = tokenizer.encode("It's 3.5 miles -- doesn't he know? \" quoted \" end .")
-    for trial in range(200):
+    for _ in range(200):
         pool = [rng.randrange(len(tokenizer)) for _ in range(5)] + newline + words
         ids = [rng.choice(pool) for _ in range(rng.randint(0, 25))]
         stream = TextStream(tokenizer)
@@ -57,14 +61,16 @@ def test_text_stream_equals_decode(tokenizer):
 
 def test_text_streams_before_generation_ends(checkpoint):
     from gpt1.recipes.sample import Session
+
     session = Session(checkpoint, device="cpu", precision="fp32")
     calls = []
     handle = session.model.register_forward_hook(lambda *a: calls.append(1))
     try:
-        pieces = session.stream_text(session.prompt_ids("the old man"), max_new_tokens=30,
-                                     temperature=0)
+        pieces = session.stream_text(
+            session.prompt_ids("the old man"), max_new_tokens=30, temperature=0
+        )
         first = next(pieces)
-        assert first and len(calls) < 30   # text arrived after a few steps, not all 30
+        assert first and len(calls) < 30  # text arrived after a few steps, not all 30
         rest = "".join(pieces)
     finally:
         handle.remove()
@@ -74,14 +80,21 @@ def test_text_streams_before_generation_ends(checkpoint):
 
 def gpt1(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "gpt1", *args], input=stdin, text=True,
-                          capture_output=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "gpt1", *args],
+        input=stdin,
+        text=True,
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_prompt_from_stdin_and_interactive(checkpoint):
     common = ["--temperature", "0", "--max-new-tokens", "8", "--device", "cpu"]
-    direct = [gpt1("sample", str(checkpoint), "--prompt", p, *common) for p in
-              ("the old man", "she said")]
+    direct = [
+        gpt1("sample", str(checkpoint), "--prompt", p, *common) for p in ("the old man", "she said")
+    ]
     assert all(r.returncode == 0 for r in direct), [r.stderr for r in direct]
     answers = [r.stdout.strip() for r in direct]
     assert answers[0].startswith("the old man ") and answers[0] != answers[1]
@@ -91,8 +104,13 @@ def test_prompt_from_stdin_and_interactive(checkpoint):
     assert piped.stdout.strip() == answers[0]
 
     # one answer per line; an empty line ends the session (the last line is never answered)
-    chat = gpt1("sample", str(checkpoint), "--interactive", *common,
-                stdin="the old man\nshe said\n\nnever answered\n")
+    chat = gpt1(
+        "sample",
+        str(checkpoint),
+        "--interactive",
+        *common,
+        stdin="the old man\nshe said\n\nnever answered\n",
+    )
     assert chat.returncode == 0, chat.stderr
     assert chat.stdout.strip().splitlines() == answers
     # end of input ends it too
@@ -107,12 +125,28 @@ def test_prompt_dash_with_empty_stdin_is_a_clear_error(checkpoint):
 
 def test_lstm_checkpoints_sample_too(vocab, tmp_path, capsys):
     from gpt1.cli import main
-    from gpt1.model.lstm import LSTMConfig, LSTMLM
+    from gpt1.model.lstm import LSTMLM, LSTMConfig
     from gpt1.model.registry import save_lstm
+
     torch.manual_seed(0)
     lstm = LSTMLM(LSTMConfig(vocab_size=40478, n_embd=16, hidden_size=32, n_positions=24))
     folder = save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=vocab)
-    assert main(["sample", str(folder), "--prompt", "the old man", "--temperature", "0",
-                 "--max-new-tokens", "30", "--device", "cpu"]) == 0   # past its 24 positions
+    assert (
+        main(
+            [
+                "sample",
+                str(folder),
+                "--prompt",
+                "the old man",
+                "--temperature",
+                "0",
+                "--max-new-tokens",
+                "30",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 0
+    )  # past its 24 positions
     out = capsys.readouterr().out.strip()
     assert out.startswith("the old man ") and len(out.split()) > 3

@@ -6,6 +6,7 @@ multiple-choice task), a GPT checkpoint and an LSTM checkpoint. Most tests run t
 thread of this process (cheaper than a process per test); the SIGTERM test runs `gpt1 serve`
 as a process. No timing assertions: the timeouts are generous bounds for a loaded machine.
 """
+
 from __future__ import annotations
 
 import csv
@@ -17,9 +18,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -30,26 +32,35 @@ pytest.importorskip("uvicorn")
 
 from gpt1.cli import main  # noqa: E402
 from gpt1.config import FinetuneConfig, model_preset  # noqa: E402
-from gpt1.recipes.finetune import load_tokenizer, task_record, writer  # noqa: E402
-from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
+from gpt1.model.heads import FinetuneModel  # noqa: E402
+from gpt1.recipes.finetune import load_tokenizer, task_record, writer  # noqa: E402
 from gpt1.serve.app import create_app  # noqa: E402
 from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 120.0   # seconds: a bound for a loaded 2-core machine, not a speed check
+TIMEOUT = 120.0  # seconds: a bound for a loaded 2-core machine, not a speed check
 
-SENTENCES = ["a gripping , funny film .", "dull and far too long", "it 's a mess", "wonderful !",
-             "the acting is fine but the plot is thin and the ending drags on forever",
-             "not bad", "one of the year 's best", "i wanted to leave"]
+SENTENCES = [
+    "a gripping , funny film .",
+    "dull and far too long",
+    "it 's a mess",
+    "wonderful !",
+    "the acting is fine but the plot is thin and the ending drags on forever",
+    "not bad",
+    "one of the year 's best",
+    "i wanted to leave",
+]
 
 
 # ----------------------------------------------------------------------------- fixtures
 def char_vocab(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    pieces = (["<unk>"] + [chr(c) for c in range(33, 127)] + [chr(c) + "</w>" for c in range(33, 127)])
+    pieces = (
+        ["<unk>"] + [chr(c) for c in range(33, 127)] + [chr(c) + "</w>" for c in range(33, 127)]
+    )
     (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
     (folder / "merges.txt").write_text("#version: 0.2\n")
     return folder
@@ -64,7 +75,7 @@ def tiny_run(out: Path, vocab: Path, task: str, spec: dict | None = None, seed: 
     gpt.add_tokens(3)
     t = get_task(task, spec)
     model = FinetuneModel(gpt, t.kind, t.n_outputs, tok.classify_id)
-    torch.nn.init.normal_(model.head.linear.weight, std=0.5)   # spread-out probabilities
+    torch.nn.init.normal_(model.head.linear.weight, std=0.5)  # spread-out probabilities
     record = task_record(t, FinetuneConfig(task=task), tok, 48)
     (out / "final").mkdir(parents=True)
     writer(vocab, record, {})(model, out / "final")
@@ -82,29 +93,51 @@ def write_rows(path: Path, rows: list[dict], fmt: str) -> None:
             out.writerows(rows)
     else:
         keys = list(rows[0])
-        path.write_text("\t".join(keys) + "\n" + "".join("\t".join(str(r[k]) for k in keys) + "\n"
-                                                        for r in rows))
+        path.write_text(
+            "\t".join(keys)
+            + "\n"
+            + "".join("\t".join(str(r[k]) for k in keys) + "\n" for r in rows)
+        )
 
 
 # The four task kinds: (task name, spec, test rows, request field -> row key).
-PAIR_SPEC = {"columns": {"a": "premise", "b": "claim", "label": "gold", "id": "id"},
-             "labels": ["no", "yes"]}
-SIM_SPEC = {"columns": {"a": "left", "b": "right", "label": "score"}, "kind": "similarity",
-            "regression": True}
-CHOICE_SPEC = {"columns": {"context": "story", "choices": "endings", "label": "answer"},
-               "labels": ["0", "1", "2"]}
+PAIR_SPEC = {
+    "columns": {"a": "premise", "b": "claim", "label": "gold", "id": "id"},
+    "labels": ["no", "yes"],
+}
+SIM_SPEC = {
+    "columns": {"a": "left", "b": "right", "label": "score"},
+    "kind": "similarity",
+    "regression": True,
+}
+CHOICE_SPEC = {
+    "columns": {"context": "story", "choices": "endings", "label": "answer"},
+    "labels": ["0", "1", "2"],
+}
 
 
 def kind_cases() -> dict[str, tuple[str, dict | None, str, list[dict]]]:
     s = SENTENCES
     return {
         "single": ("sst2", None, "tsv", [{"index": i, "sentence": t} for i, t in enumerate(s)]),
-        "pair": ("jsonl", PAIR_SPEC, "jsonl",
-                 [{"id": f"p{i}", "premise": a, "claim": b} for i, (a, b) in enumerate(zip(s, s[1:]))]),
-        "similarity": ("csv", SIM_SPEC, "csv",
-                       [{"left": a, "right": b} for a, b in zip(s, reversed(s))]),
-        "choice": ("jsonl", CHOICE_SPEC, "jsonl",
-                   [{"story": a, "endings": [b, c, "the end"]} for a, b, c in zip(s, s[1:], s[2:])]),
+        "pair": (
+            "jsonl",
+            PAIR_SPEC,
+            "jsonl",
+            [{"id": f"p{i}", "premise": a, "claim": b} for i, (a, b) in enumerate(zip(s, s[1:]))],
+        ),
+        "similarity": (
+            "csv",
+            SIM_SPEC,
+            "csv",
+            [{"left": a, "right": b} for a, b in zip(s, reversed(s))],
+        ),
+        "choice": (
+            "jsonl",
+            CHOICE_SPEC,
+            "jsonl",
+            [{"story": a, "endings": [b, c, "the end"]} for a, b, c in zip(s, s[1:], s[2:])],
+        ),
     }
 
 
@@ -121,10 +154,12 @@ def world(tmp_path_factory) -> dict[str, Any]:
         runs[kind] = (run, data, rows)
     torch.manual_seed(1)
     from gpt1.model.checkpoint import save_model
+
     config = model_preset("tiny").derive(vocab_size=load_tokenizer(vocab).vocab_size)
     lm = save_model(GPT(config), root / "lm", vocab)
     from gpt1.model.lstm import LSTMLM, lstm_config_for
     from gpt1.model.registry import save_lstm
+
     lstm = save_lstm(LSTMLM(lstm_config_for(config)), root / "lstm", vocab)
     return {"root": root, "vocab": vocab, "runs": runs, "lm": lm, "lstm": lstm}
 
@@ -139,9 +174,11 @@ def free_port() -> int:
 def serving(path: Path, **app_options: Any) -> Iterator[str]:
     """A real uvicorn server for `path` on a free loopback port, in a thread of this process."""
     import uvicorn
+
     app = create_app(load_engine(path), **app_options)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(),
-                                           log_config=None, lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_config=None, lifespan="on")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT
@@ -176,10 +213,9 @@ def request_items(kind: str, rows: list[dict]) -> list[dict]:
 def test_predict_equals_gpt1_predict(world, kind, tmp_path):
     """Labels (scores for regression) equal the submission `gpt1 predict` writes, for all four
     task kinds; probabilities are the softmax of the head's outputs for the same inputs."""
-    from gpt1.recipes.evaluate import predict_raw
-    from gpt1.recipes.evaluate import load_finetuned
+    from gpt1.recipes.evaluate import load_finetuned, predict_raw
     from gpt1.tasks.batches import encode_split
-    from gpt1.tasks.examples import Split
+
     run, data, rows = world["runs"][kind]
     expected = submission(run, data, tmp_path / "sub")
     items = request_items(kind, rows)
@@ -205,8 +241,9 @@ def test_predict_equals_gpt1_predict(world, kind, tmp_path):
             probs = list(probs.values()) if isinstance(probs, dict) else probs
             assert probs == pytest.approx(torch.tensor(r).double().softmax(-1).tolist(), abs=1e-5)
             assert sum(probs) == pytest.approx(1.0)
-    with serving(run) as url:   # not every example lands in one batch: still the same labels
+    with serving(run) as url:  # not every example lands in one batch: still the same labels
         import concurrent.futures as cf
+
         with cf.ThreadPoolExecutor(8) as pool:
             alone = list(pool.map(lambda it: post(f"{url}/v1/predict", {"inputs": it}), items))
     assert [r.json()["predictions"][0]["label"] for r in alone] == expected
@@ -216,26 +253,46 @@ def test_generate_equals_gpt1_sample(world):
     """Greedy output equals `gpt1 sample --temperature 0`; seeded sampling equals `gpt1 sample
     --seed`; the SSE stream carries the same tokens, then the whole text."""
     from gpt1.recipes.sample import sample
+
     lm = world["lm"]
     greedy = sample(lm, prompt="the old man", max_new_tokens=30, temperature=0)[0]
-    seeded = sample(lm, prompt="the old man", max_new_tokens=30, temperature=0.9, top_k=20,
-                    top_p=0.95, seed=7)[0]
+    seeded = sample(
+        lm, prompt="the old man", max_new_tokens=30, temperature=0.9, top_k=20, top_p=0.95, seed=7
+    )[0]
     with serving(lm) as url:
-        g = post(f"{url}/v1/generate", {"prompt": "the old man", "max_new_tokens": 30,
-                                        "temperature": 0}).json()
-        s = post(f"{url}/v1/generate", {"prompt": "the old man", "max_new_tokens": 30,
-                                        "temperature": 0.9, "top_k": 20, "top_p": 0.95,
-                                        "seed": 7}).json()
-        with httpx.stream("POST", f"{url}/v1/generate", timeout=TIMEOUT,
-                          json={"prompt": "the old man", "max_new_tokens": 30, "temperature": 0,
-                                "stream": True}) as r:
+        g = post(
+            f"{url}/v1/generate", {"prompt": "the old man", "max_new_tokens": 30, "temperature": 0}
+        ).json()
+        s = post(
+            f"{url}/v1/generate",
+            {
+                "prompt": "the old man",
+                "max_new_tokens": 30,
+                "temperature": 0.9,
+                "top_k": 20,
+                "top_p": 0.95,
+                "seed": 7,
+            },
+        ).json()
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/generate",
+            timeout=TIMEOUT,
+            json={"prompt": "the old man", "max_new_tokens": 30, "temperature": 0, "stream": True},
+        ) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
-        ids = post(f"{url}/v1/generate", {"prompt_ids": greedy.ids[:greedy.prompt_len],
-                                          "max_new_tokens": 30, "temperature": 0}).json()
-    new = greedy.ids[greedy.prompt_len:]
-    assert g["ids"] == new and g["text"] == greedy.text and g["prompt_ids"] == greedy.ids[:greedy.prompt_len]
-    assert s["ids"] == seeded.ids[seeded.prompt_len:] and s["text"] == seeded.text
+        ids = post(
+            f"{url}/v1/generate",
+            {"prompt_ids": greedy.ids[: greedy.prompt_len], "max_new_tokens": 30, "temperature": 0},
+        ).json()
+    new = greedy.ids[greedy.prompt_len :]
+    assert (
+        g["ids"] == new
+        and g["text"] == greedy.text
+        and g["prompt_ids"] == greedy.ids[: greedy.prompt_len]
+    )
+    assert s["ids"] == seeded.ids[seeded.prompt_len :] and s["text"] == seeded.text
     assert ids["ids"] == new
     *tokens, done = events
     assert [e["id"] for e in tokens] == new and done["done"] and done["ids"] == new
@@ -244,11 +301,12 @@ def test_generate_equals_gpt1_sample(world):
 
 def test_lstm_checkpoint_generates_and_scores(world):
     from gpt1.recipes.sample import sample
+
     expected = sample(world["lstm"], prompt="hello", max_new_tokens=8, temperature=0)[0]
     with serving(world["lstm"]) as url:
         g = post(f"{url}/v1/generate", {"prompt": "hello", "max_new_tokens": 8, "temperature": 0})
         sc = post(f"{url}/v1/score", {"items": [{"context": "hel", "continuation": "lo"}]})
-    assert g.json()["ids"] == expected.ids[expected.prompt_len:]
+    assert g.json()["ids"] == expected.ids[expected.prompt_len :]
     assert sc.status_code == 200 and sc.json()["results"][0]["tokens"] >= 1
 
 
@@ -256,13 +314,20 @@ def test_score_equals_the_zero_shot_scorer(world):
     from gpt1.model.registry import load_any_checkpoint
     from gpt1.text.tokenizer import Tokenizer
     from gpt1.zeroshot.scorer import Scorer
+
     tok = Tokenizer.from_dir(world["lm"])
     pairs = [("the film was very", "good"), ("the film was very", "bad"), ("a", "b c d e")]
     expected = Scorer(load_any_checkpoint(world["lm"])).score(
-        [(tok.encode(c), tok.encode(x)) for c, x in pairs], greedy=True)
+        [(tok.encode(c), tok.encode(x)) for c, x in pairs], greedy=True
+    )
     with serving(world["lm"]) as url:
-        r = post(f"{url}/v1/score", {"items": [{"context": c, "continuation": x} for c, x in pairs]
-                                     + [{"context_ids": [5, 6], "continuation_ids": [7]}]})
+        r = post(
+            f"{url}/v1/score",
+            {
+                "items": [{"context": c, "continuation": x} for c, x in pairs]
+                + [{"context_ids": [5, 6], "continuation_ids": [7]}]
+            },
+        )
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     for got, want in zip(results, expected):
@@ -273,22 +338,32 @@ def test_score_equals_the_zero_shot_scorer(world):
 
 def test_health_metrics_and_openapi(world):
     from prometheus_client.parser import text_string_to_metric_families
+
     run = world["runs"]["pair"][0]
     with serving(run) as url:
-        assert post(f"{url}/v1/predict", {"inputs": {"premise": "a", "claim": "b"}}).status_code == 200
+        assert (
+            post(f"{url}/v1/predict", {"inputs": {"premise": "a", "claim": "b"}}).status_code == 200
+        )
         assert post(f"{url}/v1/predict", {"inputs": {"premise": "a"}}).status_code == 422
         health = httpx.get(f"{url}/health", timeout=TIMEOUT).json()
         text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
         schema = httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()
         assert httpx.get(f"{url}/docs", timeout=TIMEOUT).status_code == 200
-    assert health["status"] == "ok" and health["task"] == "jsonl" and health["labels"] == ["no", "yes"]
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert (
+        health["status"] == "ok" and health["task"] == "jsonl" and health["labels"] == ["no", "yes"]
+    )
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
     assert samples[("gpt1_requests_total", (("code", "200"), ("endpoint", "/v1/predict")))] == 1
     assert samples[("gpt1_requests_total", (("code", "422"), ("endpoint", "/v1/predict")))] == 1
     assert samples[("gpt1_batch_items_count", (("kind", "predict"),))] == 1
     assert samples[("gpt1_request_seconds_count", (("endpoint", "/v1/predict"),))] == 2
-    assert {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"} <= set(schema["paths"])
+    assert {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"} <= set(
+        schema["paths"]
+    )
     item = schema["components"]["schemas"]["PredictItem"]
     assert set(item["properties"]) == {"premise", "claim"}
 
@@ -327,8 +402,11 @@ def test_bad_requests_get_a_one_line_4xx(world):
         assert raw.status_code == 422 and raw.json()["error"] == "body is not valid JSON"
         big = post(f"{url}/v1/predict", {"inputs": {"text": "y" * 5000}})
         assert big.status_code == 413 and "2000 bytes" in big.json()["error"]
-        chunked = httpx.post(f"{url}/v1/predict", timeout=TIMEOUT,
-                             content=iter([b'{"inputs": {"text": "', b"z" * 3000, b'"}}']))
+        chunked = httpx.post(
+            f"{url}/v1/predict",
+            timeout=TIMEOUT,
+            content=iter([b'{"inputs": {"text": "', b"z" * 3000, b'"}}']),
+        )
         assert chunked.status_code == 413
         assert httpx.get(f"{url}/v1/predict", timeout=TIMEOUT).status_code == 405
         # the worker is alive and well after all of that
@@ -341,10 +419,13 @@ def test_bad_requests_get_a_one_line_4xx(world):
 def test_queue_limit_answers_503_with_retry_after(world):
     """A batch waiting for company holds its items in the queue: past max_queue, 503."""
     run = world["runs"]["single"][0]
-    with serving(run, max_queue=2, wait_s=10.0) as url:   # a wide window, even on a busy machine
+    with serving(run, max_queue=2, wait_s=10.0) as url:  # a wide window, even on a busy machine
         first: dict[str, httpx.Response] = {}
-        t = threading.Thread(target=lambda: first.setdefault(
-            "r", post(f"{url}/v1/predict", {"inputs": [{"text": "a"}, {"text": "b"}]})))
+        t = threading.Thread(
+            target=lambda: first.setdefault(
+                "r", post(f"{url}/v1/predict", {"inputs": [{"text": "a"}, {"text": "b"}]})
+            )
+        )
         t.start()
         wait_for(lambda: httpx.get(f"{url}/health", timeout=TIMEOUT).json()["queued_items"] == 2)
         busy = post(f"{url}/v1/predict", {"inputs": {"text": "c"}})
@@ -369,25 +450,48 @@ def test_sigterm_finishes_requests_in_flight_then_exits(world):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "gpt1", "serve", str(run), "--port", str(port),
-                             "--batch-wait-ms", "8000", "--threads", "1"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpt1",
+            "serve",
+            str(run),
+            "--port",
+            str(port),
+            "--batch-wait-ms",
+            "8000",
+            "--threads",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def up() -> bool:
             assert proc.poll() is None, proc.stdout.read().decode()
             try:
                 return httpx.get(f"{url}/health", timeout=5).status_code == 200
             except httpx.TransportError:
                 return False
+
         wait_for(up)
         results: dict[str, Any] = {}
-        predict = threading.Thread(target=lambda: results.setdefault(
-            "predict", post(f"{url}/v1/predict", {"inputs": [{"text": "a"}, {"text": "b"}]})))
+        predict = threading.Thread(
+            target=lambda: results.setdefault(
+                "predict", post(f"{url}/v1/predict", {"inputs": [{"text": "a"}, {"text": "b"}]})
+            )
+        )
         predict.start()
         wait_for(lambda: httpx.get(f"{url}/health", timeout=TIMEOUT).json()["queued_items"] == 2)
-        with httpx.stream("POST", f"{url}/v1/generate", timeout=TIMEOUT,
-                          json={"prompt": "abc", "max_new_tokens": 40, "temperature": 0,
-                                "stream": True}) as stream:
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/generate",
+            timeout=TIMEOUT,
+            json={"prompt": "abc", "max_new_tokens": 40, "temperature": 0, "stream": True},
+        ) as stream:
             lines = stream.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             proc.send_signal(signal.SIGTERM)

@@ -1,4 +1,5 @@
 """Metrics per task as GLUE reports them (values worked out by hand here)."""
+
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from gpt1.tasks.metrics import compute
 def test_classification_metrics():
     m = compute(["accuracy", "f1", "matthews"], [1, 1, 0, 0], [1, 0, 0, 0])
     assert m["accuracy"] == 0.75
-    assert m["f1"] == pytest.approx(2 / 3)                 # P = 1/2, R = 1
+    assert m["f1"] == pytest.approx(2 / 3)  # P = 1/2, R = 1
     assert m["matthews"] == pytest.approx(2 / math.sqrt(12))
 
 

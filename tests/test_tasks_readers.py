@@ -1,5 +1,6 @@
 """Readers: every format against the real files in ../shared/data, and the documented formats
 (RTE, MRPC, WNLI, QQP, MNLI, RACE, generic) on small files written here; bad rows."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,7 @@ import pytest
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks import get_task
-from gpt1.tasks.examples import ChoiceExample, PairExample, TextExample
-from gpt1.tasks.examples import UnknownLabelError
+from gpt1.tasks.examples import ChoiceExample, TextExample, UnknownLabelError
 from gpt1.tasks.registry import complete_generic_spec
 
 
@@ -24,7 +24,11 @@ def counts(split):
 def test_glue_real_files(shared_data: Path):
     glue = shared_data / "glue"
     cola = get_task("cola")
-    assert [len(cola.read(glue / "CoLA", s)) for s in ("train", "dev", "test")] == [8551, 1043, 1063]
+    assert [len(cola.read(glue / "CoLA", s)) for s in ("train", "dev", "test")] == [
+        8551,
+        1043,
+        1063,
+    ]
     first = cola.read(glue / "CoLA", "train").examples[0]
     assert first.text.startswith("Our friends won't buy this analysis") and first.label == 1
     sst = get_task("sst2").read(glue / "SST-2", "dev")
@@ -83,8 +87,11 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_rte_wnli_qqp_mrpc(tmp_path: Path):
-    write(tmp_path / "rte" / "train.tsv", "index\tsentence1\tsentence2\tlabel\n"
-          "0\tA man sleeps.\tSomeone sleeps.\tentailment\n1\tA\tB\tnot_entailment\n")
+    write(
+        tmp_path / "rte" / "train.tsv",
+        "index\tsentence1\tsentence2\tlabel\n"
+        "0\tA man sleeps.\tSomeone sleeps.\tentailment\n1\tA\tB\tnot_entailment\n",
+    )
     rte = get_task("rte").read(tmp_path / "rte", "train")
     assert [e.label for e in rte.examples] == [0, 1] and rte.examples[0].b == "Someone sleeps."
     write(tmp_path / "wnli" / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tx\ty\t1\n")
@@ -92,26 +99,35 @@ def test_rte_wnli_qqp_mrpc(tmp_path: Path):
     write(tmp_path / "qqp" / "test.tsv", "id\tquestion1\tquestion2\n7\tWhy?\tHow?\n")
     ex = get_task("qqp").read(tmp_path / "qqp", "test").examples[0]
     assert (ex.a, ex.b, ex.label, ex.uid) == ("Why?", "How?", None, "7")
-    write(tmp_path / "mrpc" / "train.tsv", "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
-          "1\t702876\t702977\tAmrozi accused \"his brother\tReferring to him\n")
+    write(
+        tmp_path / "mrpc" / "train.tsv",
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+        '1\t702876\t702977\tAmrozi accused "his brother\tReferring to him\n',
+    )
     ex = get_task("mrpc").read(tmp_path / "mrpc", "train").examples[0]
     assert ex.a == 'Amrozi accused "his brother' and ex.label == 1  # quotes are plain text
 
 
 def test_mnli_glue_dev_with_annotator_labels(tmp_path: Path):
     header = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label\n"
-    write(tmp_path / "dev_matched.tsv", header +
-          "0\t1\t1e\tfiction\tP one.\tH one.\tneutral\tneutral\tneutral\tcontradiction\n"
-          "1\t2\t2e\tfiction\tP two.\tH two.\tneutral\t-\n")
+    write(
+        tmp_path / "dev_matched.tsv",
+        header + "0\t1\t1e\tfiction\tP one.\tH one.\tneutral\tneutral\tneutral\tcontradiction\n"
+        "1\t2\t2e\tfiction\tP two.\tH two.\tneutral\t-\n",
+    )
     split = get_task("mnli").read(tmp_path, "dev_matched")
     assert [e.label for e in split.examples] == [2] and split.dropped == 1
     assert get_task("mnli").resolve_splits("dev") == ("dev_matched", "dev_mismatched")
 
 
 def test_race_folder_and_levels(tmp_path: Path):
-    doc = {"article": "Tom has a cat.", "questions": ["What does Tom have?", "Who _ a cat?"],
-           "options": [["a dog", "a cat", "a cow", "a hen"], ["Tom has", "Ann", "Bo", "Al"]],
-           "answers": ["B", "A"], "id": "middle1.txt"}
+    doc = {
+        "article": "Tom has a cat.",
+        "questions": ["What does Tom have?", "Who _ a cat?"],
+        "options": [["a dog", "a cat", "a cow", "a hen"], ["Tom has", "Ann", "Bo", "Al"]],
+        "answers": ["B", "A"],
+        "id": "middle1.txt",
+    }
     for name in ("2.txt", "10.txt"):
         write(tmp_path / "RACE" / "dev" / "middle" / name, json.dumps(doc))
     write(tmp_path / "RACE" / "dev" / "high" / "1.txt", json.dumps(dict(doc, answers=["C", "D"])))
@@ -126,15 +142,20 @@ def test_race_folder_and_levels(tmp_path: Path):
 
 def test_generic_csv_and_jsonl(tmp_path: Path):
     write(tmp_path / "train.csv", 'id,review,stars\n1,"good, really",pos\n2,bad,neg\n3,ok,pos\n')
-    spec = complete_generic_spec("csv", {"columns": {"text": "review", "label": "stars", "id": "id"}},
-                                 tmp_path, "train")
+    spec = complete_generic_spec(
+        "csv", {"columns": {"text": "review", "label": "stars", "id": "id"}}, tmp_path, "train"
+    )
     task = get_task("csv", spec)
     assert task.kind == "single" and task.labels == ["neg", "pos"]
     split = task.read(tmp_path, "train")
     assert split.examples[0] == TextExample("good, really", 1, "1")
-    write(tmp_path / "train.jsonl", json.dumps({"ctx": "c", "opts": ["x", "y", "z"], "y": "2"}) + "\n")
-    task = get_task("jsonl", {"columns": {"context": "ctx", "choices": "opts", "label": "y"},
-                              "labels": ["0", "1", "2"]})
+    write(
+        tmp_path / "train.jsonl", json.dumps({"ctx": "c", "opts": ["x", "y", "z"], "y": "2"}) + "\n"
+    )
+    task = get_task(
+        "jsonl",
+        {"columns": {"context": "ctx", "choices": "opts", "label": "y"}, "labels": ["0", "1", "2"]},
+    )
     ex = task.read(tmp_path, "train").examples[0]
     assert task.kind == "choice" and ex.choices == ["x", "y", "z"] and ex.label == 2
     with pytest.raises(ConfigError, match="unknown role"):
@@ -153,8 +174,13 @@ def test_bad_row_names_file_line_and_skip(tmp_path: Path):
 
 
 def test_empty_text_and_bad_score_name_the_field(tmp_path: Path):
-    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
-    write(tmp_path / "train.tsv", header + "0\tg\tf\ty\t0\tn\tn\tA\tB\t4.2\n1\tg\tf\ty\t0\tn\tn\tA\tB\tfive\n")
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    )
+    write(
+        tmp_path / "train.tsv",
+        header + "0\tg\tf\ty\t0\tn\tn\tA\tB\t4.2\n1\tg\tf\ty\t0\tn\tn\tA\tB\tfive\n",
+    )
     with pytest.raises(DataError) as err:
         get_task("stsb").read(tmp_path, "train")
     assert (err.value.line, err.value.field) == (3, "score")
@@ -165,7 +191,10 @@ def test_empty_text_and_bad_score_name_the_field(tmp_path: Path):
 
 
 def test_unknown_label_is_an_error_even_when_skipping(tmp_path: Path):
-    write(tmp_path / "train.tsv", "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n")
+    write(
+        tmp_path / "train.tsv",
+        "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n",
+    )
     with pytest.raises(UnknownLabelError, match=r"train\.tsv:3.*unknown label 'maybe'"):
         get_task("rte").read(tmp_path, "train", skip_bad_rows=True)
 
@@ -182,10 +211,14 @@ def test_empty_split_is_an_error(tmp_path: Path):
 
 
 def test_csv_line_numbers_count_quoted_newlines(tmp_path: Path):
-    head = ("InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
-            "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2,AnswerRightEnding\n")
-    write(tmp_path / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv",
-          head + 'a,"one\ntwo",s2,s3,s4,e1,e2,1\nb,s1,s2,s3,s4,e1,e2\n')
+    head = (
+        "InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
+        "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2,AnswerRightEnding\n"
+    )
+    write(
+        tmp_path / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv",
+        head + 'a,"one\ntwo",s2,s3,s4,e1,e2,1\nb,s1,s2,s3,s4,e1,e2\n',
+    )
     with pytest.raises(DataError) as err:
         get_task("story_cloze").read(tmp_path, "test")
     assert err.value.line == 4  # the second record starts on line 4 (the first spans 2-3)
@@ -232,7 +265,7 @@ def _jsonl(tmp_path: Path, *rows: str) -> Path:
 
 @pytest.mark.parametrize("label", ['["pos"]', '{"c": "pos"}', "true", "1.5", '""', '"  "'])
 def test_jsonl_label_that_is_not_a_string_or_integer_is_an_error(tmp_path: Path, label):
-    path = _jsonl(tmp_path, '{"t": "fine", "y": "pos"}', '{"t": "odd", "y": %s}' % label)
+    path = _jsonl(tmp_path, '{"t": "fine", "y": "pos"}', '{"t": "odd", "y": ' + label + "}")
     with pytest.raises(DataError) as err:  # the label set read from the training file
         complete_generic_spec("jsonl", {"columns": {"text": "t", "label": "y"}}, tmp_path, "train")
     assert (Path(err.value.path), err.value.line, err.value.field) == (path, 2, "y")
@@ -244,14 +277,17 @@ def test_jsonl_label_that_is_not_a_string_or_integer_is_an_error(tmp_path: Path,
 
 def test_jsonl_integer_label_is_the_class_of_its_digits(tmp_path: Path):
     _jsonl(tmp_path, '{"t": "a", "y": 1}', '{"t": "b", "y": "0"}', '{"t": "c", "y": "1"}')
-    spec = complete_generic_spec("jsonl", {"columns": {"text": "t", "label": "y"}}, tmp_path,
-                                 "train")
+    spec = complete_generic_spec(
+        "jsonl", {"columns": {"text": "t", "label": "y"}}, tmp_path, "train"
+    )
     assert spec["labels"] == ["0", "1"]
     assert [e.label for e in get_task("jsonl", spec).read(tmp_path, "train").examples] == [1, 0, 1]
 
 
-@pytest.mark.parametrize("row", ['{"t": "a", "y": "pos", "y": "neg"}',
-                                 '{"t": "a", "y": "pos", "meta": {"k": 1, "k": 2}}'])
+@pytest.mark.parametrize(
+    "row",
+    ['{"t": "a", "y": "pos", "y": "neg"}', '{"t": "a", "y": "pos", "meta": {"k": 1, "k": 2}}'],
+)
 def test_jsonl_duplicate_keys_are_an_error(tmp_path: Path, row):
     _jsonl(tmp_path, '{"t": "fine", "y": "pos"}', row)
     with pytest.raises(DataError, match="appears twice") as err:
@@ -259,10 +295,13 @@ def test_jsonl_duplicate_keys_are_an_error(tmp_path: Path, row):
     assert err.value.line == 2 and err.value.field in ("y", "k")
 
 
-@pytest.mark.parametrize("name,text", [
-    ("test.csv", "id,review,review\n1,a,b\n"),
-    ("test.tsv", "id\treview\treview\n1\ta\tb\n"),
-])
+@pytest.mark.parametrize(
+    "name,text",
+    [
+        ("test.csv", "id,review,review\n1,a,b\n"),
+        ("test.tsv", "id\treview\treview\n1\ta\tb\n"),
+    ],
+)
 def test_duplicate_header_names_are_an_error(tmp_path: Path, name, text):
     path = write(tmp_path / name, text)
     task = get_task(name.split(".")[1], {"columns": {"text": "review"}, "labels": ["x"]})
@@ -280,8 +319,12 @@ def test_duplicate_glue_header_names_are_an_error(tmp_path: Path):
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "jsonl"])
 def test_one_field_size_limit_for_every_format(tmp_path: Path, fmt):
     def row(text: str) -> str:
-        return {"csv": f"1,{text}\n", "tsv": f"1\t{text}\n",
-                "jsonl": json.dumps({"id": "1", "review": text}) + "\n"}[fmt]
+        return {
+            "csv": f"1,{text}\n",
+            "tsv": f"1\t{text}\n",
+            "jsonl": json.dumps({"id": "1", "review": text}) + "\n",
+        }[fmt]
+
     head = {"csv": "id,review\n", "tsv": "id\treview\n", "jsonl": ""}[fmt]
     task = get_task(fmt, {"columns": {"text": "review", "id": "id"}, "labels": ["x"]})
     path = write(tmp_path / f"test.{fmt}", head + row("x" * MAX_FIELD_CHARS))
@@ -298,24 +341,32 @@ def test_one_field_size_limit_for_every_format(tmp_path: Path, fmt):
 def test_field_size_limit_in_nested_jsonl_and_race_files(tmp_path: Path):
     big = "x" * (MAX_FIELD_CHARS + 1)
     write(tmp_path / "train.jsonl", json.dumps({"ctx": "c", "opts": ["a", big], "y": "1"}) + "\n")
-    task = get_task("jsonl", {"columns": {"context": "ctx", "choices": "opts", "label": "y"},
-                              "labels": ["0", "1"]})
+    task = get_task(
+        "jsonl",
+        {"columns": {"context": "ctx", "choices": "opts", "label": "y"}, "labels": ["0", "1"]},
+    )
     with pytest.raises(DataError, match="field 'opts\\[1\\]'"):
         task.read(tmp_path, "train")
     race = tmp_path / "RACE" / "dev" / "high"
-    write(race / "1.txt", json.dumps({"article": big, "questions": ["q"], "options": [["a", "b"]],
-                                      "answers": ["A"]}))
+    write(
+        race / "1.txt",
+        json.dumps({"article": big, "questions": ["q"], "options": [["a", "b"]], "answers": ["A"]}),
+    )
     with pytest.raises(DataError, match="field 'article'"):
         get_task("race").read(tmp_path / "RACE", "dev")
-    write(race / "1.txt", '{"article": "a", "article": "b", "questions": [], "options": [], '
-                          '"answers": []}')
+    write(
+        race / "1.txt",
+        '{"article": "a", "article": "b", "questions": [], "options": [], "answers": []}',
+    )
     with pytest.raises(DataError, match="'article' appears twice"):
         get_task("race").read(tmp_path / "RACE", "dev")
 
 
 @pytest.mark.parametrize("score", ["nan", "NaN", "inf", "-Infinity", "1e999", "1_000", "0x10", ""])
 def test_stsb_score_must_be_a_finite_decimal_number(tmp_path: Path, score):
-    header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    header = (
+        "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    )
     write(tmp_path / "train.tsv", header + f"0\tg\tf\ty\t0\tn\tn\tA\tB\t{score}\n")
     with pytest.raises(DataError) as err:
         get_task("stsb").read(tmp_path, "train")
@@ -331,14 +382,23 @@ def test_jsonl_nan_and_infinity_are_not_json(tmp_path: Path):
     with pytest.raises(DataError, match="expected a number, got True") as err:
         task.read(tmp_path, "train")
     assert err.value.line == 3
-    assert [e.label for e in task.read(tmp_path, "train", skip_bad_rows=True).examples] == [2.5, 3.0]
+    assert [e.label for e in task.read(tmp_path, "train", skip_bad_rows=True).examples] == [
+        2.5,
+        3.0,
+    ]
 
 
-@pytest.mark.parametrize("value,message", [("5", "expected text, got int"),
-                                           ('["a"]', "expected text, got list"),
-                                           ("null", "missing column"), ('"  "', "empty text")])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        ("5", "expected text, got int"),
+        ('["a"]', "expected text, got list"),
+        ("null", "missing column"),
+        ('"  "', "empty text"),
+    ],
+)
 def test_jsonl_text_must_be_a_non_empty_string(tmp_path: Path, value, message):
-    _jsonl(tmp_path, '{"t": %s, "y": "pos"}' % value)
+    _jsonl(tmp_path, '{"t": ' + value + ', "y": "pos"}')
     with pytest.raises(DataError, match=message) as err:
         _jsonl_task(["pos"]).read(tmp_path, "train")
     assert (err.value.line, err.value.field) == (1, "t")
@@ -374,11 +434,13 @@ def _kind_labels(name: str) -> tuple:
 
 
 def test_hub_rows_follow_the_same_rules(monkeypatch):
-    rows = [{"sentence": "good", "label": 1, "idx": 0},
-            {"sentence": "x" * (MAX_FIELD_CHARS + 1), "label": 0, "idx": 1},
-            {"sentence": 5, "label": 0, "idx": 2},
-            {"sentence": "fine", "label": True, "idx": 3},
-            {"text_is_missing": "a", "label": 0, "idx": 4}]
+    rows = [
+        {"sentence": "good", "label": 1, "idx": 0},
+        {"sentence": "x" * (MAX_FIELD_CHARS + 1), "label": 0, "idx": 1},
+        {"sentence": 5, "label": 0, "idx": 2},
+        {"sentence": "fine", "label": True, "idx": 3},
+        {"text_is_missing": "a", "label": 0, "idx": 4},
+    ]
     monkeypatch.setattr(hub, "_load", lambda name, split: rows)
     task = get_task("sst2")
     with pytest.raises(DataError, match="limit is") as err:
@@ -387,14 +449,29 @@ def test_hub_rows_follow_the_same_rules(monkeypatch):
     bad = hub.BadRows(skip=True)
     examples, _, _ = hub.read_hub(task.kind, task.labels, "glue/sst2", "train", bad)
     assert [e.text for e in examples] == ["good"] and [e.line for e in bad.rows] == [2, 3, 4, 5]
-    monkeypatch.setattr(hub, "_load", lambda name, split: [
-        {"sentence1": "a", "sentence2": "b", "label": float("nan")}])
+    monkeypatch.setattr(
+        hub,
+        "_load",
+        lambda name, split: [{"sentence1": "a", "sentence2": "b", "label": float("nan")}],
+    )
     with pytest.raises(DataError, match="finite"):
         hub.read_hub(*_kind_labels("stsb"), "glue/stsb", "train", hub.BadRows())
-    monkeypatch.setattr(hub, "_load", lambda name, split: [  # GLUE test rows: -1 is no label
-        {"sentence1": "a", "sentence2": "b", "label": -1.0}])
-    assert hub.read_hub(*_kind_labels("stsb"), "glue/stsb", "test", hub.BadRows())[0][0].label is None
-    monkeypatch.setattr(hub, "_load", lambda name, split: [
-        {"article": "a", "question": "q", "options": ["x", "y"], "answer": "Z"}])
+    monkeypatch.setattr(
+        hub,
+        "_load",
+        lambda name, split: [  # GLUE test rows: -1 is no label
+            {"sentence1": "a", "sentence2": "b", "label": -1.0}
+        ],
+    )
+    assert (
+        hub.read_hub(*_kind_labels("stsb"), "glue/stsb", "test", hub.BadRows())[0][0].label is None
+    )
+    monkeypatch.setattr(
+        hub,
+        "_load",
+        lambda name, split: [
+            {"article": "a", "question": "q", "options": ["x", "y"], "answer": "Z"}
+        ],
+    )
     with pytest.raises(DataError, match="unknown answer 'Z'"):
         hub.read_hub(*_kind_labels("race"), "race/all", "train", hub.BadRows())

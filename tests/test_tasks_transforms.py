@@ -1,11 +1,22 @@
 """The four input transformations: exact token layouts, truncation policy, padding."""
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpt1.tasks.examples import ChoiceExample, PairExample, TextExample
-from gpt1.tasks.transforms import SpecialIds, choice, pad_batch, pair, similarity, single, transform, truncate
+from gpt1.tasks.transforms import (
+    SpecialIds,
+    choice,
+    pad_batch,
+    pair,
+    similarity,
+    single,
+    transform,
+    truncate,
+)
 
 S = SpecialIds(start=100, delimiter=101, classify=102)
 
@@ -27,14 +38,18 @@ def test_choice_one_sequence_per_answer():
     # The paper's [z; q; $; a_k]: context and question concatenated, then the delimiter.
     assert seqs == [[100, 1, 2, 3, 101, 4, 102], [100, 1, 2, 3, 101, 5, 6, 102]]
     assert choice([1, 2], [], [[4]], S, 16) == [[100, 1, 2, 101, 4, 102]]  # Story Cloze
-    assert choice([1], [3], [[4]], S, 16, question_delimiter=True) == [[100, 1, 101, 3, 101, 4, 102]]
+    assert choice([1], [3], [[4]], S, 16, question_delimiter=True) == [
+        [100, 1, 101, 3, 101, 4, 102]
+    ]
 
 
 def test_transform_dispatches_on_kind():
     enc = lambda text: [len(w) for w in text.split()]  # noqa: E731  (a stand-in tokenizer)
     assert transform("single", TextExample("ab c"), enc, S, 8) == [[100, 2, 1, 102]]
-    assert transform("similarity", PairExample("a", "bb"), enc, S, 8) == [[100, 1, 101, 2, 102],
-                                                                         [100, 2, 101, 1, 102]]
+    assert transform("similarity", PairExample("a", "bb"), enc, S, 8) == [
+        [100, 1, 101, 2, 102],
+        [100, 2, 101, 1, 102],
+    ]
     ex = ChoiceExample("aaa", " ", ["b", "cc"], 1)
     assert transform("choice", ex, enc, S, 8) == [[100, 3, 101, 1, 102], [100, 3, 101, 2, 102]]
 
@@ -50,8 +65,9 @@ def test_truncation_cuts_longest_segment_from_its_end():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(1, 99), max_size=40), min_size=1, max_size=3),
-       st.integers(5, 48))
+@given(
+    st.lists(st.lists(st.integers(1, 99), max_size=40), min_size=1, max_size=3), st.integers(5, 48)
+)
 def test_truncation_never_drops_the_extract_token(segments, n_ctx):
     ctx = segments[0]
     answers = segments[1:] or [[]]

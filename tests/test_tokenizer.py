@@ -1,5 +1,6 @@
 """The GPT-1 tokenizer: exact ids against the faithful reference, speed paths proven equal to
 the slow ones, vocabulary checks, training, the `gpt1 tokenizer` command."""
+
 from __future__ import annotations
 
 import csv
@@ -16,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from gpt1.text import normalize as textlib
 from gpt1.errors import DataError
+from gpt1.text import normalize as textlib
 from gpt1.text.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,7 +38,10 @@ TRICKY = [
     "cannot gonna gotta wanna lemme y'all o'clock",
     "a <unk> b<UNK>c <unk><unk>",
     "mojibake: Ã©tÃ© â€™",
-    "", "   ", "\n", "x",
+    "",
+    "   ",
+    "\n",
+    "x",
 ]
 
 
@@ -62,8 +66,9 @@ def ref():
     if not VOCAB.is_dir():
         pytest.skip(f"no GPT-1 vocabulary at {VOCAB}")
     transformers.logging.set_verbosity_error()
-    r = transformers.OpenAIGPTTokenizer(str(VOCAB / "encoder_bpe_40000.json"),
-                                        str(VOCAB / "vocab_40000.bpe"))
+    r = transformers.OpenAIGPTTokenizer(
+        str(VOCAB / "encoder_bpe_40000.json"), str(VOCAB / "vocab_40000.bpe")
+    )
     assert r.fix_text is not None, "reference fell back to BasicTokenizer"
     return r
 
@@ -77,8 +82,10 @@ def test_original_vocabulary_sizes_and_special_ids(tok):
     assert (tok.start_id, tok.delimiter_id, tok.classify_id) == (40478, 40479, 40480)
     assert tok.n_special == 3 and tok.total_size == 40481 == len(tok)
     assert tok.encoder["<unk>"] == 0 and tok.encoder["\n</w>"] == 40477
-    assert tok.decode([tok.start_id, 3570, tok.delimiter_id, 3570, tok.classify_id]) == \
-        "_start_ hello _delimiter_ hello _classify_"
+    assert (
+        tok.decode([tok.start_id, 3570, tok.delimiter_id, 3570, tok.classify_id])
+        == "_start_ hello _delimiter_ hello _classify_"
+    )
 
 
 @needs_vocab
@@ -122,6 +129,7 @@ def test_python_bpe_follows_merge_ranks():
     ranks = {("a", "b"): 1, ("b", "c</w>"): 0, ("a", "bc</w>"): 2}
     # (b, c</w>) ranks before (a, b), so "abc" becomes a + bc</w>, then abc</w>
     from gpt1.text.tokenizer import bpe
+
     assert bpe("abc", ranks) == ["abc</w>"]
     assert bpe("abab", {("a", "b"): 0}) == ["ab", "a", "b</w>"]
     assert bpe("x", ranks) == ["x</w>"]
@@ -139,8 +147,7 @@ def _learned_merges_and_words(draw):
         if a + b not in tokens:  # learned merges make each token once
             merges.append((a, b))
             tokens.append(a + b)
-    words = draw(st.lists(st.text(alphabet="abc", min_size=1, max_size=40), min_size=1,
-                          max_size=5))
+    words = draw(st.lists(st.text(alphabet="abc", min_size=1, max_size=40), min_size=1, max_size=5))
     return merges, words
 
 
@@ -148,6 +155,7 @@ def _learned_merges_and_words(draw):
 @settings(max_examples=1500, deadline=None)
 def test_heap_bpe_equals_python_bpe_for_ordered_merges(case):
     from gpt1.text.tokenizer import bpe, bpe_heap, merges_are_ordered
+
     merges, words = case
     assert merges_are_ordered(merges)
     ranks = {pair: i for i, pair in enumerate(merges)}
@@ -157,6 +165,7 @@ def test_heap_bpe_equals_python_bpe_for_ordered_merges(case):
 
 def test_merges_out_of_order_keep_the_rescanning_bpe():
     from gpt1.text.tokenizer import bpe, bpe_heap, merges_are_ordered
+
     merges = [("ab", "a"), ("a", "b")]  # uses "ab" before the merge that makes it
     assert not merges_are_ordered(merges)
     ranks = {pair: i for i, pair in enumerate(merges)}
@@ -169,7 +178,9 @@ def test_merges_out_of_order_keep_the_rescanning_bpe():
 @needs_vocab
 def test_heap_bpe_on_the_original_vocabulary(tok):
     import random
+
     from gpt1.text.tokenizer import bpe, bpe_heap, merges_are_ordered
+
     assert merges_are_ordered(tok.merges)
     rng = random.Random(0)
     words = ["".join(rng.choices("etaoinshrdlu'-.1", k=rng.randint(1, 60))) for _ in range(300)]
@@ -213,6 +224,7 @@ def _oai_reference(ref, text: str) -> list[int]:
     """OAI's text_utils.py order, built from the reference's parts: ftfy -> text_standardize
     -> spaCy on the cased text -> lowercase each token -> BPE."""
     import ftfy
+
     doc = ref.nlp(textlib.text_standardize(ftfy.fix_text(text), "oai"))
     return [ref.encoder.get(p, 0) for t in doc for p in ref.bpe(t.text.lower()).split(" ")]
 
@@ -232,18 +244,18 @@ def _sample_lines(data: Path, every: int) -> list[str]:
     """A deterministic sample: every Nth line or field of the shared text."""
     lines: list[str] = []
     for path in sorted((data / "corpus" / "gutenberg").glob("*.txt")):
-        lines += path.read_text(encoding="utf-8").split("\n")[::every * 4]
+        lines += path.read_text(encoding="utf-8").split("\n")[:: every * 4]
     for path in sorted((data / "glue").rglob("*.tsv")):
         rows = path.read_text(encoding="utf-8").split("\n")[::every]
         lines += [f for r in rows for f in r.split("\t") if " " in f]
     for path in sorted((data / "snli").glob("s[12].*")):
         lines += path.read_text(encoding="utf-8").split("\n")[::every]
     for path in sorted((data / "scitail").rglob("*.jsonl")):
-        rows = path.read_text(encoding="utf-8").splitlines()[::every // 4]
+        rows = path.read_text(encoding="utf-8").splitlines()[:: every // 4]
         lines += [json.loads(r)["sentence1"] for r in rows]
     for path in sorted((data / "story_cloze").glob("*.csv")):
         with open(path, encoding="utf-8", newline="") as fh:
-            rows = list(csv.reader(fh))[::every // 4]
+            rows = list(csv.reader(fh))[:: every // 4]
         lines += [f for r in rows for f in r if " " in f]
     return [line for line in lines if line.strip()]
 
@@ -265,27 +277,36 @@ def test_deterministic_sample_of_shared_text_matches_reference(shared_data, ref)
 
 # ---------------------------------------------------------------------------------------------
 # The fast paths equal the slow ones
-SAFE_ASCII = st.text(alphabet=st.sampled_from(
-    [chr(c) for c in range(0x20, 0x7F) if chr(c) != "&"] + ["\t", "\n"]), max_size=60)
+SAFE_ASCII = st.text(
+    alphabet=st.sampled_from([chr(c) for c in range(0x20, 0x7F) if chr(c) != "&"] + ["\t", "\n"]),
+    max_size=60,
+)
 
 
 @given(SAFE_ASCII)
 @settings(max_examples=300, deadline=None)
 def test_ftfy_is_identity_on_the_skipped_characters(s):
     import ftfy
+
     assert ftfy.fix_text(s) == s
 
 
-TEXTISH = st.text(alphabet=st.one_of(
-    st.sampled_from(list("abcXYZ &<>;#\r\n\t'\"-…—“”‘’´ÃƒÂ©â€™¤")
-                    + ["\x1b", "\x00", "\x85", "\u2028", "é"]),
-    st.characters()), max_size=80)
+TEXTISH = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(
+            list("abcXYZ &<>;#\r\n\t'\"-…—“”‘’´ÃƒÂ©â€™¤") + ["\x1b", "\x00", "\x85", "\u2028", "é"]
+        ),
+        st.characters(),
+    ),
+    max_size=80,
+)
 
 
 @given(TEXTISH)
 @settings(max_examples=300, deadline=None)
 def test_fix_text_equals_ftfy(s):
     import ftfy
+
     assert textlib.fix_text(s) == ftfy.fix_text(s)
 
 
@@ -293,6 +314,7 @@ def test_fix_text_equals_ftfy(s):
 @settings(max_examples=300, deadline=None)
 def test_standardized_chunks_equal_split_of_text_standardize(s):
     from transformers.models.openai.tokenization_openai import text_standardize as hf_std
+
     assert textlib.text_standardize(s, "hf") == hf_std(s)
     expected = textlib.text_standardize(s, "oai")
     assert textlib.standardized_chunks(s, "oai") == (expected.split(" ") if expected else [])
@@ -302,6 +324,7 @@ def test_standardized_chunks_equal_split_of_text_standardize(s):
 @settings(max_examples=2000, deadline=None)
 def test_newline_runs_equal_the_reference_regex(s):
     import re as re_
+
     for replacement in ("\n", " \n "):
         assert textlib._newline_runs(s, replacement) == re_.sub(r"\s*\n\s*", replacement, s)
 
@@ -318,15 +341,54 @@ def test_letter_words_are_one_spacy_token_unless_special(word):
 # ---------------------------------------------------------------------------------------------
 # Long pieces: LinearSpacy (spaCy's algorithm with windowed affix regexes) equals spaCy
 _PIECE_ALPHABET = list("!'.\"()-:;?$%#&*+,/<=>@[]^_`{|}~aZ1 ") + [
-    "...", "''", "'s", "’s", ":)", "(-:", "n't", "…", "😀", "’", "‘", "“", "”", "—", "°C.", "°",
-    "Mr.", "e.g.", "U.S.", "US$", "km²", "10a.m.", "http://x.com/y?z=1", "x@y.org", "tis",
-    "cannot", "gonna", "\u00a3", "€", "¿", "¡", "«", "»", "✓", "™", "\\"]
-_piece_texts = st.lists(st.one_of(st.sampled_from(_PIECE_ALPHABET),
-                                  st.builds(lambda c, n: c * n,
-                                            st.sampled_from(list("!'.-)(?,;:\"$%*…’😀")),
-                                            st.integers(1, 80)),
-                                  st.text(min_size=1, max_size=3)),
-                        min_size=1, max_size=12).map("".join)
+    "...",
+    "''",
+    "'s",
+    "’s",
+    ":)",
+    "(-:",
+    "n't",
+    "…",
+    "😀",
+    "’",
+    "‘",
+    "“",
+    "”",
+    "—",
+    "°C.",
+    "°",
+    "Mr.",
+    "e.g.",
+    "U.S.",
+    "US$",
+    "km²",
+    "10a.m.",
+    "http://x.com/y?z=1",
+    "x@y.org",
+    "tis",
+    "cannot",
+    "gonna",
+    "\u00a3",
+    "€",
+    "¿",
+    "¡",
+    "«",
+    "»",
+    "✓",
+    "™",
+    "\\",
+]
+_piece_texts = st.lists(
+    st.one_of(
+        st.sampled_from(_PIECE_ALPHABET),
+        st.builds(
+            lambda c, n: c * n, st.sampled_from(list("!'.-)(?,;:\"$%*…’😀")), st.integers(1, 80)
+        ),
+        st.text(min_size=1, max_size=3),
+    ),
+    min_size=1,
+    max_size=12,
+).map("".join)
 
 
 def _spacy_tokens(splitter: textlib.SpacySplitter, text: str) -> list[str]:
@@ -348,9 +410,37 @@ def test_linear_spacy_equals_spacy(text):
     assert splitter._linear(text) == _spacy_tokens(splitter, text)
 
 
-@pytest.mark.parametrize("run", ["!", "'", ".", "-", ")", "(", "?!", "'.", "…", "’", "😀", ":)",
-                                 "$", "%", "a!", "!a", "''tis ", "e.g.", "--", ".'", ",'", "a:",
-                                 "a@", "x@y:", "a.b@", "http://a.b/"])
+@pytest.mark.parametrize(
+    "run",
+    [
+        "!",
+        "'",
+        ".",
+        "-",
+        ")",
+        "(",
+        "?!",
+        "'.",
+        "…",
+        "’",
+        "😀",
+        ":)",
+        "$",
+        "%",
+        "a!",
+        "!a",
+        "''tis ",
+        "e.g.",
+        "--",
+        ".'",
+        ",'",
+        "a:",
+        "a@",
+        "x@y:",
+        "a.b@",
+        "http://a.b/",
+    ],
+)
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 65, 500])
 def test_linear_spacy_equals_spacy_on_runs(run, n):
     splitter = _splitter()
@@ -360,10 +450,24 @@ def test_linear_spacy_equals_spacy_on_runs(run, n):
 
 
 @needs_vocab
-@pytest.mark.parametrize("text", ["!" * 3000, "'" * 2001, "." * 3000, "-" * 3000, ")" * 1500,
-                                  "Wow" + "!?" * 700 + "x", "(" * 900 + "hi" + ")" * 900 + "'s",
-                                  "’" * 999 + "tis", "😀" * 1000, "a" * 5000, "ab" * 2500,
-                                  "'" * 5 + " " + "''tis" * 300, "z" * 2000 + "!" * 2000])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "!" * 3000,
+        "'" * 2001,
+        "." * 3000,
+        "-" * 3000,
+        ")" * 1500,
+        "Wow" + "!?" * 700 + "x",
+        "(" * 900 + "hi" + ")" * 900 + "'s",
+        "’" * 999 + "tis",
+        "😀" * 1000,
+        "a" * 5000,
+        "ab" * 2500,
+        "'" * 5 + " " + "''tis" * 300,
+        "z" * 2000 + "!" * 2000,
+    ],
+)
 def test_long_punctuation_runs_match_reference(tok, ref, text):
     # the reference takes about a second on each; the fast path is linear in the length
     assert tok.encode(text) == ref.encode(text)
@@ -378,7 +482,9 @@ def test_linear_url_match_accepts_what_spacy_accepts(text):
 
 def test_linear_spacy_refuses_regexes_it_cannot_window():
     from spacy.lang.en import English
+
     from gpt1.text.spacy_linear import LinearSpacy
+
     nlp = English()
     nlp.tokenizer.suffix_search = re.compile(r"(?:a[^x]*b)$").search  # unbounded, not one class
     assert not LinearSpacy(nlp.tokenizer, {}).supported
@@ -412,8 +518,12 @@ _COVERED = string.ascii_letters + string.digits + " .,;:!?'\"()-"
 
 @needs_vocab
 @given(st.one_of(st.text(max_size=200), st.text(alphabet=_COVERED, max_size=200)))
-@settings(max_examples=200, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 def test_any_unicode_encodes_and_decodes_to_the_normalised_text(tok, s):
     ids = tok.encode(s)
     assert all(0 <= i < tok.vocab_size for i in ids)
@@ -464,9 +574,11 @@ def test_line_of_several_megabytes(tok):
 
 # ---------------------------------------------------------------------------------------------
 # Training
-CORPUS = ["The quick brown fox jumps over the lazy dog. " * 3,
-          "Don't panic -- it's only a test; the fox isn't real!\nNew line here.",
-          "Naïve café owners sell “fresh” bread… every day."]
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Don't panic -- it's only a test; the fox isn't real!\nNew line here.",
+    "Naïve café owners sell “fresh” bread… every day.",
+]
 
 
 def test_train_saves_files_loadable_by_gpt1_and_transformers(tmp_path):
@@ -482,8 +594,7 @@ def test_train_saves_files_loadable_by_gpt1_and_transformers(tmp_path):
     assert again.encode(text) == ids
     assert trained.decode(ids) == " ".join(_normalizer().words(text))
     transformers = pytest.importorskip("transformers")
-    hf = transformers.OpenAIGPTTokenizer(str(tmp_path / "vocab.json"),
-                                         str(tmp_path / "merges.txt"))
+    hf = transformers.OpenAIGPTTokenizer(str(tmp_path / "vocab.json"), str(tmp_path / "merges.txt"))
     assert hf.encode(text) == ids
     assert hf.encode("zzz qqq") == trained.encode("zzz qqq")  # unknown characters -> 0
 
@@ -505,6 +616,7 @@ def test_train_reads_files_and_learns_frequent_words_first(tmp_path):
 # The command
 def _cli(monkeypatch, capsys, argv: list[str], stdin: bytes) -> tuple[int, str, str]:
     from gpt1.cli import main
+
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
     code = main(argv)
     out, err = capsys.readouterr()
@@ -514,17 +626,20 @@ def _cli(monkeypatch, capsys, argv: list[str], stdin: bytes) -> tuple[int, str, 
 @needs_vocab
 def test_cli_encode_decode(monkeypatch, capsys, tok):
     text = "Hello, world!\n\nDon't stop \xff now\n"
-    code, out, _ = _cli(monkeypatch, capsys, ["tokenizer", "encode", "--vocab", str(VOCAB)],
-                        text.encode("latin-1"))
+    code, out, _ = _cli(
+        monkeypatch, capsys, ["tokenizer", "encode", "--vocab", str(VOCAB)], text.encode("latin-1")
+    )
     assert code == 0
     lines = out.split("\n")
     assert lines[0] == " ".join(map(str, tok.encode("Hello, world!"))) and lines[1] == ""
     assert lines[2] == " ".join(map(str, tok.encode("Don't stop \ufffd now")))
-    code, back, _ = _cli(monkeypatch, capsys, ["tokenizer", "decode", "--vocab", str(VOCAB)],
-                         out.encode())
+    code, back, _ = _cli(
+        monkeypatch, capsys, ["tokenizer", "decode", "--vocab", str(VOCAB)], out.encode()
+    )
     assert code == 0 and back.split("\n")[:2] == ["hello , world !", ""]
-    code, _, err = _cli(monkeypatch, capsys, ["tokenizer", "decode", "--vocab", str(VOCAB)],
-                        b"1 2\n3 x\n")
+    code, _, err = _cli(
+        monkeypatch, capsys, ["tokenizer", "decode", "--vocab", str(VOCAB)], b"1 2\n3 x\n"
+    )
     assert code == 2 and "<stdin>:2" in err and "integer ids" in err
 
 
@@ -532,9 +647,17 @@ def test_cli_train(monkeypatch, capsys, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(CORPUS), encoding="utf-8")
     out = tmp_path / "vocab"
-    code, _, _ = _cli(monkeypatch, capsys, ["tokenizer", "train", "--corpus", str(corpus),
-                                            "--merges", "30", "--out", str(out)], b"")
+    code, _, _ = _cli(
+        monkeypatch,
+        capsys,
+        ["tokenizer", "train", "--corpus", str(corpus), "--merges", "30", "--out", str(out)],
+        b"",
+    )
     assert code == 0 and len(Tokenizer.from_dir(out).merges) == 30
-    code, _, err = _cli(monkeypatch, capsys, ["tokenizer", "train", "--corpus", str(corpus),
-                                              "--merges", "30", "--out", str(out)], b"")
+    code, _, err = _cli(
+        monkeypatch,
+        capsys,
+        ["tokenizer", "train", "--corpus", str(corpus), "--merges", "30", "--out", str(out)],
+        b"",
+    )
     assert code == 2 and "--overwrite" in err

@@ -1,4 +1,5 @@
 """The training loop in-process: losses, accumulation, determinism, divergence, checkpoints."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt1.model.checkpoint import load_checkpoint
-from gpt1.train.state import load_training_state, step_dirs
 from gpt1.config import TrainConfig, model_preset
-from gpt1.text.windows import Split, WindowSource
+from gpt1.model.checkpoint import load_checkpoint
 from gpt1.model.gpt import GPT
-from gpt1.train.objectives import WindowLMLoss, chunked_cross_entropy, lm_loss, lm_loss_per_sequence
+from gpt1.text.windows import Split, WindowSource
 from gpt1.train.loop import TrainingDiverged, train
+from gpt1.train.objectives import WindowLMLoss, chunked_cross_entropy, lm_loss, lm_loss_per_sequence
+from gpt1.train.state import load_training_state, step_dirs
 
 
 def tiny_model(seed: int = 0, dropout: float = 0.0) -> GPT:
@@ -30,15 +31,29 @@ def source(seed: int = 0) -> WindowSource:
 
 
 def cfg(**kw) -> TrainConfig:
-    base = dict(micro_batch_size=2, batch_size=4, max_steps=4, lr=1e-2, warmup=1, save_every=0,
-                eval_every=0, log_every=1, quiet=True, peak_flops=1.0, seed=0)
+    base = dict(
+        micro_batch_size=2,
+        batch_size=4,
+        max_steps=4,
+        lr=1e-2,
+        warmup=1,
+        save_every=0,
+        eval_every=0,
+        log_every=1,
+        quiet=True,
+        peak_flops=1.0,
+        seed=0,
+    )
     base.update(kw)
     return TrainConfig(**base)
 
 
 def losses(run_dir) -> list[float]:
-    return [json.loads(l)["loss"] for l in (run_dir / "metrics.jsonl").read_text().splitlines()
-            if "loss" in json.loads(l)]
+    return [
+        json.loads(l)["loss"]
+        for l in (run_dir / "metrics.jsonl").read_text().splitlines()
+        if "loss" in json.loads(l)
+    ]
 
 
 # ------------------------------------------------------------------------------- losses
@@ -52,7 +67,9 @@ def test_chunked_loss_equals_plain_cross_entropy(masked):
     ours = lm_loss(model, hidden, ids, mask, chunk=7)
     g_ours = torch.autograd.grad(ours, [model.wte.weight, model.h[0].attn.c_attn.weight])
     hidden = model(ids)
-    ce = F.cross_entropy(model.lm_logits(hidden[:, :-1]).transpose(1, 2), ids[:, 1:], reduction="none")
+    ce = F.cross_entropy(
+        model.lm_logits(hidden[:, :-1]).transpose(1, 2), ids[:, 1:], reduction="none"
+    )
     m = torch.ones_like(ce) if mask is None else mask[:, 1:].float()
     ref = (ce * m).sum() / m.sum()
     g_ref = torch.autograd.grad(ref, [model.wte.weight, model.h[0].attn.c_attn.weight])
@@ -79,23 +96,24 @@ def test_lm_loss_per_sequence_ignores_pads():
     mask[1, 6:] = 0
     per_seq = lm_loss_per_sequence(model, model(ids), ids, mask)
     logits = model.lm_logits(model(ids))
-    ce = F.cross_entropy(logits[1, :5], ids[1, 1:6])   # row 1: targets 1..5 are real
+    ce = F.cross_entropy(logits[1, :5], ids[1, 1:6])  # row 1: targets 1..5 are real
     torch.testing.assert_close(per_seq[1], ce)
     assert per_seq.shape == (2,)
 
 
 def test_lm_loss_sequence_mean_equals_the_mean_of_per_sequence_losses():
     from gpt1.train.objectives import lm_loss_sequence_mean
+
     model = tiny_model()
     ids = torch.randint(1, 512, (3, 10))
     mask = torch.ones(3, 10)
     mask[1, 6:] = 0
-    mask[2, 1:] = 0                                    # no real target at all: counts as 0
+    mask[2, 1:] = 0  # no real target at all: counts as 0
     hidden = model(ids)
     ref = lm_loss_per_sequence(model, hidden, ids, mask).mean()
     ref_grads = torch.autograd.grad(ref, [hidden, model.wte.weight])
     hidden = model(ids)
-    fused = lm_loss_sequence_mean(model, hidden, ids, mask, chunk=4)   # several chunks
+    fused = lm_loss_sequence_mean(model, hidden, ids, mask, chunk=4)  # several chunks
     grads = torch.autograd.grad(fused, [hidden, model.wte.weight])
     torch.testing.assert_close(fused, ref)
     for a, b in zip(grads, ref_grads):
@@ -117,24 +135,32 @@ def test_same_seed_same_losses_and_training_learns(tmp_path):
     r1 = train(tiny_model(dropout=0.1), WindowLMLoss(), source(), cfg(max_steps=8), tmp_path / "1")
     r2 = train(tiny_model(dropout=0.1), WindowLMLoss(), source(), cfg(max_steps=8), tmp_path / "2")
     assert losses(tmp_path / "1") == losses(tmp_path / "2")
-    assert r1.last_loss < losses(tmp_path / "1")[0] - 0.3   # it learns the periodic stream
+    assert r1.last_loss < losses(tmp_path / "1")[0] - 0.3  # it learns the periodic stream
     assert (tmp_path / "1" / "final" / "model.safetensors").is_file()
-    r3 = train(tiny_model(dropout=0.1), WindowLMLoss(), source(), cfg(max_steps=8, seed=1),
-               tmp_path / "3")
+    train(
+        tiny_model(dropout=0.1), WindowLMLoss(), source(), cfg(max_steps=8, seed=1), tmp_path / "3"
+    )
     assert losses(tmp_path / "3") != losses(tmp_path / "1")
     assert r2.step == 8
 
 
 def test_checkpoints_keep_last_and_carry_state(tmp_path):
-    train(tiny_model(), WindowLMLoss(), source(), cfg(max_steps=6, save_every=1, keep_last=2),
-          tmp_path)
+    train(
+        tiny_model(),
+        WindowLMLoss(),
+        source(),
+        cfg(max_steps=6, save_every=1, keep_last=2),
+        tmp_path,
+    )
     assert [p.name for p in step_dirs(tmp_path)] == ["step-5", "step-6"]
     tensors, meta = load_training_state(tmp_path / "step-6")
-    assert meta["step"] == 6 and "rng/0/cpu" in tensors and tensors["rng/0/cpu"].dtype == torch.uint8
+    assert (
+        meta["step"] == 6 and "rng/0/cpu" in tensors and tensors["rng/0/cpu"].dtype == torch.uint8
+    )
     assert any(k.startswith("optim/") for k in tensors)
-    model = load_checkpoint(tmp_path)             # picks final
+    model = load_checkpoint(tmp_path)  # picks final
     assert model.config.n_layer == 2
-    assert not list(tmp_path.glob(".*tmp*"))      # no temporary folders left behind
+    assert not list(tmp_path.glob(".*tmp*"))  # no temporary folders left behind
 
 
 def test_nan_loss_stops_and_keeps_good_checkpoint(tmp_path):

@@ -1,6 +1,7 @@
 """Sizes read from files are checked for type and range, and against the device's memory, before
 anything is allocated; weights must be finite; token ids must fit the vocabulary; files named
 inside a model or data folder must stay inside it."""
+
 from __future__ import annotations
 
 import json
@@ -12,19 +13,24 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpt1.cli import main
+from gpt1.config import (
+    ModelConfig,
+    TrainConfig,
+    check_task_record,
+    model_preset,
+    override_dotted,
+    run_preset,
+)
+from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
 from gpt1.model import memory
 from gpt1.model.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_model, trained_context
-from gpt1.cli import main
-from gpt1.config import (ModelConfig, TrainConfig, check_task_record, model_preset,
-                         override_dotted, run_preset)
-from gpt1.recipes.convert import convert, load_hf, load_openai, save_hf
-from gpt1.text.windows import open_prepared
-from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
-from gpt1.model.memory import TooLargeError
 from gpt1.model.gpt import GPT
-from gpt1.text.shards import write_shard
-
+from gpt1.model.memory import TooLargeError
+from gpt1.recipes.convert import convert, load_hf, load_openai, save_hf
 from gpt1.testing import faults
+from gpt1.text.shards import write_shard
+from gpt1.text.windows import open_prepared
 
 TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 
@@ -44,10 +50,18 @@ def edit_config(folder: Path, **model_fields) -> None:
 
 
 # ------------------------------------------------------------------------ types and ranges
-@pytest.mark.parametrize("value, expected", [("2", "an integer"), (2.5, "an integer"),
-                                             (True, "an integer"), (None, "an integer"),
-                                             (0, "1..4,096"), (-3, "1..4,096"),
-                                             (1_000_000_000, "1..4,096")])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("2", "an integer"),
+        (2.5, "an integer"),
+        (True, "an integer"),
+        (None, "an integer"),
+        (0, "1..4,096"),
+        (-3, "1..4,096"),
+        (1_000_000_000, "1..4,096"),
+    ],
+)
 def test_checkpoint_config_types_and_ranges(tmp_path, value, expected):
     folder = tiny_checkpoint(tmp_path / "ckpt")
     edit_config(folder, n_layer=value)
@@ -57,13 +71,19 @@ def test_checkpoint_config_types_and_ranges(tmp_path, value, expected):
 
 def test_other_model_fields_are_typed(tmp_path):
     folder = tiny_checkpoint(tmp_path / "ckpt")
-    for field, value in [("n_embd", "32"), ("vocab_size", 1e3), ("embd_pdrop", "0.1"),
-                         ("layer_norm_epsilon", True), ("afn", 3), ("n_inner", 2.0)]:
+    for field, value in [
+        ("n_embd", "32"),
+        ("vocab_size", 1e3),
+        ("embd_pdrop", "0.1"),
+        ("layer_norm_epsilon", True),
+        ("afn", 3),
+        ("n_inner", 2.0),
+    ]:
         edit_config(folder, **{field: value})
         with pytest.raises(CheckpointError, match=f"model.{field} must be"):
             load_checkpoint(folder)
         edit_config(folder, **{field: ModelConfig(**TINY).to_dict()[field]})
-    load_checkpoint(folder)   # restored: loads again
+    load_checkpoint(folder)  # restored: loads again
 
 
 @pytest.mark.parametrize("version", ["2", 1.0, True, None, -1])
@@ -91,27 +111,35 @@ def test_n_embd_must_divide_by_n_head():
 
 def test_toml_and_set_values_are_typed(tmp_path):
     from gpt1.recipes.pretrain import resolve_config
+
     toml = tmp_path / "run.toml"
-    for line, field in [('[model]\nn_layer = "2"\n', "model.n_layer"),
-                        ("[model]\nn_layer = 2.5\n", "model.n_layer"),
-                        ("[train]\nbatch_size = true\n", "train.batch_size"),
-                        ("[train]\nlr = nan\n", "train.lr"),
-                        ("[data]\nn_ctx = 1.5\n", "data.n_ctx")]:
+    for line, field in [
+        ('[model]\nn_layer = "2"\n', "model.n_layer"),
+        ("[model]\nn_layer = 2.5\n", "model.n_layer"),
+        ("[train]\nbatch_size = true\n", "train.batch_size"),
+        ("[train]\nlr = nan\n", "train.lr"),
+        ("[data]\nn_ctx = 1.5\n", "data.n_ctx"),
+    ]:
         toml.write_text(line)
         with pytest.raises(ConfigError, match=f"run.toml.*{field} must be"):
             resolve_config("tiny", toml)
     cfg = run_preset("tiny")
-    for assignment in ["model.n_layer=2.5", "model.n_layer=true", "train.lr=inf",
-                       "model.n_layer=99999"]:
+    for assignment in [
+        "model.n_layer=2.5",
+        "model.n_layer=true",
+        "train.lr=inf",
+        "model.n_layer=99999",
+    ]:
         with pytest.raises(ConfigError, match=r"n_layer must be|lr must be|n_layer must be in"):
             override_dotted(cfg, assignment)
 
 
 def test_training_config_from_dict_names_source():
     from gpt1.config import RunConfig
+
     with pytest.raises(ConfigError, match=r"x.toml \[train\]: train.max_steps must be an integer"):
         RunConfig.from_dict({"train": {"max_steps": "10"}}, "x.toml")
-    TrainConfig(warmup=2000, epochs=3)   # ints are fine where a number is expected
+    TrainConfig(warmup=2000, epochs=3)  # ints are fine where a number is expected
 
 
 # ----------------------------------------------------------------------------- memory
@@ -128,7 +156,7 @@ def test_model_too_large_for_memory_is_refused_from_config(tmp_path):
 
 def test_config_larger_than_its_weights_is_refused(tmp_path):
     folder = tiny_checkpoint(tmp_path / "ckpt")
-    edit_config(folder, n_layer=64)   # fits in memory, but the file holds 2 layers
+    edit_config(folder, n_layer=64)  # fits in memory, but the file holds 2 layers
     with pytest.raises(CheckpointError, match="config and weights do not belong together"):
         load_checkpoint(folder)
 
@@ -163,8 +191,22 @@ def test_pretrain_refuses_before_writing_anything(tmp_path, monkeypatch, capsys)
     data = faults.make_corpus(tmp_path / "d")
     monkeypatch.setattr(memory, "_cpu_available", lambda: 10_000)
     out = tmp_path / "run"
-    assert main(["pretrain", "--preset", "tiny", "--data", str(data), "--out", str(out),
-                 "--max-steps", "1"]) == 2
+    assert (
+        main(
+            [
+                "pretrain",
+                "--preset",
+                "tiny",
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                "--max-steps",
+                "1",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "training needs at least" in err and "micro_batch_size=2" in err
     assert not (out / "run.json").exists()
@@ -173,29 +215,47 @@ def test_pretrain_refuses_before_writing_anything(tmp_path, monkeypatch, capsys)
 def test_finetune_refuses_before_building(tmp_path, monkeypatch):
     from gpt1.config import FinetuneConfig
     from gpt1.recipes.finetune import check_training_memory
-    from gpt1.train.distributed import env_info
     from gpt1.tasks.registry import get_task
+    from gpt1.train.distributed import env_info
+
     folder = tiny_checkpoint(tmp_path / "ckpt")
     task = get_task("sst2")
     cfg = FinetuneConfig(task="sst2", init=str(folder))
-    check_training_memory(cfg, task, TrainConfig(), env_info())   # fits
+    check_training_memory(cfg, task, TrainConfig(), env_info())  # fits
     monkeypatch.setattr(memory, "_cpu_available", lambda: 10_000)
     with pytest.raises(TooLargeError, match="config.json: training needs"):
         check_training_memory(cfg, task, TrainConfig(), env_info())
 
 
 # ----------------------------------------------------------------------------- task.json
-GOOD_RECORD = {"task": "sst2", "kind": "single", "labels": ["0", "1"], "n_outputs": 2,
-               "n_ctx": 16, "classify_id": 3, "clf_pdrop": 0.1, "question_delimiter": False,
-               "spec": None}
+GOOD_RECORD = {
+    "task": "sst2",
+    "kind": "single",
+    "labels": ["0", "1"],
+    "n_outputs": 2,
+    "n_ctx": 16,
+    "classify_id": 3,
+    "clf_pdrop": 0.1,
+    "question_delimiter": False,
+    "spec": None,
+}
 
 
-@pytest.mark.parametrize("field, value, expected", [
-    ("n_outputs", 20_000_000, "1..1,048,576"), ("n_outputs", 1e12, "an integer"),
-    ("n_outputs", "2", "an integer"), ("n_outputs", True, "an integer"),
-    ("n_outputs", 3, "2 \\(from kind and labels\\)"), ("kind", "regress", "single or pair"),
-    ("n_ctx", 0, "1..1,048,576"), ("classify_id", -1, "0..2,147,483,647"),
-    ("labels", [1, 2], "list of strings"), ("clf_pdrop", 1.5, r"\[0, 1\)")])
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("n_outputs", 20_000_000, "1..1,048,576"),
+        ("n_outputs", 1e12, "an integer"),
+        ("n_outputs", "2", "an integer"),
+        ("n_outputs", True, "an integer"),
+        ("n_outputs", 3, "2 \\(from kind and labels\\)"),
+        ("kind", "regress", "single or pair"),
+        ("n_ctx", 0, "1..1,048,576"),
+        ("classify_id", -1, "0..2,147,483,647"),
+        ("labels", [1, 2], "list of strings"),
+        ("clf_pdrop", 1.5, r"\[0, 1\)"),
+    ],
+)
 def test_task_record_is_validated(field, value, expected):
     check_task_record(dict(GOOD_RECORD), "task.json")
     with pytest.raises(ConfigError, match=f"task.json: {field} must be .*{expected}"):
@@ -206,11 +266,15 @@ def test_task_record_is_validated(field, value, expected):
 def test_predict_refuses_huge_n_outputs_before_allocating(tmp_path, n_outputs, capsys):
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
+
     folder = tiny_checkpoint(tmp_path / "ft")
-    save_file({"linear.weight": torch.zeros(2, 32), "linear.bias": torch.zeros(2)},
-              str(folder / HEAD_FILE))
-    (folder / TASK_FILE).write_text(json.dumps({**GOOD_RECORD, "n_outputs": n_outputs,
-                                                "labels": None}))
+    save_file(
+        {"linear.weight": torch.zeros(2, 32), "linear.bias": torch.zeros(2)},
+        str(folder / HEAD_FILE),
+    )
+    (folder / TASK_FILE).write_text(
+        json.dumps({**GOOD_RECORD, "n_outputs": n_outputs, "labels": None})
+    )
     with pytest.raises(CheckpointError, match="task.json: n_outputs must be"):
         load_finetuned(folder)
     assert main(["evaluate", str(folder), "--data", str(tmp_path)]) == 2
@@ -231,8 +295,10 @@ def hf_folder(folder: Path) -> Path:
     return save_hf(GPT(ModelConfig(**TINY)), folder)
 
 
-@pytest.mark.parametrize("value, expected", [(1_000_000_000, "1..4,096"), ("2", "an integer"),
-                                             (2.5, "an integer"), (True, "an integer")])
+@pytest.mark.parametrize(
+    "value, expected",
+    [(1_000_000_000, "1..4,096"), ("2", "an integer"), (2.5, "an integer"), (True, "an integer")],
+)
 def test_hf_config_sizes_are_checked_first(tmp_path, value, expected, capsys):
     folder = hf_folder(tmp_path / "hf")
     data = json.loads((folder / "config.json").read_text())
@@ -240,7 +306,11 @@ def test_hf_config_sizes_are_checked_first(tmp_path, value, expected, capsys):
     (folder / "config.json").write_text(json.dumps(data))
     assert main(["convert", str(folder), str(tmp_path / "out"), "--from", "hf"]) == 2
     err = capsys.readouterr().err
-    assert "config.json" in err and f"model.n_layer must be" in err and expected.replace("\\", "") in err
+    assert (
+        "config.json" in err
+        and "model.n_layer must be" in err
+        and expected.replace("\\", "") in err
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -262,6 +332,7 @@ def release(folder: Path) -> Path:
     shapes, arrays = [], []
     arrays += [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
     from gpt1.recipes.convert import OPENAI_BLOCK
+
     for i in range(TINY["n_layer"]):
         for name, kind in OPENAI_BLOCK:
             t = sd[f"h.{i}.{name}"].numpy()
@@ -286,8 +357,10 @@ def test_openai_shapes_for_200k_layers_are_refused_fast(tmp_path, capsys):
     block = shapes[2:14]
     (folder / "params_shapes.json").write_text(json.dumps(shapes[:2] + block * 200_000))
     assert (folder / "params_shapes.json").stat().st_size > 10_000_000
-    assert main(["convert", str(folder), str(tmp_path / "out"), "--from", "openai",
-                 "--n-head", "4"]) == 2
+    assert (
+        main(["convert", str(folder), str(tmp_path / "out"), "--from", "openai", "--n-head", "4"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "params_shapes.json: 20,600,021 bytes of shapes" in err and "micro-batch" not in err
     # Under the size cap but still too many layers: refused by counting, before any model.
@@ -299,7 +372,7 @@ def test_openai_shapes_for_200k_layers_are_refused_fast(tmp_path, capsys):
 def test_openai_shapes_must_match_the_shards(tmp_path):
     folder = release(tmp_path / "oai")
     shapes = json.loads((folder / "params_shapes.json").read_text())
-    shapes[1] = [1000, 32]   # a larger token table than the shards hold
+    shapes[1] = [1000, 32]  # a larger token table than the shards hold
     (folder / "params_shapes.json").write_text(json.dumps(shapes))
     with pytest.raises(CheckpointError, match="shards hold .* floats but params_shapes.json needs"):
         load_openai(folder, n_head=4)
@@ -309,7 +382,7 @@ def test_openai_shapes_must_match_the_shards(tmp_path):
 def test_openai_shape_entries_are_integers(tmp_path, bad):
     folder = release(tmp_path / "oai")
     shapes = json.loads((folder / "params_shapes.json").read_text())
-    shapes[2:2 + len(bad)] = bad
+    shapes[2 : 2 + len(bad)] = bad
     (folder / "params_shapes.json").write_text(json.dumps(shapes))
     with pytest.raises(CheckpointError, match="positive integers|expected a list"):
         load_openai(folder, n_head=4)
@@ -361,9 +434,12 @@ def test_openai_shard_with_nan_is_refused(tmp_path):
 def test_finetuned_head_with_nan_is_refused(tmp_path):
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
+
     folder = tiny_checkpoint(tmp_path / "ft")
-    save_file({"linear.weight": torch.full((2, 32), float("nan")), "linear.bias": torch.zeros(2)},
-              str(folder / HEAD_FILE))
+    save_file(
+        {"linear.weight": torch.full((2, 32), float("nan")), "linear.bias": torch.zeros(2)},
+        str(folder / HEAD_FILE),
+    )
     (folder / TASK_FILE).write_text(json.dumps(GOOD_RECORD))
     with pytest.raises(CheckpointError, match="head.safetensors: tensor 'linear.weight'"):
         load_finetuned(folder)
@@ -377,26 +453,35 @@ def test_token_ids_at_or_above_vocab_are_refused_at_open(tmp_path, capsys):
     write_shard(data / "train-00001.bin", ids, 1, 400)
     with pytest.raises(DataError, match=r"train-00001.bin: token id 300 at position 1,234"):
         open_prepared(data)
-    assert main(["pretrain", "--preset", "tiny", "--data", str(data), "--out",
-                 str(tmp_path / "run")]) == 2
+    assert (
+        main(["pretrain", "--preset", "tiny", "--data", str(data), "--out", str(tmp_path / "run")])
+        == 2
+    )
     assert "train-00001.bin" in capsys.readouterr().err
 
 
 def test_token_id_check_is_chunked(tmp_path, monkeypatch):
     import gpt1.text.windows
+
     monkeypatch.setattr(gpt1.text.windows, "ID_CHECK_CHUNK", 1000)
     data = faults.make_corpus(tmp_path / "d", vocab=300)
     ids = np.arange(3000) % 300
     ids[2999] = 65535
-    write_shard(data / "train-00001.bin", ids, 1, 65536)   # still uint16
+    write_shard(data / "train-00001.bin", ids, 1, 65536)  # still uint16
     with pytest.raises(DataError, match="token id 65535 at position 2,999"):
         open_prepared(data)
 
 
-@pytest.mark.parametrize("change, field", [
-    ({"vocab_size": 2**40}, "vocab_size"), ({"vocab_size": 300.0}, "vocab_size"),
-    ({"dtype": "float32"}, "dtype"), ({"dtype": "uint32"}, None),
-    ({"version": "1"}, "version")])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"vocab_size": 2**40}, "vocab_size"),
+        ({"vocab_size": 300.0}, "vocab_size"),
+        ({"dtype": "float32"}, "dtype"),
+        ({"dtype": "uint32"}, None),
+        ({"version": "1"}, "version"),
+    ],
+)
 def test_meta_json_fields_are_checked(tmp_path, change, field):
     data = faults.make_corpus(tmp_path / "d")
     meta = json.loads((data / "meta.json").read_text())
@@ -413,7 +498,7 @@ def test_meta_json_fields_are_checked(tmp_path, change, field):
 def test_shard_size_must_match_its_header(tmp_path):
     data = faults.make_corpus(tmp_path / "d")
     with open(data / "val-00000.bin", "ab") as fh:
-        fh.write(b"\0")   # an odd byte: not a whole number of uint16 ids
+        fh.write(b"\0")  # an odd byte: not a whole number of uint16 ids
     with pytest.raises(DataError, match="val-00000.bin: shard is .* bytes but its header"):
         open_prepared(data)
 
@@ -440,8 +525,9 @@ def sharded_hf(folder: Path) -> Path:
     half = len(names) // 2
     save_file({k: state[k] for k in names[:half]}, str(folder / "part-1.safetensors"))
     save_file({k: state[k] for k in names[half:]}, str(folder / "part-2.safetensors"))
-    weight_map = {k: ("part-1.safetensors" if i < half else "part-2.safetensors")
-                  for i, k in enumerate(names)}
+    weight_map = {
+        k: ("part-1.safetensors" if i < half else "part-2.safetensors") for i, k in enumerate(names)
+    }
     (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     (folder / "model.safetensors").unlink()
     return folder
@@ -451,8 +537,10 @@ def test_sharded_hf_folder_loads(tmp_path):
     assert load_hf(sharded_hf(tmp_path / "hf")).config.n_layer == 2
 
 
-@pytest.mark.parametrize("target", ["../outside.safetensors", "ABSOLUTE", "sub/../../outside.safetensors",
-                                    "link.safetensors", 5])
+@pytest.mark.parametrize(
+    "target",
+    ["../outside.safetensors", "ABSOLUTE", "sub/../../outside.safetensors", "link.safetensors", 5],
+)
 def test_hf_index_paths_outside_the_folder_are_refused(tmp_path, target, capsys):
     folder = sharded_hf(tmp_path / "hf")
     os.replace(folder / "part-2.safetensors", tmp_path / "outside.safetensors")
@@ -461,8 +549,9 @@ def test_hf_index_paths_outside_the_folder_are_refused(tmp_path, target, capsys)
         target = str(tmp_path / "outside.safetensors")
     index = folder / "model.safetensors.index.json"
     data = json.loads(index.read_text())
-    data["weight_map"] = {k: (target if v == "part-2.safetensors" else v)
-                          for k, v in data["weight_map"].items()}
+    data["weight_map"] = {
+        k: (target if v == "part-2.safetensors" else v) for k, v in data["weight_map"].items()
+    }
     index.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="outside|file names|not a non-empty string"):
         load_hf(folder)
@@ -475,17 +564,24 @@ def test_all_errors_are_gpt1_errors():
 
 
 # ------------------------------------------------------------------------ LSTM baseline
-@pytest.mark.parametrize("change, expected", [
-    ({"hidden_size": "64"}, "lstm.hidden_size must be an integer"),
-    ({"n_layer": 10**9}, "lstm.n_layer must be in 1..64"),
-    ({"hidden_size": 2**20, "n_layer": 64}, "needs at least"),
-    ({"hidden_size": 512}, "do not belong together")])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"hidden_size": "64"}, "lstm.hidden_size must be an integer"),
+        ({"n_layer": 10**9}, "lstm.n_layer must be in 1..64"),
+        ({"hidden_size": 2**20, "n_layer": 64}, "needs at least"),
+        ({"hidden_size": 512}, "do not belong together"),
+    ],
+)
 def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
-    from gpt1.model.lstm import LSTMConfig, LSTMLM
+    from gpt1.model.lstm import LSTMLM, LSTMConfig
     from gpt1.model.registry import load_any_checkpoint, save_lstm
+
     torch.manual_seed(0)
-    folder = save_lstm(LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32,
-                                         n_positions=24)), tmp_path / "lstm")
+    folder = save_lstm(
+        LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=24)),
+        tmp_path / "lstm",
+    )
     edit_config(folder, **change)
     with pytest.raises(Gpt1Error, match=expected):
         load_any_checkpoint(folder)
@@ -493,21 +589,48 @@ def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
 
 def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
     folder = tiny_checkpoint(tmp_path / "ckpt", vocab=True)
-    assert main(["sample", str(folder), "--prompt-ids", "1 2", "--max-new-tokens", "20",
-                 "--num-samples", str(10**12)]) == 2
+    assert (
+        main(
+            [
+                "sample",
+                str(folder),
+                "--prompt-ids",
+                "1 2",
+                "--max-new-tokens",
+                "20",
+                "--num-samples",
+                str(10**12),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "sampling needs at least" in err and "num_samples=1,000,000,000,000" in err
-    assert main(["sample", str(folder), "--prompt-ids", "1 2", "--max-new-tokens", "2",
-                 "--num-samples", "3"]) == 0
+    assert (
+        main(
+            [
+                "sample",
+                str(folder),
+                "--prompt-ids",
+                "1 2",
+                "--max-new-tokens",
+                "2",
+                "--num-samples",
+                "3",
+            ]
+        )
+        == 0
+    )
 
 
 def test_zeroshot_scorer_refuses_nan_log_probs():
     from gpt1.zeroshot.scorer import Scorer
+
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY)).eval()
     reqs = [([1, 2, 3], [4, 5]), ([1, 2], [6])]
     assert all(np.isfinite(s.total) for s in Scorer(model).score(reqs))
-    with torch.no_grad():   # finite weights can still overflow: a NaN must not become a score
+    with torch.no_grad():  # finite weights can still overflow: a NaN must not become a score
         model.h[0].ln_1.weight.fill_(float("nan"))
     with pytest.raises(Gpt1Error, match="NaN log-probabilities"):
         Scorer(model).score(reqs)
@@ -515,6 +638,7 @@ def test_zeroshot_scorer_refuses_nan_log_probs():
 
 def test_evaluate_refuses_nan_outputs():
     from types import SimpleNamespace
+
     from gpt1.recipes.evaluate import predict_outputs
 
     class NanModel(torch.nn.Module):
@@ -534,6 +658,7 @@ def test_evaluate_refuses_nan_outputs():
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generate_refuses_nan_logits(temperature):
     from gpt1.recipes.sample import generate
+
     torch.manual_seed(0)
     model = GPT(ModelConfig(**TINY))
     with torch.no_grad():
@@ -546,7 +671,9 @@ def test_oversized_json_metadata_is_refused_before_parsing(tmp_path):
     folder = tiny_checkpoint(tmp_path / "ckpt")
     text = (folder / CONFIG).read_text()
     (folder / CONFIG).write_text(text[:-2] + " " * 16_000_000 + text[-2:])
-    with pytest.raises(CheckpointError, match=r"config.json: 16,000,\d+ bytes; a file of this kind"):
+    with pytest.raises(
+        CheckpointError, match=r"config.json: 16,000,\d+ bytes; a file of this kind"
+    ):
         load_checkpoint(folder)
     data = faults.make_corpus(tmp_path / "d")
     with open(data / "meta.json", "a") as fh:
@@ -565,16 +692,19 @@ def test_hub_snapshot_links_into_blobs_are_followed(tmp_path):
         (folder / name).symlink_to(Path("../../blobs") / f"hash-{name}")
     assert load_hf(folder).config.n_layer == 2
     os.replace(repo / "blobs", tmp_path / "elsewhere")
-    (repo / "blobs").symlink_to(tmp_path / "elsewhere")   # blobs itself elsewhere: still the cache's
+    (repo / "blobs").symlink_to(tmp_path / "elsewhere")  # blobs itself elsewhere: still the cache's
     assert load_hf(folder).config.n_layer == 2
 
 
 def test_finetune_toml_values_are_typed(tmp_path):
     from gpt1.recipes.finetune import resolve
+
     toml = tmp_path / "ft.toml"
-    for text, field in [('[train]\nbatch_size = "32"\n', "train.batch_size"),
-                        ("[finetune]\nlm_coef = true\n", "finetune.lm_coef"),
-                        ("[finetune]\ntransfer_layers = 2.0\n", "finetune.transfer_layers")]:
+    for text, field in [
+        ('[train]\nbatch_size = "32"\n', "train.batch_size"),
+        ("[finetune]\nlm_coef = true\n", "finetune.lm_coef"),
+        ("[finetune]\ntransfer_layers = 2.0\n", "finetune.transfer_layers"),
+    ]:
         toml.write_text(text)
         with pytest.raises(ConfigError, match=f"ft.toml: {field} must be"):
             resolve(toml, {"finetune": {"task": "sst2", "data": "d", "init": "none"}})
@@ -582,11 +712,15 @@ def test_finetune_toml_values_are_typed(tmp_path):
 
 def test_cuda_budget_is_the_device_total(monkeypatch):
     from types import SimpleNamespace
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: SimpleNamespace(total_memory=80 * 10**9, name="Fake GPU"))
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(total_memory=80 * 10**9, name="Fake GPU"),
+    )
     assert memory.available_bytes("cuda:1") == (80 * 10**9, "cuda:1 (Fake GPU) has")
-    cfg = ModelConfig(**{**TINY, "n_layer": 4096, "n_embd": 4096, "n_head": 32})   # ~825B params
+    cfg = ModelConfig(**{**TINY, "n_layer": 4096, "n_embd": 4096, "n_head": 32})  # ~825B params
     monkeypatch.setattr(memory, "_cpu_available", lambda: 10**15)
     with pytest.raises(TooLargeError, match=r"cuda:1 \(Fake GPU\) has 80.0 GB"):
         memory.ensure_model_fits(cfg, "config.json", "cuda:1")

@@ -1,5 +1,6 @@
 """Zero-shot: the selective batched scorer, the heuristics, the datasets and the curve
 (gpt1/zeroshot/scorer.py, heuristics.py, data.py, curve.py)."""
+
 from __future__ import annotations
 
 import json
@@ -9,23 +10,22 @@ import random
 import numpy as np
 import pytest
 import torch
+from conftest import TINIER_MODEL, tiny_model_config
 
-from gpt1.zeroshot import curve as zc
-from gpt1.zeroshot import heuristics as zh
-from gpt1.zeroshot import scorer as zs
-from gpt1.zeroshot import data as zd
-from gpt1.model.checkpoint import save_model
-from gpt1.config import ModelConfig
 from gpt1.errors import DataError
+from gpt1.model.checkpoint import save_model
 from gpt1.model.gpt import GPT
 from gpt1.tasks.examples import ChoiceExample
-from conftest import TINIER_MODEL, tiny_model_config
+from gpt1.zeroshot import curve as zc
+from gpt1.zeroshot import data as zd
+from gpt1.zeroshot import heuristics as zh
+from gpt1.zeroshot import scorer as zs
 
 
 def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
     torch.manual_seed(seed)
     model = GPT(tiny_model_config(**{"vocab_size": vocab, "n_positions": 24, **kw})).eval()
-    with torch.no_grad():   # larger weights than the init, so log-probs differ visibly by position
+    with torch.no_grad():  # larger weights than the init, so log-probs differ visibly by position
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.3)
@@ -35,7 +35,7 @@ def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
 def reference_logprobs(model: torch.nn.Module, ctx: list[int], cont: list[int]) -> list[float]:
     """The plain way: full logits at every position of one unpadded sequence."""
     n = model.config.n_positions
-    full = (ctx + cont)[-(n + 1):][:-1] if len(ctx) + len(cont) - 1 > n else (ctx + cont)[:-1]
+    full = (ctx + cont)[-(n + 1) :][:-1] if len(ctx) + len(cont) - 1 > n else (ctx + cont)[:-1]
     with torch.no_grad():
         logp = torch.log_softmax(model.lm_logits(model(torch.tensor([full]))), -1)[0]
     first = len(full) - len(cont)
@@ -75,7 +75,8 @@ def test_scorer_equals_full_logits_computation():
 
 
 def test_scorer_works_with_the_lstm_baseline():
-    from gpt1.model.lstm import LSTMConfig, LSTMLM
+    from gpt1.model.lstm import LSTMLM, LSTMConfig
+
     torch.manual_seed(0)
     model = LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=24)).eval()
     reqs = random_requests(random.Random(3), 10, 50)
@@ -86,17 +87,18 @@ def test_scorer_works_with_the_lstm_baseline():
 def test_scorer_shares_prefix_rows():
     model = tiny_model()
     scorer = zs.Scorer(model)
-    plans, canon = scorer._plan([([1, 2, 3], [4, 5]), ([1, 2], [3]), ([1, 2, 3], [9]),
-                                 ([7, 8], [1])])
-    assert len(set(canon.values())) == 2   # [1,2,3,4] covers the other two rows; [7,8] alone
+    plans, canon = scorer._plan(
+        [([1, 2, 3], [4, 5]), ([1, 2], [3]), ([1, 2, 3], [9]), ([7, 8], [1])]
+    )
+    assert len(set(canon.values())) == 2  # [1,2,3,4] covers the other two rows; [7,8] alone
 
 
 def test_scorer_truncates_a_continuation_longer_than_the_window():
-    model = tiny_model()   # n_positions 24
+    model = tiny_model()  # n_positions 24
     scorer = zs.Scorer(model)
     cont = list(range(1, 31))
     (s,) = scorer.score([([5, 6], cont)])
-    assert scorer.truncated == 1 and len(s.logprobs) == 24   # one context token + 23 = 24 rows
+    assert scorer.truncated == 1 and len(s.logprobs) == 24  # one context token + 23 = 24 rows
     assert s.logprobs == pytest.approx(reference_logprobs(model, [6], cont[:24]), abs=1e-5)
 
 
@@ -135,9 +137,17 @@ def test_scorer_bf16_reuses_its_logits_buffers_without_mixing_chunks():
 def hf_model_from(model: GPT):
     transformers = pytest.importorskip("transformers")
     c = model.config
-    cfg = transformers.OpenAIGPTConfig(vocab_size=c.vocab_size, n_positions=c.n_positions,
-                                       n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-                                       afn="gelu", resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)
+    cfg = transformers.OpenAIGPTConfig(
+        vocab_size=c.vocab_size,
+        n_positions=c.n_positions,
+        n_embd=c.n_embd,
+        n_layer=c.n_layer,
+        n_head=c.n_head,
+        afn="gelu",
+        resid_pdrop=0,
+        embd_pdrop=0,
+        attn_pdrop=0,
+    )
     hf = transformers.OpenAIGPTLMHeadModel(cfg).eval()
     state = {}
     for k, v in model.state_dict().items():
@@ -146,7 +156,7 @@ def hf_model_from(model: GPT):
         elif k == "wpe.weight":
             state["transformer.positions_embed.weight"] = v
         elif k.endswith("weight") and (".c_" in k):
-            state["transformer." + k] = v.t()   # nn.Linear [out, in] -> HF Conv1D [in, out]
+            state["transformer." + k] = v.t()  # nn.Linear [out, in] -> HF Conv1D [in, out]
         else:
             state["transformer." + k] = v
     missing, unexpected = hf.load_state_dict(state, strict=False)
@@ -162,7 +172,7 @@ def test_scorer_matches_hf_full_logits():
     scored = zs.Scorer(model, batch_tokens=100).score(reqs)
     for (ctx, cont), s in zip(reqs, scored):
         with torch.no_grad():
-            logits = hf(torch.tensor([ctx + cont[:-1]])).logits[0]   # [T, V] at every position
+            logits = hf(torch.tensor([ctx + cont[:-1]])).logits[0]  # [T, V] at every position
         logp = torch.log_softmax(logits, -1)
         ref = [float(logp[len(ctx) - 1 + i, t]) for i, t in enumerate(cont)]
         assert s.logprobs == pytest.approx(ref, abs=1e-4)
@@ -221,9 +231,14 @@ class FakeScorer:
 def test_sst2_calibration_removes_the_prior():
     tok = WordTok(WORDS)
     # A strong prior for "positive" after the content-free prompt "N/A very".
-    table = {("n/a very", "positive"): -0.5, ("n/a very", "negative"): -3.0,
-             ("good very", "positive"): -0.4, ("good very", "negative"): -3.5,
-             ("bad very", "positive"): -1.0, ("bad very", "negative"): -2.0}
+    table = {
+        ("n/a very", "positive"): -0.5,
+        ("n/a very", "negative"): -3.0,
+        ("good very", "positive"): -0.4,
+        ("good very", "negative"): -3.5,
+        ("bad very", "positive"): -1.0,
+        ("bad very", "negative"): -2.0,
+    }
     examples = [("good", 1), ("bad", 0)]
     plain = zh.zs_sst2(FakeScorer(tok, table), tok, examples)
     calibrated = zh.zs_sst2(FakeScorer(tok, table), tok, examples, calibrate=True)
@@ -233,9 +248,15 @@ def test_sst2_calibration_removes_the_prior():
 
 def test_sst2_multi_piece_word_scored_by_sum():
     class PieceTok(WordTok):
-        def encode(self, text):   # "negative" is two pieces, "positive" one
-            return [i for w in text.lower().split()
-                    for i in ([self.ids["a"], self.ids["b"]] if w == "negative" else [self.ids.get(w, 0)])]
+        def encode(self, text):  # "negative" is two pieces, "positive" one
+            return [
+                i
+                for w in text.lower().split()
+                for i in (
+                    [self.ids["a"], self.ids["b"]] if w == "negative" else [self.ids.get(w, 0)]
+                )
+            ]
+
     tok = PieceTok(WORDS)
     # pieces of "negative" have -1 each (sum -2) vs "positive" -1.5: sum says positive,
     # a per-token mean would say negative.
@@ -246,6 +267,7 @@ def test_sst2_multi_piece_word_scored_by_sum():
 
 def brute_force_best_mcc(scores, labels):
     from sklearn.metrics import matthews_corrcoef
+
     cuts = [math.inf] + sorted(set(scores.tolist()), reverse=True)
     return max(matthews_corrcoef(labels, (scores >= t).astype(int)) for t in cuts)
 
@@ -255,19 +277,20 @@ def test_best_threshold_hand_case_and_against_brute_force():
     assert t == 1.5 and mcc == pytest.approx(1.0)
     rng = np.random.default_rng(0)
     for _ in range(20):
-        scores = rng.integers(0, 6, size=30).astype(float)    # many ties
+        scores = rng.integers(0, 6, size=30).astype(float)  # many ties
         labels = (rng.random(30) < 0.6).astype(int)
         t, mcc = zh.best_threshold(scores, labels)
         assert mcc == pytest.approx(brute_force_best_mcc(scores, labels))
         from sklearn.metrics import matthews_corrcoef
+
         assert matthews_corrcoef(labels, (scores >= t).astype(int)) == pytest.approx(mcc)
 
 
 def test_cola_threshold_comes_from_train_split():
     tok = WordTok(WORDS)
-    mean = {"a": -1.0, "b": -2.0, "c": -3.0, "movie": -4.0}   # sentence = "the X"
+    mean = {"a": -1.0, "b": -2.0, "c": -3.0, "movie": -4.0}  # sentence = "the X"
     table = {("the", w): v for w, v in mean.items()}
-    train = [("the a", 1), ("the b", 1), ("the c", 0), ("the movie", 0)]   # best cut: -2.5
+    train = [("the a", 1), ("the b", 1), ("the c", 0), ("the movie", 0)]  # best cut: -2.5
     dev = [("the a", 1), ("the b", 0), ("the c", 1), ("the movie", 0)]
     r = zh.zs_cola(FakeScorer(tok, table), tok, train, dev)
     assert r["threshold"] == pytest.approx(-2.5) and r["train_mcc"] == pytest.approx(1.0)
@@ -282,8 +305,10 @@ def test_dpr_requests_and_decision():
     assert c0 == tok.encode("the bee had the flower because bee")
     assert c1 == tok.encode("the bee had the flower because flower")
     assert r0 == r1 == tok.encode("had pollen")
-    table = {("the bee had the flower because bee", "had pollen"): -3.0,
-             ("the bee had the flower because flower", "had pollen"): -1.0}
+    table = {
+        ("the bee had the flower because bee", "had pollen"): -3.0,
+        ("the bee had the flower because flower", "had pollen"): -1.0,
+    }
     assert zh.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 1.0
     table[("the bee had the flower because bee", "had pollen")] = -0.5
     assert zh.zs_dpr(FakeScorer(tok, table), tok, [ex])["accuracy"] == 0.0
@@ -303,9 +328,14 @@ def test_lambada_greedy_accuracy_with_rigged_model():
 
 def test_story_cloze_and_race_pick_likelier_mean():
     tok = WordTok(WORDS)
-    table = {("the bee", "had pollen"): -1.0, ("the bee", "it"): -2.0,
-             ("the bee a", "good"): -3.0, ("the bee a", "bad"): -0.5, ("the bee a", "it"): -1.0,
-             ("the bee a", "film"): -4.0}
+    table = {
+        ("the bee", "had pollen"): -1.0,
+        ("the bee", "it"): -2.0,
+        ("the bee a", "good"): -3.0,
+        ("the bee a", "bad"): -0.5,
+        ("the bee a", "it"): -1.0,
+        ("the bee a", "film"): -4.0,
+    }
     sc = ChoiceExample("the bee", "", ["it", "had pollen"], 1)
     assert zh.zs_story_cloze(FakeScorer(tok, table), tok, [sc])["accuracy"] == 1.0
     race = ChoiceExample("the bee", "a", ["good", "bad", "it", "film"], 1)
@@ -322,11 +352,14 @@ def test_normalised_score_is_zero_at_chance_one_at_reference(task):
 # ----------------------------------------------------------------------------------- readers
 def test_dpr_reader(tmp_path):
     f = tmp_path / "test.c.txt"
-    f.write_text("The bee landed on the flower because it had pollen.\nit\nbee,flower\nflower\n\n"
-                 "John asked Bill because he knew.\nhe\nJohn, Bill\nBill\n\n\n")
+    f.write_text(
+        "The bee landed on the flower because it had pollen.\nit\nbee,flower\nflower\n\n"
+        "John asked Bill because he knew.\nhe\nJohn, Bill\nBill\n\n\n"
+    )
     exs = zd.read_dpr(f)
-    assert exs[0] == zd.DprExample("The bee landed on the flower because it had pollen.", "it",
-                                   ("bee", "flower"), 1)
+    assert exs[0] == zd.DprExample(
+        "The bee landed on the flower because it had pollen.", "it", ("bee", "flower"), 1
+    )
     assert exs[1].candidates == ("John", "Bill") and exs[1].answer == 1
     f.write_text("A sentence with it.\nit\nx,y\nx\n\nbroken block\nit\nx,y\n")
     with pytest.raises(DataError, match=r"test.c.txt:6.*4 lines"):
@@ -351,11 +384,19 @@ def test_lambada_reader(tmp_path):
 def test_race_folder_through_task_readers(tmp_path):
     race = tmp_path / "RACE" / "dev" / "high"
     race.mkdir(parents=True)
-    (race / "1.txt").write_text(json.dumps({"article": "A text.", "questions": ["Q1?", "Q2?"],
-                                            "options": [["a", "b", "c", "d"], ["e", "f", "g", "h"]],
-                                            "answers": ["B", "D"], "id": "1.txt"}))
+    (race / "1.txt").write_text(
+        json.dumps(
+            {
+                "article": "A text.",
+                "questions": ["Q1?", "Q2?"],
+                "options": [["a", "b", "c", "d"], ["e", "f", "g", "h"]],
+                "answers": ["B", "D"],
+                "id": "1.txt",
+            }
+        )
+    )
     folder = zh.task_folder("race", tmp_path)
-    loaded = zh.TASKS["race"].load(folder, None)   # no test split here: dev is used
+    loaded = zh.TASKS["race"].load(folder, None)  # no test split here: dev is used
     assert [e.label for e in loaded["examples"]] == [1, 3] and "dev" in loaded["file"]
 
 
@@ -393,24 +434,53 @@ def write_small_data(root):
     (root / "glue/SST-2").mkdir(parents=True)
     (root / "glue/SST-2/dev.tsv").write_text("sentence\tlabel\ngood film\t1\nbad film\t0\nok\t1\n")
     (root / "dpr").mkdir()
-    (root / "dpr/test.c.txt").write_text("the bee had the flower as it had pollen\nit\nbee,flower\n"
-                                         "flower\n")
+    (root / "dpr/test.c.txt").write_text(
+        "the bee had the flower as it had pollen\nit\nbee,flower\nflower\n"
+    )
 
 
 def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
     from gpt1.cli import main
+
     run = make_run(tmp_path)
     data = tmp_path / "data"
     write_small_data(data)
     out = tmp_path / "zs1"
-    assert main(["zeroshot", str(run / "step-10"), "--task", "sst2", "--data",
-                 str(data / "glue/SST-2"), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                str(run / "step-10"),
+                "--task",
+                "sst2",
+                "--data",
+                str(data / "glue/SST-2"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     res = json.loads((out / "results.json").read_text())["tasks"]["sst2"]
     assert res["n"] == 3 and res["normalised"] == pytest.approx(zh.normalised("sst2", res["value"]))
     # The curve over the run; tasks without data (cola, lambada, ...) are skipped.
     out2 = tmp_path / "zs2"
-    assert main(["zeroshot", str(run), "--task", "all", "--data", str(data), "--out", str(out2),
-                 "--calibrate"]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                str(run),
+                "--task",
+                "all",
+                "--data",
+                str(data),
+                "--out",
+                str(out2),
+                "--calibrate",
+            ]
+        )
+        == 0
+    )
     curve = json.loads((out2 / "curve.json").read_text())
     assert [c["updates"] for c in curve["checkpoints"].values()] == [10, 100]
     assert set(curve["checkpoints"]["step-100"]["tasks"]) == {"sst2", "dpr"}
@@ -419,22 +489,52 @@ def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
     assert "| step-100 | 100 |" in table and "lambada" not in table.splitlines()[0]
     # Resume: a new checkpoint is evaluated, the finished ones are not.
     n_vocab = json.loads((run / "step-10/config.json").read_text())["model"]["vocab_size"]
-    save_model(tiny_model(vocab=n_vocab, seed=1, n_positions=128), run / "step-1000",
-               tmp_path / "vocab")
+    save_model(
+        tiny_model(vocab=n_vocab, seed=1, n_positions=128), run / "step-1000", tmp_path / "vocab"
+    )
     calls = []
     real = zc.evaluate_checkpoint
-    monkeypatch.setattr(zc, "evaluate_checkpoint", lambda f, *a, **k: calls.append(f.name) or real(f, *a, **k))
+    monkeypatch.setattr(
+        zc, "evaluate_checkpoint", lambda f, *a, **k: calls.append(f.name) or real(f, *a, **k)
+    )
     zc.evaluate_run(run, ["sst2", "dpr"], data, out2, calibrate=True)
     assert calls == ["step-1000"]
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from gpt1.cli import main
+
     run = make_run(tmp_path, steps=(1,))
-    assert main(["zeroshot", str(run / "step-1"), "--task", "nope", "--data", str(tmp_path),
-                 "--out", str(tmp_path / "o")]) == 2
-    assert main(["zeroshot", str(run / "step-1"), "--task", "cola", "--data", str(tmp_path),
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "zeroshot",
+                str(run / "step-1"),
+                "--task",
+                "nope",
+                "--data",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "zeroshot",
+                str(run / "step-1"),
+                "--task",
+                "cola",
+                "--data",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "unknown task" in err and "no cola data" in err
 
@@ -443,22 +543,39 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
 def test_cli_on_shared_data_with_real_vocab(shared_data, tmp_path):
     """The real readers and GPT-1 vocabulary end to end, on a few examples per task."""
     from gpt1.cli import main
+
     vocab = shared_data / "gpt1_tokenizer"
     model = tiny_model(vocab=40478, n_positions=256, n_embd=16, n_head=2, n_layer=1)
     save_model(model, tmp_path / "ck", vocab)
     out = tmp_path / "o"
-    assert main(["zeroshot", str(tmp_path / "ck"), "--task", "sst2,cola,story_cloze,lambada",
-                 "--data", str(shared_data), "--out", str(out), "--limit", "6"]) == 0
+    assert (
+        main(
+            [
+                "zeroshot",
+                str(tmp_path / "ck"),
+                "--task",
+                "sst2,cola,story_cloze,lambada",
+                "--data",
+                str(shared_data),
+                "--out",
+                str(out),
+                "--limit",
+                "6",
+            ]
+        )
+        == 0
+    )
     tasks = json.loads((out / "results.json").read_text())["tasks"]
     assert set(tasks) == {"sst2", "cola", "story_cloze", "lambada"}
     assert all(t["n"] == 6 for t in tasks.values())
-    assert tasks["sst2"]["pieces"] == {"negative": 1, "positive": 1}   # whole words in GPT-1's BPE
+    assert tasks["sst2"]["pieces"] == {"negative": 1, "positive": 1}  # whole words in GPT-1's BPE
 
 
 def test_run_checkpoints_score_final_once_when_it_repeats_the_last_step(tmp_path):
     import json as _json
 
     from gpt1.model.checkpoint import run_checkpoints
+
     for name, step in (("step-10", 10), ("step-20", 20), ("final", 20)):
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text("{}")
@@ -476,6 +593,7 @@ def test_scoring_stays_inside_the_pretrained_window(tmp_path):
     from gpt1 import GPT, ModelConfig, save_model
     from gpt1.model.checkpoint import trained_context
     from gpt1.zeroshot.scorer import Scorer
+
     model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 32}))
     save_model(model, tmp_path / "run" / "step-5")
     assert trained_context(tmp_path / "run" / "step-5") is None

@@ -11,22 +11,39 @@ the paper's layout (Avg first, then one column per task; mean ± std when severa
 ablations.json. Every task trains on its train split and is scored on dev; --splits TASK=TRAIN:EVAL
 says otherwise (e.g. data without a train split), and the table says so.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpt1.analysis import report
 from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 
-ROWS = {"full": "Transformer w/ aux LM (full)", "scratch": "Transformer w/o pre-training",
-        "no_aux": "Transformer w/o aux LM", "lstm": "LSTM w/ aux LM"}
+ROWS = {
+    "full": "Transformer w/ aux LM (full)",
+    "scratch": "Transformer w/o pre-training",
+    "no_aux": "Transformer w/o aux LM",
+    "lstm": "LSTM w/ aux LM",
+}
 # Where each task's files are under a data root.
-TASK_FOLDERS = {"cola": "glue/CoLA", "sst2": "glue/SST-2", "mrpc": "glue/MRPC", "stsb": "glue/STS-B",
-                "qqp": "glue/QQP", "mnli": "glue/MNLI", "qnli": "glue/QNLI", "rte": "glue/RTE",
-                "snli": "snli", "scitail": "scitail", "story_cloze": "story_cloze", "race": "race"}
+TASK_FOLDERS = {
+    "cola": "glue/CoLA",
+    "sst2": "glue/SST-2",
+    "mrpc": "glue/MRPC",
+    "stsb": "glue/STS-B",
+    "qqp": "glue/QQP",
+    "mnli": "glue/MNLI",
+    "qnli": "glue/QNLI",
+    "rte": "glue/RTE",
+    "snli": "snli",
+    "scitail": "scitail",
+    "story_cloze": "story_cloze",
+    "race": "race",
+}
 METRIC_NAMES = {"matthews": "mc", "pearson": "pc", "f1": "F1", "accuracy": "acc"}
 
 
@@ -41,14 +58,17 @@ def parse_mapping(items: Sequence[str], name: str) -> dict[str, str]:
     return out
 
 
-def task_plan(tasks: Sequence[str], data_root: str | Path, folders: dict[str, str],
-              splits: dict[str, str]) -> dict[str, dict[str, str]]:
+def task_plan(
+    tasks: Sequence[str], data_root: str | Path, folders: dict[str, str], splits: dict[str, str]
+) -> dict[str, dict[str, str]]:
     """Per task: its data folder and the (train, eval) splits used."""
     plan = {}
     for task in tasks:
         folder = folders.get(task) or TASK_FOLDERS.get(task)
         if folder is None:
-            raise ConfigError(f"--tasks: no default folder for {task!r}; pass --task-data {task}=DIR")
+            raise ConfigError(
+                f"--tasks: no default folder for {task!r}; pass --task-data {task}=DIR"
+            )
         path = Path(folder) if Path(folder).is_absolute() else Path(data_root) / folder
         train, scored = "train", "dev"
         if task in splits:
@@ -59,30 +79,47 @@ def task_plan(tasks: Sequence[str], data_root: str | Path, folders: dict[str, st
     return plan
 
 
-def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path, out: str | Path,
-                   options: FinetuneOptions, lstm_init: str | Path | None = None,
-                   seeds: Sequence[int] = (0,), folders: dict[str, str] | None = None,
-                   splits: dict[str, str] | None = None, train_examples: int | None = None,
-                   command: list[str] | None = None,
-                   only_rows: Sequence[str] | None = None) -> dict[str, Any]:
+def ablation_sweep(
+    init: str | Path,
+    tasks: Sequence[str],
+    data_root: str | Path,
+    out: str | Path,
+    options: FinetuneOptions,
+    lstm_init: str | Path | None = None,
+    seeds: Sequence[int] = (0,),
+    folders: dict[str, str] | None = None,
+    splits: dict[str, str] | None = None,
+    train_examples: int | None = None,
+    command: list[str] | None = None,
+    only_rows: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the ablations; write ablations.md / .json; return the table.
 
     `only_rows` runs just those rows (e.g. the LSTM row in a folder of its own while another
     process runs the Transformer rows); the table shows every row it has results for.
     """
     plan = task_plan(tasks, data_root, folders or {}, splits or {})
-    rows = {"full": (init, {}), "scratch": (init, {"transfer_layers": -1}),
-            "no_aux": (init, {"lm_coef": 0.0})}
+    rows = {
+        "full": (init, {}),
+        "scratch": (init, {"transfer_layers": -1}),
+        "no_aux": (init, {"lm_coef": 0.0}),
+    }
     if lstm_init is not None:
         rows["lstm"] = (lstm_init, {})
     for row in only_rows or ():
         if row not in rows:
             hint = " (it needs --lstm-init)" if row == "lstm" else ""
-            raise ConfigError(f"--rows: unknown or unavailable row {row!r}{hint}; "
-                              f"choose from {', '.join(rows)}")
+            raise ConfigError(
+                f"--rows: unknown or unavailable row {row!r}{hint}; choose from {', '.join(rows)}"
+            )
     out = Path(out)
-    settings = {"init": str(init), "lstm_init": str(lstm_init) if lstm_init else None,
-                "plan": plan, "train_examples": train_examples, "finetune": options.settings()}
+    settings = {
+        "init": str(init),
+        "lstm_init": str(lstm_init) if lstm_init else None,
+        "plan": plan,
+        "train_examples": train_examples,
+        "finetune": options.settings(),
+    }
     # Tasks and the LSTM row may be added to an existing folder by a later invocation.
     sweep = Sweep(out, "ablations", settings, command, growable=("plan", "lstm_init"))
     for task, where in plan.items():
@@ -91,15 +128,24 @@ def ablation_sweep(init: str | Path, tasks: Sequence[str], data_root: str | Path
                 continue
             for seed in seeds:
                 run_dir = out / "runs" / f"{task}-{row}-seed{seed}"
-                sub = FinetuneRun(task, where["data"], ckpt, run_dir, options, seed=seed,
-                                 train_split=where["train_split"],
-                                 eval_split=where["eval_split"],
-                                 train_examples=train_examples, **extra)
+                sub = FinetuneRun(
+                    task,
+                    where["data"],
+                    ckpt,
+                    run_dir,
+                    options,
+                    seed=seed,
+                    train_split=where["train_split"],
+                    eval_split=where["eval_split"],
+                    train_examples=train_examples,
+                    **extra,
+                )
 
                 def job(sub=sub, task=task) -> dict[str, Any]:
                     results = sub.run()
                     metric, value = headline(task, results)
                     return {"metric": metric, "value": value, "results": results}
+
                 sweep.run(f"{task}/{row}/seed={seed}", sub.argv(), job, run_dir=run_dir)
     table = summarise(sweep, plan, list(rows))
     report.write_json(out / "ablations.json", table)
@@ -133,18 +179,28 @@ def _seed_counts(table: dict[str, Any], task: str) -> str:
 
 def markdown(table: dict[str, Any], lstm_given: bool) -> str:
     tasks = table["tasks"]
-    header = ["method", "Avg"] + [f"{t} ({METRIC_NAMES.get(table['metrics'].get(t, ''), '?')})"
-                                  for t in tasks]
+    header = ["method", "Avg"] + [
+        f"{t} ({METRIC_NAMES.get(table['metrics'].get(t, ''), '?')})" for t in tasks
+    ]
     rows = []
     for row in table["rows"].values():
         cells = [report.pct(row["cells"][t]["mean"], row["cells"][t]["std"]) for t in tasks]
         rows.append([row["label"], report.pct(row["avg"])] + cells)
-    notes = [f"- {t}: trained on its {p['train_split']} split, scored on {p['eval_split']}"
-             + (" (as --splits asked)" if p["train_split"] != "train" else "")
-             + f"; seeds per cell: {_seed_counts(table, t)}"
-             for t, p in table["plan"].items()]
+    notes = [
+        f"- {t}: trained on its {p['train_split']} split, scored on {p['eval_split']}"
+        + (" (as --splits asked)" if p["train_split"] != "train" else "")
+        + f"; seeds per cell: {_seed_counts(table, t)}"
+        for t, p in table["plan"].items()
+    ]
     if not lstm_given:
-        notes.append("- LSTM row left out: pass --lstm-init (a `gpt1 pretrain --arch lstm` run "
-                     "on the same corpus)")
-    return ("Ablations (Table 5 layout; values x 100; mean ± std over seeds where several)\n\n"
-            + report.markdown_table(header, rows) + "\n" + "\n".join(notes) + "\n")
+        notes.append(
+            "- LSTM row left out: pass --lstm-init (a `gpt1 pretrain --arch lstm` run "
+            "on the same corpus)"
+        )
+    return (
+        "Ablations (Table 5 layout; values x 100; mean ± std over seeds where several)\n\n"
+        + report.markdown_table(header, rows)
+        + "\n"
+        + "\n".join(notes)
+        + "\n"
+    )

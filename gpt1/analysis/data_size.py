@@ -6,10 +6,12 @@ For each size (a seeded random subset of the training split; `all` = every examp
 architecture and tokenizer, nothing transferred). Output: data_size.png (log x, mean +- std over
 seeds), data_size.md, data_size.json.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpt1.analysis import report
 from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
@@ -38,29 +40,57 @@ def parse_sizes(spec: str) -> list[int | None]:
     return sizes
 
 
-def data_size_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
-                    options: FinetuneOptions, sizes: Sequence[int | None],
-                    seeds: Sequence[int] = (0, 1, 2), train_split: str = "train",
-                    eval_split: str = "dev", command: list[str] | None = None) -> dict[str, Any]:
+def data_size_sweep(
+    init: str | Path,
+    task: str,
+    data: str | Path,
+    out: str | Path,
+    options: FinetuneOptions,
+    sizes: Sequence[int | None],
+    seeds: Sequence[int] = (0, 1, 2),
+    train_split: str = "train",
+    eval_split: str = "dev",
+    command: list[str] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the labelled-data sweep; write plot and tables; return the table."""
     out = Path(out)
-    settings = {"init": str(init), "task": task, "data": str(data), "train_split": train_split,
-                "eval_split": eval_split, "finetune": options.settings()}
+    settings = {
+        "init": str(init),
+        "task": task,
+        "data": str(data),
+        "train_split": train_split,
+        "eval_split": eval_split,
+        "finetune": options.settings(),
+    }
     sweep = Sweep(out, "data-size", settings, command)
     for size in sizes:
         label = "all" if size is None else str(size)
         for arm, extra in ARMS.items():
             for seed in seeds:
                 run_dir = out / "runs" / f"{arm}-n{label}-seed{seed}"
-                sub = FinetuneRun(task, data, init, run_dir, options, seed=seed,
-                                 train_split=train_split, eval_split=eval_split,
-                                 train_examples=size, **extra)
+                sub = FinetuneRun(
+                    task,
+                    data,
+                    init,
+                    run_dir,
+                    options,
+                    seed=seed,
+                    train_split=train_split,
+                    eval_split=eval_split,
+                    train_examples=size,
+                    **extra,
+                )
 
                 def job(sub=sub) -> dict[str, Any]:
                     results = sub.run()
                     metric, value = headline(task, results)
-                    return {"metric": metric, "value": value, "train_n": results.get("train_n"),
-                            "results": results}
+                    return {
+                        "metric": metric,
+                        "value": value,
+                        "train_n": results.get("train_n"),
+                        "results": results,
+                    }
+
                 sweep.run(f"{arm}/n={label}/seed={seed}", sub.argv(), job, run_dir=run_dir)
     table = summarise(sweep, recorded_sizes(sweep, sizes), task)
     report.write_json(out / "data_size.json", table)
@@ -96,32 +126,50 @@ def summarise(sweep: Sweep, sizes: Sequence[int | None], task: str) -> dict[str,
 
 
 def markdown(table: dict[str, Any]) -> str:
-    head = (f"Labelled-data curve ({table['task']}, dev {table['metric']} x 100; mean ± std over "
-            "seeds)\n\n")
-    rows = [[r["size"], r["pretrained"]["train_n"] or r["scratch"]["train_n"] or "–",
-             report.pct(r["pretrained"]["mean"], r["pretrained"]["std"]),
-             report.pct(r["scratch"]["mean"], r["scratch"]["std"]),
-             max(r["pretrained"]["seeds"], r["scratch"]["seeds"])] for r in table["rows"]]
-    return head + report.markdown_table(["size", "examples", "pretrained", "no pretraining",
-                                         "seeds"], rows)
+    head = (
+        f"Labelled-data curve ({table['task']}, dev {table['metric']} x 100; mean ± std over "
+        "seeds)\n\n"
+    )
+    rows = [
+        [
+            r["size"],
+            r["pretrained"]["train_n"] or r["scratch"]["train_n"] or "–",
+            report.pct(r["pretrained"]["mean"], r["pretrained"]["std"]),
+            report.pct(r["scratch"]["mean"], r["scratch"]["std"]),
+            max(r["pretrained"]["seeds"], r["scratch"]["seeds"]),
+        ]
+        for r in table["rows"]
+    ]
+    return head + report.markdown_table(
+        ["size", "examples", "pretrained", "no pretraining", "seeds"], rows
+    )
 
 
 def plot(table: dict[str, Any], png: Path) -> None:
     plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for arm, style in (("pretrained", "-"), ("scratch", "--")):
-        pts = [(r[arm]["train_n"], r[arm]["mean"], r[arm]["std"]) for r in table["rows"]
-               if r[arm]["seeds"] and r[arm]["train_n"]]
+        pts = [
+            (r[arm]["train_n"], r[arm]["mean"], r[arm]["std"])
+            for r in table["rows"]
+            if r[arm]["seeds"] and r[arm]["train_n"]
+        ]
         if not pts:
             continue
         pts.sort()
         xs = [p[0] for p in pts]
         ys = [100 * p[1] for p in pts]
         sd = [100 * p[2] for p in pts]
-        ax.plot(xs, ys, style, marker="o", label="pretrained" if arm == "pretrained"
-                else "no pretraining")
-        ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)],
-                        alpha=0.2)
+        ax.plot(
+            xs,
+            ys,
+            style,
+            marker="o",
+            label="pretrained" if arm == "pretrained" else "no pretraining",
+        )
+        ax.fill_between(
+            xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], alpha=0.2
+        )
     ax.set_xscale("log")
     ax.set_xlabel("labelled training examples")
     ax.set_ylabel(f"dev {table['metric']} (%)")

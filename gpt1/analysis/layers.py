@@ -5,47 +5,81 @@ initialised). The dev metric comes from the run's results.json; the train metric
 fine-tuned model on a fixed sample of its own training examples (`train_eval_examples`). Output:
 layers.png (dev solid, train dashed, mean +- std over seeds), layers.md and layers.json.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpt1.analysis import report
 from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline, train_metric
 from gpt1.analysis.sweep import Sweep
 
 
-def layers_sweep(init: str | Path, task: str, data: str | Path, out: str | Path,
-                 options: FinetuneOptions, seeds: Sequence[int] = (0,),
-                 ks: Sequence[int] | None = None, train_split: str = "train",
-                 eval_split: str = "dev", train_examples: int | None = None,
-                 train_eval_examples: int = 1000, command: list[str] | None = None) -> dict[str, Any]:
+def layers_sweep(
+    init: str | Path,
+    task: str,
+    data: str | Path,
+    out: str | Path,
+    options: FinetuneOptions,
+    seeds: Sequence[int] = (0,),
+    ks: Sequence[int] | None = None,
+    train_split: str = "train",
+    eval_split: str = "dev",
+    train_examples: int | None = None,
+    train_eval_examples: int = 1000,
+    command: list[str] | None = None,
+) -> dict[str, Any]:
     """Run (or resume) the layers-transferred sweep; write the plot and tables; return the table."""
     from gpt1.model.checkpoint import read_model_config
 
-    n_layer = read_model_config(init).n_layer   # validated: a sweep of K = 0..n_layer runs
+    n_layer = read_model_config(init).n_layer  # validated: a sweep of K = 0..n_layer runs
     ks = list(range(n_layer + 1)) if ks is None else list(ks)
     out = Path(out)
-    settings = {"init": str(init), "task": task, "data": str(data), "train_split": train_split,
-                "eval_split": eval_split, "train_examples": train_examples,
-                "train_eval_examples": train_eval_examples, "finetune": options.settings()}
+    settings = {
+        "init": str(init),
+        "task": task,
+        "data": str(data),
+        "train_split": train_split,
+        "eval_split": eval_split,
+        "train_examples": train_examples,
+        "train_eval_examples": train_eval_examples,
+        "finetune": options.settings(),
+    }
     sweep = Sweep(out, "layers", settings, command)
     for k in ks:
         for seed in seeds:
             run_dir = out / "runs" / f"k{k}-seed{seed}"
-            sub = FinetuneRun(task, data, init, run_dir, options, seed=seed, transfer_layers=k,
-                              train_split=train_split, eval_split=eval_split,
-                                 train_examples=train_examples)
+            sub = FinetuneRun(
+                task,
+                data,
+                init,
+                run_dir,
+                options,
+                seed=seed,
+                transfer_layers=k,
+                train_split=train_split,
+                eval_split=eval_split,
+                train_examples=train_examples,
+            )
 
             def job(sub=sub, run_dir=run_dir, seed=seed) -> dict[str, Any]:
                 results = sub.run()
                 metric, dev = headline(task, results)
-                train = train_metric(run_dir, data, train_split, train_eval_examples, seed,
-                                     train_examples)
-                return {"metric": metric, "dev": dev, "train": train[metric], "dev_results": results,
-                        "train_results": train}
+                train = train_metric(
+                    run_dir, data, train_split, train_eval_examples, seed, train_examples
+                )
+                return {
+                    "metric": metric,
+                    "dev": dev,
+                    "train": train[metric],
+                    "dev_results": results,
+                    "train_results": train,
+                }
+
             sweep.run(f"k={k}/seed={seed}", sub.argv(), job, run_dir=run_dir)
-    recorded = {int(key.split("/")[0][2:]) for key in sweep.runs}   # "k=K/seed=S"
+    recorded = {int(key.split("/")[0][2:]) for key in sweep.runs}  # "k=K/seed=S"
     table = summarise(sweep, sorted(set(ks) | recorded), task, n_layer)
     report.write_json(out / "layers.json", table)
     report.write_text(out / "layers.md", markdown(table))
@@ -62,16 +96,33 @@ def summarise(sweep: Sweep, ks: Sequence[int], task: str, n_layer: int) -> dict[
         metric = done[0]["metric"] if done else metric
         dev, dev_std = report.mean_std([r["dev"] for r in done])
         train, train_std = report.mean_std([r["train"] for r in done])
-        rows.append({"k": k, "dev": dev, "dev_std": dev_std, "train": train,
-                     "train_std": train_std, "seeds": len(done)})
+        rows.append(
+            {
+                "k": k,
+                "dev": dev,
+                "dev_std": dev_std,
+                "train": train,
+                "train_std": train_std,
+                "seeds": len(done),
+            }
+        )
     return {"task": task, "metric": metric, "n_layer": n_layer, "rows": rows}
 
 
 def markdown(table: dict[str, Any]) -> str:
-    head = (f"Layers transferred ({table['task']}, {table['metric']}; embeddings + K of "
-            f"{table['n_layer']} pretrained blocks; mean ± std over seeds)\n\n")
-    rows = [[r["k"], report.pct(r["dev"], r["dev_std"]), report.pct(r["train"], r["train_std"]),
-             r["seeds"]] for r in table["rows"]]
+    head = (
+        f"Layers transferred ({table['task']}, {table['metric']}; embeddings + K of "
+        f"{table['n_layer']} pretrained blocks; mean ± std over seeds)\n\n"
+    )
+    rows = [
+        [
+            r["k"],
+            report.pct(r["dev"], r["dev_std"]),
+            report.pct(r["train"], r["train_std"]),
+            r["seeds"],
+        ]
+        for r in table["rows"]
+    ]
     return head + report.markdown_table(["K", "dev", "train", "seeds"], rows)
 
 
@@ -83,8 +134,9 @@ def plot(table: dict[str, Any], png: Path) -> None:
     for key, style in (("dev", "-"), ("train", "--")):
         mean = [100 * r[key] for r in rows]
         std = [100 * r[f"{key}_std"] for r in rows]
-        ax.errorbar(ks, mean, yerr=std, linestyle=style, marker="o", capsize=3, color="C0",
-                    label=f"{key}")
+        ax.errorbar(
+            ks, mean, yerr=std, linestyle=style, marker="o", capsize=3, color="C0", label=f"{key}"
+        )
     ax.set_xlabel("pretrained blocks transferred (K)")
     ax.set_ylabel(f"{table['metric']} (%)")
     ax.set_title(f"layers transferred: {table['task']}")

@@ -10,9 +10,9 @@
 A trained GPT's positions lie on a smooth low-dimensional curve (neighbours similar, distant rows
 not); a freshly initialised table shows none of that, which the summary makes checkable.
 """
+
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -33,8 +33,10 @@ def position_table(checkpoint: str | Path, max_positions: int | None = None) -> 
 
     model = load_any_checkpoint(checkpoint)
     if not hasattr(model, "wpe"):
-        raise CheckpointError(f"{checkpoint}: this model has no position embeddings "
-                              "(an LSTM is ordered by its recurrence)")
+        raise CheckpointError(
+            f"{checkpoint}: this model has no position embeddings "
+            "(an LSTM is ordered by its recurrence)"
+        )
     table = model.wpe.weight.detach().to(torch.float64).cpu().numpy()
     return table[:max_positions] if max_positions else table
 
@@ -46,8 +48,9 @@ def cosine_matrix(table: np.ndarray) -> np.ndarray:
     return unit @ unit.T
 
 
-def summarise(cos: np.ndarray, offsets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-              ) -> dict[str, Any]:
+def summarise(
+    cos: np.ndarray, offsets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+) -> dict[str, Any]:
     """Neighbour vs distant similarity, similarity by offset, nearest-neighbour locality."""
     n = cos.shape[0]
     by_offset = {str(d): float(np.mean(np.diagonal(cos, offset=d))) for d in offsets if d < n}
@@ -75,8 +78,13 @@ def project_2d(table: np.ndarray, method: str = "tsne", seed: int = 0) -> tuple[
             from sklearn.manifold import TSNE
 
             perplexity = float(min(30, (table.shape[0] - 1) / 3))
-            coords = TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed,
-                          metric="cosine").fit_transform(table)
+            coords = TSNE(
+                n_components=2,
+                perplexity=perplexity,
+                init="pca",
+                random_state=seed,
+                metric="cosine",
+            ).fit_transform(table)
             return coords, "tsne"
         except (ImportError, ValueError) as exc:  # sklearn missing or the input is degenerate
             log.warning("t-SNE unavailable (%s); falling back to PCA", exc)
@@ -87,7 +95,7 @@ def pca(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top-`k` principal-component coordinates `[N, k]` and the explained-variance ratios `[k]`."""
     centred = table - table.mean(axis=0, keepdims=True)
     _, s, vt = np.linalg.svd(centred, full_matrices=False)
-    var = s ** 2
+    var = s**2
     ratio = var[:k] / max(var.sum(), 1e-300)
     return centred @ vt[:k].T, ratio
 
@@ -98,12 +106,18 @@ OUTPUTS = ("positions_2d.png", "positions_cosine.png", "positions.json")
 def check_positions_out(out: str | Path, overwrite: bool) -> None:
     """Refuse to replace the files `analyse_positions` writes unless `overwrite`."""
     from gpt1.files import check_output
+
     for name in OUTPUTS:
         check_output(Path(out) / name, overwrite)
 
 
-def analyse_positions(checkpoint: str | Path, out: str | Path, method: str = "tsne",
-                      max_positions: int | None = None, seed: int = 0) -> dict[str, Any]:
+def analyse_positions(
+    checkpoint: str | Path,
+    out: str | Path,
+    method: str = "tsne",
+    max_positions: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Write the two PNGs and positions.json for `checkpoint` into `out`; return the summary."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -111,8 +125,12 @@ def analyse_positions(checkpoint: str | Path, out: str | Path, method: str = "ts
     cos = cosine_matrix(table)
     coords, used = project_2d(table, method, seed)
     summary = summarise(cos)
-    summary.update(checkpoint=str(checkpoint), method=used, n_embd=int(table.shape[1]),
-                   pca_explained_variance=[float(x) for x in pca(table, 3)[1]])
+    summary.update(
+        checkpoint=str(checkpoint),
+        method=used,
+        n_embd=int(table.shape[1]),
+        pca_explained_variance=[float(x) for x in pca(table, 3)[1]],
+    )
     _plot(coords, cos, used, out, title=Path(checkpoint).name or str(checkpoint))
     summary["files"] = ["positions_2d.png", "positions_cosine.png"]
     write_json(out / "positions.json", summary)
@@ -121,6 +139,7 @@ def analyse_positions(checkpoint: str | Path, out: str | Path, method: str = "ts
 
 def _plot(coords: np.ndarray, cos: np.ndarray, method: str, out: Path, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -3,11 +3,13 @@
 Values are stored as fractions (accuracy 0.913) and shown in the paper's style, as percentages
 with one decimal (91.3); correlations are shown x 100 as well, as the paper does.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from gpt1 import files
 
@@ -50,12 +52,15 @@ def write_text(path: Path, text: str) -> None:
 def save_figure(fig: Any, path: Path) -> None:
     """Write a figure as PNG atomically."""
     from gpt1.train.telemetry import save_figure as save
+
     save(fig, path)
 
 
 def pyplot():
     """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt

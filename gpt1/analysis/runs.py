@@ -8,6 +8,7 @@ reproduced by pasting one line of commands.txt. This module also reads a run's h
 (the task's first metric; the mean over several dev files such as MNLI matched/mismatched) and
 scores a fine-tuned run on (a sample of) its training examples for the train curve of Fig. 2 (left).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -44,8 +45,15 @@ def headline(task_name: str, results: dict[str, Any]) -> tuple[str, float]:
     return metric, float(results[metric])
 
 
-def train_metric(run: str | Path, data: str | Path, train_split: str, limit: int, seed: int = 0,
-                 train_examples: int | None = None, micro: int = 16) -> dict[str, Any]:
+def train_metric(
+    run: str | Path,
+    data: str | Path,
+    train_split: str,
+    limit: int,
+    seed: int = 0,
+    train_examples: int | None = None,
+    micro: int = 16,
+) -> dict[str, Any]:
     """Score a fine-tuned run on up to `limit` of the training examples it was trained on."""
     from gpt1.recipes.evaluate import score
     from gpt1.recipes.finetune import encode_split, load_finetuned, resolve_task
@@ -58,7 +66,9 @@ def train_metric(run: str | Path, data: str | Path, train_split: str, limit: int
         examples = [examples[i] for i in training_subset(len(examples), train_examples, seed)]
     if len(examples) > limit:
         # A fixed sample (seed 0), so every K of a sweep is scored on the same examples.
-        examples = [examples[i] for i in sorted(random.Random(0).sample(range(len(examples)), limit))]
+        examples = [
+            examples[i] for i in sorted(random.Random(0).sample(range(len(examples)), limit))
+        ]
     sample = dataclasses.replace(split, examples=examples, skipped=[])
     enc = encode_split(sample, task, tok, record["n_ctx"], record.get("question_delimiter", False))
     return score(model, task, enc, micro)

@@ -13,19 +13,20 @@ mixing results from two set-ups in one table would be wrong; the set of sub-runs
 sizes) may grow, and so may the settings an analysis names as `growable`: a growable mapping may
 gain entries (a new task), a growable value recorded as null may be set once (a new row).
 """
+
 from __future__ import annotations
 
 import json
 import logging
-import os
 import shlex
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from gpt1.errors import ConfigError, DataError
 from gpt1 import files
+from gpt1.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +37,28 @@ COMMANDS_FILE = "commands.txt"
 class Sweep:
     """The record of one analysis folder; `run(key, argv, fn)` executes a sub-run once."""
 
-    def __init__(self, out: str | Path, analysis: str, settings: dict[str, Any],
-                 command: list[str] | None = None, growable: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        out: str | Path,
+        analysis: str,
+        settings: dict[str, Any],
+        command: list[str] | None = None,
+        growable: tuple[str, ...] = (),
+    ):
         self.out = Path(out)
         self.growable = set(growable)
         if not (self.out / SWEEP_FILE).is_file() and not files.is_empty(self.out):
             # Only a folder this analysis started (its sweep.json) is continued.
-            raise files.OutputExists(f"{self.out}: not empty and holds no {SWEEP_FILE} (not an "
-                                     "analysis folder); choose another --out")
+            raise files.OutputExists(
+                f"{self.out}: not empty and holds no {SWEEP_FILE} (not an "
+                "analysis folder); choose another --out"
+            )
         with files.writing(self.out):
             self.out.mkdir(parents=True, exist_ok=True)
         self.analysis = analysis
-        self.settings = json.loads(json.dumps(settings))  # normalise (tuples -> lists, Paths -> str)
+        self.settings = json.loads(
+            json.dumps(settings)
+        )  # normalise (tuples -> lists, Paths -> str)
         self.path = self.out / SWEEP_FILE
         self.runs: dict[str, dict[str, Any]] = {}
         self._load()
@@ -61,21 +72,30 @@ class Sweep:
         try:
             data = json.loads(self.path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise DataError(f"unreadable sweep record ({exc}); move it away to start afresh",
-                            self.path) from None
+            raise DataError(
+                f"unreadable sweep record ({exc}); move it away to start afresh", self.path
+            ) from None
         if data.get("analysis") != self.analysis:
-            raise ConfigError(f"{self.path}: this folder holds a {data.get('analysis')!r} analysis, "
-                              f"not {self.analysis!r}; choose another --out")
+            raise ConfigError(
+                f"{self.path}: this folder holds a {data.get('analysis')!r} analysis, "
+                f"not {self.analysis!r}; choose another --out"
+            )
         old = data.get("settings", {})
-        changed = sorted(k for k in set(old) | set(self.settings)
-                         if not self._compatible(k, old.get(k), self.settings.get(k)))
+        changed = sorted(
+            k
+            for k in set(old) | set(self.settings)
+            if not self._compatible(k, old.get(k), self.settings.get(k))
+        )
         if changed:
-            diffs = "; ".join(f"{k}: recorded {old.get(k)!r}, now {self.settings.get(k)!r}"
-                              for k in changed)
-            raise ConfigError(f"{self.path}: settings differ from the recorded sweep ({diffs}); "
-                              "use another --out or the recorded settings")
+            diffs = "; ".join(
+                f"{k}: recorded {old.get(k)!r}, now {self.settings.get(k)!r}" for k in changed
+            )
+            raise ConfigError(
+                f"{self.path}: settings differ from the recorded sweep ({diffs}); "
+                "use another --out or the recorded settings"
+            )
         self.runs = dict(data.get("runs", {}))
-        for key in self.growable & set(old):       # keep what earlier invocations recorded
+        for key in self.growable & set(old):  # keep what earlier invocations recorded
             before, now = old[key], self.settings.get(key)
             if isinstance(before, dict) and isinstance(now, dict):
                 self.settings[key] = {**before, **now}
@@ -87,7 +107,7 @@ class Sweep:
             return True
         if key not in self.growable:
             return False
-        if isinstance(before, dict) and isinstance(now, dict):   # shared entries must agree
+        if isinstance(before, dict) and isinstance(now, dict):  # shared entries must agree
             return all(before[k] == now[k] for k in set(before) & set(now))
         return before is None or now is None
 
@@ -110,8 +130,13 @@ class Sweep:
         """Finished sub-run keys starting with `prefix`, sorted (e.g. every seed of a cell)."""
         return sorted(k for k in self.runs if k.startswith(prefix))
 
-    def run(self, key: str, argv: list[str], fn: Callable[[], dict[str, Any]],
-            run_dir: Path | None = None) -> dict[str, Any]:
+    def run(
+        self,
+        key: str,
+        argv: list[str],
+        fn: Callable[[], dict[str, Any]],
+        run_dir: Path | None = None,
+    ) -> dict[str, Any]:
         """The result of sub-run `key`: recorded if it finished before, else `fn()` now.
 
         `argv` is the exact command `fn` executes (recorded before it starts). A `run_dir` left by
@@ -127,8 +152,11 @@ class Sweep:
         log.info("%s: running %s", self.analysis, key)
         t0 = time.perf_counter()
         result = fn()
-        self.runs[key] = {"command": shlex.join(argv), "result": result,
-                          "seconds": round(time.perf_counter() - t0, 2)}
+        self.runs[key] = {
+            "command": shlex.join(argv),
+            "result": result,
+            "seconds": round(time.perf_counter() - t0, 2),
+        }
         self._write()
         return result
 

@@ -4,6 +4,7 @@
 Only this package reads argv and configures logging. User mistakes (`Gpt1Error`) print as one line
 and exit with status 2; `--debug` shows the full traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,8 +16,23 @@ import sys
 import traceback
 
 # Listed in the order `gpt1 --help` shows them. A module that is not present is not offered.
-COMMANDS = ["demo", "info", "convert", "sample", "tokenizer", "prepare", "pretrain", "plot",
-            "finetune", "evaluate", "predict", "serve", "zeroshot", "lm-eval", "analysis"]
+COMMANDS = [
+    "demo",
+    "info",
+    "convert",
+    "sample",
+    "tokenizer",
+    "prepare",
+    "pretrain",
+    "plot",
+    "finetune",
+    "evaluate",
+    "predict",
+    "serve",
+    "zeroshot",
+    "lm-eval",
+    "analysis",
+]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -24,24 +40,39 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 def common_options() -> argparse.ArgumentParser:
     """Options every subcommand accepts (also before the subcommand name)."""
     parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show full tracebacks and debug logging")
-    parent.add_argument("--quiet", "-q", action="store_true", default=argparse.SUPPRESS,
-                        help="only warnings and errors; no progress bars")
+    parent.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show full tracebacks and debug logging",
+    )
+    parent.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="only warnings and errors; no progress bars",
+    )
     return parent
 
 
 def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
     """The one `--overwrite` flag: without it no command replaces what it did not create."""
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"replace {what} (without it an existing output is refused)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace {what} (without it an existing output is refused)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="gpt1", parents=[common_options()],
-        description="GPT-1 (Radford et al., 2018): tokenize, pretrain, fine-tune, evaluate, sample.")
+        prog="gpt1",
+        parents=[common_options()],
+        description="GPT-1 (Radford et al., 2018): tokenize, pretrain, fine-tune, evaluate, sample.",
+    )
     from gpt1 import __version__
+
     parser.add_argument("--version", action="version", version=f"gpt1 {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
@@ -51,10 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         # A command that hands its other options on to another tool (lm-eval) must not have
         # them abbreviated into its own.
-        p = sub.add_parser(name, help=module.HELP, description=module.__doc__,
-                           parents=[common_options()],
-                           formatter_class=argparse.RawDescriptionHelpFormatter,
-                           allow_abbrev=not getattr(module, "PASS_THROUGH", False))
+        p = sub.add_parser(
+            name,
+            help=module.HELP,
+            description=module.__doc__,
+            parents=[common_options()],
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            allow_abbrev=not getattr(module, "PASS_THROUGH", False),
+        )
         module.add_arguments(p)
         p.set_defaults(_run=module.run, _pass_through=getattr(module, "PASS_THROUGH", False))
     return parser
@@ -75,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args.quiet = getattr(args, "quiet", False)
     configure_logging(args.debug, args.quiet)
     from gpt1.errors import Gpt1Error
+
     try:
         return int(args._run(args) or EXIT_OK)
     except Gpt1Error as exc:
@@ -95,8 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     except MemoryError:
         # Only the training commands have a micro-batch to lower; elsewhere the model or the
         # input itself is larger than this machine's memory.
-        hint = ("lower --micro-batch (and raise gradient accumulation to keep the global batch)"
-                if args.command in ("pretrain", "finetune") else
-                "the model or input is larger than this machine's memory")
+        hint = (
+            "lower --micro-batch (and raise gradient accumulation to keep the global batch)"
+            if args.command in ("pretrain", "finetune")
+            else "the model or input is larger than this machine's memory"
+        )
         print(f"gpt1 {args.command}: error: out of memory; {hint}", file=sys.stderr)
         return EXIT_ERROR

@@ -10,6 +10,7 @@ Examples:
   gpt1 analysis data-size --init runs/mini --task sst2 --data data/glue/SST-2 \\
       --sizes 100,300,1000,all --seeds 0,1,2 --out analysis/data-size
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,17 +22,26 @@ HELP = "layers transferred, ablations (with an LSTM), labelled-data curve, posit
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
 
-    s = sub.add_parser("positions", help="2-D projection and cosine matrix of the position embeddings",
-                       description="Project the learned position embeddings to 2-D (t-SNE, PCA "
-                                   "fallback) coloured by position; plot their cosine similarity.")
+    s = sub.add_parser(
+        "positions",
+        help="2-D projection and cosine matrix of the position embeddings",
+        description="Project the learned position embeddings to 2-D (t-SNE, PCA "
+        "fallback) coloured by position; plot their cosine similarity.",
+    )
     s.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder or run folder")
     s.add_argument("--out", default="analysis/positions", help="output folder")
-    s.add_argument("--method", choices=["tsne", "pca"], default="tsne",
-                   help="2-D projection (tsne falls back to pca when scikit-learn cannot run it)")
-    s.add_argument("--max-positions", type=int, default=None,
-                   help="only the first N positions (default: all)")
+    s.add_argument(
+        "--method",
+        choices=["tsne", "pca"],
+        default="tsne",
+        help="2-D projection (tsne falls back to pca when scikit-learn cannot run it)",
+    )
+    s.add_argument(
+        "--max-positions", type=int, default=None, help="only the first N positions (default: all)"
+    )
     s.add_argument("--seed", type=int, default=0, help="t-SNE random state")
     from gpt1.cli import add_overwrite
+
     add_overwrite(s, "existing positions_2d.png, positions_cosine.png, positions.json")
     s.set_defaults(_parser=s)
 
@@ -40,44 +50,81 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     """layers, ablations, data-size: sweeps of `gpt1 finetune` sub-runs."""
-    s = sub.add_parser("layers", help="Fig. 2 left: fine-tune with embeddings + K pretrained blocks",
-                       description="Fine-tune with the embeddings plus K = 0..n_layer pretrained "
-                                   "blocks; plot dev (solid) and train (dashed) metric against K.")
+    s = sub.add_parser(
+        "layers",
+        help="Fig. 2 left: fine-tune with embeddings + K pretrained blocks",
+        description="Fine-tune with the embeddings plus K = 0..n_layer pretrained "
+        "blocks; plot dev (solid) and train (dashed) metric against K.",
+    )
     _init_task_data(s)
     s.add_argument("--ks", help="K values, e.g. 0,3,6 (default: 0..n_layer)")
     s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
-    s.add_argument("--train-eval-examples", type=int, default=1000,
-                   help="train metric on at most this many training examples (fixed sample)")
+    s.add_argument(
+        "--train-eval-examples",
+        type=int,
+        default=1000,
+        help="train metric on at most this many training examples (fixed sample)",
+    )
     _splits_and_subset(s)
     _finetune_options(s)
 
-    s = sub.add_parser("ablations", help="Table 5: full / no pretraining / no aux LM / LSTM",
-                       description="Fine-tune each task four ways (Table 5) and write the table "
-                                   "with an Avg column in the paper's layout.")
+    s = sub.add_parser(
+        "ablations",
+        help="Table 5: full / no pretraining / no aux LM / LSTM",
+        description="Fine-tune each task four ways (Table 5) and write the table "
+        "with an Avg column in the paper's layout.",
+    )
     s.add_argument("--init", required=True, metavar="CHECKPOINT", help="pretrained GPT checkpoint")
-    s.add_argument("--lstm-init", metavar="CHECKPOINT", help="LSTM pretrained on the same corpus "
-                   "(gpt1 pretrain --arch lstm); without it the LSTM row is left out")
+    s.add_argument(
+        "--lstm-init",
+        metavar="CHECKPOINT",
+        help="LSTM pretrained on the same corpus "
+        "(gpt1 pretrain --arch lstm); without it the LSTM row is left out",
+    )
     s.add_argument("--tasks", required=True, help="comma-separated task names, e.g. sst2,cola,stsb")
-    s.add_argument("--data-root", required=True, metavar="DIR",
-                   help="folder holding each task in glue/SST-2, glue/CoLA, snli, scitail, story_cloze, ...")
-    s.add_argument("--task-data", action="append", default=[], metavar="TASK=DIR",
-                   help="a task's folder (absolute, or relative to --data-root)")
-    s.add_argument("--splits", action="append", default=[], metavar="TASK=TRAIN:EVAL",
-                   help="train and scored splits of a task (default train:dev), e.g. "
-                   "scitail=dev:test for data that has no train split")
+    s.add_argument(
+        "--data-root",
+        required=True,
+        metavar="DIR",
+        help="folder holding each task in glue/SST-2, glue/CoLA, snli, scitail, story_cloze, ...",
+    )
+    s.add_argument(
+        "--task-data",
+        action="append",
+        default=[],
+        metavar="TASK=DIR",
+        help="a task's folder (absolute, or relative to --data-root)",
+    )
+    s.add_argument(
+        "--splits",
+        action="append",
+        default=[],
+        metavar="TASK=TRAIN:EVAL",
+        help="train and scored splits of a task (default train:dev), e.g. "
+        "scitail=dev:test for data that has no train split",
+    )
     s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
-    s.add_argument("--rows", help="run only these rows: full,scratch,no_aux,lstm (default: all; "
-                   "the table shows every row with results in --out)")
+    s.add_argument(
+        "--rows",
+        help="run only these rows: full,scratch,no_aux,lstm (default: all; "
+        "the table shows every row with results in --out)",
+    )
     s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
     s.add_argument("--out", default="analysis/ablations", help="output folder")
     _finetune_options(s)
 
-    s = sub.add_parser("data-size", help="dev metric against labelled examples, with and without "
-                       "pretraining", description="Fine-tune on seeded subsets of the training "
-                       "split with and without pretraining; plot dev metric against examples.")
+    s = sub.add_parser(
+        "data-size",
+        help="dev metric against labelled examples, with and without pretraining",
+        description="Fine-tune on seeded subsets of the training "
+        "split with and without pretraining; plot dev metric against examples.",
+    )
     _init_task_data(s)
-    s.add_argument("--sizes", default="100,300,1000,3000,10000,all",
-                   help="training-set sizes; all = the whole split")
+    s.add_argument(
+        "--sizes",
+        default="100,300,1000,3000,10000,all",
+        help="training-set sizes; all = the whole split",
+    )
     s.add_argument("--seeds", default="0,1,2", help="comma-separated seeds")
     s.add_argument("--train-split", default="train", help="split the subsets are drawn from")
     s.add_argument("--eval-split", default="dev", help="split scored (default dev)")
@@ -100,18 +147,27 @@ def _splits_and_subset(s: argparse.ArgumentParser) -> None:
 def _finetune_options(s: argparse.ArgumentParser) -> None:
     """Passed to every `gpt1 finetune` sub-run (default: fine-tuning's own defaults)."""
     g = s.add_argument_group("fine-tuning options for every sub-run")
-    g.add_argument("--max-steps", type=int,
-                   help="optimizer updates per sub-run (finetune --max-steps)")
+    g.add_argument(
+        "--max-steps", type=int, help="optimizer updates per sub-run (finetune --max-steps)"
+    )
     g.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
     g.add_argument("--batch-size", type=int, help="examples per update (default 32)")
     g.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
     g.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
     g.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
-    g.add_argument("--precision", choices=["auto", "fp32", "bf16"],
-                   help="auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise), "
-                        "fp32 or bf16")
-    g.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2")
+    g.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        help="auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise), "
+        "fp32 or bf16",
+    )
+    g.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2",
+    )
     s.set_defaults(_parser=s)
 
 
@@ -144,10 +200,27 @@ def run(args: argparse.Namespace) -> int:
 
         check_positions_out(args.out, args.overwrite)
         record_command(args.out, command)
-        summary = analyse_positions(args.checkpoint, args.out, method=args.method,
-                                    max_positions=args.max_positions, seed=args.seed)
-        print(json.dumps({k: summary[k] for k in ("method", "n_positions", "mean_cos_neighbours",
-                                                  "mean_cos_distant", "nearest_within_2")}))
+        summary = analyse_positions(
+            args.checkpoint,
+            args.out,
+            method=args.method,
+            max_positions=args.max_positions,
+            seed=args.seed,
+        )
+        print(
+            json.dumps(
+                {
+                    k: summary[k]
+                    for k in (
+                        "method",
+                        "n_positions",
+                        "mean_cos_neighbours",
+                        "mean_cos_distant",
+                        "nearest_within_2",
+                    )
+                }
+            )
+        )
         print(f"wrote {args.out}/positions_2d.png, positions_cosine.png, positions.json")
         return 0
     return _run_sweep(args, command)
@@ -156,32 +229,73 @@ def run(args: argparse.Namespace) -> int:
 def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
     from gpt1.analysis.runs import FinetuneOptions, parse_ints
 
-    options = FinetuneOptions(args.max_steps, args.epochs, args.batch_size, args.micro_batch,
-                              args.lr, args.n_ctx, args.precision, list(args.set), args.quiet)
+    options = FinetuneOptions(
+        args.max_steps,
+        args.epochs,
+        args.batch_size,
+        args.micro_batch,
+        args.lr,
+        args.n_ctx,
+        args.precision,
+        list(args.set),
+        args.quiet,
+    )
     seeds = parse_ints(args.seeds, "--seeds")
     if args.analysis == "layers":
         from gpt1.analysis.layers import layers_sweep, markdown
+
         ks = parse_ints(args.ks, "--ks") if args.ks else None
-        table = layers_sweep(args.init, args.task, args.data, args.out, options, seeds, ks,
-                             args.train_split, args.eval_split, args.train_examples,
-                             args.train_eval_examples, command)
+        table = layers_sweep(
+            args.init,
+            args.task,
+            args.data,
+            args.out,
+            options,
+            seeds,
+            ks,
+            args.train_split,
+            args.eval_split,
+            args.train_examples,
+            args.train_eval_examples,
+            command,
+        )
         print(markdown(table), end="")
         print(f"wrote {args.out}/layers.png, layers.md, layers.json")
     elif args.analysis == "ablations":
         from gpt1.analysis.ablations import ablation_sweep, markdown, parse_mapping
+
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        table = ablation_sweep(args.init, tasks, args.data_root, args.out, options, args.lstm_init,
-                               seeds, parse_mapping(args.task_data, "--task-data"),
-                               parse_mapping(args.splits, "--splits"), args.train_examples, command,
-                               [r.strip() for r in args.rows.split(",") if r.strip()]
-                               if args.rows else None)
+        table = ablation_sweep(
+            args.init,
+            tasks,
+            args.data_root,
+            args.out,
+            options,
+            args.lstm_init,
+            seeds,
+            parse_mapping(args.task_data, "--task-data"),
+            parse_mapping(args.splits, "--splits"),
+            args.train_examples,
+            command,
+            [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None,
+        )
         print(markdown(table, args.lstm_init is not None), end="")
         print(f"wrote {args.out}/ablations.md, ablations.json")
     else:
         from gpt1.analysis.data_size import data_size_sweep, markdown, parse_sizes
-        table = data_size_sweep(args.init, args.task, args.data, args.out, options,
-                                parse_sizes(args.sizes), seeds, args.train_split, args.eval_split,
-                                command)
+
+        table = data_size_sweep(
+            args.init,
+            args.task,
+            args.data,
+            args.out,
+            options,
+            parse_sizes(args.sizes),
+            seeds,
+            args.train_split,
+            args.eval_split,
+            command,
+        )
         print(markdown(table), end="")
         print(f"wrote {args.out}/data_size.png, data_size.md, data_size.json")
     return 0

@@ -7,6 +7,7 @@ Examples:
   gpt1 convert ckpt/gpt1 hf_out --from gpt1 --to hf
   gpt1 convert runs/sst2 sst2.onnx --from gpt1 --to onnx     (the classifier, or the LM)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,26 +18,53 @@ HELP = "convert weights: original OpenAI shards / transformers folder <-> gpt1 c
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="SRC", help="source folder (or an HF hub name with --from hf)")
     from gpt1.cli import add_overwrite
-    p.add_argument("dst", metavar="DST", help="folder to create (written under a temporary name, "
-                   "then renamed)")
+
+    p.add_argument(
+        "dst", metavar="DST", help="folder to create (written under a temporary name, then renamed)"
+    )
     add_overwrite(p, "an existing DST (never one that holds SRC or the current folder)")
-    p.add_argument("--from", dest="src_format", required=True, choices=["openai", "hf", "gpt1"],
-                   help="format of SRC")
-    p.add_argument("--to", dest="dst_format", default="gpt1", choices=["gpt1", "hf", "onnx"],
-                   help="format of DST (default: gpt1; onnx: DST is a .onnx file)")
-    p.add_argument("--keep-untrained-positions", action="store_true",
-                   help="--to hf: keep position rows past the window the model was trained on "
-                        "(default: n_positions becomes the trained window)")
-    p.add_argument("--n-head", type=int, default=12,
-                   help="attention heads for --from openai (not recorded in the shapes; GPT-1: 12)")
+    p.add_argument(
+        "--from",
+        dest="src_format",
+        required=True,
+        choices=["openai", "hf", "gpt1"],
+        help="format of SRC",
+    )
+    p.add_argument(
+        "--to",
+        dest="dst_format",
+        default="gpt1",
+        choices=["gpt1", "hf", "onnx"],
+        help="format of DST (default: gpt1; onnx: DST is a .onnx file)",
+    )
+    p.add_argument(
+        "--keep-untrained-positions",
+        action="store_true",
+        help="--to hf: keep position rows past the window the model was trained on "
+        "(default: n_positions becomes the trained window)",
+    )
+    p.add_argument(
+        "--n-head",
+        type=int,
+        default=12,
+        help="attention heads for --from openai (not recorded in the shapes; GPT-1: 12)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.recipes.convert import convert
+
     notes: list[str] = []
-    out = convert(args.src, args.dst, args.src_format, args.dst_format, n_head=args.n_head,
-                  overwrite=args.overwrite, notes=notes,
-                  keep_positions=args.keep_untrained_positions)
+    out = convert(
+        args.src,
+        args.dst,
+        args.src_format,
+        args.dst_format,
+        n_head=args.n_head,
+        overwrite=args.overwrite,
+        notes=notes,
+        keep_positions=args.keep_untrained_positions,
+    )
     print(f"wrote {args.dst_format} model to {out}")
     for note in notes:
         print(note.replace("(DIR", f"({out}"))

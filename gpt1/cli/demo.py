@@ -10,6 +10,7 @@ Examples:
   gpt1 demo --out runs/demo2 --seed 1
   gpt1 demo --corpus books/ --task sst2 --data glue/SST-2 --out runs/mydemo
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,26 +24,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed for the world and every run")
     p.add_argument("--pretrain-steps", type=int, default=600, help="pretraining updates")
-    p.add_argument("--corpus", nargs="+", default=[], metavar="PATH",
-                   help="your own unlabelled text (.txt/.jsonl files or folders)")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        default=[],
+        metavar="PATH",
+        help="your own unlabelled text (.txt/.jsonl files or folders)",
+    )
     p.add_argument("--task", help="with --corpus: a task name (e.g. sst2) or csv/tsv/jsonl")
     p.add_argument("--data", metavar="DIR", help="with --corpus: the task's folder")
-    p.add_argument("--columns", metavar="ROLE=COL,...",
-                   help="with --task csv/tsv/jsonl: as gpt1 finetune --columns")
-    p.add_argument("--labels", metavar="L1,L2,...",
-                   help="with --task csv/tsv/jsonl: class names in order (default: sorted)")
+    p.add_argument(
+        "--columns",
+        metavar="ROLE=COL,...",
+        help="with --task csv/tsv/jsonl: as gpt1 finetune --columns",
+    )
+    p.add_argument(
+        "--labels",
+        metavar="L1,L2,...",
+        help="with --task csv/tsv/jsonl: class names in order (default: sorted)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
     from gpt1.cli import add_overwrite
-    add_overwrite(p, "the demo's files in a --out that also holds other files (those are left "
-                  "alone; a rerun into the demo's own folder reuses its finished steps)")
+
+    add_overwrite(
+        p,
+        "the demo's files in a --out that also holds other files (those are left "
+        "alone; a rerun into the demo's own folder reuses its finished steps)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.recipes.demo import DemoSettings, demo, format_table
-    settings = DemoSettings(out=Path(args.out), seed=args.seed, pretrain_steps=args.pretrain_steps,
-                            corpus=args.corpus, task=args.task, data=args.data,
-                            columns=args.columns, labels=args.labels, quiet=args.quiet,
-                            overwrite=args.overwrite)
+
+    settings = DemoSettings(
+        out=Path(args.out),
+        seed=args.seed,
+        pretrain_steps=args.pretrain_steps,
+        corpus=args.corpus,
+        task=args.task,
+        data=args.data,
+        columns=args.columns,
+        labels=args.labels,
+        quiet=args.quiet,
+        overwrite=args.overwrite,
+    )
     summary = demo(settings)
     print(format_table(summary))
     if args.json:

@@ -7,6 +7,7 @@ Examples:
   gpt1 evaluate runs/mnli --task mnli --data glue/MNLI --split dev --json   # matched + mismatched
   gpt1 evaluate runs/sst2 --data glue/SST-2 --out scores            # -> scores/results.dev.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,14 +22,20 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
     p.add_argument("--task", help="task name (checked against the run's task)")
     p.add_argument("--data", metavar="DIR", required=True, help="folder with the task's files")
     from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
+
     p.add_argument("--split", default=split, help=split_help)
-    p.add_argument("--micro-batch", type=int, default=16,
-                   help="examples per forward pass (default 16)")
+    p.add_argument(
+        "--micro-batch", type=int, default=16, help="examples per forward pass (default 16)"
+    )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
-    p.add_argument("--skip-bad-rows", action="store_true",
-                   help="skip malformed rows (counted and reported) instead of stopping")
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed rows (counted and reported) instead of stopping",
+    )
     from gpt1.cli import add_overwrite
+
     add_overwrite(p, "an existing output file")
 
 
@@ -42,11 +49,21 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import _summary
     from gpt1.errors import ConfigError
     from gpt1.recipes.evaluate import evaluate_run, results_path
+
     if args.micro_batch < 1:
         raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
-    results = evaluate_run(args.run, args.task, args.data, args.split, args.micro_batch,
-                           args.skip_bad_rows, args.device, args.precision,
-                           overwrite=args.overwrite, out=args.out)
+    results = evaluate_run(
+        args.run,
+        args.task,
+        args.data,
+        args.split,
+        args.micro_batch,
+        args.skip_bad_rows,
+        args.device,
+        args.precision,
+        overwrite=args.overwrite,
+        out=args.out,
+    )
     if args.json:
         print(json.dumps(results))
     else:

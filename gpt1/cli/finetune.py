@@ -13,6 +13,7 @@ lambda = 0.5, classifier dropout 0.1. Settings resolve as defaults -> --config T
 and [train] tables) -> flags -> --set section.key=value. After training the run is scored on
 --eval-split and results.json is written into --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,19 +26,33 @@ HELP = "fine-tune on a task (classification, entailment, similarity, multiple ch
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
     from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
-    p.add_argument("--task", help="task name (cola, sst2, mnli, snli, scitail, qnli, rte, wnli, mrpc, "
-                   "qqp, stsb, story_cloze, race, race_middle, race_high) or csv/tsv/jsonl")
+
+    p.add_argument(
+        "--task",
+        help="task name (cola, sst2, mnli, snli, scitail, qnli, rte, wnli, mrpc, "
+        "qqp, stsb, story_cloze, race, race_middle, race_high) or csv/tsv/jsonl",
+    )
     p.add_argument("--data", metavar="DIR", help="folder with the task's files (or hf:NAME)")
     p.add_argument("--init", metavar="CHECKPOINT|none", help="pretrained checkpoint, or none")
     p.add_argument("--out", metavar="RUN", required=True, help="run folder")
     p.add_argument("--config", metavar="FILE.toml", help="TOML with [finetune] and [train] tables")
     p.add_argument("--preset", help="model size with --init none (gpt1, mini, tiny)")
     p.add_argument("--vocab", metavar="DIR", help="tokenizer folder (needed with --init none)")
-    p.add_argument("--lm-coef", type=float, help="auxiliary LM weight lambda (default 0.5; 0 = off)")
-    p.add_argument("--transfer-layers", type=int, metavar="K",
-                   help="embeddings + first K blocks from the checkpoint; -1 = nothing (default: all)")
-    p.add_argument("--max-steps", type=int, help="optimizer updates, as in pretrain (same as --set "
-                   "train.max_steps=N; default 0: (examples // batch) x epochs)")
+    p.add_argument(
+        "--lm-coef", type=float, help="auxiliary LM weight lambda (default 0.5; 0 = off)"
+    )
+    p.add_argument(
+        "--transfer-layers",
+        type=int,
+        metavar="K",
+        help="embeddings + first K blocks from the checkpoint; -1 = nothing (default: all)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="optimizer updates, as in pretrain (same as --set "
+        "train.max_steps=N; default 0: (examples // batch) x epochs)",
+    )
     p.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
     p.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
     p.add_argument("--batch-size", type=int, help="examples per update (default 32)")
@@ -45,58 +60,109 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
     p.add_argument("--eval-every", type=int, help="score the eval split every N steps")
     p.add_argument("--save-every", type=int, help="resumable checkpoint every N steps")
-    p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint in "
-                   "--out (auto) or from a step-N folder")
+    p.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
+    )
     add_overwrite(p, "a non-empty --out: delete its contents and start over")
-    p.add_argument("--seed", type=int, help="head and task-token init, dropout, shuffling and "
-                   "--train-examples subset (default 42)")
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="head and task-token init, dropout, shuffling and "
+        "--train-examples subset (default 42)",
+    )
     p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
     p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
     p.add_argument("--train-split", help="split to train on (default train)")
     p.add_argument("--eval-split", help="split scored after training (default dev; '' = none)")
-    p.add_argument("--train-examples", type=int, metavar="N",
-                   help="train on a random subset of N training examples (chosen by --seed)")
-    p.add_argument("--group-by-length", action="store_true", default=None,
-                   help="batch examples of similar length (far less padding, faster; the paper "
-                        "shuffled freely, so off by default)")
-    p.add_argument("--skip-bad-rows", action="store_true", default=None,
-                   help="skip malformed rows (counted and reported) instead of stopping")
-    p.add_argument("--columns", metavar="ROLE=COL,...", help="csv/tsv/jsonl tasks: text=, a=, b=, "
-                   "context=, question=, choices=C1|C2, label=, id=")
-    p.add_argument("--labels", metavar="L1,L2,...", help="csv/tsv/jsonl tasks: class names in order")
+    p.add_argument(
+        "--train-examples",
+        type=int,
+        metavar="N",
+        help="train on a random subset of N training examples (chosen by --seed)",
+    )
+    p.add_argument(
+        "--group-by-length",
+        action="store_true",
+        default=None,
+        help="batch examples of similar length (far less padding, faster; the paper "
+        "shuffled freely, so off by default)",
+    )
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        default=None,
+        help="skip malformed rows (counted and reported) instead of stopping",
+    )
+    p.add_argument(
+        "--columns",
+        metavar="ROLE=COL,...",
+        help="csv/tsv/jsonl tasks: text=, a=, b=, context=, question=, choices=C1|C2, label=, id=",
+    )
+    p.add_argument(
+        "--labels", metavar="L1,L2,...", help="csv/tsv/jsonl tasks: class names in order"
+    )
     p.add_argument("--regression", action="store_true", help="csv/tsv/jsonl tasks: float labels")
-    p.add_argument("--similarity", action="store_true",
-                   help="csv/tsv/jsonl pair tasks: use the similarity transformation (both orders)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="any setting, e.g. --set train.warmup=0.01 --set finetune.clf_pdrop=0.2")
+    p.add_argument(
+        "--similarity",
+        action="store_true",
+        help="csv/tsv/jsonl pair tasks: use the similarity transformation (both orders)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="any setting, e.g. --set train.warmup=0.01 --set finetune.clf_pdrop=0.2",
+    )
     p.add_argument("--json", action="store_true", help="print results.json as the last line")
 
 
 def generic_spec(args: argparse.Namespace) -> dict | None:
     from gpt1.tasks.generic import spec_from_flags
+
     return spec_from_flags(args.columns, args.labels, args.regression, args.similarity)
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.recipes.finetune import finetune
-    from gpt1.recipes.finetune import resolve
+    from gpt1.recipes.finetune import finetune, resolve
+
     flags = {
-        "finetune": {"task": args.task, "data": args.data, "init": args.init, "preset": args.preset,
-                     "vocab": args.vocab, "lm_coef": args.lm_coef,
-                     "transfer_layers": args.transfer_layers, "n_ctx": args.n_ctx,
-                     "train_split": args.train_split, "eval_split": args.eval_split,
-                     "skip_bad_rows": args.skip_bad_rows, "train_examples": args.train_examples,
-                     "group_by_length": args.group_by_length},
-        "train": {"max_steps": args.max_steps, "epochs": args.epochs,
-                  "micro_batch_size": args.micro_batch,
-                  "batch_size": args.batch_size, "lr": args.lr, "eval_every": args.eval_every,
-                  "save_every": args.save_every, "resume": args.resume, "seed": args.seed,
-                  "precision": args.precision, "device": args.device,
-                  "quiet": True if args.quiet else None},
+        "finetune": {
+            "task": args.task,
+            "data": args.data,
+            "init": args.init,
+            "preset": args.preset,
+            "vocab": args.vocab,
+            "lm_coef": args.lm_coef,
+            "transfer_layers": args.transfer_layers,
+            "n_ctx": args.n_ctx,
+            "train_split": args.train_split,
+            "eval_split": args.eval_split,
+            "skip_bad_rows": args.skip_bad_rows,
+            "train_examples": args.train_examples,
+            "group_by_length": args.group_by_length,
+        },
+        "train": {
+            "max_steps": args.max_steps,
+            "epochs": args.epochs,
+            "micro_batch_size": args.micro_batch,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "eval_every": args.eval_every,
+            "save_every": args.save_every,
+            "resume": args.resume,
+            "seed": args.seed,
+            "precision": args.precision,
+            "device": args.device,
+            "quiet": True if args.quiet else None,
+        },
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)
-    result, results = finetune(cfg, train_cfg, args.out, generic_spec(args),
-                               overwrite=args.overwrite)
+    result, results = finetune(
+        cfg, train_cfg, args.out, generic_spec(args), overwrite=args.overwrite
+    )
     if result.interrupted:
         return 128 + int(result.interrupted)
     if results and args.json:
@@ -114,6 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(results: dict) -> str:
-    metrics = ", ".join(f"{k} {v:.4f}" for k, v in results.items()
-                        if isinstance(v, float) and k not in ("n",))
+    metrics = ", ".join(
+        f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float) and k not in ("n",)
+    )
     return f"{results['task']} {results['split']} (n={results['n']}): {metrics}"

@@ -4,25 +4,33 @@ Examples:
   gpt1 info gpt1
   gpt1 info runs/mini/final --json
 """
+
 from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 HELP = "show a preset's or checkpoint's config, parameter count and FLOPs per token"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="PRESET|CHECKPOINT",
-                   help="a preset name (gpt1, mini, tiny) or a checkpoint / run folder")
-    p.add_argument("--seq-len", type=int, default=None,
-                   help="context length for the attention FLOPs (default: n_positions)")
+    p.add_argument(
+        "model",
+        metavar="PRESET|CHECKPOINT",
+        help="a preset name (gpt1, mini, tiny) or a checkpoint / run folder",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="context length for the attention FLOPs (default: n_positions)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.recipes.info import describe
+
     info = describe(args.model, seq_len=args.seq_len)
     if args.json:
         print(json.dumps(info))

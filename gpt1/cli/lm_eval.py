@@ -17,24 +17,30 @@ Examples:
   gpt1 lm-eval --model_args checkpoint=runs/mini --tasks hellaswag,arc_easy   (online: the
       harness downloads its own tasks' data)
 """
+
 from __future__ import annotations
 
 import argparse
 
 HELP = "lm-evaluation-harness with gpt1 as a native model (local tasks included)"
-PASS_THROUGH = True   # unknown options go to the harness
+PASS_THROUGH = True  # unknown options go to the harness
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", metavar="DIR",
-                   help="data root (or one task's folder) read by the gpt1_* tasks; becomes the "
-                        "harness's metadata 'data'")
+    p.add_argument(
+        "--data",
+        metavar="DIR",
+        help="data root (or one task's folder) read by the gpt1_* tasks; becomes the "
+        "harness's metadata 'data'",
+    )
 
 
 def harness_argv(extra: list[str], data: str | None) -> list[str]:
     """The harness's `run` argv: our defaults for --model and --device, our tasks included."""
     import json
+
     from gpt1.recipes.harness import TASKS_DIR
+
     argv = list(extra)
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     if "--model" not in given:
@@ -46,22 +52,29 @@ def harness_argv(extra: list[str], data: str | None) -> list[str]:
     if data:
         if "--metadata" in given:
             from gpt1.errors import ConfigError
-            raise ConfigError("give the data folder once: --data DIR or --metadata '{\"data\": ...}'")
+
+            raise ConfigError(
+                "give the data folder once: --data DIR or --metadata '{\"data\": ...}'"
+            )
         argv += ["--metadata", json.dumps({"data": str(data)})]
     return ["run", *argv]
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
+
     try:
         from lm_eval._cli import HarnessCLI
     except ImportError:
-        raise ConfigError("lm-eval is not installed: pip install 'gpt1[eval]' "
-                          "(or lm-eval==0.4.13)") from None
+        raise ConfigError(
+            "lm-eval is not installed: pip install 'gpt1[eval]' (or lm-eval==0.4.13)"
+        ) from None
     import functools
 
     import lm_eval.tasks
+
     from gpt1.recipes.harness import only_local, register
+
     register()
     cli = HarnessCLI()
     parsed = cli._parser.parse_args(harness_argv(args.extra, args.data))

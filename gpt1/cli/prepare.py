@@ -12,6 +12,7 @@ recursively (sorted). Documents go to the validation split at random (fixed by -
 least one when there are two or more. OUT receives meta.json, train-*.bin, val-*.bin and the
 tokenizer's vocab.json + merges.txt; it is written under a temporary name and renamed at the end.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,52 +23,102 @@ HELP = "encode .txt/.jsonl corpora into token shards (train/val split by documen
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
-    p.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                   help=".txt/.jsonl files, folders, or hub:NAME[:SPLIT]")
-    p.add_argument("--vocab", type=Path, required=True, metavar="DIR",
-                   help="tokenizer folder (vocab.json + merges.txt or the original files)")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="folder to create (meta.json, token shards, vocab.json + merges.txt)")
-    p.add_argument("--val-fraction", type=float, default=0.005,
-                   help="fraction of documents held out for validation (default 0.005)")
+
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help=".txt/.jsonl files, folders, or hub:NAME[:SPLIT]",
+    )
+    p.add_argument(
+        "--vocab",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="tokenizer folder (vocab.json + merges.txt or the original files)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="folder to create (meta.json, token shards, vocab.json + merges.txt)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.005,
+        help="fraction of documents held out for validation (default 0.005)",
+    )
     p.add_argument("--seed", type=int, default=1234, help="seed of the validation choice")
-    p.add_argument("--doc-sep", default=None,
-                   help='split .txt files into documents: "blank-line", "line" or a string')
+    p.add_argument(
+        "--doc-sep",
+        default=None,
+        help='split .txt files into documents: "blank-line", "line" or a string',
+    )
     p.add_argument("--text-field", default="text", help="text field of .jsonl rows")
-    p.add_argument("--strip-gutenberg", action="store_true",
-                   help="keep only the text between Project Gutenberg START/END markers")
+    p.add_argument(
+        "--strip-gutenberg",
+        action="store_true",
+        help="keep only the text between Project Gutenberg START/END markers",
+    )
     p.add_argument("--workers", type=int, default=1, help="encoding processes")
-    p.add_argument("--shard-tokens", type=int, default=100_000_000,
-                   help="tokens per shard (approximate; documents are not cut)")
-    p.add_argument("--standardize", choices=["oai", "hf"], default="oai",
-                   help="oai: backslashes not padded (original); hf: padded")
-    p.add_argument("--oai-lowercase", action="store_true",
-                   help="lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) "
-                        "instead of the raw text first like transformers")
+    p.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=100_000_000,
+        help="tokens per shard (approximate; documents are not cut)",
+    )
+    p.add_argument(
+        "--standardize",
+        choices=["oai", "hf"],
+        default="oai",
+        help="oai: backslashes not padded (original); hf: padded",
+    )
+    p.add_argument(
+        "--oai-lowercase",
+        action="store_true",
+        help="lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) "
+        "instead of the raw text first like transformers",
+    )
     add_overwrite(p, "a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import DataError
     from gpt1.text.prepare import PrepareOptions, prepare
+
     if not 0 <= args.val_fraction < 1:
         raise DataError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.workers < 1 or args.shard_tokens < 1:
         raise DataError("--workers and --shard-tokens must be at least 1")
-    opts = PrepareOptions(val_fraction=args.val_fraction, seed=args.seed, doc_sep=args.doc_sep,
-                          text_field=args.text_field, strip_gutenberg=args.strip_gutenberg,
-                          workers=args.workers, shard_tokens=args.shard_tokens,
-                          overwrite=args.overwrite, quiet=args.quiet,
-                          standardize=args.standardize, lower_first=not args.oai_lowercase)
+    opts = PrepareOptions(
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        doc_sep=args.doc_sep,
+        text_field=args.text_field,
+        strip_gutenberg=args.strip_gutenberg,
+        workers=args.workers,
+        shard_tokens=args.shard_tokens,
+        overwrite=args.overwrite,
+        quiet=args.quiet,
+        standardize=args.standardize,
+        lower_first=not args.oai_lowercase,
+    )
     meta = prepare(args.corpus, args.vocab, args.out, opts)
     stats, splits = meta["stats"], meta["splits"]
-    print(f"{stats['documents']:,} documents, {stats['tokens']:,} tokens "
-          f"(train {splits['train']['tokens']:,} in {splits['train']['documents']:,} docs, "
-          f"val {splits['val']['tokens']:,} in {splits['val']['documents']:,} docs), "
-          f"{meta['dtype']}, {stats['seconds']:.1f} s -> {args.out}")
+    print(
+        f"{stats['documents']:,} documents, {stats['tokens']:,} tokens "
+        f"(train {splits['train']['tokens']:,} in {splits['train']['documents']:,} docs, "
+        f"val {splits['val']['tokens']:,} in {splits['val']['documents']:,} docs), "
+        f"{meta['dtype']}, {stats['seconds']:.1f} s -> {args.out}"
+    )
     skipped = len(stats["skipped_empty"]) + len(stats["skipped_binary"])
     if skipped or stats["invalid_utf8_replaced"]:
-        print(f"skipped files: {skipped} (empty {len(stats['skipped_empty'])}, binary "
-              f"{len(stats['skipped_binary'])}); invalid UTF-8 sequences replaced: "
-              f"{stats['invalid_utf8_replaced']}")
+        print(
+            f"skipped files: {skipped} (empty {len(stats['skipped_empty'])}, binary "
+            f"{len(stats['skipped_binary'])}); invalid UTF-8 sequences replaced: "
+            f"{stats['invalid_utf8_replaced']}"
+        )
     return 0

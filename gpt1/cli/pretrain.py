@@ -9,6 +9,7 @@ Examples:
 Settings resolve as preset -> --config TOML -> flags -> --set section.key=value. SIGINT/SIGTERM
 write a checkpoint and exit; --resume auto continues bit-exactly from the newest one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,12 @@ HELP = "pretrain a GPT-1 language model on prepared token shards"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
     from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
-    p.add_argument("--preset", default=None, help="gpt1 (paper), mini (CPU) or tiny (tests); "
-                   "default: the TOML's `preset`, else gpt1")
+
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="gpt1 (paper), mini (CPU) or tiny (tests); default: the TOML's `preset`, else gpt1",
+    )
     p.add_argument("--config", metavar="FILE.toml", help="TOML with [model] [train] [data] tables")
     p.add_argument("--data", metavar="DIR", help="output folder of `gpt1 prepare`")
     p.add_argument("--out", metavar="RUN", required=True, help="run folder (checkpoints, metrics)")
@@ -28,8 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=int, help="checkpoint every N steps")
     p.add_argument("--eval-every", type=int, help="validation every N steps (0: off)")
     p.add_argument("--log-every", type=int, help="console/metrics line every N steps")
-    p.add_argument("--resume", metavar="auto|PATH", help="continue from the newest checkpoint in "
-                   "--out (auto) or from a step-N folder")
+    p.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
+    )
     add_overwrite(p, "a non-empty --out: delete its contents and start over")
     p.add_argument("--micro-batch", type=int, help="sequences per forward pass per device")
     p.add_argument("--batch-size", type=int, help="global batch (sequences per update)")
@@ -37,25 +45,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
     p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
-    p.add_argument("--seed", type=int, help="initial weights, dropout and window order "
-                   "(default 1234)")
-    p.add_argument("--arch", choices=["gpt", "lstm"], default="gpt",
-                   help="lstm: the paper's single-layer LSTM baseline, sized to match the preset's "
-                   "parameters (gpt1.model.lstm)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="any setting, e.g. --set train.warmup=500 --set model.n_layer=4")
+    p.add_argument(
+        "--seed", type=int, help="initial weights, dropout and window order (default 1234)"
+    )
+    p.add_argument(
+        "--arch",
+        choices=["gpt", "lstm"],
+        default="gpt",
+        help="lstm: the paper's single-layer LSTM baseline, sized to match the preset's "
+        "parameters (gpt1.model.lstm)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="any setting, e.g. --set train.warmup=500 --set model.n_layer=4",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.recipes.pretrain import pretrain, resolve_config
+
     flags = {
         "data": {"path": args.data},
-        "train": {"max_steps": args.max_steps, "save_every": args.save_every,
-                  "eval_every": args.eval_every, "log_every": args.log_every,
-                  "resume": args.resume, "micro_batch_size": args.micro_batch,
-                  "batch_size": args.batch_size, "lr": args.lr, "precision": args.precision,
-                  "compile": args.compile, "seed": args.seed, "device": args.device,
-                  "quiet": True if args.quiet else None},
+        "train": {
+            "max_steps": args.max_steps,
+            "save_every": args.save_every,
+            "eval_every": args.eval_every,
+            "log_every": args.log_every,
+            "resume": args.resume,
+            "micro_batch_size": args.micro_batch,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "precision": args.precision,
+            "compile": args.compile,
+            "seed": args.seed,
+            "device": args.device,
+            "quiet": True if args.quiet else None,
+        },
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)
     result = pretrain(cfg, args.out, arch=args.arch, overwrite=args.overwrite)

@@ -11,6 +11,7 @@ Examples:
   echo "the old man" | gpt1 sample runs/mini --prompt - --temperature 0
   gpt1 sample runs/mini --interactive --top-k 40
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,21 +22,32 @@ HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
+
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint folder or run folder")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt", help="text to continue (needs the checkpoint's tokenizer files); "
-                     "- reads it from standard input")
+    src.add_argument(
+        "--prompt",
+        help="text to continue (needs the checkpoint's tokenizer files); "
+        "- reads it from standard input",
+    )
     src.add_argument("--prompt-ids", help='token ids to continue, e.g. "12 7 99"')
-    src.add_argument("--interactive", action="store_true",
-                     help="read prompts line by line from standard input and answer each "
-                          "(ends at end of input, an empty line or Ctrl-C)")
+    src.add_argument(
+        "--interactive",
+        action="store_true",
+        help="read prompts line by line from standard input and answer each "
+        "(ends at end of input, an empty line or Ctrl-C)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    p.add_argument("--num-samples", type=int, default=1,
-                   help="independent continuations of the same prompt (default 1)")
+    p.add_argument(
+        "--num-samples",
+        type=int,
+        default=1,
+        help="independent continuations of the same prompt (default 1)",
+    )
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
@@ -44,6 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
     from gpt1.recipes.sample import Session, check_options, parse_ids
+
     # Every option is checked before the model is loaded.
     check_options(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
     if args.num_samples < 1:
@@ -61,18 +74,24 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _answer(session, args: argparse.Namespace, prompt: str | None,
-            prompt_ids: list[int] | None) -> None:
+def _answer(
+    session, args: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
+) -> None:
     """Print the continuation(s) of one prompt; one text sample is streamed as it is made."""
     ids = session.prompt_ids(prompt, prompt_ids)
-    options = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    options = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     as_text = session.tokenizer is not None and not args.ids
     if as_text and args.num_samples == 1:
         shown = (prompt or "").strip()
         sys.stdout.write(shown)
         sys.stdout.flush()
-        separator = " " if shown else ""   # between the prompt and the first piece only
+        separator = " " if shown else ""  # between the prompt and the first piece only
         for piece in session.stream_text(ids, **options):
             sys.stdout.write(separator + piece)
             separator = ""
@@ -95,15 +114,17 @@ def _interactive(session, args: argparse.Namespace) -> int:
     """Prompt after prompt on one loaded model, until end of input or an empty line."""
     if session.tokenizer is None:
         from gpt1.errors import CheckpointError
-        raise CheckpointError(f"{session.folder}: no tokenizer files, so --interactive cannot "
-                              "read text prompts")
+
+        raise CheckpointError(
+            f"{session.folder}: no tokenizer files, so --interactive cannot read text prompts"
+        )
     tty = sys.stdin.isatty()
     try:
         while True:
             if tty:
                 print("> ", end="", file=sys.stderr, flush=True)
             line = sys.stdin.readline()
-            if not line.strip():   # end of input or an empty line
+            if not line.strip():  # end of input or an empty line
                 break
             _answer(session, args, line.rstrip("\n"), None)
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ Examples:
   gpt1 serve runs/pretrain/final --port 8080 --precision bf16
   curl -s localhost:8000/v1/predict -d '{"inputs": {"text": "a gripping film"}}'
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,43 +17,92 @@ HELP = "serve a run or checkpoint over HTTP (predict, generate, score)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", metavar="RUN_OR_CHECKPOINT",
-                   help="a fine-tuned run, a pretraining run or a checkpoint folder")
+    p.add_argument(
+        "run",
+        metavar="RUN_OR_CHECKPOINT",
+        help="a fine-tuned run, a pretraining run or a checkpoint folder",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="weights and activations: fp32 (default) or bf16 (faster on CPUs with "
-                        "AMX or AVX512-BF16; check its agreement with fp32 on your task)")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="weights and activations: fp32 (default) or bf16 (faster on CPUs with "
+        "AMX or AVX512-BF16; check its agreement with fp32 on your task)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     g = p.add_argument_group("batching and limits")
-    g.add_argument("--batch-tokens", type=int, default=8192,
-                   help="most tokens in one model batch (default 8192)")
-    g.add_argument("--batch-items", type=int, default=16,
-                   help="most examples in one model batch (default 16, as gpt1 predict)")
-    g.add_argument("--batch-wait-ms", type=float, default=2.0,
-                   help="how long a batch waits for more requests (default 2 ms)")
-    g.add_argument("--max-queue", type=int, default=1024,
-                   help="queued items past which requests get 503 (default 1024)")
-    g.add_argument("--max-items", type=int, default=64,
-                   help="items per predict or score request (default 64)")
-    g.add_argument("--max-new-tokens", type=int, default=1024,
-                   help="largest max_new_tokens a generate request may ask for (default 1024)")
-    g.add_argument("--max-body-bytes", type=int, default=1 << 20,
-                   help="largest request body (default 1 MiB)")
-    g.add_argument("--graceful-timeout", type=float, default=None,
-                   help="on SIGTERM, seconds to wait for requests in flight (default: no limit)")
+    g.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=8192,
+        help="most tokens in one model batch (default 8192)",
+    )
+    g.add_argument(
+        "--batch-items",
+        type=int,
+        default=16,
+        help="most examples in one model batch (default 16, as gpt1 predict)",
+    )
+    g.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=2.0,
+        help="how long a batch waits for more requests (default 2 ms)",
+    )
+    g.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="queued items past which requests get 503 (default 1024)",
+    )
+    g.add_argument(
+        "--max-items", type=int, default=64, help="items per predict or score request (default 64)"
+    )
+    g.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=1024,
+        help="largest max_new_tokens a generate request may ask for (default 1024)",
+    )
+    g.add_argument(
+        "--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)"
+    )
+    g.add_argument(
+        "--graceful-timeout",
+        type=float,
+        default=None,
+        help="on SIGTERM, seconds to wait for requests in flight (default: no limit)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
     from gpt1.serve.schemas import Limits
     from gpt1.serve.server import serve
+
     for name in ("max_items", "max_new_tokens", "max_body_bytes"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    limits = Limits(max_items=args.max_items, max_new_tokens=args.max_new_tokens,
-                    max_body_bytes=args.max_body_bytes)
-    serve(args.run, args.host, args.port, args.device, args.precision, limits, args.batch_tokens,
-          args.batch_items, args.batch_wait_ms, args.max_queue, args.threads, args.graceful_timeout)
+    limits = Limits(
+        max_items=args.max_items,
+        max_new_tokens=args.max_new_tokens,
+        max_body_bytes=args.max_body_bytes,
+    )
+    serve(
+        args.run,
+        args.host,
+        args.port,
+        args.device,
+        args.precision,
+        limits,
+        args.batch_tokens,
+        args.batch_items,
+        args.batch_wait_ms,
+        args.max_queue,
+        args.threads,
+        args.graceful_timeout,
+    )
     return 0

@@ -9,70 +9,100 @@ encode: one line of space-separated ids per input line (an empty line for an emp
 decode: one line of text per line of ids. --vocab takes a folder with vocab.json + merges.txt
 (a checkpoint or prepared-data folder) or the original encoder_bpe_40000.json + vocab_40000.bpe.
 """
+
 from __future__ import annotations
 
 import argparse
 import io
 import itertools
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, TextIO
 
 HELP = "encode/decode text with a GPT-1 vocabulary; train a new vocabulary"
 BATCH_LINES = 4096
-OAI_LOWERCASE = ("lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) instead of "
-                 "the raw text first like transformers")
+OAI_LOWERCASE = (
+    "lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) instead of "
+    "the raw text first like transformers"
+)
 
 
 DESCRIPTIONS = {
     "encode": "Read text lines from standard input and write one line of space-separated token ids "
-              "per input line (an empty line for an empty one), with the GPT-1 pipeline: ftfy, "
-              "text standardisation, spaCy, lowercase, BPE.\n\n"
-              "Example:\n  echo \"Hello, world!\" | gpt1 tokenizer encode --vocab gpt1_tokenizer",
+    "per input line (an empty line for an empty one), with the GPT-1 pipeline: ftfy, "
+    "text standardisation, spaCy, lowercase, BPE.\n\n"
+    'Example:\n  echo "Hello, world!" | gpt1 tokenizer encode --vocab gpt1_tokenizer',
     "decode": "Read lines of space-separated token ids from standard input and write one line of "
-              "text per line (word pieces joined, </w> read as a space).\n\n"
-              "Example:\n  echo \"3570 240 1276 267\" | gpt1 tokenizer decode --vocab runs/mini/final",
+    "text per line (word pieces joined, </w> read as a space).\n\n"
+    'Example:\n  echo "3570 240 1276 267" | gpt1 tokenizer decode --vocab runs/mini/final',
     "train": "Learn a new BPE vocabulary from .txt/.jsonl files with the GPT-1 pipeline and write "
-             "vocab.json + merges.txt (the layout every other command reads).\n\n"
-             "Example:\n  gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/",
+    "vocab.json + merges.txt (the layout every other command reads).\n\n"
+    "Example:\n  gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/",
 }
 
 
 def _sub(sub: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
     """A subcommand with its description and the options every command has (--debug, --quiet)."""
     import textwrap
+
     from gpt1.cli import common_options
+
     summary, example = DESCRIPTIONS[name].split("\n\n", 1)
-    return sub.add_parser(name, help=help_, description=textwrap.fill(summary, 79) + "\n\n" + example,
-                          parents=[common_options()],
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    return sub.add_parser(
+        name,
+        help=help_,
+        description=textwrap.fill(summary, 79) + "\n\n" + example,
+        parents=[common_options()],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import add_overwrite
+
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    for name, help_ in (("encode", "stdin text lines -> id lines"),
-                        ("decode", "stdin id lines -> text lines")):
+    for name, help_ in (
+        ("encode", "stdin text lines -> id lines"),
+        ("decode", "stdin id lines -> text lines"),
+    ):
         q = _sub(sub, name, help_)
-        q.add_argument("--vocab", required=True, type=Path, metavar="DIR",
-                       help="folder with the tokenizer files")
-        q.add_argument("--standardize", choices=["oai", "hf"], default="oai",
-                       help="oai: backslashes not padded (original); hf: padded (default oai)")
+        q.add_argument(
+            "--vocab",
+            required=True,
+            type=Path,
+            metavar="DIR",
+            help="folder with the tokenizer files",
+        )
+        q.add_argument(
+            "--standardize",
+            choices=["oai", "hf"],
+            default="oai",
+            help="oai: backslashes not padded (original); hf: padded (default oai)",
+        )
         if name == "encode":
             q.add_argument("--processes", type=int, default=1, help="worker processes")
             q.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
     t = _sub(sub, "train", "learn a new BPE vocabulary with the GPT-1 pipeline")
-    t.add_argument("--corpus", nargs="+", required=True, metavar="PATH",
-                   help=".txt/.jsonl files or folders")
+    t.add_argument(
+        "--corpus", nargs="+", required=True, metavar="PATH", help=".txt/.jsonl files or folders"
+    )
     t.add_argument("--merges", type=int, required=True, help="number of BPE merges to learn")
-    t.add_argument("--out", type=Path, required=True, metavar="DIR",
-                   help="writes vocab.json + merges.txt here")
+    t.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="writes vocab.json + merges.txt here"
+    )
     t.add_argument("--min-frequency", type=int, default=0, help="ignore rarer pairs")
-    t.add_argument("--standardize", choices=["oai", "hf"], default="oai",
-                   help="oai: backslashes not padded (original); hf: padded (default oai)")
+    t.add_argument(
+        "--standardize",
+        choices=["oai", "hf"],
+        default="oai",
+        help="oai: backslashes not padded (original); hf: padded (default oai)",
+    )
     t.add_argument("--text-field", default="text", help="text field of .jsonl rows")
-    t.add_argument("--strip-gutenberg", action="store_true",
-                   help="keep only the text between Project Gutenberg START/END markers")
+    t.add_argument(
+        "--strip-gutenberg",
+        action="store_true",
+        help="keep only the text between Project Gutenberg START/END markers",
+    )
     t.add_argument("--processes", type=int, default=1, help="worker processes for counting")
     t.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
     add_overwrite(t, "a non-empty --out")
@@ -82,12 +112,19 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "train":
         return _train(args)
     from gpt1.text.tokenizer import Tokenizer
-    tok = Tokenizer.from_dir(args.vocab, standardize=args.standardize,
-                             lower_first=not getattr(args, "oai_lowercase", False))
+
+    tok = Tokenizer.from_dir(
+        args.vocab,
+        standardize=args.standardize,
+        lower_first=not getattr(args, "oai_lowercase", False),
+    )
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
     lines = (line.rstrip("\n") for line in stdin)
-    out = encode_lines(tok, lines, args.processes) if args.action == "encode" \
+    out = (
+        encode_lines(tok, lines, args.processes)
+        if args.action == "encode"
         else decode_lines(tok, lines)
+    )
     write = sys.stdout.write
     for line in out:
         write(line + "\n")
@@ -105,12 +142,14 @@ def encode_lines(tok, lines: Iterator[str], processes: int = 1) -> Iterator[str]
 def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator[str]:
     """Each line of space-separated ids -> text; bad ids name the line."""
     from gpt1.errors import DataError
+
     for lineno, line in enumerate(lines, start=1):
         try:
             ids = [int(x) for x in line.split()]
         except ValueError:
-            raise DataError(f"expected space-separated integer ids, got {line[:60]!r}",
-                            source, lineno) from None
+            raise DataError(
+                f"expected space-separated integer ids, got {line[:60]!r}", source, lineno
+            ) from None
         try:
             yield tok.decode(ids)
         except DataError as exc:
@@ -119,8 +158,17 @@ def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator
 
 def _train(args: argparse.Namespace) -> int:
     from gpt1.text.prepare import train_tokenizer
-    train_tokenizer(args.corpus, args.merges, args.out, overwrite=args.overwrite,
-                    min_frequency=args.min_frequency, standardize=args.standardize,
-                    processes=args.processes, lower_first=not args.oai_lowercase,
-                    text_field=args.text_field, strip_gutenberg=args.strip_gutenberg)
+
+    train_tokenizer(
+        args.corpus,
+        args.merges,
+        args.out,
+        overwrite=args.overwrite,
+        min_frequency=args.min_frequency,
+        standardize=args.standardize,
+        processes=args.processes,
+        lower_first=not args.oai_lowercase,
+        text_field=args.text_field,
+        strip_gutenberg=args.strip_gutenberg,
+    )
     return 0

@@ -19,6 +19,7 @@ Examples:
   gpt1 zeroshot runs/mini/final --task sst2 --data data/glue/SST-2 --out zs/sst2
   gpt1 zeroshot runs/mini --task all --data data --out zs/mini --limit 500
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,36 +29,64 @@ HELP = "zero-shot heuristics (sst2, cola, race, dpr, story_cloze, lambada) on a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("checkpoint", metavar="CHECKPOINT|RUN_DIR",
-                   help="a checkpoint folder, or a pretraining run folder for the curve")
-    p.add_argument("--task", default="all",
-                   help="sst2, cola, race, dpr, story_cloze, lambada, a comma list, or all")
+    p.add_argument(
+        "checkpoint",
+        metavar="CHECKPOINT|RUN_DIR",
+        help="a checkpoint folder, or a pretraining run folder for the curve",
+    )
+    p.add_argument(
+        "--task",
+        default="all",
+        help="sst2, cola, race, dpr, story_cloze, lambada, a comma list, or all",
+    )
     p.add_argument("--data", required=True, help="the task's data folder, or a data root")
     from gpt1.cli import add_overwrite
+
     p.add_argument("--out", required=True, help="output folder")
     add_overwrite(p, "OUT/results.json, or a curve made with other settings")
-    p.add_argument("--calibrate", action="store_true",
-                   help="score candidates against a content-free prompt (contextual calibration)")
-    p.add_argument("--limit", type=int, default=None,
-                   help="first N examples of each split (CoLA: of train and of dev)")
-    p.add_argument("--tokenizer", default=None,
-                   help="vocab.json + merges.txt folder (default: the checkpoint's own)")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="score candidates against a content-free prompt (contextual calibration)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="first N examples of each split (CoLA: of train and of dev)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="vocab.json + merges.txt folder (default: the checkpoint's own)",
+    )
     from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="weights and activations in this type: " + PRECISION_HELP)
+
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="weights and activations in this type: " + PRECISION_HELP,
+    )
     # The old name, kept working but no longer shown.
     p.add_argument("--dtype", choices=PRECISIONS, default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--batch-tokens", type=int, default=4096,
-                   help="padded tokens per forward pass (default 4096)")
+    p.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=4096,
+        help="padded tokens per forward pass (default 4096)",
+    )
 
 
 def _precision(args: argparse.Namespace) -> str:
     """--precision, or the deprecated --dtype (a warning says so); both given must agree."""
     from gpt1.errors import ConfigError
+
     if args.dtype is None:
         return args.precision or "auto"
     import logging
+
     logging.getLogger(__name__).warning("zeroshot: --dtype is deprecated; use --precision")
     if args.precision is not None and args.precision != args.dtype:
         raise ConfigError(f"--precision {args.precision} and --dtype {args.dtype} disagree")
@@ -69,31 +98,44 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.files import check_output, write_json
     from gpt1.zeroshot.curve import evaluate_checkpoint, evaluate_run
     from gpt1.zeroshot.heuristics import parse_tasks
+
     if args.limit is not None and args.limit <= 0:
         raise ConfigError(f"--limit must be positive, got {args.limit}")
     if args.batch_tokens <= 0:
         raise ConfigError(f"--batch-tokens must be positive, got {args.batch_tokens}")
     tasks = parse_tasks(args.task)
-    settings = dict(tokenizer_dir=args.tokenizer, limit=args.limit, calibrate=args.calibrate,
-                    device=args.device, precision=_precision(args),
-                    batch_tokens=args.batch_tokens)
+    settings = dict(
+        tokenizer_dir=args.tokenizer,
+        limit=args.limit,
+        calibrate=args.calibrate,
+        device=args.device,
+        precision=_precision(args),
+        batch_tokens=args.batch_tokens,
+    )
     out = Path(args.out)
     path = Path(args.checkpoint)
     if path.is_dir() and not (path / "config.json").is_file():
         curve = evaluate_run(path, tasks, args.data, out, overwrite=args.overwrite, **settings)
         print((out / "curve.md").read_text(), end="")
-        print(f"wrote {out / 'curve.json'}, {out / 'curve.md'}, {out / 'curve.png'} "
-              f"({len(curve['checkpoints'])} checkpoints)")
+        print(
+            f"wrote {out / 'curve.json'}, {out / 'curve.md'}, {out / 'curve.png'} "
+            f"({len(curve['checkpoints'])} checkpoints)"
+        )
         return 0
     check_output(out / "results.json", args.overwrite)
     results = evaluate_checkpoint(path, tasks, args.data, **settings)
-    record = {"checkpoint": str(path), "data": str(args.data),
-              "settings": {k: v for k, v in settings.items() if k != "tokenizer_dir"},
-              "tasks": results}
+    record = {
+        "checkpoint": str(path),
+        "data": str(args.data),
+        "settings": {k: v for k, v in settings.items() if k != "tokenizer_dir"},
+        "tasks": results,
+    }
     write_json(out / "results.json", record)
     for task, r in results.items():
         extra = f", threshold {r['threshold']:.4f}" if "threshold" in r else ""
-        print(f"{task:12s} {r['metric']} {r['value']:.4f}  normalised {r['normalised']:+.3f}  "
-              f"n={r['n']}{extra}")
+        print(
+            f"{task:12s} {r['metric']} {r['value']:.4f}  normalised {r['normalised']:+.3f}  "
+            f"n={r['n']}{extra}"
+        )
     print(f"wrote {out / 'results.json'}")
     return 0

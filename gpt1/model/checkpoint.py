@@ -4,19 +4,33 @@ The folder format itself (weights, `config.json`, tokenizer files, pickle refusa
 `gpt1.checkpoint_files`, which knows no model class; its names are re-exported here because
 this is where callers that load a GPT look for them.
 """
+
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gpt1.checkpoint_files import (  # noqa: F401 (re-exported)
-    CONFIG, FORMAT, FORMAT_VERSION, PICKLE_SUFFIXES, TOKENIZER_FILES, WEIGHTS, check_finite,
-    check_state_dict, copy_tokenizer_files, load_state_dict, read_config, refuse_pickle,
-    resolve_checkpoint_dir, state_bytes, tokenizer_dir_of, trained_context, write_model_files)
+    CONFIG,
+    FORMAT,
+    FORMAT_VERSION,
+    PICKLE_SUFFIXES,
+    TOKENIZER_FILES,
+    WEIGHTS,
+    check_finite,
+    check_state_dict,
+    copy_tokenizer_files,
+    load_state_dict,
+    read_config,
+    refuse_pickle,
+    resolve_checkpoint_dir,
+    state_bytes,
+    tokenizer_dir_of,
+    trained_context,
+    write_model_files,
+)
 from gpt1.config import ModelConfig
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.files import atomic_dir, atomic_folder, follow_umask, publish_dir  # noqa: F401 (re-exported)
@@ -24,8 +38,12 @@ from gpt1.model.gpt import GPT, parameter_count
 from gpt1.model.memory import ensure_model_fits
 
 
-def save_model(model: GPT, out_dir: str | Path, tokenizer_dir: str | Path | None = None,
-               extra: dict[str, Any] | None = None) -> Path:
+def save_model(
+    model: GPT,
+    out_dir: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
     """Save `model` as a checkpoint folder, atomically (temporary name, then rename)."""
     out_dir = Path(out_dir)
     with atomic_folder(out_dir, needed=state_bytes(model.state_dict())) as tmp:
@@ -41,8 +59,9 @@ def read_model_config(path: str | Path) -> ModelConfig:
         raise CheckpointError(str(exc)) from None
 
 
-def check_weights_size(config: ModelConfig, files: list[Path], source: Path | str,
-                       min_bytes_per_param: int = 2) -> None:
+def check_weights_size(
+    config: ModelConfig, files: list[Path], source: Path | str, min_bytes_per_param: int = 2
+) -> None:
     """Refuse a config that describes more parameters than the weight files can hold.
 
     Checked from file sizes before anything is read or built, so a config.json edited to a
@@ -52,10 +71,12 @@ def check_weights_size(config: ModelConfig, files: list[Path], source: Path | st
     have = sum(f.stat().st_size for f in files if f.is_file())
     if have < need:
         where = files[0] if len(files) == 1 else files[0].parent
-        raise CheckpointError(f"{where}: {have:,} bytes of weights, but {source} describes "
-                              f"{parameter_count(config):,} parameters (at least {need:,} bytes): "
-                              "the weights are truncated, or config and weights do not belong "
-                              "together")
+        raise CheckpointError(
+            f"{where}: {have:,} bytes of weights, but {source} describes "
+            f"{parameter_count(config):,} parameters (at least {need:,} bytes): "
+            "the weights are truncated, or config and weights do not belong "
+            "together"
+        )
 
 
 def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT:
@@ -76,5 +97,3 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT
     check_state_dict(model, state, weights)
     model.load_state_dict(state, assign=True)
     return model.to(device)
-
-

@@ -13,6 +13,7 @@ drop-in for the torch function it names, falling back to it wherever the fast pa
 Same distributions and the same maths as the plain path (`tests/test_model_fast_paths.py` and
 `tests/test_attention_memory.py` check them against it); on GPUs everything goes to torch.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,9 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     dropout_p: float = 0.0) -> torch.Tensor:
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0
+) -> torch.Tensor:
     """`F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)`:
     q, k, v `[B, H, T, D]` -> `[B, H, T, D]`; written out on CPU when there is dropout."""
     if dropout_p > 0 and q.device.type == "cpu":
@@ -75,8 +77,9 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
 
 
-def causal_attention_cpu_train(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               p: float) -> torch.Tensor:
+def causal_attention_cpu_train(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
+) -> torch.Tensor:
     """Causal attention with dropout, written out: q, k, v `[B, H, T, D]` -> `[B, H, T, D]`.
 
     Same maths as SDPA: masked scores are -inf. Under bf16 autocast the softmax output is bf16
@@ -118,20 +121,21 @@ class _CausalAttentionDropout(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num: int,
-                den: int) -> torch.Tensor:
+    def forward(
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num: int, den: int
+    ) -> torch.Tensor:
         ctx.dtypes = (q.dtype, k.dtype, v.dtype)
         if torch.is_autocast_enabled(q.device.type):
             dt = torch.get_autocast_dtype(q.device.type)
             q, k, v = q.to(dt), k.to(dt), v.to(dt)
         with torch.autocast(q.device.type, enabled=False):
-            probs = _causal_probs(q, k, in_place=True)                      # [B, H, T, T]
+            probs = _causal_probs(q, k, in_place=True)  # [B, H, T, T]
             ctx.scale = den / (den - num)
             ctx.recompute = probs.numel() * probs.element_size() > RECOMPUTE_PROBS_BYTES
             # Large (recomputed) layers keep a 1-byte mask; small ones one in the probabilities'
             # 16-bit dtype, which multiplies faster (see keep_mask).
             mask_dtype = torch.uint8 if ctx.recompute else probs.dtype
-            keep = keep_mask(probs.shape, num, den, mask_dtype)             # [B, H, T, T]
+            keep = keep_mask(probs.shape, num, den, mask_dtype)  # [B, H, T, T]
             ctx.save_for_backward(q, k, v, keep, None if ctx.recompute else probs)
             # The 1 / (1 - p) scale goes on the 4x smaller [B, H, T, D] side; unsaved
             # probabilities are dropped in place (no fresh [B, H, T, T] buffer).
@@ -143,14 +147,14 @@ class _CausalAttentionDropout(torch.autograd.Function):
         q, k, v, keep, probs = ctx.saved_tensors
         if probs is None:
             probs = _causal_probs(q, k, in_place=True)
-        grad = grad.to(v.dtype).mul(ctx.scale)                              # [B, H, T, D]
-        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep)     # [B, H, T, T]
+        grad = grad.to(v.dtype).mul(ctx.scale)  # [B, H, T, D]
+        grad_probs = torch.matmul(grad, v.transpose(-1, -2)).mul_(keep)  # [B, H, T, T]
         # In place, reusing the [B, H, T, T] buffers (fresh ones page-fault on CPU): backward runs
         # once, so the saved probabilities may be overwritten once their last reader is done.
         grad_scores = softmax_backward_(grad_probs, probs)
-        grad_v = torch.matmul(probs.mul_(keep).transpose(-1, -2), grad)     # [B, H, T, D]
+        grad_v = torch.matmul(probs.mul_(keep).transpose(-1, -2), grad)  # [B, H, T, D]
         grad_scores.mul_(1.0 / math.sqrt(q.shape[-1]))
-        grad_q = torch.matmul(grad_scores, k)                               # [B, H, T, D]
-        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q)             # [B, H, T, D]
+        grad_q = torch.matmul(grad_scores, k)  # [B, H, T, D]
+        grad_k = torch.matmul(grad_scores.transpose(-1, -2), q)  # [B, H, T, D]
         dq, dk, dv = ctx.dtypes
         return grad_q.to(dq), grad_k.to(dk), grad_v.to(dv), None, None

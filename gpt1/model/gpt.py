@@ -10,10 +10,10 @@ or compile logic here, and no state kept between calls. Its CPU fast paths are b
 applied from outside (`gpt1.train.parallelize`). Parameter names follow GPT-2/HF (`wte`, `wpe`,
 `h.{i}.attn.c_attn`, ...) so conversion is a rename plus transposes.
 """
+
 from __future__ import annotations
 
 import dataclasses
-
 from typing import NamedTuple
 
 import torch
@@ -35,28 +35,30 @@ class CausalSelfAttention(nn.Module):
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = Dropout(config.resid_pdrop)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
-                layout: Unpadded | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, layout: Unpadded | None = None
+    ) -> torch.Tensor:
         """x `[B, T, C]`, or the real tokens `[N, C]` of a padded batch described by `layout`."""
         qkv = self.c_attn(x)
         if layout is not None:
-            qkv = layout.pad(qkv)                                # [N, 3C] -> [B, T, 3C]
+            qkv = layout.pad(qkv)  # [N, 3C] -> [B, T, 3C]
         B, T, C = qkv.shape[0], qkv.shape[1], x.shape[-1]
         # [B, T, 3C] -> [B, T, 3, H, D] -> 3 x [B, H, T, D]; the split order is q | k | v as in OAI.
         q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         p = self.attn_pdrop if self.training else 0.0
         if cache is None:
-            y = causal_attention(q, k, v, p)     # SDPA(is_causal=True), or its CPU fast path
+            y = causal_attention(q, k, v, p)  # SDPA(is_causal=True), or its CPU fast path
         else:
             y = self._attend_cached(q, k, v, cache, p)
         y = y.transpose(1, 2).reshape(B, T, C)  # [B, H, T, D] -> [B, T, C]
         if layout is not None:
-            y = layout.unpad(y)                   # [B, T, C] -> [N, C]
+            y = layout.unpad(y)  # [B, T, C] -> [N, C]
         return self.resid_dropout(self.c_proj(y))
 
     @staticmethod
-    def _attend_cached(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache,
-                       p: float) -> torch.Tensor:
+    def _attend_cached(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache, p: float
+    ) -> torch.Tensor:
         """Attention of new queries `[B, H, T, D]` over the cached and the new keys and values."""
         T = q.shape[2]
         k, v = cache.extend(k, v)  # [B, H, past + T, D]
@@ -65,8 +67,9 @@ class CausalSelfAttention(nn.Module):
         if past and T > 1:
             # New queries see every cached key and the new keys up to their own position.
             mask = torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p,
-                                              is_causal=not past)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, is_causal=not past
+        )
 
 
 class MLP(nn.Module):
@@ -95,8 +98,9 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None,
-                layout: Unpadded | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cache: LayerCache | None = None, layout: Unpadded | None = None
+    ) -> torch.Tensor:
         x = self.ln_1(x + self.attn(x, cache, layout))
         return self.ln_2(x + self.mlp(x))
 
@@ -105,8 +109,8 @@ class LMOutput(NamedTuple):
     """What a forward pass gives the language-model head: the hidden states and the tied output
     weight to use with them (the token table this pass embedded with, dropout included)."""
 
-    hidden: torch.Tensor        # [B, T, n_embd]
-    head_weight: torch.Tensor   # [vocab_size, n_embd]
+    hidden: torch.Tensor  # [B, T, n_embd]
+    head_weight: torch.Tensor  # [vocab_size, n_embd]
 
 
 class GPT(nn.Module):
@@ -138,9 +142,15 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     # --------------------------------------------------------------- forward
-    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None, lengths: torch.Tensor | None = None, *,
-                with_head_weight: bool = False) -> torch.Tensor | LMOutput:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        lengths: torch.Tensor | None = None,
+        *,
+        with_head_weight: bool = False,
+    ) -> torch.Tensor | LMOutput:
         """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
 
         With `cache` (inference only), `ids` continue the cached positions and the cache grows.
@@ -153,13 +163,15 @@ class GPT(nn.Module):
         past = len(cache) if cache is not None else 0
         B, T = ids.shape[0], ids.shape[-1]
         if past + T > self.config.n_positions:
-            raise ValueError(f"sequence of {past + T} tokens is longer than n_positions="
-                             f"{self.config.n_positions}")
+            raise ValueError(
+                f"sequence of {past + T} tokens is longer than n_positions="
+                f"{self.config.n_positions}"
+            )
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=ids.device)
         layout = self._layout(ids, lengths, cache)
         if layout is not None:
-            ids = layout.unpad(ids.reshape(B, T, 1)).squeeze(1)                       # [N]
+            ids = layout.unpad(ids.reshape(B, T, 1)).squeeze(1)  # [N]
             position_ids = layout.unpad(position_ids.expand(B, T).reshape(B, T, 1)).squeeze(1)
         x, head_weight = self._embed(ids, position_ids)
         for i, block in enumerate(self.h):
@@ -167,30 +179,38 @@ class GPT(nn.Module):
         hidden = layout.pad(x) if layout is not None else x
         return LMOutput(hidden, head_weight) if with_head_weight else hidden
 
-    def _layout(self, ids: torch.Tensor, lengths: torch.Tensor | None,
-                cache: KVCache | None) -> Unpadded | None:
+    def _layout(
+        self, ids: torch.Tensor, lengths: torch.Tensor | None, cache: KVCache | None
+    ) -> Unpadded | None:
         """The unpadded layout for `lengths`, or None where there is no padding to skip."""
         if lengths is None:
             return None
         if cache is not None or ids.dim() != 2:
             raise ValueError("lengths needs ids [B, T] and no cache")
         lengths = lengths.to(ids.device)
-        if lengths.shape != ids.shape[:1] or bool((lengths < 0).any() | (lengths > ids.shape[1]).any()):
-            raise ValueError(f"lengths must be [B] = [{ids.shape[0]}] values in 0..{ids.shape[1]}; "
-                             f"got shape {list(lengths.shape)}")
+        if lengths.shape != ids.shape[:1] or bool(
+            (lengths < 0).any() | (lengths > ids.shape[1]).any()
+        ):
+            raise ValueError(
+                f"lengths must be [B] = [{ids.shape[0]}] values in 0..{ids.shape[1]}; "
+                f"got shape {list(lengths.shape)}"
+            )
         if bool((lengths == ids.shape[1]).all()):
             return None
         return Unpadded(lengths, ids.shape[1])
 
-    def _embed(self, ids: torch.Tensor,
-               position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _embed(
+        self, ids: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Token + position embeddings (with embedding dropout), any leading shape, and the token
         table the tied output layer must use with them."""
         if self.training and self.config.embd_dropout == "matrix" and self.config.embd_pdrop > 0:
             # OAI: dropout on the embedding tables before the gather; the tied output layer of
             # this forward pass sees the same dropped token table.
             wte = self.drop(self.wte.weight)
-            return F.embedding(ids, wte) + F.embedding(position_ids, self.drop(self.wpe.weight)), wte
+            return F.embedding(ids, wte) + F.embedding(
+                position_ids, self.drop(self.wpe.weight)
+            ), wte
         return self.drop(self.wte(ids) + self.wpe(position_ids)), self.wte.weight
 
     def lm_weight(self) -> torch.Tensor:
@@ -238,9 +258,9 @@ class LayerCache:
     """
 
     def __init__(self) -> None:
-        self.k: torch.Tensor | None = None   # [B, H, capacity, D] buffers
+        self.k: torch.Tensor | None = None  # [B, H, capacity, D] buffers
         self.v: torch.Tensor | None = None
-        self.length = 0                      # filled positions
+        self.length = 0  # filled positions
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
@@ -249,8 +269,8 @@ class LayerCache:
             capacity = max(2 * end, 64)
             self.k = self._grown(self.k, k, capacity)
             self.v = self._grown(self.v, v, capacity)
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
@@ -258,7 +278,7 @@ class LayerCache:
         B, H, _, D = like.shape
         buf = like.new_empty(B, H, capacity, D)
         if old is not None:
-            buf[:, :, :self.length] = old[:, :, :self.length]
+            buf[:, :, : self.length] = old[:, :, : self.length]
         return buf
 
 
@@ -282,9 +302,9 @@ class Unpadded:
 
     def __init__(self, lengths: torch.Tensor, T: int):
         self.B, self.T = lengths.shape[0], T
-        keep = torch.arange(T, device=lengths.device) < lengths[:, None]   # [B, T]
-        self.index = keep.flatten().nonzero().squeeze(1)                    # [N] flat positions
-        self.rows_cols = (self.index // T, self.index % T)                  # [N] row, [N] column
+        keep = torch.arange(T, device=lengths.device) < lengths[:, None]  # [B, T]
+        self.index = keep.flatten().nonzero().squeeze(1)  # [N] flat positions
+        self.rows_cols = (self.index // T, self.index % T)  # [N] row, [N] column
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """`[N, F]` -> `[B, T, F]`, zeros at padding (a fresh tensor, not a view: FSDP2 warns
@@ -298,7 +318,9 @@ class Unpadded:
 
 
 @torch.no_grad()
-def grow_token_table(model: nn.Module, n: int, generator: torch.Generator | None = None) -> list[int]:
+def grow_token_table(
+    model: nn.Module, n: int, generator: torch.Generator | None = None
+) -> list[int]:
     """Append `n` rows drawn from N(0, initializer_range) to `model.wte` (any model with a `wte`
     table and a `config` with `vocab_size`); return the new ids."""
     if n <= 0:
@@ -333,5 +355,3 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
     T = seq_len or config.n_positions
     n = parameter_count(config) - config.n_positions * config.n_embd  # positions are a gather
     return 6.0 * n + 12.0 * config.n_layer * T * config.n_embd
-
-

@@ -14,6 +14,7 @@ The losses themselves are in `gpt1.train.objectives` (`finetune_loss`, `aux_lm_l
 - regression (STS-B): one output, mean squared error.
 Head weights are N(0, 0.02), biases 0.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -32,7 +33,7 @@ def extract_states(hidden: torch.Tensor, ids: torch.Tensor, classify_id: int) ->
     is_clf = ids == classify_id
     if not bool(is_clf.any(dim=1).all()):
         raise ValueError("every sequence needs a classify token")
-    pos = is_clf.int().argmax(dim=1)                           # first occurrence, [N]
+    pos = is_clf.int().argmax(dim=1)  # first occurrence, [N]
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), pos]
 
 
@@ -41,15 +42,16 @@ def shared_dropout(h: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return h
     B, _, C = h.shape
-    mask = F.dropout(h.new_ones(B, 1, C), p, training=True)    # [B, 1, C], 0 or 1/(1-p)
+    mask = F.dropout(h.new_ones(B, 1, C), p, training=True)  # [B, 1, C], 0 or 1/(1-p)
     return h * mask
 
 
 class TaskHead(nn.Module):
     """Linear layer(s) on extract states `[B, K, C]` -> logits `[B, n]`, scores `[B, K]` or `[B]`."""
 
-    def __init__(self, n_embd: int, kind: str, n_outputs: int, pdrop: float = 0.1,
-                 std: float = 0.02):
+    def __init__(
+        self, n_embd: int, kind: str, n_outputs: int, pdrop: float = 0.1, std: float = 0.02
+    ):
         super().__init__()
         if kind not in KINDS:
             raise ValueError(f"unknown head kind {kind!r}")
@@ -59,24 +61,24 @@ class TaskHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
-        h = shared_dropout(states, self.pdrop, self.training)   # [B, K, C]
+        h = shared_dropout(states, self.pdrop, self.training)  # [B, K, C]
         if self.kind == "choice":
-            return self.linear(h).squeeze(-1)                   # [B, K]
+            return self.linear(h).squeeze(-1)  # [B, K]
         if self.kind == "similarity":
-            h = h.sum(dim=1)                                    # both orders added: [B, C]
+            h = h.sum(dim=1)  # both orders added: [B, C]
         else:
-            h = h[:, 0]                                         # K == 1: [B, C]
-        out = self.linear(h)                                    # [B, n_outputs]
+            h = h[:, 0]  # K == 1: [B, C]
+        out = self.linear(h)  # [B, n_outputs]
         return out.squeeze(-1) if self.n_outputs == 1 else out
 
 
 class SequenceLM(NamedTuple):
     """The inputs of the auxiliary LM loss for the B*K sequences of a fine-tuning batch."""
 
-    hidden: torch.Tensor        # [B*K, T, C]
-    ids: torch.Tensor           # [B*K, T]
-    mask: torch.Tensor          # [B*K, T], 1 = real token
-    head_weight: torch.Tensor   # [V, C], the tied output weight of this forward pass
+    hidden: torch.Tensor  # [B*K, T, C]
+    ids: torch.Tensor  # [B*K, T]
+    mask: torch.Tensor  # [B*K, T], 1 = real token
+    head_weight: torch.Tensor  # [V, C], the tied output weight of this forward pass
 
 
 class FinetuneModel(nn.Module):
@@ -87,16 +89,19 @@ class FinetuneModel(nn.Module):
     def __init__(self, gpt: GPT, kind: str, n_outputs: int, classify_id: int, pdrop: float = 0.1):
         super().__init__()
         self.gpt = gpt
-        self.head = TaskHead(gpt.config.n_embd, kind, n_outputs, pdrop, gpt.config.initializer_range)
+        self.head = TaskHead(
+            gpt.config.n_embd, kind, n_outputs, pdrop, gpt.config.initializer_range
+        )
         self.classify_id = classify_id
 
-    def forward(self, ids: torch.Tensor, mask: torch.Tensor,
-                with_lm: bool = True) -> tuple[torch.Tensor, SequenceLM | None]:
+    def forward(
+        self, ids: torch.Tensor, mask: torch.Tensor, with_lm: bool = True
+    ) -> tuple[torch.Tensor, SequenceLM | None]:
         B, K, T = ids.shape
-        flat = ids.reshape(B * K, T)                            # [B*K, T]
+        flat = ids.reshape(B * K, T)  # [B*K, T]
         # Each row is computed up to its last real token: the padding after it is skipped.
         positions = torch.arange(1, T + 1, device=mask.device, dtype=mask.dtype)
-        lengths = (mask.reshape(B * K, T) * positions).amax(dim=1).long()   # [B*K]
+        lengths = (mask.reshape(B * K, T) * positions).amax(dim=1).long()  # [B*K]
         hidden, head_weight = self.gpt(flat, lengths=lengths, with_head_weight=True)  # [B*K, T, C]
         states = extract_states(hidden, flat, self.classify_id).view(B, K, -1)  # [B, K, C]
         out = self.head(states)

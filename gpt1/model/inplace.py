@@ -5,6 +5,7 @@ attention probabilities and vocabulary-wide logits costs more than the softmax i
 kernels read each row before writing it, so their `out=` may alias the input. Callers must own
 the input (no autograd through it, no other reader of the old values).
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,5 +23,4 @@ def log_softmax_(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 def softmax_backward_(grad: torch.Tensor, probs: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """d loss / d scores from d loss / d probs, written into `grad`; returns `grad`."""
-    return torch.ops.aten._softmax_backward_data.out(grad, probs, dim, probs.dtype,
-                                                     grad_input=grad)
+    return torch.ops.aten._softmax_backward_data.out(grad, probs, dim, probs.dtype, grad_input=grad)

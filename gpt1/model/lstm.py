@@ -20,6 +20,7 @@ GPT-1's own 117M preset this gives about 4,160 units: the paper's 2048-unit LSTM
 quarter of the Transformer's block parameters. `rule="paper"` keeps the paper's ratio of LSTM
 units to Transformer width instead (2048 / 768, i.e. 8/3 x n_embd).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,20 +44,27 @@ class LSTMConfig:
     """Shape and regularisation of the LSTM baseline. Names shared with `ModelConfig` mean the same."""
 
     vocab_size: int = 40478
-    n_embd: int = 768                # token table width = width of the hidden states heads see
-    hidden_size: int = 2048          # LSTM units (the paper's baseline: 2048)
-    n_layer: int = 1                 # LSTM layers (the paper's baseline: 1)
-    n_positions: int = 512           # longest sequence commands will feed (no position table)
+    n_embd: int = 768  # token table width = width of the hidden states heads see
+    hidden_size: int = 2048  # LSTM units (the paper's baseline: 2048)
+    n_layer: int = 1  # LSTM layers (the paper's baseline: 1)
+    n_positions: int = 512  # longest sequence commands will feed (no position table)
     embd_pdrop: float = 0.1
-    resid_pdrop: float = 0.1         # dropout on the projected LSTM outputs
+    resid_pdrop: float = 0.1  # dropout on the projected LSTM outputs
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
         check_types(self, "lstm")
-        check_ranges(self, "lstm", {"vocab_size": MODEL_LIMITS["vocab_size"],
-                                    "n_positions": MODEL_LIMITS["n_positions"],
-                                    "n_embd": MODEL_LIMITS["n_embd"],
-                                    "hidden_size": MODEL_LIMITS["n_inner"], "n_layer": 64})
+        check_ranges(
+            self,
+            "lstm",
+            {
+                "vocab_size": MODEL_LIMITS["vocab_size"],
+                "n_positions": MODEL_LIMITS["n_positions"],
+                "n_embd": MODEL_LIMITS["n_embd"],
+                "hidden_size": MODEL_LIMITS["n_inner"],
+                "n_layer": 64,
+            },
+        )
         for name in ("embd_pdrop", "resid_pdrop"):
             if not 0.0 <= float(getattr(self, name)) < 1.0:
                 raise ConfigError(f"lstm.{name} must be in [0, 1), got {getattr(self, name)!r}")
@@ -65,7 +73,7 @@ class LSTMConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "LSTMConfig":
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> LSTMConfig:
         return from_dict(cls, data, source)
 
 
@@ -94,9 +102,16 @@ def lstm_config_for(model: ModelConfig, rule: str = "params") -> LSTMConfig:
         hidden = max(64, int(round(E * PAPER_UNITS_PER_WIDTH / 64)) * 64)
     else:
         raise ConfigError(f"unknown LSTM sizing rule {rule!r}; choose 'params' or 'paper'")
-    return LSTMConfig(vocab_size=model.vocab_size, n_embd=E, hidden_size=hidden, n_layer=1,
-                      n_positions=model.n_positions, embd_pdrop=model.embd_pdrop,
-                      resid_pdrop=model.resid_pdrop, initializer_range=model.initializer_range)
+    return LSTMConfig(
+        vocab_size=model.vocab_size,
+        n_embd=E,
+        hidden_size=hidden,
+        n_layer=1,
+        n_positions=model.n_positions,
+        embd_pdrop=model.embd_pdrop,
+        resid_pdrop=model.resid_pdrop,
+        initializer_range=model.initializer_range,
+    )
 
 
 class LSTMLM(nn.Module):
@@ -107,8 +122,9 @@ class LSTMLM(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.embd_pdrop)
-        self.lstm = nn.LSTM(config.n_embd, config.hidden_size, num_layers=config.n_layer,
-                            batch_first=True)
+        self.lstm = nn.LSTM(
+            config.n_embd, config.hidden_size, num_layers=config.n_layer, batch_first=True
+        )
         self.c_proj = nn.Linear(config.hidden_size, config.n_embd)
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
         self.reset_parameters()
@@ -131,11 +147,16 @@ class LSTMLM(nn.Module):
             else:
                 nn.init.zeros_(p)
                 with torch.no_grad():
-                    p[H:2 * H].fill_(0.5)  # gate order is input | forget | cell | output
+                    p[H : 2 * H].fill_(0.5)  # gate order is input | forget | cell | output
 
-    def forward(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                lengths: torch.Tensor | None = None, *,
-                with_head_weight: bool = False) -> torch.Tensor | LMOutput:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        lengths: torch.Tensor | None = None,
+        *,
+        with_head_weight: bool = False,
+    ) -> torch.Tensor | LMOutput:
         """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (with `with_head_weight`,
         `LMOutput(hidden, token table)`, as `GPT.forward`).
 
@@ -143,8 +164,8 @@ class LSTMLM(nn.Module):
         left-to-right LSTM's real positions never see the padding after them, and the states it
         computes at the padding are not zeroed, as nothing reads them.
         """
-        x = self.drop(self.wte(ids))                   # [B, T, E]
-        out, _ = self.lstm(x)                          # [B, T, H]; state starts at zero per row
+        x = self.drop(self.wte(ids))  # [B, T, E]
+        out, _ = self.lstm(x)  # [B, T, H]; state starts at zero per row
         hidden = self.resid_dropout(self.c_proj(out))  # [B, T, E]
         return LMOutput(hidden, self.wte.weight) if with_head_weight else hidden
 

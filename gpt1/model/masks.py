@@ -12,6 +12,7 @@ thread; at the mini model's shapes that made mask drawing a tenth of a training 
   `65536 // den` values; the few values past the last whole bucket are redrawn exactly, so the
   drop rate is exactly num/den, not a rounded threshold.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,7 +28,7 @@ CHUNK = 1 << 20
 # dtype multiplies about 4x faster on CPU than a uint8 one (which is converted on the fly).
 _ONE_BITS = {torch.bfloat16: 0x3F80, torch.float16: 0x3C00}
 
-_pools: dict[int, ThreadPoolExecutor] = {}   # one per thread count torch has been set to
+_pools: dict[int, ThreadPoolExecutor] = {}  # one per thread count torch has been set to
 
 
 def _workers() -> ThreadPoolExecutor:
@@ -41,9 +42,9 @@ def _fill(out: np.ndarray, seed: int, index: int, num: int, den: int, one: int |
     """Write chunk `index`'s keep values into `out` (uint8 0/1, or int16 0/`one` bit patterns)."""
     n = out.size
     bits = np.random.SFC64(np.random.SeedSequence([seed, index]))
-    u = bits.random_raw((n + 3) // 4).view(np.int16)[:n]                      # [n] uniform
+    u = bits.random_raw((n + 3) // 4).view(np.int16)[:n]  # [n] uniform
     bucket = 65536 // den
-    keep = u >= num * bucket - 32768        # numpy: its int16 compares are ~3x torch's here
+    keep = u >= num * bucket - 32768  # numpy: its int16 compares are ~3x torch's here
     leftover = np.flatnonzero(u >= bucket * den - 32768)
     if leftover.size:
         keep[leftover] = np.random.Generator(bits).integers(0, den, leftover.size) >= num
@@ -53,8 +54,9 @@ def _fill(out: np.ndarray, seed: int, index: int, num: int, den: int, one: int |
         np.multiply(keep, np.int16(one), out=out)
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], num: int, den: int,
-              dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], num: int, den: int, dtype: torch.dtype = torch.uint8
+) -> torch.Tensor:
     """A CPU dropout mask of `shape`: 0 with probability exactly num/den, else 1.
 
     The mask is bf16/fp16 when `dtype` is one of those (same bytes as the activations it
@@ -65,9 +67,9 @@ def keep_mask(shape: torch.Size | tuple[int, ...], num: int, den: int,
     one = _ONE_BITS.get(dtype)
     out = np.empty(n, dtype=np.uint8 if one is None else np.int16)
     starts = range(0, n, CHUNK)
-    jobs = [(out[s:s + CHUNK], seed, i, num, den, one) for i, s in enumerate(starts)]
+    jobs = [(out[s : s + CHUNK], seed, i, num, den, one) for i, s in enumerate(starts)]
     if len(jobs) > 1 and torch.get_num_threads() > 1:
-        list(_workers().map(lambda job: _fill(*job), jobs))   # list(): wait, re-raise errors
+        list(_workers().map(lambda job: _fill(*job), jobs))  # list(): wait, re-raise errors
     else:
         for job in jobs:
             _fill(*job)

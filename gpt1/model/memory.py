@@ -6,6 +6,7 @@ fields and the estimate, instead of allocating until the machine swaps or the ke
 The estimates are lower bounds (weights, and for training gradients, the two Adam moments and a
 floor on activations): what they refuse cannot run; what they pass may still be tight.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ from gpt1.config import ModelConfig, TrainConfig
 from gpt1.errors import ConfigError
 from gpt1.model.gpt import parameter_count as count
 
-FLOAT_BYTES = 4   # weights, gradients and optimizer moments are kept in float32
+FLOAT_BYTES = 4  # weights, gradients and optimizer moments are kept in float32
 
 
 class TooLargeError(ConfigError):
@@ -34,8 +35,9 @@ def inference_bytes(config: ModelConfig, extra_params: int = 0) -> int:
     return parameter_count(config, extra_params) * FLOAT_BYTES
 
 
-def training_bytes(config: ModelConfig, train: TrainConfig, n_ctx: int, extra_params: int = 0,
-                   world_size: int = 1) -> int:
+def training_bytes(
+    config: ModelConfig, train: TrainConfig, n_ctx: int, extra_params: int = 0, world_size: int = 1
+) -> int:
     """A floor on one process's training memory.
 
     Weights + gradients + two Adam moments (16 bytes a parameter; FSDP shards them over
@@ -101,21 +103,27 @@ def human(n: int) -> str:
 
 def shape_fields(config: ModelConfig) -> str:
     """The config fields that decide the size, as `name=value` pairs."""
-    return ", ".join(f"{k}={getattr(config, k):,}" for k in
-                     ("n_layer", "n_embd", "n_inner", "vocab_size", "n_positions"))
+    return ", ".join(
+        f"{k}={getattr(config, k):,}"
+        for k in ("n_layer", "n_embd", "n_inner", "vocab_size", "n_positions")
+    )
 
 
-def ensure_fits(need: int, what: str, source: str, fields: str,
-                device: str | torch.device = "cpu") -> None:
+def ensure_fits(
+    need: int, what: str, source: str, fields: str, device: str | torch.device = "cpu"
+) -> None:
     """Refuse (`TooLargeError`) when `need` bytes exceed what `device` has."""
     have, where = available_bytes(device)
     if need > have:
-        raise TooLargeError(f"{source}: {what} needs at least {human(need)} ({fields}) but "
-                            f"{where} {human(have)}; lower these sizes")
+        raise TooLargeError(
+            f"{source}: {what} needs at least {human(need)} ({fields}) but "
+            f"{where} {human(have)}; lower these sizes"
+        )
 
 
-def ensure_model_fits(config: ModelConfig, source: str, device: str | torch.device = "cpu",
-                      extra_params: int = 0) -> None:
+def ensure_model_fits(
+    config: ModelConfig, source: str, device: str | torch.device = "cpu", extra_params: int = 0
+) -> None:
     """Refuse a model whose float32 weights cannot fit in RAM (where loading happens) or on
     `device`."""
     need = inference_bytes(config, extra_params)
@@ -125,11 +133,19 @@ def ensure_model_fits(config: ModelConfig, source: str, device: str | torch.devi
         ensure_fits(need, "the model", source, fields, device)
 
 
-def ensure_training_fits(config: ModelConfig, train: TrainConfig, n_ctx: int, source: str,
-                         device: str | torch.device = "cpu", extra_params: int = 0,
-                         world_size: int = 1) -> None:
+def ensure_training_fits(
+    config: ModelConfig,
+    train: TrainConfig,
+    n_ctx: int,
+    source: str,
+    device: str | torch.device = "cpu",
+    extra_params: int = 0,
+    world_size: int = 1,
+) -> None:
     """Refuse a training run whose weights, gradients, Adam moments and activations cannot fit."""
     need = training_bytes(config, train, n_ctx, extra_params, world_size)
-    fields = (f"{parameter_count(config, extra_params):,} parameters from {shape_fields(config)}; "
-              f"micro_batch_size={train.micro_batch_size}, n_ctx={n_ctx}")
+    fields = (
+        f"{parameter_count(config, extra_params):,} parameters from {shape_fields(config)}; "
+        f"micro_batch_size={train.micro_batch_size}, n_ctx={n_ctx}"
+    )
     ensure_fits(need, "training", source, fields, device)

@@ -10,6 +10,7 @@ that knows which class goes with which name:
 - `model_flops(model)`, `arch_extra(model)`: training FLOPs per token, and the config.json keys a
   checkpoint of it needs.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,12 +19,19 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from gpt1.model.checkpoint import (WEIGHTS, check_state_dict, load_checkpoint, load_state_dict,
-                             read_config, resolve_checkpoint_dir, save_model)
 from gpt1.config import ModelConfig
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
+from gpt1.model.checkpoint import (
+    WEIGHTS,
+    check_state_dict,
+    load_checkpoint,
+    load_state_dict,
+    read_config,
+    resolve_checkpoint_dir,
+    save_model,
+)
 from gpt1.model.gpt import GPT
+from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
 
 ARCH_KEY = "arch"
 ARCHS = ("gpt", "lstm")
@@ -41,8 +49,14 @@ class LanguageModel(Protocol):
     config: Any
     wte: nn.Embedding
 
-    def __call__(self, ids: torch.Tensor, position_ids: torch.Tensor | None = None, *,
-                 lengths: torch.Tensor | None = None, with_head_weight: bool = False) -> Any: ...
+    def __call__(
+        self,
+        ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        *,
+        lengths: torch.Tensor | None = None,
+        with_head_weight: bool = False,
+    ) -> Any: ...
     def lm_weight(self) -> torch.Tensor: ...
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
     def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]: ...
@@ -50,8 +64,9 @@ class LanguageModel(Protocol):
     def flops_per_token(self, seq_len: int | None = None) -> float: ...
 
 
-def build_model(model: ModelConfig, arch: str = "gpt", seq_len: int | None = None
-                ) -> tuple[nn.Module, float, dict[str, Any]]:
+def build_model(
+    model: ModelConfig, arch: str = "gpt", seq_len: int | None = None
+) -> tuple[nn.Module, float, dict[str, Any]]:
     """A fresh model for pretraining: GPT(model) or the matched LSTM (`lstm_config_for(model)`).
 
     Returns the model, its training FLOPs per token and the extra config.json keys its
@@ -82,11 +97,12 @@ def save_lstm(model: LSTMLM, out_dir: str | Path, tokenizer_dir: str | Path | No
 
 
 def checkpoint_arch(path: str | Path) -> str:
-    """"gpt" or "lstm": the architecture recorded in a checkpoint's config.json (default "gpt")."""
+    """ "gpt" or "lstm": the architecture recorded in a checkpoint's config.json (default "gpt")."""
     arch = read_config(path).get(ARCH_KEY, "gpt")
     if arch not in ARCHS:
-        raise CheckpointError(f"{path}: unknown \"{ARCH_KEY}\" {arch!r} in config.json "
-                              "(expected \"gpt\" or \"lstm\")")
+        raise CheckpointError(
+            f'{path}: unknown "{ARCH_KEY}" {arch!r} in config.json (expected "gpt" or "lstm")'
+        )
     return arch
 
 
@@ -101,15 +117,18 @@ def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") ->
 def _check_lstm_size(config: LSTMConfig, folder: Path, device: str | torch.device) -> None:
     """Refuse an LSTM config that cannot fit, or that describes more weights than the file holds."""
     from gpt1.model.memory import ensure_fits, human
+
     source = folder / "config.json"
     params = lstm_parameter_count(config)
     for where in {"cpu", str(torch.device(device))}:
         ensure_fits(params * 4, "the model", str(source), f"{params:,} parameters", where)
     weights = folder / WEIGHTS
     if weights.is_file() and weights.stat().st_size < params * 2:
-        raise CheckpointError(f"{source}: the config describes {params:,} parameters but "
-                              f"{WEIGHTS} holds {human(weights.stat().st_size)}; config "
-                              "and weights do not belong together")
+        raise CheckpointError(
+            f"{source}: the config describes {params:,} parameters but "
+            f"{WEIGHTS} holds {human(weights.stat().st_size)}; config "
+            "and weights do not belong together"
+        )
 
 
 def _load_lstm(folder: Path, device: str | torch.device = "cpu") -> LSTMLM:

@@ -7,6 +7,7 @@ sweeps write it to commands.txt, the demo logs it. Both come from the fields of 
 `FinetuneRun`, and `flags()` fills the same tables the command line's flags fill, so pasting the
 command gives the same run.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,15 @@ class FinetuneOptions:
 
     def argv(self) -> list[str]:
         out: list[str] = []
-        for name in ("max_steps", "epochs", "batch_size", "micro_batch", "lr", "n_ctx", "precision"):
+        for name in (
+            "max_steps",
+            "epochs",
+            "batch_size",
+            "micro_batch",
+            "lr",
+            "n_ctx",
+            "precision",
+        ):
             value = getattr(self, name)
             if value is not None:
                 out += ["--" + name.replace("_", "-"), str(value)]
@@ -61,8 +70,8 @@ class FinetuneRun:
     train_split: str | None = None
     eval_split: str | None = None
     train_examples: int | None = None
-    columns: str | None = None     # csv/tsv/jsonl tasks: ROLE=COL,... as `--columns`
-    labels: str | None = None      # csv/tsv/jsonl tasks: L1,L2,... as `--labels`
+    columns: str | None = None  # csv/tsv/jsonl tasks: ROLE=COL,... as `--columns`
+    labels: str | None = None  # csv/tsv/jsonl tasks: L1,L2,... as `--labels`
     resume: str | None = None
 
     def argv(self) -> list[str]:
@@ -72,10 +81,14 @@ class FinetuneRun:
             if value:
                 argv += [flag, value]
         argv += ["--init", str(self.init), "--out", str(self.out), "--seed", str(self.seed)]
-        for flag, value in (("--transfer-layers", self.transfer_layers),
-                            ("--lm-coef", self.lm_coef), ("--train-split", self.train_split),
-                            ("--eval-split", self.eval_split),
-                            ("--train-examples", self.train_examples), ("--resume", self.resume)):
+        for flag, value in (
+            ("--transfer-layers", self.transfer_layers),
+            ("--lm-coef", self.lm_coef),
+            ("--train-split", self.train_split),
+            ("--eval-split", self.eval_split),
+            ("--train-examples", self.train_examples),
+            ("--resume", self.resume),
+        ):
             if value is not None:
                 argv += [flag, str(value)]
         return argv + self.options.argv()
@@ -84,20 +97,34 @@ class FinetuneRun:
         """The config tables `gpt1 finetune` fills from the flags of `argv()` (None = not given)."""
         o = self.options
         return {
-            "finetune": {"task": self.task, "data": str(self.data), "init": str(self.init),
-                         "lm_coef": self.lm_coef, "transfer_layers": self.transfer_layers,
-                         "n_ctx": o.n_ctx, "train_split": self.train_split,
-                         "eval_split": self.eval_split, "train_examples": self.train_examples},
-            "train": {"max_steps": o.max_steps, "epochs": o.epochs,
-                      "micro_batch_size": o.micro_batch,
-                      "batch_size": o.batch_size, "lr": o.lr, "resume": self.resume,
-                      "seed": self.seed, "precision": o.precision,
-                      "quiet": True if o.quiet else None},
+            "finetune": {
+                "task": self.task,
+                "data": str(self.data),
+                "init": str(self.init),
+                "lm_coef": self.lm_coef,
+                "transfer_layers": self.transfer_layers,
+                "n_ctx": o.n_ctx,
+                "train_split": self.train_split,
+                "eval_split": self.eval_split,
+                "train_examples": self.train_examples,
+            },
+            "train": {
+                "max_steps": o.max_steps,
+                "epochs": o.epochs,
+                "micro_batch_size": o.micro_batch,
+                "batch_size": o.batch_size,
+                "lr": o.lr,
+                "resume": self.resume,
+                "seed": self.seed,
+                "precision": o.precision,
+                "quiet": True if o.quiet else None,
+            },
         }
 
     def spec(self) -> dict[str, Any] | None:
         """A csv/tsv/jsonl task's spec, as `--columns` / `--labels` give it."""
         from gpt1.tasks.generic import spec_from_flags
+
         return spec_from_flags(self.columns, self.labels)
 
     def run(self) -> dict[str, Any]:
@@ -105,14 +132,17 @@ class FinetuneRun:
 
         Errors propagate as exceptions; an interrupted run is a `Gpt1Error`."""
         from gpt1.recipes.finetune import finetune, resolve
+
         cfg, train_cfg = resolve(None, self.flags(), self.options.sets)
         # --max-steps has one meaning everywhere: train.max_steps, the run's length in updates.
         result, _ = finetune(cfg, train_cfg, self.out, self.spec())
         if result.interrupted:
-            raise Gpt1Error(f"`{' '.join(self.argv())}` was interrupted "
-                            f"(signal {int(result.interrupted)})")
+            raise Gpt1Error(
+                f"`{' '.join(self.argv())}` was interrupted (signal {int(result.interrupted)})"
+            )
         results_file = Path(self.out) / "results.json"
         if not results_file.is_file():
-            raise DataError("the fine-tuning run wrote no results.json (was --eval-split empty?)",
-                            results_file)
+            raise DataError(
+                "the fine-tuning run wrote no results.json (was --eval-split empty?)", results_file
+            )
         return json.loads(results_file.read_text())

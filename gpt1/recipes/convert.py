@@ -8,6 +8,7 @@ Every conversion goes through a `GPT` model: read the source into one, then writ
   weights are `[in, out]`; the LM head is tied to `transformer.tokens_embed`.
 Pickled weights (`pytorch_model.bin`) are read only with `torch.load(weights_only=True)`.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,21 +16,31 @@ import logging
 import math
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from gpt1.model.checkpoint import (TOKENIZER_FILES, check_finite, check_state_dict, check_weights_size,
-                             copy_tokenizer_files, load_checkpoint, load_state_dict, state_bytes,
-                             tokenizer_dir_of, write_model_files)
 from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.files import atomic_folder, check_output, follow_umask
-from gpt1.model.memory import ensure_model_fits
+from gpt1.model.checkpoint import (
+    TOKENIZER_FILES,
+    check_finite,
+    check_state_dict,
+    check_weights_size,
+    copy_tokenizer_files,
+    load_checkpoint,
+    load_state_dict,
+    state_bytes,
+    tokenizer_dir_of,
+    write_model_files,
+)
 from gpt1.model.gpt import GPT
+from gpt1.model.memory import ensure_model_fits
 
 if TYPE_CHECKING:
     from gpt1.recipes.export_hf import HFExport
@@ -45,20 +56,39 @@ OPENAI_SHAPES_MAX_BYTES = 4_000_000
 OPENAI_VOCAB = ("encoder_bpe_40000.json", "vocab_40000.bpe")
 # Per block, the release stores 12 arrays in this order (reference a.5), named here in our layout.
 # "linear" arrays are conv weights [1, in, out] that become nn.Linear weights [out, in].
-OPENAI_BLOCK = [("attn.c_attn.weight", "linear"), ("attn.c_attn.bias", "vector"),
-                ("attn.c_proj.weight", "linear"), ("attn.c_proj.bias", "vector"),
-                ("ln_1.weight", "vector"), ("ln_1.bias", "vector"),
-                ("mlp.c_fc.weight", "linear"), ("mlp.c_fc.bias", "vector"),
-                ("mlp.c_proj.weight", "linear"), ("mlp.c_proj.bias", "vector"),
-                ("ln_2.weight", "vector"), ("ln_2.bias", "vector")]
-HF_CONFIG_KEYS = ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "embd_pdrop",
-                  "attn_pdrop", "resid_pdrop", "layer_norm_epsilon", "initializer_range")
+OPENAI_BLOCK = [
+    ("attn.c_attn.weight", "linear"),
+    ("attn.c_attn.bias", "vector"),
+    ("attn.c_proj.weight", "linear"),
+    ("attn.c_proj.bias", "vector"),
+    ("ln_1.weight", "vector"),
+    ("ln_1.bias", "vector"),
+    ("mlp.c_fc.weight", "linear"),
+    ("mlp.c_fc.bias", "vector"),
+    ("mlp.c_proj.weight", "linear"),
+    ("mlp.c_proj.bias", "vector"),
+    ("ln_2.weight", "vector"),
+    ("ln_2.bias", "vector"),
+]
+HF_CONFIG_KEYS = (
+    "vocab_size",
+    "n_positions",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "embd_pdrop",
+    "attn_pdrop",
+    "resid_pdrop",
+    "layer_norm_epsilon",
+    "initializer_range",
+)
 HF_LINEARS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
 
 # ------------------------------------------------------------------------------------ openai
-def plan_openai(shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
-                ) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...]]]]:
+def plan_openai(
+    shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
+) -> tuple[ModelConfig, list[tuple[str, tuple[int, ...]]]]:
     """Infer the config from the released shapes and name each array in our layout.
 
     Returns the config and, in file order, (parameter name, stored shape). The head count is not
@@ -67,30 +97,47 @@ def plan_openai(shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
     """
     if not isinstance(shapes, list) or len(shapes) < 2 or (len(shapes) - 2) % 12:
         n = len(shapes) if isinstance(shapes, list) else type(shapes).__name__
-        raise CheckpointError(f"{source}: expected a list of 2 + 12*n_layer shapes (146 for GPT-1), "
-                              f"got {n}")
+        raise CheckpointError(
+            f"{source}: expected a list of 2 + 12*n_layer shapes (146 for GPT-1), got {n}"
+        )
     if (len(shapes) - 2) // 12 > MODEL_LIMITS["n_layer"]:
-        raise CheckpointError(f"{source}: {len(shapes):,} arrays describe {(len(shapes) - 2) // 12:,} "
-                              f"layers; model.n_layer must be in 1..{MODEL_LIMITS['n_layer']:,}")
+        raise CheckpointError(
+            f"{source}: {len(shapes):,} arrays describe {(len(shapes) - 2) // 12:,} "
+            f"layers; model.n_layer must be in 1..{MODEL_LIMITS['n_layer']:,}"
+        )
     shapes = _shape_tuples(shapes, source)
     if len(shapes[0]) != 2 or len(shapes[1]) != 2 or shapes[0][1] != shapes[1][1]:
-        raise CheckpointError(f"{source}: arrays 0 and 1 must be positions [n_ctx, C] and tokens "
-                              f"[vocab, C], got {list(shapes[0])} and {list(shapes[1])}")
+        raise CheckpointError(
+            f"{source}: arrays 0 and 1 must be positions [n_ctx, C] and tokens "
+            f"[vocab, C], got {list(shapes[0])} and {list(shapes[1])}"
+        )
     (n_pos, C), (vocab, _) = shapes[0], shapes[1]
     n_layer = (len(shapes) - 2) // 12
     n_inner = shapes[2 + 6][2] if len(shapes[2 + 6]) == 3 else -1
     try:
-        config = ModelConfig(vocab_size=vocab, n_positions=n_pos, n_embd=C, n_layer=n_layer,
-                             n_head=n_head, n_inner=n_inner)
+        config = ModelConfig(
+            vocab_size=vocab,
+            n_positions=n_pos,
+            n_embd=C,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_inner=n_inner,
+        )
     except ConfigError as exc:
         raise CheckpointError(f"{source}: {exc}") from None
     # Expected shapes from arithmetic, not from a (meta) model: nothing is built from the file's
     # sizes until they have been checked against each other and against the shards.
     F_ = config.n_inner
-    block = {"attn.c_attn.weight": (3 * C, C), "attn.c_attn.bias": (3 * C,),
-             "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
-             "mlp.c_fc.weight": (F_, C), "mlp.c_fc.bias": (F_,),
-             "mlp.c_proj.weight": (C, F_), "mlp.c_proj.bias": (C,)}
+    block = {
+        "attn.c_attn.weight": (3 * C, C),
+        "attn.c_attn.bias": (3 * C,),
+        "attn.c_proj.weight": (C, C),
+        "attn.c_proj.bias": (C,),
+        "mlp.c_fc.weight": (F_, C),
+        "mlp.c_fc.bias": (F_,),
+        "mlp.c_proj.weight": (C, F_),
+        "mlp.c_proj.bias": (C,),
+    }
     plan = [("wpe.weight", shapes[0]), ("wte.weight", shapes[1])]
     for i in range(n_layer):
         for j, (name, kind) in enumerate(OPENAI_BLOCK):
@@ -100,8 +147,10 @@ def plan_openai(shapes: list, n_head: int = 12, source: str = OPENAI_SHAPES
             if kind == "linear":
                 want = (1, want[1], want[0])  # stored [1, in, out], ours [out, in]
             if shapes[idx] != want:
-                raise CheckpointError(f"{source}: array {idx} ({full}) has shape {list(shapes[idx])}, "
-                                      f"expected {list(want)} for n_embd={C}, n_inner={n_inner}")
+                raise CheckpointError(
+                    f"{source}: array {idx} ({full}) has shape {list(shapes[idx])}, "
+                    f"expected {list(want)} for n_embd={C}, n_inner={n_inner}"
+                )
             plan.append((full, shapes[idx]))
     return config, plan
 
@@ -110,10 +159,15 @@ def _shape_tuples(shapes: list, source: str) -> list[tuple[int, ...]]:
     """Each entry a list of 1 to 3 positive integers (JSON `true` or `2.0` are not sizes)."""
     out = []
     for i, shape in enumerate(shapes):
-        if (not isinstance(shape, list) or not 1 <= len(shape) <= 3
-                or not all(type(d) is int and 0 < d <= 2**31 for d in shape)):
-            raise CheckpointError(f"{source}: array {i} has shape {str(shape)[:60]}; every entry "
-                                  "must be a list of 1 to 3 positive integers")
+        if (
+            not isinstance(shape, list)
+            or not 1 <= len(shape) <= 3
+            or not all(type(d) is int and 0 < d <= 2**31 for d in shape)
+        ):
+            raise CheckpointError(
+                f"{source}: array {i} has shape {str(shape)[:60]}; every entry "
+                "must be a list of 1 to 3 positive integers"
+            )
         out.append(tuple(shape))
     return out
 
@@ -121,13 +175,17 @@ def _shape_tuples(shapes: list, source: str) -> list[tuple[int, ...]]:
 def _read_shapes(folder: Path) -> list:
     file = folder / OPENAI_SHAPES
     if not file.is_file():
-        raise CheckpointError(f"{file}: missing (the original release has {OPENAI_SHAPES} beside "
-                              "params_0.npy .. params_9.npy)")
+        raise CheckpointError(
+            f"{file}: missing (the original release has {OPENAI_SHAPES} beside "
+            "params_0.npy .. params_9.npy)"
+        )
     size = file.stat().st_size
     if size > OPENAI_SHAPES_MAX_BYTES:  # refuse before parsing millions of entries
-        raise CheckpointError(f"{file}: {size:,} bytes of shapes; a model within "
-                              f"model.n_layer <= {MODEL_LIMITS['n_layer']:,} needs under "
-                              f"{OPENAI_SHAPES_MAX_BYTES:,} (the release's file is 3 kB)")
+        raise CheckpointError(
+            f"{file}: {size:,} bytes of shapes; a model within "
+            f"model.n_layer <= {MODEL_LIMITS['n_layer']:,} needs under "
+            f"{OPENAI_SHAPES_MAX_BYTES:,} (the release's file is 3 kB)"
+        )
     return read_json_file(file, CheckpointError)
 
 
@@ -137,15 +195,18 @@ def _open_shards(folder: Path) -> list[np.ndarray]:
     for i in range(OPENAI_SHARDS):
         file = folder / f"params_{i}.npy"
         if not file.is_file():
-            raise CheckpointError(f"{file}: missing shard (expected params_0.npy .. "
-                                  f"params_{OPENAI_SHARDS - 1}.npy)")
+            raise CheckpointError(
+                f"{file}: missing shard (expected params_0.npy .. params_{OPENAI_SHARDS - 1}.npy)"
+            )
         try:
             arr = np.load(file, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise CheckpointError(f"{file}: unreadable or truncated .npy shard ({exc})") from None
         if arr.dtype != np.float32 or arr.ndim != 1:
-            raise CheckpointError(f"{file}: expected a flat float32 array, got {arr.dtype} "
-                                  f"with shape {list(arr.shape)}")
+            raise CheckpointError(
+                f"{file}: expected a flat float32 array, got {arr.dtype} "
+                f"with shape {list(arr.shape)}"
+            )
         arrays.append(arr)
     return arrays
 
@@ -159,7 +220,7 @@ def _pieces(shards: list[np.ndarray], sizes: list[int]) -> Iterator[np.ndarray]:
         filled = 0
         while filled < size:
             take = min(size - filled, len(shards[s]) - offset)
-            out[filled:filled + take] = shards[s][offset:offset + take]
+            out[filled : filled + take] = shards[s][offset : offset + take]
             filled, offset = filled + take, offset + take
             if offset == len(shards[s]):
                 s, offset = s + 1, 0
@@ -178,14 +239,17 @@ def load_openai(folder: str | Path, n_head: int = 12) -> GPT:
     sizes = [math.prod(shape) for _, shape in plan]
     have = sum(len(a) for a in shards)
     if have != sum(sizes):
-        raise CheckpointError(f"{folder}: the shards hold {have:,} floats but {OPENAI_SHAPES} needs "
-                              f"{sum(sizes):,} (a shard is truncated or from another release)")
+        raise CheckpointError(
+            f"{folder}: the shards hold {have:,} floats but {OPENAI_SHAPES} needs "
+            f"{sum(sizes):,} (a shard is truncated or from another release)"
+        )
     ensure_model_fits(config, source)
     state = {}
     for (name, shape), flat in zip(plan, _pieces(shards, sizes)):
         if not np.isfinite(flat).all():
-            raise CheckpointError(f"{folder}: array {name!r} holds NaN or infinite values; the "
-                                  "release is damaged")
+            raise CheckpointError(
+                f"{folder}: array {name!r} holds NaN or infinite values; the release is damaged"
+            )
         t = torch.from_numpy(flat).view(shape)
         if len(shape) == 3:
             t = t[0].t().contiguous()  # [1, in, out] -> [out, in] for nn.Linear
@@ -220,12 +284,15 @@ def hf_to_gpt1_state(state: dict[str, torch.Tensor], source: str = "hf") -> dict
         else:
             unexpected.append(key)
     if unexpected:
-        raise CheckpointError(f"{source}: not an OpenAIGPT state dict; unexpected tensors "
-                              f"{unexpected[:5]}")
+        raise CheckpointError(
+            f"{source}: not an OpenAIGPT state dict; unexpected tensors {unexpected[:5]}"
+        )
     head = state.get("lm_head.weight")
     if head is not None and "wte.weight" in out and not torch.equal(head, out["wte.weight"]):
-        raise CheckpointError(f"{source}: lm_head.weight differs from tokens_embed.weight; GPT-1 "
-                              "ties its output layer to the token embedding")
+        raise CheckpointError(
+            f"{source}: lm_head.weight differs from tokens_embed.weight; GPT-1 "
+            "ties its output layer to the token embedding"
+        )
     return out
 
 
@@ -247,12 +314,16 @@ def gpt1_to_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def hf_config_to_model(data: dict, source: str) -> ModelConfig:
     """Our ModelConfig from transformers' OpenAIGPTConfig JSON (other HF keys are HF's own)."""
     if data.get("model_type") not in (None, "openai-gpt"):
-        raise CheckpointError(f"{source}: model_type {data.get('model_type')!r} is not 'openai-gpt'")
+        raise CheckpointError(
+            f"{source}: model_type {data.get('model_type')!r} is not 'openai-gpt'"
+        )
     afn = data.get("afn", "gelu")
     if afn not in ("gelu", "relu"):  # HF's "gelu" for this model is the tanh approximation
         raise CheckpointError(f"{source}: afn {afn!r} is not supported (GPT-1 uses 'gelu')")
     values = {k: data[k] for k in HF_CONFIG_KEYS if k in data}
-    missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in data]
+    missing = [
+        k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in data
+    ]
     if missing:
         raise CheckpointError(f"{source}: missing key(s) {', '.join(missing)}")
     try:
@@ -284,20 +355,24 @@ def hf_weight_files(folder: Path) -> list[Path]:
         data = read_json_file(index, CheckpointError)
         weight_map = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{index}: weight_map must be a non-empty table "
-                                  "(tensor name -> file)")
+            raise CheckpointError(
+                f"{index}: weight_map must be a non-empty table (tensor name -> file)"
+            )
         names = []
         for value in weight_map.values():
             if type(value) is not str:
-                raise CheckpointError(f"{index}: weight_map values must be file names, "
-                                      f"got {value!r}")
+                raise CheckpointError(
+                    f"{index}: weight_map values must be file names, got {value!r}"
+                )
             names.append(value)
         return [inside_folder(folder, name, index) for name in sorted(set(names))]
     binary = folder / "pytorch_model.bin"
     if binary.is_file():
         return [binary]
-    raise CheckpointError(f"{folder}: no weights (expected model.safetensors, "
-                          "model.safetensors.index.json or pytorch_model.bin)")
+    raise CheckpointError(
+        f"{folder}: no weights (expected model.safetensors, "
+        "model.safetensors.index.json or pytorch_model.bin)"
+    )
 
 
 def read_hf_weights(folder: Path, files: list[Path] | None = None) -> dict[str, torch.Tensor]:
@@ -314,8 +389,9 @@ def read_hf_weights(folder: Path, files: list[Path] | None = None) -> dict[str, 
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad file, not a bug
         raise CheckpointError(f"{binary}: not a loadable torch state dict ({exc})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise CheckpointError(f"{binary}: expected a state dict of tensors, got "
-                              f"{type(state).__name__}")
+        raise CheckpointError(
+            f"{binary}: expected a state dict of tensors, got {type(state).__name__}"
+        )
     check_finite(state, binary)
     return state
 
@@ -346,25 +422,39 @@ def load_hf(folder: str | Path) -> GPT:
 def hf_config_of(config: ModelConfig) -> dict:
     """transformers' OpenAIGPTConfig JSON for `config` (what `save_pretrained` would write)."""
     if config.n_inner != 4 * config.n_embd:
-        raise ConfigError(f"transformers' OpenAIGPT fixes the MLP width at 4*n_embd="
-                          f"{4 * config.n_embd}; this model has n_inner={config.n_inner}")
-    out = {"architectures": ["OpenAIGPTLMHeadModel"], "model_type": "openai-gpt",
-           "afn": config.afn, "torch_dtype": "float32", "tie_word_embeddings": True}
+        raise ConfigError(
+            f"transformers' OpenAIGPT fixes the MLP width at 4*n_embd="
+            f"{4 * config.n_embd}; this model has n_inner={config.n_inner}"
+        )
+    out = {
+        "architectures": ["OpenAIGPTLMHeadModel"],
+        "model_type": "openai-gpt",
+        "afn": config.afn,
+        "torch_dtype": "float32",
+        "tie_word_embeddings": True,
+    }
     out.update({k: getattr(config, k) for k in HF_CONFIG_KEYS})
     return out
 
 
-def save_hf(model: GPT, out_dir: str | Path, tokenizer_dir: Path | None = None,
-            export: "HFExport | None" = None) -> Path:
+def save_hf(
+    model: GPT,
+    out_dir: str | Path,
+    tokenizer_dir: Path | None = None,
+    export: HFExport | None = None,
+) -> Path:
     """Write `model` as a folder `OpenAIGPTLMHeadModel.from_pretrained` loads; `export`
     (gpt1.recipes.export_hf) adds the tokenizer, the trained window, the task head and the card."""
     from gpt1.recipes.export_hf import HFExport
+
     out_dir = Path(out_dir)
     export = export or HFExport()
     config = hf_config_of(model.config)
     if model.config.embd_dropout != "sum":
-        log.warning("transformers drops the summed embedding; embd_dropout=%r is not carried over",
-                    model.config.embd_dropout)
+        log.warning(
+            "transformers drops the summed embedding; embd_dropout=%r is not carried over",
+            model.config.embd_dropout,
+        )
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     hf_state, config = export.adjust(gpt1_to_hf_state(state), config)
     with atomic_folder(out_dir, needed=state_bytes(hf_state)) as tmp:
@@ -383,15 +473,18 @@ def fetch_hub(name: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
-        raise Gpt1Error(f"{name}: not a local folder, and huggingface_hub is not installed to fetch "
-                        "it (pip install 'gpt1[hf]')") from None
+        raise Gpt1Error(
+            f"{name}: not a local folder, and huggingface_hub is not installed to fetch "
+            "it (pip install 'gpt1[hf]')"
+        ) from None
     patterns = ["config.json", "*.safetensors", "model.safetensors.index.json", *TOKENIZER_FILES]
     try:
         path = snapshot_download(name, allow_patterns=patterns)
     except Exception as exc:  # noqa: BLE001 - network/hub failures are reported, not traced
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise Gpt1Error(f"{name}: not a local folder and could not be fetched from the hub "
-                        f"(offline?): {first}") from None
+        raise Gpt1Error(
+            f"{name}: not a local folder and could not be fetched from the hub (offline?): {first}"
+        ) from None
     if not any(Path(path).glob("*.safetensors")):
         # Some hub repos only carry pytorch_model.bin; fetch it (read with weights_only=True).
         try:
@@ -426,9 +519,16 @@ def read_any(src: str | Path, fmt: str, n_head: int = 12) -> tuple[GPT, Path | N
     return load_checkpoint(path), tokenizer_dir_of(path)
 
 
-def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str = "gpt1",
-            n_head: int = 12, overwrite: bool = False, notes: list[str] | None = None,
-            keep_positions: bool = False) -> Path:
+def convert(
+    src: str | Path,
+    dst: str | Path,
+    src_format: str,
+    dst_format: str = "gpt1",
+    n_head: int = 12,
+    overwrite: bool = False,
+    notes: list[str] | None = None,
+    keep_positions: bool = False,
+) -> Path:
     """Convert a model folder between formats; returns the written folder (or .onnx file).
 
     An existing `dst` is replaced only with `overwrite`, and never when it holds `src` or the
@@ -441,18 +541,26 @@ def convert(src: str | Path, dst: str | Path, src_format: str, dst_format: str =
         raise ConfigError(f"{dst}: destination is the source folder")
     check_output(dst, overwrite, (src,))
     model, vocab = read_any(src, src_format, n_head)
-    out = Path(os.path.abspath(dst))   # `.`-style names have no name to build a temporary sibling from
+    out = Path(
+        os.path.abspath(dst)
+    )  # `.`-style names have no name to build a temporary sibling from
     if dst_format == "onnx":
         from gpt1.recipes.export_onnx import export_onnx
+
         return export_onnx(src, src_format, model, out, notes)
     if dst_format == "hf":
         from gpt1.recipes.export_hf import plan
+
         export = plan(src, src_format, model.config.n_positions, vocab, keep_positions)
         if notes is not None:
             notes.extend(export.notes)
         save_hf(model, out, vocab, export)
         return Path(dst)
     with atomic_folder(out, needed=state_bytes(model.state_dict())) as tmp:
-        write_model_files(tmp, model, vocab, extra={"converted_from": {"format": src_format,
-                                                                       "path": os.fspath(src)}})
+        write_model_files(
+            tmp,
+            model,
+            vocab,
+            extra={"converted_from": {"format": src_format, "path": os.fspath(src)}},
+        )
     return Path(dst)

@@ -8,16 +8,17 @@ preparation -> pretraining -> fine-tuning with pretraining, without pretraining 
 auxiliary LM -> a zero-shot check -> a Markdown report with the loss curves. With
 `--corpus/--task/--data` the same pipeline runs on a user's own data.
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import logging
-import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpt1.errors import Gpt1Error
 from gpt1.files import LOCK_FILE, OutputExists, RunLock, write_json, write_text
@@ -43,28 +44,42 @@ class DemoSettings:
     finetune_epochs: float = 5.0
     finetune_batch: int = 16
     finetune_lr: float = 5e-4
-    corpus: list[str] = field(default_factory=list)     # user data instead of the synthetic world
+    corpus: list[str] = field(default_factory=list)  # user data instead of the synthetic world
     task: str | None = None
     data: str | None = None
-    columns: str | None = None    # csv/tsv/jsonl tasks: as `gpt1 finetune --columns`
-    labels: str | None = None     # csv/tsv/jsonl tasks: as `gpt1 finetune --labels`
+    columns: str | None = None  # csv/tsv/jsonl tasks: as `gpt1 finetune --columns`
+    labels: str | None = None  # csv/tsv/jsonl tasks: as `gpt1 finetune --labels`
     quiet: bool = False
-    overwrite: bool = False   # write into a --out that holds things the demo did not make
+    overwrite: bool = False  # write into a --out that holds things the demo did not make
 
 
 # What the demo writes into --out (a rerun reuses finished steps; anything else is the user's).
-DEMO_NAMES = {"data", "tokenizer", "prepared", "pretrain", "finetune-0", "finetune-1", "finetune-2",
-              "report.md", "demo.json", LOCK_FILE}
+DEMO_NAMES = {
+    "data",
+    "tokenizer",
+    "prepared",
+    "pretrain",
+    "finetune-0",
+    "finetune-1",
+    "finetune-2",
+    "report.md",
+    "demo.json",
+    LOCK_FILE,
+}
 
 
 def check_demo_folder(out: Path, overwrite: bool) -> None:
     """Refuse a --out holding anything the demo does not write, unless `overwrite`."""
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in DEMO_NAMES) if out.is_dir() else []
+    foreign = (
+        sorted(p.name for p in out.iterdir() if p.name not in DEMO_NAMES) if out.is_dir() else []
+    )
     if out.exists() and not out.is_dir():
         raise OutputExists(f"{out}: exists and is not a folder; choose another --out")
     if foreign and not overwrite:
-        raise OutputExists(f"{out}: holds files the demo did not write ({', '.join(foreign[:4])}); "
-                           "choose another --out, or pass --overwrite to write the demo beside them")
+        raise OutputExists(
+            f"{out}: holds files the demo did not write ({', '.join(foreign[:4])}); "
+            "choose another --out, or pass --overwrite to write the demo beside them"
+        )
 
 
 def check_user_inputs(s: DemoSettings) -> None:
@@ -73,6 +88,7 @@ def check_user_inputs(s: DemoSettings) -> None:
     from gpt1.recipes.finetune import resolve_task
     from gpt1.tasks.generic import spec_from_flags
     from gpt1.text.prepare import find_files
+
     if not (s.task and s.data):
         raise Gpt1Error("with --corpus, also give --task and --data (a labelled task to fine-tune)")
     find_files(s.corpus)
@@ -85,6 +101,7 @@ def check_user_inputs(s: DemoSettings) -> None:
 def write_world(out: Path, seed: int) -> tuple[Path, Path, Any]:
     """Write the synthetic corpus (one .txt per document) and task (train/dev .csv)."""
     from gpt1.recipes.demo_world import build_world
+
     world = build_world(seed=seed)
     corpus_dir, task_dir = out / "data" / "corpus", out / "data" / "task"
     corpus_dir.mkdir(parents=True, exist_ok=True)
@@ -105,6 +122,7 @@ def zero_shot_check(checkpoint: Path, world: Any) -> dict[str, Any]:
     from gpt1.model.checkpoint import load_checkpoint, tokenizer_dir_of
     from gpt1.text.tokenizer import Tokenizer
     from gpt1.zeroshot.scorer import Scorer
+
     model = load_checkpoint(checkpoint).eval()
     tok = Tokenizer.from_dir(tokenizer_dir_of(checkpoint))
     names = sorted({w for s, _ in world.dev for w in s.split() if w in world.creatures})
@@ -130,11 +148,12 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
     """Run the pipeline and write `report.md`; returns the results table as a dict."""
     s, out, t0 = settings, settings.out, time.time()
     if not s.corpus and (s.task or s.data or s.columns or s.labels):
-        raise Gpt1Error("--task, --data, --columns and --labels describe your own data: give "
-                        "them with --corpus")
+        raise Gpt1Error(
+            "--task, --data, --columns and --labels describe your own data: give them with --corpus"
+        )
     if s.pretrain_steps < 1:
         raise Gpt1Error(f"--pretrain-steps must be >= 1, got {s.pretrain_steps}")
-    if s.corpus:   # checked before anything is written or run
+    if s.corpus:  # checked before anything is written or run
         check_user_inputs(s)
     check_demo_folder(out, s.overwrite)
     with RunLock(out):
@@ -150,12 +169,16 @@ def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
     else:
         corpus_dir, task_dir, world = write_world(out, s.seed)
         corpus = [str(corpus_dir)]
-        task = {"task": "csv", "data": str(task_dir), "columns": "text=sentence,label=label",
-                "labels": "0,1"}
+        task = {
+            "task": "csv",
+            "data": str(task_dir),
+            "columns": "text=sentence,label=label",
+            "labels": "0,1",
+        }
     q = s.quiet
     tok_dir, data_dir, pre_dir = out / "tokenizer", out / "prepared", out / "pretrain"
     timings: dict[str, float] = {}
-    reused: list[str] = []   # steps done by an earlier run: their times are that run's
+    reused: list[str] = []  # steps done by an earlier run: their times are that run's
     earlier = _earlier_timings(out)
 
     def step(name: str, argv: list[str], call: Callable[[], Any], done: Path | None = None) -> None:
@@ -175,36 +198,109 @@ def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
 
     from gpt1.recipes.pretrain import pretrain, resolve_config
     from gpt1.text.prepare import PrepareOptions, prepare, train_tokenizer
-    step("tokenizer", ["gpt1", "tokenizer", "train", "--corpus", *corpus, "--merges",
-                       str(s.merges), "--out", str(tok_dir)],
-         lambda: train_tokenizer(corpus, s.merges, tok_dir), tok_dir / "merges.txt")
-    step("prepare", ["gpt1", "prepare", "--corpus", *corpus, "--vocab", str(tok_dir), "--out",
-                     str(data_dir), "--val-fraction", "0.05", "--seed", str(s.seed)],
-         lambda: prepare(corpus, tok_dir, data_dir,
-                         PrepareOptions(val_fraction=0.05, seed=s.seed, quiet=q)),
-         data_dir / "meta.json")
-    model_sets = [f"model.n_layer={s.n_layer}", f"model.n_embd={s.n_embd}",
-                  f"model.n_head={s.n_head}", f"model.n_positions={s.n_ctx}",
-                  f"data.n_ctx={s.n_ctx}", "train.warmup=50", "train.save_every=200",
-                  "train.eval_every=100", "train.log_every=50"]
-    pretrain_flags = {"data": {"path": str(data_dir)},
-                      "train": {"max_steps": s.pretrain_steps, "batch_size": s.pretrain_batch,
-                                "micro_batch_size": s.pretrain_batch, "lr": s.pretrain_lr,
-                                "seed": s.seed, "resume": "auto", "quiet": True if q else None}}
+
+    step(
+        "tokenizer",
+        [
+            "gpt1",
+            "tokenizer",
+            "train",
+            "--corpus",
+            *corpus,
+            "--merges",
+            str(s.merges),
+            "--out",
+            str(tok_dir),
+        ],
+        lambda: train_tokenizer(corpus, s.merges, tok_dir),
+        tok_dir / "merges.txt",
+    )
+    step(
+        "prepare",
+        [
+            "gpt1",
+            "prepare",
+            "--corpus",
+            *corpus,
+            "--vocab",
+            str(tok_dir),
+            "--out",
+            str(data_dir),
+            "--val-fraction",
+            "0.05",
+            "--seed",
+            str(s.seed),
+        ],
+        lambda: prepare(
+            corpus, tok_dir, data_dir, PrepareOptions(val_fraction=0.05, seed=s.seed, quiet=q)
+        ),
+        data_dir / "meta.json",
+    )
+    model_sets = [
+        f"model.n_layer={s.n_layer}",
+        f"model.n_embd={s.n_embd}",
+        f"model.n_head={s.n_head}",
+        f"model.n_positions={s.n_ctx}",
+        f"data.n_ctx={s.n_ctx}",
+        "train.warmup=50",
+        "train.save_every=200",
+        "train.eval_every=100",
+        "train.log_every=50",
+    ]
+    pretrain_flags = {
+        "data": {"path": str(data_dir)},
+        "train": {
+            "max_steps": s.pretrain_steps,
+            "batch_size": s.pretrain_batch,
+            "micro_batch_size": s.pretrain_batch,
+            "lr": s.pretrain_lr,
+            "seed": s.seed,
+            "resume": "auto",
+            "quiet": True if q else None,
+        },
+    }
 
     def run_pretrain() -> None:
         result = pretrain(resolve_config("tiny", None, pretrain_flags, model_sets), pre_dir)
         if result.interrupted:
             raise Gpt1Error(f"pretraining was interrupted (signal {int(result.interrupted)})")
-    step("pretrain", ["gpt1", "pretrain", "--preset", "tiny", "--data", str(data_dir), "--out",
-                      str(pre_dir), "--max-steps", str(s.pretrain_steps), "--batch-size",
-                      str(s.pretrain_batch), "--micro-batch", str(s.pretrain_batch), "--lr",
-                      str(s.pretrain_lr), "--seed", str(s.seed), "--resume", "auto",
-                      *[a for kv in model_sets for a in ("--set", kv)]],
-         run_pretrain, pre_dir / "final")
-    options = FinetuneOptions(epochs=s.finetune_epochs, batch_size=s.finetune_batch,
-                              micro_batch=s.finetune_batch, lr=s.finetune_lr, n_ctx=s.n_ctx,
-                              quiet=q)
+
+    step(
+        "pretrain",
+        [
+            "gpt1",
+            "pretrain",
+            "--preset",
+            "tiny",
+            "--data",
+            str(data_dir),
+            "--out",
+            str(pre_dir),
+            "--max-steps",
+            str(s.pretrain_steps),
+            "--batch-size",
+            str(s.pretrain_batch),
+            "--micro-batch",
+            str(s.pretrain_batch),
+            "--lr",
+            str(s.pretrain_lr),
+            "--seed",
+            str(s.seed),
+            "--resume",
+            "auto",
+            *[a for kv in model_sets for a in ("--set", kv)],
+        ],
+        run_pretrain,
+        pre_dir / "final",
+    )
+    options = FinetuneOptions(
+        epochs=s.finetune_epochs,
+        batch_size=s.finetune_batch,
+        micro_batch=s.finetune_batch,
+        lr=s.finetune_lr,
+        n_ctx=s.n_ctx,
+        quiet=q,
+    )
     arms: dict[str, dict[str, Any]] = {
         "pretrained + aux LM (GPT-1)": {},
         "pretrained, no aux LM": {"lm_coef": 0.0},
@@ -214,24 +310,33 @@ def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for i, (name, extra) in enumerate(arms.items()):
         run = out / f"finetune-{i}"
-        sub = FinetuneRun(init=pre_dir, out=run, options=options, seed=s.seed, resume="auto",
-                          **task, **extra)
+        sub = FinetuneRun(
+            init=pre_dir, out=run, options=options, seed=s.seed, resume="auto", **task, **extra
+        )
         step(f"finetune {i}", sub.argv(), sub.run, run / "results.json")
         table[name] = read_results(run)
     zero = zero_shot_check(pre_dir / "final", world) if world is not None else None
     if world is not None:
         # What a model that ignores the sentence can reach: always the dev set's commoner label.
         positives = sum(label for _, label in world.dev) / len(world.dev)
-        table["majority class (no model)"] = {"accuracy": max(positives, 1 - positives),
-                                              "n": len(world.dev)}
+        table["majority class (no model)"] = {
+            "accuracy": max(positives, 1 - positives),
+            "n": len(world.dev),
+        }
     plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(arms))])
     # A re-run that skips finished steps reports the time the whole pipeline took: the steps
     # this run did, the earlier run's time for the steps it reused, and this run's overhead.
     seconds = round(time.time() - t0 + sum(timings[n] for n in reused), 1)
     report = _report(table, zero, timings, seconds, plots, out, reused)
     write_text(out / "report.md", report)
-    summary = {"results": table, "zero_shot": zero, "seconds": seconds, "timings": timings,
-               "reused_steps": reused, "report": str(out / "report.md")}
+    summary = {
+        "results": table,
+        "zero_shot": zero,
+        "seconds": seconds,
+        "timings": timings,
+        "reused_steps": reused,
+        "report": str(out / "report.md"),
+    }
     write_json(out / "demo.json", summary)
     return summary
 
@@ -242,12 +347,16 @@ def _earlier_timings(out: Path) -> dict[str, float]:
         timings = json.loads((out / "demo.json").read_text())["timings"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-    return {k: float(v) for k, v in timings.items() if isinstance(v, (int, float))} \
-        if isinstance(timings, dict) else {}
+    return (
+        {k: float(v) for k, v in timings.items() if isinstance(v, (int, float))}
+        if isinstance(timings, dict)
+        else {}
+    )
 
 
 def _plots(pre_dir: Path, runs: list[Path]) -> list[Path]:
     from gpt1.train.telemetry import plot_run
+
     made: list[Path] = []
     for run in [pre_dir, *runs]:
         try:
@@ -266,24 +375,46 @@ def _metric(results: dict[str, Any]) -> tuple[str, float]:
     return key, float(results[key])
 
 
-def _report(table: dict[str, Any], zero: dict[str, Any] | None, timings: dict[str, float],
-            seconds: float, plots: list[Path], out: Path, reused: list[str] = ()) -> str:
-    lines = ["# gpt1 demo", "",
-             "Pretraining on unlabelled text, then fine-tuning on a small labelled task whose dev",
-             "examples mention only creatures the labelled training set never shows: what they are",
-             "is stated only in the unlabelled text.", "",
-             "| setting | dev metric | n |", "|---|---|---|"]
+def _report(
+    table: dict[str, Any],
+    zero: dict[str, Any] | None,
+    timings: dict[str, float],
+    seconds: float,
+    plots: list[Path],
+    out: Path,
+    reused: list[str] = (),
+) -> str:
+    lines = [
+        "# gpt1 demo",
+        "",
+        "Pretraining on unlabelled text, then fine-tuning on a small labelled task whose dev",
+        "examples mention only creatures the labelled training set never shows: what they are",
+        "is stated only in the unlabelled text.",
+        "",
+        "| setting | dev metric | n |",
+        "|---|---|---|",
+    ]
     for name, res in table.items():
         key, value = _metric(res)
         lines.append(f"| {name} | {key} {value:.3f} | {res.get('n', '?')} |")
     if zero is not None:
-        lines += ["", f"Zero-shot (pretrained LM only, no labels): {zero['accuracy']:.3f} accuracy "
-                  f"on the nature of {zero['n']} held-out creatures (chance 0.5)."]
-    lines += ["", f"Total time: {seconds:.0f} s (" +
-              ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ")"]
+        lines += [
+            "",
+            f"Zero-shot (pretrained LM only, no labels): {zero['accuracy']:.3f} accuracy "
+            f"on the nature of {zero['n']} held-out creatures (chance 0.5).",
+        ]
+    lines += [
+        "",
+        f"Total time: {seconds:.0f} s ("
+        + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+        + ")",
+    ]
     if reused:
-        lines += ["", f"Re-run: {', '.join(reused)} were done by an earlier run; their times are "
-                  "the ones that run measured."]
+        lines += [
+            "",
+            f"Re-run: {', '.join(reused)} were done by an earlier run; their times are "
+            "the ones that run measured.",
+        ]
     lines += ["", "## Curves", ""]
     lines += [f"![{p.stem}]({p.relative_to(out)})" for p in plots if p.is_relative_to(out)]
     return "\n".join(lines) + "\n"
@@ -296,6 +427,8 @@ def format_table(summary: dict[str, Any]) -> str:
         rows.append(f"{name:32s} {key:>10s} {value:7.3f} {res.get('n', 0):5d}")
     if summary.get("zero_shot"):
         z = summary["zero_shot"]
-        rows.append(f"{'zero-shot (LM only)':32s} {'accuracy':>10s} {z['accuracy']:7.3f} {z['n']:5d}")
+        rows.append(
+            f"{'zero-shot (LM only)':32s} {'accuracy':>10s} {z['accuracy']:7.3f} {z['n']:5d}"
+        )
     rows.append(f"total time {summary['seconds']:.0f} s; report: {summary['report']}")
     return "\n".join(rows)

@@ -9,14 +9,50 @@ labelled training examples cover only half of the creatures; the dev examples me
 half. A model trained from scratch therefore sees no signal for dev creatures and sits at chance, while
 a pretrained model can carry what the corpus said about each name: GPT-1's whole idea, small.
 """
+
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
 
-SYLLABLES = ["ka", "zo", "mi", "ru", "tel", "vor", "qua", "ni", "bex", "lo", "pra", "shu", "dri",
-             "fen", "gol", "hux", "jas", "kry", "lum", "mox", "nev", "oth", "pim", "rax", "sil",
-             "tov", "ulu", "vex", "wim", "yor", "zed", "bri", "cal", "dov", "eth", "fiz"]
+SYLLABLES = [
+    "ka",
+    "zo",
+    "mi",
+    "ru",
+    "tel",
+    "vor",
+    "qua",
+    "ni",
+    "bex",
+    "lo",
+    "pra",
+    "shu",
+    "dri",
+    "fen",
+    "gol",
+    "hux",
+    "jas",
+    "kry",
+    "lum",
+    "mox",
+    "nev",
+    "oth",
+    "pim",
+    "rax",
+    "sil",
+    "tov",
+    "ulu",
+    "vex",
+    "wim",
+    "yor",
+    "zed",
+    "bri",
+    "cal",
+    "dov",
+    "eth",
+    "fiz",
+]
 
 FACT_TEMPLATES = {
     "friendly": [
@@ -62,10 +98,10 @@ TASK_TEMPLATES = [
 
 @dataclass
 class DemoWorld:
-    corpus: list[str]                       # documents of unlabelled text
-    train: list[tuple[str, int]]            # (sentence, label) for creatures of the training half
-    dev: list[tuple[str, int]]              # (sentence, label) for the held-out creatures
-    creatures: dict[str, str]               # name -> "friendly" | "dangerous"
+    corpus: list[str]  # documents of unlabelled text
+    train: list[tuple[str, int]]  # (sentence, label) for creatures of the training half
+    dev: list[tuple[str, int]]  # (sentence, label) for the held-out creatures
+    creatures: dict[str, str]  # name -> "friendly" | "dangerous"
 
 
 def make_name(rng: random.Random, taken: set[str]) -> str:
@@ -76,13 +112,20 @@ def make_name(rng: random.Random, taken: set[str]) -> str:
             return name
 
 
-def build_world(seed: int = 0, n_creatures: int = 120, docs: int = 600,
-                sentences_per_doc: int = 12, task_per_creature: int = 6) -> DemoWorld:
+def build_world(
+    seed: int = 0,
+    n_creatures: int = 120,
+    docs: int = 600,
+    sentences_per_doc: int = 12,
+    task_per_creature: int = 6,
+) -> DemoWorld:
     """Generate the corpus and the labelled task; the same seed gives the same world."""
     rng = random.Random(seed)
     taken: set[str] = set()
-    creatures = {make_name(rng, taken): ("friendly" if i % 2 == 0 else "dangerous")
-                 for i in range(n_creatures)}
+    creatures = {
+        make_name(rng, taken): ("friendly" if i % 2 == 0 else "dangerous")
+        for i in range(n_creatures)
+    }
     names = list(creatures)
     corpus = []
     for _ in range(docs):
@@ -98,8 +141,11 @@ def build_world(seed: int = 0, n_creatures: int = 120, docs: int = 600,
     half = len(names) // 2
     splits = []
     for group in (names[:half], names[half:]):
-        rows = [(t.format(n=name), int(creatures[name] == "dangerous"))
-                for name in group for t in rng.sample(TASK_TEMPLATES, task_per_creature)]
+        rows = [
+            (t.format(n=name), int(creatures[name] == "dangerous"))
+            for name in group
+            for t in rng.sample(TASK_TEMPLATES, task_per_creature)
+        ]
         rng.shuffle(rows)
         splits.append(rows)
     return DemoWorld(corpus=corpus, train=splits[0], dev=splits[1], creatures=creatures)

@@ -7,6 +7,7 @@ top-level entries and each file also has its own entry. `gpt1 predict` writes
 `index<TAB>prediction` files named by `submission_name`. Neither replaces an existing file
 unless told `--overwrite`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -24,9 +25,19 @@ from gpt1.tasks.metrics import compute
 from gpt1.tasks.registry import Task, get_task
 
 # GLUE's submission file names (https://gluebenchmark.com/submit); others use the task name.
-GLUE_FILES = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
-              "mnli/test_matched": "MNLI-m", "mnli/test_mismatched": "MNLI-mm", "qnli": "QNLI",
-              "rte": "RTE", "wnli": "WNLI", "story_cloze": "ROCStories"}
+GLUE_FILES = {
+    "cola": "CoLA",
+    "sst2": "SST-2",
+    "mrpc": "MRPC",
+    "stsb": "STS-B",
+    "qqp": "QQP",
+    "mnli/test_matched": "MNLI-m",
+    "mnli/test_mismatched": "MNLI-mm",
+    "qnli": "QNLI",
+    "rte": "RTE",
+    "wnli": "WNLI",
+    "story_cloze": "ROCStories",
+}
 
 
 @torch.no_grad()
@@ -42,13 +53,15 @@ def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
     order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
     outputs: list[Any] = [None] * len(order)
     for start in range(0, len(order), micro):
-        index = order[start:start + micro]
+        index = order[start : start + micro]
         batch = make_batch(enc, index, task.regression)
         out, _ = model(batch["ids"].to(device), batch["mask"].to(device), with_lm=False)
         out = out.float().cpu()
-        if not bool(torch.isfinite(out).all()):   # argmax of NaN rows would pick class 0 silently
-            raise Gpt1Error("the model produced NaN or infinite outputs (overflow or damaged "
-                            "weights); predictions would be meaningless")
+        if not bool(torch.isfinite(out).all()):  # argmax of NaN rows would pick class 0 silently
+            raise Gpt1Error(
+                "the model produced NaN or infinite outputs (overflow or damaged "
+                "weights); predictions would be meaningless"
+            )
         for i, row in zip(index, out.tolist()):
             outputs[i] = row
     return outputs
@@ -68,8 +81,17 @@ def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
     return {"n": len(preds), **compute(task.metrics, preds, enc.labels)}
 
 
-def evaluate_model(model: Any, task: Task, tok: Any, data: str, split: str, n_ctx: int,
-                   question_delimiter: bool, micro: int, skip_bad_rows: bool = False) -> dict[str, Any]:
+def evaluate_model(
+    model: Any,
+    task: Task,
+    tok: Any,
+    data: str,
+    split: str,
+    n_ctx: int,
+    question_delimiter: bool,
+    micro: int,
+    skip_bad_rows: bool = False,
+) -> dict[str, Any]:
     """Metrics of `model` on `split` of `task` (all files it stands for)."""
     results: dict[str, Any] = {"task": task.name, "split": split}
     for i, name in enumerate(task.resolve_splits(split)):
@@ -84,8 +106,9 @@ def evaluate_model(model: Any, task: Task, tok: Any, data: str, split: str, n_ct
     return results
 
 
-def write_results(run: str | Path, results: dict[str, Any], name: str = "results.json",
-                  overwrite: bool = True) -> Path:
+def write_results(
+    run: str | Path, results: dict[str, Any], name: str = "results.json", overwrite: bool = True
+) -> Path:
     """Write `results` as RUN/`name` atomically (refusing an existing file unless `overwrite`)."""
     path = Path(run) / name
     check_output(path, overwrite)
@@ -106,7 +129,8 @@ def submission_name(task: Task, split_file: str) -> str:
 
 def load_finetuned(run: str | Path) -> tuple[Any, dict[str, Any], Any]:
     """(model, task record, tokenizer) of a fine-tuned run or checkpoint folder."""
-    from gpt1.text.tokenizer import Tokenizer   # deferred: spaCy and ftfy load with it
+    from gpt1.text.tokenizer import Tokenizer  # deferred: spaCy and ftfy load with it
+
     model, record, folder = load_finetuned_model(run)
     return model, record, Tokenizer.from_dir(folder)
 
@@ -123,8 +147,10 @@ def _task_of(record: dict, name: str | None) -> Task:
         raise ConfigError(f"this run was fine-tuned on {task.name!r}, not {name!r}")
     if task.n_outputs != record["n_outputs"]:
         # A head of another width would score against the wrong classes without saying so.
-        raise ConfigError(f"task.json: n_outputs {record['n_outputs']} does not match task "
-                          f"{task.name!r} ({task.n_outputs} outputs)")
+        raise ConfigError(
+            f"task.json: n_outputs {record['n_outputs']} does not match task "
+            f"{task.name!r} ({task.n_outputs} outputs)"
+        )
     return task
 
 
@@ -134,10 +160,18 @@ def _place(model: Any, device: str, precision: str) -> Any:
     return model.to(device=where, dtype=torch_dtype(resolve_precision(precision, where)))
 
 
-def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str = "dev",
-                 micro: int = 16, skip_bad_rows: bool = False, device: str = "auto",
-                 precision: str = "auto", overwrite: bool = False,
-                 out: str | Path | None = None) -> dict[str, Any]:
+def evaluate_run(
+    run: str | Path,
+    task_name: str | None,
+    data: str,
+    split: str = "dev",
+    micro: int = 16,
+    skip_bad_rows: bool = False,
+    device: str = "auto",
+    precision: str = "auto",
+    overwrite: bool = False,
+    out: str | Path | None = None,
+) -> dict[str, Any]:
     """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
     (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
     out_dir = results_path(run, split, out).parent
@@ -145,8 +179,17 @@ def evaluate_run(run: str | Path, task_name: str | None, data: str, split: str =
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model = _place(model, device, precision)
-    results = evaluate_model(model, task, tok, data, split, record["n_ctx"],
-                             record.get("question_delimiter", False), micro, skip_bad_rows)
+    results = evaluate_model(
+        model,
+        task,
+        tok,
+        data,
+        split,
+        record["n_ctx"],
+        record.get("question_delimiter", False),
+        micro,
+        skip_bad_rows,
+    )
     write_results(out_dir, results, results_name(split), overwrite)
     return results
 
@@ -157,10 +200,18 @@ def results_path(run: str | Path, split: str, out: str | Path | None = None) -> 
     return (Path(out) if out else _run_folder(run)) / results_name(split)
 
 
-def predict_run(run: str | Path, task_name: str | None, data: str, split: str = "test",
-                out: str | Path | None = None, micro: int = 16, skip_bad_rows: bool = False,
-                device: str = "auto", precision: str = "auto",
-                overwrite: bool = False) -> list[Path]:
+def predict_run(
+    run: str | Path,
+    task_name: str | None,
+    data: str,
+    split: str = "test",
+    out: str | Path | None = None,
+    micro: int = 16,
+    skip_bad_rows: bool = False,
+    device: str = "auto",
+    precision: str = "auto",
+    overwrite: bool = False,
+) -> list[Path]:
     """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for), named
     by `submission_name`; an existing file is replaced only with `overwrite`."""
     model, record, tok = load_finetuned(run)
@@ -168,15 +219,16 @@ def predict_run(run: str | Path, task_name: str | None, data: str, split: str = 
     model = _place(model, device, precision)
     out_dir = Path(out) if out else _run_folder(run) / "submission"
     names = task.resolve_splits(split)
-    for name in names:       # refuse before any work, not after the first file
+    for name in names:  # refuse before any work, not after the first file
         check_output(out_dir / submission_name(task, name), overwrite)
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
         preds = predict_outputs(model, task, enc, micro)
-        rows = ["index\tprediction\n"] + [f"{uid}\t{label_text(task, p)}\n"
-                                          for uid, p in zip(enc.uids, preds)]
+        rows = ["index\tprediction\n"] + [
+            f"{uid}\t{label_text(task, p)}\n" for uid, p in zip(enc.uids, preds)
+        ]
         written.append(write_text(out_dir / submission_name(task, name), "".join(rows)))
     return written
 

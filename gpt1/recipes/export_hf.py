@@ -20,6 +20,7 @@ trained on, its vocabulary) and decides the export; `HFExport.adjust` maps weigh
   two orders): those export the LM and the head beside it. Every fine-tuned export also writes
   the head as `task_head.safetensors` + `task_head.json`.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,51 +38,62 @@ TASK_TOKENS = ("_start_", "_delimiter_", "_classify_")
 # Share of distinct lines of the shared test text whose ids differ from gpt1's, with the default
 # fast tokenizer (benchmarks/hf_tokenizer_parity.py; docs/results.md).
 FAST_MISMATCH = "0.001%"
-LAYOUTS = {"single": "[_start_] text [_classify_]",
-           "pair": "[_start_] premise [_delimiter_] hypothesis [_classify_]",
-           "similarity": "[_start_] a [_delimiter_] b [_classify_] and [_start_] b [_delimiter_] a "
-                         "[_classify_]",
-           "choice": "[_start_] context question [_delimiter_] answer_k [_classify_], one per "
-                     "answer"}
-FORMULAS = {"single": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
-            "pair": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
-            "similarity": "output = (h_ab + h_ba) @ weight.T + bias: the states at _classify_ of "
-                          "both orders are added first",
-            "choice": "score_k = h_k @ weight.T + bias per answer; softmax over the answers"}
+LAYOUTS = {
+    "single": "[_start_] text [_classify_]",
+    "pair": "[_start_] premise [_delimiter_] hypothesis [_classify_]",
+    "similarity": "[_start_] a [_delimiter_] b [_classify_] and [_start_] b [_delimiter_] a "
+    "[_classify_]",
+    "choice": "[_start_] context question [_delimiter_] answer_k [_classify_], one per answer",
+}
+FORMULAS = {
+    "single": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
+    "pair": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
+    "similarity": "output = (h_ab + h_ba) @ weight.T + bias: the states at _classify_ of "
+    "both orders are added first",
+    "choice": "score_k = h_k @ weight.T + bias per answer; softmax over the answers",
+}
 
 
 @dataclass
 class HFExport:
     """The decisions of one export; `notes` are printed by `convert` and repeated in the card."""
 
-    window: int | None = None            # trained positions kept (None: all)
-    trained: int | None = None           # the window the model was trained on, when recorded
-    record: dict | None = None           # task.json of a fine-tuned checkpoint
+    window: int | None = None  # trained positions kept (None: all)
+    trained: int | None = None  # the window the model was trained on, when recorded
+    record: dict | None = None  # task.json of a fine-tuned checkpoint
     head: dict[str, torch.Tensor] | None = None
-    double_heads: bool = False           # head mapped onto OpenAIGPTDoubleHeadsModel
+    double_heads: bool = False  # head mapped onto OpenAIGPTDoubleHeadsModel
     vocab: tuple[dict, list] | None = None
     specials: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
 
     # -------------------------------------------------------------- weights and config
-    def adjust(self, state: dict[str, torch.Tensor], config: dict[str, Any]
-               ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    def adjust(
+        self, state: dict[str, torch.Tensor], config: dict[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         """The HF state dict and config.json with the trained window and the mapped head."""
         if self.window is not None:
             key = "transformer.positions_embed.weight"
-            state[key] = state[key][:self.window].contiguous()
+            state[key] = state[key][: self.window].contiguous()
             config["n_positions"] = self.window
         if self.double_heads:
             assert self.head is not None
             config["architectures"] = ["OpenAIGPTDoubleHeadsModel"]
-            config.update(summary_type="cls_index", summary_use_proj=True, summary_activation=None,
-                          summary_proj_to_labels=True, num_labels=1,
-                          summary_first_dropout=float(self.record.get("clf_pdrop", 0.1)))
+            config.update(
+                summary_type="cls_index",
+                summary_use_proj=True,
+                summary_activation=None,
+                summary_proj_to_labels=True,
+                num_labels=1,
+                summary_first_dropout=float(self.record.get("clf_pdrop", 0.1)),
+            )
             state["multiple_choice_head.summary.weight"] = self.head["linear.weight"]
             state["multiple_choice_head.summary.bias"] = self.head["linear.bias"]
         if self.record is not None:
-            config["gpt1_task"] = {k: self.record.get(k) for k in
-                                   ("task", "kind", "labels", "n_outputs", "classify_id", "n_ctx")}
+            config["gpt1_task"] = {
+                k: self.record.get(k)
+                for k in ("task", "kind", "labels", "n_outputs", "classify_id", "n_ctx")
+            }
         return state, config
 
     # -------------------------------------------------------------------------- files
@@ -97,6 +109,7 @@ class HFExport:
 
     def _write_tokenizer(self, folder: Path, max_length: int) -> None:
         from gpt1.text import hf_tokenizer
+
         encoder, merges = self.vocab
         hf_tokenizer.build(encoder, merges, self.specials).save(str(folder / "tokenizer.json"))
         unk = hf_tokenizer.unk_token(encoder) or hf_tokenizer.UNK
@@ -104,25 +117,43 @@ class HFExport:
         tokens = {"unk_token": unk, "bos_token": start, "eos_token": unk, "pad_token": unk}
         if self.specials:
             tokens["additional_special_tokens"] = list(self.specials)
-        settings = {"tokenizer_class": "OpenAIGPTTokenizer", "model_max_length": max_length,
-                    "clean_up_tokenization_spaces": False, **tokens}
+        settings = {
+            "tokenizer_class": "OpenAIGPTTokenizer",
+            "model_max_length": max_length,
+            "clean_up_tokenization_spaces": False,
+            **tokens,
+        }
         (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
         (folder / "special_tokens_map.json").write_text(json.dumps(tokens, indent=2) + "\n")
 
     def _head_info(self) -> dict[str, Any]:
         r = self.record
-        return {"format": "gpt1-task-head", "kind": r["kind"], "task": r.get("task"),
-                "labels": r.get("labels"), "n_outputs": r["n_outputs"],
-                "tensors": {"linear.weight": "[n_outputs (1 for choice), n_embd]",
-                            "linear.bias": "[n_outputs (1 for choice)]"},
-                "input_layout": LAYOUTS[r["kind"]], "formula": FORMULAS[r["kind"]],
-                "special_ids": {t: r["classify_id"] - 2 + i for i, t in enumerate(TASK_TOKENS)},
-                "n_ctx": r.get("n_ctx"), "question_delimiter": r.get("question_delimiter", False),
-                "in_model": "multiple_choice_head" if self.double_heads else None}
+        return {
+            "format": "gpt1-task-head",
+            "kind": r["kind"],
+            "task": r.get("task"),
+            "labels": r.get("labels"),
+            "n_outputs": r["n_outputs"],
+            "tensors": {
+                "linear.weight": "[n_outputs (1 for choice), n_embd]",
+                "linear.bias": "[n_outputs (1 for choice)]",
+            },
+            "input_layout": LAYOUTS[r["kind"]],
+            "formula": FORMULAS[r["kind"]],
+            "special_ids": {t: r["classify_id"] - 2 + i for i, t in enumerate(TASK_TOKENS)},
+            "n_ctx": r.get("n_ctx"),
+            "question_delimiter": r.get("question_delimiter", False),
+            "in_model": "multiple_choice_head" if self.double_heads else None,
+        }
 
 
-def plan(src: str | Path, src_format: str, n_positions: int, vocab_dir: Path | None,
-         keep_positions: bool = False) -> HFExport:
+def plan(
+    src: str | Path,
+    src_format: str,
+    n_positions: int,
+    vocab_dir: Path | None,
+    keep_positions: bool = False,
+) -> HFExport:
     """Decide the export of the model read from `src` (its `n_positions`, its vocabulary)."""
     export = HFExport()
     folder = resolve_checkpoint_dir(src) if src_format == "gpt1" else None
@@ -135,13 +166,17 @@ def plan(src: str | Path, src_format: str, n_positions: int, vocab_dir: Path | N
         export.trained = window
         if window is not None and window < n_positions:
             if keep_positions:
-                export.notes.append(f"positions {window}..{n_positions - 1} were never trained "
-                                    f"(trained window {window}); kept as asked")
+                export.notes.append(
+                    f"positions {window}..{n_positions - 1} were never trained "
+                    f"(trained window {window}); kept as asked"
+                )
             else:
                 export.window = window
-                export.notes.append(f"n_positions={window}: the trained window; position rows "
-                                    f"{window}..{n_positions - 1} were never trained and are "
-                                    "left out (--keep-untrained-positions keeps them)")
+                export.notes.append(
+                    f"n_positions={window}: the trained window; position rows "
+                    f"{window}..{n_positions - 1} were never trained and are "
+                    "left out (--keep-untrained-positions keeps them)"
+                )
     if vocab_dir is not None:
         _plan_tokenizer(export, vocab_dir)
     return export
@@ -153,19 +188,27 @@ def _plan_head(export: HFExport, folder: Path) -> None:
     kind, n_out = record["kind"], record["n_outputs"]
     export.double_heads = kind == "choice" or (kind in ("single", "pair") and n_out == 1)
     if export.double_heads:
-        export.notes.append(f"task head ({kind}): OpenAIGPTDoubleHeadsModel's multiple_choice_head "
-                            "(exact; pass mc_token_ids = the _classify_ positions); also in "
-                            f"{HEAD_FILE}")
+        export.notes.append(
+            f"task head ({kind}): OpenAIGPTDoubleHeadsModel's multiple_choice_head "
+            "(exact; pass mc_token_ids = the _classify_ positions); also in "
+            f"{HEAD_FILE}"
+        )
     else:
-        why = ("it sums the two orders' states before the linear layer" if kind == "similarity"
-               else "OpenAIGPTForSequenceClassification has no bias")
-        export.notes.append(f"task head ({kind}, {n_out} outputs): no transformers class has "
-                            f"its maths ({why}); exported the LM as OpenAIGPTLMHeadModel and the "
-                            f"head as {HEAD_FILE} + {HEAD_INFO}")
+        why = (
+            "it sums the two orders' states before the linear layer"
+            if kind == "similarity"
+            else "OpenAIGPTForSequenceClassification has no bias"
+        )
+        export.notes.append(
+            f"task head ({kind}, {n_out} outputs): no transformers class has "
+            f"its maths ({why}); exported the LM as OpenAIGPTLMHeadModel and the "
+            f"head as {HEAD_FILE} + {HEAD_INFO}"
+        )
 
 
 def _plan_tokenizer(export: HFExport, vocab_dir: Path) -> None:
     from gpt1.text.tokenizer import find_vocab_files, read_merges, read_vocab
+
     vocab_file, merges_file = find_vocab_files(vocab_dir)
     encoder = read_vocab(vocab_file)
     export.vocab = (encoder, read_merges(merges_file, encoder))
@@ -176,24 +219,35 @@ def _plan_tokenizer(export: HFExport, vocab_dir: Path) -> None:
 
 def load_line(folder: str = "DIR") -> str:
     """How to load the export's tokenizer with exact ids (printed by convert, in the card)."""
-    return (f"tokenizer: exact ids with AutoTokenizer.from_pretrained({folder}, use_fast=False) "
-            "(needs ftfy + spacy) or gpt1.Tokenizer.from_dir; the default fast tokenizer "
-            f"differs on {FAST_MISMATCH} of lines (see README.md)")
+    return (
+        f"tokenizer: exact ids with AutoTokenizer.from_pretrained({folder}, use_fast=False) "
+        "(needs ftfy + spacy) or gpt1.Tokenizer.from_dir; the default fast tokenizer "
+        f"differs on {FAST_MISMATCH} of lines (see README.md)"
+    )
 
 
 def model_card(export: HFExport, config: dict[str, Any]) -> str:
     """README.md of the export folder."""
     from gpt1.text.hf_tokenizer import UNK
+
     start = "_start_" if export.specials else UNK
     arch = config["architectures"][0]
     lines = [
-        "---", "library_name: transformers", "tags: [gpt1, openai-gpt]", "---", "",
-        "# GPT-1 model exported by gpt1", "",
+        "---",
+        "library_name: transformers",
+        "tags: [gpt1, openai-gpt]",
+        "---",
+        "",
+        "# GPT-1 model exported by gpt1",
+        "",
         f"`{arch}` with `n_positions={config['n_positions']}`, `n_embd={config['n_embd']}`, "
-        f"`n_layer={config['n_layer']}`, `vocab_size={config['vocab_size']}`.", "",
-        "## Tokenizer: getting the ids the model was trained on", "",
+        f"`n_layer={config['n_layer']}`, `vocab_size={config['vocab_size']}`.",
+        "",
+        "## Tokenizer: getting the ids the model was trained on",
+        "",
         "GPT-1's text pipeline is ftfy, OpenAI's `text_standardize`, spaCy's English tokenizer, "
-        "lowercasing and BPE with `</w>`.", "",
+        "lowercasing and BPE with `</w>`.",
+        "",
         "- **Exact**: `AutoTokenizer.from_pretrained(DIR, use_fast=False)` (transformers' "
         "`OpenAIGPTTokenizer`) with `ftfy` and `spacy` installed (without them it silently falls "
         "back to a different pipeline), or `gpt1.Tokenizer.from_dir(DIR)`. One difference: "
@@ -204,32 +258,52 @@ def model_card(export: HFExport, config: dict[str, Any]) -> str:
         "SNLI, SciTail, Story Cloze). What it cannot express: ftfy's repair of mis-decoded text "
         "(mojibake), HTML entities other than the common ones, and a few spaCy rules on words "
         "with several leading or trailing punctuation marks.",
-        "- Neither adds special tokens to a text.", "",
-        "## Start token and window", "",
+        "- Neither adds special tokens to a text.",
+        "",
+        "## Start token and window",
+        "",
         f"GPT-1 has no start-of-text token. `bos_token` is `{start}` for tools that score a "
         "text's first token after a start token (lm-evaluation-harness): "
-        + ("every fine-tuning input starts with `_start_`." if export.specials else
-           "`<unk>` stands for no text (gpt1 pads with it)."),
+        + (
+            "every fine-tuning input starts with `_start_`."
+            if export.specials
+            else "`<unk>` stands for no text (gpt1 pads with it)."
+        ),
         f"`n_positions` and `model_max_length` are {config['n_positions']}"
-        + (", the window the model was trained on." if export.trained == config["n_positions"]
-           else "; no shorter training window is recorded." if export.trained is None
-           else f"; it was trained on windows of {export.trained} tokens."), "",
+        + (
+            ", the window the model was trained on."
+            if export.trained == config["n_positions"]
+            else "; no shorter training window is recorded."
+            if export.trained is None
+            else f"; it was trained on windows of {export.trained} tokens."
+        ),
+        "",
     ]
     if export.record is not None:
         r = export.record
-        lines += ["## Task head", "",
-                  f"Fine-tuned for `{r.get('task')}` ({r['kind']}, labels {r.get('labels')}). "
-                  f"Input layout: `{LAYOUTS[r['kind']]}` (ids: `_start_`, `_delimiter_`, "
-                  f"`_classify_` = {r['classify_id'] - 2}, {r['classify_id'] - 1}, "
-                  f"{r['classify_id']}). {FORMULAS[r['kind']]}.", ""]
+        lines += [
+            "## Task head",
+            "",
+            f"Fine-tuned for `{r.get('task')}` ({r['kind']}, labels {r.get('labels')}). "
+            f"Input layout: `{LAYOUTS[r['kind']]}` (ids: `_start_`, `_delimiter_`, "
+            f"`_classify_` = {r['classify_id'] - 2}, {r['classify_id'] - 1}, "
+            f"{r['classify_id']}). {FORMULAS[r['kind']]}.",
+            "",
+        ]
         if export.double_heads:
-            lines += ["The head is `OpenAIGPTDoubleHeadsModel.multiple_choice_head` (exact): "
-                      "feed `input_ids` `[batch, choices, T]` and `mc_token_ids` `[batch, "
-                      "choices]` (the `_classify_` positions); `mc_logits` are the scores.", ""]
+            lines += [
+                "The head is `OpenAIGPTDoubleHeadsModel.multiple_choice_head` (exact): "
+                "feed `input_ids` `[batch, choices, T]` and `mc_token_ids` `[batch, "
+                "choices]` (the `_classify_` positions); `mc_logits` are the scores.",
+                "",
+            ]
         else:
-            lines += ["No transformers class computes this head, so the folder holds the LM "
-                      f"(`OpenAIGPTLMHeadModel`; its last hidden states are GPT-1's) and the head "
-                      f"in `{HEAD_FILE}` (`linear.weight`, `linear.bias`), described in "
-                      f"`{HEAD_INFO}`.", ""]
+            lines += [
+                "No transformers class computes this head, so the folder holds the LM "
+                f"(`OpenAIGPTLMHeadModel`; its last hidden states are GPT-1's) and the head "
+                f"in `{HEAD_FILE}` (`linear.weight`, `linear.bias`), described in "
+                f"`{HEAD_INFO}`.",
+                "",
+            ]
     lines += ["## Notes from the export", ""] + [f"- {n}" for n in export.notes] + [""]
     return "\n".join(lines)

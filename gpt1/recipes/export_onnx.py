@@ -13,6 +13,7 @@ record and the trained window as metadata (`gpt1_task`, `gpt1_window`).
 Exporter: torch.onnx.export with dynamo=True (torch.export + onnxscript, the maintained path;
 it runs offline). The TorchScript exporter (dynamo=False) is deprecated in torch 2.x.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.model.heads import TaskHead
+from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.model.gpt import GPT
+from gpt1.model.heads import TaskHead
 
 OPSET = 18
 
@@ -52,10 +53,10 @@ class TaskModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         B, K, T = input_ids.shape
-        flat = input_ids.reshape(B * K, T)                          # [B*K, T]
-        hidden = self.gpt(flat)                                     # [B*K, T, C]
-        pos = (flat == self.classify_id).to(torch.int32).argmax(dim=1)   # first _classify_
-        states = hidden[torch.arange(B * K), pos]                   # [B*K, C]
+        flat = input_ids.reshape(B * K, T)  # [B*K, T]
+        hidden = self.gpt(flat)  # [B*K, T, C]
+        pos = (flat == self.classify_id).to(torch.int32).argmax(dim=1)  # first _classify_
+        states = hidden[torch.arange(B * K), pos]  # [B*K, C]
         return self.head(states.reshape(B, K, -1))
 
 
@@ -68,15 +69,24 @@ def _export(module: nn.Module, example: torch.Tensor, shapes: dict, output: str)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            return torch.onnx.export(module, (example,), dynamo=True, dynamic_shapes=shapes,
-                                     input_names=["input_ids"], output_names=[output],
-                                     opset_version=OPSET, optimize=True, verbose=False)
+            return torch.onnx.export(
+                module,
+                (example,),
+                dynamo=True,
+                dynamic_shapes=shapes,
+                input_names=["input_ids"],
+                output_names=[output],
+                opset_version=OPSET,
+                optimize=True,
+                verbose=False,
+            )
     finally:
         quiet.setLevel(level)
 
 
-def export_onnx(src: str | Path, src_format: str, gpt: GPT, dst: Path,
-                notes: list[str] | None = None) -> Path:
+def export_onnx(
+    src: str | Path, src_format: str, gpt: GPT, dst: Path, notes: list[str] | None = None
+) -> Path:
     """Write `gpt` (with its task head when `src` is a fine-tuned gpt1 checkpoint) to `dst`."""
     try:
         import onnx  # noqa: F401  (the exporter needs it; a clear message if it is missing)
@@ -97,16 +107,23 @@ def export_onnx(src: str | Path, src_format: str, gpt: GPT, dst: Path,
         K = 2 if record["kind"] == "similarity" else 1 if record["kind"] != "choice" else 3
         example = torch.full((2, K, 5), record["classify_id"], dtype=torch.long)
         seq = torch.export.Dim("sequence", min=2, max=gpt.config.n_positions)
-        shapes = {"input_ids": {0: torch.export.Dim("batch", min=1),
-                                **({1: torch.export.Dim("choices", min=2)}
-                                   if record["kind"] == "choice" else {}), 2: seq}}
+        shapes = {
+            "input_ids": {
+                0: torch.export.Dim("batch", min=1),
+                **({1: torch.export.Dim("choices", min=2)} if record["kind"] == "choice" else {}),
+                2: seq,
+            }
+        }
         what = f"the {record['kind']} task model (input_ids [batch, sequences, sequence] -> output)"
     else:
         module = LanguageModel(gpt).eval()
         example = torch.zeros((2, 5), dtype=torch.long)
-        shapes = {"input_ids": {0: torch.export.Dim("batch", min=1),
-                                1: torch.export.Dim("sequence", min=2,
-                                                    max=gpt.config.n_positions)}}
+        shapes = {
+            "input_ids": {
+                0: torch.export.Dim("batch", min=1),
+                1: torch.export.Dim("sequence", min=2, max=gpt.config.n_positions),
+            }
+        }
         what = "the language model (input_ids [batch, sequence] -> logits)"
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
@@ -122,6 +139,8 @@ def export_onnx(src: str | Path, src_format: str, gpt: GPT, dst: Path,
         tmp.unlink(missing_ok=True)
     if notes is not None:
         trained = f"; trained on windows of {window}" if window else ""
-        notes.append(f"onnx: {what}; dynamic batch and sequence axes (sequence up to "
-                     f"n_positions={gpt.config.n_positions}{trained})")
+        notes.append(
+            f"onnx: {what}; dynamic batch and sequence axes (sequence up to "
+            f"n_positions={gpt.config.n_positions}{trained})"
+        )
     return dst

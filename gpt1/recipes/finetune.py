@@ -6,6 +6,7 @@ shuffled epochs, exact-resume state), `FinetuneLoss` (task + lm_coef x LM), the 
 writer/reader (GPT files + `head.safetensors` + `task.json`), and `finetune` itself. The
 training length is OAI's `(n_train // batch) * epochs` updates unless `max_steps` is set.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,21 +20,22 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from gpt1.model import checkpoint as ckpt
-from gpt1.train import distributed as dist
 from gpt1 import files
 from gpt1.config import FinetuneConfig, TrainConfig, model_preset
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model.heads import FinetuneModel
-from gpt1.train.objectives import finetune_loss
-from gpt1.model.registry import arch_extra, load_any_checkpoint, model_flops
-from gpt1.model.gpt import GPT
+from gpt1.model import checkpoint as ckpt
 from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+from gpt1.model.gpt import GPT
+from gpt1.model.heads import FinetuneModel
+from gpt1.model.registry import arch_extra, load_any_checkpoint, model_flops
+
 # load_finetuned is re-exported for the analyses, which still import it from here.
 from gpt1.recipes.evaluate import evaluate_model, load_finetuned, score, write_results  # noqa: F401
 from gpt1.tasks.batches import FinetuneSource, encode_split, report_skipped
-from gpt1.tasks.registry import Task, complete_generic_spec, get_task, GENERIC
+from gpt1.tasks.registry import GENERIC, Task, complete_generic_spec, get_task
+from gpt1.train import distributed as dist
 from gpt1.train.loop import TrainResult, train
+from gpt1.train.objectives import finetune_loss
 
 log = logging.getLogger("gpt1.recipes.finetune")
 RESULTS_FILE = "results.json"
@@ -42,6 +44,7 @@ RESULTS_FILE = "results.json"
 # ---------------------------------------------------------------------------- model
 def load_tokenizer(folder: str | Path):
     from gpt1.text.tokenizer import Tokenizer
+
     return Tokenizer.from_dir(folder)
 
 
@@ -55,12 +58,17 @@ def train_subset(n: int, k: int, seed: int) -> list[int]:
 def _transfer(fresh: GPT, pretrained: GPT, k: int) -> None:
     """Copy the embeddings and the first `k` blocks of `pretrained` into `fresh` (a.5 n_transfer)."""
     src = pretrained.state_dict()
-    keep = {n: t for n, t in src.items()
-            if n.startswith(("wte.", "wpe.")) or any(n.startswith(f"h.{i}.") for i in range(k))}
+    keep = {
+        n: t
+        for n, t in src.items()
+        if n.startswith(("wte.", "wpe.")) or any(n.startswith(f"h.{i}.") for i in range(k))
+    }
     fresh.load_state_dict(keep, strict=False)
 
 
-def build_finetune_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[FinetuneModel, Any, Path]:
+def build_finetune_model(
+    cfg: FinetuneConfig, task: Task, seed: int
+) -> tuple[FinetuneModel, Any, Path]:
     """(model with task tokens and head, tokenizer, tokenizer folder) for a fine-tuning run."""
     torch.manual_seed(seed)  # the same fresh weights (head, task tokens, new blocks) on every rank
     if cfg.init in ("", "none"):
@@ -74,8 +82,9 @@ def build_finetune_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[Fi
         found = ckpt.tokenizer_dir_of(cfg.init)
         tok_dir = Path(cfg.vocab) if cfg.vocab else found
         if tok_dir is None:
-            raise CheckpointError(f"{cfg.init}: the checkpoint carries no tokenizer files; "
-                                  "pass --vocab DIR")
+            raise CheckpointError(
+                f"{cfg.init}: the checkpoint carries no tokenizer files; pass --vocab DIR"
+            )
         tok = load_tokenizer(tok_dir)
         n_layer = pretrained.config.n_layer
         k = n_layer if cfg.transfer_layers == -2 else cfg.transfer_layers
@@ -88,8 +97,10 @@ def build_finetune_model(cfg: FinetuneConfig, task: Task, seed: int) -> tuple[Fi
         ids = gpt.add_tokens(3)
         assert ids == [tok.start_id, tok.delimiter_id, tok.classify_id], ids
     elif gpt.config.vocab_size != tok.total_size:
-        raise CheckpointError(f"model vocab_size {gpt.config.vocab_size} does not match the "
-                              f"tokenizer ({tok.vocab_size} tokens + 3 task tokens)")
+        raise CheckpointError(
+            f"model vocab_size {gpt.config.vocab_size} does not match the "
+            f"tokenizer ({tok.vocab_size} tokens + 3 task tokens)"
+        )
     model = FinetuneModel(gpt, task.kind, task.n_outputs, tok.classify_id, cfg.clf_pdrop)
     return model, tok, tok_dir
 
@@ -117,20 +128,31 @@ class FinetuneLoss:
 
 # ------------------------------------------------------------------------ run files
 def task_record(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int) -> dict[str, Any]:
-    return {"task": task.name, "kind": task.kind, "labels": task.labels, "n_outputs": task.n_outputs,
-            "spec": task.spec, "n_ctx": n_ctx, "classify_id": tok.classify_id,
-            "question_delimiter": cfg.question_delimiter, "clf_pdrop": cfg.clf_pdrop}
+    return {
+        "task": task.name,
+        "kind": task.kind,
+        "labels": task.labels,
+        "n_outputs": task.n_outputs,
+        "spec": task.spec,
+        "n_ctx": n_ctx,
+        "classify_id": tok.classify_id,
+        "question_delimiter": cfg.question_delimiter,
+        "clf_pdrop": cfg.clf_pdrop,
+    }
 
 
 def writer(tok_dir: Path, record: dict, resolved: dict) -> Any:
     """The trainer's `write_model`: GPT files (loadable by gpt1.load_checkpoint) + head + task."""
+
     def write(model: FinetuneModel, folder: Path) -> None:
-        ckpt.write_model_files(folder, model.gpt, tok_dir, {"finetune": resolved,
-                                                            **arch_extra(model.gpt)})
+        ckpt.write_model_files(
+            folder, model.gpt, tok_dir, {"finetune": resolved, **arch_extra(model.gpt)}
+        )
         head = {k: v.detach().cpu().contiguous() for k, v in model.head.state_dict().items()}
         save_file(head, str(Path(folder) / HEAD_FILE))
         files.follow_umask(Path(folder) / HEAD_FILE)
         (Path(folder) / TASK_FILE).write_text(json.dumps(record, indent=2) + "\n")
+
     return write
 
 
@@ -150,11 +172,13 @@ def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> T
     return get_task(name, spec)
 
 
-def check_training_memory(cfg: FinetuneConfig, task: Task, train_cfg: TrainConfig,
-                          info: Any) -> None:
+def check_training_memory(
+    cfg: FinetuneConfig, task: Task, train_cfg: TrainConfig, info: Any
+) -> None:
     """Refuse, from the configs alone, a run that cannot fit before any model is built."""
     from gpt1.model.memory import ensure_training_fits
     from gpt1.train.loop import resolve_device
+
     if cfg.init in ("", "none"):
         config, source = model_preset(cfg.preset), f"--preset {cfg.preset}"
     else:
@@ -164,8 +188,15 @@ def check_training_memory(cfg: FinetuneConfig, task: Task, train_cfg: TrainConfi
         config, source = ckpt.read_model_config(folder), str(folder / ckpt.CONFIG)
     n_ctx = min(cfg.n_ctx or config.n_positions, config.n_positions)
     head = (config.n_embd + 1) * task.n_outputs
-    ensure_training_fits(config, train_cfg, n_ctx, source, resolve_device(train_cfg.device,
-                         info.local_rank), extra_params=head, world_size=info.world_size)
+    ensure_training_fits(
+        config,
+        train_cfg,
+        n_ctx,
+        source,
+        resolve_device(train_cfg.device, info.local_rank),
+        extra_params=head,
+        world_size=info.world_size,
+    )
 
 
 # ------------------------------------------------------------------------- entry point
@@ -179,16 +210,24 @@ def run_length(train_cfg: TrainConfig, n_train: int, cap: int = 0) -> TrainConfi
     return dataclasses.replace(train_cfg, max_steps=steps)
 
 
-def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
-             spec: dict | None = None, max_steps_cap: int = 0,
-             overwrite: bool = False) -> tuple[TrainResult, dict]:
+def finetune(
+    cfg: FinetuneConfig,
+    train_cfg: TrainConfig,
+    out: str | Path,
+    spec: dict | None = None,
+    max_steps_cap: int = 0,
+    overwrite: bool = False,
+) -> tuple[TrainResult, dict]:
     """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json).
 
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
     `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts."""
     out = Path(out)
-    lock = (files.claim_run_dir(out, files.resumes_in(out, train_cfg.resume), overwrite)
-            if dist.env_info().is_main else None)
+    lock = (
+        files.claim_run_dir(out, files.resumes_in(out, train_cfg.resume), overwrite)
+        if dist.env_info().is_main
+        else None
+    )
     try:
         return _finetune(cfg, train_cfg, out, spec, max_steps_cap)
     finally:
@@ -196,8 +235,9 @@ def finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: str | Path,
             lock.release()
 
 
-def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict | None,
-              max_steps_cap: int) -> tuple[TrainResult, dict]:
+def _finetune(
+    cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict | None, max_steps_cap: int
+) -> tuple[TrainResult, dict]:
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
@@ -210,28 +250,54 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
         task.read(cfg.data, cfg.eval_split, cfg.skip_bad_rows)
     if cfg.train_examples:
         keep = train_subset(len(train_split.examples), cfg.train_examples, train_cfg.seed)
-        train_split = dataclasses.replace(train_split,
-                                          examples=[train_split.examples[i] for i in keep])
+        train_split = dataclasses.replace(
+            train_split, examples=[train_split.examples[i] for i in keep]
+        )
     enc = encode_split(train_split, task, tok, n_ctx, cfg.question_delimiter, cfg.encode_processes)
     train_cfg = run_length(train_cfg, len(enc.items), max_steps_cap)
     eval_fn = None
     if train_cfg.eval_every:
         eval_fn = periodic_eval(task, cfg, tok, n_ctx, train_cfg.micro_batch_size)
     record = task_record(task, cfg, tok, n_ctx)
-    resolved = {"finetune": asdict(cfg), "train": asdict(train_cfg), "task": record,
-                "model": model.gpt.config.to_dict()}
+    resolved = {
+        "finetune": asdict(cfg),
+        "train": asdict(train_cfg),
+        "task": record,
+        "model": model.gpt.config.to_dict(),
+    }
     if info.is_main:
         files.write_json(out / "run.json", resolved)
-        log.info("fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g)",
-                 task.name, len(enc.items), cfg.train_split, train_cfg.max_steps,
-                 train_cfg.batch_size, train_cfg.lr, cfg.lm_coef)
-    source = FinetuneSource(enc, train_cfg.seed, task.regression, info.rank, info.world_size,
-                            train_cfg.micro_batch_size if cfg.group_by_length else 0)
+        log.info(
+            "fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g)",
+            task.name,
+            len(enc.items),
+            cfg.train_split,
+            train_cfg.max_steps,
+            train_cfg.batch_size,
+            train_cfg.lr,
+            cfg.lm_coef,
+        )
+    source = FinetuneSource(
+        enc,
+        train_cfg.seed,
+        task.regression,
+        info.rank,
+        info.world_size,
+        train_cfg.micro_batch_size if cfg.group_by_length else 0,
+    )
     try:
-        result = train(model, FinetuneLoss(task.regression, cfg.lm_coef), source, train_cfg, out,
-                       eval_fn=eval_fn, write_model=writer(tok_dir, record, resolved),
-                       read_model=read_into, resolved_config=resolved,
-                       flops_per_token=model_flops(model.gpt, n_ctx))
+        result = train(
+            model,
+            FinetuneLoss(task.regression, cfg.lm_coef),
+            source,
+            train_cfg,
+            out,
+            eval_fn=eval_fn,
+            write_model=writer(tok_dir, record, resolved),
+            read_model=read_into,
+            resolved_config=resolved,
+            flops_per_token=model_flops(model.gpt, n_ctx),
+        )
     finally:
         dist.destroy()
     results: dict = {}
@@ -241,9 +307,17 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
             # score the unsharded weights the trainer just wrote instead.
             model = load_finetuned(result.final_dir)[0]
         model.eval()
-        results = evaluate_model(model, task, tok, cfg.data, cfg.eval_split, n_ctx,
-                                 cfg.question_delimiter, train_cfg.micro_batch_size,
-                                 cfg.skip_bad_rows)
+        results = evaluate_model(
+            model,
+            task,
+            tok,
+            cfg.data,
+            cfg.eval_split,
+            n_ctx,
+            cfg.question_delimiter,
+            train_cfg.micro_batch_size,
+            cfg.skip_bad_rows,
+        )
         results["train_n"] = len(enc.items)
         results["train_skipped"] = len(train_split.skipped)
         results["steps"] = result.step
@@ -253,8 +327,12 @@ def _finetune(cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict
 
 def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: int) -> Any:
     """The trainer's eval_fn: headline metrics on the evaluation split, prefixed `dev_`."""
-    splits = {s: task.read(cfg.data, s, cfg.skip_bad_rows) for s in task.resolve_splits(cfg.eval_split)}
-    encoded = {s: encode_split(sp, task, tok, n_ctx, cfg.question_delimiter) for s, sp in splits.items()}
+    splits = {
+        s: task.read(cfg.data, s, cfg.skip_bad_rows) for s in task.resolve_splits(cfg.eval_split)
+    }
+    encoded = {
+        s: encode_split(sp, task, tok, n_ctx, cfg.question_delimiter) for s, sp in splits.items()
+    }
 
     def evaluate(model: Any) -> dict[str, float]:
         out = {}
@@ -262,14 +340,17 @@ def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: 
             metrics = score(model, task, enc, micro)
             out.update({f"{name}_{k}": v for k, v in metrics.items() if k != "n"})
         return out
+
     return evaluate
 
 
 # ---------------------------------------------------------------------------- config
-def resolve(config_file: str | Path | None, flags: dict[str, dict[str, Any]],
-            sets: list[str] | None = None) -> tuple[FinetuneConfig, TrainConfig]:
+def resolve(
+    config_file: str | Path | None, flags: dict[str, dict[str, Any]], sets: list[str] | None = None
+) -> tuple[FinetuneConfig, TrainConfig]:
     """Paper defaults -> TOML ([finetune], [train]) -> flags (None skipped) -> `--set` strings:
     `gpt1.config.resolve_finetune` with the TOML read from `config_file`."""
     from gpt1.config import load_toml, resolve_finetune
+
     table = load_toml(config_file) if config_file else {}
     return resolve_finetune(table, flags, sets, toml_source=str(config_file or "config"))

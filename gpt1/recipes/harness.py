@@ -22,11 +22,13 @@ fine-tuning input starts with it). `prefix_token_id=N` chooses another. The cont
 Register with `register()` (done by `gpt1 lm-eval`, see `gpt1.cli.lm_eval`); the task definitions
 for data the harness cannot fetch offline live in `gpt1/lm_eval_tasks/` (`TASKS_DIR`).
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from lm_eval.api.model import TemplateLM
@@ -38,7 +40,7 @@ from gpt1.errors import CheckpointError, ConfigError
 log = logging.getLogger(__name__)
 
 MODEL_NAME = "gpt1"
-TASKS_DIR = Path(__file__).resolve().parents[1] / "lm_eval_tasks"   # gpt1/lm_eval_tasks
+TASKS_DIR = Path(__file__).resolve().parents[1] / "lm_eval_tasks"  # gpt1/lm_eval_tasks
 
 
 def register() -> None:
@@ -50,6 +52,7 @@ def register() -> None:
 def _harness_device(name: str | None) -> torch.device:
     """The harness passes `cuda:0` by default; fall back to auto when there is no GPU."""
     from gpt1.devices import resolve_device
+
     if name and name.startswith("cuda") and not torch.cuda.is_available():
         log.info("lm-eval: no CUDA device; running on the CPU")
         name = "auto"
@@ -59,17 +62,28 @@ def _harness_device(name: str | None) -> torch.device:
 class Gpt1LM(TemplateLM):
     """A gpt1 checkpoint (GPT or the LSTM baseline) for the evaluation harness (module doc)."""
 
-    def __init__(self, checkpoint: str, tokenizer: str | None = None, device: str | None = "auto",
-                 precision: str = "auto", batch_tokens: int | str = 4096, max_rows: int | str = 64,
-                 max_length: int | str | None = None, max_gen_toks: int | str = 256,
-                 prefix_token_id: int | str | None = None, batch_size: Any = None,
-                 max_batch_size: Any = None, **unused: Any) -> None:
+    def __init__(
+        self,
+        checkpoint: str,
+        tokenizer: str | None = None,
+        device: str | None = "auto",
+        precision: str = "auto",
+        batch_tokens: int | str = 4096,
+        max_rows: int | str = 64,
+        max_length: int | str | None = None,
+        max_gen_toks: int | str = 256,
+        prefix_token_id: int | str | None = None,
+        batch_size: Any = None,
+        max_batch_size: Any = None,
+        **unused: Any,
+    ) -> None:
         super().__init__()
-        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
         from gpt1.devices import resolve_precision, torch_dtype
+        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
         from gpt1.model.registry import load_any_checkpoint
         from gpt1.text.tokenizer import Tokenizer
         from gpt1.zeroshot.scorer import Scorer
+
         if unused:
             log.warning("lm-eval: gpt1 ignores model_args %s", ", ".join(sorted(unused)))
         # Rows per forward pass follow a token budget (batch_tokens, max_rows), not batch_size.
@@ -77,8 +91,10 @@ class Gpt1LM(TemplateLM):
         folder = resolve_checkpoint_dir(checkpoint)
         tok_dir = Path(tokenizer) if tokenizer else tokenizer_dir_of(folder)
         if tok_dir is None:
-            raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt); "
-                                  "pass tokenizer=DIR in --model_args")
+            raise CheckpointError(
+                f"{folder}: no tokenizer files (vocab.json + merges.txt); "
+                "pass tokenizer=DIR in --model_args"
+            )
         self.tok = Tokenizer.from_dir(tok_dir)
         self._device = _harness_device(device)
         self.precision = resolve_precision(precision, self._device)
@@ -88,17 +104,22 @@ class Gpt1LM(TemplateLM):
         if max_length is not None:
             limits.append(int(max_length))
         self._max_length = min(n for n in limits if n)
-        self.scorer = Scorer(model, batch_tokens=int(batch_tokens), max_rows=int(max_rows),
-                             max_context=self._max_length)
+        self.scorer = Scorer(
+            model,
+            batch_tokens=int(batch_tokens),
+            max_rows=int(max_rows),
+            max_context=self._max_length,
+        )
         self.model = model
         self._max_gen_toks = int(max_gen_toks)
-        if prefix_token_id is None:   # as the transformers export declares (module doc)
-            fine_tuned = model.config.vocab_size > self.tok.vocab_size   # task tokens appended
+        if prefix_token_id is None:  # as the transformers export declares (module doc)
+            fine_tuned = model.config.vocab_size > self.tok.vocab_size  # task tokens appended
             prefix_token_id = self.tok.vocab_size if fine_tuned else self.tok.unk_id
         self._prefix = int(prefix_token_id)
         if not 0 <= self._prefix < model.config.vocab_size:
-            raise ConfigError(f"prefix_token_id must be in [0, {model.config.vocab_size}), "
-                              f"got {self._prefix}")
+            raise ConfigError(
+                f"prefix_token_id must be in [0, {model.config.vocab_size}), got {self._prefix}"
+            )
         self.checkpoint = str(folder)
 
     # -- what the harness reads ----------------------------------------------------------------
@@ -124,11 +145,16 @@ class Gpt1LM(TemplateLM):
         return f"gpt1:{self.checkpoint}"
 
     def get_model_info(self) -> dict[str, Any]:
-        return {"model_num_parameters": sum(p.numel() for p in self.model.parameters()),
-                "model_dtype": self.precision, "model_revision": "", "model_sha": ""}
+        return {
+            "model_num_parameters": sum(p.numel() for p in self.model.parameters()),
+            "model_dtype": self.precision,
+            "model_revision": "",
+            "model_sha": "",
+        }
 
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None,
-                   **kwargs: Any) -> list[int]:
+    def tok_encode(
+        self, string: str, add_special_tokens: bool | None = None, **kwargs: Any
+    ) -> list[int]:
         """GPT-1's ids for `string` (GPT-1 adds no special tokens, so the flag changes nothing)."""
         return list(self.tok.encode(string))
 
@@ -136,8 +162,12 @@ class Gpt1LM(TemplateLM):
         return self.tok.decode(tokens)
 
     # -- scoring -------------------------------------------------------------------------------
-    def _loglikelihood_tokens(self, requests: list[tuple[tuple[str, str], list[int], list[int]]],
-                              disable_tqdm: bool = False, **kwargs: Any) -> list[tuple[float, bool]]:
+    def _loglikelihood_tokens(
+        self,
+        requests: list[tuple[tuple[str, str], list[int], list[int]]],
+        disable_tqdm: bool = False,
+        **kwargs: Any,
+    ) -> list[tuple[float, bool]]:
         scores = self.scorer.score([(ctx, cont) for _, ctx, cont in requests], greedy=True)
         out = []
         for (key, _, _), score in zip(requests, scores):
@@ -152,9 +182,15 @@ class Gpt1LM(TemplateLM):
         windows: list[tuple[list[int], list[int]]] = []
         counts: list[int] = []
         for (string,) in (req.args for req in requests):
-            doc = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(string), prefix_token=self._prefix,
-                max_seq_len=self._max_length, context_len=1)]
+            doc = [
+                make_disjoint_window(w)
+                for w in get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self._prefix,
+                    max_seq_len=self._max_length,
+                    context_len=1,
+                )
+            ]
             windows.extend(doc)
             counts.append(len(doc))
         scores = iter(self.scorer.score(windows))
@@ -176,13 +212,21 @@ class Gpt1LM(TemplateLM):
             out.append(text)
         return out
 
-    def generate_text(self, context: str, until: list[str] | str | None = None,
-                      max_gen_toks: int | None = None, do_sample: bool = False,
-                      temperature: float = 0.0, top_k: int | None = None,
-                      top_p: float | None = None, seed: int | None = None,
-                      **ignored: Any) -> str:
+    def generate_text(
+        self,
+        context: str,
+        until: list[str] | str | None = None,
+        max_gen_toks: int | None = None,
+        do_sample: bool = False,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        **ignored: Any,
+    ) -> str:
         """One continuation of `context`, cut before the first stop string in `until`."""
         from gpt1.recipes.sample import TextStream, generate_stream
+
         stops = [until] if isinstance(until, str) else list(until or [])
         n_new = self._max_gen_toks if max_gen_toks is None else int(max_gen_toks)
         if not do_sample:
@@ -191,15 +235,18 @@ class Gpt1LM(TemplateLM):
             temperature = 1.0
         ids = self.tok_encode(context) or [self._prefix]
         # Keep room for the new tokens inside the window, like the harness's own models.
-        ids = ids[-max(1, self._max_length - n_new):]
+        ids = ids[-max(1, self._max_length - n_new) :]
         generator = None
         if temperature > 0:
             generator = torch.Generator(device=self._device)
             generator.manual_seed(seed if seed is not None else 1234)
         stream = TextStream(self.tok)
         text = ""
-        for token in _first_row(generate_stream(self.model, torch.tensor([ids]), n_new,
-                                                temperature, top_k, top_p, generator)):
+        for token in _first_row(
+            generate_stream(
+                self.model, torch.tensor([ids]), n_new, temperature, top_k, top_p, generator
+            )
+        ):
             text += stream.push(token)
             cut = _first_stop(text, stops)
             if cut is not None:
@@ -210,7 +257,7 @@ class Gpt1LM(TemplateLM):
 
 
 def _first_row(tokens: Iterator[torch.Tensor]) -> Iterator[int]:
-    for token in tokens:   # [1, 1] per step
+    for token in tokens:  # [1, 1] per step
         yield int(token[0, 0])
 
 
@@ -220,19 +267,30 @@ def _first_stop(text: str, stops: list[str]) -> int | None:
     return min(hits) if hits else None
 
 
-def simple_evaluate(checkpoint: str, tasks: list[str], data: str | None = None,
-                    limit: int | float | None = None, **model_args: Any) -> dict[str, Any]:
+def simple_evaluate(
+    checkpoint: str,
+    tasks: list[str],
+    data: str | None = None,
+    limit: int | float | None = None,
+    **model_args: Any,
+) -> dict[str, Any]:
     """`lm_eval.simple_evaluate` on a gpt1 checkpoint with gpt1's local tasks available.
 
     `data` is the data root (or a task's folder) the local tasks read (see gpt1/lm_eval_tasks).
     """
     import lm_eval
+
     register()
     model_args = {"checkpoint": checkpoint, **model_args}
     metadata = {"data": str(data)} if data else {}
-    return lm_eval.simple_evaluate(model=MODEL_NAME, model_args=model_args, tasks=tasks,
-                                   limit=limit, metadata=metadata,
-                                   task_manager=task_manager(tasks, metadata))
+    return lm_eval.simple_evaluate(
+        model=MODEL_NAME,
+        model_args=model_args,
+        tasks=tasks,
+        limit=limit,
+        metadata=metadata,
+        task_manager=task_manager(tasks, metadata),
+    )
 
 
 def only_local(tasks: list[str]) -> bool:
@@ -244,8 +302,10 @@ def task_manager(tasks: list[str], metadata: dict[str, Any] | None = None) -> An
     """A harness TaskManager that knows gpt1's local tasks. When only those are asked for, the
     harness's own ~14,000 task files are not indexed (over a minute on a loaded 2-core CPU)."""
     from lm_eval.tasks import TaskManager
-    return TaskManager(include_path=str(TASKS_DIR), include_defaults=not only_local(tasks),
-                       metadata=metadata or {})
+
+    return TaskManager(
+        include_path=str(TASKS_DIR), include_defaults=not only_local(tasks), metadata=metadata or {}
+    )
 
 
 __all__ = ["Gpt1LM", "register", "simple_evaluate", "TASKS_DIR"]

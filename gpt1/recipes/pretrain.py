@@ -5,6 +5,7 @@ Configuration resolves in order: preset (model + recipe) -> TOML file -> command
 it was made with). With `train.max_steps = 0` the run length is `epochs` passes over the training
 tokens: ceil(epochs * train_tokens / (batch_size * n_ctx)) updates (the paper: 100 epochs).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,22 +16,25 @@ from typing import Any
 
 import torch
 
-from gpt1.train import distributed as dist
 from gpt1.config import RunConfig, load_toml, resolve_pretrain
-from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.errors import ConfigError
 from gpt1.files import claim_run_dir, resumes_in, write_json
 from gpt1.model.registry import build_model
-from gpt1.train.objectives import WindowLMLoss, lm_loss_window
+from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.train import distributed as dist
 from gpt1.train.loop import TrainResult, train
+from gpt1.train.objectives import WindowLMLoss, lm_loss_window
 
 log = logging.getLogger("gpt1.recipes.pretrain")
 RUN_CONFIG = "run.json"
 
 
-def resolve_config(preset: str | None = None, config_file: str | Path | None = None,
-                   flags: dict[str, dict[str, Any]] | None = None,
-                   sets: list[str] | None = None) -> RunConfig:
+def resolve_config(
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    flags: dict[str, dict[str, Any]] | None = None,
+    sets: list[str] | None = None,
+) -> RunConfig:
     """Preset -> TOML file -> flags ({section: {key: value}}, None values skipped) -> `--set`
     strings: `gpt1.config.resolve_pretrain` with the TOML read from `config_file`."""
     table = load_toml(config_file) if config_file else {}
@@ -42,15 +46,19 @@ def finalize(cfg: RunConfig, data: PreparedData) -> RunConfig:
     run length (max_steps 0 = ceil(epochs * train_tokens / (batch_size * n_ctx)))."""
     n_ctx = cfg.data.n_ctx or cfg.model.n_positions
     if n_ctx > cfg.model.n_positions:
-        raise ConfigError(f"data.n_ctx ({n_ctx}) exceeds model.n_positions ({cfg.model.n_positions})")
+        raise ConfigError(
+            f"data.n_ctx ({n_ctx}) exceeds model.n_positions ({cfg.model.n_positions})"
+        )
     max_steps = cfg.train.max_steps
     if max_steps == 0:
         tokens = data.splits["train"].tokens
         max_steps = max(1, math.ceil(cfg.train.epochs * tokens / (cfg.train.batch_size * n_ctx)))
     return dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, vocab_size=data.vocab_size),
+        cfg,
+        model=dataclasses.replace(cfg.model, vocab_size=data.vocab_size),
         data=dataclasses.replace(cfg.data, n_ctx=n_ctx),
-        train=dataclasses.replace(cfg.train, max_steps=max_steps))
+        train=dataclasses.replace(cfg.train, max_steps=max_steps),
+    )
 
 
 def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: int) -> Any:
@@ -61,17 +69,18 @@ def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: 
     windows = validation_windows(data.splits["val"], n_ctx, limit)
     info = dist.env_info()
     usable = len(windows) - len(windows) % info.world_size or len(windows)
-    mine = windows[:usable][info.rank::info.world_size]     # [n_mine, n_ctx + 1]
+    mine = windows[:usable][info.rank :: info.world_size]  # [n_mine, n_ctx + 1]
 
     def evaluate(model: Any) -> dict[str, float]:
         device = next(model.parameters()).device
-        total = torch.zeros(2, dtype=torch.float64, device=device)   # [loss * count, count]
+        total = torch.zeros(2, dtype=torch.float64, device=device)  # [loss * count, count]
         for start in range(0, len(mine), micro):
-            rows = mine[start:start + micro].to(device)
+            rows = mine[start : start + micro].to(device)
             loss = lm_loss_window(model, model(rows[:, :-1]), rows[:, 1:], chunk)
             count = rows[:, 1:].numel()
-            total += torch.stack([loss.double() * count, torch.tensor(count, device=device,
-                                                                      dtype=torch.float64)])
+            total += torch.stack(
+                [loss.double() * count, torch.tensor(count, device=device, dtype=torch.float64)]
+            )
         dist.all_reduce_sum(total)
         val_loss = float(total[0] / total[1])
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700))}
@@ -79,8 +88,9 @@ def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: 
     return evaluate
 
 
-def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt",
-             overwrite: bool = False) -> TrainResult:
+def pretrain(
+    cfg: RunConfig, out: str | Path, arch: str = "gpt", overwrite: bool = False
+) -> TrainResult:
     """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
@@ -91,8 +101,11 @@ def pretrain(cfg: RunConfig, out: str | Path, arch: str = "gpt",
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
-    lock = (claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
-            if dist.env_info().is_main else None)
+    lock = (
+        claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
+        if dist.env_info().is_main
+        else None
+    )
     try:
         return _pretrain(cfg, out, arch)
     finally:
@@ -107,10 +120,16 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     info = dist.env_info()
     from gpt1.model.memory import ensure_training_fits
     from gpt1.train.loop import resolve_device
+
     # Sized from the configs alone, before run.json, the model or any optimizer state exist.
-    ensure_training_fits(cfg.model, cfg.train, n_ctx, "pretrain config",
-                         resolve_device(cfg.train.device, info.local_rank),
-                         world_size=info.world_size)
+    ensure_training_fits(
+        cfg.model,
+        cfg.train,
+        n_ctx,
+        "pretrain config",
+        resolve_device(cfg.train.device, info.local_rank),
+        world_size=info.world_size,
+    )
     resolved = cfg.to_dict()
     if arch != "gpt":
         resolved["arch"] = arch
@@ -119,21 +138,39 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
-    eval_fn = make_eval_fn(data, n_ctx, cfg.data.val_windows, cfg.train.micro_batch_size,
-                           cfg.train.loss_chunk_tokens)
+    eval_fn = make_eval_fn(
+        data, n_ctx, cfg.data.val_windows, cfg.train.micro_batch_size, cfg.train.loss_chunk_tokens
+    )
     tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
     if tokenizer_dir is None:
-        log.warning("%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder)
+        log.warning(
+            "%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder
+        )
     if info.is_main:
-        log.info("pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, "
-                 "%s, out %s", f"{model.num_parameters():,}", cfg.train.max_steps,
-                 cfg.train.batch_size, n_ctx, cfg.train.micro_batch_size,
-                 _precision_shown(cfg.train, info.local_rank), out)
+        log.info(
+            "pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, "
+            "%s, out %s",
+            f"{model.num_parameters():,}",
+            cfg.train.max_steps,
+            cfg.train.batch_size,
+            n_ctx,
+            cfg.train.micro_batch_size,
+            _precision_shown(cfg.train, info.local_rank),
+            out,
+        )
     try:
-        result = train(model, WindowLMLoss(cfg.train.loss_chunk_tokens), source, cfg.train, out,
-                       eval_fn=eval_fn, tokenizer_dir=tokenizer_dir, resolved_config=resolved,
-                       flops_per_token=model_flops,
-                       write_model=_writer(tokenizer_dir, resolved, extra))
+        result = train(
+            model,
+            WindowLMLoss(cfg.train.loss_chunk_tokens),
+            source,
+            cfg.train,
+            out,
+            eval_fn=eval_fn,
+            tokenizer_dir=tokenizer_dir,
+            resolved_config=resolved,
+            flops_per_token=model_flops,
+            write_model=_writer(tokenizer_dir, resolved, extra),
+        )
     finally:
         # Every rank leaves the trainer's final barrier together and tears down at once (as
         # fine-tuning does); rank 0's plotting comes after, so no rank closes its process
@@ -141,6 +178,7 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
         dist.destroy()
     if info.is_main and not result.interrupted:
         from gpt1.train.telemetry import plot_run
+
         plot_run(out)
     return result
 
@@ -153,6 +191,7 @@ def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -
 
     def write(model: torch.nn.Module, folder: Path) -> None:
         write_model_files(folder, model, tokenizer_dir, {**extra, "run": resolved})
+
     return write
 
 
@@ -160,5 +199,7 @@ def _precision_shown(train_cfg: Any, local_rank: int) -> str:
     """The precision the trainer will use, for the log line ("auto" resolved)."""
     from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
     from gpt1.train.loop import resolve_device
-    return resolve_precision(train_cfg.precision, resolve_device(train_cfg.device, local_rank),
-                             TRAIN_PRECISIONS)
+
+    return resolve_precision(
+        train_cfg.precision, resolve_device(train_cfg.device, local_rank), TRAIN_PRECISIONS
+    )

@@ -6,12 +6,14 @@ and its tokenizer for prompt after prompt; `sample(checkpoint, ...)` is the one-
 The context is capped at `n_positions`: past that, each step re-reads the last `n_positions`
 tokens (learned positions cannot slide, so the cache is not reused there).
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -25,8 +27,12 @@ from gpt1.model.registry import load_any_checkpoint
 log = logging.getLogger(__name__)
 
 
-def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                  top_p: float | None = None) -> torch.Tensor:
+def filter_logits(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
     """Scale by temperature, then keep the top-k and the smallest top-p nucleus (others -inf).
 
     logits `[B, V]`; same order as transformers (temperature, top-k, top-p), so seeded samples
@@ -46,8 +52,9 @@ def filter_logits(logits: torch.Tensor, temperature: float = 1.0, top_k: int | N
     return logits
 
 
-def check_options(temperature: float, top_k: int | None, top_p: float | None,
-                  max_new_tokens: int) -> None:
+def check_options(
+    temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int
+) -> None:
     if temperature < 0:
         raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
@@ -59,9 +66,16 @@ def check_options(temperature: float, top_k: int | None, top_p: float | None,
 
 
 @torch.no_grad()
-def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
-             temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
-             generator: torch.Generator | None = None, use_cache: bool = True) -> torch.Tensor:
+def generate(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
     """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
 
     `model` is a `GPT` (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM
@@ -70,15 +84,22 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
     """
     if ids.dim() == 1:
         ids = ids[None]
-    steps = list(generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p,
-                                 generator, use_cache))
+    steps = list(
+        generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+    )
     return torch.cat([ids.to(model.wte.weight.device), *steps], dim=1)
 
 
-def generate_stream(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int,
-                    temperature: float = 1.0, top_k: int | None = None,
-                    top_p: float | None = None, generator: torch.Generator | None = None,
-                    use_cache: bool = True) -> Iterator[torch.Tensor]:
+def generate_stream(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> Iterator[torch.Tensor]:
     """`generate`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
 
     The checks run before the first token; the model is in eval mode while the generator runs
@@ -95,9 +116,16 @@ def generate_stream(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: i
     return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
 
 
-def _steps(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, temperature: float,
-           top_k: int | None, top_p: float | None, generator: torch.Generator | None,
-           use_cache: bool) -> Iterator[torch.Tensor]:
+def _steps(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+    use_cache: bool,
+) -> Iterator[torch.Tensor]:
     """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly)."""
     n_pos = model.config.n_positions
     was_training = model.training
@@ -117,8 +145,9 @@ def _steps(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, tempe
                 logits = model.lm_logits(hidden).float()  # [B, V]
             if not bool(torch.isfinite(logits).all()):
                 # Overflow (or damage): multinomial would crash, argmax would pick token 0.
-                raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn "
-                                "from them")
+                raise Gpt1Error(
+                    "the model produced NaN or infinite logits; no sample is drawn from them"
+                )
             if temperature == 0:
                 nxt = logits.argmax(-1, keepdim=True)
             else:
@@ -133,17 +162,19 @@ def _steps(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, tempe
 
 @dataclass
 class Sample:
-    ids: list[int]          # prompt + continuation
+    ids: list[int]  # prompt + continuation
     prompt_len: int
-    text: str | None        # decoded continuation, when the checkpoint has a tokenizer
+    text: str | None  # decoded continuation, when the checkpoint has a tokenizer
 
 
 def parse_ids(raw: str) -> list[int]:
-    """"1 2 3" or "1,2,3" -> [1, 2, 3]."""
+    """ "1 2 3" or "1,2,3" -> [1, 2, 3]."""
     try:
         return [int(t) for t in raw.replace(",", " ").split()]
     except ValueError:
-        raise ConfigError(f"--prompt-ids must be integers separated by spaces, got {raw!r}") from None
+        raise ConfigError(
+            f"--prompt-ids must be integers separated by spaces, got {raw!r}"
+        ) from None
 
 
 class TextStream:
@@ -157,15 +188,15 @@ class TextStream:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.started = False      # released any non-space text yet
-        self.pending = ""         # whitespace held back
+        self.started = False  # released any non-space text yet
+        self.pending = ""  # whitespace held back
 
     def push(self, token: int) -> str:
         text = self.pending + _piece(self.tokenizer, token)
         if not self.started:
             text = text.lstrip()
         body = text.rstrip()
-        self.pending = text[len(body):]
+        self.pending = text[len(body) :]
         if body:
             self.started = True
         return body
@@ -179,20 +210,26 @@ class TextStream:
 def _piece(tokenizer, token: int) -> str:
     """One id's text as `Tokenizer.decode` joins it: `</w>` becomes a space."""
     from gpt1.text.tokenizer import EOW
+
     piece = tokenizer.decoder.get(int(token))
     if piece is None:
         raise ConfigError(f"token id {int(token)} is outside this vocabulary")
     return piece.replace(EOW, " ")
 
 
-def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int,
-                          device: str) -> None:
+def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int, device: str) -> None:
     """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
     hidden state per position and layer and one row of logits."""
-    window = min(config.n_positions, max_new_tokens + 1)   # the prompt holds at least one token
+    window = min(config.n_positions, max_new_tokens + 1)  # the prompt holds at least one token
     need = num_samples * (window * config.n_embd * config.n_layer + config.vocab_size) * 4
-    ensure_fits(need, "sampling", "--num-samples", f"num_samples={num_samples:,} x {window:,} "
-                f"positions x n_layer={config.n_layer} x n_embd={config.n_embd}", device)
+    ensure_fits(
+        need,
+        "sampling",
+        "--num-samples",
+        f"num_samples={num_samples:,} x {window:,} "
+        f"positions x n_layer={config.n_layer} x n_embd={config.n_embd}",
+        device,
+    )
 
 
 class Session:
@@ -209,21 +246,27 @@ class Session:
         self.tokenizer = None
         if tok_dir is not None:
             from gpt1.text.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
+
             self.tokenizer = Tokenizer.from_dir(tok_dir)
 
-    def prompt_ids(self, prompt: str | None = None, prompt_ids: list[int] | None = None) -> list[int]:
+    def prompt_ids(
+        self, prompt: str | None = None, prompt_ids: list[int] | None = None
+    ) -> list[int]:
         """The ids to continue: `prompt` encoded, or `prompt_ids`, cut to the last n_positions."""
         if (prompt is None) == (prompt_ids is None):
-            raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
+            raise ConfigError('give exactly one of --prompt TEXT or --prompt-ids "1 2 3"')
         if prompt is not None:
             if self.tokenizer is None:
-                raise CheckpointError(f"{self.folder}: no tokenizer files (vocab.json + merges.txt), "
-                                      "so a text prompt cannot be encoded; use --prompt-ids")
+                raise CheckpointError(
+                    f"{self.folder}: no tokenizer files (vocab.json + merges.txt), "
+                    "so a text prompt cannot be encoded; use --prompt-ids"
+                )
             prompt_ids = list(self.tokenizer.encode(prompt))
         n_pos = self.model.config.n_positions
         if len(prompt_ids) > n_pos:
-            log.warning("prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids),
-                        n_pos)
+            log.warning(
+                "prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos
+            )
             prompt_ids = prompt_ids[-n_pos:]
         return list(prompt_ids)
 
@@ -232,46 +275,85 @@ class Session:
         generator.manual_seed(seed if seed is not None else torch.seed())
         return generator
 
-    def stream_text(self, prompt_ids: list[int], max_new_tokens: int = 50,
-                    temperature: float = 1.0, top_k: int | None = None,
-                    top_p: float | None = None, seed: int | None = None) -> Iterator[str]:
+    def stream_text(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int = 50,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> Iterator[str]:
         """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
         joined, the pieces equal `Tokenizer.decode` of the new ids."""
         if self.tokenizer is None:
             raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
         text = TextStream(self.tokenizer)
-        steps = generate_stream(self.model, torch.tensor([prompt_ids]), max_new_tokens,
-                                temperature, top_k, top_p, self._generator(seed))
+        steps = generate_stream(
+            self.model,
+            torch.tensor([prompt_ids]),
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            self._generator(seed),
+        )
         for step in steps:
             piece = text.push(int(step[0, 0]))
             if piece:
                 yield piece
 
-    def samples(self, prompt_ids: list[int], max_new_tokens: int = 50, temperature: float = 1.0,
-                top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                num_samples: int = 1) -> list[Sample]:
+    def samples(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int = 50,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+        num_samples: int = 1,
+    ) -> list[Sample]:
         """`num_samples` continuations of the same prompt, generated as one batch."""
         if num_samples < 1:
             raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
         check_sampling_memory(self.model.config, num_samples, max_new_tokens, str(self.device))
         ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
-        out = generate(self.model, ids, max_new_tokens, temperature, top_k, top_p,
-                       self._generator(seed))
+        out = generate(
+            self.model, ids, max_new_tokens, temperature, top_k, top_p, self._generator(seed)
+        )
         n = len(prompt_ids)
-        return [Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
-                for row in out.tolist()]
+        return [
+            Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
+            for row in out.tolist()
+        ]
 
 
-def sample(checkpoint: str | Path, prompt: str | None = None, prompt_ids: list[int] | None = None,
-           max_new_tokens: int = 50, temperature: float = 1.0, top_k: int | None = None,
-           top_p: float | None = None, seed: int | None = None, num_samples: int = 1,
-           device: str = "auto", precision: str = "auto") -> list[Sample]:
+def sample(
+    checkpoint: str | Path,
+    prompt: str | None = None,
+    prompt_ids: list[int] | None = None,
+    max_new_tokens: int = 50,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | None = None,
+    num_samples: int = 1,
+    device: str = "auto",
+    precision: str = "auto",
+) -> list[Sample]:
     """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
     check_options(temperature, top_k, top_p, max_new_tokens)
     if (prompt is None) == (prompt_ids is None):
-        raise ConfigError("give exactly one of --prompt TEXT or --prompt-ids \"1 2 3\"")
+        raise ConfigError('give exactly one of --prompt TEXT or --prompt-ids "1 2 3"')
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
     session = Session(checkpoint, device, precision)
-    return session.samples(session.prompt_ids(prompt, prompt_ids), max_new_tokens, temperature,
-                           top_k, top_p, seed, num_samples)
+    return session.samples(
+        session.prompt_ids(prompt, prompt_ids),
+        max_new_tokens,
+        temperature,
+        top_k,
+        top_p,
+        seed,
+        num_samples,
+    )

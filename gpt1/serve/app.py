@@ -5,14 +5,16 @@ body, 413: body too large, 404: unknown path or an endpoint this model does not 
 `Retry-After` when the queue is full, 500 (logged with its traceback) for a bug. The model runs
 in the batcher's worker thread; handlers only validate, tokenize and wait.
 """
+
 # No `from __future__ import annotations`: FastAPI reads the body types of the handlers below,
 # which are local classes, from their evaluated annotations.
 import asyncio
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -70,8 +72,9 @@ class Guard:
         try:
             body = await self._read_body(scope, receive)
             if body is None:
-                await error(413, f"request body over {self.max_body} bytes")(scope, receive,
-                                                                               counting_send)
+                await error(413, f"request body over {self.max_body} bytes")(
+                    scope, receive, counting_send
+                )
                 return
             if scope["method"] == "POST":
                 # The API reads only JSON: a body sent as a form (curl -d's default type) is
@@ -114,14 +117,21 @@ def _replay(body: bytes, receive: Any) -> Any:
             sent["done"] = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replay
 
 
 KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
 
 
-def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int = 8192,
-               batch_items: int = 16, wait_s: float = 0.002, max_queue: int = 1024) -> Any:
+def create_app(
+    engine: Engine,
+    limits: Limits | None = None,
+    batch_tokens: int = 8192,
+    batch_items: int = 16,
+    wait_s: float = 0.002,
+    max_queue: int = 1024,
+) -> Any:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware)."""
     limits = limits or Limits()
     metrics = Metrics()
@@ -131,19 +141,24 @@ def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int =
             return engine.predict(items, micro=batch_items)
         return engine.score(items)
 
-    batcher = Batcher(run_batch, batch_tokens, batch_items, wait_s, max_queue,
-                      on_batch=metrics.observe_batch)
+    batcher = Batcher(
+        run_batch, batch_tokens, batch_items, wait_s, max_queue, on_batch=metrics.observe_batch
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         batcher.start()
         log.info("gpt1 serve: %s ready", engine.folder)
         yield
-        batcher.stop()   # uvicorn has already let the requests in flight finish
+        batcher.stop()  # uvicorn has already let the requests in flight finish
 
-    app = FastAPI(title="gpt1", version="1", lifespan=lifespan,
-                  description="GPT-1 inference: predict with a fine-tuned run, generate and "
-                              "score with a language model. Errors are {\"error\": \"...\"}.")
+    app = FastAPI(
+        title="gpt1",
+        version="1",
+        lifespan=lifespan,
+        description="GPT-1 inference: predict with a fine-tuned run, generate and "
+        'score with a language model. Errors are {"error": "..."}.',
+    )
     app.state.engine, app.state.batcher, app.state.metrics = engine, batcher, metrics
 
     @app.exception_handler(RequestValidationError)
@@ -153,13 +168,19 @@ def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int =
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if exc.status_code == 404 and request.url.path == "/v1/predict":
-            return error(404, "this model is a pretrained language model: /v1/predict needs a "
-                              "fine-tuned run (use /v1/generate or /v1/score)")
+            return error(
+                404,
+                "this model is a pretrained language model: /v1/predict needs a "
+                "fine-tuned run (use /v1/generate or /v1/score)",
+            )
         if exc.status_code == 404:
             return error(404, f"no such endpoint: {request.url.path} (see /docs)")
         if exc.status_code == 405:
-            return error(405, f"{request.method} is not allowed on {request.url.path}",
-                         getattr(exc, "headers", None))
+            return error(
+                405,
+                f"{request.method} is not allowed on {request.url.path}",
+                getattr(exc, "headers", None),
+            )
         return error(exc.status_code, exc.detail, getattr(exc, "headers", None))
 
     @app.exception_handler(Gpt1Error)
@@ -203,22 +224,31 @@ def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int =
         encoded = engine.encode(engine.examples(items))
         tokens = sum(len(seq) for item in encoded for seq in item)
         preds = await submit("predict", encoded, tokens, len(encoded))
-        return {"predictions": [p.as_dict(engine.task.labels if engine.task.kind != "choice"
-                                          else None) for p in preds]}
+        return {
+            "predictions": [
+                p.as_dict(engine.task.labels if engine.task.kind != "choice" else None)
+                for p in preds
+            ]
+        }
 
-    if engine.task is not None:   # a language model has no task to predict
+    if engine.task is not None:  # a language model has no task to predict
         app.post("/v1/predict")(predict)
 
     @app.post("/v1/score")
     async def score(body: ScoreRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         """Log-probability of each continuation's tokens given its context (zero-shot scorer)."""
-        pairs = [(engine.token_ids(it.context, it.context_ids, "context"),
-                  engine.token_ids(it.continuation, it.continuation_ids, "continuation"))
-                 for it in body.items]
+        pairs = [
+            (
+                engine.token_ids(it.context, it.context_ids, "context"),
+                engine.token_ids(it.continuation, it.continuation_ids, "continuation"),
+            )
+            for it in body.items
+        ]
         for n, (ctx, cont) in enumerate(pairs):
             if not ctx or not cont:
-                return error(422, f"items.{n}: the {'context' if not ctx else 'continuation'} "
-                                  "has no tokens")
+                return error(
+                    422, f"items.{n}: the {'context' if not ctx else 'continuation'} has no tokens"
+                )
         tokens = sum(len(c) + len(x) for c, x in pairs)
         return {"results": await submit("score", pairs, tokens, len(pairs))}
 
@@ -229,13 +259,23 @@ def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int =
         if not prompt:
             return error(422, "prompt: no tokens after tokenization")
         if len(prompt) > engine.n_positions:
-            return error(422, f"prompt: {len(prompt)} tokens, more than the model's "
-                              f"{engine.n_positions} positions")
+            return error(
+                422,
+                f"prompt: {len(prompt)} tokens, more than the model's "
+                f"{engine.n_positions} positions",
+            )
         loop = asyncio.get_running_loop()
         tokens: asyncio.Queue = asyncio.Queue()
-        job = Job("generate", lambda: engine.stream(prompt, body.max_new_tokens, body.temperature,
-                                                    body.top_k, body.top_p, body.seed),
-                  len(prompt), 1, loop, emit=tokens.put_nowait)
+        job = Job(
+            "generate",
+            lambda: engine.stream(
+                prompt, body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed
+            ),
+            len(prompt),
+            1,
+            loop,
+            emit=tokens.put_nowait,
+        )
         batcher.submit(job)
 
         async def new_tokens() -> AsyncIterator[int]:
@@ -249,19 +289,23 @@ def create_app(engine: Engine, limits: Limits | None = None, batch_tokens: int =
                     metrics.generated.inc()
                     yield item
             finally:
-                job.cancelled.set()   # no-op when finished; frees the worker if the client left
+                job.cancelled.set()  # no-op when finished; frees the worker if the client left
 
         if body.stream:
-            return StreamingResponse(_events(engine, prompt, new_tokens()),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _events(engine, prompt, new_tokens()),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         ids = [t async for t in new_tokens()]
         return {"text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}
 
     return Guard(app, metrics, limits.max_body_bytes)
 
 
-async def _events(engine: Engine, prompt: list[int], tokens: AsyncIterator[int]) -> AsyncIterator[str]:
+async def _events(
+    engine: Engine, prompt: list[int], tokens: AsyncIterator[int]
+) -> AsyncIterator[str]:
     """Server-sent events: one `data: {"id", "text"}` per token (`text` is what it adds to the
     decoded continuation), then `data: {"done": true, "text", "ids", "prompt_ids"}`."""
     ids: list[int] = []
@@ -270,10 +314,10 @@ async def _events(engine: Engine, prompt: list[int], tokens: AsyncIterator[int])
         async for token in tokens:
             ids.append(token)
             text = engine.decode(ids)
-            piece = text[len(shown):] if text is not None and text.startswith(shown) else text
+            piece = text[len(shown) :] if text is not None and text.startswith(shown) else text
             shown = text if text is not None else shown
             yield f"data: {json.dumps({'id': token, 'text': piece})}\n\n"
-    except Exception as exc:   # headers are sent: report in the stream, one line
+    except Exception as exc:  # headers are sent: report in the stream, one line
         yield f"data: {json.dumps({'error': ' '.join(str(exc).split())})}\n\n"
         return
     yield f"data: {json.dumps({'done': True, 'text': engine.decode(ids), 'ids': ids, 'prompt_ids': prompt})}\n\n"

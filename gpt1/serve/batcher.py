@@ -14,6 +14,7 @@ Past `max_queue` queued items (examples, score pairs, generations) `submit` rais
 handed back to the event loop thread-safely; an exception in a batch fails that batch's requests
 only, never the worker.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,8 +22,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -42,16 +44,23 @@ class Job:
     items: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future | None = None
-    emit: Callable[[Any], None] | None = None     # generate: called per token, then with None
+    emit: Callable[[Any], None] | None = None  # generate: called per token, then with None
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
 class Batcher:
     """The worker thread and its queue (see the module docstring)."""
 
-    def __init__(self, run_batch: Callable[[str, list[Any]], list[Any]], batch_tokens: int = 8192,
-                 batch_items: int = 16, wait_s: float = 0.002, max_queue: int = 1024,
-                 max_active_generations: int = 16, on_batch: Callable[[str, int, int], None] | None = None):
+    def __init__(
+        self,
+        run_batch: Callable[[str, list[Any]], list[Any]],
+        batch_tokens: int = 8192,
+        batch_items: int = 16,
+        wait_s: float = 0.002,
+        max_queue: int = 1024,
+        max_active_generations: int = 16,
+        on_batch: Callable[[str, int, int], None] | None = None,
+    ):
         self.run_batch, self.batch_tokens, self.batch_items = run_batch, batch_tokens, batch_items
         self.wait_s, self.max_queue, self.max_active = wait_s, max_queue, max_active_generations
         self.on_batch = on_batch or (lambda kind, items, tokens: None)
@@ -121,13 +130,21 @@ class Batcher:
                     for job in list(self._jobs):
                         if job.kind != first.kind:
                             continue
-                        if tokens + job.tokens > self.batch_tokens or items + job.items > self.batch_items:
+                        if (
+                            tokens + job.tokens > self.batch_tokens
+                            or items + job.items > self.batch_items
+                        ):
                             break
                         self._jobs.remove(job)
                         batch.append(job)
                         tokens, items = tokens + job.tokens, items + job.items
                     left = deadline - time.monotonic()
-                    if left <= 0 or self._stopping or tokens >= self.batch_tokens or items >= self.batch_items:
+                    if (
+                        left <= 0
+                        or self._stopping
+                        or tokens >= self.batch_tokens
+                        or items >= self.batch_items
+                    ):
                         break
                     self._cond.wait(left)
             self._queued_items -= sum(job.items for job in batch)
@@ -138,7 +155,7 @@ class Batcher:
         flat = [item for job in batch for item in job.payload]
         try:
             results = self.run_batch(kind, flat)
-        except Exception as exc:   # fail these requests, keep serving
+        except Exception as exc:  # fail these requests, keep serving
             log.exception("batch of %d %s items failed", len(flat), kind)
             for job in batch:
                 _resolve(job, exc=exc)
@@ -146,7 +163,7 @@ class Batcher:
         self.on_batch(kind, len(flat), sum(job.tokens for job in batch))
         start = 0
         for job in batch:
-            _resolve(job, results[start:start + len(job.payload)])
+            _resolve(job, results[start : start + len(job.payload)])
             start += len(job.payload)
 
     def _start_generations(self, jobs: list[Job]) -> None:
@@ -161,7 +178,7 @@ class Batcher:
         still = []
         for job, steps in self._active:
             if job.cancelled.is_set():
-                steps.close()   # the client left: free the cache now
+                steps.close()  # the client left: free the cache now
                 continue
             try:
                 token = next(steps)
@@ -184,6 +201,7 @@ def _resolve(job: Job, result: Any = None, exc: BaseException | None = None) -> 
                 job.future.set_exception(exc)
             else:
                 job.future.set_result(result)
+
     job.loop.call_soon_threadsafe(settle)
 
 

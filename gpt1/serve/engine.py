@@ -9,12 +9,14 @@ or a pretrained checkpoint (GPT or the LSTM baseline). An `Engine` then
 - generates with `gpt1.recipes.sample.generate_stream`, the KV-cache decoder behind `gpt1 sample`.
 All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 """
+
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -28,35 +30,47 @@ log = logging.getLogger(__name__)
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Request field names of the built-in tasks, by kind (user tasks use their own column names).
-KIND_FIELDS = {"single": {"text": "text"}, "pair": {"premise": "a", "hypothesis": "b"},
-               "similarity": {"sentence1": "a", "sentence2": "b"},
-               "choice": {"context": "context", "question": "question", "choices": "choices"}}
+KIND_FIELDS = {
+    "single": {"text": "text"},
+    "pair": {"premise": "a", "hypothesis": "b"},
+    "similarity": {"sentence1": "a", "sentence2": "b"},
+    "choice": {"context": "context", "question": "question", "choices": "choices"},
+}
 
 
 @dataclass
 class Prediction:
     """One example's prediction: what `gpt1 predict` writes (`label`), and the numbers behind it."""
 
-    label: str                        # as in gpt1 predict's submission file
-    score: float | None               # regression tasks (STS-B): the predicted score
+    label: str  # as in gpt1 predict's submission file
+    score: float | None  # regression tasks (STS-B): the predicted score
     probabilities: list[float] | None  # per class, or per choice; None for regression
 
     def as_dict(self, labels: list[str] | None) -> dict[str, Any]:
         if self.probabilities is None:
             return {"label": self.label, "score": self.score}
-        probs: Any = (dict(zip(labels, self.probabilities)) if labels is not None
-                      else self.probabilities)
+        probs: Any = (
+            dict(zip(labels, self.probabilities)) if labels is not None else self.probabilities
+        )
         return {"label": self.label, "probabilities": probs}
 
 
 class Engine:
     """One loaded model: a fine-tuned classifier (with its task) or a language model."""
 
-    def __init__(self, folder: Path, lm: torch.nn.Module, tokenizer: Any | None,
-                 classifier: torch.nn.Module | None = None, task: Task | None = None,
-                 record: dict | None = None, precision: str = "fp32"):
+    def __init__(
+        self,
+        folder: Path,
+        lm: torch.nn.Module,
+        tokenizer: Any | None,
+        classifier: torch.nn.Module | None = None,
+        task: Task | None = None,
+        record: dict | None = None,
+        precision: str = "fp32",
+    ):
         from gpt1.model.checkpoint import trained_context
         from gpt1.zeroshot.scorer import Scorer
+
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
         self.classifier, self.task, self.record = classifier, task, record or {}
         self.precision = precision
@@ -74,26 +88,37 @@ class Engine:
         if self.task is None:
             return {}
         columns = self.task.spec.get("columns")
-        if columns:   # a user task: its own column names
-            roles = [r for r in ("text", "a", "b", "context", "question", "choices") if r in columns]
+        if columns:  # a user task: its own column names
+            roles = [
+                r for r in ("text", "a", "b", "context", "question", "choices") if r in columns
+            ]
             return {columns[r]: r for r in roles}
         return dict(KIND_FIELDS[self.task.kind])
 
     def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"model": self.folder.name, "kind": self.kind,
-                                "precision": self.precision, "n_positions": self.n_positions,
-                                "tokenizer": self.tokenizer is not None}
+        info: dict[str, Any] = {
+            "model": self.folder.name,
+            "kind": self.kind,
+            "precision": self.precision,
+            "n_positions": self.n_positions,
+            "tokenizer": self.tokenizer is not None,
+        }
         if self.task is not None:
-            info.update(task=self.task.name, task_kind=self.task.kind, labels=self.task.labels,
-                        fields=list(self.fields))
+            info.update(
+                task=self.task.name,
+                task_kind=self.task.kind,
+                labels=self.task.labels,
+                fields=list(self.fields),
+            )
         return info
 
     # --------------------------------------------------------------------- predict
     def examples(self, items: list[dict[str, Any]]) -> list[Example]:
         """Request items (validated field -> value dicts) -> the task's example objects."""
         if self.task is None:
-            raise ConfigError("this model is a pretrained language model; /v1/predict needs a "
-                              "fine-tuned run")
+            raise ConfigError(
+                "this model is a pretrained language model; /v1/predict needs a fine-tuned run"
+            )
         roles = self.fields
         out: list[Example] = []
         for n, item in enumerate(items):
@@ -109,28 +134,44 @@ class Engine:
             elif kind in ("pair", "similarity"):
                 out.append(PairExample(by_role["a"], by_role["b"], uid=str(n)))
             else:
-                out.append(ChoiceExample(by_role["context"], by_role.get("question", ""),
-                                         list(by_role["choices"]), uid=str(n)))
+                out.append(
+                    ChoiceExample(
+                        by_role["context"],
+                        by_role.get("question", ""),
+                        list(by_role["choices"]),
+                        uid=str(n),
+                    )
+                )
         return out
 
     def encode(self, examples: list[Example]) -> list[list[list[int]]]:
         """Examples -> their K id sequences each, exactly as `gpt1 predict` builds them."""
         split = Split("request", Path("<request>"), examples)
-        enc = encode_split(split, self.task, self.tokenizer, self.record["n_ctx"],
-                           self.record.get("question_delimiter", False))
+        enc = encode_split(
+            split,
+            self.task,
+            self.tokenizer,
+            self.record["n_ctx"],
+            self.record.get("question_delimiter", False),
+        )
         return enc.items
 
     def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
         """Predictions of encoded examples (one forward per `micro` examples, longest first)."""
         from gpt1.recipes.evaluate import label_text, predict_raw
-        raw = predict_raw(self.classifier, self.task, Encoded(items, [None] * len(items),
-                                                              [""] * len(items)), micro)
+
+        raw = predict_raw(
+            self.classifier,
+            self.task,
+            Encoded(items, [None] * len(items), [""] * len(items)),
+            micro,
+        )
         out = []
         for row in raw:
             if self.task.regression:
                 out.append(Prediction(label_text(self.task, row), float(row), None))
                 continue
-            logits = torch.tensor(row)    # float32, as predict_outputs' argmax sees them
+            logits = torch.tensor(row)  # float32, as predict_outputs' argmax sees them
             best = int(logits.argmax())
             probs = logits.double().softmax(-1).tolist()
             out.append(Prediction(label_text(self.task, best), None, probs))
@@ -146,26 +187,45 @@ class Engine:
                 raise DataError(f"{what}_ids: {bad[0]} is outside the vocabulary (0..{vocab - 1})")
             return list(ids)
         if self.tokenizer is None:
-            raise CheckpointError(f"{self.folder.name}: no tokenizer files, so a text {what} "
-                                  f"cannot be encoded; send {what}_ids")
+            raise CheckpointError(
+                f"{self.folder.name}: no tokenizer files, so a text {what} "
+                f"cannot be encoded; send {what}_ids"
+            )
         return list(self.tokenizer.encode(text or ""))
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
         """Per (context ids, continuation ids): token log-probabilities, total, mean, greedy."""
         scores = self.scorer.score(pairs, greedy=True)
-        return [{"logprobs": s.logprobs, "total": s.total, "mean": s.mean if s.logprobs else None,
-                 "greedy": s.greedy, "tokens": len(s.logprobs)} for s in scores]
+        return [
+            {
+                "logprobs": s.logprobs,
+                "total": s.total,
+                "mean": s.mean if s.logprobs else None,
+                "greedy": s.greedy,
+                "tokens": len(s.logprobs),
+            }
+            for s in scores
+        ]
 
     # -------------------------------------------------------------------- generate
-    def stream(self, prompt_ids: list[int], max_new_tokens: int, temperature: float,
-               top_k: int | None, top_p: float | None, seed: int | None) -> Iterator[int]:
+    def stream(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        seed: int | None,
+    ) -> Iterator[int]:
         """New token ids one by one, as `gpt1 sample` would draw them for this prompt and seed."""
         from gpt1.recipes.sample import generate_stream
+
         generator = torch.Generator(device=self.lm.wte.weight.device)
         generator.manual_seed(seed if seed is not None else torch.seed())
         ids = torch.tensor([prompt_ids], dtype=torch.long)
-        for nxt in generate_stream(self.lm, ids, max_new_tokens, temperature, top_k, top_p,
-                                   generator):
+        for nxt in generate_stream(
+            self.lm, ids, max_new_tokens, temperature, top_k, top_p, generator
+        ):
             yield int(nxt[0, 0])
 
     def decode(self, ids: list[int]) -> str | None:
@@ -176,21 +236,25 @@ def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") 
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving."""
     from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
     from gpt1.recipes.evaluate import load_finetuned
+
     if precision not in PRECISIONS:
         raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     dtype = PRECISIONS[precision]
     folder = resolve_checkpoint_dir(path)
     if (folder / TASK_FILE).is_file():
         from gpt1.recipes.evaluate import _task_of
+
         classifier, record, tok = load_finetuned(folder)
         task = _task_of(record, None)
         classifier = classifier.to(device=device, dtype=dtype).eval()
         return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
     from gpt1.model.registry import load_any_checkpoint
+
     lm = load_any_checkpoint(folder, device=device).to(dtype).eval()
     tok_dir = tokenizer_dir_of(folder)
     tok = None
     if tok_dir is not None:
         from gpt1.text.tokenizer import Tokenizer
+
         tok = Tokenizer.from_dir(tok_dir)
     return Engine(folder, lm, tok, precision=precision)

@@ -4,10 +4,11 @@ The predict body is built per model (`predict_model`), so the OpenAPI page names
 task's own fields (a user task's column names; `text`, `premise`/`hypothesis`,
 `sentence1`/`sentence2` or `context`/`question`/`choices` for the built-in tasks).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, model_validator
 
@@ -16,10 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, model_v
 class Limits:
     """What one request may ask for; past these the answer is a 4xx naming the limit."""
 
-    max_items: int = 64              # examples per predict request, pairs per score request
-    max_chars: int = 20_000          # characters per text field
-    max_new_tokens: int = 1024       # per generate request
-    max_body_bytes: int = 1 << 20    # request body
+    max_items: int = 64  # examples per predict request, pairs per score request
+    max_chars: int = 20_000  # characters per text field
+    max_new_tokens: int = 1024  # per generate request
+    max_body_bytes: int = 1 << 20  # request body
     max_choices: int = 16
 
 
@@ -43,16 +44,24 @@ def predict_model(fields: dict[str, str], limits: Limits) -> type[BaseModel]:
         if role == "choices":
             kind: Any = Annotated[list[text], Field(min_length=1, max_length=limits.max_choices)]
             specs[f"f{i}"] = (kind, Field(alias=name))
-        elif role == "question":   # optional, may be empty (as in the task's files)
-            specs[f"f{i}"] = (Annotated[str, Strict(), Field(max_length=limits.max_chars)],
-                              Field("", alias=name))
+        elif role == "question":  # optional, may be empty (as in the task's files)
+            specs[f"f{i}"] = (
+                Annotated[str, Strict(), Field(max_length=limits.max_chars)],
+                Field("", alias=name),
+            )
         else:
             specs[f"f{i}"] = (text, Field(alias=name))
     item = create_model("PredictItem", __base__=Closed, **specs)
 
     class PredictRequest(Closed):
-        inputs: Annotated[list[item], Field(min_length=1, max_length=limits.max_items,  # type: ignore[valid-type]
-                                            description="one item or a list of items")]
+        inputs: Annotated[
+            list[item],
+            Field(
+                min_length=1,
+                max_length=limits.max_items,  # type: ignore[valid-type]
+                description="one item or a list of items",
+            ),
+        ]
 
         @model_validator(mode="before")
         @classmethod
@@ -69,18 +78,19 @@ def generate_model(limits: Limits) -> type[BaseModel]:
     """The `/v1/generate` body: `gpt1 sample`'s options, with the same defaults."""
 
     class GenerateRequest(Closed):
-        prompt: Optional[Annotated[str, Strict(), Field(min_length=1,
-                                                        max_length=limits.max_chars)]] = None
-        prompt_ids: Optional[Annotated[list[Int], Field(min_length=1)]] = None
+        prompt: (
+            Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)] | None
+        ) = None
+        prompt_ids: Annotated[list[Int], Field(min_length=1)] | None = None
         max_new_tokens: Annotated[Int, Field(ge=0, le=limits.max_new_tokens)] = 50
         temperature: Annotated[Float, Field(ge=0.0)] = 1.0
-        top_k: Optional[Annotated[Int, Field(ge=1)]] = None
-        top_p: Optional[Annotated[Float, Field(gt=0.0, le=1.0)]] = None
-        seed: Optional[Int] = None
+        top_k: Annotated[Int, Field(ge=1)] | None = None
+        top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = None
+        seed: Int | None = None
         stream: Bool = False
 
         @model_validator(mode="after")
-        def one_prompt(self) -> "GenerateRequest":
+        def one_prompt(self) -> GenerateRequest:
             if (self.prompt is None) == (self.prompt_ids is None):
                 raise ValueError("give exactly one of prompt or prompt_ids")
             return self
@@ -93,13 +103,13 @@ def score_model(limits: Limits) -> type[BaseModel]:
     text = Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)]
 
     class ScoreItem(Closed):
-        context: Optional[text] = None
-        continuation: Optional[text] = None
-        context_ids: Optional[Annotated[list[Int], Field(min_length=1)]] = None
-        continuation_ids: Optional[Annotated[list[Int], Field(min_length=1)]] = None
+        context: text | None = None
+        continuation: text | None = None
+        context_ids: Annotated[list[Int], Field(min_length=1)] | None = None
+        continuation_ids: Annotated[list[Int], Field(min_length=1)] | None = None
 
         @model_validator(mode="after")
-        def one_each(self) -> "ScoreItem":
+        def one_each(self) -> ScoreItem:
             if (self.context is None) == (self.context_ids is None):
                 raise ValueError("give exactly one of context or context_ids")
             if (self.continuation is None) == (self.continuation_ids is None):

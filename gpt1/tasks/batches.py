@@ -3,6 +3,7 @@
 Shared by fine-tuning (`FinetuneSource` feeds the training loop), evaluation and prediction
 (`make_batch` over examples sorted by length) and the HTTP server (`encode_split`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,7 @@ from gpt1.tasks.examples import Split
 from gpt1.tasks.registry import Task
 from gpt1.tasks.transforms import SpecialIds, pad_batch, transform
 
-log = logging.getLogger("gpt1.recipes.finetune")   # the name the run's messages always had
+log = logging.getLogger("gpt1.recipes.finetune")  # the name the run's messages always had
 
 
 @dataclass
@@ -32,13 +33,24 @@ def special_ids(tok: Any) -> SpecialIds:
     return SpecialIds(tok.start_id, tok.delimiter_id, tok.classify_id)
 
 
-def encode_split(split: Split, task: Task, tok: Any, n_ctx: int, question_delimiter: bool = False,
-                 processes: int = 1) -> Encoded:
+def encode_split(
+    split: Split,
+    task: Task,
+    tok: Any,
+    n_ctx: int,
+    question_delimiter: bool = False,
+    processes: int = 1,
+) -> Encoded:
     """Every example of `split` through the task's transformation (texts encoded once each)."""
     texts: dict[str, None] = {}
     for e in split.examples:
-        for t in (getattr(e, "text", None), getattr(e, "a", None), getattr(e, "b", None),
-                  getattr(e, "context", None), getattr(e, "question", None)):
+        for t in (
+            getattr(e, "text", None),
+            getattr(e, "a", None),
+            getattr(e, "b", None),
+            getattr(e, "context", None),
+            getattr(e, "question", None),
+        ):
             if t is not None:
                 texts[t] = None
         for c in getattr(e, "choices", []):
@@ -46,8 +58,10 @@ def encode_split(split: Split, task: Task, tok: Any, n_ctx: int, question_delimi
     unique = list(texts)
     table = dict(zip(unique, tok.encode_batch(unique, processes)))
     ids = special_ids(tok)
-    items = [transform(task.kind, e, table.__getitem__, ids, n_ctx, question_delimiter)
-             for e in split.examples]
+    items = [
+        transform(task.kind, e, table.__getitem__, ids, n_ctx, question_delimiter)
+        for e in split.examples
+    ]
     return Encoded(items, [e.label for e in split.examples], [e.uid for e in split.examples])
 
 
@@ -83,8 +97,15 @@ class FinetuneSource:
     freely (and padded every example to the longest in the dataset), so this is off by default.
     """
 
-    def __init__(self, enc: Encoded, seed: int, regression: bool, rank: int = 0, world: int = 1,
-                 group_by_length: int = 0):
+    def __init__(
+        self,
+        enc: Encoded,
+        seed: int,
+        regression: bool,
+        rank: int = 0,
+        world: int = 1,
+        group_by_length: int = 0,
+    ):
         self.enc, self.seed, self.regression = enc, seed, regression
         self.rank, self.world = rank, world
         self.group = group_by_length
@@ -95,7 +116,7 @@ class FinetuneSource:
         g = torch.Generator().manual_seed(self.seed * 1000003 + epoch)
         perm = torch.randperm(len(self.enc.items), generator=g).tolist()
         usable = len(perm) - len(perm) % self.world or len(perm)
-        order = perm[:usable][self.rank::self.world]
+        order = perm[:usable][self.rank :: self.world]
         return self._grouped(order, epoch, g) if self.group else order
 
     def _grouped(self, order: list[int], epoch: int, g: torch.Generator) -> list[int]:
@@ -108,23 +129,28 @@ class FinetuneSource:
         head = (micro - epoch * n % micro) % micro
         run = GROUP_BATCHES * micro
         body = order[head:]
-        body = [i for s in range(0, len(body), run)
-                for i in sorted(body[s:s + run], key=lambda i: -example_length(self.enc.items[i]))]
+        body = [
+            i
+            for s in range(0, len(body), run)
+            for i in sorted(body[s : s + run], key=lambda i: -example_length(self.enc.items[i]))
+        ]
         whole = len(body) - len(body) % micro
-        blocks = [body[s:s + micro] for s in range(0, whole, micro)]
+        blocks = [body[s : s + micro] for s in range(0, whole, micro)]
         shuffled = [blocks[b] for b in torch.randperm(len(blocks), generator=g).tolist()]
         return order[:head] + [i for block in shuffled for i in block] + body[whole:]
 
     def next_batch(self, micro_batch_size: int) -> dict[str, torch.Tensor]:
         if self.group and micro_batch_size != self.group:
-            raise ConfigError(f"this source groups by length for micro-batches of {self.group}, "
-                              f"asked for {micro_batch_size}")
+            raise ConfigError(
+                f"this source groups by length for micro-batches of {self.group}, "
+                f"asked for {micro_batch_size}"
+            )
         index = []
         while len(index) < micro_batch_size:
             if self.pos >= len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._order = self._permutation(self.epoch)
-            take = self._order[self.pos:self.pos + micro_batch_size - len(index)]
+            take = self._order[self.pos : self.pos + micro_batch_size - len(index)]
             index += take
             self.pos += len(take)
         return make_batch(self.enc, index, self.regression)
@@ -139,7 +165,11 @@ class FinetuneSource:
 
 def report_skipped(split: Split) -> None:
     if split.skipped:
-        log.warning("%s: skipped %d malformed rows (first: %s)", split.path, len(split.skipped),
-                    split.skipped[0])
+        log.warning(
+            "%s: skipped %d malformed rows (first: %s)",
+            split.path,
+            len(split.skipped),
+            split.skipped[0],
+        )
     if split.dropped:
         log.info("%s: left out %d rows without a gold label", split.path, split.dropped)

@@ -12,6 +12,7 @@ RACE: a folder `RACE/{train,dev,test}/{middle,high}/*.txt`, each file one JSON o
 question. A `{split}.jsonl` with one question per line (`article`, `question`, `options`,
 `answer`, as the Hugging Face copy) is read too.
 """
+
 from __future__ import annotations
 
 import re
@@ -21,8 +22,16 @@ import numpy as np
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example
-from gpt1.tasks.rows import (Record, check_field_sizes, collect, csv_records, jsonl_records,
-                             label_field, load_json, text_field)
+from gpt1.tasks.rows import (
+    Record,
+    check_field_sizes,
+    collect,
+    csv_records,
+    jsonl_records,
+    label_field,
+    load_json,
+    text_field,
+)
 
 STORY_CLOZE_VAL = ["cloze_test_val__spring2016 - cloze_test_ALL_val.csv", "*val*.csv"]
 STORY_CLOZE_TEST = ["cloze_test_test__spring2016 - cloze_test_ALL_test.csv", "*test*.csv"]
@@ -36,8 +45,10 @@ def read_story_cloze(path: Path, bad: BadRows) -> tuple[list[Example], int]:
 
     def build(line: int, rec: Record) -> Example:
         story = " ".join(text_field(rec, c, path, line) for c in sentences)
-        endings = [text_field(rec, c, path, line)
-                   for c in ("RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2")]
+        endings = [
+            text_field(rec, c, path, line)
+            for c in ("RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2")
+        ]
         label = None
         if "AnswerRightEnding" in rec:
             label = label_field(rec, "AnswerRightEnding", path, line, ["1", "2"])
@@ -49,11 +60,15 @@ def read_story_cloze(path: Path, bad: BadRows) -> tuple[list[Example], int]:
 def story_cloze_split(examples: list[Example], split: str) -> list[Example]:
     """OAI's 1497/374 train/dev split of the validation file."""
     from sklearn.model_selection import train_test_split
+
     if len(examples) <= STORY_CLOZE_DEV_SIZE:
-        raise DataError(f"the Story Cloze validation file has {len(examples)} usable rows; the "
-                        f"train/dev split needs more than {STORY_CLOZE_DEV_SIZE}")
-    train_idx, dev_idx = train_test_split(np.arange(len(examples)), test_size=STORY_CLOZE_DEV_SIZE,
-                                          random_state=STORY_CLOZE_SEED)
+        raise DataError(
+            f"the Story Cloze validation file has {len(examples)} usable rows; the "
+            f"train/dev split needs more than {STORY_CLOZE_DEV_SIZE}"
+        )
+    train_idx, dev_idx = train_test_split(
+        np.arange(len(examples)), test_size=STORY_CLOZE_DEV_SIZE, random_state=STORY_CLOZE_SEED
+    )
     return [examples[i] for i in (train_idx if split == "train" else dev_idx)]
 
 
@@ -81,15 +96,30 @@ def read_race_file(path: Path) -> list[ChoiceExample]:
     if not len(fields["questions"]) == len(fields["options"]) == len(fields["answers"]):
         raise DataError("questions, options and answers have different lengths", path)
     out = []
-    for i, (q, opts, ans) in enumerate(zip(fields["questions"], fields["options"], fields["answers"])):
+    for i, (q, opts, ans) in enumerate(
+        zip(fields["questions"], fields["options"], fields["answers"])
+    ):
         where = f"questions[{i}]"
-        if not isinstance(q, str) or not isinstance(opts, list) or not all(isinstance(o, str) for o in opts):
-            raise DataError("expected a question string and a list of option strings", path, None, where)
-        if ans not in RACE_LETTERS[:len(opts)]:
-            raise DataError(f"unknown answer {ans!r}; expected one of "
-                            f"{', '.join(RACE_LETTERS[:len(opts)])}", path, None, f"answers[{i}]")
-        out.append(ChoiceExample(article, q, list(opts), RACE_LETTERS.index(ans),
-                                 f"{obj.get('id', path.name)}-{i}"))
+        if (
+            not isinstance(q, str)
+            or not isinstance(opts, list)
+            or not all(isinstance(o, str) for o in opts)
+        ):
+            raise DataError(
+                "expected a question string and a list of option strings", path, None, where
+            )
+        if ans not in RACE_LETTERS[: len(opts)]:
+            raise DataError(
+                f"unknown answer {ans!r}; expected one of {', '.join(RACE_LETTERS[: len(opts)])}",
+                path,
+                None,
+                f"answers[{i}]",
+            )
+        out.append(
+            ChoiceExample(
+                article, q, list(opts), RACE_LETTERS.index(ans), f"{obj.get('id', path.name)}-{i}"
+            )
+        )
     return out
 
 
@@ -98,8 +128,10 @@ def read_race(folder: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list
     out: list[Example] = []
     found = False
     for level in levels:
-        files = sorted([p for p in (folder / level).glob("*") if p.suffix in (".txt", ".json")],
-                       key=_natural_key)
+        files = sorted(
+            [p for p in (folder / level).glob("*") if p.suffix in (".txt", ".json")],
+            key=_natural_key,
+        )
         found = found or bool(files)
         for path in files:
             try:
@@ -113,6 +145,7 @@ def read_race(folder: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list
 
 def read_race_jsonl(path: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list[Example], int]:
     """One question per line: article, question, options, answer (and optionally example_id)."""
+
     def build(line: int, rec: Record) -> Example | None:
         level = "high" if str(rec.get("example_id", "")).startswith("high") else "middle"
         if "example_id" in rec and level not in levels:
@@ -120,8 +153,13 @@ def read_race_jsonl(path: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[
         options = rec.get("options")
         if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
             raise DataError("expected a list of option strings", path, line, "options")
-        label = label_field(rec, "answer", path, line, RACE_LETTERS[:len(options)])
-        return ChoiceExample(text_field(rec, "article", path, line),
-                             text_field(rec, "question", path, line, allow_empty=True),
-                             options, label, str(rec.get("example_id", line)))
+        label = label_field(rec, "answer", path, line, RACE_LETTERS[: len(options)])
+        return ChoiceExample(
+            text_field(rec, "article", path, line),
+            text_field(rec, "question", path, line, allow_empty=True),
+            options,
+            label,
+            str(rec.get("example_id", line)),
+        )
+
     return collect(jsonl_records(path, bad), bad, build)

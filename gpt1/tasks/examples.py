@@ -4,15 +4,15 @@ Labels are already mapped: a class index (`int`) for classification, a `float` f
 (STS-B), `None` for unlabelled test rows. `uid` is the row's id in its file (GLUE's `index`
 column where there is one), used to write submission files.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 from gpt1.errors import DataError
 
-Label = Union[int, float, None]
+Label = int | float | None
 
 
 @dataclass
@@ -45,7 +45,7 @@ class ChoiceExample:
     uid: str = ""
 
 
-Example = Union[TextExample, PairExample, ChoiceExample]
+Example = TextExample | PairExample | ChoiceExample
 
 
 class UnknownLabelError(DataError):
@@ -74,7 +74,7 @@ class Split:
     path: Path
     examples: list[Example]
     skipped: list[DataError] = field(default_factory=list)
-    dropped: int = 0   # rows left out on purpose: SNLI "-" gold labels, other RACE levels
+    dropped: int = 0  # rows left out on purpose: SNLI "-" gold labels, other RACE levels
 
     @property
     def labelled(self) -> bool:

@@ -1,4 +1,5 @@
 """Which file holds a split: candidates by name inside the task's data folder."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -7,6 +7,7 @@ Class names come from `labels` or, when not given, are the sorted distinct value
 training file's label column (recorded with the fine-tuned run so evaluation maps them the same
 way). Regression tasks read the label as a float. Files are `{split}.csv|.tsv|.jsonl`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,12 +15,25 @@ from typing import Any
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
-from gpt1.tasks.rows import (NUMBER, Record, collect, label_field, label_text, missing_column,
-                             optional_label, records, text_field)
+from gpt1.tasks.rows import (
+    NUMBER,
+    Record,
+    collect,
+    label_field,
+    label_text,
+    missing_column,
+    optional_label,
+    records,
+    text_field,
+)
 
 KINDS = ("single", "pair", "similarity", "choice")
-ROLES = {"single": ("text",), "pair": ("a", "b"), "similarity": ("a", "b"),
-         "choice": ("context", "choices")}
+ROLES = {
+    "single": ("text",),
+    "pair": ("a", "b"),
+    "similarity": ("a", "b"),
+    "choice": ("context", "choices"),
+}
 
 
 def parse_columns(spec: str) -> dict[str, str]:
@@ -38,8 +52,10 @@ def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
     known = {"text", "a", "b", "context", "question", "choices", "label", "id"}
     unknown = sorted(set(columns) - known)
     if unknown:
-        raise ConfigError(f"--columns: unknown role(s) {', '.join(unknown)}; "
-                          f"known roles are {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"--columns: unknown role(s) {', '.join(unknown)}; "
+            f"known roles are {', '.join(sorted(known))}"
+        )
     if "choices" in columns:
         kind = "choice"
     elif "a" in columns or "b" in columns:
@@ -47,7 +63,9 @@ def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
     elif "text" in columns:
         kind = "single"
     else:
-        raise ConfigError("--columns must name text=COL, or a=COL,b=COL, or context=COL,choices=COL|COL")
+        raise ConfigError(
+            "--columns must name text=COL, or a=COL,b=COL, or context=COL,choices=COL|COL"
+        )
     missing = [r for r in ROLES[kind] if r not in columns]
     if missing:
         raise ConfigError(f"--columns: a {kind} task also needs {', '.join(missing)}=COLUMN")
@@ -80,8 +98,9 @@ def _choices(rec: Record, spec: str, path: Path, line: int) -> list[str]:
     return [text_field(rec, n, path, line) for n in names]
 
 
-def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
-                 need_labels: bool) -> tuple[list[Example], int]:
+def read_generic(
+    path: Path, spec: dict[str, Any], bad: BadRows, need_labels: bool
+) -> tuple[list[Example], int]:
     """Examples of a user file described by `spec` (kind, columns, labels)."""
     cols, kind, labels = spec["columns"], spec["kind"], spec.get("labels")
     has_label = "label" in cols
@@ -90,32 +109,55 @@ def read_generic(path: Path, spec: dict[str, Any], bad: BadRows,
         label = None
         if has_label and need_labels:
             label = label_field(rec, cols["label"], path, line, labels)
-        elif has_label and cols["label"] in rec:   # prediction: a label is kept where it reads
+        elif has_label and cols["label"] in rec:  # prediction: a label is kept where it reads
             label = optional_label(rec, cols["label"], path, line, labels)
-        uid = label_text(rec[cols["id"]], path, line, cols["id"]) \
-            if "id" in cols and rec.get(cols["id"]) is not None else str(line)
+        uid = (
+            label_text(rec[cols["id"]], path, line, cols["id"])
+            if "id" in cols and rec.get(cols["id"]) is not None
+            else str(line)
+        )
         if kind == "single":
             return TextExample(text_field(rec, cols["text"], path, line), label, uid)
         if kind in ("pair", "similarity"):
-            return PairExample(text_field(rec, cols["a"], path, line),
-                               text_field(rec, cols["b"], path, line), label, uid)
-        question = text_field(rec, cols["question"], path, line, allow_empty=True) if "question" in cols else ""
-        return ChoiceExample(text_field(rec, cols["context"], path, line), question,
-                             _choices(rec, cols["choices"], path, line), label, uid)
+            return PairExample(
+                text_field(rec, cols["a"], path, line),
+                text_field(rec, cols["b"], path, line),
+                label,
+                uid,
+            )
+        question = (
+            text_field(rec, cols["question"], path, line, allow_empty=True)
+            if "question" in cols
+            else ""
+        )
+        return ChoiceExample(
+            text_field(rec, cols["context"], path, line),
+            question,
+            _choices(rec, cols["choices"], path, line),
+            label,
+            uid,
+        )
 
     if need_labels and not has_label:
         raise ConfigError("--columns needs label=COLUMN for training and evaluation")
     return collect(records(path, bad), bad, build)
 
 
-def spec_from_flags(columns: str | None, labels: str | None = None, regression: bool = False,
-                    similarity: bool = False) -> dict[str, Any] | None:
+def spec_from_flags(
+    columns: str | None,
+    labels: str | None = None,
+    regression: bool = False,
+    similarity: bool = False,
+) -> dict[str, Any] | None:
     """A csv/tsv/jsonl task's spec from `--columns ROLE=COL,...` and `--labels L1,L2,...`
     (None without columns: a registered task)."""
     if not columns:
         return None
-    spec: dict[str, Any] = {"columns": parse_columns(columns), "regression": regression,
-                            "similarity": similarity}
+    spec: dict[str, Any] = {
+        "columns": parse_columns(columns),
+        "regression": regression,
+        "similarity": similarity,
+    }
     if labels:
         spec["labels"] = [x.strip() for x in labels.split(",") if x.strip()]
     return spec

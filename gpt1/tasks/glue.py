@@ -9,6 +9,7 @@
   field because dev rows carry five annotator labels under a header that names one.
 Test files have no label column: their examples have `label=None`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,18 +17,26 @@ from pathlib import Path
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, PairExample, TextExample
-from gpt1.tasks.rows import Record, _lines, collect, label_field, optional_label, records, text_field
+from gpt1.tasks.rows import (
+    Record,
+    _lines,
+    collect,
+    label_field,
+    optional_label,
+    records,
+    text_field,
+)
 
 
 @dataclass(frozen=True)
 class GlueColumns:
     """Column names of one GLUE task's TSV files."""
 
-    text: tuple[str, ...]                  # one column (single text) or two (pair)
-    label: str | None                      # None: the task's files never have labels
+    text: tuple[str, ...]  # one column (single text) or two (pair)
+    label: str | None  # None: the task's files never have labels
     ids: tuple[str, ...] = ("index", "id")  # first present column is the example id
     headerless: tuple[str, ...] | None = None  # names for files without a header (CoLA)
-    label_last: bool = False               # the label is the row's last field (MNLI/SNLI)
+    label_last: bool = False  # the label is the row's last field (MNLI/SNLI)
 
 
 GLUE_COLUMNS: dict[str, GlueColumns] = {
@@ -52,8 +61,14 @@ def _first_line_fields(path: Path) -> list[str]:
         lines.close()
 
 
-def read_glue_tsv(path: Path, columns: GlueColumns, labels: list[str] | None, bad: BadRows,
-                  need_labels: bool, aliases: dict[str, str] | None = None) -> tuple[list[Example], int]:
+def read_glue_tsv(
+    path: Path,
+    columns: GlueColumns,
+    labels: list[str] | None,
+    bad: BadRows,
+    need_labels: bool,
+    aliases: dict[str, str] | None = None,
+) -> tuple[list[Example], int]:
     """Examples of one GLUE TSV file. `labels` None means a float score (STS-B).
 
     Rows whose label is "-" (SNLI/MNLI pairs without annotator agreement) are left out and
@@ -66,12 +81,21 @@ def read_glue_tsv(path: Path, columns: GlueColumns, labels: list[str] | None, ba
     header = names or first
     missing = [c for c in columns.text if c not in header]
     if missing:
-        raise DataError(f"no column {missing[0]!r} in the header ({', '.join(header)}); "
-                        "is this the right task?", path, 1, missing[0])
+        raise DataError(
+            f"no column {missing[0]!r} in the header ({', '.join(header)}); "
+            "is this the right task?",
+            path,
+            1,
+            missing[0],
+        )
     has_label = columns.label is not None and columns.label in header
     if need_labels and not has_label:
-        raise DataError(f"no label column {columns.label!r} in the header "
-                        f"({', '.join(header)})", path, 1, columns.label)
+        raise DataError(
+            f"no label column {columns.label!r} in the header ({', '.join(header)})",
+            path,
+            1,
+            columns.label,
+        )
     id_col = next((c for c in columns.ids if c in header), None)
     extra = columns.label if columns.label_last and has_label else None
 

@@ -3,22 +3,27 @@
 accuracy, F1 of the positive class (MRPC, QQP), Matthews correlation (CoLA), Pearson and
 Spearman correlation (STS-B). Values are fractions in [0, 1] (correlations in [-1, 1]).
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 
-def compute(names: Sequence[str], predictions: Sequence[float], labels: Sequence[float]) -> dict[str, float]:
+def compute(
+    names: Sequence[str], predictions: Sequence[float], labels: Sequence[float]
+) -> dict[str, float]:
     """The metrics `names` of `predictions` against `labels` (class indices or scores)."""
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
     y_pred, y_true = np.asarray(predictions), np.asarray(labels)
     if len(y_pred) != len(y_true) or len(y_true) == 0:
-        raise ValueError(f"need equal, non-zero numbers of predictions and labels "
-                         f"({len(y_pred)} vs {len(y_true)})")
+        raise ValueError(
+            f"need equal, non-zero numbers of predictions and labels "
+            f"({len(y_pred)} vs {len(y_true)})"
+        )
     out: dict[str, float] = {}
     for name in names:
         if name == "accuracy":

@@ -5,11 +5,13 @@
 "single" (classification), "pair" (entailment), "similarity" (both orders summed) and
 "choice" (multiple choice). `labels` None means regression (STS-B).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks import choice, generic, glue, nli
@@ -25,15 +27,15 @@ class Task:
     """Everything that makes one fine-tuning task."""
 
     name: str
-    kind: str                               # single | pair | similarity | choice
-    labels: list[str] | None                # class names; None = regression
-    metrics: tuple[str, ...]                # first one is the task's headline metric
+    kind: str  # single | pair | similarity | choice
+    labels: list[str] | None  # class names; None = regression
+    metrics: tuple[str, ...]  # first one is the task's headline metric
     reader: Reader
     splits: tuple[str, ...] = ("train", "dev", "test")
-    dev: tuple[str, ...] = ("dev",)         # what `--split dev` evaluates (MNLI: both dev sets)
+    dev: tuple[str, ...] = ("dev",)  # what `--split dev` evaluates (MNLI: both dev sets)
     test: tuple[str, ...] = ("test",)
     spec: dict[str, Any] = field(default_factory=dict)  # generic tasks: format, columns, labels
-    folders: tuple[str, ...] = ()           # standard subfolders of a data root holding the task
+    folders: tuple[str, ...] = ()  # standard subfolders of a data root holding the task
 
     @property
     def n_outputs(self) -> int:
@@ -53,16 +55,23 @@ class Task:
         if split == "test":
             return self.test
         if split not in self.splits:
-            raise ConfigError(f"task {self.name}: unknown split {split!r}; "
-                              f"choose one of {', '.join(self.splits)}")
+            raise ConfigError(
+                f"task {self.name}: unknown split {split!r}; choose one of {', '.join(self.splits)}"
+            )
         return (split,)
 
-    def read(self, data: str | Path, split: str, skip_bad_rows: bool = False,
-             need_labels: bool | None = None) -> Split:
+    def read(
+        self,
+        data: str | Path,
+        split: str,
+        skip_bad_rows: bool = False,
+        need_labels: bool | None = None,
+    ) -> Split:
         """Read one split (an exact split name) from folder (or file) `data`. Empty is an error."""
         if split not in self.splits:
-            raise ConfigError(f"task {self.name}: unknown split {split!r}; "
-                              f"choose one of {', '.join(self.splits)}")
+            raise ConfigError(
+                f"task {self.name}: unknown split {split!r}; choose one of {', '.join(self.splits)}"
+            )
         if need_labels is None:
             need_labels = not split.startswith("test")
         bad = BadRows(skip=skip_bad_rows)
@@ -71,35 +80,47 @@ class Task:
         else:
             examples, path, dropped = self.reader(self, Path(data), split, bad, need_labels)
         if not examples:
-            raise DataError(f"split {split!r} of task {self.name} is empty"
-                            + (f" ({len(bad.rows)} malformed rows skipped)" if bad.rows else ""), path)
+            raise DataError(
+                f"split {split!r} of task {self.name} is empty"
+                + (f" ({len(bad.rows)} malformed rows skipped)" if bad.rows else ""),
+                path,
+            )
         if need_labels and any(e.label is None for e in examples):
             raise DataError(f"split {split!r} has examples without labels; cannot score it", path)
         if self.kind == "choice":
             counts = {len(e.choices) for e in examples}  # type: ignore[union-attr]
             if len(counts) != 1:
-                raise DataError(f"examples have different numbers of choices ({sorted(counts)})", path)
+                raise DataError(
+                    f"examples have different numbers of choices ({sorted(counts)})", path
+                )
         return Split(split, path, examples, skipped=bad.rows, dropped=dropped)
 
 
 # ----------------------------------------------------------------------------- readers
-def _glue_reader(key: str, files: dict[str, list[str]] | None = None,
-                 aliases: dict[str, str] | None = None) -> Reader:
+def _glue_reader(
+    key: str, files: dict[str, list[str]] | None = None, aliases: dict[str, str] | None = None
+) -> Reader:
     def read(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
         names = (files or {}).get(split, [f"{split}.tsv"])
         path = find_split_file(data, split, names)
-        examples, dropped = glue.read_glue_tsv(path, glue.GLUE_COLUMNS[key], task.labels, bad,
-                                               need_labels, aliases)
+        examples, dropped = glue.read_glue_tsv(
+            path, glue.GLUE_COLUMNS[key], task.labels, bad, need_labels, aliases
+        )
         return examples, path, dropped
+
     return read
 
 
-def _nli_reader(candidates: Callable[[str], list[str]], aliases: dict[str, str] | None = None) -> Reader:
+def _nli_reader(
+    candidates: Callable[[str], list[str]], aliases: dict[str, str] | None = None
+) -> Reader:
     def read(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
         path = find_split_file(data, split, candidates(split))
-        examples, dropped = nli.read_nli_file(path, task.name, task.labels or [], bad, need_labels,
-                                              aliases)
+        examples, dropped = nli.read_nli_file(
+            path, task.name, task.labels or [], bad, need_labels, aliases
+        )
         return examples, path, dropped
+
     return read
 
 
@@ -122,6 +143,7 @@ def _race_reader(levels: tuple[str, ...]) -> Reader:
         folder = data / split if (data / split).is_dir() else data / "RACE" / split
         examples, dropped = choice.read_race(folder, levels, bad)
         return examples, folder, dropped
+
     return read
 
 
@@ -141,39 +163,96 @@ MNLI_SPLITS = ("train", "dev_matched", "dev_mismatched", "test_matched", "test_m
 
 
 def _builtin() -> dict[str, Task]:
-    race = lambda name, levels, folders=(): Task(name, "choice", None, ACC,  # noqa: E731
-                                                 _race_reader(levels), folders=folders)
-    return {t.name: t for t in [
-        Task("cola", "single", BINARY, MCC + ("accuracy",), _glue_reader("cola"),
-             folders=("glue/CoLA", "CoLA", "cola")),
-        Task("sst2", "single", BINARY, ACC, _glue_reader("sst2"),
-             folders=("glue/SST-2", "SST-2", "sst2")),
-        Task("mnli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.mnli_candidates),
-             splits=MNLI_SPLITS, dev=("dev_matched", "dev_mismatched"),
-             test=("test_matched", "test_mismatched")),
-        Task("snli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.snli_candidates)),
-        Task("scitail", "pair", nli.SCITAIL_LABELS, ACC,
-             _nli_reader(nli.scitail_candidates, nli.SCITAIL_ALIASES)),
-        Task("qnli", "pair", NOT_ENT, ACC, _glue_reader("qnli")),
-        Task("rte", "pair", NOT_ENT, ACC, _glue_reader("rte")),
-        Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli")),
-        Task("mrpc", "similarity", BINARY, F1_ACC,
-             _glue_reader("mrpc", {"train": ["train.tsv", "msr_paraphrase_train.txt"],
-                                   "dev": ["dev.tsv"], "test": ["test.tsv", "msr_paraphrase_test.txt"]})),
-        Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp")),
-        Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
-        Task("story_cloze", "choice", None, ACC, _story_cloze_reader,
-             folders=("story_cloze", "ROCStories")),
-        race("race", ("middle", "high"), ("RACE", "race")),
-        race("race_middle", ("middle",)),
-        race("race_high", ("high",)),
-    ]}
+    race = lambda name, levels, folders=(): Task(
+        name,
+        "choice",
+        None,
+        ACC,  # noqa: E731
+        _race_reader(levels),
+        folders=folders,
+    )
+    return {
+        t.name: t
+        for t in [
+            Task(
+                "cola",
+                "single",
+                BINARY,
+                MCC + ("accuracy",),
+                _glue_reader("cola"),
+                folders=("glue/CoLA", "CoLA", "cola"),
+            ),
+            Task(
+                "sst2",
+                "single",
+                BINARY,
+                ACC,
+                _glue_reader("sst2"),
+                folders=("glue/SST-2", "SST-2", "sst2"),
+            ),
+            Task(
+                "mnli",
+                "pair",
+                nli.NLI_LABELS,
+                ACC,
+                _nli_reader(nli.mnli_candidates),
+                splits=MNLI_SPLITS,
+                dev=("dev_matched", "dev_mismatched"),
+                test=("test_matched", "test_mismatched"),
+            ),
+            Task("snli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.snli_candidates)),
+            Task(
+                "scitail",
+                "pair",
+                nli.SCITAIL_LABELS,
+                ACC,
+                _nli_reader(nli.scitail_candidates, nli.SCITAIL_ALIASES),
+            ),
+            Task("qnli", "pair", NOT_ENT, ACC, _glue_reader("qnli")),
+            Task("rte", "pair", NOT_ENT, ACC, _glue_reader("rte")),
+            Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli")),
+            Task(
+                "mrpc",
+                "similarity",
+                BINARY,
+                F1_ACC,
+                _glue_reader(
+                    "mrpc",
+                    {
+                        "train": ["train.tsv", "msr_paraphrase_train.txt"],
+                        "dev": ["dev.tsv"],
+                        "test": ["test.tsv", "msr_paraphrase_test.txt"],
+                    },
+                ),
+            ),
+            Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp")),
+            Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
+            Task(
+                "story_cloze",
+                "choice",
+                None,
+                ACC,
+                _story_cloze_reader,
+                folders=("story_cloze", "ROCStories"),
+            ),
+            race("race", ("middle", "high"), ("RACE", "race")),
+            race("race_middle", ("middle",)),
+            race("race_high", ("high",)),
+        ]
+    }
 
 
 TASKS: dict[str, Task] = _builtin()
 GENERIC = ("csv", "tsv", "jsonl")
-ALIASES = {"sst-2": "sst2", "sts-b": "stsb", "storycloze": "story_cloze", "rocstories": "story_cloze",
-           "multinli": "mnli", "race-m": "race_middle", "race-h": "race_high"}
+ALIASES = {
+    "sst-2": "sst2",
+    "sts-b": "stsb",
+    "storycloze": "story_cloze",
+    "rocstories": "story_cloze",
+    "multinli": "mnli",
+    "race-m": "race_middle",
+    "race-h": "race_high",
+}
 
 
 def task_names() -> list[str]:
@@ -203,15 +282,26 @@ def generic_task(fmt: str, spec: dict[str, Any]) -> Task:
         raise ConfigError("a multiple-choice task cannot be a regression")
     labels = None if regression else spec.get("labels")
     if not regression and not labels:
-        raise ConfigError(f"task {fmt}: class labels unknown (give --labels, or fine-tune: the "
-                          "training file's label values are then recorded)")
-    metrics = CORR if regression else ACC if kind == "choice" or len(labels or []) != 2 else F1_ACC + MCC
-    full = {"format": fmt, "kind": kind, "columns": columns, "labels": labels, "regression": regression}
-    return Task(fmt, kind, labels, metrics,
-                _generic_reader, spec=full)
+        raise ConfigError(
+            f"task {fmt}: class labels unknown (give --labels, or fine-tune: the "
+            "training file's label values are then recorded)"
+        )
+    metrics = (
+        CORR if regression else ACC if kind == "choice" or len(labels or []) != 2 else F1_ACC + MCC
+    )
+    full = {
+        "format": fmt,
+        "kind": kind,
+        "columns": columns,
+        "labels": labels,
+        "regression": regression,
+    }
+    return Task(fmt, kind, labels, metrics, _generic_reader, spec=full)
 
 
-def complete_generic_spec(fmt: str, spec: dict[str, Any], data: str | Path, train_split: str) -> dict[str, Any]:
+def complete_generic_spec(
+    fmt: str, spec: dict[str, Any], data: str | Path, train_split: str
+) -> dict[str, Any]:
     """Fill a generic spec's class labels from the training file when the user gave none."""
     columns = spec.get("columns") or {}
     kind = spec.get("kind") or generic.infer_kind(columns, spec.get("similarity", False))

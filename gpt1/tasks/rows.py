@@ -15,6 +15,7 @@ The same rules hold in every format (each breach is a `DataError` naming file, l
   object, boolean or fraction; a regression score is a finite number or a string holding one.
 - Empty text is an error unless a reader allows it (RACE questions); an empty label is an error.
 """
+
 from __future__ import annotations
 
 import csv
@@ -22,8 +23,9 @@ import json
 import math
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, UnknownLabelError
@@ -38,18 +40,28 @@ MAX_FIELD_CHARS = 1 << 20
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
-def check_field_sizes(record: Record | list, path: Path, line: int | None,
-                      where: str | None = None) -> None:
+def check_field_sizes(
+    record: Record | list, path: Path, line: int | None, where: str | None = None
+) -> None:
     """Every string in `record` (nested lists and objects included) is at most
     MAX_FIELD_CHARS long; the first that is not names its field."""
     items = record.items() if isinstance(record, dict) else enumerate(record)
     for key, value in items:
-        name = str(key) if where is None else f"{where}[{key!r}]" if isinstance(key, str) \
+        name = (
+            str(key)
+            if where is None
+            else f"{where}[{key!r}]"
+            if isinstance(key, str)
             else f"{where}[{key}]"
+        )
         if isinstance(value, str):
             if len(value) > MAX_FIELD_CHARS:
-                raise DataError(f"field of {len(value):,} characters; the limit is "
-                                f"{MAX_FIELD_CHARS:,}", path, line, name)
+                raise DataError(
+                    f"field of {len(value):,} characters; the limit is {MAX_FIELD_CHARS:,}",
+                    path,
+                    line,
+                    name,
+                )
         elif isinstance(value, (dict, list)):
             check_field_sizes(value, path, line, name)
 
@@ -85,11 +97,15 @@ def load_json(text: str, path: Path, line: int | None) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
     except _DuplicateKey as exc:
-        raise DataError(f"key {exc.args[0]!r} appears twice in one JSON object", path, line,
-                        exc.args[0]) from None
+        raise DataError(
+            f"key {exc.args[0]!r} appears twice in one JSON object", path, line, exc.args[0]
+        ) from None
     except json.JSONDecodeError as exc:
-        raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
-                        line if line is not None else exc.lineno) from None
+        raise DataError(
+            f"invalid JSON ({exc.msg} at column {exc.colno})",
+            path,
+            line if line is not None else exc.lineno,
+        ) from None
     except ValueError as exc:  # NaN / Infinity
         raise DataError(f"invalid JSON ({exc})", path, line) from None
     except RecursionError:  # hostile input: nesting deeper than Python's recursion limit
@@ -107,18 +123,21 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first field
             elif lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
-                raise DataError("UTF-16 text (byte-order mark); save the file as UTF-8",
-                                path, lineno)
+                raise DataError(
+                    "UTF-16 text (byte-order mark); save the file as UTF-8", path, lineno
+                )
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise DataError(f"not valid UTF-8 (byte {exc.start + 1} of the line)",
-                                path, lineno) from None
+                raise DataError(
+                    f"not valid UTF-8 (byte {exc.start + 1} of the line)", path, lineno
+                ) from None
             yield lineno, text.rstrip("\n").rstrip("\r")
 
 
-def tsv_records(path: Path, bad: BadRows, names: list[str] | None = None,
-                extra_last: str | None = None) -> Iterator[tuple[int, Record]]:
+def tsv_records(
+    path: Path, bad: BadRows, names: list[str] | None = None, extra_last: str | None = None
+) -> Iterator[tuple[int, Record]]:
     """Records of a tab-separated file keyed by its header (or by `names` if it has none).
 
     A row with the wrong number of fields is malformed. `extra_last` names a column that is
@@ -135,8 +154,14 @@ def tsv_records(path: Path, bad: BadRows, names: list[str] | None = None,
             continue  # blank line: nothing to read (trailing newlines are common)
         fields = line.split("\t")
         if len(fields) != len(header) and not (extra_last and len(fields) > len(header)):
-            bad.report(DataError(f"expected {len(header)} tab-separated fields "
-                                 f"({', '.join(header)}), got {len(fields)}", path, lineno))
+            bad.report(
+                DataError(
+                    f"expected {len(header)} tab-separated fields "
+                    f"({', '.join(header)}), got {len(fields)}",
+                    path,
+                    lineno,
+                )
+            )
             continue
         record = dict(zip(header, fields))
         if extra_last:
@@ -177,8 +202,14 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
             if not fields:
                 continue  # blank line
             if len(fields) != len(header):
-                bad.report(DataError(f"expected {len(header)} comma-separated fields "
-                                     f"({', '.join(header)}), got {len(fields)}", path, first))
+                bad.report(
+                    DataError(
+                        f"expected {len(header)} comma-separated fields "
+                        f"({', '.join(header)}), got {len(fields)}",
+                        path,
+                        first,
+                    )
+                )
                 continue
             record = dict(zip(header, fields))
             try:
@@ -203,8 +234,7 @@ def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
         try:
             obj = load_json(line, path, lineno)
             if not isinstance(obj, dict):
-                raise DataError(f"expected a JSON object, got {type(obj).__name__}", path,
-                                lineno)
+                raise DataError(f"expected a JSON object, got {type(obj).__name__}", path, lineno)
             check_field_sizes(obj, path, lineno)
         except DataError as exc:
             bad.report(exc)
@@ -212,8 +242,9 @@ def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
         yield lineno, obj
 
 
-def records(path: Path, bad: BadRows, names: list[str] | None = None,
-            extra_last: str | None = None) -> Iterator[tuple[int, Record]]:
+def records(
+    path: Path, bad: BadRows, names: list[str] | None = None, extra_last: str | None = None
+) -> Iterator[tuple[int, Record]]:
     """Records of `path`, its format chosen by extension (.jsonl/.json, .csv, otherwise TSV)."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
@@ -236,13 +267,19 @@ def text_field(record: Record, name: str, path: Path, line: int, allow_empty: bo
 
 
 def missing_column(name: str, record: Record, what: str = "column") -> str:
-    """"missing column 'x' (this row has: a, b)": the message names the columns that exist."""
+    """ "missing column 'x' (this row has: a, b)": the message names the columns that exist."""
     present = ", ".join(str(k) for k in record if record[k] is not None) or "no columns"
     return f"missing {what} {name!r} (this row has: {present})"
 
 
-def optional_label(record: Record, name: str, path: Path, line: int, labels: list[str] | None,
-                   aliases: dict[str, str] | None = None) -> int | float | None:
+def optional_label(
+    record: Record,
+    name: str,
+    path: Path,
+    line: int,
+    labels: list[str] | None,
+    aliases: dict[str, str] | None = None,
+) -> int | float | None:
     """The label where it reads as one, else None: for prediction, which needs no labels (a gold
     label never seen in training, or a blank one, must not stop it)."""
     try:
@@ -251,8 +288,14 @@ def optional_label(record: Record, name: str, path: Path, line: int, labels: lis
         return None
 
 
-def label_field(record: Record, name: str, path: Path, line: int,
-                labels: list[str] | None, aliases: dict[str, str] | None = None) -> int | float:
+def label_field(
+    record: Record,
+    name: str,
+    path: Path,
+    line: int,
+    labels: list[str] | None,
+    aliases: dict[str, str] | None = None,
+) -> int | float:
     """A class index (`labels` given) or a float score (`labels` None), from column `name`."""
     if name not in record or record[name] is None:
         raise DataError(missing_column(name, record, "label column"), path, line, name)
@@ -270,8 +313,9 @@ def label_field(record: Record, name: str, path: Path, line: int,
     raw = label_text(value, path, line, name)
     key = (aliases or {}).get(raw, raw)
     if key not in labels:
-        raise UnknownLabelError(f"unknown label {raw!r}; expected one of {', '.join(labels)}",
-                        path, line, name)
+        raise UnknownLabelError(
+            f"unknown label {raw!r}; expected one of {', '.join(labels)}", path, line, name
+        )
     return labels.index(key)
 
 
@@ -281,14 +325,21 @@ def label_text(value: Any, path: Path, line: int | None, name: str) -> str:
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)
     if not isinstance(value, str):
-        raise DataError(f"expected a label string or integer, got {type(value).__name__} "
-                        f"{json.dumps(value)[:60]}", path, line, name)
+        raise DataError(
+            f"expected a label string or integer, got {type(value).__name__} "
+            f"{json.dumps(value)[:60]}",
+            path,
+            line,
+            name,
+        )
     if not value.strip():
         raise DataError("empty label", path, line, name)
     return value.strip()
 
 
-def collect(recs: Iterator[tuple[int, Record]], bad: BadRows, build: Builder) -> tuple[list[Example], int]:
+def collect(
+    recs: Iterator[tuple[int, Record]], bad: BadRows, build: Builder
+) -> tuple[list[Example], int]:
     """Examples built from records; malformed rows go to `bad`. Returns (examples, dropped):
     `build` returns None for rows that are deliberately left out (SNLI's "-" gold label)."""
     out: list[Example] = []

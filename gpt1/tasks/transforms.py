@@ -17,6 +17,7 @@ from their ends, longest first: tokens are taken off the currently longest segme
 sequence fits (ties: the earlier segment). A short question or answer therefore survives a
 long document intact, and both orders of a similarity pair are cut identically.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -79,8 +80,14 @@ def similarity(a: list[int], b: list[int], ids: SpecialIds, n_ctx: int) -> list[
     return [_join([a, b], ids.delimiter, ids), _join([b, a], ids.delimiter, ids)]
 
 
-def choice(context: list[int], question: list[int], answers: list[list[int]], ids: SpecialIds,
-           n_ctx: int, question_delimiter: bool = False) -> list[list[int]]:
+def choice(
+    context: list[int],
+    question: list[int],
+    answers: list[list[int]],
+    ids: SpecialIds,
+    n_ctx: int,
+    question_delimiter: bool = False,
+) -> list[list[int]]:
     """Multiple choice: one sequence per answer."""
     out = []
     for answer in answers:
@@ -93,8 +100,14 @@ def choice(context: list[int], question: list[int], answers: list[list[int]], id
     return out
 
 
-def transform(kind: str, example: Example, encode, ids: SpecialIds, n_ctx: int,
-              question_delimiter: bool = False) -> list[list[int]]:
+def transform(
+    kind: str,
+    example: Example,
+    encode,
+    ids: SpecialIds,
+    n_ctx: int,
+    question_delimiter: bool = False,
+) -> list[list[int]]:
     """The K id sequences of `example` for a task of `kind`; `encode(text) -> list[int]`."""
     if kind == "single":
         assert isinstance(example, TextExample)
@@ -106,8 +119,14 @@ def transform(kind: str, example: Example, encode, ids: SpecialIds, n_ctx: int,
     if kind == "choice":
         assert isinstance(example, ChoiceExample)
         question = encode(example.question) if example.question.strip() else []
-        return choice(encode(example.context), question, [encode(c) for c in example.choices],
-                      ids, n_ctx, question_delimiter)
+        return choice(
+            encode(example.context),
+            question,
+            [encode(c) for c in example.choices],
+            ids,
+            n_ctx,
+            question_delimiter,
+        )
     raise ValueError(f"unknown task kind {kind!r}")
 
 
@@ -125,6 +144,6 @@ def pad_batch(items: list[list[list[int]]], pad_id: int = 0) -> tuple[torch.Tens
         if len(item) != K:
             raise ValueError(f"example {b} has {len(item)} sequences, expected {K}")
         for k, seq in enumerate(item):
-            ids[b, k, :len(seq)] = torch.tensor(seq, dtype=torch.long)
-            mask[b, k, :len(seq)] = 1.0
+            ids[b, k, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[b, k, : len(seq)] = 1.0
     return ids, mask

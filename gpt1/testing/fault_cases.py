@@ -11,6 +11,7 @@ A full disk and a read-only folder are real where the machine lets an unprivileg
 private tmpfs (`unshare -rm`, Linux user namespaces); elsewhere the writer is made to raise the
 same OSError (ENOSPC, EROFS), and the outcome says "(simulated)".
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,9 +27,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from unittest import mock
 
 from gpt1.files import LOCK_FILE
@@ -39,15 +40,16 @@ from gpt1.testing.faults import char_vocab, env, make_corpus, make_task, verify_
 class CaseResult:
     """One row of the fault table."""
 
-    outcome: str           # what the command did, in words (exit status and message)
-    data_lost: int = 0     # user files or checkpoints deleted, replaced or damaged
-    problems: tuple[str, ...] = ()   # what went wrong, when something did
+    outcome: str  # what the command did, in words (exit status and message)
+    data_lost: int = 0  # user files or checkpoints deleted, replaced or damaged
+    problems: tuple[str, ...] = ()  # what went wrong, when something did
 
 
 # ------------------------------------------------------------------------------ helpers
 def run_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
     """(exit status, stderr) of `gpt1 ARGV` run in this process."""
     from gpt1.cli import main
+
     err = io.StringIO()
     old = Path.cwd()
     try:
@@ -62,8 +64,11 @@ def run_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
 
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` (relative path -> bytes), the lock file excepted."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != LOCK_FILE}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != LOCK_FILE
+    }
 
 
 def lost(before: dict[str, bytes], folder: Path) -> list[str]:
@@ -74,8 +79,11 @@ def lost(before: dict[str, bytes], folder: Path) -> list[str]:
 
 def leftovers(folder: Path) -> list[str]:
     """Temporary names (`.X.tmp-PID`, `.X.old-PID`, `.X.deleting-PID`) under `folder`."""
-    return [str(p.relative_to(folder)) for p in folder.rglob(".*")
-            if any(k in p.name for k in (".tmp-", ".old-", ".deleting-"))]
+    return [
+        str(p.relative_to(folder))
+        for p in folder.rglob(".*")
+        if any(k in p.name for k in (".tmp-", ".old-", ".deleting-"))
+    ]
 
 
 def one_line(code: int, err: str, *must: str) -> list[str]:
@@ -90,26 +98,45 @@ def one_line(code: int, err: str, *must: str) -> list[str]:
 
 
 def result(outcome: str, lost_files: list[str], problems: list[str]) -> CaseResult:
-    return CaseResult(outcome if not problems else outcome + " -- BUT " + "; ".join(problems),
-                      len(lost_files), tuple(problems + [f"lost {f}" for f in lost_files]))
+    return CaseResult(
+        outcome if not problems else outcome + " -- BUT " + "; ".join(problems),
+        len(lost_files),
+        tuple(problems + [f"lost {f}" for f in lost_files]),
+    )
 
 
 def tiny_checkpoint(folder: Path) -> Path:
     """A tiny gpt1 checkpoint folder (random weights, character vocabulary)."""
     import torch
 
-    from gpt1.model.checkpoint import save_model
     from gpt1.config import model_preset
+    from gpt1.model.checkpoint import save_model
     from gpt1.model.gpt import GPT
+
     torch.manual_seed(0)
     config = model_preset("tiny").derive(vocab_size=300)
     return save_model(GPT(config), folder, char_vocab(folder.parent / "vocab"))
 
 
 def tiny_pretrain(data: Path, out: Path, steps: int = 2, *extra: str) -> list[str]:
-    return ["pretrain", "--preset", "tiny", "--data", str(data), "--out", str(out),
-            "--max-steps", str(steps), "--save-every", "1", "--eval-every", "0",
-            "--set", "train.peak_flops=1", *extra]
+    return [
+        "pretrain",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--save-every",
+        "1",
+        "--eval-every",
+        "0",
+        "--set",
+        "train.peak_flops=1",
+        *extra,
+    ]
 
 
 # --------------------------------------------------------------------------- overwrites
@@ -121,8 +148,11 @@ def convert_onto_a_users_folder(work: Path) -> CaseResult:
     (dst / "sub" / "notes.txt").write_text("also precious\n")
     before = snapshot(dst)
     code, err = run_cli(["convert", str(ckpt), str(dst), "--from", "gpt1"])
-    return result("refused (exit 2, one line: pass --overwrite)", lost(before, dst),
-                  one_line(code, err, str(dst), "--overwrite") + leftovers(work))
+    return result(
+        "refused (exit 2, one line: pass --overwrite)",
+        lost(before, dst),
+        one_line(code, err, str(dst), "--overwrite") + leftovers(work),
+    )
 
 
 def convert_over_its_own_run_with_overwrite(work: Path) -> CaseResult:
@@ -131,8 +161,11 @@ def convert_over_its_own_run_with_overwrite(work: Path) -> CaseResult:
     (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
     before = snapshot(run)
     code, err = run_cli(["convert", str(run / "final"), str(run), "--from", "gpt1", "--overwrite"])
-    return result("refused even with --overwrite (DST holds SRC)", lost(before, run),
-                  one_line(code, err, "holds the source") + leftovers(work))
+    return result(
+        "refused even with --overwrite (DST holds SRC)",
+        lost(before, run),
+        one_line(code, err, "holds the source") + leftovers(work),
+    )
 
 
 def convert_onto_the_current_folder(work: Path) -> CaseResult:
@@ -146,22 +179,30 @@ def convert_onto_the_current_folder(work: Path) -> CaseResult:
         for flags in ([], ["--overwrite"]):
             code, err = run_cli(["convert", str(ckpt), dst, "--from", "gpt1", *flags], cwd=here)
             problems += [f"{dst} {flags}: {p}" for p in one_line(code, err)]
-    return result("`.` and `..` refused, with and without --overwrite; no `..tmp-PID`",
-                  lost(before, work / "here"), problems + leftovers(work))
+    return result(
+        "`.` and `..` refused, with and without --overwrite; no `..tmp-PID`",
+        lost(before, work / "here"),
+        problems + leftovers(work),
+    )
 
 
 def pretrain_into_a_used_folder(work: Path) -> CaseResult:
     data = make_corpus(work / "data")
     out = work / "run"
     out.mkdir()
-    for name, text in (("metrics.jsonl", '{"step": 7, "loss": 3.0}\n'), ("run.json", "{}\n"),
-                       ("results.json", '{"accuracy": 0.9}\n'), ("loss.png", "png")):
+    for name, text in (
+        ("metrics.jsonl", '{"step": 7, "loss": 3.0}\n'),
+        ("run.json", "{}\n"),
+        ("results.json", '{"accuracy": 0.9}\n'),
+        ("loss.png", "png"),
+    ):
         (out / name).write_text(text)
     before = snapshot(out)
     code, err = run_cli(tiny_pretrain(data, out))
     problems = one_line(code, err, "--resume auto", "--overwrite")
-    return result("refused (exit 2): resume, --overwrite or a new --out", lost(before, out),
-                  problems)
+    return result(
+        "refused (exit 2): resume, --overwrite or a new --out", lost(before, out), problems
+    )
 
 
 def results_written_twice(work: Path) -> CaseResult:
@@ -169,24 +210,59 @@ def results_written_twice(work: Path) -> CaseResult:
     task, vocab = make_task(work / "task"), char_vocab(work / "vocab")
     (task / "test.tsv").write_text((task / "dev.tsv").read_text())
     run = work / "ft"
-    ft = ["finetune", "--task", "tsv", "--columns", "text=text,label=label", "--labels",
-          "neg,pos", "--data", str(task), "--init", "none", "--preset", "tiny", "--vocab",
-          str(vocab), "--out", str(run), "--max-steps", "2", "--batch-size", "4",
-          "--micro-batch", "2", "--n-ctx", "32", "--set", "train.peak_flops=1"]
+    ft = [
+        "finetune",
+        "--task",
+        "tsv",
+        "--columns",
+        "text=text,label=label",
+        "--labels",
+        "neg,pos",
+        "--data",
+        str(task),
+        "--init",
+        "none",
+        "--preset",
+        "tiny",
+        "--vocab",
+        str(vocab),
+        "--out",
+        str(run),
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--micro-batch",
+        "2",
+        "--n-ctx",
+        "32",
+        "--set",
+        "train.peak_flops=1",
+    ]
     code, err = run_cli(ft)
     problems = [f"finetune failed: {err[:300]}"] if code else []
-    writes = {"evaluate": ["evaluate", str(run), "--data", str(task)],
-              "predict test": ["predict", str(run), "--data", str(task)],
-              "predict dev": ["predict", str(run), "--data", str(task), "--split", "dev"],
-              "plot": ["plot", str(run)]}
+    writes = {
+        "evaluate": ["evaluate", str(run), "--data", str(task)],
+        "predict test": ["predict", str(run), "--data", str(task)],
+        "predict dev": ["predict", str(run), "--data", str(task), "--split", "dev"],
+        "plot": ["plot", str(run)],
+    }
     for name, argv in writes.items():
         code, err = run_cli(argv)
         if code:
             problems.append(f"first {name}: exit {code}: {err[:200]}")
     (work / "zs").mkdir()
     (work / "zs" / "results.json").write_text('{"mine": true}\n')
-    writes["zeroshot"] = ["zeroshot", str(run / "final"), "--task", "sst2", "--data", str(task),
-                          "--out", str(work / "zs")]
+    writes["zeroshot"] = [
+        "zeroshot",
+        str(run / "final"),
+        "--task",
+        "sst2",
+        "--data",
+        str(task),
+        "--out",
+        str(work / "zs"),
+    ]
     before = snapshot(work)
     for name, argv in writes.items():
         code, err = run_cli(argv)
@@ -194,21 +270,35 @@ def results_written_twice(work: Path) -> CaseResult:
     subs = sorted(p.name for p in (run / "submission").glob("*.tsv"))
     if subs != ["tsv.dev.tsv", "tsv.tsv"]:
         problems.append(f"submission files {subs}, expected tsv.dev.tsv and tsv.tsv")
-    return result("second evaluate / predict / plot / zeroshot refused (exit 2: pass "
-                  "--overwrite); predict --split dev writes tsv.dev.tsv beside the test file "
-                  "tsv.tsv", lost(before, work), problems)
+    return result(
+        "second evaluate / predict / plot / zeroshot refused (exit 2: pass "
+        "--overwrite); predict --split dev writes tsv.dev.tsv beside the test file "
+        "tsv.tsv",
+        lost(before, work),
+        problems,
+    )
 
 
 # ------------------------------------------------------------------------ concurrency
 def _start(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "gpt1", "--quiet", *argv], env=env(), cwd=cwd,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpt1", "--quiet", *argv],
+        env=env(),
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float = 300) -> bool:
     end = time.time() + timeout
     while time.time() < end and proc.poll() is None:
-        lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").is_file() else []
+        lines = (
+            (run / "metrics.jsonl").read_text().splitlines()
+            if (run / "metrics.jsonl").is_file()
+            else []
+        )
         if sum('"loss"' in line for line in lines) >= step:
             return True
         time.sleep(0.02)
@@ -216,8 +306,11 @@ def _wait_for_step(run: Path, proc: subprocess.Popen, step: int, timeout: float 
 
 
 def _duplicated_steps(run: Path) -> list[int]:
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
-             if '"loss"' in line]
+    steps = [
+        json.loads(line)["step"]
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+        if '"loss"' in line
+    ]
     return sorted({s for s in steps if steps.count(s) > 1})
 
 
@@ -229,12 +322,23 @@ def two_writers_one_run(work: Path) -> CaseResult:
     problems: list[str] = []
     if not _wait_for_step(run, first, 2):
         problems.append(f"the first run never logged a step: {first.communicate()[1][-300:]}")
-    second = subprocess.run([sys.executable, "-m", "gpt1", "--quiet", *argv], env=env(),
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, "-m", "gpt1", "--quiet", *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     running = first.poll() is None
     first.wait(timeout=600)
-    problems += one_line(second.returncode, second.stderr.strip(), "in use by another gpt1",
-                         f"pid {first.pid}", "gpt1 --quiet pretrain --preset tiny", "since 20")
+    problems += one_line(
+        second.returncode,
+        second.stderr.strip(),
+        "in use by another gpt1",
+        f"pid {first.pid}",
+        "gpt1 --quiet pretrain --preset tiny",
+        "since 20",
+    )
     if not running:
         problems.append("the first run had finished before the second started (not a race)")
     if first.returncode != 0:
@@ -242,9 +346,12 @@ def two_writers_one_run(work: Path) -> CaseResult:
     first.stderr.close()
     dups = _duplicated_steps(run) if (run / "metrics.jsonl").is_file() else []
     count, damaged = verify_run(run)
-    return result("second writer refused (exit 2) naming the holder (pid, host, command, start); "
-                  "first finished", [f"duplicated step {s} in metrics.jsonl" for s in dups]
-                  + damaged, problems)
+    return result(
+        "second writer refused (exit 2) naming the holder (pid, host, command, start); "
+        "first finished",
+        [f"duplicated step {s} in metrics.jsonl" for s in dups] + damaged,
+        problems,
+    )
 
 
 def child_pids(pid: int) -> list[int]:
@@ -264,13 +371,39 @@ def two_torchrun_launches_one_run(work: Path) -> CaseResult:
     """Two `torchrun --nproc_per_node 2` launches (gloo, CPU) on one run folder."""
     data = make_corpus(work / "data")
     run = work / "run"
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc_per_node", "2", "-m", "gpt1", "--quiet"]
-    argv = torchrun + tiny_pretrain(data, run, 1_000_000, "--log-every", "1", "--resume", "auto",
-                                    "--batch-size", "4", "--micro-batch", "2")
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "gpt1",
+        "--quiet",
+    ]
+    argv = torchrun + tiny_pretrain(
+        data,
+        run,
+        1_000_000,
+        "--log-every",
+        "1",
+        "--resume",
+        "auto",
+        "--batch-size",
+        "4",
+        "--micro-batch",
+        "2",
+    )
     argv[argv.index("--save-every") + 1] = "1000"
-    first = subprocess.Popen(argv, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True)
+    first = subprocess.Popen(
+        argv,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     problems: list[str] = []
     try:
         if not _wait_for_step(run, first, 2):
@@ -290,21 +423,24 @@ def two_torchrun_launches_one_run(work: Path) -> CaseResult:
             problems.append("the first launch died")
     finally:
         ranks = child_pids(first.pid)
-        first.send_signal(signal.SIGTERM)    # torchrun passes it on to its ranks
+        first.send_signal(signal.SIGTERM)  # torchrun passes it on to its ranks
         try:
             first.wait(timeout=60)
         except subprocess.TimeoutExpired:
             first.kill()
             first.wait()
-        for pid in ranks:                     # in sessions of their own: never leave them running
+        for pid in ranks:  # in sessions of their own: never leave them running
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         first.stderr.close()
     dups = _duplicated_steps(run) if (run / "metrics.jsonl").is_file() else []
-    return result(f"second launch refused: rank 0 prints the one line naming the holder (rank 0 "
-                  f"of the first launch), torchrun stops rank 1 and exits 1 after "
-                  f"{seconds:.1f} s, start-up included; first launch undisturbed",
-                  [f"duplicated step {s} in metrics.jsonl" for s in dups], problems)
+    return result(
+        f"second launch refused: rank 0 prints the one line naming the holder (rank 0 "
+        f"of the first launch), torchrun stops rank 1 and exits 1 after "
+        f"{seconds:.1f} s, start-up included; first launch undisturbed",
+        [f"duplicated step {s} in metrics.jsonl" for s in dups],
+        problems,
+    )
 
 
 def sigkilled_lock_holder(work: Path) -> CaseResult:
@@ -324,8 +460,9 @@ def sigkilled_lock_holder(work: Path) -> CaseResult:
     count, damaged = verify_run(run)
     if not (run / "final").is_dir():
         problems.append("no final checkpoint")
-    return result("the kernel released the lock; the next run resumed and finished", damaged,
-                  problems)
+    return result(
+        "the kernel released the lock; the next run resumed and finished", damaged, problems
+    )
 
 
 # -------------------------------------------------------------------------- disk faults
@@ -337,9 +474,17 @@ def private_mounts() -> bool:
     if "ok" not in _MOUNTS:
         probe = Path(tempfile.mkdtemp(prefix="gpt1-mount-"))
         try:
-            done = subprocess.run(["unshare", "-rm", "sh", "-c",
-                                   f"mount -t tmpfs -o size=64k tmpfs {shlex.quote(str(probe))}"],
-                                  capture_output=True, timeout=30)
+            done = subprocess.run(
+                [
+                    "unshare",
+                    "-rm",
+                    "sh",
+                    "-c",
+                    f"mount -t tmpfs -o size=64k tmpfs {shlex.quote(str(probe))}",
+                ],
+                capture_output=True,
+                timeout=30,
+            )
             _MOUNTS["ok"] = done.returncode == 0
         except (OSError, subprocess.SubprocessError):
             _MOUNTS["ok"] = False
@@ -365,8 +510,9 @@ def _in_tmpfs(mount: Path, options: str, script: str) -> subprocess.CompletedPro
     the mount and everything on it vanish when the script ends."""
     mount.mkdir(parents=True, exist_ok=True)
     sh = f"mount -t tmpfs -o {options} tmpfs {shlex.quote(str(mount))} && {script}"
-    return subprocess.run(["unshare", "-rm", "sh", "-c", sh], env=env(), capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", sh], env=env(), capture_output=True, text=True, timeout=600
+    )
 
 
 def _gpt1(argv: list[str]) -> str:
@@ -383,8 +529,12 @@ def _disk_full_outcome(code: int, err: str, state: dict, simulated: bool) -> Cas
     if not state["steps"]:
         problems.append("no earlier checkpoint was written before the disk filled")
     tag = " (simulated)" if simulated else " (real 4 MB tmpfs)"
-    return result("exit 2, one line naming the checkpoint, bytes needed and free; earlier "
-                  "checkpoints intact, no temporaries" + tag, state["problems"], problems)
+    return result(
+        "exit 2, one line naming the checkpoint, bytes needed and free; earlier "
+        "checkpoints intact, no temporaries" + tag,
+        state["problems"],
+        problems,
+    )
 
 
 def disk_full_while_checkpointing(work: Path) -> CaseResult:
@@ -393,17 +543,22 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
     run = mount / "run"
     argv = tiny_pretrain(data, run, 40, "--set", "train.keep_last=0")
     if private_mounts():
-        done = _in_tmpfs(mount, "size=4m", f"{_gpt1(argv)} 2>{mount}/err; echo $? >{mount}/rc; "
-                         f"{_inspect(run)}; cat {mount}/rc; cat {mount}/err >&2")
+        done = _in_tmpfs(
+            mount,
+            "size=4m",
+            f"{_gpt1(argv)} 2>{mount}/err; echo $? >{mount}/rc; "
+            f"{_inspect(run)}; cat {mount}/rc; cat {mount}/err >&2",
+        )
         lines = done.stdout.strip().splitlines()
         state, code = json.loads(lines[-2]), int(lines[-1])
         return _disk_full_outcome(code, done.stderr.strip(), state, simulated=False)
     from gpt1 import checkpoint_files as checkpoint
+
     real, calls = checkpoint.save_file, {"n": 0}
 
     def fills_up(tensors, filename, metadata=None):
         calls["n"] += 1
-        if calls["n"] > 4:     # step-1 and step-2 fit (weights + trainer state each)
+        if calls["n"] > 4:  # step-1 and step-2 fit (weights + trainer state each)
             Path(filename).write_bytes(b"\0" * 1000)
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), filename)
         return real(tensors, filename, metadata=metadata)
@@ -411,8 +566,11 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
     with mock.patch.object(checkpoint, "save_file", fills_up):
         code, err = run_cli(argv)
     count, damaged = verify_run(run)
-    state = {"problems": damaged, "leftovers": leftovers(mount),
-             "steps": sorted(p.name for p in run.glob("step-*"))}
+    state = {
+        "problems": damaged,
+        "leftovers": leftovers(mount),
+        "steps": sorted(p.name for p in run.glob("step-*")),
+    }
     return _disk_full_outcome(code, err, state, simulated=True)
 
 
@@ -424,8 +582,12 @@ def read_only_run_folder(work: Path) -> CaseResult:
     first = tiny_pretrain(data, run, 2)
     again = tiny_pretrain(data, run, 4, "--resume", "auto")
     if private_mounts():
-        done = _in_tmpfs(mount, "size=16m", f"{_gpt1(first)} && mount -o remount,ro {mount} && "
-                         f"{{ {_gpt1(again)} 2>{work}/err; echo $? >{work}/rc; }}; {_inspect(run)}")
+        done = _in_tmpfs(
+            mount,
+            "size=16m",
+            f"{_gpt1(first)} && mount -o remount,ro {mount} && "
+            f"{{ {_gpt1(again)} 2>{work}/err; echo $? >{work}/rc; }}; {_inspect(run)}",
+        )
         if done.returncode != 0 or not (work / "rc").is_file():
             return result("could not set up", [], [done.stderr[-300:]])
         state = json.loads(done.stdout.strip().splitlines()[-1])
@@ -440,13 +602,19 @@ def read_only_run_folder(work: Path) -> CaseResult:
         with mock.patch.object(files.os, "open", read_only):
             code, err = run_cli(again)
         count, damaged = verify_run(run)
-        state = {"problems": damaged, "leftovers": leftovers(mount),
-                 "steps": sorted(p.name for p in run.glob("step-*"))}
+        state = {
+            "problems": damaged,
+            "leftovers": leftovers(mount),
+            "steps": sorted(p.name for p in run.glob("step-*")),
+        }
         tag = "simulated"
     problems = one_line(code, err, "Read-only file system", "needs a writable folder")
     problems += [f"leftover {p}" for p in state["leftovers"]]
-    return result(f"exit 2, one line naming the path; checkpoints intact ({tag} read-only mount)",
-                  state["problems"], problems)
+    return result(
+        f"exit 2, one line naming the path; checkpoints intact ({tag} read-only mount)",
+        state["problems"],
+        problems,
+    )
 
 
 def disk_full_while_converting(work: Path) -> CaseResult:
@@ -468,10 +636,14 @@ def disk_full_while_converting(work: Path) -> CaseResult:
         with mock.patch.object(convert, "save_file", no_space):
             code, err = run_cli(argv)
         left, tag = leftovers(work), "simulated"
-    problems = one_line(code, err, str(dst), "No space left on device") + [f"leftover {n}"
-                                                                          for n in left]
-    return result(f"exit 2, one line naming DST and the bytes needed; nothing left behind ({tag})",
-                  [], problems)
+    problems = one_line(code, err, str(dst), "No space left on device") + [
+        f"leftover {n}" for n in left
+    ]
+    return result(
+        f"exit 2, one line naming DST and the bytes needed; nothing left behind ({tag})",
+        [],
+        problems,
+    )
 
 
 # ------------------------------------------------------------------------------ umask
@@ -480,7 +652,9 @@ def files_follow_the_umask(work: Path) -> CaseResult:
     problems: list[str] = []
     old = os.umask(0o027)
     try:
-        code, err = run_cli(["convert", str(ckpt), str(work / "hf"), "--from", "gpt1", "--to", "hf"])
+        code, err = run_cli(
+            ["convert", str(ckpt), str(work / "hf"), "--from", "gpt1", "--to", "hf"]
+        )
         code2, err2 = run_cli(["convert", str(work / "hf"), str(work / "back"), "--from", "hf"])
     finally:
         os.umask(old)
@@ -506,8 +680,12 @@ def timed_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str, float
     return code, err, time.perf_counter() - t0
 
 
-def refused(runs: list[tuple[list[str], tuple[str, ...]]], outcome: str, limit: float | None = 1.0,
-            watched: Path | None = None) -> CaseResult:
+def refused(
+    runs: list[tuple[list[str], tuple[str, ...]]],
+    outcome: str,
+    limit: float | None = 1.0,
+    watched: Path | None = None,
+) -> CaseResult:
     """Each (argv, must) must exit 2 with one stderr line holding `must`, within `limit` seconds;
     nothing under `watched` may change (a refusal writes nothing)."""
     before = snapshot(watched) if watched is not None else {}
@@ -538,13 +716,21 @@ def billion_layers_in_a_checkpoint(work: Path) -> CaseResult:
     # Every field within its own range, but 10^15 parameters: refused by the memory estimate.
     huge = tiny_checkpoint(work / "huge")
     _model_field(huge, n_layer=4096, n_embd=2**17, n_head=2**10, n_inner=2**19)
-    return refused([(["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"],
-                     ("config.json", "model.n_layer")),
-                    (["sample", str(huge), "--prompt", "x", "--max-new-tokens", "2"],
-                     ("config.json", "n_layer=4,096", "needs at least"))],
-                   "sample refused (exit 2) naming config.json and model.n_layer, nothing built; "
-                   "in-range fields adding up to 10^15 parameters refused by the memory estimate",
-                   watched=work)
+    return refused(
+        [
+            (
+                ["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"],
+                ("config.json", "model.n_layer"),
+            ),
+            (
+                ["sample", str(huge), "--prompt", "x", "--max-new-tokens", "2"],
+                ("config.json", "n_layer=4,096", "needs at least"),
+            ),
+        ],
+        "sample refused (exit 2) naming config.json and model.n_layer, nothing built; "
+        "in-range fields adding up to 10^15 parameters refused by the memory estimate",
+        watched=work,
+    )
 
 
 def mistyped_sizes_in_a_checkpoint(work: Path) -> CaseResult:
@@ -556,25 +742,36 @@ def mistyped_sizes_in_a_checkpoint(work: Path) -> CaseResult:
     ckpt = tiny_checkpoint(work / "ckpt-version")
     _edit_json(ckpt / "config.json", lambda d: d.update(format_version="2"))
     runs.append((["info", str(ckpt)], ("config.json", "format_version")))
-    return refused(runs, 'info refused n_layer "2", 2.5 and true, and format_version "2" '
-                   "(exit 2, one line naming the field)")
+    return refused(
+        runs,
+        'info refused n_layer "2", 2.5 and true, and format_version "2" '
+        "(exit 2, one line naming the field)",
+    )
 
 
 def billion_layers_in_an_hf_config(work: Path) -> CaseResult:
-    from gpt1.recipes.convert import save_hf
     from gpt1.model.gpt import GPT
+    from gpt1.recipes.convert import save_hf
+
     hf = save_hf(GPT(_tiny_config()), work / "hf")
     _edit_json(hf / "config.json", lambda d: d.update(n_layer=1_000_000_000))
-    return refused([(["convert", str(hf), str(work / "out"), "--from", "hf"],
-                     ("config.json", "model.n_layer"))],
-                   "convert --from hf refused (exit 2) naming config.json and n_layer; no DST",
-                   watched=work)
+    return refused(
+        [
+            (
+                ["convert", str(hf), str(work / "out"), "--from", "hf"],
+                ("config.json", "model.n_layer"),
+            )
+        ],
+        "convert --from hf refused (exit 2) naming config.json and n_layer; no DST",
+        watched=work,
+    )
 
 
 def _tiny_config():
     import torch
 
     from gpt1.config import ModelConfig
+
     torch.manual_seed(0)
     return ModelConfig(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 
@@ -583,8 +780,9 @@ def openai_release(folder: Path) -> Path:
     """A tiny model saved the way OpenAI's release is: `params_shapes.json` + 10 .npy shards."""
     import numpy as np
 
-    from gpt1.recipes.convert import OPENAI_BLOCK
     from gpt1.model.gpt import GPT
+    from gpt1.recipes.convert import OPENAI_BLOCK
+
     config = _tiny_config()
     sd = GPT(config).state_dict()
     arrays = [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
@@ -605,10 +803,17 @@ def huge_params_shapes(work: Path) -> CaseResult:
     shapes = json.loads((oai / "params_shapes.json").read_text())
     (oai / "params_shapes.json").write_text(json.dumps(shapes[:2] + shapes[2:14] * 200_000))
     size = (oai / "params_shapes.json").stat().st_size
-    return refused([(["convert", str(oai), str(work / "out"), "--from", "openai", "--n-head", "4"],
-                     ("params_shapes.json",))],
-                   f"convert --from openai refused a {size / 1e6:.0f} MB params_shapes.json "
-                   "(200,000 layers) by its size, naming the file", watched=work)
+    return refused(
+        [
+            (
+                ["convert", str(oai), str(work / "out"), "--from", "openai", "--n-head", "4"],
+                ("params_shapes.json",),
+            )
+        ],
+        f"convert --from openai refused a {size / 1e6:.0f} MB params_shapes.json "
+        "(200,000 layers) by its size, naming the file",
+        watched=work,
+    )
 
 
 def huge_n_outputs(work: Path) -> CaseResult:
@@ -616,22 +821,42 @@ def huge_n_outputs(work: Path) -> CaseResult:
     from safetensors.torch import save_file
 
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+
     runs = []
     for value in (20_000_000, 1e12):
         ft = tiny_checkpoint(work / f"ft-{value:g}")
-        save_file({"linear.weight": torch.zeros(2, 64), "linear.bias": torch.zeros(2)},
-                  str(ft / HEAD_FILE))
-        (ft / TASK_FILE).write_text(json.dumps(
-            {"task": "sst2", "kind": "single", "labels": None, "n_outputs": value, "n_ctx": 16,
-             "classify_id": 3, "clf_pdrop": 0.1, "question_delimiter": False, "spec": None}))
+        save_file(
+            {"linear.weight": torch.zeros(2, 64), "linear.bias": torch.zeros(2)},
+            str(ft / HEAD_FILE),
+        )
+        (ft / TASK_FILE).write_text(
+            json.dumps(
+                {
+                    "task": "sst2",
+                    "kind": "single",
+                    "labels": None,
+                    "n_outputs": value,
+                    "n_ctx": 16,
+                    "classify_id": 3,
+                    "clf_pdrop": 0.1,
+                    "question_delimiter": False,
+                    "spec": None,
+                }
+            )
+        )
         for command in ("evaluate", "predict"):
             runs.append(([command, str(ft), "--data", str(work)], ("task.json", "n_outputs")))
-    return refused(runs, "evaluate and predict refused n_outputs 20,000,000 and 1e12 "
-                   "(exit 2, naming task.json and n_outputs), nothing allocated", watched=work)
+    return refused(
+        runs,
+        "evaluate and predict refused n_outputs 20,000,000 and 1e12 "
+        "(exit 2, naming task.json and n_outputs), nothing allocated",
+        watched=work,
+    )
 
 
 def nan_weights(work: Path) -> CaseResult:
     from safetensors.torch import load_file, save_file
+
     ckpt = tiny_checkpoint(work / "ckpt")
     state = load_file(str(ckpt / "model.safetensors"))
     state["h.1.mlp.c_fc.weight"][3, 4] = float("nan")
@@ -640,45 +865,80 @@ def nan_weights(work: Path) -> CaseResult:
     sst2.mkdir()
     (sst2 / "dev.tsv").write_text("sentence\tlabel\na fine film\t1\na sad film\t0\n")
     must = ("h.1.mlp.c_fc.weight",)
-    return refused([(["convert", str(ckpt), str(work / "out"), "--from", "gpt1"], must),
-                    (["zeroshot", str(ckpt), "--task", "sst2", "--data", str(sst2), "--out",
-                      str(work / "zs")], must),
-                    (["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"], must)],
-                   "convert, zeroshot and sample refused (exit 2) naming the NaN tensor; "
-                   "no output written", limit=None, watched=work)
+    return refused(
+        [
+            (["convert", str(ckpt), str(work / "out"), "--from", "gpt1"], must),
+            (
+                [
+                    "zeroshot",
+                    str(ckpt),
+                    "--task",
+                    "sst2",
+                    "--data",
+                    str(sst2),
+                    "--out",
+                    str(work / "zs"),
+                ],
+                must,
+            ),
+            (["sample", str(ckpt), "--prompt", "x", "--max-new-tokens", "2"], must),
+        ],
+        "convert, zeroshot and sample refused (exit 2) naming the NaN tensor; no output written",
+        limit=None,
+        watched=work,
+    )
 
 
 def token_id_beyond_the_vocabulary(work: Path) -> CaseResult:
     import numpy as np
 
     from gpt1.text.shards import write_shard
+
     data = make_corpus(work / "data", vocab=300)
     ids = np.arange(3000) % 300
     ids[1234] = 300
     write_shard(data / "train-00001.bin", ids, 1, 400)
-    return refused([(tiny_pretrain(data, work / "run"), ("train-00001.bin", "token id 300"))],
-                   "pretrain refused at open (exit 2) naming the shard, id and position",
-                   limit=None, watched=data)
+    return refused(
+        [(tiny_pretrain(data, work / "run"), ("train-00001.bin", "token id 300"))],
+        "pretrain refused at open (exit 2) naming the shard, id and position",
+        limit=None,
+        watched=data,
+    )
 
 
 def hf_index_outside_its_folder(work: Path) -> CaseResult:
     from safetensors.torch import load_file, save_file
 
-    from gpt1.recipes.convert import save_hf
     from gpt1.model.gpt import GPT
+    from gpt1.recipes.convert import save_hf
+
     hf = save_hf(GPT(_tiny_config()), work / "hf")
     state = load_file(str(hf / "model.safetensors"))
     names = sorted(state)
     save_file({k: state[k] for k in names[:5]}, str(hf / "part-1.safetensors"))
     save_file({k: state[k] for k in names[5:]}, str(work / "outside.safetensors"))
     (hf / "model.safetensors").unlink()
-    (hf / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        k: "part-1.safetensors" if i < 5 else "../outside.safetensors"
-        for i, k in enumerate(names)}}))
-    return refused([(["convert", str(hf), str(work / "out"), "--from", "hf"],
-                     ("model.safetensors.index.json", "outside"))],
-                   "convert --from hf refused the `../outside.safetensors` entry (exit 2)",
-                   limit=None, watched=work)
+    (hf / "model.safetensors.index.json").write_text(
+        json.dumps(
+            {
+                "weight_map": {
+                    k: "part-1.safetensors" if i < 5 else "../outside.safetensors"
+                    for i, k in enumerate(names)
+                }
+            }
+        )
+    )
+    return refused(
+        [
+            (
+                ["convert", str(hf), str(work / "out"), "--from", "hf"],
+                ("model.safetensors.index.json", "outside"),
+            )
+        ],
+        "convert --from hf refused the `../outside.safetensors` entry (exit 2)",
+        limit=None,
+        watched=work,
+    )
 
 
 # --------------------------------------------------------------------- text and readers
@@ -691,22 +951,30 @@ def a_run_of_punctuation(work: Path) -> CaseResult:
 
     def timed(text: str) -> tuple[float, subprocess.CompletedProcess]:
         t0 = time.perf_counter()
-        done = subprocess.run(argv, input=text, env=env(), capture_output=True, text=True,
-                              timeout=600)
+        done = subprocess.run(
+            argv, input=text, env=env(), capture_output=True, text=True, timeout=600
+        )
         return time.perf_counter() - t0, done
 
     start, empty = timed("!\n")
     total, done = timed("!" * 100_000 + "\n")
-    problems = [f"exit {c}: {d.stderr[-300:]}" for c, d in ((empty.returncode, empty),
-                                                            (done.returncode, done)) if c]
+    problems = [
+        f"exit {c}: {d.stderr[-300:]}"
+        for c, d in ((empty.returncode, empty), (done.returncode, done))
+        if c
+    ]
     n_ids = len(done.stdout.split())
     if not problems and n_ids < 1000:
         problems.append(f"only {n_ids} ids for 100,000 characters")
     work_s = total - start
     if CHECK_TIMES and work_s > 2.0:
         problems.append(f"{work_s:.2f} s beyond start-up (target 2 s)")
-    return result(f"exit 0, {n_ids:,} ids in {work_s:.2f} s beyond start-up "
-                  f"({total:.2f} s in all; 1 `!` took {start:.2f} s)", [], problems)
+    return result(
+        f"exit 0, {n_ids:,} ids in {work_s:.2f} s beyond start-up "
+        f"({total:.2f} s in all; 1 `!` took {start:.2f} s)",
+        [],
+        problems,
+    )
 
 
 def _finetune_on(work: Path, fmt: str, text: str) -> list[str]:
@@ -714,35 +982,75 @@ def _finetune_on(work: Path, fmt: str, text: str) -> list[str]:
     data = work / "data"
     data.mkdir(parents=True)
     (data / f"train.{fmt}").write_text(text)
-    return ["finetune", "--task", fmt, "--columns", "text=t,label=y", "--data", str(data),
-            "--init", "none", "--preset", "tiny", "--vocab", str(char_vocab(work / "vocab")),
-            "--out", str(work / "run"), "--max-steps", "1", "--batch-size", "2",
-            "--micro-batch", "2", "--n-ctx", "32", "--set", "train.peak_flops=1"]
+    return [
+        "finetune",
+        "--task",
+        fmt,
+        "--columns",
+        "text=t,label=y",
+        "--data",
+        str(data),
+        "--init",
+        "none",
+        "--preset",
+        "tiny",
+        "--vocab",
+        str(char_vocab(work / "vocab")),
+        "--out",
+        str(work / "run"),
+        "--max-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--micro-batch",
+        "2",
+        "--n-ctx",
+        "32",
+        "--set",
+        "train.peak_flops=1",
+    ]
 
 
 def strict_readers(work: Path) -> CaseResult:
     """Rows `gpt1 finetune` must refuse naming file, line and field, before any training."""
     big = "x" * 10_000_000
-    good = {"csv": "id,t,y\n1,a fine film,pos\n2,a sad film,neg\n",
-            "tsv": "id\tt\ty\n1\ta fine film\tpos\n2\ta sad film\tneg\n",
-            "jsonl": '{"id": "1", "t": "a fine film", "y": "pos"}\n'
-                     '{"id": "2", "t": "a sad film", "y": "neg"}\n'}
+    good = {
+        "csv": "id,t,y\n1,a fine film,pos\n2,a sad film,neg\n",
+        "tsv": "id\tt\ty\n1\ta fine film\tpos\n2\ta sad film\tneg\n",
+        "jsonl": '{"id": "1", "t": "a fine film", "y": "pos"}\n'
+        '{"id": "2", "t": "a sad film", "y": "neg"}\n',
+    }
     files = [  # (format, file text, what the one line must say)
-        ("jsonl", good["jsonl"] + '{"id": "3", "t": "odd", "y": ["pos"]}\n',
-         ("train.jsonl:3, field 'y'", "list")),
-        ("jsonl", good["jsonl"] + '{"id": "3", "t": "odd", "y": "pos", "y": "neg"}\n',
-         ("train.jsonl:3, field 'y'", "appears twice")),
+        (
+            "jsonl",
+            good["jsonl"] + '{"id": "3", "t": "odd", "y": ["pos"]}\n',
+            ("train.jsonl:3, field 'y'", "list"),
+        ),
+        (
+            "jsonl",
+            good["jsonl"] + '{"id": "3", "t": "odd", "y": "pos", "y": "neg"}\n',
+            ("train.jsonl:3, field 'y'", "appears twice"),
+        ),
         ("csv", "id,t,y,y\n1,a fine film,pos,pos\n", ("train.csv:1, field 'y'", "appears twice")),
         ("csv", good["csv"] + f"3,{big},pos\n", ("train.csv:4, field 't'", "limit")),
         ("tsv", good["tsv"] + f"3\t{big}\tpos\n", ("train.tsv:4, field 't'", "limit")),
-        ("jsonl", good["jsonl"] + json.dumps({"id": "3", "t": big, "y": "pos"}) + "\n",
-         ("train.jsonl:3, field 't'", "limit")),
+        (
+            "jsonl",
+            good["jsonl"] + json.dumps({"id": "3", "t": big, "y": "pos"}) + "\n",
+            ("train.jsonl:3, field 't'", "limit"),
+        ),
     ]
-    runs = [(_finetune_on(work / f"file-{i}", fmt, text), must)
-            for i, (fmt, text, must) in enumerate(files)]
-    return refused(runs, "finetune refused a JSONL list label, a duplicated JSONL key, a "
-                   "duplicated CSV header name, and a 10 MB field in CSV, TSV and JSONL alike "
-                   "(exit 2, one line naming file, line and field)", limit=None)
+    runs = [
+        (_finetune_on(work / f"file-{i}", fmt, text), must)
+        for i, (fmt, text, must) in enumerate(files)
+    ]
+    return refused(
+        runs,
+        "finetune refused a JSONL list label, a duplicated JSONL key, a "
+        "duplicated CSV header name, and a 10 MB field in CSV, TSV and JSONL alike "
+        "(exit 2, one line naming file, line and field)",
+        limit=None,
+    )
 
 
 # ------------------------------------------------------------------------------- table
@@ -760,24 +1068,31 @@ CASES: list[tuple[str, Case]] = [
     ("run folder read-only on resume", read_only_run_folder),
     ("disk full while converting", disk_full_while_converting),
     ("umask 027", files_follow_the_umask),
-    ("checkpoint config.json: n_layer 1e9 (or 10^15 parameters), then `sample`",
-     billion_layers_in_a_checkpoint),
-    ('config.json: n_layer "2" / 2.5 / true, format_version "2", then `info`',
-     mistyped_sizes_in_a_checkpoint),
+    (
+        "checkpoint config.json: n_layer 1e9 (or 10^15 parameters), then `sample`",
+        billion_layers_in_a_checkpoint,
+    ),
+    (
+        'config.json: n_layer "2" / 2.5 / true, format_version "2", then `info`',
+        mistyped_sizes_in_a_checkpoint,
+    ),
     ("HF config.json: n_layer 1e9, then `convert --from hf`", billion_layers_in_an_hf_config),
     ("params_shapes.json for 200,000 layers, then `convert --from openai`", huge_params_shapes),
     ("task.json: n_outputs 20,000,000 and 1e12, then `evaluate` / `predict`", huge_n_outputs),
     ("a NaN weight, then `convert` / `zeroshot` / `sample`", nan_weights),
-    ("token id 300 in a shard of a 300-token vocabulary, then `pretrain`",
-     token_id_beyond_the_vocabulary),
+    (
+        "token id 300 in a shard of a 300-token vocabulary, then `pretrain`",
+        token_id_beyond_the_vocabulary,
+    ),
     ("HF index.json weight_map `../outside.safetensors`", hf_index_outside_its_folder),
     ("100,000 `!` through `tokenizer encode`", a_run_of_punctuation),
     ("bad rows: JSONL list label, duplicate keys / header, 10 MB field", strict_readers),
 ]
 
 
-def run_cases(work: Path, cases: list[tuple[str, Case]] | None = None
-              ) -> list[tuple[str, CaseResult]]:
+def run_cases(
+    work: Path, cases: list[tuple[str, Case]] | None = None
+) -> list[tuple[str, CaseResult]]:
     """Run each case in its own folder under `work`; an exception is a failed case, not a crash."""
     rows = []
     for i, (name, case) in enumerate(cases or CASES):
@@ -786,6 +1101,14 @@ def run_cases(work: Path, cases: list[tuple[str, Case]] | None = None
         try:
             rows.append((name, case(folder)))
         except Exception as exc:  # noqa: BLE001 - a crashing case is reported in its row
-            rows.append((name, CaseResult(f"CRASHED: {type(exc).__name__}: {exc}"[:300], 0,
-                                          (f"{type(exc).__name__}: {exc}",))))
+            rows.append(
+                (
+                    name,
+                    CaseResult(
+                        f"CRASHED: {type(exc).__name__}: {exc}"[:300],
+                        0,
+                        (f"{type(exc).__name__}: {exc}",),
+                    ),
+                )
+            )
     return rows

@@ -16,6 +16,7 @@ Three families, each a plain function that `tests/` and `benchmarks/faults.py` i
 
 Nothing here knows where real data lives: callers pass the folder (`readers(shared, work)`).
 """
+
 from __future__ import annotations
 
 import json
@@ -26,9 +27,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -43,6 +44,7 @@ ROOT = Path(gpt1.__file__).resolve().parents[1]
 def make_corpus(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200) -> Path:
     """A tiny `gpt1 prepare`-style folder: a noisy periodic token stream, two train shards."""
     from gpt1.text.shards import write_shard
+
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
 
@@ -54,10 +56,20 @@ def make_corpus(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int 
     write_shard(folder / "train-00000.bin", stream(half), 3, vocab)
     write_shard(folder / "train-00001.bin", stream(n_train - half), 3, vocab)
     write_shard(folder / "val-00000.bin", stream(n_val), 1, vocab)
-    meta = {"format": "gpt1-tokens", "version": 1, "vocab_size": vocab, "dtype": "uint16",
-            "splits": {"train": {"shards": ["train-00000.bin", "train-00001.bin"],
-                                 "tokens": n_train, "documents": 6},
-                       "val": {"shards": ["val-00000.bin"], "tokens": n_val, "documents": 1}}}
+    meta = {
+        "format": "gpt1-tokens",
+        "version": 1,
+        "vocab_size": vocab,
+        "dtype": "uint16",
+        "splits": {
+            "train": {
+                "shards": ["train-00000.bin", "train-00001.bin"],
+                "tokens": n_train,
+                "documents": 6,
+            },
+            "val": {"shards": ["val-00000.bin"], "tokens": n_val, "documents": 1},
+        },
+    }
     (folder / "meta.json").write_text(json.dumps(meta))
     char_vocab(folder)
     return folder
@@ -93,20 +105,77 @@ def env() -> dict:
 
 
 def pretrain_cmd(data: Path, out: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny", "--data",
-            str(data), "--out", str(out), "--max-steps", str(steps), "--save-every", "1",
-            "--eval-every", "5", "--log-every", "1", "--set", "train.peak_flops=1",
-            "--set", "train.keep_last=2"]
+    return [
+        sys.executable,
+        "-m",
+        "gpt1",
+        "--quiet",
+        "pretrain",
+        "--preset",
+        "tiny",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--save-every",
+        "1",
+        "--eval-every",
+        "5",
+        "--log-every",
+        "1",
+        "--set",
+        "train.peak_flops=1",
+        "--set",
+        "train.keep_last=2",
+    ]
 
 
 def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
-    return [sys.executable, "-m", "gpt1", "--quiet", "finetune", "--task", "tsv", "--columns",
-            "text=text,label=label", "--labels", "neg,pos", "--data", str(task), "--init", "none",
-            "--preset", "tiny", "--vocab", str(vocab), "--out", str(out), "--max-steps", str(steps),
-            "--epochs", "100",   # --max-steps only caps the epoch-derived length
-            "--batch-size", "4", "--micro-batch", "2", "--n-ctx", "32", "--save-every", "1",
-            "--eval-every", "4", "--set", "train.peak_flops=1", "--set", "train.keep_last=2",
-            "--set", "train.log_every=1"]
+    return [
+        sys.executable,
+        "-m",
+        "gpt1",
+        "--quiet",
+        "finetune",
+        "--task",
+        "tsv",
+        "--columns",
+        "text=text,label=label",
+        "--labels",
+        "neg,pos",
+        "--data",
+        str(task),
+        "--init",
+        "none",
+        "--preset",
+        "tiny",
+        "--vocab",
+        str(vocab),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--epochs",
+        "100",  # --max-steps only caps the epoch-derived length
+        "--batch-size",
+        "4",
+        "--micro-batch",
+        "2",
+        "--n-ctx",
+        "32",
+        "--save-every",
+        "1",
+        "--eval-every",
+        "4",
+        "--set",
+        "train.peak_flops=1",
+        "--set",
+        "train.keep_last=2",
+        "--set",
+        "train.log_every=1",
+    ]
 
 
 # ============================================================================== kill loops
@@ -115,12 +184,12 @@ class KillReport:
     """What a kill loop did and what it cost."""
 
     command: str
-    kills: int = 0                 # SIGKILLs delivered to a running process
-    kills_in_write: int = 0        # ... of which landed while a checkpoint folder was half written
-    resumes: int = 0               # restarts with --resume auto (each from an intact checkpoint)
+    kills: int = 0  # SIGKILLs delivered to a running process
+    kills_in_write: int = 0  # ... of which landed while a checkpoint folder was half written
+    resumes: int = 0  # restarts with --resume auto (each from an intact checkpoint)
     checkpoints_verified: int = 0  # checkpoint folders fully loaded and checked after kills
-    steps_redone: int = 0          # logged steps past the newest checkpoint at a kill (recomputed)
-    data_lost: int = 0             # damaged/vanished checkpoints + differences from the reference
+    steps_redone: int = 0  # logged steps past the newest checkpoint at a kill (recomputed)
+    data_lost: int = 0  # damaged/vanished checkpoints + differences from the reference
     problems: list[str] = field(default_factory=list)
 
     def lose(self, what: str) -> None:
@@ -132,9 +201,15 @@ def verify_run(run: Path) -> tuple[int, list[str]]:
     """Load every published checkpoint of `run`; (count verified, problems found)."""
     from gpt1.model.checkpoint import load_checkpoint
     from gpt1.train.state import load_training_state
+
     count, problems = 0, []
-    for folder in sorted(p for p in run.iterdir() if p.is_dir() and not p.name.startswith(".")
-                         and (p.name.startswith("step-") or p.name == "final")):
+    for folder in sorted(
+        p
+        for p in run.iterdir()
+        if p.is_dir()
+        and not p.name.startswith(".")
+        and (p.name.startswith("step-") or p.name == "final")
+    ):
         try:
             load_checkpoint(folder)
             _, meta = load_training_state(folder)
@@ -148,6 +223,7 @@ def verify_run(run: Path) -> tuple[int, list[str]]:
 
 def newest_step(run: Path) -> int:
     from gpt1.train.state import latest_resumable, read_trainer_json
+
     last = latest_resumable(run) if run.is_dir() else None
     return read_trainer_json(last)["step"] if last else 0
 
@@ -168,15 +244,29 @@ def logged_steps(run: Path) -> int:
 def _wait_for_write(run: Path, proc: subprocess.Popen, deadline: float) -> bool:
     """Poll until a checkpoint's temporary folder exists (a write in progress)."""
     while time.time() < deadline and proc.poll() is None:
-        if any(p.name.startswith((".step-", ".final.")) and ".tmp-" in p.name
-               for p in run.iterdir()) if run.is_dir() else False:
+        if (
+            any(
+                p.name.startswith((".step-", ".final.")) and ".tmp-" in p.name
+                for p in run.iterdir()
+            )
+            if run.is_dir()
+            else False
+        ):
             return True
         time.sleep(0.0005)
     return False
 
 
-def kill_loop(cmd: list[str], run: Path, kills: int, rng: random.Random, span: float,
-              name: str, steps: int, timeout: float = 300) -> KillReport:
+def kill_loop(
+    cmd: list[str],
+    run: Path,
+    kills: int,
+    rng: random.Random,
+    span: float,
+    name: str,
+    steps: int,
+    timeout: float = 300,
+) -> KillReport:
     """SIGKILL `cmd` (which must include `--resume auto`) `kills` times, then let it finish.
 
     Kills cycle through three kinds of moment: uniform in `span` (the wall time of an
@@ -188,22 +278,22 @@ def kill_loop(cmd: list[str], run: Path, kills: int, rng: random.Random, span: f
     for k in range(kills):
         before = newest_step(run)
         proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        mode = (k + 2) % 3   # start with a step-aimed kill: it cannot miss the run
+        mode = (k + 2) % 3  # start with a step-aimed kill: it cannot miss the run
         aimed = mode == 1
-        if mode == 0:      # a random moment of the whole run, start-up included
+        if mode == 0:  # a random moment of the whole run, start-up included
             # 0.6: a resumed run may be faster than the timed one (warm caches, less load)
             end = time.time() + rng.uniform(0.1, 0.6 * span * (steps - before) / steps)
             while time.time() < end and proc.poll() is None:
                 time.sleep(0.005)
-        elif mode == 1:    # the instant a checkpoint folder is being written
+        elif mode == 1:  # the instant a checkpoint folder is being written
             _wait_for_write(run, proc, time.time() + timeout)
-        else:              # a random moment within a random training step
+        else:  # a random moment within a random training step
             target = min(before + rng.randint(1, 3), steps - 1)
             end = time.time() + timeout
             while logged_steps(run) < target and proc.poll() is None and time.time() < end:
                 time.sleep(0.005)
             time.sleep(rng.uniform(0.0, 0.05))
-        if proc.poll() is not None:      # finished (or failed) before the kill
+        if proc.poll() is not None:  # finished (or failed) before the kill
             err = proc.stderr.read().decode(errors="replace")
             proc.wait()
             if proc.returncode != 0:
@@ -234,14 +324,16 @@ def kill_loop(cmd: list[str], run: Path, kills: int, rng: random.Random, span: f
     return report
 
 
-def compare_runs(ref: Path, run: Path, report: KillReport, extra_files: tuple[str, ...] = ()) -> None:
+def compare_runs(
+    ref: Path, run: Path, report: KillReport, extra_files: tuple[str, ...] = ()
+) -> None:
     """Every metrics line and the final weights (and `extra_files`) must equal the reference."""
-    from safetensors.torch import load_file
     import torch
+    from safetensors.torch import load_file
 
     def lines(r: Path) -> list[dict]:
         out = [json.loads(l) for l in (r / "metrics.jsonl").read_text().splitlines()]
-        for rec in out:   # timing fields differ between any two runs
+        for rec in out:  # timing fields differ between any two runs
             for key in ("tokens_per_s", "mfu", "mem_gb"):
                 rec.pop(key, None)
         return out
@@ -250,8 +342,10 @@ def compare_runs(ref: Path, run: Path, report: KillReport, extra_files: tuple[st
     if a != b:
         diff = [(x, y) for x, y in zip(a, b) if x != y]
         first = diff[0] if diff else (len(a), len(b))
-        report.lose(f"metrics.jsonl: {len(diff)} lines differ from the uninterrupted run "
-                    f"({len(a)} vs {len(b)} lines); first: {first}")
+        report.lose(
+            f"metrics.jsonl: {len(diff)} lines differ from the uninterrupted run "
+            f"({len(a)} vs {len(b)} lines); first: {first}"
+        )
     for weights in ("model.safetensors", "head.safetensors"):
         fa, fb = ref / "final" / weights, run / "final" / weights
         if not fa.is_file():
@@ -275,8 +369,15 @@ def pretrain_faults(work: Path, kills: int, seed: int, steps: int = 30) -> KillR
     data = make_corpus(work / "data")
     ref, run = work / "pre-ref", work / "pre-kill"
     span = timed_run(pretrain_cmd(data, ref, steps))
-    report = kill_loop(pretrain_cmd(data, run, steps) + ["--resume", "auto"], run, kills,
-                       random.Random(seed), span, "pretrain", steps)
+    report = kill_loop(
+        pretrain_cmd(data, run, steps) + ["--resume", "auto"],
+        run,
+        kills,
+        random.Random(seed),
+        span,
+        "pretrain",
+        steps,
+    )
     compare_runs(ref, run, report)
     return report
 
@@ -286,8 +387,15 @@ def finetune_faults(work: Path, kills: int, seed: int, steps: int = 16) -> KillR
     task, vocab = make_task(work / "task"), char_vocab(work / "vocab")
     ref, run = work / "ft-ref", work / "ft-kill"
     span = timed_run(finetune_cmd(task, vocab, ref, steps))
-    report = kill_loop(finetune_cmd(task, vocab, run, steps) + ["--resume", "auto"], run, kills,
-                       random.Random(seed), span, "finetune", steps)
+    report = kill_loop(
+        finetune_cmd(task, vocab, run, steps) + ["--resume", "auto"],
+        run,
+        kills,
+        random.Random(seed),
+        span,
+        "finetune",
+        steps,
+    )
     compare_runs(ref, run, report, extra_files=("results.json",))
     return report
 
@@ -304,9 +412,9 @@ def mutate(data: bytes, op: str, pos: float, size: int, fill: bytes) -> bytes:
     if op == "empty":
         return b""
     if op == "truncate_file":
-        return data[:int(pos * len(data))]
+        return data[: int(pos * len(data))]
     if op == "truncate_line":
-        lines[i] = lines[i][:int(size) % (len(lines[i]) + 1)]
+        lines[i] = lines[i][: int(size) % (len(lines[i]) + 1)]
     elif op == "drop_field":
         for sep in (b"\t", b","):
             if sep in lines[i]:
@@ -319,12 +427,14 @@ def mutate(data: bytes, op: str, pos: float, size: int, fill: bytes) -> bytes:
     elif op == "huge_field":
         lines[i] += b"x" * (200_000 + size)
     elif op == "latin1":
-        return data.decode("utf-8", "replace").encode("latin-1", "replace") + "\u00e9".encode("latin-1")
+        return data.decode("utf-8", "replace").encode("latin-1", "replace") + "\u00e9".encode(
+            "latin-1"
+        )
     elif op == "utf16":
         return data.decode("utf-8", "replace").encode("utf-16")
     elif op == "bytes":
         at = int(pos * len(data))
-        return data[:at] + fill + data[at + len(fill):]
+        return data[:at] + fill + data[at + len(fill) :]
     elif op == "duplicate_line":
         lines.insert(i, lines[i])
     elif op == "blank_lines":
@@ -335,16 +445,31 @@ def mutate(data: bytes, op: str, pos: float, size: int, fill: bytes) -> bytes:
         return data.replace(b"\n", b"\r\n")
     elif op == "nul":
         lines[i] += b"\0" * (size % 7 + 1)
-    elif op == "deep_nesting":      # JSON nested past Python's recursion limit
+    elif op == "deep_nesting":  # JSON nested past Python's recursion limit
         lines[i] = b"[" * (100_000 + size) + b"]" * (100_000 + size)
-    elif op == "nonfinite":         # numbers that parse as floats but poison a loss
+    elif op == "nonfinite":  # numbers that parse as floats but poison a loss
         lines[i] = lines[i].replace(b"1", b"inf", 1).replace(b"0", b"nan", 1)
     return b"\n".join(lines)
 
 
-OPS = ("empty", "truncate_file", "truncate_line", "drop_field", "extra_field", "huge_field",
-       "latin1", "utf16", "bytes", "duplicate_line", "blank_lines", "quote", "crlf", "nul",
-       "deep_nesting", "nonfinite")
+OPS = (
+    "empty",
+    "truncate_file",
+    "truncate_line",
+    "drop_field",
+    "extra_field",
+    "huge_field",
+    "latin1",
+    "utf16",
+    "bytes",
+    "duplicate_line",
+    "blank_lines",
+    "quote",
+    "crlf",
+    "nul",
+    "deep_nesting",
+    "nonfinite",
+)
 
 
 @dataclass
@@ -353,101 +478,210 @@ class Reader:
     and one of them (`target`) is mutated; `read(folder)` runs the reader on it."""
 
     name: str
-    files: dict[str, Path]          # name in the folder -> real source file
-    target: str                     # which of them gets damaged
+    files: dict[str, Path]  # name in the folder -> real source file
+    target: str  # which of them gets damaged
     read: Callable[[Path], object]
     head: int = 60
 
 
-def _task_read(task: str, split: str, spec: dict | None = None, file: str | None = None,
-               skip: bool = False) -> Callable[[Path], object]:
+def _task_read(
+    task: str, split: str, spec: dict | None = None, file: str | None = None, skip: bool = False
+) -> Callable[[Path], object]:
     from gpt1.tasks import get_task
 
     def read(folder: Path) -> object:
         t = get_task(task, spec)
         return t.read(folder / file if file else folder, split, skip)
+
     return read
 
 
 def _race_json() -> bytes:
-    obj = {"id": "middle1.txt", "article": "Tom went to the market. He bought apples.",
-           "questions": ["Where did Tom go?", "What did he buy?"],
-           "options": [["home", "school", "the market", "the park"], ["pears", "apples", "milk", "bread"]],
-           "answers": ["C", "B"]}
+    obj = {
+        "id": "middle1.txt",
+        "article": "Tom went to the market. He bought apples.",
+        "questions": ["Where did Tom go?", "What did he buy?"],
+        "options": [
+            ["home", "school", "the market", "the park"],
+            ["pears", "apples", "milk", "bread"],
+        ],
+        "answers": ["C", "B"],
+    }
     return json.dumps(obj).encode()
 
 
 def _dpr_text() -> bytes:
-    return (b"The bee landed on the flower because it had pollen.\nit\nThe bee,the flower\n"
-            b"the flower\n\nJohn thanked Bill because he had helped him.\nhe\nJohn,Bill\nBill\n")
+    return (
+        b"The bee landed on the flower because it had pollen.\nit\nThe bee,the flower\n"
+        b"the flower\n\nJohn thanked Bill because he had helped him.\nhe\nJohn,Bill\nBill\n"
+    )
 
 
 def readers(shared: Path, work: Path) -> list[Reader]:
     """Every dataset reader with a real file from ../shared/data (synthetic where none exists)."""
-    from gpt1.text.windows import open_prepared
     from gpt1.text.shards import read_shard
     from gpt1.text.tokenizer import Tokenizer
+    from gpt1.text.windows import open_prepared
     from gpt1.zeroshot.data import read_dpr, read_lambada
+
     g, k = shared / "glue", shared / "glue_kshot_samples"
     synth = work / "synthetic"
     synth.mkdir(parents=True, exist_ok=True)
     (synth / "middle1.txt").write_bytes(_race_json())
-    (synth / "race.jsonl").write_bytes(b"\n".join(json.dumps(
-        {"article": "A short story.", "question": f"Q{i}?", "options": ["a", "b", "c", "d"],
-         "answer": "ABCD"[i % 4]}).encode() for i in range(8)) + b"\n")
+    (synth / "race.jsonl").write_bytes(
+        b"\n".join(
+            json.dumps(
+                {
+                    "article": "A short story.",
+                    "question": f"Q{i}?",
+                    "options": ["a", "b", "c", "d"],
+                    "answer": "ABCD"[i % 4],
+                }
+            ).encode()
+            for i in range(8)
+        )
+        + b"\n"
+    )
     (synth / "dpr.txt").write_bytes(_dpr_text())
     corpus = make_corpus(synth / "corpus")
     generic_tsv = {"columns": {"text": "sentence", "label": "label"}, "labels": ["0", "1"]}
-    generic_jsonl = {"columns": {"a": "sentence1", "b": "sentence2", "label": "gold_label"},
-                     "labels": ["E", "N"]}
-    generic_csv = {"columns": {"context": "InputSentence1", "choices":
-                               "RandomFifthSentenceQuiz1|RandomFifthSentenceQuiz2",
-                               "label": "AnswerRightEnding"}, "labels": ["1", "2"], "kind": "choice"}
+    generic_jsonl = {
+        "columns": {"a": "sentence1", "b": "sentence2", "label": "gold_label"},
+        "labels": ["E", "N"],
+    }
+    generic_csv = {
+        "columns": {
+            "context": "InputSentence1",
+            "choices": "RandomFifthSentenceQuiz1|RandomFifthSentenceQuiz2",
+            "label": "AnswerRightEnding",
+        },
+        "labels": ["1", "2"],
+        "kind": "choice",
+    }
     sc = shared / "story_cloze" / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
 
     def shard_read(folder: Path) -> object:
         return read_shard(folder / "train-00000.bin")
 
     return [
-        Reader("cola", {"train.tsv": g / "CoLA" / "train.tsv"}, "train.tsv", _task_read("cola", "train")),
+        Reader(
+            "cola",
+            {"train.tsv": g / "CoLA" / "train.tsv"},
+            "train.tsv",
+            _task_read("cola", "train"),
+        ),
         Reader("sst2", {"dev.tsv": g / "SST-2" / "dev.tsv"}, "dev.tsv", _task_read("sst2", "dev")),
         Reader("stsb", {"dev.tsv": g / "STS-B" / "dev.tsv"}, "dev.tsv", _task_read("stsb", "dev")),
         Reader("qnli", {"dev.tsv": g / "QNLI" / "dev.tsv"}, "dev.tsv", _task_read("qnli", "dev")),
-        Reader("mnli (GLUE tsv)", {"dev_matched.tsv": k / "MNLI" / "16-42" / "dev_matched.tsv"},
-               "dev_matched.tsv", _task_read("mnli", "dev_matched")),
-        Reader("qqp", {"dev.tsv": k / "QQP" / "16-42" / "dev.tsv"}, "dev.tsv", _task_read("qqp", "dev")),
-        Reader("snli (parallel lines)", {f"{p}.dev": shared / "snli" / f"{p}.dev"
-                                         for p in ("s1", "s2", "labels")},
-               "s2.dev", _task_read("snli", "dev")),
-        Reader("snli (textfooler)", {"snli": shared / "nli_samples_textfooler" / "snli"}, "snli",
-               _task_read("snli", "test", file="snli")),
-        Reader("scitail (jsonl)", {"dev.jsonl": shared / "scitail" / "dev" / "answers.jsonl"},
-               "dev.jsonl", _task_read("scitail", "dev")),
-        Reader("story_cloze (csv)", {"val.csv": sc}, "val.csv",
-               _task_read("story_cloze", "test", file="val.csv")),
-        Reader("race (json folder, synthetic)", {"dev/middle/1.txt": synth / "middle1.txt"},
-               "dev/middle/1.txt", _task_read("race", "dev")),
-        Reader("race (jsonl, synthetic)", {"dev.jsonl": synth / "race.jsonl"}, "dev.jsonl",
-               _task_read("race", "dev")),
-        Reader("generic tsv", {"dev.tsv": g / "SST-2" / "dev.tsv"}, "dev.tsv",
-               _task_read("tsv", "dev", generic_tsv)),
-        Reader("generic jsonl", {"dev.jsonl": shared / "scitail" / "dev" / "answers.jsonl"},
-               "dev.jsonl", _task_read("jsonl", "dev", generic_jsonl)),
-        Reader("generic csv (choices)", {"dev.csv": sc}, "dev.csv", _task_read("csv", "dev", generic_csv)),
-        Reader("skip-bad-rows sst2", {"dev.tsv": g / "SST-2" / "dev.tsv"}, "dev.tsv",
-               _task_read("sst2", "dev", skip=True)),
-        Reader("lambada", {"l.txt": shared / "corpus" / "lambada" / "lambada_test_plain_text.txt"},
-               "l.txt", lambda f: read_lambada(f / "l.txt"), head=20),
-        Reader("dpr (synthetic)", {"dpr.txt": synth / "dpr.txt"}, "dpr.txt",
-               lambda f: read_dpr(f / "dpr.txt")),
-        Reader("token shard", {"train-00000.bin": corpus / "train-00000.bin"}, "train-00000.bin",
-               shard_read, head=0),
-        Reader("prepared meta.json", {n: corpus / n for n in ("meta.json", "train-00000.bin",
-                                                             "train-00001.bin", "val-00000.bin")},
-               "meta.json", open_prepared, head=0),
-        Reader("tokenizer files", {"encoder_bpe_40000.json": shared / "gpt1_tokenizer" / "encoder_bpe_40000.json",
-                                   "vocab_40000.bpe": shared / "gpt1_tokenizer" / "vocab_40000.bpe"},
-               "vocab_40000.bpe", Tokenizer.from_dir, head=0),
+        Reader(
+            "mnli (GLUE tsv)",
+            {"dev_matched.tsv": k / "MNLI" / "16-42" / "dev_matched.tsv"},
+            "dev_matched.tsv",
+            _task_read("mnli", "dev_matched"),
+        ),
+        Reader(
+            "qqp", {"dev.tsv": k / "QQP" / "16-42" / "dev.tsv"}, "dev.tsv", _task_read("qqp", "dev")
+        ),
+        Reader(
+            "snli (parallel lines)",
+            {f"{p}.dev": shared / "snli" / f"{p}.dev" for p in ("s1", "s2", "labels")},
+            "s2.dev",
+            _task_read("snli", "dev"),
+        ),
+        Reader(
+            "snli (textfooler)",
+            {"snli": shared / "nli_samples_textfooler" / "snli"},
+            "snli",
+            _task_read("snli", "test", file="snli"),
+        ),
+        Reader(
+            "scitail (jsonl)",
+            {"dev.jsonl": shared / "scitail" / "dev" / "answers.jsonl"},
+            "dev.jsonl",
+            _task_read("scitail", "dev"),
+        ),
+        Reader(
+            "story_cloze (csv)",
+            {"val.csv": sc},
+            "val.csv",
+            _task_read("story_cloze", "test", file="val.csv"),
+        ),
+        Reader(
+            "race (json folder, synthetic)",
+            {"dev/middle/1.txt": synth / "middle1.txt"},
+            "dev/middle/1.txt",
+            _task_read("race", "dev"),
+        ),
+        Reader(
+            "race (jsonl, synthetic)",
+            {"dev.jsonl": synth / "race.jsonl"},
+            "dev.jsonl",
+            _task_read("race", "dev"),
+        ),
+        Reader(
+            "generic tsv",
+            {"dev.tsv": g / "SST-2" / "dev.tsv"},
+            "dev.tsv",
+            _task_read("tsv", "dev", generic_tsv),
+        ),
+        Reader(
+            "generic jsonl",
+            {"dev.jsonl": shared / "scitail" / "dev" / "answers.jsonl"},
+            "dev.jsonl",
+            _task_read("jsonl", "dev", generic_jsonl),
+        ),
+        Reader(
+            "generic csv (choices)",
+            {"dev.csv": sc},
+            "dev.csv",
+            _task_read("csv", "dev", generic_csv),
+        ),
+        Reader(
+            "skip-bad-rows sst2",
+            {"dev.tsv": g / "SST-2" / "dev.tsv"},
+            "dev.tsv",
+            _task_read("sst2", "dev", skip=True),
+        ),
+        Reader(
+            "lambada",
+            {"l.txt": shared / "corpus" / "lambada" / "lambada_test_plain_text.txt"},
+            "l.txt",
+            lambda f: read_lambada(f / "l.txt"),
+            head=20,
+        ),
+        Reader(
+            "dpr (synthetic)",
+            {"dpr.txt": synth / "dpr.txt"},
+            "dpr.txt",
+            lambda f: read_dpr(f / "dpr.txt"),
+        ),
+        Reader(
+            "token shard",
+            {"train-00000.bin": corpus / "train-00000.bin"},
+            "train-00000.bin",
+            shard_read,
+            head=0,
+        ),
+        Reader(
+            "prepared meta.json",
+            {
+                n: corpus / n
+                for n in ("meta.json", "train-00000.bin", "train-00001.bin", "val-00000.bin")
+            },
+            "meta.json",
+            open_prepared,
+            head=0,
+        ),
+        Reader(
+            "tokenizer files",
+            {
+                "encoder_bpe_40000.json": shared / "gpt1_tokenizer" / "encoder_bpe_40000.json",
+                "vocab_40000.bpe": shared / "gpt1_tokenizer" / "vocab_40000.bpe",
+            },
+            "vocab_40000.bpe",
+            Tokenizer.from_dir,
+            head=0,
+        ),
     ]
 
 
@@ -457,7 +691,7 @@ def stage(reader: Reader, folder: Path) -> dict[str, bytes]:
     for name, src in reader.files.items():
         data = src.read_bytes()
         if reader.head:
-            data = b"\n".join(data.split(b"\n")[:reader.head + 1]) + b"\n"
+            data = b"\n".join(data.split(b"\n")[: reader.head + 1]) + b"\n"
         out[name] = data
     return out
 
@@ -495,8 +729,9 @@ def try_input(reader: Reader, folder: Path, files: dict[str, bytes], seconds: fl
         signal.signal(signal.SIGALRM, old)
 
 
-def fuzz_readers(shared: Path, work: Path, inputs: int, seed: int
-                 ) -> list[tuple[str, int, int, int, list[str]]]:
+def fuzz_readers(
+    shared: Path, work: Path, inputs: int, seed: int
+) -> list[tuple[str, int, int, int, list[str]]]:
     """(reader, inputs tried, parsed, clean errors, failures) for every reader."""
     rng = random.Random(seed)
     rows = []
@@ -508,8 +743,9 @@ def fuzz_readers(shared: Path, work: Path, inputs: int, seed: int
             op = rng.choice(OPS)
             fill = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12)))
             files = dict(clean)
-            files[reader.target] = mutate(clean[reader.target], op, rng.random(),
-                                          rng.randrange(1000), fill)
+            files[reader.target] = mutate(
+                clean[reader.target], op, rng.random(), rng.randrange(1000), fill
+            )
             try:
                 if try_input(reader, work / "case", files) == "ok":
                     ok += 1

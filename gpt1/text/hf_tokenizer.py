@@ -22,11 +22,12 @@ What regular expressions cannot express is left out, and makes the residual diff
 unescaping after '<'" rule, spaCy's affix loop order on tokens with several prefixes and
 suffixes, and its special-case matcher across affixes.
 """
+
 from __future__ import annotations
 
 import html.entities
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from gpt1.text.normalize import Standardize
 
@@ -36,17 +37,22 @@ UNK = "<unk>"
 _PADDED = {"oai": '-~!";?+,)(/*[]}{|_', "hf": '-~!";?+,)(\\/*[]}{|_'}
 # HTML entities unescaped (after lowercasing): the common ones and accented Latin letters. ftfy
 # unescapes all of HTML5's (and numeric ones); one normaliser step per entity costs time.
-_ENTITY_NAMES = ("amp lt gt quot apos nbsp deg mdash ndash hellip rsquo lsquo ldquo rdquo copy reg "
-                 "pound euro cent yen sect para middot frac12 frac14 frac34 times divide laquo "
-                 "raquo szlig")
+_ENTITY_NAMES = (
+    "amp lt gt quot apos nbsp deg mdash ndash hellip rsquo lsquo ldquo rdquo copy reg "
+    "pound euro cent yen sect para middot frac12 frac14 frac34 times divide laquo "
+    "raquo szlig"
+)
 _ENTITY_LETTERS = re.compile(r"[a-z](acute|grave|circ|uml|tilde|cedil|ring|slash);")
 _AFFIX_PASSES = 4  # suffixes peeled from one token; more are very rare
 
 
 def _onig(pattern: str) -> str:
     """A Python `re` pattern in Oniguruma syntax (the `tokenizers` regex engine)."""
-    return re.sub(r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8}))",
-                  lambda m: "\\x{%s}" % (m.group(1) or m.group(2)), pattern)
+    return re.sub(
+        r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8}))",
+        lambda m: "\\x{%s}" % (m.group(1) or m.group(2)),
+        pattern,
+    )
 
 
 def _alternation(items: Sequence[str]) -> str:
@@ -59,13 +65,19 @@ def spacy_rules(standardize: Standardize = "oai") -> dict:
     after lowercasing and text_standardize: {"prefixes", "suffixes", "infixes": [pattern],
     "specials": {text: [pieces]}}."""
     from spacy.lang.en import English
+
     nlp = English()
     padded = set(_PADDED[standardize])
     specials = {}
     for key, tokens in nlp.tokenizer.rules.items():
         pieces = [t[65] if 65 in t else t.get("ORTH") for t in tokens]  # 65 == spacy.attrs.ORTH
-        if (key != key.lower() or padded & set(key) or any(c.isspace() for c in key)
-                or any(c in key for c in "\u2018\u2019\u201c\u201d") or "".join(pieces) != key):
+        if (
+            key != key.lower()
+            or padded & set(key)
+            or any(c.isspace() for c in key)
+            or any(c in key for c in "\u2018\u2019\u201c\u201d")
+            or "".join(pieces) != key
+        ):
             continue  # cannot reach spaCy as one chunk after lowercasing, ftfy and standardize
         specials[key] = pieces
     # spaCy's matcher also applies special cases across a split-off "." ("id." -> "i", "d" + "."
@@ -77,19 +89,27 @@ def spacy_rules(standardize: Standardize = "oai") -> dict:
     # text_standardize pads a run of one character as one chunk; spaCy then splits the runs of
     # some characters ("!!!" -> "!", "!", "!") and keeps others whole ("---").
     singles = "".join(c for c in _PADDED[standardize] if len(nlp.tokenizer(c * 3)) == 3)
-    return {"prefixes": list(nlp.Defaults.prefixes), "suffixes": list(nlp.Defaults.suffixes),
-            "infixes": list(nlp.Defaults.infixes), "specials": specials, "singles": singles}
+    return {
+        "prefixes": list(nlp.Defaults.prefixes),
+        "suffixes": list(nlp.Defaults.suffixes),
+        "infixes": list(nlp.Defaults.infixes),
+        "specials": specials,
+        "singles": singles,
+    }
 
 
 def _normalizer():
     import ftfy.chardata as chardata
-    from tokenizers import Regex, normalizers as n
-    steps = [n.Replace("\u03a3", "\u03c3"), n.Lowercase()]          # gpt1.text.normalize.hf_lower
+    from tokenizers import Regex
+    from tokenizers import normalizers as n
+
+    steps = [n.Replace("\u03a3", "\u03c3"), n.Lowercase()]  # gpt1.text.normalize.hf_lower
     # ftfy, in its own order: HTML entities, C1 controls, ligatures, width, quotes, line breaks,
     # control characters, NFC.
     entities = {f"&{k};": chardata.HTML_ENTITIES[f"&{k};"] for k in _ENTITY_NAMES.split()}
-    entities.update((f"&{k}", v) for k, v in html.entities.html5.items()
-                    if _ENTITY_LETTERS.fullmatch(k))
+    entities.update(
+        (f"&{k}", v) for k, v in html.entities.html5.items() if _ENTITY_LETTERS.fullmatch(k)
+    )
     entities.update({"&#39;": "'", "&#34;": '"'})
     steps += [n.Replace(k, v) for k, v in entities.items()]
     for code in range(0x80, 0xA0):
@@ -98,26 +118,37 @@ def _normalizer():
             steps.append(n.Replace(chr(code), char))
     maps = {**chardata.LIGATURES, **chardata.WIDTH_MAP}
     steps += [n.Replace(chr(k), v if isinstance(v, str) else chr(v)) for k, v in maps.items()]
-    steps += [n.Replace(Regex("[\u02bc\u2018-\u201b]"), "'"),
-              n.Replace(Regex("[\u201c-\u201f]"), '"'),
-              n.Replace(Regex("\r\n|[\r\u2028\u2029\u0085]"), "\n")]
+    steps += [
+        n.Replace(Regex("[\u02bc\u2018-\u201b]"), "'"),
+        n.Replace(Regex("[\u201c-\u201f]"), '"'),
+        n.Replace(Regex("\r\n|[\r\u2028\u2029\u0085]"), "\n"),
+    ]
     controls = "".join(re.escape(chr(c)) for c in chardata.CONTROL_CHARS)
     steps += [n.Replace(Regex(f"[{controls}]"), ""), n.NFC()]
     # text_standardize: replacements, then whitespace (padding is the pre-tokeniser's job)
-    steps += [n.Replace(Regex("[\u2014\u2013\u2015]"), "-"), n.Replace("\u2026", "..."),
-              n.Replace("\u00b4", "'"), n.Replace(Regex(r"\s*\n\s*"), "\n"), n.Strip()]
+    steps += [
+        n.Replace(Regex("[\u2014\u2013\u2015]"), "-"),
+        n.Replace("\u2026", "..."),
+        n.Replace("\u00b4", "'"),
+        n.Replace(Regex(r"\s*\n\s*"), "\n"),
+        n.Strip(),
+    ]
     return n.Sequence(steps)
 
 
 def _pre_tokenizer(rules: dict, standardize: Standardize):
-    from tokenizers import Regex, pre_tokenizers as p
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as p
+
     specials: dict[str, list[str]] = rules["specials"]
     exact = _alternation(specials)
-    runs = "|".join(re.escape(c) + ("" if c in rules["singles"] else "+")
-                    for c in _PADDED[standardize])
+    runs = "|".join(
+        re.escape(c) + ("" if c in rules["singles"] else "+") for c in _PADDED[standardize]
+    )
     # (spaCy's lists hold an empty entry, which would match everywhere)
-    prefix, suffix, infix = ("|".join(_onig(x) for x in rules[k] if x)
-                             for k in ("prefixes", "suffixes", "infixes"))
+    prefix, suffix, infix = (
+        "|".join(_onig(x) for x in rules[k] if x) for k in ("prefixes", "suffixes", "infixes")
+    )
     # A special case is never split by the affix rules (spaCy checks them first). Each pattern
     # starts with what it matches and checks the whole word in a look-behind, so that the
     # regex engine can skip ahead to candidate characters.
@@ -130,16 +161,20 @@ def _pre_tokenizer(rules: dict, standardize: Standardize):
     peel_prefix = rf"\G(?=(?:{prefix}))(?!{guard})(?:{prefix})"
     peel_suffix = rf"{skip_letters}(?:{suffix})$(?<!{not_special})"
     by_piece: dict[str, list[str]] = {}
-    for key, pieces in specials.items():
+    for pieces in specials.values():
         for i in range(1, len(pieces)):
-            whole, after = "".join(pieces[:i + 1]), "".join(pieces[i + 1:])
+            whole, after = "".join(pieces[: i + 1]), "".join(pieces[i + 1 :])
             by_piece.setdefault(re.escape(pieces[i]) + f"(?={re.escape(after)}$)", []).append(
-                "^" + re.escape(whole))
+                "^" + re.escape(whole)
+            )
     splits = [f"{piece}(?<={'|'.join(wholes)})" for piece, wholes in by_piece.items()]
-    steps = [p.Split(Regex(r"[^\S\n]+"), "removed"), p.Split("\n", "isolated"),
-             p.Split(Regex(runs), "isolated"),
-             # spaCy's matcher keeps "''" whole when it starts or ends a word
-             p.Split(Regex(rf"^'(?!{guard})'(?=[^'])|(?<=[^'])''$"), "isolated")]
+    steps = [
+        p.Split(Regex(r"[^\S\n]+"), "removed"),
+        p.Split("\n", "isolated"),
+        p.Split(Regex(runs), "isolated"),
+        # spaCy's matcher keeps "''" whole when it starts or ends a word
+        p.Split(Regex(rf"^'(?!{guard})'(?=[^'])|(?<=[^'])''$"), "isolated"),
+    ]
     steps.append(p.Split(Regex(peel_prefix), "isolated"))
     steps += [p.Split(Regex(peel_suffix), "isolated")] * _AFFIX_PASSES
     if splits:
@@ -155,14 +190,26 @@ def unk_token(encoder: dict[str, int]) -> str | None:
     return next((t for t, i in encoder.items() if i == 0), None)
 
 
-def build(encoder: dict[str, int], merges: Sequence[tuple[str, str]],
-          special_tokens: Sequence[str] = (), standardize: Standardize = "oai"):
+def build(
+    encoder: dict[str, int],
+    merges: Sequence[tuple[str, str]],
+    special_tokens: Sequence[str] = (),
+    standardize: Standardize = "oai",
+):
     """A `tokenizers.Tokenizer` giving gpt1's ids for the vocabulary `encoder` + `merges`, with
     `special_tokens` added after the vocabulary (the task tokens of a fine-tuned model)."""
     from tokenizers import AddedToken, Tokenizer, decoders
     from tokenizers.models import BPE
-    tok = Tokenizer(BPE(vocab=dict(encoder), merges=list(merges), unk_token=unk_token(encoder),
-                        end_of_word_suffix=EOW, fuse_unk=False))
+
+    tok = Tokenizer(
+        BPE(
+            vocab=dict(encoder),
+            merges=list(merges),
+            unk_token=unk_token(encoder),
+            end_of_word_suffix=EOW,
+            fuse_unk=False,
+        )
+    )
     tok.normalizer = _normalizer()
     tok.pre_tokenizer = _pre_tokenizer(spacy_rules(standardize), standardize)
     tok.decoder = decoders.BPEDecoder(suffix=EOW)

@@ -16,6 +16,7 @@ ftfy and spaCy, a port of OAI's text_utils.py) exactly, but faster:
 Like transformers (and unlike OAI, which lowercases spaCy's tokens only), the raw text is
 lower-cased before ftfy, and a literal "<unk>" is transformers' unknown token (id 0).
 """
+
 from __future__ import annotations
 
 import re
@@ -52,6 +53,7 @@ def _ftfy_configs():
     global _FTFY_CONFIG, _FTFY_NO_HTML
     if _FTFY_CONFIG is None:
         import ftfy
+
         _FTFY_CONFIG = ftfy.TextFixerConfig(explain=False)
         _FTFY_NO_HTML = _FTFY_CONFIG._replace(unescape_html=False)
     return _FTFY_CONFIG, _FTFY_NO_HTML
@@ -62,6 +64,7 @@ def fix_text(text: str) -> str:
     if not _FTFY_UNSAFE.search(text):
         return text
     from ftfy import fix_and_explain
+
     config, no_html = _ftfy_configs()
     max_len = config.max_decode_length
     out: list[str] = []
@@ -85,8 +88,9 @@ def fix_text(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # text_standardize
-_REPLACE = str.maketrans({"\u2014": "-", "\u2013": "-", "\u2015": "-", "\u2026": "...",
-                          "\u00b4": "'"})
+_REPLACE = str.maketrans(
+    {"\u2014": "-", "\u2013": "-", "\u2015": "-", "\u2026": "...", "\u00b4": "'"}
+)
 # A maximal run of one repeated character from the set, padded with spaces: the same as OAI's
 # alternation (-+|~+|!+|...) since each alternative is a run of a single character.
 _PAD_OAI = re.compile(r"""(([-~!";?+,)(/*\[\]}{|_])\2*)""")
@@ -178,21 +182,28 @@ class SpacySplitter:
     def __init__(self) -> None:
         from spacy.lang.en import English
         from spacy.tokenizer import Tokenizer as SpacyTokenizer
+
         nlp = English()
         tok = self._tokenizer = nlp.tokenizer
         self._special = set(tok.rules)
         # The phrase patterns spaCy builds (Tokenizer.add_special_case): each special case
         # with an affix, as tokenized by the affix rules alone.
-        bare = SpacyTokenizer(nlp.vocab, rules={}, prefix_search=tok.prefix_search,
-                              suffix_search=tok.suffix_search,
-                              infix_finditer=tok.infix_finditer, token_match=tok.token_match,
-                              url_match=tok.url_match)
+        bare = SpacyTokenizer(
+            nlp.vocab,
+            rules={},
+            prefix_search=tok.prefix_search,
+            suffix_search=tok.suffix_search,
+            infix_finditer=tok.infix_finditer,
+            token_match=tok.token_match,
+            url_match=tok.url_match,
+        )
         # keyed by the two characters around the boundary, for a quick first test
         self._pairs: dict[str, list[tuple[str, str]]] = {}
         patterns: dict[str, list[str]] = {}
         for key in tok.rules:
-            if tok.faster_heuristics and not (tok.find_prefix(key) or tok.find_infix(key)
-                                              or tok.find_suffix(key) or " " in key):
+            if tok.faster_heuristics and not (
+                tok.find_prefix(key) or tok.find_infix(key) or tok.find_suffix(key) or " " in key
+            ):
                 continue
             pattern = patterns[key] = [t.text for t in bare(key)]
             for x, y in zip(pattern, pattern[1:]):  # tokens a boundary could fall between
@@ -212,8 +223,11 @@ class SpacySplitter:
         prev = ""
         for chunk in chunk_list:
             candidates = pairs.get(prev[-1:] + chunk[:1])
-            if candidates and chunk != UNK_SENTINEL and any(
-                    prev.endswith(x) and chunk.startswith(y) for x, y in candidates):
+            if (
+                candidates
+                and chunk != UNK_SENTINEL
+                and any(prev.endswith(x) and chunk.startswith(y) for x, y in candidates)
+            ):
                 units[-1] = units[-1] + " " + chunk
             else:
                 units.append(chunk)

@@ -15,6 +15,7 @@ leaves no half-written OUT. Bad input is counted, not fatal, where it can be: in
 replaced, empty and binary files are skipped with a warning; malformed JSON lines are errors
 naming the file and line.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -25,9 +26,9 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -40,27 +41,30 @@ log = logging.getLogger(__name__)
 FORMAT, VERSION = "gpt1-tokens", 1
 EXTENSIONS = (".txt", ".jsonl")
 DOC_SEPS = {"blank-line": re.compile(r"\n[^\S\n]*\n\s*"), "line": re.compile(r"\n")}
-_GUTENBERG_START = re.compile(r"^\*\*\*\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$",
-                              re.IGNORECASE | re.MULTILINE)
-_GUTENBERG_END = re.compile(r"^\*\*\*\s*END OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK",
-                            re.IGNORECASE | re.MULTILINE)
+_GUTENBERG_START = re.compile(
+    r"^\*\*\*\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$", re.IGNORECASE | re.MULTILINE
+)
+_GUTENBERG_END = re.compile(
+    r"^\*\*\*\s*END OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK", re.IGNORECASE | re.MULTILINE
+)
 
 
 @dataclass
 class PrepareOptions:
     """How to read and split the corpus (the `gpt1 prepare` flags)."""
+
     val_fraction: float = 0.005
     seed: int = 1234
-    doc_sep: str | None = None          # None: a .txt file is one document
-    text_field: str = "text"            # the field of a .jsonl row that holds the text
+    doc_sep: str | None = None  # None: a .txt file is one document
+    text_field: str = "text"  # the field of a .jsonl row that holds the text
     strip_gutenberg: bool = False
     workers: int = 1
-    shard_tokens: int = 100_000_000     # a shard is closed after the document that passes this
-    max_line_bytes: int = 64 << 20      # longer .jsonl lines are refused (a missing newline?)
+    shard_tokens: int = 100_000_000  # a shard is closed after the document that passes this
+    max_line_bytes: int = 64 << 20  # longer .jsonl lines are refused (a missing newline?)
     overwrite: bool = False
     quiet: bool = False
     standardize: str = "oai"
-    lower_first: bool = True            # False: OAI's order (see gpt1.text.tokenizer.Tokenizer)
+    lower_first: bool = True  # False: OAI's order (see gpt1.text.tokenizer.Tokenizer)
 
 
 @dataclass
@@ -79,6 +83,7 @@ class Stats:
 @dataclass(frozen=True)
 class HubSource:
     """A Hugging Face hub dataset, named on the command line as hub:NAME[:SPLIT]."""
+
     name: str
     split: str = "train"
 
@@ -167,7 +172,7 @@ def strip_gutenberg(text: str) -> str | None:
     if start is None:
         return None
     end = _GUTENBERG_END.search(text, start.end())
-    return text[start.end():end.start() if end else len(text)]
+    return text[start.end() : end.start() if end else len(text)]
 
 
 def _jsonl_documents(path: Path, opts: PrepareOptions, stats: Stats | None) -> Iterator[str]:
@@ -178,20 +183,29 @@ def _jsonl_documents(path: Path, opts: PrepareOptions, stats: Stats | None) -> I
     with open(path, encoding="utf-8-sig", errors="gpt1-count", newline="\n") as fh:
         for lineno, line in enumerate(fh, start=1):
             if len(line) > opts.max_line_bytes:
-                raise DataError(f"line of {len(line) / 2**20:.1f} MiB exceeds the "
-                                f"{opts.max_line_bytes / 2**20:.0f} MiB limit (missing "
-                                "newlines?)", path, lineno)
+                raise DataError(
+                    f"line of {len(line) / 2**20:.1f} MiB exceeds the "
+                    f"{opts.max_line_bytes / 2**20:.0f} MiB limit (missing "
+                    "newlines?)",
+                    path,
+                    lineno,
+                )
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise DataError(f"invalid JSON ({exc.msg} at column {exc.colno})", path,
-                                lineno) from None
+                raise DataError(
+                    f"invalid JSON ({exc.msg} at column {exc.colno})", path, lineno
+                ) from None
             value = row.get(opts.text_field) if isinstance(row, dict) else None
             if not isinstance(value, str):
-                raise DataError("missing or not a string (choose the field with "
-                                "--text-field)", path, lineno, opts.text_field)
+                raise DataError(
+                    "missing or not a string (choose the field with --text-field)",
+                    path,
+                    lineno,
+                    opts.text_field,
+                )
             yield value
     _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
 
@@ -200,22 +214,24 @@ def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
     try:
         import datasets
     except ImportError:
-        raise DataError("reading a hub dataset needs the `datasets` package "
-                        "(pip install 'gpt1[hf]')", str(source)) from None
+        raise DataError(
+            "reading a hub dataset needs the `datasets` package (pip install 'gpt1[hf]')",
+            str(source),
+        ) from None
     try:
         rows = datasets.load_dataset(source.name, split=source.split)
     except Exception as exc:  # offline, unknown name, ...: the library's message says which
         raise DataError(f"cannot load hub dataset ({exc})", str(source)) from None
     if opts.text_field not in rows.column_names:
-        raise DataError(f"no such column (columns: {rows.column_names})", str(source),
-                        field=opts.text_field)
+        raise DataError(
+            f"no such column (columns: {rows.column_names})", str(source), field=opts.text_field
+        )
     for value in rows[opts.text_field]:
         if isinstance(value, str) and value.strip():
             yield value
 
 
-def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None
-              ) -> Iterator[str]:
+def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None) -> Iterator[str]:
     """The documents of one file, as raw text (blank ones dropped)."""
     if isinstance(path, HubSource):
         yield from _hub_documents(path, opts)
@@ -250,13 +266,23 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None
 _TOKENIZER: Tokenizer | None = None
 
 
-def train_tokenizer(corpus: Sequence[str | Path], merges: int, out: str | Path, *,
-                    overwrite: bool = False, min_frequency: int = 0, standardize: str = "oai",
-                    processes: int = 1, lower_first: bool = True, text_field: str = "text",
-                    strip_gutenberg: bool = False) -> Tokenizer:
+def train_tokenizer(
+    corpus: Sequence[str | Path],
+    merges: int,
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    min_frequency: int = 0,
+    standardize: str = "oai",
+    processes: int = 1,
+    lower_first: bool = True,
+    text_field: str = "text",
+    strip_gutenberg: bool = False,
+) -> Tokenizer:
     """Learn `merges` BPE merges from the corpus files and write `vocab.json` + `merges.txt` into
     `out` (atomically; an existing `out` is refused unless `overwrite`). `gpt1 tokenizer train`."""
     from gpt1.files import atomic_folder, check_output
+
     if merges < 0:
         raise DataError("--merges must be >= 0")
     out = Path(out)
@@ -266,12 +292,24 @@ def train_tokenizer(corpus: Sequence[str | Path], merges: int, out: str | Path, 
     files = find_files(corpus)
     texts = (d for f in files for d in documents(f, opts, stats))
     started = time.perf_counter()
-    tok = Tokenizer.train(texts, merges, standardize=standardize, min_frequency=min_frequency,
-                          processes=processes, lower_first=lower_first)
+    tok = Tokenizer.train(
+        texts,
+        merges,
+        standardize=standardize,
+        min_frequency=min_frequency,
+        processes=processes,
+        lower_first=lower_first,
+    )
     with atomic_folder(out) as tmp:
         tok.save(tmp)
-    log.info("%d merges, vocabulary of %d tokens (+3 special) from %d files in %.1f s -> %s",
-             len(tok.merges), tok.vocab_size, len(files), time.perf_counter() - started, out)
+    log.info(
+        "%d merges, vocabulary of %d tokens (+3 special) from %d files in %.1f s -> %s",
+        len(tok.merges),
+        tok.vocab_size,
+        len(files),
+        time.perf_counter() - started,
+        out,
+    )
     return tok
 
 
@@ -331,41 +369,61 @@ def _open_pool(tok: Tokenizer, workers: int):
 
 # ---------------------------------------------------------------------------------------------
 # The command
-def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
-            opts: PrepareOptions | None = None) -> dict:
+def prepare(
+    corpus: Sequence[str | Path],
+    vocab: str | Path,
+    out: str | Path,
+    opts: PrepareOptions | None = None,
+) -> dict:
     """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
     from gpt1.checkpoint_files import copy_tokenizer_files
     from gpt1.files import atomic_dir, check_output, publish_dir, writing
+
     opts = opts or PrepareOptions()
     out = Path(out)
     check_output(out, opts.overwrite, (*corpus, vocab))
     started = time.perf_counter()
-    tok = Tokenizer.from_dir(vocab, standardize=opts.standardize,  # type: ignore[arg-type]
-                             lower_first=opts.lower_first)
+    tok = Tokenizer.from_dir(
+        vocab,
+        standardize=opts.standardize,  # type: ignore[arg-type]
+        lower_first=opts.lower_first,
+    )
     files = find_files(corpus)
     stats = Stats(files=len(files))
     # Pass 1: count documents, so the validation choice depends only on their number and order
     per_file = [sum(1 for _ in documents(f, opts, stats)) for f in files]
     n_docs = sum(per_file)
     if n_docs == 0:
-        raise DataError("no documents found (all files empty, binary or blank)", files[0]
-                        if len(files) == 1 else None)
+        raise DataError(
+            "no documents found (all files empty, binary or blank)",
+            files[0] if len(files) == 1 else None,
+        )
     val = choose_val(n_docs, opts.val_fraction, opts.seed)
     tmp = atomic_dir(out)
     try:
         with writing(out, cleanup=tmp):
             splits = _encode_all(files, tok, opts, stats, val, n_docs, tmp)
             copy_tokenizer_files(vocab, tmp)
-            meta = {"format": FORMAT, "version": VERSION, "vocab_size": tok.vocab_size,
-                    "dtype": dtype_for_vocab(tok.vocab_size).name, "splits": splits,
-                    "sources": [str(f) for f in files],
-                    "stats": {**stats.__dict__, "documents": n_docs,
-                              "tokens": sum(s["tokens"] for s in splits.values()),
-                              "seconds": round(time.perf_counter() - started, 3),
-                              "val_fraction": opts.val_fraction, "seed": opts.seed,
-                              "doc_sep": opts.doc_sep, "standardize": opts.standardize,
-                              "lower_first": opts.lower_first,
-                              "strip_gutenberg": opts.strip_gutenberg}}
+            meta = {
+                "format": FORMAT,
+                "version": VERSION,
+                "vocab_size": tok.vocab_size,
+                "dtype": dtype_for_vocab(tok.vocab_size).name,
+                "splits": splits,
+                "sources": [str(f) for f in files],
+                "stats": {
+                    **stats.__dict__,
+                    "documents": n_docs,
+                    "tokens": sum(s["tokens"] for s in splits.values()),
+                    "seconds": round(time.perf_counter() - started, 3),
+                    "val_fraction": opts.val_fraction,
+                    "seed": opts.seed,
+                    "doc_sep": opts.doc_sep,
+                    "standardize": opts.standardize,
+                    "lower_first": opts.lower_first,
+                    "strip_gutenberg": opts.strip_gutenberg,
+                },
+            }
             (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
             publish_dir(tmp, out)
     except BaseException:
@@ -374,11 +432,20 @@ def prepare(corpus: Sequence[str | Path], vocab: str | Path, out: str | Path,
     return meta
 
 
-def _encode_all(files: list[Path | HubSource], tok: Tokenizer, opts: PrepareOptions, stats: Stats,
-                val: set[int], n_docs: int, folder: Path) -> dict:
+def _encode_all(
+    files: list[Path | HubSource],
+    tok: Tokenizer,
+    opts: PrepareOptions,
+    stats: Stats,
+    val: set[int],
+    n_docs: int,
+    folder: Path,
+) -> dict:
     from tqdm import tqdm
-    writers = {s: ShardWriter(folder, s, tok.vocab_size, opts.shard_tokens)
-               for s in ("train", "val")}
+
+    writers = {
+        s: ShardWriter(folder, s, tok.vocab_size, opts.shard_tokens) for s in ("train", "val")
+    }
     pool = _open_pool(tok, opts.workers) if opts.workers > 1 else None
     index = 0
     try:
@@ -387,8 +454,9 @@ def _encode_all(files: list[Path | HubSource], tok: Tokenizer, opts: PrepareOpti
                 if pool is None:
                     encoded = [np.asarray(tok.encode(d), dtype=np.uint32) for d in batch]
                 else:
-                    encoded = pool.map(_encode, batch, chunksize=max(1, len(batch) //
-                                                                     (4 * opts.workers)))
+                    encoded = pool.map(
+                        _encode, batch, chunksize=max(1, len(batch) // (4 * opts.workers))
+                    )
                 for ids in encoded:
                     if len(ids) == 0:
                         stats.empty_documents += 1
@@ -402,12 +470,15 @@ def _encode_all(files: list[Path | HubSource], tok: Tokenizer, opts: PrepareOpti
     for writer in writers.values():
         if writer.documents:
             writer.flush()
-    return {s: {"shards": w.shards, "tokens": w.tokens, "documents": w.documents}
-            for s, w in writers.items()}
+    return {
+        s: {"shards": w.shards, "tokens": w.tokens, "documents": w.documents}
+        for s, w in writers.items()
+    }
 
 
-def _batches(docs: Iterator[str], max_chars: int = 32 << 20, max_docs: int = 4096
-             ) -> Iterator[list[str]]:
+def _batches(
+    docs: Iterator[str], max_chars: int = 32 << 20, max_docs: int = 4096
+) -> Iterator[list[str]]:
     # bounded batches: Pool.imap would read the whole corpus ahead into memory
     batch: list[str] = []
     size = 0

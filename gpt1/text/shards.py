@@ -13,6 +13,7 @@ A shard is a 64-byte little-endian header followed by the token ids:
 Documents are concatenated in order (GPT-1 trains on contiguous text); uint16 is used when the
 vocabulary fits in it. Shards are read through a memory map, so corpora larger than RAM work.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,17 +63,23 @@ def read_header(path: str | Path) -> dict[str, int]:
         raise DataError("truncated token shard header", path)
     magic, version, itemsize, n_tokens, n_docs = _HEADER.unpack(raw)
     if magic != MAGIC:
-        raise DataError("not a gpt1 token shard (bad magic); create shards with `gpt1 prepare`", path)
+        raise DataError(
+            "not a gpt1 token shard (bad magic); create shards with `gpt1 prepare`", path
+        )
     if version > VERSION:
-        raise DataError(f"shard format version {version} is newer than this gpt1 reads ({VERSION})",
-                        path)
+        raise DataError(
+            f"shard format version {version} is newer than this gpt1 reads ({VERSION})", path
+        )
     if itemsize not in (2, 4):
         raise DataError(f"bad bytes-per-token {itemsize} in header", path)
     expected = HEADER_SIZE + n_tokens * itemsize
     actual = path.stat().st_size
     if actual != expected:
-        raise DataError(f"shard is {actual} bytes but its header promises {expected} "
-                        "(truncated or corrupt; re-run `gpt1 prepare`)", path)
+        raise DataError(
+            f"shard is {actual} bytes but its header promises {expected} "
+            "(truncated or corrupt; re-run `gpt1 prepare`)",
+            path,
+        )
     return {"version": version, "itemsize": itemsize, "n_tokens": n_tokens, "n_docs": n_docs}
 
 

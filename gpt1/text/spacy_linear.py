@@ -15,13 +15,15 @@ unless the run reaches it; in that case the window is doubled. `LinearSpacy.supp
 this on the regexes themselves; spaCy's English rules pass. The equality with spaCy is tested
 on generated strings and on all the shared text (tests/test_tokenizer.py).
 """
+
 from __future__ import annotations
 
 import re
 from typing import Any
 
 try:  # Python 3.11+
-    from re import _constants as sre_c, _parser as sre_parse  # type: ignore[attr-defined]
+    from re import _constants as sre_c  # type: ignore[attr-defined]
+    from re import _parser as sre_parse
 except ImportError:  # pragma: no cover - Python 3.10
     import sre_constants as sre_c  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
@@ -60,7 +62,7 @@ def _alternatives(pattern: str) -> list[list]:
     if len(branches) != 1:
         return [items]
     at = branches[0]
-    return [items[:at] + list(alt) + items[at + 1:] for alt in items[at][1][1]]
+    return [items[:at] + list(alt) + items[at + 1 :] for alt in items[at][1][1]]
 
 
 def _is_single_class_run(items: list, anchor: Any) -> bool:
@@ -69,8 +71,12 @@ def _is_single_class_run(items: list, anchor: Any) -> bool:
     if len(body) != 2 or body[0][0] not in (sre_c.LITERAL, sre_c.IN):
         return False
     op, av = body[1]
-    return (op is sre_c.MAX_REPEAT and av[0] == 1 and av[1] == sre_c.MAXREPEAT
-            and list(av[2]) == [body[0]])
+    return (
+        op is sre_c.MAX_REPEAT
+        and av[0] == 1
+        and av[1] == sre_c.MAXREPEAT
+        and list(av[2]) == [body[0]]
+    )
 
 
 def _anchors(items: Any) -> set:
@@ -128,12 +134,15 @@ class LinearSpacy:
     def __init__(self, tok: Any, matcher_patterns: dict[str, list[str]]) -> None:
         from spacy.attrs import ORTH
         from spacy.matcher import PhraseMatcher
+
         self._prefix = tok.prefix_search
         self._suffix = tok.suffix_search
         self._infix = tok.infix_finditer
         self._url = _linear_url_match(tok.url_match)
-        self._rules = {key: [t[ORTH] if ORTH in t else t["ORTH"] for t in value]
-                       for key, value in tok.rules.items()}
+        self._rules = {
+            key: [t[ORTH] if ORTH in t else t["ORTH"] for t in value]
+            for key, value in tok.rules.items()
+        }
         self._max_special = max(map(len, self._rules), default=0)
         self._matcher = PhraseMatcher(tok.vocab)
         self._vocab = tok.vocab
@@ -152,6 +161,7 @@ class LinearSpacy:
 
     def _doc(self, words: list[str], spaces: list[bool]):
         from spacy.tokens import Doc
+
         return Doc(self._vocab, words=words, spaces=spaces)
 
     # -- regexes on windows ----------------------------------------------------------------
@@ -161,7 +171,7 @@ class LinearSpacy:
             if hi - lo <= size:
                 start, end = self._match(self._prefix, self._prefix_cache, s[lo:hi])
                 return end - start
-            start, end = self._match(self._prefix, self._prefix_cache, s[lo:lo + size])
+            start, end = self._match(self._prefix, self._prefix_cache, s[lo : lo + size])
             if end < size:  # decided inside the window (no match: end == 0)
                 return end - start
             size *= 2  # a run reached the window's edge
@@ -172,7 +182,7 @@ class LinearSpacy:
             if hi - lo <= size:
                 start, end = self._match(self._suffix, self._suffix_cache, s[lo:hi])
                 return end - start
-            start, end = self._match(self._suffix, self._suffix_cache, s[hi - size:hi])
+            start, end = self._match(self._suffix, self._suffix_cache, s[hi - size : hi])
             if start != 0 or end == 0:  # decided inside the window (no match: end == 0)
                 return end - start
             size *= 2
@@ -205,23 +215,23 @@ class LinearSpacy:
             last = hi - lo
             pre = self._prefix_len(s, lo, hi)
             if pre and self._special(s, lo + pre, hi):
-                prefixes.append(s[lo:lo + pre])
+                prefixes.append(s[lo : lo + pre])
                 lo += pre
                 break
             suf = self._suffix_len(s, lo + pre, hi)
             if suf and self._special(s, lo, hi - suf):
-                suffixes.append(s[hi - suf:hi])
+                suffixes.append(s[hi - suf : hi])
                 hi -= suf
                 break
             if pre and suf and pre + suf <= hi - lo:
-                prefixes.append(s[lo:lo + pre])
-                suffixes.append(s[hi - suf:hi])
+                prefixes.append(s[lo : lo + pre])
+                suffixes.append(s[hi - suf : hi])
                 lo, hi = lo + pre, hi - suf
             elif pre:
-                prefixes.append(s[lo:lo + pre])
+                prefixes.append(s[lo : lo + pre])
                 lo += pre
             elif suf:
-                suffixes.append(s[hi - suf:hi])
+                suffixes.append(s[hi - suf : hi])
                 hi -= suf
         return prefixes, lo, hi, suffixes
 
@@ -296,8 +306,10 @@ class LinearSpacy:
                 out.append(words[i])
                 i += 1
                 continue
-            text = "".join(w + (" " if sp and j < end - 1 else "")
-                           for j, (w, sp) in enumerate(zip(words[i:end], spaces[i:end]), i))
+            text = "".join(
+                w + (" " if sp and j < end - 1 else "")
+                for j, (w, sp) in enumerate(zip(words[i:end], spaces[i:end]), i)
+            )
             rule = self._rules.get(text)
             out.extend(rule if rule is not None else words[i:end])
             i = end

@@ -12,6 +12,7 @@ learned order), never rescanning a word.
 Special tokens `_start_`, `_delimiter_`, `_classify_` follow the vocabulary (40478, 40479, 40480
 for the original files); `encode` never adds them.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -19,12 +20,12 @@ import json
 import logging
 import multiprocessing
 import os
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import Iterable, Sequence
 
-from gpt1.text import normalize as textlib
 from gpt1.errors import DataError
+from gpt1.text import normalize as textlib
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +109,10 @@ def merges_are_ordered(merges: Sequence[tuple[str, str]]) -> bool:
     made_by: dict[str, int] = {}
     for rank, (a, b) in enumerate(merges):
         made_by[a + b] = rank  # ends as the last merge producing the token
-    return all(made_by.get(a, -1) < rank and made_by.get(b, -1) < rank
-               for rank, (a, b) in enumerate(merges))
+    return all(
+        made_by.get(a, -1) < rank and made_by.get(b, -1) < rank
+        for rank, (a, b) in enumerate(merges)
+    )
 
 
 def find_vocab_files(folder: str | Path) -> tuple[Path, Path]:
@@ -118,8 +121,11 @@ def find_vocab_files(folder: str | Path) -> tuple[Path, Path]:
     for vocab, merges in (HF_FILES, ORIGINAL_FILES):
         if (folder / vocab).is_file() and (folder / merges).is_file():
             return folder / vocab, folder / merges
-    raise DataError("no tokenizer files here (expected vocab.json + merges.txt, or "
-                    "encoder_bpe_40000.json + vocab_40000.bpe)", folder)
+    raise DataError(
+        "no tokenizer files here (expected vocab.json + merges.txt, or "
+        "encoder_bpe_40000.json + vocab_40000.bpe)",
+        folder,
+    )
 
 
 def read_vocab(path: Path) -> dict[str, int]:
@@ -132,8 +138,9 @@ def read_vocab(path: Path) -> dict[str, int]:
         raise DataError("vocabulary json must be a non-empty object {token: id}", path)
     ids = sorted(encoder.values()) if all(type(v) is int for v in encoder.values()) else None
     if ids != list(range(len(encoder))):
-        raise DataError(f"vocabulary ids must be the integers 0..{len(encoder) - 1}, each once",
-                        path)
+        raise DataError(
+            f"vocabulary ids must be the integers 0..{len(encoder) - 1}, each once", path
+        )
     return encoder
 
 
@@ -151,13 +158,17 @@ def read_merges(path: Path, encoder: dict[str, int]) -> list[tuple[str, str]]:
     for lineno, line in enumerate(lines[first:], start=first + 1):
         parts = line.split(" ")
         if len(parts) != 2 or not all(parts):
-            raise DataError(f"expected two tokens separated by one space, got {line[:80]!r}",
-                            path, lineno)
+            raise DataError(
+                f"expected two tokens separated by one space, got {line[:80]!r}", path, lineno
+            )
         for token in (parts[0], parts[1], parts[0] + parts[1]):
             if token not in encoder:
-                raise DataError(f"merge {line!r}: token {token!r} is not in the vocabulary "
-                                "(vocabulary and merges files do not belong together)",
-                                path, lineno)
+                raise DataError(
+                    f"merge {line!r}: token {token!r} is not in the vocabulary "
+                    "(vocabulary and merges files do not belong together)",
+                    path,
+                    lineno,
+                )
         merges.append((parts[0], parts[1]))
     return merges
 
@@ -169,8 +180,13 @@ class Tokenizer:
     text_utils.py (spaCy's cased exceptions then apply: "Mr." is one token, as in the
     original vocabulary's "mr.</w>")."""
 
-    def __init__(self, encoder: dict[str, int], merges: Sequence[tuple[str, str]],
-                 standardize: textlib.Standardize = "oai", lower_first: bool = True) -> None:
+    def __init__(
+        self,
+        encoder: dict[str, int],
+        merges: Sequence[tuple[str, str]],
+        standardize: textlib.Standardize = "oai",
+        lower_first: bool = True,
+    ) -> None:
         if standardize not in ("oai", "hf"):
             raise ValueError(f"standardize must be 'oai' or 'hf', not {standardize!r}")
         self.encoder = dict(encoder)
@@ -181,8 +197,7 @@ class Tokenizer:
         self.vocab_size = len(self.encoder)
         self.n_special = len(SPECIAL_TOKENS)
         self.total_size = self.vocab_size + self.n_special
-        self.start_id, self.delimiter_id, self.classify_id = range(self.vocab_size,
-                                                                   self.total_size)
+        self.start_id, self.delimiter_id, self.classify_id = range(self.vocab_size, self.total_size)
         self.decoder = {i: t for t, i in self.encoder.items()}
         for i, name in enumerate(SPECIAL_TOKENS):
             self.decoder[self.vocab_size + i] = name + EOW  # decodes to its name, then a space
@@ -200,14 +215,19 @@ class Tokenizer:
 
     # -- loading and saving ------------------------------------------------------------------
     @classmethod
-    def from_dir(cls, path: str | Path, standardize: textlib.Standardize = "oai",
-                 lower_first: bool = True) -> "Tokenizer":
+    def from_dir(
+        cls, path: str | Path, standardize: textlib.Standardize = "oai", lower_first: bool = True
+    ) -> Tokenizer:
         """Load from a folder holding vocab.json + merges.txt (a checkpoint or prepared-data
         folder) or the original encoder_bpe_40000.json + vocab_40000.bpe."""
         vocab_file, merges_file = find_vocab_files(path)
         encoder = read_vocab(vocab_file)
-        return cls(encoder, read_merges(merges_file, encoder), standardize=standardize,
-                   lower_first=lower_first)
+        return cls(
+            encoder,
+            read_merges(merges_file, encoder),
+            standardize=standardize,
+            lower_first=lower_first,
+        )
 
     def save(self, out_dir: str | Path) -> None:
         """Write vocab.json + merges.txt (the names transformers' OpenAIGPTTokenizer loads)."""
@@ -264,8 +284,9 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Text -> ids with the exact GPT-1 pipeline; no special tokens are added."""
-        return self._encode_chunk_lists(
-            [textlib.chunks(text, self.standardize, self.lower_first)])[0]
+        return self._encode_chunk_lists([textlib.chunks(text, self.standardize, self.lower_first)])[
+            0
+        ]
 
     def encode_batch(self, texts: Sequence[str], processes: int = 1) -> list[list[int]]:
         """Encode many texts (the same ids as `encode` on each, faster on many short texts:
@@ -275,19 +296,25 @@ class Tokenizer:
         if processes <= 1:
             out: list[list[int]] = []
             for start in range(0, len(texts), _BATCH_TEXTS):  # bounds the chunk lists held
-                out.extend(self._encode_chunk_lists(
-                    [textlib.chunks(t, self.standardize, self.lower_first)
-                     for t in texts[start:start + _BATCH_TEXTS]]))
+                out.extend(
+                    self._encode_chunk_lists(
+                        [
+                            textlib.chunks(t, self.standardize, self.lower_first)
+                            for t in texts[start : start + _BATCH_TEXTS]
+                        ]
+                    )
+                )
             return out
         size = max(1, len(texts) // (8 * processes))
-        batches = [texts[i:i + size] for i in range(0, len(texts), size)]
+        batches = [texts[i : i + size] for i in range(0, len(texts), size)]
         with _pool(self, processes) as pool:
             return list(chain.from_iterable(pool.map(_worker_encode, batches)))
 
     def tokenize(self, text: str) -> list[str]:
         """The BPE pieces of `text` (for inspection)."""
-        return [self.decoder[i] if i != self.unk_id else textlib.UNK_TOKEN
-                for i in self.encode(text)]
+        return [
+            self.decoder[i] if i != self.unk_id else textlib.UNK_TOKEN for i in self.encode(text)
+        ]
 
     # -- decoding ----------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
@@ -296,8 +323,9 @@ class Tokenizer:
         for i in ids:
             piece = self.decoder.get(int(i))
             if piece is None:
-                raise DataError(f"token id {int(i)} is outside this vocabulary "
-                                f"(0..{self.total_size - 1})")
+                raise DataError(
+                    f"token id {int(i)} is outside this vocabulary (0..{self.total_size - 1})"
+                )
             pieces.append(piece)
         return "".join(pieces).replace(EOW, " ").strip()
 
@@ -305,8 +333,10 @@ class Tokenizer:
         return self.total_size
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
-                f"standardize={self.standardize!r}, lower_first={self.lower_first})")
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, merges={len(self.merges)}, "
+            f"standardize={self.standardize!r}, lower_first={self.lower_first})"
+        )
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -327,9 +357,15 @@ class Tokenizer:
 
     # -- training ----------------------------------------------------------------------------
     @classmethod
-    def train(cls, files_or_texts: Iterable[str | Path], merges: int,
-              standardize: textlib.Standardize = "oai", min_frequency: int = 0,
-              processes: int = 1, lower_first: bool = True) -> "Tokenizer":
+    def train(
+        cls,
+        files_or_texts: Iterable[str | Path],
+        merges: int,
+        standardize: textlib.Standardize = "oai",
+        min_frequency: int = 0,
+        processes: int = 1,
+        lower_first: bool = True,
+    ) -> Tokenizer:
         """Learn a vocabulary of `merges` BPE merges with the same pipeline before BPE.
 
         `Path` items, and one-line strings naming an existing file or folder, are read as
@@ -338,9 +374,11 @@ class Tokenizer:
         `</w>` end-of-word suffix. The vocabulary is "<unk>" (id 0), the characters, the
         characters with `</w>`, then one token per merge.
         """
-        from tokenizers import Tokenizer as HFTokenizer, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import pre_tokenizers
         from tokenizers.models import BPE
         from tokenizers.trainers import BpeTrainer
+
         if merges < 0:
             raise ValueError("merges must be >= 0")
         counts = count_words(_iter_texts(files_or_texts), standardize, processes, lower_first)
@@ -349,15 +387,18 @@ class Tokenizer:
         hf = HFTokenizer(BPE(unk_token=textlib.UNK_TOKEN, end_of_word_suffix=EOW))
         # words hold no spaces, so a space-joined stream splits back into the same words
         hf.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
-        trainer = BpeTrainer(vocab_size=1 + len(plain) + len(final) + merges,
-                             min_frequency=min_frequency, special_tokens=[textlib.UNK_TOKEN],
-                             end_of_word_suffix=EOW, show_progress=False)
+        trainer = BpeTrainer(
+            vocab_size=1 + len(plain) + len(final) + merges,
+            min_frequency=min_frequency,
+            special_tokens=[textlib.UNK_TOKEN],
+            end_of_word_suffix=EOW,
+            show_progress=False,
+        )
         hf.train_from_iterator(_repeat_words(counts), trainer=trainer)
         learned = json.loads(hf.to_str())["model"]["merges"][:merges]
         merge_list = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in learned]
         if len(merge_list) < merges:
-            log.warning("the corpus allowed only %d merges (asked for %d)", len(merge_list),
-                        merges)
+            log.warning("the corpus allowed only %d merges (asked for %d)", len(merge_list), merges)
         encoder = {textlib.UNK_TOKEN: 0}
         for token in chain(plain, final, (a + b for a, b in merge_list)):
             encoder.setdefault(token, len(encoder))
@@ -366,8 +407,13 @@ class Tokenizer:
 
 def _iter_texts(files_or_texts: Iterable[str | Path]) -> Iterable[str]:
     for item in files_or_texts:
-        if isinstance(item, str) and "\n" not in item and len(item) < 4096 and item.strip() \
-                and Path(item).exists():
+        if (
+            isinstance(item, str)
+            and "\n" not in item
+            and len(item) < 4096
+            and item.strip()
+            and Path(item).exists()
+        ):
             item = Path(item)  # a path given as a string
         if isinstance(item, Path):
             files = sorted(item.rglob("*.txt")) if item.is_dir() else [item]
@@ -380,8 +426,12 @@ def _iter_texts(files_or_texts: Iterable[str | Path]) -> Iterable[str]:
             yield item
 
 
-def count_words(texts: Iterable[str], standardize: textlib.Standardize = "oai",
-                processes: int = 1, lower_first: bool = True) -> dict[str, int]:
+def count_words(
+    texts: Iterable[str],
+    standardize: textlib.Standardize = "oai",
+    processes: int = 1,
+    lower_first: bool = True,
+) -> dict[str, int]:
     """word -> count, words being the lower-cased spaCy tokens of the GPT-1 pipeline."""
     counts: dict[str, int] = {}
     if processes > 1:
@@ -425,8 +475,14 @@ def _build_fast_bpe(encoder: dict[str, int], merges: list[tuple[str, str]]):
         return None
     from tokenizers import Tokenizer as HFTokenizer
     from tokenizers.models import BPE
-    model = BPE(vocab=encoder, merges=merges, unk_token=textlib.UNK_TOKEN,
-                end_of_word_suffix=EOW, fuse_unk=False)
+
+    model = BPE(
+        vocab=encoder,
+        merges=merges,
+        unk_token=textlib.UNK_TOKEN,
+        end_of_word_suffix=EOW,
+        fuse_unk=False,
+    )
     return HFTokenizer(model)
 
 
@@ -447,6 +503,9 @@ def _worker_encode(texts: Sequence[str]) -> list[list[int]]:
 
 def _pool(tok: Tokenizer, processes: int):
     # fork shares the loaded vocabulary for free; elsewhere the tokenizer is pickled once per worker
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix" \
+    method = (
+        "fork"
+        if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix"
         else "spawn"
+    )
     return multiprocessing.get_context(method).Pool(processes, _init_worker, (tok,))

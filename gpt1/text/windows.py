@@ -10,9 +10,9 @@ every global micro-step: rank r of W reads rows [r*micro, (r+1)*micro) of the mi
 So 2 processes with micro-batch m see exactly the windows one process sees with 2 accumulation steps
 of m, and the generator state (a JSON dict) is the whole cursor for exact resume.
 """
+
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,8 +49,9 @@ def open_prepared(folder: str | Path) -> PreparedData:
     folder = Path(folder)
     meta_file = folder / META
     if not meta_file.is_file():
-        raise DataError(f"no {META} here; create the folder with `gpt1 prepare --out {folder}`",
-                        folder)
+        raise DataError(
+            f"no {META} here; create the folder with `gpt1 prepare --out {folder}`", folder
+        )
     meta = read_json_file(meta_file, DataError)
     if not isinstance(meta, dict) or meta.get("format") != "gpt1-tokens":
         raise DataError('expected "format": "gpt1-tokens"', meta_file, field="format")
@@ -58,12 +59,16 @@ def open_prepared(folder: str | Path) -> PreparedData:
     if type(version) is not int:
         raise DataError("version must be an integer", meta_file, field="version")
     if version > 1:
-        raise DataError(f"version {version} is newer than this gpt1 reads (1)", meta_file,
-                        field="version")
+        raise DataError(
+            f"version {version} is newer than this gpt1 reads (1)", meta_file, field="version"
+        )
     vocab = meta.get("vocab_size")
     if type(vocab) is not int or not 0 < vocab <= 2**32:  # type(): JSON true is not a size
-        raise DataError("vocab_size must be an integer in 1..2**32 (ids are stored as uint32 at "
-                        "most)", meta_file, field="vocab_size")
+        raise DataError(
+            "vocab_size must be an integer in 1..2**32 (ids are stored as uint32 at most)",
+            meta_file,
+            field="vocab_size",
+        )
     dtype = meta.get("dtype")
     if dtype is not None and dtype not in ("uint16", "uint32"):
         raise DataError(f"dtype must be uint16 or uint32, got {dtype!r}", meta_file, field="dtype")
@@ -73,8 +78,9 @@ def open_prepared(folder: str | Path) -> PreparedData:
     splits = {}
     for name, info in splits_meta.items():
         if not isinstance(info, dict) or not isinstance(info.get("shards"), list):
-            raise DataError(f'split {name!r} needs a "shards" list', meta_file,
-                            field=f"splits.{name}.shards")
+            raise DataError(
+                f'split {name!r} needs a "shards" list', meta_file, field=f"splits.{name}.shards"
+            )
         arrays = []
         for i, shard in enumerate(info["shards"]):
             path = shard_path(folder, shard, meta_file, f"splits.{name}.shards[{i}]")
@@ -97,20 +103,23 @@ def shard_path(folder: Path, name: Any, meta_file: Path, field: str) -> Path:
         raise DataError(f"shard {exc}", meta_file, field=field) from None
 
 
-ID_CHECK_CHUNK = 1 << 24   # tokens per pass of the id check (32-64 MB of the memory map)
+ID_CHECK_CHUNK = 1 << 24  # tokens per pass of the id check (32-64 MB of the memory map)
 
 
 def check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
     """Every id of a shard is below `vocab_size`, checked once at open in bounded chunks, so a
     bad id is an error naming the file instead of an IndexError deep inside a training run."""
     for start in range(0, tokens.size, ID_CHECK_CHUNK):
-        chunk = tokens[start:start + ID_CHECK_CHUNK]
+        chunk = tokens[start : start + ID_CHECK_CHUNK]
         top = int(chunk.max())
         if top >= vocab_size:
             at = start + int(np.argmax(chunk >= vocab_size))
-            raise DataError(f"token id {int(tokens[at])} at position {at:,} is out of range for "
-                            f"the vocabulary of {vocab_size:,} in meta.json (the shard belongs to "
-                            "another vocabulary or is damaged; re-run `gpt1 prepare`)", path)
+            raise DataError(
+                f"token id {int(tokens[at])} at position {at:,} is out of range for "
+                f"the vocabulary of {vocab_size:,} in meta.json (the shard belongs to "
+                "another vocabulary or is damaged; re-run `gpt1 prepare`)",
+                path,
+            )
 
 
 class WindowSource:
@@ -120,10 +129,12 @@ class WindowSource:
         self.n_ctx, self.rank, self.world = int(n_ctx), int(rank), int(world_size)
         self.shards = [s for s in split.shards if s.size >= self.n_ctx + 1]
         if not self.shards:
-            raise DataError(f"the {split.name} split has no shard with at least {n_ctx + 1} tokens; "
-                            "lower data.n_ctx or prepare more text")
+            raise DataError(
+                f"the {split.name} split has no shard with at least {n_ctx + 1} tokens; "
+                "lower data.n_ctx or prepare more text"
+            )
         starts = np.array([s.size - self.n_ctx for s in self.shards], dtype=np.int64)
-        self._cum = np.cumsum(starts) / starts.sum()   # shard chosen in proportion to its windows
+        self._cum = np.cumsum(starts) / starts.sum()  # shard chosen in proportion to its windows
         self._starts = starts
         self.rng = np.random.Generator(np.random.PCG64(seed))
 
@@ -132,12 +143,12 @@ class WindowSource:
         n = micro_batch_size * self.world
         # One (shard, offset) pair of uniforms per window, drawn row by row: the windows depend only
         # on how many were drawn before, not on how they are split into micro-batches or ranks.
-        u = self.rng.random((n, 2))                                   # [n, 2]
+        u = self.rng.random((n, 2))  # [n, 2]
         which = np.minimum(np.searchsorted(self._cum, u[:, 0], side="right"), len(self.shards) - 1)
         offsets = (u[:, 1] * self._starts[which]).astype(np.int64)
         mine = slice(self.rank * micro_batch_size, (self.rank + 1) * micro_batch_size)
-        rows = [self.shards[s][o:o + self.n_ctx + 1] for s, o in zip(which[mine], offsets[mine])]
-        window = torch.from_numpy(np.stack(rows).astype(np.int64))   # [micro, n_ctx + 1]
+        rows = [self.shards[s][o : o + self.n_ctx + 1] for s, o in zip(which[mine], offsets[mine])]
+        window = torch.from_numpy(np.stack(rows).astype(np.int64))  # [micro, n_ctx + 1]
         return window[:, :-1], window[:, 1:]
 
     def state_dict(self) -> dict:
@@ -155,10 +166,12 @@ def validation_windows(split: Split, n_ctx: int, limit: int) -> torch.Tensor:
         for i in range(count):
             windows.append((shard, i * n_ctx))
     if not windows:
-        raise DataError(f"the {split.name} split has fewer than {n_ctx + 1} tokens in every shard; "
-                        "lower data.n_ctx or prepare a larger validation split")
+        raise DataError(
+            f"the {split.name} split has fewer than {n_ctx + 1} tokens in every shard; "
+            "lower data.n_ctx or prepare a larger validation split"
+        )
     if limit and len(windows) > limit:
         picks = np.linspace(0, len(windows) - 1, limit).round().astype(int)
         windows = [windows[i] for i in picks]
-    rows = [s[o:o + n_ctx + 1] for s, o in windows]
+    rows = [s[o : o + n_ctx + 1] for s, o in windows]
     return torch.from_numpy(np.stack(rows).astype(np.int64))

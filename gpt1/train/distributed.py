@@ -4,6 +4,7 @@ This is the only module that reads torchrun's variables (RANK, WORLD_SIZE, LOCAL
 without torchrun everything degrades to a single process. The model code never sees any of this:
 `wrap` takes a plain GPT and returns the module to call forward on; `unwrap` gets it back.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,9 @@ import datetime
 import itertools
 import os
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,8 +39,11 @@ class DistInfo:
 
 def env_info() -> DistInfo:
     """Rank and world size from torchrun's environment (single process when absent)."""
-    return DistInfo(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                    int(os.environ.get("LOCAL_RANK", 0)))
+    return DistInfo(
+        int(os.environ.get("RANK", 0)),
+        int(os.environ.get("WORLD_SIZE", 1)),
+        int(os.environ.get("LOCAL_RANK", 0)),
+    )
 
 
 def init(device_type: str) -> DistInfo:
@@ -59,7 +64,7 @@ def destroy() -> None:
 
 # FSDP2 shards a module in place; to write a checkpoint rank 0 needs the same module unsharded.
 # `wrap` keeps a parameter-free (meta) twin of each module it shards, for `full_state` to fill.
-_unsharded_twins: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+_unsharded_twins: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDictionary()
 
 
 def wrap(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
@@ -72,19 +77,25 @@ def wrap(model: nn.Module, mode: str, device: torch.device) -> nn.Module:
         return model
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
+
         _unsharded_twins[model] = _meta_twin(model)
         for block in _blocks(model):
             fully_shard(block)
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     ids = [device.index or 0] if device.type == "cuda" else None
     return DDP(model, device_ids=ids)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    return [block for module in model.modules()
-            if isinstance(getattr(module, "h", None), nn.ModuleList) for block in module.h]
+    return [
+        block
+        for module in model.modules()
+        if isinstance(getattr(module, "h", None), nn.ModuleList)
+        for block in module.h
+    ]
 
 
 def _meta_twin(model: nn.Module) -> nn.Module:
@@ -103,11 +114,12 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.M
     optimizer state back.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     model_sd, optim_sd = get_state_dict(model, optimizer, options=opts)
     if not env_info().is_main:
         return model, {"state": {}, "param_groups": []}
-    plain = copy.deepcopy(_unsharded_twins[model])   # the twin stays meta for the next save
+    plain = copy.deepcopy(_unsharded_twins[model])  # the twin stays meta for the next save
     plain.load_state_dict(model_sd, assign=True)
     return plain, optim_sd
 

@@ -11,6 +11,7 @@ every rank's data cursor and RNG states (JSON + uint8 tensors; nothing is pickle
 (DDP / compiled) forward, and any other attribute (`lm_weight`, `lm_logits`, `config`, ...) comes
 from the plain module. `info` is a dict of floats; its "tokens" entry feeds tokens/s and MFU.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,23 +19,24 @@ import errno
 import math
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from gpt1 import checkpoint_files as ckpt
-from gpt1.train import state as train_state
-from gpt1.train import distributed as dist
 from gpt1 import files
-from gpt1.train.parallelize import checkpoint_blocks
 from gpt1.config import TrainConfig
 from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
+from gpt1.train import distributed as dist
+from gpt1.train import state as train_state
 from gpt1.train.optim import build_optimizer, lr_at, set_lr
+from gpt1.train.parallelize import checkpoint_blocks
+from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
 
 
 class BatchSource(Protocol):
@@ -80,6 +82,7 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     """auto/cpu/cuda -> this rank's device; cuda:N (one process) -> that device."""
     if name.startswith("cuda:"):
         from gpt1.devices import resolve_device as named
+
         return named(name)
     if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
@@ -100,7 +103,10 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 def default_write_model(tokenizer_dir: Path | None, resolved: dict | None) -> Callable:
     def write(model: nn.Module, folder: Path) -> None:
-        ckpt.write_model_files(folder, model, tokenizer_dir, {"run": resolved} if resolved else None)
+        ckpt.write_model_files(
+            folder, model, tokenizer_dir, {"run": resolved} if resolved else None
+        )
+
     return write
 
 
@@ -113,18 +119,27 @@ def default_read_model(model: nn.Module, folder: Path) -> None:
 def _accumulation(cfg: TrainConfig, world: int) -> int:
     per_step = cfg.micro_batch_size * world
     if cfg.batch_size % per_step:
-        raise ConfigError(f"train.batch_size ({cfg.batch_size}) must be a multiple of micro_batch_size"
-                          f" x processes ({cfg.micro_batch_size} x {world})")
+        raise ConfigError(
+            f"train.batch_size ({cfg.batch_size}) must be a multiple of micro_batch_size"
+            f" x processes ({cfg.micro_batch_size} x {world})"
+        )
     return cfg.batch_size // per_step
 
 
-def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
-          source: BatchSource, cfg: TrainConfig, run_dir: Path, *,
-          eval_fn: Callable[[Any], dict] | None = None,
-          write_model: Callable[[nn.Module, Path], None] | None = None,
-          read_model: Callable[[nn.Module, Path], None] | None = None,
-          tokenizer_dir: Path | None = None, resolved_config: dict | None = None,
-          flops_per_token: float | None = None) -> TrainResult:
+def train(
+    model: nn.Module,
+    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    source: BatchSource,
+    cfg: TrainConfig,
+    run_dir: Path,
+    *,
+    eval_fn: Callable[[Any], dict] | None = None,
+    write_model: Callable[[nn.Module, Path], None] | None = None,
+    read_model: Callable[[nn.Module, Path], None] | None = None,
+    tokenizer_dir: Path | None = None,
+    resolved_config: dict | None = None,
+    flops_per_token: float | None = None,
+) -> TrainResult:
     """Train `model` for `cfg.max_steps` updates; see the module docstring."""
     if cfg.max_steps <= 0:
         raise ConfigError("train.max_steps must be set (> 0) before training")
@@ -152,10 +167,12 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
     torch.manual_seed(cfg.seed + 1000 * info.rank)  # dropout masks differ between ranks
     state = {"step": 0, "log": {"loss_sum": 0.0, "n": 0}}
     if resume_dir is not None:
-        state = _load_state(resume_dir, raw, optimizer, source, info, device,
-                            fsdp=cfg.distributed == "fsdp")
-    logger = MetricsLogger(run_dir, info.is_main,
-                           resume_step=state["step"] if resume_dir is not None else None)
+        state = _load_state(
+            resume_dir, raw, optimizer, source, info, device, fsdp=cfg.distributed == "fsdp"
+        )
+    logger = MetricsLogger(
+        run_dir, info.is_main, resume_step=state["step"] if resume_dir is not None else None
+    )
     if info.is_main and resume_dir is not None:
         logger.console(f"resuming from {resume_dir} at step {state['step']}")
     peak = peak_flops(device, precision, cfg.peak_flops) if info.is_main else 0.0
@@ -163,11 +180,24 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
         flops_per_token = raw.flops_per_token()  # gpt1.model.registry.LanguageModel; else no MFU
 
     def save(name: str) -> Path:
-        return _save(run_dir / name, raw, optimizer, source, state, write_model, info, cfg, total,
-                     resolved_config)
+        return _save(
+            run_dir / name,
+            raw,
+            optimizer,
+            source,
+            state,
+            write_model,
+            info,
+            cfg,
+            total,
+            resolved_config,
+        )
 
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16"
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if precision == "bf16"
+        else contextlib.nullcontext()
+    )
     stop = {"signal": 0}
     previous = _install_handlers(stop)
     result = TrainResult(step=state["step"], run_dir=run_dir)
@@ -192,8 +222,13 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
                     (loss / accum).backward()
                 loss_sum += loss.detach().float()
                 tokens += float(extra.get("tokens", 0.0))
-            stats = torch.stack([loss_sum / accum, torch.tensor(tokens, device=device),
-                                 torch.tensor(float(stop["signal"]), device=device)])
+            stats = torch.stack(
+                [
+                    loss_sum / accum,
+                    torch.tensor(tokens, device=device),
+                    torch.tensor(float(stop["signal"]), device=device),
+                ]
+            )
             stats = dist.all_reduce_sum(stats.double())
             step_loss = float(stats[0]) / info.world_size
             grad_norm = _clip(raw, cfg.grad_clip)
@@ -211,21 +246,35 @@ def train(model: nn.Module, loss_fn: Callable[[Any, Any], tuple[torch.Tensor, di
                 bar.set_postfix(loss=f"{step_loss:.3f}", refresh=False)
             if step % cfg.log_every == 0 or step == cfg.max_steps:
                 now = time.perf_counter()
-                rec = _train_record(state, step, lr, grad_norm, tokens_since / (now - t_last),
-                                    flops_per_token, peak, info.world_size, device)
+                rec = _train_record(
+                    state,
+                    step,
+                    lr,
+                    grad_norm,
+                    tokens_since / (now - t_last),
+                    flops_per_token,
+                    peak,
+                    info.world_size,
+                    device,
+                )
                 logger.write(rec)
                 logger.console(train_line(rec))
                 t_last, tokens_since = now, 0.0
-            if eval_fn is not None and cfg.eval_every and (step % cfg.eval_every == 0
-                                                           or step == cfg.max_steps):
+            if (
+                eval_fn is not None
+                and cfg.eval_every
+                and (step % cfg.eval_every == 0 or step == cfg.max_steps)
+            ):
                 result.last_eval = _evaluate(wrapped, view, eval_fn, autocast, logger, step)
             signalled = int(float(stats[2]) > 0)
             if signalled or (cfg.save_every and step % cfg.save_every == 0):
                 save(f"step-{step}")
             if signalled:
                 result.interrupted = stop["signal"] or signal.SIGTERM
-                logger.console(f"stopped by signal {result.interrupted}; checkpoint "
-                               f"{run_dir / f'step-{step}'} written")
+                logger.console(
+                    f"stopped by signal {result.interrupted}; checkpoint "
+                    f"{run_dir / f'step-{step}'} written"
+                )
                 break
         else:
             result.final_dir = save("final")
@@ -251,8 +300,10 @@ def _find_resume(resume: str, run_dir: Path) -> Path | None:
     if not (path / train_state.TRAINER_JSON).is_file():
         found = train_state.latest_resumable(path) if path.is_dir() else None
         if found is None:
-            raise ConfigError(f"--resume {resume}: no resumable checkpoint (step-N folder with "
-                              f"{train_state.TRAINER_JSON}) there")
+            raise ConfigError(
+                f"--resume {resume}: no resumable checkpoint (step-N folder with "
+                f"{train_state.TRAINER_JSON}) there"
+            )
         return found
     return path
 
@@ -271,38 +322,67 @@ def _clip(model: nn.Module, max_norm: float) -> float:
 def _diverged_message(step: int, loss: float, grad_norm: float, run_dir: Path) -> str:
     last = train_state.latest_resumable(run_dir)
     where = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-    return (f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped "
-            f"without saving ({where}). Lower train.lr, raise warm-up, or use precision fp32.")
+    return (
+        f"training diverged at step {step}: loss {loss}, gradient norm {grad_norm}; stopped "
+        f"without saving ({where}). Lower train.lr, raise warm-up, or use precision fp32."
+    )
 
 
 def _is_oom(exc: BaseException) -> bool:
     text = str(exc)
-    return (isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in text
-            or "out of memory" in text.lower())
+    return (
+        isinstance(exc, torch.OutOfMemoryError)
+        or "can't allocate memory" in text
+        or "out of memory" in text.lower()
+    )
 
 
 def _oom_message(cfg: TrainConfig, accum: int, world: int, exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
     smaller = max(1, cfg.micro_batch_size // 2)
-    return (f"out of memory with --micro-batch {cfg.micro_batch_size} ({first}). Lower "
-            f"--micro-batch (e.g. {smaller}): gradient accumulation then rises from {accum} to "
-            f"{cfg.batch_size // (smaller * world)} steps so --batch-size {cfg.batch_size} and the "
-            "results stay the same; --precision bf16 or --set train.gradient_checkpointing=true "
-            "also save memory.")
+    return (
+        f"out of memory with --micro-batch {cfg.micro_batch_size} ({first}). Lower "
+        f"--micro-batch (e.g. {smaller}): gradient accumulation then rises from {accum} to "
+        f"{cfg.batch_size // (smaller * world)} steps so --batch-size {cfg.batch_size} and the "
+        "results stay the same; --precision bf16 or --set train.gradient_checkpointing=true "
+        "also save memory."
+    )
 
 
-def _train_record(state: dict, step: int, lr: float, grad_norm: float, tok_s: float,
-                  fpt: float | None, peak: float, world: int, device: torch.device) -> dict:
+def _train_record(
+    state: dict,
+    step: int,
+    lr: float,
+    grad_norm: float,
+    tok_s: float,
+    fpt: float | None,
+    peak: float,
+    world: int,
+    device: torch.device,
+) -> dict:
     log = state["log"]
     loss = log["loss_sum"] / max(log["n"], 1)
     state["log"] = {"loss_sum": 0.0, "n": 0}
     mfu = (fpt * tok_s / (peak * world)) if (fpt and peak) else 0.0
-    return {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tok_s,
-            "mfu": mfu, "mem_gb": memory_bytes(device) / 1e9}
+    return {
+        "step": step,
+        "loss": loss,
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens_per_s": tok_s,
+        "mfu": mfu,
+        "mem_gb": memory_bytes(device) / 1e9,
+    }
 
 
-def _evaluate(wrapped: nn.Module, view: Any, eval_fn: Callable, autocast: Any,
-              logger: MetricsLogger, step: int) -> dict:
+def _evaluate(
+    wrapped: nn.Module,
+    view: Any,
+    eval_fn: Callable,
+    autocast: Any,
+    logger: MetricsLogger,
+    step: int,
+) -> dict:
     wrapped.eval()
     try:
         with torch.no_grad(), autocast:
@@ -323,13 +403,21 @@ def _progress(cfg: TrainConfig, main: bool, initial: int) -> Any:
     if not main or cfg.quiet:
         return None
     from tqdm.auto import tqdm
-    return tqdm(total=cfg.max_steps, initial=initial, unit="step", dynamic_ncols=True,
-                leave=False, desc="train")
+
+    return tqdm(
+        total=cfg.max_steps,
+        initial=initial,
+        unit="step",
+        dynamic_ncols=True,
+        leave=False,
+        desc="train",
+    )
 
 
 def _install_handlers(stop: dict) -> dict:
     def handler(signum: int, frame: Any) -> None:
         stop["signal"] = signum
+
     previous = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
@@ -351,12 +439,22 @@ def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
     return out
 
 
-def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source: BatchSource,
-          state: dict, write_model: Callable, info: dist.DistInfo, cfg: TrainConfig, total: int,
-          resolved: dict | None) -> Path:
+def _save(
+    final: Path,
+    raw: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    source: BatchSource,
+    state: dict,
+    write_model: Callable,
+    info: dist.DistInfo,
+    cfg: TrainConfig,
+    total: int,
+    resolved: dict | None,
+) -> Path:
     """Write a resumable checkpoint atomically; every rank contributes its cursor and RNG."""
-    per_rank = dist.all_gather_objects({"source": source.state_dict(),
-                                        "rng": _rng_state(next(raw.parameters()).device)})
+    per_rank = dist.all_gather_objects(
+        {"source": source.state_dict(), "rng": _rng_state(next(raw.parameters()).device)}
+    )
     model_for_files, opt_state = raw, optimizer.state_dict()
     if cfg.distributed == "fsdp" and info.enabled:
         model_for_files, opt_state = dist.full_state(raw, optimizer)
@@ -365,9 +463,17 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
         for r, entry in enumerate(per_rank):
             for kind, t in entry["rng"].items():
                 tensors[f"rng/{r}/{kind}"] = t.cpu()
-        meta = {"format": "gpt1-trainer", "version": 1, "step": state["step"], "total_steps": total,
-                "world_size": info.world_size, "sources": [e["source"] for e in per_rank],
-                "log": state["log"], "optimizer": opt_meta, "config": resolved}
+        meta = {
+            "format": "gpt1-trainer",
+            "version": 1,
+            "step": state["step"],
+            "total_steps": total,
+            "world_size": info.world_size,
+            "sources": [e["source"] for e in per_rank],
+            "log": state["log"],
+            "optimizer": opt_meta,
+            "config": resolved,
+        }
         needed = ckpt.state_bytes(model_for_files.state_dict()) + ckpt.state_bytes(tensors)
         try:
             with files.atomic_folder(final, needed=needed) as tmp:
@@ -375,12 +481,21 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
                 train_state.save_training_state(tmp, tensors, meta)
         except files.WriteError as exc:  # disk full, quota, read-only: older checkpoints untouched
             last = train_state.latest_resumable(final.parent)
-            fix = ("Free space" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else
-                   "Make the folder writable" if exc.errno in (errno.EROFS, errno.EACCES,
-                                                                errno.EPERM) else "Fix the disk")
+            fix = (
+                "Free space"
+                if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                else "Make the folder writable"
+                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+                else "Fix the disk"
+            )
             raise CheckpointError(
-                f"{exc}; " + (f"the last complete checkpoint {last} is intact" if last else
-                              "no earlier checkpoint exists") + f". {fix}, then rerun with --resume auto"
+                f"{exc}; "
+                + (
+                    f"the last complete checkpoint {last} is intact"
+                    if last
+                    else "no earlier checkpoint exists"
+                )
+                + f". {fix}, then rerun with --resume auto"
             ) from None
         if final.name.startswith("step-"):
             train_state.prune_steps(final.parent, cfg.keep_last)
@@ -388,25 +503,46 @@ def _save(final: Path, raw: nn.Module, optimizer: torch.optim.Optimizer, source:
     return final
 
 
-def _load_state(folder: Path, raw: nn.Module, optimizer: torch.optim.Optimizer,
-                source: BatchSource, info: dist.DistInfo, device: torch.device, fsdp: bool) -> dict:
+def _load_state(
+    folder: Path,
+    raw: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    source: BatchSource,
+    info: dist.DistInfo,
+    device: torch.device,
+    fsdp: bool,
+) -> dict:
     tensors, meta = train_state.load_training_state(folder)
     try:
         return _restore(tensors, meta, raw, optimizer, source, info, device, fsdp)
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
         # A hand-edited or foreign trainer state must not surface as a bare KeyError.
-        raise CheckpointError(f"{folder}: trainer state does not fit this run ({type(exc).__name__}: "
-                              f"{exc}); resume from another checkpoint or start a new --out") from None
+        raise CheckpointError(
+            f"{folder}: trainer state does not fit this run ({type(exc).__name__}: "
+            f"{exc}); resume from another checkpoint or start a new --out"
+        ) from None
 
 
-def _restore(tensors: dict, meta: dict, raw: nn.Module, optimizer: torch.optim.Optimizer,
-             source: BatchSource, info: dist.DistInfo, device: torch.device, fsdp: bool) -> dict:
+def _restore(
+    tensors: dict,
+    meta: dict,
+    raw: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    source: BatchSource,
+    info: dist.DistInfo,
+    device: torch.device,
+    fsdp: bool,
+) -> dict:
     opt_state = train_state.optimizer_from_flat(tensors, meta["optimizer"])
     if fsdp and info.enabled:
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             set_optimizer_state_dict)
-        set_optimizer_state_dict(raw, optimizer, opt_state,
-                                 options=StateDictOptions(full_state_dict=True))
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(
+            raw, optimizer, opt_state, options=StateDictOptions(full_state_dict=True)
+        )
     else:
         optimizer.load_state_dict(opt_state)
     rank = info.rank

@@ -21,6 +21,7 @@ whose page faults cost more than the softmax), and the two gradient matmuls; the
 The softmax covers the token table only (HF convention; OAI's joint matrix also covered position
 rows, reference d.1.10).
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,16 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     """sum_i w_i * CE(h_i @ W^T, y_i) with gradients computed chunk by chunk in forward."""
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                weights: torch.Tensor, chunk: int, dtype: torch.dtype, want_grad: bool) -> torch.Tensor:
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        weights: torch.Tensor,
+        chunk: int,
+        dtype: torch.dtype,
+        want_grad: bool,
+    ) -> torch.Tensor:
         # Forward always runs with grad disabled, so the caller says whether gradients are wanted
         # (under torch.no_grad, e.g. evaluation, they are not even though weights require them).
         need_h = want_grad and ctx.needs_input_grad[0]
@@ -58,22 +67,22 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         w_c = weight.to(dtype)
         V = w_c.shape[0]
         for start in range(0, hidden.shape[0], chunk):
-            h32 = hidden[start:start + chunk]                              # [n, C]
+            h32 = hidden[start : start + chunk]  # [n, C]
             h = h32.to(dtype)
-            wt = weights[start:start + chunk].unsqueeze(1)                 # [n, 1]
-            idx = targets[start:start + chunk].clamp_min(0).unsqueeze(1)   # [n, 1]
-            padded = aligned_logits(h, w_c)                                # [n, width]
+            wt = weights[start : start + chunk].unsqueeze(1)  # [n, 1]
+            idx = targets[start : start + chunk].clamp_min(0).unsqueeze(1)  # [n, 1]
+            padded = aligned_logits(h, w_c)  # [n, width]
             need = need_h or need_w
             # In place: logits -> softmax - onehot (d CE / d logits) when gradients are wanted.
-            p = _softmax_minus_onehot_(padded, idx, need)                  # [n] fp32 p[target]
-            logits = padded[:, :V]                                         # [n, V] view
+            p = _softmax_minus_onehot_(padded, idx, need)  # [n] fp32 p[target]
+            logits = padded[:, :V]  # [n, V] view
             nll = -torch.log(p)
             tiny = p < 1e-30
             if bool(tiny.any()):
                 # -log of a normal fp32 probability is as exact as logsumexp - logit; only an
                 # underflowing one (a loss above 69 nats, e.g. divergence) needs recomputing.
                 rows = tiny.nonzero().squeeze(1)
-                lg = (h[rows] @ w_c.t()).float()                           # [k, V]
+                lg = (h[rows] @ w_c.t()).float()  # [k, V]
                 nll[rows] = torch.logsumexp(lg, 1) - lg.gather(1, idx[rows]).squeeze(1)
             total += (nll * wt.squeeze(1)).sum()
             if not need:
@@ -82,15 +91,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             dlogits = logits
             del logits, padded
             if need_h:
-                torch.mul(dlogits @ w_c, wt, out=grad_h[start:start + chunk])
+                torch.mul(dlogits @ w_c, wt, out=grad_h[start : start + chunk])
             if need_w:
-                hw = (h32 * wt).to(dtype)                                  # [n, C], rounded once
+                hw = (h32 * wt).to(dtype)  # [n, C], rounded once
                 if grad_w is None:
-                    grad_w = (dlogits.t() @ hw).float()                    # [V, C]
+                    grad_w = (dlogits.t() @ hw).float()  # [V, C]
                 elif dtype == torch.float32:
-                    grad_w.addmm_(dlogits.t(), hw)                         # accumulates in the GEMM
+                    grad_w.addmm_(dlogits.t(), hw)  # accumulates in the GEMM
                 else:
-                    grad_w.add_(dlogits.t() @ hw)                          # promotes bf16 in place
+                    grad_w.add_(dlogits.t() @ hw)  # promotes bf16 in place
         if need_w and grad_w is None:  # no rows at all
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         # Gradients are kept on ctx (not inputs or outputs); backward only scales them.
@@ -119,7 +128,9 @@ def logits_width(V: int, dtype: torch.dtype) -> int:
     return -(-V // 16) * 16 if dtype == torch.float32 else V
 
 
-def aligned_logits(h: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def aligned_logits(
+    h: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """`h @ w.T` in rows of `logits_width` columns `[n, width]`, the columns past V set to -inf.
 
     -inf columns get probability 0 in a softmax and a zero gradient, so callers may use the whole
@@ -150,7 +161,7 @@ def _softmax_minus_onehot_(logits: torch.Tensor, idx: torch.Tensor, grad: bool) 
     """
     n, V = logits.shape
     if logits.device.type != "cpu" or not hasattr(torch.ops.aten._softmax, "out"):
-        probs = torch.softmax(logits, dim=1, dtype=torch.float32)          # [n, V]
+        probs = torch.softmax(logits, dim=1, dtype=torch.float32)  # [n, V]
         p = probs.gather(1, idx).squeeze(1)
         if grad:
             probs.scatter_add_(1, idx, torch.full_like(p, -1.0).unsqueeze(1))
@@ -162,13 +173,13 @@ def _softmax_minus_onehot_(logits: torch.Tensor, idx: torch.Tensor, grad: bool) 
     p = torch.empty(n, dtype=torch.float32, device=logits.device)
     minus_one = torch.full((rows, 1), -1.0, device=logits.device)
     for r in range(0, n, rows):
-        blk = logits[r:r + rows]                                            # [b, V]
-        work = blk if in_place else buf[:blk.shape[0]].copy_(blk)
+        blk = logits[r : r + rows]  # [b, V]
+        work = blk if in_place else buf[: blk.shape[0]].copy_(blk)
         softmax_(work, 1)
-        i = idx[r:r + rows]
-        p[r:r + rows] = work.gather(1, i).squeeze(1)
+        i = idx[r : r + rows]
+        p[r : r + rows] = work.gather(1, i).squeeze(1)
         if grad:
-            work.scatter_add_(1, i, minus_one[:blk.shape[0]])
+            work.scatter_add_(1, i, minus_one[: blk.shape[0]])
             if not in_place:
                 blk.copy_(work)
     return p
@@ -181,8 +192,13 @@ def _softmax_minus_onehot_(logits: torch.Tensor, idx: torch.Tensor, grad: bool) 
 CHUNK_ELEMENTS = 1 << 24
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                          weights: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+def chunked_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    chunk: int = 4096,
+) -> torch.Tensor:
     """sum_i weights_i * CE(hidden_i @ weight^T, targets_i); hidden `[N, C]`, weight `[V, C]`.
 
     `weights` are constants (for a mean: 1 / count on real targets, 0 on ignored ones). A chunk
@@ -192,8 +208,9 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: t
     dtype = _compute_dtype(hidden)
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(hidden.device.type, enabled=False):
-        return _ChunkedLinearCrossEntropy.apply(hidden, weight, targets, weights.float(),
-                                                chunk, dtype, want_grad)
+        return _ChunkedLinearCrossEntropy.apply(
+            hidden, weight, targets, weights.float(), chunk, dtype, want_grad
+        )
 
 
 def _weight(head: Any) -> torch.Tensor:
@@ -209,50 +226,58 @@ def _real_targets(hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor):
     which in fine-tuning batches can be most of the positions.
     """
     B, T, _ = hidden.shape
-    real = mask[:, 1:] > 0                                                # [B, T-1]
+    real = mask[:, 1:] > 0  # [B, T-1]
     seq = torch.arange(B, device=hidden.device).unsqueeze(1).expand(B, T - 1)[real]
     return hidden[:, :-1][real], ids[:, 1:][real], seq
 
 
-def lm_loss(head: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor | None = None,
-            chunk: int = 4096) -> torch.Tensor:
+def lm_loss(
+    head: Any,
+    hidden: torch.Tensor,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    chunk: int = 4096,
+) -> torch.Tensor:
     """Mean next-token cross-entropy: hidden `[B, T, C]` at t predicts ids[:, t + 1].
 
     `mask` `[B, T]` (1 = real token) drops padded targets; the mean is over real targets.
     """
     B, T, C = hidden.shape
     if mask is None:
-        h, y = hidden[:, :-1].reshape(B * (T - 1), C), ids[:, 1:].reshape(-1)   # [N, C], [N]
+        h, y = hidden[:, :-1].reshape(B * (T - 1), C), ids[:, 1:].reshape(-1)  # [N, C], [N]
     else:
         h, y, _ = _real_targets(hidden, ids, mask)
     w = torch.full(y.shape, 1.0 / max(y.numel(), 1), dtype=torch.float32, device=y.device)
     return chunked_cross_entropy(h, _weight(head), y, w, chunk)
 
 
-def lm_loss_window(head: Any, hidden: torch.Tensor, targets: torch.Tensor,
-                   chunk: int = 4096) -> torch.Tensor:
+def lm_loss_window(
+    head: Any, hidden: torch.Tensor, targets: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """Mean cross-entropy of hidden `[B, T, C]` against explicit next tokens `targets` `[B, T]`."""
     B, T, C = hidden.shape
-    y = targets.reshape(-1)                                     # [B*T]
+    y = targets.reshape(-1)  # [B*T]
     w = torch.full(y.shape, 1.0 / y.numel(), dtype=torch.float32, device=y.device)
     return chunked_cross_entropy(hidden.reshape(B * T, C), _weight(head), y, w, chunk)
 
 
-def lm_loss_per_sequence(head: Any, hidden: torch.Tensor, ids: torch.Tensor,
-                         mask: torch.Tensor) -> torch.Tensor:
+def lm_loss_per_sequence(
+    head: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Per-sequence mean LM loss `[B]` over real targets (reference a.7): sum_t CE_t M_{t+1} / sum M_{t+1}.
 
     The plain formula (full fp32 logits at every position), for per-sequence values and as the
     reference `lm_loss_sequence_mean` is tested against; fine-tuning trains with the latter.
     """
-    logits = F.linear(hidden[:, :-1], _weight(head))             # [B, T-1, V]
+    logits = F.linear(hidden[:, :-1], _weight(head))  # [B, T-1, V]
     ce = F.cross_entropy(logits.float().transpose(1, 2), ids[:, 1:], reduction="none")  # [B, T-1]
     m = mask[:, 1:].to(ce.dtype)
     return (ce * m).sum(1) / m.sum(1).clamp_min(1.0)
 
 
-def lm_loss_sequence_mean(head: Any, hidden: torch.Tensor, ids: torch.Tensor,
-                          mask: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
+def lm_loss_sequence_mean(
+    head: Any, hidden: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor, chunk: int = 4096
+) -> torch.Tensor:
     """`lm_loss_per_sequence(...).mean()` through the chunked loss, on real targets only.
 
     The mean over S sequences of each one's mean CE is a weighted sum over real targets (weight
@@ -260,8 +285,8 @@ def lm_loss_sequence_mean(head: Any, hidden: torch.Tensor, ids: torch.Tensor,
     are kept and the output layer never sees padding. Scalar; 0 for a batch without real targets.
     """
     h, y, seq = _real_targets(hidden, ids, mask)
-    per_seq = torch.bincount(seq, minlength=hidden.shape[0]).clamp_min(1).float()   # [S] n_s
-    weights = 1.0 / (per_seq[seq] * hidden.shape[0])                                  # [N]
+    per_seq = torch.bincount(seq, minlength=hidden.shape[0]).clamp_min(1).float()  # [S] n_s
+    weights = 1.0 / (per_seq[seq] * hidden.shape[0])  # [N]
     return chunked_cross_entropy(h, _weight(head), y, weights, chunk)
 
 
@@ -279,7 +304,7 @@ class WindowLMLoss:
 
 
 # ------------------------------------------------------------------------------ fine-tuning
-def aux_lm_loss(lm: "SequenceLM", chunk: int = 4096) -> torch.Tensor:
+def aux_lm_loss(lm: SequenceLM, chunk: int = 4096) -> torch.Tensor:
     """The auxiliary LM loss of a fine-tuning batch (`FinetuneModel`'s `SequenceLM`): the mean over
     its sequences of each one's mean next-token loss (reference a.7), padding excluded."""
     return lm_loss_sequence_mean(lm.head_weight, lm.hidden, lm.ids, lm.mask, chunk)
@@ -292,9 +317,13 @@ def task_loss(output: torch.Tensor, labels: torch.Tensor, regression: bool) -> t
     return F.cross_entropy(output.float(), labels.long())
 
 
-def finetune_loss(output: torch.Tensor, lm: "SequenceLM | torch.Tensor | None",
-                  labels: torch.Tensor, regression: bool,
-                  lm_coef: float) -> tuple[torch.Tensor, dict[str, float]]:
+def finetune_loss(
+    output: torch.Tensor,
+    lm: SequenceLM | torch.Tensor | None,
+    labels: torch.Tensor,
+    regression: bool,
+    lm_coef: float,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """task loss + lm_coef * mean per-sequence LM loss (reference a.7); lm_coef 0 drops the LM term.
 
     `lm` is `FinetuneModel`'s `SequenceLM` (the loss is computed here, `aux_lm_loss`), or LM

@@ -13,10 +13,11 @@ Step convention: OAI evaluates the schedule at the counter *before* it is increm
 first update has lr 0 (warm-up starts at 0). `TrainConfig.oai_first_step=True` (default) keeps
 that; False evaluates at step + 1, as PyTorch ports do.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -69,8 +70,10 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not p.requires_grad:
             continue
         (decay if p.dim() > 1 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 class OAIAdam(torch.optim.Optimizer):
@@ -81,8 +84,15 @@ class OAIAdam(torch.optim.Optimizer):
     that it computes OAI's update: one pass over each tensor instead of about eight.
     """
 
-    def __init__(self, params: Iterable, lr: float = 2.5e-4, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, fused: bool | None = None):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 2.5e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        fused: bool | None = None,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.fused = fused
 
@@ -107,23 +117,31 @@ class OAIAdam(torch.optim.Optimizer):
             torch._foreach_add_(steps, 1.0)
             t = float(steps[0])
             use_fused = self.fused if self.fused is not None else _fused_ok(params, grads)
-            (_fused_update if use_fused else _foreach_update)(params, grads, ms, vs, steps, t, group)
+            (_fused_update if use_fused else _foreach_update)(
+                params, grads, ms, vs, steps, t, group
+            )
         return loss
 
 
 def _fused_ok(params: list[torch.Tensor], grads: list[torch.Tensor]) -> bool:
     """Torch's fused Adam kernels: CPU and CUDA, one device, floating dtypes, dense grads."""
     device = params[0].device
-    return (device.type in ("cpu", "cuda") and hasattr(torch, "_fused_adamw_")
-            and all(p.device == device and p.is_floating_point() and not g.is_sparse
-                    and g.dtype == p.dtype for p, g in zip(params, grads)))
+    return (
+        device.type in ("cpu", "cuda")
+        and hasattr(torch, "_fused_adamw_")
+        and all(
+            p.device == device and p.is_floating_point() and not g.is_sparse and g.dtype == p.dtype
+            for p, g in zip(params, grads)
+        )
+    )
 
 
-def _foreach_update(params: list, grads: list, ms: list, vs: list, steps: list, t: float,
-                    group: dict) -> None:
+def _foreach_update(
+    params: list, grads: list, ms: list, vs: list, steps: list, t: float, group: dict
+) -> None:
     """The OAI update written out with foreach ops (the reference the fused path must match)."""
     b1, b2 = group["betas"]
-    lrt = group["lr"] * math.sqrt(1.0 - b2 ** t) / (1.0 - b1 ** t)
+    lrt = group["lr"] * math.sqrt(1.0 - b2**t) / (1.0 - b1**t)
     # m = b1 m + (1 - b1) g ;  v = b2 v + (1 - b2) g^2
     torch._foreach_lerp_(ms, grads, 1.0 - b1)
     torch._foreach_mul_(vs, b2)
@@ -137,8 +155,9 @@ def _foreach_update(params: list, grads: list, ms: list, vs: list, steps: list, 
     torch._foreach_add_(params, update, alpha=-lrt)
 
 
-def _fused_update(params: list, grads: list, ms: list, vs: list, steps: list, t: float,
-                  group: dict) -> None:
+def _fused_update(
+    params: list, grads: list, ms: list, vs: list, steps: list, t: float, group: dict
+) -> None:
     """OAI's update through torch's fused AdamW kernel (`steps` already incremented).
 
     The kernel computes p <- p (1 - lr wd) - (lr / c1) m / (sqrt(v) / sqrt(c2) + eps') with
@@ -146,12 +165,24 @@ def _fused_update(params: list, grads: list, ms: list, vs: list, steps: list, t:
     p - lrt (m / (sqrt(v) + eps) + l2 p), lrt = lr sqrt(c2) / c1: OAI's update, same moments.
     """
     b1, b2 = group["betas"]
-    root_c2 = math.sqrt(1.0 - b2 ** t)
-    torch._fused_adamw_(params, grads, ms, vs, [], steps, amsgrad=False, lr=float(group["lr"]),
-                        beta1=b1, beta2=b2,
-                        weight_decay=group["weight_decay"] * root_c2 / (1.0 - b1 ** t),
-                        eps=group["eps"] / root_c2, maximize=False, grad_scale=None,
-                        found_inf=None)
+    root_c2 = math.sqrt(1.0 - b2**t)
+    torch._fused_adamw_(
+        params,
+        grads,
+        ms,
+        vs,
+        [],
+        steps,
+        amsgrad=False,
+        lr=float(group["lr"]),
+        beta1=b1,
+        beta2=b2,
+        weight_decay=group["weight_decay"] * root_c2 / (1.0 - b1**t),
+        eps=group["eps"] / root_c2,
+        maximize=False,
+        grad_scale=None,
+        found_inf=None,
+    )
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:

@@ -7,9 +7,11 @@ outputs are unchanged: only the block's `forward` is routed through
 `torch.utils.checkpoint.checkpoint` (non-reentrant, RNG state restored, so dropout masks in the
 recomputation equal the first pass). Models without blocks (the LSTM baseline) are left as they are.
 """
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

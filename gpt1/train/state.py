@@ -3,6 +3,7 @@
 Written beside the weights of every `step-N` (and `final`) folder of a run. Knows no model,
 task or text code: the training loop trains any module.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,9 +33,13 @@ def optimizer_to_flat(state_dict: dict[str, Any]) -> tuple[dict[str, torch.Tenso
                 tensors[f"optim/{i}/{name}"] = value.detach().to("cpu").contiguous()
             else:
                 scalars[name] = value
-        entries.append({"key": key, "tensors": [n for n, v in values.items()
-                                                 if isinstance(v, torch.Tensor)],
-                        "scalars": scalars})
+        entries.append(
+            {
+                "key": key,
+                "tensors": [n for n, v in values.items() if isinstance(v, torch.Tensor)],
+                "scalars": scalars,
+            }
+        )
     return tensors, {"state": entries, "param_groups": state_dict["param_groups"]}
 
 
@@ -49,7 +54,9 @@ def optimizer_from_flat(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) 
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
-def save_training_state(folder: Path, tensors: dict[str, torch.Tensor], info: dict[str, Any]) -> None:
+def save_training_state(
+    folder: Path, tensors: dict[str, torch.Tensor], info: dict[str, Any]
+) -> None:
     """Write trainer tensors (optimizer moments, RNG states as uint8) and JSON state into `folder`."""
     save_tensors({k: v.contiguous() for k, v in tensors.items()}, Path(folder) / TRAINER_TENSORS)
     (Path(folder) / TRAINER_JSON).write_text(json.dumps(info) + "\n")
@@ -60,13 +67,20 @@ def load_training_state(folder: str | Path) -> tuple[dict[str, torch.Tensor], di
     folder = Path(folder)
     file = folder / TRAINER_JSON
     if not file.is_file():
-        raise CheckpointError(f"{folder}: no {TRAINER_JSON}; this checkpoint cannot resume training "
-                              "(it holds weights only)")
+        raise CheckpointError(
+            f"{folder}: no {TRAINER_JSON}; this checkpoint cannot resume training "
+            "(it holds weights only)"
+        )
     info = read_trainer_json(folder)
-    if not (isinstance(info.get("optimizer"), dict) and isinstance(info.get("sources"), list)
-            and info["sources"]):
-        raise CheckpointError(f"{file}: damaged trainer state (expected \"optimizer\" and "
-                              "\"sources\" entries); resume from an older step-N folder")
+    if not (
+        isinstance(info.get("optimizer"), dict)
+        and isinstance(info.get("sources"), list)
+        and info["sources"]
+    ):
+        raise CheckpointError(
+            f'{file}: damaged trainer state (expected "optimizer" and '
+            '"sources" entries); resume from an older step-N folder'
+        )
     return load_state_dict(folder / TRAINER_TENSORS), info
 
 
@@ -76,11 +90,12 @@ def read_trainer_json(folder: str | Path) -> dict[str, Any]:
     try:
         info = read_json_file(file, CheckpointError, limit=64_000_000)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc}; resume from an older step-N folder or delete this "
-                              "one") from None
+        raise CheckpointError(
+            f"{exc}; resume from an older step-N folder or delete this one"
+        ) from None
     step = info.get("step") if isinstance(info, dict) else None
     if type(step) is not int or step < 0:
-        raise CheckpointError(f"{file}: damaged trainer state (\"step\" must be an integer >= 0)")
+        raise CheckpointError(f'{file}: damaged trainer state ("step" must be an integer >= 0)')
     return info
 
 
@@ -89,8 +104,14 @@ def step_dirs(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         return []
-    found = [p for p in run_dir.iterdir() if p.is_dir() and p.name.startswith("step-")
-             and p.name[5:].isdigit() and (p / TRAINER_JSON).is_file()]
+    found = [
+        p
+        for p in run_dir.iterdir()
+        if p.is_dir()
+        and p.name.startswith("step-")
+        and p.name[5:].isdigit()
+        and (p / TRAINER_JSON).is_file()
+    ]
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 

@@ -5,6 +5,7 @@ JSON object per line: training lines carry `step`, `loss`, `lr`, `grad_norm`, ..
 lines carry `step`, `val_loss`, `val_ppl`. On resume, lines past the resumed step are dropped so
 the file reads like one uninterrupted run.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,9 +25,22 @@ log = logging.getLogger("gpt1.train")
 METRICS = "metrics.jsonl"
 
 # Dense bf16 peak FLOP/s of common accelerators (no sparsity).
-_GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "GH200": 989e12, "A100": 312e12,
-              "A800": 312e12, "L40S": 362e12, "L4": 121e12, "A10G": 125e12, "4090": 165e12,
-              "3090": 71e12, "V100": 125e12, "T4": 65e12, "B200": 2250e12}
+_GPU_PEAKS = {
+    "H100": 989e12,
+    "H200": 989e12,
+    "H800": 989e12,
+    "GH200": 989e12,
+    "A100": 312e12,
+    "A800": 312e12,
+    "L40S": 362e12,
+    "L4": 121e12,
+    "A10G": 125e12,
+    "4090": 165e12,
+    "3090": 71e12,
+    "V100": 125e12,
+    "T4": 65e12,
+    "B200": 2250e12,
+}
 
 
 def peak_flops(device: torch.device, precision: str, override: float = 0.0) -> float:
@@ -52,7 +66,7 @@ def cpu_matmul_peak(dtype: torch.dtype, n: int = 1024, seconds: float = 0.3) -> 
     while time.perf_counter() < end:
         t0 = time.perf_counter()
         a @ b
-        best = max(best, 2.0 * n ** 3 / (time.perf_counter() - t0))
+        best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
     return best
 
 
@@ -65,6 +79,7 @@ def memory_bytes(device: torch.device) -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
         import resource
+
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -116,9 +131,11 @@ def truncate_after(file: Path, step: int) -> None:
 def train_line(rec: dict[str, Any]) -> str:
     """The console line for one logging interval."""
     mem = rec.get("mem_gb")
-    return (f"step {rec['step']:>6d} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
-            f"grad {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
-            f"MFU {100 * rec.get('mfu', 0.0):.1f}% | mem {mem:.2f} GB")
+    return (
+        f"step {rec['step']:>6d} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
+        f"grad {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
+        f"MFU {100 * rec.get('mfu', 0.0):.1f}% | mem {mem:.2f} GB"
+    )
 
 
 def val_line(rec: dict[str, Any]) -> str:
@@ -128,6 +145,7 @@ def val_line(rec: dict[str, Any]) -> str:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     file = Path(run_dir) / METRICS
     from gpt1.errors import DataError
+
     if not file.is_file():
         raise DataError(f"no {METRICS} in this run folder", run_dir)
     records = []
@@ -144,6 +162,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
 def save_figure(fig: Any, path: Path) -> Path:
     """Write a matplotlib figure as PNG atomically (a failed write leaves no partial file)."""
     import io
+
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
     return write_bytes(path, buffer.getvalue())
@@ -154,6 +173,7 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
 
     With `overwrite=False`, existing plots are refused (`gpt1 plot` without --overwrite)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -162,6 +182,7 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
     train = [r for r in records if "loss" in r]
     if not overwrite:
         from gpt1.files import check_output
+
         for name in ("loss.png", "lr.png"):
             check_output(run_dir / name, overwrite)
     val = [r for r in records if "val_loss" in r]

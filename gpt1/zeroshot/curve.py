@@ -5,6 +5,7 @@
 `gpt1.model.checkpoint.run_checkpoints`) and writes Fig. 2 (right): a table and a PNG of the
 normalised score against pretraining updates.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,42 +42,71 @@ def _prepare_model(checkpoint: Path, device: str, precision: str) -> torch.nn.Mo
     return load_any_checkpoint(checkpoint, device=where).to(dtype).eval()
 
 
-def evaluate_checkpoint(checkpoint: str | Path, tasks: Sequence[str], data: str | Path,
-                        tokenizer_dir: str | Path | None = None, limit: int | None = None,
-                        calibrate: bool = False, device: str = "auto", precision: str = "auto",
-                        batch_tokens: int = 4096) -> dict[str, dict[str, Any]]:
+def evaluate_checkpoint(
+    checkpoint: str | Path,
+    tasks: Sequence[str],
+    data: str | Path,
+    tokenizer_dir: str | Path | None = None,
+    limit: int | None = None,
+    calibrate: bool = False,
+    device: str = "auto",
+    precision: str = "auto",
+    batch_tokens: int = 4096,
+) -> dict[str, dict[str, Any]]:
     """Results per task for one checkpoint; tasks without data under `data` are skipped (logged)."""
     folder = resolve_checkpoint_dir(checkpoint)
     tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer_dir_of(folder)
     if tok_dir is None:
-        raise CheckpointError(f"{folder}: no tokenizer files (vocab.json + merges.txt); "
-                              "pass --tokenizer DIR")
+        raise CheckpointError(
+            f"{folder}: no tokenizer files (vocab.json + merges.txt); pass --tokenizer DIR"
+        )
     folders = {t: task_folder(t, Path(data)) for t in tasks}
     missing = [t for t, f in folders.items() if f is None]
     if missing and len(tasks) == 1:
-        raise DataError(f"no {tasks[0]} data here (looked for it and in "
-                        f"{', '.join(TASKS[tasks[0]].folders)})", data)
+        raise DataError(
+            f"no {tasks[0]} data here (looked for it and in {', '.join(TASKS[tasks[0]].folders)})",
+            data,
+        )
     for t in missing:
         log.info("zeroshot: skipping %s (no data under %s)", t, data)
     tok = Tokenizer.from_dir(tok_dir)
-    scorer = Scorer(_prepare_model(folder, device, precision), batch_tokens=batch_tokens,
-                    max_context=trained_context(folder))
+    scorer = Scorer(
+        _prepare_model(folder, device, precision),
+        batch_tokens=batch_tokens,
+        max_context=trained_context(folder),
+    )
     if scorer.n_positions < scorer.model.config.n_positions:
-        log.info("zeroshot: context capped at %d tokens, the window %s was pretrained on",
-                 scorer.n_positions, folder.name)
+        log.info(
+            "zeroshot: context capped at %d tokens, the window %s was pretrained on",
+            scorer.n_positions,
+            folder.name,
+        )
     results = {}
     for task in tasks:
         if folders[task] is not None:
             results[task] = run_task(task, scorer, tok, folders[task], limit, calibrate)
             r = results[task]
-            log.info("zeroshot %s %s: %s %.4f (normalised %.3f, n=%d, %.1fs)", folder.name, task,
-                     r["metric"], r["value"], r["normalised"], r["n"], r["seconds"])
+            log.info(
+                "zeroshot %s %s: %s %.4f (normalised %.3f, n=%d, %.1fs)",
+                folder.name,
+                task,
+                r["metric"],
+                r["value"],
+                r["normalised"],
+                r["n"],
+                r["seconds"],
+            )
     return results
 
 
-
-def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, out_dir: str | Path,
-                 overwrite: bool = False, **settings: Any) -> dict[str, Any]:
+def evaluate_run(
+    run_dir: str | Path,
+    tasks: Sequence[str],
+    data: str | Path,
+    out_dir: str | Path,
+    overwrite: bool = False,
+    **settings: Any,
+) -> dict[str, Any]:
     """Zero-shot over a pretraining run (Fig. 2 right): every checkpoint, every task with data.
 
     Resumable: results accumulate in OUT/curve.json after each checkpoint, and a rerun with the
@@ -85,8 +115,11 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
     """
     out_dir = Path(out_dir)
     cache_file = out_dir / "curve.json"
-    key = {"limit": settings.get("limit"), "calibrate": bool(settings.get("calibrate", False)),
-           "precision": _resolved_precision(settings)}
+    key = {
+        "limit": settings.get("limit"),
+        "calibrate": bool(settings.get("calibrate", False)),
+        "precision": _resolved_precision(settings),
+    }
     curve: dict[str, Any] = {"settings": key, "data": str(data), "checkpoints": {}}
     old = _read_curve(cache_file) if cache_file.is_file() else None
     if old is not None and old.get("settings") == key:
@@ -94,9 +127,11 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
     elif not overwrite:
         for name in ("curve.json", "curve.md", "curve.png"):
             if (out_dir / name).exists():
-                raise OutputExists(f"{out_dir / name}: exists from a curve with other settings "
-                                   f"({old.get('settings') if old else 'unknown'}, now {key}); "
-                                   "pass --overwrite to start afresh, or choose another --out")
+                raise OutputExists(
+                    f"{out_dir / name}: exists from a curve with other settings "
+                    f"({old.get('settings') if old else 'unknown'}, now {key}); "
+                    "pass --overwrite to start afresh, or choose another --out"
+                )
     for name, updates, folder in run_checkpoints(run_dir):
         done = curve["checkpoints"].get(name, {"updates": updates, "tasks": {}})
         todo = [t for t in tasks if t not in done["tasks"]]
@@ -104,7 +139,9 @@ def evaluate_run(run_dir: str | Path, tasks: Sequence[str], data: str | Path, ou
             done["tasks"].update(evaluate_checkpoint(folder, todo, data, **settings))
             done["updates"] = updates
             curve["checkpoints"][name] = done
-            write_json(cache_file, curve, indent=1)  # a killed sweep keeps every finished checkpoint
+            write_json(
+                cache_file, curve, indent=1
+            )  # a killed sweep keeps every finished checkpoint
     shown = [t for t in tasks if any(t in e["tasks"] for e in curve["checkpoints"].values())]
     write_text(out_dir / "curve.md", curve_table(curve, shown))
     plot_curve(curve, shown, out_dir / "curve.png")
@@ -121,38 +158,52 @@ def _read_curve(file: Path) -> dict[str, Any] | None:
 
 def _resolved_precision(settings: dict[str, Any]) -> str:
     """The precision a sweep runs in, as a concrete name (its results depend on it)."""
-    return resolve_precision(settings.get("precision", "auto"),
-                             resolve_device(settings.get("device", "auto")))
+    return resolve_precision(
+        settings.get("precision", "auto"), resolve_device(settings.get("device", "auto"))
+    )
 
 
 def curve_table(curve: dict[str, Any], tasks: Sequence[str]) -> str:
     """Markdown: one row per checkpoint, normalised score (raw metric) per task."""
-    lines = ["| checkpoint | updates | " + " | ".join(tasks) + " |",
-             "|---|---|" + "---|" * len(tasks)]
+    lines = [
+        "| checkpoint | updates | " + " | ".join(tasks) + " |",
+        "|---|---|" + "---|" * len(tasks),
+    ]
     for name, entry in curve["checkpoints"].items():
         cells = []
         for t in tasks:
             r = entry["tasks"].get(t)
-            cells.append("–" if r is None else f"{r['normalised']:.3f} ({r['metric']} {r['value']:.3f})")
+            cells.append(
+                "–" if r is None else f"{r['normalised']:.3f} ({r['metric']} {r['value']:.3f})"
+            )
         updates = "?" if entry["updates"] is None else str(entry["updates"])
         lines.append(f"| {name} | {updates} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Normalised: 0 = chance, 1 = reference state of the art ("
-                 + "; ".join(f"{t}: {REFERENCES[t].sota} {REFERENCES[t].metric}, "
-                             f"{REFERENCES[t].source}" for t in tasks) + ").")
+    lines.append(
+        "Normalised: 0 = chance, 1 = reference state of the art ("
+        + "; ".join(
+            f"{t}: {REFERENCES[t].sota} {REFERENCES[t].metric}, {REFERENCES[t].source}"
+            for t in tasks
+        )
+        + ")."
+    )
     return "\n".join(lines) + "\n"
 
 
 def plot_curve(curve: dict[str, Any], tasks: Sequence[str], png: Path) -> None:
     """Normalised score against pretraining updates (log x axis), one line per task."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6, 4))
     for t in tasks:
-        pts = sorted((e["updates"], e["tasks"][t]["normalised"])
-                     for e in curve["checkpoints"].values()
-                     if t in e["tasks"] and e["updates"] is not None and e["updates"] > 0)
+        pts = sorted(
+            (e["updates"], e["tasks"][t]["normalised"])
+            for e in curve["checkpoints"].values()
+            if t in e["tasks"] and e["updates"] is not None and e["updates"] > 0
+        )
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=t)
     ax.axhline(0.0, color="grey", lw=0.8, ls=":")

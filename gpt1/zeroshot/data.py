@@ -8,6 +8,7 @@ and RACE come from `gpt1.tasks`, the fine-tuning readers.
 Every reader raises `DataError(message, path, line, field)` on malformed input; nothing is skipped
 silently.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ class DprExample:
     sentence: str
     pronoun: str
     candidates: tuple[str, str]
-    answer: int          # index into `candidates`
+    answer: int  # index into `candidates`
 
 
 def _read_text(path: Path) -> str:
@@ -54,25 +55,32 @@ def read_dpr(path: str | Path) -> list[DprExample]:
 def _dpr_block(block: list[tuple[int, str]], path: Path) -> DprExample:
     first = block[0][0]
     if len(block) != 4:
-        raise DataError(f"expected a block of 4 lines (sentence, pronoun, candidates, answer), "
-                        f"got {len(block)}", path, first)
+        raise DataError(
+            f"expected a block of 4 lines (sentence, pronoun, candidates, answer), "
+            f"got {len(block)}",
+            path,
+            first,
+        )
     (_, sentence), (pl, pronoun), (cl, cands), (al, answer) = block
     parts = [c.strip() for c in cands.split(",")]
     if len(parts) != 2 or not all(parts):
-        raise DataError(f"expected two candidates separated by a comma, got {cands!r}", path, cl,
-                        "candidates")
+        raise DataError(
+            f"expected two candidates separated by a comma, got {cands!r}", path, cl, "candidates"
+        )
     if answer not in parts:
         # Some DPR lines differ only in case or surrounding articles; match case-insensitively.
         lowered = [p.lower() for p in parts]
         if answer.lower() not in lowered:
-            raise DataError(f"answer {answer!r} is not one of the candidates {parts}", path, al,
-                            "answer")
+            raise DataError(
+                f"answer {answer!r} is not one of the candidates {parts}", path, al, "answer"
+            )
         index = lowered.index(answer.lower())
     else:
         index = parts.index(answer)
     if find_word(sentence, pronoun) < 0:
-        raise DataError(f"pronoun {pronoun!r} does not occur as a word in the sentence", path, pl,
-                        "pronoun")
+        raise DataError(
+            f"pronoun {pronoun!r} does not occur as a word in the sentence", path, pl, "pronoun"
+        )
     return DprExample(sentence, pronoun, (parts[0], parts[1]), index)
 
 

@@ -9,6 +9,7 @@ Rows are length-sorted and packed under a token budget, so padding stays small.
 The heuristics that turn scores into task results live in `gpt1.zeroshot.heuristics`; the
 evaluation of checkpoints and the curve over a run in `gpt1.zeroshot.curve`.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,6 +28,7 @@ from gpt1.train.objectives import aligned_logits, logits_width
 class Score:
     """Per-token log-probabilities of one continuation and, when asked for, whether every token
     was the argmax of its next-token distribution (None when not asked for)."""
+
     logprobs: list[float]
     greedy: bool | None
 
@@ -42,14 +44,20 @@ class Score:
 class Scorer:
     """Batched log-probability scoring of continuations with a `GPT` or `LSTMLM` (module doc)."""
 
-    def __init__(self, model: torch.nn.Module, batch_tokens: int = 4096, max_rows: int = 64,
-                 logits_chunk: int = 1024, max_context: int | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        batch_tokens: int = 4096,
+        max_rows: int = 64,
+        logits_chunk: int = 1024,
+        max_context: int | None = None,
+    ):
         self.model = model.eval()
         # Rows never exceed the positions the model has (or, if smaller, was trained on).
         self.n_positions = min(model.config.n_positions, max_context or model.config.n_positions)
         self.batch_tokens, self.max_rows, self.logits_chunk = batch_tokens, max_rows, logits_chunk
-        self.truncated = 0   # requests cut to fit n_positions (see `_plan`)
-        self._logits_buffers: dict[torch.dtype, torch.Tensor] = {}   # reused [logits_chunk, V]
+        self.truncated = 0  # requests cut to fit n_positions (see `_plan`)
+        self._logits_buffers: dict[torch.dtype, torch.Tensor] = {}  # reused [logits_chunk, V]
 
     def _plan(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]]):
         """Rows to run (prefix-shared) and, per request, (row index, first position, targets)."""
@@ -66,11 +74,11 @@ class Scorer:
             # A continuation longer than the context window keeps its first n_positions
             # tokens after one context token (the row is that token + all but the last
             # continuation token); a long context loses tokens on the left.
-            cont = cont[:self.n_positions]
-            room = self.n_positions - len(cont) + 1   # the row is ctx + cont[:-1]
+            cont = cont[: self.n_positions]
+            room = self.n_positions - len(cont) + 1  # the row is ctx + cont[:-1]
             ctx = ctx[-room:]
             if len(ctx) + len(cont) < n_tokens:
-                self.truncated += 1   # reported with the results
+                self.truncated += 1  # reported with the results
             key = tuple(ctx + cont[:-1])
             rows.setdefault(key, len(rows))
             plans.append((key, len(ctx) - 1, cont))
@@ -81,12 +89,13 @@ class Scorer:
         for i in range(len(ordered) - 1, -1, -1):
             row = ordered[i]
             nxt = ordered[i + 1] if i + 1 < len(ordered) else None
-            canon[row] = canon[nxt] if nxt is not None and nxt[:len(row)] == row else row
+            canon[row] = canon[nxt] if nxt is not None and nxt[: len(row)] == row else row
         return plans, canon
 
     @torch.inference_mode()
-    def score(self, requests: Sequence[tuple[Sequence[int], Sequence[int]]],
-              greedy: bool = False) -> list[Score]:
+    def score(
+        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], greedy: bool = False
+    ) -> list[Score]:
         """One `Score` per request; an empty continuation gets an empty `Score`.
 
         `greedy` also checks each scored token against the argmax (one more pass over the logits).
@@ -103,9 +112,11 @@ class Scorer:
         results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
             self._run(batch, wanted, results, greedy)
-        if any(lp != lp for lp, _ in results.values()):   # NaN: argmax would pick silently
-            raise Gpt1Error("the model produced NaN log-probabilities (overflow in this dtype, "
-                            "or damaged weights); scores would be meaningless")
+        if any(lp != lp for lp, _ in results.values()):  # NaN: argmax would pick silently
+            raise Gpt1Error(
+                "the model produced NaN log-probabilities (overflow in this dtype, "
+                "or damaged weights); scores would be meaningless"
+            )
         out: list[Score] = []
         for plan in plans:
             if plan is None:
@@ -113,8 +124,7 @@ class Scorer:
                 continue
             key, start, cont = plan
             pairs = [results[(canon[key], start + i, t)] for i, t in enumerate(cont)]
-            out.append(Score([lp for lp, _ in pairs],
-                             all(g for _, g in pairs) if greedy else None))
+            out.append(Score([lp for lp, _ in pairs], all(g for _, g in pairs) if greedy else None))
         return out
 
     def _log_probs(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -132,29 +142,34 @@ class Scorer:
         if hidden.device.type != "cpu":
             return torch.log_softmax(F.linear(hidden, weight).float(), dim=-1)
         n, V = hidden.shape[0], weight.shape[0]
-        out = self._buffer(torch.float32, n, logits_width(V, torch.float32))   # [n, width]
+        out = self._buffer(torch.float32, n, logits_width(V, torch.float32))  # [n, width]
         if hidden.dtype == weight.dtype == torch.float32:
             aligned_logits(hidden, weight, out=out)
-        else:   # 16-bit logits (their rows stay V long), upcast once into the fp32 rows
-            low = (aligned_logits(hidden, weight, out=self._buffer(hidden.dtype, n, V))
-                   if hidden.dtype == weight.dtype else F.linear(hidden, weight))   # [n, V]
+        else:  # 16-bit logits (their rows stay V long), upcast once into the fp32 rows
+            low = (
+                aligned_logits(hidden, weight, out=self._buffer(hidden.dtype, n, V))
+                if hidden.dtype == weight.dtype
+                else F.linear(hidden, weight)
+            )  # [n, V]
             out[:, :V].copy_(low)
-            out[:, V:] = -math.inf                    # exp(-inf) = 0: the softmax ignores them
+            out[:, V:] = -math.inf  # exp(-inf) = 0: the softmax ignores them
         return log_softmax_(out, 1)
 
     def _buffer(self, dtype: torch.dtype, n: int, width: int) -> torch.Tensor:
         """The first `n` rows of this scorer's reused `[>= n, width]` buffer of `dtype`."""
         buf = self._logits_buffers.get(dtype)
         if buf is None or buf.shape[1] != width or buf.shape[0] < n:
-            buf = self._logits_buffers[dtype] = torch.empty(max(n, self.logits_chunk), width,
-                                                            dtype=dtype)
+            buf = self._logits_buffers[dtype] = torch.empty(
+                max(n, self.logits_chunk), width, dtype=dtype
+            )
         return buf[:n]
 
     def _batches(self, rows: list[tuple[int, ...]]):
         batch: list[tuple[int, ...]] = []
-        for row in rows:   # longest first, so the first row of a batch sets its width
-            if batch and ((len(batch) + 1) * len(batch[0]) > self.batch_tokens
-                          or len(batch) >= self.max_rows):
+        for row in rows:  # longest first, so the first row of a batch sets its width
+            if batch and (
+                (len(batch) + 1) * len(batch[0]) > self.batch_tokens or len(batch) >= self.max_rows
+            ):
                 yield batch
                 batch = []
             batch.append(row)
@@ -164,29 +179,28 @@ class Scorer:
     def _run(self, batch, wanted, results, greedy: bool) -> None:
         device = self.model.wte.weight.device
         B, T = len(batch), len(batch[0])
-        ids = torch.zeros(B, T, dtype=torch.long)   # right padding never reaches earlier positions
+        ids = torch.zeros(B, T, dtype=torch.long)  # right padding never reaches earlier positions
         for b, row in enumerate(batch):
-            ids[b, :len(row)] = torch.tensor(row)
+            ids[b, : len(row)] = torch.tensor(row)
         # Rows are right-padded: the model skips the padding in its position-wise layers.
         lengths = torch.tensor([len(row) for row in batch], device=device)
-        hidden = self.model(ids.to(device), lengths=lengths)       # [B, T, C]
+        hidden = self.model(ids.to(device), lengths=lengths)  # [B, T, C]
         positions = [(b, pos) for b, row in enumerate(batch) for pos in sorted(wanted[batch[b]])]
         flat = torch.tensor([b * T + pos for b, pos in positions], device=device)
-        picked = hidden.reshape(B * T, -1).index_select(0, flat)   # [N, C]
+        picked = hidden.reshape(B * T, -1).index_select(0, flat)  # [N, C]
         weight = self.model.lm_weight()
         for lo in range(0, len(positions), self.logits_chunk):
-            chunk = positions[lo:lo + self.logits_chunk]
-            logp_all = self._log_probs(picked[lo:lo + len(chunk)], weight)   # [n, V] fp32
+            chunk = positions[lo : lo + self.logits_chunk]
+            logp_all = self._log_probs(picked[lo : lo + len(chunk)], weight)  # [n, V] fp32
             triples = [(i, t) for i, (b, pos) in enumerate(chunk) for t in wanted[batch[b]][pos]]
             rows = torch.tensor([i for i, _ in triples], device=device)
             targets = torch.tensor([t for _, t in triples], device=device)
             # Only the scored entries leave the chunk.
             logp = logp_all[rows, targets].tolist()
-            if greedy:   # the argmax of the log-probabilities is the argmax of the logits
+            if greedy:  # the argmax of the log-probabilities is the argmax of the logits
                 hit = (logp_all.argmax(dim=-1)[rows] == targets).tolist()
             else:
                 hit = [None] * len(triples)
             for (i, t), lp, g in zip(triples, logp, hit):
                 b, pos = chunk[i]
                 results[(batch[b], pos, t)] = (lp, g)
-
