@@ -518,7 +518,8 @@ def _dpr_text() -> bytes:
 
 
 def readers(shared: Path, work: Path) -> list[Reader]:
-    """Every dataset reader with a real file from ../shared/data (synthetic where none exists)."""
+    """Every dataset reader with a real file from the data folder `shared` (synthetic where none
+    exists)."""
     from gpt1.text.shards import read_shard
     from gpt1.text.tokenizer import Tokenizer
     from gpt1.text.windows import open_prepared
