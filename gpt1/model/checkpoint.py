@@ -7,6 +7,8 @@ this is where callers that load a GPT look for them.
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,41 @@ def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT
     check_state_dict(model, state, weights)
     model.load_state_dict(state, assign=True)
     return model.to(device)
+
+
+def run_checkpoints(run_dir: str | Path) -> list[tuple[str, int | None, Path]]:
+    """(name, pretraining updates, folder) for every step-N and final checkpoint of a run, in
+    update order; a `final` that repeats the last step-N is left out (same weights)."""
+    run_dir = Path(run_dir)
+    found = []
+    for p in sorted(run_dir.iterdir()) if run_dir.is_dir() else []:
+        if not (p / "config.json").is_file() or p.name.startswith("."):
+            continue
+        m = re.fullmatch(r"step-(\d+)", p.name)
+        if m:
+            found.append((p.name, int(m.group(1)), p))
+        elif p.name == "final":
+            found.append((p.name, updates_of(p), p))
+    if not found:
+        raise CheckpointError(f"{run_dir}: no step-N or final checkpoints in this run folder")
+    # `final` usually repeats the last step-N (same update count): score those weights once.
+    steps = {c[1] for c in found if c[0] != "final"}
+    found = [c for c in found if not (c[0] == "final" and c[1] is not None and c[1] in steps)]
+    return sorted(found, key=lambda c: (c[1] is None, c[1] or 0, c[0]))
+
+
+def updates_of(folder: Path) -> int | None:
+    """The update count a checkpoint records (trainer_state.json, else config.json), if any."""
+    for name in ("trainer_state.json", "config.json"):
+        try:
+            data = json.loads((folder / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        for table in (data, data.get("trainer") or {}):
+            for key in ("step", "updates", "global_step"):
+                # type(): a JSON true is not an update count
+                if isinstance(table, dict) and type(table.get(key)) is int and table[key] >= 0:
+                    return table[key]
+    return None
