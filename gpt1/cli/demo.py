@@ -23,7 +23,7 @@ HELP = "the whole pipeline on an embedded synthetic task in a few minutes (no da
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed for the world and every run")
-    p.add_argument("--pretrain-steps", type=int, default=600, help="pretraining updates")
+    p.add_argument("--pretrain-steps", type=int, default=800, help="pretraining updates")
     p.add_argument(
         "--corpus",
         nargs="+",

@@ -38,7 +38,7 @@ class DemoSettings:
     n_embd: int = 128
     n_head: int = 4
     n_ctx: int = 64
-    pretrain_steps: int = 600
+    pretrain_steps: int = 800
     pretrain_batch: int = 16
     pretrain_lr: float = 1e-3
     finetune_epochs: float = 5.0
