@@ -145,36 +145,7 @@ def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, ca
     task, vocab = faults.make_task(tmp_path / "task"), faults.char_vocab(tmp_path / "vocab")
     (task / "test.tsv").write_text((task / "dev.tsv").read_text())
     run = tmp_path / "ft"
-    code, err = cli(
-        capsys,
-        "finetune",
-        "--task",
-        "tsv",
-        "--columns",
-        "text=text,label=label",
-        "--labels",
-        "neg,pos",
-        "--data",
-        str(task),
-        "--init",
-        "none",
-        "--preset",
-        "tiny",
-        "--vocab",
-        str(vocab),
-        "--out",
-        str(run),
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "4",
-        "--micro-batch",
-        "2",
-        "--n-ctx",
-        "32",
-        "--set",
-        "train.peak_flops=1",
-    )
+    code, err = cli(capsys, *faults.tiny_finetune(task, vocab, run, 2))
     assert code == 0, err
     finetuned = (run / "results.json").read_text()
     assert cli(capsys, "predict", str(run), "--data", str(task))[0] == 0

@@ -33,7 +33,7 @@ from pathlib import Path
 from unittest import mock
 
 from gpt1.files import LOCK_FILE
-from gpt1.testing.faults import char_vocab, env, make_corpus, make_task, verify_run
+from gpt1.testing.faults import char_vocab, env, make_corpus, make_task, tiny_finetune, verify_run
 
 
 @dataclass
@@ -210,35 +210,7 @@ def results_written_twice(work: Path) -> CaseResult:
     task, vocab = make_task(work / "task"), char_vocab(work / "vocab")
     (task / "test.tsv").write_text((task / "dev.tsv").read_text())
     run = work / "ft"
-    ft = [
-        "finetune",
-        "--task",
-        "tsv",
-        "--columns",
-        "text=text,label=label",
-        "--labels",
-        "neg,pos",
-        "--data",
-        str(task),
-        "--init",
-        "none",
-        "--preset",
-        "tiny",
-        "--vocab",
-        str(vocab),
-        "--out",
-        str(run),
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "4",
-        "--micro-batch",
-        "2",
-        "--n-ctx",
-        "32",
-        "--set",
-        "train.peak_flops=1",
-    ]
+    ft = tiny_finetune(task, vocab, run, 2)
     code, err = run_cli(ft)
     problems = [f"finetune failed: {err[:300]}"] if code else []
     writes = {

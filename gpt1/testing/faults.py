@@ -132,12 +132,9 @@ def pretrain_cmd(data: Path, out: Path, steps: int) -> list[str]:
     ]
 
 
-def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
+def tiny_finetune(task: Path, vocab: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    """`gpt1 finetune` arguments for a tiny model on `make_task`'s TSV task (no interpreter)."""
     return [
-        sys.executable,
-        "-m",
-        "gpt1",
-        "--quiet",
         "finetune",
         "--task",
         "tsv",
@@ -157,20 +154,26 @@ def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
         str(out),
         "--max-steps",
         str(steps),
-        "--epochs",
-        "100",  # --max-steps only caps the epoch-derived length
         "--batch-size",
         "4",
         "--micro-batch",
         "2",
         "--n-ctx",
         "32",
-        "--save-every",
-        "1",
-        "--eval-every",
-        "4",
         "--set",
         "train.peak_flops=1",
+        *extra,
+    ]
+
+
+def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
+    """The kill loop's fine-tuning subprocess: a checkpoint every step, every step logged."""
+    return [
+        sys.executable,
+        "-m",
+        "gpt1",
+        "--quiet",
+        *tiny_finetune(task, vocab, out, steps, "--save-every", "1", "--eval-every", "4"),
         "--set",
         "train.keep_last=2",
         "--set",
