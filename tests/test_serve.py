@@ -299,6 +299,40 @@ def test_generate_equals_gpt1_sample(world):
     assert "".join(e["text"] for e in tokens) == done["text"] == greedy.text
 
 
+def test_concurrent_generations_are_decoded_together_and_equal_gpt1_sample(world):
+    """Eight clients at once: each gets `gpt1 sample`'s greedy tokens for its prompt, and the
+    decoder ran several of them in one step (the generate batch-size histogram)."""
+    from gpt1.recipes.sample import sample
+
+    lm = world["lm"]
+    prompts = [f"the {w} man" for w in ("old", "young", "tall", "quiet", "angry", "kind", "odd")]
+    prompts.append("a")
+    want = {p: sample(lm, prompt=p, max_new_tokens=40, temperature=0)[0] for p in prompts}
+    got: dict[str, Any] = {}
+    with serving(lm) as url:
+
+        def ask(p: str) -> None:
+            body = {"prompt": p, "max_new_tokens": 40, "temperature": 0}
+            got[p] = post(f"{url}/v1/generate", body).json()
+
+        threads = [threading.Thread(target=ask, args=(p,)) for p in prompts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(TIMEOUT)
+        metrics = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    for p in prompts:
+        assert got[p]["ids"] == want[p].ids[want[p].prompt_len :], p
+    lines = dict(
+        line.rsplit(" ", 1)
+        for line in metrics.splitlines()
+        if line.startswith("gpt1_batch_items_") and 'kind="generate"' in line
+    )
+    steps = float(lines['gpt1_batch_items_count{kind="generate"}'])
+    alone = float(lines['gpt1_batch_items_bucket{kind="generate",le="1.0"}'])
+    assert steps >= 40 and alone < steps  # some steps decoded two or more generations
+
+
 def test_lstm_checkpoint_generates_and_scores(world):
     from gpt1.recipes.sample import sample
 

@@ -59,6 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="queued items past which requests get 503 (default 1024)",
     )
     g.add_argument(
+        "--max-generations",
+        type=int,
+        default=16,
+        help="generations decoded together, one batched step per token (default 16); "
+        "more wait in the queue",
+    )
+    g.add_argument(
         "--max-items", type=int, default=64, help="items per predict or score request (default 64)"
     )
     g.add_argument(
@@ -104,5 +111,6 @@ def run(args: argparse.Namespace) -> int:
         args.max_queue,
         args.threads,
         args.graceful_timeout,
+        args.max_generations,
     )
     return 0

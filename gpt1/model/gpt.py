@@ -55,6 +55,20 @@ class CausalSelfAttention(nn.Module):
             y = layout.unpad(y)  # [B, T, C] -> [N, C]
         return self.resid_dropout(self.c_proj(y))
 
+    def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
+        """One new token for each of n independent sequences, each with its own cache: x `[n, C]`
+        -> `[n, C]` (inference). The projections run on all n rows at once; attention runs per
+        sequence over its own cached keys, as `_attend_cached` does for one."""
+        n, C = x.shape
+        qkv = self.c_attn(x).view(n, 3, self.n_head, 1, self.head_dim)  # [n, 3, H, 1, D]
+        rows = []
+        for r, cache in enumerate(caches):
+            q, k, v = qkv[r, :, None]  # 3 x [1, H, 1, D]
+            k, v = cache.extend(k, v)  # [1, H, past + 1, D]
+            rows.append(F.scaled_dot_product_attention(q, k, v))  # [1, H, 1, D]
+        y = torch.cat(rows).reshape(n, C)  # [n, H, 1, D] -> [n, C]
+        return self.resid_dropout(self.c_proj(y))
+
     @staticmethod
     def _attend_cached(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: LayerCache, p: float
@@ -102,6 +116,11 @@ class Block(nn.Module):
         self, x: torch.Tensor, cache: LayerCache | None = None, layout: Unpadded | None = None
     ) -> torch.Tensor:
         x = self.ln_1(x + self.attn(x, cache, layout))
+        return self.ln_2(x + self.mlp(x))
+
+    def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
+        """`forward` for one new token of each of n sequences: x `[n, C]` (see `GPT.decode`)."""
+        x = self.ln_1(x + self.attn.decode(x, caches))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -179,6 +198,29 @@ class GPT(nn.Module):
         hidden = layout.pad(x) if layout is not None else x
         return LMOutput(hidden, head_weight) if with_head_weight else hidden
 
+    def decode(self, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+        """The next token of each of n independent sequences: ids `[n]` -> hidden `[n, n_embd]`.
+
+        Sequence r continues `caches[r]` (filled by earlier `forward(..., cache=)` calls, of any
+        lengths) by `ids[r]`, and its cache grows by one. This is continuous batching: the weights
+        are read once for all n sequences instead of once each. The result for sequence r is
+        what `forward(ids[r].view(1, 1), cache=caches[r])[0, -1]` gives, up to the summation
+        order of the larger matrix products.
+        """
+        if ids.dim() != 1 or len(caches) != ids.shape[0]:
+            raise ValueError(
+                f"decode needs ids [n] and n caches; got {list(ids.shape)}, {len(caches)}"
+            )
+        positions = torch.tensor([len(c) for c in caches], device=ids.device)
+        if bool((positions >= self.config.n_positions).any()):
+            raise ValueError(
+                f"a cache already holds n_positions={self.config.n_positions} tokens: no room"
+            )
+        x, _ = self._embed(ids, positions)  # [n, C]
+        for i, block in enumerate(self.h):
+            x = block.decode(x, [c.layers[i] for c in caches])
+        return x
+
     def _layout(
         self, ids: torch.Tensor, lengths: torch.Tensor | None, cache: KVCache | None
     ) -> Unpadded | None:
@@ -220,6 +262,10 @@ class GPT(nn.Module):
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]`."""
+        # A packed copy of the token table when prepacked for CPU inference (see fast_cpu).
+        kernel = self.__dict__.get("lm_head_kernel")
+        if kernel is not None:
+            return kernel.linear(hidden, self.lm_weight(), None)
         return F.linear(hidden, self.lm_weight())
 
     # ----------------------------------------------------------- task tokens
@@ -257,16 +303,19 @@ class LayerCache:
     numbers the concatenated tensors held.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_length: int | None = None) -> None:
         self.k: torch.Tensor | None = None  # [B, H, capacity, D] buffers
         self.v: torch.Tensor | None = None
         self.length = 0  # filled positions
+        self.max_length = max_length  # the model's n_positions: never grow the buffers past it
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
         end = self.length + k.shape[2]
         if self.k is None or end > self.k.shape[2]:
             capacity = max(2 * end, 64)
+            if self.max_length is not None:
+                capacity = max(end, min(capacity, self.max_length))
             self.k = self._grown(self.k, k, capacity)
             self.v = self._grown(self.v, v, capacity)
         self.k[:, :, self.length : end] = k
@@ -285,8 +334,8 @@ class LayerCache:
 class KVCache:
     """Per-layer `LayerCache`s of one decoding run; `len(cache)` is the number of cached positions."""
 
-    def __init__(self, n_layer: int) -> None:
-        self.layers = [LayerCache() for _ in range(n_layer)]
+    def __init__(self, n_layer: int, max_length: int | None = None) -> None:
+        self.layers = [LayerCache(max_length) for _ in range(n_layer)]
 
     def __len__(self) -> int:
         return self.layers[0].length

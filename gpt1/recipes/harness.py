@@ -36,6 +36,7 @@ from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model.fast_cpu import prepack_for_inference
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Gpt1LM(TemplateLM):
         self._device = _harness_device(device)
         self.precision = resolve_precision(precision, self._device)
         model = load_any_checkpoint(folder, device=self._device)
-        model = model.to(torch_dtype(self.precision)).eval()
+        model = prepack_for_inference(model.to(torch_dtype(self.precision)).eval())
         limits = [model.config.n_positions, trained_context(folder)]
         if max_length is not None:
             limits.append(int(max_length))

@@ -20,6 +20,7 @@ import torch
 from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
+from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.gpt import GPT, KVCache
 from gpt1.model.memory import ensure_fits
 from gpt1.model.registry import load_any_checkpoint
@@ -50,6 +51,24 @@ def filter_logits(
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
+
+
+def next_tokens(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """The next token of each row: float logits `[B, V]` -> ids `[B, 1]` (argmax at
+    temperature 0, else a draw from the filtered softmax with `generator`)."""
+    if not bool(torch.isfinite(logits).all()):
+        # Overflow (or damage): multinomial would crash, argmax would pick token 0.
+        raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn from them")
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator)
 
 
 def check_options(
@@ -108,12 +127,17 @@ def generate_stream(
     check_options(temperature, top_k, top_p, max_new_tokens)
     if ids.dim() == 1:
         ids = ids[None]
+    check_prompt(model, ids)
+    return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+
+
+def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    """A prompt `[B, T]` has at least one token, all in the model's vocabulary."""
     if ids.shape[-1] == 0:
         raise ConfigError("empty prompt: GPT-1 has no start-of-text token; give at least one token")
     vocab = model.config.vocab_size
     if int(ids.min()) < 0 or int(ids.max()) >= vocab:
         raise ConfigError(f"prompt ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
-    return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
 
 
 def _steps(
@@ -132,7 +156,7 @@ def _steps(
     model.eval()
     device = model.wte.weight.device
     out = ids.to(device)
-    cache = KVCache(model.config.n_layer) if use_cache and isinstance(model, GPT) else None
+    cache = KVCache(model.config.n_layer, n_pos) if use_cache and isinstance(model, GPT) else None
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
         for _ in range(max_new_tokens):
@@ -143,16 +167,7 @@ def _steps(
                     cache = None  # past the context: positions shift, re-read the window each step
                     hidden = model(out[:, -n_pos:])[:, -1]
                 logits = model.lm_logits(hidden).float()  # [B, V]
-            if not bool(torch.isfinite(logits).all()):
-                # Overflow (or damage): multinomial would crash, argmax would pick token 0.
-                raise Gpt1Error(
-                    "the model produced NaN or infinite logits; no sample is drawn from them"
-                )
-            if temperature == 0:
-                nxt = logits.argmax(-1, keepdim=True)
-            else:
-                probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
-                nxt = torch.multinomial(probs, 1, generator=generator)
+            nxt = next_tokens(logits, temperature, top_k, top_p, generator)
             out = torch.cat([out, nxt], dim=1)
             fresh = nxt
             yield nxt
@@ -241,7 +256,8 @@ class Session:
         self.device = resolve_device(device)
         dtype = torch_dtype(resolve_precision(precision, self.device))
         # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
-        self.model = load_any_checkpoint(self.folder, device=self.device).to(dtype).eval()
+        model = load_any_checkpoint(self.folder, device=self.device).to(dtype).eval()
+        self.model = prepack_for_inference(model)
         tok_dir = tokenizer_dir_of(self.folder)
         self.tokenizer = None
         if tok_dir is not None:

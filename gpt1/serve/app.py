@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from gpt1.errors import Gpt1Error
 from gpt1.serve.batcher import Batcher, Job, QueueFull
-from gpt1.serve.engine import Engine
+from gpt1.serve.engine import Engine, GenerationRequest
 from gpt1.serve.metrics import Metrics
 from gpt1.serve.schemas import Limits, generate_model, predict_model, score_model
 
@@ -131,6 +131,7 @@ def create_app(
     batch_items: int = 16,
     wait_s: float = 0.002,
     max_queue: int = 1024,
+    max_generations: int = 16,
 ) -> Any:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware)."""
     limits = limits or Limits()
@@ -142,7 +143,14 @@ def create_app(
         return engine.score(items)
 
     batcher = Batcher(
-        run_batch, batch_tokens, batch_items, wait_s, max_queue, on_batch=metrics.observe_batch
+        run_batch,
+        batch_tokens,
+        batch_items,
+        wait_s,
+        max_queue,
+        max_generations,
+        on_batch=metrics.observe_batch,
+        generations=engine.generations,
     )
 
     @asynccontextmanager
@@ -268,7 +276,7 @@ def create_app(
         tokens: asyncio.Queue = asyncio.Queue()
         job = Job(
             "generate",
-            lambda: engine.stream(
+            GenerationRequest(
                 prompt, body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed
             ),
             len(prompt),

@@ -6,8 +6,11 @@ up to `batch_tokens` tokens and `batch_items` examples), and the whole batch goe
 of the engine (one forward per batch on the unpadded path). Under load the queue fills while a
 batch runs, so batches grow with load without any waiting; a request alone waits at most `wait_s`.
 
-Generations run one token per turn, interleaved with batches: every active generation advances by
-a token between two batches, so a long generation neither blocks classification nor starves.
+Generations advance a token per turn, interleaved with batches: between two batches every active
+generation gets its next token from one step of the `Generations` (the engine's continuous
+batching decoder, `gpt1.recipes.decoder`: one forward pass for all of them), so a long
+generation neither blocks classification nor starves, and concurrent generations share the cost
+of reading the weights. At most `max_active_generations` run at once; the rest wait queued.
 
 Past `max_queue` queued items (examples, score pairs, generations) `submit` raises `QueueFull`
 (the app answers 503 with Retry-After): memory stays bounded whatever the load. Results are
@@ -22,9 +25,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +36,25 @@ class QueueFull(Exception):
     """The queue holds `max_queue` items already: the request is refused (HTTP 503)."""
 
 
+class Generations(Protocol):
+    """What the worker needs to run generations (the engine provides it)."""
+
+    def start(self, request: Any) -> Any:
+        """Begin a generation (a "generate" job's payload); returns its handle. Raises on a bad
+        request."""
+
+    def step(self) -> list[tuple[Any, Any]]:
+        """One token for every started generation: (handle, token), then (handle, None) when it
+        is finished, or (handle, exception) when it failed."""
+
+    def stop(self, handle: Any) -> None:
+        """Abandon a generation (its client left)."""
+
+
 @dataclass
 class Job:
-    """One request's work: `payload` is a list of items for "predict"/"score", an iterator
-    factory for "generate". `tokens` counts toward the batch budget, `items` toward the queue."""
+    """One request's work: `payload` is a list of items for "predict"/"score", the generation
+    request for "generate". `tokens` counts toward the batch budget, `items` toward the queue."""
 
     kind: str
     payload: Any
@@ -60,13 +78,15 @@ class Batcher:
         max_queue: int = 1024,
         max_active_generations: int = 16,
         on_batch: Callable[[str, int, int], None] | None = None,
+        generations: Generations | None = None,
     ):
         self.run_batch, self.batch_tokens, self.batch_items = run_batch, batch_tokens, batch_items
         self.wait_s, self.max_queue, self.max_active = wait_s, max_queue, max_active_generations
         self.on_batch = on_batch or (lambda kind, items, tokens: None)
         self._jobs: deque[Job] = deque()
         self._queued_items = 0
-        self._active: list[tuple[Job, Iterator[Any]]] = []
+        self.generations = generations
+        self._active: dict[Any, Job] = {}  # generation handle -> its job
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="gpt1-batcher", daemon=True)
@@ -169,29 +189,40 @@ class Batcher:
     def _start_generations(self, jobs: list[Job]) -> None:
         for job in jobs:
             try:
-                self._active.append((job, job.payload()))
+                if self.generations is None:
+                    raise RuntimeError("this server runs no generations")
+                self._active[self.generations.start(job.payload)] = job
             except Exception as exc:
                 _emit(job, exc)
 
     def _step_generations(self) -> None:
         """Advance every active generation by one token (drop finished or abandoned ones)."""
-        still = []
-        for job, steps in self._active:
+        for handle, job in list(self._active.items()):
             if job.cancelled.is_set():
-                steps.close()  # the client left: free the cache now
-                continue
-            try:
-                token = next(steps)
-            except StopIteration:
-                _emit(job, None)
-                continue
-            except Exception as exc:
-                log.exception("generation failed")
+                self.generations.stop(handle)  # the client left: free the cache now
+                del self._active[handle]
+        if not self._active:
+            return
+        try:
+            events = self.generations.step()
+            # A decoding step is a batch of "generate" items, one new token each.
+            self.on_batch("generate", len(self._active), len(self._active))
+        except Exception as exc:  # fail the generations, keep serving
+            log.exception("generation step failed")
+            for handle, job in self._active.items():
+                self.generations.stop(handle)
                 _emit(job, exc)
+            self._active.clear()
+            return
+        for handle, item in events:
+            job = self._active.get(handle)
+            if job is None:
                 continue
-            _emit(job, token)
-            still.append((job, steps))
-        self._active = still
+            if isinstance(item, BaseException):
+                log.error("generation failed: %s", item)
+            _emit(job, item)
+            if item is None or isinstance(item, BaseException):
+                del self._active[handle]
 
 
 def _resolve(job: Job, result: Any = None, exc: BaseException | None = None) -> None:

@@ -6,7 +6,8 @@ or a pretrained checkpoint (GPT or the LSTM baseline). An `Engine` then
   example types and transformations (`gpt1.tasks.batches.encode_split`), and predicts them with
   `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`;
 - scores continuations with the zero-shot `Scorer` (`gpt1.zeroshot.scorer`);
-- generates with `gpt1.recipes.sample.generate_stream`, the KV-cache decoder behind `gpt1 sample`.
+- generates with `gpt1.recipes.decoder.BatchedDecoder` (continuous batching: concurrent
+  generations share forward passes), which chooses tokens as `gpt1 sample` does.
 All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.finetuned import TASK_FILE
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
@@ -76,6 +78,7 @@ class Engine:
         self.precision = precision
         self.scorer = Scorer(lm, max_context=trained_context(folder))
         self.n_positions = lm.config.n_positions
+        self.generations = EngineGenerations(lm)
 
     # ------------------------------------------------------------------ description
     @property
@@ -232,6 +235,47 @@ class Engine:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None
 
 
+@dataclass
+class GenerationRequest:
+    """What `/v1/generate` asks for (the options of `gpt1 sample`)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+class EngineGenerations:
+    """The server's generations (`gpt1.serve.batcher.Generations`): a `BatchedDecoder` over the
+    engine's language model, each generation with its own seeded random generator."""
+
+    def __init__(self, lm: torch.nn.Module):
+        from gpt1.recipes.decoder import BatchedDecoder
+
+        self.decoder = BatchedDecoder(lm)
+        self.device = lm.wte.weight.device
+
+    def start(self, request: GenerationRequest) -> Any:
+        generator = torch.Generator(device=self.device)
+        generator.manual_seed(request.seed if request.seed is not None else torch.seed())
+        return self.decoder.start(
+            request.prompt_ids,
+            request.max_new_tokens,
+            request.temperature,
+            request.top_k,
+            request.top_p,
+            generator,
+        )
+
+    def step(self) -> list[tuple[Any, Any]]:
+        return self.decoder.step()
+
+    def stop(self, handle: Any) -> None:
+        self.decoder.stop(handle)
+
+
 def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") -> Engine:
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving."""
     from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
@@ -246,11 +290,11 @@ def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") 
 
         classifier, record, tok = load_finetuned(folder)
         task = _task_of(record, None)
-        classifier = classifier.to(device=device, dtype=dtype).eval()
+        classifier = prepack_for_inference(classifier.to(device=device, dtype=dtype).eval())
         return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
     from gpt1.model.registry import load_any_checkpoint
 
-    lm = load_any_checkpoint(folder, device=device).to(dtype).eval()
+    lm = prepack_for_inference(load_any_checkpoint(folder, device=device).to(dtype).eval())
     tok_dir = tokenizer_dir_of(folder)
     tok = None
     if tok_dir is not None:

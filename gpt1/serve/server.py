@@ -34,6 +34,7 @@ def serve(
     max_queue: int = 1024,
     threads: int | None = None,
     graceful_timeout: float | None = None,
+    max_generations: int = 16,
 ) -> None:
     """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped."""
     import uvicorn
@@ -47,6 +48,7 @@ def serve(
         ("--batch-tokens", batch_tokens),
         ("--batch-items", batch_items),
         ("--max-queue", max_queue),
+        ("--max-generations", max_generations),
     ):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
@@ -55,7 +57,9 @@ def serve(
     if threads:
         torch.set_num_threads(threads)
     engine = load_engine(path, device, precision)
-    app = create_app(engine, limits, batch_tokens, batch_items, wait_ms / 1000, max_queue)
+    app = create_app(
+        engine, limits, batch_tokens, batch_items, wait_ms / 1000, max_queue, max_generations
+    )
     log.info(
         "gpt1 serve: %s (%s, %s) on http://%s:%d (API docs at /docs)",
         engine.folder,

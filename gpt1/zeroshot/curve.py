@@ -25,6 +25,7 @@ from gpt1.model.checkpoint import (
     tokenizer_dir_of,
     trained_context,
 )
+from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.registry import load_any_checkpoint
 from gpt1.text.tokenizer import Tokenizer
 from gpt1.train.telemetry import save_figure
@@ -39,7 +40,7 @@ def _prepare_model(checkpoint: Path, device: str, precision: str) -> torch.nn.Mo
     (device and precision may be "auto": see gpt1.devices)."""
     where = resolve_device(device)
     dtype = torch_dtype(resolve_precision(precision, where))
-    return load_any_checkpoint(checkpoint, device=where).to(dtype).eval()
+    return prepack_for_inference(load_any_checkpoint(checkpoint, device=where).to(dtype).eval())
 
 
 def evaluate_checkpoint(

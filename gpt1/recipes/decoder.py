@@ -1,0 +1,151 @@
+"""Continuous batching: many independent generations advanced together, a token each per step.
+
+Decoding one sequence reads every weight once per token, so batch-1 decoding is bound by memory
+bandwidth and n concurrent sequences decoded one by one cost n reads of the weights per token.
+`BatchedDecoder` runs each new sequence's prompt through the model on its own (filling its own
+key/value cache), then advances every sequence that is past its prompt in one `GPT.decode`
+call and one output-layer product: the weights are read once per step for all of them, and
+attention runs per sequence over its own cache. Sequences join and leave between steps.
+
+Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.recipes.sample.next_tokens`, with
+each sequence's own options and random generator), so a sequence decoded alone gives
+`generate_stream`'s tokens bit for bit. Decoded with others, its logits can differ from a lone
+run's in the last float digits (a matrix product over more rows may sum in another order).
+Models without a key/value cache (the LSTM baseline) and sequences past the model's context take
+`generate_stream`'s other path: the last `n_positions` tokens re-read each step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpt1.model.gpt import GPT, KVCache
+from gpt1.recipes.sample import check_options, check_prompt, next_tokens
+
+
+@dataclass(eq=False)
+class Generation:
+    """One sequence being generated: its tokens so far and what it still needs."""
+
+    ids: torch.Tensor  # [1, T] prompt and the tokens chosen so far
+    remaining: int  # new tokens still to choose
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    generator: torch.Generator | None
+    cache: KVCache | None  # None: no cache (LSTM), or past the context
+    fresh: torch.Tensor  # [1, t] the tokens the model has not seen yet
+
+
+Event = tuple[Generation, "int | None | Exception"]  # a token, None (finished) or its error
+
+
+class BatchedDecoder:
+    """The generations of one model (see the module docstring). Not thread-safe: one thread
+    calls `start`, `step` and `stop` (the server's batching worker)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self.n_positions = model.config.n_positions
+        self.device = model.wte.weight.device
+        self.active: list[Generation] = []
+
+    def start(
+        self,
+        prompt: list[int] | torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Add a generation (its checks run here, as `generate_stream`'s do); its tokens come
+        from the following `step()`s."""
+        check_options(temperature, top_k, top_p, max_new_tokens)
+        ids = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
+        check_prompt(self.model, ids)
+        ids = ids.to(self.device)
+        cache = KVCache(self.model.config.n_layer, self.n_positions)
+        gen = Generation(
+            ids,
+            max_new_tokens,
+            temperature,
+            top_k,
+            top_p,
+            generator,
+            cache if isinstance(self.model, GPT) else None,
+            ids[:, -self.n_positions :],
+        )
+        self.active.append(gen)
+        return gen
+
+    def stop(self, gen: Generation) -> None:
+        """Drop a generation (its client left): its cache is freed."""
+        if gen in self.active:
+            self.active.remove(gen)
+
+    def step(self) -> list[Event]:
+        """One token for every active generation; a generation's last token is followed by
+        its `None` in the same list, and a failing one gets its exception (the others go on)."""
+        events: list[Event] = []
+        for gen in [g for g in self.active if g.remaining <= 0]:  # asked for no tokens
+            self._finish(gen, None, events)
+        together = [g for g in self.active if self._joins_batch(g)]
+        alone = [g for g in self.active if not self._joins_batch(g)]
+        with torch.no_grad():
+            for gen in alone:
+                try:
+                    logits = self.model.lm_logits(self._hidden_alone(gen)).float()  # [1, V]
+                except Exception as exc:
+                    self._finish(gen, exc, events)
+                    continue
+                self._choose(gen, logits, events)
+            if together:
+                try:
+                    ids = torch.cat([g.fresh[0] for g in together])  # [n]
+                    hidden = self.model.decode(ids, [g.cache for g in together])  # [n, C]
+                    logits = self.model.lm_logits(hidden).float()  # [n, V]
+                except Exception as exc:
+                    for gen in together:
+                        self._finish(gen, exc, events)
+                    return events
+                for r, gen in enumerate(together):
+                    self._choose(gen, logits[r : r + 1], events)
+        return events
+
+    # ------------------------------------------------------------------ internals
+    def _joins_batch(self, gen: Generation) -> bool:
+        """Past its prompt (one fresh token) with room left in its cache."""
+        cache = gen.cache
+        return (
+            cache is not None
+            and len(cache) > 0
+            and gen.fresh.shape[1] == 1
+            and len(cache) < self.n_positions
+        )
+
+    def _hidden_alone(self, gen: Generation) -> torch.Tensor:
+        """The last position's hidden state `[1, C]`, as `generate_stream` computes it."""
+        if gen.cache is not None and len(gen.cache) + gen.fresh.shape[1] <= self.n_positions:
+            return self.model(gen.fresh, cache=gen.cache)[:, -1]
+        gen.cache = None  # past the context: positions shift, re-read the window each step
+        return self.model(gen.ids[:, -self.n_positions :])[:, -1]
+
+    def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
+        try:
+            nxt = next_tokens(logits, gen.temperature, gen.top_k, gen.top_p, gen.generator)
+        except Exception as exc:
+            self._finish(gen, exc, events)
+            return
+        gen.ids = torch.cat([gen.ids, nxt], dim=1)
+        gen.fresh = nxt
+        gen.remaining -= 1
+        events.append((gen, int(nxt[0, 0])))
+        if gen.remaining <= 0:
+            self._finish(gen, None, events)
+
+    def _finish(self, gen: Generation, end: Exception | None, events: list[Event]) -> None:
+        self.stop(gen)
+        events.append((gen, end))

@@ -1,0 +1,150 @@
+"""Continuous batching (`GPT.decode`, `gpt1.recipes.decoder.BatchedDecoder`) gives what
+`generate_stream` gives each sequence alone: the same hidden states up to summation order, the
+same greedy and seeded tokens, joining and leaving at any step, past the context too."""
+
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig
+from gpt1.errors import ConfigError
+from gpt1.model.fast_cpu import prepack_for_inference
+from gpt1.model.gpt import KVCache
+from gpt1.recipes.decoder import BatchedDecoder
+from gpt1.recipes.sample import generate
+
+
+def _model(prepacked: bool = False) -> GPT:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=40, n_embd=64, n_layer=2, n_head=4)
+    model = GPT(config).eval()
+    return prepack_for_inference(model) if prepacked else model
+
+
+def _run(decoder: BatchedDecoder, starts: dict[int, list[tuple]]) -> dict[int, list[int]]:
+    """Step until every generation ends; `starts[step]` lists (key, args) begun before it."""
+    keys, out = {}, {}
+    step = 0
+    while decoder.active or any(s >= step for s in starts):
+        for key, args, kwargs in starts.get(step, []):
+            keys[decoder.start(*args, **kwargs)] = key
+            out[key] = []
+        for gen, item in decoder.step():
+            assert not isinstance(item, Exception), item
+            if item is not None:
+                out[keys[gen]].append(item)
+        step += 1
+    return out
+
+
+def test_decode_equals_forward_with_a_cache_for_each_sequence():
+    model = _model()
+    prompts = [torch.randint(0, 300, (1, n)) for n in (5, 1, 17)]
+    nxt = torch.randint(0, 300, (3,))
+    caches = [KVCache(2, 40) for _ in prompts]
+    alone = [KVCache(2, 40) for _ in prompts]
+    with torch.no_grad():
+        for p, c, a in zip(prompts, caches, alone):
+            model(p, cache=c)
+            model(p, cache=a)
+        together = model.decode(nxt, caches)  # [3, C]
+        for r in range(3):
+            want = model(nxt[r].view(1, 1), cache=alone[r])[0, -1]
+            torch.testing.assert_close(together[r], want, rtol=1e-5, atol=1e-5)
+    assert [len(c) for c in caches] == [6, 2, 18]
+
+
+@pytest.mark.parametrize("prepacked", [False, True])
+def test_generations_decoded_together_equal_each_alone(prepacked):
+    """Two start together, two join at step 2 (one runs past the 40-position context)."""
+    model = _model(prepacked)
+    prompts = [torch.randint(0, 300, (n,)).tolist() for n in (3, 7, 1, 12)]
+    news = [10, 20, 45, 5]
+    want = [
+        generate(model, torch.tensor([p]), k, temperature=0)[0, len(p) :].tolist()
+        for p, k in zip(prompts, news)
+    ]
+    starts = {
+        0: [(i, (prompts[i], news[i]), {"temperature": 0}) for i in (0, 1)],
+        2: [(i, (prompts[i], news[i]), {"temperature": 0}) for i in (2, 3)],
+    }
+    got = _run(BatchedDecoder(model), starts)
+    assert [got[i] for i in range(4)] == want
+
+
+def test_a_lone_generation_is_generate_stream_bit_for_bit():
+    model = _model(prepacked=True)
+    prompt = torch.randint(0, 300, (6,)).tolist()
+    want = generate(model, torch.tensor([prompt]), 25, temperature=0)[0, 6:].tolist()
+    assert _run(BatchedDecoder(model), {0: [(0, (prompt, 25), {"temperature": 0})]})[0] == want
+
+
+def test_seeded_sampling_follows_each_generations_own_generator():
+    model = _model()
+    prompts = [[5, 6, 7], [9]]
+    opts = {"temperature": 0.9, "top_k": 50, "top_p": 0.95}
+    want = [
+        generate(model, torch.tensor([p]), 15, generator=torch.Generator().manual_seed(s), **opts)[
+            0, len(p) :
+        ].tolist()
+        for p, s in zip(prompts, (1, 2))
+    ]
+    starts = {
+        0: [
+            (i, (prompts[i], 15), {**opts, "generator": torch.Generator().manual_seed(s)})
+            for i, s in ((0, 1), (1, 2))
+        ]
+    }
+    got = _run(BatchedDecoder(model), starts)
+    assert [got[0], got[1]] == want
+
+
+def test_stop_and_finish_events_and_checks():
+    model = _model()
+    decoder = BatchedDecoder(model)
+    a = decoder.start([1, 2], 3, temperature=0)
+    b = decoder.start([3], 0, temperature=0)  # asks for nothing: finished at once
+    first = decoder.step()
+    assert (b, None) in first and sum(1 for g, t in first if g is a and isinstance(t, int)) == 1
+    decoder.stop(a)
+    assert decoder.active == [] and decoder.step() == []
+    c = decoder.start([4], 1, temperature=0)
+    events = decoder.step()
+    assert [g for g, _ in events] == [c, c] and events[-1][1] is None  # last token, then None
+    with pytest.raises(ConfigError):
+        decoder.start([], 3)
+    with pytest.raises(ConfigError):
+        decoder.start([300], 3)
+    with pytest.raises(ConfigError):
+        decoder.start([1], 3, temperature=-1)
+
+
+def test_a_failing_generation_ends_alone():
+    model = _model()
+    decoder = BatchedDecoder(model)
+    good = decoder.start([1, 2], 4, temperature=0)
+    bad = decoder.start([3, 4], 4, temperature=0)
+    decoder.step()  # both past their prompts now
+    real = model.lm_logits
+
+    def poisoned(hidden):
+        out = real(hidden)
+        if out.shape[0] == 2:
+            out[1] = float("nan")  # the second row (bad) overflows
+        return out
+
+    model.lm_logits = poisoned
+    events = decoder.step()
+    del model.lm_logits
+    ends = {g: t for g, t in events if not isinstance(t, int)}
+    assert isinstance(ends[bad], Exception) and "NaN" in str(ends[bad])
+    assert good in decoder.active and bad not in decoder.active
+
+
+def test_the_lstm_baseline_decodes_without_a_cache():
+    from gpt1.model.lstm import LSTMLM, LSTMConfig
+
+    torch.manual_seed(0)
+    lstm = LSTMLM(LSTMConfig(vocab_size=300, n_positions=40, n_embd=32, hidden_size=48)).eval()
+    prompt = [1, 2, 3]
+    want = generate(lstm, torch.tensor([prompt]), 6, temperature=0)[0, 3:].tolist()
+    assert _run(BatchedDecoder(lstm), {0: [(0, (prompt, 6), {"temperature": 0})]})[0] == want
