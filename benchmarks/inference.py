@@ -2,21 +2,25 @@
 
 Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabulary,
 `[start] sentence [classify]`), in file order:
-* gpt1: `gpt1.recipes.evaluate.predict_raw` -- what `gpt1 predict` and `gpt1 serve` run: batches of 32,
-  longest first, on the unpadded path (`GPT.forward(ids, lengths=...)`); also in file order
-  ("gpt1 file order") to show what the length sort adds;
+* gpt1: `gpt1.recipes.evaluate.predict_raw` on the model prepacked for CPU inference
+  (`gpt1.model.fast_cpu.prepack_for_inference`) -- what `gpt1 predict` and `gpt1 serve` run:
+  batches of 32, longest first, on the unpadded path (`GPT.forward(ids, lengths=...)`); with
+  `--plain`, also without prepacking ("gpt1 plain", plain `F.linear`), and with `--file-order`
+  on the padded file-order batches ("gpt1 file order") to show what the length sort adds;
 * HF: transformers' `OpenAIGPTForSequenceClassification`, batches of 32 in file order, right-padded
   with an attention mask (the usual way);
 * ORT: ONNX Runtime on an ONNX export (torch.onnx, made here) of that same HF model, the same
   padded batches. ORT's CPU provider has no bf16 kernels for this graph, so it runs fp32 only.
 
 Generation: greedy, 128 new tokens after a 32-token prompt, batch 1: gpt1's KV-cache decoder
-(`gpt1.recipes.sample.generate`, what `gpt1 sample` and `/v1/generate` run) vs transformers' `generate`
-on `OpenAIGPTLMHeadModel` with the same weights (their greedy outputs are compared).
+(`gpt1.recipes.sample.generate` on the prepacked model, what `gpt1 sample` runs and what
+`/v1/generate` runs for a lone request) vs transformers' `generate` on `OpenAIGPTLMHeadModel`
+with the same weights (their greedy outputs are compared).
 
 Weights are random (speed does not depend on them). fp32 and bf16, the systems alternating
 within each repeat; figures are medians over repeats. The matmul peak of this machine is
-measured too, so each throughput can be read as a fraction of it.
+measured too (the best of torch's and oneDNN's 2048^3 products), so each throughput can be read
+as a fraction of it; so is the memory read bandwidth that bounds batch-1 decoding.
 
     python benchmarks/inference.py                          # 256 sentences, 3 repeats
     python benchmarks/inference.py --sentences 64 --repeats 1 --dtypes fp32   # quick look
@@ -39,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.config import model_preset  # noqa: E402
+from gpt1.model.fast_cpu import prepack_available, prepack_for_inference  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
@@ -142,10 +147,17 @@ def timed(fn) -> float:
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
-    """FLOP/s of a large square matmul in `dtype` (the best of `reps`)."""
+    """FLOP/s of a large square matmul in `dtype`: the best of `reps` runs of torch.mm and,
+    where available, of oneDNN's inner product on a prepacked weight (faster here)."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    torch.mm(a, b)
-    best = min(timed(lambda: torch.mm(a, b)) for _ in range(reps))
+    products = [lambda: torch.mm(a, b)]
+    if prepack_available(dtype):
+        packed = torch.ops.mkldnn._reorder_linear_weight(b, n)
+        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, packed, None, "none", [], ""))
+    best = float("inf")
+    for product in products:
+        product()
+        best = min(best, *(timed(product) for _ in range(reps)))
     return 2 * n**3 / best
 
 
@@ -182,6 +194,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--skip", default="", help="comma list of parts to skip: classify,generate,ort")
     p.add_argument(
+        "--plain",
+        action="store_true",
+        help="also time gpt1 without prepacked weights (plain F.linear)",
+    )
+    p.add_argument(
         "--file-order",
         action="store_true",
         help="also time gpt1 on the padded file-order batches (no length sort)",
@@ -214,9 +231,10 @@ def main() -> None:
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
         peak = matmul_peak(dtype)
-        clf = clf32.to(dtype) if dtype != torch.float32 else clf32
         import copy
 
+        plain = copy.deepcopy(clf32).to(dtype)
+        clf = prepack_for_inference(copy.deepcopy(plain))
         hf_clf = copy.deepcopy(hf_clf32).to(dtype) if dtype != torch.float32 else hf_clf32
         hf_lm = copy.deepcopy(hf_lm32).to(dtype) if dtype != torch.float32 else hf_lm32
         print(
@@ -225,6 +243,11 @@ def main() -> None:
         if "classify" not in skip:
             systems = {
                 "gpt1": lambda: predict_raw(clf, task, enc, args.batch),
+                **(
+                    {"gpt1 plain": lambda: predict_raw(plain, task, enc, args.batch)}
+                    if args.plain
+                    else {}
+                ),
                 "HF": lambda: [
                     hf_clf(input_ids=ids, attention_mask=mask).logits for ids, mask in batches
                 ],
@@ -260,6 +283,15 @@ def main() -> None:
             prompt = torch.tensor([sum(seqs, [])[: args.prompt]])
             gen = {
                 "gpt1": lambda: generate(clf.gpt, prompt, args.new_tokens, temperature=0),
+                **(
+                    {
+                        "gpt1 plain": lambda: generate(
+                            plain.gpt, prompt, args.new_tokens, temperature=0
+                        )
+                    }
+                    if args.plain
+                    else {}
+                ),
                 "HF": lambda: hf_lm.generate(
                     prompt,
                     attention_mask=torch.ones_like(prompt),

@@ -4,7 +4,8 @@ A GPT-1-size (117M, random weights) SST-2 classifier run is written to a tempora
 served by a `gpt1 serve` process on 127.0.0.1 (a free port). Clients are asyncio tasks with one
 keep-alive HTTP/1.1 connection each, sending SST-2 dev sentences (../shared/data) in file order:
 - classify: one sentence per `POST /v1/predict`;
-- generate: `POST /v1/generate`, greedy, `--gen-tokens` new tokens after the sentence.
+- generate: `POST /v1/generate`, greedy, `--gen-tokens` new tokens after the sentence; the
+  server decodes up to `--max-generations` of them together (continuous batching).
 Each level (1, 8, 64 clients) is bounded by a request count and a time limit (no new request
 starts after it). The reference is the in-process throughput of the same work with the same
 engine (tokenize + `Engine.predict` in batches of 16, `gpt1 predict`'s default; `Engine.stream` one prompt at a time),
@@ -175,7 +176,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(run: Path, port: int, precision: str, threads: int) -> subprocess.Popen:
+def start_server(
+    run: Path, port: int, precision: str, threads: int, max_generations: int
+) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
         [
@@ -193,6 +196,8 @@ def start_server(run: Path, port: int, precision: str, threads: int) -> subproce
             str(threads),
             "--max-queue",
             "100000",
+            "--max-generations",
+            str(max_generations),
         ],
         env=env,
     )
@@ -225,6 +230,13 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--skip", default="", help="classify and/or generate")
     p.add_argument(
+        "--max-generations",
+        type=int,
+        default=16,
+        help="the server's --max-generations: generations decoded together (default 16, "
+        "the server's default)",
+    )
+    p.add_argument(
         "--rounds",
         type=int,
         default=0,
@@ -247,7 +259,7 @@ def main() -> None:
             run, args.precision, cls_texts, gen_texts, args.gen_tokens, args.threads
         )
         port = free_port()
-        server = start_server(run, port, args.precision, args.threads)
+        server = start_server(run, port, args.precision, args.threads, args.max_generations)
         results = {"classify": [], "generate": []}
         try:
             if "classify" not in skip:

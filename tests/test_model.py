@@ -214,3 +214,33 @@ def test_checkpoint_truncated(tmp_path):
     f.write_bytes(f.read_bytes()[:500])
     with pytest.raises(CheckpointError, match="model.safetensors"):
         load_checkpoint(tmp_path / "ckpt")
+
+
+def test_forward_at_one_position_per_row_equals_the_full_forward(tiny_config):
+    """`at=` (the last block only at the given positions) gives the full pass's states there,
+    padded or not; a classifier's outputs through it equal the head on the full states."""
+    from gpt1.model.heads import FinetuneModel, extract_states
+
+    torch.manual_seed(0)
+    model = GPT(tiny_config(vocab_size=100)).eval()
+    ids = torch.randint(0, 100, (3, 12))
+    at = torch.tensor([11, 0, 6])
+    rows = torch.arange(3)
+    lengths = torch.tensor([12, 3, 7])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, at=at), model(ids)[rows, at], rtol=1e-5, atol=1e-5)
+        padded = model(ids, lengths=lengths, at=lengths - 1)
+        full = model(ids, lengths=lengths)[rows, lengths - 1]
+        torch.testing.assert_close(padded, full, rtol=1e-5, atol=1e-5)
+        with pytest.raises(ValueError):
+            model(ids, at=torch.tensor([12, 0, 0]))
+        clf = FinetuneModel(model, "pair", 3, classify_id=99).eval()
+        x = torch.randint(0, 99, (2, 1, 10))
+        x[0, 0, 9], x[1, 0, 5] = 99, 99
+        mask = torch.ones(2, 1, 10)
+        mask[1, 0, 6:] = 0
+        out, lm = clf(x, mask, with_lm=False)
+        hidden = model(x[:, 0], lengths=mask[:, 0].sum(1).long())
+        want = clf.head(extract_states(hidden, x[:, 0], 99)[:, None])
+    assert lm is None
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)

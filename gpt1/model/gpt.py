@@ -55,6 +55,22 @@ class CausalSelfAttention(nn.Module):
             y = layout.unpad(y)  # [B, T, C] -> [N, C]
         return self.resid_dropout(self.c_proj(y))
 
+    def forward_at(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: Unpadded | None = None
+    ) -> torch.Tensor:
+        """The attention output at one position per row only: x `[B, T, C]` (or `[N, C]` with
+        `layout`), positions `[B]` -> `[B, C]`. Keys and values still cover every position
+        up to each row's own."""
+        qkv = self.c_attn(x)
+        if layout is not None:
+            qkv = layout.pad(qkv)  # [N, 3C] -> [B, T, 3C]
+        B, T, C = qkv.shape[0], qkv.shape[1], x.shape[-1]
+        q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        q = q[torch.arange(B, device=x.device), :, positions].unsqueeze(2)  # [B, H, 1, D]
+        visible = torch.arange(T, device=x.device) <= positions[:, None]  # [B, T]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
+        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, C)))
+
     def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
         """One new token for each of n independent sequences, each with its own cache: x `[n, C]`
         -> `[n, C]` (inference). The projections run on all n rows at once; attention runs per
@@ -118,6 +134,16 @@ class Block(nn.Module):
         x = self.ln_1(x + self.attn(x, cache, layout))
         return self.ln_2(x + self.mlp(x))
 
+    def forward_at(
+        self, x: torch.Tensor, positions: torch.Tensor, layout: Unpadded | None = None
+    ) -> torch.Tensor:
+        """`forward`'s output at one position per row only: `[B, C]` (see `GPT.forward`'s
+        `at`): everything after attention runs on B rows instead of every token."""
+        rows = torch.arange(positions.shape[0], device=x.device)
+        here = (layout.pad(x) if layout is not None else x)[rows, positions]  # [B, C]
+        h = self.ln_1(here + self.attn.forward_at(x, positions, layout))
+        return self.ln_2(h + self.mlp(h))
+
     def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
         """`forward` for one new token of each of n sequences: x `[n, C]` (see `GPT.decode`)."""
         x = self.ln_1(x + self.attn.decode(x, caches))
@@ -169,6 +195,7 @@ class GPT(nn.Module):
         lengths: torch.Tensor | None = None,
         *,
         with_head_weight: bool = False,
+        at: torch.Tensor | None = None,
     ) -> torch.Tensor | LMOutput:
         """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
 
@@ -178,6 +205,10 @@ class GPT(nn.Module):
         positions' states are those of the padded batch (causal attention never lets a token see
         later padding), computed on the real tokens only. With `with_head_weight`, returns
         `LMOutput(hidden, head_weight)`: what a training loss needs for the tied output layer.
+        With `at` `[B]` (one position per row, no cache), returns only the final hidden state at
+        `at[b]` of each row, `[B, n_embd]`: what a classification head reads. The last block
+        then runs after attention on those B positions alone (about a sixteenth of the work of
+        a forward pass saved, in the same maths).
         """
         past = len(cache) if cache is not None else 0
         B, T = ids.shape[0], ids.shape[-1]
@@ -186,6 +217,12 @@ class GPT(nn.Module):
                 f"sequence of {past + T} tokens is longer than n_positions="
                 f"{self.config.n_positions}"
             )
+        if at is not None:
+            if cache is not None or with_head_weight or ids.dim() != 2:
+                raise ValueError("at needs ids [B, T], no cache and no head weight")
+            at = at.to(ids.device)
+            if at.shape != (B,) or bool(((at < 0) | (at >= T)).any()):
+                raise ValueError(f"at must be [B] = [{B}] positions in 0..{T - 1}")
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=ids.device)
         layout = self._layout(ids, lengths, cache)
@@ -193,6 +230,10 @@ class GPT(nn.Module):
             ids = layout.unpad(ids.reshape(B, T, 1)).squeeze(1)  # [N]
             position_ids = layout.unpad(position_ids.expand(B, T).reshape(B, T, 1)).squeeze(1)
         x, head_weight = self._embed(ids, position_ids)
+        if at is not None:
+            for block in self.h[:-1]:
+                x = block(x, None, layout)
+            return self.h[-1].forward_at(x, at, layout)
         for i, block in enumerate(self.h):
             x = block(x, cache.layers[i] if cache is not None else None, layout)
         hidden = layout.pad(x) if layout is not None else x

@@ -28,12 +28,17 @@ from gpt1.model.gpt import GPT
 KINDS = ("single", "pair", "similarity", "choice")
 
 
-def extract_states(hidden: torch.Tensor, ids: torch.Tensor, classify_id: int) -> torch.Tensor:
-    """hidden `[N, T, C]`, ids `[N, T]` -> the state at each row's first classify token `[N, C]`."""
+def extract_positions(ids: torch.Tensor, classify_id: int) -> torch.Tensor:
+    """ids `[N, T]` -> the position of each row's first classify token `[N]`."""
     is_clf = ids == classify_id
     if not bool(is_clf.any(dim=1).all()):
         raise ValueError("every sequence needs a classify token")
-    pos = is_clf.int().argmax(dim=1)  # first occurrence, [N]
+    return is_clf.int().argmax(dim=1)  # first occurrence
+
+
+def extract_states(hidden: torch.Tensor, ids: torch.Tensor, classify_id: int) -> torch.Tensor:
+    """hidden `[N, T, C]`, ids `[N, T]` -> the state at each row's first classify token `[N, C]`."""
+    pos = extract_positions(ids, classify_id)
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), pos]
 
 
@@ -102,6 +107,10 @@ class FinetuneModel(nn.Module):
         # Each row is computed up to its last real token: the padding after it is skipped.
         positions = torch.arange(1, T + 1, device=mask.device, dtype=mask.dtype)
         lengths = (mask.reshape(B * K, T) * positions).amax(dim=1).long()  # [B*K]
+        if not with_lm:  # the head reads one state per sequence: compute only those at the top
+            at = extract_positions(flat, self.classify_id)
+            states = self.gpt(flat, lengths=lengths, at=at).view(B, K, -1)  # [B, K, C]
+            return self.head(states), None
         hidden, head_weight = self.gpt(flat, lengths=lengths, with_head_weight=True)  # [B*K, T, C]
         states = extract_states(hidden, flat, self.classify_id).view(B, K, -1)  # [B, K, C]
         out = self.head(states)
