@@ -156,9 +156,11 @@ class LSTMLM(nn.Module):
         lengths: torch.Tensor | None = None,
         *,
         with_head_weight: bool = False,
+        at: torch.Tensor | None = None,
     ) -> torch.Tensor | LMOutput:
         """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (with `with_head_weight`,
-        `LMOutput(hidden, token table)`, as `GPT.forward`).
+        `LMOutput(hidden, token table)`; with `at` `[B]`, the states at those positions
+        `[B, n_embd]`; as `GPT.forward`).
 
         `position_ids` is ignored, and so is `lengths` (`GPT.forward`'s right-padding hint): a
         left-to-right LSTM's real positions never see the padding after them, and the states it
@@ -167,6 +169,8 @@ class LSTMLM(nn.Module):
         x = self.drop(self.wte(ids))  # [B, T, E]
         out, _ = self.lstm(x)  # [B, T, H]; state starts at zero per row
         hidden = self.resid_dropout(self.c_proj(out))  # [B, T, E]
+        if at is not None:
+            return hidden[torch.arange(hidden.shape[0], device=hidden.device), at.to(ids.device)]
         return LMOutput(hidden, self.wte.weight) if with_head_weight else hidden
 
     def lm_weight(self) -> torch.Tensor:

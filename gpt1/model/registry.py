@@ -42,8 +42,9 @@ class LanguageModel(Protocol):
     """What every architecture provides (`GPT`, `LSTMLM`).
 
     Calling it maps ids `[B, T]` to hidden states `[B, T, n_embd]`; `lengths=` marks right-padded
-    rows, and `with_head_weight=True` also returns the tied output weight of that pass
-    (`gpt1.model.gpt.LMOutput`).
+    rows, `with_head_weight=True` also returns the tied output weight of that pass
+    (`gpt1.model.gpt.LMOutput`), and `at=` positions `[B]` return only the states there `[B,
+    n_embd]` (what a classification head reads; GPT then skips work in its last block).
     """
 
     config: Any
@@ -56,6 +57,7 @@ class LanguageModel(Protocol):
         *,
         lengths: torch.Tensor | None = None,
         with_head_weight: bool = False,
+        at: torch.Tensor | None = None,
     ) -> Any: ...
     def lm_weight(self) -> torch.Tensor: ...
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
