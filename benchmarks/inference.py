@@ -24,6 +24,7 @@ as a fraction of it; so is the memory read bandwidth that bounds batch-1 decodin
 
     python benchmarks/inference.py                          # 256 sentences, 3 repeats
     python benchmarks/inference.py --sentences 64 --repeats 1 --dtypes fp32   # quick look
+    python benchmarks/inference.py --dtypes fp32 --skip generate,ort --profile   # where time goes
 """
 
 from __future__ import annotations
@@ -170,6 +171,20 @@ def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
     return x.numel() * 4 / best
 
 
+def print_profile(fn, rows: int = 8) -> None:
+    """Where `fn`'s CPU time goes: the share of the `rows` costliest operators (self time)."""
+    from torch.profiler import profile
+
+    fn()  # warm (packed copies made, allocator primed)
+    with profile() as prof:
+        fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"  profile of gpt1 classify ({total / 1e6:.2f} s under the profiler):")
+    for e in events[:rows]:
+        print(f"    {e.self_cpu_time_total / total:6.1%}  {e.key} ({e.count} calls)")
+
+
 def classify_flops(seqs: list[list[int]], n_embd: int = 768, n_layer: int = 12) -> float:
     """Forward FLOPs of the unpadded classifier on `seqs`: weight matmuls on real tokens plus
     attention (causal half credited), the head ignored."""
@@ -197,6 +212,11 @@ def main() -> None:
         "--plain",
         action="store_true",
         help="also time gpt1 without prepacked weights (plain F.linear)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile gpt1's classification once (torch.profiler): where its time goes",
     )
     p.add_argument(
         "--file-order",
@@ -279,6 +299,9 @@ def main() -> None:
                     else ""
                 )
             )
+            if args.profile:
+                with torch.inference_mode():
+                    print_profile(lambda: predict_raw(clf, task, enc, args.batch))
         if "generate" not in skip:
             prompt = torch.tensor([sum(seqs, [])[: args.prompt]])
             gen = {

@@ -14,9 +14,10 @@ drop-in for the torch function it names, falling back to it wherever the fast pa
 - `prepack_for_inference(model)` (inference only, called by the commands that serve, predict,
   sample and score): every `nn.Linear` becomes a `PackedLinear` and the tied output layer gets a
   `PackedWeight`. Each keeps a copy of its weight reordered once into oneDNN's blocked layout
-  and multiplies with oneDNN's inner-product kernel: batch-1 decoding reads weights 1.5-2x
-  faster than torch's GEMV (which uses one thread), and large products run closer to the matmul
-  peak (`python benchmarks/inference.py`). The copy costs one more weight's worth of memory,
+  and multiplies with oneDNN's inner-product kernel: on the CPUs measured, batch-1 decoding ran
+  1.4-1.8x faster than with `F.linear` and classification up to 1.1x, except fp32 on a CPU with
+  AMX, where `F.linear` decoded faster (`python benchmarks/inference.py --plain`; figures in
+  docs/results.md). The copy costs one more weight's worth of memory,
   made lazily (the output layer's only if logits are asked for), and is remade whenever the
   weight changes.
 
