@@ -403,7 +403,8 @@ def test_health_metrics_and_openapi(world):
 
 
 BAD_REQUESTS = [
-    ("/v1/predict", {"inputs": {"text": "ok", "colour": "red"}}, 422, "Extra inputs"),
+    ("/v1/predict", {"inputs": {"text": "ok", "colour": "red"}}, 422, "inputs.colour: Extra"),
+    ("/v1/predict", {"inputs": [{"text": "ok"}, {"txt": "x"}]}, 422, "inputs.1.text: Field"),
     ("/v1/predict", {"inputz": [{"text": "ok"}]}, 422, "inputs"),
     ("/v1/predict", {"inputs": {"text": 5}}, 422, "valid string"),
     ("/v1/predict", {"inputs": {"text": ""}}, 422, "at least 1"),

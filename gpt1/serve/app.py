@@ -36,10 +36,17 @@ def error(status: int, message: str, headers: dict[str, str] | None = None) -> J
 
 
 def _validation_message(exc: RequestValidationError) -> str:
-    """Pydantic's errors as one line: `inputs.0.text: Field required; ...`."""
+    """Pydantic's errors as one line: `inputs.0.text: Field required; ...`, each field named as
+    the client sent it (`inputs.text` when `inputs` was one object, which the schema validates
+    as a list of one)."""
+    body = getattr(exc, "body", None)
+    one_item = isinstance(body, dict) and isinstance(body.get("inputs"), dict)
     parts = []
     for e in exc.errors():
-        loc = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body",))
+        where = [p for p in e.get("loc", ()) if p != "body"]
+        if one_item and where[:2] == ["inputs", 0]:
+            where = ["inputs", *where[2:]]
+        loc = ".".join(str(p) for p in where)
         if e.get("type") == "json_invalid":
             parts.append("body is not valid JSON")
             continue
