@@ -394,10 +394,22 @@ def test_health_metrics_and_openapi(world):
         health = httpx.get(f"{url}/health", timeout=TIMEOUT).json()
         text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
         schema = httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()
-        assert httpx.get(f"{url}/docs", timeout=TIMEOUT).status_code == 200
+        docs = httpx.get(f"{url}/docs", timeout=TIMEOUT)
     assert (
         health["status"] == "ok" and health["task"] == "jsonl" and health["labels"] == ["no", "yes"]
     )
+    assert health["model"] == f"{run.name}/final" and health["checkpoint"] == "final"
+    # The page works offline: nothing loaded from elsewhere, the schema read from this server.
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+    assert "<script src" not in docs.text and "https://" not in docs.text
+    # Errors are documented as the server sends them: {"error": "..."}, not FastAPI's {detail}.
+    for path in ("/v1/predict", "/v1/generate", "/v1/score"):
+        responses = schema["paths"][path]["post"]["responses"]
+        for status in ("408", "413", "422", "503"):
+            ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/ErrorBody"), (path, status, ref)
+    assert set(schema["components"]["schemas"]["ErrorBody"]["properties"]) == {"error"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(text)

@@ -34,7 +34,7 @@ function describe(spec, s) {
   if (s.type === "array") return "list of " + describe(spec, resolve(spec, s.items));
   const limits = ["minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems"]
     .filter(k => k in s).map(k => k + " " + s[k]);
-  return (s.title && !s.type ? s.title : s.type || "object") +
+  return ((!s.type || s.type === "object") && s.title ? s.title : s.type || "object") +
     (limits.length ? " (" + limits.join(", ") + ")" : "");
 }
 function fields(spec, schema) {
