@@ -22,6 +22,7 @@ from typing import Any
 
 log = logging.getLogger("gpt1.serve")
 FLOOD_LOG_EVERY_S = 10.0
+LINGER_S = 1.0  # a refused connection's unread bytes are drained this long before it closes
 
 
 class FloodLog:
@@ -46,8 +47,15 @@ class FloodLog:
             self.pending, self.last = 0, now
 
 
-def answer_and_close(transport: asyncio.BaseTransport, status: int, message: str) -> None:
-    """Write a whole JSON error response on a connection no request owns, then close it."""
+def answer_and_close(
+    transport: asyncio.BaseTransport,
+    status: int,
+    message: str,
+    loop: asyncio.AbstractEventLoop | None = None,
+) -> None:
+    """Write a whole JSON error response on a connection no request owns, then close it: at
+    once, or (with `loop`) after sending end-of-file and a short linger, so that a client whose
+    request bytes were never read gets the answer rather than a reset."""
     body = json.dumps({"error": message}).encode()
     head = (
         f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\n"
@@ -56,7 +64,11 @@ def answer_and_close(transport: asyncio.BaseTransport, status: int, message: str
         + "connection: close\r\n\r\n"
     )
     transport.write(head.encode() + body)  # type: ignore[attr-defined]
-    transport.close()
+    if loop is not None and transport.can_write_eof():  # type: ignore[attr-defined]
+        transport.write_eof()  # type: ignore[attr-defined]
+        loop.call_later(LINGER_S, transport.close)
+    else:
+        transport.close()
 
 
 def bounded_protocol(
@@ -71,16 +83,20 @@ def bounded_protocol(
     class Bounded(base):  # type: ignore[valid-type, misc]
         _deadline: asyncio.TimerHandle | None = None
         _deadline_cycle: Any = None  # the request cycle when the deadline was armed
+        _refused = False
 
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             if max_connections is not None and len(self.connections) > max_connections:
                 refused.count()
-                answer_and_close(transport, 503, "too many connections; retry later")
+                self._refused = True
+                answer_and_close(transport, 503, "too many connections; retry later", self.loop)
                 return
             self._arm()
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # drained: this connection's requests are not read
             super().data_received(data)
             if self._deadline is not None and self.cycle is not self._deadline_cycle:
                 self._disarm()  # a request's headers arrived whole: its app runs now
