@@ -95,9 +95,8 @@ class Guard:
 
         try:
             try:
-                async with asyncio.timeout(self.body_timeout):
-                    body = await self._read_body(scope, receive)
-            except TimeoutError:
+                body = await asyncio.wait_for(self._read_body(scope, receive), self.body_timeout)
+            except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11 on
                 self.slow_bodies.count(timeout=self.body_timeout)
                 await error(
                     408,
@@ -172,8 +171,8 @@ def create_app(
     bounds the seconds a request body may take to arrive)."""
     limits = limits or Limits()
     metrics = Metrics()
-    # One thread: the tokenizer's caches are not shared between threads, and the event loop
-    # stays free while a long text is encoded.
+    # Tokenization runs here, off the event loop, so a long text never stalls other requests;
+    # one thread, because the tokenizer (its caches, spaCy) is not made for concurrent calls.
     tokenizer_thread = ThreadPoolExecutor(1, thread_name_prefix="gpt1-tokenize")
 
     async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
