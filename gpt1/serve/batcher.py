@@ -10,7 +10,9 @@ Generations advance a token per turn, interleaved with batches: between two batc
 generation gets its next token from one step of the `Generations` (the engine's continuous
 batching decoder, `gpt1.recipes.decoder`: one forward pass for all of them), so a long
 generation neither blocks classification nor starves, and concurrent generations share the cost
-of reading the weights. At most `max_active_generations` run at once; the rest wait queued.
+of reading the weights. At most `max_active_generations` run at once; the rest wait queued
+(predict and score jobs behind them still run), and a generation whose client left is stopped
+before the next step, or dropped from the queue, so its slot goes to the next.
 
 Past `max_queue` queued items (examples, score pairs, generations) `submit` raises `QueueFull`
 (the app answers 503 with Retry-After): memory stays bounded whatever the load. Results are
