@@ -143,6 +143,89 @@ def test_at_most_cap_streams_get_tokens_before_the_first_finishes(capped_server)
     assert 1 <= len(early) <= CAP, early
 
 
+class CountingGenerations:
+    """`Generations` whose requests are (name, steps): one token a step, then done. Records the
+    most generations stepped together and the names started."""
+
+    def __init__(self) -> None:
+        self.active: dict[int, list] = {}
+        self.most = 0
+        self.started: list[str] = []
+
+    def start(self, request: tuple[str, int]) -> int:
+        self.started.append(request[0])
+        handle = len(self.started)
+        self.active[handle] = [request[1]]
+        return handle
+
+    def step(self) -> list[tuple[Any, Any]]:
+        self.most = max(self.most, len(self.active))
+        events: list[tuple[Any, Any]] = []
+        for handle, left in list(self.active.items()):
+            left[0] -= 1
+            events.append((handle, 1))
+            if left[0] == 0:
+                events.append((handle, None))
+                del self.active[handle]
+        return events
+
+    def stop(self, handle: Any) -> None:
+        self.active.pop(handle, None)
+
+
+def test_batcher_runs_at_most_the_cap_and_serves_predictions_meanwhile():
+    """Cap 2, five generations of 30 steps queued: never more than 2 stepped together; a predict
+    job queued behind the waiting generations runs before they finish; a queued generation
+    whose client left is never started."""
+    import asyncio
+
+    from gpt1.serve.batcher import Batcher, Job
+
+    gens = CountingGenerations()
+    started_by_then: list[str] = []  # the generations started when the predict batch ran
+
+    def run_batch(kind: str, items: list) -> list:
+        started_by_then.extend(gens.started)
+        return items
+
+    batcher = Batcher(run_batch, max_active_generations=2, generations=gens)
+
+    async def scenario() -> list[str]:
+        loop = asyncio.get_running_loop()
+        order: list[str] = []
+        finished = asyncio.Event()
+
+        def ended(name: str) -> Any:
+            def emit(item: Any) -> None:
+                if item is None:
+                    order.append(name)
+                    if len(order) == 5:  # g4 never runs
+                        finished.set()
+
+            return emit
+
+        jobs = [Job("generate", (f"g{n}", 30), 1, 1, loop, emit=ended(f"g{n}")) for n in range(6)]
+        jobs[4].cancelled.set()  # its client left while it waited
+        predict = Job("predict", ["x"], 1, 1, loop, future=loop.create_future())
+        for job in jobs[:5]:
+            batcher.submit(job)
+        batcher.submit(predict)
+        batcher.submit(jobs[5])
+        batcher.start()
+        await predict.future
+        await asyncio.wait_for(finished.wait(), TIMEOUT)
+        return order
+
+    try:
+        order = asyncio.run(scenario())
+    finally:
+        batcher.stop(TIMEOUT)
+    assert gens.most == 2
+    assert "g4" not in gens.started and sorted(gens.started) == ["g0", "g1", "g2", "g3", "g5"]
+    assert started_by_then == ["g0", "g1"]  # the predict job did not wait behind g2, g3, g5
+    assert sorted(order) == ["g0", "g1", "g2", "g3", "g5"]
+
+
 def rss(pid: int) -> int:
     """Resident memory of process `pid`, in bytes (Linux /proc)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
