@@ -292,6 +292,7 @@ CHECK_CASES = [
         "token_id_beyond_the_vocabulary",
         "hf_index_outside_its_folder",
         "strict_readers",
+        "serve_refuses_bad_options",
     )
 ]
 
@@ -303,6 +304,13 @@ def test_validation_and_reader_fault_cases(tmp_path, monkeypatch, name, case):
     monkeypatch.setattr(fault_cases, "CHECK_TIMES", False)
     result = case(tmp_path)
     assert result.problems == () and result.data_lost == 0, result.outcome
+
+
+@pytest.mark.slow
+def test_half_sent_requests_flood_case(tmp_path):
+    pytest.importorskip("uvicorn")
+    result = fault_cases.half_sent_requests_flood(tmp_path)
+    assert result.problems == (), result.outcome
 
 
 def test_every_fault_case_is_listed_once():

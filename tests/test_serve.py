@@ -36,8 +36,9 @@ from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.recipes.finetune import load_tokenizer, task_record, writer  # noqa: E402
 from gpt1.serve.app import create_app  # noqa: E402
-from gpt1.serve.engine import load_engine  # noqa: E402
+from gpt1.serve.engine import Engine, load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
+from gpt1.serve.server import uvicorn_config  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -141,6 +142,15 @@ def kind_cases() -> dict[str, tuple[str, dict | None, str, list[dict]]]:
     }
 
 
+def tiny_lm(folder: Path, vocab: Path, **sizes: int) -> Path:
+    """A pretrained-checkpoint folder: the tiny preset (with `sizes` changed), random weights."""
+    from gpt1.model.checkpoint import save_model
+
+    torch.manual_seed(1)
+    config = model_preset("tiny").derive(vocab_size=load_tokenizer(vocab).vocab_size, **sizes)
+    return save_model(GPT(config), folder, vocab)
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("serve")
@@ -152,14 +162,11 @@ def world(tmp_path_factory) -> dict[str, Any]:
         name = "test.tsv" if task == "sst2" else f"test.{fmt}"
         write_rows(data / name, rows, fmt)
         runs[kind] = (run, data, rows)
-    torch.manual_seed(1)
-    from gpt1.model.checkpoint import save_model
-
-    config = model_preset("tiny").derive(vocab_size=load_tokenizer(vocab).vocab_size)
-    lm = save_model(GPT(config), root / "lm", vocab)
+    lm = tiny_lm(root / "lm", vocab)
     from gpt1.model.lstm import LSTMLM, lstm_config_for
     from gpt1.model.registry import save_lstm
 
+    config = model_preset("tiny").derive(vocab_size=load_tokenizer(vocab).vocab_size)
     lstm = save_lstm(LSTMLM(lstm_config_for(config)), root / "lstm", vocab)
     return {"root": root, "vocab": vocab, "runs": runs, "lm": lm, "lstm": lstm}
 
@@ -171,14 +178,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(path: Path, **app_options: Any) -> Iterator[str]:
-    """A real uvicorn server for `path` on a free loopback port, in a thread of this process."""
+def serving(
+    model: Path | Engine, max_connections: int | None = None, **app_options: Any
+) -> Iterator[str]:
+    """A real uvicorn server for `model` (a path, or an engine loaded already) on a free
+    loopback port, in a thread of this process, configured as `gpt1 serve` configures it."""
     import uvicorn
 
-    app = create_app(load_engine(path), **app_options)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_config=None, lifespan="on")
+    engine = model if isinstance(model, Engine) else load_engine(model)
+    app = create_app(engine, **app_options)
+    config = uvicorn_config(
+        app, "127.0.0.1", free_port(), app_options.get("request_timeout"), max_connections
     )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT
@@ -382,10 +394,22 @@ def test_health_metrics_and_openapi(world):
         health = httpx.get(f"{url}/health", timeout=TIMEOUT).json()
         text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
         schema = httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()
-        assert httpx.get(f"{url}/docs", timeout=TIMEOUT).status_code == 200
+        docs = httpx.get(f"{url}/docs", timeout=TIMEOUT)
     assert (
         health["status"] == "ok" and health["task"] == "jsonl" and health["labels"] == ["no", "yes"]
     )
+    assert health["model"] == f"{run.name}/final" and health["checkpoint"] == "final"
+    # The page works offline: nothing loaded from elsewhere, the schema read from this server.
+    assert docs.status_code == 200 and "/openapi.json" in docs.text
+    assert "<script src" not in docs.text and "https://" not in docs.text
+    # Errors are documented as the server sends them: {"error": "..."}, not FastAPI's {detail}.
+    for path in ("/v1/predict", "/v1/generate", "/v1/score"):
+        responses = schema["paths"][path]["post"]["responses"]
+        for status in ("408", "413", "422", "503"):
+            ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
+            assert ref.endswith("/ErrorBody"), (path, status, ref)
+    assert set(schema["components"]["schemas"]["ErrorBody"]["properties"]) == {"error"}
+    assert "HTTPValidationError" not in schema["components"]["schemas"]
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for fam in text_string_to_metric_families(text)
@@ -420,6 +444,16 @@ BAD_REQUESTS = [
     ("/v1/generate", {"prompt_ids": [5] * 65}, 422, "64 positions"),
     ("/v1/generate", {"prompt": "a", "stream": "yes"}, 422, "valid boolean"),
     ("/v1/score", {"items": [{"context": "a"}]}, 422, "continuation"),
+    # sampling options the schema's types allow but float32 sampling cannot use
+    ("/v1/generate", {"prompt": "a", "temperature": 1e-40}, 422, "temperature: must be 0"),
+    ("/v1/generate", {"prompt": "a", "temperature": 5e-5}, 422, "at least 0.0001"),
+    ("/v1/generate", {"prompt": "a", "top_p": 1e-46}, 422, "top_p: Input should be greater"),
+    ("/v1/generate", {"prompt": "a", "seed": 2**64}, 422, "seed: Input should be less"),
+    ("/v1/generate", {"prompt": "a", "seed": -1}, 422, "seed: Input should be greater"),
+    # texts with nothing printable, and a bare string where items go
+    ("/v1/predict", {"inputs": {"text": "\u0000"}}, 422, "inputs[0].text: empty text"),
+    ("/v1/predict", {"inputs": {"text": "\u200b\t"}}, 422, "no printable"),
+    ("/v1/predict", {"inputs": "a fine film"}, 422, "not a bare string"),
     ("/v1/nothing", {}, 404, "no such endpoint"),
 ]
 
@@ -435,6 +469,12 @@ def test_bad_requests_get_a_one_line_4xx(world):
             assert words in message and "\n" not in message and "Traceback" not in message, message
         raw = httpx.post(f"{url}/v1/predict", content=b"{not json", timeout=TIMEOUT)
         assert raw.status_code == 422 and raw.json()["error"] == "body is not valid JSON"
+        for body, words in (
+            (b'{"prompt": "a", "temperature": Infinity}', "temperature: Input should be a finite"),
+            (b'{"prompt": "a", "top_p": NaN}', "top_p: Input should be a finite"),
+        ):
+            r = httpx.post(f"{url}/v1/generate", content=body, timeout=TIMEOUT)
+            assert r.status_code == 422 and words in r.json()["error"], r.text
         big = post(f"{url}/v1/predict", {"inputs": {"text": "y" * 5000}})
         assert big.status_code == 413 and "2000 bytes" in big.json()["error"]
         chunked = httpx.post(
@@ -551,6 +591,20 @@ def test_cli_refuses_bad_options(world, capsys):
     assert main(["serve", str(world["root"] / "missing")]) == 2
     with pytest.raises(SystemExit):
         main(["serve", str(run), "--precision", "fp8"])
+    capsys.readouterr()
+    bad = [
+        (["--device", "tpu"], "device 'tpu'"),
+        (["--threads", "-1"], "--threads must be >= 1, got -1"),
+        (["--threads", "0"], "--threads must be >= 1, got 0"),
+        (["--request-timeout", "0"], "--request-timeout must be > 0"),
+        (["--max-connections", "0"], "--max-connections must be >= 1"),
+    ]
+    if not torch.cuda.is_available():
+        bad.append((["--device", "cuda"], "no CUDA device is available"))
+    for options, words in bad:
+        assert main(["serve", str(run), *options]) == 2, options
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
 
 
 def test_bf16_engine_predicts(world):

@@ -395,6 +395,8 @@ def test_jsonl_nan_and_infinity_are_not_json(tmp_path: Path):
         ('["a"]', "expected text, got list"),
         ("null", "missing column"),
         ('"  "', "empty text"),
+        ('"\\u0000"', "no printable character"),  # as the server refuses it
+        ('"\\u200b\\t"', "no printable character"),
     ],
 )
 def test_jsonl_text_must_be_a_non_empty_string(tmp_path: Path, value, message):

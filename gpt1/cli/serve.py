@@ -24,15 +24,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    from gpt1.devices import DEVICE_HELP
+
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument(
         "--precision",
-        choices=["fp32", "bf16"],
-        default="fp32",
-        help="weights and activations: fp32 (default) or bf16 (faster on CPUs with "
-        "AMX or AVX512-BF16; check its agreement with fp32 on your task)",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="weights and activations: auto (default: bf16 on a GPU that supports it, fp32 "
+        "otherwise), fp32 or bf16 (faster on CPUs with AMX or AVX512-BF16; check its agreement "
+        "with fp32 on your task)",
     )
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch threads, >= 1 (default: torch's)"
+    )
     g = p.add_argument_group("batching and limits")
     g.add_argument(
         "--batch-tokens",
@@ -78,6 +83,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)"
     )
     g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request (headers and body) may take to arrive before a 408 (default 10)",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        help="open connections past which a new one gets 503 (default 512)",
+    )
+    g.add_argument(
         "--graceful-timeout",
         type=float,
         default=None,
@@ -112,5 +129,7 @@ def run(args: argparse.Namespace) -> int:
         args.threads,
         args.graceful_timeout,
         args.max_generations,
+        args.request_timeout,
+        args.max_connections,
     )
     return 0

@@ -10,7 +10,9 @@ Generations advance a token per turn, interleaved with batches: between two batc
 generation gets its next token from one step of the `Generations` (the engine's continuous
 batching decoder, `gpt1.recipes.decoder`: one forward pass for all of them), so a long
 generation neither blocks classification nor starves, and concurrent generations share the cost
-of reading the weights. At most `max_active_generations` run at once; the rest wait queued.
+of reading the weights. At most `max_active_generations` run at once; the rest wait queued
+(predict and score jobs behind them still run), and a generation whose client left is stopped
+before the next step, or dropped from the queue, so its slot goes to the next.
 
 Past `max_queue` queued items (examples, score pairs, generations) `submit` raises `QueueFull`
 (the app answers 503 with Retry-After): memory stays bounded whatever the load. Results are
@@ -129,46 +131,72 @@ class Batcher:
                 self._run(batch)
             self._step_generations()
 
+    @property
+    def active_generations(self) -> int:
+        return len(self._active)
+
     def _next_batch(self) -> list[Job] | None:
-        """The next jobs to run together; None when nothing is queued (after waiting, unless
-        generations are active or the server stops)."""
+        """The next jobs to run together; None when nothing can start now (after waiting,
+        unless generations are active or the server stops)."""
         with self._cond:
-            while not self._jobs and not self._active and not self._stopping:
+            while True:
+                first = self._take(lambda job: True)
+                if first is not None or self._active or self._stopping:
+                    break
                 self._cond.wait()
-            if not self._jobs:
+            if first is None:  # nothing queued, or only generations waiting for room
                 return None
-            first = self._jobs.popleft()
             batch, tokens, items = [first], first.tokens, first.items
             if first.kind == "generate":
-                room = self.max_active - len(self._active)
-                while room > 1 and self._jobs and self._jobs[0].kind == "generate":
-                    batch.append(self._jobs.popleft())
-                    room -= 1
-            else:
-                deadline = time.monotonic() + self.wait_s
-                while True:
-                    for job in list(self._jobs):
-                        if job.kind != first.kind:
-                            continue
-                        if (
-                            tokens + job.tokens > self.batch_tokens
-                            or items + job.items > self.batch_items
-                        ):
-                            break
-                        self._jobs.remove(job)
-                        batch.append(job)
-                        tokens, items = tokens + job.tokens, items + job.items
-                    left = deadline - time.monotonic()
-                    if (
-                        left <= 0
-                        or self._stopping
-                        or tokens >= self.batch_tokens
-                        or items >= self.batch_items
-                    ):
+                while len(self._active) + len(batch) < self.max_active:
+                    more = self._take(lambda job: job.kind == "generate")
+                    if more is None:
                         break
-                    self._cond.wait(left)
+                    batch.append(more)
+            else:
+                self._gather(batch, tokens, items)
             self._queued_items -= sum(job.items for job in batch)
             return batch
+
+    def _take(self, wanted: Callable[[Job], bool]) -> Job | None:
+        """Remove and return the oldest queued job that is `wanted` and can start now: a
+        generation only while fewer than `max_active` run. Queued generations whose client
+        left are dropped on the way."""
+        full = len(self._active) >= self.max_active
+        for job in list(self._jobs):
+            if job.cancelled.is_set():
+                self._jobs.remove(job)
+                self._queued_items -= job.items
+                continue
+            if (job.kind == "generate" and full) or not wanted(job):
+                continue
+            self._jobs.remove(job)
+            return job
+        return None
+
+    def _gather(self, batch: list[Job], tokens: int, items: int) -> None:
+        """Add queued jobs of the batch's kind, within the batch bounds, waiting at most
+        `wait_s` for more to arrive."""
+        kind = batch[0].kind
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            for job in list(self._jobs):
+                if job.kind != kind:
+                    continue
+                if tokens + job.tokens > self.batch_tokens or items + job.items > self.batch_items:
+                    break
+                self._jobs.remove(job)
+                batch.append(job)
+                tokens, items = tokens + job.tokens, items + job.items
+            left = deadline - time.monotonic()
+            if (
+                left <= 0
+                or self._stopping
+                or tokens >= self.batch_tokens
+                or items >= self.batch_items
+            ):
+                return
+            self._cond.wait(left)
 
     def _run(self, batch: list[Job]) -> None:
         kind = batch[0].kind

@@ -27,6 +27,7 @@ from gpt1.model.finetuned import TASK_FILE
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
+from gpt1.tasks.rows import EMPTY_TEXT, has_visible_text
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ class Engine:
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {
-            "model": self.folder.name,
+            "model": model_name(self.folder),
+            "checkpoint": self.folder.name,
             "kind": self.kind,
             "precision": self.precision,
             "n_positions": self.n_positions,
@@ -128,9 +130,9 @@ class Engine:
             by_role = {roles[k]: v for k, v in item.items() if v is not None}
             for role, value in by_role.items():
                 values = value if isinstance(value, list) else [value]
-                if not values or any(not v.strip() for v in values) and role != "question":
+                if role != "question" and not all(map(has_visible_text, values)):
                     field = next(k for k, r in roles.items() if r == role)
-                    raise DataError(f"inputs[{n}].{field}: empty text")
+                    raise DataError(f"inputs[{n}].{field}: {EMPTY_TEXT}")
             kind = self.task.kind
             if kind == "single":
                 out.append(TextExample(by_role["text"], uid=str(n)))
@@ -197,8 +199,11 @@ class Engine:
         return list(self.tokenizer.encode(text or ""))
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
-        """Per (context ids, continuation ids): token log-probabilities, total, mean, greedy."""
+        """Per (context ids, continuation ids): token log-probabilities, total, mean, greedy,
+        and how many context tokens the model saw (a context longer than the window left after
+        the continuation loses its first tokens; a continuation must fit whole: the app checks)."""
         scores = self.scorer.score(pairs, greedy=True)
+        window = self.scorer.n_positions
         return [
             {
                 "logprobs": s.logprobs,
@@ -206,8 +211,9 @@ class Engine:
                 "mean": s.mean if s.logprobs else None,
                 "greedy": s.greedy,
                 "tokens": len(s.logprobs),
+                "context_tokens": min(len(ctx), window - len(cont) + 1),
             }
-            for s in scores
+            for s, (ctx, cont) in zip(scores, pairs)
         ]
 
     # -------------------------------------------------------------------- generate
@@ -233,6 +239,15 @@ class Engine:
 
     def decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None
+
+
+def model_name(folder: Path) -> str:
+    """What /health calls the model: `run/checkpoint` for a run's checkpoint (`sst2/final`),
+    the folder's name for a checkpoint folder of its own."""
+    name = folder.name
+    if name in ("final", "best") or (name.startswith("step-") and name[5:].isdigit()):
+        return f"{folder.parent.name}/{name}"
+    return name
 
 
 @dataclass
@@ -276,13 +291,15 @@ class EngineGenerations:
         self.decoder.stop(handle)
 
 
-def load_engine(path: str | Path, device: str = "cpu", precision: str = "fp32") -> Engine:
-    """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving."""
+def load_engine(path: str | Path, device: str = "auto", precision: str = "auto") -> Engine:
+    """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving;
+    `auto` device and precision as every command resolves them (`gpt1.devices`)."""
+    from gpt1.devices import resolve_device, resolve_precision
     from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
     from gpt1.recipes.evaluate import load_finetuned
 
-    if precision not in PRECISIONS:
-        raise ConfigError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    device = resolve_device(device)
+    precision = resolve_precision(precision, device, ("auto", *PRECISIONS))
     dtype = PRECISIONS[precision]
     folder = resolve_checkpoint_dir(path)
     if (folder / TASK_FILE).is_file():

@@ -20,7 +20,8 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 
 
 class Metrics:
-    """Request counts and latencies per endpoint and status, batch sizes, queue depth."""
+    """Request counts and latencies per endpoint and status, batch sizes, queue depth, active
+    generations."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -61,6 +62,11 @@ class Metrics:
             registry=r,
         )
         self.generated = Counter("gpt1_generated_tokens", "Tokens generated", registry=r)
+        self.active_generations = Gauge(
+            "gpt1_active_generations",
+            "Generations being decoded now (at most --max-generations; the rest are queued)",
+            registry=r,
+        )
 
     def observe_batch(self, kind: str, items: int, tokens: int) -> None:
         self.batch_items.labels(kind).observe(items)

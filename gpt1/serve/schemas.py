@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, Strict, create_model, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 
 @dataclass
@@ -30,10 +38,33 @@ class Closed(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-# No coercion: "5" is not an int, 1 is not a string, "true" is not a bool.
+# No coercion: "5" is not an int, 1 is not a string, "true" is not a bool; no Infinity or NaN.
 Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict()]
+Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Bool = Annotated[bool, Strict()]
+
+# Sampling options whose float32 arithmetic breaks down below these (logits / temperature
+# overflows; top_p rounds to 0 and drops every token): refused, not treated as greedy.
+MIN_TEMPERATURE = 1e-4
+MIN_TOP_P = 1e-6
+MAX_SEED = 2**64 - 1  # torch's generators take 64-bit seeds
+
+
+class ErrorBody(BaseModel):
+    """What every error response carries."""
+
+    error: str = Field(description="what was wrong, in one line")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what}
+    for status, what in (
+        (408, "the request did not arrive within --request-timeout"),
+        (413, "the body is over --max-body-bytes"),
+        (422, "invalid body: unknown fields, wrong types, values out of range, invalid JSON"),
+        (503, "the queue is full (see Retry-After)"),
+    )
+}
 
 
 def predict_model(fields: dict[str, str], limits: Limits) -> type[BaseModel]:
@@ -69,6 +100,12 @@ def predict_model(fields: dict[str, str], limits: Limits) -> type[BaseModel]:
             """`{"inputs": {...}}` is the list of that one item."""
             if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
                 return {**data, "inputs": [data["inputs"]]}
+            if isinstance(data, dict) and isinstance(data.get("inputs"), str):
+                example = ", ".join(f'"{name}": "..."' for name in fields)
+                raise ValueError(
+                    "inputs: an object of the task's fields ({" + example + "}) or a list of "
+                    "them, not a bare string"
+                )
             return data
 
     return PredictRequest
@@ -83,11 +120,22 @@ def generate_model(limits: Limits) -> type[BaseModel]:
         ) = None
         prompt_ids: Annotated[list[Int], Field(min_length=1)] | None = None
         max_new_tokens: Annotated[Int, Field(ge=0, le=limits.max_new_tokens)] = 50
-        temperature: Annotated[Float, Field(ge=0.0)] = 1.0
+        temperature: Annotated[
+            Float, Field(ge=0.0, description=f"0 (greedy) or from {MIN_TEMPERATURE:g}")
+        ] = 1.0
         top_k: Annotated[Int, Field(ge=1)] | None = None
-        top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = None
-        seed: Int | None = None
+        top_p: Annotated[Float, Field(ge=MIN_TOP_P, le=1.0)] | None = None
+        seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
         stream: Bool = False
+
+        @field_validator("temperature")
+        @classmethod
+        def usable_temperature(cls, value: float) -> float:
+            if 0 < value < MIN_TEMPERATURE:
+                raise ValueError(
+                    f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value:g}"
+                )
+            return value
 
         @model_validator(mode="after")
         def one_prompt(self) -> GenerateRequest:

@@ -2,7 +2,9 @@
 
 uvicorn's graceful shutdown does what a deployment needs on SIGTERM: it stops accepting
 connections, lets the requests in flight (streams included) finish, then runs the app's
-shutdown, which lets the batcher finish its queue before the process exits.
+shutdown, which lets the batcher finish its queue before the process exits. `uvicorn_config`
+adds what uvicorn lacks against slow or piled-up clients (`gpt1.serve.connections`): a deadline
+for each request to arrive and a bound on open connections.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,8 +28,8 @@ def serve(
     path: str | Path,
     host: str = "127.0.0.1",
     port: int = 8000,
-    device: str = "cpu",
-    precision: str = "fp32",
+    device: str = "auto",
+    precision: str = "auto",
     limits: Limits | None = None,
     batch_tokens: int = 8192,
     batch_items: int = 16,
@@ -35,6 +38,8 @@ def serve(
     threads: int | None = None,
     graceful_timeout: float | None = None,
     max_generations: int = 16,
+    request_timeout: float | None = 10.0,
+    max_connections: int | None = 512,
 ) -> None:
     """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped."""
     import uvicorn
@@ -49,37 +54,98 @@ def serve(
         ("--batch-items", batch_items),
         ("--max-queue", max_queue),
         ("--max-generations", max_generations),
+        ("--threads", 1 if threads is None else threads),
+        ("--max-connections", 1 if max_connections is None else max_connections),
     ):
         if value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     if wait_ms < 0:
         raise ConfigError(f"--batch-wait-ms must be >= 0, got {wait_ms}")
+    if request_timeout is not None and not request_timeout > 0:
+        raise ConfigError(f"--request-timeout must be > 0 seconds, got {request_timeout}")
+    ensure_file_descriptors(max_connections)
     if threads:
         torch.set_num_threads(threads)
     engine = load_engine(path, device, precision)
     app = create_app(
-        engine, limits, batch_tokens, batch_items, wait_ms / 1000, max_queue, max_generations
+        engine,
+        limits,
+        batch_tokens,
+        batch_items,
+        wait_ms / 1000,
+        max_queue,
+        max_generations,
+        request_timeout,
     )
     log.info(
         "gpt1 serve: %s (%s, %s) on http://%s:%d (API docs at /docs)",
         engine.folder,
         engine.kind,
-        precision,
+        engine.precision,
         host,
         port,
     )
-    # log_config=None: uvicorn's loggers go through the handler `gpt1` configured.
-    config = uvicorn.Config(
+    config = uvicorn_config(
         app,
-        host=host,
-        port=port,
-        log_config=None,
-        access_log=False,
+        host,
+        port,
+        request_timeout,
+        max_connections,
         timeout_graceful_shutdown=graceful_timeout,
-        lifespan="on",
     )
     if threading.current_thread() is threading.main_thread():
         # uvicorn shuts down gracefully on SIGTERM, then re-raises it to the handler it found:
         # this one makes the drained exit a clean exit (status 0) instead of a signal death.
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     uvicorn.Server(config).run()
+
+
+def uvicorn_config(
+    app: Any,
+    host: str,
+    port: int,
+    request_timeout: float | None,
+    max_connections: int | None,
+    **options: Any,
+) -> Any:
+    """uvicorn's settings for `app`, its HTTP protocol bounded (`gpt1.serve.connections`)."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    from gpt1.serve.connections import bounded_protocol
+
+    # log_config=None: uvicorn's loggers go through the handler `gpt1` configured.
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        http=bounded_protocol(AutoHTTPProtocol, request_timeout, max_connections),
+        **options,
+    )
+
+
+FD_MARGIN = 128  # descriptors beside the connections: model files, the listening socket, ...
+
+
+def ensure_file_descriptors(max_connections: int | None) -> None:
+    """Raise this process's open-file limit to hold `max_connections` (up to the hard limit),
+    or refuse a `--max-connections` the system does not allow."""
+    try:
+        import resource
+    except ImportError:  # not on this system (Windows): nothing to raise
+        return
+    if max_connections is None:
+        return
+    need = max_connections + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ConfigError(
+            f"--max-connections {max_connections} needs {need} open files, but this process "
+            f"may open at most {hard} (ulimit -Hn); lower --max-connections"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))

@@ -19,6 +19,7 @@ from gpt1.tasks.rows import (
     NUMBER,
     Record,
     collect,
+    has_visible_text,
     label_field,
     label_text,
     missing_column,
@@ -92,7 +93,9 @@ def _choices(rec: Record, spec: str, path: Path, line: int) -> list[str]:
     names = spec.split("|")
     if len(names) == 1:
         value = rec.get(names[0])
-        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        if not isinstance(value, list) or not all(
+            isinstance(v, str) and has_visible_text(v) for v in value
+        ):
             raise DataError("expected a list of non-empty answer strings", path, line, names[0])
         return list(value)
     return [text_field(rec, n, path, line) for n in names]

@@ -254,6 +254,15 @@ def records(
     return tsv_records(path, bad, names=names, extra_last=extra_last)
 
 
+EMPTY_TEXT = "empty text (no printable character)"
+
+
+def has_visible_text(value: str) -> bool:
+    """Whether `value` holds a printable character other than whitespace: a text of spaces,
+    control characters (NUL, ...) or other unprintables gives the model nothing to read."""
+    return any(ch.isprintable() and not ch.isspace() for ch in value)
+
+
 def text_field(record: Record, name: str, path: Path, line: int, allow_empty: bool = False) -> str:
     """A required text column; missing, non-string or (unless allowed) empty is malformed."""
     if name not in record or record[name] is None:
@@ -261,8 +270,8 @@ def text_field(record: Record, name: str, path: Path, line: int, allow_empty: bo
     value = record[name]
     if not isinstance(value, str):
         raise DataError(f"expected text, got {type(value).__name__}", path, line, name)
-    if not allow_empty and not value.strip():
-        raise DataError("empty text", path, line, name)
+    if not allow_empty and not has_visible_text(value):
+        raise DataError(EMPTY_TEXT, path, line, name)
     return value
 
 

@@ -1027,6 +1027,104 @@ def strict_readers(work: Path) -> CaseResult:
 
 # ------------------------------------------------------------------------------- table
 Case = Callable[[Path], CaseResult]
+
+
+# ---------------------------------------------------------------------------------- serve
+def serve_refuses_bad_options(work: Path) -> CaseResult:
+    import torch
+
+    ckpt = str(tiny_checkpoint(work / "ckpt"))
+    runs: list[tuple[list[str], tuple[str, ...]]] = [
+        (["serve", ckpt, "--device", "tpu"], ("device 'tpu'",)),
+        (["serve", ckpt, "--threads", "-1"], ("--threads must be >= 1",)),
+        (["serve", ckpt, "--request-timeout", "0"], ("--request-timeout",)),
+        (["serve", ckpt, "--max-connections", "0"], ("--max-connections",)),
+    ]
+    if not torch.cuda.is_available():
+        runs.append((["serve", ckpt, "--device", "cuda"], ("no CUDA device",)))
+    return refused(
+        runs,
+        "serve refused --device tpu, --device cuda without a GPU, --threads -1, "
+        "--request-timeout 0 and --max-connections 0 (exit 2, one line naming the option)",
+        limit=None,  # the refusals come before the model loads; the imports dominate
+        watched=work,
+    )
+
+
+def _http_status(port: int, request: bytes, timeout: float = 120) -> str:
+    """The status code the server answers on a new connection that sends `request` (which
+    may stop half-way), or what happened instead."""
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.sendall(request)
+            answer = b""
+            while chunk := sock.recv(65536):
+                answer += chunk
+    except OSError as exc:
+        return type(exc).__name__
+    return answer.split(b" ", 2)[1].decode() if answer.startswith(b"HTTP/1.1 ") else "closed"
+
+
+def _serve(ckpt: Path, port: int, log: Path, *options: str) -> subprocess.Popen:
+    """`gpt1 serve` as a process, ready for requests (its log in `log`)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpt1", "serve", str(ckpt), "--port", str(port), *options],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    end = time.time() + 300
+    while (
+        _http_status(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 10)
+        != "200"
+    ):
+        if proc.poll() is not None or time.time() > end:
+            raise RuntimeError(f"gpt1 serve did not start: {log.read_text()[-300:]}")
+        time.sleep(0.2)
+    return proc
+
+
+def half_sent_requests_flood(work: Path) -> CaseResult:
+    """300 connections at once, each sending half a request's headers, against
+    `gpt1 serve --request-timeout 1 --max-connections 100`."""
+    import concurrent.futures
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = work / "serve.log"
+    options = ["--request-timeout", "1", "--max-connections", "100", "--threads", "1"]
+    proc = _serve(tiny_checkpoint(work / "ckpt"), port, log, *options)
+    try:
+        half = b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Le"
+        with concurrent.futures.ThreadPoolExecutor(300) as pool:
+            answers = list(pool.map(lambda _: _http_status(port, half), range(300)))
+        healthy = (
+            _http_status(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            == "200"
+        )
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    text = log.read_text()
+    counts = {code: answers.count(code) for code in sorted(set(answers))}
+    lines = [line for line in text.splitlines() if "connections" in line]
+    problems = [f"answers {counts}"] * any(code not in ("408", "503") for code in counts)
+    problems += ["the server did not answer /health afterwards"] * (not healthy)
+    problems += [f"{text.count('Traceback')} tracebacks logged"] * ("Traceback" in text)
+    problems += [f"{len(lines)} log lines about it"] * (len(lines) > 6)
+    return result(
+        f"{counts.get('408', 0)} answered 408 and closed after 1 s, {counts.get('503', 0)} past "
+        f"the limit answered 503 at once; healthy afterwards; {len(lines)} counted log lines, "
+        f"{text.count('Traceback')} tracebacks",
+        [],
+        problems,
+    )
+
+
 CASES: list[tuple[str, Case]] = [
     ("convert onto a folder of the user's files", convert_onto_a_users_folder),
     ("convert onto its own run folder, --overwrite", convert_over_its_own_run_with_overwrite),
@@ -1059,6 +1157,14 @@ CASES: list[tuple[str, Case]] = [
     ("HF index.json weight_map `../outside.safetensors`", hf_index_outside_its_folder),
     ("100,000 `!` through `tokenizer encode`", a_run_of_punctuation),
     ("bad rows: JSONL list label, duplicate keys / header, 10 MB field", strict_readers),
+    (
+        "serve --device tpu / cuda (no GPU), --threads -1, --request-timeout 0",
+        serve_refuses_bad_options,
+    ),
+    (
+        "300 half-sent requests at once, serve --request-timeout 1 --max-connections 100",
+        half_sent_requests_flood,
+    ),
 ]
 
 
