@@ -95,20 +95,23 @@ def evaluate_model(
     question_delimiter: bool,
     micro: int,
     skip_bad_rows: bool = False,
+    one_file: bool = False,
 ) -> dict[str, Any]:
-    """Metrics of `model` on `split` of `task` (all files it stands for), with the name of the
-    headline metric (the first, the one to compare runs by) and of the class F1 is computed for."""
+    """Metrics of `model` on `split` of `task` (all files it stands for; with `one_file`, the
+    file `data` alone), with the name of the headline metric (the first, the one to compare runs
+    by) and of the class F1 is computed for."""
     results: dict[str, Any] = {"task": task.name, "split": split, "headline": task.metrics[0]}
     if task.f1_label is not None:
         results["f1_label"] = task.f1_label
-    for i, name in enumerate(task.resolve_splits(split)):
+    names = (split,) if one_file else task.resolve_splits(split)
+    for i, name in enumerate(names):
         sp = task.read(data, name, skip_bad_rows, need_labels=True)
         report_skipped(sp)
         metrics = score(model, task, encode_split(sp, task, tok, n_ctx, question_delimiter), micro)
         metrics["skipped"] = len(sp.skipped)
         if i == 0:
             results.update(metrics)
-        if len(task.resolve_splits(split)) > 1:
+        if len(names) > 1:
             results[name] = metrics
     return results
 
@@ -226,6 +229,7 @@ def evaluate_run(
         record.get("question_delimiter", False),
         micro,
         skip_bad_rows,
+        one_file=file is not None,
     )
     write_results(out_dir, results, results_name(split), overwrite)
     return results
@@ -263,7 +267,7 @@ def predict_run(
     model = _place(model, device, precision)
     default_dir = "submission" if fmt == "tsv" else "predictions"
     out_dir = Path(out) if out else _run_folder(run) / default_dir
-    names = task.resolve_splits(split)
+    names = (split,) if file is not None else task.resolve_splits(split)
     for name in names:  # refuse before any work, not after the first file
         check_output(out_dir / submission_name(task, name, fmt), overwrite)
     written = []
