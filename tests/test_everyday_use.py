@@ -220,3 +220,34 @@ def test_predict_writes_jsonl_and_csv_with_inputs_labels_and_probabilities(
     # an existing prediction file is kept unless --overwrite
     assert main(["predict", str(run), "--file", str(held_out), "--format", "csv"]) == 2
     assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_a_file_named_like_a_multi_file_split_is_read_once(
+    tmp_path, shared_data, gpt1_vocab, capsys
+):
+    """`--file dev.tsv` of an MNLI run is that file, not MNLI's two dev sets read from it."""
+    from gpt1 import GPT, ModelConfig
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.recipes.finetune import writer
+    from gpt1.tasks.nli import NLI_LABELS
+
+    torch.manual_seed(0)
+    gpt = GPT(ModelConfig(vocab_size=40478, n_positions=128, n_embd=16, n_layer=1, n_head=2))
+    classify = gpt.add_tokens(3)[2]
+    record = {"task": "mnli", "kind": "pair", "labels": NLI_LABELS, "n_outputs": 3}
+    record.update(n_ctx=128, classify_id=classify, question_delimiter=False)
+    (tmp_path / "run").mkdir()
+    writer(gpt1_vocab, record, {})(FinetuneModel(gpt, "pair", 3, classify), tmp_path / "run")
+    src = shared_data / "glue_kshot_samples" / "MNLI" / "16-42" / "dev_matched.tsv"
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("".join(src.open(encoding="utf-8").readlines()[:4]), encoding="utf-8")
+    run = str(tmp_path / "run")
+    assert main(["evaluate", run, "--file", str(dev), "--device", "cpu", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["split"] == "dev" and scored["n"] == 3
+    assert "dev_matched" not in scored and "dev_mismatched" not in scored
+    assert main(["predict", run, "--file", str(dev), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.split() == [
+        str(tmp_path / "run" / "submission" / "mnli.dev.tsv")
+    ]
