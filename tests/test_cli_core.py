@@ -128,3 +128,25 @@ def test_sample_text_prompt_with_gpt1_vocab(gpt1_vocab, tmp_path, capsys):
     )
     out = capsys.readouterr().out.strip()
     assert out.startswith("The old man ") and len(out.split()) >= 4
+
+
+def test_info_shows_a_finetuned_checkpoints_task(tmp_path, capsys):
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.recipes.finetune import writer
+
+    gpt = GPT(ModelConfig(**TINY))
+    classify = gpt.add_tokens(3)[2]
+    spec = {"format": "csv", "kind": "single", "columns": {"text": "review", "label": "stars"}}
+    spec.update(labels=["bad", "good"], regression=False, positive_label="bad")
+    record = {"task": "csv", "kind": "single", "labels": ["bad", "good"], "n_outputs": 2}
+    record.update(spec=spec, n_ctx=16, classify_id=classify, question_delimiter=False)
+    (tmp_path / "ft").mkdir()
+    writer(None, record, {})(FinetuneModel(gpt, "single", 2, classify), tmp_path / "ft")
+    assert main(["info", str(tmp_path / "ft")]) == 0
+    out = capsys.readouterr().out
+    assert "task: csv (single, 2 classes: bad, good)" in out
+    assert "F1 of class          bad" in out and "columns              text=review" in out
+    assert main(["info", str(tmp_path / "ft"), "--json"]) == 0
+    task = json.loads(capsys.readouterr().out)["task"]
+    assert task["labels"] == ["bad", "good"] and task["n_ctx"] == 16
+    assert task["metrics"] == ["f1", "accuracy", "matthews"] and task["head_parameters"] == 66

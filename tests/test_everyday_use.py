@@ -4,10 +4,12 @@ wrote, help and common options on every subcommand, prediction without labels.""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import SHARED_DATA
 
 from gpt1.cli import main
 from gpt1.config import TrainConfig
@@ -139,3 +141,113 @@ def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(
     # evaluation does need the labels, and says which one it does not know
     assert main(["evaluate", str(run), "--data", str(data), "--split", "dev"]) == 2
     assert "unknown label 'meh'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_csv_run(tmp_path_factory):
+    """A one-step csv classifier (labels neg/pos) and its data folder, shared by the module's
+    tests (each writes under its own names)."""
+    gpt1_vocab = SHARED_DATA / "gpt1_tokenizer"
+    if not gpt1_vocab.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set GPT1_SHARED_DATA)")
+    tmp_path = tmp_path_factory.mktemp("csv_run")
+    data = tmp_path / "task"
+    data.mkdir()
+    write_csv(data / "train.csv", [("a good film", "pos"), ("a bad film", "neg")] * 4)
+    write_csv(data / "dev.csv", [("a fine film", "pos"), ("a dull film", "neg")])
+    run = tmp_path / "run"
+    argv = ["finetune", "--task", "csv", "--columns", "text=sentence,label=label"]
+    argv += ["--data", str(data), "--init", "none", "--preset", "tiny", "--vocab", str(gpt1_vocab)]
+    argv += ["--out", str(run), "--max-steps", "1", "--batch-size", "4", "--micro-batch", "4"]
+    assert main([*argv, "--device", "cpu", "-q"]) == 0
+    return run, data
+
+
+@pytest.mark.data
+def test_evaluate_and_predict_take_any_split_name_or_a_file(tiny_csv_run, tmp_path, capsys):
+    run, data = tiny_csv_run
+    held_out = tmp_path / "held_out.csv"
+    write_csv(held_out, [("a great film", "pos"), ("a poor film", "neg"), ("so so", "neg")])
+    assert main(["evaluate", str(run), "--file", str(held_out), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["split"] == "held_out" and scored["n"] == 3
+    assert json.loads((run / "results.held_out.json").read_text()) == scored
+    # a split name of the user's own is looked up in the data folder like train/dev/test
+    (data / "extra.csv").write_text(held_out.read_text())
+    assert main(["evaluate", str(run), "--data", str(data), "--split", "extra", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["n"] == 3 and again["accuracy"] == scored["accuracy"]
+    assert main(["predict", str(run), "--file", str(held_out)]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "submission" / "csv.held_out.tsv")
+    # a name that would reach outside the data folder, and both sources at once, are refused
+    assert main(["evaluate", str(run), "--data", str(data), "--split", "../x"]) == 2
+    assert "split name '../x'" in capsys.readouterr().err
+    assert main(["predict", str(run), "--data", str(data), "--file", str(held_out)]) == 2
+    assert "either --data" in capsys.readouterr().err
+    assert main(["evaluate", str(run), "--file", str(tmp_path / "nope.csv")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_predict_writes_jsonl_and_csv_with_inputs_labels_and_probabilities(
+    tiny_csv_run, tmp_path, capsys
+):
+    import csv
+
+    run, data = tiny_csv_run
+    held_out = tmp_path / "scored_later.csv"
+    held_out.write_text('sentence,label\n"a great, long film",pos\nunlabelled one,\n')
+    assert main(["predict", str(run), "--file", str(held_out), "--format", "jsonl"]) == 0
+    path = run / "predictions" / "scored_later.jsonl"
+    assert capsys.readouterr().out.strip() == str(path)
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["text"] for r in recs] == ["a great, long film", "unlabelled one"]
+    assert recs[0]["gold"] == "pos" and "gold" not in recs[1]
+    for r in recs:
+        probs = r["probabilities"]
+        assert set(probs) == {"neg", "pos"} and sum(probs.values()) == pytest.approx(1.0)
+        assert r["label"] == max(probs, key=probs.get)
+    # the TSV submission predicts the same labels
+    assert main(["predict", str(run), "--file", str(held_out)]) == 0
+    tsv = (run / "submission" / "csv.scored_later.tsv").read_text().splitlines()[1:]
+    assert [row.split("\t")[1] for row in tsv] == [r["label"] for r in recs]
+    assert main(["predict", str(run), "--file", str(held_out), "--format", "csv"]) == 0
+    with open(run / "predictions" / "scored_later.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["id", "text", "label", "gold", "p_neg", "p_pos"]
+    assert rows[0]["text"] == "a great, long film" and rows[1]["gold"] == ""
+    assert float(rows[1]["p_pos"]) == pytest.approx(recs[1]["probabilities"]["pos"])
+    # an existing prediction file is kept unless --overwrite
+    assert main(["predict", str(run), "--file", str(held_out), "--format", "csv"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+@pytest.mark.data
+def test_a_file_named_like_a_multi_file_split_is_read_once(
+    tmp_path, shared_data, gpt1_vocab, capsys
+):
+    """`--file dev.tsv` of an MNLI run is that file, not MNLI's two dev sets read from it."""
+    from gpt1 import GPT, ModelConfig
+    from gpt1.model.heads import FinetuneModel
+    from gpt1.recipes.finetune import writer
+    from gpt1.tasks.nli import NLI_LABELS
+
+    torch.manual_seed(0)
+    gpt = GPT(ModelConfig(vocab_size=40478, n_positions=128, n_embd=16, n_layer=1, n_head=2))
+    classify = gpt.add_tokens(3)[2]
+    record = {"task": "mnli", "kind": "pair", "labels": NLI_LABELS, "n_outputs": 3}
+    record.update(n_ctx=128, classify_id=classify, question_delimiter=False)
+    (tmp_path / "run").mkdir()
+    writer(gpt1_vocab, record, {})(FinetuneModel(gpt, "pair", 3, classify), tmp_path / "run")
+    src = shared_data / "glue_kshot_samples" / "MNLI" / "16-42" / "dev_matched.tsv"
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("".join(src.open(encoding="utf-8").readlines()[:4]), encoding="utf-8")
+    run = str(tmp_path / "run")
+    assert main(["evaluate", run, "--file", str(dev), "--device", "cpu", "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["split"] == "dev" and scored["n"] == 3
+    assert "dev_matched" not in scored and "dev_mismatched" not in scored
+    assert main(["predict", run, "--file", str(dev), "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.split() == [
+        str(tmp_path / "run" / "submission" / "mnli.dev.tsv")
+    ]

@@ -135,23 +135,22 @@ def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
     (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
     notes: list[str] = []
     convert(run, tmp_path / "hf", "gpt1", "hf", notes=notes)
+    # the whole position table, as gpt1, serve and ONNX accept; the trained window is stated
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["n_positions"] == 16 and any("n_positions=16" in n for n in notes)
+    assert config["n_positions"] == 24
+    assert any("n_positions=24" in n and "model_max_length=16" in n for n in notes)
+    assert "trained on windows of 16 tokens" in (tmp_path / "hf" / "README.md").read_text()
     tok = AutoTokenizer.from_pretrained(tmp_path / "hf")
     assert tok.model_max_length == 16 and tok.bos_token == "<unk>" and tok.bos_token_id == 0
     assert tok.pad_token_id == 0
     hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    assert hf.transformer.positions_embed.weight.shape[0] == 16
+    assert hf.transformer.positions_embed.weight.shape[0] == 24
     from gpt1 import load_checkpoint
 
     gpt = load_checkpoint(run).eval()
-    x = torch.randint(0, 40478, (2, 16))
+    x = torch.randint(0, 40478, (2, 24))
     with torch.no_grad():
         assert torch.allclose(hf(x).logits, gpt.lm_logits(gpt(x)), atol=1e-5, rtol=0)
-    # asked to keep them, every row stays
-    convert(run, tmp_path / "all", "gpt1", "hf", keep_positions=True)
-    assert json.loads((tmp_path / "all" / "config.json").read_text())["n_positions"] == 24
-    assert AutoTokenizer.from_pretrained(tmp_path / "all").model_max_length == 16
 
 
 # ------------------------------------------------------------------------------ task heads
@@ -208,6 +207,129 @@ def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
     assert torch.allclose(got.squeeze(-1) if n_outputs == 1 else got, want, atol=1e-5, rtol=0)
 
 
+# A csv task of each kind: (columns, labels or None for regression, rows, predict's arguments).
+CSV_TASKS = {
+    "single": (
+        {"text": "text", "label": "y"},
+        ["neg", "pos", "meh"],
+        [{"text": "A charming film.", "y": "pos"}, {"text": "It's dull -- don't.", "y": "neg"}],
+        lambda r: (r["text"],),
+    ),
+    "pair": (
+        {"a": "a", "b": "b", "label": "y"},
+        ["no", "yes"],
+        [{"a": "A man plays.", "b": "Music is made.", "y": "yes"}, {"a": "Rain.", "b": "Sun."}],
+        lambda r: (r["a"], r["b"]),
+    ),
+    "similarity": (
+        {"a": "a", "b": "b", "label": "y"},
+        None,
+        [{"a": "A dog runs.", "b": "A dog is running.", "y": "4.2"}, {"a": "Hi.", "b": "Bye."}],
+        lambda r: (r["a"], r["b"]),
+    ),
+    "choice": (
+        {"context": "c", "question": "q", "choices": "x|y|z", "label": "y"},
+        ["0", "1", "2"],  # the answer's index
+        [
+            {"c": "Tom missed the bus.", "q": "", "x": "He walked.", "y": "0", "z": "He flew."},
+            {"c": "It rained.", "q": "Then?", "x": "Wet.", "y": "1", "z": "Dry."},
+        ],
+        lambda r: (r["c"], r["q"], [r["x"], r["y"], r["z"]]),
+    ),
+}
+
+
+def csv_run(tmp: Path, vocab: Path, kind: str, question_delimiter: bool = False) -> Path:
+    """A fine-tuned checkpoint of a csv task of `kind` (random weights, gpt1's tokenizer)."""
+    columns, labels, _, _ = CSV_TASKS[kind]
+    spec = {"columns": columns, "labels": labels, "regression": labels is None}  # csv flags
+    if kind == "similarity":
+        spec["similarity"] = True
+    from gpt1.tasks import get_task
+    from gpt1.tasks.registry import complete_generic_spec
+
+    task = get_task("csv", complete_generic_spec("csv", spec, tmp, "train"))
+    torch.manual_seed(0)
+    gpt = GPT(ModelConfig(**{**TINY, "vocab_size": 40478}))
+    classify = gpt.add_tokens(3)[2]
+    model = randomized(FinetuneModel(gpt, task.kind, task.n_outputs, classify), 7)
+    record = {
+        "task": "csv",
+        "kind": task.kind,
+        "labels": task.labels,
+        "n_outputs": task.n_outputs,
+        "spec": task.spec,
+        "n_ctx": TINY["n_positions"],
+        "classify_id": classify,
+        "question_delimiter": question_delimiter,
+        "clf_pdrop": 0.1,
+    }
+    folder = tmp / f"run-{kind}"
+    folder.mkdir()
+    writer(vocab, record, {})(model, folder)
+    return folder
+
+
+def card_code(folder: Path) -> str:
+    """The Python block of the card's 'Loading the classifier' section, as printed."""
+    card = (folder / "README.md").read_text()
+    section = card.split("## Loading the classifier", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "kind,question_delimiter",
+    [
+        ("single", False),
+        ("pair", False),
+        ("similarity", False),
+        ("choice", False),
+        ("choice", True),
+    ],
+)
+def test_card_code_reproduces_gpt1_predict(tmp_path, gpt1_vocab, kind, question_delimiter):
+    import csv
+
+    from gpt1.recipes.evaluate import predict_run
+
+    columns, labels, rows, arguments = CSV_TASKS[kind]
+    data = tmp_path / "rows.csv"
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    with open(data, "w", newline="") as fh:
+        out = csv.DictWriter(fh, names)
+        out.writeheader()
+        out.writerows(rows)
+    (tmp_path / "train.csv").write_text(data.read_text())
+    run = csv_run(tmp_path, gpt1_vocab, kind, question_delimiter)
+    export = tmp_path / "hf"
+    notes: list[str] = []
+    convert(run, export, "gpt1", "hf", notes=notes)
+    (written,) = predict_run(run, None, None, file=data, fmt="jsonl", out=tmp_path / "p")
+    want = [json.loads(line) for line in written.read_text().splitlines()]
+    namespace: dict = {}
+    code = card_code(export)
+    assert f"path = {str(export)!r}" in code
+    exec(compile(code, "README.md", "exec"), namespace)  # the example call prints; fine
+    for row, expected in zip(rows, want):
+        got = namespace["predict"](*arguments(row))
+        if "score" in expected:
+            assert got == pytest.approx(expected["score"], abs=1e-4)
+        elif isinstance(got, dict):
+            assert list(got) == list(expected["probabilities"])
+            assert list(got.values()) == pytest.approx(list(expected["probabilities"].values()))
+        else:
+            assert got == pytest.approx(expected["probabilities"], abs=1e-5)
+    config = json.loads((export / "config.json").read_text())
+    if labels and kind != "choice":
+        assert config["id2label"] == {str(i): name for i, name in enumerate(labels)}
+        assert config["label2id"] == {name: i for i, name in enumerate(labels)}
+    double = config["architectures"] == ["OpenAIGPTDoubleHeadsModel"]
+    warned = [n for n in notes if "AutoModelForSequenceClassification" in n and "RANDOM" in n]
+    assert bool(warned) != double  # said loudly exactly where no class holds the head
+    card = (export / "README.md").read_text()
+    assert ("would load a RANDOM" in card) != double
+
+
 def test_convert_prints_the_notes(tmp_path, capsys, gpt1_vocab):
     save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
     assert (
@@ -252,8 +374,8 @@ def test_onnx_task_model_matches(tmp_path, kind, n_outputs, K):
 
 # ---------------------------------------------------------------------------------- lm-eval
 def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
-    """lm-evaluation-harness's own `hf` model loads the export with no extra arguments: the
-    start token is found, the window is the trained one, and scores equal gpt1's."""
+    """lm-evaluation-harness's own `hf` model loads the export: the start token is found, the
+    trained window is kept with max_length (as the card says), and scores equal gpt1's."""
     pytest.importorskip("lm_eval")
     pytest.importorskip("accelerate")  # lm_eval's hf model needs it
     from lm_eval.api.instance import Instance
@@ -268,7 +390,7 @@ def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
     )
     (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 20}}))
     convert(run, tmp_path / "hf", "gpt1", "hf")
-    lm = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2)
+    lm = HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=2, max_length=20)
     assert lm.max_length == 20 and lm.prefix_token_id == 0
     gpt, tok = load_checkpoint(run).eval(), Tokenizer.from_dir(gpt1_vocab)
 

@@ -240,3 +240,50 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order():
     batched = predict_outputs(model, task, enc, micro=5)
     alone = [predict_outputs(model, task, Encoded([it], [0.0], ["x"]), micro=1)[0] for it in items]
     assert batched == pytest.approx(alone, abs=1e-5)
+
+
+def test_log_splits_the_loss_and_names_the_headline_and_f1_class(tmp_path: Path, gpt1_vocab):
+    from gpt1.train.telemetry import train_line
+
+    data = tmp_path / "mine"
+    data.mkdir()
+    rows = "".join(f"{t},{y}\n" for t, y in [("a good film", "yes"), ("a bad film", "no")] * 4)
+    (data / "train.csv").write_text("text,ok\n" + rows)
+    (data / "dev.csv").write_text("text,ok\n" + rows)
+    spec = {"columns": {"text": "text", "label": "ok"}, "positive_label": "no"}
+    cfg = FinetuneConfig(
+        task="csv", data=str(data), init="none", preset="tiny", vocab=str(gpt1_vocab)
+    )
+    _, results = finetune(cfg, TrainConfig(**{**FINETUNE_TRAIN, **TINY}), tmp_path / "run", spec)
+    logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    steps = [r for r in logged if "loss" in r]
+    assert len(steps) == 2
+    for r in steps:  # the logged loss is task + lm_coef (0.5) x LM, each term logged
+        assert r["loss"] == pytest.approx(r["task_loss"] + 0.5 * r["lm_loss"], rel=1e-5)
+        assert f"| task {r['task_loss']:.4f} | lm {r['lm_loss']:.4f} |" in train_line(r)
+    assert results["headline"] == "f1" and results["f1_label"] == "no"
+    record = json.loads((tmp_path / "run" / "final" / "task.json").read_text())
+    assert record["spec"]["positive_label"] == "no"  # evaluate scores F1 of the same class
+
+
+def test_f1_is_of_the_positive_label():
+    from gpt1.errors import ConfigError
+    from gpt1.tasks.metrics import compute
+
+    preds, gold = [0, 0, 1, 1], [0, 1, 1, 1]
+    assert compute(["f1"], preds, gold)["f1"] == pytest.approx(0.8)  # class 1: P 1, R 2/3
+    assert compute(["f1"], preds, gold, positive=0)["f1"] == pytest.approx(2 / 3)
+    spec = {"columns": {"text": "t", "label": "y"}, "labels": ["neg", "pos"]}
+    assert get_task("csv", spec).f1_label == "pos"  # the second class by default
+    assert get_task("csv", {**spec, "positive_label": "neg"}).positive_index == 0
+    with pytest.raises(ConfigError, match="not one of the classes"):
+        get_task("csv", {**spec, "positive_label": "maybe"})
+    with pytest.raises(ConfigError, match="only a two-class task"):
+        get_task("csv", {**spec, "labels": ["a", "b", "c"], "positive_label": "a"})
+    assert get_task("mrpc").f1_label == "1" and get_task("sst2").f1_label is None
+
+
+def test_positive_label_needs_a_user_task(tmp_path: Path, capsys):
+    argv = ["finetune", "--task", "sst2", "--data", str(tmp_path), "--init", "none"]
+    assert main([*argv, "--out", str(tmp_path / "r"), "--positive-label", "1"]) == 2
+    assert "--positive-label is for csv/tsv/jsonl tasks" in capsys.readouterr().err

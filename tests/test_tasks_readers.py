@@ -242,11 +242,19 @@ def test_parallel_files_of_different_length(tmp_path: Path):
         get_task("snli").read(tmp_path, "dev")
 
 
-def test_unknown_task_and_split():
+def test_unknown_task_and_any_split_name(tmp_path: Path):
     with pytest.raises(ConfigError, match="unknown task"):
         get_task("imdb")
-    with pytest.raises(ConfigError, match="unknown split"):
-        get_task("sst2").read(".", "validation")
+    # any split name is a file name to look for, like the task's own splits
+    write(tmp_path / "validation.tsv", "sentence\tlabel\nfine\t1\n")
+    assert len(get_task("sst2").read(tmp_path, "validation")) == 1
+    with pytest.raises(DataError, match=r"no file for split 'held_out' \(looked for held_out.tsv"):
+        get_task("sst2").read(tmp_path, "held_out")
+    for bad in ("../validation", "a/b", ".hidden", ""):
+        with pytest.raises(ConfigError, match="split name"):
+            get_task("sst2").read(tmp_path, bad)
+    with pytest.raises(DataError, match="Story Cloze folder holds train and dev"):
+        get_task("story_cloze").read(tmp_path, "validation")
 
 
 # ------------------------------------------------------------------ one strict rule for every format

@@ -38,12 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="format of DST (default: gpt1; onnx: DST is a .onnx file)",
     )
     p.add_argument(
-        "--keep-untrained-positions",
-        action="store_true",
-        help="--to hf: keep position rows past the window the model was trained on "
-        "(default: n_positions becomes the trained window)",
-    )
-    p.add_argument(
         "--n-head",
         type=int,
         default=12,
@@ -63,9 +57,8 @@ def run(args: argparse.Namespace) -> int:
         n_head=args.n_head,
         overwrite=args.overwrite,
         notes=notes,
-        keep_positions=args.keep_untrained_positions,
     )
     print(f"wrote {args.dst_format} model to {out}")
     for note in notes:
-        print(note.replace("(DIR", f"({out}"))
+        print(note.replace("DIR", str(out)))
     return 0

@@ -1,4 +1,4 @@
-"""Score a fine-tuned run on a task split (dev unless --split says otherwise); writes
+"""Score a fine-tuned run on a task split (dev unless --split says otherwise, or one --file); writes
 results.SPLIT.json into the run folder (or into --out, e.g. when the run folder is read-only) and
 prints where.
 
@@ -6,6 +6,7 @@ Examples:
   gpt1 evaluate runs/sst2 --task sst2 --data glue/SST-2 --split dev
   gpt1 evaluate runs/mnli --task mnli --data glue/MNLI --split dev --json   # matched + mismatched
   gpt1 evaluate runs/sst2 --data glue/SST-2 --out scores            # -> scores/results.dev.json
+  gpt1 evaluate runs/mine --file held_out.csv                       # -> runs/mine/results.held_out.json
 """
 
 from __future__ import annotations
@@ -20,10 +21,16 @@ def add_scoring_arguments(p: argparse.ArgumentParser, split: str, split_help: st
     """The options `evaluate` and `predict` share: which run, which data, how to run it."""
     p.add_argument("run", metavar="RUN", help="fine-tuned run or checkpoint folder")
     p.add_argument("--task", help="task name (checked against the run's task)")
-    p.add_argument("--data", metavar="DIR", required=True, help="folder with the task's files")
+    p.add_argument("--data", metavar="DIR", help="folder with the task's files (or --file)")
+    p.add_argument(
+        "--file",
+        metavar="PATH",
+        help="one file in the task's format instead of --data: a split named after its "
+        "stem (held_out.csv -> held_out)",
+    )
     from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
 
-    p.add_argument("--split", default=split, help=split_help)
+    p.add_argument("--split", help=split_help + "; any name is looked up as NAME.<ext>")
     p.add_argument(
         "--micro-batch", type=int, default=16, help="examples per forward pass (default 16)"
     )
@@ -63,10 +70,11 @@ def run(args: argparse.Namespace) -> int:
         args.precision,
         overwrite=args.overwrite,
         out=args.out,
+        file=args.file,
     )
     if args.json:
         print(json.dumps(results))
     else:
         print(_summary(results))
-        print(f"wrote {results_path(args.run, args.split, args.out)}")
+        print(f"wrote {results_path(args.run, results['split'], args.out)}")
     return 0

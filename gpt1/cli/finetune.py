@@ -103,6 +103,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--labels", metavar="L1,L2,...", help="csv/tsv/jsonl tasks: class names in order"
     )
+    p.add_argument(
+        "--positive-label",
+        metavar="LABEL",
+        help="csv/tsv/jsonl two-class tasks: the class F1 is computed for (default: the "
+        "second class, e.g. pos of neg,pos)",
+    )
     p.add_argument("--regression", action="store_true", help="csv/tsv/jsonl tasks: float labels")
     p.add_argument(
         "--similarity",
@@ -120,9 +126,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def generic_spec(args: argparse.Namespace) -> dict | None:
+    from gpt1.errors import ConfigError
     from gpt1.tasks.generic import spec_from_flags
 
-    return spec_from_flags(args.columns, args.labels, args.regression, args.similarity)
+    if args.positive_label is not None and not args.columns:
+        raise ConfigError(
+            "--positive-label is for csv/tsv/jsonl tasks (with --columns); a registered "
+            "task's F1 class is fixed (MRPC, QQP: 1)"
+        )
+    return spec_from_flags(
+        args.columns, args.labels, args.regression, args.similarity, args.positive_label
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -180,7 +194,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _summary(results: dict) -> str:
+    """`task split (n=N): metric value, ...`; F1 names its class, the headline comes first."""
+    f1_of = f" (class {results['f1_label']!r})" if results.get("f1_label") else ""
     metrics = ", ".join(
-        f"{k} {v:.4f}" for k, v in results.items() if isinstance(v, float) and k not in ("n",)
+        f"{k} {v:.4f}" + (f1_of if k == "f1" else "")
+        for k, v in results.items()
+        if isinstance(v, float) and k not in ("n",)
     )
     return f"{results['task']} {results['split']} (n={results['n']}): {metrics}"

@@ -1,8 +1,10 @@
-"""Print a model's config, parameter counts and training FLOPs per token.
+"""Print a model's config, parameter counts and training FLOPs per token, and a fine-tuned
+checkpoint's task (name, kind, classes, window, metrics).
 
 Examples:
   gpt1 info gpt1
   gpt1 info runs/mini/final --json
+  gpt1 info runs/sst2                 # also the task, its labels and metrics
 """
 
 from __future__ import annotations
@@ -41,4 +43,29 @@ def run(args: argparse.Namespace) -> int:
     print(f"parameters:            {info['parameters']:,}")
     print(f"  without embeddings:  {info['parameters_without_embeddings']:,}")
     print(f"training FLOPs/token:  {info['flops_per_token']:.4g} (seq_len {info['seq_len']})")
+    if "task" in info:
+        print(_task_lines(info["task"]))
     return 0
+
+
+def _task_lines(task: dict) -> str:
+    """The fine-tuned task: name, kind, classes (and F1's), window, metrics, head size."""
+    labels = task["labels"]
+    if task["kind"] == "choice":
+        outputs = "one score per answer"
+    elif not labels:
+        outputs = "regression (one score)"
+    else:
+        outputs = f"{len(labels)} classes: {', '.join(map(str, labels))}"
+    lines = [
+        f"task: {task['task']} ({task['kind']}, {outputs})",
+        f"  n_ctx                {task['n_ctx']}",
+        f"  metrics              {', '.join(task['metrics'])} (headline first)",
+        f"  head parameters      {task['head_parameters']:,}",
+    ]
+    if "f1_label" in task:
+        lines.insert(2, f"  F1 of class          {task['f1_label']}")
+    if "columns" in task:
+        roles = ", ".join(f"{k}={v}" for k, v in task["columns"].items())
+        lines.insert(1, f"  columns              {roles}")
+    return "\n".join(lines)

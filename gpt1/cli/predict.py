@@ -1,26 +1,37 @@
-"""Write GLUE-style submission files (`index<TAB>prediction`) for a fine-tuned run.
+"""Write predictions of a fine-tuned run: GLUE-style submission files (`index<TAB>prediction`), or
+JSONL/CSV with each example's inputs, predicted label and class probabilities (--format).
 
 Examples:
   gpt1 predict runs/cola --task cola --data glue/CoLA            # -> runs/cola/submission/CoLA.tsv
   gpt1 predict runs/cola --data glue/CoLA --split dev            # -> runs/cola/submission/CoLA.dev.tsv
   gpt1 predict runs/mnli --task mnli --data glue/MNLI --out sub  # -> sub/MNLI-m.tsv, sub/MNLI-mm.tsv
+  gpt1 predict runs/mine --file held_out.csv --format jsonl     # -> runs/mine/predictions/held_out.jsonl
 
-Test splits get GLUE's submission names; other splits add the split's file name. An existing
-file is refused unless --overwrite.
+Test splits get GLUE's submission names; other splits add the split's file name; JSONL/CSV files
+are named after the split (or --file's stem). An existing file is refused unless --overwrite.
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "write submission files (index, prediction) for a split"
+HELP = "predict a split or file: submission TSV, or JSONL/CSV with probabilities"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli.evaluate import add_scoring_arguments
 
     add_scoring_arguments(p, "test", "test (default), dev, or a task's split name")
-    p.add_argument("--out", metavar="DIR", help="where to write (default RUN/submission)")
+    p.add_argument(
+        "--out", metavar="DIR", help="where to write (default RUN/submission, RUN/predictions)"
+    )
+    p.add_argument(
+        "--format",
+        choices=("tsv", "jsonl", "csv"),
+        default="tsv",
+        help="tsv (default): GLUE submission (index, prediction); jsonl/csv: id, inputs, "
+        "label, gold and each class's probability, into RUN/predictions/SPLIT.jsonl|csv",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
         args.device,
         args.precision,
         overwrite=args.overwrite,
+        fmt=args.format,
+        file=args.file,
     ):
         print(path)
     return 0

@@ -527,14 +527,13 @@ def convert(
     n_head: int = 12,
     overwrite: bool = False,
     notes: list[str] | None = None,
-    keep_positions: bool = False,
 ) -> Path:
     """Convert a model folder between formats; returns the written folder (or .onnx file).
 
     An existing `dst` is replaced only with `overwrite`, and never when it holds `src` or the
     current folder (`gpt1.files.check_output`). `notes` receives the lines the user must read
     about an hf or onnx export (how to load the tokenizer exactly, what happened to a task head,
-    the trained window)."""
+    the trained window); "DIR" in them stands for `dst`."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
     if Path(src).exists() and Path(dst).resolve() == Path(src).resolve():
@@ -551,7 +550,7 @@ def convert(
     if dst_format == "hf":
         from gpt1.recipes.export_hf import plan
 
-        export = plan(src, src_format, model.config.n_positions, vocab, keep_positions)
+        export = plan(src, src_format, model.config.n_positions, vocab, os.fspath(dst))
         if notes is not None:
             notes.extend(export.notes)
         save_hf(model, out, vocab, export)

@@ -3,9 +3,11 @@
 `gpt1 finetune` writes the scores of its evaluation split to `RUN/results.json`; `gpt1 evaluate`
 writes `RUN/results.<split>.json`: {"task", "split", "n", metric: value, ...}. When a split stands
 for several files (MNLI's matched and mismatched dev sets) the first one's metrics are the
-top-level entries and each file also has its own entry. `gpt1 predict` writes
-`index<TAB>prediction` files named by `submission_name`. Neither replaces an existing file
-unless told `--overwrite`.
+top-level entries and each file also has its own entry. A split is a name found in the data
+folder (`dev`, `held_out`, ...) or a file given by path, which is a split named after its stem
+(`source`). `gpt1 predict` writes `index<TAB>prediction` files named by `submission_name`, or
+JSONL/CSV records with inputs and probabilities (`gpt1.recipes.predictions`). Neither replaces
+an existing file unless told `--overwrite`.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ import torch
 
 from gpt1.checkpoint_files import resolve_checkpoint_dir
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
-from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.errors import ConfigError, DataError, Gpt1Error
 from gpt1.files import check_output, write_json, write_text
 from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.finetuned import load_finetuned_model
+from gpt1.recipes import predictions
 from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
 from gpt1.tasks.metrics import compute
-from gpt1.tasks.registry import Task, get_task
+from gpt1.tasks.registry import Task, check_split_name, get_task
 
 # GLUE's submission file names (https://gluebenchmark.com/submit); others use the task name.
 GLUE_FILES = {
@@ -79,7 +82,7 @@ def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
 def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
     """The task's metrics on an encoded labelled split, plus `n`."""
     preds = predict_outputs(model, task, enc, micro)
-    return {"n": len(preds), **compute(task.metrics, preds, enc.labels)}
+    return {"n": len(preds), **compute(task.metrics, preds, enc.labels, task.positive_index)}
 
 
 def evaluate_model(
@@ -92,17 +95,23 @@ def evaluate_model(
     question_delimiter: bool,
     micro: int,
     skip_bad_rows: bool = False,
+    one_file: bool = False,
 ) -> dict[str, Any]:
-    """Metrics of `model` on `split` of `task` (all files it stands for)."""
-    results: dict[str, Any] = {"task": task.name, "split": split}
-    for i, name in enumerate(task.resolve_splits(split)):
+    """Metrics of `model` on `split` of `task` (all files it stands for; with `one_file`, the
+    file `data` alone), with the name of the headline metric (the first, the one to compare runs
+    by) and of the class F1 is computed for."""
+    results: dict[str, Any] = {"task": task.name, "split": split, "headline": task.metrics[0]}
+    if task.f1_label is not None:
+        results["f1_label"] = task.f1_label
+    names = (split,) if one_file else task.resolve_splits(split)
+    for i, name in enumerate(names):
         sp = task.read(data, name, skip_bad_rows, need_labels=True)
         report_skipped(sp)
         metrics = score(model, task, encode_split(sp, task, tok, n_ctx, question_delimiter), micro)
         metrics["skipped"] = len(sp.skipped)
         if i == 0:
             results.update(metrics)
-        if len(task.resolve_splits(split)) > 1:
+        if len(names) > 1:
             results[name] = metrics
     return results
 
@@ -121,11 +130,36 @@ def results_name(split: str) -> str:
     return f"results.{split}.json"
 
 
-def submission_name(task: Task, split_file: str) -> str:
-    """`gpt1 predict`'s file for one split file: GLUE's submission name for test splits
-    (`SST-2.tsv`, `MNLI-m.tsv`), the name plus the split otherwise (`SST-2.dev.tsv`)."""
+def submission_name(task: Task, split_file: str, fmt: str = "tsv") -> str:
+    """`gpt1 predict`'s file for one split file: in TSV, GLUE's submission name for test splits
+    (`SST-2.tsv`, `MNLI-m.tsv`), the name plus the split otherwise (`SST-2.dev.tsv`); in JSONL or
+    CSV the split's name (`held_out.jsonl`, `test_matched.csv`)."""
+    if fmt != "tsv":
+        return f"{split_file}.{fmt}"
     stem = GLUE_FILES.get(f"{task.name}/{split_file}", GLUE_FILES.get(task.name, task.name))
     return f"{stem}.tsv" if split_file.startswith("test") else f"{stem}.{split_file}.tsv"
+
+
+def source(data: str | None, split: str | None, file: str | Path | None, default: str):
+    """(data, split) to read: `data` with `split` (default `default`), or `file` as a split
+    named after its stem (`held_out.csv` -> `held_out`) unless `split` names it."""
+    if file is None:
+        if not data:
+            raise ConfigError("give --data DIR (the task's files, with --split) or --file PATH")
+        return data, split or default
+    if data:
+        raise ConfigError("give either --data (with --split) or --file, not both")
+    path = Path(file)
+    if not path.is_file():
+        raise DataError("no such file", path)
+    name = split or path.stem
+    try:
+        check_split_name(name)
+    except ConfigError:
+        raise ConfigError(
+            f"--file {file}: its stem {name!r} cannot name a split; add --split NAME"
+        ) from None
+    return str(path), name
 
 
 def load_finetuned(run: str | Path) -> tuple[Any, dict[str, Any], Any]:
@@ -166,17 +200,20 @@ def _place(model: Any, device: str, precision: str) -> Any:
 def evaluate_run(
     run: str | Path,
     task_name: str | None,
-    data: str,
-    split: str = "dev",
+    data: str | None,
+    split: str | None = "dev",
     micro: int = 16,
     skip_bad_rows: bool = False,
     device: str = "auto",
     precision: str = "auto",
     overwrite: bool = False,
     out: str | Path | None = None,
+    file: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
-    (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
+    """Load a fine-tuned run, score it on `split` (or on `file`: `source`), write
+    `results.<split>.json` into `out` (default: the run folder; an existing file only with
+    `overwrite`; `results_path`)."""
+    data, split = source(data, split, file, "dev")
     out_dir = results_path(run, split, out).parent
     check_output(out_dir / results_name(split), overwrite)
     model, record, tok = load_finetuned(run)
@@ -192,6 +229,7 @@ def evaluate_run(
         record.get("question_delimiter", False),
         micro,
         skip_bad_rows,
+        one_file=file is not None,
     )
     write_results(out_dir, results, results_name(split), overwrite)
     return results
@@ -206,34 +244,49 @@ def results_path(run: str | Path, split: str, out: str | Path | None = None) -> 
 def predict_run(
     run: str | Path,
     task_name: str | None,
-    data: str,
-    split: str = "test",
+    data: str | None,
+    split: str | None = "test",
     out: str | Path | None = None,
     micro: int = 16,
     skip_bad_rows: bool = False,
     device: str = "auto",
     precision: str = "auto",
     overwrite: bool = False,
+    fmt: str = "tsv",
+    file: str | Path | None = None,
 ) -> list[Path]:
-    """Write GLUE-style `index<TAB>prediction` files (one per file the split stands for), named
-    by `submission_name`; an existing file is replaced only with `overwrite`."""
+    """Write one file per file the split stands for (or for `file`: `source`), named by
+    `submission_name`: GLUE-style `index<TAB>prediction` (`fmt` tsv, into RUN/submission) or
+    records with inputs and probabilities (jsonl, csv, into RUN/predictions); an existing file
+    is replaced only with `overwrite`."""
+    if fmt not in predictions.FORMATS:
+        raise ConfigError(f"--format {fmt}: choose one of {', '.join(predictions.FORMATS)}")
+    data, split = source(data, split, file, "test")
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model = _place(model, device, precision)
-    out_dir = Path(out) if out else _run_folder(run) / "submission"
-    names = task.resolve_splits(split)
+    default_dir = "submission" if fmt == "tsv" else "predictions"
+    out_dir = Path(out) if out else _run_folder(run) / default_dir
+    names = (split,) if file is not None else task.resolve_splits(split)
     for name in names:  # refuse before any work, not after the first file
-        check_output(out_dir / submission_name(task, name), overwrite)
+        check_output(out_dir / submission_name(task, name, fmt), overwrite)
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
-        preds = predict_outputs(model, task, enc, micro)
-        rows = ["index\tprediction\n"] + [
-            f"{uid}\t{label_text(task, p)}\n" for uid, p in zip(enc.uids, preds)
-        ]
-        written.append(write_text(out_dir / submission_name(task, name), "".join(rows)))
+        text = _prediction_text(model, task, sp.examples, enc, micro, fmt)
+        written.append(write_text(out_dir / submission_name(task, name, fmt), text))
     return written
+
+
+def _prediction_text(model: Any, task: Task, examples: list, enc: Any, micro: int, fmt: str) -> str:
+    """The contents of one prediction file in `fmt`."""
+    if fmt == "tsv":
+        preds = predict_outputs(model, task, enc, micro)
+        rows = [f"{uid}\t{label_text(task, p)}\n" for uid, p in zip(enc.uids, preds)]
+        return "index\tprediction\n" + "".join(rows)
+    recs = predictions.records(task, examples, predict_raw(model, task, enc, micro), label_text)
+    return predictions.to_jsonl(recs) if fmt == "jsonl" else predictions.to_csv(recs)
 
 
 def label_text(task: Task, pred: Any) -> str:

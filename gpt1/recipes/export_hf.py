@@ -10,15 +10,18 @@ trained on, its vocabulary) and decides the export; `HFExport.adjust` maps weigh
   need one (lm-evaluation-harness scores a text's first token after it): `_start_` for a
   fine-tuned model (every fine-tuning input starts with it), `<unk>` for a pretrained LM (GPT-1
   has no start-of-text token; `<unk>` stands for no text, and gpt1 pads with it).
-- Trained window: a model pretrained on windows shorter than `n_positions` never trained the
-  later position rows; the export keeps only the trained rows, so `n_positions` is the window and
-  nothing (the harness included) reaches untrained positions.
+- Positions: `n_positions` is the checkpoint's position table, as gpt1 itself, `gpt1 serve` and
+  the ONNX export accept; a model trained on shorter windows says so in `model_max_length`, the
+  notes and the card (rows past the window were never trained).
 - Task head: a multiple-choice head (and a one-output head on one sequence) is exactly
   `OpenAIGPTDoubleHeadsModel`'s `multiple_choice_head` (linear layer with bias on the state at
   `mc_token_ids`, i.e. the `_classify_` token). No transformers class has the other heads'
   maths (`OpenAIGPTForSequenceClassification` has no bias and no sum over a similarity pair's
-  two orders): those export the LM and the head beside it. Every fine-tuned export also writes
-  the head as `task_head.safetensors` + `task_head.json`.
+  two orders): those export the LM and the head beside it, and the notes and the card warn that
+  `AutoModelForSequenceClassification` would load a random head. Every fine-tuned export also
+  writes the head as `task_head.safetensors` + `task_head.json`; `config.json` names the classes
+  (`id2label`, `label2id`), and the card's loading code (`gpt1.recipes.hf_snippet`) gives
+  `gpt1 predict`'s probabilities.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ from safetensors.torch import save_file
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 
 HEAD_FILE, HEAD_INFO = "task_head.safetensors", "task_head.json"
+RANDOM_HEAD_WARNING = (
+    "WARNING: AutoModelForSequenceClassification.from_pretrained(DIR) would load a RANDOM, "
+    "untrained classification head (transformers only logs a warning): load the trained head "
+    "with the code in DIR/README.md (section 'Loading the classifier')"
+)
 TASK_TOKENS = ("_start_", "_delimiter_", "_classify_")
 # Share of distinct lines of the shared test text whose ids differ from gpt1's, with the default
 # fast tokenizer (benchmarks/hf_tokenizer_parity.py; docs/results.md).
@@ -58,8 +66,8 @@ FORMULAS = {
 class HFExport:
     """The decisions of one export; `notes` are printed by `convert` and repeated in the card."""
 
-    window: int | None = None  # trained positions kept (None: all)
     trained: int | None = None  # the window the model was trained on, when recorded
+    path: str = "DIR"  # the folder as the user named it, for the card's loading code
     record: dict | None = None  # task.json of a fine-tuned checkpoint
     head: dict[str, torch.Tensor] | None = None
     double_heads: bool = False  # head mapped onto OpenAIGPTDoubleHeadsModel
@@ -71,11 +79,7 @@ class HFExport:
     def adjust(
         self, state: dict[str, torch.Tensor], config: dict[str, Any]
     ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """The HF state dict and config.json with the trained window and the mapped head."""
-        if self.window is not None:
-            key = "transformer.positions_embed.weight"
-            state[key] = state[key][: self.window].contiguous()
-            config["n_positions"] = self.window
+        """The HF state dict and config.json with the mapped head and the class names."""
         if self.double_heads:
             assert self.head is not None
             config["architectures"] = ["OpenAIGPTDoubleHeadsModel"]
@@ -94,6 +98,10 @@ class HFExport:
                 k: self.record.get(k)
                 for k in ("task", "kind", "labels", "n_outputs", "classify_id", "n_ctx")
             }
+            labels = self.record.get("labels")
+            if labels and self.record["kind"] != "choice" and not self.double_heads:
+                config["id2label"] = {str(i): str(name) for i, name in enumerate(labels)}
+                config["label2id"] = {str(name): i for i, name in enumerate(labels)}
         return state, config
 
     # -------------------------------------------------------------------------- files
@@ -148,14 +156,11 @@ class HFExport:
 
 
 def plan(
-    src: str | Path,
-    src_format: str,
-    n_positions: int,
-    vocab_dir: Path | None,
-    keep_positions: bool = False,
+    src: str | Path, src_format: str, n_positions: int, vocab_dir: Path | None, path: str = "DIR"
 ) -> HFExport:
-    """Decide the export of the model read from `src` (its `n_positions`, its vocabulary)."""
-    export = HFExport()
+    """Decide the export of the model read from `src` (its `n_positions`, its vocabulary) into
+    the folder the user named `path`."""
+    export = HFExport(path=path)
     folder = resolve_checkpoint_dir(src) if src_format == "gpt1" else None
     if folder is not None and (folder / "task.json").is_file():
         _plan_head(export, folder)
@@ -165,18 +170,12 @@ def plan(
             window = export.record["n_ctx"]
         export.trained = window
         if window is not None and window < n_positions:
-            if keep_positions:
-                export.notes.append(
-                    f"positions {window}..{n_positions - 1} were never trained "
-                    f"(trained window {window}); kept as asked"
-                )
-            else:
-                export.window = window
-                export.notes.append(
-                    f"n_positions={window}: the trained window; position rows "
-                    f"{window}..{n_positions - 1} were never trained and are "
-                    "left out (--keep-untrained-positions keeps them)"
-                )
+            export.notes.append(
+                f"n_positions={n_positions} (the whole position table, as gpt1, serve and "
+                f"ONNX accept); trained on windows of {window} tokens: model_max_length="
+                f"{window}, rows {window}..{n_positions - 1} were never trained (lm-eval's hf "
+                f"model: add max_length={window} to --model_args)"
+            )
     if vocab_dir is not None:
         _plan_tokenizer(export, vocab_dir)
     return export
@@ -204,6 +203,7 @@ def _plan_head(export: HFExport, folder: Path) -> None:
             f"its maths ({why}); exported the LM as OpenAIGPTLMHeadModel and the "
             f"head as {HEAD_FILE} + {HEAD_INFO}"
         )
+        export.notes.append(RANDOM_HEAD_WARNING)
 
 
 def _plan_tokenizer(export: HFExport, vocab_dir: Path) -> None:
@@ -269,41 +269,78 @@ def model_card(export: HFExport, config: dict[str, Any]) -> str:
             if export.specials
             else "`<unk>` stands for no text (gpt1 pads with it)."
         ),
-        f"`n_positions` and `model_max_length` are {config['n_positions']}"
-        + (
-            ", the window the model was trained on."
-            if export.trained == config["n_positions"]
-            else "; no shorter training window is recorded."
-            if export.trained is None
-            else f"; it was trained on windows of {export.trained} tokens."
-        ),
+        _window_line(export.trained, config["n_positions"]),
         "",
     ]
     if export.record is not None:
-        r = export.record
+        lines += _head_section(export)
+    notes = [n.replace("DIR", export.path) for n in export.notes]
+    lines += ["## Notes from the export", ""] + [f"- {n}" for n in notes] + [""]
+    return "\n".join(lines)
+
+
+def _window_line(trained: int | None, n_positions: int) -> str:
+    if trained is None or trained >= n_positions:
+        return (
+            f"`n_positions` is {n_positions}"
+            + (", the window the model was trained on." if trained else ".")
+            + " `model_max_length` is the same."
+        )
+    return (
+        f"`n_positions` is {n_positions}, the whole position table (gpt1, `gpt1 serve` and the "
+        f"ONNX export accept as many tokens), but the model was trained on windows of {trained} "
+        f"tokens: `model_max_length` is {trained}, and positions {trained}..{n_positions - 1} "
+        f"were never trained. Keep inputs within {trained} tokens (lm-evaluation-harness: "
+        f"`max_length={trained}`)."
+    )
+
+
+def _head_section(export: HFExport) -> list[str]:
+    """The card's task head: layout, formula, the transformers class, and the loading code."""
+    from gpt1.recipes.hf_snippet import example_call, loading_code
+
+    r = export.record
+    lines = [
+        "## Task head",
+        "",
+        f"Fine-tuned for `{r.get('task')}` ({r['kind']}, labels {r.get('labels')}). "
+        f"Input layout: `{LAYOUTS[r['kind']]}` (ids: `_start_`, `_delimiter_`, "
+        f"`_classify_` = {r['classify_id'] - 2}, {r['classify_id'] - 1}, "
+        f"{r['classify_id']}). {FORMULAS[r['kind']]}.",
+        "",
+    ]
+    if export.double_heads:
         lines += [
-            "## Task head",
-            "",
-            f"Fine-tuned for `{r.get('task')}` ({r['kind']}, labels {r.get('labels')}). "
-            f"Input layout: `{LAYOUTS[r['kind']]}` (ids: `_start_`, `_delimiter_`, "
-            f"`_classify_` = {r['classify_id'] - 2}, {r['classify_id'] - 1}, "
-            f"{r['classify_id']}). {FORMULAS[r['kind']]}.",
+            "The head is `OpenAIGPTDoubleHeadsModel.multiple_choice_head` (exact): "
+            "feed `input_ids` `[batch, choices, T]` and `mc_token_ids` `[batch, "
+            "choices]` (the `_classify_` positions); `mc_logits` are the scores.",
             "",
         ]
-        if export.double_heads:
-            lines += [
-                "The head is `OpenAIGPTDoubleHeadsModel.multiple_choice_head` (exact): "
-                "feed `input_ids` `[batch, choices, T]` and `mc_token_ids` `[batch, "
-                "choices]` (the `_classify_` positions); `mc_logits` are the scores.",
-                "",
-            ]
-        else:
-            lines += [
-                "No transformers class computes this head, so the folder holds the LM "
-                f"(`OpenAIGPTLMHeadModel`; its last hidden states are GPT-1's) and the head "
-                f"in `{HEAD_FILE}` (`linear.weight`, `linear.bias`), described in "
-                f"`{HEAD_INFO}`.",
-                "",
-            ]
-    lines += ["## Notes from the export", ""] + [f"- {n}" for n in export.notes] + [""]
-    return "\n".join(lines)
+    else:
+        lines += [
+            "No transformers class computes this head, so the folder holds the LM "
+            f"(`OpenAIGPTLMHeadModel`; its last hidden states are GPT-1's) and the head "
+            f"in `{HEAD_FILE}` (`linear.weight`, `linear.bias`), described in "
+            f"`{HEAD_INFO}`.",
+            "",
+            f"**{RANDOM_HEAD_WARNING.replace('DIR/README.md', 'this file')}.** "
+            "`config.json`'s `id2label` names the classes, not a trained head.",
+            "",
+        ]
+    code = loading_code(r, export.double_heads, export.path)
+    lines += [
+        "## Loading the classifier",
+        "",
+        "This gives what `gpt1 predict --format jsonl` writes (class probabilities, the score, "
+        "or the answers' probabilities) for inputs that fit the window; gpt1 shortens a longer "
+        "input's longest segment first.",
+        "",
+        "```python",
+        code.rstrip("\n"),
+        "",
+        "",
+        example_call(r),
+        "```",
+        "",
+    ]
+    return lines

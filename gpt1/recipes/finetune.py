@@ -268,7 +268,8 @@ def _finetune(
     if info.is_main:
         files.write_json(out / "run.json", resolved)
         log.info(
-            "fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g)",
+            "fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g); "
+            "headline metric %s%s",
             task.name,
             len(enc.items),
             cfg.train_split,
@@ -276,6 +277,8 @@ def _finetune(
             train_cfg.batch_size,
             train_cfg.lr,
             cfg.lm_coef,
+            task.metrics[0],
+            f" (F1 of class {task.f1_label!r})" if task.f1_label else "",
         )
     source = FinetuneSource(
         enc,

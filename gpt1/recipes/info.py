@@ -1,4 +1,5 @@
-"""`gpt1 info`: describe a preset or a checkpoint without loading its weights."""
+"""`gpt1 info`: describe a preset or a checkpoint (and a fine-tuned one's task) without loading
+its weights."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from gpt1.checkpoint_files import read_config, resolve_checkpoint_dir
 from gpt1.config import MODEL_PRESETS, model_preset
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.model.checkpoint import read_model_config
+from gpt1.model.finetuned import TASK_FILE, read_task_record
 from gpt1.model.gpt import flops_per_token, parameter_count
 from gpt1.model.lstm import LSTMLM, LSTMConfig
 from gpt1.model.registry import checkpoint_arch, model_flops
@@ -25,7 +27,7 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
             return _describe_lstm(folder, seq_len)
         config, source = read_model_config(folder), str(folder)
     T = seq_len or config.n_positions
-    return {
+    out = {
         "source": source,
         "config": config.to_dict(),
         "parameters": parameter_count(config),
@@ -33,6 +35,31 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
         "seq_len": T,
         "flops_per_token": flops_per_token(config, T),
     }
+    if source != f"preset {model}" and (Path(source) / TASK_FILE).is_file():
+        out["task"] = describe_task(Path(source), config.n_embd)
+    return out
+
+
+def describe_task(folder: Path, n_embd: int) -> dict[str, Any]:
+    """A fine-tuned checkpoint's task: name, kind, classes, window, metrics, head size."""
+    from gpt1.tasks.registry import get_task
+
+    record = read_task_record(folder)
+    task = get_task(record["task"], record.get("spec") or None)
+    out = {
+        "task": record["task"],
+        "kind": record["kind"],
+        "labels": record.get("labels"),
+        "n_outputs": record["n_outputs"],
+        "n_ctx": record["n_ctx"],
+        "metrics": list(task.metrics),
+        "head_parameters": (n_embd + 1) * record["n_outputs"],
+    }
+    if task.f1_label is not None:
+        out["f1_label"] = task.f1_label
+    if (record.get("spec") or {}).get("columns"):
+        out["columns"] = record["spec"]["columns"]
+    return out
 
 
 def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:

@@ -151,9 +151,10 @@ def spec_from_flags(
     labels: str | None = None,
     regression: bool = False,
     similarity: bool = False,
+    positive_label: str | None = None,
 ) -> dict[str, Any] | None:
-    """A csv/tsv/jsonl task's spec from `--columns ROLE=COL,...` and `--labels L1,L2,...`
-    (None without columns: a registered task)."""
+    """A csv/tsv/jsonl task's spec from `--columns ROLE=COL,...`, `--labels L1,L2,...` and
+    `--positive-label L` (None without columns: a registered task)."""
     if not columns:
         return None
     spec: dict[str, Any] = {
@@ -163,4 +164,6 @@ def spec_from_flags(
     }
     if labels:
         spec["labels"] = [x.strip() for x in labels.split(",") if x.strip()]
+    if positive_label is not None:
+        spec["positive_label"] = positive_label.strip()
     return spec

@@ -1,6 +1,7 @@
 """Task metrics as GLUE reports them, computed by scikit-learn and scipy.
 
-accuracy, F1 of the positive class (MRPC, QQP), Matthews correlation (CoLA), Pearson and
+accuracy, F1 of the positive class (MRPC, QQP, binary user tasks; `positive` is its class index,
+1 unless the task names another), Matthews correlation (CoLA), Pearson and
 Spearman correlation (STS-B). Values are fractions in [0, 1] (correlations in [-1, 1]).
 """
 
@@ -12,9 +13,13 @@ import numpy as np
 
 
 def compute(
-    names: Sequence[str], predictions: Sequence[float], labels: Sequence[float]
+    names: Sequence[str],
+    predictions: Sequence[float],
+    labels: Sequence[float],
+    positive: int = 1,
 ) -> dict[str, float]:
-    """The metrics `names` of `predictions` against `labels` (class indices or scores)."""
+    """The metrics `names` of `predictions` against `labels` (class indices or scores); F1 is
+    that of class index `positive`."""
     from scipy.stats import pearsonr, spearmanr
     from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
@@ -29,7 +34,7 @@ def compute(
         if name == "accuracy":
             out[name] = float(accuracy_score(y_true, y_pred))
         elif name == "f1":
-            out[name] = float(f1_score(y_true, y_pred, zero_division=0))
+            out[name] = float(f1_score(y_true, y_pred, pos_label=positive, zero_division=0))
         elif name == "matthews":
             out[name] = float(matthews_corrcoef(y_true, y_pred))
         elif name in ("pearson", "spearman"):

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,19 +46,29 @@ class Task:
         return len(self.labels)
 
     @property
+    def positive_index(self) -> int:
+        """The class F1 is computed for: the spec's `positive_label`, else the second class
+        (index 1: "1" for MRPC/QQP, the later of two sorted user labels, e.g. "pos" of neg/pos)."""
+        name = self.spec.get("positive_label")
+        return self.labels.index(name) if name and self.labels else 1
+
+    @property
+    def f1_label(self) -> str | None:
+        """The name of the class F1 is computed for (None when the task reports no F1)."""
+        return self.labels[self.positive_index] if "f1" in self.metrics and self.labels else None
+
+    @property
     def regression(self) -> bool:
         return self.kind != "choice" and self.labels is None
 
     def resolve_splits(self, split: str) -> tuple[str, ...]:
-        """`dev`/`test` may stand for several files (MNLI matched and mismatched)."""
+        """`dev`/`test` may stand for several files (MNLI matched and mismatched); any other
+        name is one split, found by file name like the task's own (`held_out` -> held_out.tsv)."""
         if split == "dev":
             return self.dev
         if split == "test":
             return self.test
-        if split not in self.splits:
-            raise ConfigError(
-                f"task {self.name}: unknown split {split!r}; choose one of {', '.join(self.splits)}"
-            )
+        check_split_name(split)
         return (split,)
 
     def read(
@@ -67,11 +78,9 @@ class Task:
         skip_bad_rows: bool = False,
         need_labels: bool | None = None,
     ) -> Split:
-        """Read one split (an exact split name) from folder (or file) `data`. Empty is an error."""
-        if split not in self.splits:
-            raise ConfigError(
-                f"task {self.name}: unknown split {split!r}; choose one of {', '.join(self.splits)}"
-            )
+        """Read one split (an exact split name: the task's own or any file name stem) from
+        folder (or file) `data`. Empty is an error."""
+        check_split_name(split)
         if need_labels is None:
             need_labels = not split.startswith("test")
         bad = BadRows(skip=skip_bad_rows)
@@ -94,6 +103,19 @@ class Task:
                     f"examples have different numbers of choices ({sorted(counts)})", path
                 )
         return Split(split, path, examples, skipped=bad.rows, dropped=dropped)
+
+
+def check_split_name(split: str) -> None:
+    """A split name becomes part of file names (`{split}.tsv`, `results.{split}.json`): letters,
+    digits, `_`, `-` and inner dots only, so it never names a path outside the data folder."""
+    if not SPLIT_NAME.fullmatch(split):
+        raise ConfigError(
+            f"split name {split!r}: use letters, digits, '_', '-' or '.' (to read a file by "
+            "its path, give --file PATH)"
+        )
+
+
+SPLIT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*")
 
 
 # ----------------------------------------------------------------------------- readers
@@ -125,6 +147,12 @@ def _nli_reader(
 
 
 def _story_cloze_reader(task: Task, data: Path, split: str, bad: BadRows, need_labels: bool):
+    if split not in task.splits and not Path(data).is_file():
+        raise DataError(
+            f"no split {split!r}: a Story Cloze folder holds train and dev (OpenAI's split of "
+            "the validation file) and test; give another file in its format with --file",
+            data,
+        )
     names = choice.STORY_CLOZE_TEST if split == "test" else choice.STORY_CLOZE_VAL
     path = find_split_file(data, split, names)
     examples, dropped = choice.read_story_cloze(path, bad)
@@ -296,7 +324,23 @@ def generic_task(fmt: str, spec: dict[str, Any]) -> Task:
         "labels": labels,
         "regression": regression,
     }
+    positive = spec.get("positive_label")
+    if positive is not None:
+        _check_positive(positive, labels, "f1" in metrics)
+        full["positive_label"] = positive
     return Task(fmt, kind, labels, metrics, _generic_reader, spec=full)
+
+
+def _check_positive(name: str, labels: list[str] | None, has_f1: bool) -> None:
+    if not has_f1:
+        raise ConfigError(
+            f"--positive-label {name}: only a two-class task reports F1 (this one has "
+            f"{'no classes' if not labels else f'{len(labels)} classes'})"
+        )
+    if name not in (labels or []):
+        raise ConfigError(
+            f"--positive-label {name!r} is not one of the classes ({', '.join(labels or [])})"
+        )
 
 
 def complete_generic_spec(

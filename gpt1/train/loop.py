@@ -214,6 +214,7 @@ def train(
             set_lr(optimizer, lr)
             loss_sum = torch.zeros((), device=device)
             tokens = 0.0
+            parts: dict[str, float] = {}  # the loss's named terms (fine-tuning: task, LM)
             for i in range(accum):
                 batch = to_device(source.next_batch(cfg.micro_batch_size), device)
                 with dist.no_sync(wrapped, skip=i < accum - 1):
@@ -222,15 +223,17 @@ def train(
                     (loss / accum).backward()
                 loss_sum += loss.detach().float()
                 tokens += float(extra.get("tokens", 0.0))
-            stats = torch.stack(
-                [
-                    loss_sum / accum,
-                    torch.tensor(tokens, device=device),
-                    torch.tensor(float(stop["signal"]), device=device),
-                ]
+                _add_parts(parts, extra)
+            names = sorted(parts)
+            stats = torch.tensor(
+                [float(loss_sum) / accum, tokens, float(stop["signal"])]
+                + [parts[k] / accum for k in names],
+                dtype=torch.float64,
+                device=device,
             )
-            stats = dist.all_reduce_sum(stats.double())
+            stats = dist.all_reduce_sum(stats)
             step_loss = float(stats[0]) / info.world_size
+            _log_parts(state["log"], names, stats[3:].tolist(), info.world_size)
             grad_norm = _clip(raw, cfg.grad_clip)
             if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
                 raise TrainingDiverged(_diverged_message(step + 1, step_loss, grad_norm, run_dir))
@@ -349,6 +352,20 @@ def _oom_message(cfg: TrainConfig, accum: int, world: int, exc: BaseException) -
     )
 
 
+def _add_parts(parts: dict[str, float], extra: dict) -> None:
+    """Sum a micro-batch's named loss terms (every float of `extra` but "tokens")."""
+    for key, value in extra.items():
+        if key != "tokens":
+            parts[key] = parts.get(key, 0.0) + float(value)
+
+
+def _log_parts(log: dict, names: list[str], totals: list[float], world: int) -> None:
+    """Add one step's loss terms (summed over ranks) to the logging interval's sums."""
+    sums = log.setdefault("parts", {})
+    for key, total in zip(names, totals):
+        sums[key] = sums.get(key, 0.0) + total / world
+
+
 def _train_record(
     state: dict,
     step: int,
@@ -361,12 +378,15 @@ def _train_record(
     device: torch.device,
 ) -> dict:
     log = state["log"]
-    loss = log["loss_sum"] / max(log["n"], 1)
+    n = max(log["n"], 1)
+    loss = log["loss_sum"] / n
+    parts = {k: v / n for k, v in (log.get("parts") or {}).items()}
     state["log"] = {"loss_sum": 0.0, "n": 0}
     mfu = (fpt * tok_s / (peak * world)) if (fpt and peak) else 0.0
     return {
         "step": step,
         "loss": loss,
+        **parts,
         "lr": lr,
         "grad_norm": grad_norm,
         "tokens_per_s": tok_s,

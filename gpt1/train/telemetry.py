@@ -1,7 +1,8 @@
 """Training telemetry: the console line, `metrics.jsonl`, tokens/s, MFU, memory, and loss/lr plots.
 
 Only rank 0 writes; other ranks get a logger whose methods do nothing. `metrics.jsonl` holds one
-JSON object per line: training lines carry `step`, `loss`, `lr`, `grad_norm`, ...; validation
+JSON object per line: training lines carry `step`, `loss`, `lr`, `grad_norm`, ... (fine-tuning
+also `task_loss` and, with the auxiliary LM, `lm_loss`: the interval's means); validation
 lines carry `step`, `val_loss`, `val_ppl`. On resume, lines past the resumed step are dropped so
 the file reads like one uninterrupted run.
 """
@@ -131,8 +132,14 @@ def truncate_after(file: Path, step: int) -> None:
 def train_line(rec: dict[str, Any]) -> str:
     """The console line for one logging interval."""
     mem = rec.get("mem_gb")
+    # Fine-tuning's loss is task + lm_coef x LM: each term shown, so a stuck task loss shows.
+    terms = "".join(
+        f" | {name} {rec[key]:.4f}"
+        for key, name in (("task_loss", "task"), ("lm_loss", "lm"))
+        if key in rec
+    )
     return (
-        f"step {rec['step']:>6d} | loss {rec['loss']:.4f} | lr {rec['lr']:.3e} | "
+        f"step {rec['step']:>6d} | loss {rec['loss']:.4f}{terms} | lr {rec['lr']:.3e} | "
         f"grad {rec['grad_norm']:.3f} | {rec['tokens_per_s']:,.0f} tok/s | "
         f"MFU {100 * rec.get('mfu', 0.0):.1f}% | mem {mem:.2f} GB"
     )

@@ -1,0 +1,94 @@
+"""`gpt1 predict --format jsonl|csv`: one record per example with its inputs, the predicted label
+and the probability of every class (or choice).
+
+A record holds `id`, the example's inputs under their roles (`text`; `a`, `b`; `context`,
+`question`, `choices`), `label` (written as in the GLUE-style TSV: the class name, Story Cloze's
+1-based ending, RACE's letter), `gold` when the file has a label for the row, and
+`probabilities`: class name -> softmax probability for classification, one per choice (in file
+order) for multiple choice. Regression tasks write `score` instead of both. CSV flattens the
+same record: one column per input role, `label`, `gold`, then `p_<class>` (or `p_1`, `p_2`, ...
+per choice), or `score`.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from gpt1.tasks.examples import Example
+from gpt1.tasks.registry import Task
+
+FORMATS = ("tsv", "jsonl", "csv")
+INPUT_ROLES = ("text", "a", "b", "context", "question", "choices")
+
+
+def probabilities(raw: list[list[float]]) -> list[list[float]]:
+    """Softmax of each example's class logits or choice scores (the head's raw outputs)."""
+    if not raw:
+        return []
+    return torch.softmax(torch.tensor(raw, dtype=torch.float64), dim=-1).tolist()
+
+
+def records(
+    task: Task,
+    examples: list[Example],
+    raw: list[Any],
+    label_text: Callable[[Task, Any], str],
+) -> list[dict[str, Any]]:
+    """The prediction record of each example (see the module docstring), in file order."""
+    probs = None if task.regression else probabilities(raw)
+    out = []
+    for i, example in enumerate(examples):
+        rec: dict[str, Any] = {"id": example.uid}
+        rec.update({r: getattr(example, r) for r in INPUT_ROLES if hasattr(example, r)})
+        if task.regression:
+            rec["score"] = raw[i]
+        else:
+            best = max(range(len(probs[i])), key=probs[i].__getitem__)
+            rec["label"] = label_text(task, best)
+        if example.label is not None:
+            rec["gold"] = label_text(task, example.label)
+        if probs is not None:
+            rec["probabilities"] = _named(task, probs[i])
+        out.append(rec)
+    return out
+
+
+def _named(task: Task, row: list[float]) -> dict[str, float] | list[float]:
+    if task.kind == "choice" or not task.labels:
+        return row
+    return dict(zip(task.labels, row))
+
+
+def to_jsonl(recs: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
+
+
+def to_csv(recs: list[dict[str, Any]]) -> str:
+    """The records as CSV (RFC 4180 quoting): inputs, label, gold, one column per probability."""
+    flat = [_flatten(r) for r in recs]
+    columns: dict[str, None] = {}
+    for row in flat:
+        columns.update(dict.fromkeys(row))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(flat)
+    return buffer.getvalue()
+
+
+def _flatten(rec: dict[str, Any]) -> dict[str, Any]:
+    row = {k: v for k, v in rec.items() if k != "probabilities"}
+    if isinstance(row.get("choices"), list):
+        row["choices"] = json.dumps(row["choices"], ensure_ascii=False)
+    probs = rec.get("probabilities")
+    if isinstance(probs, dict):
+        row.update({f"p_{name}": p for name, p in probs.items()})
+    elif isinstance(probs, list):
+        row.update({f"p_{k + 1}": p for k, p in enumerate(probs)})
+    return row
