@@ -305,7 +305,9 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--skip", default="", help="comma list of parts to skip: classify,generate,ort,ct2")
+    p.add_argument(
+        "--skip", default="", help="comma list of parts to skip: classify,generate,ort,ct2"
+    )
     p.add_argument(
         "--plain",
         action="store_true",
