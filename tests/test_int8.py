@@ -120,3 +120,18 @@ def test_int8_refusals_are_one_line_and_change_nothing():
     lstm_like = nn.Sequential(nn.LSTM(8, 8))
     with pytest.raises(ConfigError, match="linear layers"):
         for_inference(lstm_like, "cpu", "int8")
+
+
+def test_sample_command_takes_int8_and_refuses_it_on_a_gpu(tmp_path, capsys):
+    from gpt1 import save_model
+    from gpt1.cli import main
+    from gpt1.testing.faults import char_vocab
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=189, n_positions=48, n_embd=32, n_layer=2, n_head=2)
+    ckpt = save_model(GPT(config), tmp_path / "ck", tokenizer_dir=char_vocab(tmp_path / "v"))
+    args = ["sample", str(ckpt), "--prompt", "abc", "--max-new-tokens", "6", "--temperature", "0"]
+    assert main([*args, "--precision", "int8", "--device", "cpu"]) == 0
+    assert main([*args, "--precision", "int8", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ("int8" in err[0] or "CUDA" in err[0])
