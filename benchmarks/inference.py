@@ -1,4 +1,4 @@
-"""In-process inference speed: gpt1 vs transformers vs ONNX Runtime, GPT-1 size, one process.
+"""In-process inference speed: gpt1 vs transformers, ONNX Runtime and CTranslate2, GPT-1 size.
 
 Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabulary,
 `[start] sentence [classify]`), in file order:
@@ -13,17 +13,25 @@ Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabu
   padded batches. ORT's CPU provider has no bf16 kernels for this graph, so it runs fp32 only.
 
 Generation: greedy, 128 new tokens after a 32-token prompt, batch 1: gpt1's KV-cache decoder
-(`gpt1.recipes.sample.generate` on the prepacked model, what `gpt1 sample` runs and what
-`/v1/generate` runs for a lone request) vs transformers' `generate` on `OpenAIGPTLMHeadModel`
-with the same weights (their greedy outputs are compared).
+(`gpt1.recipes.sample.generate` on the model made ready by `gpt1.model.inference.for_inference`,
+what `gpt1 sample` runs and what `/v1/generate` runs for a lone request) vs transformers'
+`generate` on `OpenAIGPTLMHeadModel` with the same weights, and vs CTranslate2 (fp32 and int8)
+running the same weights mapped onto its decoder spec. Every system's greedy tokens are compared
+with fp32 transformers'.
 
-Weights are random (speed does not depend on them). fp32 and bf16, the systems alternating
-within each repeat; figures are medians over repeats. The matmul peak of this machine is
-measured too (the best of torch's and oneDNN's 2048^3 products), so each throughput can be read
-as a fraction of it; so is the memory read bandwidth that bounds batch-1 decoding.
+int8 (`--precision int8`: int8 weights with per-channel scales, bf16 activations) is compared
+with ONNX Runtime's `quantize_dynamic` int8 model for classification and CTranslate2's int8
+generator for generation.
+
+Weights are random (speed does not depend on them). The systems alternate within each repeat;
+figures are medians over repeats. The matmul peak of this machine is measured too (the best of
+torch's and oneDNN's 2048^3 products), so each throughput can be read as a fraction of it; so is
+the memory read bandwidth that bounds batch-1 decoding: each precision's bound is that
+bandwidth over the bytes its decoding step reads (`decode_bytes`).
 
     python benchmarks/inference.py                          # 256 sentences, 3 repeats
     python benchmarks/inference.py --sentences 64 --repeats 1 --dtypes fp32   # quick look
+    python benchmarks/inference.py --dtypes bf16,int8 --skip classify          # decoding only
     python benchmarks/inference.py --dtypes fp32 --skip generate,ort --profile   # where time goes
 """
 
@@ -44,16 +52,20 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.model.fast_cpu import prepack_available, prepack_for_inference  # noqa: E402
+from gpt1.model.fast_cpu import prepack_available  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
+from gpt1.model.inference import for_inference  # noqa: E402
+from gpt1.model.quantize import Int8Head, Int8Linear  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
 from gpt1.recipes.evaluate import predict_raw  # noqa: E402
 from gpt1.recipes.sample import generate  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 from gpt1.tasks.batches import Encoded  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Each precision's float type for the transformers anchor (int8 has none: its anchors are ONNX
+# Runtime's dynamic int8 model and CTranslate2's int8 generator).
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": None}
 
 
 def sst2_sequences(n: int, min_len: int, max_len: int, start: int, clf: int) -> list[list[int]]:
@@ -141,6 +153,92 @@ def onnx_session(hf_clf, batches, threads: int, folder: Path):
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
+def onnx_int8_session(session, threads: int, folder: Path):
+    """ONNX Runtime's dynamic int8 quantisation (`quantize_dynamic`, per-channel int8 weights,
+    int8 activations quantised per batch) of the exported HF classifier."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    src, dst = folder / "hf_openai_gpt_clf.onnx", folder / "hf_openai_gpt_clf.int8.onnx"
+    quantize_dynamic(str(src), str(dst), per_channel=True, weight_type=QuantType.QInt8)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(str(dst), options, providers=["CPUExecutionProvider"])
+
+
+def ctranslate2_generator(gpt: GPT, folder: Path, compute_type: str, threads: int):
+    """GPT-1's weights in CTranslate2's decoder spec (post-LN, learned positions, no final
+    LayerNorm, tanh GELU, the token table as the output layer), saved and loaded in
+    `compute_type` (float32 or int8)."""
+    import ctranslate2
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    c = gpt.config
+    spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+        c.n_layer,
+        c.n_head,
+        pre_norm=False,
+        activation=common_spec.Activation.GELUTanh,
+        no_final_norm=True,
+    )
+    sd = {k: v.detach().float().numpy() for k, v in gpt.state_dict().items()}
+    dec = spec.decoder
+    dec.scale_embeddings = False
+    dec.embeddings.weight = sd["wte.weight"]
+    dec.position_encodings.encodings = sd["wpe.weight"]
+    dec.projection.weight = sd["wte.weight"]
+    for i, layer in enumerate(dec.layer):
+        pairs = [
+            (layer.self_attention.layer_norm, "ln_1", "gamma", "beta"),
+            (layer.ffn.layer_norm, "ln_2", "gamma", "beta"),
+            (layer.self_attention.linear[0], "attn.c_attn", "weight", "bias"),
+            (layer.self_attention.linear[1], "attn.c_proj", "weight", "bias"),
+            (layer.ffn.linear_0, "mlp.c_fc", "weight", "bias"),
+            (layer.ffn.linear_1, "mlp.c_proj", "weight", "bias"),
+        ]
+        for target, name, w, b in pairs:  # nn.Linear and CTranslate2 both store [out, in]
+            setattr(target, w, sd[f"h.{i}.{name}.weight"])
+            setattr(target, b, sd[f"h.{i}.{name}.bias"])
+    spec.register_vocabulary([f"t{i}" for i in range(c.vocab_size)])
+    spec.validate()
+    spec.optimize(quantization=compute_type)
+    out = folder / f"ct2-{compute_type}"
+    out.mkdir(parents=True, exist_ok=True)
+    spec.save(str(out))
+    return ctranslate2.Generator(
+        str(out), device="cpu", compute_type=compute_type, intra_threads=threads
+    )
+
+
+def ct2_generate(generator, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+    """Greedy decoding of exactly `new_tokens` tokens after `prompt` `[1, T]` with CTranslate2."""
+    result = generator.generate_batch(
+        [[f"t{i}" for i in prompt[0].tolist()]],
+        max_length=new_tokens,
+        min_length=new_tokens,
+        sampling_topk=1,
+        beam_size=1,
+        include_prompt_in_result=False,
+    )
+    return result[0].sequences_ids[0]
+
+
+def decode_bytes(gpt: GPT) -> int:
+    """Bytes a batch-1 decoding step must read: every block weight, bias and LayerNorm, and the
+    output layer (the token table, or its int8 copy); the embedding lookups read two rows."""
+    total = 0
+    for module in gpt.h.modules():
+        if isinstance(module, Int8Linear):
+            total += sum(b.numel() * b.element_size() for b in module.buffers())
+        tensors = module.parameters(recurse=False)
+        total += sum(t.numel() * t.element_size() for t in tensors)
+    head = gpt.__dict__.get("lm_head_kernel")
+    if isinstance(head, Int8Head):
+        return total + head.q.numel() + head.scale.numel() * head.scale.element_size()
+    return total + gpt.wte.weight.numel() * gpt.wte.weight.element_size()
+
+
 def timed(fn) -> float:
     start = time.perf_counter()
     fn()
@@ -203,11 +301,13 @@ def main() -> None:
     p.add_argument("--max-len", type=int, default=96)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--dtypes", default="fp32,bf16")
+    p.add_argument("--dtypes", default="fp32,bf16,int8")
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--skip", default="", help="comma list of parts to skip: classify,generate,ort")
+    p.add_argument(
+        "--skip", default="", help="comma list of parts to skip: classify,generate,ort,ct2"
+    )
     p.add_argument(
         "--plain",
         action="store_true",
@@ -248,41 +348,46 @@ def main() -> None:
         session = onnx_session(hf_clf32, batches, args.threads, Path(tmp.name))
         print(f"onnxruntime {ort.__version__}: exported the HF classifier with torch.onnx")
 
+    ct2 = {}  # CTranslate2 generators by compute type, made once
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
-        peak = matmul_peak(dtype)
+        peak = matmul_peak(dtype or torch.bfloat16)
         import copy
 
-        plain = copy.deepcopy(clf32).to(dtype)
-        clf = prepack_for_inference(copy.deepcopy(plain))
-        hf_clf = copy.deepcopy(hf_clf32).to(dtype) if dtype != torch.float32 else hf_clf32
-        hf_lm = copy.deepcopy(hf_lm32).to(dtype) if dtype != torch.float32 else hf_lm32
+        plain = copy.deepcopy(clf32).to(dtype).eval() if dtype is not None else None
+        clf = for_inference(copy.deepcopy(clf32), "cpu", dname)
+        hf_clf = hf_lm = None
+        if dtype is not None:
+            hf_clf = copy.deepcopy(hf_clf32).to(dtype) if dtype != torch.float32 else hf_clf32
+            hf_lm = copy.deepcopy(hf_lm32).to(dtype) if dtype != torch.float32 else hf_lm32
         print(
-            f"\n== {dname}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, {args.threads} threads)"
+            f"\n== {dname}: matmul peak {peak / 1e9:.0f} GFLOP/s "
+            f"({'bf16, ' if dtype is None else ''}2048^3, {args.threads} threads)"
         )
         if "classify" not in skip:
-            systems = {
-                "gpt1": lambda: predict_raw(clf, task, enc, args.batch),
-                **(
-                    {"gpt1 plain": lambda: predict_raw(plain, task, enc, args.batch)}
-                    if args.plain
-                    else {}
-                ),
-                "HF": lambda: [
+            systems = {"gpt1": lambda: predict_raw(clf, task, enc, args.batch)}
+            if args.plain and plain is not None:
+                systems["gpt1 plain"] = lambda: predict_raw(plain, task, enc, args.batch)
+            if hf_clf is not None:
+                systems["HF"] = lambda: [
                     hf_clf(input_ids=ids, attention_mask=mask).logits for ids, mask in batches
-                ],
-            }
+                ]
             if args.file_order:
                 systems["gpt1 file order"] = lambda: [
                     clf(ids[:, None], mask[:, None].float(), with_lm=False) for ids, mask in batches
                 ]
-            if session is not None:
-                systems["ORT fp32"] = lambda: [
-                    session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
-                    for ids, mask in batches
-                ]
+            ort_run = lambda sess: [  # noqa: E731
+                sess.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+                for ids, mask in batches
+            ]
+            if session is not None and dname == "fp32":
+                systems["ORT fp32"] = lambda: ort_run(session)
+            if session is not None and dname == "int8":
+                session8 = onnx_int8_session(session, args.threads, Path(tmp.name))
+                systems["ORT int8"] = lambda: ort_run(session8)
             with torch.inference_mode():
-                check_classifier(clf, hf_clf, batches, task, enc, args.batch, session, dtype)
+                if hf_clf is not None:
+                    check_classifier(clf, hf_clf, batches, task, enc, args.batch, session, dtype)
                 times = alternate(systems, args.repeats)
             rates = {k: len(seqs) / statistics.median(v) for k, v in times.items()}
             for name, rate in rates.items():
@@ -291,12 +396,9 @@ def main() -> None:
                     f"({flops * rate / len(seqs) / peak:5.1%} of matmul peak)"
                 )
             print(
-                f"  gpt1 / HF {rates['gpt1'] / rates['HF']:.2f}x"
-                + (
-                    f", gpt1 / ORT {rates['gpt1'] / rates['ORT fp32']:.2f}x, ORT / HF "
-                    f"{rates['ORT fp32'] / rates['HF']:.2f}x"
-                    if "ORT fp32" in rates
-                    else ""
+                "  "
+                + ", ".join(
+                    f"gpt1 / {k} {rates['gpt1'] / v:.2f}x" for k, v in rates.items() if k != "gpt1"
                 )
             )
             if args.profile:
@@ -304,50 +406,59 @@ def main() -> None:
                     print_profile(lambda: predict_raw(clf, task, enc, args.batch))
         if "generate" not in skip:
             prompt = torch.tensor([sum(seqs, [])[: args.prompt]])
-            gen = {
-                "gpt1": lambda: generate(clf.gpt, prompt, args.new_tokens, temperature=0),
-                **(
-                    {
-                        "gpt1 plain": lambda: generate(
-                            plain.gpt, prompt, args.new_tokens, temperature=0
-                        )
-                    }
-                    if args.plain
-                    else {}
-                ),
-                "HF": lambda: hf_lm.generate(
+            new = args.new_tokens
+            gen = {"gpt1": lambda: generate(clf.gpt, prompt, new, temperature=0)}
+            if args.plain and plain is not None:
+                gen["gpt1 plain"] = lambda: generate(plain.gpt, prompt, new, temperature=0)
+            if hf_lm is not None:
+                gen["HF"] = lambda: hf_lm.generate(
                     prompt,
                     attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=args.new_tokens,
-                    min_new_tokens=args.new_tokens,
+                    max_new_tokens=new,
+                    min_new_tokens=new,
                     do_sample=False,
                     pad_token_id=0,
-                ),
-            }
-            with torch.inference_mode():
-                ours, theirs = gen["gpt1"](), gen["HF"]()
-                same = int((ours[0] == theirs[0]).long().cumprod(0).sum()) - args.prompt
-                print(
-                    f"  generate: greedy outputs agree on the first {same} of "
-                    f"{args.new_tokens} new tokens"
                 )
+            ct2_type = {"fp32": "float32", "int8": "int8"}.get(dname)
+            if "ct2" not in skip and ct2_type is not None:
+                if ct2_type not in ct2:
+                    ct2[ct2_type] = ctranslate2_generator(
+                        clf32.gpt, Path(tmp.name), ct2_type, args.threads
+                    )
+                gen[f"CT2 {ct2_type}"] = lambda: ct2_generate(ct2[ct2_type], prompt, new)
+            with torch.inference_mode():
+                reference = hf_lm32.generate(
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    pad_token_id=0,
+                )[0, args.prompt :].tolist()
+                for name, fn in gen.items():
+                    out = fn()
+                    out = out[0, args.prompt :].tolist() if isinstance(out, torch.Tensor) else out
+                    same = next((i for i, (a, b) in enumerate(zip(out, reference)) if a != b), new)
+                    print(
+                        f"  generate {name}: greedy tokens equal fp32 transformers' for the first {same} of {new}"
+                    )
                 times = alternate(gen, args.repeats, warm=False)  # the check above warmed up
-            rates = {k: args.new_tokens / statistics.median(v) for k, v in times.items()}
+            rates = {k: new / statistics.median(v) for k, v in times.items()}
+            bandwidth = read_bandwidth()
+            weight_bytes = decode_bytes(clf.gpt)
+            bound = bandwidth / weight_bytes
             for name, rate in rates.items():
                 print(f"  generate {name:16s} {rate:8.1f} new tokens/s")
-            print(f"  gpt1 / HF {rates['gpt1'] / rates['HF']:.2f}x")
-            # Batch-1 decoding reads every weight once per token (the position table aside).
-            weight_bytes = sum(
-                p.numel() * p.element_size()
-                for n, p in clf.gpt.named_parameters()
-                if n != "wpe.weight"
-            )
-            bandwidth = read_bandwidth()
-            bound = bandwidth / weight_bytes
             print(
-                f"  memory read bandwidth {bandwidth / 1e9:.1f} GB/s; weights "
-                f"{weight_bytes / 1e6:.0f} MB: at most {bound:.1f} tokens/s at batch 1; gpt1 at "
-                f"{rates['gpt1'] / bound:.0%} of that bound, which is {bound / rates['HF']:.2f}x HF"
+                "  "
+                + ", ".join(
+                    f"gpt1 / {k} {rates['gpt1'] / v:.2f}x" for k, v in rates.items() if k != "gpt1"
+                )
+            )
+            print(
+                f"  memory read bandwidth {bandwidth / 1e9:.1f} GB/s; {dname} weights read per "
+                f"token {weight_bytes / 1e6:.0f} MB: at most {bound:.1f} tokens/s at batch 1; "
+                f"gpt1 {dname} at {rates['gpt1'] / bound:.0%} of that bound"
             )
     tmp.cleanup()
 

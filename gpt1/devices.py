@@ -7,6 +7,8 @@
   on the CPUs measured), so `auto` never trades accuracy there. On a GPU bf16 halves memory
   traffic; training uses it as autocast over fp32 weights, inference casts the weights.
   `fp16` is for inference only (training in fp16 would need loss scaling, which gpt1 does not do).
+  `int8` is for CPU inference only: int8 weights with per-channel scales, activations in bf16
+  (`gpt1.model.inference`, `gpt1.model.quantize`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ if TYPE_CHECKING:  # torch is imported by the functions: the CLI reads the help 
     import torch
 
 DEVICE_HELP = "auto (default: cuda if available, else cpu), cpu, cuda or cuda:N"
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")
 PRECISION_HELP = (
-    "auto (default: bf16 on a GPU that supports it, fp32 otherwise), fp32, bf16 or fp16"
+    "auto (default: bf16 on a GPU that supports it, fp32 otherwise), fp32, bf16, fp16 or"
+    " int8 (CPU: int8 weights, bf16 activations)"
 )
 TRAIN_PRECISION_HELP = (
     "auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise),"

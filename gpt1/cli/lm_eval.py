@@ -6,7 +6,7 @@ adds gpt1's local task definitions (gpt1_lambada, gpt1_sst2, gpt1_story_cloze; t
 and runs the harness. --model defaults to gpt1 and --device to auto.
 
 Model arguments (--model_args k=v,...): checkpoint (required), tokenizer (default: the
-checkpoint's own), precision (auto, fp32, bf16, fp16), batch_tokens (tokens per forward pass,
+checkpoint's own), precision (auto, fp32, bf16, fp16, int8), batch_tokens (tokens per forward pass,
 default 4096), max_rows (default 64), max_length (default: the pretraining window),
 max_gen_toks (default 256), prefix_token_id (default: <unk> for a pretrained LM, _start_
 for a fine-tuned one, as the transformers export declares; GPT-1 has no BOS).

@@ -29,11 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
     p.add_argument(
         "--precision",
-        choices=["auto", "fp32", "bf16"],
+        choices=["auto", "fp32", "bf16", "int8"],
         default="auto",
         help="weights and activations: auto (default: bf16 on a GPU that supports it, fp32 "
-        "otherwise), fp32 or bf16 (faster on CPUs with AMX or AVX512-BF16; check its agreement "
-        "with fp32 on your task)",
+        "otherwise), fp32, bf16 (faster on CPUs with AMX or AVX512-BF16; check its agreement "
+        "with fp32 on your task) or int8 (CPU: int8 weights, bf16 activations)",
     )
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads, >= 1 (default: torch's)"

@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from gpt1.checkpoint_files import resolve_checkpoint_dir
-from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError, DataError, Gpt1Error
 from gpt1.files import check_output, write_json, write_text
-from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.finetuned import load_finetuned_model
+from gpt1.model.inference import for_inference
 from gpt1.recipes import predictions
 from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
 from gpt1.tasks.metrics import compute
@@ -190,11 +189,9 @@ def _task_of(record: dict, name: str | None) -> Task:
 
 
 def _place(model: Any, device: str, precision: str) -> Any:
-    """The model on `device` in `precision` (both may be "auto": see gpt1.devices), its weights
-    prepacked for CPU inference (`gpt1.model.fast_cpu.prepack_for_inference`)."""
-    where = resolve_device(device)
-    model = model.to(device=where, dtype=torch_dtype(resolve_precision(precision, where)))
-    return prepack_for_inference(model)
+    """The model on `device` in `precision` (both may be "auto": see gpt1.devices), ready for
+    inference (`gpt1.model.inference.for_inference`)."""
+    return for_inference(model, device, precision)
 
 
 def evaluate_run(

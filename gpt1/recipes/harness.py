@@ -36,7 +36,7 @@ from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model.fast_cpu import prepack_for_inference
+from gpt1.model.inference import for_inference
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Gpt1LM(TemplateLM):
         **unused: Any,
     ) -> None:
         super().__init__()
-        from gpt1.devices import resolve_precision, torch_dtype
+        from gpt1.devices import resolve_precision
         from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
         from gpt1.model.registry import load_any_checkpoint
         from gpt1.text.tokenizer import Tokenizer
@@ -100,7 +100,7 @@ class Gpt1LM(TemplateLM):
         self._device = _harness_device(device)
         self.precision = resolve_precision(precision, self._device)
         model = load_any_checkpoint(folder, device=self._device)
-        model = prepack_for_inference(model.to(torch_dtype(self.precision)).eval())
+        model = for_inference(model, self._device, self.precision)
         limits = [model.config.n_positions, trained_context(folder)]
         if max_length is not None:
             limits.append(int(max_length))

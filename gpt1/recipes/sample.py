@@ -18,10 +18,10 @@ from typing import Any
 import torch
 
 from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
-from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+from gpt1.devices import resolve_device
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.gpt import GPT, KVCache
+from gpt1.model.inference import for_inference
 from gpt1.model.memory import ensure_fits
 from gpt1.model.registry import load_any_checkpoint
 
@@ -254,10 +254,9 @@ class Session:
     def __init__(self, checkpoint: str | Path, device: str = "auto", precision: str = "auto"):
         self.folder = resolve_checkpoint_dir(checkpoint)
         self.device = resolve_device(device)
-        dtype = torch_dtype(resolve_precision(precision, self.device))
         # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
-        model = load_any_checkpoint(self.folder, device=self.device).to(dtype).eval()
-        self.model = prepack_for_inference(model)
+        model = load_any_checkpoint(self.folder, device=self.device)
+        self.model = for_inference(model, self.device, precision)
         tok_dir = tokenizer_dir_of(self.folder)
         self.tokenizer = None
         if tok_dir is not None:

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
-from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.finetuned import TASK_FILE
+from gpt1.model.inference import for_inference
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
@@ -31,7 +31,7 @@ from gpt1.tasks.rows import EMPTY_TEXT, has_visible_text
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
+PRECISIONS = ("fp32", "bf16", "int8")
 # Request field names of the built-in tasks, by kind (user tasks use their own column names).
 KIND_FIELDS = {
     "single": {"text": "text"},
@@ -300,18 +300,17 @@ def load_engine(path: str | Path, device: str = "auto", precision: str = "auto")
 
     device = resolve_device(device)
     precision = resolve_precision(precision, device, ("auto", *PRECISIONS))
-    dtype = PRECISIONS[precision]
     folder = resolve_checkpoint_dir(path)
     if (folder / TASK_FILE).is_file():
         from gpt1.recipes.evaluate import _task_of
 
         classifier, record, tok = load_finetuned(folder)
         task = _task_of(record, None)
-        classifier = prepack_for_inference(classifier.to(device=device, dtype=dtype).eval())
+        classifier = for_inference(classifier, device, precision)
         return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
     from gpt1.model.registry import load_any_checkpoint
 
-    lm = prepack_for_inference(load_any_checkpoint(folder, device=device).to(dtype).eval())
+    lm = for_inference(load_any_checkpoint(folder, device="cpu"), device, precision)
     tok_dir = tokenizer_dir_of(folder)
     tok = None
     if tok_dir is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gpt1.devices import resolve_device, resolve_precision, torch_dtype
+from gpt1.devices import resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, DataError
 from gpt1.files import OutputExists, write_json, write_text
 from gpt1.model.checkpoint import (
@@ -25,7 +25,7 @@ from gpt1.model.checkpoint import (
     tokenizer_dir_of,
     trained_context,
 )
-from gpt1.model.fast_cpu import prepack_for_inference
+from gpt1.model.inference import for_inference
 from gpt1.model.registry import load_any_checkpoint
 from gpt1.text.tokenizer import Tokenizer
 from gpt1.train.telemetry import save_figure
@@ -39,8 +39,7 @@ def _prepare_model(checkpoint: Path, device: str, precision: str) -> torch.nn.Mo
     """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `precision`
     (device and precision may be "auto": see gpt1.devices)."""
     where = resolve_device(device)
-    dtype = torch_dtype(resolve_precision(precision, where))
-    return prepack_for_inference(load_any_checkpoint(checkpoint, device=where).to(dtype).eval())
+    return for_inference(load_any_checkpoint(checkpoint, device=where), where, precision)
 
 
 def evaluate_checkpoint(

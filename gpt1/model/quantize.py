@@ -1,0 +1,169 @@
+"""Weight-only int8 for CPU inference: every linear layer and the tied output layer.
+
+Batch-1 decoding reads every weight once per token, so on a CPU its speed is set by memory
+bandwidth: int8 weights are a quarter of fp32's bytes and half of bf16's. Each weight matrix
+`[out, in]` is stored as int8 with one scale per output channel (symmetric, round to nearest
+even, the scale chosen so the row's largest magnitude maps to 127), made at load time from the
+fp32 checkpoint and deterministic. Activations stay in a float type (bf16 where the CPU has
+bf16 instructions, else fp32): the products multiply float activations by int8 weights and
+apply the scales to the outputs, so only the weights are rounded.
+
+The kernel is torch's fused `aten._weight_int8pack_mm` (int8 weight, float activation, per-row
+scales): no dequantised copy of a weight is ever made, so a product reads one byte per weight.
+It needs the inner size to be a multiple of 16 (it reads in blocks of 16; other sizes crashed
+it); anything else, and autograd, uses the same maths written out in torch (dequantise, then
+`F.linear`), which is slower but equal up to summation order.
+
+`quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
+whose int8 weights differ from the float ones by more than `MAX_RELATIVE_ERROR` of that row
+(a few outlier weights in a row stretch its scale, and its other weights lose most of their
+precision).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gpt1.errors import ConfigError
+
+# The rounding error (`relative_error`, the worst row of a layer) above which a layer is refused.
+# Measured on random [2304, 768] matrices: Gaussian rows 1.2%, Laplace 2.5%, Student-t with 4
+# degrees of freedom (far heavier tails than trained GPT weights) 16%; a row whose few large
+# weights leave the rest only a couple of levels is near 100%. 20% refuses only the broken.
+MAX_RELATIVE_ERROR = 0.20
+_KERNEL_BLOCK = 16
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`weight` `[N, K]` -> (int8 `[N, K]`, fp32 scales `[N]`) with weight ~= q * scale[:, None]."""
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))  # an all-zero row stays 0
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def relative_error(weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> float:
+    """The worst row's rounding error relative to that row's size without its largest weight:
+    max over rows of ||w - q * scale|| / ||w minus its largest |w| ||. A row's largest weight
+    sets its scale (and is kept nearly exactly), so measuring against the rest shows what an
+    outlier does to them: a Gaussian row of 768 gives about 1.2%, a row whose other weights
+    all round to zero 100%."""
+    w = weight.detach().float()
+    err = (w - q.float() * scale[:, None]).norm(dim=1)  # [N]
+    largest = w.abs().argmax(dim=1, keepdim=True)  # [N, 1]
+    rest = w.scatter(1, largest, 0.0).norm(dim=1)  # [N] (not a difference of squares: 500^2
+    # + 0.02^2 - 500^2 is lost to rounding in fp32)
+    ratio = torch.where(rest > 0, err / rest.clamp_min(1e-30), torch.zeros_like(err))
+    return float(ratio.max()) if ratio.numel() else 0.0
+
+
+def int8_linear(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]` (in
+    x's dtype): the fused kernel where it applies, else the same maths written out."""
+    K = q.shape[1]
+    if (
+        x.device.type == "cpu"
+        and K % _KERNEL_BLOCK == 0
+        and not (torch.is_grad_enabled() and x.requires_grad)
+        and x.dtype in (torch.bfloat16, torch.float32, torch.float16)
+    ):
+        rows = x.reshape(-1, K)
+        out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), q, scale.to(x.dtype))
+        out = out.reshape(*x.shape[:-1], q.shape[0])
+        return out if bias is None else out.add_(bias)
+    return F.linear(x, (q.to(x.dtype) * scale.to(x.dtype)[:, None]), bias)
+
+
+class Int8Linear(nn.Module):
+    """An `nn.Linear` for inference with int8 weights (buffers `qweight` `[out, in]` int8 and
+    `scale` `[out]`) and the float bias; the float weight is not kept."""
+
+    def __init__(self, linear: nn.Linear, act_dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        q, scale = quantize_rows(linear.weight)
+        self.register_buffer("qweight", q.to(linear.weight.device))
+        self.register_buffer("scale", scale.to(device=linear.weight.device, dtype=act_dtype))
+        bias = linear.bias
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(act_dtype), False)
+        self.error = relative_error(linear.weight, q, scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return int8_linear(x, self.qweight, self.scale, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8Head:
+    """The tied output layer in int8 (`GPT.lm_logits` calls `linear(hidden, weight, None)`): a
+    quantised copy of the token table, remade if the table is replaced or written in place."""
+
+    def __init__(self, weight: torch.Tensor):
+        self._quantize(weight)
+
+    def _quantize(self, weight: torch.Tensor) -> None:
+        self.q, scale = quantize_rows(weight)
+        self.error = relative_error(weight, self.q, scale)
+        self.scale = scale.to(weight.dtype)
+        self._source, self._version = weight.detach(), _version_of(weight)
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        src = self._source
+        if (
+            src.data_ptr() != weight.data_ptr()
+            or src.shape != weight.shape
+            or (_version_of(weight) != self._version)
+        ):
+            self._quantize(weight)
+        return int8_linear(x, self.q, self.scale, bias)
+
+
+def _version_of(t: torch.Tensor) -> int:
+    return -1 if t.is_inference() else t._version
+
+
+def quantize_int8_(model: nn.Module, act_dtype: torch.dtype) -> nn.Module:
+    """Quantise `model` in place (also returned) for inference: every `nn.Linear` (and subclass,
+    such as fast_cpu's `PackedLinear`) becomes an `Int8Linear`, and a model with a tied output
+    layer (`lm_weight`) gets an `Int8Head` as its `lm_head_kernel`. The model must already be on
+    the CPU in `act_dtype`. Raises ConfigError, changing nothing, where a layer would lose too
+    much (see `MAX_RELATIVE_ERROR`)."""
+    swaps = []
+    for parent_name, parent in model.named_modules():
+        for name, child in parent.named_children():
+            if isinstance(child, nn.Linear):
+                qualified = f"{parent_name}.{name}" if parent_name else name
+                swaps.append((qualified, parent, name, Int8Linear(child, act_dtype)))
+    heads = [
+        (name or "model", module, Int8Head(module.lm_weight()))
+        for name, module in model.named_modules()
+        if callable(getattr(module, "lm_weight", None))
+    ]
+    errors = [(n, lin.error) for n, _, _, lin in swaps] + [
+        (n + ".lm_head", h.error) for n, _, h in heads
+    ]
+    worst = max(errors, key=lambda e: e[1], default=("", 0.0))
+    if worst[1] > MAX_RELATIVE_ERROR:
+        raise ConfigError(
+            f"--precision int8: layer {worst[0]} would change by {worst[1]:.1%} in int8 "
+            f"(more than {MAX_RELATIVE_ERROR:.0%}: a few large weights stretch its scale); "
+            "use bf16 or fp32 for this checkpoint"
+        )
+    for _, parent, name, lin in swaps:
+        setattr(parent, name, lin)
+    for _, module, head in heads:
+        module.lm_head_kernel = head
+    return model
+
+
+def quantized_layers(model: nn.Module) -> int:
+    """How many `Int8Linear` layers `model` holds (0: not quantised)."""
+    return sum(isinstance(m, Int8Linear) for m in model.modules())
