@@ -224,6 +224,18 @@ def ct2_generate(generator, prompt: torch.Tensor, new_tokens: int) -> list[int]:
     return result[0].sequences_ids[0]
 
 
+def hf_greedy(hf_lm, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """transformers' greedy `generate` of exactly `new_tokens` tokens after `prompt` `[1, T]`."""
+    return hf_lm.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
+
+
 def decode_bytes(gpt: GPT) -> int:
     """Bytes a batch-1 decoding step must read: every block weight, bias and LayerNorm, and the
     output layer (the token table, or its int8 copy); the embedding lookups read two rows."""
@@ -411,14 +423,7 @@ def main() -> None:
             if args.plain and plain is not None:
                 gen["gpt1 plain"] = lambda: generate(plain.gpt, prompt, new, temperature=0)
             if hf_lm is not None:
-                gen["HF"] = lambda: hf_lm.generate(
-                    prompt,
-                    attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=new,
-                    min_new_tokens=new,
-                    do_sample=False,
-                    pad_token_id=0,
-                )
+                gen["HF"] = lambda: hf_greedy(hf_lm, prompt, new)
             ct2_type = {"fp32": "float32", "int8": "int8"}.get(dname)
             if "ct2" not in skip and ct2_type is not None:
                 if ct2_type not in ct2:
@@ -427,14 +432,7 @@ def main() -> None:
                     )
                 gen[f"CT2 {ct2_type}"] = lambda: ct2_generate(ct2[ct2_type], prompt, new)
             with torch.inference_mode():
-                reference = hf_lm32.generate(
-                    prompt,
-                    attention_mask=torch.ones_like(prompt),
-                    max_new_tokens=new,
-                    min_new_tokens=new,
-                    do_sample=False,
-                    pad_token_id=0,
-                )[0, args.prompt :].tolist()
+                reference = hf_greedy(hf_lm32, prompt, new)[0, args.prompt :].tolist()
                 for name, fn in gen.items():
                     out = fn()
                     out = out[0, args.prompt :].tolist() if isinstance(out, torch.Tensor) else out
