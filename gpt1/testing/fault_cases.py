@@ -618,6 +618,54 @@ def disk_full_while_converting(work: Path) -> CaseResult:
     )
 
 
+def read_only_export_and_results_folders(work: Path) -> CaseResult:
+    """`convert --to onnx` and `lm-eval --output_path` aimed at a read-only folder: each must
+    stop at once (before exporting or evaluating) with one line, and leave nothing there."""
+    ckpt = tiny_checkpoint(work / "ckpt")
+    mount = work / "ro"
+    runs = [
+        ["convert", str(ckpt), str(mount / "model.onnx"), "--from", "gpt1", "--to", "onnx"],
+        ["lm-eval", "--model_args", f"checkpoint={ckpt}", "--tasks", "gpt1_sst2"]
+        + ["--data", str(work), "--output_path", str(mount / "results")],
+    ]
+    if private_mounts():
+        script = f"mount -o remount,ro {shlex.quote(str(mount))}"
+        for i, argv in enumerate(runs):
+            script += f"; {_gpt1(argv)} 2>{work}/err{i}; echo $? >{work}/rc{i}"
+        done = _in_tmpfs(mount, "size=64k", script + f"; ls -A {shlex.quote(str(mount))}")
+        if not (work / f"rc{len(runs) - 1}").is_file():
+            return result("could not set up", [], [done.stderr[-300:]])
+        outcomes = [
+            (int((work / f"rc{i}").read_text()), (work / f"err{i}").read_text().strip())
+            for i in range(len(runs))
+        ]
+        left, tag = done.stdout.split(), "real read-only mount"
+    else:
+        import pathlib
+
+        from gpt1.recipes import harness
+
+        def read_only(*args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(mount))
+
+        mount.mkdir()
+        with (
+            mock.patch.object(pathlib.Path, "write_bytes", read_only),
+            mock.patch.object(harness.tempfile, "mkstemp", read_only),
+        ):
+            outcomes = [run_cli(argv) for argv in runs]
+        left, tag = [p.name for p in mount.iterdir()], "simulated"
+    problems = []
+    for argv, (code, err) in zip(runs, outcomes):
+        problems += [f"{argv[0]}: {p}" for p in one_line(code, err, "Read-only file system")]
+    problems += [f"left {name}" for name in left]
+    return result(
+        f"convert --to onnx and lm-eval refused at once (exit 2, one line); nothing left ({tag})",
+        [],
+        problems,
+    )
+
+
 # ------------------------------------------------------------------------------ umask
 def files_follow_the_umask(work: Path) -> CaseResult:
     ckpt = tiny_checkpoint(work / "ckpt")
@@ -1039,6 +1087,10 @@ CASES: list[tuple[str, Case]] = [
     ("disk full while writing a checkpoint", disk_full_while_checkpointing),
     ("run folder read-only on resume", read_only_run_folder),
     ("disk full while converting", disk_full_while_converting),
+    (
+        "convert --to onnx / lm-eval --output_path into a read-only folder",
+        read_only_export_and_results_folders,
+    ),
     ("umask 027", files_follow_the_umask),
     (
         "checkpoint config.json: n_layer 1e9 (or 10^15 parameters), then `sample`",
