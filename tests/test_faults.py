@@ -297,6 +297,7 @@ CHECK_CASES = [
         "token_id_beyond_the_vocabulary",
         "hf_index_outside_its_folder",
         "strict_readers",
+        "options_out_of_range",
     )
 ]
 

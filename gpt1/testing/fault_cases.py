@@ -961,6 +961,63 @@ def hf_index_outside_its_folder(work: Path) -> CaseResult:
     )
 
 
+def options_out_of_range(work: Path) -> CaseResult:
+    """Values a flag's type accepts but the command cannot use: each refused in one line before
+    anything is loaded or run; extreme values that have a meaning (a temperature or top-p so
+    small float32 cannot hold it) still sample."""
+    ckpt = tiny_checkpoint(work / "ckpt")
+    vocab = char_vocab(work / "vocab")
+    sample = ["sample", str(ckpt), "--prompt-ids", "5 6", "--max-new-tokens", "2"]
+    lm_eval = ["lm-eval", "--tasks", "gpt1_sst2", "--data", str(work / "nothing")]
+    runs = [(sample + ["--temperature", t], ("--temperature", t)) for t in ("nan", "inf", "-1")]
+    runs += [(sample + ["--top-p", p], ("--top-p", p)) for p in ("nan", "0", "1.5")]
+    runs += [(sample + ["--seed", str(n)], ("--seed", str(n))) for n in (10**23, 2**64, -1)]
+    runs += [
+        (["tokenizer", "encode", "--vocab", str(vocab), "--processes", n], ("--processes", n))
+        for n in ("0", "-3")
+    ]
+    runs += [
+        (
+            ["tokenizer", "train", "--corpus", str(work), "--merges", "2"]
+            + ["--out", str(work / "tok"), "--processes", "0"],
+            ("--processes",),
+        ),
+        (["lm-eval"], ("checkpoint=DIR is required",)),
+        (lm_eval, ("checkpoint=DIR is required",)),
+        (["lm-eval", "--model_args", f"checkpoint={ckpt}"], ("--tasks is required",)),
+        (
+            ["lm-eval", "--model_args", f"checkpoint={ckpt}", "--tasks", "gpt1_nosuch"],
+            ("Tasks not found: gpt1_nosuch",),
+        ),
+    ]
+    runs += [
+        (
+            lm_eval[:1] + ["--model_args", f"checkpoint={ckpt},max_length={n}"] + lm_eval[1:],
+            ("max_length must be an integer 1..",),
+        )
+        for n in ("-5", "abc", "0", str(10**9))
+    ]
+    outcome = refused(
+        runs,
+        "sample (NaN/inf/negative temperature, top-p outside (0, 1], seed outside 0..2^64-1), "
+        "tokenizer --processes < 1, lm-eval (no checkpoint, no or unknown task, max_length "
+        "outside the window): exit 2, one line; --temperature 1e-40 and --top-p 1e-50 sample",
+        limit=None,
+        watched=work,
+    )
+    problems = list(outcome.problems)
+    for extreme in (["--temperature", "1e-40"], ["--top-p", "1e-50"]):
+        code, err = run_cli(sample + extreme + ["--seed", "1"])
+        if code != 0:
+            problems.append(f"sample {' '.join(extreme)}: exit {code}: {err[-200:]}")
+    text = outcome.outcome.split(" -- BUT ")[0]
+    return CaseResult(
+        text if not problems else text + " -- BUT " + "; ".join(problems),
+        outcome.data_lost,
+        tuple(problems),
+    )
+
+
 # --------------------------------------------------------------------- text and readers
 def a_run_of_punctuation(work: Path) -> CaseResult:
     """100,000 `!` on one line through `gpt1 tokenizer encode` (spaCy's suffix search alone is
@@ -1110,6 +1167,10 @@ CASES: list[tuple[str, Case]] = [
     ),
     ("HF index.json weight_map `../outside.safetensors`", hf_index_outside_its_folder),
     ("100,000 `!` through `tokenizer encode`", a_run_of_punctuation),
+    (
+        "out-of-range options: sample, tokenizer --processes, lm-eval model args and tasks",
+        options_out_of_range,
+    ),
     ("bad rows: JSONL list label, duplicate keys / header, 10 MB field", strict_readers),
 ]
 
