@@ -9,7 +9,10 @@ Model arguments (--model_args k=v,...): checkpoint (required), tokenizer (defaul
 checkpoint's own), precision (auto, fp32, bf16, fp16), batch_tokens (tokens per forward pass,
 default 4096), max_rows (default 64), max_length (default: the pretraining window),
 max_gen_toks (default 256), prefix_token_id (default: <unk> for a pretrained LM, _start_
-for a fine-tuned one, as the transformers export declares; GPT-1 has no BOS).
+for a fine-tuned one, as the transformers export declares; GPT-1 has no BOS), model (the run's
+name: --output_path DIR writes DIR/NAME/results_DATE.json; default the checkpoint as given,
+runs/mini -> runs__mini). Missing or out-of-range arguments, unknown tasks and an output folder
+that cannot be written stop the command in one line before anything is evaluated.
 
 Examples:
   gpt1 lm-eval --model_args checkpoint=runs/mini --tasks gpt1_lambada --data ../data --limit 500
