@@ -618,6 +618,24 @@ def disk_full_while_converting(work: Path) -> CaseResult:
     )
 
 
+_EXTRAS = {"convert": ("onnx", "onnxscript"), "lm-eval": ("lm_eval",)}  # for --to onnx, lm-eval
+
+
+def _missing_extras(runs: list[list[str]]) -> set[str]:
+    """The commands among `runs` whose optional packages are not installed here."""
+    import importlib.util
+
+    return {
+        argv[0]
+        for argv in runs
+        if argv[0] in _EXTRAS and not all(importlib.util.find_spec(m) for m in _EXTRAS[argv[0]])
+    }
+
+
+def _not_run(missing: set[str]) -> str:
+    return f" [NOT RUN here, extra not installed: {', '.join(sorted(missing))}]" if missing else ""
+
+
 def read_only_export_and_results_folders(work: Path) -> CaseResult:
     """`convert --to onnx` and `lm-eval --output_path` aimed at a read-only folder: each must
     stop at once (before exporting or evaluating) with one line, and leave nothing there."""
@@ -628,6 +646,8 @@ def read_only_export_and_results_folders(work: Path) -> CaseResult:
         ["lm-eval", "--model_args", f"checkpoint={ckpt}", "--tasks", "gpt1_sst2"]
         + ["--data", str(work), "--output_path", str(mount / "results")],
     ]
+    missing = _missing_extras(runs)
+    runs = [argv for argv in runs if argv[0] not in missing]
     if private_mounts():
         script = f"mount -o remount,ro {shlex.quote(str(mount))}"
         for i, argv in enumerate(runs):
@@ -660,7 +680,8 @@ def read_only_export_and_results_folders(work: Path) -> CaseResult:
         problems += [f"{argv[0]}: {p}" for p in one_line(code, err, "Read-only file system")]
     problems += [f"left {name}" for name in left]
     return result(
-        f"convert --to onnx and lm-eval refused at once (exit 2, one line); nothing left ({tag})",
+        f"convert --to onnx and lm-eval refused at once (exit 2, one line); nothing left ({tag})"
+        + _not_run(missing),
         [],
         problems,
     )
@@ -997,6 +1018,8 @@ def options_out_of_range(work: Path) -> CaseResult:
         )
         for n in ("-5", "abc", "0", str(10**9))
     ]
+    missing = _missing_extras([argv for argv, _ in runs])
+    runs = [(argv, must) for argv, must in runs if argv[0] not in missing]
     outcome = refused(
         runs,
         "sample (NaN/inf/negative temperature, top-p outside (0, 1], seed outside 0..2^64-1), "
@@ -1010,7 +1033,7 @@ def options_out_of_range(work: Path) -> CaseResult:
         code, err = run_cli(sample + extreme + ["--seed", "1"])
         if code != 0:
             problems.append(f"sample {' '.join(extreme)}: exit {code}: {err[-200:]}")
-    text = outcome.outcome.split(" -- BUT ")[0]
+    text = outcome.outcome.split(" -- BUT ")[0] + _not_run(missing)
     return CaseResult(
         text if not problems else text + " -- BUT " + "; ".join(problems),
         outcome.data_lost,
