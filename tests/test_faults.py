@@ -262,7 +262,12 @@ DISK_CASES = [
     (name, case)
     for name, case in fault_cases.CASES
     if case.__name__
-    in ("disk_full_while_checkpointing", "read_only_run_folder", "disk_full_while_converting")
+    in (
+        "disk_full_while_checkpointing",
+        "read_only_run_folder",
+        "disk_full_while_converting",
+        "read_only_export_and_results_folders",
+    )
 ]
 
 
@@ -293,6 +298,7 @@ CHECK_CASES = [
         "hf_index_outside_its_folder",
         "strict_readers",
         "serve_refuses_bad_options",
+        "options_out_of_range",
     )
 ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +212,179 @@ def test_local_tasks_say_where_the_data_must_come_from(checkpoint):
 
     with pytest.raises(DataError, match="--data"):
         simple_evaluate(str(checkpoint), ["gpt1_lambada"], limit=1, device="cpu")
+
+
+# -- the command's checks: one line, exit 2, before anything is evaluated ----------------------
+def lm_eval_cli(argv: list[str], capsys) -> tuple[int, str]:
+    from gpt1.cli import main
+
+    code = main(["--quiet", "lm-eval", *argv])
+    err = [line for line in capsys.readouterr().err.splitlines() if "--limit SHOULD" not in line]
+    return code, "\n".join(err)
+
+
+@pytest.mark.parametrize(
+    "model_args,says",
+    [
+        (None, "checkpoint=DIR is required"),
+        ("precision=fp32", "checkpoint=DIR is required"),
+        ("max_length=-5", "max_length must be an integer 1..48"),
+        ("max_length=abc", "max_length must be an integer 1..48"),
+        ("max_length=0", "max_length must be an integer 1..48"),
+        ("max_length=1000000000", "max_length must be an integer 1..48"),
+        ("max_length=2.5", "max_length must be an integer 1..48"),
+        ("batch_tokens=0", "batch_tokens must be an integer >= 1"),
+        ("max_rows=-1", "max_rows must be an integer >= 1"),
+        ("prefix_token_id=40478", "prefix_token_id must be an integer 0..40477"),
+    ],
+)
+def test_bad_model_args_are_one_line(checkpoint, shared_data, capsys, model_args, says):
+    argv = ["--tasks", "gpt1_sst2", "--data", str(shared_data), "--limit", "1"]
+    if model_args is not None:
+        first = "" if model_args.startswith("precision") else f"checkpoint={checkpoint},"
+        argv += ["--model_args", first + model_args]
+    code, err = lm_eval_cli(argv, capsys)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        ([], "checkpoint=DIR is required"),
+        (["--tasks", "gpt1_nosuch"], "Tasks not found: gpt1_nosuch"),
+        (["--tasks", "gpt1_sst2,gpt1_nosuch"], "Tasks not found: gpt1_nosuch"),
+        (["--limit", "1"], "--tasks is required"),
+    ],
+)
+def test_missing_or_unknown_tasks_are_one_line(checkpoint, shared_data, capsys, argv, says):
+    if argv:
+        argv = ["--model_args", f"checkpoint={checkpoint}", "--data", str(shared_data), *argv]
+    code, err = lm_eval_cli(argv, capsys)
+    assert code == 2 and says in err and len(err.splitlines()) == 1, err
+
+
+def test_results_land_in_a_folder_named_after_the_checkpoint(
+    checkpoint, shared_data, capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(checkpoint.parent)
+    argv = ["--tasks", "gpt1_sst2", "--data", str(shared_data), "--limit", "1"]
+    code, _ = lm_eval_cli(
+        ["--model_args", f"checkpoint={checkpoint.name}", *argv, "--output_path", str(tmp_path)],
+        capsys,
+    )
+    assert code == 0
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.name]
+    assert len(list((tmp_path / checkpoint.name).glob("results_*.json"))) == 1
+
+
+@pytest.mark.parametrize("target", ["folder", "file.json"])
+def test_an_unwritable_output_path_is_refused_before_evaluating(
+    checkpoint, shared_data, capsys, tmp_path, monkeypatch, target
+):
+    """Where the results cannot be written, the command stops before evaluating (simulated with
+    a probe that fails as a read-only mount does; tests/test_faults.py runs a real one)."""
+    import errno
+
+    from gpt1.recipes import harness
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    evaluated = []
+    monkeypatch.setattr(harness.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(Gpt1LM, "__init__", lambda *a, **k: evaluated.append(1))
+    code, err = lm_eval_cli(
+        [
+            "--model_args",
+            f"checkpoint={checkpoint}",
+            "--tasks",
+            "gpt1_sst2",
+            "--data",
+            str(shared_data),
+            "--output_path",
+            str(tmp_path / "out" / target),
+        ],
+        capsys,
+    )
+    assert code == 2 and "Read-only file system; needs a writable folder" in err, err
+    assert len(err.splitlines()) == 1 and not evaluated
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+def test_results_the_harness_could_not_save_fail_the_command(
+    checkpoint, shared_data, capsys, tmp_path, monkeypatch
+):
+    """A failure only at the end (a disk that fills up) is not success: the harness only warns."""
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    monkeypatch.setattr(EvaluationTracker, "save_results_aggregated", lambda *a, **k: None)
+    argv = ["--tasks", "gpt1_sst2", "--data", str(shared_data), "--limit", "1"]
+    code, err = lm_eval_cli(
+        ["--model_args", f"checkpoint={checkpoint}", *argv, "--output_path", str(tmp_path)],
+        capsys,
+    )
+    assert code == 2 and "could not save the results" in err.splitlines()[-1]
+
+
+def hub_only_task(folder: Path) -> Path:
+    """A harness task definition whose data lives on the Hugging Face Hub only."""
+    (folder / "gpt1_hub_only.yaml").write_text(
+        "task: gpt1_hub_only\n"
+        "dataset_path: nosuch-org/nosuch-dataset\n"
+        "output_type: multiple_choice\n"
+        "test_split: test\n"
+        'doc_to_text: "{{question}}"\n'
+        "doc_to_target: 0\n"
+        'doc_to_choice: ["yes", "no"]\n'
+        "metric_list:\n  - metric: acc\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        ConnectionError("Couldn't reach 'nosuch-org/nosuch-dataset' on the Hub (ConnectError)"),
+        TimeoutError("timed out"),
+    ],
+)
+def test_a_hub_task_whose_download_fails_is_one_line(
+    checkpoint, tmp_path, capsys, monkeypatch, failure
+):
+    import datasets
+
+    def unreachable(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(datasets, "load_dataset", unreachable)
+    argv = ["--tasks", "gpt1_hub_only", "--include_path", str(hub_only_task(tmp_path))]
+    code, err = lm_eval_cli(["--model_args", f"checkpoint={checkpoint}", *argv], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "'gpt1_hub_only'" in err and "could not be reached" in err
+
+
+@pytest.mark.slow
+def test_a_hub_task_offline_is_one_line(checkpoint, tmp_path):
+    """The same through `python -m gpt1` with the Hub really unreachable (forced offline, as on
+    a machine without a network): one line naming the task, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    hub_only_task(tmp_path)
+    env = {**subprocess_env(), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpt1", "--quiet", "lm-eval", "--model_args"]
+        + [f"checkpoint={checkpoint}", "--tasks", "gpt1_hub_only"]
+        + ["--include_path", str(tmp_path), "--limit", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.getcwd(),
+    )
+    err = [line for line in done.stderr.splitlines() if "--limit SHOULD" not in line]
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(err) == 1 and "'gpt1_hub_only'" in err[0] and "Hugging Face Hub" in err[0]

@@ -244,3 +244,44 @@ def test_forward_at_one_position_per_row_equals_the_full_forward(tiny_config):
         want = clf.head(extract_states(hidden, x[:, 0], 99)[:, None])
     assert lm is None
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attn_pdrop", [0.1, 0.37])  # an exact-fraction rate and torch's sampler
+@pytest.mark.parametrize("padded", [False, True])
+def test_forward_at_in_training_applies_the_full_passes_attention_dropout(
+    tiny_config, attn_pdrop, padded
+):
+    """In training, a classifier without the auxiliary LM (`with_lm=False`, the `at=` path) gets
+    the attention dropout of the full pass: with the same seed, the same outputs and gradients
+    (only attention dropout on, so every random draw is the full pass's)."""
+    from gpt1.model.heads import FinetuneModel
+
+    config = tiny_config(vocab_size=100, attn_pdrop=attn_pdrop, resid_pdrop=0.0, embd_pdrop=0.0)
+    torch.manual_seed(0)
+    clf = FinetuneModel(GPT(config), "single", 3, classify_id=99, pdrop=0.0).train()
+    x = torch.randint(0, 99, (4, 1, 12))
+    mask = torch.ones(4, 1, 12)
+    ends = [11, 4, 8, 11] if padded else [11] * 4
+    for row, end in enumerate(ends):
+        x[row, 0, end] = 99
+        mask[row, 0, end + 1 :] = 0
+
+    def outputs_and_grads(with_lm: bool, seed: int):
+        clf.zero_grad()
+        torch.manual_seed(seed)
+        out, _ = clf(x, mask, with_lm=with_lm)
+        out.square().sum().backward()
+        return out.detach(), [p.grad.clone() for p in clf.parameters() if p.grad is not None]
+
+    at_out, at_grads = outputs_and_grads(with_lm=False, seed=1)
+    full_out, full_grads = outputs_and_grads(with_lm=True, seed=1)
+    torch.testing.assert_close(at_out, full_out, rtol=1e-5, atol=1e-6)
+    assert len(at_grads) == len(full_grads)
+    for got, want in zip(at_grads, full_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    other_seed, _ = outputs_and_grads(with_lm=False, seed=2)
+    assert not torch.allclose(other_seed, at_out)  # dropout is on: another draw, another output
+    with torch.no_grad():  # the fast path's branch (no autograd) draws the same masks
+        torch.manual_seed(1)
+        no_grad_out, _ = clf(x, mask, with_lm=False)
+    torch.testing.assert_close(no_grad_out, at_out, rtol=1e-5, atol=1e-6)

@@ -308,3 +308,28 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
 
         predict_run(tmp_path / "ftrun", None, str(ft))
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before
+
+
+@pytest.mark.parametrize("kind", ["pickle", "torch-zip"])
+def test_convert_from_hf_refuses_a_crafted_bin_in_one_line_of_its_own(tmp_path, capsys, kind):
+    """The refusal is gpt1's one line: torch's own message (six lines advising
+    `weights_only=False`, i.e. running the file's code) is never shown."""
+    from gpt1.cli import main
+    from gpt1.recipes.convert import save_hf
+
+    hf = save_hf(GPT(model_preset("tiny")), tmp_path / "hf")
+    (hf / "model.safetensors").unlink()
+    marker = tmp_path / "pwned"
+    # As large as the weights the config implies, so the size check does not refuse it first.
+    crafted = {"pad": torch.zeros(100_000), "wte.weight": _Payload(marker)}
+    if kind == "pickle":
+        crafted["pad"] = b"\0" * 400_000
+        (hf / "pytorch_model.bin").write_bytes(pickle.dumps(crafted, protocol=2))
+    else:
+        torch.save(crafted, hf / "pytorch_model.bin")
+    code = main(["--quiet", "convert", str(hf), str(tmp_path / "out"), "--from", "hf"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert str(hf / "pytorch_model.bin") in err and "refused" in err
+    assert "weights_only" not in err and "trust" in err
+    assert not marker.exists() and not (tmp_path / "out").exists()

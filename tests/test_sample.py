@@ -127,6 +127,9 @@ def test_sampling_follows_the_filtered_distribution():
         dict(top_p=0.0),
         dict(top_p=1.5),
         dict(max_new_tokens=-1),
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(top_p=float("nan")),
     ],
 )
 def test_bad_options(kwargs):
@@ -141,3 +144,35 @@ def test_bad_prompts():
         generate(model(), torch.zeros(1, 0, dtype=torch.long), 3)
     with pytest.raises(ConfigError, match=r"prompt ids must be in \[0, 89\)"):
         generate(model(), torch.tensor([[5, 89]]), 3)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(temperature=1e-40),  # logits / temperature overflows float32
+        dict(temperature=1e-30, top_k=5),
+        dict(temperature=5e-324),  # the smallest float above 0
+        dict(temperature=1.0, top_p=1e-50),  # 0 in float32: every token's mass "reaches" it
+        dict(temperature=0.7, top_p=5e-324),
+        dict(temperature=1e-40, top_k=3, top_p=1e-46),
+    ],
+)
+def test_extreme_valid_options_sample_the_limit_distribution_greedy(options):
+    """A temperature or top-p so small that float32 cannot hold the arithmetic still samples:
+    the one likeliest token, as greedy decoding does, never a crash."""
+    m = model(6)
+    x = prompt(5)
+    sampled = generate(m, x, 8, generator=torch.Generator().manual_seed(0), **options)
+    assert torch.equal(sampled, generate(m, x, 8, temperature=0))
+
+
+def test_an_overflowing_temperature_keeps_the_filters():
+    logits = torch.tensor([[3.0, 2.0, 1.0, -float("inf")]])
+    kept = filter_logits(logits, temperature=1e-40, top_k=2)
+    assert kept.softmax(-1)[0].tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert filter_logits(logits, temperature=1.0, top_p=1e-50).isfinite()[0].tolist() == [
+        True,
+        False,
+        False,
+        False,
+    ]

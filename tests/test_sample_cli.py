@@ -150,3 +150,32 @@ def test_lstm_checkpoints_sample_too(vocab, tmp_path, capsys):
     )  # past its 24 positions
     out = capsys.readouterr().out.strip()
     assert out.startswith("the old man ") and len(out.split()) > 3
+
+
+@pytest.mark.parametrize(
+    "flags,refused",
+    [
+        (["--temperature", "nan"], "--temperature"),
+        (["--temperature", "inf"], "--temperature"),
+        (["--top-p", "nan"], "--top-p"),
+        (["--seed", str(10**23)], "--seed"),
+        (["--seed", "-1"], "--seed"),
+        (["--temperature", "1e-40"], None),
+        (["--top-p", "1e-50", "--seed", "3"], None),
+        (["--temperature", "5e-324", "--top-k", "5"], None),
+    ],
+)
+def test_extreme_options_sample_or_are_refused_in_one_line(checkpoint, capsys, flags, refused):
+    """Streamed text through the CLI: values no generator can use are one line (exit 2) before
+    the model loads; values float32 cannot hold but that have a meaning sample greedily."""
+    from gpt1.cli import main
+
+    base = ["--quiet", "sample", str(checkpoint), "--prompt", "the old man"]
+    code = main([*base, "--max-new-tokens", "6", *flags])
+    out, err = capsys.readouterr()
+    if refused:
+        assert code == 2 and refused in err and len(err.strip().splitlines()) == 1, err
+        return
+    assert code == 0, err
+    main([*base, "--max-new-tokens", "6", "--temperature", "0"])
+    assert out == capsys.readouterr().out  # the limit of a vanishing temperature is greedy

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -485,3 +487,56 @@ def test_hub_rows_follow_the_same_rules(monkeypatch):
     )
     with pytest.raises(DataError, match="unknown answer 'Z'"):
         hub.read_hub(*_kind_labels("race"), "race/all", "train", hub.BadRows())
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _symlink_loop(path: Path) -> None:
+    path.symlink_to(path.name)
+
+
+def _broken_symlink(path: Path) -> None:
+    path.symlink_to("nowhere.tsv")
+
+
+@pytest.mark.parametrize(
+    "make,says",
+    [
+        (_directory, "is a directory"),
+        (_fifo, "is not a regular file (a FIFO)"),
+        (_symlink_loop, "is a symlink loop"),
+        (_broken_symlink, "is a broken symlink (to nowhere.tsv)"),
+    ],
+    ids=["directory", "fifo", "symlink-loop", "broken-symlink"],
+)
+@pytest.mark.parametrize(
+    "task,name",
+    [("sst2", "train.tsv"), ("tsv", "train.tsv"), ("csv", "train.csv"), ("snli", "train.tsv")],
+)
+def test_a_split_name_that_is_not_a_file_says_what_it_is(tmp_path: Path, make, says, task, name):
+    """`train.tsv` as a folder, a FIFO (never opened: reading it would block) or a symlink loop is
+    named for what it is, not reported as missing."""
+    from gpt1.errors import DataError
+
+    make(tmp_path / name)
+    generic = {"columns": {"text": "t", "label": "y"}, "labels": ["neg", "pos"]}
+    reader = get_task(task, generic if task in ("tsv", "csv") else None)
+    with pytest.raises(DataError, match=re.escape(says)) as caught:
+        reader.read(tmp_path, "train")
+    assert str(tmp_path / name) in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("make,says", [(_fifo, "a FIFO"), (_symlink_loop, "symlink loop")])
+def test_a_data_argument_that_is_not_a_folder_says_what_it_is(tmp_path: Path, make, says):
+    from gpt1.errors import DataError
+
+    make(tmp_path / "data")
+    with pytest.raises(DataError, match=says):
+        get_task("sst2").read(tmp_path / "data", "train")

@@ -9,7 +9,10 @@ Model arguments (--model_args k=v,...): checkpoint (required), tokenizer (defaul
 checkpoint's own), precision (auto, fp32, bf16, fp16, int8), batch_tokens (tokens per forward pass,
 default 4096), max_rows (default 64), max_length (default: the pretraining window),
 max_gen_toks (default 256), prefix_token_id (default: <unk> for a pretrained LM, _start_
-for a fine-tuned one, as the transformers export declares; GPT-1 has no BOS).
+for a fine-tuned one, as the transformers export declares; GPT-1 has no BOS), model (the run's
+name: --output_path DIR writes DIR/NAME/results_DATE.json; default the checkpoint as given,
+runs/mini -> runs__mini). Missing or out-of-range arguments, unknown tasks and an output folder
+that cannot be written stop the command in one line before anything is evaluated.
 
 Examples:
   gpt1 lm-eval --model_args checkpoint=runs/mini --tasks gpt1_lambada --data ../data --limit 500
@@ -21,6 +24,9 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+from collections.abc import Iterator
 
 HELP = "lm-evaluation-harness with gpt1 as a native model (local tasks included)"
 PASS_THROUGH = True  # unknown options go to the harness
@@ -69,25 +75,49 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             "lm-eval is not installed: pip install 'gpt1[eval]' (or lm-eval==0.4.13)"
         ) from None
-    import functools
+    import time
 
-    import lm_eval.tasks
+    from gpt1.recipes import harness
 
-    from gpt1.recipes.harness import only_local, register
-
-    register()
+    harness.register()
     cli = HarnessCLI()
     parsed = cli._parser.parse_args(harness_argv(args.extra, args.data))
+    # Everything a user can get wrong is checked before the harness loads or evaluates anything.
+    name = None
+    if parsed.model == harness.MODEL_NAME:
+        parsed.model_args = harness.named_model_args(parsed.model_args)
+        name = parsed.model_args["model"]
     tasks = parsed.tasks if isinstance(parsed.tasks, list) else str(parsed.tasks or "").split(",")
-    if only_local([t for item in tasks for t in str(item).split(",")]):
-        # The harness builds its TaskManager itself; with only gpt1's tasks asked for, it need not
-        # index the harness's own ~14,000 task files (over a minute on a loaded 2-core CPU).
-        original = lm_eval.tasks.TaskManager
-        lm_eval.tasks.TaskManager = functools.partial(original, include_defaults=False)
-        try:
-            cli.execute(parsed)
-        finally:
-            lm_eval.tasks.TaskManager = original
-        return 0
-    cli.execute(parsed)
+    tasks = [t for item in tasks for t in str(item).split(",") if t.strip()]
+    if not tasks:
+        raise ConfigError(
+            "--tasks is required, e.g. --tasks gpt1_zeroshot (gpt1_lambada, gpt1_sst2, "
+            "gpt1_story_cloze) or a harness task"
+        )
+    folder = harness.results_folder(parsed.output_path, name) if name else None
+    harness.check_writable(folder)
+    started = time.time()
+    with harness.argument_errors(), harness.offline_errors(), _local_tasks_only(tasks):
+        cli.execute(parsed)
+    harness.check_saved(folder, parsed.output_path, started)
     return 0
+
+
+@contextlib.contextmanager
+def _local_tasks_only(tasks: list[str]) -> Iterator[None]:
+    """With only gpt1's tasks asked for, the harness need not index its own ~14,000 task files
+    (over a minute on a loaded 2-core CPU); it builds its TaskManager itself, so the class is
+    swapped for the call."""
+    import lm_eval.tasks
+
+    from gpt1.recipes.harness import only_local
+
+    if not only_local(tasks):
+        yield
+        return
+    original = lm_eval.tasks.TaskManager
+    lm_eval.tasks.TaskManager = functools.partial(original, include_defaults=False)
+    try:
+        yield
+    finally:
+        lm_eval.tasks.TaskManager = original

@@ -41,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="random seed, 0..2**64-1 (default: random)"
+    )
     p.add_argument(
         "--num-samples",
         type=int,
@@ -55,10 +57,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
-    from gpt1.recipes.sample import Session, check_options, parse_ids
+    from gpt1.recipes.sample import Session, check_options, check_seed, parse_ids
 
     # Every option is checked before the model is loaded.
     check_options(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
+    check_seed(args.seed)
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None

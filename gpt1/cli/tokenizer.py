@@ -109,6 +109,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    processes = getattr(args, "processes", 1)
+    if processes < 1:
+        from gpt1.errors import ConfigError
+
+        raise ConfigError(f"--processes must be >= 1, got {processes}")
     if args.action == "train":
         return _train(args)
     from gpt1.text.tokenizer import Tokenizer

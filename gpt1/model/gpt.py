@@ -60,16 +60,26 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """The attention output at one position per row only: x `[B, T, C]` (or `[N, C]` with
         `layout`), positions `[B]` -> `[B, C]`. Keys and values still cover every position
-        up to each row's own."""
+        up to each row's own.
+
+        In training with attention dropout, attention runs at every position through the same
+        seam as `forward` (same dropout, same random draws) and the rows are picked after it, so
+        the attention output equals `forward`'s; only without dropout does one query per row
+        suffice."""
         qkv = self.c_attn(x)
         if layout is not None:
             qkv = layout.pad(qkv)  # [N, 3C] -> [B, T, 3C]
         B, T, C = qkv.shape[0], qkv.shape[1], x.shape[-1]
         q, k, v = qkv.view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        q = q[torch.arange(B, device=x.device), :, positions].unsqueeze(2)  # [B, H, 1, D]
-        visible = torch.arange(T, device=x.device) <= positions[:, None]  # [B, T]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, C)))
+        rows = torch.arange(B, device=x.device)
+        p = self.attn_pdrop if self.training else 0.0
+        if p > 0:
+            y = causal_attention(q, k, v, p)[rows, :, positions]  # [B, H, D]
+        else:
+            q = q[rows, :, positions].unsqueeze(2)  # [B, H, 1, D]
+            visible = torch.arange(T, device=x.device) <= positions[:, None]  # [B, T]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
+        return self.resid_dropout(self.c_proj(y.reshape(B, C)))
 
     def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
         """One new token for each of n independent sequences, each with its own cache: x `[n, C]`
@@ -208,7 +218,7 @@ class GPT(nn.Module):
         With `at` `[B]` (one position per row, no cache), returns only the final hidden state at
         `at[b]` of each row, `[B, n_embd]`: what a classification head reads. The last block
         then runs after attention on those B positions alone (about a sixteenth of the work of
-        a forward pass saved, in the same maths).
+        a forward pass saved, in the same maths; in training, attention dropout included).
         """
         past = len(cache) if cache is not None else 0
         B, T = ids.shape[0], ids.shape[-1]

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -386,8 +387,15 @@ def read_hf_weights(folder: Path, files: list[Path] | None = None) -> dict[str, 
     binary = files[0]
     try:  # weights_only: plain tensors only, no arbitrary objects are unpickled
         state = torch.load(binary, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's own message suggests weights_only=False, i.e. running the file's code: never.
+        raise CheckpointError(
+            f"{binary}: refused: it pickles objects other than tensors, which gpt1 never "
+            "unpickles (nothing in it was run); convert it to safetensors with code you trust"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any failure here is a bad file, not a bug
-        raise CheckpointError(f"{binary}: not a loadable torch state dict ({exc})") from None
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise CheckpointError(f"{binary}: not a loadable torch state dict ({reason})") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise CheckpointError(
             f"{binary}: expected a state dict of tensors, got {type(state).__name__}"

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.files import remove, writing
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead
@@ -125,18 +126,23 @@ def export_onnx(
             }
         }
         what = "the language model (input_ids [batch, sequence] -> logits)"
-    dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    # The temporary is created before the export (seconds to minutes), so that a folder that
+    # cannot be written is one line at once, not an exporter's traceback at the end.
+    with writing(dst, cleanup=tmp):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(b"")
     try:
         program = _export(module, example, shapes, "output" if record else "logits")
         meta = {"gpt1_window": str(window or gpt.config.n_positions)}
         if record is not None:
             meta["gpt1_task"] = json.dumps(record)
         program.model.metadata_props.update(meta)
-        program.save(str(tmp))
-        os.replace(tmp, dst)
+        with writing(dst, cleanup=tmp):
+            program.save(str(tmp))
+            os.replace(tmp, dst)
     finally:
-        tmp.unlink(missing_ok=True)
+        remove(tmp)  # best effort: on a read-only disk even a missing file's unlink fails
     if notes is not None:
         trained = f"; trained on windows of {window}" if window else ""
         notes.append(

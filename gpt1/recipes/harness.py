@@ -25,7 +25,11 @@ for data the harness cannot fetch offline live in `gpt1/lm_eval_tasks/` (`TASKS_
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +40,7 @@ from lm_eval.api.registry import model_registry
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from gpt1.errors import CheckpointError, ConfigError
+from gpt1.files import WriteError, write_failure
 from gpt1.model.inference import for_inference
 
 log = logging.getLogger(__name__)
@@ -60,12 +65,33 @@ def _harness_device(name: str | None) -> torch.device:
     return resolve_device(name or "auto")
 
 
+MISSING_CHECKPOINT = (
+    "--model_args checkpoint=DIR is required: a gpt1 checkpoint or run folder "
+    "(e.g. --model_args checkpoint=runs/mini --tasks gpt1_lambada)"
+)
+
+
+def model_arg_int(name: str, value: Any, least: int = 1, most: int | None = None) -> int:
+    """The integer model argument `name`, refused in one line unless it lies in least..most."""
+    number = None
+    if isinstance(value, float) and value.is_integer():  # the harness reads "-5" as -5.0
+        number = int(value)
+    elif not isinstance(value, bool):
+        with contextlib.suppress(TypeError, ValueError):
+            number = int(str(value).strip())
+    if number is None or number < least or (most is not None and number > most):
+        bound = f"{least}..{most}" if most is not None else f">= {least}"
+        why = " (the checkpoint's window)" if name == "max_length" else ""
+        raise ConfigError(f"--model_args {name} must be an integer {bound}{why}, got {value!r}")
+    return number
+
+
 class Gpt1LM(TemplateLM):
     """A gpt1 checkpoint (GPT or the LSTM baseline) for the evaluation harness (module doc)."""
 
     def __init__(
         self,
-        checkpoint: str,
+        checkpoint: str | None = None,
         tokenizer: str | None = None,
         device: str | None = "auto",
         precision: str = "auto",
@@ -74,6 +100,7 @@ class Gpt1LM(TemplateLM):
         max_length: int | str | None = None,
         max_gen_toks: int | str = 256,
         prefix_token_id: int | str | None = None,
+        model: str | None = None,
         batch_size: Any = None,
         max_batch_size: Any = None,
         **unused: Any,
@@ -87,8 +114,16 @@ class Gpt1LM(TemplateLM):
 
         if unused:
             log.warning("lm-eval: gpt1 ignores model_args %s", ", ".join(sorted(unused)))
-        # Rows per forward pass follow a token budget (batch_tokens, max_rows), not batch_size.
-        del batch_size, max_batch_size
+        # Rows per forward pass follow a token budget (batch_tokens, max_rows), not batch_size;
+        # `model` is only the run's name, which the harness reads from the arguments themselves.
+        del batch_size, max_batch_size, model
+        if not checkpoint:
+            raise ConfigError(MISSING_CHECKPOINT)
+        batch_tokens, max_rows = (
+            model_arg_int("batch_tokens", batch_tokens),
+            model_arg_int("max_rows", max_rows),
+        )
+        self._max_gen_toks = model_arg_int("max_gen_toks", max_gen_toks)
         folder = resolve_checkpoint_dir(checkpoint)
         tok_dir = Path(tokenizer) if tokenizer else tokenizer_dir_of(folder)
         if tok_dir is None:
@@ -101,26 +136,20 @@ class Gpt1LM(TemplateLM):
         self.precision = resolve_precision(precision, self._device)
         model = load_any_checkpoint(folder, device=self._device)
         model = for_inference(model, self._device, self.precision)
-        limits = [model.config.n_positions, trained_context(folder)]
+        window = min(n for n in (model.config.n_positions, trained_context(folder)) if n)
+        self._max_length = window
         if max_length is not None:
-            limits.append(int(max_length))
-        self._max_length = min(n for n in limits if n)
+            self._max_length = model_arg_int("max_length", max_length, most=window)
         self.scorer = Scorer(
-            model,
-            batch_tokens=int(batch_tokens),
-            max_rows=int(max_rows),
-            max_context=self._max_length,
+            model, batch_tokens=batch_tokens, max_rows=max_rows, max_context=self._max_length
         )
         self.model = model
-        self._max_gen_toks = int(max_gen_toks)
         if prefix_token_id is None:  # as the transformers export declares (module doc)
             fine_tuned = model.config.vocab_size > self.tok.vocab_size  # task tokens appended
             prefix_token_id = self.tok.vocab_size if fine_tuned else self.tok.unk_id
-        self._prefix = int(prefix_token_id)
-        if not 0 <= self._prefix < model.config.vocab_size:
-            raise ConfigError(
-                f"prefix_token_id must be in [0, {model.config.vocab_size}), got {self._prefix}"
-            )
+        self._prefix = model_arg_int(
+            "prefix_token_id", prefix_token_id, 0, model.config.vocab_size - 1
+        )
         self.checkpoint = str(folder)
 
     # -- what the harness reads ----------------------------------------------------------------
@@ -292,6 +321,139 @@ def simple_evaluate(
         metadata=metadata,
         task_manager=task_manager(tasks, metadata),
     )
+
+
+# -- the command's checks, made before the harness evaluates anything ---------------------------
+def run_name(checkpoint: str) -> str:
+    """The run's name for the harness's output folder: the checkpoint as given (relative to the
+    working folder when inside it). The harness names a run from `pretrained=`, `model=` or
+    `path=`, and would make up a random name for gpt1's `checkpoint=`."""
+    path = Path(str(checkpoint))
+    if path.is_absolute():
+        with contextlib.suppress(ValueError):
+            path = path.relative_to(Path.cwd())
+    name = path.as_posix().strip("/")
+    return name if name not in ("", ".") else path.resolve().name
+
+
+def named_model_args(model_args: dict[str, Any] | None) -> dict[str, Any]:
+    """gpt1's `--model_args` with `checkpoint` required and `model` (the run's name, read by the
+    harness for its output folder) defaulting to `run_name(checkpoint)`."""
+    args = dict(model_args or {})
+    if not args.get("checkpoint"):
+        raise ConfigError(MISSING_CHECKPOINT)
+    args.setdefault("model", run_name(args["checkpoint"]))
+    return args
+
+
+def results_folder(output_path: str | None, name: str) -> Path | None:
+    """Where the harness writes the results of run `name` for `--output_path` (None: nowhere)."""
+    if not output_path:
+        return None
+    from lm_eval.utils import sanitize_model_name
+
+    path = Path(output_path)
+    return path.parent if path.suffix == ".json" else path / sanitize_model_name(name)
+
+
+def check_writable(folder: Path | None) -> None:
+    """Refuse, before evaluating, a results folder that cannot be written: the harness would
+    find out only at the end, print a warning and exit 0. Nothing is left behind."""
+    if folder is None:
+        return
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), Path.cwd())
+    if not existing.is_dir():
+        raise ConfigError(f"--output_path: {existing} is not a folder")
+    try:  # os.access says yes to root on a read-only mount's files; a real write does not lie
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".gpt1-write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise write_failure(folder, exc) from None
+
+
+def check_saved(folder: Path | None, output_path: str | None, since: float) -> None:
+    """Refuse success when the harness could not save results it computed (it only warns)."""
+    if folder is None or output_path is None:
+        return
+    path = Path(output_path)
+    pattern = f"{path.stem}_*.json" if path.suffix == ".json" else "results_*.json"
+    written = [p for p in folder.glob(pattern) if p.stat().st_mtime >= since - 1]
+    if not written:
+        raise WriteError(f"{folder}: could not save the results (see the harness's warning)")
+
+
+@contextlib.contextmanager
+def argument_errors() -> Iterator[None]:
+    """The harness checks its arguments (tasks asked for and found, --limit against --samples,
+    ...) before it evaluates, raising ValueError: those are the user's mistakes, shown as one
+    line. Errors raised later (while evaluating) are left as they are."""
+    from lm_eval.config.evaluate_config import EvaluatorConfig
+
+    from_cli, process_tasks = EvaluatorConfig.__dict__["from_cli"], EvaluatorConfig.process_tasks
+
+    def one_line(fn):
+        @functools.wraps(fn)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except ValueError as exc:
+                raise ConfigError(" ".join(str(exc).split())) from None
+
+        return call
+
+    EvaluatorConfig.from_cli = classmethod(one_line(from_cli.__func__))
+    EvaluatorConfig.process_tasks = one_line(process_tasks)
+    try:
+        yield
+    finally:
+        EvaluatorConfig.from_cli, EvaluatorConfig.process_tasks = from_cli, process_tasks
+
+
+def _hub_failures() -> tuple[type[BaseException], ...]:
+    """What a task's data download raises when the Hugging Face Hub cannot be reached: the
+    builtin ConnectionError (datasets, and huggingface_hub's offline mode), requests' own, and
+    a file that is neither cached nor reachable."""
+    kinds: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    with contextlib.suppress(ImportError):
+        import requests
+
+        kinds += [requests.exceptions.ConnectionError, requests.exceptions.Timeout]
+    with contextlib.suppress(ImportError):
+        from huggingface_hub.errors import LocalEntryNotFoundError
+
+        kinds.append(LocalEntryNotFoundError)
+    return tuple(kinds)
+
+
+@contextlib.contextmanager
+def offline_errors() -> Iterator[None]:
+    """A harness task whose data lives on the Hub, run without a network (or with the download
+    failing), ends in one line naming the task, not in the datasets library's traceback."""
+    from lm_eval.api.task import ConfigurableTask
+
+    from gpt1.errors import DataError
+
+    download, failures = ConfigurableTask.download, _hub_failures()
+
+    @functools.wraps(download)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return download(self, *args, **kwargs)
+        except failures as exc:
+            reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise DataError(
+                f"lm-eval task {self.config.task!r} downloads its data "
+                f"({self.config.dataset_path}) from the Hugging Face Hub, which could not be "
+                f"reached (offline, or the download failed: {reason}); gpt1's own tasks "
+                "(gpt1_lambada, gpt1_sst2, gpt1_story_cloze) read local files"
+            ) from None
+
+    ConfigurableTask.download = checked
+    try:
+        yield
+    finally:
+        ConfigurableTask.download = download
 
 
 def only_local(tasks: list[str]) -> bool:

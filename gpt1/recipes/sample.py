@@ -10,6 +10,7 @@ tokens (learned positions cannot slide, so the cache is not reused there).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,14 @@ def filter_logits(
     logits `[B, V]`; same order as transformers (temperature, top-k, top-p), so seeded samples
     follow the same distribution.
     """
-    logits = logits / temperature
+    scaled = logits / temperature
+    if not bool(torch.isfinite(scaled).all()):
+        # So small a temperature that logits / temperature overflows (or is 0 in float32):
+        # divide the distances from each row's largest logit instead (softmax, top-k and top-p
+        # are unchanged by the shift), keeping the largest at 0 rather than 0 / 0.
+        shifted = logits - logits.amax(-1, keepdim=True)
+        scaled = torch.where(shifted < 0, shifted / temperature, shifted)
+    logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -48,6 +56,7 @@ def filter_logits(
         cum = sorted_logits.softmax(-1).cumsum(-1)
         # Drop a token when the tokens ranked above it already reach top_p; the first always stays.
         drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
+        drop_sorted[..., 0] = False  # a top_p too small for float32 (1e-50 is 0) drops it too
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -74,14 +83,25 @@ def next_tokens(
 def check_options(
     temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int
 ) -> None:
-    if temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise ConfigError(
+            f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}"
+        )
     if top_k is not None and top_k < 1:
         raise ConfigError(f"--top-k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
+    if top_p is not None and not 0.0 < top_p <= 1.0:  # also refuses NaN
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
     if max_new_tokens < 0:
         raise ConfigError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
+
+
+SEED_RANGE = (0, 2**64 - 1)  # what a torch generator takes
+
+
+def check_seed(seed: int | None) -> None:
+    """Refuse a seed no torch generator takes (before anything is loaded)."""
+    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+        raise ConfigError(f"--seed must be an integer in 0..2**64-1, got {seed}")
 
 
 @torch.no_grad()
@@ -286,6 +306,7 @@ class Session:
         return list(prompt_ids)
 
     def _generator(self, seed: int | None) -> torch.Generator:
+        check_seed(seed)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(seed if seed is not None else torch.seed())
         return generator

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from pathlib import Path
 
 from gpt1.errors import DataError
 
 
 def find_split_file(data: Path, split: str, candidates: list[str]) -> Path:
-    """The first of `candidates` (names or glob patterns) present in folder `data`.
+    """The first of `candidates` (names or glob patterns) present in folder `data` as a regular
+    file (a candidate that is there but is something else is named as such when no other is).
 
     `data` may also be a file: then it is used for whatever split is asked for, which lets a
     user evaluate on a single file in any of the task's formats.
@@ -17,12 +21,39 @@ def find_split_file(data: Path, split: str, candidates: list[str]) -> Path:
     if data.is_file():
         return data
     if not data.is_dir():
-        raise DataError("no such data folder", data)
+        raise DataError(not_a_regular_file(data) or "no such data folder", data)
+    odd: list[tuple[Path, str]] = []  # candidates that are there, but not regular files
     for name in candidates:
-        if any(ch in name for ch in "*?["):
-            found = sorted(data.glob(name))
-            if found:
-                return found[0]
-        elif (data / name).is_file():
-            return data / name
+        found = sorted(data.glob(name)) if any(ch in name for ch in "*?[") else [data / name]
+        for path in found:
+            if path.is_file():
+                return path
+            what = not_a_regular_file(path)
+            if what is not None:
+                odd.append((path, what))
+    if odd:
+        path, what = odd[0]
+        raise DataError(f"{what}, not a file that can hold the {split!r} split", path)
     raise DataError(f"no file for split {split!r} (looked for {', '.join(candidates)})", data)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What `path` is when something is there that cannot be read as a file ("is a directory",
+    "is a symlink loop", ...); None when it is a regular file or nothing is there."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISLNK(mode):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                return "is a symlink loop"
+            return f"is a broken symlink (to {os.readlink(path)})"
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a directory"
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    return f"is not a regular file ({kind})"

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, PairExample
+from gpt1.tasks.files import not_a_regular_file
 from gpt1.tasks.glue import GLUE_COLUMNS, read_glue_tsv
 from gpt1.tasks.rows import (
     Record,
@@ -81,7 +82,12 @@ def read_parallel(s1: Path, labels: list[str], bad: BadRows) -> tuple[list[Examp
     s2, lab = s1.with_name("s2" + split), s1.with_name("labels" + split)
     for f in (s2, lab):
         if not f.is_file():
-            raise DataError(f"parallel-line format needs {f.name} next to {s1.name}", f)
+            what = not_a_regular_file(f)
+            raise DataError(
+                f"parallel-line format needs {f.name} next to {s1.name}"
+                + (f", and this {what}" if what else ""),
+                f,
+            )
     out: list[Example] = []
     dropped = 0
     streams = [_lines(s1), _lines(s2), _lines(lab)]

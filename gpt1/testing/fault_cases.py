@@ -618,6 +618,75 @@ def disk_full_while_converting(work: Path) -> CaseResult:
     )
 
 
+_EXTRAS = {"convert": ("onnx", "onnxscript"), "lm-eval": ("lm_eval",)}  # for --to onnx, lm-eval
+
+
+def _missing_extras(runs: list[list[str]]) -> set[str]:
+    """The commands among `runs` whose optional packages are not installed here."""
+    import importlib.util
+
+    return {
+        argv[0]
+        for argv in runs
+        if argv[0] in _EXTRAS and not all(importlib.util.find_spec(m) for m in _EXTRAS[argv[0]])
+    }
+
+
+def _not_run(missing: set[str]) -> str:
+    return f" [NOT RUN here, extra not installed: {', '.join(sorted(missing))}]" if missing else ""
+
+
+def read_only_export_and_results_folders(work: Path) -> CaseResult:
+    """`convert --to onnx` and `lm-eval --output_path` aimed at a read-only folder: each must
+    stop at once (before exporting or evaluating) with one line, and leave nothing there."""
+    ckpt = tiny_checkpoint(work / "ckpt")
+    mount = work / "ro"
+    runs = [
+        ["convert", str(ckpt), str(mount / "model.onnx"), "--from", "gpt1", "--to", "onnx"],
+        ["lm-eval", "--model_args", f"checkpoint={ckpt}", "--tasks", "gpt1_sst2"]
+        + ["--data", str(work), "--output_path", str(mount / "results")],
+    ]
+    missing = _missing_extras(runs)
+    runs = [argv for argv in runs if argv[0] not in missing]
+    if private_mounts():
+        script = f"mount -o remount,ro {shlex.quote(str(mount))}"
+        for i, argv in enumerate(runs):
+            script += f"; {_gpt1(argv)} 2>{work}/err{i}; echo $? >{work}/rc{i}"
+        done = _in_tmpfs(mount, "size=64k", script + f"; ls -A {shlex.quote(str(mount))}")
+        if not (work / f"rc{len(runs) - 1}").is_file():
+            return result("could not set up", [], [done.stderr[-300:]])
+        outcomes = [
+            (int((work / f"rc{i}").read_text()), (work / f"err{i}").read_text().strip())
+            for i in range(len(runs))
+        ]
+        left, tag = done.stdout.split(), "real read-only mount"
+    else:
+        import pathlib
+
+        from gpt1.recipes import harness
+
+        def read_only(*args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(mount))
+
+        mount.mkdir()
+        with (
+            mock.patch.object(pathlib.Path, "write_bytes", read_only),
+            mock.patch.object(harness.tempfile, "mkstemp", read_only),
+        ):
+            outcomes = [run_cli(argv) for argv in runs]
+        left, tag = [p.name for p in mount.iterdir()], "simulated"
+    problems = []
+    for argv, (code, err) in zip(runs, outcomes):
+        problems += [f"{argv[0]}: {p}" for p in one_line(code, err, "Read-only file system")]
+    problems += [f"left {name}" for name in left]
+    return result(
+        f"convert --to onnx and lm-eval refused at once (exit 2, one line); nothing left ({tag})"
+        + _not_run(missing),
+        [],
+        problems,
+    )
+
+
 # ------------------------------------------------------------------------------ umask
 def files_follow_the_umask(work: Path) -> CaseResult:
     ckpt = tiny_checkpoint(work / "ckpt")
@@ -913,6 +982,65 @@ def hf_index_outside_its_folder(work: Path) -> CaseResult:
     )
 
 
+def options_out_of_range(work: Path) -> CaseResult:
+    """Values a flag's type accepts but the command cannot use: each refused in one line before
+    anything is loaded or run; extreme values that have a meaning (a temperature or top-p so
+    small float32 cannot hold it) still sample."""
+    ckpt = tiny_checkpoint(work / "ckpt")
+    vocab = char_vocab(work / "vocab")
+    sample = ["sample", str(ckpt), "--prompt-ids", "5 6", "--max-new-tokens", "2"]
+    lm_eval = ["lm-eval", "--tasks", "gpt1_sst2", "--data", str(work / "nothing")]
+    runs = [(sample + ["--temperature", t], ("--temperature", t)) for t in ("nan", "inf", "-1")]
+    runs += [(sample + ["--top-p", p], ("--top-p", p)) for p in ("nan", "0", "1.5")]
+    runs += [(sample + ["--seed", str(n)], ("--seed", str(n))) for n in (10**23, 2**64, -1)]
+    runs += [
+        (["tokenizer", "encode", "--vocab", str(vocab), "--processes", n], ("--processes", n))
+        for n in ("0", "-3")
+    ]
+    runs += [
+        (
+            ["tokenizer", "train", "--corpus", str(work), "--merges", "2"]
+            + ["--out", str(work / "tok"), "--processes", "0"],
+            ("--processes",),
+        ),
+        (["lm-eval"], ("checkpoint=DIR is required",)),
+        (lm_eval, ("checkpoint=DIR is required",)),
+        (["lm-eval", "--model_args", f"checkpoint={ckpt}"], ("--tasks is required",)),
+        (
+            ["lm-eval", "--model_args", f"checkpoint={ckpt}", "--tasks", "gpt1_nosuch"],
+            ("Tasks not found: gpt1_nosuch",),
+        ),
+    ]
+    runs += [
+        (
+            lm_eval[:1] + ["--model_args", f"checkpoint={ckpt},max_length={n}"] + lm_eval[1:],
+            ("max_length must be an integer 1..",),
+        )
+        for n in ("-5", "abc", "0", str(10**9))
+    ]
+    missing = _missing_extras([argv for argv, _ in runs])
+    runs = [(argv, must) for argv, must in runs if argv[0] not in missing]
+    outcome = refused(
+        runs,
+        "sample (NaN/inf/negative temperature, top-p outside (0, 1], seed outside 0..2^64-1), "
+        "tokenizer --processes < 1, lm-eval (no checkpoint, no or unknown task, max_length "
+        "outside the window): exit 2, one line; --temperature 1e-40 and --top-p 1e-50 sample",
+        limit=None,
+        watched=work,
+    )
+    problems = list(outcome.problems)
+    for extreme in (["--temperature", "1e-40"], ["--top-p", "1e-50"]):
+        code, err = run_cli(sample + extreme + ["--seed", "1"])
+        if code != 0:
+            problems.append(f"sample {' '.join(extreme)}: exit {code}: {err[-200:]}")
+    text = outcome.outcome.split(" -- BUT ")[0] + _not_run(missing)
+    return CaseResult(
+        text if not problems else text + " -- BUT " + "; ".join(problems),
+        outcome.data_lost,
+        tuple(problems),
+    )
+
+
 # --------------------------------------------------------------------- text and readers
 def a_run_of_punctuation(work: Path) -> CaseResult:
     """100,000 `!` on one line through `gpt1 tokenizer encode` (spaCy's suffix search alone is
@@ -1137,6 +1265,10 @@ CASES: list[tuple[str, Case]] = [
     ("disk full while writing a checkpoint", disk_full_while_checkpointing),
     ("run folder read-only on resume", read_only_run_folder),
     ("disk full while converting", disk_full_while_converting),
+    (
+        "convert --to onnx / lm-eval --output_path into a read-only folder",
+        read_only_export_and_results_folders,
+    ),
     ("umask 027", files_follow_the_umask),
     (
         "checkpoint config.json: n_layer 1e9 (or 10^15 parameters), then `sample`",
@@ -1156,6 +1288,10 @@ CASES: list[tuple[str, Case]] = [
     ),
     ("HF index.json weight_map `../outside.safetensors`", hf_index_outside_its_folder),
     ("100,000 `!` through `tokenizer encode`", a_run_of_punctuation),
+    (
+        "out-of-range options: sample, tokenizer --processes, lm-eval model args and tasks",
+        options_out_of_range,
+    ),
     ("bad rows: JSONL list label, duplicate keys / header, 10 MB field", strict_readers),
     (
         "serve --device tpu / cuda (no GPU), --threads -1, --request-timeout 0",
