@@ -1,4 +1,5 @@
-"""The HTTP API (FastAPI): /v1/predict, /v1/generate, /v1/score, /health, /metrics, /docs.
+"""The HTTP API (FastAPI): /v1/predict, /v1/generate, /v1/score, /health, /metrics, /docs, and
+the OpenAI-compatible endpoints of `gpt1.serve.completions` (/v1/completions, /v1/models, ...).
 
 Every error is JSON `{"error": "<one line>"}` with a 4xx status for a bad request (422: invalid
 body, 413: body too large, 404: unknown path or an endpoint this model does not serve), 503 with
@@ -23,6 +24,8 @@ from starlette.exceptions import HTTPException
 
 from gpt1.errors import Gpt1Error
 from gpt1.serve.batcher import Batcher, Job, QueueFull
+from gpt1.serve.completions import PATHS as COMPLETION_PATHS
+from gpt1.serve.completions import SCORE_KIND, completions_router
 from gpt1.serve.engine import Engine, GenerationRequest
 from gpt1.serve.metrics import Metrics
 from gpt1.serve.schemas import Limits, generate_model, predict_model, score_model
@@ -128,7 +131,7 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replay
 
 
-KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
+KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"} | COMPLETION_PATHS
 
 
 def create_app(
@@ -147,6 +150,8 @@ def create_app(
     def run_batch(kind: str, items: list[Any]) -> list[Any]:
         if kind == "predict":
             return engine.predict(items, micro=batch_items)
+        if kind == SCORE_KIND:  # the OpenAI-compatible endpoints' scoring
+            return engine.sequence_logprobs(items)
         return engine.score(items)
 
     batcher = Batcher(
@@ -221,6 +226,8 @@ def create_app(
     PredictRequest = predict_model(engine.fields, limits) if engine.task is not None else None
     GenerateRequest = generate_model(limits)
     ScoreRequest = score_model(limits)
+
+    app.include_router(completions_router(engine, batcher, metrics, limits))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
