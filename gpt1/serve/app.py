@@ -227,7 +227,7 @@ def create_app(
     GenerateRequest = generate_model(limits)
     ScoreRequest = score_model(limits)
 
-    app.include_router(completions_router(engine, batcher, metrics, limits))
+    app.include_router(completions_router(engine, batcher, metrics, limits, _validation_message))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -72,18 +72,18 @@ def _error(status: int, message: str) -> JSONResponse:
 
 class OpenAIRoute(APIRoute):
     """A route whose refusals (bad fields, bad ids, `Refused`) answer in OpenAI's error shape;
-    the messages are the rest of the API's."""
+    the messages are the rest of the API's (`describe_invalid` words a validation error)."""
+
+    describe_invalid: Callable[[RequestValidationError], str] = str
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def answer(request: Request) -> Response:
-            from gpt1.serve.app import _validation_message  # app imports this module
-
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                return _error(422, _validation_message(exc))
+                return _error(422, type(self).describe_invalid(exc))
             except Refused as exc:
                 return _error(exc.status, str(exc))
             except Gpt1Error as exc:
@@ -282,11 +282,17 @@ def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
 
 
 def completions_router(
-    engine: Engine, batcher: Batcher, metrics: Metrics, limits: Limits
+    engine: Engine,
+    batcher: Batcher,
+    metrics: Metrics,
+    limits: Limits,
+    describe_invalid: Callable[[RequestValidationError], str] = str,
 ) -> APIRouter:
-    """The routes above, for `create_app` to include."""
+    """The routes above, for `create_app` to include (`describe_invalid`: the app's one-line
+    wording of a validation error)."""
     state = Completions(engine, batcher, metrics, limits)
-    router = APIRouter(route_class=OpenAIRoute)
+    route = type("Route", (OpenAIRoute,), {"describe_invalid": staticmethod(describe_invalid)})
+    router = APIRouter(route_class=route)
     CompletionRequest = completion_model(limits)
     TokenizeRequest = tokenize_model(limits)
 
