@@ -198,3 +198,82 @@ def test_tokenizer_endpoints_and_a_classifier_keeps_predict(tmp_path):
     lps = echo["choices"][0]["logprobs"]["token_logprobs"]
     assert lps[0] is None and lps[1:] == pytest.approx(score["logprobs"], abs=1e-5)
     assert echo["choices"][0]["logprobs"]["top_logprobs"][1] == {}
+
+
+# ------------------------------------------------------------------ lm-evaluation-harness
+HARNESS_TASKS = ["gpt1_lambada", "gpt1_sst2"]
+
+
+@pytest.fixture(scope="module")
+def gpt1_vocab_checkpoint(tmp_path_factory) -> Path:
+    """A tiny GPT with GPT-1's vocabulary and 512 positions (no passage is cut), weights wide
+    enough that greedy predictions are not flat."""
+    from conftest import SHARED_DATA
+
+    from gpt1.config import ModelConfig
+    from gpt1.model.checkpoint import save_model
+
+    vocab = SHARED_DATA / "gpt1_tokenizer"
+    if not vocab.is_dir():
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set GPT1_SHARED_DATA)")
+    torch.manual_seed(0)
+    model = GPT(ModelConfig(vocab_size=40478, n_positions=512, n_embd=32, n_layer=2, n_head=2))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return save_model(model, tmp_path_factory.mktemp("harness") / "ck", tokenizer_dir=vocab)
+
+
+def harness_run(model: str, model_args: dict, data: Path, limit: int) -> dict:
+    import lm_eval
+    import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
+
+    from gpt1.recipes.harness import register, task_manager
+
+    register()
+    metadata = {"data": str(data)}
+    return lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=HARNESS_TASKS,
+        limit=limit,
+        metadata=metadata,
+        task_manager=task_manager(HARNESS_TASKS, metadata),
+        log_samples=True,
+    )
+
+
+def per_request(results: dict, task: str) -> list[tuple[float, bool]]:
+    samples = sorted(results["samples"][task], key=lambda s: s["doc_id"])
+    return [tuple(r[0]) for s in samples for r in s["resps"]]
+
+
+@pytest.mark.slow
+def test_local_completions_equals_the_native_harness_model(gpt1_vocab_checkpoint, shared_data):
+    """lm-evaluation-harness's `local-completions` with only base_url, model and max_length (its
+    tokenizer is the server's, through /tokenizer_info and /tokenize): every request's
+    log-likelihood equals the native `gpt1` model's within 1e-4, the greedy flags and the
+    accuracies are equal, on the local LAMBADA and SST-2 tasks."""
+    ck = gpt1_vocab_checkpoint
+    native = harness_run(
+        "gpt1", {"checkpoint": str(ck), "device": "cpu", "precision": "fp32"}, shared_data, 24
+    )
+    with serving(ck) as url:
+        remote = harness_run(
+            "local-completions",
+            {"base_url": f"{url}/v1/completions", "model": ck.name, "max_length": 512},
+            shared_data,
+            24,
+        )
+    for task in HARNESS_TASKS:
+        want, got = per_request(native, task), per_request(remote, task)
+        assert len(got) == len(want) >= 24
+        assert [g for _, g in got] == [g for _, g in want], task
+        assert [ll for ll, _ in got] == pytest.approx([ll for ll, _ in want], abs=1e-4), task
+        assert len({round(ll, 3) for ll, _ in got}) > len(got) // 2  # not one number everywhere
+        for metric in ("acc,none", "perplexity,none"):
+            if metric in native["results"][task]:
+                assert remote["results"][task][metric] == pytest.approx(
+                    native["results"][task][metric], rel=1e-6 if metric == "acc,none" else 1e-4
+                )
