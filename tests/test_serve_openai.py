@@ -8,6 +8,8 @@ scorer behind `/v1/score`, and the native harness model `gpt1`.
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,60 @@ def test_sdk_echo_logprobs_equal_v1_score(lm):
     assert full.text == tok.decode(ids) + " " + greedy.text
     assert f.tokens[-1].strip() == greedy.text and one.usage.completion_tokens == 2
     assert short.logprobs.token_logprobs[1:5] == pytest.approx(expected[:4], abs=1e-5)
+
+
+def test_scoring_requests_share_scorer_batches_and_streams_end_with_done(lm):
+    """Eight concurrent harness-shaped requests (echo, logprobs 1, max_tokens 1, temperature 0)
+    run in fewer scorer batches than requests, with the numbers each gets alone; a raw stream
+    is OpenAI's chunks, the usage chunk, then `data: [DONE]`."""
+    tok = load_tokenizer(lm.parent / "vocab")
+    prompts = [tok.encode(f"the {w} man walked") for w in ("old", "young", "tall", "odd")] * 2
+    body = {"max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0, "seed": 1234}
+    with serving(lm, wait_s=0.5) as url:
+        alone = [post(f"{url}/v1/completions", {**body, "prompt": p}).json() for p in prompts[:4]]
+        before = batch_counts(url)
+        with ThreadPoolExecutor(8) as pool:
+            together = list(
+                pool.map(lambda p: post(f"{url}/v1/completions", {**body, "prompt": p}), prompts)
+            )
+        after = batch_counts(url)
+        with httpx.stream(
+            "POST",
+            f"{url}/v1/completions",
+            timeout=TIMEOUT,
+            json={
+                "prompt": PROMPT,
+                "max_tokens": 3,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as r:
+            lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert after[1] - before[1] == 8 and after[0] - before[0] < 8  # items, batches
+    for r, want in zip(together, alone * 2):
+        got = r.json()["choices"][0]["logprobs"]
+        assert got["token_logprobs"][1:] == pytest.approx(
+            want["choices"][0]["logprobs"]["token_logprobs"][1:], abs=1e-5
+        )
+        assert got["tokens"] == want["choices"][0]["logprobs"]["tokens"]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line[6:]) for line in lines[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def batch_counts(url: str) -> tuple[float, float]:
+    """(batches, items) the scorer ran for the OpenAI endpoints, from /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    values = dict(
+        line.rsplit(" ", 1)
+        for line in text.splitlines()
+        if line.startswith("gpt1_batch_items_") and 'kind="sequence_logprobs"' in line
+    )
+    count = sum(float(v) for k, v in values.items() if k.startswith("gpt1_batch_items_count"))
+    total = sum(float(v) for k, v in values.items() if k.startswith("gpt1_batch_items_sum"))
+    return count, total
 
 
 REFUSED = [
