@@ -213,18 +213,23 @@ def test_refusals_are_one_line_and_name_the_field(lm):
 
 
 def test_inert_fields_chat_and_unknown_models(lm):
-    """`user` changes nothing; /v1/chat/completions says GPT-1 has no chat format."""
+    """`user` changes nothing; /v1/chat/completions says GPT-1 has no chat format; the
+    tokenizer info has no end-of-text token and `<unk>` (id 0) as the start token."""
     body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0}
     with serving(lm) as url:
         plain = post(f"{url}/v1/completions", body).json()
         with_user = post(f"{url}/v1/completions", {**body, "user": "u1", "seed": 3}).json()
         chat = post(f"{url}/v1/chat/completions", {"model": "lm", "messages": []})
+        info = httpx.get(f"{url}/tokenizer_info", timeout=TIMEOUT).json()
+        bos = post(f"{url}/tokenize", {"prompt": info["bos_token"]}).json()["tokens"]
         with pytest.raises(openai.NotFoundError, match="no chat format"):
             client(url).chat.completions.create(
                 model="lm", messages=[{"role": "user", "content": "hi"}]
             )
     assert plain["choices"][0]["text"] == with_user["choices"][0]["text"]
     assert chat.status_code == 404 and "no chat format" in chat.json()["error"]["message"]
+    # no end-of-text token; the start token the harness uses is the native adapter's <unk>
+    assert info["eos_token"] is None and info["bos_token"] == "<unk>" and bos == [0]
 
 
 def test_tokenizer_endpoints_and_a_classifier_keeps_predict(tmp_path):
@@ -249,7 +254,8 @@ def test_tokenizer_endpoints_and_a_classifier_keeps_predict(tmp_path):
         ).json()["results"][0]
     assert tokens["tokens"] == ids and tokens["count"] == len(ids)
     assert back["prompt"] == tok.decode(ids)
-    assert "eos_token" in info and info["eos_token"] is None and info["model_max_length"] == 48
+    assert "eos_token" in info and info["eos_token"] is None and info["bos_token"] is None
+    assert info["model_max_length"] == 64  # the tiny preset's positions
     assert predicted.status_code == 200 and predicted.json()["predictions"][0]["label"] in "01"
     lps = echo["choices"][0]["logprobs"]["token_logprobs"]
     assert lps[0] is None and lps[1:] == pytest.approx(score["logprobs"], abs=1e-5)

@@ -132,10 +132,14 @@ class Completions:
 
     def encode_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
         """Every prompt's ids (texts encoded, ids checked against the vocabulary)."""
-        out = []
+        out, vocab = [], self.engine.lm.config.vocab_size
         for n, p in enumerate(prompts):
-            text, ids = (p, None) if isinstance(p, str) else (None, p)
-            tokens = self.engine.token_ids(text, ids, f"prompt {n}")
+            bad = [] if isinstance(p, str) else [i for i in p if not 0 <= i < vocab]
+            if bad:
+                raise DataError(
+                    f"prompt {n}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})"
+                )
+            tokens = self.engine.token_ids(p, None, "prompt") if isinstance(p, str) else list(p)
             if not tokens:
                 raise DataError(f"prompt {n}: no tokens (GPT-1 has no start token to begin from)")
             out.append(tokens)
