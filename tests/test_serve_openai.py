@@ -53,7 +53,9 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
     greedy = sample(lm, prompt=PROMPT, max_new_tokens=24, temperature=0)[0]
     other = sample(lm, prompt="a", max_new_tokens=24, temperature=0)[0]
     seeded = [
-        sample(lm, prompt=PROMPT, max_new_tokens=12, temperature=0.9, top_p=0.95, seed=s)[0]
+        sample(lm, prompt=PROMPT, max_new_tokens=12, temperature=0.9, top_k=30, top_p=0.95, seed=s)[
+            0
+        ]
         for s in (7, 8, 9)
     ]
     with serving(lm) as url:
@@ -72,7 +74,14 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
             model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop, "\u2603"]
         )
         drawn = api.completions.create(
-            model=model.id, prompt=PROMPT, max_tokens=12, temperature=0.9, top_p=0.95, n=3, seed=7
+            model=model.id,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0.9,
+            top_p=0.95,
+            n=3,
+            seed=7,
+            extra_body={"top_k": 30},
         )
     assert model.object == "model" and model.model_extra["max_model_len"] == 64
     assert one.object == "text_completion" and one.model == model.id

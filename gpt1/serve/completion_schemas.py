@@ -70,6 +70,7 @@ def completion_model(limits: Limits) -> type[BaseModel]:
         )
         temperature: Annotated[Float, Field(ge=0.0)] | None = 1.0
         top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = 1.0
+        top_k: Annotated[Int, Field(ge=1)] | None = None  # not OpenAI's; vLLM's and gpt1 sample's
         n: Annotated[Int, Field(ge=1, le=limits.max_choices)] | None = 1
         stop: stop_text | Annotated[list[stop_text], Field(max_length=16)] | None = None
         seed: Int | None = None

@@ -176,7 +176,7 @@ class Completions:
             for c in choices:
                 seed = None if body.seed is None else body.seed + c.index % body.n
                 request = GenerationRequest(
-                    c.prompt, body.max_tokens, body.temperature, None, body.top_p, seed
+                    c.prompt, body.max_tokens, body.temperature, body.top_k, body.top_p, seed
                 )
                 events: asyncio.Queue = asyncio.Queue()
                 job = Job("generate", request, len(c.prompt), 1, loop, emit=events.put_nowait)
