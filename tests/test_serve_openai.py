@@ -66,6 +66,10 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
             model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stream=True
         )
         pieces = [(c.choices[0].text, c.choices[0].finish_reason) for c in chunks]
+        echoed = api.completions.create(
+            model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stream=True, echo=True
+        )
+        echoed = [c.choices[0].text for c in echoed]
         both = api.completions.create(
             model=model.id, prompt=[PROMPT, "a"], max_tokens=24, temperature=0
         )
@@ -90,6 +94,7 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
     assert one.usage.completion_tokens == 24 and one.usage.prompt_tokens == greedy.prompt_len
     assert "".join(t for t, _ in pieces) == choice.text and len(pieces) > 10
     assert pieces[-1][1] == "length" and all(f is None for _, f in pieces[:-1])
+    assert echoed[0] == PROMPT and "".join(echoed) == PROMPT + choice.text  # the prompt first
     assert [c.text for c in both.choices] == [" " + greedy.text, " " + other.text]
     assert [c.index for c in both.choices] == [0, 1]
     cut = choice.text.index(stop)
@@ -348,3 +353,26 @@ def test_local_completions_equals_the_native_harness_model(gpt1_vocab_checkpoint
                 assert remote["results"][task][metric] == pytest.approx(
                     native["results"][task][metric], rel=1e-6 if metric == "acc,none" else 1e-4
                 )
+
+
+def test_continuation_holds_back_text_a_stop_string_could_still_cut(tmp_path):
+    """Streamed pieces never include text a later token could turn into a stop string; with or
+    without a stop they join into the final text; tokens past the stop are not kept."""
+    from gpt1.serve.completion_text import Continuation, held_back
+
+    tok = load_tokenizer(char_vocab(tmp_path / "vocab"))
+    prompt, new = tok.encode("the old"), tok.encode("man walked far")
+    whole = Continuation(tok, prompt, [])
+    pieces = [whole.push(t) for t in new] + [whole.finish()]
+    assert "".join(pieces) == whole.text == " man walked far"  # a new word: its space first
+    stopped = Continuation(tok, prompt, ["walked", "\u2603"])
+    shown = ""
+    for t in new:
+        shown += stopped.push(t)
+        assert not (shown.endswith("w") or shown.endswith("wa")) or stopped.stopped
+        if stopped.stopped:
+            break
+    shown += stopped.finish()
+    assert shown == stopped.text == " man " and stopped.stopped
+    assert tok.decode(stopped.kept_tokens()) == "man"  # "walked" is not in the kept tokens
+    assert held_back("a wal", ["walked"]) == 3 and held_back("a wax", ["walked"]) == 0
