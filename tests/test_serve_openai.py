@@ -9,6 +9,7 @@ scorer behind `/v1/score`, and the native harness model `gpt1`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,11 +43,18 @@ def lm(tmp_path_factory) -> Path:
     return save_model(GPT(config), root / "lm", vocab)
 
 
+@pytest.fixture(scope="module")
+def url(lm) -> Iterator[str]:
+    """One server for the tests that need no options of their own."""
+    with serving(lm) as address:
+        yield address
+
+
 def client(url: str) -> Any:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
 
 
-def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
+def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm, url):
     """models.list(); greedy text equals `gpt1 sample --temperature 0` (after the prompt's word
     break), as one response and as stream chunks; several prompts in one call; stop strings cut
     before themselves; n seeded choices are `gpt1 sample --seed s`, `--seed s+1`, ..."""
@@ -58,35 +66,34 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
         ]
         for s in (7, 8, 9)
     ]
-    with serving(lm) as url:
-        api = client(url)
-        (model,) = api.models.list().data
-        one = api.completions.create(model=model.id, prompt=PROMPT, max_tokens=24, temperature=0)
-        chunks = api.completions.create(
-            model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stream=True
-        )
-        pieces = [(c.choices[0].text, c.choices[0].finish_reason) for c in chunks]
-        echoed = api.completions.create(
-            model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stream=True, echo=True
-        )
-        echoed = [c.choices[0].text for c in echoed]
-        both = api.completions.create(
-            model=model.id, prompt=[PROMPT, "a"], max_tokens=24, temperature=0
-        )
-        stop = greedy.text.split()[2]
-        stopped = api.completions.create(
-            model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop, "\u2603"]
-        )
-        drawn = api.completions.create(
-            model=model.id,
-            prompt=PROMPT,
-            max_tokens=12,
-            temperature=0.9,
-            top_p=0.95,
-            n=3,
-            seed=7,
-            extra_body={"top_k": 30},
-        )
+    api = client(url)
+    (model,) = api.models.list().data
+    one = api.completions.create(model=model.id, prompt=PROMPT, max_tokens=24, temperature=0)
+    chunks = api.completions.create(
+        model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stream=True
+    )
+    pieces = [(c.choices[0].text, c.choices[0].finish_reason) for c in chunks]
+    echoed = api.completions.create(
+        model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stream=True, echo=True
+    )
+    echoed = [c.choices[0].text for c in echoed]
+    both = api.completions.create(
+        model=model.id, prompt=[PROMPT, "a"], max_tokens=24, temperature=0
+    )
+    stop = greedy.text.split()[2]
+    stopped = api.completions.create(
+        model=model.id, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop, "\u2603"]
+    )
+    drawn = api.completions.create(
+        model=model.id,
+        prompt=PROMPT,
+        max_tokens=12,
+        temperature=0.9,
+        top_p=0.95,
+        n=3,
+        seed=7,
+        extra_body={"top_k": 30},
+    )
     assert model.object == "model" and model.model_extra["max_model_len"] == 64
     assert one.object == "text_completion" and one.model == model.id
     (choice,) = one.choices
@@ -104,25 +111,24 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm):
     assert len({c.text for c in drawn.choices}) > 1
 
 
-def test_sdk_echo_logprobs_equal_v1_score(lm):
+def test_sdk_echo_logprobs_equal_v1_score(lm, url):
     """echo=True, logprobs=1, max_tokens=0 and 1 (lm-evaluation-harness's scoring request):
     each prompt token's log-probability is /v1/score's for that token given the ones before;
     the first is null; the generated token is the greedy one; top_logprobs hold the argmax."""
     tok = load_tokenizer(lm.parent / "vocab")
     ids = tok.encode(PROMPT + " walked")
     greedy = sample(lm, prompt_ids=ids, max_new_tokens=1, temperature=0)[0]
-    with serving(lm) as url:
-        api = client(url)
-        zero = api.completions.create(
-            model="lm", prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0
-        )
-        one = api.completions.create(
-            model="lm", prompt=[ids, ids[:5]], max_tokens=1, echo=True, logprobs=2, temperature=0
-        )
-        items = [
-            {"context_ids": ids[:i], "continuation_ids": ids[i : i + 1]} for i in range(1, len(ids))
-        ]
-        score = post(f"{url}/v1/score", {"items": items}).json()["results"]
+    api = client(url)
+    zero = api.completions.create(
+        model="lm", prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    one = api.completions.create(
+        model="lm", prompt=[ids, ids[:5]], max_tokens=1, echo=True, logprobs=2, temperature=0
+    )
+    items = [
+        {"context_ids": ids[:i], "continuation_ids": ids[i : i + 1]} for i in range(1, len(ids))
+    ]
+    score = post(f"{url}/v1/score", {"items": items}).json()["results"]
     expected = [r["logprobs"][0] for r in score]
     z = zero.choices[0].logprobs
     assert z.token_logprobs[0] is None and z.top_logprobs[0] is None
@@ -213,33 +219,31 @@ REFUSED = [
 ]
 
 
-def test_refusals_are_one_line_and_name_the_field(lm):
+def test_refusals_are_one_line_and_name_the_field(lm, url):
     """Each refused request: the status, one line naming the field, through the SDK too."""
-    with serving(lm) as url:
-        api = client(url)
-        for fields, status, says in REFUSED:
-            r = post(f"{url}/v1/completions", {"prompt": PROMPT, **fields})
-            assert r.status_code == status, (fields, r.text)
-            message = r.json()["error"]["message"]
-            assert says in message and "\n" not in message, fields
-            with pytest.raises(openai.APIStatusError, match=says):
-                api.completions.create(model="lm", prompt=PROMPT, extra_body=fields)
+    api = client(url)
+    for fields, status, says in REFUSED:
+        r = post(f"{url}/v1/completions", {"prompt": PROMPT, **fields})
+        assert r.status_code == status, (fields, r.text)
+        message = r.json()["error"]["message"]
+        assert says in message and "\n" not in message, fields
+        with pytest.raises(openai.APIStatusError, match=says):
+            api.completions.create(model="lm", prompt=PROMPT, extra_body=fields)
 
 
-def test_inert_fields_chat_and_unknown_models(lm):
+def test_inert_fields_chat_refusal_and_tokenizer_info(lm, url):
     """`user` changes nothing; /v1/chat/completions says GPT-1 has no chat format; the
     tokenizer info has no end-of-text token and `<unk>` (id 0) as the start token."""
     body = {"prompt": PROMPT, "max_tokens": 5, "temperature": 0}
-    with serving(lm) as url:
-        plain = post(f"{url}/v1/completions", body).json()
-        with_user = post(f"{url}/v1/completions", {**body, "user": "u1", "seed": 3}).json()
-        chat = post(f"{url}/v1/chat/completions", {"model": "lm", "messages": []})
-        info = httpx.get(f"{url}/tokenizer_info", timeout=TIMEOUT).json()
-        bos = post(f"{url}/tokenize", {"prompt": info["bos_token"]}).json()["tokens"]
-        with pytest.raises(openai.NotFoundError, match="no chat format"):
-            client(url).chat.completions.create(
-                model="lm", messages=[{"role": "user", "content": "hi"}]
-            )
+    plain = post(f"{url}/v1/completions", body).json()
+    with_user = post(f"{url}/v1/completions", {**body, "user": "u1", "seed": 3}).json()
+    chat = post(f"{url}/v1/chat/completions", {"model": "lm", "messages": []})
+    info = httpx.get(f"{url}/tokenizer_info", timeout=TIMEOUT).json()
+    bos = post(f"{url}/tokenize", {"prompt": info["bos_token"]}).json()["tokens"]
+    with pytest.raises(openai.NotFoundError, match="no chat format"):
+        client(url).chat.completions.create(
+            model="lm", messages=[{"role": "user", "content": "hi"}]
+        )
     assert plain["choices"][0]["text"] == with_user["choices"][0]["text"]
     assert chat.status_code == 404 and "no chat format" in chat.json()["error"]["message"]
     # no end-of-text token; the start token the harness uses is the native adapter's <unk>
