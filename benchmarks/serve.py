@@ -6,6 +6,15 @@ keep-alive HTTP/1.1 connection each, sending SST-2 dev sentences (../shared/data
 - classify: one sentence per `POST /v1/predict`;
 - generate: `POST /v1/generate`, greedy, `--gen-tokens` new tokens after the sentence; the
   server decodes up to `--max-generations` of them together (continuous batching).
+- score: lm-evaluation-harness's `local-completions` scoring payloads (`POST /v1/completions`
+  with the request's token ids, `echo`, `logprobs` 1, `max_tokens` 1, temperature 0), one
+  request per payload as the harness sends them, for the local LAMBADA and SST-2 tasks
+  (`--harness-docs` documents each) on a GPT-1-size pretrained checkpoint (random weights);
+  the references are the in-process zero-shot scorer on the same (context, continuation)
+  pairs (what the native `gpt1` harness model computes) and `Engine.sequence_logprobs` (what
+  the server computes for them). Then whole harness runs, wall time: the native `gpt1` model
+  against `local-completions` on the running server (base_url, model, max_length only, then
+  with num_concurrent 8).
 Each level (1, 8, 64 clients) is bounded by a request count and a time limit (no new request
 starts after it). The reference is the in-process throughput of the same work with the same
 engine (tokenize + `Engine.predict` in batches of 16, `gpt1 predict`'s default; `Engine.stream` one prompt at a time),
@@ -15,6 +24,7 @@ untimed first, so the tokenizer's cache holds them on both (the figures are mode
     python benchmarks/serve.py                                  # fp32, 1/8/64 clients
     python benchmarks/serve.py --precision bf16 --requests 512
     python benchmarks/serve.py --skip generate --clients 64 --requests 128   # quick look
+    python benchmarks/serve.py --skip classify,generate --harness-docs 40     # the harness's
 """
 
 from __future__ import annotations
@@ -228,7 +238,10 @@ def main() -> None:
     p.add_argument("--gen-tokens", type=int, default=16)
     p.add_argument("--limit-s", type=float, default=120.0, help="time limit per level")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--skip", default="", help="classify and/or generate")
+    p.add_argument("--skip", default="", help="any of classify, generate, score, harness")
+    p.add_argument(
+        "--harness-docs", type=int, default=40, help="score, harness: documents per task"
+    )
     p.add_argument(
         "--max-generations",
         type=int,
@@ -246,6 +259,9 @@ def main() -> None:
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     levels = [int(c) for c in args.clients.split(",")]
+    if {"classify", "generate"} <= skip:
+        scoring(args, levels, skip)
+        return
     texts = sentences()
     cls_texts = (texts * (args.requests // len(texts) + 1))[: args.requests]
     gen_texts = texts[: args.gen_requests] if "generate" not in skip else []
@@ -293,6 +309,7 @@ def main() -> None:
             server.wait(120)
         after = in_process(run, args.precision, cls_texts, gen_texts, args.gen_tokens, args.threads)
     report(results, before, after, args.gen_tokens)
+    scoring(args, levels, skip)
     for ref, rps, errors in ratios:
         print(
             f"round: in process {ref:.1f} sentences/s, server at {max(levels)} clients "
@@ -303,6 +320,14 @@ def main() -> None:
             f"median ratio over {len(ratios)} rounds: "
             f"{statistics.median(r / f for f, r, _ in ratios):.2f}x"
         )
+
+
+def scoring(args: argparse.Namespace, levels: list[int], skip: set[str]) -> None:
+    """The score and harness workloads (benchmarks/serve_scoring.py)."""
+    if not {"score", "harness"} <= skip:
+        from benchmarks.serve_scoring import scoring_section
+
+        scoring_section(args, levels, skip, DATA, start_server, load, free_port)
 
 
 def report(results: dict, before: tuple, after: tuple, gen_tokens: int) -> None:

@@ -74,6 +74,28 @@ def test_scorer_equals_full_logits_computation():
     assert scorer.score([(ctx, [best])])[0].greedy is None
 
 
+def test_scorer_top_alternatives_are_the_full_distributions_top_k():
+    """`top=k`: each scored position's k likeliest tokens, as a full log-softmax ranks them,
+    with the very numbers of `logprobs` (so "the token is the top one" is an exact equality)."""
+    model = tiny_model()
+    reqs = random_requests(random.Random(1), 12, 50)[:-1]  # all fit the window
+    scorer = zs.Scorer(model, batch_tokens=64, max_rows=5, logits_chunk=7)
+    for (ctx, cont), s in zip(reqs, scorer.score(reqs, top=3)):
+        row = ctx + cont[:-1]
+        with torch.no_grad():
+            logp = torch.log_softmax(model.lm_logits(model(torch.tensor([row]))), -1)[0]
+        for i, alts in enumerate(s.top):
+            values, ids = logp[len(ctx) - 1 + i].topk(3)
+            assert [t for t, _ in alts] == ids.tolist()
+            assert [lp for _, lp in alts] == pytest.approx(values.tolist(), abs=1e-5)
+    ctx = reqs[0][0]
+    with torch.no_grad():
+        best = int(model.lm_logits(model(torch.tensor([ctx])))[0, -1].argmax())
+    (s,) = scorer.score([(ctx, [best])], top=1)
+    assert s.top[0][0][0] == best and s.logprobs[0] == s.top[0][0][1]  # exactly
+    assert scorer.score(reqs[:2])[0].top is None
+
+
 def test_scorer_works_with_the_lstm_baseline():
     from gpt1.model.lstm import LSTMLM, LSTMConfig
 

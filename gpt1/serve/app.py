@@ -1,4 +1,5 @@
-"""The HTTP API (FastAPI): /v1/predict, /v1/generate, /v1/score, /health, /metrics, /docs.
+"""The HTTP API (FastAPI): /v1/predict, /v1/generate, /v1/score, /health, /metrics, /docs, and
+the OpenAI-compatible endpoints of `gpt1.serve.completions` (/v1/completions, /v1/models, ...).
 
 Every error is JSON `{"error": "<one line>"}` with a 4xx status for a bad request (422: invalid
 body, 413: body too large, 408: body not sent in time, 404: unknown path or an endpoint this
@@ -27,6 +28,8 @@ from starlette.exceptions import HTTPException
 
 from gpt1.errors import Gpt1Error
 from gpt1.serve.batcher import Batcher, Job, QueueFull
+from gpt1.serve.completions import PATHS as COMPLETION_PATHS
+from gpt1.serve.completions import SCORE_KIND, completions_router
 from gpt1.serve.connections import FloodLog, quiet_accept_errors
 from gpt1.serve.docs_page import docs_page
 from gpt1.serve.engine import Engine, GenerationRequest
@@ -154,7 +157,7 @@ def _replay(body: bytes, receive: Any) -> Any:
     return replay
 
 
-KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
+KNOWN_PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"} | COMPLETION_PATHS
 
 
 def create_app(
@@ -182,6 +185,8 @@ def create_app(
     def run_batch(kind: str, items: list[Any]) -> list[Any]:
         if kind == "predict":
             return engine.predict(items, micro=batch_items)
+        if kind == SCORE_KIND:  # the OpenAI-compatible endpoints' scoring
+            return engine.sequence_logprobs(items)
         return engine.score(items)
 
     batcher = Batcher(
@@ -263,6 +268,10 @@ def create_app(
     PredictRequest = predict_model(engine.fields, limits) if engine.task is not None else None
     GenerateRequest = generate_model(limits)
     ScoreRequest = score_model(limits)
+
+    app.include_router(
+        completions_router(engine, batcher, metrics, limits, off_loop, _validation_message)
+    )
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -216,6 +216,37 @@ class Engine:
             for s, (ctx, cont) in zip(scores, pairs)
         ]
 
+    # ------------------------------------------------- every position (OpenAI logprobs)
+    @property
+    def window(self) -> int:
+        """The most tokens a scored sequence may hold (the scorer's window: the positions the
+        model has, or fewer when it was pretrained on a shorter context)."""
+        return self.scorer.n_positions
+
+    def sequence_logprobs(self, items: list[SequenceScoring]) -> list[SequenceLogprobs]:
+        """Each sequence's tokens scored at every position, with alternatives: one `Scorer`
+        call for the whole batch (rows sorted, packed and prefix-shared as for /v1/score)."""
+        for it in items:
+            rows = len(it.ids) - (0 if it.next_token else 1)
+            if not it.ids or rows > self.window:
+                raise DataError(f"{len(it.ids)} tokens do not fit the {self.window}-token window")
+        k = max(max(it.top, 1 if it.next_token else 0) for it in items)
+        # After the last token, the position is scored for a stand-in target (its own id):
+        # only its alternatives are kept.
+        requests = [(it.ids[:1], it.ids[1:] + it.ids[-1:] * it.next_token) for it in items]
+        out = []
+        for it, score in zip(items, self.scorer.score(requests, top=k)):
+            n = len(it.ids) - 1
+            tops = score.top or [[] for _ in range(n)]
+            out.append(
+                SequenceLogprobs(
+                    score.logprobs[:n],
+                    [alts[: it.top] for alts in tops[:n]],
+                    tops[n][: max(it.top, 1)] if it.next_token else None,
+                )
+            )
+        return out
+
     # -------------------------------------------------------------------- generate
     def stream(
         self,
@@ -248,6 +279,26 @@ def model_name(folder: Path) -> str:
     if name in ("final", "best") or (name.startswith("step-") and name[5:].isdigit()):
         return f"{folder.parent.name}/{name}"
     return name
+
+
+@dataclass
+class SequenceScoring:
+    """A sequence to score at every position (OpenAI's `echo` and `logprobs`)."""
+
+    ids: list[int]
+    top: int = 0  # alternatives per position
+    next_token: bool = False  # also the distribution after the last token
+
+
+@dataclass
+class SequenceLogprobs:
+    """`logprobs[i]`: token i+1's log-probability given the tokens before it; `top[i]`: the
+    likeliest tokens at that position as (id, log-probability); `next`: the likeliest tokens
+    after the last one (when asked for)."""
+
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+    next: list[tuple[int, float]] | None
 
 
 @dataclass

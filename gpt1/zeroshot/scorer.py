@@ -31,6 +31,9 @@ class Score:
 
     logprobs: list[float]
     greedy: bool | None
+    # When asked for (`score(top=k)`): per scored token, the k likeliest tokens at its position
+    # as (id, log-probability), likeliest first, taken from the same numbers as `logprobs`.
+    top: list[list[tuple[int, float]]] | None = None
 
     @property
     def total(self) -> float:
@@ -94,11 +97,15 @@ class Scorer:
 
     @torch.inference_mode()
     def score(
-        self, requests: Sequence[tuple[Sequence[int], Sequence[int]]], greedy: bool = False
+        self,
+        requests: Sequence[tuple[Sequence[int], Sequence[int]]],
+        greedy: bool = False,
+        top: int = 0,
     ) -> list[Score]:
         """One `Score` per request; an empty continuation gets an empty `Score`.
 
-        `greedy` also checks each scored token against the argmax (one more pass over the logits).
+        `greedy` also checks each scored token against the argmax (one more pass over the logits);
+        `top` > 0 also gives each scored position's `top` likeliest tokens (`Score.top`).
         """
         plans, canon = self._plan(requests)
         # Per canonical row: position -> the target tokens scored there (usually one).
@@ -110,8 +117,9 @@ class Scorer:
                 for offset, target in enumerate(cont):
                     positions.setdefault(start + offset, set()).add(target)
         results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
+        alternatives: dict[tuple[tuple[int, ...], int], list[tuple[int, float]]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
-            self._run(batch, wanted, results, greedy)
+            self._run(batch, wanted, results, greedy, (top, alternatives))
         if any(lp != lp for lp, _ in results.values()):  # NaN: argmax would pick silently
             raise Gpt1Error(
                 "the model produced NaN log-probabilities (overflow in this dtype, "
@@ -124,7 +132,12 @@ class Scorer:
                 continue
             key, start, cont = plan
             pairs = [results[(canon[key], start + i, t)] for i, t in enumerate(cont)]
-            out.append(Score([lp for lp, _ in pairs], all(g for _, g in pairs) if greedy else None))
+            tops = (
+                [alternatives[(canon[key], start + i)] for i in range(len(cont))] if top else None
+            )
+            out.append(
+                Score([lp for lp, _ in pairs], all(g for _, g in pairs) if greedy else None, tops)
+            )
         return out
 
     def _log_probs(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -176,7 +189,7 @@ class Scorer:
         if batch:
             yield batch
 
-    def _run(self, batch, wanted, results, greedy: bool) -> None:
+    def _run(self, batch, wanted, results, greedy: bool, alternatives=(0, None)) -> None:
         device = self.model.wte.weight.device
         B, T = len(batch), len(batch[0])
         ids = torch.zeros(B, T, dtype=torch.long)  # right padding never reaches earlier positions
@@ -204,3 +217,8 @@ class Scorer:
             for (i, t), lp, g in zip(triples, logp, hit):
                 b, pos = chunk[i]
                 results[(batch[b], pos, t)] = (lp, g)
+            k, found = alternatives
+            if k:
+                values, ids = logp_all[:, : weight.shape[0]].topk(k, dim=-1)
+                for (b, pos), row_ids, row_values in zip(chunk, ids.tolist(), values.tolist()):
+                    found[(batch[b], pos)] = list(zip(row_ids, row_values))

@@ -1,0 +1,123 @@
+"""Request bodies of the OpenAI-compatible endpoints (`gpt1.serve.completions`).
+
+The completions body has OpenAI's fields and defaults (its legacy `/v1/completions` API, the one
+vLLM, llama.cpp's server and lm-evaluation-harness's `local-completions` speak). Unknown fields
+are refused like everywhere in this API; `user` is accepted and changes nothing; the fields
+gpt1 cannot honour (`REFUSED`) are refused unless they hold their default, so a request never
+gets an answer computed differently from what it asked.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
+
+from gpt1.serve.schemas import Limits
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict()]  # strict still takes a JSON integer (0 for 0.0)
+Bool = Annotated[bool, Strict()]
+Ids = Annotated[list[Int], Field(min_length=1)]
+
+MAX_LOGPROBS = 5  # OpenAI's own limit for the completions API
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default
+
+# Field -> (its default values, why gpt1 refuses any other value).
+REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "presence_penalty": ((None, 0, 0.0), "gpt1 samples without repetition penalties"),
+    "frequency_penalty": ((None, 0, 0.0), "gpt1 samples without repetition penalties"),
+    "best_of": ((None, 1), "gpt1 returns every sample it draws; ask for n samples instead"),
+    "logit_bias": ((None, {}), "gpt1 samples from the model's own distribution"),
+    "suffix": ((None, ""), "GPT-1 only continues text to the right (no insertion)"),
+}
+
+
+# Fields whose null means their default (clients send nulls for "not set").
+NULL_MEANS: dict[str, Any] = {
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "n": 1,
+    "echo": False,
+    "stream": False,
+}
+
+
+class Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(Closed):
+    include_usage: Bool = False
+
+
+def completion_model(limits: Limits) -> type[BaseModel]:
+    """The `/v1/completions` body."""
+    text = Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)]
+    stop_text = Annotated[str, Strict(), Field(min_length=1, max_length=200)]
+
+    class CompletionRequest(Closed):
+        model: Annotated[str, Strict()] | None = None
+        prompt: (
+            text
+            | Annotated[list[text], Field(min_length=1)]
+            | Ids
+            | Annotated[list[Ids], Field(min_length=1)]
+        )
+        max_tokens: Annotated[Int, Field(ge=0, le=limits.max_new_tokens)] | None = (
+            DEFAULT_MAX_TOKENS
+        )
+        temperature: Annotated[Float, Field(ge=0.0)] | None = 1.0
+        top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = 1.0
+        top_k: Annotated[Int, Field(ge=1)] | None = None  # not OpenAI's; vLLM's and gpt1 sample's
+        n: Annotated[Int, Field(ge=1, le=limits.max_choices)] | None = 1
+        stop: stop_text | Annotated[list[stop_text], Field(max_length=16)] | None = None
+        seed: Int | None = None
+        logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+        echo: Bool | None = False
+        stream: Bool | None = False
+        stream_options: StreamOptions | None = None
+        user: Annotated[str, Strict()] | None = None  # accepted; changes nothing here
+        presence_penalty: Float | None = None
+        frequency_penalty: Float | None = None
+        best_of: Int | None = None
+        logit_bias: dict[str, Float] | None = None
+        suffix: Annotated[str, Strict()] | None = None
+
+        @model_validator(mode="after")
+        def honourable(self) -> CompletionRequest:
+            for name, (defaults, why) in REFUSED.items():
+                if getattr(self, name) not in defaults:
+                    raise ValueError(f"{name}: only its default is supported ({why})")
+            for name, default in NULL_MEANS.items():  # an explicit null is the default
+                if getattr(self, name) is None:
+                    setattr(self, name, default)
+            if self.max_tokens == 0 and not self.echo:
+                raise ValueError("max_tokens: 0 returns nothing unless echo is true")
+            if self.stream_options is not None and not self.stream:
+                raise ValueError("stream_options: only with stream true")
+            return self
+
+        def prompts(self) -> list[str | list[int]]:
+            """The prompt as a list of prompts (texts or id lists)."""
+            p = self.prompt
+            if isinstance(p, str) or (p and isinstance(p[0], int)):
+                return [p]
+            return list(p)
+
+    return CompletionRequest
+
+
+def tokenize_model(limits: Limits) -> type[BaseModel]:
+    class TokenizeRequest(Closed):
+        model: Annotated[str, Strict()] | None = None
+        prompt: Annotated[str, Strict(), Field(max_length=limits.max_chars)]
+        add_special_tokens: Bool = False  # GPT-1 adds none either way
+
+    return TokenizeRequest
+
+
+class DetokenizeRequest(Closed):
+    model: Annotated[str, Strict()] | None = None
+    tokens: list[Int]
