@@ -409,6 +409,15 @@ def test_health_metrics_and_openapi(world):
             ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
             assert ref.endswith("/ErrorBody"), (path, status, ref)
     assert set(schema["components"]["schemas"]["ErrorBody"]["properties"]) == {"error"}
+    # The OpenAI-compatible endpoints refuse in OpenAI's shape, and say so.
+    responses = schema["paths"]["/v1/completions"]["post"]["responses"]
+    for status, body in (
+        ("413", "ErrorBody"),
+        ("422", "OpenAIErrorBody"),
+        ("503", "OpenAIErrorBody"),
+    ):
+        ref = responses[status]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith(f"/{body}"), (status, ref)
     assert "HTTPValidationError" not in schema["components"]["schemas"]
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from gpt1.serve.schemas import Limits
+from gpt1.serve.schemas import ERROR_RESPONSES, Limits
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict still takes a JSON integer (0 for 0.0)
@@ -121,3 +121,33 @@ def tokenize_model(limits: Limits) -> type[BaseModel]:
 class DetokenizeRequest(Closed):
     model: Annotated[str, Strict()] | None = None
     tokens: list[Int]
+
+
+class OpenAIError(BaseModel):
+    message: str = Field(description="what was wrong, in one line")
+    type: str = Field(description="invalid_request_error (4xx) or server_error")
+    code: int = Field(description="the HTTP status")
+
+
+class OpenAIErrorBody(BaseModel):
+    """The OpenAI endpoints' refusals, in the shape OpenAI's clients read."""
+
+    error: OpenAIError
+
+
+# As documented in the schema: the endpoints' own refusals in OpenAI's shape; a body too large or
+# too slow is refused before it reaches them, in the rest of the API's shape.
+OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **{s: r for s, r in ERROR_RESPONSES.items() if s in (408, 413)},
+    **{
+        status: {"model": OpenAIErrorBody, "description": what}
+        for status, what in (
+            (
+                404,
+                "another model than the served one, or chat completions (GPT-1 has no chat format)",
+            ),
+            (422, "invalid body: unknown or refused fields, wrong types, values out of range"),
+            (503, "the queue is full (see Retry-After)"),
+        )
+    },
+}

@@ -33,7 +33,12 @@ from fastapi.routing import APIRoute
 
 from gpt1.errors import DataError, Gpt1Error
 from gpt1.serve.batcher import Batcher, Job
-from gpt1.serve.completion_schemas import DetokenizeRequest, completion_model, tokenize_model
+from gpt1.serve.completion_schemas import (
+    OPENAI_ERROR_RESPONSES,
+    DetokenizeRequest,
+    completion_model,
+    tokenize_model,
+)
 from gpt1.serve.completion_text import Continuation, piece, text_offsets
 from gpt1.serve.engine import Engine, GenerationRequest, SequenceLogprobs, SequenceScoring
 from gpt1.serve.metrics import Metrics
@@ -302,7 +307,7 @@ def completions_router(
     tokenizer thread; `describe_invalid`: the app's one-line wording of a validation error)."""
     state = Completions(engine, batcher, metrics, limits, off_loop)
     route = type("Route", (OpenAIRoute,), {"describe_invalid": staticmethod(describe_invalid)})
-    router = APIRouter(route_class=route)
+    router = APIRouter(route_class=route, responses=OPENAI_ERROR_RESPONSES)
     CompletionRequest = completion_model(limits)
     TokenizeRequest = tokenize_model(limits)
 
