@@ -3,7 +3,8 @@
 Only rank 0 writes; other ranks get a logger whose methods do nothing. `metrics.jsonl` holds one
 JSON object per line: training lines carry `step`, `loss`, `lr`, `grad_norm`, ...; validation
 lines carry `step`, `val_loss`, `val_ppl`. On resume, lines past the resumed step are dropped so
-the file reads like one uninterrupted run.
+the file reads like one uninterrupted run. The same records go to the trackers named by
+`train.loggers` (gpt1.train.trackers), which re-attach on resume without repeating a step.
 """
 
 from __future__ import annotations
@@ -84,17 +85,29 @@ def memory_bytes(device: torch.device) -> int:
 
 
 class MetricsLogger:
-    """Console lines and `metrics.jsonl` for one run (a no-op on ranks other than 0)."""
+    """Console lines and `metrics.jsonl` for one run (a no-op on ranks other than 0), and the
+    same records for the run's experiment trackers (`gpt1.train.trackers.Trackers`)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        resume_step: int | None = None,
+        trackers: Any = None,
+    ):
         self.enabled = enabled
         self.file = Path(run_dir) / METRICS
         self.bar: Any = None
+        self.trackers = trackers if enabled else None
         if enabled:
             if resume_step is None:
                 write_text(self.file, "")
+                logged: dict[str, int] = {}
             else:
+                logged = last_steps(self.file)  # before the lines past resume_step go
                 truncate_after(self.file, resume_step)
+            if self.trackers is not None:
+                self.trackers.open(resume_step, logged)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -103,6 +116,9 @@ class MetricsLogger:
         with writing(self.file, len(line)):
             with open(self.file, "a") as fh:
                 fh.write(line)
+        # After the file: a run killed in between may miss a tracker point, never repeat one.
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     def console(self, text: str) -> None:
         if not self.enabled:
@@ -126,6 +142,23 @@ def truncate_after(file: Path, step: int) -> None:
             continue  # a half-written last line from a killed run
     # Temporary file then rename: a kill during this rewrite must not lose the kept lines.
     write_text(file, "".join(k + "\n" for k in kept))
+
+
+def last_steps(file: Path) -> dict[str, int]:
+    """The last step at which `file` (metrics.jsonl) holds each metric."""
+    last: dict[str, int] = {}
+    if not file.is_file():
+        return last
+    for line in file.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a half-written last line from a killed run
+        step = int(record.get("step", 0))
+        for key in record:
+            if key != "step":
+                last[key] = max(last.get(key, -1), step)
+    return last
 
 
 def train_line(rec: dict[str, Any]) -> str:
