@@ -248,5 +248,42 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
     return written
 
 
+def plot_runs(
+    runs: list[str | Path], metric: str, out: str | Path, overwrite: bool = False
+) -> Path:
+    """One figure of `metric` against the step for several runs (one line each, labelled by
+    the run folder as given), written to `out`; a run without that metric is an error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpt1.errors import DataError
+    from gpt1.files import check_output
+
+    series = []
+    for run in runs:
+        points = [(r["step"], r[metric]) for r in read_metrics(run) if metric in r]
+        if not points:
+            names = sorted({k for r in read_metrics(run) for k in r} - {"step"})
+            raise DataError(f"no {metric!r} in {METRICS}; it holds {', '.join(names)}", run)
+        series.append((str(run), sorted(points)))
+    out = Path(out)
+    check_output(out, overwrite)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in series:
+        style = "o-" if len(points) <= 30 else "-"  # sparse validation points stay visible
+        ax.plot([s for s, _ in points], [v for _, v in points], style, label=label, lw=1, ms=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} of {len(series)} run{'s' if len(series) > 1 else ''}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, out)
+    plt.close(fig)
+    return out
+
+
 def perplexity(loss: float) -> float:
     return math.exp(loss) if loss < 700 else float("inf")
