@@ -218,3 +218,28 @@ def test_unknown_logger_names_the_choices():
 def test_command_line_reads_as_typed():
     argv = ["/x/gpt1/__main__.py", "pretrain", "--out", "runs/a b"]
     assert trackers.command_line(argv) == "gpt1 pretrain --out 'runs/a b'"
+
+
+def test_finetune_sends_task_metrics_and_final_results(tmp_path: Path, tiny_corpus: Path):
+    """Fine-tuning: the periodic task metrics (as in metrics.jsonl), the final results.json
+    figures at the last step, and the fine-tuning config as hyper-parameters."""
+    from gpt1.testing import faults
+
+    task = faults.make_task(tmp_path / "task")
+    run = tmp_path / "ft"
+    args = faults.tiny_finetune(task, tiny_corpus, run, 4, "--eval-every", "2")
+    assert main(["--quiet", *args, "--logger", "tensorboard"]) == 0
+    acc = tensorboard_events(run)
+    scalars = {k: [(e.step, e.value) for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
+    want = jsonl_series(run)
+    assert "dev_accuracy" in want and "loss" in want
+    for key in ("loss", "dev_accuracy"):
+        assert dict(scalars[key]) == pytest.approx(want[key], rel=1e-6), key
+    results = json.loads((run / "results.json").read_text())
+    assert scalars["final/accuracy"] == [(4, pytest.approx(results["accuracy"], rel=1e-6))]
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
+    assert hparams["finetune.task"].string_value == "tsv"
+    assert hparams["train.max_steps"].number_value == 4
