@@ -45,7 +45,7 @@ def offline_wandb(tmp_path_factory):
     os.environ.update(saved)
 
 
-def pretrain_args(data: Path, out: Path, *extra: str) -> list[str]:
+def pretrain_args(data: Path, out: Path, *extra: str, loggers: list[str] = LOGGERS) -> list[str]:
     return [
         "--quiet",
         "pretrain",
@@ -63,7 +63,7 @@ def pretrain_args(data: Path, out: Path, *extra: str) -> list[str]:
         "train.peak_flops=1",
         "--set",
         "train.total_steps=8",
-        *LOGGERS,
+        *loggers,
         *extra,
     ]
 
@@ -113,6 +113,7 @@ def tensorboard_events(run: Path):
     return acc
 
 
+@pytest.mark.slow  # tiny runs, but each tracker starts a store or a service
 def test_tensorboard_holds_the_metrics_config_and_command(resumed_run: Path):
     acc = tensorboard_events(resumed_run)
     got = {k: [(e.step, e.value) for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
@@ -147,6 +148,21 @@ def wandb_records(run: Path) -> list:
     return records
 
 
+def wandb_history(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Each metric's (step, value) points over all of the run's offline segments."""
+    got: dict[str, list[tuple[int, float]]] = {}
+    for r in wandb_records(run):
+        if r.WhichOneof("record_type") != "history":
+            continue
+        for item in r.history.item:
+            key = item.key or "/".join(item.nested_key)
+            if not key.startswith("_"):
+                value = json.loads(item.value_json)
+                got.setdefault(key, []).append((r.history.step.num, value))
+    return got
+
+
+@pytest.mark.slow  # tiny runs, but each tracker starts a store or a service
 def test_wandb_offline_files_hold_the_metrics_config_and_command(resumed_run: Path):
     records = wandb_records(resumed_run)
     run_id = json.loads((resumed_run / trackers.RECORD_FILE).read_text())["wandb"]["id"]
@@ -155,19 +171,11 @@ def test_wandb_offline_files_hold_the_metrics_config_and_command(resumed_run: Pa
     assert "pretrain" in runs[0].notes and "--resume" in runs[1].notes
     config = {item.key: json.loads(item.value_json) for item in runs[0].config.update}
     assert config["train"]["lr"] == 0.001 and config["model"]["n_layer"] == 2
-    got: dict[str, list[tuple[int, float]]] = {}
-    for r in records:
-        if r.WhichOneof("record_type") != "history":
-            continue
-        for item in r.history.item:
-            key = item.key or "/".join(item.nested_key)
-            if not key.startswith("_"):
-                value = json.loads(item.value_json)
-                got.setdefault(key, []).append((r.history.step.num, value))
-    check_series(got, resumed_run, rel=1e-12)
+    check_series(wandb_history(resumed_run), resumed_run, rel=1e-12)
 
 
 # ---------------------------------------------------------------------------- MLflow
+@pytest.mark.slow  # tiny runs, but each tracker starts a store or a service
 def test_mlflow_store_holds_the_metrics_params_and_command(resumed_run: Path):
     from mlflow.tracking import MlflowClient
 
@@ -185,6 +193,27 @@ def test_mlflow_store_holds_the_metrics_params_and_command(resumed_run: Path):
     }
     check_series(got, resumed_run, rel=1e-12)
     assert len(client.search_runs([run.info.experiment_id])) == 1  # resumed, not a new run
+
+
+@pytest.mark.slow  # tiny runs, but each tracker starts a store or a service
+def test_a_tracker_first_named_on_resume_gets_the_whole_run(
+    tmp_path: Path, tiny_corpus: Path, offline_wandb
+):
+    """A run started without trackers and resumed with --logger: the new tracker run gets the
+    kept history first, then the replayed and new steps, each step once."""
+    run = tmp_path / "run"
+    assert main(pretrain_args(tiny_corpus, run, "--max-steps", "6", loggers=[])) == 0
+    assert not (run / trackers.RECORD_FILE).exists()
+    resume = ["--max-steps", "8", "--resume", str(run / "step-3")]
+    added = ["--logger", "tensorboard", "--logger", "wandb"]
+    assert main(pretrain_args(tiny_corpus, run, *resume, loggers=added)) == 0
+    acc = tensorboard_events(run)
+    check_series(
+        {k: [(e.step, e.value) for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]},
+        run,
+        rel=1e-6,
+    )
+    check_series(wandb_history(run), run, rel=1e-12)
 
 
 # ------------------------------------------------------------------- refusals and names
@@ -220,6 +249,7 @@ def test_command_line_reads_as_typed():
     assert trackers.command_line(argv) == "gpt1 pretrain --out 'runs/a b'"
 
 
+@pytest.mark.slow  # tiny runs, but each tracker starts a store or a service
 def test_finetune_sends_task_metrics_and_final_results(tmp_path: Path, tiny_corpus: Path):
     """Fine-tuning: the periodic task metrics (as in metrics.jsonl), the final results.json
     figures at the last step, and the fine-tuning config as hyper-parameters."""

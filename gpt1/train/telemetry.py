@@ -99,15 +99,17 @@ class MetricsLogger:
         self.file = Path(run_dir) / METRICS
         self.bar: Any = None
         self.trackers = trackers if enabled else None
-        if enabled:
-            if resume_step is None:
-                write_text(self.file, "")
-                logged: dict[str, int] = {}
-            else:
-                logged = last_steps(self.file)  # before the lines past resume_step go
-                truncate_after(self.file, resume_step)
-            if self.trackers is not None:
-                self.trackers.open(resume_step, logged)
+        if not enabled:
+            return
+        logged: dict[str, int] = {}
+        if resume_step is None:
+            write_text(self.file, "")
+        else:
+            logged = last_steps(self.file)  # before the lines past resume_step go
+            truncate_after(self.file, resume_step)
+        if self.trackers is not None:
+            kept = read_metrics(run_dir) if resume_step is not None and self.file.is_file() else []
+            self.trackers.open(resume_step, logged, kept)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:

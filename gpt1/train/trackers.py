@@ -120,15 +120,26 @@ class Trackers:
         self.mlflow_uri = mlflow_uri
         self.open_ones: list[Any] = []
 
-    def open(self, resume_step: int | None, logged: dict[str, int]) -> None:
-        """Start (or, on resume, re-attach to) every tracker; `logged` maps each metric to
-        the last step metrics.jsonl held before the resume truncated it."""
+    def open(
+        self,
+        resume_step: int | None,
+        logged: dict[str, int] | None = None,
+        history: list[dict[str, Any]] | None = None,
+    ) -> None:
+        """Start (or, on resume, re-attach to) every tracker. On resume, `logged` maps each
+        metric to the last step metrics.jsonl held before it was cut back to `resume_step`,
+        and `history` is what it kept: a tracker first named on a resumed run gets that
+        history first, so it too holds the whole run."""
         record_file = self.run_dir / RECORD_FILE
         records = _read_records(record_file) if resume_step is not None else {}
         for name in self.names:
-            kind = _KINDS[name]
+            kind, record = _KINDS[name], records.get(name)
             try:
-                tracker = kind.start(self, records.get(name), resume_step, logged)
+                # Only a re-attached tracker has points to skip; a new one has none.
+                tracker = kind.start(self, record, resume_step, (logged or {}) if record else {})
+                if record is None:
+                    for past in history or []:
+                        tracker.log(_numbers(past), int(past["step"]))
             except ConfigError:
                 self.close("FAILED")
                 raise
@@ -142,11 +153,7 @@ class Trackers:
             write_json(record_file, records)
 
     def log(self, record: dict[str, Any]) -> None:
-        step = int(record["step"])
-        values = {
-            k: float(v) for k, v in record.items() if k != "step" and isinstance(v, (int, float))
-        }
-        self._each("log", values, step)
+        self._each("log", _numbers(record), int(record["step"]))
 
     def summary(self, values: dict[str, Any], step: int) -> None:
         """Final figures of a run (fine-tuning's results.json), numeric entries only."""
@@ -375,6 +382,11 @@ def _new_mlflow_run(client: Any, owner: Trackers, uri: str) -> str:
 
 def _last_step(client: Any, run_id: str, key: str) -> int:
     return max((m.step for m in client.get_metric_history(run_id, key)), default=-1)
+
+
+def _numbers(record: dict[str, Any]) -> dict[str, float]:
+    """A metrics.jsonl record's figures (everything numeric but the step)."""
+    return {k: float(v) for k, v in record.items() if k != "step" and _is_number(v)}
 
 
 def _is_number(value: Any) -> bool:
