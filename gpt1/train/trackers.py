@@ -282,11 +282,11 @@ class Mlflow:
     def start(cls, owner: Trackers, record: dict | None, resume_step: int | None, logged: dict):
         from mlflow.tracking import MlflowClient
 
-        uri = (record or {}).get("tracking_uri") or _mlflow_uri(owner)
-        client = MlflowClient(tracking_uri=uri)
         # Creating a SQLite store logs each migration at INFO; that is not the run's news.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        uri = (record or {}).get("tracking_uri") or _mlflow_uri(owner)
+        client = MlflowClient(tracking_uri=uri)
         if record:
             run_id = record["run_id"]
             client.update_run(run_id, status="RUNNING")
