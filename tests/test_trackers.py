@@ -273,3 +273,75 @@ def test_finetune_sends_task_metrics_and_final_results(tmp_path: Path, tiny_corp
     hparams = plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams
     assert hparams["finetune.task"].string_value == "tsv"
     assert hparams["train.max_steps"].number_value == 4
+
+
+@pytest.mark.slow  # creates an MLflow SQLite store
+def test_mlflow_store_and_experiment_are_settings(tmp_path: Path, monkeypatch):
+    """train.mlflow_uri (else MLFLOW_TRACKING_URI) chooses the store, train.tracker_project
+    the experiment; the interface alone, no training."""
+    from mlflow.tracking import MlflowClient
+
+    elsewhere = f"sqlite:///{tmp_path / 'team.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ignored.db'}")
+    run = tmp_path / "run"
+    run.mkdir()
+    t = trackers.Trackers(
+        run, "mlflow", config={"train": {"lr": 0.5}}, project="sweeps", mlflow_uri=elsewhere
+    )
+    t.open(None)
+    t.log({"step": 1, "loss": 2.5, "note": "not a number"})
+    t.close()
+    record = json.loads((run / trackers.RECORD_FILE).read_text())["mlflow"]
+    assert record["tracking_uri"] == elsewhere and not (tmp_path / "ignored.db").exists()
+    client = MlflowClient(tracking_uri=elsewhere)
+    found = client.get_run(record["run_id"])
+    assert client.get_experiment(found.info.experiment_id).name == "sweeps"
+    assert [(m.step, m.value) for m in client.get_metric_history(found.info.run_id, "loss")] == [
+        (1, 2.5)
+    ]
+    assert set(found.data.metrics) == {"loss"} and found.data.params == {"train.lr": "0.5"}
+
+
+def test_a_failing_tracker_is_dropped_and_the_others_go_on(tmp_path: Path, caplog):
+    class Fake:
+        def __init__(self, name: str, fail: bool):
+            self.name, self.fail, self.seen = name, fail, []
+
+        def log(self, values, step):
+            if self.fail:
+                raise ConnectionError("server went away\nsecond line")
+            self.seen.append((step, values))
+
+        def close(self, status):
+            self.seen.append(status)
+
+    t = trackers.Trackers(tmp_path, "jsonl")
+    bad, good = Fake("mlflow", True), Fake("tensorboard", False)
+    t.open_ones = [bad, good]
+    t.log({"step": 1, "loss": 1.0})
+    t.log({"step": 2, "loss": 0.5})
+    t.close("FINISHED")
+    assert good.seen == [(1, {"loss": 1.0}), (2, {"loss": 0.5}), "FINISHED"]
+    assert bad.seen == [] and t.open_ones == []
+    warnings = [
+        r.getMessage() for r in caplog.records if "--logger mlflow failed" in r.getMessage()
+    ]
+    assert warnings == [
+        "--logger mlflow failed (server went away); it is dropped, metrics.jsonl continues"
+    ]
+
+
+def test_wandb_goes_online_only_with_an_account(tmp_path: Path, monkeypatch):
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    assert trackers._wandb_mode() == "offline"
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai login user password KEY\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert trackers._wandb_mode() == "online"
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert trackers._wandb_mode() == "offline"
+    monkeypatch.delenv("WANDB_MODE")
+    (tmp_path / ".netrc").unlink()
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
+    assert trackers._wandb_mode() == "online"
