@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.config import LOGGERS as TRACKERS
+from gpt1.config import file_inside
 from gpt1.errors import ConfigError
 from gpt1.files import write_json
 
@@ -137,6 +138,7 @@ class Trackers:
             try:
                 # Only a re-attached tracker has points to skip; a new one has none.
                 tracker = kind.start(self, record, resume_step, (logged or {}) if record else {})
+                self.open_ones.append(tracker)
                 if record is None:
                     for past in history or []:
                         tracker.log(_numbers(past), int(past["step"]))
@@ -148,7 +150,6 @@ class Trackers:
                 raise ConfigError(
                     f"--logger {name}: could not start ({_first_line(exc)})"
                 ) from None
-            self.open_ones.append(tracker)
             records[name] = tracker.record
             write_json(record_file, records)
 
@@ -198,8 +199,9 @@ class TensorBoard:
         from torch.utils.tensorboard.summary import hparams
 
         logdir = (record or {}).get("logdir", "tensorboard")
+        folder = file_inside(owner.run_dir, logdir)  # trackers.json names a folder of the run
         purge = None if resume_step is None else resume_step + 1
-        writer = SummaryWriter(str(owner.run_dir / logdir), purge_step=purge, flush_secs=30)
+        writer = SummaryWriter(str(folder), purge_step=purge, flush_secs=30)
         if record is None:  # a new TensorBoard run: hyper-parameters once
             flat = flatten(owner.config)
             for summary in hparams(flat, {}):
