@@ -6,10 +6,9 @@ rank 0, once the resumed step is known), `log(record)`, `summary(values, step)`,
 Each tracker records how to find its run again in `RUN/trackers.json`; a resumed run re-attaches
 to the same tracker run and sends no step twice:
 
-- tensorboard: events in RUN/tensorboard; on resume from step S the writer purges events past S
-  (TensorBoard's own `purge_step`), then the replayed steps are written again;
-- wandb: offline files in RUN/wandb (online when an account is configured); on resume, metric
-  points at or below the last step `metrics.jsonl` had before the resume are skipped;
+- tensorboard: events in RUN/tensorboard, flushed at every record; on resume, metric points at or
+  below the last step `metrics.jsonl` had before the resume are skipped;
+- wandb: offline files in RUN/wandb (online when an account is configured); skipped the same way;
 - mlflow: a SQLite store in RUN/mlflow.db by default (or `train.mlflow_uri`); on resume, points
   at or below the last step the store holds for that metric are skipped.
 
@@ -190,8 +189,8 @@ class TensorBoard:
 
     name = "tensorboard"
 
-    def __init__(self, writer: Any, logdir: str):
-        self.writer, self.record = writer, {"logdir": logdir}
+    def __init__(self, writer: Any, logdir: str, logged: dict[str, int]):
+        self.writer, self.record, self.logged = writer, {"logdir": logdir}, logged
 
     @classmethod
     def start(cls, owner: Trackers, record: dict | None, resume_step: int | None, logged: dict):
@@ -200,8 +199,9 @@ class TensorBoard:
 
         logdir = (record or {}).get("logdir", "tensorboard")
         folder = file_inside(owner.run_dir, logdir)  # trackers.json names a folder of the run
-        purge = None if resume_step is None else resume_step + 1
-        writer = SummaryWriter(str(folder), purge_step=purge, flush_secs=30)
+        # No purge_step: the points already written stay, and the replay skips them, so that
+        # the event files themselves never hold a step twice (whatever program reads them).
+        writer = SummaryWriter(str(folder), flush_secs=30)
         if record is None:  # a new TensorBoard run: hyper-parameters once
             flat = flatten(owner.config)
             for summary in hparams(flat, {}):
@@ -210,12 +210,13 @@ class TensorBoard:
             writer.add_text("config", f"```\n{text}\n```", 0)
         writer.add_text("command", owner.command, resume_step or 0)
         writer.flush()
-        return cls(writer, logdir)
+        return cls(writer, logdir, dict(logged))
 
     def log(self, values: dict[str, float], step: int) -> None:
         for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.flush()  # a killed run loses no event written before its last checkpoint
+            if step > self.logged.get(key, -1):
+                self.writer.add_scalar(key, value, step)
+        self.writer.flush()  # what metrics.jsonl holds, the event file holds: resume relies on it
 
     def summary(self, values: dict[str, float], step: int) -> None:
         self.log({f"final/{k}": v for k, v in values.items()}, step)
