@@ -345,3 +345,60 @@ def test_wandb_goes_online_only_with_an_account(tmp_path: Path, monkeypatch):
     (tmp_path / ".netrc").unlink()
     monkeypatch.setenv("WANDB_API_KEY", "x" * 40)
     assert trackers._wandb_mode() == "online"
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_auto_keeps_one_tracker_run_without_repeats(
+    tmp_path: Path, tiny_corpus: Path
+):
+    """A real kill: the run dies at an arbitrary point past its step-6 checkpoint, `--resume
+    auto` replays from the checkpoint; TensorBoard and MLflow hold each step at most once, all
+    but at most the one a kill can catch between metrics.jsonl and the tracker."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import subprocess_env
+
+    run = tmp_path / "run"
+    argv = [
+        *(sys.executable, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny"),
+        *("--data", str(tiny_corpus), "--out", str(run), "--max-steps", "20"),
+        *("--save-every", "6", "--eval-every", "10", "--set", "train.peak_flops=1"),
+        *("--logger", "tensorboard", "--logger", "mlflow"),
+    ]
+    proc = subprocess.Popen(argv, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
+    end = time.time() + 300
+    while not (run / "step-6").is_dir() and proc.poll() is None and time.time() < end:
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run / "final").exists()
+    logged_before_kill = max(json.loads(l)["step"] for l in (run / "metrics.jsonl").open())
+    again = subprocess.run([*argv, "--resume", "auto"], env=subprocess_env(), capture_output=True)
+    assert again.returncode == 0, again.stderr[-2000:]
+    want = jsonl_series(run)
+    acc = tensorboard_events(run)
+    mlflow = json.loads((run / trackers.RECORD_FILE).read_text())["mlflow"]
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=mlflow["tracking_uri"])
+    held = {
+        "tensorboard": {
+            k: [(e.step, e.value) for e in acc.Scalars(k)] for k in ("loss", "val_loss")
+        },
+        "mlflow": {
+            k: sorted((m.step, m.value) for m in client.get_metric_history(mlflow["run_id"], k))
+            for k in ("loss", "val_loss")
+        },
+    }
+    for name, series in held.items():
+        for key, points in series.items():
+            steps = [s for s, _ in points]
+            assert steps == sorted(set(steps)), f"{name} {key}: a step twice: {steps}"
+            assert len(set(want[key]) - set(steps)) <= 1, f"{name} {key}: {steps}"
+            assert dict(points) == pytest.approx({s: want[key][s] for s in steps}, rel=1e-6)
+    assert len(client.search_runs([client.get_run(mlflow["run_id"]).info.experiment_id])) == 1
+    assert logged_before_kill >= 6 and max(want["loss"]) == 20
