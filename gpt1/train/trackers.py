@@ -379,7 +379,7 @@ def _new_mlflow_run(client: Any, owner: Trackers, uri: str) -> str:
     params = [Param(k, str(v)[:6000]) for k, v in flatten(owner.config).items()]
     for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(run_id, params=params[start : start + 100])
-    client.log_dict(run_id, owner.config, "config.json")
+    # No artifacts: with a store of the user's, MLflow would put them beside the current folder.
     return run_id
 
 
