@@ -285,6 +285,8 @@ def test_mlflow_store_and_experiment_are_settings(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'ignored.db'}")
     run = tmp_path / "run"
     run.mkdir()
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # nothing may land beside the current folder
     t = trackers.Trackers(
         run, "mlflow", config={"train": {"lr": 0.5}}, project="sweeps", mlflow_uri=elsewhere
     )
@@ -300,6 +302,7 @@ def test_mlflow_store_and_experiment_are_settings(tmp_path: Path, monkeypatch):
         (1, 2.5)
     ]
     assert set(found.data.metrics) == {"loss"} and found.data.params == {"train.lr": "0.5"}
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_a_failing_tracker_is_dropped_and_the_others_go_on(tmp_path: Path, caplog):
