@@ -355,8 +355,9 @@ def test_sigkill_then_resume_auto_keeps_one_tracker_run_without_repeats(
     tmp_path: Path, tiny_corpus: Path
 ):
     """A real kill: the run dies at an arbitrary point past its step-6 checkpoint, `--resume
-    auto` replays from the checkpoint; TensorBoard and MLflow hold each step at most once, all
-    but at most the one a kill can catch between metrics.jsonl and the tracker."""
+    auto` replays from the checkpoint; the TensorBoard events (flushed at every record) hold
+    each step at most once, all but at most the one a kill can catch between metrics.jsonl and
+    the tracker. (MLflow's and W&B's skipping is the deterministic test's above.)"""
     import signal
     import subprocess
     import sys
@@ -369,7 +370,7 @@ def test_sigkill_then_resume_auto_keeps_one_tracker_run_without_repeats(
         *(sys.executable, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny"),
         *("--data", str(tiny_corpus), "--out", str(run), "--max-steps", "20"),
         *("--save-every", "6", "--eval-every", "10", "--set", "train.peak_flops=1"),
-        *("--logger", "tensorboard", "--logger", "mlflow"),
+        *("--logger", "tensorboard"),
     ]
     proc = subprocess.Popen(argv, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
     end = time.time() + 300
@@ -384,24 +385,11 @@ def test_sigkill_then_resume_auto_keeps_one_tracker_run_without_repeats(
     assert again.returncode == 0, again.stderr[-2000:]
     want = jsonl_series(run)
     acc = tensorboard_events(run)
-    mlflow = json.loads((run / trackers.RECORD_FILE).read_text())["mlflow"]
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=mlflow["tracking_uri"])
-    held = {
-        "tensorboard": {
-            k: [(e.step, e.value) for e in acc.Scalars(k)] for k in ("loss", "val_loss")
-        },
-        "mlflow": {
-            k: sorted((m.step, m.value) for m in client.get_metric_history(mlflow["run_id"], k))
-            for k in ("loss", "val_loss")
-        },
-    }
-    for name, series in held.items():
-        for key, points in series.items():
-            steps = [s for s, _ in points]
-            assert steps == sorted(set(steps)), f"{name} {key}: a step twice: {steps}"
-            assert len(set(want[key]) - set(steps)) <= 1, f"{name} {key}: {steps}"
-            assert dict(points) == pytest.approx({s: want[key][s] for s in steps}, rel=1e-6)
-    assert len(client.search_runs([client.get_run(mlflow["run_id"]).info.experiment_id])) == 1
+    for key in ("loss", "val_loss"):
+        points = [(e.step, e.value) for e in acc.Scalars(key)]
+        steps = [s for s, _ in points]
+        assert steps == sorted(set(steps)), f"{key}: a step twice: {steps}"
+        assert len(set(want[key]) - set(steps)) <= 1, f"{key}: {steps}"
+        assert dict(points) == pytest.approx({s: want[key][s] for s in steps}, rel=1e-6)
     assert logged_before_kill >= 6 and max(want["loss"]) == 20
+    assert len(list((run / "tensorboard").glob("events.out.tfevents.*"))) == 2  # one per start
