@@ -261,6 +261,8 @@ def _guess(raw: str) -> Any:
 
 # ---------------------------------------------------------------------------------- training
 SCHEDULES = ("warmup_cosine", "warmup_linear", "warmup_constant", "constant")
+# Where training metrics go (gpt1.train.trackers): jsonl is metrics.jsonl, always written.
+LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 
 
 @dataclass(frozen=True)
@@ -276,7 +278,7 @@ class TrainConfig:
       eps, grad_clip, optimizer, seed;
     - runtime: precision, compile, gradient_checkpointing, distributed, device, loss_chunk_tokens;
     - checkpoints and telemetry: save_every, keep_last, eval_every, log_every, resume, peak_flops,
-      quiet.
+      quiet, loggers, tracker_project, mlflow_uri.
 
     `max_steps` means the same in every command: the run's length in optimizer updates, or 0 to
     derive it from `epochs` (pretraining: epochs over the training tokens; fine-tuning: OAI's
@@ -314,6 +316,10 @@ class TrainConfig:
     peak_flops: float = 0.0  # for MFU; 0 = known GPU table or a short matmul probe on CPU
     loss_chunk_tokens: int = 4096  # LM loss computed this many positions at a time
     quiet: bool = False
+    # Experiment trackers besides metrics.jsonl (always written): comma-separated LOGGERS.
+    loggers: str = "jsonl"
+    tracker_project: str = "gpt1"  # W&B project and MLflow experiment name
+    mlflow_uri: str = ""  # "" = MLFLOW_TRACKING_URI, else a SQLite store RUN/mlflow.db
 
     def __post_init__(self) -> None:
         check_types(self, "train")
@@ -343,6 +349,12 @@ class TrainConfig:
             )
         if self.lr < 0 or self.warmup < 0 or self.epochs < 0:
             raise ConfigError("train.lr, train.warmup and train.epochs must be >= 0")
+        unknown = [n for n in self.loggers.split(",") if n.strip().lower() not in ("", *LOGGERS)]
+        if unknown:
+            raise ConfigError(
+                f"train.loggers: unknown logger {unknown[0].strip()!r}; choose from "
+                f"{', '.join(LOGGERS)}"
+            )
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def _captured_call(monkeypatch, run_call):
     """The (config, train config, out, spec, max-steps cap) that `finetune` receives."""
     seen = {}
 
-    def fake(cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False):
+    def fake(cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False, command=None):
         seen.update(
             cfg=cfg,
             train_cfg=train_cfg,
@@ -26,6 +26,7 @@ def _captured_call(monkeypatch, run_call):
             spec=spec,
             cap=max_steps_cap,
             overwrite=overwrite,
+            command=command,  # what the tracker runs record
         )
         raise _Stop
 
@@ -63,6 +64,7 @@ def _captured_call(monkeypatch, run_call):
                 precision="fp32",
                 sets=["train.warmup=0.01", "finetune.clf_pdrop=0.2"],
                 quiet=True,
+                loggers=["tensorboard", "mlflow"],
             ),
         ),
     ],
@@ -74,6 +76,9 @@ def test_recorded_command_resolves_to_the_same_call(monkeypatch, run):
     via_cli = _captured_call(monkeypatch, lambda: main(argv[1:]))
     assert direct == via_cli
     assert direct["cfg"].task == run.task and direct["train_cfg"].seed == run.seed
+    assert direct["command"].startswith("gpt1 finetune --task")
+    if run.options.loggers:  # one tracker run per sub-run, as its own command line asks
+        assert direct["train_cfg"].loggers == "jsonl,tensorboard,mlflow"
 
 
 def test_options_flags_keep_their_order():

@@ -271,6 +271,9 @@ OLD_PRETRAIN_RUN = {  # a run.json as `gpt1 pretrain` wrote it: one flat [train]
         "peak_flops": 0.0,
         "loss_chunk_tokens": 4096,
         "quiet": False,
+        "loggers": "jsonl,tensorboard",
+        "tracker_project": "gpt1",
+        "mlflow_uri": "",
     },
     "data": {"path": "runs/d", "n_ctx": 32, "val_windows": 8},
 }
@@ -288,10 +291,12 @@ def test_old_run_json_files_load(tmp_path):
         "train": {
             k: v
             for k, v in OLD_PRETRAIN_RUN["train"].items()
-            if k not in ("loss_chunk_tokens", "peak_flops")
+            if k
+            not in ("loss_chunk_tokens", "peak_flops", "loggers", "tracker_project", "mlflow_uri")
         },
     }
     assert RunConfig.from_dict(old).train.loss_chunk_tokens == 4096
+    assert RunConfig.from_dict(old).train.loggers == "jsonl"
     # A fine-tuning run.json: [finetune] and [train] tables.
     ft = {
         "finetune": dataclasses.asdict(FinetuneConfig(task="sst2", data="d", init="none")),

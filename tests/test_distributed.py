@@ -6,7 +6,9 @@ only rank 0 writes; FSDP2 checkpoints resume exactly and fine-tune like DDP."""
 from __future__ import annotations
 
 import json
+import shlex
 import socket
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,9 @@ NO_DROPOUT = [
     "model.resid_pdrop=0",
 ]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+ROOT = Path(__file__).resolve().parents[1]
+SLURM_SCRIPT = ROOT / "scripts" / "cluster" / "pretrain.sbatch"
+K8S_JOB = ROOT / "scripts" / "cluster" / "pretrain-k8s.yaml"
 
 
 def cmd(launcher: list[str], data, out, *extra: str) -> list[str]:
@@ -70,8 +75,9 @@ def records(run_dir: Path, key: str) -> list[tuple[int, float]]:
     return [(r["step"], r[key]) for r in lines if key in r]
 
 
-def assert_same_run(one: Path, two: Path) -> None:
-    """`two` (2 processes) followed `one` (1 process): losses, weights, files, per-rank state."""
+def assert_same_run(one: Path, two: Path, trackers: tuple[str, ...] = ()) -> None:
+    """`two` (2 processes) followed `one` (1 process): losses, weights, files, per-rank state.
+    `trackers`: files that only `two` has (its --logger outputs)."""
     l1, l2 = records(one, "loss"), records(two, "loss")
     assert [s for s, _ in l1] == [s for s, _ in l2] == list(range(1, 7))  # one line per step
     np.testing.assert_allclose([v for _, v in l2], [v for _, v in l1], rtol=2e-5)
@@ -84,7 +90,11 @@ def assert_same_run(one: Path, two: Path) -> None:
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
     # only rank 0 wrote: same files, no leftovers; both ranks' cursors and RNG are in the state
-    names = lambda run: sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    names = lambda run: sorted(
+        str(p.relative_to(run))
+        for p in run.rglob("*")
+        if p.relative_to(run).parts[0] not in trackers
+    )
     assert names(two) == names(one)
     state = json.loads((two / "step-6" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and len(state["sources"]) == 2
@@ -138,31 +148,82 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def slurm_torchrun() -> tuple[list[str], list[str]]:
+    """The SLURM script's torchrun line as (launcher flags, gpt1 arguments), variables unexpanded."""
+    logical = SLURM_SCRIPT.read_text().replace("\\\n", " ").splitlines()
+    line = next(l for l in logical if "torchrun" in l and not l.lstrip().startswith("#"))
+    argv = shlex.split(line)
+    argv = argv[argv.index("torchrun") + 1 :]
+    split = argv.index("-m")
+    assert argv[split + 1] == "gpt1", argv
+    return argv[:split], argv[split + 2 :]
+
+
+def k8s_torchrun() -> tuple[list[str], list[str]]:
+    """The Kubernetes Job's container command, split the same way."""
+    import yaml
+
+    job = next(d for d in yaml.safe_load_all(K8S_JOB.read_text()) if d["kind"] == "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["torchrun"]
+    argv = container["args"]
+    split = argv.index("-m")
+    assert argv[split + 1] == "gpt1", argv
+    return argv[:split], argv[split + 2 :]
+
+
+def flag_values(argv: list[str]) -> dict[str, str]:
+    return dict(zip(argv[::2], argv[1::2]))
+
+
+def test_slurm_and_kubernetes_run_the_same_command():
+    """Both cluster examples launch the same `gpt1 pretrain` with the same rendezvous settings;
+    only the values a scheduler supplies (node count, GPUs, head node, job id, paths) differ."""
+    (slurm_flags, slurm_gpt1), (k8s_flags, k8s_gpt1) = slurm_torchrun(), k8s_torchrun()
+    slurm, k8s = flag_values(slurm_flags), flag_values(k8s_flags)
+    assert list(slurm) == list(k8s)
+    assert slurm["--rdzv-backend"] == k8s["--rdzv-backend"] == "c10d"
+    assert slurm["--max-restarts"] == k8s["--max-restarts"] == "0"
+    assert slurm["--rdzv-endpoint"].endswith(":29500") and k8s["--rdzv-endpoint"].endswith(":29500")
+    paths = {"--data", "--out"}
+    mask = lambda argv: ["PATH" if i and argv[i - 1] in paths else a for i, a in enumerate(argv)]
+    assert mask(slurm_gpt1) == mask(k8s_gpt1)
+    assert slurm_gpt1[:3] == ["pretrain", "--preset", "gpt1"] and "--resume" in slurm_gpt1
+
+
+def test_the_clusters_page_shows_the_scripts_as_they_are():
+    page = (ROOT / "docs" / "clusters.md").read_text()
+    for file in (SLURM_SCRIPT, K8S_JOB):
+        assert f"\n{file.read_text()}```" in page, f"docs/clusters.md differs from {file}"
+
+
 @pytest.mark.slow
 def test_two_nodes_match_one(tiny_corpus, one_process, tmp_path):
     # Two torchrun agents, one process each, find each other through a c10d rendezvous as two
-    # machines would (README: "two machines"); here both are this machine, on 127.0.0.1 only.
+    # machines would; here both are this machine, on 127.0.0.1 only. The launcher flags and the
+    # gpt1 command are the SLURM script's (scripts/cluster/pretrain.sbatch, shown in
+    # docs/clusters.md) with SLURM's values filled in, then the tiny run's settings appended.
     two = tmp_path / "nodes"
-    agent = [
-        *TORCHRUN,
-        "--nnodes",
-        "2",
-        "--nproc_per_node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{free_port()}",
-        "--rdzv-id",
-        "gpt1-test",
-        "--local-addr",
-        "127.0.0.1",
-        "--max-restarts",
-        "0",
-    ]
+    flags, gpt1_args = slurm_torchrun()
+    values = {
+        "SLURM_NNODES": "2",
+        "GPUS_PER_NODE": "1",
+        "HEAD_NODE": "127.0.0.1",
+        "SLURM_JOB_ID": "gpt1-test",
+        "DATA": str(tiny_corpus),
+        "RUN": str(two),
+    }
+    fill = lambda argv: [string.Template(a).substitute(values) for a in argv]
+    flags = fill(flags)
+    endpoint = flags.index("--rdzv-endpoint") + 1
+    flags[endpoint] = f"127.0.0.1:{free_port()}"  # the script's fixed port may be taken here
+    agent = [*TORCHRUN, *flags, "--local-addr", "127.0.0.1"]
+    tiny = cmd([], tiny_corpus, two)[2:]  # `--quiet pretrain --preset tiny ...`
+    argv = [*agent, "-m", "gpt1", *fill(gpt1_args), *tiny[2:]]
+    assert "--quiet" not in gpt1_args
     procs = [
         subprocess.Popen(
-            cmd(agent, tiny_corpus, two),
+            [*argv, "--quiet"],
             env=subprocess_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -173,7 +234,15 @@ def test_two_nodes_match_one(tiny_corpus, one_process, tmp_path):
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
-    assert_same_run(one_process, two)
+    assert_same_run(one_process, two, trackers=("tensorboard", "trackers.json"))
+    # The script's --logger tensorboard: only rank 0 logged, one event file, every step once.
+    events = list((two / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(events) == 1, events
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(two / "tensorboard"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == list(range(1, 7))
 
 
 @pytest.mark.slow

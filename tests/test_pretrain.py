@@ -206,6 +206,47 @@ def test_plot_command_writes_pngs(tmp_path, capsys):
     assert "metrics.jsonl:1" in capsys.readouterr().err
 
 
+def test_plot_compares_several_runs_on_one_figure(tmp_path, monkeypatch, capsys):
+    from gpt1.train import telemetry
+
+    runs = []
+    for name, offset in (("a", 0.0), ("b", 0.5)):
+        run = tmp_path / name
+        run.mkdir()
+        lines = [{"step": s, "loss": 6.0 - 0.1 * s, "lr": 1e-3} for s in range(1, 7)]
+        lines += [{"step": s, "val_loss": 5.0 + offset - 0.2 * s} for s in (0, 3, 6)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        runs.append(run)
+    drawn = {}
+    real_save = telemetry.save_figure
+
+    def keep(fig, path):
+        drawn["lines"] = [
+            (l.get_label(), list(l.get_xdata()), list(l.get_ydata())) for l in fig.axes[0].lines
+        ]
+        return real_save(fig, path)
+
+    monkeypatch.setattr(telemetry, "save_figure", keep)
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", str(runs[0]), str(runs[1]), "--metric", "val_loss"]) == 0
+    out = tmp_path / "compare-val_loss.png"
+    assert out.read_bytes()[:4] == b"\x89PNG" and str(out.name) in capsys.readouterr().out
+    assert drawn["lines"] == [
+        (str(runs[0]), [0, 3, 6], pytest.approx([5.0, 4.4, 3.8])),
+        (str(runs[1]), [0, 3, 6], pytest.approx([5.5, 4.9, 4.3])),
+    ]
+    # An existing figure is replaced only with --overwrite; a missing metric names the run.
+    assert main(["plot", str(runs[0]), str(runs[1]), "--metric", "val_loss"]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["plot", *map(str, runs), "--metric", "val_loss", "--overwrite"]) == 0
+    assert main(["plot", *map(str, runs), "--metric", "dev_accuracy"]) == 2
+    err = capsys.readouterr().err
+    assert str(runs[0]) in err and "no 'dev_accuracy'" in err and "val_loss" in err
+    # One run keeps today's two plots.
+    assert main(["plot", str(runs[0])]) == 0
+    assert (runs[0] / "loss.png").is_file() and (runs[0] / "lr.png").is_file()
+
+
 def test_set_overrides_are_checked_together_in_any_order():
     from gpt1.errors import ConfigError
     from gpt1.recipes.pretrain import resolve_config

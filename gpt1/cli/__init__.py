@@ -65,6 +65,25 @@ def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def add_logger(p: argparse.ArgumentParser) -> None:
+    """The one repeatable `--logger` flag of the training commands (train.loggers)."""
+    from gpt1.config import LOGGERS
+
+    p.add_argument(
+        "--logger",
+        action="append",
+        choices=LOGGERS,
+        metavar="NAME",
+        help=f"also send metrics to a tracker, repeatable: {', '.join(LOGGERS[1:])} (jsonl, "
+        "metrics.jsonl, is always written; extra `track`); see docs/commands/pretrain.md",
+    )
+
+
+def loggers_flag(args: argparse.Namespace) -> str | None:
+    """`--logger` values as the train.loggers setting (None when the flag was not given)."""
+    return ",".join(["jsonl", *args.logger]) if getattr(args, "logger", None) else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpt1",
@@ -106,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "_pass_through", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
+    # The command as typed, recorded with a run's experiment-tracker runs.
+    args.argv = ["gpt1", *(sys.argv[1:] if argv is None else argv)]
     args.debug = getattr(args, "debug", False)
     args.quiet = getattr(args, "quiet", False)
     configure_logging(args.debug, args.quiet)

@@ -146,6 +146,8 @@ def _splits_and_subset(s: argparse.ArgumentParser) -> None:
 
 def _finetune_options(s: argparse.ArgumentParser) -> None:
     """Passed to every `gpt1 finetune` sub-run (default: fine-tuning's own defaults)."""
+    from gpt1.cli import add_logger
+
     g = s.add_argument_group("fine-tuning options for every sub-run")
     g.add_argument(
         "--max-steps", type=int, help="optimizer updates per sub-run (finetune --max-steps)"
@@ -168,6 +170,7 @@ def _finetune_options(s: argparse.ArgumentParser) -> None:
         metavar="SECTION.KEY=VALUE",
         help="passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2",
     )
+    add_logger(g)  # one tracker run per sub-run
     s.set_defaults(_parser=s)
 
 
@@ -239,6 +242,7 @@ def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
         args.precision,
         list(args.set),
         args.quiet,
+        list(args.logger or []),
     )
     seeds = parse_ints(args.seeds, "--seeds")
     if args.analysis == "layers":

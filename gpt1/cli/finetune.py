@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 
 HELP = "fine-tune on a task (classification, entailment, similarity, multiple choice)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_overwrite
+    from gpt1.cli import add_logger, add_overwrite
     from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
 
     p.add_argument(
@@ -66,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
     )
     add_overwrite(p, "a non-empty --out: delete its contents and start over")
+    add_logger(p)
     p.add_argument(
         "--seed",
         type=int,
@@ -140,6 +142,7 @@ def generic_spec(args: argparse.Namespace) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.cli import loggers_flag
     from gpt1.recipes.finetune import finetune, resolve
 
     flags = {
@@ -171,11 +174,17 @@ def run(args: argparse.Namespace) -> int:
             "precision": args.precision,
             "device": args.device,
             "quiet": True if args.quiet else None,
+            "loggers": loggers_flag(args),
         },
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)
     result, results = finetune(
-        cfg, train_cfg, args.out, generic_spec(args), overwrite=args.overwrite
+        cfg,
+        train_cfg,
+        args.out,
+        generic_spec(args),
+        overwrite=args.overwrite,
+        command=shlex.join(args.argv),
     )
     if result.interrupted:
         return 128 + int(result.interrupted)

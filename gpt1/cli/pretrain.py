@@ -13,12 +13,13 @@ write a checkpoint and exit; --resume auto continues bit-exactly from the newest
 from __future__ import annotations
 
 import argparse
+import shlex
 
 HELP = "pretrain a GPT-1 language model on prepared token shards"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_overwrite
+    from gpt1.cli import add_logger, add_overwrite
     from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
 
     p.add_argument(
@@ -39,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
     )
     add_overwrite(p, "a non-empty --out: delete its contents and start over")
+    add_logger(p)
     p.add_argument("--micro-batch", type=int, help="sequences per forward pass per device")
     p.add_argument("--batch-size", type=int, help="global batch (sequences per update)")
     p.add_argument("--lr", type=float, help="peak learning rate")
@@ -65,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.cli import loggers_flag
     from gpt1.recipes.pretrain import pretrain, resolve_config
 
     flags = {
@@ -83,10 +86,13 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "device": args.device,
             "quiet": True if args.quiet else None,
+            "loggers": loggers_flag(args),
         },
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)
-    result = pretrain(cfg, args.out, arch=args.arch, overwrite=args.overwrite)
+    result = pretrain(
+        cfg, args.out, arch=args.arch, overwrite=args.overwrite, command=shlex.join(args.argv)
+    )
     if result.interrupted:
         return 128 + int(result.interrupted)
     return 0

@@ -11,6 +11,7 @@ command gives the same run.
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ class FinetuneOptions:
     precision: str | None = None
     sets: list[str] = field(default_factory=list)
     quiet: bool = False
+    loggers: list[str] = field(default_factory=list)  # trackers: one tracker run per sub-run
 
     def argv(self) -> list[str]:
         out: list[str] = []
@@ -48,11 +50,13 @@ class FinetuneOptions:
                 out += ["--" + name.replace("_", "-"), str(value)]
         for assignment in self.sets:
             out += ["--set", assignment]
+        for name in self.loggers:
+            out += ["--logger", name]
         return out + (["--quiet"] if self.quiet else [])
 
     def settings(self) -> dict[str, Any]:
-        """What defines the sweep's results (quietness does not)."""
-        return {k: v for k, v in vars(self).items() if k != "quiet"}
+        """What defines the sweep's results (quietness and trackers do not)."""
+        return {k: v for k, v in vars(self).items() if k not in ("quiet", "loggers")}
 
 
 @dataclass
@@ -118,6 +122,7 @@ class FinetuneRun:
                 "seed": self.seed,
                 "precision": o.precision,
                 "quiet": True if o.quiet else None,
+                "loggers": ",".join(["jsonl", *o.loggers]) if o.loggers else None,
             },
         }
 
@@ -135,7 +140,7 @@ class FinetuneRun:
 
         cfg, train_cfg = resolve(None, self.flags(), self.options.sets)
         # --max-steps has one meaning everywhere: train.max_steps, the run's length in updates.
-        result, _ = finetune(cfg, train_cfg, self.out, self.spec())
+        result, _ = finetune(cfg, train_cfg, self.out, self.spec(), command=shlex.join(self.argv()))
         if result.interrupted:
             raise Gpt1Error(
                 f"`{' '.join(self.argv())}` was interrupted (signal {int(result.interrupted)})"

@@ -36,6 +36,7 @@ from gpt1.tasks.registry import GENERIC, Task, complete_generic_spec, get_task
 from gpt1.train import distributed as dist
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import finetune_loss
+from gpt1.train.trackers import Trackers
 
 log = logging.getLogger("gpt1.recipes.finetune")
 RESULTS_FILE = "results.json"
@@ -217,26 +218,45 @@ def finetune(
     spec: dict | None = None,
     max_steps_cap: int = 0,
     overwrite: bool = False,
+    command: str | None = None,
 ) -> tuple[TrainResult, dict]:
     """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json).
 
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
-    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts."""
+    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts.
+    `command` is the command line the tracker runs record (default: this process's)."""
     out = Path(out)
+    # Checks the trackers' packages: a missing one refuses before the folder is touched.
+    trackers = Trackers(
+        out,
+        train_cfg.loggers,
+        command=command,
+        project=train_cfg.tracker_project,
+        mlflow_uri=train_cfg.mlflow_uri,
+    )
     lock = (
         files.claim_run_dir(out, files.resumes_in(out, train_cfg.resume), overwrite)
         if dist.env_info().is_main
         else None
     )
+    outcome = "FAILED"
     try:
-        return _finetune(cfg, train_cfg, out, spec, max_steps_cap)
+        result, results = _finetune(cfg, train_cfg, out, spec, max_steps_cap, trackers)
+        outcome = "KILLED" if result.interrupted else "FINISHED"
+        return result, results
     finally:
+        trackers.close(outcome)
         if lock is not None:
             lock.release()
 
 
 def _finetune(
-    cfg: FinetuneConfig, train_cfg: TrainConfig, out: Path, spec: dict | None, max_steps_cap: int
+    cfg: FinetuneConfig,
+    train_cfg: TrainConfig,
+    out: Path,
+    spec: dict | None,
+    max_steps_cap: int,
+    trackers: Trackers,
 ) -> tuple[TrainResult, dict]:
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
@@ -288,6 +308,7 @@ def _finetune(
         info.world_size,
         train_cfg.micro_batch_size if cfg.group_by_length else 0,
     )
+    trackers.config = resolved
     try:
         result = train(
             model,
@@ -300,6 +321,7 @@ def _finetune(
             read_model=read_into,
             resolved_config=resolved,
             flops_per_token=model_flops(model.gpt, n_ctx),
+            trackers=trackers,
         )
     finally:
         dist.destroy()
@@ -325,6 +347,7 @@ def _finetune(
         results["train_skipped"] = len(train_split.skipped)
         results["steps"] = result.step
         write_results(out, results)
+        trackers.summary(results, result.step)
     return result, results
 
 

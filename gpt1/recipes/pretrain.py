@@ -24,6 +24,7 @@ from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validat
 from gpt1.train import distributed as dist
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import WindowLMLoss, lm_loss_window
+from gpt1.train.trackers import require as require_trackers
 
 log = logging.getLogger("gpt1.recipes.pretrain")
 RUN_CONFIG = "run.json"
@@ -89,31 +90,37 @@ def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: 
 
 
 def pretrain(
-    cfg: RunConfig, out: str | Path, arch: str = "gpt", overwrite: bool = False
+    cfg: RunConfig,
+    out: str | Path,
+    arch: str = "gpt",
+    overwrite: bool = False,
+    command: str | None = None,
 ) -> TrainResult:
     """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
     continued only with `cfg.train.resume`, started over only with `overwrite` (see
-    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts.
+    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `command` is
+    the command line recorded with the experiment-tracker runs (default: this process's).
     """
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
+    require_trackers(cfg.train.loggers)  # a missing package refuses before the folder is touched
     lock = (
         claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
         if dist.env_info().is_main
         else None
     )
     try:
-        return _pretrain(cfg, out, arch)
+        return _pretrain(cfg, out, arch, command)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
+def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> TrainResult:
     data = open_prepared(cfg.data.path)
     cfg = finalize(cfg, data)
     n_ctx = cfg.data.n_ctx
@@ -170,6 +177,7 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
             resolved_config=resolved,
             flops_per_token=model_flops,
             write_model=_writer(tokenizer_dir, resolved, extra),
+            command=command,
         )
     finally:
         # Every rank leaves the trainer's final barrier together and tears down at once (as

@@ -37,6 +37,7 @@ from gpt1.train import state as train_state
 from gpt1.train.optim import build_optimizer, lr_at, set_lr
 from gpt1.train.parallelize import checkpoint_blocks
 from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
+from gpt1.train.trackers import Trackers
 
 
 class BatchSource(Protocol):
@@ -139,11 +140,27 @@ def train(
     tokenizer_dir: Path | None = None,
     resolved_config: dict | None = None,
     flops_per_token: float | None = None,
+    trackers: Trackers | None = None,
+    command: str | None = None,
 ) -> TrainResult:
-    """Train `model` for `cfg.max_steps` updates; see the module docstring."""
+    """Train `model` for `cfg.max_steps` updates; see the module docstring.
+
+    `trackers` (cfg.loggers) receive what metrics.jsonl receives; a caller that passes its own
+    also closes it (fine-tuning adds its final results first), else the trainer closes them.
+    `command` is the command line recorded with the tracker runs (default: this process's)."""
     if cfg.max_steps <= 0:
         raise ConfigError("train.max_steps must be set (> 0) before training")
     run_dir = Path(run_dir)
+    owned = trackers is None
+    if trackers is None:  # checks the trackers' packages now, before any work
+        trackers = Trackers(
+            run_dir,
+            cfg.loggers,
+            config=resolved_config,
+            command=command,
+            project=cfg.tracker_project,
+            mlflow_uri=cfg.mlflow_uri,
+        )
     device = resolve_device(cfg.device, dist.env_info().local_rank)
     precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
     info = dist.init(device.type)
@@ -171,7 +188,10 @@ def train(
             resume_dir, raw, optimizer, source, info, device, fsdp=cfg.distributed == "fsdp"
         )
     logger = MetricsLogger(
-        run_dir, info.is_main, resume_step=state["step"] if resume_dir is not None else None
+        run_dir,
+        info.is_main,
+        resume_step=state["step"] if resume_dir is not None else None,
+        trackers=trackers,
     )
     if info.is_main and resume_dir is not None:
         logger.console(f"resuming from {resume_dir} at step {state['step']}")
@@ -199,6 +219,7 @@ def train(
         else contextlib.nullcontext()
     )
     stop = {"signal": 0}
+    outcome = "FAILED"
     previous = _install_handlers(stop)
     result = TrainResult(step=state["step"], run_dir=run_dir)
     bar = _progress(cfg, info.is_main, state["step"])
@@ -282,6 +303,7 @@ def train(
         else:
             result.final_dir = save("final")
         result.step = state["step"]
+        outcome = "KILLED" if result.interrupted else "FINISHED"
         return result
     except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
         if not _is_oom(exc):
@@ -291,6 +313,8 @@ def train(
         if bar is not None:
             bar.close()
         _restore_handlers(previous)
+        if owned:
+            trackers.close(outcome)
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -4,7 +4,8 @@ Only rank 0 writes; other ranks get a logger whose methods do nothing. `metrics.
 JSON object per line: training lines carry `step`, `loss`, `lr`, `grad_norm`, ... (fine-tuning
 also `task_loss` and, with the auxiliary LM, `lm_loss`: the interval's means); validation
 lines carry `step`, `val_loss`, `val_ppl`. On resume, lines past the resumed step are dropped so
-the file reads like one uninterrupted run.
+the file reads like one uninterrupted run. The same records go to the trackers named by
+`train.loggers` (gpt1.train.trackers), which re-attach on resume without repeating a step.
 """
 
 from __future__ import annotations
@@ -85,17 +86,31 @@ def memory_bytes(device: torch.device) -> int:
 
 
 class MetricsLogger:
-    """Console lines and `metrics.jsonl` for one run (a no-op on ranks other than 0)."""
+    """Console lines and `metrics.jsonl` for one run (a no-op on ranks other than 0), and the
+    same records for the run's experiment trackers (`gpt1.train.trackers.Trackers`)."""
 
-    def __init__(self, run_dir: Path, enabled: bool, resume_step: int | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        resume_step: int | None = None,
+        trackers: Any = None,
+    ):
         self.enabled = enabled
         self.file = Path(run_dir) / METRICS
         self.bar: Any = None
-        if enabled:
-            if resume_step is None:
-                write_text(self.file, "")
-            else:
-                truncate_after(self.file, resume_step)
+        self.trackers = trackers if enabled else None
+        if not enabled:
+            return
+        logged: dict[str, int] = {}
+        if resume_step is None:
+            write_text(self.file, "")
+        else:
+            logged = last_steps(self.file)  # before the lines past resume_step go
+            truncate_after(self.file, resume_step)
+        if self.trackers is not None:
+            kept = read_metrics(run_dir) if resume_step is not None and self.file.is_file() else []
+            self.trackers.open(resume_step, logged, kept)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -104,6 +119,9 @@ class MetricsLogger:
         with writing(self.file, len(line)):
             with open(self.file, "a") as fh:
                 fh.write(line)
+        # After the file: a run killed in between may miss a tracker point, never repeat one.
+        if self.trackers is not None:
+            self.trackers.log(record)
 
     def console(self, text: str) -> None:
         if not self.enabled:
@@ -127,6 +145,23 @@ def truncate_after(file: Path, step: int) -> None:
             continue  # a half-written last line from a killed run
     # Temporary file then rename: a kill during this rewrite must not lose the kept lines.
     write_text(file, "".join(k + "\n" for k in kept))
+
+
+def last_steps(file: Path) -> dict[str, int]:
+    """The last step at which `file` (metrics.jsonl) holds each metric."""
+    last: dict[str, int] = {}
+    if not file.is_file():
+        return last
+    for line in file.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a half-written last line from a killed run
+        step = int(record.get("step", 0))
+        for key in record:
+            if key != "step":
+                last[key] = max(last.get(key, -1), step)
+    return last
 
 
 def train_line(rec: dict[str, Any]) -> str:
@@ -220,6 +255,43 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
         plt.close(fig)
         written.append(run_dir / "lr.png")
     return written
+
+
+def plot_runs(
+    runs: list[str | Path], metric: str, out: str | Path, overwrite: bool = False
+) -> Path:
+    """One figure of `metric` against the step for several runs (one line each, labelled by
+    the run folder as given), written to `out`; a run without that metric is an error."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gpt1.errors import DataError
+    from gpt1.files import check_output
+
+    series = []
+    for run in runs:
+        points = [(r["step"], r[metric]) for r in read_metrics(run) if metric in r]
+        if not points:
+            names = sorted({k for r in read_metrics(run) for k in r} - {"step"})
+            raise DataError(f"no {metric!r} in {METRICS}; it holds {', '.join(names)}", run)
+        series.append((str(run), sorted(points)))
+    out = Path(out)
+    check_output(out, overwrite)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in series:
+        style = "o-" if len(points) <= 30 else "-"  # sparse validation points stay visible
+        ax.plot([s for s, _ in points], [v for _, v in points], style, label=label, lw=1, ms=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} of {len(series)} run{'s' if len(series) > 1 else ''}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    save_figure(fig, out)
+    plt.close(fig)
+    return out
 
 
 def perplexity(loss: float) -> float:
