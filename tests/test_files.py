@@ -49,7 +49,7 @@ def test_check_output_refuses_existing_unless_overwrite(tmp_path):
 
 def test_overwrite_never_replaces_the_source_or_the_current_folder(tmp_path, monkeypatch):
     (tmp_path / "run" / "final").mkdir(parents=True)
-    with pytest.raises(files.OutputExists, match="holds the source"):
+    with pytest.raises(files.OutputExists, match="holds .*an input of this command"):
         files.check_output(tmp_path / "run", True, (tmp_path / "run" / "final",))
     monkeypatch.chdir(tmp_path / "run" / "final")
     for dst in (".", "..", "/"):
@@ -81,7 +81,7 @@ def test_convert_refuses_its_own_run_and_the_current_folder(tmp_path, capsys, mo
     code, err = cli(
         capsys, "convert", str(run / "final"), str(run), "--from", "gpt1", "--overwrite"
     )
-    assert code == 2 and "holds the source" in err and snapshot(run) == before
+    assert code == 2 and "an input of this command" in err and snapshot(run) == before
     here = tmp_path / "here"
     here.mkdir()
     (here / "mine.txt").write_text("mine")
@@ -257,7 +257,7 @@ def test_prepare_and_tokenizer_share_the_policy(tmp_path, capsys):
         str(tmp_path),
         "--overwrite",
     )  # holds the corpus
-    assert code == 2 and "holds the source" in err and corpus.is_file()
+    assert code == 2 and "an input of this command" in err and corpus.is_file()
     code, err = cli(
         capsys,
         "prepare",

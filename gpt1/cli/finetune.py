@@ -161,7 +161,12 @@ def run(args: argparse.Namespace) -> int:
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)
     result, results = finetune(
-        cfg, train_cfg, args.out, generic_spec(args), overwrite=args.overwrite
+        cfg,
+        train_cfg,
+        args.out,
+        generic_spec(args),
+        overwrite=args.overwrite,
+        inputs=[args.config] if args.config else [],
     )
     if result.interrupted:
         return 128 + int(result.interrupted)

@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         },
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)
-    result = pretrain(cfg, args.out, arch=args.arch, overwrite=args.overwrite)
+    inputs = [args.config] if args.config else []
+    result = pretrain(cfg, args.out, arch=args.arch, overwrite=args.overwrite, inputs=inputs)
     if result.interrupted:
         return 128 + int(result.interrupted)
     return 0

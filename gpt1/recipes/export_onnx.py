@@ -16,6 +16,7 @@ it runs offline). The TorchScript exporter (dynamo=False) is deprecated in torch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.files import sigterm_raises
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead
@@ -127,7 +129,8 @@ def export_onnx(
         what = "the language model (input_ids [batch, sequence] -> logits)"
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
-    try:
+    with sigterm_raises(), contextlib.ExitStack() as cleanup:
+        cleanup.callback(tmp.unlink, missing_ok=True)
         program = _export(module, example, shapes, "output" if record else "logits")
         meta = {"gpt1_window": str(window or gpt.config.n_positions)}
         if record is not None:
@@ -135,8 +138,6 @@ def export_onnx(
         program.model.metadata_props.update(meta)
         program.save(str(tmp))
         os.replace(tmp, dst)
-    finally:
-        tmp.unlink(missing_ok=True)
     if notes is not None:
         trained = f"; trained on windows of {window}" if window else ""
         notes.append(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ import torch
 
 from gpt1.config import RunConfig, load_toml, resolve_pretrain
 from gpt1.errors import ConfigError
-from gpt1.files import claim_run_dir, resumes_in, write_json
+from gpt1.files import claim_run_dir, folder_files, resumes_in, write_json
 from gpt1.model.registry import build_model
-from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.text.windows import META, PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.train import distributed as dist
+from gpt1.train import resume
+from gpt1.train import state as train_state
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import WindowLMLoss, lm_loss_window
 
@@ -89,22 +92,31 @@ def make_eval_fn(data: PreparedData, n_ctx: int, limit: int, micro: int, chunk: 
 
 
 def pretrain(
-    cfg: RunConfig, out: str | Path, arch: str = "gpt", overwrite: bool = False
+    cfg: RunConfig,
+    out: str | Path,
+    arch: str = "gpt",
+    overwrite: bool = False,
+    inputs: Sequence[str | Path] = (),
 ) -> TrainResult:
     """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
     continued only with `cfg.train.resume`, started over only with `overwrite` (see
-    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts.
+    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out` may never
+    be, hold or lie inside an input: the data folder, another run's checkpoint resumed from, or
+    `inputs` (other files the caller read, such as its --config TOML). A resume may change only
+    what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written.
     """
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
+    continues = resumes_in(out, cfg.train.resume)
+    read = [cfg.data.path, *inputs]
+    if cfg.train.resume and not continues:
+        read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))  # type: ignore[arg-type]
     lock = (
-        claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
-        if dist.env_info().is_main
-        else None
+        claim_run_dir(out, continues, overwrite, inputs=read) if dist.env_info().is_main else None
     )
     try:
         return _pretrain(cfg, out, arch)
@@ -133,8 +145,9 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
     resolved = cfg.to_dict()
     if arch != "gpt":
         resolved["arch"] = arch
+    record = resume_record(cfg, resolved, arch, data, out)  # refuses before anything is written
     if info.is_main:
-        write_json(out / RUN_CONFIG, resolved)
+        write_json(out / RUN_CONFIG, record)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
@@ -181,6 +194,25 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
 
         plot_run(out)
     return result
+
+
+def resume_record(
+    cfg: RunConfig, resolved: dict[str, Any], arch: str, data: PreparedData, out: Path
+) -> dict[str, Any]:
+    """run.json's contents; on a resume, first refuse any setting the run may not change
+    (`gpt1.train.resume`) and record the accepted changes."""
+    checkpoint = train_state.resume_checkpoint(cfg.train.resume, out)
+    if checkpoint is None:
+        return resolved
+    recorded, source = resume.recorded_config(checkpoint, out / RUN_CONFIG)
+    accepted = resume.changes(
+        {"arch": "gpt", **recorded},
+        {"arch": arch, **resolved},
+        source,
+        paths=frozenset({"data.path"}),
+        origin={"model.vocab_size": f"vocab_size in {data.folder / META}"},
+    )
+    return resume.run_record(resolved, checkpoint, out / RUN_CONFIG, accepted)
 
 
 def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:

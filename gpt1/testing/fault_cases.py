@@ -164,7 +164,7 @@ def convert_over_its_own_run_with_overwrite(work: Path) -> CaseResult:
     return result(
         "refused even with --overwrite (DST holds SRC)",
         lost(before, run),
-        one_line(code, err, "holds the source") + leftovers(work),
+        one_line(code, err, "an input of this command") + leftovers(work),
     )
 
 
