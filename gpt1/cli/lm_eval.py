@@ -60,6 +60,26 @@ def harness_argv(extra: list[str], data: str | None) -> list[str]:
     return ["run", *argv]
 
 
+def check_output_path(parsed: argparse.Namespace, data: str | None) -> None:
+    """--output_path may not be, hold or lie inside the checkpoint's files or the data folder
+    (`gpt1.files.check_inputs`)."""
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
+    from gpt1.errors import Gpt1Error
+    from gpt1.files import check_inputs, folder_files
+
+    if not getattr(parsed, "output_path", None):
+        return
+    model_args = parsed.model_args if isinstance(parsed.model_args, dict) else {}
+    inputs: list = [data]
+    for key in ("checkpoint", "tokenizer"):
+        if model_args.get(key):
+            try:
+                inputs += folder_files(resolve_checkpoint_dir(str(model_args[key])))
+            except Gpt1Error:
+                inputs += folder_files(str(model_args[key]))
+    check_inputs(parsed.output_path, inputs)
+
+
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
 
@@ -78,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     register()
     cli = HarnessCLI()
     parsed = cli._parser.parse_args(harness_argv(args.extra, args.data))
+    check_output_path(parsed, args.data)
     tasks = parsed.tasks if isinstance(parsed.tasks, list) else str(parsed.tasks or "").split(",")
     if only_local([t for item in tasks for t in str(item).split(",")]):
         # The harness builds its TaskManager itself; with only gpt1's tasks asked for, it need not

@@ -18,7 +18,7 @@ import torch
 from gpt1.checkpoint_files import resolve_checkpoint_dir
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.files import check_output, write_json, write_text
+from gpt1.files import check_output, folder_files, write_json, write_text
 from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.finetuned import load_finetuned_model
 from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
@@ -178,7 +178,7 @@ def evaluate_run(
     """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
     (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
     out_dir = results_path(run, split, out).parent
-    check_output(out_dir / results_name(split), overwrite)
+    check_output(out_dir / results_name(split), overwrite, run_inputs(run, data))
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model = _place(model, device, precision)
@@ -195,6 +195,11 @@ def evaluate_run(
     )
     write_results(out_dir, results, results_name(split), overwrite)
     return results
+
+
+def run_inputs(run: str | Path, data: str | Path) -> list[Path]:
+    """What evaluate and predict read: the fine-tuned checkpoint's files and the task data."""
+    return [*folder_files(resolve_checkpoint_dir(run)), Path(data)]
 
 
 def results_path(run: str | Path, split: str, out: str | Path | None = None) -> Path:
@@ -223,7 +228,7 @@ def predict_run(
     out_dir = Path(out) if out else _run_folder(run) / "submission"
     names = task.resolve_splits(split)
     for name in names:  # refuse before any work, not after the first file
-        check_output(out_dir / submission_name(task, name), overwrite)
+        check_output(out_dir / submission_name(task, name), overwrite, run_inputs(run, data))
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
