@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -470,3 +471,63 @@ def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypat
     assert code == 2 and len(err.splitlines()) == 1, err
     assert str(run / "metrics.jsonl") in err and "No space left on device; needs about" in err
     assert leftovers(run) == []
+
+
+# ----------------------------------------------------------------------- inputs are sacred
+def test_check_inputs_compares_real_paths_in_both_directions(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "meta.json").write_text("{}")
+    (tmp_path / "link").symlink_to(data)
+    for out, how in (
+        (data, "is"),
+        (tmp_path / "link", "is"),  # a symlink to the input is the input
+        (tmp_path, "holds"),
+        (data / "run", "lies inside"),
+        (tmp_path / "link" / "run", "lies inside"),
+    ):
+        with pytest.raises(files.OutputIsInput, match=f": {how} .*an input of this command"):
+            files.check_inputs(out, [data])
+    files.check_inputs(tmp_path / "elsewhere", [data, "hf:glue", None, ""])  # fine
+    # A checkpoint's inputs are its files: a new file beside them is allowed, none replaced.
+    files.check_inputs(data / "results.json", files.folder_files(data))
+    with pytest.raises(files.OutputIsInput):
+        files.check_output(data / "meta.json", True, files.folder_files(data))
+
+
+@pytest.mark.parametrize("name", list(fault_cases.ONTO_INPUTS))
+def test_no_command_writes_onto_its_own_input(tmp_path, name):
+    """Every writing command refuses an output that is, holds or lies inside one of its inputs,
+    with or without --overwrite, in one line, and changes nothing on disk."""
+    assert fault_cases.onto_an_input(tmp_path, name) == []
+
+
+@pytest.mark.parametrize("name", list(fault_cases.LEAVES_NOTHING))
+def test_a_refused_or_failed_run_leaves_nothing_behind(tmp_path, name):
+    """No lock file, no new folder, run.json and checkpoints of a refused resume unchanged."""
+    assert fault_cases.refusal_leaves_nothing(tmp_path, name) == []
+
+
+INTERRUPTIONS = [
+    pytest.param(name, sig, marks=[] if name == "convert --to hf" else [pytest.mark.slow])
+    for name in fault_cases.INTERRUPTED
+    for sig in (signal.SIGINT, signal.SIGTERM)
+]
+
+
+@pytest.mark.parametrize("name,sig", INTERRUPTIONS)
+def test_an_interrupted_writer_leaves_no_temporary(tmp_path, name, sig):
+    """Ctrl-C or SIGTERM between writing and publishing an output folder: exit 130 / 143 in
+    one line, the hidden `.NAME.tmp-PID` folder removed, no output."""
+    assert fault_cases.interrupted_write(tmp_path, name, sig) == []
+
+
+def test_stale_temporaries_of_dead_processes_are_removed_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    final = tmp_path / "out"
+    for pid in (dead.pid, os.getppid(), os.getpid()):
+        (tmp_path / f".out.tmp-{pid}").mkdir()
+    tmp = files.atomic_dir(final)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([f".out.tmp-{os.getppid()}", tmp.name]), names
