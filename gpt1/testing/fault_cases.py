@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import io
 import json
 import os
@@ -379,7 +380,32 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         "--out",
         str(w / "ckpt" / "model.safetensors"),
     ],
+    "demo --out DATA": lambda w: [
+        "demo",
+        "--corpus",
+        str(_corpus_dir(w)),
+        "--task",
+        "tsv",
+        "--columns",
+        "text=text,label=label",
+        "--labels",
+        "neg,pos",
+        "--data",
+        str(make_task(w / "task")),
+        "--out",
+        str(w / "task"),
+    ],
 }
+if importlib.util.find_spec("lm_eval") is not None:  # the eval extra
+    ONTO_INPUTS["lm-eval --output_path CKPT/model.safetensors"] = lambda w: [
+        "lm-eval",
+        "--model_args",
+        f"checkpoint={tiny_checkpoint(w / 'ckpt')}",
+        "--tasks",
+        "gpt1_sst2",
+        "--output_path",
+        str(w / "ckpt" / "model.safetensors"),
+    ]
 
 
 def onto_an_input(work: Path, name: str) -> list[str]:
