@@ -346,14 +346,24 @@ def _real(path: str | Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def check_inputs(output: str | Path, inputs: Iterable[str | Path | None]) -> None:
-    """THE input rule: refuse an output that is, holds or lies inside one of the command's
-    inputs, with or without --overwrite. Real paths are compared (symlinks resolved), in both
-    directions: replacing or clearing a folder that holds an input deletes the input; writing into
-    an input (a data folder, a checkpoint's file) changes what is being read. Inputs that do not
-    exist (`hf:NAME`, an empty flag) hold nothing to lose and are skipped."""
+def check_inputs(
+    output: str | Path,
+    inputs: Iterable[str | Path | None],
+    roots: Iterable[str | Path | None] = (),
+) -> None:
+    """THE input rule: no command deletes or replaces anything that is, holds or lies inside one
+    of its inputs, with or without --overwrite. Real paths are compared (symlinks resolved).
+
+    `inputs` are what the command reads in full (files, or folders read as a whole such as a
+    corpus folder): an output that is one, holds one, or lies inside one and already exists
+    (so would be replaced or emptied) is refused. `roots` are folders the command reads only
+    some files of (a task's data root, a checkpoint or tokenizer folder, whose files the caller
+    lists in `inputs`): an output that is or holds one is refused, while a new file beside their
+    files (results.json next to the weights, a run folder under a data root) is not. Inputs that
+    do not exist (`hf:NAME`, an empty flag) hold nothing to lose and are skipped."""
     out = _real(output)
-    for src in inputs:
+    exists = Path(output).exists() or Path(output).is_symlink()
+    for src, whole in [*((s, True) for s in inputs), *((r, False) for r in roots)]:
         if src is None or not str(src) or not (Path(src).exists() or Path(src).is_symlink()):
             continue
         real = _real(src)
@@ -361,7 +371,7 @@ def check_inputs(output: str | Path, inputs: Iterable[str | Path | None]) -> Non
             how = "is"
         elif real.is_relative_to(out):
             how = "holds"
-        elif out.is_relative_to(real):
+        elif whole and out.is_relative_to(real) and (exists or not real.is_dir()):
             how = "lies inside"
         else:
             continue
@@ -371,10 +381,11 @@ def check_inputs(output: str | Path, inputs: Iterable[str | Path | None]) -> Non
         )
 
 
-def folder_files(path: str | Path) -> list[Path]:
-    """The files a model folder's reader may open (every plain file directly inside it), or
-    `path` itself when it is a file: a checkpoint's inputs for `check_inputs`, so that an output
-    beside them (results.json next to the weights) is allowed but none of them is replaced."""
+def folder_files(path: str | Path | None) -> list[Path]:
+    """The files a reader of folder `path` may open (every plain file directly inside it), or
+    `path` itself when it is not a folder: the `inputs` of a `roots` entry for `check_inputs`."""
+    if path is None or not str(path):
+        return []
     path = Path(path)
     if not path.is_dir():
         return [path]
@@ -382,13 +393,16 @@ def folder_files(path: str | Path) -> list[Path]:
 
 
 def check_output(
-    path: str | Path, overwrite: bool, sources: Iterable[str | Path | None] = ()
+    path: str | Path,
+    overwrite: bool,
+    sources: Iterable[str | Path | None] = (),
+    roots: Iterable[str | Path | None] = (),
 ) -> None:
-    """Refuse an output that is, holds or lies inside one of `sources` (the command's inputs:
-    always, `check_inputs`), and an existing file or non-empty folder at `path` unless
+    """Refuse an output that is, holds or lies inside one of `sources` or `roots` (the command's
+    inputs: always, `check_inputs`), and an existing file or non-empty folder at `path` unless
     `overwrite`; even with it, refuse to replace the current folder or one above it."""
     path = Path(path)
-    check_inputs(path, sources)
+    check_inputs(path, sources, roots)
     if not (path.exists() or path.is_symlink()):
         return
     if overwrite:
@@ -571,17 +585,18 @@ def claim_run_dir(
     overwrite: bool,
     command: str | None = None,
     inputs: Iterable[str | Path | None] = (),
+    roots: Iterable[str | Path | None] = (),
 ) -> RunLock:
     """Lock a run folder for this process and apply the run-folder policy.
 
-    A folder that is, holds or lies inside one of `inputs` is refused (`check_inputs`). An empty
+    A folder that is, holds or lies inside one of `inputs` or `roots` is refused (`check_inputs`). An empty
     or missing folder is a new run. A non-empty one is continued only with `resume`, replaced
     (emptied) only with `overwrite`, and refused otherwise. Every refusal comes before anything
     is written (no folder, no lock file). Returns the held lock; the caller releases it when the
     run ends (which removes the lock file and folder again if the run wrote nothing).
     """
     folder = Path(folder)
-    check_inputs(folder, inputs)
+    check_inputs(folder, inputs, roots)
     if resume and overwrite:
         raise OutputExists(
             "--resume and --overwrite exclude each other: continue the run or "

@@ -475,24 +475,32 @@ def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypat
 
 # ----------------------------------------------------------------------- inputs are sacred
 def test_check_inputs_compares_real_paths_in_both_directions(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "meta.json").write_text("{}")
-    (tmp_path / "link").symlink_to(data)
-    for out, how in (
-        (data, "is"),
-        (tmp_path / "link", "is"),  # a symlink to the input is the input
-        (tmp_path, "holds"),
-        (data / "run", "lies inside"),
-        (tmp_path / "link" / "run", "lies inside"),
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "sub" / "a.txt").write_text("text")
+    (tmp_path / "link").symlink_to(corpus)
+    for out, src, how in (
+        (corpus, corpus, "is"),
+        (tmp_path / "link", corpus, "is"),  # a symlink to the input is the input
+        (tmp_path, corpus, "holds"),
+        (corpus / "sub", corpus, "lies inside"),  # exists: replacing it deletes input files
+        (tmp_path / "link" / "sub", corpus, "lies inside"),
+        (corpus / "sub" / "a.txt" / "x", corpus / "sub" / "a.txt", "lies inside"),  # in a file
     ):
         with pytest.raises(files.OutputIsInput, match=f": {how} .*an input of this command"):
-            files.check_inputs(out, [data])
-    files.check_inputs(tmp_path / "elsewhere", [data, "hf:glue", None, ""])  # fine
-    # A checkpoint's inputs are its files: a new file beside them is allowed, none replaced.
-    files.check_inputs(data / "results.json", files.folder_files(data))
-    with pytest.raises(files.OutputIsInput):
-        files.check_output(data / "meta.json", True, files.folder_files(data))
+            files.check_inputs(out, [src])
+    files.check_inputs(corpus / "new", [corpus])  # a new output beside the input deletes nothing
+    files.check_inputs(tmp_path / "elsewhere", [corpus, "hf:glue", None, ""])
+    # A root (a checkpoint or task folder) is read only through its files: outputs beside them
+    # are allowed, the folder itself and its files are not.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_text("weights")
+    (ckpt / "results.json").write_text("{}")
+    files.check_inputs(ckpt / "results.json", files.folder_files(ckpt)[:1], [ckpt])
+    for out in (ckpt, tmp_path, ckpt / "model.safetensors"):
+        with pytest.raises(files.OutputIsInput):
+            files.check_output(out, True, files.folder_files(ckpt)[:1], [ckpt])
 
 
 @pytest.mark.parametrize("name", list(fault_cases.ONTO_INPUTS))

@@ -194,7 +194,7 @@ def canonical_command(args: argparse.Namespace) -> list[str]:
 
 
 def analysis_inputs(args: argparse.Namespace) -> list[Path]:
-    """What an analysis reads: its checkpoints' files and its data folders (never written into:
+    """What an analysis reads: its checkpoints' files and its data folders' (never replaced:
     `gpt1.files.check_inputs`)."""
     from gpt1.checkpoint_files import resolve_checkpoint_dir
     from gpt1.errors import Gpt1Error
@@ -209,8 +209,7 @@ def analysis_inputs(args: argparse.Namespace) -> list[Path]:
             except Gpt1Error:
                 found.append(Path(value))
     for name in ("data", "data_root"):
-        if getattr(args, name, None):
-            found.append(Path(getattr(args, name)))
+        found += folder_files(getattr(args, name, None))
     return found
 
 
@@ -218,7 +217,10 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.files import check_inputs
 
     command = canonical_command(args)
-    check_inputs(args.out, analysis_inputs(args))  # before commands.txt or any run is written
+    roots = [
+        getattr(args, n, None) for n in ("checkpoint", "init", "lstm_init", "data", "data_root")
+    ]
+    check_inputs(args.out, analysis_inputs(args), roots)  # before commands.txt or a run is written
     if args.analysis == "positions":
         from gpt1.analysis.positions import analyse_positions, check_positions_out
         from gpt1.analysis.sweep import record_command

@@ -21,6 +21,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "lm-evaluation-harness with gpt1 as a native model (local tasks included)"
 PASS_THROUGH = True  # unknown options go to the harness
@@ -70,14 +71,16 @@ def check_output_path(parsed: argparse.Namespace, data: str | None) -> None:
     if not getattr(parsed, "output_path", None):
         return
     model_args = parsed.model_args if isinstance(parsed.model_args, dict) else {}
-    inputs: list = [data]
+    inputs, roots = folder_files(data), [data]
     for key in ("checkpoint", "tokenizer"):
         if model_args.get(key):
             try:
-                inputs += folder_files(resolve_checkpoint_dir(str(model_args[key])))
+                folder = resolve_checkpoint_dir(str(model_args[key]))
             except Gpt1Error:
-                inputs += folder_files(str(model_args[key]))
-    check_inputs(parsed.output_path, inputs)
+                folder = Path(str(model_args[key]))
+            inputs += folder_files(folder)
+            roots.append(folder)
+    check_inputs(parsed.output_path, inputs, roots)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -114,15 +114,12 @@ def run(args: argparse.Namespace) -> int:
     )
     out = Path(args.out)
     path = Path(args.checkpoint)
-    inputs = [
-        args.data,
-        *(folder_files(args.tokenizer) if args.tokenizer else ()),
-        *folder_files(path),
-    ]
+    inputs = [*folder_files(args.data), *folder_files(args.tokenizer), *folder_files(path)]
+    roots = [args.data, args.tokenizer, path]
     inputs += [f for sub in (path.iterdir() if path.is_dir() else ()) for f in folder_files(sub)]
     if path.is_dir() and not (path / "config.json").is_file():
         for name in ("curve.json", "curve.md", "curve.png"):
-            check_inputs(out / name, inputs)
+            check_inputs(out / name, inputs, roots)
         curve = evaluate_run(path, tasks, args.data, out, overwrite=args.overwrite, **settings)
         print((out / "curve.md").read_text(), end="")
         print(
@@ -130,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             f"({len(curve['checkpoints'])} checkpoints)"
         )
         return 0
-    check_output(out / "results.json", args.overwrite, inputs)
+    check_output(out / "results.json", args.overwrite, inputs, roots)
     results = evaluate_checkpoint(path, tasks, args.data, **settings)
     record = {
         "checkpoint": str(path),

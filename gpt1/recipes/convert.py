@@ -548,7 +548,7 @@ def convert(
     the trained window)."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
-    check_output(dst, overwrite, source_files(src, src_format))
+    check_output(dst, overwrite, source_files(src, src_format), roots=(src,))
     model, vocab = read_any(src, src_format, n_head)
     out = Path(
         os.path.abspath(dst)

@@ -178,7 +178,7 @@ def evaluate_run(
     """Load a fine-tuned run, score it on `split`, write `results.<split>.json` into `out`
     (default: the run folder; an existing file only with `overwrite`; `results_path`)."""
     out_dir = results_path(run, split, out).parent
-    check_output(out_dir / results_name(split), overwrite, run_inputs(run, data))
+    check_output(out_dir / results_name(split), overwrite, run_inputs(run, data), (data,))
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model = _place(model, device, precision)
@@ -198,8 +198,9 @@ def evaluate_run(
 
 
 def run_inputs(run: str | Path, data: str | Path) -> list[Path]:
-    """What evaluate and predict read: the fine-tuned checkpoint's files and the task data."""
-    return [*folder_files(resolve_checkpoint_dir(run)), Path(data)]
+    """What evaluate and predict read: the fine-tuned checkpoint's files and the task data's
+    (its folder is a root for `gpt1.files.check_inputs`)."""
+    return [*folder_files(resolve_checkpoint_dir(run)), *folder_files(data)]
 
 
 def results_path(run: str | Path, split: str, out: str | Path | None = None) -> Path:
@@ -228,7 +229,9 @@ def predict_run(
     out_dir = Path(out) if out else _run_folder(run) / "submission"
     names = task.resolve_splits(split)
     for name in names:  # refuse before any work, not after the first file
-        check_output(out_dir / submission_name(task, name), overwrite, run_inputs(run, data))
+        check_output(
+            out_dir / submission_name(task, name), overwrite, run_inputs(run, data), (data,)
+        )
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)

@@ -232,12 +232,12 @@ def finetune(
     `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written."""
     out = Path(out)
     continues = files.resumes_in(out, train_cfg.resume)
-    read = [cfg.data, *inputs, *finetune_inputs(cfg)]
+    read = [*files.folder_files(cfg.data), *inputs, *finetune_inputs(cfg)]
     if train_cfg.resume and not continues:
         other = train_state.resume_checkpoint(train_cfg.resume, out)
         read += files.folder_files(other) if other else []
     lock = (
-        files.claim_run_dir(out, continues, overwrite, inputs=read)
+        files.claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data, cfg.vocab])
         if dist.env_info().is_main
         else None
     )

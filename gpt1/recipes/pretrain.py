@@ -112,11 +112,13 @@ def pretrain(
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
     continues = resumes_in(out, cfg.train.resume)
-    read = [cfg.data.path, *inputs]
+    read = [*folder_files(cfg.data.path), *inputs]
     if cfg.train.resume and not continues:
         read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))  # type: ignore[arg-type]
     lock = (
-        claim_run_dir(out, continues, overwrite, inputs=read) if dist.env_info().is_main else None
+        claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data.path])
+        if dist.env_info().is_main
+        else None
     )
     try:
         return _pretrain(cfg, out, arch)

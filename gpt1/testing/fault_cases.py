@@ -296,8 +296,10 @@ def _finetuned(work: Path) -> tuple[Path, Path]:
 
 
 def _corpus_dir(work: Path) -> Path:
-    (work / "corpus").mkdir(parents=True, exist_ok=True)
+    """A corpus folder read recursively: corpus/a.txt and corpus/sub/b.txt."""
+    (work / "corpus" / "sub").mkdir(parents=True, exist_ok=True)
     (work / "corpus" / "a.txt").write_text("hello world. the cat sat on the mat.\n" * 20)
+    (work / "corpus" / "sub" / "b.txt").write_text("a dog ran in the park.\n" * 20)
     return work / "corpus"
 
 
@@ -307,7 +309,9 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
     "pretrain --out DATA --overwrite": lambda w: tiny_pretrain(
         make_corpus(w / "dd"), w / "dd", 1, "--overwrite"
     ),
-    "pretrain --out DATA/run": lambda w: tiny_pretrain(make_corpus(w / "dd"), w / "dd" / "run", 1),
+    "pretrain --out PARENT-OF-DATA --overwrite": lambda w: tiny_pretrain(
+        make_corpus(w / "top" / "dd"), w / "top", 1, "--overwrite"
+    ),
     "pretrain --out LINK-TO-DATA --overwrite": lambda w: (
         (w / "link").symlink_to(make_corpus(w / "dd")),
         tiny_pretrain(w / "dd", w / "link", 1, "--overwrite"),
@@ -328,16 +332,17 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         "gpt1",
         "--overwrite",
     ],
-    "prepare --out VOCAB/prepared": lambda w: [
+    "prepare --out CORPUS/sub --overwrite": lambda w: [
         "prepare",
         "--corpus",
         str(_corpus_dir(w)),
         "--vocab",
         str(char_vocab(w / "vocab")),
         "--out",
-        str(w / "vocab" / "prepared"),
+        str(w / "corpus" / "sub"),
+        "--overwrite",
     ],
-    "tokenizer train --out CORPUS/tok": lambda w: [
+    "tokenizer train --out CORPUS/sub --overwrite": lambda w: [
         "tokenizer",
         "train",
         "--corpus",
@@ -345,15 +350,16 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         "--merges",
         "5",
         "--out",
-        str(w / "corpus" / "tok"),
+        str(w / "corpus" / "sub"),
+        "--overwrite",
     ],
-    "evaluate --out DATA": lambda w: [
+    "evaluate --out RUN/final/model.safetensors": lambda w: [
         "evaluate",
         str(_finetuned(w)[0]),
         "--data",
         str(_finetuned(w)[1]),
         "--out",
-        str(_finetuned(w)[1]),
+        str(_finetuned(w)[0] / "final" / "model.safetensors"),
     ],
     "predict --out RUN/final/model.safetensors": lambda w: [
         "predict",
@@ -363,7 +369,7 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         "--out",
         str(_finetuned(w)[0] / "final" / "model.safetensors"),
     ],
-    "zeroshot --out DATA": lambda w: [
+    "zeroshot --out CKPT/model.safetensors": lambda w: [
         "zeroshot",
         str(tiny_checkpoint(w / "ckpt")),
         "--task",
@@ -371,7 +377,7 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         "--data",
         str(make_task(w / "task")),
         "--out",
-        str(w / "task"),
+        str(w / "ckpt" / "model.safetensors"),
     ],
     "analysis positions --out CKPT/model.safetensors": lambda w: [
         "analysis",

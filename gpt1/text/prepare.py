@@ -376,11 +376,11 @@ def prepare(
 ) -> dict:
     """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
     from gpt1.checkpoint_files import copy_tokenizer_files
-    from gpt1.files import atomic_folder, check_output
+    from gpt1.files import atomic_folder, check_output, folder_files
 
     opts = opts or PrepareOptions()
     out = Path(out)
-    check_output(out, opts.overwrite, (*corpus, vocab))
+    check_output(out, opts.overwrite, (*corpus, *folder_files(vocab)), roots=(vocab,))
     started = time.perf_counter()
     tok = Tokenizer.from_dir(
         vocab,
