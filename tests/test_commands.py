@@ -15,10 +15,10 @@ class _Stop(Exception):
 
 
 def _captured_call(monkeypatch, run_call):
-    """The (config, train config, out, spec, max-steps cap) that `finetune` receives."""
+    """The (config, train config, out, spec, max-steps cap, ...) that `finetune` receives."""
     seen = {}
 
-    def fake(cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False):
+    def fake(cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False, inputs=()):
         seen.update(
             cfg=cfg,
             train_cfg=train_cfg,
@@ -26,6 +26,7 @@ def _captured_call(monkeypatch, run_call):
             spec=spec,
             cap=max_steps_cap,
             overwrite=overwrite,
+            inputs=list(inputs),
         )
         raise _Stop
 
