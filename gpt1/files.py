@@ -467,14 +467,16 @@ class RunLock:
         self.path = self.folder / LOCK_FILE
         self.command = command or _command_line()
         self._fd: int | None = None
-        self._made_folder = self._made_file = False
+        self._made_folders: list[Path] = []  # the folder and missing parents it created
+        self._made_file = False
 
     def _open(self) -> int:
         """The lock file's descriptor, opened (and created, noting what this lock made)."""
         with writing(self.path):
             if not self.folder.exists():
+                missing = [self.folder, *(p for p in self.folder.parents if not p.exists())]
                 self.folder.mkdir(parents=True)
-                self._made_folder = True
+                self._made_folders = missing
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
                 self._made_file = True
@@ -539,9 +541,8 @@ class RunLock:
             if self._made_file and is_empty(self.folder):
                 self.path.unlink()
                 self._made_file = False
-            if self._made_folder and not any(self.folder.iterdir()):
-                self.folder.rmdir()
-                self._made_folder = False
+            while self._made_folders and not any(self._made_folders[0].iterdir()):
+                self._made_folders.pop(0).rmdir()
 
     def release(self) -> None:
         if self._fd is None:

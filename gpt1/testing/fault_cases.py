@@ -446,8 +446,8 @@ LEAVES_NOTHING: dict[str, Callable[[Path], tuple[list[str], Path]]] = {
         (w / "used" / "notes.txt").write_text("mine\n"),
         (tiny_pretrain(make_corpus(w / "dd"), w / "used", 1), w / "used"),
     )[2],
-    "pretrain on missing data, new --out": lambda w: (
-        tiny_pretrain(w / "no-data", w / "new", 1),
+    "pretrain on missing data, new --out (and parent)": lambda w: (
+        tiny_pretrain(w / "no-data", w / "new" / "run", 1),
         w / "new",
     ),
     "pretrain on missing data, empty --out": lambda w: (
