@@ -244,3 +244,22 @@ def test_resume_accepts_more_steps_and_records_them(resume_work):
     assert fault_cases.resume_accepts(resume_work, "pretrain") == []
     run = json.loads((resume_work / "accepted-pretrain" / "run.json").read_text())
     assert run["train"]["max_steps"] == 4 and run["resumes"][0]["from"].endswith("step-2")
+
+
+def test_resume_compares_only_settings_both_sides_record():
+    from gpt1.train import resume
+
+    source = Path("RUN/step-2/trainer_state.json")
+    recorded = {"train": {"lr": 1e-3, "max_steps": 2, "resume": ""}, "data": {"path": "d"}}
+    # A setting the checkpoint does not record (added to gpt1 since) is not refused.
+    requested = {"train": {"lr": 1e-3, "max_steps": 5, "resume": "auto", "new": 1}}
+    assert resume.changes(recorded, requested, source) == {"train.max_steps": [2, 5]}
+    with pytest.raises(ConfigError, match=r"train.lr: .* has 0.001 \(RUN.*asks for 0.5"):
+        resume.changes(recorded, {"train": {"lr": 0.5}}, source)
+    with pytest.raises(ConfigError, match="train.micro_batch_size"):
+        resume.changes(
+            {"train": {"micro_batch_size": 2}},
+            {"train": {"micro_batch_size": 4}},
+            source,
+            fixed=frozenset({"train.micro_batch_size"}),
+        )

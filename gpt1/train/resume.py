@@ -91,16 +91,17 @@ def changes(
     origin: dict[str, str] | None = None,
 ) -> dict[str, list[Any]]:
     """{setting: [recorded, requested]} for the accepted differences; raises `ConfigError` on the
-    first other one. Only the sections of `requested` are compared (a caller may check the
-    sections it knows early, the rest later). `fixed` removes settings from `CHANGEABLE` for
+    first other one. Only settings in both are compared (a caller may check the sections it
+    knows early, the rest later). `fixed` removes settings from `CHANGEABLE` for
     this run; `origin` says where a requested value came from (named in the refusal)."""
     old, new = flatten(recorded), flatten(requested)
-    sections = {key.split(".", 1)[0] for key in new}
     accepted: dict[str, list[Any]] = {}
-    for key in sorted(set(old) | set(new)):
-        if ("." in key and key.split(".", 1)[0] not in sections) or key in IGNORED:
+    # Settings both sides know: one the checkpoint does not record (a setting added to gpt1
+    # since, or a section checked later) cannot be compared, so it is not refused.
+    for key in sorted(set(old) & set(new)):
+        if key in IGNORED:
             continue
-        before, after = old.get(key, "(unset)"), new.get(key, "(unset)")
+        before, after = old[key], new[key]
         if _same(key, before, after, paths):
             continue
         if key in CHANGEABLE and key not in fixed:
