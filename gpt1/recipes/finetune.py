@@ -234,8 +234,7 @@ def finetune(
     continues = files.resumes_in(out, train_cfg.resume)
     read = [*files.folder_files(cfg.data), *inputs, *finetune_inputs(cfg)]
     if train_cfg.resume and not continues:
-        other = train_state.resume_checkpoint(train_cfg.resume, out)
-        read += files.folder_files(other) if other else []
+        read += files.folder_files(train_state.resume_checkpoint(train_cfg.resume, out))
     lock = (
         files.claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data, cfg.vocab])
         if dist.env_info().is_main

@@ -114,7 +114,7 @@ def pretrain(
     continues = resumes_in(out, cfg.train.resume)
     read = [*folder_files(cfg.data.path), *inputs]
     if cfg.train.resume and not continues:
-        read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))  # type: ignore[arg-type]
+        read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))
     lock = (
         claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data.path])
         if dist.env_info().is_main
