@@ -226,9 +226,9 @@ def finetune(
 
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
     `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out`
-    may never be, hold or lie inside an input (the task data, the --init checkpoint's files, the
-    --vocab folder's, another run's checkpoint resumed from, or `inputs`: other files the caller
-    read, such as its --config TOML). A resume may change only what
+    may never be or hold an input (the task data folder or its files, the --init checkpoint's
+    files, the --vocab folder's, another run's checkpoint resumed from, or `inputs`: other files
+    the caller read, such as its --config TOML). A resume may change only what
     `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written."""
     out = Path(out)
     continues = files.resumes_in(out, train_cfg.resume)

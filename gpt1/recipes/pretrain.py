@@ -104,7 +104,7 @@ def pretrain(
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
     continued only with `cfg.train.resume`, started over only with `overwrite` (see
     `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out` may never
-    be, hold or lie inside an input: the data folder, another run's checkpoint resumed from, or
+    be or hold an input: the data folder or its files, another run's checkpoint resumed from, or
     `inputs` (other files the caller read, such as its --config TOML). A resume may change only
     what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written.
     """
