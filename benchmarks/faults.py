@@ -14,7 +14,9 @@ Three parts, each printed as a table (machinery in `gpt1.testing.faults` and
    config.json, HF config.json, params_shapes.json and task.json, NaN weights, token ids beyond
    the vocabulary, an index.json pointing outside its folder), each a real command that must
    exit 2 with one line, timed where speed is the point; 100,000 `!` through `tokenizer encode`;
-   bad rows (a list label, duplicated keys and header names, 10 MB fields).
+   bad rows (a list label, duplicated keys and header names, 10 MB fields); every writing command
+   with its output on one of its inputs; refused or failed runs and resumes (nothing left
+   behind); resumes that would change the run; SIGINT/SIGTERM mid-publish; meta.json counts.
 3. Every dataset reader fed mutated copies of real files from ../shared/data (truncated lines,
    wrong column counts, wrong encodings, huge fields, empty files, random byte damage): each must
    parse or raise a `Gpt1Error`, within a time limit.
@@ -22,6 +24,7 @@ Three parts, each printed as a table (machinery in `gpt1.testing.faults` and
     .venv/bin/python benchmarks/faults.py                 # 20 kills per command, 200 inputs per reader
     .venv/bin/python benchmarks/faults.py --kills 4 --inputs 30
     .venv/bin/python benchmarks/faults.py --only cases    # just the fault-case table
+    .venv/bin/python benchmarks/faults.py --only cases --case outputs_onto_inputs   # one row
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-from gpt1.testing.fault_cases import run_cases  # noqa: E402
+from gpt1.testing.fault_cases import CASES, run_cases  # noqa: E402
 from gpt1.testing.faults import finetune_faults, fuzz_readers, pretrain_faults  # noqa: E402
 
 
@@ -51,6 +54,9 @@ def main() -> int:
         "--only", choices=["kills", "cases", "readers"], help="run one part of the report"
     )
     parser.add_argument("--skip-kills", action="store_true", help="same as leaving out part 1")
+    parser.add_argument(
+        "--case", action="append", default=[], help="only this fault case (its function name)"
+    )
     args = parser.parse_args()
     parts = (
         {args.only}
@@ -90,7 +96,8 @@ def main() -> int:
             print("\n## Fault cases\n")
             print("| case | outcome | data lost |")
             print("| --- | --- | ---: |")
-            for name, r in run_cases(work / "cases"):
+            chosen = [c for c in CASES if not args.case or c[1].__name__ in args.case]
+            for name, r in run_cases(work / "cases", chosen):
                 lost += r.data_lost + (1 if r.problems and not r.data_lost else 0)
                 print(f"| {name} | {r.outcome} | {r.data_lost} |", flush=True)
             print(

@@ -1,11 +1,14 @@
 """What touches a user's disk: atomic files and folders, fsync, the run lock, the overwrite policy.
 
 One policy for every command that writes: nothing it did not create in this run is deleted or
-replaced unless the user passes `--overwrite`; a run folder is either resumed (`--resume`) or
-refused, never mixed; one process at a time writes a run folder (an advisory `flock` on
-`RUN/.gpt1.lock`, released by the kernel when the holder dies, even by SIGKILL). Every write
-failure (disk full, read-only folder, no permission) becomes one `WriteError` line naming the path
-and what was needed, and leaves no temporary file or folder behind.
+replaced unless the user passes `--overwrite`; no output is, holds or lies inside one of the
+command's own inputs, with or without `--overwrite` (`check_inputs`, real paths compared); a
+refused command changes nothing on disk (no folder made, no lock file left); a run folder is
+either resumed (`--resume`) or refused, never mixed; one process at a time writes a run folder (an
+advisory `flock` on `RUN/.gpt1.lock`, released by the kernel when the holder dies, even by
+SIGKILL). Every write failure (disk full, read-only folder, no permission) becomes one `WriteError`
+line naming the path and what was needed, and leaves no temporary file or folder behind; so does
+Ctrl-C or SIGTERM while a temporary exists (`temporary`, `atomic_folder`).
 
 Files are published by writing a hidden temporary sibling (`.NAME.tmp-PID`), fsyncing it and
 renaming it onto the final name, so a reader never sees half a file. They follow the user's umask
@@ -23,10 +26,12 @@ import logging
 import os
 import shlex
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,8 +55,18 @@ class OutputExists(DataError):
     """The output already holds something this run did not create (and --overwrite was not given)."""
 
 
+class OutputIsInput(OutputExists):
+    """The output is, holds or lies inside one of the command's inputs (refused even with
+    --overwrite)."""
+
+
 class RunLocked(Gpt1Error):
     """Another process holds the run folder's lock."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised as an exception while a temporary is on disk so that it is removed
+    (a KeyboardInterrupt, so every cleanup that handles Ctrl-C handles it too)."""
 
 
 # ---------------------------------------------------------------------------- failures
@@ -130,15 +145,16 @@ def writing(
     """Turn an OSError/SafetensorError inside the block into a `WriteError` about `path`,
     after removing `cleanup` (a temporary file or folder) so nothing half-written stays.
 
-    Only exceptions are cleaned up after; a process killed mid-write leaves its temporary for the
-    next writer of the same name (`atomic_dir`) or the next checkpoint (`prune_steps`) to delete."""
+    Exceptions, Ctrl-C and SIGTERM (inside `sigterm_raises`) are cleaned up after; a process
+    SIGKILLed mid-write leaves its temporary for the next writer of the same name (`atomic_dir`)
+    or the next checkpoint (`prune_steps`) to delete."""
     try:
         yield
-    except Exception as exc:
+    except BaseException as exc:  # Ctrl-C and SIGTERM (`Terminated`) clean up too
         if cleanup is not None:
             remove(cleanup)
         ours = (Path(path),) + ((Path(cleanup),) if cleanup is not None else ())
-        if _is_write_failure(exc, *ours):
+        if isinstance(exc, Exception) and _is_write_failure(exc, *ours):
             raise write_failure(path, exc, needed) from None
         raise
 
@@ -193,6 +209,46 @@ def _temp_name(final: Path, kind: str = "tmp") -> Path:
     return final.parent / f".{final.name}.{kind}-{os.getpid()}"
 
 
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """While the block runs, SIGTERM raises `Terminated` in the main thread, so the cleanup of
+    whatever temporary the block writes runs (SIGTERM's default would end the process on the
+    spot). A process that already handles SIGTERM itself (the trainer, which checkpoints and
+    stops) keeps its own handler; so do other threads, where signals cannot be handled."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def raise_terminated(signum: int, frame: Any) -> None:
+        raise Terminated(f"terminated by signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _dead_temporary(entry: Path) -> bool:
+    """A `.NAME.KIND-PID` left by a process that is gone (or by this one, from an earlier try)."""
+    kind_pid = entry.name.rsplit(".", 1)[-1]
+    if not kind_pid.startswith(_TEMP_KINDS):
+        return False
+    pid = kind_pid.rsplit("-", 1)[-1]
+    if not pid.isdigit() or int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False  # alive: another writer's temporary (it cleans up after itself)
+
+
 def atomic_dir(final: str | Path) -> Path:
     """A fresh temporary sibling of `final`; publish it with `publish_dir`."""
     final = Path(final)
@@ -201,7 +257,7 @@ def atomic_dir(final: str | Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True)
         # Torn temporary/old folders of this name left by a killed process (and our own stale one).
         for stale in final.parent.glob(f".{glob.escape(final.name)}.*"):
-            if stale.is_dir() and stale.name.rsplit(".", 1)[-1].startswith(_TEMP_KINDS):
+            if stale.is_dir() and _dead_temporary(stale):
                 shutil.rmtree(stale, ignore_errors=True)
     with writing(tmp, cleanup=tmp):
         tmp.mkdir()
@@ -227,12 +283,22 @@ def publish_dir(tmp: str | Path, final: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_folder(final: str | Path, needed: int | None = None) -> Iterator[Path]:
-    """Yield a temporary folder; on success it replaces `final`, on any failure it is removed
-    (write failures become a `WriteError` naming `final`)."""
+def temporary(final: str | Path, needed: int | None = None) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of `final` (`atomic_dir`); on any failure, Ctrl-C or
+    SIGTERM it is removed (write failures become a `WriteError` naming `final`). Publishing it
+    is the caller's (`publish_dir`), inside the block."""
     final = Path(final)
-    tmp = atomic_dir(final)
-    with writing(final, needed, cleanup=tmp):
+    with sigterm_raises():
+        tmp = atomic_dir(final)
+        with writing(final, needed, cleanup=tmp):
+            yield tmp
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str | Path, needed: int | None = None) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces `final`, on any failure, Ctrl-C or
+    SIGTERM it is removed (write failures become a `WriteError` naming `final`)."""
+    with temporary(final, needed) as tmp:
         yield tmp
         publish_dir(tmp, final)
 
@@ -241,7 +307,7 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     """Write `data` to `path` atomically (temporary sibling, fsync, rename)."""
     path = Path(path)
     tmp = _temp_name(path)
-    with writing(path, len(data), cleanup=tmp):
+    with sigterm_raises(), writing(path, len(data), cleanup=tmp):
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -275,14 +341,72 @@ def _listing(folder: Path, limit: int = 4) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def check_output(path: str | Path, overwrite: bool, sources: tuple[str | Path, ...] = ()) -> None:
-    """Refuse an existing file or non-empty folder at `path` unless `overwrite`; even with it,
-    refuse to replace a folder holding one of `sources` or the current folder."""
+def _real(path: str | Path) -> Path:
+    """`path` with every symlink resolved (the parts that exist), made absolute."""
+    return Path(os.path.realpath(path))
+
+
+def check_inputs(
+    output: str | Path,
+    inputs: Iterable[str | Path | None],
+    roots: Iterable[str | Path | None] = (),
+) -> None:
+    """THE input rule: no command deletes or replaces anything that is, holds or lies inside one
+    of its inputs, with or without --overwrite. Real paths are compared (symlinks resolved).
+
+    `inputs` are what the command reads in full (files, or folders read as a whole such as a
+    corpus folder): an output that is one, holds one, or lies inside one and already exists
+    (so would be replaced or emptied) is refused. `roots` are folders the command reads only
+    some files of (a task's data root, a checkpoint or tokenizer folder, whose files the caller
+    lists in `inputs`): an output that is or holds one is refused, while a new file beside their
+    files (results.json next to the weights, a run folder under a data root) is not. Inputs that
+    do not exist (`hf:NAME`, an empty flag) hold nothing to lose and are skipped."""
+    out = _real(output)
+    exists = Path(output).exists() or Path(output).is_symlink()
+    for src, whole in [*((s, True) for s in inputs), *((r, False) for r in roots)]:
+        if src is None or not str(src) or not (Path(src).exists() or Path(src).is_symlink()):
+            continue
+        real = _real(src)
+        if real == out:
+            how = "is"
+        elif real.is_relative_to(out):
+            how = "holds"
+        elif whole and out.is_relative_to(real) and (exists or not real.is_dir()):
+            how = "lies inside"
+        else:
+            continue
+        raise OutputIsInput(
+            f"{output}: {how} {src}, an input of this command; no command deletes, replaces "
+            "or writes into its own inputs, even with --overwrite. Choose another output"
+        )
+
+
+def folder_files(path: str | Path | None) -> list[Path]:
+    """The files a reader of folder `path` may open (every plain file directly inside it), or
+    `path` itself when it is not a folder: the `inputs` of a `roots` entry for `check_inputs`."""
+    if path is None or not str(path):
+        return []
     path = Path(path)
+    if not path.is_dir():
+        return [path]
+    return sorted(p for p in path.iterdir() if p.is_file() and p.name != LOCK_FILE)
+
+
+def check_output(
+    path: str | Path,
+    overwrite: bool,
+    sources: Iterable[str | Path | None] = (),
+    roots: Iterable[str | Path | None] = (),
+) -> None:
+    """Refuse an output that is, holds or lies inside one of `sources` or `roots` (the command's
+    inputs: always, `check_inputs`), and an existing file or non-empty folder at `path` unless
+    `overwrite`; even with it, refuse to replace the current folder or one above it."""
+    path = Path(path)
+    check_inputs(path, sources, roots)
     if not (path.exists() or path.is_symlink()):
         return
     if overwrite:
-        check_replaceable(path, *sources)
+        check_replaceable(path)
         return
     if path.is_dir() and not path.is_symlink():
         if is_empty(path):
@@ -295,19 +419,14 @@ def check_output(path: str | Path, overwrite: bool, sources: tuple[str | Path, .
 
 
 def check_replaceable(dst: str | Path, *sources: str | Path) -> None:
-    """Refuse, even with --overwrite, to replace a folder that holds one of `sources` or the
-    current working directory (`.`, `..`, `/`): replacing it would delete what is being read
-    or the folder the user stands in."""
-    dst = Path(dst).resolve()
-    for src in sources:
-        if Path(src).exists() and Path(src).resolve().is_relative_to(dst):
-            raise OutputExists(
-                f"{dst}: holds the source {src}; replacing it would delete the "
-                "source. Choose another output folder"
-            )
-    if Path.cwd().resolve().is_relative_to(dst):
+    """Refuse, even with --overwrite, to replace a folder that holds one of `sources`
+    (`check_inputs`) or the current working directory (`.`, `..`, `/`): replacing it would delete
+    what is being read or the folder the user stands in."""
+    check_inputs(dst, sources)
+    if Path.cwd().resolve().is_relative_to(Path(dst).resolve()):
         raise OutputExists(
-            f"{dst}: is the current folder or one above it; choose another output folder"
+            f"{Path(dst).resolve()}: is the current folder or one above it; choose another "
+            "output folder"
         )
 
 
@@ -338,7 +457,9 @@ class RunLock:
 
     The lock file records who holds it (pid, host, command, start time) so a second writer is
     told whom it waits for. The kernel drops the lock when the holder exits or is killed, so a
-    SIGKILLed run never blocks the next one; the file itself stays (empty) and is harmless.
+    SIGKILLed run never blocks the next one; the file itself stays (empty) and is harmless. A
+    lock whose run wrote nothing leaves nothing: on release the lock file it created is removed,
+    and the folder too when the lock made it and it is empty.
     """
 
     def __init__(self, folder: str | Path, command: str | None = None):
@@ -346,27 +467,46 @@ class RunLock:
         self.path = self.folder / LOCK_FILE
         self.command = command or _command_line()
         self._fd: int | None = None
+        self._made_folders: list[Path] = []  # the folder and missing parents it created
+        self._made_file = False
+
+    def _open(self) -> int:
+        """The lock file's descriptor, opened (and created, noting what this lock made)."""
+        with writing(self.path):
+            if not self.folder.exists():
+                missing = [self.folder, *(p for p in self.folder.parents if not p.exists())]
+                self.folder.mkdir(parents=True)
+                self._made_folders = missing
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+                self._made_file = True
+            except FileExistsError:
+                fd = os.open(self.path, os.O_RDWR)
+        return fd
 
     def acquire(self) -> RunLock:
-        with writing(self.path):
-            self.folder.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        for attempt in range(8):  # the file unlinked by a releasing holder between open and flock
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                self.tidy()
+                raise RunLocked(
+                    f"{self.folder}: in use by another gpt1 process ({self.holder()}); "
+                    "wait for it to finish or stop it, or choose another folder"
+                ) from None
+            except OSError as exc:  # a filesystem without flock (some network mounts)
+                log.warning(
+                    "%s: cannot lock (%s); make sure no other process writes here",
+                    self.path,
+                    exc.strerror,
+                )
+                os.close(fd)
+                return self
+            if self._still_linked(fd) or attempt == 7:
+                break
             os.close(fd)
-            raise RunLocked(
-                f"{self.folder}: in use by another gpt1 process ({self.holder()}); "
-                "wait for it to finish or stop it, or choose another folder"
-            ) from None
-        except OSError as exc:  # a filesystem without flock (some network mounts)
-            log.warning(
-                "%s: cannot lock (%s); make sure no other process writes here",
-                self.path,
-                exc.strerror,
-            )
-            os.close(fd)
-            return self
         self._fd = fd
         record = {
             "pid": os.getpid(),
@@ -379,6 +519,12 @@ class RunLock:
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         return self
 
+    def _still_linked(self, fd: int) -> bool:
+        try:
+            return os.path.samestat(os.fstat(fd), os.stat(self.path))
+        except OSError:
+            return False
+
     def holder(self) -> str:
         """Who holds the lock, as written in the lock file (best effort)."""
         try:
@@ -389,11 +535,22 @@ class RunLock:
         except (OSError, ValueError, KeyError, TypeError):
             return "holder unknown"
 
+    def tidy(self) -> None:
+        """Remove what this lock made (its file, its folder) when nothing else was written."""
+        with contextlib.suppress(OSError):
+            if self._made_file and is_empty(self.folder):
+                self.path.unlink()
+                self._made_file = False
+            while self._made_folders and not any(self._made_folders[0].iterdir()):
+                self._made_folders.pop(0).rmdir()
+
     def release(self) -> None:
         if self._fd is None:
+            self.tidy()
             return
         with contextlib.suppress(OSError):
             os.ftruncate(self._fd, 0)
+        self.tidy()  # while still held: no second process can be mid-run in an empty folder
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
@@ -415,16 +572,32 @@ def resumes_in(folder: str | Path, resume: str | None) -> bool:
     return Path(resume).resolve().is_relative_to(Path(folder).resolve())
 
 
+def _refuse_used_folder(folder: Path) -> None:
+    raise OutputExists(
+        f"{folder}: run folder is not empty (holds {_listing(folder)}); pass --resume "
+        "auto to continue that run, --overwrite to start it over (deletes them), or "
+        "choose a new --out"
+    )
+
+
 def claim_run_dir(
-    folder: str | Path, resume: bool, overwrite: bool, command: str | None = None
+    folder: str | Path,
+    resume: bool,
+    overwrite: bool,
+    command: str | None = None,
+    inputs: Iterable[str | Path | None] = (),
+    roots: Iterable[str | Path | None] = (),
 ) -> RunLock:
     """Lock a run folder for this process and apply the run-folder policy.
 
-    An empty or missing folder is a new run. A non-empty one is continued only with `resume`,
-    replaced (emptied) only with `overwrite`, and refused otherwise. Returns the held lock;
-    the caller releases it when the run ends.
+    A folder that is, holds or lies inside one of `inputs` or `roots` is refused (`check_inputs`). An empty
+    or missing folder is a new run. A non-empty one is continued only with `resume`, replaced
+    (emptied) only with `overwrite`, and refused otherwise. Every refusal comes before anything
+    is written (no folder, no lock file). Returns the held lock; the caller releases it when the
+    run ends (which removes the lock file and folder again if the run wrote nothing).
     """
     folder = Path(folder)
+    check_inputs(folder, inputs, roots)
     if resume and overwrite:
         raise OutputExists(
             "--resume and --overwrite exclude each other: continue the run or "
@@ -434,15 +607,13 @@ def claim_run_dir(
         raise OutputExists(f"{folder}: exists and is not a folder; choose another output folder")
     if overwrite and folder.exists():
         check_replaceable(folder)
+    if not resume and not overwrite and not is_empty(folder):
+        _refuse_used_folder(folder)  # before the lock file is made
     lock = RunLock(folder, command).acquire()
     try:
-        if not resume and not is_empty(folder):
+        if not resume and not is_empty(folder):  # filled meanwhile, or --overwrite
             if not overwrite:
-                raise OutputExists(
-                    f"{folder}: run folder is not empty (holds {_listing(folder)}); pass --resume "
-                    "auto to continue that run, --overwrite to start it over (deletes them), or "
-                    "choose a new --out"
-                )
+                _refuse_used_folder(folder)
             clear_folder(folder)
     except BaseException:
         lock.release()

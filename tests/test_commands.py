@@ -15,10 +15,12 @@ class _Stop(Exception):
 
 
 def _captured_call(monkeypatch, run_call):
-    """The (config, train config, out, spec, max-steps cap) that `finetune` receives."""
+    """The (config, train config, out, spec, max-steps cap, ...) that `finetune` receives."""
     seen = {}
 
-    def fake(cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False, command=None):
+    def fake(
+        cfg, train_cfg, out, spec=None, max_steps_cap=0, overwrite=False, command=None, inputs=()
+    ):
         seen.update(
             cfg=cfg,
             train_cfg=train_cfg,
@@ -27,6 +29,7 @@ def _captured_call(monkeypatch, run_call):
             cap=max_steps_cap,
             overwrite=overwrite,
             command=command,  # what the tracker runs record
+            inputs=list(inputs),
         )
         raise _Stop
 

@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import shlex
+import signal
 import stat
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def test_check_output_refuses_existing_unless_overwrite(tmp_path):
 
 def test_overwrite_never_replaces_the_source_or_the_current_folder(tmp_path, monkeypatch):
     (tmp_path / "run" / "final").mkdir(parents=True)
-    with pytest.raises(files.OutputExists, match="holds the source"):
+    with pytest.raises(files.OutputExists, match="holds .*an input of this command"):
         files.check_output(tmp_path / "run", True, (tmp_path / "run" / "final",))
     monkeypatch.chdir(tmp_path / "run" / "final")
     for dst in (".", "..", "/"):
@@ -81,7 +82,7 @@ def test_convert_refuses_its_own_run_and_the_current_folder(tmp_path, capsys, mo
     code, err = cli(
         capsys, "convert", str(run / "final"), str(run), "--from", "gpt1", "--overwrite"
     )
-    assert code == 2 and "holds the source" in err and snapshot(run) == before
+    assert code == 2 and "an input of this command" in err and snapshot(run) == before
     here = tmp_path / "here"
     here.mkdir()
     (here / "mine.txt").write_text("mine")
@@ -257,7 +258,7 @@ def test_prepare_and_tokenizer_share_the_policy(tmp_path, capsys):
         str(tmp_path),
         "--overwrite",
     )  # holds the corpus
-    assert code == 2 and "holds the source" in err and corpus.is_file()
+    assert code == 2 and "an input of this command" in err and corpus.is_file()
     code, err = cli(
         capsys,
         "prepare",
@@ -470,3 +471,71 @@ def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypat
     assert code == 2 and len(err.splitlines()) == 1, err
     assert str(run / "metrics.jsonl") in err and "No space left on device; needs about" in err
     assert leftovers(run) == []
+
+
+# ----------------------------------------------------------------------- inputs are sacred
+def test_check_inputs_compares_real_paths_in_both_directions(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "sub" / "a.txt").write_text("text")
+    (tmp_path / "link").symlink_to(corpus)
+    for out, src, how in (
+        (corpus, corpus, "is"),
+        (tmp_path / "link", corpus, "is"),  # a symlink to the input is the input
+        (tmp_path, corpus, "holds"),
+        (corpus / "sub", corpus, "lies inside"),  # exists: replacing it deletes input files
+        (tmp_path / "link" / "sub", corpus, "lies inside"),
+        (corpus / "sub" / "a.txt" / "x", corpus / "sub" / "a.txt", "lies inside"),  # in a file
+    ):
+        with pytest.raises(files.OutputIsInput, match=f": {how} .*an input of this command"):
+            files.check_inputs(out, [src])
+    files.check_inputs(corpus / "new", [corpus])  # a new output beside the input deletes nothing
+    files.check_inputs(tmp_path / "elsewhere", [corpus, "hf:glue", None, ""])
+    # A root (a checkpoint or task folder) is read only through its files: outputs beside them
+    # are allowed, the folder itself and its files are not.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_text("weights")
+    (ckpt / "results.json").write_text("{}")
+    files.check_inputs(ckpt / "results.json", files.folder_files(ckpt)[:1], [ckpt])
+    for out in (ckpt, tmp_path, ckpt / "model.safetensors"):
+        with pytest.raises(files.OutputIsInput):
+            files.check_output(out, True, files.folder_files(ckpt)[:1], [ckpt])
+
+
+@pytest.mark.parametrize("name", list(fault_cases.ONTO_INPUTS))
+def test_no_command_writes_onto_its_own_input(tmp_path, name):
+    """Every writing command refuses an output that is, holds or lies inside one of its inputs,
+    with or without --overwrite, in one line, and changes nothing on disk."""
+    assert fault_cases.onto_an_input(tmp_path, name) == []
+
+
+@pytest.mark.parametrize("name", list(fault_cases.LEAVES_NOTHING))
+def test_a_refused_or_failed_run_leaves_nothing_behind(tmp_path, name):
+    """No lock file, no new folder, run.json and checkpoints of a refused resume unchanged."""
+    assert fault_cases.refusal_leaves_nothing(tmp_path, name) == []
+
+
+INTERRUPTIONS = [
+    pytest.param(name, sig, marks=[] if name == "convert --to hf" else [pytest.mark.slow])
+    for name in fault_cases.INTERRUPTED
+    for sig in (signal.SIGINT, signal.SIGTERM)
+]
+
+
+@pytest.mark.parametrize("name,sig", INTERRUPTIONS)
+def test_an_interrupted_writer_leaves_no_temporary(tmp_path, name, sig):
+    """Ctrl-C or SIGTERM between writing and publishing an output folder: exit 130 / 143 in
+    one line, the hidden `.NAME.tmp-PID` folder removed, no output."""
+    assert fault_cases.interrupted_write(tmp_path, name, sig) == []
+
+
+def test_stale_temporaries_of_dead_processes_are_removed_live_ones_kept(tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    final = tmp_path / "out"
+    for pid in (dead.pid, os.getppid(), os.getpid()):
+        (tmp_path / f".out.tmp-{pid}").mkdir()
+    tmp = files.atomic_dir(final)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([f".out.tmp-{os.getppid()}", tmp.name]), names

@@ -15,6 +15,7 @@ from gpt1.recipes.evaluate import load_finetuned
 from gpt1.recipes.finetune import build_finetune_model, finetune
 from gpt1.tasks import get_task
 from gpt1.tasks.batches import Encoded, FinetuneSource
+from gpt1.testing import fault_cases
 
 pytestmark = pytest.mark.data
 TINY = {"max_steps": 2, "batch_size": 4, "micro_batch_size": 2, "quiet": True, "log_every": 1}
@@ -287,3 +288,27 @@ def test_positive_label_needs_a_user_task(tmp_path: Path, capsys):
     argv = ["finetune", "--task", "sst2", "--data", str(tmp_path), "--init", "none"]
     assert main([*argv, "--out", str(tmp_path / "r"), "--positive-label", "1"]) == 2
     assert "--positive-label is for csv/tsv/jsonl tasks" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- resumes
+@pytest.fixture(scope="module")
+def resume_work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("resumes")
+
+
+FINETUNE_RESUMES = [
+    n for n, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == "finetune"
+]
+
+
+@pytest.mark.parametrize("name", FINETUNE_RESUMES)
+def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
+    """Task, data, labels, lr, batch and seed cannot change on --resume: one line naming the
+    setting and both values; run.json, task.json and the checkpoints stay as they were."""
+    assert fault_cases.resume_refused(resume_work, name) == []
+
+
+def test_resume_accepts_more_steps_and_records_them(resume_work):
+    assert fault_cases.resume_accepts(resume_work, "finetune") == []
+    run = json.loads((resume_work / "accepted-finetune" / "run.json").read_text())
+    assert run["train"]["max_steps"] == 4 and run["resumes"][0]["step"] == 2

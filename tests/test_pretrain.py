@@ -21,7 +21,7 @@ from gpt1.config import run_preset
 from gpt1.errors import ConfigError, DataError
 from gpt1.model.checkpoint import load_checkpoint
 from gpt1.recipes.pretrain import finalize, resolve_config
-from gpt1.testing import faults
+from gpt1.testing import fault_cases, faults
 from gpt1.text.windows import open_prepared
 from gpt1.train.state import load_training_state, step_dirs
 
@@ -255,3 +255,52 @@ def test_set_overrides_are_checked_together_in_any_order():
     assert (cfg.model.n_embd, cfg.model.n_head) == (96, 3)
     with pytest.raises(ConfigError, match="divisible"):
         resolve_config("tiny", sets=["model.n_embd=96", "model.n_head=5"])
+
+
+# ------------------------------------------------------------------------------- resumes
+# The cases live in gpt1.testing.fault_cases (the fault report runs them too); one finished
+# tiny run per module, copied for each case.
+@pytest.fixture(scope="module")
+def resume_work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("resumes")
+
+
+PRETRAIN_RESUMES = [
+    n for n, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == "pretrain"
+]
+
+
+@pytest.mark.parametrize("name", PRETRAIN_RESUMES)
+def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
+    """Model, data, lr, batch and seed cannot change on --resume: one line naming the setting
+    and both values, and run.json and every checkpoint stay as they were."""
+    assert fault_cases.resume_refused(resume_work, name) == []
+
+
+def test_resume_on_re_prepared_data_names_its_meta_json(tmp_path):
+    assert fault_cases.resume_on_another_vocabulary(tmp_path) == []
+
+
+def test_resume_accepts_more_steps_and_records_them(resume_work):
+    assert fault_cases.resume_accepts(resume_work, "pretrain") == []
+    run = json.loads((resume_work / "accepted-pretrain" / "run.json").read_text())
+    assert run["train"]["max_steps"] == 4 and run["resumes"][0]["from"].endswith("step-2")
+
+
+def test_resume_compares_only_settings_both_sides_record():
+    from gpt1.train import resume
+
+    source = Path("RUN/step-2/trainer_state.json")
+    recorded = {"train": {"lr": 1e-3, "max_steps": 2, "resume": ""}, "data": {"path": "d"}}
+    # A setting the checkpoint does not record (added to gpt1 since) is not refused.
+    requested = {"train": {"lr": 1e-3, "max_steps": 5, "resume": "auto", "new": 1}}
+    assert resume.changes(recorded, requested, source) == {"train.max_steps": [2, 5]}
+    with pytest.raises(ConfigError, match=r"train.lr: .* has 0.001 \(RUN.*asks for 0.5"):
+        resume.changes(recorded, {"train": {"lr": 0.5}}, source)
+    with pytest.raises(ConfigError, match="train.micro_batch_size"):
+        resume.changes(
+            {"train": {"micro_batch_size": 2}},
+            {"train": {"micro_batch_size": 4}},
+            source,
+            fixed=frozenset({"train.micro_batch_size"}),
+        )

@@ -28,7 +28,7 @@ from gpt1.model.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_model, 
 from gpt1.model.gpt import GPT
 from gpt1.model.memory import TooLargeError
 from gpt1.recipes.convert import convert, load_hf, load_openai, save_hf
-from gpt1.testing import faults
+from gpt1.testing import fault_cases, faults
 from gpt1.text.shards import write_shard
 from gpt1.text.windows import open_prepared
 
@@ -725,3 +725,17 @@ def test_cuda_budget_is_the_device_total(monkeypatch):
     with pytest.raises(TooLargeError, match=r"cuda:1 \(Fake GPU\) has 80.0 GB"):
         memory.ensure_model_fits(cfg, "config.json", "cuda:1")
     memory.ensure_model_fits(cfg, "config.json", "cpu")
+
+
+@pytest.mark.parametrize("edit", list(fault_cases.META_EDITS))
+def test_meta_json_counts_and_vocab_size_are_checked_against_the_shards(tmp_path, edit):
+    change, field, shard = fault_cases.META_EDITS[edit]
+    data = faults.make_corpus(tmp_path / "d")
+    meta = json.loads((data / "meta.json").read_text())
+    change(meta)
+    (data / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError) as err:
+        open_prepared(data)
+    message = str(err.value)
+    assert "meta.json" in message and f"field {field!r}" in message and shard in message
+    assert len(message.splitlines()) == 1

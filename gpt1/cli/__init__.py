@@ -34,7 +34,7 @@ COMMANDS = [
     "analysis",
 ]
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
 def common_options() -> argparse.ArgumentParser:
@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return EXIT_OK
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        from gpt1.files import Terminated
+
+        if isinstance(exc, Terminated):  # SIGTERM while a temporary was on disk (removed)
+            print(f"gpt1 {args.command}: terminated", file=sys.stderr)
+            return EXIT_TERMINATED
         print(f"gpt1 {args.command}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except MemoryError:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 HELP = "layers transferred, ablations (with an LSTM), labelled-data curve, position embeddings"
 
@@ -195,8 +196,34 @@ def canonical_command(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def analysis_inputs(args: argparse.Namespace) -> list[Path]:
+    """What an analysis reads: its checkpoints' files and its data folders' (never replaced:
+    `gpt1.files.check_inputs`)."""
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
+    from gpt1.errors import Gpt1Error
+    from gpt1.files import folder_files
+
+    found: list[Path] = []
+    for name in ("checkpoint", "init", "lstm_init"):
+        value = getattr(args, name, None)
+        if value and value != "none":
+            try:
+                found += folder_files(resolve_checkpoint_dir(value))
+            except Gpt1Error:
+                found.append(Path(value))
+    for name in ("data", "data_root"):
+        found += folder_files(getattr(args, name, None))
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
+    from gpt1.files import check_inputs
+
     command = canonical_command(args)
+    roots = [
+        getattr(args, n, None) for n in ("checkpoint", "init", "lstm_init", "data", "data_root")
+    ]
+    check_inputs(args.out, analysis_inputs(args), roots)  # before commands.txt or a run is written
     if args.analysis == "positions":
         from gpt1.analysis.positions import analyse_positions, check_positions_out
         from gpt1.analysis.sweep import record_command

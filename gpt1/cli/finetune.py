@@ -185,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         generic_spec(args),
         overwrite=args.overwrite,
         command=shlex.join(args.argv),
+        inputs=[args.config] if args.config else [],
     )
     if result.interrupted:
         return 128 + int(result.interrupted)

@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 
 HELP = "lm-evaluation-harness with gpt1 as a native model (local tasks included)"
 PASS_THROUGH = True  # unknown options go to the harness
@@ -66,6 +67,28 @@ def harness_argv(extra: list[str], data: str | None) -> list[str]:
     return ["run", *argv]
 
 
+def check_output_path(parsed: argparse.Namespace, data: str | None) -> None:
+    """--output_path may not be, hold or lie inside the checkpoint's files or the data folder
+    (`gpt1.files.check_inputs`)."""
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
+    from gpt1.errors import Gpt1Error
+    from gpt1.files import check_inputs, folder_files
+
+    if not getattr(parsed, "output_path", None):
+        return
+    model_args = parsed.model_args if isinstance(parsed.model_args, dict) else {}
+    inputs, roots = folder_files(data), [data]
+    for key in ("checkpoint", "tokenizer"):
+        if model_args.get(key):
+            try:
+                folder = resolve_checkpoint_dir(str(model_args[key]))
+            except Gpt1Error:
+                folder = Path(str(model_args[key]))
+            inputs += folder_files(folder)
+            roots.append(folder)
+    check_inputs(parsed.output_path, inputs, roots)
+
+
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
 
@@ -87,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
     if parsed.model == harness.MODEL_NAME:
         parsed.model_args = harness.named_model_args(parsed.model_args)
         name = parsed.model_args["model"]
+    check_output_path(parsed, args.data)
     tasks = parsed.tasks if isinstance(parsed.tasks, list) else str(parsed.tasks or "").split(",")
     tasks = [t for item in tasks for t in str(item).split(",") if t.strip()]
     if not tasks:

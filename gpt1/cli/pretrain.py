@@ -90,8 +90,14 @@ def run(args: argparse.Namespace) -> int:
         },
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)
+    inputs = [args.config] if args.config else []
     result = pretrain(
-        cfg, args.out, arch=args.arch, overwrite=args.overwrite, command=shlex.join(args.argv)
+        cfg,
+        args.out,
+        arch=args.arch,
+        overwrite=args.overwrite,
+        command=shlex.join(args.argv),
+        inputs=inputs,
     )
     if result.interrupted:
         return 128 + int(result.interrupted)

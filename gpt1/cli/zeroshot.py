@@ -95,7 +95,7 @@ def _precision(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
-    from gpt1.files import check_output, write_json
+    from gpt1.files import check_inputs, check_output, folder_files, write_json
     from gpt1.zeroshot.curve import evaluate_checkpoint, evaluate_run
     from gpt1.zeroshot.heuristics import parse_tasks
 
@@ -114,7 +114,12 @@ def run(args: argparse.Namespace) -> int:
     )
     out = Path(args.out)
     path = Path(args.checkpoint)
+    inputs = [*folder_files(args.data), *folder_files(args.tokenizer), *folder_files(path)]
+    roots = [args.data, args.tokenizer, path]
+    inputs += [f for sub in (path.iterdir() if path.is_dir() else ()) for f in folder_files(sub)]
     if path.is_dir() and not (path / "config.json").is_file():
+        for name in ("curve.json", "curve.md", "curve.png"):
+            check_inputs(out / name, inputs, roots)
         curve = evaluate_run(path, tasks, args.data, out, overwrite=args.overwrite, **settings)
         print((out / "curve.md").read_text(), end="")
         print(
@@ -122,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             f"({len(curve['checkpoints'])} checkpoints)"
         )
         return 0
-    check_output(out / "results.json", args.overwrite)
+    check_output(out / "results.json", args.overwrite, inputs, roots)
     results = evaluate_checkpoint(path, tasks, args.data, **settings)
     record = {
         "checkpoint": str(path),

@@ -11,6 +11,7 @@ Pickled weights (`pytorch_model.bin`) are read only with `torch.load(weights_onl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ from safetensors.torch import save_file
 
 from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.files import atomic_folder, check_output, follow_umask
+from gpt1.files import atomic_folder, check_output, folder_files, follow_umask
 from gpt1.model.checkpoint import (
     TOKENIZER_FILES,
     check_finite,
@@ -36,6 +37,7 @@ from gpt1.model.checkpoint import (
     copy_tokenizer_files,
     load_checkpoint,
     load_state_dict,
+    resolve_checkpoint_dir,
     state_bytes,
     tokenizer_dir_of,
     write_model_files,
@@ -527,6 +529,15 @@ def read_any(src: str | Path, fmt: str, n_head: int = 12) -> tuple[GPT, Path | N
     return load_checkpoint(path), tokenizer_dir_of(path)
 
 
+def source_files(src: str | Path, fmt: str) -> list[Path]:
+    """The files `convert` reads from `src` (for gpt1 run folders, those of RUN/final too)."""
+    found = folder_files(src) if Path(src).exists() else []
+    if fmt == "gpt1" and Path(src).is_dir():
+        with contextlib.suppress(Gpt1Error):
+            found += folder_files(resolve_checkpoint_dir(src))
+    return found
+
+
 def convert(
     src: str | Path,
     dst: str | Path,
@@ -538,15 +549,13 @@ def convert(
 ) -> Path:
     """Convert a model folder between formats; returns the written folder (or .onnx file).
 
-    An existing `dst` is replaced only with `overwrite`, and never when it holds `src` or the
-    current folder (`gpt1.files.check_output`). `notes` receives the lines the user must read
+    An existing `dst` is replaced only with `overwrite`, never the current folder, and never,
+    even with it, when it is, holds or lies inside a file of `src` (`gpt1.files.check_inputs`). `notes` receives the lines the user must read
     about an hf or onnx export (how to load the tokenizer exactly, what happened to a task head,
     the trained window); "DIR" in them stands for `dst`."""
     if dst_format not in FORMATS_OUT:
         raise ConfigError(f"--to must be one of {', '.join(FORMATS_OUT)}, got {dst_format!r}")
-    if Path(src).exists() and Path(dst).resolve() == Path(src).resolve():
-        raise ConfigError(f"{dst}: destination is the source folder")
-    check_output(dst, overwrite, (src,))
+    check_output(dst, overwrite, source_files(src, src_format), roots=(src,))
     model, vocab = read_any(src, src_format, n_head)
     out = Path(
         os.path.abspath(dst)

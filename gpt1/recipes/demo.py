@@ -21,7 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.errors import Gpt1Error
-from gpt1.files import LOCK_FILE, OutputExists, RunLock, write_json, write_text
+from gpt1.files import (
+    LOCK_FILE,
+    OutputExists,
+    RunLock,
+    check_inputs,
+    folder_files,
+    write_json,
+    write_text,
+)
 from gpt1.recipes.commands import FinetuneOptions, FinetuneRun
 
 log = logging.getLogger("gpt1.recipes.demo")
@@ -155,6 +163,7 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
         raise Gpt1Error(f"--pretrain-steps must be >= 1, got {s.pretrain_steps}")
     if s.corpus:  # checked before anything is written or run
         check_user_inputs(s)
+    check_inputs(out, [*s.corpus, *folder_files(s.data)], [s.data])  # the user's corpus, task
     check_demo_folder(out, s.overwrite)
     with RunLock(out):
         return _demo(s, out, t0)

@@ -19,7 +19,7 @@ import torch
 
 from gpt1.checkpoint_files import resolve_checkpoint_dir
 from gpt1.errors import ConfigError, DataError, Gpt1Error
-from gpt1.files import check_output, write_json, write_text
+from gpt1.files import check_output, folder_files, write_json, write_text
 from gpt1.model.finetuned import load_finetuned_model
 from gpt1.model.inference import for_inference
 from gpt1.recipes import predictions
@@ -212,7 +212,7 @@ def evaluate_run(
     `overwrite`; `results_path`)."""
     data, split = source(data, split, file, "dev")
     out_dir = results_path(run, split, out).parent
-    check_output(out_dir / results_name(split), overwrite)
+    check_output(out_dir / results_name(split), overwrite, run_inputs(run, data), (data,))
     model, record, tok = load_finetuned(run)
     task = _task_of(record, task_name)
     model = _place(model, device, precision)
@@ -230,6 +230,12 @@ def evaluate_run(
     )
     write_results(out_dir, results, results_name(split), overwrite)
     return results
+
+
+def run_inputs(run: str | Path, data: str | Path) -> list[Path]:
+    """What evaluate and predict read: the fine-tuned checkpoint's files and the task data's
+    (its folder is a root for `gpt1.files.check_inputs`)."""
+    return [*folder_files(resolve_checkpoint_dir(run)), *folder_files(data)]
 
 
 def results_path(run: str | Path, split: str, out: str | Path | None = None) -> Path:
@@ -266,7 +272,9 @@ def predict_run(
     out_dir = Path(out) if out else _run_folder(run) / default_dir
     names = (split,) if file is not None else task.resolve_splits(split)
     for name in names:  # refuse before any work, not after the first file
-        check_output(out_dir / submission_name(task, name, fmt), overwrite)
+        check_output(
+            out_dir / submission_name(task, name, fmt), overwrite, run_inputs(run, data), (data,)
+        )
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)

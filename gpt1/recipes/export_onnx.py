@@ -16,6 +16,7 @@ it runs offline). The TorchScript exporter (dynamo=False) is deprecated in torch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.files import remove, writing
+from gpt1.files import remove, sigterm_raises, writing
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead
@@ -132,7 +133,9 @@ def export_onnx(
     with writing(dst, cleanup=tmp):
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(b"")
-    try:
+    with sigterm_raises(), contextlib.ExitStack() as cleanup:
+        # Best effort: on a read-only disk even a missing file's unlink fails.
+        cleanup.callback(remove, tmp)
         program = _export(module, example, shapes, "output" if record else "logits")
         meta = {"gpt1_window": str(window or gpt.config.n_positions)}
         if record is not None:
@@ -141,8 +144,6 @@ def export_onnx(
         with writing(dst, cleanup=tmp):
             program.save(str(tmp))
             os.replace(tmp, dst)
-    finally:
-        remove(tmp)  # best effort: on a read-only disk even a missing file's unlink fails
     if notes is not None:
         trained = f"; trained on windows of {window}" if window else ""
         notes.append(

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from safetensors.torch import save_file
 
 from gpt1 import files
 from gpt1.config import FinetuneConfig, TrainConfig, model_preset
-from gpt1.errors import CheckpointError, ConfigError
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.model import checkpoint as ckpt
 from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
 from gpt1.model.gpt import GPT
@@ -34,6 +35,8 @@ from gpt1.recipes.evaluate import evaluate_model, load_finetuned, score, write_r
 from gpt1.tasks.batches import FinetuneSource, encode_split, report_skipped
 from gpt1.tasks.registry import GENERIC, Task, complete_generic_spec, get_task
 from gpt1.train import distributed as dist
+from gpt1.train import resume
+from gpt1.train import state as train_state
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import finetune_loss
 from gpt1.train.trackers import Trackers
@@ -219,12 +222,17 @@ def finetune(
     max_steps_cap: int = 0,
     overwrite: bool = False,
     command: str | None = None,
+    inputs: Sequence[str | Path] = (),
 ) -> tuple[TrainResult, dict]:
     """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json).
 
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
-    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts.
-    `command` is the command line the tracker runs record (default: this process's)."""
+    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out`
+    may never be or hold an input (the task data folder or its files, the --init checkpoint's
+    files, the --vocab folder's, another run's checkpoint resumed from, or `inputs`: other files
+    the caller read, such as its --config TOML). A resume may change only what
+    `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written. `command` is the
+    command line the tracker runs record (default: this process's)."""
     out = Path(out)
     # Checks the trackers' packages: a missing one refuses before the folder is touched.
     trackers = Trackers(
@@ -234,8 +242,12 @@ def finetune(
         project=train_cfg.tracker_project,
         mlflow_uri=train_cfg.mlflow_uri,
     )
+    continues = files.resumes_in(out, train_cfg.resume)
+    read = [*files.folder_files(cfg.data), *inputs, *finetune_inputs(cfg)]
+    if train_cfg.resume and not continues:
+        read += files.folder_files(train_state.resume_checkpoint(train_cfg.resume, out))
     lock = (
-        files.claim_run_dir(out, files.resumes_in(out, train_cfg.resume), overwrite)
+        files.claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data, cfg.vocab])
         if dist.env_info().is_main
         else None
     )
@@ -250,6 +262,44 @@ def finetune(
             lock.release()
 
 
+def finetune_inputs(cfg: FinetuneConfig) -> list[Path]:
+    """The files a fine-tuning run reads besides its task data: the --init checkpoint's and the
+    --vocab folder's (an --init that does not resolve is reported when it is loaded)."""
+    found: list[Path] = []
+    if cfg.init not in ("", "none"):
+        try:
+            found += files.folder_files(ckpt.resolve_checkpoint_dir(cfg.init))
+        except Gpt1Error:
+            found.append(Path(cfg.init))
+    if cfg.vocab:
+        found += files.folder_files(cfg.vocab)
+    return found
+
+
+def resume_record(
+    cfg: FinetuneConfig,
+    train_cfg: TrainConfig,
+    out: Path,
+    requested: dict[str, Any],
+) -> dict[str, Any]:
+    """run.json's contents (`requested`, or its sections checked so far); on a resume, first
+    refuse any setting the run may not change (`gpt1.train.resume`), then record the accepted
+    changes."""
+    checkpoint = train_state.resume_checkpoint(train_cfg.resume, out)
+    if checkpoint is None:
+        return requested
+    recorded, source = resume.recorded_config(checkpoint, out / "run.json")
+    fixed = {"train.micro_batch_size"} if cfg.group_by_length else set()  # batches by length
+    accepted = resume.changes(
+        recorded,
+        requested,
+        source,
+        fixed=frozenset(fixed),
+        paths=frozenset({"finetune.data", "finetune.init", "finetune.vocab"}),
+    )
+    return resume.run_record(requested, checkpoint, out / "run.json", accepted)
+
+
 def _finetune(
     cfg: FinetuneConfig,
     train_cfg: TrainConfig,
@@ -258,6 +308,9 @@ def _finetune(
     max_steps_cap: int,
     trackers: Trackers,
 ) -> tuple[TrainResult, dict]:
+    # The run's own settings first, before any model or data is read (the rest, from the model
+    # and the task, below); nothing is written until both pass.
+    resume_record(cfg, train_cfg, out, {"finetune": asdict(cfg), "train": asdict(train_cfg)})
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
     info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
@@ -285,8 +338,9 @@ def _finetune(
         "task": record,
         "model": model.gpt.config.to_dict(),
     }
+    record_json = resume_record(cfg, train_cfg, out, resolved)  # refuses before any write
     if info.is_main:
-        files.write_json(out / "run.json", resolved)
+        files.write_json(out / "run.json", record_json)
         log.info(
             "fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g); "
             "headline metric %s%s",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,12 @@ import torch
 
 from gpt1.config import RunConfig, load_toml, resolve_pretrain
 from gpt1.errors import ConfigError
-from gpt1.files import claim_run_dir, resumes_in, write_json
+from gpt1.files import claim_run_dir, folder_files, resumes_in, write_json
 from gpt1.model.registry import build_model
-from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.text.windows import META, PreparedData, WindowSource, open_prepared, validation_windows
 from gpt1.train import distributed as dist
+from gpt1.train import resume
+from gpt1.train import state as train_state
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import WindowLMLoss, lm_loss_window
 from gpt1.train.trackers import require as require_trackers
@@ -95,21 +98,29 @@ def pretrain(
     arch: str = "gpt",
     overwrite: bool = False,
     command: str | None = None,
+    inputs: Sequence[str | Path] = (),
 ) -> TrainResult:
     """Pretrain a GPT from scratch (or resume) on `cfg.data.path`; checkpoints go to `out`.
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
     continued only with `cfg.train.resume`, started over only with `overwrite` (see
-    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `command` is
+    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out` may never
+    be or hold an input: the data folder or its files, another run's checkpoint resumed from, or
+    `inputs` (other files the caller read, such as its --config TOML). A resume may change only
+    what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written. `command` is
     the command line recorded with the experiment-tracker runs (default: this process's).
     """
     out = Path(out)
     if not cfg.data.path:
         raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
     require_trackers(cfg.train.loggers)  # a missing package refuses before the folder is touched
+    continues = resumes_in(out, cfg.train.resume)
+    read = [*folder_files(cfg.data.path), *inputs]
+    if cfg.train.resume and not continues:
+        read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))
     lock = (
-        claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
+        claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data.path])
         if dist.env_info().is_main
         else None
     )
@@ -140,8 +151,9 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
     resolved = cfg.to_dict()
     if arch != "gpt":
         resolved["arch"] = arch
+    record = resume_record(cfg, resolved, arch, data, out)  # refuses before anything is written
     if info.is_main:
-        write_json(out / RUN_CONFIG, resolved)
+        write_json(out / RUN_CONFIG, record)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
@@ -189,6 +201,25 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
 
         plot_run(out)
     return result
+
+
+def resume_record(
+    cfg: RunConfig, resolved: dict[str, Any], arch: str, data: PreparedData, out: Path
+) -> dict[str, Any]:
+    """run.json's contents; on a resume, first refuse any setting the run may not change
+    (`gpt1.train.resume`) and record the accepted changes."""
+    checkpoint = train_state.resume_checkpoint(cfg.train.resume, out)
+    if checkpoint is None:
+        return resolved
+    recorded, source = resume.recorded_config(checkpoint, out / RUN_CONFIG)
+    accepted = resume.changes(
+        {"arch": "gpt", **recorded},
+        {"arch": arch, **resolved},
+        source,
+        paths=frozenset({"data.path"}),
+        origin={"model.vocab_size": f"vocab_size in {data.folder / META}"},
+    )
+    return resume.run_record(resolved, checkpoint, out / RUN_CONFIG, accepted)
 
 
 def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:

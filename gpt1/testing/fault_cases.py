@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib.util
 import io
 import json
 import os
@@ -164,7 +165,7 @@ def convert_over_its_own_run_with_overwrite(work: Path) -> CaseResult:
     return result(
         "refused even with --overwrite (DST holds SRC)",
         lost(before, run),
-        one_line(code, err, "holds the source") + leftovers(work),
+        one_line(code, err, "an input of this command") + leftovers(work),
     )
 
 
@@ -247,6 +248,473 @@ def results_written_twice(work: Path) -> CaseResult:
         "--overwrite); predict --split dev writes tsv.dev.tsv beside the test file "
         "tsv.tsv",
         lost(before, work),
+        problems,
+    )
+
+
+# ------------------------------------------------------------------ outputs onto inputs
+def tree(folder: Path) -> dict[str, bytes | str | None]:
+    """Every entry under `folder`, hidden ones and lock files included (file -> bytes, symlink
+    -> its target, folder -> None): what a refused command must leave exactly as it was."""
+    found: dict[str, bytes | str | None] = {}
+    for root, dirs, names in os.walk(folder):
+        for name in dirs + names:
+            path = Path(root) / name
+            key = str(path.relative_to(folder))
+            if path.is_symlink():
+                found[key] = os.readlink(path)
+            elif path.is_file():
+                found[key] = path.read_bytes()
+            else:
+                found[key] = None
+    return found
+
+
+def changed(before: dict[str, bytes | str | None], folder: Path) -> list[str]:
+    """Entries added, removed or changed under `folder` since `tree` gave `before`."""
+    after = tree(folder)
+    return sorted(k for k in set(before) | set(after) if before.get(k, b"?") != after.get(k, b"?"))
+
+
+def _flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """`argv` with the value after `flag` replaced."""
+    argv = list(argv)
+    argv[argv.index(flag) + 1] = value
+    return argv
+
+
+def _finetuned(work: Path) -> tuple[Path, Path]:
+    """(fine-tuned run, its task folder), trained once per `work` (2 steps of the tiny model)."""
+    task, run = work / "task", work / "ft"
+    if not (run / "final").is_dir():
+        make_task(task)
+        (task / "test.tsv").write_text((task / "dev.tsv").read_text())
+        code, err = run_cli(tiny_finetune(task, char_vocab(work / "vocab"), run, 2))
+        if code:
+            raise RuntimeError(f"the tiny fine-tuning run failed: {err[-300:]}")
+    return run, task
+
+
+def _corpus_dir(work: Path) -> Path:
+    """A corpus folder read recursively: corpus/a.txt and corpus/sub/b.txt."""
+    (work / "corpus" / "sub").mkdir(parents=True, exist_ok=True)
+    (work / "corpus" / "a.txt").write_text("hello world. the cat sat on the mat.\n" * 20)
+    (work / "corpus" / "sub" / "b.txt").write_text("a dog ran in the park.\n" * 20)
+    return work / "corpus"
+
+
+# Each builds its inputs under `work` and returns a command whose output is, holds or lies inside
+# one of its inputs (real paths: a symlink to an input counts as the input).
+ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
+    "pretrain --out DATA --overwrite": lambda w: tiny_pretrain(
+        make_corpus(w / "dd"), w / "dd", 1, "--overwrite"
+    ),
+    "pretrain --out PARENT-OF-DATA --overwrite": lambda w: tiny_pretrain(
+        make_corpus(w / "top" / "dd"), w / "top", 1, "--overwrite"
+    ),
+    "pretrain --out LINK-TO-DATA --overwrite": lambda w: (
+        (w / "link").symlink_to(make_corpus(w / "dd")),
+        tiny_pretrain(w / "dd", w / "link", 1, "--overwrite"),
+    )[1],
+    "finetune --out INIT-RUN --overwrite": lambda w: _flag(
+        tiny_finetune(make_task(w / "task"), char_vocab(w / "vocab"), w / "pre", 1, "--overwrite"),
+        "--init",
+        str(tiny_checkpoint(w / "pre" / "final").parent),
+    ),
+    "finetune --out DATA --overwrite": lambda w: tiny_finetune(
+        make_task(w / "task"), char_vocab(w / "vocab"), w / "task", 1, "--overwrite"
+    ),
+    "convert SRC SRC/model.safetensors --overwrite": lambda w: [
+        "convert",
+        str(tiny_checkpoint(w / "src")),
+        str(w / "src" / "model.safetensors"),
+        "--from",
+        "gpt1",
+        "--overwrite",
+    ],
+    "prepare --out CORPUS/sub --overwrite": lambda w: [
+        "prepare",
+        "--corpus",
+        str(_corpus_dir(w)),
+        "--vocab",
+        str(char_vocab(w / "vocab")),
+        "--out",
+        str(w / "corpus" / "sub"),
+        "--overwrite",
+    ],
+    "tokenizer train --out CORPUS/sub --overwrite": lambda w: [
+        "tokenizer",
+        "train",
+        "--corpus",
+        str(_corpus_dir(w)),
+        "--merges",
+        "5",
+        "--out",
+        str(w / "corpus" / "sub"),
+        "--overwrite",
+    ],
+    "evaluate --out RUN/final/model.safetensors": lambda w: [
+        "evaluate",
+        str(_finetuned(w)[0]),
+        "--data",
+        str(_finetuned(w)[1]),
+        "--out",
+        str(_finetuned(w)[0] / "final" / "model.safetensors"),
+    ],
+    "predict --out RUN/final/model.safetensors": lambda w: [
+        "predict",
+        str(_finetuned(w)[0]),
+        "--data",
+        str(_finetuned(w)[1]),
+        "--out",
+        str(_finetuned(w)[0] / "final" / "model.safetensors"),
+    ],
+    "zeroshot --out CKPT/model.safetensors": lambda w: [
+        "zeroshot",
+        str(tiny_checkpoint(w / "ckpt")),
+        "--task",
+        "sst2",
+        "--data",
+        str(make_task(w / "task")),
+        "--out",
+        str(w / "ckpt" / "model.safetensors"),
+    ],
+    "analysis positions --out CKPT/model.safetensors": lambda w: [
+        "analysis",
+        "positions",
+        str(tiny_checkpoint(w / "ckpt")),
+        "--out",
+        str(w / "ckpt" / "model.safetensors"),
+    ],
+    "demo --out DATA": lambda w: [
+        "demo",
+        "--corpus",
+        str(_corpus_dir(w)),
+        "--task",
+        "tsv",
+        "--columns",
+        "text=text,label=label",
+        "--labels",
+        "neg,pos",
+        "--data",
+        str(make_task(w / "task")),
+        "--out",
+        str(w / "task"),
+    ],
+}
+if importlib.util.find_spec("lm_eval") is not None:  # the eval extra
+    ONTO_INPUTS["lm-eval --output_path CKPT/model.safetensors"] = lambda w: [
+        "lm-eval",
+        "--model_args",
+        f"checkpoint={tiny_checkpoint(w / 'ckpt')}",
+        "--tasks",
+        "gpt1_sst2",
+        "--output_path",
+        str(w / "ckpt" / "model.safetensors"),
+    ]
+
+
+def onto_an_input(work: Path, name: str) -> list[str]:
+    """Problems with command `name` of `ONTO_INPUTS`: it must exit 2 with one line saying the
+    output is an input, and leave every file and folder under `work` as it was."""
+    work.mkdir(parents=True, exist_ok=True)
+    argv = ONTO_INPUTS[name](work)
+    before = tree(work)
+    code, err = run_cli(argv)
+    problems = one_line(code, err, "an input of this command")
+    return problems + [f"changed {entry}" for entry in changed(before, work)]
+
+
+def outputs_onto_inputs(work: Path) -> CaseResult:
+    problems: list[str] = []
+    for i, name in enumerate(ONTO_INPUTS):
+        problems += [f"{name}: {p}" for p in onto_an_input(work / f"c{i:02d}", name)]
+    return result(
+        f"all {len(ONTO_INPUTS)} refused (exit 2, one line naming the input), even with "
+        "--overwrite; nothing on disk changed (no lock file, no folder)",
+        [p for p in problems if ": changed " in p],
+        [p for p in problems if ": changed " not in p],
+    )
+
+
+# ------------------------------------------------------------ refusals leave nothing behind
+# Each builds its inputs and returns (command, folder it names as --out): a run refused or
+# failing before its first write, which must leave that folder as it was (or absent).
+LEAVES_NOTHING: dict[str, Callable[[Path], tuple[list[str], Path]]] = {
+    "pretrain into a non-empty folder": lambda w: (
+        (w / "used").mkdir(),
+        (w / "used" / "notes.txt").write_text("mine\n"),
+        (tiny_pretrain(make_corpus(w / "dd"), w / "used", 1), w / "used"),
+    )[2],
+    "pretrain on missing data, new --out (and parent)": lambda w: (
+        tiny_pretrain(w / "no-data", w / "new" / "run", 1),
+        w / "new",
+    ),
+    "pretrain on missing data, empty --out": lambda w: (
+        (w / "empty").mkdir(),
+        (tiny_pretrain(w / "no-data", w / "empty", 1), w / "empty"),
+    )[1],
+    "finetune on missing task data, new --out": lambda w: (
+        tiny_finetune(w / "no-task", char_vocab(w / "vocab"), w / "new", 1),
+        w / "new",
+    ),
+    "pretrain --resume auto with another --lr": lambda w: _resumed_with(
+        w, tiny_pretrain, "--lr", "0.5"
+    ),
+    "finetune --resume auto with another --seed": lambda w: _resumed_with(
+        w, _tiny_finetune_here, "--seed", "7"
+    ),
+}
+
+
+def _tiny_finetune_here(work: Path, out: Path, steps: int, *extra: str) -> list[str]:
+    return tiny_finetune(make_task(work / "task"), char_vocab(work / "vocab"), out, steps, *extra)
+
+
+def _resumed_with(work: Path, argv_for: Callable, *change: str) -> tuple[list[str], Path]:
+    """A 2-step run in work/run, and the command resuming it to 3 steps with `change`."""
+    run = work / "run"
+    first = work / "dd" if argv_for is tiny_pretrain else work
+    if argv_for is tiny_pretrain:
+        make_corpus(first)
+    code, err = run_cli(argv_for(first, run, 2))
+    if code:
+        raise RuntimeError(f"the first run failed: {err[-300:]}")
+    return argv_for(first, run, 3, "--resume", "auto", *change), run
+
+
+def refusal_leaves_nothing(work: Path, name: str) -> list[str]:
+    """Problems with `LEAVES_NOTHING[name]`: it must exit 2 with one line, and the folder it
+    names must be exactly as before (a new one not made, no lock file left anywhere)."""
+    work.mkdir(parents=True, exist_ok=True)
+    argv, out = LEAVES_NOTHING[name](work)
+    before = tree(work)
+    code, err = run_cli(argv)
+    problems = one_line(code, err)
+    return problems + [f"changed {entry}" for entry in changed(before, work)]
+
+
+def refusals_leave_nothing(work: Path) -> CaseResult:
+    problems: list[str] = []
+    for i, name in enumerate(LEAVES_NOTHING):
+        problems += [f"{name}: {p}" for p in refusal_leaves_nothing(work / f"c{i:02d}", name)]
+    return result(
+        f"all {len(LEAVES_NOTHING)} refused (exit 2, one line); no folder made, no lock file "
+        "left, run.json and checkpoints of a refused resume unchanged",
+        [p for p in problems if ": changed " in p],
+        [p for p in problems if ": changed " not in p],
+    )
+
+
+# ------------------------------------------------------------------------------- resumes
+def _first_run(work: Path, kind: str) -> tuple[Path, Callable[..., list[str]]]:
+    """A finished 2-step tiny `pretrain` or `finetune` run under `work` (made once; callers
+    copy it), and the function giving that command's argv for (out, steps, *extra)."""
+    home = work / f"first-{kind}"
+    if kind == "pretrain":
+        data = make_corpus(home / "dd") if not (home / "dd").is_dir() else home / "dd"
+
+        def argv(out: Path, steps: int, *extra: str) -> list[str]:
+            return tiny_pretrain(data, out, steps, *extra)
+    else:
+        task = make_task(home / "task") if not (home / "task").is_dir() else home / "task"
+        vocab = char_vocab(home / "vocab")
+
+        def argv(out: Path, steps: int, *extra: str) -> list[str]:
+            return tiny_finetune(task, vocab, out, steps, "--save-every", "1", *extra)
+
+    if not (home / "run" / "final").is_dir():
+        code, err = run_cli(argv(home / "run", 2))
+        if code:
+            raise RuntimeError(f"the first {kind} run failed: {err[-300:]}")
+    return home / "run", argv
+
+
+# name: (command, extra arguments of the resume, words the refusal must hold)
+RESUME_REFUSED: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "pretrain --set model.n_layer=3": (
+        "pretrain",
+        ("--set", "model.n_layer=3"),
+        ("model.n_layer", "has 2", "asks for 3"),
+    ),
+    "pretrain --lr 0.5": ("pretrain", ("--lr", "0.5"), ("train.lr", "0.001", "0.5")),
+    "pretrain --batch-size 8": ("pretrain", ("--batch-size", "8"), ("train.batch_size", "4", "8")),
+    "pretrain --seed 7": ("pretrain", ("--seed", "7"), ("train.seed", "1234", "7")),
+    "pretrain --data OTHER": ("pretrain", ("--data", "OTHER"), ("data.path", "other")),
+    "finetune --task csv": ("finetune", ("--task", "csv"), ("finetune.task", "'tsv'", "'csv'")),
+    "finetune --data OTHER": ("finetune", ("--data", "OTHER"), ("finetune.data", "other")),
+    "finetune --lr 0.5": ("finetune", ("--lr", "0.5"), ("train.lr", "0.5")),
+    "finetune --batch-size 2": ("finetune", ("--batch-size", "2"), ("train.batch_size", "2")),
+    "finetune --seed 7": ("finetune", ("--seed", "7"), ("train.seed", "42", "7")),
+    "finetune --labels pos,neg": ("finetune", ("--labels", "pos,neg"), ("labels",)),
+}
+
+
+def resume_refused(work: Path, name: str) -> list[str]:
+    """Problems with resuming a finished run with `RESUME_REFUSED[name]`'s setting: it must be
+    refused in one line naming the setting and both values, with the run folder unchanged."""
+    kind, extra, must = RESUME_REFUSED[name]
+    first, argv_for = _first_run(work, kind)
+    run = work / name.replace(" ", "_").replace("/", "_")
+    shutil.copytree(first, run)
+    if "OTHER" in extra:
+        other = work / "other"
+        if not other.is_dir():
+            (make_corpus if kind == "pretrain" else make_task)(other)
+        extra = tuple(str(other) if e == "OTHER" else e for e in extra)
+    argv = argv_for(run, 3, "--resume", "auto")
+    for flag, value in zip(extra[::2], extra[1::2]):
+        argv = (
+            _flag(argv, flag, value) if flag in argv and flag != "--set" else argv + [flag, value]
+        )
+    before = tree(run)
+    code, err = run_cli(argv)
+    return one_line(code, err, *must) + [f"changed {e}" for e in changed(before, run)]
+
+
+def resume_on_another_vocabulary(work: Path) -> list[str]:
+    """Pretraining resumed on its data folder re-prepared with another vocabulary: refused,
+    naming the data's meta.json (not the checkpoint) and both sizes."""
+    data = make_corpus(work / "dd", vocab=300)
+    run = work / "run"
+    code, err = run_cli(tiny_pretrain(data, run, 2))
+    if code:
+        return [f"the first run failed: {err[-300:]}"]
+    make_corpus(data, vocab=200)
+    before = tree(run)
+    code, err = run_cli(tiny_pretrain(data, run, 3, "--resume", "auto"))
+    problems = one_line(code, err, "model.vocab_size", "300", "200", str(data / "meta.json"))
+    return problems + [f"changed {e}" for e in changed(before, run)]
+
+
+def resume_accepts(work: Path, kind: str) -> list[str]:
+    """A resume with more steps and other checkpoint and logging intervals runs, and run.json
+    records the step it resumed from and what changed."""
+    first, argv_for = _first_run(work, kind)
+    run = work / f"accepted-{kind}"
+    shutil.copytree(first, run)
+    argv = argv_for(run, 4, "--resume", "auto", "--save-every", "2", "--eval-every", "3")
+    code, err = run_cli(argv)
+    if code:
+        return [f"exit {code}: {err[-300:]}"]
+    resumes = json.loads((run / "run.json").read_text()).get("resumes")
+    want = {"train.max_steps": {"was": 2, "now": 4}, "train.save_every": {"was": 1, "now": 2}}
+    if not resumes or resumes[-1]["step"] != 2:
+        return [f"run.json resumes: {resumes!r}"]
+    got = resumes[-1]["changed"]
+    return [f"run.json resumes[-1].changed lacks {k}: {got}" for k in want if got.get(k) != want[k]]
+
+
+def resumes_that_change_the_run(work: Path) -> CaseResult:
+    problems: list[str] = []
+    for name in RESUME_REFUSED:
+        problems += [f"{name}: {p}" for p in resume_refused(work, name)]
+    problems += [f"vocabulary: {p}" for p in resume_on_another_vocabulary(work / "vocab-case")]
+    for kind in ("pretrain", "finetune"):
+        problems += [f"{kind} accepted: {p}" for p in resume_accepts(work, kind)]
+    return result(
+        f"{len(RESUME_REFUSED) + 1} refused (exit 2, one line naming the setting, the run's value "
+        "and the requested one; a re-prepared vocabulary names the data's meta.json), run folder "
+        "unchanged; more steps and other intervals accepted and recorded in run.json `resumes`",
+        [p for p in problems if ": changed " in p],
+        [p for p in problems if ": changed " not in p],
+    )
+
+
+# ------------------------------------------------------------------------- interruptions
+# Each builds its inputs and returns (command, output) for a command that writes its output
+# through a temporary folder.
+INTERRUPTED: dict[str, Callable[[Path], tuple[list[str], Path]]] = {
+    "convert --to hf": lambda w: (
+        ["convert", str(tiny_checkpoint(w / "src")), str(w / "hf"), "--from", "gpt1", "--to", "hf"],
+        w / "hf",
+    ),
+    "convert": lambda w: (
+        ["convert", str(tiny_checkpoint(w / "src")), str(w / "dst"), "--from", "gpt1"],
+        w / "dst",
+    ),
+    "prepare": lambda w: (
+        [
+            "prepare",
+            "--corpus",
+            str(_corpus_dir(w)),
+            "--vocab",
+            str(char_vocab(w / "vocab")),
+            "--out",
+            str(w / "prepared"),
+        ],
+        w / "prepared",
+    ),
+    "tokenizer train": lambda w: (
+        [
+            "tokenizer",
+            "train",
+            "--corpus",
+            str(_corpus_dir(w)),
+            "--merges",
+            "5",
+            "--out",
+            str(w / "tok"),
+        ],
+        w / "tok",
+    ),
+}
+
+# Runs `gpt1 ARGV` with a signal delivered while its temporary output folder is complete but
+# not yet published (the first fsync of a `.NAME.tmp-PID` folder), the worst moment to stop.
+_SIGNAL_MID_WRITE = """
+import os, sys, time
+import gpt1.files as files
+real = files.fsync_dir
+def fsync_then_signal(path):
+    if ".tmp-" in str(path):
+        files.fsync_dir = real
+        real(path)
+        os.kill(os.getpid(), int(sys.argv[1]))
+        time.sleep(5)
+    return real(path)
+files.fsync_dir = fsync_then_signal
+from gpt1.cli import main
+sys.exit(main(["--quiet", *sys.argv[2:]]))
+"""
+
+
+def interrupted_write(work: Path, name: str, signum: int) -> list[str]:
+    """Problems with `INTERRUPTED[name]` stopped by `signum` mid-write: it must exit 128 +
+    signum with one line, leaving no temporary and no output."""
+    work.mkdir(parents=True, exist_ok=True)
+    argv, out = INTERRUPTED[name](work)
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_MID_WRITE, str(signum), *argv],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    problems = []
+    if proc.returncode != 128 + signum:
+        problems.append(f"exit {proc.returncode}, expected {128 + signum}: {proc.stderr[-200:]}")
+    elif len(proc.stderr.strip().splitlines()) != 1:
+        problems.append(f"stderr not one line: {proc.stderr[-300:]!r}")
+    problems += [f"left {t}" for t in leftovers(work)]
+    if out.exists():
+        problems.append(f"{out.name} was published although the command was stopped")
+    return problems
+
+
+def interrupted_writers(work: Path) -> CaseResult:
+    problems: list[str] = []
+    for i, name in enumerate(INTERRUPTED):
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            folder = work / f"c{i}-{signum.name}"
+            problems += [
+                f"{name} {signum.name}: {p}" for p in interrupted_write(folder, name, signum)
+            ]
+    return result(
+        "convert (gpt1 and --to hf), prepare and tokenizer train stopped by SIGINT and SIGTERM "
+        "between writing and publishing their output: exit 130 / 143, one line, no temporary "
+        "folder left, no output",
+        [],
         problems,
     )
 
@@ -1153,6 +1621,41 @@ def strict_readers(work: Path) -> CaseResult:
     )
 
 
+# meta.json edits that disagree with the shards: (edit, field named, shard named)
+META_EDITS: dict[str, tuple[Callable[[dict], None], str, str]] = {
+    "train tokens 5,999": (
+        lambda d: d["splits"]["train"].update(tokens=5999),
+        "splits.train.tokens",
+        "train-00000.bin",
+    ),
+    "val documents 2": (
+        lambda d: d["splits"]["val"].update(documents=2),
+        "splits.val.documents",
+        "val-00000.bin",
+    ),
+    "vocab_size 70,000 (uint16 shards)": (
+        lambda d: d.update(vocab_size=70_000),
+        "vocab_size",
+        "train-00000.bin",
+    ),
+}
+
+
+def meta_disagrees(work: Path) -> CaseResult:
+    runs = []
+    for i, (edit, field, shard) in enumerate(META_EDITS.values()):
+        data = make_corpus(work / f"d{i}")
+        _edit_json(data / "meta.json", edit)
+        runs.append((tiny_pretrain(data, work / f"run{i}", 1), ("meta.json", field, shard)))
+    return refused(
+        runs,
+        "pretrain refused a meta.json whose train tokens, val documents or vocab_size disagree "
+        "with the shards (exit 2, one line naming meta.json, the field and the shard)",
+        limit=None,
+        watched=work,
+    )
+
+
 # ------------------------------------------------------------------------------- table
 Case = Callable[[Path], CaseResult]
 
@@ -1301,6 +1804,14 @@ CASES: list[tuple[str, Case]] = [
         "300 half-sent requests at once, serve --request-timeout 1 --max-connections 100",
         half_sent_requests_flood,
     ),
+    (
+        "every writing command with its output on one of its inputs (--overwrite, symlinks)",
+        outputs_onto_inputs,
+    ),
+    ("a refused or failed run or resume: what it leaves behind", refusals_leave_nothing),
+    ("--resume auto with other data, task, model, lr, batch or seed", resumes_that_change_the_run),
+    ("SIGINT / SIGTERM while convert, prepare, tokenizer train publish", interrupted_writers),
+    ("meta.json: tokens, documents or vocab_size not what the shards hold", meta_disagrees),
 ]
 
 

@@ -11,7 +11,8 @@ Three families, each a plain function that `tests/` and `benchmarks/faults.py` i
 * fault cases (`CASES`, `run_cases`; cases live in `gpt1.testing.fault_cases`): one function per
   fault a user's disk or a second process can throw at a command (an overwrite attempt, a
   concurrent writer, a SIGKILLed lock holder, a full disk, a read-only folder, a umask, a
-  hostile size, type, weight, token id, path or row), each
+  hostile size, type, weight, token id, path or row, an output on one of the command's inputs,
+  a resume that would change the run, a signal mid-publish), each
   returning a `CaseResult` (outcome, data lost). Adding a case is adding a function to `CASES`.
 
 Nothing here knows where real data lives: callers pass the folder (`readers(shared, work)`).

@@ -24,7 +24,6 @@ import logging
 import multiprocessing
 import random
 import re
-import shutil
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -377,11 +376,11 @@ def prepare(
 ) -> dict:
     """Encode `corpus` into token shards in `out`; returns the meta.json contents."""
     from gpt1.checkpoint_files import copy_tokenizer_files
-    from gpt1.files import atomic_dir, check_output, publish_dir, writing
+    from gpt1.files import atomic_folder, check_output, folder_files
 
     opts = opts or PrepareOptions()
     out = Path(out)
-    check_output(out, opts.overwrite, (*corpus, vocab))
+    check_output(out, opts.overwrite, (*corpus, *folder_files(vocab)), roots=(vocab,))
     started = time.perf_counter()
     tok = Tokenizer.from_dir(
         vocab,
@@ -399,36 +398,30 @@ def prepare(
             files[0] if len(files) == 1 else None,
         )
     val = choose_val(n_docs, opts.val_fraction, opts.seed)
-    tmp = atomic_dir(out)
-    try:
-        with writing(out, cleanup=tmp):
-            splits = _encode_all(files, tok, opts, stats, val, n_docs, tmp)
-            copy_tokenizer_files(vocab, tmp)
-            meta = {
-                "format": FORMAT,
-                "version": VERSION,
-                "vocab_size": tok.vocab_size,
-                "dtype": dtype_for_vocab(tok.vocab_size).name,
-                "splits": splits,
-                "sources": [str(f) for f in files],
-                "stats": {
-                    **stats.__dict__,
-                    "documents": n_docs,
-                    "tokens": sum(s["tokens"] for s in splits.values()),
-                    "seconds": round(time.perf_counter() - started, 3),
-                    "val_fraction": opts.val_fraction,
-                    "seed": opts.seed,
-                    "doc_sep": opts.doc_sep,
-                    "standardize": opts.standardize,
-                    "lower_first": opts.lower_first,
-                    "strip_gutenberg": opts.strip_gutenberg,
-                },
-            }
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-            publish_dir(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    with atomic_folder(out) as tmp:
+        splits = _encode_all(files, tok, opts, stats, val, n_docs, tmp)
+        copy_tokenizer_files(vocab, tmp)
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "vocab_size": tok.vocab_size,
+            "dtype": dtype_for_vocab(tok.vocab_size).name,
+            "splits": splits,
+            "sources": [str(f) for f in files],
+            "stats": {
+                **stats.__dict__,
+                "documents": n_docs,
+                "tokens": sum(s["tokens"] for s in splits.values()),
+                "seconds": round(time.perf_counter() - started, 3),
+                "val_fraction": opts.val_fraction,
+                "seed": opts.seed,
+                "doc_sep": opts.doc_sep,
+                "standardize": opts.standardize,
+                "lower_first": opts.lower_first,
+                "strip_gutenberg": opts.strip_gutenberg,
+            },
+        }
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
 
 

@@ -22,7 +22,7 @@ import torch
 
 from gpt1.config import file_inside, read_json_file
 from gpt1.errors import ConfigError, DataError
-from gpt1.text.shards import read_shard
+from gpt1.text.shards import dtype_for_vocab, read_header, read_shard
 
 META = "meta.json"
 
@@ -81,7 +81,7 @@ def open_prepared(folder: str | Path) -> PreparedData:
             raise DataError(
                 f'split {name!r} needs a "shards" list', meta_file, field=f"splits.{name}.shards"
             )
-        arrays = []
+        arrays, documents = [], 0
         for i, shard in enumerate(info["shards"]):
             path = shard_path(folder, shard, meta_file, f"splits.{name}.shards[{i}]")
             if not path.is_file():
@@ -89,10 +89,43 @@ def open_prepared(folder: str | Path) -> PreparedData:
             tokens = read_shard(path)
             if dtype is not None and tokens.dtype != np.dtype(dtype):
                 raise DataError(f"shard stores {tokens.dtype} ids but meta.json says {dtype}", path)
+            check_vocab_size(tokens, vocab, path, meta_file)
             check_token_ids(tokens, vocab, path)
             arrays.append(tokens)
+            documents += read_header(path)["n_docs"]
         splits[name] = Split(name, arrays, int(sum(a.size for a in arrays)))
+        check_counts(info, splits[name], documents, meta_file)
     return PreparedData(folder, meta, vocab, splits)
+
+
+def check_vocab_size(tokens: np.ndarray, vocab_size: int, path: Path, meta_file: Path) -> None:
+    """A shard's id width is the one `gpt1 prepare` picks for meta.json's `vocab_size` (uint16 up
+    to 65,536 tokens, else uint32): another width means the size was edited or belongs to
+    other shards."""
+    if tokens.dtype != dtype_for_vocab(vocab_size):
+        raise DataError(
+            f"says {vocab_size:,} but shard {path.name} stores {tokens.dtype} ids, which "
+            f"belong to a vocabulary of {'at most 65,536' if tokens.dtype == np.uint16 else 'over 65,536'}"
+            " tokens; re-run `gpt1 prepare`",
+            meta_file,
+            field="vocab_size",
+        )
+
+
+def check_counts(info: dict[str, Any], split: Split, documents: int, meta_file: Path) -> None:
+    """meta.json's `tokens` and `documents` of a split (when given) are what its shards hold:
+    a count that disagrees means the folder was edited or mixed from two `gpt1 prepare` runs."""
+    for field, held in (("tokens", split.tokens), ("documents", documents)):
+        if field not in info:
+            continue
+        said = info[field]
+        if type(said) is not int or said != held:
+            raise DataError(
+                f"says {said!r} but the split's shards ({', '.join(map(str, info['shards']))}) "
+                f"hold {held:,}; re-run `gpt1 prepare`",
+                meta_file,
+                field=f"splits.{split.name}.{field}",
+            )
 
 
 def shard_path(folder: Path, name: Any, meta_file: Path, field: str) -> Path:

@@ -172,7 +172,7 @@ def train(
     raw = model.to(device)
     if cfg.gradient_checkpointing:
         checkpoint_blocks(raw)
-    resume_dir = _find_resume(cfg.resume, run_dir)
+    resume_dir = train_state.resume_checkpoint(cfg.resume, run_dir)
     if resume_dir is not None:
         read_model(raw, resume_dir)
     wrapped = dist.wrap(raw, cfg.distributed, device)
@@ -318,23 +318,6 @@ def train(
 
 
 # ----------------------------------------------------------------------------- helpers
-def _find_resume(resume: str, run_dir: Path) -> Path | None:
-    if not resume:
-        return None
-    if resume == "auto":
-        return train_state.latest_resumable(run_dir)
-    path = Path(resume)
-    if not (path / train_state.TRAINER_JSON).is_file():
-        found = train_state.latest_resumable(path) if path.is_dir() else None
-        if found is None:
-            raise ConfigError(
-                f"--resume {resume}: no resumable checkpoint (step-N folder with "
-                f"{train_state.TRAINER_JSON}) there"
-            )
-        return found
-    return path
-
-
 def _clip(model: nn.Module, max_norm: float) -> float:
     params = [p for p in model.parameters() if p.grad is not None]
     if max_norm > 0:

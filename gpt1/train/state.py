@@ -16,7 +16,7 @@ import torch
 
 from gpt1.checkpoint_files import load_state_dict, save_tensors
 from gpt1.config import read_json_file
-from gpt1.errors import CheckpointError
+from gpt1.errors import CheckpointError, ConfigError
 
 TRAINER_TENSORS = "trainer_state.safetensors"
 TRAINER_JSON = "trainer_state.json"
@@ -123,6 +123,26 @@ def latest_resumable(run_dir: str | Path) -> Path | None:
     if not candidates:
         return None
     return max(candidates, key=lambda p: read_trainer_json(p)["step"])
+
+
+def resume_checkpoint(resume: str, run_dir: str | Path) -> Path | None:
+    """The checkpoint `--resume` names: None without one, the newest resumable checkpoint of
+    `run_dir` for `auto` (None when it has none: a new run), else the step-N folder given (or
+    the newest one inside the run folder given)."""
+    if not resume:
+        return None
+    if resume == "auto":
+        return latest_resumable(run_dir)
+    path = Path(resume)
+    if not (path / TRAINER_JSON).is_file():
+        found = latest_resumable(path) if path.is_dir() else None
+        if found is None:
+            raise ConfigError(
+                f"--resume {resume}: no resumable checkpoint (step-N folder with "
+                f"{TRAINER_JSON}) there"
+            )
+        return found
+    return path
 
 
 def prune_steps(run_dir: str | Path, keep_last: int) -> None:
