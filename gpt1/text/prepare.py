@@ -33,13 +33,13 @@ from pathlib import Path
 import numpy as np
 
 from gpt1.errors import DataError
-from gpt1.text.shards import dtype_for_vocab, write_shard
+from gpt1.text.shards import ShardAppender, dtype_for_vocab
 from gpt1.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "gpt1-tokens", 1
-EXTENSIONS = (".txt", ".jsonl")
+EXTENSIONS = (".txt", ".jsonl", ".parquet")
 DOC_SEPS = {"blank-line": re.compile(r"\n[^\S\n]*\n\s*"), "line": re.compile(r"\n")}
 _GUTENBERG_START = re.compile(
     r"^\*\*\*\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$", re.IGNORECASE | re.MULTILINE
@@ -104,7 +104,7 @@ def find_files(corpus: Sequence[str | Path]) -> list[Path | HubSource]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in EXTENSIONS)
             if not found:
-                raise DataError("folder holds no .txt or .jsonl files", path)
+                raise DataError("folder holds no .txt, .jsonl or .parquet files", path)
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -210,6 +210,33 @@ def _jsonl_documents(path: Path, opts: PrepareOptions, stats: Stats | None) -> I
     _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
 
 
+def _parquet_documents(path: Path, opts: PrepareOptions) -> Iterator[str]:
+    # streamed a record batch at a time: the file is never read whole
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(
+            "reading Parquet needs the `pyarrow` package (pip install 'gpt1[hf]')", path
+        ) from None
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # not Parquet, truncated: pyarrow's message says which
+        raise DataError(f"cannot read as Parquet ({exc})", path) from None
+    if opts.text_field not in table.schema_arrow.names:
+        raise DataError(
+            f"no such column (columns: {table.schema_arrow.names}; choose one with --text-field)",
+            path,
+            field=opts.text_field,
+        )
+    row = 0
+    for batch in table.iter_batches(batch_size=1024, columns=[opts.text_field]):
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if not isinstance(value, str):
+                raise DataError(f"row {row:,} is not a string", path, field=opts.text_field)
+            yield value
+
+
 def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
     try:
         import datasets
@@ -238,6 +265,9 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None)
         return
     if path.suffix == ".jsonl":
         yield from (d for d in _jsonl_documents(path, opts, stats) if d.strip())
+        return
+    if path.suffix == ".parquet":
+        yield from (d for d in _parquet_documents(path, opts) if d.strip())
         return
     text = read_text(path, stats)
     if text is None:
@@ -324,33 +354,45 @@ def _encode(text: str) -> np.ndarray:
 
 
 class ShardWriter:
-    """Accumulates one split's documents and writes numbered shards."""
+    """Writes one split's documents into numbered shards as they come: memory holds one
+    document's ids, never a shard's (`gpt1.text.shards.ShardAppender`)."""
 
     def __init__(self, folder: Path, split: str, vocab_size: int, shard_tokens: int) -> None:
         self.folder, self.split = folder, split
         self.vocab_size, self.shard_tokens = vocab_size, shard_tokens
-        self.buffer: list[np.ndarray] = []
-        self.buffered = self.buffer_docs = 0
+        self.current: ShardAppender | None = None
+        self.current_docs = 0
         self.shards: list[str] = []
         self.tokens = self.documents = 0
 
     def add(self, ids: np.ndarray) -> None:
-        self.buffer.append(ids)
-        self.buffered += len(ids)
-        self.buffer_docs += 1
+        if self.current is None:
+            self.current = self._open()
+        self.current.append(ids)
+        self.current_docs += 1
         self.tokens += len(ids)
         self.documents += 1
-        if self.buffered >= self.shard_tokens:
+        if self.current.tokens >= self.shard_tokens:
             self.flush()
 
     def flush(self) -> None:
-        if not self.buffer_docs and self.shards:
-            return
+        """Close the open shard (an empty one when the split has written none yet)."""
+        if self.current is None:
+            if self.shards:
+                return
+            self.current = self._open()
+        self.current.close(self.current_docs)
+        self.current, self.current_docs = None, 0
+
+    def abort(self) -> None:
+        if self.current is not None:
+            self.current.abort()
+            self.current = None
+
+    def _open(self) -> ShardAppender:
         name = f"{self.split}-{len(self.shards):05d}.bin"
-        tokens = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.uint32)
-        write_shard(self.folder / name, tokens, self.buffer_docs, self.vocab_size)
         self.shards.append(name)
-        self.buffer, self.buffered, self.buffer_docs = [], 0, 0
+        return ShardAppender(self.folder / name, self.vocab_size)
 
 
 def choose_val(n_docs: int, val_fraction: float, seed: int) -> set[int]:
@@ -464,6 +506,10 @@ def _encode_all(
                         writers["val" if index in val else "train"].add(ids)
                     index += 1
                 bar.update(len(batch))
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
     finally:
         if pool is not None:
             pool.terminate()
