@@ -1,4 +1,5 @@
-"""`gpt1 pretrain`: the paper's language-model pretraining on a `gpt1 prepare` folder.
+"""`gpt1 pretrain`: the paper's language-model pretraining on a `gpt1 prepare` folder, or on text
+files read and tokenized while training (`gpt1.text.stream`).
 
 Configuration resolves in order: preset (model + recipe) -> TOML file -> command-line flags ->
 `--set section.key=value`. The vocabulary size always comes from the prepared data (the tokenizer
@@ -20,7 +21,8 @@ from gpt1.config import RunConfig, load_toml, resolve_pretrain
 from gpt1.errors import ConfigError
 from gpt1.files import claim_run_dir, resumes_in, write_json
 from gpt1.model.registry import build_model
-from gpt1.text.windows import PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.text.stream import TextData, batch_source, open_data
+from gpt1.text.windows import PreparedData, validation_windows
 from gpt1.train import distributed as dist
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import WindowLMLoss, lm_loss_window
@@ -41,7 +43,7 @@ def resolve_config(
     return resolve_pretrain(preset, table, flags, sets, toml_source=str(config_file or "config"))
 
 
-def finalize(cfg: RunConfig, data: PreparedData) -> RunConfig:
+def finalize(cfg: RunConfig, data: PreparedData | TextData) -> RunConfig:
     """`cfg` completed from the data: vocab size (the tokenizer's), n_ctx (0 = n_positions) and
     run length (max_steps 0 = ceil(epochs * train_tokens / (batch_size * n_ctx)))."""
     n_ctx = cfg.data.n_ctx or cfg.model.n_positions
@@ -51,6 +53,11 @@ def finalize(cfg: RunConfig, data: PreparedData) -> RunConfig:
         )
     max_steps = cfg.train.max_steps
     if max_steps == 0:
+        if isinstance(data, TextData):
+            raise ConfigError(
+                "set --max-steps: the length of text read directly is unknown until it is "
+                "read (or encode it first with `gpt1 prepare`)"
+            )
         tokens = data.splits["train"].tokens
         max_steps = max(1, math.ceil(cfg.train.epochs * tokens / (cfg.train.batch_size * n_ctx)))
     return dataclasses.replace(
@@ -100,7 +107,10 @@ def pretrain(
     """
     out = Path(out)
     if not cfg.data.path:
-        raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
+        raise ConfigError(
+            "no data: pass --data DIR (a `gpt1 prepare` output folder, or text files with "
+            "--tokenizer DIR)"
+        )
     lock = (
         claim_run_dir(out, resumes_in(out, cfg.train.resume), overwrite)
         if dist.env_info().is_main
@@ -114,7 +124,7 @@ def pretrain(
 
 
 def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
-    data = open_prepared(cfg.data.path)
+    data = open_data(cfg.data)
     cfg = finalize(cfg, data)
     n_ctx = cfg.data.n_ctx
     info = dist.env_info()
@@ -137,11 +147,19 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str) -> TrainResult:
         write_json(out / RUN_CONFIG, resolved)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
-    source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
-    eval_fn = make_eval_fn(
-        data, n_ctx, cfg.data.val_windows, cfg.train.micro_batch_size, cfg.train.loss_chunk_tokens
-    )
-    tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
+    source = batch_source(data, cfg.data, n_ctx, cfg.train.seed, info.rank, info.world_size)
+    if isinstance(data, TextData):  # no held-out split in a stream
+        log.warning("text files read directly have no validation split: evaluation is off")
+        eval_fn, tokenizer_dir = None, data.tokenizer_dir
+    else:
+        eval_fn = make_eval_fn(
+            data,
+            n_ctx,
+            cfg.data.val_windows,
+            cfg.train.micro_batch_size,
+            cfg.train.loss_chunk_tokens,
+        )
+        tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
     if tokenizer_dir is None:
         log.warning(
             "%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder
