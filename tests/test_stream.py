@@ -227,3 +227,39 @@ def test_sigkill_in_the_middle_of_a_stream_resumes_exactly(corpus, tmp_path):
     cursor = json.loads((ref / "final" / "trainer_state.json").read_text())["sources"][0]
     assert cursor["epoch"] >= 1 and cursor["kind"] == "text-stream"
     assert np.isfinite([loss for _, loss in losses(run)]).all()
+
+
+@pytest.mark.slow
+def test_two_processes_split_the_stream_and_resume_exactly(corpus, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    text, vocab, _ = corpus
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
+    two, resumed = tmp_path / "two", tmp_path / "resumed"
+
+    def launch(out: Path, *extra: str, launcher=torchrun) -> subprocess.CompletedProcess:
+        args = run_args(
+            text, out, "--tokenizer", str(vocab), "--max-steps", "6", "--save-every", "3"
+        )
+        argv = [*launcher, "-m", "gpt1", *args, "--set", "data.doc_sep=blank-line", *extra]
+        return subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True)
+
+    assert launch(two).returncode == 0
+    cursors = json.loads((two / "step-3" / "trainer_state.json").read_text())["sources"]
+    assert [(c["rank"], c["world"]) for c in cursors] == [(0, 2), (1, 2)]
+    assert cursors[0]["index"] % 2 == 0 and cursors[1]["index"] % 2 == 1  # alternate documents
+    assert launch(resumed, "--resume", str(two / "step-3")).returncode == 0
+    assert losses(resumed) == [(s, v) for s, v in losses(two) if s > 3]
+    alone = launch(tmp_path / "alone", "--resume", str(two / "step-3"), launcher=[sys.executable])
+    assert alone.returncode == 2
+    assert "split over 2 processes; resume with 2 (this run has 1)" in alone.stderr
