@@ -362,11 +362,14 @@ class DataConfig:
     text_field: str = "text"  # the .jsonl / .parquet field holding a document
     doc_sep: str = ""  # "": a .txt file is one document; blank-line, line or a literal string
     strip_gutenberg: bool = False
+    workers: int = 1  # tokenizing processes per rank (1: the training process itself)
 
     def __post_init__(self) -> None:
         check_types(self, "data")
         if self.n_ctx < 0 or self.val_windows < 0:
             raise ConfigError("data.n_ctx and data.val_windows must be >= 0")
+        if self.workers < 1:
+            raise ConfigError(f"data.workers must be >= 1, got {self.workers}")
         if self.order not in ("auto", "random", "sequential"):
             raise ConfigError(f"data.order must be auto, random or sequential, got {self.order!r}")
 

@@ -348,7 +348,8 @@ def _init_worker(tok: Tokenizer) -> None:
     _TOKENIZER = tok
 
 
-def _encode(text: str) -> np.ndarray:
+def encode_in_worker(text: str) -> np.ndarray:
+    """A document's ids in a process of `open_pool` (its tokenizer was given at start)."""
     assert _TOKENIZER is not None
     return np.asarray(_TOKENIZER.encode(text), dtype=np.uint32)
 
@@ -404,7 +405,12 @@ def choose_val(n_docs: int, val_fraction: float, seed: int) -> set[int]:
     return set(random.Random(seed).sample(range(n_docs), n_val))
 
 
-def _open_pool(tok: Tokenizer, workers: int):
+def encode_batch_in_worker(texts: list[str]) -> list[np.ndarray]:
+    return [encode_in_worker(t) for t in texts]
+
+
+def open_pool(tok: Tokenizer, workers: int):
+    """`workers` encoding processes holding `tok` (see `encode_in_worker`)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     return multiprocessing.get_context(method).Pool(workers, _init_worker, (tok,))
 
@@ -488,7 +494,7 @@ def _encode_all(
     writers = {
         s: ShardWriter(folder, s, tok.vocab_size, opts.shard_tokens) for s in ("train", "val")
     }
-    pool = _open_pool(tok, opts.workers) if opts.workers > 1 else None
+    pool = open_pool(tok, opts.workers) if opts.workers > 1 else None
     index = 0
     try:
         with tqdm(total=n_docs, unit="doc", disable=opts.quiet, desc="prepare") as bar:
@@ -497,7 +503,7 @@ def _encode_all(
                     encoded = [np.asarray(tok.encode(d), dtype=np.uint32) for d in batch]
                 else:
                     encoded = pool.map(
-                        _encode, batch, chunksize=max(1, len(batch) // (4 * opts.workers))
+                        encode_in_worker, batch, chunksize=max(1, len(batch) // (4 * opts.workers))
                     )
                 for ids in encoded:
                     if len(ids) == 0:

@@ -23,14 +23,22 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from gpt1.config import DataConfig
 from gpt1.errors import ConfigError, DataError
-from gpt1.text.prepare import EXTENSIONS, PrepareOptions, Stats, documents, find_files
+from gpt1.text.prepare import (
+    EXTENSIONS,
+    PrepareOptions,
+    Stats,
+    documents,
+    encode_batch_in_worker,
+    find_files,
+    open_pool,
+)
 from gpt1.text.tokenizer import Tokenizer
 from gpt1.text.windows import META, PreparedData, SequentialWindows, WindowSource, open_prepared
 
@@ -107,7 +115,7 @@ def batch_source(
                 "data.order=random needs a `gpt1 prepare` folder; text files are read in order "
                 "(data.order=sequential)"
             )
-        return TextStream(data, n_ctx, rank, world)
+        return TextStream(data, n_ctx, rank, world, cfg.workers)
     if cfg.order == "sequential":
         return SequentialWindows(data.splits["train"], n_ctx, rank, world)
     return WindowSource(data.splits["train"], n_ctx, seed, rank, world)
@@ -122,11 +130,34 @@ class Cursor(NamedTuple):
     index: int
 
 
+TASK_CHARS = 1 << 20  # text per task handed to a tokenizing process
+
+
+def _tasks(texts: Iterator[tuple[Cursor, str]]) -> Iterator[list[tuple[Cursor, str]]]:
+    task: list[tuple[Cursor, str]] = []
+    size = 0
+    for item in texts:
+        task.append(item)
+        size += len(item[1])
+        if size >= TASK_CHARS:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
+
+
+def _finished(cursors: list[Cursor], result: Any) -> Iterator[tuple[Cursor, np.ndarray]]:
+    for cursor, ids in zip(cursors, result.get()):
+        yield cursor, ids.astype(np.int64)
+
+
 class TextStream:
     """Consecutive windows of text files' token stream for one rank (the trainer's `BatchSource`)."""
 
-    def __init__(self, data: TextData, n_ctx: int, rank: int = 0, world_size: int = 1):
-        self.data, self.n_ctx = data, int(n_ctx)
+    def __init__(
+        self, data: TextData, n_ctx: int, rank: int = 0, world_size: int = 1, workers: int = 1
+    ):
+        self.data, self.n_ctx, self.workers = data, int(n_ctx), int(workers)
         self.rank, self.world = int(rank), int(world_size)
         self._start = Cursor(0, 0, 0, 0)  # the first document to read
         self._held: deque[tuple[Cursor, np.ndarray]] = deque()  # ids the next window may span
@@ -178,29 +209,63 @@ class TextStream:
 
     def _read(self, start: Cursor) -> Iterator[tuple[Cursor, np.ndarray]]:
         """This rank's documents as ids, from `start` on, pass after pass."""
+        epoch, tokens, whole_pass = start.epoch, 0, (start.file, start.doc) == (0, 0)
+        for cursor, ids in self._encoded(self._texts(start)):
+            if cursor.epoch != epoch:
+                self._check_pass(tokens, whole_pass)
+                epoch, tokens, whole_pass = cursor.epoch, 0, True
+            tokens += ids.size
+            if ids.size:
+                yield cursor, ids
+
+    def _texts(self, start: Cursor) -> Iterator[tuple[Cursor, str]]:
+        """This rank's documents as text (documents r, r + W, ... of each pass)."""
         epoch, first_file, first_doc, index = start
-        files, tok = self.data.files, self.data.tokenizer
+        files = self.data.files
         while True:
-            whole_pass, tokens = (first_file, first_doc) == (0, 0), 0
+            mine = 0
             for f in range(first_file, len(files)):
                 warn = Stats() if epoch == 0 and self.rank == 0 else None  # warned once
                 for d, text in enumerate(documents(files[f], self.data.opts, warn)):
                     if f == first_file and d < first_doc:
                         continue
                     if index % self.world == self.rank:
-                        ids = np.asarray(tok.encode(text), dtype=np.int64)
-                        tokens += ids.size
-                        if ids.size:
-                            yield Cursor(epoch, f, d, index), ids
+                        mine += 1
+                        yield Cursor(epoch, f, d, index), text
                     index += 1
-            if whole_pass and tokens < self.n_ctx + 1:
-                raise DataError(
-                    f"one pass over {self.data.spec} gives "
-                    + (f"rank {self.rank} of {self.world} " if self.world > 1 else "")
-                    + f"{tokens} tokens, fewer than one window of {self.n_ctx + 1}; add text or "
-                    "lower data.n_ctx"
-                )
+            if not mine and (first_file, first_doc) == (0, 0):
+                self._check_pass(0, True)
             epoch, first_file, first_doc, index = epoch + 1, 0, 0, 0
+
+    def _check_pass(self, tokens: int, whole_pass: bool) -> None:
+        if whole_pass and tokens < self.n_ctx + 1:
+            raise DataError(
+                f"one pass over {self.data.spec} gives "
+                + (f"rank {self.rank} of {self.world} " if self.world > 1 else "")
+                + f"{tokens} tokens, fewer than one window of {self.n_ctx + 1}; add text or "
+                "lower data.n_ctx"
+            )
+
+    def _encoded(self, texts: Iterator[tuple[Cursor, str]]) -> Iterator[tuple[Cursor, np.ndarray]]:
+        """Documents' ids in order: in this process, or by `workers` processes working ahead on
+        at most 2 x workers tasks of up to TASK_CHARS characters (memory stays bounded)."""
+        tok = self.data.tokenizer
+        if self.workers <= 1:
+            for cursor, text in texts:
+                yield cursor, np.asarray(tok.encode(text), dtype=np.int64)
+            return
+        pool = open_pool(tok, self.workers)
+        pending: deque[tuple[list[Cursor], Any]] = deque()
+        try:
+            for task in _tasks(texts):
+                cursors, docs = zip(*task)
+                pending.append((list(cursors), pool.apply_async(encode_batch_in_worker, (docs,))))
+                if len(pending) >= 2 * self.workers:
+                    yield from _finished(*pending.popleft())
+            while pending:
+                yield from _finished(*pending.popleft())
+        finally:
+            pool.terminate()
 
     def state_dict(self) -> dict:
         cursor, offset = (self._held[0][0], self._offset) if self._held else (self._start, 0)
@@ -235,6 +300,8 @@ class TextStream:
                 f"{f + 1} of {self.data.spec} any more; resume with the same files"
             )
         self._start = Cursor(int(state["epoch"]), f, int(state["doc"]), int(state["index"]))
+        if self._reader is not None:
+            self._reader.close()  # stops its tokenizing processes
         self._held, self._held_tokens, self._reader = deque(), 0, None
         self._offset = int(state["offset"])
         tokens = state.get("doc_tokens")
