@@ -114,9 +114,14 @@ def _contains(haystack: np.ndarray, needle: list[int]) -> bool:
     return any(haystack[i : i + n].tolist() == needle for i in range(len(haystack) - n + 1))
 
 
-def test_prepare_is_deterministic_and_workers_give_the_same_shards(tmp_path, vocab):
+def test_prepare_is_deterministic_and_workers_give_the_same_shards(tmp_path, vocab, monkeypatch):
+    import gpt1.text.prepare
+
+    monkeypatch.setattr(gpt1.text.prepare, "TASK_CHARS", 40)  # several tasks in flight, in order
     corpus = _corpus(tmp_path)
-    opts = dict(doc_sep="blank-line", val_fraction=0.25, quiet=True, strip_gutenberg=True)
+    opts = dict(
+        doc_sep="blank-line", val_fraction=0.25, quiet=True, strip_gutenberg=True, shard_tokens=8
+    )
     one = prepare([corpus], vocab, tmp_path / "one", PrepareOptions(**opts))
     two = prepare([corpus], vocab, tmp_path / "two", PrepareOptions(workers=2, **opts))
     assert one["splits"] == two["splits"]

@@ -118,9 +118,9 @@ def test_resume_from_any_cursor_is_exact(corpus):
 
 
 def test_tokenizing_processes_give_the_same_stream(corpus, monkeypatch):
-    import gpt1.text.stream as stream
+    import gpt1.text.prepare
 
-    monkeypatch.setattr(stream, "TASK_CHARS", 300)  # many small tasks in flight
+    monkeypatch.setattr(gpt1.text.prepare, "TASK_CHARS", 300)  # many small tasks in flight
     text, vocab, _ = corpus
     data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
     alone, helped = TextStream(data, N_CTX), TextStream(data, N_CTX, workers=2)

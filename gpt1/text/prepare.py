@@ -19,6 +19,7 @@ naming the file and line.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -26,9 +27,11 @@ import random
 import re
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -415,6 +418,48 @@ def open_pool(tok: Tokenizer, workers: int):
     return multiprocessing.get_context(method).Pool(workers, _init_worker, (tok,))
 
 
+TASK_CHARS = 1 << 20  # text per task handed to an encoding process
+
+
+def encode_ordered(
+    tok: Tokenizer, workers: int, items: Iterable[tuple[Any, str]]
+) -> Iterator[tuple[Any, np.ndarray]]:
+    """(key, ids) for each (key, text) of `items`, in order: encoded in this process
+    (`workers` <= 1), or by `workers` processes working ahead on at most 2 x workers tasks of
+    about TASK_CHARS characters each, so the text in flight is bounded whatever the corpus."""
+    if workers <= 1:
+        for key, text in items:
+            yield key, np.asarray(tok.encode(text), dtype=np.uint32)
+        return
+    pool = open_pool(tok, workers)
+    pending: deque[tuple[list[Any], Any]] = deque()
+    try:
+        for task in _tasks(items):
+            keys, texts = zip(*task)
+            pending.append((list(keys), pool.apply_async(encode_batch_in_worker, (texts,))))
+            if len(pending) >= 2 * workers:
+                keys, result = pending.popleft()
+                yield from zip(keys, result.get())
+        while pending:
+            keys, result = pending.popleft()
+            yield from zip(keys, result.get())
+    finally:
+        pool.terminate()
+
+
+def _tasks(items: Iterable[tuple[Any, str]]) -> Iterator[list[tuple[Any, str]]]:
+    task: list[tuple[Any, str]] = []
+    size = 0
+    for item in items:
+        task.append(item)
+        size += len(item[1])
+        if size >= TASK_CHARS:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
+
+
 # ---------------------------------------------------------------------------------------------
 # The command
 def prepare(
@@ -494,31 +539,24 @@ def _encode_all(
     writers = {
         s: ShardWriter(folder, s, tok.vocab_size, opts.shard_tokens) for s in ("train", "val")
     }
-    pool = open_pool(tok, opts.workers) if opts.workers > 1 else None
+    docs = ((None, d) for f in files for d in documents(f, opts, None))
     index = 0
     try:
-        with tqdm(total=n_docs, unit="doc", disable=opts.quiet, desc="prepare") as bar:
-            for batch in _batches(d for f in files for d in documents(f, opts, None)):
-                if pool is None:
-                    encoded = [np.asarray(tok.encode(d), dtype=np.uint32) for d in batch]
+        with (
+            tqdm(total=n_docs, unit="doc", disable=opts.quiet, desc="prepare") as bar,
+            contextlib.closing(encode_ordered(tok, opts.workers, docs)) as encoded,
+        ):
+            for _, ids in encoded:
+                if len(ids) == 0:
+                    stats.empty_documents += 1
                 else:
-                    encoded = pool.map(
-                        encode_in_worker, batch, chunksize=max(1, len(batch) // (4 * opts.workers))
-                    )
-                for ids in encoded:
-                    if len(ids) == 0:
-                        stats.empty_documents += 1
-                    else:
-                        writers["val" if index in val else "train"].add(ids)
-                    index += 1
-                bar.update(len(batch))
+                    writers["val" if index in val else "train"].add(ids)
+                index += 1
+                bar.update(1)
     except BaseException:
         for writer in writers.values():
             writer.abort()
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
     for writer in writers.values():
         if writer.documents:
             writer.flush()
@@ -526,19 +564,3 @@ def _encode_all(
         s: {"shards": w.shards, "tokens": w.tokens, "documents": w.documents}
         for s, w in writers.items()
     }
-
-
-def _batches(
-    docs: Iterator[str], max_chars: int = 32 << 20, max_docs: int = 4096
-) -> Iterator[list[str]]:
-    # bounded batches: Pool.imap would read the whole corpus ahead into memory
-    batch: list[str] = []
-    size = 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc)
-        if size >= max_chars or len(batch) >= max_docs:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch

@@ -18,12 +18,13 @@ read whole, as `gpt1 prepare` reads it; .jsonl and .parquet files a row at a tim
 
 from __future__ import annotations
 
+import contextlib
 import glob
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,9 +36,8 @@ from gpt1.text.prepare import (
     PrepareOptions,
     Stats,
     documents,
-    encode_batch_in_worker,
+    encode_ordered,
     find_files,
-    open_pool,
 )
 from gpt1.text.tokenizer import Tokenizer
 from gpt1.text.windows import META, PreparedData, SequentialWindows, WindowSource, open_prepared
@@ -130,27 +130,6 @@ class Cursor(NamedTuple):
     index: int
 
 
-TASK_CHARS = 1 << 20  # text per task handed to a tokenizing process
-
-
-def _tasks(texts: Iterator[tuple[Cursor, str]]) -> Iterator[list[tuple[Cursor, str]]]:
-    task: list[tuple[Cursor, str]] = []
-    size = 0
-    for item in texts:
-        task.append(item)
-        size += len(item[1])
-        if size >= TASK_CHARS:
-            yield task
-            task, size = [], 0
-    if task:
-        yield task
-
-
-def _finished(cursors: list[Cursor], result: Any) -> Iterator[tuple[Cursor, np.ndarray]]:
-    for cursor, ids in zip(cursors, result.get()):
-        yield cursor, ids.astype(np.int64)
-
-
 class TextStream:
     """Consecutive windows of text files' token stream for one rank (the trainer's `BatchSource`)."""
 
@@ -210,13 +189,15 @@ class TextStream:
     def _read(self, start: Cursor) -> Iterator[tuple[Cursor, np.ndarray]]:
         """This rank's documents as ids, from `start` on, pass after pass."""
         epoch, tokens, whole_pass = start.epoch, 0, (start.file, start.doc) == (0, 0)
-        for cursor, ids in self._encoded(self._texts(start)):
-            if cursor.epoch != epoch:
-                self._check_pass(tokens, whole_pass)
-                epoch, tokens, whole_pass = cursor.epoch, 0, True
-            tokens += ids.size
-            if ids.size:
-                yield cursor, ids
+        encoded = encode_ordered(self.data.tokenizer, self.workers, self._texts(start))
+        with contextlib.closing(encoded):  # closing this reader stops the encoding processes
+            for cursor, ids in encoded:
+                if cursor.epoch != epoch:
+                    self._check_pass(tokens, whole_pass)
+                    epoch, tokens, whole_pass = cursor.epoch, 0, True
+                tokens += ids.size
+                if ids.size:
+                    yield cursor, ids.astype(np.int64)
 
     def _texts(self, start: Cursor) -> Iterator[tuple[Cursor, str]]:
         """This rank's documents as text (documents r, r + W, ... of each pass)."""
@@ -245,27 +226,6 @@ class TextStream:
                 + f"{tokens} tokens, fewer than one window of {self.n_ctx + 1}; add text or "
                 "lower data.n_ctx"
             )
-
-    def _encoded(self, texts: Iterator[tuple[Cursor, str]]) -> Iterator[tuple[Cursor, np.ndarray]]:
-        """Documents' ids in order: in this process, or by `workers` processes working ahead on
-        at most 2 x workers tasks of up to TASK_CHARS characters (memory stays bounded)."""
-        tok = self.data.tokenizer
-        if self.workers <= 1:
-            for cursor, text in texts:
-                yield cursor, np.asarray(tok.encode(text), dtype=np.int64)
-            return
-        pool = open_pool(tok, self.workers)
-        pending: deque[tuple[list[Cursor], Any]] = deque()
-        try:
-            for task in _tasks(texts):
-                cursors, docs = zip(*task)
-                pending.append((list(cursors), pool.apply_async(encode_batch_in_worker, (docs,))))
-                if len(pending) >= 2 * self.workers:
-                    yield from _finished(*pending.popleft())
-            while pending:
-                yield from _finished(*pending.popleft())
-        finally:
-            pool.terminate()
 
     def state_dict(self) -> dict:
         cursor, offset = (self._held[0][0], self._offset) if self._held else (self._start, 0)
