@@ -261,6 +261,44 @@ def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
             yield value
 
 
+READ_CHARS = 4 << 20  # a .txt file split by --doc-sep is read this much at a time
+
+
+def _separator(doc_sep: str) -> re.Pattern:
+    return DOC_SEPS.get(doc_sep) or re.compile(re.escape(doc_sep))
+
+
+def _split_streamed(path: Path, sep: re.Pattern, stats: Stats | None) -> Iterator[str]:
+    """The non-blank parts of a .txt file between matches of `sep`, read READ_CHARS at a time,
+    so a file far larger than memory is never held whole. The parts equal `sep.split` of the
+    whole text: a match is only used once text follows it in the buffer (a separator can run on
+    into the next read), and splitting resumes where the last one used ended."""
+    if _skip_file(path, stats):
+        return
+    before, found, buffer = _DECODE_ERRORS[0], False, ""
+    # newline="": line ends stay as they are, as read_text leaves them
+    with open(path, encoding="utf-8-sig", errors="gpt1-count", newline="") as fh:
+        while chunk := fh.read(READ_CHARS):
+            buffer += chunk
+            cut = 0
+            for match in sep.finditer(buffer):
+                if match.end() >= len(buffer):
+                    break
+                part, cut = buffer[cut : match.start()], match.end()
+                if part.strip():
+                    found = True
+                    yield part
+            buffer = buffer[cut:]
+    for part in sep.split(buffer):
+        if part.strip():
+            found = True
+            yield part
+    if not found and stats is not None:  # whitespace only (an empty file was skipped above)
+        log.warning("%s: empty file, skipped", path)
+        stats.skipped_empty.append(str(path))
+    _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
+
+
 def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None) -> Iterator[str]:
     """The documents of one file, as raw text (blank ones dropped)."""
     if isinstance(path, HubSource):
@@ -271,6 +309,9 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None)
         return
     if path.suffix == ".parquet":
         yield from (d for d in _parquet_documents(path, opts) if d.strip())
+        return
+    if opts.doc_sep and not opts.strip_gutenberg:  # Gutenberg markers need the whole text
+        yield from _split_streamed(path, _separator(opts.doc_sep), stats)
         return
     text = read_text(path, stats)
     if text is None:
@@ -289,9 +330,7 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None)
         if text.strip():
             yield text
     else:
-        sep = DOC_SEPS.get(opts.doc_sep)
-        parts = sep.split(text) if sep else text.split(opts.doc_sep)
-        yield from (p for p in parts if p.strip())
+        yield from (p for p in _separator(opts.doc_sep).split(text) if p.strip())
 
 
 # ---------------------------------------------------------------------------------------------
