@@ -10,6 +10,7 @@ process, from wait4). With `--limit-as BYTES` the runs are made under that addre
 
     python benchmarks/prepare_memory.py                       # gutenberg and 10x gutenberg, 2 workers
     python benchmarks/prepare_memory.py --factor 3 --workers 1 --limit-as 3000000000
+    python benchmarks/prepare_memory.py --cache-check    # one process: tokenizer cache and RSS per pass
 """
 
 from __future__ import annotations
@@ -110,6 +111,23 @@ def run_prepare(corpus: Path, out: Path, args: argparse.Namespace) -> dict:
     }
 
 
+def cache_check(corpus: Path, vocab: Path, passes: int) -> None:
+    """Encode the corpus `passes` times in this process (pass k > 0: paragraphs shuffled, as the
+    larger corpus is made) and print the tokenizer's cache size and RSS after each pass."""
+    sys.path.insert(0, str(ROOT))
+    from gpt1.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_dir(vocab)
+    for copy in range(passes):
+        for path in sorted(corpus.rglob("*.txt")):
+            paragraphs = path.read_text(encoding="utf-8", errors="replace").split("\n\n")
+            if copy:
+                random.Random(copy).shuffle(paragraphs)
+            tok.encode("\n\n".join(paragraphs))
+        rss = psutil.Process().memory_info().rss
+        print(f"pass {copy + 1}: {len(tok._cache):,} cached units, RSS {rss / 2**20:,.0f} MiB")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", type=Path, default=SHARED / "corpus" / "gutenberg")
@@ -118,7 +136,10 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit-as", type=int, default=0, help="RLIMIT_AS in bytes (0: none)")
     p.add_argument("--tmp", type=Path, default=None, help="where to write (default: $TMPDIR)")
+    p.add_argument("--cache-check", type=int, nargs="?", const=2, default=0, metavar="PASSES")
     args = p.parse_args()
+    if args.cache_check:
+        return cache_check(args.corpus, args.vocab, args.cache_check)
     work = Path(tempfile.mkdtemp(prefix="prepare-memory-", dir=args.tmp))
     try:
         big = work / "corpus"
