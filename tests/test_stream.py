@@ -280,3 +280,18 @@ def test_two_processes_split_the_stream_and_resume_exactly(corpus, tmp_path):
     alone = launch(tmp_path / "alone", "--resume", str(two / "step-3"), launcher=[sys.executable])
     assert alone.returncode == 2
     assert "split over 2 processes; resume with 2 (this run has 1)" in alone.stderr
+
+
+def test_a_bad_row_stops_the_stream_when_reached_naming_file_line_and_field(corpus, tmp_path):
+    text, vocab, _ = corpus
+    bad = tmp_path / "text"
+    bad.mkdir()
+    (bad / "a.txt").write_bytes((text / "a.txt").read_bytes())
+    (bad / "b.jsonl").write_text('{"text": "fine"}\n{"body": "no text here"}\n')
+    data = open_data(DataConfig(path=str(bad), tokenizer=str(vocab), doc_sep="blank-line"))
+    stream = TextStream(data, N_CTX)
+    with pytest.raises(DataError, match=r"b.jsonl:2, field 'text': missing or not a string"):
+        for _ in range(100):
+            stream.next_batch(1)
+    with pytest.raises(DataError, match="no such file or folder"):
+        open_data(DataConfig(path=str(tmp_path / "nope"), tokenizer=str(vocab)))

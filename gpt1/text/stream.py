@@ -97,6 +97,8 @@ def find_text_files(spec: str) -> list[Path]:
     """A file, a folder (its .txt/.jsonl/.parquet files, recursively, sorted) or a glob pattern
     (the matching files with those suffixes, sorted)."""
     if not any(c in spec for c in "*?["):
+        if not Path(spec).exists():
+            raise DataError("no such file or folder", spec)
         return [Path(f) for f in find_files([spec])]
     found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).suffix in EXTENSIONS)
     found = [p for p in found if p.is_file()]
