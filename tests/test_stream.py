@@ -295,3 +295,15 @@ def test_a_bad_row_stops_the_stream_when_reached_naming_file_line_and_field(corp
             stream.next_batch(1)
     with pytest.raises(DataError, match="no such file or folder"):
         open_data(DataConfig(path=str(tmp_path / "nope"), tokenizer=str(vocab)))
+
+
+def test_sequential_windows_split_every_micro_step_between_ranks(corpus):
+    split = open_prepared(corpus[2]).splits["train"]
+    alone = SequentialWindows(split, N_CTX)
+    ranks = [SequentialWindows(split, N_CTX, r, 2) for r in (0, 1)]
+    for _ in range(40):  # past the end of the split: the stream starts over
+        both = torch.cat([ranks[0].next_batch(2)[0], ranks[1].next_batch(2)[0]])
+        assert torch.equal(both, alone.next_batch(4)[0])
+    resumed = SequentialWindows(split, N_CTX, 1, 2)
+    resumed.load_state_dict(ranks[1].state_dict())
+    assert torch.equal(resumed.next_batch(3)[0], ranks[1].next_batch(3)[0])
