@@ -326,7 +326,7 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None)
             text = body
             if stats is not None:
                 stats.gutenberg_stripped += 1
-    if opts.doc_sep is None:
+    if not opts.doc_sep:  # None or "": the file is one document
         if text.strip():
             yield text
     else:
