@@ -361,14 +361,29 @@ class TrainConfig:
 class DataConfig:
     """Where pretraining tokens come from and how windows are cut."""
 
-    path: str = ""  # a `gpt1 prepare` output folder
+    path: str = (
+        ""  # a `gpt1 prepare` output folder, or .txt/.jsonl/.parquet files (file, folder, glob)
+    )
     n_ctx: int = 0  # window length; 0 = model.n_positions
     val_windows: int = 64  # fixed validation set: this many evenly spaced windows (0 = all)
+    # random: windows at random offsets (prepared folders only); sequential: consecutive windows
+    # of the token stream in document order; auto: random for a prepared folder, else sequential
+    order: str = "auto"
+    # Text files read directly (tokenized while training), as `gpt1 prepare` reads them:
+    tokenizer: str = ""  # tokenizer folder (vocab.json + merges.txt or the original files)
+    text_field: str = "text"  # the .jsonl / .parquet field holding a document
+    doc_sep: str = ""  # "": a .txt file is one document; blank-line, line or a literal string
+    strip_gutenberg: bool = False
+    workers: int = 1  # tokenizing processes per rank (1: the training process itself)
 
     def __post_init__(self) -> None:
         check_types(self, "data")
         if self.n_ctx < 0 or self.val_windows < 0:
             raise ConfigError("data.n_ctx and data.val_windows must be >= 0")
+        if self.workers < 1:
+            raise ConfigError(f"data.workers must be >= 1, got {self.workers}")
+        if self.order not in ("auto", "random", "sequential"):
+            raise ConfigError(f"data.order must be auto, random or sequential, got {self.order!r}")
 
 
 @dataclass(frozen=True)

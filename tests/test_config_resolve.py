@@ -283,7 +283,10 @@ def test_old_run_json_files_load(tmp_path):
     file = tmp_path / "run.json"
     file.write_text(json.dumps(OLD_PRETRAIN_RUN))
     cfg = RunConfig.from_dict(json.loads(file.read_text()), str(file))
-    assert cfg.to_dict() == OLD_PRETRAIN_RUN  # loads and writes back as is
+    # loads and writes back as is, the keys added since (reading text files) at their defaults
+    text_keys = {"order": "auto", "tokenizer": "", "text_field": "text", "doc_sep": ""}
+    data = {**OLD_PRETRAIN_RUN["data"], **text_keys, "strip_gutenberg": False, "workers": 1}
+    assert cfg.to_dict() == {**OLD_PRETRAIN_RUN, "data": data}
     assert cfg.model.n_inner == 256 and cfg.train.max_steps == 20
     # An older file without the newer keys takes their defaults.
     old = {

@@ -114,9 +114,14 @@ def _contains(haystack: np.ndarray, needle: list[int]) -> bool:
     return any(haystack[i : i + n].tolist() == needle for i in range(len(haystack) - n + 1))
 
 
-def test_prepare_is_deterministic_and_workers_give_the_same_shards(tmp_path, vocab):
+def test_prepare_is_deterministic_and_workers_give_the_same_shards(tmp_path, vocab, monkeypatch):
+    import gpt1.text.prepare
+
+    monkeypatch.setattr(gpt1.text.prepare, "TASK_CHARS", 40)  # several tasks in flight, in order
     corpus = _corpus(tmp_path)
-    opts = dict(doc_sep="blank-line", val_fraction=0.25, quiet=True, strip_gutenberg=True)
+    opts = dict(
+        doc_sep="blank-line", val_fraction=0.25, quiet=True, strip_gutenberg=True, shard_tokens=8
+    )
     one = prepare([corpus], vocab, tmp_path / "one", PrepareOptions(**opts))
     two = prepare([corpus], vocab, tmp_path / "two", PrepareOptions(workers=2, **opts))
     assert one["splits"] == two["splits"]
@@ -247,3 +252,35 @@ def test_prepare_a_gutenberg_novel(shared_data, tmp_path):
     # ... which the unstripped file does hold
     raw = novel.read_text(encoding="utf-8")
     assert "full license" in tok.decode(tok.encode(raw[-25000:]))
+
+
+@pytest.mark.parametrize("doc_sep", ["blank-line", "line", "==="])
+def test_txt_split_while_reading_equals_splitting_the_whole_file(tmp_path, monkeypatch, doc_sep):
+    import random
+
+    import gpt1.text.prepare as prep
+
+    rng = random.Random(doc_sep)
+    pieces = ["word", " ", "\n", "\n\n", "\r\n\r\n", "\n \t\n  ", "=", "===", "====", "é", "\n\n\n"]
+    raw = "\ufeff".encode() + "".join(rng.choice(pieces) for _ in range(3000)).encode()
+    raw += b"\xff tail \xc3"  # invalid UTF-8 in the middle of a read and at the very end
+    (tmp_path / "a.txt").write_bytes(raw)
+    whole_stats = prep.Stats()
+    text = prep.read_text(tmp_path / "a.txt", whole_stats)
+    expected = [p for p in prep._separator(doc_sep).split(text) if p.strip()]
+    assert len(expected) > 20
+    for chars in (1, 2, 7, 64, 1 << 20):
+        monkeypatch.setattr(prep, "READ_CHARS", chars)
+        stats = prep.Stats()
+        got = list(prep.documents(tmp_path / "a.txt", prep.PrepareOptions(doc_sep=doc_sep), stats))
+        assert got == expected, chars
+        assert stats.invalid_utf8_replaced == whole_stats.invalid_utf8_replaced == 2
+    (tmp_path / "blank.txt").write_text(
+        " \n" * 10_000
+    )  # larger than the head read to detect empties
+    stats = prep.Stats()
+    assert (
+        list(prep.documents(tmp_path / "blank.txt", prep.PrepareOptions(doc_sep=doc_sep), stats))
+        == []
+    )
+    assert stats.skipped_empty == [str(tmp_path / "blank.txt")]

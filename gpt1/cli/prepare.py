@@ -7,7 +7,7 @@ Examples:
   gpt1 prepare --corpus hub:SOME/bookcorpus --vocab ... --out ...   (needs `datasets`, online)
 
 A .txt file is one document unless --doc-sep says otherwise ("blank-line": paragraphs, "line":
-lines, or any literal string); .jsonl rows give one document each. Folders are walked
+lines, or any literal string); .jsonl and .parquet rows give one document each. Folders are walked
 recursively (sorted). Documents go to the validation split at random (fixed by --seed), at
 least one when there are two or more. OUT receives meta.json, train-*.bin, val-*.bin and the
 tokenizer's vocab.json + merges.txt; it is written under a temporary name and renamed at the end.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "encode .txt/.jsonl corpora into token shards (train/val split by document)"
+HELP = "encode .txt/.jsonl/.parquet corpora into token shards (train/val split by document)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         required=True,
         metavar="PATH",
-        help=".txt/.jsonl files, folders, or hub:NAME[:SPLIT]",
+        help=".txt/.jsonl/.parquet files, folders, or hub:NAME[:SPLIT]",
     )
     p.add_argument(
         "--vocab",
@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help='split .txt files into documents: "blank-line", "line" or a string',
     )
-    p.add_argument("--text-field", default="text", help="text field of .jsonl rows")
+    p.add_argument("--text-field", default="text", help="text field of .jsonl and .parquet rows")
     p.add_argument(
         "--strip-gutenberg",
         action="store_true",

@@ -1,9 +1,10 @@
-"""Pretrain GPT-1 on a `gpt1 prepare` folder (the paper's recipe with --preset gpt1).
+"""Pretrain GPT-1 on a `gpt1 prepare` folder or on text files (the paper's recipe with --preset gpt1).
 
 Examples:
   gpt1 pretrain --preset mini --data data/novels --out runs/mini
   gpt1 pretrain --config configs/pretrain_gpt1.toml --data data/books --out runs/gpt1 --precision bf16
   gpt1 pretrain --preset mini --data data/novels --out runs/mini --resume auto
+  gpt1 pretrain --preset mini --data 'books/*.jsonl' --tokenizer data/novels --max-steps 5000 --out runs/b
   torchrun --nproc_per_node 8 -m gpt1 pretrain --preset gpt1 --data data/books --out runs/gpt1
 
 Settings resolve as preset -> --config TOML -> flags -> --set section.key=value. SIGINT/SIGTERM
@@ -15,7 +16,7 @@ from __future__ import annotations
 import argparse
 import shlex
 
-HELP = "pretrain a GPT-1 language model on prepared token shards"
+HELP = "pretrain a GPT-1 language model on prepared token shards or text files"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,7 +29,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="gpt1 (paper), mini (CPU) or tiny (tests); default: the TOML's `preset`, else gpt1",
     )
     p.add_argument("--config", metavar="FILE.toml", help="TOML with [model] [train] [data] tables")
-    p.add_argument("--data", metavar="DIR", help="output folder of `gpt1 prepare`")
+    p.add_argument(
+        "--data",
+        metavar="PATH",
+        help="output folder of `gpt1 prepare`, or .txt/.jsonl/.parquet files (a file, a folder "
+        "or a quoted glob) read directly with --tokenizer",
+    )
+    p.add_argument(
+        "--tokenizer",
+        metavar="DIR",
+        help="tokenizer folder for text files read directly (same as --set data.tokenizer=...)",
+    )
     p.add_argument("--out", metavar="RUN", required=True, help="run folder (checkpoints, metrics)")
     p.add_argument("--max-steps", type=int, help="optimizer updates (default: from epochs)")
     p.add_argument("--save-every", type=int, help="checkpoint every N steps")
@@ -71,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.recipes.pretrain import pretrain, resolve_config
 
     flags = {
-        "data": {"path": args.data},
+        "data": {"path": args.data, "tokenizer": args.tokenizer},
         "train": {
             "max_steps": args.max_steps,
             "save_every": args.save_every,

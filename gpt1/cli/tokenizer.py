@@ -35,7 +35,7 @@ DESCRIPTIONS = {
     "decode": "Read lines of space-separated token ids from standard input and write one line of "
     "text per line (word pieces joined, </w> read as a space).\n\n"
     'Example:\n  echo "3570 240 1276 267" | gpt1 tokenizer decode --vocab runs/mini/final',
-    "train": "Learn a new BPE vocabulary from .txt/.jsonl files with the GPT-1 pipeline and write "
+    "train": "Learn a new BPE vocabulary from .txt/.jsonl/.parquet files with the GPT-1 pipeline and write "
     "vocab.json + merges.txt (the layout every other command reads).\n\n"
     "Example:\n  gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/",
 }
@@ -84,7 +84,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             q.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
     t = _sub(sub, "train", "learn a new BPE vocabulary with the GPT-1 pipeline")
     t.add_argument(
-        "--corpus", nargs="+", required=True, metavar="PATH", help=".txt/.jsonl files or folders"
+        "--corpus",
+        nargs="+",
+        required=True,
+        metavar="PATH",
+        help=".txt/.jsonl/.parquet files or folders",
     )
     t.add_argument("--merges", type=int, required=True, help="number of BPE merges to learn")
     t.add_argument(
@@ -97,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="oai",
         help="oai: backslashes not padded (original); hf: padded (default oai)",
     )
-    t.add_argument("--text-field", default="text", help="text field of .jsonl rows")
+    t.add_argument("--text-field", default="text", help="text field of .jsonl and .parquet rows")
     t.add_argument(
         "--strip-gutenberg",
         action="store_true",

@@ -1,4 +1,5 @@
-"""`gpt1 pretrain`: the paper's language-model pretraining on a `gpt1 prepare` folder.
+"""`gpt1 pretrain`: the paper's language-model pretraining on a `gpt1 prepare` folder, or on text
+files read and tokenized while training (`gpt1.text.stream`).
 
 Configuration resolves in order: preset (model + recipe) -> TOML file -> command-line flags ->
 `--set section.key=value`. The vocabulary size always comes from the prepared data (the tokenizer
@@ -17,11 +18,12 @@ from typing import Any
 
 import torch
 
-from gpt1.config import RunConfig, load_toml, resolve_pretrain
-from gpt1.errors import ConfigError
+from gpt1.config import DataConfig, RunConfig, load_toml, resolve_pretrain
+from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.files import claim_run_dir, folder_files, resumes_in, write_json
 from gpt1.model.registry import build_model
-from gpt1.text.windows import META, PreparedData, WindowSource, open_prepared, validation_windows
+from gpt1.text.stream import TextData, batch_source, find_text_files, open_data
+from gpt1.text.windows import META, PreparedData, validation_windows
 from gpt1.train import distributed as dist
 from gpt1.train import resume
 from gpt1.train import state as train_state
@@ -45,7 +47,7 @@ def resolve_config(
     return resolve_pretrain(preset, table, flags, sets, toml_source=str(config_file or "config"))
 
 
-def finalize(cfg: RunConfig, data: PreparedData) -> RunConfig:
+def finalize(cfg: RunConfig, data: PreparedData | TextData) -> RunConfig:
     """`cfg` completed from the data: vocab size (the tokenizer's), n_ctx (0 = n_positions) and
     run length (max_steps 0 = ceil(epochs * train_tokens / (batch_size * n_ctx)))."""
     n_ctx = cfg.data.n_ctx or cfg.model.n_positions
@@ -55,6 +57,11 @@ def finalize(cfg: RunConfig, data: PreparedData) -> RunConfig:
         )
     max_steps = cfg.train.max_steps
     if max_steps == 0:
+        if isinstance(data, TextData):
+            raise ConfigError(
+                "set --max-steps: the length of text read directly is unknown until it is "
+                "read (or encode it first with `gpt1 prepare`)"
+            )
         tokens = data.splits["train"].tokens
         max_steps = max(1, math.ceil(cfg.train.epochs * tokens / (cfg.train.batch_size * n_ctx)))
     return dataclasses.replace(
@@ -113,14 +120,18 @@ def pretrain(
     """
     out = Path(out)
     if not cfg.data.path:
-        raise ConfigError("no data: pass --data DIR (a `gpt1 prepare` output folder)")
+        raise ConfigError(
+            "no data: pass --data DIR (a `gpt1 prepare` output folder, or text files with "
+            "--tokenizer DIR)"
+        )
     require_trackers(cfg.train.loggers)  # a missing package refuses before the folder is touched
     continues = resumes_in(out, cfg.train.resume)
-    read = [*folder_files(cfg.data.path), *inputs]
+    data_files, roots = data_inputs(cfg.data)
+    read = [*data_files, *inputs]
     if cfg.train.resume and not continues:
         read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))
     lock = (
-        claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data.path])
+        claim_run_dir(out, continues, overwrite, inputs=read, roots=roots)
         if dist.env_info().is_main
         else None
     )
@@ -132,7 +143,7 @@ def pretrain(
 
 
 def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> TrainResult:
-    data = open_prepared(cfg.data.path)
+    data = open_data(cfg.data)
     cfg = finalize(cfg, data)
     n_ctx = cfg.data.n_ctx
     info = dist.env_info()
@@ -156,11 +167,19 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
         write_json(out / RUN_CONFIG, record)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
-    source = WindowSource(data.splits["train"], n_ctx, cfg.train.seed, info.rank, info.world_size)
-    eval_fn = make_eval_fn(
-        data, n_ctx, cfg.data.val_windows, cfg.train.micro_batch_size, cfg.train.loss_chunk_tokens
-    )
-    tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
+    source = batch_source(data, cfg.data, n_ctx, cfg.train.seed, info.rank, info.world_size)
+    if isinstance(data, TextData):  # no held-out split in a stream
+        log.warning("text files read directly have no validation split: evaluation is off")
+        eval_fn, tokenizer_dir = None, data.tokenizer_dir
+    else:
+        eval_fn = make_eval_fn(
+            data,
+            n_ctx,
+            cfg.data.val_windows,
+            cfg.train.micro_batch_size,
+            cfg.train.loss_chunk_tokens,
+        )
+        tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
     if tokenizer_dir is None:
         log.warning(
             "%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder
@@ -203,8 +222,26 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
     return result
 
 
+def data_inputs(data: DataConfig) -> tuple[list[Path], list[str]]:
+    """What pretraining reads, for `gpt1.files.check_inputs`: a prepared folder's files, or the
+    text files `--data` names and the --tokenizer folder's files; and the folders among them."""
+    path = Path(data.path)
+    if (path / META).is_file() or not data.tokenizer:
+        return folder_files(path), [data.path]
+    try:
+        files = find_text_files(data.path)
+    except Gpt1Error:  # reported, with its reason, when the data is opened
+        files = []
+    roots = [p for p in (data.path, data.tokenizer) if not any(c in p for c in "*?[")]
+    return [*files, *folder_files(data.tokenizer)], roots
+
+
 def resume_record(
-    cfg: RunConfig, resolved: dict[str, Any], arch: str, data: PreparedData, out: Path
+    cfg: RunConfig,
+    resolved: dict[str, Any],
+    arch: str,
+    data: PreparedData | TextData,
+    out: Path,
 ) -> dict[str, Any]:
     """run.json's contents; on a resume, first refuse any setting the run may not change
     (`gpt1.train.resume`) and record the accepted changes."""
@@ -217,7 +254,11 @@ def resume_record(
         {"arch": arch, **resolved},
         source,
         paths=frozenset({"data.path"}),
-        origin={"model.vocab_size": f"vocab_size in {data.folder / META}"},
+        origin={
+            "model.vocab_size": f"vocab_size in {data.folder / META}"
+            if isinstance(data, PreparedData)
+            else f"the tokenizer in {data.tokenizer_dir}"
+        },
     )
     return resume.run_record(resolved, checkpoint, out / RUN_CONFIG, accepted)
 

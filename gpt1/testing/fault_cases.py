@@ -316,6 +316,12 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         (w / "link").symlink_to(make_corpus(w / "dd")),
         tiny_pretrain(w / "dd", w / "link", 1, "--overwrite"),
     )[1],
+    "pretrain --data 'TEXT/**/*.txt' --out TEXT/sub --overwrite (text read directly)": lambda w: [
+        *tiny_pretrain(Path(_corpus_dir(w), "**", "*.txt"), w / "corpus" / "sub", 1),
+        "--overwrite",
+        "--tokenizer",
+        str(char_vocab(w / "vocab")),
+    ],
     "finetune --out INIT-RUN --overwrite": lambda w: _flag(
         tiny_finetune(make_task(w / "task"), char_vocab(w / "vocab"), w / "pre", 1, "--overwrite"),
         "--init",

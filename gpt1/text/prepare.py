@@ -19,26 +19,29 @@ naming the file and line.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import logging
 import multiprocessing
 import random
 import re
 import time
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from gpt1.errors import DataError
-from gpt1.text.shards import dtype_for_vocab, write_shard
+from gpt1.text.shards import ShardAppender, dtype_for_vocab
 from gpt1.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 FORMAT, VERSION = "gpt1-tokens", 1
-EXTENSIONS = (".txt", ".jsonl")
+EXTENSIONS = (".txt", ".jsonl", ".parquet")
 DOC_SEPS = {"blank-line": re.compile(r"\n[^\S\n]*\n\s*"), "line": re.compile(r"\n")}
 _GUTENBERG_START = re.compile(
     r"^\*\*\*\s*START OF (?:THE|THIS) PROJECT GUTENBERG E-?BOOK.*$", re.IGNORECASE | re.MULTILINE
@@ -103,7 +106,7 @@ def find_files(corpus: Sequence[str | Path]) -> list[Path | HubSource]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix in EXTENSIONS)
             if not found:
-                raise DataError("folder holds no .txt or .jsonl files", path)
+                raise DataError("folder holds no .txt, .jsonl or .parquet files", path)
             files.extend(found)
         elif path.is_file():
             files.append(path)
@@ -209,6 +212,33 @@ def _jsonl_documents(path: Path, opts: PrepareOptions, stats: Stats | None) -> I
     _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
 
 
+def _parquet_documents(path: Path, opts: PrepareOptions) -> Iterator[str]:
+    # streamed a record batch at a time: the file is never read whole
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(
+            "reading Parquet needs the `pyarrow` package (pip install 'gpt1[hf]')", path
+        ) from None
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # not Parquet, truncated: pyarrow's message says which
+        raise DataError(f"cannot read as Parquet ({exc})", path) from None
+    if opts.text_field not in table.schema_arrow.names:
+        raise DataError(
+            f"no such column (columns: {table.schema_arrow.names}; choose one with --text-field)",
+            path,
+            field=opts.text_field,
+        )
+    row = 0
+    for batch in table.iter_batches(batch_size=1024, columns=[opts.text_field]):
+        for value in batch.column(0).to_pylist():
+            row += 1
+            if not isinstance(value, str):
+                raise DataError(f"row {row:,} is not a string", path, field=opts.text_field)
+            yield value
+
+
 def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
     try:
         import datasets
@@ -230,6 +260,44 @@ def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
             yield value
 
 
+READ_CHARS = 4 << 20  # a .txt file split by --doc-sep is read this much at a time
+
+
+def _separator(doc_sep: str) -> re.Pattern:
+    return DOC_SEPS.get(doc_sep) or re.compile(re.escape(doc_sep))
+
+
+def _split_streamed(path: Path, sep: re.Pattern, stats: Stats | None) -> Iterator[str]:
+    """The non-blank parts of a .txt file between matches of `sep`, read READ_CHARS at a time,
+    so a file far larger than memory is never held whole. The parts equal `sep.split` of the
+    whole text: a match is only used once text follows it in the buffer (a separator can run on
+    into the next read), and splitting resumes where the last one used ended."""
+    if _skip_file(path, stats):
+        return
+    before, found, buffer = _DECODE_ERRORS[0], False, ""
+    # newline="": line ends stay as they are, as read_text leaves them
+    with open(path, encoding="utf-8-sig", errors="gpt1-count", newline="") as fh:
+        while chunk := fh.read(READ_CHARS):
+            buffer += chunk
+            cut = 0
+            for match in sep.finditer(buffer):
+                if match.end() >= len(buffer):
+                    break
+                part, cut = buffer[cut : match.start()], match.end()
+                if part.strip():
+                    found = True
+                    yield part
+            buffer = buffer[cut:]
+    for part in sep.split(buffer):
+        if part.strip():
+            found = True
+            yield part
+    if not found and stats is not None:  # whitespace only (an empty file was skipped above)
+        log.warning("%s: empty file, skipped", path)
+        stats.skipped_empty.append(str(path))
+    _count_replaced(path, _DECODE_ERRORS[0] - before, stats)
+
+
 def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None) -> Iterator[str]:
     """The documents of one file, as raw text (blank ones dropped)."""
     if isinstance(path, HubSource):
@@ -237,6 +305,12 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None)
         return
     if path.suffix == ".jsonl":
         yield from (d for d in _jsonl_documents(path, opts, stats) if d.strip())
+        return
+    if path.suffix == ".parquet":
+        yield from (d for d in _parquet_documents(path, opts) if d.strip())
+        return
+    if opts.doc_sep and not opts.strip_gutenberg:  # Gutenberg markers need the whole text
+        yield from _split_streamed(path, _separator(opts.doc_sep), stats)
         return
     text = read_text(path, stats)
     if text is None:
@@ -251,13 +325,11 @@ def documents(path: Path | HubSource, opts: PrepareOptions, stats: Stats | None)
             text = body
             if stats is not None:
                 stats.gutenberg_stripped += 1
-    if opts.doc_sep is None:
+    if not opts.doc_sep:  # None or "": the file is one document
         if text.strip():
             yield text
     else:
-        sep = DOC_SEPS.get(opts.doc_sep)
-        parts = sep.split(text) if sep else text.split(opts.doc_sep)
-        yield from (p for p in parts if p.strip())
+        yield from (p for p in _separator(opts.doc_sep).split(text) if p.strip())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,39 +389,52 @@ def _init_worker(tok: Tokenizer) -> None:
     _TOKENIZER = tok
 
 
-def _encode(text: str) -> np.ndarray:
+def encode_in_worker(text: str) -> np.ndarray:
+    """A document's ids in a process of `open_pool` (its tokenizer was given at start)."""
     assert _TOKENIZER is not None
     return np.asarray(_TOKENIZER.encode(text), dtype=np.uint32)
 
 
 class ShardWriter:
-    """Accumulates one split's documents and writes numbered shards."""
+    """Writes one split's documents into numbered shards as they come: memory holds one
+    document's ids, never a shard's (`gpt1.text.shards.ShardAppender`)."""
 
     def __init__(self, folder: Path, split: str, vocab_size: int, shard_tokens: int) -> None:
         self.folder, self.split = folder, split
         self.vocab_size, self.shard_tokens = vocab_size, shard_tokens
-        self.buffer: list[np.ndarray] = []
-        self.buffered = self.buffer_docs = 0
+        self.current: ShardAppender | None = None
+        self.current_docs = 0
         self.shards: list[str] = []
         self.tokens = self.documents = 0
 
     def add(self, ids: np.ndarray) -> None:
-        self.buffer.append(ids)
-        self.buffered += len(ids)
-        self.buffer_docs += 1
+        if self.current is None:
+            self.current = self._open()
+        self.current.append(ids)
+        self.current_docs += 1
         self.tokens += len(ids)
         self.documents += 1
-        if self.buffered >= self.shard_tokens:
+        if self.current.tokens >= self.shard_tokens:
             self.flush()
 
     def flush(self) -> None:
-        if not self.buffer_docs and self.shards:
-            return
+        """Close the open shard (an empty one when the split has written none yet)."""
+        if self.current is None:
+            if self.shards:
+                return
+            self.current = self._open()
+        self.current.close(self.current_docs)
+        self.current, self.current_docs = None, 0
+
+    def abort(self) -> None:
+        if self.current is not None:
+            self.current.abort()
+            self.current = None
+
+    def _open(self) -> ShardAppender:
         name = f"{self.split}-{len(self.shards):05d}.bin"
-        tokens = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.uint32)
-        write_shard(self.folder / name, tokens, self.buffer_docs, self.vocab_size)
         self.shards.append(name)
-        self.buffer, self.buffered, self.buffer_docs = [], 0, 0
+        return ShardAppender(self.folder / name, self.vocab_size)
 
 
 def choose_val(n_docs: int, val_fraction: float, seed: int) -> set[int]:
@@ -361,9 +446,56 @@ def choose_val(n_docs: int, val_fraction: float, seed: int) -> set[int]:
     return set(random.Random(seed).sample(range(n_docs), n_val))
 
 
-def _open_pool(tok: Tokenizer, workers: int):
+def encode_batch_in_worker(texts: list[str]) -> list[np.ndarray]:
+    return [encode_in_worker(t) for t in texts]
+
+
+def open_pool(tok: Tokenizer, workers: int):
+    """`workers` encoding processes holding `tok` (see `encode_in_worker`)."""
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     return multiprocessing.get_context(method).Pool(workers, _init_worker, (tok,))
+
+
+TASK_CHARS = 1 << 20  # text per task handed to an encoding process
+
+
+def encode_ordered(
+    tok: Tokenizer, workers: int, items: Iterable[tuple[Any, str]]
+) -> Iterator[tuple[Any, np.ndarray]]:
+    """(key, ids) for each (key, text) of `items`, in order: encoded in this process
+    (`workers` <= 1), or by `workers` processes working ahead on at most 2 x workers tasks of
+    about TASK_CHARS characters each, so the text in flight is bounded whatever the corpus."""
+    if workers <= 1:
+        for key, text in items:
+            yield key, np.asarray(tok.encode(text), dtype=np.uint32)
+        return
+    pool = open_pool(tok, workers)
+    pending: deque[tuple[list[Any], Any]] = deque()
+    try:
+        for task in _tasks(items):
+            keys, texts = zip(*task)
+            pending.append((list(keys), pool.apply_async(encode_batch_in_worker, (texts,))))
+            if len(pending) >= 2 * workers:
+                keys, result = pending.popleft()
+                yield from zip(keys, result.get())
+        while pending:
+            keys, result = pending.popleft()
+            yield from zip(keys, result.get())
+    finally:
+        pool.terminate()
+
+
+def _tasks(items: Iterable[tuple[Any, str]]) -> Iterator[list[tuple[Any, str]]]:
+    task: list[tuple[Any, str]] = []
+    size = 0
+    for item in items:
+        task.append(item)
+        size += len(item[1])
+        if size >= TASK_CHARS:
+            yield task
+            task, size = [], 0
+    if task:
+        yield task
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,27 +571,24 @@ def _encode_all(
     writers = {
         s: ShardWriter(folder, s, tok.vocab_size, opts.shard_tokens) for s in ("train", "val")
     }
-    pool = _open_pool(tok, opts.workers) if opts.workers > 1 else None
+    docs = ((None, d) for f in files for d in documents(f, opts, None))
     index = 0
     try:
-        with tqdm(total=n_docs, unit="doc", disable=opts.quiet, desc="prepare") as bar:
-            for batch in _batches(d for f in files for d in documents(f, opts, None)):
-                if pool is None:
-                    encoded = [np.asarray(tok.encode(d), dtype=np.uint32) for d in batch]
+        with (
+            tqdm(total=n_docs, unit="doc", disable=opts.quiet, desc="prepare") as bar,
+            contextlib.closing(encode_ordered(tok, opts.workers, docs)) as encoded,
+        ):
+            for _, ids in encoded:
+                if len(ids) == 0:
+                    stats.empty_documents += 1
                 else:
-                    encoded = pool.map(
-                        _encode, batch, chunksize=max(1, len(batch) // (4 * opts.workers))
-                    )
-                for ids in encoded:
-                    if len(ids) == 0:
-                        stats.empty_documents += 1
-                    else:
-                        writers["val" if index in val else "train"].add(ids)
-                    index += 1
-                bar.update(len(batch))
-    finally:
-        if pool is not None:
-            pool.terminate()
+                    writers["val" if index in val else "train"].add(ids)
+                index += 1
+                bar.update(1)
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
     for writer in writers.values():
         if writer.documents:
             writer.flush()
@@ -467,19 +596,3 @@ def _encode_all(
         s: {"shards": w.shards, "tokens": w.tokens, "documents": w.documents}
         for s, w in writers.items()
     }
-
-
-def _batches(
-    docs: Iterator[str], max_chars: int = 32 << 20, max_docs: int = 4096
-) -> Iterator[list[str]]:
-    # bounded batches: Pool.imap would read the whole corpus ahead into memory
-    batch: list[str] = []
-    size = 0
-    for doc in docs:
-        batch.append(doc)
-        size += len(doc)
-        if size >= max_chars or len(batch) >= max_docs:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch

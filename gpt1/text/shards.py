@@ -37,19 +37,50 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
 
 def write_shard(path: str | Path, tokens: np.ndarray, n_docs: int, vocab_size: int) -> None:
     """Write `tokens` (1-D ids) to `path` atomically (temporary name, then rename)."""
-    path = Path(path)
-    dtype = dtype_for_vocab(vocab_size)
-    tokens = np.asarray(tokens)
-    if tokens.size and (int(tokens.max()) >= vocab_size or int(tokens.min()) < 0):
-        raise DataError(f"token id out of range for a vocabulary of {vocab_size}", path)
-    header = _HEADER.pack(MAGIC, VERSION, dtype.itemsize, int(tokens.size), int(n_docs))
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(header)
-        fh.write(tokens.astype(dtype, copy=False).tobytes())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    shard = ShardAppender(path, vocab_size)
+    try:
+        shard.append(tokens)
+    except BaseException:
+        shard.abort()
+        raise
+    shard.close(n_docs)
+
+
+class ShardAppender:
+    """One shard written a document at a time, so a writer holds no more than one document's ids:
+    the ids go to a temporary file as they come and the header (which counts them) is written
+    last, before the file is renamed to `path`."""
+
+    def __init__(self, path: str | Path, vocab_size: int) -> None:
+        self.path = Path(path)
+        self.vocab_size = vocab_size
+        self.dtype = dtype_for_vocab(vocab_size)
+        self.tokens = 0
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.fh = open(self.tmp, "wb")  # noqa: SIM115 (closed by close/abort)
+        self.fh.write(bytes(HEADER_SIZE))  # placeholder until the count is known
+
+    def append(self, tokens: np.ndarray) -> None:
+        tokens = np.asarray(tokens)
+        if tokens.size and (int(tokens.max()) >= self.vocab_size or int(tokens.min()) < 0):
+            raise DataError(
+                f"token id out of range for a vocabulary of {self.vocab_size}", self.path
+            )
+        self.fh.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self.tokens += int(tokens.size)
+
+    def close(self, n_docs: int) -> None:
+        header = _HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, self.tokens, int(n_docs))
+        self.fh.seek(0)
+        self.fh.write(header)
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+        self.fh.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.fh.close()
+        self.tmp.unlink(missing_ok=True)
 
 
 def read_header(path: str | Path) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Pretraining data: a `gpt1 prepare` folder read as random contiguous windows, with exact-resume state.
+"""Pretraining data: a `gpt1 prepare` folder read as contiguous windows, with exact-resume state.
 
 The folder holds `meta.json` (format "gpt1-tokens", vocab_size, dtype, splits -> shards), the token
 shards (`gpt1.text.shards`) and the tokenizer files. A training batch is `micro` windows of n_ctx + 1
@@ -9,6 +9,9 @@ All ranks draw the same window offsets from one seeded generator and each takes 
 every global micro-step: rank r of W reads rows [r*micro, (r+1)*micro) of the micro*W windows drawn.
 So 2 processes with micro-batch m see exactly the windows one process sees with 2 accumulation steps
 of m, and the generator state (a JSON dict) is the whole cursor for exact resume.
+
+`SequentialWindows` reads the same folder in order instead: consecutive windows of the token
+stream, as `gpt1.text.stream` cuts them from text files read directly.
 """
 
 from __future__ import annotations
@@ -189,6 +192,53 @@ class WindowSource:
 
     def load_state_dict(self, state: dict) -> None:
         self.rng.bit_generator.state = state["rng"]
+
+
+class SequentialWindows:
+    """Consecutive windows of a split's token stream (its shards in order, documents in the order
+    `gpt1 prepare` read them), a `BatchSource` for `data.order = "sequential"`.
+
+    Window g holds tokens [g * n_ctx, g * n_ctx + n_ctx + 1) of the stream repeated end to end
+    (the last window of a pass runs on into the next). Ranks slice every global micro-step as
+    `WindowSource` does; the cursor is the number of windows taken.
+    """
+
+    def __init__(self, split: Split, n_ctx: int, rank: int = 0, world_size: int = 1):
+        self.n_ctx, self.rank, self.world = int(n_ctx), int(rank), int(world_size)
+        self.shards = [s for s in split.shards if s.size]
+        self.total = int(sum(s.size for s in self.shards))
+        if self.total < self.n_ctx + 1:
+            raise DataError(
+                f"the {split.name} split holds {self.total} tokens, fewer than one window of "
+                f"{n_ctx + 1}; lower data.n_ctx or prepare more text"
+            )
+        self._ends = np.cumsum([s.size for s in self.shards])  # [n_shards]
+        self.window = 0
+
+    def next_batch(self, micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        first = self.window + self.rank * micro_batch_size
+        rows = [self._tokens((first + i) * self.n_ctx) for i in range(micro_batch_size)]
+        self.window += micro_batch_size * self.world
+        window = torch.from_numpy(np.stack(rows).astype(np.int64))  # [micro, n_ctx + 1]
+        return window[:, :-1], window[:, 1:]
+
+    def _tokens(self, start: int) -> np.ndarray:
+        """n_ctx + 1 tokens from stream position `start`, wrapping past the end."""
+        out, pos, need = [], start % self.total, self.n_ctx + 1
+        while need:
+            shard = int(np.searchsorted(self._ends, pos, side="right"))
+            begin = pos - (int(self._ends[shard - 1]) if shard else 0)
+            piece = self.shards[shard][begin : begin + need]
+            out.append(piece)
+            need -= piece.size
+            pos = (pos + piece.size) % self.total
+        return np.concatenate(out)
+
+    def state_dict(self) -> dict:
+        return {"window": self.window}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.window = int(state["window"])
 
 
 def validation_windows(split: Split, n_ctx: int, limit: int) -> torch.Tensor:

@@ -43,6 +43,7 @@ CHANGEABLE: dict[str, str] = {
     "train.tracker_project": "experiment-tracker project",
     "train.mlflow_uri": "MLflow store",
     "finetune.encode_processes": "encoding processes",
+    "data.workers": "tokenizing processes of a text stream (the same ids)",
 }
 # How the command was started, not what the run is.
 IGNORED = {"train.resume", "resumes"}

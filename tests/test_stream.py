@@ -1,0 +1,309 @@
+"""Pretraining from text files read directly (`gpt1.text.stream`): the same windows as a
+sequential pass over `gpt1 prepare`'s shards of the same text, the rank split, exact resume
+(also after SIGKILL), and the user errors."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from gpt1.cli import main
+from gpt1.config import DataConfig
+from gpt1.errors import ConfigError, DataError
+from gpt1.testing import faults
+from gpt1.text.prepare import PrepareOptions, documents, prepare
+from gpt1.text.stream import TextStream, batch_source, open_data
+from gpt1.text.windows import SequentialWindows, open_prepared
+
+WORDS = "the a ship sailed far over grey water and men sang of home while wind rose".split()
+N_CTX = 32
+
+
+def write_corpus(folder: Path, seed: int = 0) -> Path:
+    """Two .txt files of paragraphs, a .jsonl and a .parquet file: about 40 short documents."""
+    rng = random.Random(seed)
+
+    def doc() -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30))) + "."
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text("\n\n".join(doc() for _ in range(10)) + "\n")
+    rows = [{"text": doc()} for _ in range(10)] + [{"text": "   "}]  # a blank one is skipped
+    (folder / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": [doc() for _ in range(10)]}), folder / "d.parquet")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(text folder, tokenizer folder, its `gpt1 prepare --val-fraction 0` output)."""
+    work = tmp_path_factory.mktemp("stream")
+    text, vocab = write_corpus(work / "text"), faults.char_vocab(work / "vocab")
+    opts = PrepareOptions(val_fraction=0, doc_sep="blank-line", shard_tokens=700, quiet=True)
+    prepare([text], vocab, work / "prepared", opts)
+    return text, vocab, work / "prepared"
+
+
+def stream_of(text: Path, vocab: Path, rank: int = 0, world: int = 1) -> TextStream:
+    data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
+    source = batch_source(data, DataConfig(), N_CTX, 0, rank, world)
+    assert isinstance(source, TextStream)
+    return source
+
+
+def test_text_stream_equals_a_sequential_pass_over_prepared_shards(corpus):
+    text, vocab, prepared = corpus
+    split = open_prepared(prepared).splits["train"]
+    assert len(split.shards) > 2  # windows run across shard boundaries
+    shards, stream = SequentialWindows(split, N_CTX), stream_of(text, vocab)
+    for micro in [1, 3, 2, 5] * 12:  # well past one pass: the stream starts over
+        a, b = shards.next_batch(micro), stream.next_batch(micro)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert stream.state_dict()["epoch"] >= 1
+    x, y = b
+    assert x.shape == (5, N_CTX) and x.dtype == torch.int64
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+
+
+def test_windows_are_contiguous_text_in_document_order(corpus):
+    text, vocab, prepared = corpus
+    data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
+    ids = [
+        i
+        for f in data.files
+        for d in documents(f, data.opts, None)
+        for i in data.tokenizer.encode(d)
+    ]
+    x, y = stream_of(text, vocab).next_batch(4)
+    expected = torch.tensor(ids[: 4 * N_CTX + 1])
+    assert torch.equal(x.reshape(-1), expected[:-1])  # window g starts at token g * n_ctx
+    assert torch.equal(y[-1], expected[-N_CTX:])
+
+
+def test_ranks_tokenize_alternate_documents(corpus):
+    text, vocab, _ = corpus
+    data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
+    docs = [d for f in data.files for d in documents(f, data.opts, None)]
+    for rank in (0, 1):
+        mine = [i for d in docs[rank::2] for i in data.tokenizer.encode(d)]
+        x, _ = stream_of(text, vocab, rank, 2).next_batch(3)
+        assert x.reshape(-1).tolist() == mine[: 3 * N_CTX]
+
+
+def test_resume_from_any_cursor_is_exact(corpus):
+    text, vocab, _ = corpus
+    for rank, world in ((0, 1), (1, 2)):
+        reference = stream_of(text, vocab, rank, world)
+        offsets = set()
+        for _ in range(9):
+            state = json.loads(json.dumps(reference.state_dict()))  # what a checkpoint keeps
+            offsets.add(state["offset"] > 0)
+            resumed = stream_of(text, vocab, rank, world)
+            resumed.load_state_dict(state)
+            for micro in (5, 3, 6):
+                a, b = reference.next_batch(micro), resumed.next_batch(micro)
+                assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert reference.state_dict()["epoch"] >= 1  # resumed in a later pass too
+        assert offsets == {True, False}  # cursors inside a document and at its start
+
+
+def test_tokenizing_processes_give_the_same_stream(corpus, monkeypatch):
+    import gpt1.text.prepare
+
+    monkeypatch.setattr(gpt1.text.prepare, "TASK_CHARS", 300)  # many small tasks in flight
+    text, vocab, _ = corpus
+    data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
+    alone, helped = TextStream(data, N_CTX), TextStream(data, N_CTX, workers=2)
+    for _ in range(30):  # past the end of a pass
+        assert torch.equal(alone.next_batch(3)[0], helped.next_batch(3)[0])
+    state = helped.state_dict()
+    resumed = TextStream(data, N_CTX, workers=2)
+    resumed.load_state_dict(state)
+    assert torch.equal(resumed.next_batch(4)[0], alone.next_batch(4)[0])
+    helped.load_state_dict(state)  # closes the running reader and its processes
+
+
+def test_resume_refuses_a_changed_stream(corpus, tmp_path):
+    text, vocab, _ = corpus
+    source = stream_of(text, vocab)
+    source.next_batch(3)
+    state = source.state_dict()
+    with pytest.raises(DataError, match="split over 1 processes; resume with 1"):
+        stream_of(text, vocab, 0, 2).load_state_dict(state)
+    with pytest.raises(DataError, match="prepared folder"):
+        stream_of(text, vocab).load_state_dict({"window": 3})
+    changed = tmp_path / "text"
+    changed.mkdir()
+    for f in text.iterdir():
+        (changed / f.name).write_bytes(f.read_bytes())
+    (changed / "a.txt").write_text("Another text entirely, shorter than before.\n")
+    moved = stream_of(changed, vocab)
+    moved.load_state_dict({**state, "path": str(changed / "a.txt")})
+    with pytest.raises(DataError, match="text changed since the checkpoint"):
+        moved.next_batch(1)
+
+
+def test_data_path_errors(corpus, tmp_path):
+    text, vocab, prepared = corpus
+    with pytest.raises(ConfigError, match="needs their tokenizer"):
+        open_data(DataConfig(path=str(text / "a.txt")))
+    with pytest.raises(DataError, match="no meta.json here"):
+        open_data(DataConfig(path=str(text)))
+    with pytest.raises(ConfigError, match="carries its own tokenizer"):
+        open_data(DataConfig(path=str(prepared), tokenizer=str(vocab)))
+    with pytest.raises(DataError, match="matches no .txt"):
+        open_data(DataConfig(path=str(tmp_path / "*.jsonl"), tokenizer=str(vocab)))
+    data = open_data(DataConfig(path=str(text / "*.txt"), tokenizer=str(vocab)))
+    assert [f.name for f in data.files] == ["a.txt", "b.txt"]
+    with pytest.raises(ConfigError, match="data.order=random needs"):
+        batch_source(data, DataConfig(order="random"), N_CTX, 0, 0, 1)
+    (tmp_path / "tiny.txt").write_text("Too short.\n")
+    tiny = open_data(DataConfig(path=str(tmp_path / "tiny.txt"), tokenizer=str(vocab)))
+    with pytest.raises(DataError, match="fewer than one window of 33"):
+        TextStream(tiny, N_CTX).next_batch(1)
+
+
+def test_parquet_row_that_is_not_text_names_file_and_field(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["fine", None]}), tmp_path / "x.parquet")
+    with pytest.raises(DataError, match=r"x.parquet, field 'text': row 2 is not a string"):
+        list(documents(tmp_path / "x.parquet", PrepareOptions(), None))
+    with pytest.raises(DataError, match="no such column"):
+        list(documents(tmp_path / "x.parquet", PrepareOptions(text_field="body"), None))
+
+
+def run_args(data: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--quiet", "pretrain", "--preset", "tiny", "--data", str(data), "--out", str(out),
+        "--max-steps", "12", "--log-every", "1", "--save-every", "5",
+        "--set", "train.peak_flops=1", *extra,
+    ]  # fmt: skip
+
+
+def losses(run: Path) -> list[tuple[int, float]]:
+    lines = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"]) for r in lines if "loss" in r]
+
+
+def test_pretraining_on_text_equals_pretraining_on_its_shards(corpus, tmp_path):
+    text, vocab, prepared = corpus
+    raw, shards = tmp_path / "raw", tmp_path / "shards"
+    assert (
+        main(run_args(text, raw, "--tokenizer", str(vocab), "--set", "data.doc_sep=blank-line"))
+        == 0
+    )
+    assert main(run_args(prepared, shards, "--set", "data.order=sequential")) == 0
+    assert len(losses(raw)) == 12 and losses(raw) == losses(shards)  # bitwise, every step
+    a = load_file(str(raw / "final" / "model.safetensors"))
+    b = load_file(str(shards / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (raw / "final" / "vocab.json").is_file()  # the checkpoint carries the tokenizer
+    random_order = tmp_path / "random"
+    assert main(run_args(prepared, random_order, "--max-steps", "2")) == 0
+    assert losses(random_order)[0] != losses(shards)[0]  # the default order is another one
+
+
+def test_max_steps_are_required_for_text(corpus, tmp_path, capsys):
+    text, vocab, _ = corpus
+    args = run_args(text, tmp_path / "run", "--tokenizer", str(vocab), "--max-steps", "0")
+    assert main(args) == 2
+    assert "set --max-steps" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigkill_in_the_middle_of_a_stream_resumes_exactly(corpus, tmp_path):
+    text, vocab, _ = corpus
+    steps = 24  # 24 x 4 windows x 32 tokens: more than one pass over the text
+    extra = ["--tokenizer", str(vocab), "--set", "data.doc_sep=blank-line"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    span = faults.timed_run(faults.pretrain_cmd(text, ref, steps) + extra)
+    report = faults.kill_loop(
+        faults.pretrain_cmd(text, run, steps) + extra + ["--resume", "auto"],
+        run,
+        kills=2,
+        rng=random.Random(0),
+        span=span,
+        name="stream",
+        steps=steps,
+    )
+    faults.compare_runs(ref, run, report)
+    assert report.data_lost == 0, report.problems
+    assert report.kills >= 1 and report.resumes >= 1
+    cursor = json.loads((ref / "final" / "trainer_state.json").read_text())["sources"][0]
+    assert cursor["epoch"] >= 1 and cursor["kind"] == "text-stream"
+    assert np.isfinite([loss for _, loss in losses(run)]).all()
+
+
+@pytest.mark.slow
+def test_two_processes_split_the_stream_and_resume_exactly(corpus, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    text, vocab, _ = corpus
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+    ]
+    two, resumed = tmp_path / "two", tmp_path / "resumed"
+
+    def launch(out: Path, *extra: str, launcher=torchrun) -> subprocess.CompletedProcess:
+        args = run_args(
+            text, out, "--tokenizer", str(vocab), "--max-steps", "6", "--save-every", "3"
+        )
+        argv = [*launcher, "-m", "gpt1", *args, "--set", "data.doc_sep=blank-line", *extra]
+        return subprocess.run(argv, env=subprocess_env(), capture_output=True, text=True)
+
+    assert launch(two).returncode == 0
+    cursors = json.loads((two / "step-3" / "trainer_state.json").read_text())["sources"]
+    assert [(c["rank"], c["world"]) for c in cursors] == [(0, 2), (1, 2)]
+    assert cursors[0]["index"] % 2 == 0 and cursors[1]["index"] % 2 == 1  # alternate documents
+    assert launch(resumed, "--resume", str(two / "step-3")).returncode == 0
+    assert losses(resumed) == [(s, v) for s, v in losses(two) if s > 3]
+    alone = launch(tmp_path / "alone", "--resume", str(two / "step-3"), launcher=[sys.executable])
+    assert alone.returncode == 2
+    assert "split over 2 processes; resume with 2 (this run has 1)" in alone.stderr
+
+
+def test_a_bad_row_stops_the_stream_when_reached_naming_file_line_and_field(corpus, tmp_path):
+    text, vocab, _ = corpus
+    bad = tmp_path / "text"
+    bad.mkdir()
+    (bad / "a.txt").write_bytes((text / "a.txt").read_bytes())
+    (bad / "b.jsonl").write_text('{"text": "fine"}\n{"body": "no text here"}\n')
+    data = open_data(DataConfig(path=str(bad), tokenizer=str(vocab), doc_sep="blank-line"))
+    stream = TextStream(data, N_CTX)
+    with pytest.raises(DataError, match=r"b.jsonl:2, field 'text': missing or not a string"):
+        for _ in range(100):
+            stream.next_batch(1)
+    with pytest.raises(DataError, match="no such file or folder"):
+        open_data(DataConfig(path=str(tmp_path / "nope"), tokenizer=str(vocab)))
+
+
+def test_sequential_windows_split_every_micro_step_between_ranks(corpus):
+    split = open_prepared(corpus[2]).splits["train"]
+    alone = SequentialWindows(split, N_CTX)
+    ranks = [SequentialWindows(split, N_CTX, r, 2) for r in (0, 1)]
+    for _ in range(40):  # past the end of the split: the stream starts over
+        both = torch.cat([ranks[0].next_batch(2)[0], ranks[1].next_batch(2)[0]])
+        assert torch.equal(both, alone.next_batch(4)[0])
+    resumed = SequentialWindows(split, N_CTX, 1, 2)
+    resumed.load_state_dict(ranks[1].state_dict())
+    assert torch.equal(resumed.next_batch(3)[0], ranks[1].next_batch(3)[0])
