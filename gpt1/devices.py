@@ -34,13 +34,19 @@ TRAIN_PRECISION_HELP = (
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def resolve_device(name: str | None = "auto") -> torch.device:
-    """`auto` -> cuda when available else cpu; `cpu`, `cuda`, `cuda:N` checked to exist."""
+def resolve_device(name: str | None = "auto", local_rank: int | None = None) -> torch.device:
+    """`auto` -> cuda when available else cpu; `cpu`, `cuda`, `cuda:N` checked to exist.
+
+    With `local_rank` (the training loop, one process per GPU under torchrun) `auto` and `cuda`
+    mean this process's GPU, `cuda:<local_rank>`; an explicit `cuda:N` is kept as asked.
+    """
     import torch
 
     name = (name or "auto").strip().lower()
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and local_rank is not None:
+        name = f"cuda:{local_rank}"
     try:
         device = torch.device(name)
     except RuntimeError:
