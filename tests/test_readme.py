@@ -43,7 +43,7 @@ def test_readme_python_section_runs(tmp_path, capsys):
         code = code.replace(written, used)
 
     namespace: dict = {}
-    exec(compile(code, "README.md, Use it from Python", "exec"), namespace)  # noqa: S102 - the README's own code
+    exec(compile(code, "README.md, Use it from Python", "exec"), namespace)
 
     printed = capsys.readouterr().out.splitlines()
     session, prompt = namespace["session"], namespace["prompt"]
