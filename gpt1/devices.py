@@ -45,12 +45,12 @@ def resolve_device(name: str | None = "auto", local_rank: int | None = None) -> 
     name = (name or "auto").strip().lower()
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and local_rank is not None:
-        name = f"cuda:{local_rank}"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"unknown device {name!r}; expected {DEVICE_HELP}") from None
+    if device.type == "cuda" and device.index is None and local_rank is not None:
+        device = torch.device("cuda", local_rank)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
@@ -58,7 +58,9 @@ def resolve_device(name: str | None = "auto", local_rank: int | None = None) -> 
                 "(use --device cpu or auto)"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+            raise ConfigError(
+                f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s)"
+            )
     elif device.type != "cpu":
         raise ConfigError(f"unsupported device {name!r}; expected {DEVICE_HELP}")
     return device
