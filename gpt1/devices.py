@@ -34,17 +34,23 @@ TRAIN_PRECISION_HELP = (
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def resolve_device(name: str | None = "auto") -> torch.device:
-    """`auto` -> cuda when available else cpu; `cpu`, `cuda`, `cuda:N` checked to exist."""
+def resolve_device(name: str | None = "auto", local_rank: int | None = None) -> torch.device:
+    """`auto` -> cuda when available else cpu; `cpu`, `cuda`, `cuda:N` checked to exist.
+
+    With `local_rank` (the training loop, one process per GPU under torchrun) `auto` and `cuda`
+    mean this process's GPU, `cuda:<local_rank>`; an explicit `cuda:N` is kept as asked.
+    """
     import torch
 
     name = (name or "auto").strip().lower()
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise ConfigError(f"unknown device {name!r}; expected {DEVICE_HELP}") from None
+    if device.type == "cuda" and device.index is None and local_rank is not None:
+        device = torch.device("cuda", local_rank)
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError(
@@ -52,7 +58,9 @@ def resolve_device(name: str | None = "auto") -> torch.device:
                 "(use --device cpu or auto)"
             )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ConfigError(f"device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
+            raise ConfigError(
+                f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s)"
+            )
     elif device.type != "cpu":
         raise ConfigError(f"unsupported device {name!r}; expected {DEVICE_HELP}")
     return device

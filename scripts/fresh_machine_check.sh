@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fresh-machine check (issue 7): clone this repository into a temporary folder and run the README's
+# Fresh-machine check: clone this repository into a temporary folder and run the README's
 # two commands there, exactly as a newcomer would: `make demo`, then `make test`. Nothing installed by
 # hand is used: the clone builds its own .venv (pinned CPU torch first). Prints each step's time.
 #

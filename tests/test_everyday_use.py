@@ -36,6 +36,24 @@ def test_auto_device_and_precision():
         TrainConfig(device="gpu")
 
 
+def test_training_device_is_the_local_ranks_gpu(monkeypatch):
+    """Under torchrun each training process takes the GPU of its local rank; cuda:N stays N."""
+    cpu = torch.device("cpu")
+    assert resolve_device("cpu", local_rank=3) == cpu
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", local_rank=1) == cpu
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        resolve_device("cuda", local_rank=0)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert resolve_device("auto", local_rank=2) == torch.device("cuda", 2)
+    assert resolve_device("cuda", local_rank=3) == torch.device("cuda", 3)
+    assert resolve_device("cuda:1", local_rank=3) == torch.device("cuda", 1)
+    assert resolve_device("cuda") == torch.device("cuda")
+    with pytest.raises(ConfigError, match="only 4 CUDA device"):
+        resolve_device("cuda", local_rank=4)
+
+
 def test_pretrain_and_finetune_take_device(tmp_path, capsys):
     for command in (
         ["pretrain", "--data", str(tmp_path)],

@@ -59,7 +59,7 @@ def test_overwrite_never_replaces_the_source_or_the_current_folder(tmp_path, mon
 
 
 def test_convert_keeps_an_existing_destination(tmp_path, capsys):
-    """Issue case 1: `convert SRC DST` deleted DST's contents recursively."""
+    """`convert SRC DST` onto an existing DST keeps DST's contents (it must never empty it)."""
     src = tiny_checkpoint(tmp_path / "ckpt")
     dst = tmp_path / "v"
     (dst / "sub").mkdir(parents=True)
@@ -122,7 +122,8 @@ def pretrain_argv(data: Path, out: Path, steps: int = 2, *extra: str) -> list[st
 
 
 def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsys):
-    """Issue case 2: metrics.jsonl, run.json, results.json and plots were replaced silently."""
+    """An existing run folder with no checkpoint to resume is refused: its metrics.jsonl, run.json,
+    results.json and plots are never replaced silently."""
     out = tmp_path / "run"
     out.mkdir()
     for name in ("metrics.jsonl", "run.json", "results.json", "loss.png"):
@@ -142,7 +143,8 @@ def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsy
 
 
 def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, capsys):
-    """Issue case 2: predict --split dev replaced the test predictions."""
+    """Each split's predictions get their own file: predict --split dev never replaces the test
+    predictions, and no command overwrites a file it did not create."""
     task, vocab = faults.make_task(tmp_path / "task"), faults.char_vocab(tmp_path / "vocab")
     (task / "test.tsv").write_text((task / "dev.tsv").read_text())
     run = tmp_path / "ft"
@@ -286,7 +288,8 @@ def test_lock_names_its_holder_and_is_released(tmp_path):
 
 
 def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepared):
-    """Issue case 3: two processes on one run folder duplicated 49 steps of metrics.jsonl."""
+    """Two processes on one run folder: the second is refused by the run lock, so no step of
+    metrics.jsonl is written twice."""
     run = tmp_path / "run"
     # The first run is long enough to outlive the second's start-up on any machine, and is
     # stopped with SIGTERM (it saves and exits 143) once the second has been refused.
@@ -354,7 +357,8 @@ def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, prepared, capsys
 def test_checkpoint_write_failure_is_one_line_without_leftovers(
     tmp_path, prepared, capsys, monkeypatch, code
 ):
-    """Issue case 7: disk full / read-only while checkpointing, also from safetensors itself."""
+    """A full or read-only disk while checkpointing (including errors raised inside safetensors)
+    is a clear error and leaves no half-written checkpoint."""
     from safetensors import SafetensorError
 
     real, calls = checkpoint_files.save_file, {"n": 0}
@@ -430,7 +434,8 @@ def test_save_model_write_failure_leaves_nothing(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------- umask
 @pytest.mark.parametrize("mask", [0o022, 0o077])
 def test_weights_follow_the_umask(tmp_path, mask):
-    """Issue case 12: weights were 0600 (safetensors' temporary file) while JSON was 0644."""
+    """Weights get the same umask-derived mode as the JSON files beside them, not the 0600 of
+    safetensors' temporary file."""
     old = os.umask(mask)
     try:
         folder = tiny_checkpoint(tmp_path / "ckpt")

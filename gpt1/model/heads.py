@@ -8,7 +8,7 @@ The losses themselves are in `gpt1.train.objectives` (`finetune_loss`, `aux_lm_l
 - The extract state is the final hidden state at the FIRST `_classify_` token of each sequence
   (OAI's argmax over `ids == clf`), gathered per sequence.
 - Classifier dropout (p = 0.1) uses one mask per example, shape `[B, 1, C]`, shared by all its
-  sequences (OAI's noise_shape; PORT issue #11 / PR #22).
+  sequences (OAI's train.py passes dropout a noise_shape with the sequence axis set to 1).
 - similarity: the two orders' extract states are added, then one linear layer.
 - choice: a linear layer to 1 per sequence; the scores `[B, K]` go through softmax over choices.
 - regression (STS-B): one output, mean squared error.

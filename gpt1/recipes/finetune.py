@@ -180,8 +180,8 @@ def check_training_memory(
     cfg: FinetuneConfig, task: Task, train_cfg: TrainConfig, info: Any
 ) -> None:
     """Refuse, from the configs alone, a run that cannot fit before any model is built."""
+    from gpt1.devices import resolve_device
     from gpt1.model.memory import ensure_training_fits
-    from gpt1.train.loop import resolve_device
 
     if cfg.init in ("", "none"):
         config, source = model_preset(cfg.preset), f"--preset {cfg.preset}"

@@ -147,8 +147,8 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
     cfg = finalize(cfg, data)
     n_ctx = cfg.data.n_ctx
     info = dist.env_info()
+    from gpt1.devices import resolve_device
     from gpt1.model.memory import ensure_training_fits
-    from gpt1.train.loop import resolve_device
 
     # Sized from the configs alone, before run.json, the model or any optimizer state exist.
     ensure_training_fits(
@@ -277,8 +277,7 @@ def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -
 
 def _precision_shown(train_cfg: Any, local_rank: int) -> str:
     """The precision the trainer will use, for the log line ("auto" resolved)."""
-    from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
-    from gpt1.train.loop import resolve_device
+    from gpt1.devices import TRAIN_PRECISIONS, resolve_device, resolve_precision
 
     return resolve_precision(
         train_cfg.precision, resolve_device(train_cfg.device, local_rank), TRAIN_PRECISIONS

@@ -30,7 +30,7 @@ from torch import nn
 from gpt1 import checkpoint_files as ckpt
 from gpt1 import files
 from gpt1.config import TrainConfig
-from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
+from gpt1.devices import TRAIN_PRECISIONS, resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.train import distributed as dist
 from gpt1.train import state as train_state
@@ -77,19 +77,6 @@ class _ModelView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
-
-
-def resolve_device(name: str, local_rank: int = 0) -> torch.device:
-    """auto/cpu/cuda -> this rank's device; cuda:N (one process) -> that device."""
-    if name.startswith("cuda:"):
-        from gpt1.devices import resolve_device as named
-
-        return named(name)
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is available")
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -161,7 +148,7 @@ def train(
             project=cfg.tracker_project,
             mlflow_uri=cfg.mlflow_uri,
         )
-    device = resolve_device(cfg.device, dist.env_info().local_rank)
+    device = resolve_device(cfg.device, local_rank=dist.env_info().local_rank)
     precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
     info = dist.init(device.type)
     accum = _accumulation(cfg, info.world_size)

@@ -49,6 +49,8 @@ def read_dpr(path: str | Path) -> list[DprExample]:
         if block:
             examples.append(_dpr_block(block, path))
             block = []
+    if not examples:  # an empty file would score as 0 of 0 examples: refuse it instead
+        raise DataError("no DPR example in this file (it is empty)", path)
     return examples
 
 
@@ -116,4 +118,6 @@ def read_lambada(path: str | Path) -> list[tuple[str, str]]:
         if len(words) < 2:
             raise DataError("a LAMBADA passage needs a context before its last word", path, number)
         out.append((" ".join(words[:-1]), words[-1]))
+    if not out:  # an empty file would score as 0 of 0 passages: refuse it instead
+        raise DataError("no LAMBADA passage in this file (it is empty)", path)
     return out
