@@ -216,11 +216,13 @@ class PooledStep:
 
 
 def decode_step(caches: list[KVCache]) -> LoopStep | PooledStep:
-    """How to attend for one new token of each cache's sequence: in one call where all the
-    caches share a `SlotPool` (and have been filled at least once), else one by one."""
+    """How to attend for one new token of each cache's sequence: in one call where two or more
+    caches share a `SlotPool` (and have been filled at least once), else one by one (a lone
+    sequence needs no mask, index tensors or scattered writes)."""
     first = caches[0] if caches else None
     if (
-        isinstance(first, PooledKVCache)
+        len(caches) > 1
+        and isinstance(first, PooledKVCache)
         and all(isinstance(c, PooledKVCache) and c.pool is first.pool for c in caches)
         and any(t is not None for t in first.pool.k)
         and len({c.slot for c in caches}) == len(caches)
