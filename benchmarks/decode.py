@@ -11,7 +11,7 @@ step minus the two: attention, LayerNorm, GELU, the cache writes and the Python 
 The decoding bound (read bandwidth / bytes a step reads) is printed beside each.
 
 Batched (`GPT.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
-prompts of different lengths (16..48 tokens) advance `--steps` tokens together, with their
+prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
 caches in one `SlotPool` (one attention call per layer) vs each in its own `KVCache` (one call
 per sequence and layer), alternating in one process; steps/s and the ratio. Each timed run
 starts from the same prefilled caches (rewound, not refilled).
@@ -20,6 +20,7 @@ starts from the same prefilled caches (rewound, not refilled).
     python benchmarks/decode.py --skip batched --precisions bf16 # batch-1 breakdown only
     python benchmarks/decode.py --skip batch1 --sizes 1,4,16     # pooled vs looped only
     python benchmarks/decode.py --threads 1 --clock cpu          # on a loaded machine
+    python benchmarks/decode.py --skip batch1 --context 200,400  # longer contexts
 
 Read bandwidth is always measured on the wall clock.
 """
@@ -127,9 +128,11 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         )
 
 
-def prefilled(model: GPT, n: int, pooled: bool) -> tuple[list[KVCache], list[int]]:
+def prefilled(
+    model: GPT, n: int, pooled: bool, context: tuple[int, int]
+) -> tuple[list[KVCache], list[int]]:
     gen = torch.Generator().manual_seed(n)
-    lengths = torch.randint(16, 49, (n,), generator=gen).tolist()
+    lengths = torch.randint(context[0], context[1] + 1, (n,), generator=gen).tolist()
     pool = SlotPool(model.config.n_layer, model.config.n_positions)
     caches = [pool.cache() if pooled else KVCache(model.config.n_layer, 512) for _ in lengths]
     with torch.no_grad():
@@ -152,15 +155,20 @@ def decode_run(model: GPT, caches: list[KVCache], lengths: list[int], steps: int
     return run
 
 
-def batched(precisions: list[str], sizes: list[int], steps: int, repeats: int) -> None:
-    print(f"\nbatched decoding, {steps} steps, prompts 16..48 tokens: steps/s (median)")
+def batched(
+    precisions: list[str], sizes: list[int], steps: int, repeats: int, context: tuple[int, int]
+) -> None:
+    print(
+        f"\nbatched decoding, {steps} steps, prompts {context[0]}..{context[1]} tokens: "
+        "steps/s (median)"
+    )
     print(f"{'precision':>9} {'n':>3} {'looped':>8} {'pooled':>8} {'pooled/looped':>14}")
     for precision in precisions:
         torch.manual_seed(0)
         model = for_inference(GPT(model_preset("gpt1")), "cpu", precision)
         for n in sizes:
             runs = {
-                name: decode_run(model, *prefilled(model, n, name == "pooled"), steps)
+                name: decode_run(model, *prefilled(model, n, name == "pooled", context), steps)
                 for name in ("looped", "pooled")
             }
             times = alternate(runs, repeats)
@@ -179,6 +187,7 @@ def main() -> None:
     p.add_argument("--new", type=int, default=64, help="batch-1 new tokens per run")
     p.add_argument("--sizes", default="1,4,16", help="concurrent sequences (batched)")
     p.add_argument("--steps", type=int, default=16, help="batched steps per run")
+    p.add_argument("--context", default="16,48", help="batched prompt lengths: lo,hi")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--skip", default="", help="comma list of: batch1, batched")
@@ -203,7 +212,9 @@ def main() -> None:
     if "batch1" not in skip:
         batch1(precisions, args.new, args.repeats)
     if "batched" not in skip:
-        batched(precisions, [int(s) for s in args.sizes.split(",")], args.steps, args.repeats)
+        sizes = [int(s) for s in args.sizes.split(",")]
+        lo, hi = (int(s) for s in args.context.split(","))
+        batched(precisions, sizes, args.steps, args.repeats, (lo, hi))
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
 
 

@@ -189,14 +189,17 @@ class PooledStep:
         lengths = [len(c) for c in caches]
         self.lo, self.hi = min(slots), max(slots) + 1
         self.end = max(lengths) + 1  # positions attended to, new token included
-        device = next(t for t in self.pool.k if t is not None).device
+        like = next(t for t in self.pool.k if t is not None)
+        device = like.device
         self.slots = torch.tensor(slots, device=device)
         self.positions = torch.tensor(lengths, device=device)
         self.rows = None if slots == list(range(self.lo, self.hi)) else self.slots - self.lo
         seen = torch.ones(self.hi - self.lo, dtype=torch.long, device=device)  # holes: 1 position
         seen[self.slots - self.lo] = self.positions + 1
         visible = torch.arange(self.end, device=device) < seen[:, None]  # [hi - lo, end]
-        self.mask = visible[:, None, None, :]  # [hi - lo, 1, 1, end]
+        # Additive (0 / -inf) rather than bool: SDPA's CPU kernel runs about 1.4x faster with it.
+        mask = torch.zeros(visible.shape, dtype=like.dtype, device=device)
+        self.mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]  # [hi-lo,1,1,end]
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
