@@ -46,7 +46,7 @@ from gpt1.config import model_preset  # noqa: E402
 from gpt1.model.decoding import KVCache, SlotPool  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.inference import for_inference  # noqa: E402
-from gpt1.model.quantize import Int8Linear  # noqa: E402
+from gpt1.model.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
 from gpt1.recipes.sample import generate, next_tokens  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -126,6 +126,23 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
             f"{precision:>9} {step:8.2f} {weights:8.2f} {sampling:9.3f} {before:9.3f} "
             f"{step - weights - sampling:7.2f} {bound:9.2f} {bound / step:9.0%}"
         )
+
+
+def call_overhead(repeats: int, calls: int = 20000) -> None:
+    """What the int8 product's Python wrapper adds to its kernel, on a layer small enough for
+    the kernel to take microseconds (decoding makes 49 such calls per token)."""
+    q, scale = quantize_rows(torch.randn(64, 64))
+    x, bias, scale = torch.randn(1, 64).bfloat16(), torch.randn(64).bfloat16(), scale.bfloat16()
+    kernel = torch.ops.aten._weight_int8pack_mm
+    times = alternate(
+        {
+            "int8_linear": lambda: [int8_linear(x, q, scale, bias) for _ in range(calls)],
+            "kernel": lambda: [kernel(x, q, scale).add_(bias) for _ in range(calls)],
+        },
+        repeats,
+    )
+    wrapper, bare = (statistics.median(times[k]) / calls * 1e6 for k in ("int8_linear", "kernel"))
+    print(f"\nint8_linear on a 64x64 layer: {wrapper:.1f} us per call, kernel + bias {bare:.1f} us")
 
 
 def prefilled(
@@ -210,6 +227,7 @@ def main() -> None:
         f"load average {os.getloadavg()[0]:.1f} at start, {time.strftime('%Y-%m-%d %H:%M')}"
     )
     if "batch1" not in skip:
+        call_overhead(args.repeats)
         batch1(precisions, args.new, args.repeats)
     if "batched" not in skip:
         sizes = [int(s) for s in args.sizes.split(",")]
