@@ -8,7 +8,8 @@ layer and the output layer run once on one row, in the same kernels: the floor a
 below) and with the sampling path alone (`next_tokens` on one row of logits; "(before)": the
 full `isfinite` check and `argmax` it replaced). "other" is a
 step minus the two: attention, LayerNorm, GELU, the cache writes and the Python between them.
-The decoding bound (read bandwidth / bytes a step reads) is printed beside each.
+The decoding bound (read bandwidth / bytes a step reads) is printed beside each on the wall
+clock (on the CPU clock a step's time and the bandwidth are not comparable: "-").
 
 Batched (`GPT.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
 prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
@@ -122,9 +123,12 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         weights, sampling = med["weights"] / new * 1e3, med["sampling"] / new * 1e3
         before = med["sampling before"] / new * 1e3
         bound = decode_bytes(model) / bandwidth * 1e3
+        of_bound = (
+            f"{bound:9.2f} {bound / step:9.0%}" if clock is time.perf_counter else " " * 8 + "-"
+        )
         print(
             f"{precision:>9} {step:8.2f} {weights:8.2f} {sampling:9.3f} {before:9.3f} "
-            f"{step - weights - sampling:7.2f} {bound:9.2f} {bound / step:9.0%}"
+            f"{step - weights - sampling:7.2f} {of_bound}"
         )
 
 
