@@ -109,3 +109,19 @@ def test_the_pool_hands_out_the_lowest_free_slot_and_frees_memory_when_empty():
     assert pool.k[0] is not None  # slot 1 is still live
     pool.release(1)
     assert pool.k == [None, None] and pool.taken == []
+
+
+def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
+    from gpt1.recipes.decoder import BatchedDecoder
+
+    decoder = BatchedDecoder(_model())
+    first = decoder.start([1, 2, 3], 4, temperature=0)
+    second = decoder.start([4, 5], 2, temperature=0)
+    decoder.step()  # both prompts run alone, each into its slot
+    assert (first.cache.slot, second.cache.slot) == (0, 1)
+    assert isinstance(decode_step([first.cache, second.cache]), PooledStep)
+    decoder.stop(first)  # a client leaves: its slot is free for the next one
+    assert decoder.pool.taken == [False, True]
+    while decoder.active:
+        decoder.step()
+    assert decoder.pool.taken == [] and decoder.pool.k == [None, None]  # memory freed
