@@ -242,7 +242,8 @@ class GPT(nn.Module):
 
         Sequence r continues `caches[r]` (filled by earlier `forward(..., cache=)` calls, of any
         lengths) by `ids[r]`, and its cache grows by one. This is continuous batching: the weights
-        are read once for all n sequences instead of once each. The result for sequence r is
+        are read once for all n sequences instead of once each, and with caches from one
+        `SlotPool` attention is one call per layer for all of them. The result for sequence r is
         what `forward(ids[r].view(1, 1), cache=caches[r])[0, -1]` gives, up to the summation
         order of the larger matrix products.
         """
