@@ -111,6 +111,20 @@ def test_the_pool_hands_out_the_lowest_free_slot_and_frees_memory_when_empty():
     assert pool.k == [None, None] and pool.taken == []
 
 
+def test_sparse_slots_are_attended_one_by_one():
+    """Two live sequences in slots 0 and 5 of a pool: one call would attend six rows for two."""
+    model = _model()
+    pool = SlotPool(2, 80)
+    caches = [pool.cache() for _ in range(6)]
+    with torch.no_grad():
+        for cache in caches:
+            model(torch.randint(0, 300, (1, 4)), cache=cache)
+    assert isinstance(decode_step(caches), PooledStep)
+    for cache in caches[1:5]:
+        cache.release()
+    assert isinstance(decode_step([caches[0], caches[5]]), LoopStep)
+
+
 def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
     from gpt1.recipes.decoder import BatchedDecoder
 

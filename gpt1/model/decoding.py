@@ -220,8 +220,9 @@ class PooledStep:
 
 def decode_step(caches: list[KVCache]) -> LoopStep | PooledStep:
     """How to attend for one new token of each cache's sequence: in one call where two or more
-    caches share a `SlotPool` (and have been filled at least once), else one by one (a lone
-    sequence needs no mask, index tensors or scattered writes)."""
+    caches share a `SlotPool` (and have been filled at least once) and fill at least half of
+    the slot range they span (each slot in it costs a row of attention), else one by one (a
+    lone sequence needs no mask, index tensors or scattered writes)."""
     first = caches[0] if caches else None
     if (
         len(caches) > 1
@@ -230,5 +231,7 @@ def decode_step(caches: list[KVCache]) -> LoopStep | PooledStep:
         and any(t is not None for t in first.pool.k)
         and len({c.slot for c in caches}) == len(caches)
     ):
-        return PooledStep(caches)
+        slots = [c.slot for c in caches]
+        if max(slots) - min(slots) + 1 <= 2 * len(caches):
+            return PooledStep(caches)
     return LoopStep(caches)
