@@ -176,3 +176,20 @@ def test_an_overflowing_temperature_keeps_the_filters():
         False,
         False,
     ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_fast_sampling_path_matches_isfinite_and_argmax(dtype):
+    """`all_finite` is `isfinite(...).all()` (NaN, +inf or -inf anywhere, or none), and the
+    greedy choice is argmax's, ties included (the first largest)."""
+    from gpt1.recipes.sample import all_finite, next_tokens
+
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randn(4, 40481, generator=gen).mul(3).round().to(dtype)  # many ties
+    assert torch.equal(next_tokens(rows, 0, None, None, None), rows.argmax(-1, keepdim=True))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in (0, 20000, 40480):
+            damaged = rows.clone()
+            damaged[2, where] = bad
+            assert all_finite(damaged) is False
+    assert all_finite(rows) is True

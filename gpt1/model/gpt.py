@@ -1,7 +1,8 @@
 """GPT-1, exactly: post-LN decoder blocks, learned positions, tied output layer.
 
-Read top to bottom as the paper: attention, MLP, block, GPT; then the helpers for decoding (KV
-cache) and right-padded batches, and the parameter and FLOP counts.
+Read top to bottom as the paper: attention, MLP, block, GPT; then the helper for right-padded
+batches, and the parameter and FLOP counts. The key/value caches of incremental decoding live in
+`gpt1.model.decoding`.
 
 The model maps token ids to final hidden states; heads and losses live elsewhere
 (`gpt1.model.heads`, `gpt1.train.objectives`). It is single-device code: no distributed, autocast
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.config import ModelConfig
+from gpt1.model.decoding import KVCache, LayerCache, LoopStep, PooledStep, decode_step
 from gpt1.model.fast_cpu import Dropout, causal_attention
 
 
@@ -81,18 +83,14 @@ class CausalSelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None, None, :])
         return self.resid_dropout(self.c_proj(y.reshape(B, C)))
 
-    def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, step: LoopStep | PooledStep, layer: int) -> torch.Tensor:
         """One new token for each of n independent sequences, each with its own cache: x `[n, C]`
-        -> `[n, C]` (inference). The projections run on all n rows at once; attention runs per
-        sequence over its own cached keys, as `_attend_cached` does for one."""
+        -> `[n, C]` (inference). The projections run on all n rows at once; `step` attends each
+        row over its own cached keys (`gpt1.model.decoding`)."""
         n, C = x.shape
         qkv = self.c_attn(x).view(n, 3, self.n_head, 1, self.head_dim)  # [n, 3, H, 1, D]
-        rows = []
-        for r, cache in enumerate(caches):
-            q, k, v = qkv[r, :, None]  # 3 x [1, H, 1, D]
-            k, v = cache.extend(k, v)  # [1, H, past + 1, D]
-            rows.append(F.scaled_dot_product_attention(q, k, v))  # [1, H, 1, D]
-        y = torch.cat(rows).reshape(n, C)  # [n, H, 1, D] -> [n, C]
+        q, k, v = qkv.unbind(1)  # 3 x [n, H, 1, D]
+        y = step.attend(layer, q, k, v).reshape(n, C)  # [n, H, 1, D] -> [n, C]
         return self.resid_dropout(self.c_proj(y))
 
     @staticmethod
@@ -154,9 +152,9 @@ class Block(nn.Module):
         h = self.ln_1(here + self.attn.forward_at(x, positions, layout))
         return self.ln_2(h + self.mlp(h))
 
-    def decode(self, x: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
+    def decode(self, x: torch.Tensor, step: LoopStep | PooledStep, layer: int) -> torch.Tensor:
         """`forward` for one new token of each of n sequences: x `[n, C]` (see `GPT.decode`)."""
-        x = self.ln_1(x + self.attn.decode(x, caches))
+        x = self.ln_1(x + self.attn.decode(x, step, layer))
         return self.ln_2(x + self.mlp(x))
 
 
@@ -254,7 +252,8 @@ class GPT(nn.Module):
 
         Sequence r continues `caches[r]` (filled by earlier `forward(..., cache=)` calls, of any
         lengths) by `ids[r]`, and its cache grows by one. This is continuous batching: the weights
-        are read once for all n sequences instead of once each. The result for sequence r is
+        are read once for all n sequences instead of once each, and with caches from one
+        `SlotPool` attention is one call per layer for all of them. The result for sequence r is
         what `forward(ids[r].view(1, 1), cache=caches[r])[0, -1]` gives, up to the summation
         order of the larger matrix products.
         """
@@ -268,8 +267,9 @@ class GPT(nn.Module):
                 f"a cache already holds n_positions={self.config.n_positions} tokens: no room"
             )
         x, _ = self._embed(ids, positions)  # [n, C]
+        step = decode_step(caches)  # one attention call per layer for pooled caches
         for i, block in enumerate(self.h):
-            x = block.decode(x, [c.layers[i] for c in caches])
+            x = block.decode(x, step, i)
         return x
 
     def _layout(
@@ -341,57 +341,7 @@ class GPT(nn.Module):
         return flops_per_token(self.config, seq_len)
 
 
-# ------------------------------------------------------ decoding and padding helpers
-class LayerCache:
-    """One layer's keys and values of the positions seen so far (incremental decoding).
-
-    Exact for GPT-1: with causal attention, a position's keys and values depend only on the
-    tokens up to it, and post-LN changes nothing about that.
-
-    The keys and values live in buffers with room to spare (doubled when full), written in place:
-    concatenating a fresh `[B, H, past + T, D]` pair per layer and step costs an allocation and
-    a copy of the whole cache every token. Attention reads views of the filled part, the same
-    numbers the concatenated tensors held.
-    """
-
-    def __init__(self, max_length: int | None = None) -> None:
-        self.k: torch.Tensor | None = None  # [B, H, capacity, D] buffers
-        self.v: torch.Tensor | None = None
-        self.length = 0  # filled positions
-        self.max_length = max_length  # the model's n_positions: never grow the buffers past it
-
-    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
-        end = self.length + k.shape[2]
-        if self.k is None or end > self.k.shape[2]:
-            capacity = max(2 * end, 64)
-            if self.max_length is not None:
-                capacity = max(end, min(capacity, self.max_length))
-            self.k = self._grown(self.k, k, capacity)
-            self.v = self._grown(self.v, v, capacity)
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
-        self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
-
-    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
-        B, H, _, D = like.shape
-        buf = like.new_empty(B, H, capacity, D)
-        if old is not None:
-            buf[:, :, : self.length] = old[:, :, : self.length]
-        return buf
-
-
-class KVCache:
-    """Per-layer `LayerCache`s of one decoding run; `len(cache)` is the number of cached positions."""
-
-    def __init__(self, n_layer: int, max_length: int | None = None) -> None:
-        self.layers = [LayerCache(max_length) for _ in range(n_layer)]
-
-    def __len__(self) -> int:
-        return self.layers[0].length
-
-
+# ------------------------------------------------------------------- padding helper
 class Unpadded:
     """Where the real tokens of a right-padded `[B, T]` batch sit among its B*T positions.
 

@@ -60,21 +60,33 @@ def relative_error(weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
+_FUSED_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+
+
 def int8_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]` (in
-    x's dtype): the fused kernel where it applies, else the same maths written out."""
+    x's dtype): the fused kernel where it applies, else the same maths written out.
+
+    Decoding calls this 49 times per token on one row, where each Python-level tensor call
+    costs about as much as the product of a small layer: the checks read attributes only, and a
+    2-d input is neither reshaped nor re-cast."""
     K = q.shape[1]
     if (
-        x.device.type == "cpu"
+        x.is_cpu
         and K % _KERNEL_BLOCK == 0
-        and not (torch.is_grad_enabled() and x.requires_grad)
-        and x.dtype in (torch.bfloat16, torch.float32, torch.float16)
+        and x.dtype in _FUSED_DTYPES
+        and not (x.requires_grad and torch.is_grad_enabled())
     ):
-        rows = x.reshape(-1, K)
-        out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), q, scale.to(x.dtype))
-        out = out.reshape(*x.shape[:-1], q.shape[0])
+        if scale.dtype != x.dtype:
+            scale = scale.to(x.dtype)
+        if x.dim() == 2:
+            out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), q, scale)
+        else:
+            rows = x.reshape(-1, K).contiguous()
+            out = torch.ops.aten._weight_int8pack_mm(rows, q, scale)
+            out = out.view(*x.shape[:-1], q.shape[0])
         return out if bias is None else out.add_(bias)
     return F.linear(x, (q.to(x.dtype) * scale.to(x.dtype)[:, None]), bias)
 

@@ -4,8 +4,9 @@ Decoding one sequence reads every weight once per token, so batch-1 decoding is 
 bandwidth and n concurrent sequences decoded one by one cost n reads of the weights per token.
 `BatchedDecoder` runs each new sequence's prompt through the model on its own (filling its own
 key/value cache), then advances every sequence that is past its prompt in one `GPT.decode`
-call and one output-layer product: the weights are read once per step for all of them, and
-attention runs per sequence over its own cache. Sequences join and leave between steps.
+call and one output-layer product: the weights are read once per step for all of them. Their
+keys and values share one `SlotPool` (`gpt1.model.decoding`), so each layer's attention over all
+of them, of different lengths, is one call too. Sequences join and leave between steps.
 
 Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.recipes.sample.next_tokens`, with
 each sequence's own options and random generator), so a sequence decoded alone gives
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt1.model.gpt import GPT, KVCache
+from gpt1.model.decoding import KVCache, SlotPool
+from gpt1.model.gpt import GPT
 from gpt1.recipes.sample import check_options, check_prompt, next_tokens
 
 
@@ -51,6 +53,7 @@ class BatchedDecoder:
         self.n_positions = model.config.n_positions
         self.device = model.wte.weight.device
         self.active: list[Generation] = []
+        self.pool = SlotPool(model.config.n_layer, self.n_positions)
 
     def start(
         self,
@@ -67,7 +70,6 @@ class BatchedDecoder:
         ids = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
         check_prompt(self.model, ids)
         ids = ids.to(self.device)
-        cache = KVCache(self.model.config.n_layer, self.n_positions)
         gen = Generation(
             ids,
             max_new_tokens,
@@ -75,7 +77,7 @@ class BatchedDecoder:
             top_k,
             top_p,
             generator,
-            cache if isinstance(self.model, GPT) else None,
+            self.pool.cache() if isinstance(self.model, GPT) else None,
             ids[:, -self.n_positions :],
         )
         self.active.append(gen)
@@ -85,6 +87,7 @@ class BatchedDecoder:
         """Drop a generation (its client left): its cache is freed."""
         if gen in self.active:
             self.active.remove(gen)
+        self._drop_cache(gen)
 
     def step(self) -> list[Event]:
         """One token for every active generation; a generation's last token is followed by
@@ -130,8 +133,14 @@ class BatchedDecoder:
         """The last position's hidden state `[1, C]`, as `generate_stream` computes it."""
         if gen.cache is not None and len(gen.cache) + gen.fresh.shape[1] <= self.n_positions:
             return self.model(gen.fresh, cache=gen.cache)[:, -1]
-        gen.cache = None  # past the context: positions shift, re-read the window each step
+        self._drop_cache(gen)  # past the context: positions shift, re-read the window each step
         return self.model(gen.ids[:, -self.n_positions :])[:, -1]
+
+    @staticmethod
+    def _drop_cache(gen: Generation) -> None:
+        if gen.cache is not None:
+            gen.cache.release()
+            gen.cache = None
 
     def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
         try:

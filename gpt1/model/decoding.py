@@ -1,0 +1,237 @@
+"""Key/value caches for incremental decoding, one sequence at a time or many together.
+
+Exact for GPT-1: with causal attention, a position's keys and values depend only on the tokens up
+to it, and post-LN changes nothing about that. `GPT.forward(ids, cache=...)` fills and reads a
+`KVCache`; `GPT.decode(ids, caches)` advances many sequences by one token each and asks
+`decode_step(caches)` how to run their attention:
+
+- caches from one `SlotPool` (what `gpt1.recipes.decoder.BatchedDecoder` uses): every sequence's
+  keys and values live in one `[slots, H, capacity, D]` buffer pair per layer, so the new keys
+  are written with one indexed copy and attention over all the sequences, of different lengths,
+  is one SDPA call with a padding mask (`PooledStep`);
+- any other caches: one SDPA call per sequence over its own cache (`LoopStep`).
+
+Both give the per-sequence results up to the summation order of the attention kernel
+(`tests/test_decoding.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+_MIN_CAPACITY = 64  # positions allocated at first: short runs never regrow
+
+
+def _capacity(end: int, max_length: int | None) -> int:
+    """Room for at least `end` positions: doubled, at least `_MIN_CAPACITY`, at most
+    `max_length` (the model's n_positions) unless `end` itself is larger."""
+    capacity = max(2 * end, _MIN_CAPACITY)
+    return capacity if max_length is None else max(end, min(capacity, max_length))
+
+
+class LayerCache:
+    """One layer's keys and values of the positions seen so far (one sequence, or a batch of
+    sequences of equal length).
+
+    The keys and values live in buffers with room to spare (doubled when full), written in place:
+    concatenating a fresh `[B, H, past + T, D]` pair per layer and step costs an allocation and
+    a copy of the whole cache every token. Attention reads views of the filled part, the same
+    numbers the concatenated tensors held.
+    """
+
+    def __init__(self, max_length: int | None = None) -> None:
+        self.k: torch.Tensor | None = None  # [B, H, capacity, D] buffers
+        self.v: torch.Tensor | None = None
+        self.length = 0  # filled positions
+        self.max_length = max_length  # the model's n_positions: never grow the buffers past it
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
+        end = self.length + k.shape[2]
+        if self.k is None or end > self.k.shape[2]:
+            capacity = _capacity(end, self.max_length)
+            self.k = self._grown(self.k, k, capacity)
+            self.v = self._grown(self.v, v, capacity)
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        B, H, _, D = like.shape
+        buf = like.new_empty(B, H, capacity, D)
+        if old is not None:
+            buf[:, :, : self.length] = old[:, :, : self.length]
+        return buf
+
+
+class KVCache:
+    """Per-layer `LayerCache`s of one decoding run; `len(cache)` is the number of cached positions."""
+
+    def __init__(self, n_layer: int, max_length: int | None = None) -> None:
+        self.layers = [LayerCache(max_length) for _ in range(n_layer)]
+
+    def __len__(self) -> int:
+        return self.layers[0].length
+
+    def release(self) -> None:
+        """Done with this cache (a pooled one gives its slot back; a plain one is just freed)."""
+
+
+# ------------------------------------------------------------------ many sequences, one pool
+class SlotPool:
+    """Key/value buffers shared by the sequences of one model: per layer one `[slots, H,
+    capacity, D]` pair, each sequence in a slot of its own (`cache()` hands one out, the cache's
+    `release()` gives it back). Slots are handed out lowest first, so live sequences stay
+    packed at the front; both sizes grow by doubling (capacity up to `max_length`), and the
+    buffers are freed when the last slot is given back. Buffers start zeroed: attention over a
+    pool may read unused positions (masked out), and they must hold finite numbers."""
+
+    def __init__(self, n_layer: int, max_length: int | None = None) -> None:
+        self.n_layer, self.max_length = n_layer, max_length
+        self.k: list[torch.Tensor | None] = [None] * n_layer  # [slots, H, capacity, D]
+        self.v: list[torch.Tensor | None] = [None] * n_layer
+        self.taken: list[bool] = []
+
+    def cache(self) -> PooledKVCache:
+        """A fresh cache in the lowest free slot."""
+        slot = self.taken.index(False) if False in self.taken else len(self.taken)
+        if slot == len(self.taken):
+            self.taken.append(True)
+        self.taken[slot] = True
+        return PooledKVCache(self, slot)
+
+    def release(self, slot: int) -> None:
+        self.taken[slot] = False
+        while self.taken and not self.taken[-1]:
+            self.taken.pop()
+        if not self.taken:  # nothing live: free the memory
+            self.k, self.v = [None] * self.n_layer, [None] * self.n_layer
+
+    def reserve(self, layer: int, slots: int, end: int, like: torch.Tensor) -> None:
+        """Make layer `layer`'s buffers hold at least `slots` slots of `end` positions (keys
+        shaped like `like` `[*, H, *, D]`), keeping what they hold."""
+        old = self.k[layer]
+        if old is not None and slots <= old.shape[0] and end <= old.shape[2]:
+            return
+        have_slots, have_len = (0, 0) if old is None else (old.shape[0], old.shape[2])
+        new_slots = max(slots, 2 * have_slots, 1) if slots > have_slots else have_slots
+        new_len = _capacity(end, self.max_length) if end > have_len else have_len
+        H, D = like.shape[1], like.shape[3]
+        for bufs in (self.k, self.v):
+            buf = like.new_zeros(new_slots, H, new_len, D)
+            if bufs[layer] is not None:
+                buf[:have_slots, :, :have_len] = bufs[layer]
+            bufs[layer] = buf
+
+
+class PooledLayerCache:
+    """One layer of a `PooledKVCache`: `LayerCache.extend` on the sequence's slot of the pool."""
+
+    def __init__(self, pool: SlotPool, layer: int, slot: int) -> None:
+        self.pool, self.layer, self.slot = pool, layer, slot
+        self.length = 0
+
+    def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append new keys/values `[1, H, T, D]`; return all of them `[1, H, past + T, D]`."""
+        if k.shape[0] != 1:
+            raise ValueError(f"a pooled cache holds one sequence; got a batch of {k.shape[0]}")
+        end = self.length + k.shape[2]
+        self.pool.reserve(self.layer, self.slot + 1, end, k)
+        keys, values = self.pool.k[self.layer], self.pool.v[self.layer]
+        keys[self.slot, :, self.length : end] = k[0]
+        values[self.slot, :, self.length : end] = v[0]
+        self.length = end
+        here = slice(self.slot, self.slot + 1)
+        return keys[here, :, :end], values[here, :, :end]
+
+
+class PooledKVCache(KVCache):
+    """A `KVCache` of one sequence whose keys and values live in a slot of a `SlotPool`."""
+
+    def __init__(self, pool: SlotPool, slot: int) -> None:
+        self.pool, self.slot = pool, slot
+        self.layers = [PooledLayerCache(pool, i, slot) for i in range(pool.n_layer)]
+        self.released = False
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.pool.release(self.slot)
+
+
+# ------------------------------------------------------------------ one decoding step
+class LoopStep:
+    """Attention for one new token of each of n sequences, one sequence at a time."""
+
+    def __init__(self, caches: list[KVCache]) -> None:
+        self.caches = caches
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
+        rows = []
+        for r, cache in enumerate(self.caches):
+            keys, values = cache.layers[layer].extend(k[r : r + 1], v[r : r + 1])
+            rows.append(F.scaled_dot_product_attention(q[r : r + 1], keys, values))
+        return torch.cat(rows)
+
+
+class PooledStep:
+    """Attention for one new token of each of n sequences of one `SlotPool`: per layer, one
+    indexed write of the new keys and values and one SDPA call over the pool's slots
+    `lo..hi-1`, each slot masked to its own length (a slot in that range that is not in this
+    step attends to its first position only, and its row is dropped)."""
+
+    def __init__(self, caches: list[PooledKVCache]) -> None:
+        self.caches, self.pool = caches, caches[0].pool
+        slots = [c.slot for c in caches]
+        lengths = [len(c) for c in caches]
+        self.lo, self.hi = min(slots), max(slots) + 1
+        self.end = max(lengths) + 1  # positions attended to, new token included
+        like = next(t for t in self.pool.k if t is not None)
+        device = like.device
+        self.slots = torch.tensor(slots, device=device)
+        self.positions = torch.tensor(lengths, device=device)
+        self.rows = None if slots == list(range(self.lo, self.hi)) else self.slots - self.lo
+        seen = torch.ones(self.hi - self.lo, dtype=torch.long, device=device)  # holes: 1 position
+        seen[self.slots - self.lo] = self.positions + 1
+        visible = torch.arange(self.end, device=device) < seen[:, None]  # [hi - lo, end]
+        # Additive (0 / -inf) rather than bool: SDPA's CPU kernel runs about 1.4x faster with it.
+        mask = torch.zeros(visible.shape, dtype=like.dtype, device=device)
+        self.mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]  # [hi-lo,1,1,end]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
+        self.pool.reserve(layer, self.hi, self.end, k)
+        keys, values = self.pool.k[layer], self.pool.v[layer]
+        keys[self.slots, :, self.positions] = k[:, :, 0]
+        values[self.slots, :, self.positions] = v[:, :, 0]
+        for cache in self.caches:
+            cache.layers[layer].length += 1
+        if self.rows is not None:  # scatter the queries into the slot range
+            q = q.new_zeros(self.hi - self.lo, *q.shape[1:]).index_copy_(0, self.rows, q)
+        window = slice(self.lo, self.hi)
+        y = F.scaled_dot_product_attention(
+            q, keys[window, :, : self.end], values[window, :, : self.end], attn_mask=self.mask
+        )
+        return y if self.rows is None else y.index_select(0, self.rows)
+
+
+def decode_step(caches: list[KVCache]) -> LoopStep | PooledStep:
+    """How to attend for one new token of each cache's sequence: in one call where two or more
+    caches share a `SlotPool` (and have been filled at least once) and fill at least half of
+    the slot range they span (each slot in it costs a row of attention), else one by one (a
+    lone sequence needs no mask, index tensors or scattered writes)."""
+    first = caches[0] if caches else None
+    if (
+        len(caches) > 1
+        and isinstance(first, PooledKVCache)
+        and all(isinstance(c, PooledKVCache) and c.pool is first.pool for c in caches)
+        and any(t is not None for t in first.pool.k)
+        and len({c.slot for c in caches}) == len(caches)
+    ):
+        slots = [c.slot for c in caches]
+        if max(slots) - min(slots) + 1 <= 2 * len(caches):
+            return PooledStep(caches)
+    return LoopStep(caches)

@@ -1,0 +1,141 @@
+"""Pooled key/value caches (`gpt1.model.decoding`): many sequences' attention in one call per
+layer gives what each sequence's own cache gives, as sequences of different lengths join and
+leave, and the pool hands slots out and frees its memory as it should."""
+
+import torch
+import torch.nn.functional as F
+
+from gpt1 import GPT, ModelConfig
+from gpt1.model import decoding
+from gpt1.model.decoding import KVCache, LoopStep, PooledStep, SlotPool, decode_step
+
+
+def _model(dtype: torch.dtype = torch.float32) -> GPT:
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
+    return GPT(config).eval().to(dtype)
+
+
+def _prefill(model: GPT, prompt: torch.Tensor, *caches: KVCache) -> None:
+    for cache in caches:
+        model(prompt, cache=cache)
+
+
+def test_pooled_decoding_equals_each_sequence_alone_as_sequences_join_and_leave():
+    """Five sequences of different lengths; two leave (holes in the slot range, and a newcomer
+    reuses one), one joins late, rows are passed out of slot order; every step's hidden states
+    equal each sequence's own forward with a plain cache."""
+    model = _model()
+    pool = SlotPool(2, 80)
+    gen = torch.Generator().manual_seed(1)
+    prompts = {
+        key: torch.randint(0, 300, (1, n), generator=gen) for key, n in enumerate((5, 1, 17, 9, 3))
+    }
+    pooled, alone = {}, {}
+    with torch.no_grad():
+        for key in (0, 1, 2, 3):
+            pooled[key], alone[key] = pool.cache(), KVCache(2, 80)
+            _prefill(model, prompts[key], pooled[key], alone[key])
+        for step in range(12):
+            if step == 3:  # slots 1 and 2 leave: holes between slots 0 and 3
+                for key in (1, 2):
+                    pooled.pop(key).release()
+                    alone.pop(key)
+            if step == 5:  # joins in the lowest free slot (1)
+                pooled[4], alone[4] = pool.cache(), KVCache(2, 80)
+                _prefill(model, prompts[4], pooled[4], alone[4])
+                assert pooled[4].slot == 1
+            keys = sorted(pooled, reverse=step % 2 == 1)  # rows in and out of slot order
+            ids = torch.randint(0, 300, (len(keys),), generator=gen)
+            assert isinstance(decode_step([pooled[k] for k in keys]), PooledStep)
+            together = model.decode(ids, [pooled[k] for k in keys])
+            for r, key in enumerate(keys):
+                want = model(ids[r].view(1, 1), cache=alone[key])[0, -1]
+                torch.testing.assert_close(together[r], want, rtol=1e-5, atol=1e-5)
+                assert len(pooled[key]) == len(alone[key])
+
+
+def test_pooled_and_looped_attention_agree_in_bf16():
+    model = _model(torch.bfloat16)
+    pool = SlotPool(2, 80)
+    prompts = [torch.randint(0, 300, (1, n)) for n in (4, 11, 2)]
+    pooled = [pool.cache() for _ in prompts]
+    plain = [KVCache(2, 80) for _ in prompts]
+    ids = torch.randint(0, 300, (3,))
+    with torch.no_grad():
+        for p, a, b in zip(prompts, pooled, plain):
+            _prefill(model, p, a, b)
+        assert isinstance(decode_step(plain), LoopStep)
+        torch.testing.assert_close(
+            model.decode(ids, pooled).float(),
+            model.decode(ids, plain).float(),
+            rtol=2e-2,
+            atol=2e-2,
+        )
+
+
+def test_pooled_decoding_is_one_attention_call_per_layer(monkeypatch):
+    """The point of the pool: n sequences cost one SDPA call per layer, not n."""
+    model = _model()
+    pool = SlotPool(2, 80)
+    caches = [pool.cache() for _ in range(4)]
+    with torch.no_grad():
+        for n, cache in zip((3, 8, 1, 5), caches):
+            model(torch.randint(0, 300, (1, n)), cache=cache)
+        calls, sdpa = [], F.scaled_dot_product_attention
+
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return sdpa(*args, **kwargs)
+
+        monkeypatch.setattr(decoding.F, "scaled_dot_product_attention", counted)
+        model.decode(torch.randint(0, 300, (4,)), caches)
+    assert len(calls) == model.config.n_layer
+
+
+def test_the_pool_hands_out_the_lowest_free_slot_and_frees_memory_when_empty():
+    model = _model()
+    pool = SlotPool(2, 80)
+    a, b, c = pool.cache(), pool.cache(), pool.cache()
+    assert [a.slot, b.slot, c.slot] == [0, 1, 2]
+    with torch.no_grad():
+        model(torch.randint(0, 300, (1, 70)), cache=c)  # past the first capacity (64)
+    assert pool.k[0].shape[0] >= 3 and pool.k[0].shape[2] == 80  # capped at max_length
+    b.release()
+    b.release()  # twice is harmless
+    assert pool.cache().slot == 1
+    for cache in (a, c):
+        cache.release()
+    assert pool.k[0] is not None  # slot 1 is still live
+    pool.release(1)
+    assert pool.k == [None, None] and pool.taken == []
+
+
+def test_sparse_slots_are_attended_one_by_one():
+    """Two live sequences in slots 0 and 5 of a pool: one call would attend six rows for two."""
+    model = _model()
+    pool = SlotPool(2, 80)
+    caches = [pool.cache() for _ in range(6)]
+    with torch.no_grad():
+        for cache in caches:
+            model(torch.randint(0, 300, (1, 4)), cache=cache)
+    assert isinstance(decode_step(caches), PooledStep)
+    for cache in caches[1:5]:
+        cache.release()
+    assert isinstance(decode_step([caches[0], caches[5]]), LoopStep)
+
+
+def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
+    from gpt1.recipes.decoder import BatchedDecoder
+
+    decoder = BatchedDecoder(_model())
+    first = decoder.start([1, 2, 3], 4, temperature=0)
+    second = decoder.start([4, 5], 2, temperature=0)
+    decoder.step()  # both prompts run alone, each into its slot
+    assert (first.cache.slot, second.cache.slot) == (0, 1)
+    assert isinstance(decode_step([first.cache, second.cache]), PooledStep)
+    decoder.stop(first)  # a client leaves: its slot is free for the next one
+    assert decoder.pool.taken == [False, True]
+    while decoder.active:
+        decoder.step()
+    assert decoder.pool.taken == [] and decoder.pool.k == [None, None]  # memory freed
