@@ -51,7 +51,7 @@ def test_int8_linear_equals_float_product_with_rounded_weights(K, dtype):
     w, b = torch.randn(40, K), torch.randn(40)
     q, scale = quantize_rows(w)
     dequant = q.float() * scale[:, None]
-    for shape in [(1, K), (7, K), (2, 5, K)]:
+    for shape in [(1, K), (7, K), (2, 5, K), (40, K), (3, 30, K)]:  # few rows fused, many not
         x = torch.randn(shape)
         want = F.linear(x, dequant, b)
         got = int8_linear(x.to(dtype), q, scale.to(dtype), b.to(dtype))

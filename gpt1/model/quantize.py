@@ -8,11 +8,13 @@ fp32 checkpoint and deterministic. Activations stay in a float type (bf16 where 
 bf16 instructions, else fp32): the products multiply float activations by int8 weights and
 apply the scales to the outputs, so only the weights are rounded.
 
-The kernel is torch's fused `aten._weight_int8pack_mm` (int8 weight, float activation, per-row
-scales): no dequantised copy of a weight is ever made, so a product reads one byte per weight.
-It needs the inner size to be a multiple of 16 (it reads in blocks of 16; other sizes crashed
-it); anything else, and autograd, uses the same maths written out in torch (dequantise, then
-`F.linear`), which is slower but equal up to summation order.
+For a few rows (decoding) the kernel is torch's fused `aten._weight_int8pack_mm` (int8 weight,
+float activation, per-row scales): no dequantised copy of a weight is made, so a product reads
+one byte per weight. It needs the inner size to be a multiple of 16 (it reads in blocks of 16;
+other sizes crashed it). Many rows (a classification batch, a prompt), other sizes and autograd
+take the same maths as one float matrix product over the int8 values (exact in bf16) with the
+scales applied to its output: the fused kernel reads every weight again for each row, a matrix
+product does not.
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
 whose int8 weights differ from the float ones by more than `MAX_RELATIVE_ERROR` of that row
@@ -61,23 +63,32 @@ def relative_error(weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
 
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+# Up to this many rows the fused kernel (one pass over the weights per row) beats dequantising
+# into one float matrix product: decoding 16 sequences together cost the fused kernel 3.6x one
+# sequence's step, against 1.4x for bf16 (benchmarks/decode.py, docs/results.md).
+_FUSED_MAX_ROWS = 8
 
 
 def int8_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]` (in
-    x's dtype): the fused kernel where it applies, else the same maths written out.
+    x's dtype): the fused kernel for a few rows (decoding), else the same maths as a float matrix
+    product with the scales applied to its output.
 
-    Decoding calls this 49 times per token on one row, where each Python-level tensor call
-    costs about as much as the product of a small layer: the checks read attributes only, and a
-    2-d input is neither reshaped nor re-cast."""
+    The fused kernel reads each weight once per row it multiplies, so it wins where reading the
+    weights is the cost (a few rows) and loses on many (a classification batch, a prompt), where
+    one float matrix product over the int8 values (exact in bf16) does the work at the machine's
+    matmul speed. Decoding calls this 49 times per token on one row, where each Python-level
+    tensor call costs about as much as the product of a small layer: the checks read attributes
+    only, and a 2-d input is neither reshaped nor re-cast."""
     K = q.shape[1]
     if (
         x.is_cpu
         and K % _KERNEL_BLOCK == 0
         and x.dtype in _FUSED_DTYPES
         and not (x.requires_grad and torch.is_grad_enabled())
+        and x.numel() <= _FUSED_MAX_ROWS * K
     ):
         if scale.dtype != x.dtype:
             scale = scale.to(x.dtype)
@@ -88,7 +99,8 @@ def int8_linear(
             out = torch.ops.aten._weight_int8pack_mm(rows, q, scale)
             out = out.view(*x.shape[:-1], q.shape[0])
         return out if bias is None else out.add_(bias)
-    return F.linear(x, (q.to(x.dtype) * scale.to(x.dtype)[:, None]), bias)
+    out = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)  # int8 values are exact in bf16
+    return out if bias is None else out + bias
 
 
 class Int8Linear(nn.Module):
