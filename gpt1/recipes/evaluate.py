@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gpt1 import threads
 from gpt1.checkpoint_files import resolve_checkpoint_dir
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError, Gpt1Error
@@ -65,6 +66,7 @@ def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
             )
         for i, row in zip(index, out.tolist()):
             outputs[i] = row
+        threads.adapt()
     return outputs
 
 

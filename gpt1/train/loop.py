@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gpt1 import checkpoint_files as ckpt
-from gpt1 import files
+from gpt1 import files, threads
 from gpt1.config import TrainConfig
 from gpt1.devices import TRAIN_PRECISIONS, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
@@ -236,6 +236,7 @@ def train(
                 raise TrainingDiverged(_diverged_message(step + 1, step_loss, grad_norm, run_dir))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            threads.adapt()  # follow other jobs' load (auto threads; nothing when fixed)
             state["step"] = step = step + 1
             state["log"]["loss_sum"] += step_loss
             state["log"]["n"] += 1

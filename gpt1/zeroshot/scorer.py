@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gpt1 import threads
 from gpt1.errors import Gpt1Error
 from gpt1.model.inplace import log_softmax_
 from gpt1.train.objectives import aligned_logits, logits_width
@@ -112,6 +113,7 @@ class Scorer:
         results: dict[tuple[tuple[int, ...], int, int], tuple[float, bool]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
             self._run(batch, wanted, results, greedy)
+            threads.adapt()
         if any(lp != lp for lp, _ in results.values()):  # NaN: argmax would pick silently
             raise Gpt1Error(
                 "the model produced NaN log-probabilities (overflow in this dtype, "
