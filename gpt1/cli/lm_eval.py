@@ -61,17 +61,13 @@ def harness_argv(extra: list[str], data: str | None) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.errors import ConfigError
+    from gpt1.extras import require
 
-    try:
-        from lm_eval._cli import HarnessCLI
-    except ImportError:
-        raise ConfigError(
-            "lm-eval is not installed: pip install 'gpt1[eval]' (or lm-eval==0.4.13)"
-        ) from None
+    require("eval", "lm_eval", what="gpt1 lm-eval")
     import functools
 
     import lm_eval.tasks
+    from lm_eval._cli import HarnessCLI
 
     from gpt1.recipes.harness import only_local, register
 

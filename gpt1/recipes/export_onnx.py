@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.errors import ConfigError
+from gpt1.extras import require
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead
@@ -88,11 +89,7 @@ def export_onnx(
     src: str | Path, src_format: str, gpt: GPT, dst: Path, notes: list[str] | None = None
 ) -> Path:
     """Write `gpt` (with its task head when `src` is a fine-tuned gpt1 checkpoint) to `dst`."""
-    try:
-        import onnx  # noqa: F401  (the exporter needs it; a clear message if it is missing)
-        import onnxscript  # noqa: F401
-    except ImportError:
-        raise Gpt1Error("--to onnx needs onnx and onnxscript: pip install 'gpt1[onnx]'") from None
+    require("onnx", "onnx", "onnxscript", what="gpt1 convert --to onnx")
     if dst.suffix != ".onnx":
         raise ConfigError(f"{dst}: --to onnx writes a file; name it *.onnx")
     gpt = gpt.eval()
