@@ -61,12 +61,17 @@ class TaskModel(nn.Module):
         return self.head(states.reshape(B, K, -1))
 
 
+# The exporter logs that torchvision's operators are not registered (we have none), and its graph
+# optimizer (onnxscript, onnx_ir) logs every pass and every initializer it merges, tens of lines
+# at INFO: noise for the user of `convert`, which prints one line of its own when done.
+QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript", "onnx_ir")
+
+
 def _export(module: nn.Module, example: torch.Tensor, shapes: dict, output: str):
-    # The exporter logs that torchvision's operators are not registered (we have none) and
-    # torch.export warns about its own internals: noise for the user of `convert`.
-    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    quiet = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -82,7 +87,8 @@ def _export(module: nn.Module, example: torch.Tensor, shapes: dict, output: str)
                 verbose=False,
             )
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
 
 
 def export_onnx(
