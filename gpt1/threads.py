@@ -57,10 +57,14 @@ def _threads_type(text: str) -> str | int:
 
 
 def add_threads_argument(parser: argparse.ArgumentParser) -> None:
-    """The one `--threads` flag. Its value is applied by `gpt1.cli.main` before the command runs."""
-    parser.add_argument(
-        "--threads", type=_threads_type, default=None, metavar="N|auto", help=THREADS_HELP
-    )
+    """The one `--threads` flag. Its value is applied by `gpt1.cli.main` before the command runs.
+    A command with sub-commands (`analysis positions ...`) takes it after the sub-command, like
+    its other flags."""
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for each in [p for action in subcommands for p in action.choices.values()] or [parser]:
+        each.add_argument(
+            "--threads", type=_threads_type, default=None, metavar="N|auto", help=THREADS_HELP
+        )
 
 
 def usable_cpus() -> list[int]:

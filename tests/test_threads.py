@@ -126,9 +126,12 @@ def test_adapt_does_nothing_when_the_count_was_fixed(monkeypatch):
 def test_every_computing_command_takes_threads_and_main_applies_it(monkeypatch):
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    for name in USES_THREADS:
+    for name in USES_THREADS - {"analysis"}:
         assert "--threads" in commands[name].format_help(), name
     assert "--threads" not in commands["info"].format_help()
+    # A command with sub-commands takes it after the sub-command, like its other flags.
+    args = parser.parse_args(["analysis", "positions", "runs/x", "--threads", "3"])
+    assert args.threads == 3
     seen = {}
     monkeypatch.setattr("gpt1.cli.sample.run", lambda args: seen.update(n=torch.get_num_threads()))
     torch.set_num_threads(1)
