@@ -2,10 +2,11 @@
 
 The script starts the load itself (`--load N` busy processes, default 2: on a 2-core machine the
 fair share of a 1-process job is then 2/3 of a core, so 1.5x-2x its time alone is fair) and runs
-each workload as a real `gpt1` command, alone and under that load, once with torch's default
-(`--threads` = every usable CPU, each thread spinning at barriers: gpt1's behaviour before
-`--threads auto`) and once with the default `auto`. Within a round the four runs alternate, so
-that other users' load hits all alike; the median over rounds is printed, with the 1-minute load
+each workload as a real `gpt1` command, alone and under that load, with each policy: `torch`,
+torch's default (`--threads` = every usable CPU, each thread spinning at barriers: gpt1's
+behaviour before `--threads auto`), `passive` (the same with OMP_WAIT_POLICY=PASSIVE), `one`
+(`--threads 1`) and `auto` (gpt1's default). Within a round the runs alternate, so that other
+users' load hits all alike; the median over rounds is printed, with the 1-minute load
 average the machine showed before each run (the load this script adds is not in "alone" figures,
 but other users' jobs are: say so when quoting them).
 
@@ -36,7 +37,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 TEST_FILES = ["tests/test_threads.py", "tests/test_sample_cli.py", "tests/test_heads.py"]
 MODEL = ["--set", "model.n_layer=4", "--set", "model.n_embd=128", "--set", "model.n_head=4"]
-POLICIES = {"torch": ["--threads", str(len(os.sched_getaffinity(0)))], "auto": []}
+CPUS = str(len(os.sched_getaffinity(0)))
+# policy -> (flags, environment): torch's default count; the same with OpenMP's passive waiting
+# (set before torch loads OpenMP); one fixed thread; gpt1's default.
+POLICIES = {
+    "torch": (["--threads", CPUS], {}),
+    "passive": (["--threads", CPUS], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "one": (["--threads", "1"], {}),
+    "auto": ([], {}),
+}
 
 
 def env() -> dict[str, str]:
@@ -87,8 +96,9 @@ def setup(work: Path, steps: int) -> dict[str, list[str]]:
 def timed(command: list[str], policy: str) -> tuple[float, float]:
     """Wall seconds of one run, and the 1-minute load average just before it."""
     load = os.getloadavg()[0]
-    extra = POLICIES[policy] if command[1:3] == ["-m", "gpt1"] else []
-    variables = env()
+    flags, variables = POLICIES[policy]
+    extra = flags if command[1:3] == ["-m", "gpt1"] else []
+    variables = {**env(), **variables}
     start = time.perf_counter()
     done = subprocess.run([*command, *extra], env=variables, cwd=ROOT, capture_output=True)
     seconds = time.perf_counter() - start
@@ -153,7 +163,7 @@ def report(rows: list[tuple], names: list[str], policies: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workloads", default="train,sample,evaluate")
-    parser.add_argument("--policies", default="torch,auto", help="torch and/or auto")
+    parser.add_argument("--policies", default="torch,auto", help=", ".join(POLICIES))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30, help="updates in the train workload")
     parser.add_argument("--load", type=int, default=2, help="busy processes started beside")

@@ -3,8 +3,9 @@
 torch's default is one thread per core, each spinning for a few milliseconds at every barrier
 between operations. Alone on the machine that is the fastest choice; beside other CPU-bound jobs it
 is the slowest by far: a thread that loses its core holds up the others, which burn their share
-spinning while they wait for it (a small training run took 9x its time alone beside two busy
-processes on two cores, where the fair share is 2x). One thread has no barriers to wait at.
+spinning while they wait for it. One thread has no barriers to wait at: on a shared 2-core machine
+a small training run took 150 s with one thread and 781 s with torch's two
+(benchmarks/threads.py; docs/results.md, "Threads beside other jobs").
 
 So `auto` (the default) measures before it chooses: it counts the CPUs this process may use
 (`os.sched_getaffinity`) that other jobs leave free, from the kernel's busy/idle counters over a
