@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,8 +94,15 @@ def setup(work: Path, steps: int) -> dict[str, list[str]]:
     }
 
 
+def fresh_output(command: list[str]) -> None:
+    """Remove the --out folder of the last run: `gpt1 demo` would reuse its finished steps."""
+    if "--out" in command:
+        shutil.rmtree(command[command.index("--out") + 1], ignore_errors=True)
+
+
 def timed(command: list[str], policy: str) -> tuple[float, float]:
     """Wall seconds of one run, and the 1-minute load average just before it."""
+    fresh_output(command)
     load = os.getloadavg()[0]
     flags, variables = POLICIES[policy]
     extra = flags if command[1:3] == ["-m", "gpt1"] else []
