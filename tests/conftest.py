@@ -18,7 +18,11 @@ from gpt1.config import ModelConfig
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-torch.set_num_threads(1)  # tests run two workers on two cores; keep them from oversubscribing
+# Tests run two workers on two cores: one torch thread each, here and in every `gpt1` command a
+# test runs (in this process through gpt1.cli.main, or as a subprocess inheriting the variable),
+# so that the suite neither oversubscribes the cores nor spends time measuring the load.
+os.environ["GPT1_THREADS"] = "1"
+torch.set_num_threads(1)
 
 # The tiny GPT the unit tests build (2 layers, 4 heads of 8); tests override single fields
 # (a vocabulary or a context length that makes their point) through `tiny_config`.
@@ -46,7 +50,7 @@ def tinier_config() -> Callable[..., ModelConfig]:
 
 def subprocess_env() -> dict[str, str]:
     """The environment for running `python -m gpt1` from a test: this checkout, one thread."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture(scope="session")

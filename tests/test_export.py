@@ -358,6 +358,17 @@ def test_onnx_language_model_matches(tmp_path):
         assert torch.allclose(got, want, atol=1e-4, rtol=0), shape
 
 
+def test_onnx_export_prints_its_summary_not_the_optimizer_log(tmp_path, capsys):
+    pytest.importorskip("onnxscript")
+    save_model(GPT(ModelConfig(**TINY)), tmp_path / "ck")
+    argv = ["convert", str(tmp_path / "ck"), str(tmp_path / "lm.onnx"), "--from", "gpt1"]
+    assert main([*argv, "--to", "onnx"]) == 0
+    captured = capsys.readouterr()
+    assert "Replaced initializer" not in captured.err and "constant folding" not in captured.err
+    assert captured.err.strip() == ""
+    assert captured.out.splitlines()[0] == f"wrote onnx model to {tmp_path / 'lm.onnx'}"
+
+
 @pytest.mark.parametrize("kind,n_outputs,K", [("single", 3, 1), ("choice", 1, 4)])
 def test_onnx_task_model_matches(tmp_path, kind, n_outputs, K):
     ort = pytest.importorskip("onnxruntime")

@@ -34,6 +34,15 @@ COMMANDS = [
     "analysis",
 ]
 
+# The commands that run torch take `--threads` (gpt1.threads), applied by `main` before they run.
+# `serve` keeps its own flag (a server's threads are fixed for its lifetime); `tokenizer` and
+# `prepare` are plain Python (`prepare --workers` sets its processes); `info` and `plot` compute
+# nothing.
+USES_THREADS = frozenset(
+    ["demo", "convert", "sample", "pretrain", "finetune", "evaluate", "predict", "zeroshot"]
+    + ["lm-eval", "analysis"]
+)
+
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
@@ -91,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="GPT-1 (Radford et al., 2018): tokenize, pretrain, fine-tune, evaluate, sample.",
     )
     from gpt1 import __version__
+    from gpt1.threads import add_threads_argument
 
     parser.add_argument("--version", action="version", version=f"gpt1 {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -110,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
             allow_abbrev=not getattr(module, "PASS_THROUGH", False),
         )
         module.add_arguments(p)
+        if name in USES_THREADS:
+            add_threads_argument(p)
         p.set_defaults(_run=module.run, _pass_through=getattr(module, "PASS_THROUGH", False))
     return parser
 
@@ -133,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     from gpt1.errors import Gpt1Error
 
     try:
+        if args.command in USES_THREADS:
+            from gpt1.threads import apply_threads
+
+            apply_threads(args.threads)
         return int(args._run(args) or EXIT_OK)
     except Gpt1Error as exc:
         if args.debug:

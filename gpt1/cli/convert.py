@@ -46,7 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.extras import require
     from gpt1.recipes.convert import convert
+
+    if args.dst_format == "onnx":  # checked before the source is read
+        require("onnx", "onnx", "onnxscript", what="gpt1 convert --to onnx")
 
     notes: list[str] = []
     out = convert(

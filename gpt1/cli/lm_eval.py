@@ -91,14 +91,12 @@ def check_output_path(parsed: argparse.Namespace, data: str | None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
+    from gpt1.extras import require
 
-    try:
-        from lm_eval._cli import HarnessCLI
-    except ImportError:
-        raise ConfigError(
-            "lm-eval is not installed: pip install 'gpt1[eval]' (or lm-eval==0.4.13)"
-        ) from None
+    require("eval", "lm_eval", what="gpt1 lm-eval")
     import time
+
+    from lm_eval._cli import HarnessCLI
 
     from gpt1.recipes import harness
 

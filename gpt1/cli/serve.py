@@ -104,6 +104,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
+    from gpt1.extras import require
+
+    require("serve", "fastapi", "uvicorn", "prometheus_client", what="gpt1 serve")
     from gpt1.serve.schemas import Limits
     from gpt1.serve.server import serve
 

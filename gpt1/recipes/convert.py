@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 
 from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
+from gpt1.extras import require
 from gpt1.files import atomic_folder, check_output, folder_files, follow_umask
 from gpt1.model.checkpoint import (
     TOKENIZER_FILES,
@@ -480,13 +481,9 @@ def save_hf(
 # -------------------------------------------------------------------------------------- hub
 def fetch_hub(name: str) -> Path:
     """Download an HF hub model folder (only when the user named one); offline -> Gpt1Error."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise Gpt1Error(
-            f"{name}: not a local folder, and huggingface_hub is not installed to fetch "
-            "it (pip install 'gpt1[hf]')"
-        ) from None
+    require("hf", "huggingface_hub", what=f"{name}: not a local folder; fetching it from the hub")
+    from huggingface_hub import snapshot_download
+
     patterns = ["config.json", "*.safetensors", "model.safetensors.index.json", *TOKENIZER_FILES]
     try:
         path = snapshot_download(name, allow_patterns=patterns)

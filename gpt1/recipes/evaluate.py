@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from gpt1 import threads
 from gpt1.checkpoint_files import resolve_checkpoint_dir
 from gpt1.errors import ConfigError, DataError, Gpt1Error
 from gpt1.files import check_output, folder_files, write_json, write_text
@@ -67,6 +68,7 @@ def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
             )
         for i, row in zip(index, out.tolist()):
             outputs[i] = row
+        threads.adapt()
     return outputs
 
 

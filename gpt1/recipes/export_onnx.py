@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.errors import ConfigError
+from gpt1.extras import require
 from gpt1.files import remove, sigterm_raises, writing
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 from gpt1.model.gpt import GPT
@@ -62,12 +63,17 @@ class TaskModel(nn.Module):
         return self.head(states.reshape(B, K, -1))
 
 
+# The exporter logs that torchvision's operators are not registered (we have none), and its graph
+# optimizer (onnxscript, onnx_ir) logs every pass and every initializer it merges, tens of lines
+# at INFO: noise for the user of `convert`, which prints one line of its own when done.
+QUIET_LOGGERS = ("torch.onnx._internal.exporter._registration", "onnxscript", "onnx_ir")
+
+
 def _export(module: nn.Module, example: torch.Tensor, shapes: dict, output: str):
-    # The exporter logs that torchvision's operators are not registered (we have none) and
-    # torch.export warns about its own internals: noise for the user of `convert`.
-    quiet = logging.getLogger("torch.onnx._internal.exporter._registration")
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
+    quiet = [logging.getLogger(name) for name in QUIET_LOGGERS]
+    levels = [logger.level for logger in quiet]
+    for logger in quiet:
+        logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
@@ -83,18 +89,15 @@ def _export(module: nn.Module, example: torch.Tensor, shapes: dict, output: str)
                 verbose=False,
             )
     finally:
-        quiet.setLevel(level)
+        for logger, level in zip(quiet, levels):
+            logger.setLevel(level)
 
 
 def export_onnx(
     src: str | Path, src_format: str, gpt: GPT, dst: Path, notes: list[str] | None = None
 ) -> Path:
     """Write `gpt` (with its task head when `src` is a fine-tuned gpt1 checkpoint) to `dst`."""
-    try:
-        import onnx  # noqa: F401  (the exporter needs it; a clear message if it is missing)
-        import onnxscript  # noqa: F401
-    except ImportError:
-        raise Gpt1Error("--to onnx needs onnx and onnxscript: pip install 'gpt1[onnx]'") from None
+    require("onnx", "onnx", "onnxscript", what="gpt1 convert --to onnx")
     if dst.suffix != ".onnx":
         raise ConfigError(f"{dst}: --to onnx writes a file; name it *.onnx")
     gpt = gpt.eval()

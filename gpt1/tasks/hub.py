@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.errors import DataError, Gpt1Error
+from gpt1.extras import require
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
 from gpt1.tasks.rows import check_field_sizes, label_field, text_field
 
@@ -30,12 +31,9 @@ SECOND = ("sentence2", "hypothesis", "sentence", "question2")
 
 
 def _load(name: str, split: str) -> Any:
-    try:
-        import datasets  # noqa: F401  (optional dependency: the `hf` extra)
-    except ImportError:
-        raise Gpt1Error(
-            "hub datasets need the `datasets` package: pip install 'gpt1[hf]'"
-        ) from None
+    require("hf", "datasets", what=f"{name}: a hub dataset")
+    import datasets
+
     path, _, config = name.partition("/")
     try:
         return datasets.load_dataset(path, config or None, split=HUB_SPLITS.get(split, split))

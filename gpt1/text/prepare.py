@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from gpt1.errors import DataError
+from gpt1.extras import require
 from gpt1.text.shards import ShardAppender, dtype_for_vocab
 from gpt1.text.tokenizer import Tokenizer
 
@@ -240,13 +241,9 @@ def _parquet_documents(path: Path, opts: PrepareOptions) -> Iterator[str]:
 
 
 def _hub_documents(source: HubSource, opts: PrepareOptions) -> Iterator[str]:
-    try:
-        import datasets
-    except ImportError:
-        raise DataError(
-            "reading a hub dataset needs the `datasets` package (pip install 'gpt1[hf]')",
-            str(source),
-        ) from None
+    require("hf", "datasets", what=f"{source}: reading a hub dataset")
+    import datasets
+
     try:
         rows = datasets.load_dataset(source.name, split=source.split)
     except Exception as exc:  # offline, unknown name, ...: the library's message says which

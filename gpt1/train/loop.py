@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gpt1 import checkpoint_files as ckpt
-from gpt1 import files
+from gpt1 import files, threads
 from gpt1.config import TrainConfig
 from gpt1.devices import TRAIN_PRECISIONS, resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
@@ -170,10 +170,15 @@ def train(
 
     torch.manual_seed(cfg.seed + 1000 * info.rank)  # dropout masks differ between ranks
     state = {"step": 0, "log": {"loss_sum": 0.0, "n": 0}}
+    # One thread count for the whole run (and the one it started with, on a resume): the last
+    # bits of the gradients depend on it, so following the machine's load would change them.
+    recorded = train_state.recorded_threads(resume_dir) if resume_dir is not None else None
+    run_threads = threads.pin_for_training(recorded)
     if resume_dir is not None:
         state = _load_state(
             resume_dir, raw, optimizer, source, info, device, fsdp=cfg.distributed == "fsdp"
         )
+    state["threads"] = run_threads
     logger = MetricsLogger(
         run_dir,
         info.is_main,
@@ -485,6 +490,7 @@ def _save(
             "world_size": info.world_size,
             "sources": [e["source"] for e in per_rank],
             "log": state["log"],
+            "threads": state["threads"],
             "optimizer": opt_meta,
             "config": resolved,
         }

@@ -84,6 +84,13 @@ def load_training_state(folder: str | Path) -> tuple[dict[str, torch.Tensor], di
     return load_state_dict(folder / TRAINER_TENSORS), info
 
 
+def recorded_threads(folder: str | Path) -> int | None:
+    """The CPU thread count the run of checkpoint `folder` trained with (None where it was not
+    recorded, or is not a positive integer)."""
+    value = read_trainer_json(folder).get("threads")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def read_trainer_json(folder: str | Path) -> dict[str, Any]:
     """The parsed `trainer_state.json` of `folder`: a JSON object with a step >= 0."""
     file = Path(folder) / TRAINER_JSON

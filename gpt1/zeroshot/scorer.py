@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from gpt1 import threads
 from gpt1.errors import Gpt1Error
 from gpt1.model.inplace import log_softmax_
 from gpt1.train.objectives import aligned_logits, logits_width
@@ -120,6 +121,7 @@ class Scorer:
         alternatives: dict[tuple[tuple[int, ...], int], list[tuple[int, float]]] = {}
         for batch in self._batches(sorted(wanted, key=len, reverse=True)):
             self._run(batch, wanted, results, greedy, (top, alternatives))
+            threads.adapt()
         if any(lp != lp for lp, _ in results.values()):  # NaN: argmax would pick silently
             raise Gpt1Error(
                 "the model produced NaN log-probabilities (overflow in this dtype, "
