@@ -19,7 +19,9 @@ EXTRAS = {
     "onnx": "gpt1 convert --to onnx (onnx, onnxscript, onnxruntime)",
     "hf": "Hugging Face hub models and datasets (transformers, huggingface_hub, datasets)",
     "eval": "gpt1 lm-eval (lm-eval, accelerate)",
-    "bench": "benchmarks/inference.py (onnx, onnxruntime, transformers)",
+    "track": "--logger tensorboard|wandb|mlflow (tensorboard, wandb, mlflow-skinny)",
+    "bench": "benchmarks/inference.py and prepare_memory.py (onnx, onnxruntime, transformers, "
+    "ctranslate2, psutil)",
     "dev": "the test suite and linters (every extra above, pytest, ruff, import-linter)",
 }
 

@@ -231,7 +231,9 @@ def test_missing_tracker_package_is_one_line_error_before_anything(
     assert main([*args, "--logger", "wandb"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
-    assert "--logger wandb needs the wandb package" in err[0] and "gpt1[track]" in err[0]
+    assert (
+        "--logger wandb needs the wandb package" in err[0] and "pip install -e '.[track]'" in err[0]
+    )
     assert not out.exists()  # refused before the run folder was made
 
 

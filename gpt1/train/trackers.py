@@ -31,6 +31,7 @@ from typing import Any
 from gpt1.config import LOGGERS as TRACKERS
 from gpt1.config import file_inside
 from gpt1.errors import ConfigError
+from gpt1.extras import install_line
 from gpt1.files import write_json
 
 log = logging.getLogger("gpt1.train")
@@ -72,7 +73,7 @@ def require(names: tuple[str, ...] | str) -> None:
         if importlib.util.find_spec(module) is None:
             raise ConfigError(
                 f"--logger {name} needs the {package} package, which is not installed: "
-                f"pip install 'gpt1[{EXTRA}]' (or pip install {package})"
+                f"{install_line(EXTRA)} (or pip install {package})"
             )
 
 
