@@ -25,6 +25,7 @@ import logging
 import multiprocessing
 import random
 import re
+import signal
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -383,6 +384,11 @@ def train_tokenizer(
 
 def _init_worker(tok: Tokenizer) -> None:
     global _TOKENIZER
+    # A forked worker inherits its parent's signal handlers: a handler that records SIGTERM
+    # and returns (the trainer's, for one) would make the worker ignore `Pool.terminate`, and
+    # the parent would wait for it forever. The parent handles Ctrl-C and ends its workers.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _TOKENIZER = tok
 
 
