@@ -46,8 +46,8 @@ def test_readme_python_section_runs(tmp_path, capsys):
     exec(compile(code, "README.md, Use it from Python", "exec"), namespace)
 
     printed = capsys.readouterr().out.splitlines()
-    session, prompt = namespace["session"], namespace["prompt"]
-    again = session.samples(prompt, max_new_tokens=20, top_k=40, seed=1, num_samples=3)
+    sampler, prompt = namespace["sampler"], namespace["prompt"]
+    again = sampler.samples(prompt, max_new_tokens=20, top_k=40, seed=1, num_samples=3)
     assert printed[:3] == [repr(sample.text) for sample in again]  # the seed reproduces them
     assert re.fullmatch(r"great -?\d+\.\d\d  awful -?\d+\.\d\d", printed[3])
     results = json.loads((out / "results.json").read_text())

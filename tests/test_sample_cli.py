@@ -60,21 +60,21 @@ def test_text_stream_equals_decode(tokenizer):
 
 
 def test_text_streams_before_generation_ends(checkpoint):
-    from gpt1.recipes.sample import Session
+    from gpt1.recipes.sample import Sampler
 
-    session = Session(checkpoint, device="cpu", precision="fp32")
+    sampler = Sampler(checkpoint, device="cpu", precision="fp32")
     calls = []
-    handle = session.model.register_forward_hook(lambda *a: calls.append(1))
+    handle = sampler.model.register_forward_hook(lambda *a: calls.append(1))
     try:
-        pieces = session.stream_text(
-            session.prompt_ids("the old man"), max_new_tokens=30, temperature=0
+        pieces = sampler.stream_text(
+            sampler.prompt_ids("the old man"), max_new_tokens=30, temperature=0
         )
         first = next(pieces)
         assert first and len(calls) < 30  # text arrived after a few steps, not all 30
         rest = "".join(pieces)
     finally:
         handle.remove()
-    full = session.samples(session.prompt_ids("the old man"), 30, temperature=0)[0].text
+    full = sampler.samples(sampler.prompt_ids("the old man"), 30, temperature=0)[0].text
     assert (first + rest).strip() == full
 
 
@@ -103,7 +103,7 @@ def test_prompt_from_stdin_and_interactive(checkpoint):
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout.strip() == answers[0]
 
-    # one answer per line; an empty line ends the session (the last line is never answered)
+    # one answer per line; an empty line ends the conversation (the last line is never answered)
     chat = gpt1(
         "sample",
         str(checkpoint),

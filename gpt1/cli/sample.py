@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
-    from gpt1.recipes.sample import Session, check_options, check_seed, parse_ids
+    from gpt1.recipes.sample import Sampler, check_options, check_seed, parse_ids
 
     # Every option is checked before the model is loaded.
     check_options(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
@@ -70,18 +70,18 @@ def run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read().rstrip("\n")
         if not prompt.strip():
             raise ConfigError("--prompt -: standard input held no text")
-    session = Session(args.checkpoint, args.device, args.precision)
+    sampler = Sampler(args.checkpoint, args.device, args.precision)
     if args.interactive:
-        return _interactive(session, args)
-    _answer(session, args, prompt, prompt_ids)
+        return _interactive(sampler, args)
+    _answer(sampler, args, prompt, prompt_ids)
     return 0
 
 
 def _answer(
-    session, args: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
+    sampler, args: argparse.Namespace, prompt: str | None, prompt_ids: list[int] | None
 ) -> None:
     """Print the continuation(s) of one prompt; one text sample is streamed as it is made."""
-    ids = session.prompt_ids(prompt, prompt_ids)
+    ids = sampler.prompt_ids(prompt, prompt_ids)
     options = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
@@ -89,20 +89,20 @@ def _answer(
         top_p=args.top_p,
         seed=args.seed,
     )
-    as_text = session.tokenizer is not None and not args.ids
+    as_text = sampler.tokenizer is not None and not args.ids
     if as_text and args.num_samples == 1:
         shown = (prompt or "").strip()
         sys.stdout.write(shown)
         sys.stdout.flush()
         separator = " " if shown else ""  # between the prompt and the first piece only
-        for piece in session.stream_text(ids, **options):
+        for piece in sampler.stream_text(ids, **options):
             sys.stdout.write(separator + piece)
             separator = ""
             sys.stdout.flush()
         sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    samples = session.samples(ids, num_samples=args.num_samples, **options)
+    samples = sampler.samples(ids, num_samples=args.num_samples, **options)
     for i, s in enumerate(samples):
         if len(samples) > 1:
             print(f"=== sample {i + 1} ===")
@@ -113,13 +113,13 @@ def _answer(
             print(" ".join(str(t) for t in s.ids))
 
 
-def _interactive(session, args: argparse.Namespace) -> int:
+def _interactive(sampler, args: argparse.Namespace) -> int:
     """Prompt after prompt on one loaded model, until end of input or an empty line."""
-    if session.tokenizer is None:
+    if sampler.tokenizer is None:
         from gpt1.errors import CheckpointError
 
         raise CheckpointError(
-            f"{session.folder}: no tokenizer files, so --interactive cannot read text prompts"
+            f"{sampler.folder}: no tokenizer files, so --interactive cannot read text prompts"
         )
     tty = sys.stdin.isatty()
     try:
@@ -129,7 +129,7 @@ def _interactive(session, args: argparse.Namespace) -> int:
             line = sys.stdin.readline()
             if not line.strip():  # end of input or an empty line
                 break
-            _answer(session, args, line.rstrip("\n"), None)
+            _answer(sampler, args, line.rstrip("\n"), None)
     except KeyboardInterrupt:
         print(file=sys.stderr)
     return 0

@@ -1,7 +1,7 @@
 """Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
 
 `generate_stream(model, ids, ...)` is the importable core (one step at a time); `generate` runs it
-to the end; `TextStream` turns the ids into text as they come. `Session` holds a loaded checkpoint
+to the end; `TextStream` turns the ids into text as they come. `Sampler` holds a loaded checkpoint
 and its tokenizer for prompt after prompt; `sample(checkpoint, ...)` is the one-shot entry point.
 The context is capped at `n_positions`: past that, each step re-reads the last `n_positions`
 tokens (learned positions cannot slide, so the cache is not reused there).
@@ -275,7 +275,7 @@ def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int, de
     )
 
 
-class Session:
+class Sampler:
     """A loaded checkpoint (GPT or the LSTM baseline) and its tokenizer, ready for prompt after
     prompt (`gpt1 sample --interactive` keeps one open)."""
 
@@ -391,9 +391,9 @@ def sample(
         raise ConfigError('give exactly one of --prompt TEXT or --prompt-ids "1 2 3"')
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
-    session = Session(checkpoint, device, precision)
-    return session.samples(
-        session.prompt_ids(prompt, prompt_ids),
+    sampler = Sampler(checkpoint, device, precision)
+    return sampler.samples(
+        sampler.prompt_ids(prompt, prompt_ids),
         max_new_tokens,
         temperature,
         top_k,

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
@@ -423,23 +423,42 @@ if importlib.util.find_spec("lm_eval") is not None:  # the eval extra
 def onto_an_input(work: Path, name: str) -> list[str]:
     """Problems with command `name` of `ONTO_INPUTS`: it must exit 2 with one line saying the
     output is an input, and leave every file and folder under `work` as it was."""
+    return refused_leaving_work_as_it_was(work, ONTO_INPUTS[name], "an input of this command")
+
+
+def refused_leaving_work_as_it_was(
+    work: Path, build: Callable[[Path], list[str]], *must: str
+) -> list[str]:
+    """Problems with the command `build(work)` returns (after making its inputs under `work`):
+    it must exit 2 with one line holding each of `must`, and change nothing under `work`."""
     work.mkdir(parents=True, exist_ok=True)
-    argv = ONTO_INPUTS[name](work)
+    argv = build(work)
     before = tree(work)
     code, err = run_cli(argv)
-    problems = one_line(code, err, "an input of this command")
-    return problems + [f"changed {entry}" for entry in changed(before, work)]
+    return one_line(code, err, *must) + [f"changed {entry}" for entry in changed(before, work)]
+
+
+def every_case_refused(
+    work: Path, names: Iterable[str], check: Callable[[Path, str], list[str]], summary: str
+) -> CaseResult:
+    """`check` run on each of `names`, each in its own folder: changed files are data lost."""
+    problems: list[str] = []
+    for i, name in enumerate(names):
+        problems += [f"{name}: {p}" for p in check(work / f"c{i:02d}", name)]
+    return result(
+        summary,
+        [p for p in problems if ": changed " in p],
+        [p for p in problems if ": changed " not in p],
+    )
 
 
 def outputs_onto_inputs(work: Path) -> CaseResult:
-    problems: list[str] = []
-    for i, name in enumerate(ONTO_INPUTS):
-        problems += [f"{name}: {p}" for p in onto_an_input(work / f"c{i:02d}", name)]
-    return result(
+    return every_case_refused(
+        work,
+        ONTO_INPUTS,
+        onto_an_input,
         f"all {len(ONTO_INPUTS)} refused (exit 2, one line naming the input), even with "
         "--overwrite; nothing on disk changed (no lock file, no folder)",
-        [p for p in problems if ": changed " in p],
-        [p for p in problems if ": changed " not in p],
     )
 
 
@@ -492,23 +511,16 @@ def _resumed_with(work: Path, argv_for: Callable, *change: str) -> tuple[list[st
 def refusal_leaves_nothing(work: Path, name: str) -> list[str]:
     """Problems with `LEAVES_NOTHING[name]`: it must exit 2 with one line, and the folder it
     names must be exactly as before (a new one not made, no lock file left anywhere)."""
-    work.mkdir(parents=True, exist_ok=True)
-    argv, out = LEAVES_NOTHING[name](work)
-    before = tree(work)
-    code, err = run_cli(argv)
-    problems = one_line(code, err)
-    return problems + [f"changed {entry}" for entry in changed(before, work)]
+    return refused_leaving_work_as_it_was(work, lambda w: LEAVES_NOTHING[name](w)[0])
 
 
 def refusals_leave_nothing(work: Path) -> CaseResult:
-    problems: list[str] = []
-    for i, name in enumerate(LEAVES_NOTHING):
-        problems += [f"{name}: {p}" for p in refusal_leaves_nothing(work / f"c{i:02d}", name)]
-    return result(
+    return every_case_refused(
+        work,
+        LEAVES_NOTHING,
+        refusal_leaves_nothing,
         f"all {len(LEAVES_NOTHING)} refused (exit 2, one line); no folder made, no lock file "
         "left, run.json and checkpoints of a refused resume unchanged",
-        [p for p in problems if ": changed " in p],
-        [p for p in problems if ": changed " not in p],
     )
 
 
