@@ -467,6 +467,31 @@ BAD_REQUESTS = [
 ]
 
 
+def test_each_app_checks_and_documents_its_own_limits(world):
+    """Two apps in one process, one with small limits: each refuses past its own bounds only,
+    and its OpenAPI schema shows its own bounds."""
+    run = world["runs"]["single"][0]
+    small = Limits(max_items=4, max_chars=100, max_new_tokens=10)
+    five = {"inputs": [{"text": "a"}] * 5}
+    with serving(run, limits=small) as url_small, serving(run) as url_default:
+        assert "at most 4" in post(f"{url_small}/v1/predict", five).json()["error"]
+        assert post(f"{url_default}/v1/predict", five).status_code == 200
+        generate = {"prompt": "a", "max_new_tokens": 11}
+        assert post(f"{url_small}/v1/generate", generate).status_code == 422
+        assert post(f"{url_default}/v1/generate", generate).status_code == 200
+        schemas = [
+            httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()["components"]["schemas"]
+            for url in (url_small, url_default)
+        ]
+    for schema, (items, chars, new_tokens) in zip(schemas, [(4, 100, 10), (64, 20_000, 1024)]):
+        assert schema["PredictRequest"]["properties"]["inputs"]["maxItems"] == items
+        assert schema["PredictItem"]["properties"]["text"]["maxLength"] == chars
+        assert schema["GenerateRequest"]["properties"]["max_new_tokens"]["maximum"] == new_tokens
+        assert schema["CompletionRequest"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == (
+            new_tokens
+        )
+
+
 def test_bad_requests_get_a_one_line_4xx(world):
     run = world["runs"]["single"][0]
     limits = Limits(max_items=4, max_chars=100, max_new_tokens=10, max_body_bytes=2000)

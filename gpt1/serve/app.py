@@ -91,7 +91,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     log.info("gpt1 serve: %s ready", serve.engine.folder)
     yield
     serve.batcher.stop()  # uvicorn has already let the requests in flight finish
-    serve.tokenizer.shutdown(wait=False)
+    serve.tokenizer_thread.shutdown(wait=False)
 
 
 # ---------------------------------------------------------------------- error handlers

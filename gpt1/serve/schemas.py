@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
@@ -148,17 +148,20 @@ def predict_model(fields: dict[str, str]) -> type[BaseModel]:
             specs[f"f{i}"] = (Text, Field(alias=name))
     item = create_model("PredictItem", __base__=Closed, **specs)
     inputs = Annotated[list[item], Field(min_length=1), AtMost("max_items")]
-    return create_model(
+    body = create_model(
         "PredictRequest",
         __base__=PredictBody,
         inputs=(inputs, Field(description="one item or a list of items")),
     )
+    body.field_names = list(fields)
+    return body
 
 
 # What every task's predict body shares: `inputs`, one item or a list of them (each task's
 # body, `predict_model`, declares the items' own class).
 class PredictBody(Closed):
     inputs: list[BaseModel]
+    field_names: ClassVar[list[str]] = []  # the task's request fields
 
     @model_validator(mode="before")
     @classmethod
@@ -167,8 +170,7 @@ class PredictBody(Closed):
         if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
             return {**data, "inputs": [data["inputs"]]}
         if isinstance(data, dict) and isinstance(data.get("inputs"), str):
-            item = cls.model_fields["inputs"].annotation.__args__[0]  # list[PredictItem]
-            example = ", ".join(f'"{f.alias}": "..."' for f in item.model_fields.values())
+            example = ", ".join(f'"{name}": "..."' for name in cls.field_names)
             raise ValueError(
                 "inputs: an object of the task's fields ({" + example + "}) or a list of "
                 "them, not a bare string"

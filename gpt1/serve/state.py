@@ -33,7 +33,7 @@ def run_batch(engine: Engine, micro: int, kind: str, items: list[Any]) -> list[A
     return engine.score(items)
 
 
-def tokenizer_thread() -> ThreadPoolExecutor:
+def new_tokenizer_thread() -> ThreadPoolExecutor:
     # One thread: the tokenizer (its caches, spaCy) is not made for concurrent calls.
     return ThreadPoolExecutor(1, thread_name_prefix="gpt1-tokenize")
 
@@ -46,7 +46,7 @@ class ServeState:
     batcher: Batcher
     metrics: Metrics
     limits: Limits
-    tokenizer: ThreadPoolExecutor = field(default_factory=tokenizer_thread)
+    tokenizer_thread: ThreadPoolExecutor = field(default_factory=new_tokenizer_thread)
     model_id: str = field(init=False)  # what the OpenAI-compatible endpoints call the model
     created: int = field(init=False)  # and when it was made (its folder's time)
 
@@ -56,7 +56,7 @@ class ServeState:
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(*args)` in the tokenizer thread (its exceptions are raised here)."""
-        return await asyncio.get_running_loop().run_in_executor(self.tokenizer, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizer_thread, fn, *args)
 
     async def run(self, kind: str, payload: list[Any], tokens: int) -> list[Any]:
         """The results of `payload`'s items, computed in a batch of `kind` (joined with other
