@@ -48,6 +48,17 @@ def tinier_config() -> Callable[..., ModelConfig]:
     return lambda **overrides: ModelConfig(**{**TINIER_MODEL, **overrides})
 
 
+def check_shapes_and_tied_head(model: torch.nn.Module, vocab_size: int, n_embd: int) -> None:
+    """The language-model interface GPT and the LSTM share: (B, T) ids give (B, T, n_embd)
+    hidden states, and `lm_logits` scores them against the tied input embedding."""
+    ids = torch.randint(0, vocab_size, (3, 10))
+    hidden = model(ids)
+    assert hidden.shape == (3, 10, n_embd)
+    logits = model.lm_logits(hidden)
+    assert logits.shape == (3, 10, vocab_size)
+    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+
+
 def subprocess_env() -> dict[str, str]:
     """The environment for running `python -m gpt1` from a test: this checkout, one thread."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_THREADS": "1", "PYTHONPATH": str(ROOT)}

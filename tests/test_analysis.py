@@ -230,33 +230,35 @@ def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, 
     assert again["accuracy"] == table["rows"][1]["dev"]
 
 
+def run_ablations(sst2_setup, out, *options: str) -> int:
+    """`gpt1 analysis ablations` on the SST-2 setup (GPT and LSTM inits) into `out`."""
+    return main(
+        [
+            "analysis",
+            "ablations",
+            "--init",
+            str(sst2_setup["gpt"]),
+            "--lstm-init",
+            str(sst2_setup["lstm"]),
+            "--tasks",
+            "sst2",
+            "--data-root",
+            str(sst2_setup["data"].parent),
+            "--task-data",
+            "sst2=sst2",
+            "--out",
+            str(out),
+            *options,
+            *FT,
+        ]
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.data
 def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     out = tmp_path / "abl"
-    data_root = sst2_setup["data"].parent
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                str(sst2_setup["gpt"]),
-                "--lstm-init",
-                str(sst2_setup["lstm"]),
-                "--tasks",
-                "sst2",
-                "--data-root",
-                str(data_root),
-                "--task-data",
-                "sst2=sst2",
-                "--out",
-                str(out),
-                *FT,
-            ]
-        )
-        == 0
-    )
+    assert run_ablations(sst2_setup, out) == 0
     table = json.loads((out / "ablations.json").read_text())
     assert list(table["rows"]) == ["full", "scratch", "no_aux", "lstm"]
     for row in table["rows"].values():
@@ -273,30 +275,7 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     assert lines[3][lines[3].index("--init") + 1] == str(sst2_setup["lstm"])
     # --rows runs only the rows asked for; the table keeps every row with results.
     only = tmp_path / "abl-lstm"
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                str(sst2_setup["gpt"]),
-                "--lstm-init",
-                str(sst2_setup["lstm"]),
-                "--tasks",
-                "sst2",
-                "--data-root",
-                str(data_root),
-                "--task-data",
-                "sst2=sst2",
-                "--out",
-                str(only),
-                "--rows",
-                "lstm",
-                *FT,
-            ]
-        )
-        == 0
-    )
+    assert run_ablations(sst2_setup, only, "--rows", "lstm") == 0
     assert len(finetune_lines(only)) == 1
     rows = json.loads((only / "ablations.json").read_text())["rows"]
     assert (
