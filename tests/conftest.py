@@ -59,6 +59,14 @@ def check_shapes_and_tied_head(model: torch.nn.Module, vocab_size: int, n_embd: 
     torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
 
 
+def check_causal(model: torch.nn.Module, ids: torch.Tensor, changed: torch.Tensor, t: int) -> None:
+    """`changed` first differs from `ids` at position `t`: the outputs before `t` stay as they
+    were (nothing looks ahead) and those from `t` on move."""
+    a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
 def subprocess_env() -> dict[str, str]:
     """The environment for running `python -m gpt1` from a test: this checkout, one thread."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_THREADS": "1", "PYTHONPATH": str(ROOT)}

@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,66 +326,19 @@ def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
     )
 
 
-def test_bad_sweep_options_are_one_line_errors(tmp_path, capsys):
-    assert (
-        main(
-            [
-                "analysis",
-                "data-size",
-                "--init",
-                "x",
-                "--task",
-                "sst2",
-                "--data",
-                "d",
-                "--sizes",
-                "10,lots",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 2
-    )
-    assert "--sizes" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                "x",
-                "--tasks",
-                "nope",
-                "--data-root",
-                "d",
-                "--out",
-                str(tmp_path / "a"),
-            ]
-        )
-        == 2
-    )
-    assert "--task-data nope=DIR" in capsys.readouterr().err
-    (tmp_path / "root" / "glue" / "SST-2").mkdir(parents=True)
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                "x",
-                "--tasks",
-                "sst2",
-                "--data-root",
-                str(tmp_path / "root"),
-                "--rows",
-                "lstm",
-                "--out",
-                str(tmp_path / "b"),
-            ]
-        )
-        == 2
-    )
-    assert "needs --lstm-init" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "command,message",
+    [
+        ("data-size --init x --task sst2 --data d --sizes 10,lots", "--sizes"),
+        ("ablations --init x --tasks nope --data-root d", "--task-data nope=DIR"),
+        ("ablations --init x --tasks sst2 --data-root root --rows lstm", "needs --lstm-init"),
+    ],
+)
+def test_bad_sweep_options_are_one_line_errors(tmp_path, monkeypatch, capsys, command, message):
+    monkeypatch.chdir(tmp_path)
+    Path("root/glue/SST-2").mkdir(parents=True)  # SST-2's data is found: only the option is wrong
+    assert main(["analysis", *command.split(), "--out", "out"]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_data_size_and_layers_tables_cover_every_recorded_run(tmp_path):

@@ -163,14 +163,25 @@ def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
 
 
 # ------------------------------------------------------------------------------ task heads
+def converted_run(
+    tmp: Path, kind: str, n_outputs: int, note: str, architecture: str
+) -> tuple[Path, dict]:
+    """A fine-tuned run of `kind` converted to transformers' layout in tmp/hf, checking that the
+    conversion notes say `note` and config.json names `architecture`: (the run, the config)."""
+    folder = finetuned(tmp, kind, n_outputs)
+    notes: list[str] = []
+    convert(folder, tmp / "hf", "gpt1", "hf", notes=notes)
+    assert any(note in n for n in notes)
+    config = json.loads((tmp / "hf" / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    return folder, config
+
+
 @pytest.mark.parametrize("kind,n_outputs,K", [("choice", 1, 4), ("single", 1, 1), ("pair", 1, 1)])
 def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
-    folder = finetuned(tmp_path, kind, n_outputs)
-    notes: list[str] = []
-    convert(folder, tmp_path / "hf", "gpt1", "hf", notes=notes)
-    assert any("OpenAIGPTDoubleHeadsModel" in n for n in notes)
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["architectures"] == ["OpenAIGPTDoubleHeadsModel"]
+    folder, config = converted_run(
+        tmp_path, kind, n_outputs, "OpenAIGPTDoubleHeadsModel", "OpenAIGPTDoubleHeadsModel"
+    )
     hf = OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "hf").eval()
     classify = config["gpt1_task"]["classify_id"]
     ids, mask = task_inputs(K, classify)
@@ -190,12 +201,9 @@ def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
     "kind,n_outputs,K", [("single", 3, 1), ("pair", 2, 1), ("similarity", 1, 2)]
 )
 def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
-    folder = finetuned(tmp_path, kind, n_outputs)
-    notes: list[str] = []
-    convert(folder, tmp_path / "hf", "gpt1", "hf", notes=notes)
-    assert any("no transformers class" in n for n in notes)
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["architectures"] == ["OpenAIGPTLMHeadModel"]
+    folder, config = converted_run(
+        tmp_path, kind, n_outputs, "no transformers class", "OpenAIGPTLMHeadModel"
+    )
     info = json.loads((tmp_path / "hf" / "task_head.json").read_text())
     head = load_file(tmp_path / "hf" / "task_head.safetensors")
     assert info["kind"] == kind and info["n_outputs"] == n_outputs
