@@ -81,6 +81,20 @@ def tiny_corpus(tmp_path_factory) -> Path:
     return faults.make_corpus(tmp_path_factory.mktemp("tiny_corpus") / "data")
 
 
+@pytest.fixture(scope="module")
+def resume_work(tmp_path_factory) -> Path:
+    """The folder a module's resume cases share: the cases (gpt1.testing.fault_cases, which the
+    fault report runs too) make one finished tiny run in it and copy it for each case."""
+    return tmp_path_factory.mktemp("resumes")
+
+
+def refused_resumes(command: str) -> list[str]:
+    """The names of the resume cases of `command` (pretrain, finetune) that must be refused."""
+    from gpt1.testing import fault_cases
+
+    return [name for name, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == command]
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
