@@ -176,6 +176,12 @@ def sst2_setup(tmp_path, shared_data, gpt1_vocab):
     }
 
 
+def sst2_sweep(sweep: str, sst2_setup, out: Path, *options: str) -> list[str]:
+    """The command line of `gpt1 analysis <sweep>` fine-tuning the SST-2 setup's GPT into `out`."""
+    run = ["--init", str(sst2_setup["gpt"]), "--task", "sst2", "--data", str(sst2_setup["data"])]
+    return ["analysis", sweep, *run, "--out", str(out), *options, *FT]
+
+
 def finetune_lines(out):
     return [
         shlex.split(l)
@@ -188,23 +194,9 @@ def finetune_lines(out):
 @pytest.mark.data
 def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, sst2_setup, capsys):
     out = tmp_path / "layers"
-    argv = [
-        "analysis",
-        "layers",
-        "--init",
-        str(sst2_setup["gpt"]),
-        "--task",
-        "sst2",
-        "--data",
-        str(sst2_setup["data"]),
-        "--out",
-        str(out),
-        "--train-examples",
-        "20",
-        "--train-eval-examples",
-        "12",
-        *FT,
-    ]
+    argv = sst2_sweep(
+        "layers", sst2_setup, out, "--train-examples", "20", "--train-eval-examples", "12"
+    )
     assert main(argv) == 0
     table = json.loads((out / "layers.json").read_text())
     assert [r["k"] for r in table["rows"]] == [0, 1, 2] and table["metric"] == "accuracy"
@@ -233,26 +225,10 @@ def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, 
 
 def run_ablations(sst2_setup, out, *options: str) -> int:
     """`gpt1 analysis ablations` on the SST-2 setup (GPT and LSTM inits) into `out`."""
-    return main(
-        [
-            "analysis",
-            "ablations",
-            "--init",
-            str(sst2_setup["gpt"]),
-            "--lstm-init",
-            str(sst2_setup["lstm"]),
-            "--tasks",
-            "sst2",
-            "--data-root",
-            str(sst2_setup["data"].parent),
-            "--task-data",
-            "sst2=sst2",
-            "--out",
-            str(out),
-            *options,
-            *FT,
-        ]
-    )
+    inits = ["--init", str(sst2_setup["gpt"]), "--lstm-init", str(sst2_setup["lstm"])]
+    root = str(sst2_setup["data"].parent)
+    tasks = ["--tasks", "sst2", "--data-root", root, "--task-data", "sst2=sst2"]
+    return main(["analysis", "ablations", *inits, *tasks, "--out", str(out), *options, *FT])
 
 
 @pytest.mark.slow
@@ -293,28 +269,7 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
 @pytest.mark.data
 def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
     out = tmp_path / "ds"
-    assert (
-        main(
-            [
-                "analysis",
-                "data-size",
-                "--init",
-                str(sst2_setup["gpt"]),
-                "--task",
-                "sst2",
-                "--data",
-                str(sst2_setup["data"]),
-                "--sizes",
-                "10,all",
-                "--seeds",
-                "0",
-                "--out",
-                str(out),
-                *FT,
-            ]
-        )
-        == 0
-    )
+    assert main(sst2_sweep("data-size", sst2_setup, out, "--sizes", "10,all", "--seeds", "0")) == 0
     table = json.loads((out / "data_size.json").read_text())
     assert [r["size"] for r in table["rows"]] == ["10", "all"]
     assert [r["pretrained"]["train_n"] for r in table["rows"]] == [10, 40]
