@@ -607,38 +607,11 @@ def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
 
 def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
     folder = tiny_checkpoint(tmp_path / "ckpt", vocab=True)
-    assert (
-        main(
-            [
-                "sample",
-                str(folder),
-                "--prompt-ids",
-                "1 2",
-                "--max-new-tokens",
-                "20",
-                "--num-samples",
-                str(10**12),
-            ]
-        )
-        == 2
-    )
+    sample = ["sample", str(folder), "--prompt-ids", "1 2"]
+    assert main([*sample, "--max-new-tokens", "20", "--num-samples", str(10**12)]) == 2
     err = capsys.readouterr().err
     assert "sampling needs at least" in err and "num_samples=1,000,000,000,000" in err
-    assert (
-        main(
-            [
-                "sample",
-                str(folder),
-                "--prompt-ids",
-                "1 2",
-                "--max-new-tokens",
-                "2",
-                "--num-samples",
-                "3",
-            ]
-        )
-        == 0
-    )
+    assert main([*sample, "--max-new-tokens", "2", "--num-samples", "3"]) == 0
 
 
 def test_zeroshot_scorer_refuses_nan_log_probs():
