@@ -120,6 +120,14 @@ def write_release(folder: Path, model: GPT, cuts=(0.03, 0.1, 0.11, 0.3, 0.5, 0.5
     return shapes, arrays
 
 
+# A block's arrays in the release, in order: written out here, not read from gpt1's own table.
+RELEASE_BLOCK_ORDER = [
+    f"{layer}.{param}"
+    for layer in ("attn.c_attn", "attn.c_proj", "ln_1", "mlp.c_fc", "mlp.c_proj", "ln_2")
+    for param in ("weight", "bias")
+]
+
+
 def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
     """An HF model filled directly from the release arrays (Conv1D keeps [in, out])."""
     hf = OpenAIGPTLMHeadModel(
@@ -134,20 +142,7 @@ def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
     tr = hf.transformer
     params = [tr.positions_embed.weight, tr.tokens_embed.weight]
     for block in tr.h:
-        params += [
-            block.attn.c_attn.weight,
-            block.attn.c_attn.bias,
-            block.attn.c_proj.weight,
-            block.attn.c_proj.bias,
-            block.ln_1.weight,
-            block.ln_1.bias,
-            block.mlp.c_fc.weight,
-            block.mlp.c_fc.bias,
-            block.mlp.c_proj.weight,
-            block.mlp.c_proj.bias,
-            block.ln_2.weight,
-            block.ln_2.bias,
-        ]
+        params += [block.get_parameter(name) for name in RELEASE_BLOCK_ORDER]
     with torch.no_grad():
         for p, a in zip(params, arrays):
             p.copy_(torch.from_numpy(a.reshape(p.shape)))
