@@ -208,6 +208,13 @@ def post(url: str, body: Any, **kw: Any) -> httpx.Response:
     return httpx.post(url, json=body, timeout=TIMEOUT, **kw)
 
 
+def stream_generate(url: str, **body: Any):
+    """A streamed /v1/generate request: a context manager over the server-sent events."""
+    return httpx.stream(
+        "POST", f"{url}/v1/generate", timeout=TIMEOUT, json={**body, "stream": True}
+    )
+
+
 def submission(run: Path, data: Path, out: Path) -> list[str]:
     assert main(["--quiet", "predict", str(run), "--data", str(data), "--out", str(out)]) == 0
     (path,) = out.glob("*.tsv")
@@ -286,12 +293,7 @@ def test_generate_equals_gpt1_sample(world):
                 "seed": 7,
             },
         ).json()
-        with httpx.stream(
-            "POST",
-            f"{url}/v1/generate",
-            timeout=TIMEOUT,
-            json={"prompt": "the old man", "max_new_tokens": 30, "temperature": 0, "stream": True},
-        ) as r:
+        with stream_generate(url, prompt="the old man", max_new_tokens=30, temperature=0) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
         ids = post(
@@ -595,12 +597,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits(world):
         )
         predict.start()
         wait_for(lambda: httpx.get(f"{url}/health", timeout=TIMEOUT).json()["queued_items"] == 2)
-        with httpx.stream(
-            "POST",
-            f"{url}/v1/generate",
-            timeout=TIMEOUT,
-            json={"prompt": "abc", "max_new_tokens": 40, "temperature": 0, "stream": True},
-        ) as stream:
+        with stream_generate(url, prompt="abc", max_new_tokens=40, temperature=0) as stream:
             lines = stream.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             proc.send_signal(signal.SIGTERM)
