@@ -1,5 +1,6 @@
 """The `gpt1` command: argument parsing only. Each subcommand is a module `gpt1.cli.<name>` with
 `HELP`, `add_arguments(parser)` and `run(args) -> int`; `run` calls a plain importable function.
+A flag that several commands take is defined once, in `gpt1.cli.options`.
 
 Only this package reads argv and configures logging. User mistakes (`Gpt1Error`) print as one line
 and exit with status 2; `--debug` shows the full traceback.
