@@ -20,7 +20,7 @@ from pathlib import Path
 HELP = "layers transferred, ablations (with an LSTM), labelled-data curve, position embeddings"
 
 
-# Each analysis: its one-line help, its description and the function that adds its options.
+# Each analysis: its one-line help and its description (`add_arguments` adds its options).
 ANALYSES = {
     "positions": (
         "2-D projection and cosine matrix of the position embeddings",

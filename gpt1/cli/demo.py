@@ -21,6 +21,8 @@ HELP = "the whole pipeline on an embedded synthetic task in a few minutes (no da
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import options
+
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed for the world and every run")
     p.add_argument("--pretrain-steps", type=int, default=800, help="pretraining updates")
@@ -44,8 +46,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --task csv/tsv/jsonl: class names in order (default: sorted)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
-    from gpt1.cli import options
-
     options.add_overwrite(
         p,
         "the demo's files in a --out that also holds other files (those are left "
