@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
+from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline, sweep_settings
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 
@@ -54,14 +54,7 @@ def data_size_sweep(
 ) -> dict[str, Any]:
     """Run (or resume) the labelled-data sweep; write plot and tables; return the table."""
     out = Path(out)
-    settings = {
-        "init": str(init),
-        "task": task,
-        "data": str(data),
-        "train_split": train_split,
-        "eval_split": eval_split,
-        "finetune": options.settings(),
-    }
+    settings = sweep_settings(init, task, data, train_split, eval_split, options)
     sweep = Sweep(out, "data-size", settings, command)
     for size in sizes:
         label = "all" if size is None else str(size)

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline, train_metric
+from gpt1.analysis.runs import (
+    FinetuneOptions,
+    FinetuneRun,
+    headline,
+    sweep_settings,
+    train_metric,
+)
 from gpt1.analysis.sweep import Sweep
 
 
@@ -37,16 +43,16 @@ def layers_sweep(
     n_layer = read_model_config(init).n_layer  # validated: a sweep of K = 0..n_layer runs
     ks = list(range(n_layer + 1)) if ks is None else list(ks)
     out = Path(out)
-    settings = {
-        "init": str(init),
-        "task": task,
-        "data": str(data),
-        "train_split": train_split,
-        "eval_split": eval_split,
-        "train_examples": train_examples,
-        "train_eval_examples": train_eval_examples,
-        "finetune": options.settings(),
-    }
+    settings = sweep_settings(
+        init,
+        task,
+        data,
+        train_split,
+        eval_split,
+        options,
+        train_examples=train_examples,
+        train_eval_examples=train_eval_examples,
+    )
     sweep = Sweep(out, "layers", settings, command)
     for k in ks:
         for seed in seeds:

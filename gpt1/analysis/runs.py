@@ -25,6 +25,7 @@ __all__ = [
     "FinetuneRun",
     "headline",
     "parse_ints",
+    "sweep_settings",
     "train_metric",
     "training_subset",
 ]
@@ -43,6 +44,28 @@ def headline(task_name: str, results: dict[str, Any]) -> tuple[str, float]:
     if metric not in results:
         raise DataError(f"results have no {metric!r} (keys: {', '.join(sorted(results))})")
     return metric, float(results[metric])
+
+
+def sweep_settings(
+    init: str | Path,
+    task: str,
+    data: str | Path,
+    train_split: str,
+    eval_split: str,
+    options: FinetuneOptions,
+    **more: Any,
+) -> dict[str, Any]:
+    """What defines a one-task sweep (the settings its sweep.json records and a later invocation
+    must match): the checkpoint, the task and its splits, the analysis's `more`, the options."""
+    return {
+        "init": str(init),
+        "task": task,
+        "data": str(data),
+        "train_split": train_split,
+        "eval_split": eval_split,
+        **more,
+        "finetune": options.settings(),
+    }
 
 
 def train_metric(
