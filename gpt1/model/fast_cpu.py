@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt1.model.inplace import softmax_, softmax_backward_
+from gpt1.inplace import softmax_, softmax_backward_
 from gpt1.model.masks import keep_mask
 
 
@@ -100,7 +100,7 @@ def _causal_probs(q: torch.Tensor, k: torch.Tensor, in_place: bool = False) -> t
     """softmax(q k^T / sqrt(D) + causal -inf mask): `[B, H, T, D]` x 2 -> `[B, H, T, T]`.
 
     The mask is always added in place (autograd does not need the scores); with `in_place`
-    (no autograd through the result) the softmax overwrites them too (`gpt1.model.inplace`).
+    (no autograd through the result) the softmax overwrites them too (`gpt1.inplace`).
     """
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]
