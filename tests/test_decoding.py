@@ -146,3 +146,27 @@ def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
     while decoder.active:
         decoder.step()
     assert decoder.pool.taken == [] and decoder.pool.k == [None, None]  # memory freed
+
+
+def test_a_cached_pass_under_activation_checkpointing_writes_each_key_once():
+    """Activation checkpointing recomputes a block during backward; a pass that writes a key/value
+    cache must run once (a recomputation would append the same keys again)."""
+    from gpt1.train.parallelize import checkpoint_blocks
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
+    model = GPT(config).train()
+    plain = GPT(config).train()
+    plain.load_state_dict(model.state_dict())
+    assert checkpoint_blocks(model) == 2
+    ids = torch.randint(0, 300, (1, 9))
+    hidden, cache = [], []
+    for m in (model, plain):
+        cache.append(KVCache(2, 80))
+        torch.manual_seed(1)
+        hidden.append(forward_cached(m, ids, cache[-1]))
+        hidden[-1].square().sum().backward()
+    assert len(cache[0]) == len(cache[1]) == 9
+    assert torch.equal(hidden[0], hidden[1])
+    for got, want in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(got.grad, want.grad)
