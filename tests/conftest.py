@@ -48,6 +48,25 @@ def tinier_config() -> Callable[..., ModelConfig]:
     return lambda **overrides: ModelConfig(**{**TINIER_MODEL, **overrides})
 
 
+def check_shapes_and_tied_head(model: torch.nn.Module, vocab_size: int, n_embd: int) -> None:
+    """The language-model interface GPT and the LSTM share: (B, T) ids give (B, T, n_embd)
+    hidden states, and `lm_logits` scores them against the tied input embedding."""
+    ids = torch.randint(0, vocab_size, (3, 10))
+    hidden = model(ids)
+    assert hidden.shape == (3, 10, n_embd)
+    logits = model.lm_logits(hidden)
+    assert logits.shape == (3, 10, vocab_size)
+    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+
+
+def check_causal(model: torch.nn.Module, ids: torch.Tensor, changed: torch.Tensor, t: int) -> None:
+    """`changed` first differs from `ids` at position `t`: the outputs before `t` stay as they
+    were (nothing looks ahead) and those from `t` on move."""
+    a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
 def subprocess_env() -> dict[str, str]:
     """The environment for running `python -m gpt1` from a test: this checkout, one thread."""
     return {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_THREADS": "1", "PYTHONPATH": str(ROOT)}
@@ -60,6 +79,20 @@ def tiny_corpus(tmp_path_factory) -> Path:
     from gpt1.testing import faults  # the fault harness makes the same corpus for its report
 
     return faults.make_corpus(tmp_path_factory.mktemp("tiny_corpus") / "data")
+
+
+@pytest.fixture(scope="module")
+def resume_work(tmp_path_factory) -> Path:
+    """The folder a module's resume cases share: the cases (gpt1.testing.fault_cases, which the
+    fault report runs too) make one finished tiny run in it and copy it for each case."""
+    return tmp_path_factory.mktemp("resumes")
+
+
+def refused_resumes(command: str) -> list[str]:
+    """The names of the resume cases of `command` (pretrain, finetune) that must be refused."""
+    from gpt1.testing import fault_cases
+
+    return [name for name, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == command]
 
 
 @pytest.fixture

@@ -261,17 +261,17 @@ def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):
 
 
 # ---------------------------------------------------------------------------- fault cases
-DISK_CASES = [
-    (name, case)
-    for name, case in fault_cases.CASES
-    if case.__name__
-    in (
-        "disk_full_while_checkpointing",
-        "read_only_run_folder",
-        "disk_full_while_converting",
-        "read_only_export_and_results_folders",
-    )
-]
+def cases_named(*functions: str) -> list:
+    """The fault report's (name, case) rows whose case functions are `functions`."""
+    return [(name, case) for name, case in fault_cases.CASES if case.__name__ in functions]
+
+
+DISK_CASES = cases_named(
+    "disk_full_while_checkpointing",
+    "read_only_run_folder",
+    "disk_full_while_converting",
+    "read_only_export_and_results_folders",
+)
 
 
 @pytest.mark.parametrize("name,case", DISK_CASES, ids=[c.__name__ for _, c in DISK_CASES])
@@ -287,23 +287,18 @@ def test_disk_fault_cases(tmp_path, monkeypatch, name, case, real):
     assert ("simulated" in result.outcome) != real
 
 
-CHECK_CASES = [
-    (name, case)
-    for name, case in fault_cases.CASES
-    if case.__name__
-    in (
-        "billion_layers_in_a_checkpoint",
-        "mistyped_sizes_in_a_checkpoint",
-        "billion_layers_in_an_hf_config",
-        "huge_n_outputs",
-        "nan_weights",
-        "token_id_beyond_the_vocabulary",
-        "hf_index_outside_its_folder",
-        "strict_readers",
-        "serve_refuses_bad_options",
-        "options_out_of_range",
-    )
-]
+CHECK_CASES = cases_named(
+    "billion_layers_in_a_checkpoint",
+    "mistyped_sizes_in_a_checkpoint",
+    "billion_layers_in_an_hf_config",
+    "huge_n_outputs",
+    "nan_weights",
+    "token_id_beyond_the_vocabulary",
+    "hf_index_outside_its_folder",
+    "strict_readers",
+    "serve_refuses_bad_options",
+    "options_out_of_range",
+)
 
 
 @pytest.mark.parametrize("name,case", CHECK_CASES, ids=[c.__name__ for _, c in CHECK_CASES])

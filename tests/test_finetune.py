@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import refused_resumes
 
 from gpt1.cli import main
 from gpt1.config import FINETUNE_TRAIN, FinetuneConfig, TrainConfig
@@ -291,17 +292,7 @@ def test_positive_label_needs_a_user_task(tmp_path: Path, capsys):
 
 
 # ------------------------------------------------------------------------------- resumes
-@pytest.fixture(scope="module")
-def resume_work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("resumes")
-
-
-FINETUNE_RESUMES = [
-    n for n, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == "finetune"
-]
-
-
-@pytest.mark.parametrize("name", FINETUNE_RESUMES)
+@pytest.mark.parametrize("name", refused_resumes("finetune"))
 def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
     """Task, data, labels, lr, batch and seed cannot change on --resume: one line naming the
     setting and both values; run.json, task.json and the checkpoints stay as they were."""

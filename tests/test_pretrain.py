@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import refused_resumes
 from safetensors.torch import load_file
 
 from gpt1.cli import main
@@ -258,19 +259,8 @@ def test_set_overrides_are_checked_together_in_any_order():
 
 
 # ------------------------------------------------------------------------------- resumes
-# The cases live in gpt1.testing.fault_cases (the fault report runs them too); one finished
-# tiny run per module, copied for each case.
-@pytest.fixture(scope="module")
-def resume_work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("resumes")
-
-
-PRETRAIN_RESUMES = [
-    n for n, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == "pretrain"
-]
-
-
-@pytest.mark.parametrize("name", PRETRAIN_RESUMES)
+# The cases live in gpt1.testing.fault_cases (the fault report runs them too).
+@pytest.mark.parametrize("name", refused_resumes("pretrain"))
 def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
     """Model, data, lr, batch and seed cannot change on --resume: one line naming the setting
     and both values, and run.json and every checkpoint stay as they were."""
