@@ -245,7 +245,7 @@ def decode_bytes(gpt: GPT) -> int:
             total += sum(b.numel() * b.element_size() for b in module.buffers())
         tensors = module.parameters(recurse=False)
         total += sum(t.numel() * t.element_size() for t in tensors)
-    head = gpt.__dict__.get("lm_head_kernel")
+    head = gpt.lm_head_kernel
     if isinstance(head, Int8Head):
         return total + head.q.numel() + head.scale.numel() * head.scale.element_size()
     return total + gpt.wte.weight.numel() * gpt.wte.weight.element_size()

@@ -246,7 +246,8 @@ def test_two_nodes_match_one(tiny_corpus, one_process, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab):
+@pytest.mark.parametrize("lm_coef", ["0.5", "0"])  # 0: no auxiliary LM, the classifier's `at=` pass
+def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab, lm_coef):
     # Same ranks, same seeds, same dropout masks: FSDP2 and DDP are two ways of computing the
     # same update. Checkpoints are written from the unsharded weights, and the score after
     # training is computed from them.
@@ -292,6 +293,8 @@ def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab):
                 "train.peak_flops=1",
                 "--set",
                 f"train.distributed={mode}",
+                "--set",
+                f"finetune.lm_coef={lm_coef}",
             ]
         )
     ddp, fsdp = (records(runs[m], "loss") for m in ("ddp", "fsdp"))
