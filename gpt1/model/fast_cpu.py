@@ -20,7 +20,9 @@ fast path does not apply:
   AMX, where `F.linear` decoded faster (`python benchmarks/inference.py --plain`; figures in
   docs/results.md). The copy costs one more weight's worth of memory,
   made lazily (the output layer's only if logits are asked for), and is remade whenever the
-  weight changes.
+  weight changes. A few rows (decoding: up to `matvec.MAX_ROWS`) go to `gpt1.model.matvec`
+  instead, which reads the plain weight at the memory's speed, where oneDNN's kernel reads it
+  at about half.
 
 Same distributions and the same maths as the plain path (`tests/test_model_fast_paths.py` and
 `tests/test_attention_memory.py` check them against it); on GPUs everything goes to torch.
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.inplace import softmax_, softmax_backward_
+from gpt1.model import matvec
 from gpt1.model.masks import keep_mask
 
 
@@ -215,6 +218,8 @@ class PackedWeight:
     ) -> torch.Tensor:
         if not self._applies(x, weight, bias):
             return F.linear(x, weight, bias)
+        if matvec.applies(x, weight) and (op := matvec.kernel()) is not None:
+            return matvec.linear(op, x, weight, None, bias)  # decoding: a few rows
         src = self._source
         if (
             src is None
