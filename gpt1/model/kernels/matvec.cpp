@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <vector>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -136,32 +137,68 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "matvec: 1 to 8 rows");
   TORCH_CHECK(w.is_contiguous() && w.device().is_cpu() && x.device().is_cpu(), "matvec: w");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  const auto as_float = [N](const c10::optional<torch::Tensor>& t, const char* what) {
-    if (!t || !t->defined()) return torch::Tensor();
-    TORCH_CHECK(t->numel() == N, "matvec: ", what, " [N]");
-    return t->to(at::kFloat).contiguous();
+  // Scales and bias as fp32 pointers: an fp32 tensor's own data, or a converted copy in a
+  // plain buffer (a bf16 bias is converted here, not by a tensor operation per call).
+  std::vector<float> s_buf, b_buf;
+  const auto floats = [N](const c10::optional<torch::Tensor>& t, std::vector<float>& buf,
+                          const char* what) -> const float* {
+    if (!t || !t->defined()) return nullptr;
+    TORCH_CHECK(t->numel() == N && t->is_contiguous() && t->device().is_cpu(), "matvec: ", what,
+                " [N]");
+    if (t->scalar_type() == at::kFloat) return t->data_ptr<float>();
+    if (t->scalar_type() == at::kBFloat16) {
+      buf.assign(t->data_ptr<at::BFloat16>(), t->data_ptr<at::BFloat16>() + N);
+    } else {
+      const torch::Tensor f = t->to(at::kFloat);
+      buf.assign(f.data_ptr<float>(), f.data_ptr<float>() + N);
+    }
+    return buf.data();
   };
-  const torch::Tensor s = as_float(scale, "scale"), b = as_float(bias, "bias");
-  TORCH_CHECK(s.defined() || w.scalar_type() != at::kChar, "matvec: int8 weights need scales");
-  const torch::Tensor xf = x.to(at::kFloat).contiguous();
-  torch::Tensor y = torch::empty({M, N}, x.options().dtype(at::kFloat));
-  const float* sp = s.defined() ? s.data_ptr<float>() : nullptr;
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const float* sp = floats(scale, s_buf, "scale");
+  const float* bp = floats(bias, b_buf, "bias");
+  TORCH_CHECK(sp || w.scalar_type() != at::kChar, "matvec: int8 weights need scales");
+  // fp32 copies of bf16 activations and outputs live in plain buffers: converting them here
+  // costs less than the tensor operations (allocations, dispatch) that would do it outside.
+  const torch::Tensor xc = x.contiguous();
+  const bool fp32 = x.scalar_type() == at::kFloat;
+  std::vector<float> x_buf, y_buf;
+  const float* xp = nullptr;
+  if (fp32) {
+    xp = xc.data_ptr<float>();
+  } else if (x.scalar_type() == at::kBFloat16) {
+    const at::BFloat16* src = xc.data_ptr<at::BFloat16>();
+    x_buf.assign(src, src + M * K);  // element-wise bf16 -> float
+    xp = x_buf.data();
+  } else {
+    x_buf.resize(M * K);
+    const torch::Tensor xf = xc.to(at::kFloat);
+    std::copy(xf.data_ptr<float>(), xf.data_ptr<float>() + M * K, x_buf.begin());
+    xp = x_buf.data();
+  }
+  torch::Tensor y = torch::empty({M, N}, x.options());
+  float* yp = fp32 ? y.data_ptr<float>() : (y_buf.resize(M * N), y_buf.data());
   switch (w.scalar_type()) {
     case at::kChar:
-      dispatch(M, xf.data_ptr<float>(), w.data_ptr<int8_t>(), sp, bp, y.data_ptr<float>(), K, N);
+      dispatch(M, xp, w.data_ptr<int8_t>(), sp, bp, yp, K, N);
       break;
     case at::kBFloat16:
-      dispatch(M, xf.data_ptr<float>(), w.data_ptr<at::BFloat16>(), sp, bp, y.data_ptr<float>(),
-               K, N);
+      dispatch(M, xp, w.data_ptr<at::BFloat16>(), sp, bp, yp, K, N);
       break;
     case at::kFloat:
-      dispatch(M, xf.data_ptr<float>(), w.data_ptr<float>(), sp, bp, y.data_ptr<float>(), K, N);
+      dispatch(M, xp, w.data_ptr<float>(), sp, bp, yp, K, N);
       break;
     default:
       TORCH_CHECK(false, "matvec: weights must be int8, bf16 or fp32");
   }
-  return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
+  if (!fp32) {
+    if (y.scalar_type() == at::kBFloat16) {
+      at::BFloat16* out = y.data_ptr<at::BFloat16>();
+      for (int64_t i = 0; i < M * N; ++i) out[i] = at::BFloat16(y_buf[i]);  // round to nearest even
+    } else {
+      y.copy_(torch::from_blob(y_buf.data(), {M, N}, at::kFloat));
+    }
+  }
+  return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
