@@ -3,7 +3,8 @@
 // Decoding multiplies one row (or a few) by every weight matrix, so its speed is the speed of
 // reading the weights from memory. This kernel reads each weight once for all the rows it is
 // given (int8, bf16 or fp32 weights; int8 with one scale per output channel), widens it to fp32
-// in registers and multiplies it by the activations in fp32 (int8 is weight-only: activations
+// in registers and multiplies it by the activations in fp32 (bf16 weights times bf16 activations:
+// the CPU's bf16 dot-product instruction, fp32 sums) (int8 is weight-only: activations
 // are never rounded to integers). R output channels are read side by side, and the kernel
 // fetches the weights it will need kPrefetchBytes ahead of the multiply: R short rows that
 // restart every block are streams the hardware prefetchers pick up too late. Work is split over output
@@ -103,6 +104,76 @@ void channels(const float* x, const W* w, const float* scale, const float* bias,
   }
 }
 
+#if defined(__AVX512BF16__)
+// bf16 weights and bf16 activations: _mm512_dpbf16_ps multiplies 32 pairs and adds them into
+// 16 fp32 lanes, so the weights need no widening at all.
+template <int M, int R>
+void channels_bf16(const at::BFloat16* x, const at::BFloat16* w, const float* bias, float* y,
+                   int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  constexpr int64_t kStepBytes = R * 64;
+  const int64_t body = K - K % 32;
+  const __mmask32 tail = static_cast<__mmask32>((K % 32) ? ((1ull << (K % 32)) - 1ull) : 0);
+  for (; n + R <= n1; n += R) {
+    __m512 acc[R][M];
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+    const at::BFloat16* rows[R];
+    for (int r = 0; r < R; ++r) rows[r] = w + (n + r) * K;
+    const char* ahead = reinterpret_cast<const char*>(rows[0]) + kPrefetchBytes<at::BFloat16>;
+    for (int64_t k = 0; k < body; k += 32, ahead += kStepBytes) {
+      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      __m512bh wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(rows[r] + k);
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * K + k);
+        for (int r = 0; r < R; ++r) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv[r], xv);
+      }
+    }
+    if (tail) {
+      for (int m = 0; m < M; ++m) {
+        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + m * K + body);
+        for (int r = 0; r < R; ++r)
+          acc[r][m] = _mm512_dpbf16_ps(
+              acc[r][m], (__m512bh)_mm512_maskz_loadu_epi16(tail, rows[r] + body), xv);
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m)
+        y[m * N + n + r] = _mm512_reduce_add_ps(acc[r][m]) + (bias ? bias[n + r] : 0.0f);
+  }
+  for (; n < n1; ++n)
+    for (int m = 0; m < M; ++m) {
+      float sum = 0.0f;
+      for (int64_t k = 0; k < K; ++k) sum += float(x[m * K + k]) * float(w[n * K + k]);
+      y[m * N + n] = sum + (bias ? bias[n] : 0.0f);
+    }
+}
+#endif
+
+
+#if defined(__AVX512BF16__)
+template <int M>
+void run_bf16(const at::BFloat16* x, const at::BFloat16* w, const float* bias, float* y,
+              int64_t K, int64_t N) {
+  constexpr int R = M <= 2 ? 4 : 2;
+  const int64_t blocks = (N + R - 1) / R;
+  const int64_t grain = std::max<int64_t>(1, kMinBytesPerTask / (R * K * 2));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    channels_bf16<M, R>(x, w, bias, y, K, N, b0 * R, std::min(N, b1 * R));
+  });
+}
+
+void dispatch_bf16(int64_t M, const at::BFloat16* x, const at::BFloat16* w, const float* bias,
+                   float* y, int64_t K, int64_t N) {
+  using Runner = void (*)(const at::BFloat16*, const at::BFloat16*, const float*, float*,
+                          int64_t, int64_t);
+  static constexpr Runner runners[] = {run_bf16<1>, run_bf16<2>, run_bf16<3>, run_bf16<4>,
+                                       run_bf16<5>, run_bf16<6>, run_bf16<7>, run_bf16<8>};
+  runners[M - 1](x, w, bias, y, K, N);
+}
+#endif
+
 template <typename W, int M>
 void run(const float* x, const W* w, const float* scale, const float* bias, float* y,
          int64_t K, int64_t N) {
@@ -182,6 +253,12 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
       dispatch(M, xp, w.data_ptr<int8_t>(), sp, bp, yp, K, N);
       break;
     case at::kBFloat16:
+#if defined(__AVX512BF16__)
+      if (x.scalar_type() == at::kBFloat16 && !sp) {  // both bf16: pairs multiply as they are
+        dispatch_bf16(M, xc.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(), bp, yp, K, N);
+        break;
+      }
+#endif
       dispatch(M, xp, w.data_ptr<at::BFloat16>(), sp, bp, yp, K, N);
       break;
     case at::kFloat:
