@@ -12,15 +12,14 @@ from gpt1.errors import CheckpointError, Gpt1Error
 from gpt1.recipes.convert import OPENAI_BLOCK, convert, load_openai, plan_openai, read_any
 
 transformers = pytest.importorskip("transformers")
-from conftest import TINY_MODEL  # noqa: E402
 from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: E402
 
-TINY = {**TINY_MODEL, "vocab_size": 101, "n_positions": 24}
+from helpers.tiny import ODD_SIZES_MODEL  # noqa: E402
 
 
 def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:
     torch.manual_seed(seed)
-    model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(**TINY)).eval()
+    model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(**ODD_SIZES_MODEL)).eval()
     with torch.no_grad():  # HF zero-inits biases and unit LN gains; randomise all so a mix-up shows
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -29,7 +28,7 @@ def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:
 
 def ids(seed: int = 1) -> torch.Tensor:
     return torch.randint(
-        0, TINY["vocab_size"], (3, 17), generator=torch.Generator().manual_seed(seed)
+        0, ODD_SIZES_MODEL["vocab_size"], (3, 17), generator=torch.Generator().manual_seed(seed)
     )
 
 
@@ -62,7 +61,7 @@ def test_hf_pytorch_bin_is_read_weights_only(tmp_path):
 
 def test_gpt1_to_hf_loads_with_from_pretrained(tmp_path):
     torch.manual_seed(3)
-    ours = GPT(ModelConfig(**TINY))
+    ours = GPT(ModelConfig(**ODD_SIZES_MODEL))
     with torch.no_grad():
         for p in ours.parameters():
             p.add_(torch.randn_like(p) * 0.05)
@@ -84,7 +83,7 @@ def test_export_carries_tokenizer_files(tmp_path):
     vocab.mkdir()
     (vocab / "vocab.json").write_text('{"a</w>": 0}')
     (vocab / "merges.txt").write_text("#version: 0.2\n")
-    save_model(GPT(ModelConfig(**TINY)), tmp_path / "ours", tokenizer_dir=vocab)
+    save_model(GPT(ModelConfig(**ODD_SIZES_MODEL)), tmp_path / "ours", tokenizer_dir=vocab)
     convert(tmp_path / "ours", tmp_path / "hf", "gpt1", "hf")
     assert (tmp_path / "hf" / "vocab.json").read_text() == '{"a</w>": 0}'
     assert (tmp_path / "hf" / "merges.txt").is_file()
@@ -150,12 +149,14 @@ def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
 
 def test_openai_shards_load_and_match_hf(tmp_path):
     torch.manual_seed(5)
-    source = GPT(ModelConfig(**TINY))
+    source = GPT(ModelConfig(**ODD_SIZES_MODEL))
     with torch.no_grad():
         for p in source.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     _, arrays = write_release(tmp_path / "model", source)
-    convert(tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=TINY["n_head"])
+    convert(
+        tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=ODD_SIZES_MODEL["n_head"]
+    )
     ours = load_checkpoint(tmp_path / "ours")
     assert ours.config.n_layer == 2 and ours.config.vocab_size == 101
     hf = hf_from_oai_arrays(arrays, ours.config)
@@ -165,7 +166,7 @@ def test_openai_shards_load_and_match_hf(tmp_path):
 
 
 def test_openai_vocab_files_are_carried(tmp_path):
-    write_release(tmp_path / "model", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "model", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     (tmp_path / "model" / "encoder_bpe_40000.json").write_text('{"x</w>": 0}')
     (tmp_path / "model" / "vocab_40000.bpe").write_text("#version: 0.2\n")
     convert(tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=4)
@@ -197,14 +198,14 @@ def test_full_size_release_shapes(shared_data):
 
 # ------------------------------------------------------------------------------ bad input
 def test_missing_shard(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     (tmp_path / "m" / "params_7.npy").unlink()
     with pytest.raises(CheckpointError, match=r"params_7\.npy: missing shard"):
         load_openai(tmp_path / "m", n_head=4)
 
 
 def test_truncated_shard(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     f = tmp_path / "m" / "params_3.npy"
     f.write_bytes(f.read_bytes()[:-40])
     with pytest.raises(CheckpointError, match=r"params_3\.npy: unreadable or truncated"):
@@ -212,7 +213,7 @@ def test_truncated_shard(tmp_path):
 
 
 def test_shard_too_short_overall(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     np.save(
         tmp_path / "m" / "params_9.npy", np.zeros(3, dtype=np.float32)
     )  # a valid but short file
@@ -221,7 +222,7 @@ def test_shard_too_short_overall(tmp_path):
 
 
 def test_shape_mismatch(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     shapes = json.loads((tmp_path / "m" / "params_shapes.json").read_text())
     shapes[2 + 12 + 6] = [1, 32, 100]  # block 1 mlp.c_fc
     (tmp_path / "m" / "params_shapes.json").write_text(json.dumps(shapes))
@@ -230,7 +231,7 @@ def test_shape_mismatch(tmp_path):
 
 
 def test_unknown_config_keys(tmp_path):
-    save_model(GPT(ModelConfig(**TINY)), tmp_path / "ours")
+    save_model(GPT(ModelConfig(**ODD_SIZES_MODEL)), tmp_path / "ours")
     cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
     cfg["model"]["n_ctx_typo"] = 5
     (tmp_path / "ours" / "config.json").write_text(json.dumps(cfg))

@@ -16,9 +16,10 @@ import torch
 
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
-from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict, save_model
+from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict
 from gpt1.model.gpt import GPT
 from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
+from helpers.tiny import char_vocab, make_corpus, tiny_checkpoint, tiny_finetune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,12 +34,6 @@ class _Payload:
         return (open, (self.marker, "w"))
 
 
-def tiny_checkpoint(folder: Path) -> Path:
-    torch.manual_seed(0)
-    cfg = model_preset("tiny")
-    return save_model(GPT(cfg), folder)
-
-
 def write_pickle(path: Path, marker: Path, kind: str) -> None:
     """A malicious weights file: a raw pickle, or a torch.save zip archive holding one."""
     if kind == "pickle":
@@ -51,7 +46,7 @@ def write_pickle(path: Path, marker: Path, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["pickle", "torch-zip"])
 def test_crafted_pickle_as_weights_is_refused(tmp_path, kind):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     marker = tmp_path / "pwned"
     write_pickle(folder / WEIGHTS, marker, kind)
     with pytest.raises(CheckpointError, match="pickle") as err:
@@ -61,7 +56,7 @@ def test_crafted_pickle_as_weights_is_refused(tmp_path, kind):
 
 
 def test_pickle_next_to_missing_weights_is_named_not_loaded(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     (folder / WEIGHTS).unlink()
     marker = tmp_path / "pwned"
     write_pickle(folder / "pytorch_model.bin", marker, "torch-zip")
@@ -71,7 +66,7 @@ def test_pickle_next_to_missing_weights_is_named_not_loaded(tmp_path):
 
 
 def test_crafted_pickle_in_trainer_state_is_refused(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "run" / "step-1")
+    folder = tiny_checkpoint(tmp_path / "run" / "step-1", vocab=False)
     (folder / TRAINER_JSON).write_text(json.dumps({"step": 1}))
     marker = tmp_path / "pwned"
     write_pickle(folder / TRAINER_TENSORS, marker, "pickle")
@@ -137,7 +132,7 @@ def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
     from gpt1.train.loop import _load_state
 
     run = tmp_path / "run"
-    folder = tiny_checkpoint(run / "step-3")
+    folder = tiny_checkpoint(run / "step-3", vocab=False)
     (folder / TRAINER_JSON).write_bytes(content)
     from safetensors.torch import save_file
 
@@ -163,7 +158,7 @@ def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
-    folder = tiny_checkpoint(tmp_path / "ft")
+    folder = tiny_checkpoint(tmp_path / "ft", vocab=False)
     (folder / TASK_FILE).write_text(
         json.dumps(
             {"task": "sst2", "kind": "single", "n_outputs": 2, "classify_id": 3, "n_ctx": 16}
@@ -177,7 +172,7 @@ def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
 
 
 def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     data = (folder / WEIGHTS).read_bytes()
     for cut in (0, 5, 8, 100, len(data) // 2, len(data) - 1):
         (folder / WEIGHTS).write_bytes(data[:cut])
@@ -202,14 +197,12 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     """Config values and dataset fields that look like paths (`../`, absolute names) end up as
     data, never as file names: a whole pretrain run, then fine-tune + predict on a dataset whose
     ids and texts are traversal attempts, leave every file they write inside the run folders."""
-    from test_pretrain import make_prepared
-
     from gpt1.cli import main
 
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    data = make_prepared(tmp_path / "data")
+    data = make_corpus(tmp_path / "data")
     # meta.json split names and a TOML whose string values are traversal attempts
     meta = json.loads((data / "meta.json").read_text())
     meta["splits"]["../../escape"] = meta["splits"]["val"]
@@ -246,53 +239,10 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     ]
     for split in ("train", "dev", "test"):
         (ft / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    vocab = tmp_path / "vocab"
-    vocab.mkdir()
-    (vocab / "vocab.json").write_text(
-        json.dumps(
-            {
-                c: i
-                for i, c in enumerate(
-                    ["<unk>"]
-                    + [chr(c) for c in range(33, 127)]
-                    + [chr(c) + "</w>" for c in range(33, 127)]
-                )
-            }
-        )
-    )
-    (vocab / "merges.txt").write_text("#version: 0.2\n")
+    vocab = char_vocab(tmp_path / "vocab")
     before = _snapshot(tmp_path, tmp_path / "ftrun")
-    assert (
-        main(
-            [
-                "--quiet",
-                "finetune",
-                "--task",
-                "tsv",
-                "--columns",
-                "text=text,label=label,id=id",
-                "--data",
-                str(ft),
-                "--init",
-                "none",
-                "--preset",
-                "tiny",
-                "--vocab",
-                str(vocab),
-                "--out",
-                str(tmp_path / "ftrun"),
-                "--max-steps",
-                "2",
-                "--batch-size",
-                "4",
-                "--micro-batch",
-                "2",
-                "--n-ctx",
-                "32",
-            ]
-        )
-        == 0
-    )
+    task = ("--task", "tsv", "--columns", "text=text,label=label,id=id")
+    assert main(["--quiet", *tiny_finetune(ft, vocab, tmp_path / "ftrun", 2, task=task)]) == 0
     assert main(["--quiet", "predict", str(tmp_path / "ftrun"), "--data", str(ft)]) == 0
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before
     assert not list(Path("/tmp").glob("evil*"))
