@@ -48,9 +48,8 @@ def pretrain_cmd(data: Path, out: Path, steps: int) -> list[str]:
 def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
     """The kill loop's fine-tuning subprocess: a checkpoint every step, every step logged."""
     extra = ("--save-every", "1", "--eval-every", "4", "--set", "train.keep_last=2")
-    return gpt1_process(
-        *tiny_finetune(task, vocab, out, steps, *extra, "--set", "train.log_every=1")
-    )
+    extra += ("--set", "train.log_every=1")
+    return gpt1_process(*tiny_finetune(task, vocab, out, steps, *extra))
 
 
 # ============================================================================== kill loops

@@ -157,8 +157,8 @@ def tiny_checkpoint(folder: Path, model: dict[str, Any] | None = None, vocab: bo
 # ----------------------------------------------------------------------- tiny command lines
 def tiny_pretrain(data: Path, out: Path, steps: int = 2, *extra: str) -> list[str]:
     """`gpt1 pretrain` arguments (no interpreter): the tiny preset on the prepared folder `data`
-    for `steps` steps, a checkpoint every step, no evaluation, MFU against 1 FLOP/s (no lookup
-    of the device's peak). `extra` may repeat a flag: the last value counts."""
+    for `steps` steps, a checkpoint every step, no evaluation, MFU against 1 FLOP/s (skips the
+    matmul probe that measures the CPU's peak). `extra` may repeat a flag: the last one counts."""
     return [
         "pretrain",
         "--preset",
@@ -184,11 +184,12 @@ TSV_TASK = ("--task", "tsv", "--columns", "text=text,label=label", "--labels", "
 
 
 def tiny_finetune(
-    data: Path, vocab: Path, out: Path, steps: int, *extra: str, task: tuple = TSV_TASK
+    data: Path, vocab: Path, out: Path, steps: int, *extra: str, task: tuple[str, ...] = TSV_TASK
 ) -> list[str]:
     """`gpt1 finetune` arguments (no interpreter): the tiny preset from random weights on the
     task folder `data` (`task` options, `make_task`'s by default), batches of 4 in micro-batches
-    of 2, a 32-token window. `extra` may repeat a flag: the last value counts."""
+    of 2, a 32-token window, no peak-FLOPs probe. `extra` may repeat a flag: the last one
+    counts."""
     return [
         "finetune",
         *task,
