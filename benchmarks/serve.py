@@ -17,7 +17,8 @@ keep-alive HTTP/1.1 connection each, sending SST-2 dev sentences (../shared/data
   with num_concurrent 8).
 Each level (1, 8, 64 clients) is bounded by a request count and a time limit (no new request
 starts after it). The reference is the in-process throughput of the same work with the same
-engine (tokenize + `Engine.predict` in batches of 16, `gpt1 predict`'s default; `Engine.stream` one prompt at a time),
+engine (tokenize + `Engine.predict` in batches of 16, `gpt1 predict`'s default; the engine's
+`BatchedDecoder` one prompt at a time),
 measured in this process before and after the server levels. Both sides see the sentences once
 untimed first, so the tokenizer's cache holds them on both (the figures are model + serving).
 
@@ -166,12 +167,29 @@ def in_process(
     gen_rate = None
     if gen_prompts:
         ids = [engine.token_ids(p, None, "prompt") for p in gen_prompts]
-        list(engine.stream(ids[0], 2, 0.0, None, None, 0))
+        generate_alone(engine, ids[0], 2)
         start = time.perf_counter()
         for prompt in ids:
-            list(engine.stream(prompt, gen_tokens, 0.0, None, None, 0))
+            generate_alone(engine, prompt, gen_tokens)
         gen_rate = len(ids) * gen_tokens / (time.perf_counter() - start)
     return rate, gen_rate
+
+
+def generate_alone(engine, prompt: list[int], new_tokens: int) -> list[int]:
+    """Greedy new tokens for one prompt through the server's decoder (`engine.decoder`, which
+    the server's worker thread steps), with no other generation in its batch."""
+    decoder = engine.decoder
+    handle = decoder.start(*engine.generation(prompt, new_tokens, 0.0, seed=0))
+    out: list[int] = []
+    while True:
+        for gen, item in decoder.step():
+            if gen is not handle:
+                continue
+            if item is None:
+                return out
+            if isinstance(item, BaseException):
+                raise item
+            out.append(int(item))
 
 
 def process_cpu(pid: int) -> float:

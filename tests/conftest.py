@@ -45,6 +45,25 @@ def tinier_config() -> Callable[..., ModelConfig]:
     return lambda **overrides: ModelConfig(**{**TINIER_MODEL, **overrides})
 
 
+def check_shapes_and_tied_head(model: torch.nn.Module, vocab_size: int, n_embd: int) -> None:
+    """The language-model interface GPT and the LSTM share: (B, T) ids give (B, T, n_embd)
+    hidden states, and `lm_logits` scores them against the tied input embedding."""
+    ids = torch.randint(0, vocab_size, (3, 10))
+    hidden = model(ids)
+    assert hidden.shape == (3, 10, n_embd)
+    logits = model.lm_logits(hidden)
+    assert logits.shape == (3, 10, vocab_size)
+    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+
+
+def check_causal(model: torch.nn.Module, ids: torch.Tensor, changed: torch.Tensor, t: int) -> None:
+    """`changed` first differs from `ids` at position `t`: the outputs before `t` stay as they
+    were (nothing looks ahead) and those from `t` on move."""
+    a, b = model(ids), model(changed)
+    torch.testing.assert_close(a[:, :t], b[:, :t])
+    assert not torch.allclose(a[:, t:], b[:, t:])
+
+
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     """A tiny `gpt1 prepare` folder (two train shards of a noisy periodic token stream, a

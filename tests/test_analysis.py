@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -175,6 +176,12 @@ def sst2_setup(tmp_path, shared_data, gpt1_vocab):
     }
 
 
+def sst2_sweep(sweep: str, sst2_setup, out: Path, *options: str) -> list[str]:
+    """The command line of `gpt1 analysis <sweep>` fine-tuning the SST-2 setup's GPT into `out`."""
+    run = ["--init", str(sst2_setup["gpt"]), "--task", "sst2", "--data", str(sst2_setup["data"])]
+    return ["analysis", sweep, *run, "--out", str(out), *options, *FT]
+
+
 def finetune_lines(out):
     return [
         shlex.split(l)
@@ -187,23 +194,9 @@ def finetune_lines(out):
 @pytest.mark.data
 def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, sst2_setup, capsys):
     out = tmp_path / "layers"
-    argv = [
-        "analysis",
-        "layers",
-        "--init",
-        str(sst2_setup["gpt"]),
-        "--task",
-        "sst2",
-        "--data",
-        str(sst2_setup["data"]),
-        "--out",
-        str(out),
-        "--train-examples",
-        "20",
-        "--train-eval-examples",
-        "12",
-        *FT,
-    ]
+    argv = sst2_sweep(
+        "layers", sst2_setup, out, "--train-examples", "20", "--train-eval-examples", "12"
+    )
     assert main(argv) == 0
     table = json.loads((out / "layers.json").read_text())
     assert [r["k"] for r in table["rows"]] == [0, 1, 2] and table["metric"] == "accuracy"
@@ -230,33 +223,19 @@ def test_layers_sweep_plots_resumes_and_records_reproducible_commands(tmp_path, 
     assert again["accuracy"] == table["rows"][1]["dev"]
 
 
+def run_ablations(sst2_setup, out, *options: str) -> int:
+    """`gpt1 analysis ablations` on the SST-2 setup (GPT and LSTM inits) into `out`."""
+    inits = ["--init", str(sst2_setup["gpt"]), "--lstm-init", str(sst2_setup["lstm"])]
+    root = str(sst2_setup["data"].parent)
+    tasks = ["--tasks", "sst2", "--data-root", root, "--task-data", "sst2=sst2"]
+    return main(["analysis", "ablations", *inits, *tasks, "--out", str(out), *options, *FT])
+
+
 @pytest.mark.slow
 @pytest.mark.data
 def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     out = tmp_path / "abl"
-    data_root = sst2_setup["data"].parent
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                str(sst2_setup["gpt"]),
-                "--lstm-init",
-                str(sst2_setup["lstm"]),
-                "--tasks",
-                "sst2",
-                "--data-root",
-                str(data_root),
-                "--task-data",
-                "sst2=sst2",
-                "--out",
-                str(out),
-                *FT,
-            ]
-        )
-        == 0
-    )
+    assert run_ablations(sst2_setup, out) == 0
     table = json.loads((out / "ablations.json").read_text())
     assert list(table["rows"]) == ["full", "scratch", "no_aux", "lstm"]
     for row in table["rows"].values():
@@ -273,30 +252,7 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
     assert lines[3][lines[3].index("--init") + 1] == str(sst2_setup["lstm"])
     # --rows runs only the rows asked for; the table keeps every row with results.
     only = tmp_path / "abl-lstm"
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                str(sst2_setup["gpt"]),
-                "--lstm-init",
-                str(sst2_setup["lstm"]),
-                "--tasks",
-                "sst2",
-                "--data-root",
-                str(data_root),
-                "--task-data",
-                "sst2=sst2",
-                "--out",
-                str(only),
-                "--rows",
-                "lstm",
-                *FT,
-            ]
-        )
-        == 0
-    )
+    assert run_ablations(sst2_setup, only, "--rows", "lstm") == 0
     assert len(finetune_lines(only)) == 1
     rows = json.loads((only / "ablations.json").read_text())["rows"]
     assert (
@@ -313,28 +269,7 @@ def test_ablations_table_with_lstm_row(tmp_path, sst2_setup):
 @pytest.mark.data
 def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
     out = tmp_path / "ds"
-    assert (
-        main(
-            [
-                "analysis",
-                "data-size",
-                "--init",
-                str(sst2_setup["gpt"]),
-                "--task",
-                "sst2",
-                "--data",
-                str(sst2_setup["data"]),
-                "--sizes",
-                "10,all",
-                "--seeds",
-                "0",
-                "--out",
-                str(out),
-                *FT,
-            ]
-        )
-        == 0
-    )
+    assert main(sst2_sweep("data-size", sst2_setup, out, "--sizes", "10,all", "--seeds", "0")) == 0
     table = json.loads((out / "data_size.json").read_text())
     assert [r["size"] for r in table["rows"]] == ["10", "all"]
     assert [r["pretrained"]["train_n"] for r in table["rows"]] == [10, 40]
@@ -346,66 +281,19 @@ def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
     )
 
 
-def test_bad_sweep_options_are_one_line_errors(tmp_path, capsys):
-    assert (
-        main(
-            [
-                "analysis",
-                "data-size",
-                "--init",
-                "x",
-                "--task",
-                "sst2",
-                "--data",
-                "d",
-                "--sizes",
-                "10,lots",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 2
-    )
-    assert "--sizes" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                "x",
-                "--tasks",
-                "nope",
-                "--data-root",
-                "d",
-                "--out",
-                str(tmp_path / "a"),
-            ]
-        )
-        == 2
-    )
-    assert "--task-data nope=DIR" in capsys.readouterr().err
-    (tmp_path / "root" / "glue" / "SST-2").mkdir(parents=True)
-    assert (
-        main(
-            [
-                "analysis",
-                "ablations",
-                "--init",
-                "x",
-                "--tasks",
-                "sst2",
-                "--data-root",
-                str(tmp_path / "root"),
-                "--rows",
-                "lstm",
-                "--out",
-                str(tmp_path / "b"),
-            ]
-        )
-        == 2
-    )
-    assert "needs --lstm-init" in capsys.readouterr().err
+@pytest.mark.parametrize(
+    "command,message",
+    [
+        ("data-size --init x --task sst2 --data d --sizes 10,lots", "--sizes"),
+        ("ablations --init x --tasks nope --data-root d", "--task-data nope=DIR"),
+        ("ablations --init x --tasks sst2 --data-root root --rows lstm", "needs --lstm-init"),
+    ],
+)
+def test_bad_sweep_options_are_one_line_errors(tmp_path, monkeypatch, capsys, command, message):
+    monkeypatch.chdir(tmp_path)
+    Path("root/glue/SST-2").mkdir(parents=True)  # SST-2's data is found: only the option is wrong
+    assert main(["analysis", *command.split(), "--out", "out"]) == 2
+    assert message in capsys.readouterr().err
 
 
 def test_data_size_and_layers_tables_cover_every_recorded_run(tmp_path):

@@ -109,21 +109,8 @@ def test_sample_text_prompt_with_gpt1_vocab(gpt1_vocab, tmp_path, capsys):
     torch.manual_seed(0)
     model = GPT(ModelConfig(**{**TINY_MODEL, "vocab_size": 40478}))
     folder = save_model(model, tmp_path / "ck", tokenizer_dir=gpt1_vocab)
-    assert (
-        main(
-            [
-                "sample",
-                str(folder),
-                "--prompt",
-                "The old man",
-                "--max-new-tokens",
-                "5",
-                "--temperature",
-                "0",
-            ]
-        )
-        == 0
-    )
+    greedy = ["--prompt", "The old man", "--max-new-tokens", "5", "--temperature", "0"]
+    assert main(["sample", str(folder), *greedy]) == 0
     out = capsys.readouterr().out.strip()
     assert out.startswith("The old man ") and len(out.split()) >= 4
 

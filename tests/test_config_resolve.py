@@ -117,66 +117,21 @@ def test_max_steps_means_train_max_steps_in_both_commands(monkeypatch, tmp_path)
     import gpt1.recipes.pretrain as pt
     from gpt1.cli import main
 
+    # Both commands only parse and resolve here: the recipe each would run is a recorder.
+    pretrain = ["pretrain", "--preset", "tiny", "--data", "d", "--out", str(tmp_path / "p")]
+    ft_out = str(tmp_path / "f")
+    finetune = ["finetune", "--task", "sst2", "--data", "d", "--init", "none", "--out", ft_out]
     done = SimpleNamespace(interrupted=0, final_dir=None)
     seen = _captured(monkeypatch, pt, "pretrain", done)
-    assert (
-        main(
-            [
-                "pretrain",
-                "--preset",
-                "tiny",
-                "--data",
-                "d",
-                "--out",
-                str(tmp_path / "p"),
-                "--max-steps",
-                "7",
-            ]
-        )
-        == 0
-    )
+    assert main([*pretrain, "--max-steps", "7"]) == 0
     assert seen["args"][0].train.max_steps == 7
     seen = _captured(monkeypatch, ft, "finetune", (done, {}))
-    assert (
-        main(
-            [
-                "finetune",
-                "--task",
-                "sst2",
-                "--data",
-                "d",
-                "--init",
-                "none",
-                "--out",
-                str(tmp_path / "f"),
-                "--max-steps",
-                "7",
-            ]
-        )
-        == 0
-    )
+    assert main([*finetune, "--max-steps", "7"]) == 0
     train_cfg = seen["args"][1]
     assert train_cfg.max_steps == 7
     assert seen["kwargs"].get("max_steps_cap", 0) == 0 and len(seen["args"]) < 5
     # The same setting by --set, in either command.
-    assert (
-        main(
-            [
-                "finetune",
-                "--task",
-                "sst2",
-                "--data",
-                "d",
-                "--init",
-                "none",
-                "--out",
-                str(tmp_path / "f"),
-                "--set",
-                "train.max_steps=9",
-            ]
-        )
-        == 0
-    )
+    assert main([*finetune, "--set", "train.max_steps=9"]) == 0
     assert seen["args"][1].max_steps == 9
 
 

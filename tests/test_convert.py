@@ -17,13 +17,23 @@ from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: E402
 from helpers.tiny import ODD_SIZES_MODEL  # noqa: E402
 
 
-def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:
-    torch.manual_seed(seed)
-    model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(**ODD_SIZES_MODEL)).eval()
-    with torch.no_grad():  # HF zero-inits biases and unit LN gains; randomise all so a mix-up shows
+def randomized(model: torch.nn.Module) -> torch.nn.Module:
+    """`model` with every parameter moved off its init: zero biases and unit LN gains, as both
+    libraries initialise them, would hide a mix-up."""
+    with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return model
+
+
+def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:
+    torch.manual_seed(seed)
+    return randomized(OpenAIGPTLMHeadModel(OpenAIGPTConfig(**ODD_SIZES_MODEL)).eval())
+
+
+def tiny_gpt(seed: int) -> GPT:
+    torch.manual_seed(seed)
+    return randomized(GPT(ModelConfig(**ODD_SIZES_MODEL)))
 
 
 def ids(seed: int = 1) -> torch.Tensor:
@@ -60,11 +70,7 @@ def test_hf_pytorch_bin_is_read_weights_only(tmp_path):
 
 
 def test_gpt1_to_hf_loads_with_from_pretrained(tmp_path):
-    torch.manual_seed(3)
-    ours = GPT(ModelConfig(**ODD_SIZES_MODEL))
-    with torch.no_grad():
-        for p in ours.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    ours = tiny_gpt(3)
     save_model(ours, tmp_path / "ours")
     convert(tmp_path / "ours", tmp_path / "hf", "gpt1", "hf")
     hf = OpenAIGPTLMHeadModel.from_pretrained(tmp_path / "hf").eval()
@@ -113,6 +119,14 @@ def write_release(folder: Path, model: GPT, cuts=(0.03, 0.1, 0.11, 0.3, 0.5, 0.5
     return shapes, arrays
 
 
+# A block's arrays in the release, in order: written out here, not read from gpt1's own table.
+RELEASE_BLOCK_ORDER = [
+    f"{layer}.{param}"
+    for layer in ("attn.c_attn", "attn.c_proj", "ln_1", "mlp.c_fc", "mlp.c_proj", "ln_2")
+    for param in ("weight", "bias")
+]
+
+
 def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
     """An HF model filled directly from the release arrays (Conv1D keeps [in, out])."""
     hf = OpenAIGPTLMHeadModel(
@@ -127,20 +141,7 @@ def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
     tr = hf.transformer
     params = [tr.positions_embed.weight, tr.tokens_embed.weight]
     for block in tr.h:
-        params += [
-            block.attn.c_attn.weight,
-            block.attn.c_attn.bias,
-            block.attn.c_proj.weight,
-            block.attn.c_proj.bias,
-            block.ln_1.weight,
-            block.ln_1.bias,
-            block.mlp.c_fc.weight,
-            block.mlp.c_fc.bias,
-            block.mlp.c_proj.weight,
-            block.mlp.c_proj.bias,
-            block.ln_2.weight,
-            block.ln_2.bias,
-        ]
+        params += [block.get_parameter(name) for name in RELEASE_BLOCK_ORDER]
     with torch.no_grad():
         for p, a in zip(params, arrays):
             p.copy_(torch.from_numpy(a.reshape(p.shape)))
@@ -148,11 +149,7 @@ def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
 
 
 def test_openai_shards_load_and_match_hf(tmp_path):
-    torch.manual_seed(5)
-    source = GPT(ModelConfig(**ODD_SIZES_MODEL))
-    with torch.no_grad():
-        for p in source.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    source = tiny_gpt(5)
     _, arrays = write_release(tmp_path / "model", source)
     convert(
         tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=ODD_SIZES_MODEL["n_head"]

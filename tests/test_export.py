@@ -44,26 +44,35 @@ def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
     return model.eval()
 
 
-def finetuned(tmp: Path, kind: str, n_outputs: int, window_run: int | None = None) -> Path:
-    """A fine-tuned checkpoint folder (GPT with task tokens, head, task.json)."""
+def write_run(
+    folder: Path, vocab: Path | None, kind: str, n_outputs: int, seed: int, **record
+) -> Path:
+    """A fine-tuned checkpoint folder: a randomized GPT of `ODD_SIZES_MODEL`'s shape (over `vocab`'s ids when
+    given) with task tokens and a `kind` head, and its task.json (`record`: the task's fields)."""
     torch.manual_seed(0)
-    gpt = GPT(ModelConfig(**ODD_SIZES_MODEL))
+    gpt = GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478} if vocab else ODD_SIZES_MODEL))
     classify = gpt.add_tokens(3)[2]
-    model = randomized(FinetuneModel(gpt, kind, n_outputs, classify), 1)
+    model = randomized(FinetuneModel(gpt, kind, n_outputs, classify), seed)
     record = {
-        "task": f"toy-{kind}",
         "kind": kind,
-        "labels": list(range(n_outputs)),
         "n_outputs": n_outputs,
-        "n_ctx": window_run or ODD_SIZES_MODEL["n_positions"],
+        "n_ctx": ODD_SIZES_MODEL["n_positions"],
         "classify_id": classify,
         "question_delimiter": False,
         "clf_pdrop": 0.1,
+        **record,
     }
-    folder = tmp / f"ft-{kind}-{n_outputs}"
     folder.mkdir()
-    writer(None, record, {})(model, folder)
+    writer(vocab, record, {})(model, folder)
     return folder
+
+
+def finetuned(tmp: Path, kind: str, n_outputs: int) -> Path:
+    """A fine-tuned toy-task checkpoint folder (no tokenizer)."""
+    labels = list(range(n_outputs))
+    return write_run(
+        tmp / f"ft-{kind}-{n_outputs}", None, kind, n_outputs, 1, task=f"toy-{kind}", labels=labels
+    )
 
 
 def task_inputs(K: int, classify: int, seed: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,14 +167,25 @@ def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
 
 
 # ------------------------------------------------------------------------------ task heads
+def converted_run(
+    tmp: Path, kind: str, n_outputs: int, note: str, architecture: str
+) -> tuple[Path, dict]:
+    """A fine-tuned run of `kind` converted to transformers' layout in tmp/hf, checking that the
+    conversion notes say `note` and config.json names `architecture`: (the run, the config)."""
+    folder = finetuned(tmp, kind, n_outputs)
+    notes: list[str] = []
+    convert(folder, tmp / "hf", "gpt1", "hf", notes=notes)
+    assert any(note in n for n in notes)
+    config = json.loads((tmp / "hf" / "config.json").read_text())
+    assert config["architectures"] == [architecture]
+    return folder, config
+
+
 @pytest.mark.parametrize("kind,n_outputs,K", [("choice", 1, 4), ("single", 1, 1), ("pair", 1, 1)])
 def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
-    folder = finetuned(tmp_path, kind, n_outputs)
-    notes: list[str] = []
-    convert(folder, tmp_path / "hf", "gpt1", "hf", notes=notes)
-    assert any("OpenAIGPTDoubleHeadsModel" in n for n in notes)
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["architectures"] == ["OpenAIGPTDoubleHeadsModel"]
+    folder, config = converted_run(
+        tmp_path, kind, n_outputs, "OpenAIGPTDoubleHeadsModel", "OpenAIGPTDoubleHeadsModel"
+    )
     hf = OpenAIGPTDoubleHeadsModel.from_pretrained(tmp_path / "hf").eval()
     classify = config["gpt1_task"]["classify_id"]
     ids, mask = task_inputs(K, classify)
@@ -185,12 +205,9 @@ def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
     "kind,n_outputs,K", [("single", 3, 1), ("pair", 2, 1), ("similarity", 1, 2)]
 )
 def test_other_heads_are_written_beside_the_lm(tmp_path, kind, n_outputs, K):
-    folder = finetuned(tmp_path, kind, n_outputs)
-    notes: list[str] = []
-    convert(folder, tmp_path / "hf", "gpt1", "hf", notes=notes)
-    assert any("no transformers class" in n for n in notes)
-    config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert config["architectures"] == ["OpenAIGPTLMHeadModel"]
+    folder, config = converted_run(
+        tmp_path, kind, n_outputs, "no transformers class", "OpenAIGPTLMHeadModel"
+    )
     info = json.loads((tmp_path / "hf" / "task_head.json").read_text())
     head = load_file(tmp_path / "hf" / "task_head.safetensors")
     assert info["kind"] == kind and info["n_outputs"] == n_outputs
@@ -253,25 +270,17 @@ def csv_run(tmp: Path, vocab: Path, kind: str, question_delimiter: bool = False)
     from gpt1.tasks.registry import complete_generic_spec
 
     task = get_task("csv", complete_generic_spec("csv", spec, tmp, "train"))
-    torch.manual_seed(0)
-    gpt = GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478}))
-    classify = gpt.add_tokens(3)[2]
-    model = randomized(FinetuneModel(gpt, task.kind, task.n_outputs, classify), 7)
-    record = {
-        "task": "csv",
-        "kind": task.kind,
-        "labels": task.labels,
-        "n_outputs": task.n_outputs,
-        "spec": task.spec,
-        "n_ctx": ODD_SIZES_MODEL["n_positions"],
-        "classify_id": classify,
-        "question_delimiter": question_delimiter,
-        "clf_pdrop": 0.1,
-    }
-    folder = tmp / f"run-{kind}"
-    folder.mkdir()
-    writer(vocab, record, {})(model, folder)
-    return folder
+    return write_run(
+        tmp / f"run-{kind}",
+        vocab,
+        task.kind,
+        task.n_outputs,
+        7,
+        task="csv",
+        labels=task.labels,
+        spec=task.spec,
+        question_delimiter=question_delimiter,
+    )
 
 
 def card_code(folder: Path) -> str:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import TINIER_MODEL
+from conftest import TINIER_MODEL, check_causal, check_shapes_and_tied_head
 
 from gpt1 import GPT, ModelConfig, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
@@ -27,12 +27,7 @@ def small(**kw) -> LSTMConfig:
 def test_shapes_and_tied_head():
     torch.manual_seed(0)
     model = LSTMLM(small()).eval()
-    ids = torch.randint(0, 97, (3, 10))
-    hidden = model(ids)
-    assert hidden.shape == (3, 10, 32)
-    logits = model.lm_logits(hidden)
-    assert logits.shape == (3, 10, 97)
-    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+    check_shapes_and_tied_head(model, vocab_size=97, n_embd=32)
     assert model.lm_weight() is model.wte.weight
 
 
@@ -42,9 +37,7 @@ def test_causal_future_tokens_do_not_change_the_past():
     ids = torch.randint(0, 97, (2, 12))
     changed = ids.clone()
     changed[:, 7:] = torch.randint(0, 97, (2, 5))
-    a, b = model(ids), model(changed)
-    torch.testing.assert_close(a[:, :7], b[:, :7])
-    assert not torch.allclose(a[:, 7:], b[:, 7:])
+    check_causal(model, ids, changed, 7)
 
 
 def test_rows_are_independent_and_right_padding_is_harmless():

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_model_config
+from conftest import check_causal, check_shapes_and_tied_head, tiny_model_config
 
 from gpt1 import GPT, ModelConfig, load_checkpoint, model_preset, save_model
 from gpt1.errors import CheckpointError, ConfigError
@@ -33,12 +33,7 @@ def test_paper_parameter_count_allocated():
 def test_shapes_and_tied_head():
     torch.manual_seed(0)
     model = GPT(tiny()).eval()
-    ids = torch.randint(0, 97, (3, 10))
-    hidden = model(ids)
-    assert hidden.shape == (3, 10, 32)
-    logits = model.lm_logits(hidden)
-    assert logits.shape == (3, 10, 97)
-    torch.testing.assert_close(logits, hidden @ model.wte.weight.T)
+    check_shapes_and_tied_head(model, vocab_size=97, n_embd=32)
 
 
 def test_post_ln_block_matches_formula():
@@ -67,9 +62,7 @@ def test_causality():
     ids = torch.randint(0, 97, (2, 16))
     changed = ids.clone()
     changed[:, 9] = (changed[:, 9] + 1) % 97
-    a, b = model(ids), model(changed)
-    torch.testing.assert_close(a[:, :9], b[:, :9])
-    assert not torch.allclose(a[:, 9:], b[:, 9:])
+    check_causal(model, ids, changed, 9)
 
 
 def test_lengths_skip_right_padding_exactly():

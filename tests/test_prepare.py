@@ -192,42 +192,15 @@ def test_strip_gutenberg():
 def test_cli_prepare(tmp_path, vocab, capsys):
     from gpt1.cli import main
 
-    corpus = _corpus(tmp_path)
-    code = main(
-        [
-            "prepare",
-            "--corpus",
-            str(corpus),
-            "--vocab",
-            str(vocab),
-            "--out",
-            str(tmp_path / "out"),
-            "--doc-sep",
-            "blank-line",
-            "--quiet",
-            "--strip-gutenberg",
-            "--shard-tokens",
-            "10",
-        ]
-    )
+    inputs = ["prepare", "--corpus", str(_corpus(tmp_path)), "--vocab", str(vocab)]
+    options = ["--doc-sep", "blank-line", "--quiet", "--strip-gutenberg", "--shard-tokens", "10"]
+    code = main([*inputs, "--out", str(tmp_path / "out"), *options])
     out = capsys.readouterr().out
     assert code == 0 and "6 documents" in out and "skipped files: 2" in out
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     # tiny --shard-tokens: a shard per document (documents are never cut)
     assert len(meta["splits"]["train"]["shards"]) == meta["splits"]["train"]["documents"]
-    code = main(
-        [
-            "prepare",
-            "--corpus",
-            str(corpus),
-            "--vocab",
-            str(vocab),
-            "--out",
-            str(tmp_path / "out2"),
-            "--val-fraction",
-            "1.5",
-        ]
-    )
+    code = main([*inputs, "--out", str(tmp_path / "out2"), "--val-fraction", "1.5"])
     assert code == 2 and "--val-fraction" in capsys.readouterr().err
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -44,46 +45,45 @@ def write_pickle(path: Path, marker: Path, kind: str) -> None:
     assert not marker.exists()
 
 
+def assert_pickle_refused(
+    path: Path, kind: str, match: str, load: Callable[[Path], object], folder: Path
+) -> pytest.ExceptionInfo:
+    """With a crafted pickle of `kind` at `path`, `load(folder)` raises a CheckpointError
+    matching `match`, and the pickle's code never runs."""
+    marker = path.parent / "pwned"
+    write_pickle(path, marker, kind)
+    with pytest.raises(CheckpointError, match=match) as err:
+        load(folder)
+    assert not marker.exists()
+    return err
+
+
 @pytest.mark.parametrize("kind", ["pickle", "torch-zip"])
 def test_crafted_pickle_as_weights_is_refused(tmp_path, kind):
     folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
-    marker = tmp_path / "pwned"
-    write_pickle(folder / WEIGHTS, marker, kind)
-    with pytest.raises(CheckpointError, match="pickle") as err:
-        load_checkpoint(folder)
+    err = assert_pickle_refused(folder / WEIGHTS, kind, "pickle", load_checkpoint, folder)
     assert str(folder / WEIGHTS) in str(err.value)
-    assert not marker.exists()
 
 
 def test_pickle_next_to_missing_weights_is_named_not_loaded(tmp_path):
     folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     (folder / WEIGHTS).unlink()
-    marker = tmp_path / "pwned"
-    write_pickle(folder / "pytorch_model.bin", marker, "torch-zip")
-    with pytest.raises(CheckpointError, match="pytorch_model.bin.*never loaded"):
-        load_checkpoint(folder)
-    assert not marker.exists()
+    match = "pytorch_model.bin.*never loaded"
+    assert_pickle_refused(folder / "pytorch_model.bin", "torch-zip", match, load_checkpoint, folder)
 
 
 def test_crafted_pickle_in_trainer_state_is_refused(tmp_path):
     folder = tiny_checkpoint(tmp_path / "run" / "step-1", vocab=False)
     (folder / TRAINER_JSON).write_text(json.dumps({"step": 1}))
-    marker = tmp_path / "pwned"
-    write_pickle(folder / TRAINER_TENSORS, marker, "pickle")
-    with pytest.raises(CheckpointError, match="pickle"):
-        load_training_state(folder)
-    assert not marker.exists()
+    assert_pickle_refused(folder / TRAINER_TENSORS, "pickle", "pickle", load_training_state, folder)
 
 
 def test_hf_pytorch_model_bin_is_read_weights_only(tmp_path):
     """`gpt1 convert --from hf` reads pytorch_model.bin, but only with weights_only=True."""
     from gpt1.recipes.convert import read_hf_weights
 
-    marker = tmp_path / "pwned"
-    write_pickle(tmp_path / "pytorch_model.bin", marker, "torch-zip")
-    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
-        read_hf_weights(tmp_path)
-    assert not marker.exists()
+    weights = tmp_path / "pytorch_model.bin"
+    assert_pickle_refused(weights, "torch-zip", "pytorch_model.bin", read_hf_weights, tmp_path)
     # A plain tensor dict still loads: weights_only is a filter, not a refusal of every .bin.
     torch.save({"w": torch.arange(3.0)}, tmp_path / "pytorch_model.bin")
     assert torch.equal(read_hf_weights(tmp_path)["w"], torch.arange(3.0))
@@ -164,11 +164,7 @@ def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
             {"task": "sst2", "kind": "single", "n_outputs": 2, "classify_id": 3, "n_ctx": 16}
         )
     )
-    marker = tmp_path / "pwned"
-    write_pickle(folder / HEAD_FILE, marker, "pickle")
-    with pytest.raises(CheckpointError, match="head.safetensors"):
-        load_finetuned(folder)
-    assert not marker.exists()
+    assert_pickle_refused(folder / HEAD_FILE, "pickle", "head.safetensors", load_finetuned, folder)
 
 
 def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):

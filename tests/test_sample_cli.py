@@ -131,23 +131,8 @@ def test_lstm_checkpoints_sample_too(vocab, tmp_path, capsys):
     torch.manual_seed(0)
     lstm = LSTMLM(LSTMConfig(vocab_size=40478, n_embd=16, hidden_size=32, n_positions=24))
     folder = save_lstm(lstm, tmp_path / "lstm", tokenizer_dir=vocab)
-    assert (
-        main(
-            [
-                "sample",
-                str(folder),
-                "--prompt",
-                "the old man",
-                "--temperature",
-                "0",
-                "--max-new-tokens",
-                "30",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )  # past its 24 positions
+    greedy = ["--prompt", "the old man", "--temperature", "0", "--max-new-tokens", "30"]
+    assert main(["sample", str(folder), *greedy, "--device", "cpu"]) == 0  # past its 24 positions
     out = capsys.readouterr().out.strip()
     assert out.startswith("the old man ") and len(out.split()) > 3
 

@@ -199,6 +199,13 @@ def post(url: str, body: Any, **kw: Any) -> httpx.Response:
     return httpx.post(url, json=body, timeout=TIMEOUT, **kw)
 
 
+def stream_generate(url: str, **body: Any):
+    """A streamed /v1/generate request: a context manager over the server-sent events."""
+    return httpx.stream(
+        "POST", f"{url}/v1/generate", timeout=TIMEOUT, json={**body, "stream": True}
+    )
+
+
 def submission(run: Path, data: Path, out: Path) -> list[str]:
     assert main(["--quiet", "predict", str(run), "--data", str(data), "--out", str(out)]) == 0
     (path,) = out.glob("*.tsv")
@@ -277,12 +284,7 @@ def test_generate_equals_gpt1_sample(world):
                 "seed": 7,
             },
         ).json()
-        with httpx.stream(
-            "POST",
-            f"{url}/v1/generate",
-            timeout=TIMEOUT,
-            json={"prompt": "the old man", "max_new_tokens": 30, "temperature": 0, "stream": True},
-        ) as r:
+        with stream_generate(url, prompt="the old man", max_new_tokens=30, temperature=0) as r:
             assert r.headers["content-type"].startswith("text/event-stream")
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
         ids = post(
@@ -458,6 +460,31 @@ BAD_REQUESTS = [
 ]
 
 
+def test_each_app_checks_and_documents_its_own_limits(world):
+    """Two apps in one process, one with small limits: each refuses past its own bounds only,
+    and its OpenAPI schema shows its own bounds."""
+    run = world["runs"]["single"][0]
+    small = Limits(max_items=4, max_chars=100, max_new_tokens=10)
+    five = {"inputs": [{"text": "a"}] * 5}
+    with serving(run, limits=small) as url_small, serving(run) as url_default:
+        assert "at most 4" in post(f"{url_small}/v1/predict", five).json()["error"]
+        assert post(f"{url_default}/v1/predict", five).status_code == 200
+        generate = {"prompt": "a", "max_new_tokens": 11}
+        assert post(f"{url_small}/v1/generate", generate).status_code == 422
+        assert post(f"{url_default}/v1/generate", generate).status_code == 200
+        schemas = [
+            httpx.get(f"{url}/openapi.json", timeout=TIMEOUT).json()["components"]["schemas"]
+            for url in (url_small, url_default)
+        ]
+    for schema, (items, chars, new_tokens) in zip(schemas, [(4, 100, 10), (64, 20_000, 1024)]):
+        assert schema["PredictRequest"]["properties"]["inputs"]["maxItems"] == items
+        assert schema["PredictItem"]["properties"]["text"]["maxLength"] == chars
+        assert schema["GenerateRequest"]["properties"]["max_new_tokens"]["maximum"] == new_tokens
+        assert schema["CompletionRequest"]["properties"]["max_tokens"]["anyOf"][0]["maximum"] == (
+            new_tokens
+        )
+
+
 def test_bad_requests_get_a_one_line_4xx(world):
     run = world["runs"]["single"][0]
     limits = Limits(max_items=4, max_chars=100, max_new_tokens=10, max_body_bytes=2000)
@@ -561,12 +588,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits(world):
         )
         predict.start()
         wait_for(lambda: httpx.get(f"{url}/health", timeout=TIMEOUT).json()["queued_items"] == 2)
-        with httpx.stream(
-            "POST",
-            f"{url}/v1/generate",
-            timeout=TIMEOUT,
-            json={"prompt": "abc", "max_new_tokens": 40, "temperature": 0, "stream": True},
-        ) as stream:
+        with stream_generate(url, prompt="abc", max_new_tokens=40, temperature=0) as stream:
             lines = stream.iter_lines()
             first = next(line for line in lines if line.startswith("data: "))
             proc.send_signal(signal.SIGTERM)

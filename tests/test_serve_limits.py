@@ -152,10 +152,10 @@ class CountingGenerations:
         self.most = 0
         self.started: list[str] = []
 
-    def start(self, request: tuple[str, int]) -> int:
-        self.started.append(request[0])
+    def start(self, name: str, steps: int) -> int:
+        self.started.append(name)
         handle = len(self.started)
-        self.active[handle] = [request[1]]
+        self.active[handle] = [steps]
         return handle
 
     def step(self) -> list[tuple[Any, Any]]:

@@ -165,12 +165,18 @@ def test_generic_csv_and_jsonl(tmp_path: Path):
 
 
 # ------------------------------------------------------------------ bad input
+def read_error(folder: Path, task: str, split: str) -> DataError:
+    """The error that reading `split` of `task` from `folder` raises."""
+    with pytest.raises(DataError) as err:
+        get_task(task).read(folder, split)
+    return err.value
+
+
 def test_bad_row_names_file_line_and_skip(tmp_path: Path):
     path = write(tmp_path / "train.tsv", "sentence\tlabel\ngood\t1\nbroken row\nfine\t0\n")
-    with pytest.raises(DataError) as err:
-        get_task("sst2").read(tmp_path, "train")
-    assert err.value.line == 3 and Path(err.value.path) == path
-    assert f"{path}:3" in str(err.value) and "expected 2 tab-separated fields" in str(err.value)
+    err = read_error(tmp_path, "sst2", "train")
+    assert err.line == 3 and Path(err.path) == path
+    assert f"{path}:3" in str(err) and "expected 2 tab-separated fields" in str(err)
     split = get_task("sst2").read(tmp_path, "train", skip_bad_rows=True)
     assert len(split) == 2 and [e.line for e in split.skipped] == [3]
 
@@ -183,13 +189,11 @@ def test_empty_text_and_bad_score_name_the_field(tmp_path: Path):
         tmp_path / "train.tsv",
         header + "0\tg\tf\ty\t0\tn\tn\tA\tB\t4.2\n1\tg\tf\ty\t0\tn\tn\tA\tB\tfive\n",
     )
-    with pytest.raises(DataError) as err:
-        get_task("stsb").read(tmp_path, "train")
-    assert (err.value.line, err.value.field) == (3, "score")
+    err = read_error(tmp_path, "stsb", "train")
+    assert (err.line, err.field) == (3, "score")
     write(tmp_path / "dev.tsv", "sentence\tlabel\n \t1\n")
-    with pytest.raises(DataError) as err:
-        get_task("sst2").read(tmp_path, "dev")
-    assert (err.value.line, err.value.field) == (2, "sentence")
+    err = read_error(tmp_path, "sst2", "dev")
+    assert (err.line, err.field) == (2, "sentence")
 
 
 def test_unknown_label_is_an_error_even_when_skipping(tmp_path: Path):
@@ -221,9 +225,8 @@ def test_csv_line_numbers_count_quoted_newlines(tmp_path: Path):
         tmp_path / "cloze_test_test__spring2016 - cloze_test_ALL_test.csv",
         head + 'a,"one\ntwo",s2,s3,s4,e1,e2,1\nb,s1,s2,s3,s4,e1,e2\n',
     )
-    with pytest.raises(DataError) as err:
-        get_task("story_cloze").read(tmp_path, "test")
-    assert err.value.line == 4  # the second record starts on line 4 (the first spans 2-3)
+    err = read_error(tmp_path, "story_cloze", "test")
+    assert err.line == 4  # the second record starts on line 4 (the first spans 2-3)
 
 
 def test_crlf_bom_and_invalid_utf8(tmp_path: Path):
@@ -231,9 +234,8 @@ def test_crlf_bom_and_invalid_utf8(tmp_path: Path):
     ex = get_task("sst2").read(tmp_path, "train").examples[0]
     assert (ex.text, ex.label) == ("nice", 1)
     (tmp_path / "dev.tsv").write_bytes(b"sentence\tlabel\nok\t1\nbad \xff\t0\n")
-    with pytest.raises(DataError) as err:
-        get_task("sst2").read(tmp_path, "dev")
-    assert err.value.line == 3 and "UTF-8" in str(err.value)
+    err = read_error(tmp_path, "sst2", "dev")
+    assert err.line == 3 and "UTF-8" in str(err)
 
 
 def test_parallel_files_of_different_length(tmp_path: Path):
@@ -378,9 +380,8 @@ def test_stsb_score_must_be_a_finite_decimal_number(tmp_path: Path, score):
         "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
     )
     write(tmp_path / "train.tsv", header + f"0\tg\tf\ty\t0\tn\tn\tA\tB\t{score}\n")
-    with pytest.raises(DataError) as err:
-        get_task("stsb").read(tmp_path, "train")
-    assert (err.value.line, err.value.field) == (2, "score")
+    err = read_error(tmp_path, "stsb", "train")
+    assert (err.line, err.field) == (2, "score")
 
 
 def test_jsonl_nan_and_infinity_are_not_json(tmp_path: Path):

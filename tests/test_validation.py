@@ -109,31 +109,35 @@ def test_n_embd_must_divide_by_n_head():
         ModelConfig(**{**ODD_SIZES_MODEL, "n_head": 5})
 
 
-# (TOML text, the field its error names, the command that reads it)
-MISTYPED_TOML = [
-    ('[model]\nn_layer = "2"\n', "model.n_layer", "pretrain"),
-    ("[model]\nn_layer = 2.5\n", "model.n_layer", "pretrain"),
-    ("[train]\nbatch_size = true\n", "train.batch_size", "pretrain"),
-    ("[train]\nlr = nan\n", "train.lr", "pretrain"),
-    ("[data]\nn_ctx = 1.5\n", "data.n_ctx", "pretrain"),
-    ('[train]\nbatch_size = "32"\n', "train.batch_size", "finetune"),
-    ("[finetune]\nlm_coef = true\n", "finetune.lm_coef", "finetune"),
-    ("[finetune]\ntransfer_layers = 2.0\n", "finetune.transfer_layers", "finetune"),
-]
+def resolve_run_file(command: str, toml: Path) -> object:
+    """`command`'s settings resolved from the run file `toml`, as the command line would."""
+    if command == "pretrain":
+        from gpt1.recipes.pretrain import resolve_config
 
-
-@pytest.mark.parametrize("text, field, command", MISTYPED_TOML)
-def test_toml_values_are_typed(tmp_path, text, field, command):
+        return resolve_config("tiny", toml)
     from gpt1.recipes.finetune import resolve
-    from gpt1.recipes.pretrain import resolve_config
 
+    return resolve(toml, {"finetune": {"task": "sst2", "data": "d", "init": "none"}})
+
+
+@pytest.mark.parametrize(
+    "command,text,field",
+    [
+        ("pretrain", '[model]\nn_layer = "2"\n', "model.n_layer"),
+        ("pretrain", "[model]\nn_layer = 2.5\n", "model.n_layer"),
+        ("pretrain", "[train]\nbatch_size = true\n", "train.batch_size"),
+        ("pretrain", "[train]\nlr = nan\n", "train.lr"),
+        ("pretrain", "[data]\nn_ctx = 1.5\n", "data.n_ctx"),
+        ("finetune", '[train]\nbatch_size = "32"\n', "train.batch_size"),
+        ("finetune", "[finetune]\nlm_coef = true\n", "finetune.lm_coef"),
+        ("finetune", "[finetune]\ntransfer_layers = 2.0\n", "finetune.transfer_layers"),
+    ],
+)
+def test_run_file_values_are_typed(tmp_path, command, text, field):
     toml = tmp_path / "run.toml"
     toml.write_text(text)
-    with pytest.raises(ConfigError, match=f"run.toml.*{field} must be"):
-        if command == "pretrain":
-            resolve_config("tiny", toml)
-        else:
-            resolve(toml, {"finetune": {"task": "sst2", "data": "d", "init": "none"}})
+    with pytest.raises(ConfigError, match=f"run.toml: {field} must be"):
+        resolve_run_file(command, toml)
 
 
 def test_set_values_are_typed():
@@ -585,11 +589,11 @@ def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
 
 def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
     folder = tiny_checkpoint(tmp_path / "ckpt", CHAR_VOCAB_MODEL)
-    sample = ["sample", str(folder), "--prompt-ids", "1 2", "--max-new-tokens"]
-    assert main([*sample, "20", "--num-samples", str(10**12)]) == 2
+    sample = ["sample", str(folder), "--prompt-ids", "1 2"]
+    assert main([*sample, "--max-new-tokens", "20", "--num-samples", str(10**12)]) == 2
     err = capsys.readouterr().err
     assert "sampling needs at least" in err and "num_samples=1,000,000,000,000" in err
-    assert main([*sample, "2", "--num-samples", "3"]) == 0
+    assert main([*sample, "--max-new-tokens", "2", "--num-samples", "3"]) == 0
 
 
 def test_zeroshot_scorer_refuses_nan_log_probs():

@@ -251,16 +251,18 @@ class FakeScorer:
         return out
 
 
+def log_probs(context: str, by_continuation: dict[str, float]) -> dict[tuple[str, str], float]:
+    """A `FakeScorer` table's entries for one context: (context, continuation) -> log-prob."""
+    return {(context, continuation): lp for continuation, lp in by_continuation.items()}
+
+
 def test_sst2_calibration_removes_the_prior():
     tok = WordTok(WORDS)
     # A strong prior for "positive" after the content-free prompt "N/A very".
     table = {
-        ("n/a very", "positive"): -0.5,
-        ("n/a very", "negative"): -3.0,
-        ("good very", "positive"): -0.4,
-        ("good very", "negative"): -3.5,
-        ("bad very", "positive"): -1.0,
-        ("bad very", "negative"): -2.0,
+        **log_probs("n/a very", {"positive": -0.5, "negative": -3.0}),
+        **log_probs("good very", {"positive": -0.4, "negative": -3.5}),
+        **log_probs("bad very", {"positive": -1.0, "negative": -2.0}),
     }
     examples = [("good", 1), ("bad", 0)]
     plain = zh.zs_sst2(FakeScorer(tok, table), tok, examples)
@@ -352,12 +354,8 @@ def test_lambada_greedy_accuracy_with_rigged_model():
 def test_story_cloze_and_race_pick_likelier_mean():
     tok = WordTok(WORDS)
     table = {
-        ("the bee", "had pollen"): -1.0,
-        ("the bee", "it"): -2.0,
-        ("the bee a", "good"): -3.0,
-        ("the bee a", "bad"): -0.5,
-        ("the bee a", "it"): -1.0,
-        ("the bee a", "film"): -4.0,
+        **log_probs("the bee", {"had pollen": -1.0, "it": -2.0}),
+        **log_probs("the bee a", {"good": -3.0, "bad": -0.5, "it": -1.0, "film": -4.0}),
     }
     sc = ChoiceExample("the bee", "", ["it", "had pollen"], 1)
     assert zh.zs_story_cloze(FakeScorer(tok, table), tok, [sc])["accuracy"] == 1.0

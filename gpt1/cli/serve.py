@@ -38,7 +38,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads, >= 1 (default: torch's)"
     )
-    g = p.add_argument_group("batching and limits")
+    group = p.add_argument_group("batching and limits")
+    add_batching(group)
+    add_limits(group)
+
+
+def add_batching(g: argparse._ArgumentGroup) -> None:
+    """How requests are joined into model batches and queued."""
     g.add_argument(
         "--batch-tokens",
         type=int,
@@ -70,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="generations decoded together, one batched step per token (default 16); "
         "more wait in the queue",
     )
+
+
+def add_limits(g: argparse._ArgumentGroup) -> None:
+    """What one request and one connection may take."""
     g.add_argument(
         "--max-items", type=int, default=64, help="items per predict or score request (default 64)"
     )

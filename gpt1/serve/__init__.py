@@ -3,7 +3,11 @@
 - `engine`: what is computed (predict / score / generate on one loaded model), no HTTP;
 - `batcher`: the worker thread that owns the model, with dynamic batching and a bounded queue;
 - `schemas`: request bodies and limits; `metrics`: Prometheus counters and histograms;
-- `app`: the FastAPI routes, error handling and the body-size guard;
+- `app`: `create_app`, the FastAPI app: its routers, error handlers and lifespan;
+- `routes`: the native endpoints (predict, generate, score, health, metrics, docs) as routers;
+- `state`: what the handlers share (engine, batcher, metrics, limits, tokenizer thread);
+- `guard`: the middleware around the app (body size and arrival time, request metrics);
+- `responses`: refusals as one line of JSON;
 - `completions` (with `completion_schemas`, `completion_text`): the OpenAI-compatible endpoints;
 - `server`: `serve(...)`, the entry point that runs it under uvicorn.
 """

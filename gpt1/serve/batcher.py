@@ -8,9 +8,9 @@ batch runs, so batches grow with load without any waiting; a request alone waits
 
 Generations advance a token per turn, interleaved with batches: between two batches every active
 generation gets its next token from one step of the `Generations` (the engine's continuous
-batching decoder, `gpt1.recipes.decoder`: one forward pass for all of them), so a long
-generation neither blocks classification nor starves, and concurrent generations share the cost
-of reading the weights. At most `max_active_generations` run at once; the rest wait queued
+batching decoder, `gpt1.recipes.decoder.BatchedDecoder`: one forward pass for all of them), so a
+long generation neither blocks classification nor starves, and concurrent generations share the
+cost of reading the weights. At most `max_active_generations` run at once; the rest wait queued
 (predict and score jobs behind them still run), and a generation whose client left is stopped
 before the next step, or dropped from the queue, so its slot goes to the next.
 
@@ -39,11 +39,11 @@ class QueueFull(Exception):
 
 
 class Generations(Protocol):
-    """What the worker needs to run generations (the engine provides it)."""
+    """What the worker needs to run generations (the engine's `BatchedDecoder`)."""
 
-    def start(self, request: Any) -> Any:
-        """Begin a generation (a "generate" job's payload); returns its handle. Raises on a bad
-        request."""
+    def start(self, *request: Any) -> Any:
+        """Begin a generation (a "generate" job's payload holds the arguments); returns its
+        handle. Raises on a bad request."""
 
     def step(self) -> list[tuple[Any, Any]]:
         """One token for every started generation: (handle, token), then (handle, None) when it
@@ -55,8 +55,9 @@ class Generations(Protocol):
 
 @dataclass
 class Job:
-    """One request's work: `payload` is a list of items for "predict"/"score", the generation
-    request for "generate". `tokens` counts toward the batch budget, `items` toward the queue."""
+    """One request's work: `payload` is a list of items for "predict"/"score", the arguments
+    of `Generations.start` for "generate". `tokens` counts toward the batch budget, `items`
+    toward the queue."""
 
     kind: str
     payload: Any
@@ -219,7 +220,7 @@ class Batcher:
             try:
                 if self.generations is None:
                     raise RuntimeError("this server runs no generations")
-                self._active[self.generations.start(job.payload)] = job
+                self._active[self.generations.start(*job.payload)] = job
             except Exception as exc:
                 _emit(job, exc)
 

@@ -13,12 +13,13 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from gpt1.serve.schemas import ERROR_RESPONSES, Limits
+from gpt1.serve.schemas import ERROR_RESPONSES, AtMost, Text
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict still takes a JSON integer (0 for 0.0)
 Bool = Annotated[bool, Strict()]
 Ids = Annotated[list[Int], Field(min_length=1)]
+StopText = Annotated[str, Strict(), Field(min_length=1, max_length=200)]
 
 MAX_LOGPROBS = 5  # OpenAI's own limit for the completions API
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default
@@ -52,70 +53,59 @@ class StreamOptions(Closed):
     include_usage: Bool = False
 
 
-def completion_model(limits: Limits) -> type[BaseModel]:
-    """The `/v1/completions` body."""
-    text = Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)]
-    stop_text = Annotated[str, Strict(), Field(min_length=1, max_length=200)]
+# The `/v1/completions` body (no docstring: it would become the schema's description).
+class CompletionRequest(Closed):
+    model: Annotated[str, Strict()] | None = None
+    prompt: (
+        Text
+        | Annotated[list[Text], Field(min_length=1)]
+        | Ids
+        | Annotated[list[Ids], Field(min_length=1)]
+    )
+    max_tokens: Annotated[Int, Field(ge=0), AtMost("max_new_tokens")] | None = DEFAULT_MAX_TOKENS
+    temperature: Annotated[Float, Field(ge=0.0)] | None = 1.0
+    top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = 1.0
+    top_k: Annotated[Int, Field(ge=1)] | None = None  # not OpenAI's; vLLM's and gpt1 sample's
+    n: Annotated[Int, Field(ge=1), AtMost("max_choices")] | None = 1
+    stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
+    seed: Int | None = None
+    logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: Bool | None = False
+    stream: Bool | None = False
+    stream_options: StreamOptions | None = None
+    user: Annotated[str, Strict()] | None = None  # accepted; changes nothing here
+    presence_penalty: Float | None = None
+    frequency_penalty: Float | None = None
+    best_of: Int | None = None
+    logit_bias: dict[str, Float] | None = None
+    suffix: Annotated[str, Strict()] | None = None
 
-    class CompletionRequest(Closed):
-        model: Annotated[str, Strict()] | None = None
-        prompt: (
-            text
-            | Annotated[list[text], Field(min_length=1)]
-            | Ids
-            | Annotated[list[Ids], Field(min_length=1)]
-        )
-        max_tokens: Annotated[Int, Field(ge=0, le=limits.max_new_tokens)] | None = (
-            DEFAULT_MAX_TOKENS
-        )
-        temperature: Annotated[Float, Field(ge=0.0)] | None = 1.0
-        top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = 1.0
-        top_k: Annotated[Int, Field(ge=1)] | None = None  # not OpenAI's; vLLM's and gpt1 sample's
-        n: Annotated[Int, Field(ge=1, le=limits.max_choices)] | None = 1
-        stop: stop_text | Annotated[list[stop_text], Field(max_length=16)] | None = None
-        seed: Int | None = None
-        logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-        echo: Bool | None = False
-        stream: Bool | None = False
-        stream_options: StreamOptions | None = None
-        user: Annotated[str, Strict()] | None = None  # accepted; changes nothing here
-        presence_penalty: Float | None = None
-        frequency_penalty: Float | None = None
-        best_of: Int | None = None
-        logit_bias: dict[str, Float] | None = None
-        suffix: Annotated[str, Strict()] | None = None
+    @model_validator(mode="after")
+    def honourable(self) -> CompletionRequest:
+        for name, (defaults, why) in REFUSED.items():
+            if getattr(self, name) not in defaults:
+                raise ValueError(f"{name}: only its default is supported ({why})")
+        for name, default in NULL_MEANS.items():  # an explicit null is the default
+            if getattr(self, name) is None:
+                setattr(self, name, default)
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens: 0 returns nothing unless echo is true")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream true")
+        return self
 
-        @model_validator(mode="after")
-        def honourable(self) -> CompletionRequest:
-            for name, (defaults, why) in REFUSED.items():
-                if getattr(self, name) not in defaults:
-                    raise ValueError(f"{name}: only its default is supported ({why})")
-            for name, default in NULL_MEANS.items():  # an explicit null is the default
-                if getattr(self, name) is None:
-                    setattr(self, name, default)
-            if self.max_tokens == 0 and not self.echo:
-                raise ValueError("max_tokens: 0 returns nothing unless echo is true")
-            if self.stream_options is not None and not self.stream:
-                raise ValueError("stream_options: only with stream true")
-            return self
-
-        def prompts(self) -> list[str | list[int]]:
-            """The prompt as a list of prompts (texts or id lists)."""
-            p = self.prompt
-            if isinstance(p, str) or (p and isinstance(p[0], int)):
-                return [p]
-            return list(p)
-
-    return CompletionRequest
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt as a list of prompts (texts or id lists)."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        return list(p)
 
 
-def tokenize_model(limits: Limits) -> type[BaseModel]:
-    class TokenizeRequest(Closed):
-        model: Annotated[str, Strict()] | None = None
-        prompt: Annotated[str, Strict(), Field(max_length=limits.max_chars)]
-        add_special_tokens: Bool = False  # GPT-1 adds none either way
-
-    return TokenizeRequest
+class TokenizeRequest(Closed):
+    model: Annotated[str, Strict()] | None = None
+    prompt: Annotated[str, Strict(), AtMost("max_chars")]
+    add_special_tokens: Bool = False  # GPT-1 adds none either way
 
 
 class DetokenizeRequest(Closed):

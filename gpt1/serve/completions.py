@@ -16,13 +16,14 @@ Prompts are tokenized in a worker thread, never on the event loop. A prompt plus
 longer than the window is refused, never cut.
 """
 
-# No `from __future__ import annotations`: FastAPI reads the body types of the handlers below,
-# which are local classes, from their evaluated annotations.
+from __future__ import annotations
+
 import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,17 +33,17 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 
 from gpt1.errors import DataError, Gpt1Error
-from gpt1.serve.batcher import Batcher, Job
+from gpt1.serve.batcher import Job
 from gpt1.serve.completion_schemas import (
     OPENAI_ERROR_RESPONSES,
+    CompletionRequest,
     DetokenizeRequest,
-    completion_model,
-    tokenize_model,
+    TokenizeRequest,
 )
 from gpt1.serve.completion_text import Continuation, piece, text_offsets
-from gpt1.serve.engine import Engine, GenerationRequest, SequenceLogprobs, SequenceScoring
-from gpt1.serve.metrics import Metrics
-from gpt1.serve.schemas import Limits
+from gpt1.serve.engine import Engine, SequenceLogprobs, SequenceScoring
+from gpt1.serve.responses import validation_message
+from gpt1.serve.state import SCORE_KIND, Serve, ServeState
 
 PATHS = {
     "/v1/completions",
@@ -52,7 +53,6 @@ PATHS = {
     "/tokenize",
     "/detokenize",
 }
-SCORE_KIND = "sequence_logprobs"  # the batcher job kind the app runs with engine.sequence_logprobs
 NO_CHAT = (
     "GPT-1 has no chat format (it was trained on plain books text, with no roles or "
     "turns): send a text prompt to /v1/completions"
@@ -75,10 +75,8 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 class OpenAIRoute(APIRoute):
-    """A route whose refusals (bad fields, bad ids, `Refused`) answer in OpenAI's error shape;
-    the messages are the rest of the API's (`describe_invalid` words a validation error)."""
-
-    describe_invalid: Callable[[RequestValidationError], str] = str
+    """A route whose refusals (bad fields, bad ids, `Refused`) answer in OpenAI's error shape,
+    in the words of the rest of the API."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -87,7 +85,7 @@ class OpenAIRoute(APIRoute):
             try:
                 return await handler(request)
             except RequestValidationError as exc:
-                return _error(422, type(self).describe_invalid(exc))
+                return _error(422, validation_message(exc))
             except Refused as exc:
                 return _error(exc.status, str(exc))
             except Gpt1Error as exc:
@@ -96,6 +94,55 @@ class OpenAIRoute(APIRoute):
         return answer
 
 
+router = APIRouter(route_class=OpenAIRoute, responses=OPENAI_ERROR_RESPONSES)
+
+
+# ------------------------------------------------------------------------------ checks
+def check_model(serve: ServeState, name: str | None) -> None:
+    if name is not None and name != serve.model_id:
+        raise Refused(
+            404, f"model {name!r} is not served here; this server serves {serve.model_id!r}"
+        )
+
+
+def tokenizer_of(serve: ServeState) -> Any:
+    if serve.engine.tokenizer is None:
+        raise Refused(
+            404, f"{serve.model_id} has no tokenizer files: no text to tokenize or decode"
+        )
+    return serve.engine.tokenizer
+
+
+def encode_prompts(engine: Engine, prompts: list[str | list[int]]) -> list[list[int]]:
+    """Every prompt's ids (texts encoded, ids checked against the vocabulary)."""
+    out, vocab = [], engine.lm.config.vocab_size
+    for n, p in enumerate(prompts):
+        bad = [] if isinstance(p, str) else [i for i in p if not 0 <= i < vocab]
+        if bad:
+            raise DataError(
+                f"prompt {n}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})"
+            )
+        tokens = engine.token_ids(p, None, "prompt") if isinstance(p, str) else list(p)
+        if not tokens:
+            raise DataError(f"prompt {n}: no tokens (GPT-1 has no start token to begin from)")
+        out.append(tokens)
+    return out
+
+
+def check_lengths(serve: ServeState, prompts: list[list[int]], max_tokens: int, n: int) -> None:
+    window, most = serve.engine.window, serve.limits.max_items
+    for i, p in enumerate(prompts):
+        if len(p) + max_tokens > window:
+            raise Refused(
+                422,
+                f"prompt {i}: {len(p)} tokens + max_tokens {max_tokens} is more than the "
+                f"model's {window}-token window (nothing is cut; send a shorter prompt)",
+            )
+    if len(prompts) * n > most:
+        raise Refused(422, f"{len(prompts)} prompts x n={n}: more than {most} choices")
+
+
+# ----------------------------------------------------------------------------- compute
 @dataclass
 class Choice:
     """One choice being computed: the prompt it continues and what it has so far."""
@@ -108,153 +155,106 @@ class Choice:
     numbers: SequenceLogprobs | None = None  # per-position logprobs of prompt + generated
 
 
-class Completions:
-    """The handlers' shared state: the engine, the batcher, and the app's `off_loop` (its one
-    tokenizer thread: the tokenizer is not made for concurrent calls, so every endpoint
-    tokenizes there)."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        batcher: Batcher,
-        metrics: Metrics,
-        limits: Limits,
-        off_loop: Callable[..., Awaitable[Any]],
-    ):
-        self.engine, self.batcher, self.metrics, self.limits = engine, batcher, metrics, limits
-        self.off_loop = off_loop
-        self.model_id = engine.folder.name
-        self.created = int(engine.folder.stat().st_mtime)
-
-    # ------------------------------------------------------------------- checks
-    def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_id:
-            raise Refused(
-                404, f"model {name!r} is not served here; this server serves {self.model_id!r}"
-            )
-
-    def tokenizer(self) -> Any:
-        if self.engine.tokenizer is None:
-            raise Refused(
-                404, f"{self.model_id} has no tokenizer files: no text to tokenize or decode"
-            )
-        return self.engine.tokenizer
-
-    def encode_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
-        """Every prompt's ids (texts encoded, ids checked against the vocabulary)."""
-        out, vocab = [], self.engine.lm.config.vocab_size
-        for n, p in enumerate(prompts):
-            bad = [] if isinstance(p, str) else [i for i in p if not 0 <= i < vocab]
-            if bad:
-                raise DataError(
-                    f"prompt {n}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})"
-                )
-            tokens = self.engine.token_ids(p, None, "prompt") if isinstance(p, str) else list(p)
-            if not tokens:
-                raise DataError(f"prompt {n}: no tokens (GPT-1 has no start token to begin from)")
-            out.append(tokens)
-        return out
-
-    def check_lengths(self, prompts: list[list[int]], max_tokens: int, n: int) -> None:
-        window = self.engine.window
-        for i, p in enumerate(prompts):
-            if len(p) + max_tokens > window:
-                raise Refused(
-                    422,
-                    f"prompt {i}: {len(p)} tokens + max_tokens {max_tokens} is more than the "
-                    f"model's {window}-token window (nothing is cut; send a shorter prompt)",
-                )
-        if len(prompts) * n > self.limits.max_items:
-            raise Refused(
-                422, f"{len(prompts)} prompts x n={n}: more than {self.limits.max_items} choices"
-            )
-
-    # ------------------------------------------------------------------ compute
-    async def scored(self, items: list[SequenceScoring]) -> list[SequenceLogprobs]:
-        """One batcher job scoring `items` (joined with other requests' jobs)."""
-        loop = asyncio.get_running_loop()
-        tokens = sum(len(it.ids) for it in items)
-        job = Job(SCORE_KIND, items, tokens, len(items), loop, future=loop.create_future())
-        self.batcher.submit(job)
-        self.metrics.queued.set(self.batcher.queued_items)
-        return await job.future
-
-    def start_generations(self, choices: list[Choice], body: Any) -> list[tuple[Job, Any]]:
-        """Queue a generation per choice (all or none: a full queue cancels the ones queued)."""
-        loop, started = asyncio.get_running_loop(), []
-        try:
-            for c in choices:
-                seed = None if body.seed is None else body.seed + c.index % body.n
-                request = GenerationRequest(
-                    c.prompt, body.max_tokens, body.temperature, body.top_k, body.top_p, seed
-                )
-                events: asyncio.Queue = asyncio.Queue()
-                job = Job("generate", request, len(c.prompt), 1, loop, emit=events.put_nowait)
-                self.batcher.submit(job)
-                started.append((job, events))
-        except Exception:
-            for job, _ in started:
-                job.cancelled.set()
-            raise
-        return started
-
-    async def run_generation(
-        self, choice: Choice, job: Job, events: asyncio.Queue, on_text: Any = None
-    ) -> None:
-        """Collect a choice's tokens until its end or a stop string (`on_text(choice, text)`
-        gets the text as it becomes certain)."""
-        try:
-            while not choice.text.stopped:
-                item = await events.get()
-                if item is None:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                self.metrics.generated.inc()
-                new = choice.text.push(item)
-                if on_text is not None and new:
-                    await on_text(choice, new)
-        finally:
-            job.cancelled.set()  # no-op when finished; frees the decoder after a stop
-        if choice.text.stopped:
-            choice.finish_reason = "stop"
-        choice.generated = choice.text.kept_tokens()
-
-    async def score_choices(self, choices: list[Choice], top: int) -> None:
-        items = [SequenceScoring(c.prompt + c.generated, top) for c in choices]
-        for c, numbers in zip(choices, await self.scored(items)):
-            c.numbers = numbers
-
-    async def score_prompts(self, choices: list[Choice], body: Any) -> None:
-        """The scoring path: prompts (once each, however many choices share them) through the
-        scorer; with max_tokens 1 the greedy next token comes from the same pass."""
-        nxt = body.max_tokens == 1
-        unique = {tuple(c.prompt): None for c in choices}
-        items = [SequenceScoring(list(p), body.logprobs or 0, nxt) for p in unique]
-        found = dict(zip(unique, await self.scored(items)))
-        for c in choices:
-            numbers = found[tuple(c.prompt)]
-            c.numbers = numbers
-            if nxt:
-                token, logprob = numbers.next[0]
-                c.text.push(token)
-                c.generated = c.text.kept_tokens()
-                c.finish_reason = "stop" if c.text.stopped else "length"
-                if c.generated:
-                    c.numbers = SequenceLogprobs(
-                        numbers.logprobs + [logprob],
-                        numbers.top + [numbers.next[: body.logprobs or 0]],
-                        None,
-                    )
+Started = list[tuple[Job, AsyncGenerator[int, None]]]  # each choice's generation, its tokens
+OnText = Callable[[Choice, str], Awaitable[None]]
 
 
-def scoring_path(body: Any) -> bool:
+def scoring_path(body: CompletionRequest) -> bool:
     """An echo request with nothing to sample: the scorer alone answers it."""
     return bool(body.echo) and (
         body.max_tokens == 0 or (body.max_tokens == 1 and body.temperature == 0)
     )
 
 
+async def compute(serve: ServeState, body: CompletionRequest, choices: list[Choice]) -> None:
+    """Fill in every choice: by the scorer alone, or by generation (then the scorer when
+    numbers are asked for)."""
+    if scoring_path(body):
+        if body.max_tokens == 1 or body.logprobs is not None:
+            await score_prompts(serve, choices, body)
+        return
+    await run_generations(choices, start_generations(serve, choices, body))
+    if body.logprobs is not None:
+        await score_choices(serve, choices, body.logprobs)
+
+
+def start_generations(serve: ServeState, choices: list[Choice], body: CompletionRequest) -> Started:
+    """Queue a generation per choice (all or none: a full queue cancels the ones queued)."""
+    started: Started = []
+    try:
+        for c in choices:
+            seed = None if body.seed is None else body.seed + c.index % body.n
+            request = serve.engine.generation(
+                c.prompt, body.max_tokens, body.temperature, body.top_k, body.top_p, seed
+            )
+            started.append(serve.generate(request))
+    except Exception:
+        for job, _ in started:
+            job.cancelled.set()
+        raise
+    return started
+
+
+async def run_generations(
+    choices: list[Choice], started: Started, on_text: OnText | None = None
+) -> None:
+    await asyncio.gather(
+        *(run_generation(c, tokens, on_text) for c, (_, tokens) in zip(choices, started))
+    )
+
+
+async def run_generation(
+    choice: Choice, tokens: AsyncGenerator[int, None], on_text: OnText | None = None
+) -> None:
+    """Collect a choice's tokens until its end or a stop string (`on_text(choice, text)` gets
+    the text as it becomes certain); leaving the tokens stops the generation."""
+    async with aclosing(tokens):
+        async for token in tokens:
+            new = choice.text.push(token)
+            if on_text is not None and new:
+                await on_text(choice, new)
+            if choice.text.stopped:
+                break
+    if choice.text.stopped:
+        choice.finish_reason = "stop"
+    choice.generated = choice.text.kept_tokens()
+
+
+async def scored(serve: ServeState, items: list[SequenceScoring]) -> list[SequenceLogprobs]:
+    """One batcher job scoring `items` (joined with other requests' jobs)."""
+    return await serve.run(SCORE_KIND, items, sum(len(it.ids) for it in items))
+
+
+async def score_choices(serve: ServeState, choices: list[Choice], top: int) -> None:
+    items = [SequenceScoring(c.prompt + c.generated, top) for c in choices]
+    for c, numbers in zip(choices, await scored(serve, items)):
+        c.numbers = numbers
+
+
+async def score_prompts(serve: ServeState, choices: list[Choice], body: CompletionRequest) -> None:
+    """The scoring path: prompts (once each, however many choices share them) through the
+    scorer; with max_tokens 1 the greedy next token comes from the same pass."""
+    nxt = body.max_tokens == 1
+    unique = {tuple(c.prompt): None for c in choices}
+    items = [SequenceScoring(list(p), body.logprobs or 0, nxt) for p in unique]
+    found = dict(zip(unique, await scored(serve, items)))
+    for c in choices:
+        numbers = found[tuple(c.prompt)]
+        c.numbers = numbers
+        if nxt:
+            token, logprob = numbers.next[0]
+            c.text.push(token)
+            c.generated = c.text.kept_tokens()
+            c.finish_reason = "stop" if c.text.stopped else "length"
+            if c.generated:
+                c.numbers = SequenceLogprobs(
+                    numbers.logprobs + [logprob],
+                    numbers.top + [numbers.next[: body.logprobs or 0]],
+                    None,
+                )
+
+
+# ---------------------------------------------------------------------------- answers
 def choice_logprobs(tokenizer: Any, c: Choice, echo: bool, k: int) -> dict[str, Any]:
     """OpenAI's logprobs object for a choice: tokens, token_logprobs, top_logprobs, text_offset
     (where each token's text starts in the choice's text)."""
@@ -273,7 +273,7 @@ def choice_logprobs(tokenizer: Any, c: Choice, echo: bool, k: int) -> dict[str, 
     }
 
 
-def choice_json(tokenizer: Any, c: Choice, body: Any) -> dict[str, Any]:
+def choice_json(tokenizer: Any, c: Choice, body: CompletionRequest) -> dict[str, Any]:
     text = c.text.text
     return {
         "index": c.index,
@@ -295,96 +295,86 @@ def usage(prompts: list[list[int]], choices: list[Choice]) -> dict[str, int]:
     }
 
 
-def completions_router(
-    engine: Engine,
-    batcher: Batcher,
-    metrics: Metrics,
-    limits: Limits,
-    off_loop: Callable[..., Awaitable[Any]],
-    describe_invalid: Callable[[RequestValidationError], str] = str,
-) -> APIRouter:
-    """The routes above, for `create_app` to include (`off_loop`: runs a function in the app's
-    tokenizer thread; `describe_invalid`: the app's one-line wording of a validation error)."""
-    state = Completions(engine, batcher, metrics, limits, off_loop)
-    route = type("Route", (OpenAIRoute,), {"describe_invalid": staticmethod(describe_invalid)})
-    router = APIRouter(route_class=route, responses=OPENAI_ERROR_RESPONSES)
-    CompletionRequest = completion_model(limits)
-    TokenizeRequest = tokenize_model(limits)
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, serve: Serve) -> Any:
+    """OpenAI's completions API (see docs/commands/serve.md for every field)."""
+    check_model(serve, body.model)
+    tokenizer = tokenizer_of(serve)
+    if body.stream and body.logprobs is not None:
+        raise Refused(422, "logprobs: not available with stream; ask without stream")
+    prompts = await serve.off_loop(encode_prompts, serve.engine, body.prompts())
+    check_lengths(serve, prompts, body.max_tokens, body.n)
+    choices = [
+        Choice(i * body.n + j, p, Continuation(tokenizer, p, stops(body)))
+        for i, p in enumerate(prompts)
+        for j in range(body.n)
+    ]
+    head = {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": serve.model_id,
+    }
+    if body.stream:
+        return stream(serve, body, prompts, choices, head)
+    await compute(serve, body, choices)
+    payload = {
+        **head,
+        "choices": [choice_json(tokenizer, c, body) for c in choices],
+        "usage": usage(prompts, choices),
+    }
+    return Response(await serve.off_loop(json.dumps, payload), media_type="application/json")
 
-    @router.post("/v1/completions", response_model=None)
-    async def completions(body: CompletionRequest) -> Any:  # type: ignore[valid-type]
-        """OpenAI's completions API (see docs/commands/serve.md for every field)."""
-        state.check_model(body.model)
-        tokenizer = state.tokenizer()
-        if body.stream and body.logprobs is not None:
-            raise Refused(422, "logprobs: not available with stream; ask without stream")
-        prompts = await state.off_loop(state.encode_prompts, body.prompts())
-        state.check_lengths(prompts, body.max_tokens, body.n)
-        choices = [
-            Choice(i * body.n + j, p, Continuation(tokenizer, p, stops(body)))
-            for i, p in enumerate(prompts)
-            for j in range(body.n)
-        ]
-        head = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": state.model_id,
-        }
-        if body.stream:
-            return await stream(state, body, prompts, choices, head)
-        await compute(state, body, choices)
-        payload = {
-            **head,
-            "choices": [choice_json(tokenizer, c, body) for c in choices],
-            "usage": usage(prompts, choices),
-        }
-        return Response(await state.off_loop(json.dumps, payload), media_type="application/json")
 
-    @router.post("/v1/chat/completions")
-    async def chat() -> JSONResponse:
-        """Refused: GPT-1 has no chat format."""
-        return _error(404, NO_CHAT)
+def stops(body: CompletionRequest) -> list[str]:
+    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
 
-    @router.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        """The served model, with its window as `max_model_len`."""
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_id,
-                    "object": "model",
-                    "created": state.created,
-                    "owned_by": "gpt1",
-                    "max_model_len": engine.window,
-                }
-            ],
-        }
 
-    @router.get("/tokenizer_info", response_model=None)
-    async def tokenizer_info() -> Any:
-        """What a remote-tokenizer client needs (lm-evaluation-harness's `RemoteTokenizer`)."""
-        state.tokenizer()
-        return tokenizer_description(engine)
+@router.post("/v1/chat/completions")
+async def chat() -> JSONResponse:
+    """Refused: GPT-1 has no chat format."""
+    return _error(404, NO_CHAT)
 
-    @router.post("/tokenize", response_model=None)
-    async def tokenize(body: TokenizeRequest) -> Any:  # type: ignore[valid-type]
-        """GPT-1's ids for a text (no special tokens: GPT-1 adds none)."""
-        state.check_model(body.model)
-        tok = state.tokenizer()
-        ids = await state.off_loop(tok.encode, body.prompt)
-        return {"tokens": list(ids), "count": len(ids), "max_model_len": engine.window}
 
-    @router.post("/detokenize", response_model=None)
-    async def detokenize(body: DetokenizeRequest) -> Any:
-        """The text of token ids, as `Tokenizer.decode` writes it."""
-        state.check_model(body.model)
-        tok = state.tokenizer()
-        ids = engine.token_ids(None, body.tokens, "tokens")
-        return {"prompt": await state.off_loop(tok.decode, ids)}
+@router.get("/v1/models")
+async def models(serve: Serve) -> dict[str, Any]:
+    """The served model, with its window as `max_model_len`."""
+    return {
+        "object": "list",
+        "data": [
+            {
+                "id": serve.model_id,
+                "object": "model",
+                "created": serve.created,
+                "owned_by": "gpt1",
+                "max_model_len": serve.engine.window,
+            }
+        ],
+    }
 
-    return router
+
+@router.get("/tokenizer_info", response_model=None)
+async def tokenizer_info(serve: Serve) -> Any:
+    """What a remote-tokenizer client needs (lm-evaluation-harness's `RemoteTokenizer`)."""
+    tokenizer_of(serve)
+    return tokenizer_description(serve.engine)
+
+
+@router.post("/tokenize", response_model=None)
+async def tokenize(body: TokenizeRequest, serve: Serve) -> Any:
+    """GPT-1's ids for a text (no special tokens: GPT-1 adds none)."""
+    check_model(serve, body.model)
+    ids = await serve.off_loop(tokenizer_of(serve).encode, body.prompt)
+    return {"tokens": list(ids), "count": len(ids), "max_model_len": serve.engine.window}
+
+
+@router.post("/detokenize", response_model=None)
+async def detokenize(body: DetokenizeRequest, serve: Serve) -> Any:
+    """The text of token ids, as `Tokenizer.decode` writes it."""
+    check_model(serve, body.model)
+    tokenizer = tokenizer_of(serve)
+    ids = serve.engine.token_ids(None, body.tokens, "tokens")
+    return {"prompt": await serve.off_loop(tokenizer.decode, ids)}
 
 
 def tokenizer_description(engine: Engine) -> dict[str, Any]:
@@ -404,75 +394,48 @@ def tokenizer_description(engine: Engine) -> dict[str, Any]:
     }
 
 
-def stops(body: Any) -> list[str]:
-    return [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+# --------------------------------------------------------------------------- streaming
+class Chunks:
+    """The server-sent chunks of one streamed completion, queued for its response (None ends
+    them), in OpenAI's shape: `head` and a list of choices."""
+
+    def __init__(self, head: dict[str, Any]):
+        self.head = head
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def put(self, choices: list[dict], **extra: Any) -> None:
+        self.queue.put_nowait(f"data: {json.dumps({**self.head, 'choices': choices, **extra})}\n\n")
+
+    def text(self, c: Choice, text: str, finish: str | None = None) -> None:
+        self.put([{"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}])
+
+    async def on_text(self, c: Choice, text: str) -> None:
+        self.text(c, text)
+
+    def error(self, exc: Exception) -> None:  # headers are sent: report in the stream, one line
+        message = " ".join(str(exc).split())
+        self.queue.put_nowait(f"data: {json.dumps({'error': {'message': message}})}\n\n")
 
 
-async def compute(
-    state: Completions, body: Any, choices: list[Choice], on_text: Any = None
-) -> None:
-    """Fill in every choice: by the scorer alone, or by generation (then the scorer when
-    numbers are asked for)."""
-    if scoring_path(body):
-        if body.max_tokens == 1 or body.logprobs is not None:
-            await state.score_prompts(choices, body)
-        return
-    started = state.start_generations(choices, body)
-    await asyncio.gather(
-        *(state.run_generation(c, job, q, on_text) for c, (job, q) in zip(choices, started))
-    )
-    if body.logprobs is not None:
-        await state.score_choices(choices, body.logprobs)
-
-
-async def stream(
-    state: Completions, body: Any, prompts: list[list[int]], choices: list[Choice], head: dict
+def stream(
+    serve: ServeState,
+    body: CompletionRequest,
+    prompts: list[list[int]],
+    choices: list[Choice],
+    head: dict[str, Any],
 ) -> StreamingResponse:
-    """Server-sent chunks in OpenAI's shape: text as it comes, per choice; a last chunk per
-    choice with its finish_reason; the usage when `stream_options.include_usage`; `[DONE]`."""
-    out: asyncio.Queue = asyncio.Queue()
-
-    def chunk(choice_list: list[dict], **extra: Any) -> str:
-        return f"data: {json.dumps({**head, 'choices': choice_list, **extra})}\n\n"
-
-    def text_chunk(c: Choice, text: str, finish: str | None = None) -> str:
-        return chunk([{"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}])
-
-    async def on_text(c: Choice, text: str) -> None:
-        out.put_nowait(text_chunk(c, text))
-
+    """Server-sent chunks: text as it comes, per choice; a last chunk per choice with its
+    finish_reason; the usage when `stream_options.include_usage`; `[DONE]`."""
+    chunks = Chunks(head)
     if body.echo:
         for c in choices:
-            out.put_nowait(text_chunk(c, c.text.prompt_text))
-    scoring = scoring_path(body)
-    started = None if scoring else state.start_generations(choices, body)  # 503 here if full
-
-    async def work() -> None:
-        try:
-            if scoring:
-                await compute(state, body, choices)
-                for c in choices:
-                    out.put_nowait(text_chunk(c, c.text.finish()))
-            else:
-                await asyncio.gather(
-                    *(
-                        state.run_generation(c, job, q, on_text)
-                        for c, (job, q) in zip(choices, started)
-                    )
-                )
-            for c in choices:
-                out.put_nowait(text_chunk(c, c.text.finish(), c.finish_reason))
-            if body.stream_options is not None and body.stream_options.include_usage:
-                out.put_nowait(chunk([], usage=usage(prompts, choices)))
-        except Exception as exc:  # headers are sent: report in the stream, one line
-            message = " ".join(str(exc).split())
-            out.put_nowait(f"data: {json.dumps({'error': {'message': message}})}\n\n")
-        out.put_nowait(None)
+            chunks.text(c, c.text.prompt_text)
+    started = None if scoring_path(body) else start_generations(serve, choices, body)  # 503 here
 
     async def events() -> AsyncIterator[str]:
-        task = asyncio.create_task(work())
+        task = asyncio.create_task(stream_work(serve, body, prompts, choices, started, chunks))
         try:
-            while (item := await out.get()) is not None:
+            while (item := await chunks.queue.get()) is not None:
                 yield item
             yield "data: [DONE]\n\n"
         finally:
@@ -484,3 +447,29 @@ async def stream(
     return StreamingResponse(
         events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
     )
+
+
+async def stream_work(
+    serve: ServeState,
+    body: CompletionRequest,
+    prompts: list[list[int]],
+    choices: list[Choice],
+    started: Started | None,
+    chunks: Chunks,
+) -> None:
+    """Compute a streamed completion's choices into `chunks` (`started`: their generations,
+    None on the scoring path)."""
+    try:
+        if started is None:
+            await compute(serve, body, choices)
+            for c in choices:
+                chunks.text(c, c.text.finish())
+        else:
+            await run_generations(choices, started, chunks.on_text)
+        for c in choices:
+            chunks.text(c, c.text.finish(), c.finish_reason)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            chunks.put([], usage=usage(prompts, choices))
+    except Exception as exc:
+        chunks.error(exc)
+    chunks.queue.put_nowait(None)

@@ -48,7 +48,7 @@ class FloodLog:
 
 
 def answer_and_close(
-    transport: asyncio.BaseTransport,
+    transport: asyncio.WriteTransport,
     status: int,
     message: str,
     loop: asyncio.AbstractEventLoop | None = None,
@@ -63,16 +63,21 @@ def answer_and_close(
         + ("retry-after: 1\r\n" if status == 503 else "")
         + "connection: close\r\n\r\n"
     )
-    transport.write(head.encode() + body)  # type: ignore[attr-defined]
-    if loop is not None and transport.can_write_eof():  # type: ignore[attr-defined]
-        transport.write_eof()  # type: ignore[attr-defined]
+    transport.write(head.encode() + body)
+    if loop is not None and transport.can_write_eof():
+        transport.write_eof()
         loop.call_later(LINGER_S, transport.close)
     else:
         transport.close()
 
 
+# uvicorn's HTTP protocol class (h11 or httptools), which `bounded_protocol` subclasses: its
+# attributes (`connections`, `cycle`, `loop`, `transport`) are uvicorn's, untyped here.
+UvicornProtocol = Any
+
+
 def bounded_protocol(
-    base: type[asyncio.Protocol], request_timeout: float | None, max_connections: int | None
+    base: UvicornProtocol, request_timeout: float | None, max_connections: int | None
 ) -> type[asyncio.Protocol]:
     """`base` (uvicorn's h11 or httptools protocol) with a deadline for each request's headers
     and a bound on open connections (see the module docstring)."""
@@ -80,7 +85,7 @@ def bounded_protocol(
     late = FloodLog(log, f"connections closed: no complete request headers {within} (408)")
     refused = FloodLog(log, f"connections refused: over --max-connections {max_connections} (503)")
 
-    class Bounded(base):  # type: ignore[valid-type, misc]
+    class Bounded(base):
         _deadline: asyncio.TimerHandle | None = None
         _deadline_cycle: Any = None  # the request cycle when the deadline was armed
         _refused = False

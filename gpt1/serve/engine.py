@@ -14,10 +14,9 @@ All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,6 +71,7 @@ class Engine:
         precision: str = "fp32",
     ):
         from gpt1.model.checkpoint import trained_context
+        from gpt1.recipes.decoder import BatchedDecoder
         from gpt1.zeroshot.scorer import Scorer
 
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
@@ -79,7 +79,8 @@ class Engine:
         self.precision = precision
         self.scorer = Scorer(lm, max_context=trained_context(folder))
         self.n_positions = lm.config.n_positions
-        self.generations = EngineGenerations(lm)
+        # Generations, decoded together (continuous batching) by the batcher's worker thread.
+        self.decoder = BatchedDecoder(lm)
 
     # ------------------------------------------------------------------ description
     @property
@@ -248,25 +249,19 @@ class Engine:
         return out
 
     # -------------------------------------------------------------------- generate
-    def stream(
+    def generation(
         self,
         prompt_ids: list[int],
         max_new_tokens: int,
-        temperature: float,
-        top_k: int | None,
-        top_p: float | None,
-        seed: int | None,
-    ) -> Iterator[int]:
-        """New token ids one by one, as `gpt1 sample` would draw them for this prompt and seed."""
-        from gpt1.recipes.sample import generate_stream
-
-        generator = torch.Generator(device=self.lm.wte.weight.device)
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | None = None,
+    ) -> GenerationRequest:
+        """A generation for `self.decoder`, drawing tokens as `gpt1 sample` does with `seed`."""
+        generator = torch.Generator(device=self.decoder.device)
         generator.manual_seed(seed if seed is not None else torch.seed())
-        ids = torch.tensor([prompt_ids], dtype=torch.long)
-        for nxt in generate_stream(
-            self.lm, ids, max_new_tokens, temperature, top_k, top_p, generator
-        ):
-            yield int(nxt[0, 0])
+        return GenerationRequest(prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
 
     def decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None
@@ -301,45 +296,16 @@ class SequenceLogprobs:
     next: list[tuple[int, float]] | None
 
 
-@dataclass
-class GenerationRequest:
-    """What `/v1/generate` asks for (the options of `gpt1 sample`)."""
+class GenerationRequest(NamedTuple):
+    """A generation: `BatchedDecoder.start`'s arguments, in its order (the batcher's worker
+    thread starts it with them: `decoder.start(*request)`)."""
 
     prompt_ids: list[int]
     max_new_tokens: int
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-
-
-class EngineGenerations:
-    """The server's generations (`gpt1.serve.batcher.Generations`): a `BatchedDecoder` over the
-    engine's language model, each generation with its own seeded random generator."""
-
-    def __init__(self, lm: torch.nn.Module):
-        from gpt1.recipes.decoder import BatchedDecoder
-
-        self.decoder = BatchedDecoder(lm)
-        self.device = lm.wte.weight.device
-
-    def start(self, request: GenerationRequest) -> Any:
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(request.seed if request.seed is not None else torch.seed())
-        return self.decoder.start(
-            request.prompt_ids,
-            request.max_new_tokens,
-            request.temperature,
-            request.top_k,
-            request.top_p,
-            generator,
-        )
-
-    def step(self) -> list[tuple[Any, Any]]:
-        return self.decoder.step()
-
-    def stop(self, handle: Any) -> None:
-        self.decoder.stop(handle)
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    generator: torch.Generator
 
 
 def load_engine(path: str | Path, device: str = "auto", precision: str = "auto") -> Engine:

@@ -27,46 +27,40 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter(
-            "gpt1_requests",
-            "HTTP requests by endpoint and status code",
-            ["endpoint", "code"],
-            registry=r,
+        self.requests = self._counter(
+            "gpt1_requests", "HTTP requests by endpoint and status code", "endpoint", "code"
         )
-        self.latency = Histogram(
+        self.latency = self._histogram(
             "gpt1_request_seconds",
             "Time from request to the last byte of the response, by endpoint",
-            ["endpoint"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+            LATENCY_BUCKETS,
+            "endpoint",
         )
-        self.in_flight = Gauge("gpt1_requests_in_flight", "Requests being handled now", registry=r)
-        self.queued = Gauge(
-            "gpt1_queue_items",
-            "Items (examples, score pairs, generations) waiting for the model",
-            registry=r,
+        self.in_flight = self._gauge("gpt1_requests_in_flight", "Requests being handled now")
+        self.queued = self._gauge(
+            "gpt1_queue_items", "Items (examples, score pairs, generations) waiting for the model"
         )
-        self.batch_items = Histogram(
-            "gpt1_batch_items",
-            "Items per model batch, by kind",
-            ["kind"],
-            buckets=SIZE_BUCKETS,
-            registry=r,
+        self.batch_items = self._histogram(
+            "gpt1_batch_items", "Items per model batch, by kind", SIZE_BUCKETS, "kind"
         )
-        self.batch_tokens = Histogram(
-            "gpt1_batch_tokens",
-            "Tokens per model batch, by kind",
-            ["kind"],
-            buckets=TOKEN_BUCKETS,
-            registry=r,
+        self.batch_tokens = self._histogram(
+            "gpt1_batch_tokens", "Tokens per model batch, by kind", TOKEN_BUCKETS, "kind"
         )
-        self.generated = Counter("gpt1_generated_tokens", "Tokens generated", registry=r)
-        self.active_generations = Gauge(
+        self.generated = self._counter("gpt1_generated_tokens", "Tokens generated")
+        self.active_generations = self._gauge(
             "gpt1_active_generations",
             "Generations being decoded now (at most --max-generations; the rest are queued)",
-            registry=r,
         )
+
+    # Each metric in this app's registry (several apps in one process keep their own).
+    def _counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, registry=self.registry)
+
+    def _histogram(self, name: str, doc: str, buckets: tuple, *labels: str) -> Histogram:
+        return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
     def observe_batch(self, kind: str, items: int, tokens: int) -> None:
         self.batch_items.labels(kind).observe(items)

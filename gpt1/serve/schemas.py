@@ -1,27 +1,40 @@
 """Request bodies (pydantic): unknown fields, wrong types and out-of-range values are refused.
 
-The predict body is built per model (`predict_model`), so the OpenAPI page names the served
-task's own fields (a user task's column names; `text`, `premise`/`hypothesis`,
-`sentence1`/`sentence2` or `context`/`question`/`choices` for the built-in tasks).
+The bodies are classes of this module, except the predict body, which is built per model
+(`predict_model`) because its fields are the served task's own (a user task's column names;
+`text`, `premise`/`hypothesis`, `sentence1`/`sentence2` or `context`/`question`/`choices` for
+the built-in tasks), and both the OpenAPI page and the validation must name them.
+
+The bounds a server is started with (`Limits`: --max-items, --max-new-tokens, ...) are marked
+`AtMost("<limit>")` in the bodies: the value is checked against the limits of the app handling
+the request (`limits_in_force`, which the app's middleware sets per request), with pydantic's own
+error, and the app's OpenAPI schema shows that app's bound. Several apps in one process (the
+tests) each keep their own limits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
     Strict,
     create_model,
     field_validator,
     model_validator,
 )
+from pydantic_core import CoreSchema, PydanticKnownError, core_schema
 
 
-@dataclass
+@dataclass(frozen=True)
 class Limits:
     """What one request may ask for; past these the answer is a 4xx naming the limit."""
 
@@ -30,6 +43,58 @@ class Limits:
     max_new_tokens: int = 1024  # per generate request
     max_body_bytes: int = 1 << 20  # request body
     max_choices: int = 16
+
+
+DEFAULT_LIMITS = Limits()
+_in_force: ContextVar[Limits] = ContextVar("gpt1_serve_limits", default=DEFAULT_LIMITS)
+
+
+@contextmanager
+def limits_in_force(limits: Limits) -> Iterator[None]:
+    """Validate the request bodies handled inside this block (and write the OpenAPI schema)
+    against `limits`."""
+    token = _in_force.set(limits)
+    try:
+        yield
+    finally:
+        _in_force.reset(token)
+
+
+@dataclass(frozen=True)
+class AtMost:
+    """`Annotated[T, AtMost("max_items")]`: at most the limit of that name in force. A list's
+    length is checked before its items (as pydantic's `max_length` does), a number or a string
+    after its type; the errors are pydantic's own."""
+
+    limit: str
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        return core_schema.no_info_wrap_validator_function(self._check, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        out = handler(schema)
+        key = {"array": "maxItems", "string": "maxLength", "integer": "maximum"}[out["type"]]
+        out[key] = self._bound()
+        return out
+
+    def _bound(self) -> int:
+        return getattr(_in_force.get(), self.limit)
+
+    def _check(self, value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
+        bound = self._bound()
+        if isinstance(value, list) and len(value) > bound:
+            context = {"field_type": "List", "max_length": bound, "actual_length": len(value)}
+            raise PydanticKnownError("too_long", context)
+        value = validate(value)
+        if isinstance(value, str) and len(value) > bound:
+            raise PydanticKnownError("string_too_long", {"max_length": bound})
+        if isinstance(value, int) and value > bound:
+            raise PydanticKnownError("less_than_equal", {"le": bound})
+        return value
 
 
 class Closed(BaseModel):
@@ -42,6 +107,8 @@ class Closed(BaseModel):
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Bool = Annotated[bool, Strict()]
+Ids = Annotated[list[Int], Field(min_length=1)]
+Text = Annotated[str, Strict(), Field(min_length=1), AtMost("max_chars")]
 
 # Sampling options whose float32 arithmetic breaks down below these (logits / temperature
 # overflows; top_p rounds to 0 and drops every token): refused, not treated as greedy.
@@ -67,104 +134,93 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def predict_model(fields: dict[str, str], limits: Limits) -> type[BaseModel]:
+def predict_model(fields: dict[str, str]) -> type[BaseModel]:
     """The `/v1/predict` body for a task whose request fields map to roles `fields`."""
-    text = Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)]
     specs: dict[str, Any] = {}
     for i, (name, role) in enumerate(fields.items()):
         if role == "choices":
-            kind: Any = Annotated[list[text], Field(min_length=1, max_length=limits.max_choices)]
-            specs[f"f{i}"] = (kind, Field(alias=name))
+            choices = Annotated[list[Text], Field(min_length=1), AtMost("max_choices")]
+            specs[f"f{i}"] = (choices, Field(alias=name))
         elif role == "question":  # optional, may be empty (as in the task's files)
-            specs[f"f{i}"] = (
-                Annotated[str, Strict(), Field(max_length=limits.max_chars)],
-                Field("", alias=name),
-            )
+            question = Annotated[str, Strict(), AtMost("max_chars")]
+            specs[f"f{i}"] = (question, Field("", alias=name))
         else:
-            specs[f"f{i}"] = (text, Field(alias=name))
+            specs[f"f{i}"] = (Text, Field(alias=name))
     item = create_model("PredictItem", __base__=Closed, **specs)
-
-    class PredictRequest(Closed):
-        inputs: Annotated[
-            list[item],
-            Field(
-                min_length=1,
-                max_length=limits.max_items,  # type: ignore[valid-type]
-                description="one item or a list of items",
-            ),
-        ]
-
-        @model_validator(mode="before")
-        @classmethod
-        def one_item(cls, data: Any) -> Any:
-            """`{"inputs": {...}}` is the list of that one item."""
-            if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
-                return {**data, "inputs": [data["inputs"]]}
-            if isinstance(data, dict) and isinstance(data.get("inputs"), str):
-                example = ", ".join(f'"{name}": "..."' for name in fields)
-                raise ValueError(
-                    "inputs: an object of the task's fields ({" + example + "}) or a list of "
-                    "them, not a bare string"
-                )
-            return data
-
-    return PredictRequest
+    inputs = Annotated[list[item], Field(min_length=1), AtMost("max_items")]
+    body = create_model(
+        "PredictRequest",
+        __base__=PredictBody,
+        inputs=(inputs, Field(description="one item or a list of items")),
+    )
+    body.field_names = list(fields)
+    return body
 
 
-def generate_model(limits: Limits) -> type[BaseModel]:
-    """The `/v1/generate` body: `gpt1 sample`'s options, with the same defaults."""
+# What every task's predict body shares: `inputs`, one item or a list of them (each task's
+# body, `predict_model`, declares the items' own class).
+class PredictBody(Closed):
+    inputs: list[BaseModel]
+    field_names: ClassVar[list[str]] = []  # the task's request fields
 
-    class GenerateRequest(Closed):
-        prompt: (
-            Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)] | None
-        ) = None
-        prompt_ids: Annotated[list[Int], Field(min_length=1)] | None = None
-        max_new_tokens: Annotated[Int, Field(ge=0, le=limits.max_new_tokens)] = 50
-        temperature: Annotated[
-            Float, Field(ge=0.0, description=f"0 (greedy) or from {MIN_TEMPERATURE:g}")
-        ] = 1.0
-        top_k: Annotated[Int, Field(ge=1)] | None = None
-        top_p: Annotated[Float, Field(ge=MIN_TOP_P, le=1.0)] | None = None
-        seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
-        stream: Bool = False
-
-        @field_validator("temperature")
-        @classmethod
-        def usable_temperature(cls, value: float) -> float:
-            if 0 < value < MIN_TEMPERATURE:
-                raise ValueError(
-                    f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value:g}"
-                )
-            return value
-
-        @model_validator(mode="after")
-        def one_prompt(self) -> GenerateRequest:
-            if (self.prompt is None) == (self.prompt_ids is None):
-                raise ValueError("give exactly one of prompt or prompt_ids")
-            return self
-
-    return GenerateRequest
+    @model_validator(mode="before")
+    @classmethod
+    def one_item(cls, data: Any) -> Any:
+        """`{"inputs": {...}}` is the list of that one item."""
+        if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
+            return {**data, "inputs": [data["inputs"]]}
+        if isinstance(data, dict) and isinstance(data.get("inputs"), str):
+            example = ", ".join(f'"{name}": "..."' for name in cls.field_names)
+            raise ValueError(
+                "inputs: an object of the task's fields ({" + example + "}) or a list of "
+                "them, not a bare string"
+            )
+        return data
 
 
-def score_model(limits: Limits) -> type[BaseModel]:
-    """The `/v1/score` body: (context, continuation) pairs as texts or as token ids."""
-    text = Annotated[str, Strict(), Field(min_length=1, max_length=limits.max_chars)]
+# The `/v1/generate` body: `gpt1 sample`'s options, with the same defaults. (The bodies carry
+# no docstring: it would become the description in their schema.)
+class GenerateRequest(Closed):
+    prompt: Text | None = None
+    prompt_ids: Ids | None = None
+    max_new_tokens: Annotated[Int, Field(ge=0), AtMost("max_new_tokens")] = 50
+    temperature: Annotated[
+        Float, Field(ge=0.0, description=f"0 (greedy) or from {MIN_TEMPERATURE:g}")
+    ] = 1.0
+    top_k: Annotated[Int, Field(ge=1)] | None = None
+    top_p: Annotated[Float, Field(ge=MIN_TOP_P, le=1.0)] | None = None
+    seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
+    stream: Bool = False
 
-    class ScoreItem(Closed):
-        context: text | None = None
-        continuation: text | None = None
-        context_ids: Annotated[list[Int], Field(min_length=1)] | None = None
-        continuation_ids: Annotated[list[Int], Field(min_length=1)] | None = None
+    @field_validator("temperature")
+    @classmethod
+    def usable_temperature(cls, value: float) -> float:
+        if 0 < value < MIN_TEMPERATURE:
+            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value:g}")
+        return value
 
-        @model_validator(mode="after")
-        def one_each(self) -> ScoreItem:
-            if (self.context is None) == (self.context_ids is None):
-                raise ValueError("give exactly one of context or context_ids")
-            if (self.continuation is None) == (self.continuation_ids is None):
-                raise ValueError("give exactly one of continuation or continuation_ids")
-            return self
+    @model_validator(mode="after")
+    def one_prompt(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.prompt_ids is None):
+            raise ValueError("give exactly one of prompt or prompt_ids")
+        return self
 
-    class ScoreRequest(Closed):
-        items: Annotated[list[ScoreItem], Field(min_length=1, max_length=limits.max_items)]
 
-    return ScoreRequest
+class ScoreItem(Closed):
+    context: Text | None = None
+    continuation: Text | None = None
+    context_ids: Ids | None = None
+    continuation_ids: Ids | None = None
+
+    @model_validator(mode="after")
+    def one_each(self) -> ScoreItem:
+        if (self.context is None) == (self.context_ids is None):
+            raise ValueError("give exactly one of context or context_ids")
+        if (self.continuation is None) == (self.continuation_ids is None):
+            raise ValueError("give exactly one of continuation or continuation_ids")
+        return self
+
+
+# The `/v1/score` body: (context, continuation) pairs as texts or as token ids.
+class ScoreRequest(Closed):
+    items: Annotated[list[ScoreItem], Field(min_length=1), AtMost("max_items")]

@@ -1,0 +1,214 @@
+"""The native endpoints, as routers the app includes:
+
+- `info_router`: GET /health (liveness and what is served), /metrics (Prometheus), /docs;
+- `predict_router(fields)`: POST /v1/predict, for a fine-tuned model only;
+- `lm_router`: POST /v1/score and /v1/generate, for any model.
+
+A handler takes the app's shared state as its `Serve` parameter (`gpt1.serve.state`). A
+generation whose client leaves (a dropped stream or a plain request) is stopped before the next
+decoding step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+
+from gpt1.serve.batcher import Job
+from gpt1.serve.docs_page import docs_page
+from gpt1.serve.engine import Engine
+from gpt1.serve.responses import error
+from gpt1.serve.schemas import (
+    ERROR_RESPONSES,
+    GenerateRequest,
+    PredictBody,
+    ScoreItem,
+    ScoreRequest,
+    predict_model,
+)
+from gpt1.serve.state import Serve
+
+CLIENT_LEFT = 499  # nginx's "client closed request": the metrics count such requests apart
+info_router = APIRouter()
+lm_router = APIRouter(responses=ERROR_RESPONSES)
+PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
+
+
+@info_router.get("/health")
+async def health(serve: Serve) -> dict[str, Any]:
+    """Liveness and what is being served."""
+    return {
+        "status": "ok",
+        **serve.engine.describe(),
+        "queued_items": serve.batcher.queued_items,
+        "active_generations": serve.batcher.active_generations,
+    }
+
+
+@info_router.get("/metrics")
+async def prometheus(serve: Serve) -> Response:
+    """Prometheus text format."""
+    metrics = serve.metrics
+    metrics.queued.set(serve.batcher.queued_items)
+    metrics.active_generations.set(serve.batcher.active_generations)
+    return Response(metrics.render(), media_type=metrics.content_type)
+
+
+@info_router.get("/docs", include_in_schema=False)
+async def docs(request: Request) -> HTMLResponse:
+    return HTMLResponse(docs_page(request.app.title))
+
+
+def predict_router(fields: dict[str, str]) -> APIRouter:
+    """POST /v1/predict for a task whose request fields map to roles `fields`. Its body names
+    the task's own fields, so its class is built per model (`schemas.predict_model`)."""
+
+    async def predict_endpoint(body: PredictBody, serve: Serve) -> dict[str, Any]:
+        return await predict(body, serve)
+
+    # FastAPI validates the body as the class this annotation names: the task's own.
+    predict_endpoint.__annotations__["body"] = predict_model(fields)
+    router = APIRouter(responses=ERROR_RESPONSES)
+    router.add_api_route(
+        "/v1/predict",
+        predict_endpoint,
+        methods=["POST"],
+        name="predict",
+        description=predict.__doc__,
+    )
+    return router
+
+
+async def predict(body: PredictBody, serve: Serve) -> dict[str, Any]:
+    """Label (or score) and probabilities per item, exactly as `gpt1 predict` computes them."""
+    engine = serve.engine
+    items = [item.model_dump(by_alias=True) for item in body.inputs]
+    encoded = await serve.off_loop(lambda: engine.encode(engine.examples(items)))
+    tokens = sum(len(seq) for item in encoded for seq in item)
+    predictions = await serve.run("predict", encoded, tokens)
+    labels = engine.task.labels if engine.task.kind != "choice" else None
+    return {"predictions": [p.as_dict(labels) for p in predictions]}
+
+
+@lm_router.post("/v1/score", response_model=dict[str, Any])
+async def score(body: ScoreRequest, serve: Serve) -> Any:
+    """Log-probability of each continuation's tokens given its context (zero-shot scorer)."""
+    engine = serve.engine
+    pairs = await serve.off_loop(lambda: [_score_pair(engine, it) for it in body.items])
+    window = engine.scorer.n_positions
+    for n, (ctx, cont) in enumerate(pairs):
+        if not ctx or not cont:
+            return error(
+                422, f"items.{n}: the {'context' if not ctx else 'continuation'} has no tokens"
+            )
+        if len(cont) > window:  # scored whole or not at all, never cut
+            return error(
+                422,
+                f"items.{n}.continuation: {len(cont)} tokens, more than the {window} this "
+                "model scores in one window",
+            )
+    tokens = sum(len(c) + len(x) for c, x in pairs)
+    return {"results": await serve.run("score", pairs, tokens)}
+
+
+def _score_pair(engine: Engine, item: ScoreItem) -> tuple[list[int], list[int]]:
+    return (
+        engine.token_ids(item.context, item.context_ids, "context"),
+        engine.token_ids(item.continuation, item.continuation_ids, "continuation"),
+    )
+
+
+@lm_router.post("/v1/generate", response_model=None)
+async def generate(body: GenerateRequest, request: Request, serve: Serve) -> Any:
+    """Continue a prompt (gpt1 sample's options); `"stream": true` sends server-sent events."""
+    engine = serve.engine
+    prompt = await serve.off_loop(engine.token_ids, body.prompt, body.prompt_ids, "prompt")
+    if not prompt:
+        return error(422, "prompt: no tokens after tokenization")
+    if len(prompt) > engine.n_positions:
+        return error(
+            422,
+            f"prompt: {len(prompt)} tokens, more than the model's {engine.n_positions} positions",
+        )
+    job, tokens = serve.generate(
+        engine.generation(
+            prompt, body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed
+        )
+    )
+    if body.stream:
+        return GenerationStream(_events(engine, prompt, tokens), job)
+    ids = await _unless_client_leaves(_collect(tokens), request)
+    if ids is None:  # nobody to answer; the generation is stopped already
+        return Response(status_code=CLIENT_LEFT)
+    return {"text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}
+
+
+async def _collect(tokens: AsyncIterator[int]) -> list[int]:
+    return [t async for t in tokens]
+
+
+async def _unless_client_leaves(work: Coroutine[Any, Any, Any], request: Request) -> Any:
+    """The result of the coroutine `work`, or None when the client disconnects first (then
+    `work` is cancelled, which stops its generation)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        return None
+    return task.result()
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client has gone (the body was read already: the next message is the
+    disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class GenerationStream(StreamingResponse):
+    """Server-sent events of one generation, which stops as soon as the response ends, however
+    it ends (finished, or the client gone): no decoding for nobody."""
+
+    def __init__(self, events: AsyncGenerator[str, None], job: Job):
+        super().__init__(
+            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+        self.events, self.job = events, job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancelled.set()
+            await self.events.aclose()
+
+
+async def _events(
+    engine: Engine, prompt: list[int], tokens: AsyncIterator[int]
+) -> AsyncGenerator[str, None]:
+    """Server-sent events: one `data: {"id", "text"}` per token (`text` is what it adds to the
+    decoded continuation, decoded incrementally: `gpt1.recipes.sample.TextStream`), then
+    `data: {"done": true, "text", "ids", "prompt_ids"}`."""
+    from gpt1.recipes.sample import TextStream
+
+    ids: list[int] = []
+    text = TextStream(engine.tokenizer) if engine.tokenizer is not None else None
+    try:
+        async for token in tokens:
+            ids.append(token)
+            piece = text.push(token) if text is not None else None
+            yield f"data: {json.dumps({'id': token, 'text': piece})}\n\n"
+    except Exception as exc:  # headers are sent: report in the stream, one line
+        yield f"data: {json.dumps({'error': ' '.join(str(exc).split())})}\n\n"
+        return
+    done = {"done": True, "text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}
+    yield f"data: {json.dumps(done)}\n\n"
