@@ -11,7 +11,7 @@ step minus the two: attention, LayerNorm, GELU, the cache writes and the Python 
 The decoding bound (read bandwidth / bytes a step reads) is printed beside each on the wall
 clock (on the CPU clock a step's time and the bandwidth are not comparable: "-").
 
-Batched (`GPT.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
+Batched (`gpt1.model.decoding.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
 prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
 caches in one `SlotPool` (one attention call per layer) vs each in its own `KVCache` (one call
 per sequence and layer), alternating in one process; steps/s and the ratio. Each timed run
@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from inference import decode_bytes, read_bandwidth  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.model.decoding import KVCache, SlotPool  # noqa: E402
+from gpt1.model.decoding import KVCache, SlotPool, decode, forward_cached  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.inference import for_inference  # noqa: E402
 from gpt1.model.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
@@ -158,7 +158,7 @@ def prefilled(
     caches = [pool.cache() if pooled else KVCache(model.config.n_layer, 512) for _ in lengths]
     with torch.no_grad():
         for cache, length in zip(caches, lengths):
-            model(torch.randint(0, 40000, (1, length), generator=gen), cache=cache)
+            forward_cached(model, torch.randint(0, 40000, (1, length), generator=gen), cache)
     return caches, lengths
 
 
@@ -171,7 +171,7 @@ def decode_run(model: GPT, caches: list[KVCache], lengths: list[int], steps: int
             for layer in cache.layers:
                 layer.length = length
         for _ in range(steps):
-            model.lm_logits(model.decode(ids, caches)).float().argmax(-1)
+            model.lm_logits(decode(model, ids, caches)).float().argmax(-1)
 
     return run
 

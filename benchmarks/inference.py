@@ -245,7 +245,7 @@ def decode_bytes(gpt: GPT) -> int:
             total += sum(b.numel() * b.element_size() for b in module.buffers())
         tensors = module.parameters(recurse=False)
         total += sum(t.numel() * t.element_size() for t in tensors)
-    head = gpt.__dict__.get("lm_head_kernel")
+    head = gpt.lm_head_kernel
     if isinstance(head, Int8Head):
         return total + head.q.numel() + head.scale.numel() * head.scale.element_size()
     return total + gpt.wte.weight.numel() * gpt.wte.weight.element_size()
@@ -273,11 +273,23 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
 
 
 def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
-    """Bytes/s of summing a `mib` MiB fp32 tensor (best of `reps`): the memory read speed that
-    bounds batch-1 decoding, which must read every weight once per token."""
+    """Bytes/s of the fastest plain read of `mib` MiB (best of `reps`): the memory read speed
+    that bounds batch-1 decoding, which must read every weight once per token.
+
+    Two reads, the faster counts: torch summing an fp32 tensor, and gpt1's decoding kernel
+    (`gpt1.model.matvec`) multiplying one row by an fp32 matrix of that size (two flops per four
+    bytes read: a read). torch's sum reads without fetching ahead, and on the CPUs measured it
+    reached less than the kernel; a bound from it alone would be too low."""
+    from gpt1.model import matvec
+
     x = torch.ones(mib << 18)
     x.sum()
     best = min(timed(lambda: x.sum()) for _ in range(reps))
+    op = matvec.kernel()
+    if op is not None:
+        w, row = x.view(-1, 4096), torch.ones(1, 4096)
+        op(row, w, None, None)
+        best = min(best, min(timed(lambda: op(row, w, None, None)) for _ in range(reps)))
     return x.numel() * 4 / best
 
 
@@ -420,6 +432,14 @@ def main() -> None:
             prompt = torch.tensor([sum(seqs, [])[: args.prompt]])
             new = args.new_tokens
             gen = {"gpt1": lambda: generate(clf.gpt, prompt, new, temperature=0)}
+            if not ct2:  # no CTranslate2 has run in this process yet: time gpt1 alone first
+                with torch.inference_mode():
+                    alone = alternate({"gpt1": gen["gpt1"]}, args.repeats)["gpt1"]
+                print(
+                    f"  generate gpt1 alone      {new / statistics.median(alone):8.1f} new tokens/s "
+                    "(before CTranslate2 first runs in this process: after it has, gpt1 decodes "
+                    "slower, see docs/results.md)"
+                )
             if args.plain and plain is not None:
                 gen["gpt1 plain"] = lambda: generate(plain.gpt, prompt, new, temperature=0)
             if hf_lm is not None:
@@ -461,14 +481,20 @@ def main() -> None:
     tmp.cleanup()
 
 
+SETTLE_S = 0.5
+
+
 def alternate(systems: dict, repeats: int, warm: bool = True) -> dict[str, list[float]]:
     """Warm each system up once (unless `warm` is False), then time them in turn, `repeats`
-    rounds."""
+    rounds, pausing `SETTLE_S` before each: a runtime's worker threads keep spinning for a while
+    after its call returns (Intel OpenMP's default is 200 ms, which CTranslate2 and ONNX Runtime
+    builds may use), and a system timed in that while shares the cores with them."""
     for fn in systems.values() if warm else ():
         fn()
     times: dict[str, list[float]] = {k: [] for k in systems}
     for _ in range(repeats):
         for name, fn in systems.items():
+            time.sleep(SETTLE_S)
             times[name].append(timed(fn))
     return times
 

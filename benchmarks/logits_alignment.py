@@ -36,9 +36,9 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from gpt1.train import objectives
+    from gpt1.train import chunked_ce
 
-    aligned = objectives.aligned_logits
+    aligned = chunked_ce.aligned_logits
     variants = {"plain rows": lambda h, w: h @ w.t(), "aligned rows": aligned}
     g = torch.Generator().manual_seed(0)
     h = torch.randn(n, C, generator=g).requires_grad_()
@@ -48,19 +48,19 @@ def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
 
         def step():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
-                loss = objectives.chunked_cross_entropy(h, w, y, weights)
+                loss = chunked_ce.chunked_cross_entropy(h, w, y, weights)
             loss.backward()
             h.grad = w.grad = None
 
         best = {name: float("inf") for name in variants}
         for round_ in range(repeats + 1):
             for name, fn in variants.items():
-                objectives.aligned_logits = fn
+                chunked_ce.aligned_logits = fn
                 start = time.perf_counter()
                 step()
                 if round_:  # the first round warms both up
                     best[name] = min(best[name], time.perf_counter() - start)
-        objectives.aligned_logits = aligned
+        chunked_ce.aligned_logits = aligned
         a, b = best["plain rows"], best["aligned rows"]
         print(
             f"chunked LM loss, {dtype}, {n} positions: plain rows {a * 1e3:.0f} ms, "
@@ -84,7 +84,7 @@ def main() -> None:
     V, C = args.vocab, args.n_embd
     if args.loss:
         return loss_ab(V, C, args.repeats)
-    width = -(-V // 16) * 16  # gpt1.train.objectives.logits_width in fp32
+    width = -(-V // 16) * 16  # gpt1.train.chunked_ce.logits_width in fp32
     print(f"V={V} (padded rows: {width}), C={C}, {args.threads} thread(s)")
     for dtype in (torch.float32, torch.bfloat16):
         E = (torch.randn(V, C) * 0.02).to(dtype)

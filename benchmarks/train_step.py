@@ -131,7 +131,7 @@ def make_pretrain_steps(ours, theirs, args):
     state = {"step": 0}
 
     def step_ours():
-        # The body of gpt1.train.loop.train's step loop (logging, checkpoints and DDP sync aside).
+        # gpt1.train.loop._update, one optimizer update (logging, checkpoints and DDP sync aside).
         set_lr(opt_ours, lr_at(state["step"], cfg, cfg.max_steps))
         loss_sum = torch.zeros(())
         for _ in range(args.accum):

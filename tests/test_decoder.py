@@ -1,4 +1,4 @@
-"""Continuous batching (`GPT.decode`, `gpt1.recipes.decoder.BatchedDecoder`) gives what
+"""Continuous batching (`gpt1.model.decoding.decode`, `gpt1.recipes.decoder.BatchedDecoder`) gives what
 `generate_stream` gives each sequence alone: the same hidden states up to summation order, the
 same greedy and seeded tokens, joining and leaving at any step, past the context too."""
 
@@ -7,8 +7,8 @@ import torch
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
+from gpt1.model.decoding import KVCache, decode, forward_cached
 from gpt1.model.fast_cpu import prepack_for_inference
-from gpt1.model.gpt import KVCache
 from gpt1.recipes.decoder import BatchedDecoder
 from gpt1.recipes.sample import generate
 
@@ -44,11 +44,11 @@ def test_decode_equals_forward_with_a_cache_for_each_sequence():
     alone = [KVCache(2, 40) for _ in prompts]
     with torch.no_grad():
         for p, c, a in zip(prompts, caches, alone):
-            model(p, cache=c)
-            model(p, cache=a)
-        together = model.decode(nxt, caches)  # [3, C]
+            forward_cached(model, p, c)
+            forward_cached(model, p, a)
+        together = decode(model, nxt, caches)  # [3, C]
         for r in range(3):
-            want = model(nxt[r].view(1, 1), cache=alone[r])[0, -1]
+            want = forward_cached(model, nxt[r].view(1, 1), alone[r])[0, -1]
             torch.testing.assert_close(together[r], want, rtol=1e-5, atol=1e-5)
     assert [len(c) for c in caches] == [6, 2, 18]
 

@@ -6,8 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
-from gpt1.model import decoding
-from gpt1.model.decoding import KVCache, LoopStep, PooledStep, SlotPool, decode_step
+from gpt1.model.decoding import (
+    KVCache,
+    LoopStep,
+    PooledStep,
+    SlotPool,
+    decode,
+    decode_step,
+    forward_cached,
+)
 
 
 def _model(dtype: torch.dtype = torch.float32) -> GPT:
@@ -18,7 +25,7 @@ def _model(dtype: torch.dtype = torch.float32) -> GPT:
 
 def _prefill(model: GPT, prompt: torch.Tensor, *caches: KVCache) -> None:
     for cache in caches:
-        model(prompt, cache=cache)
+        forward_cached(model, prompt, cache)
 
 
 def test_pooled_decoding_equals_each_sequence_alone_as_sequences_join_and_leave():
@@ -48,9 +55,9 @@ def test_pooled_decoding_equals_each_sequence_alone_as_sequences_join_and_leave(
             keys = sorted(pooled, reverse=step % 2 == 1)  # rows in and out of slot order
             ids = torch.randint(0, 300, (len(keys),), generator=gen)
             assert isinstance(decode_step([pooled[k] for k in keys]), PooledStep)
-            together = model.decode(ids, [pooled[k] for k in keys])
+            together = decode(model, ids, [pooled[k] for k in keys])
             for r, key in enumerate(keys):
-                want = model(ids[r].view(1, 1), cache=alone[key])[0, -1]
+                want = forward_cached(model, ids[r].view(1, 1), alone[key])[0, -1]
                 torch.testing.assert_close(together[r], want, rtol=1e-5, atol=1e-5)
                 assert len(pooled[key]) == len(alone[key])
 
@@ -67,8 +74,8 @@ def test_pooled_and_looped_attention_agree_in_bf16():
             _prefill(model, p, a, b)
         assert isinstance(decode_step(plain), LoopStep)
         torch.testing.assert_close(
-            model.decode(ids, pooled).float(),
-            model.decode(ids, plain).float(),
+            decode(model, ids, pooled).float(),
+            decode(model, ids, plain).float(),
             rtol=2e-2,
             atol=2e-2,
         )
@@ -81,15 +88,15 @@ def test_pooled_decoding_is_one_attention_call_per_layer(monkeypatch):
     caches = [pool.cache() for _ in range(4)]
     with torch.no_grad():
         for n, cache in zip((3, 8, 1, 5), caches):
-            model(torch.randint(0, 300, (1, n)), cache=cache)
+            forward_cached(model, torch.randint(0, 300, (1, n)), cache)
         calls, sdpa = [], F.scaled_dot_product_attention
 
         def counted(*args, **kwargs):
             calls.append(1)
             return sdpa(*args, **kwargs)
 
-        monkeypatch.setattr(decoding.F, "scaled_dot_product_attention", counted)
-        model.decode(torch.randint(0, 300, (4,)), caches)
+        monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+        decode(model, torch.randint(0, 300, (4,)), caches)
     assert len(calls) == model.config.n_layer
 
 
@@ -99,7 +106,7 @@ def test_the_pool_hands_out_the_lowest_free_slot_and_frees_memory_when_empty():
     a, b, c = pool.cache(), pool.cache(), pool.cache()
     assert [a.slot, b.slot, c.slot] == [0, 1, 2]
     with torch.no_grad():
-        model(torch.randint(0, 300, (1, 70)), cache=c)  # past the first capacity (64)
+        forward_cached(model, torch.randint(0, 300, (1, 70)), c)  # past the first capacity (64)
     assert pool.k[0].shape[0] >= 3 and pool.k[0].shape[2] == 80  # capped at max_length
     b.release()
     b.release()  # twice is harmless
@@ -118,7 +125,7 @@ def test_sparse_slots_are_attended_one_by_one():
     caches = [pool.cache() for _ in range(6)]
     with torch.no_grad():
         for cache in caches:
-            model(torch.randint(0, 300, (1, 4)), cache=cache)
+            forward_cached(model, torch.randint(0, 300, (1, 4)), cache)
     assert isinstance(decode_step(caches), PooledStep)
     for cache in caches[1:5]:
         cache.release()
@@ -139,3 +146,27 @@ def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
     while decoder.active:
         decoder.step()
     assert decoder.pool.taken == [] and decoder.pool.k == [None, None]  # memory freed
+
+
+def test_a_cached_pass_under_activation_checkpointing_writes_each_key_once():
+    """Activation checkpointing recomputes a block during backward; a pass that writes a key/value
+    cache must run once (a recomputation would append the same keys again)."""
+    from gpt1.train.parallelize import checkpoint_blocks
+
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
+    model = GPT(config).train()
+    plain = GPT(config).train()
+    plain.load_state_dict(model.state_dict())
+    assert checkpoint_blocks(model) == 2
+    ids = torch.randint(0, 300, (1, 9))
+    hidden, cache = [], []
+    for m in (model, plain):
+        cache.append(KVCache(2, 80))
+        torch.manual_seed(1)
+        hidden.append(forward_cached(m, ids, cache[-1]))
+        hidden[-1].square().sum().backward()
+    assert len(cache[0]) == len(cache[1]) == 9
+    assert torch.equal(hidden[0], hidden[1])
+    for got, want in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(got.grad, want.grad)

@@ -226,7 +226,8 @@ def test_two_nodes_match_one(tiny_corpus, one_process, tmp_path):
 
 
 @pytest.mark.slow
-def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab):
+@pytest.mark.parametrize("lm_coef", ["0.5", "0"])  # 0: no auxiliary LM, the classifier's `at=` pass
+def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab, lm_coef):
     # Same ranks, same seeds, same dropout masks: FSDP2 and DDP are two ways of computing the
     # same update. Checkpoints are written from the unsharded weights, and the score after
     # training is computed from them.
@@ -239,7 +240,7 @@ def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab):
     for mode in ("ddp", "fsdp"):
         runs[mode] = tmp_path / mode
         argv = tiny_finetune(data, gpt1_vocab, runs[mode], 3, "--save-every", "2", task=SST2)
-        argv += ["--set", f"train.distributed={mode}"]
+        argv += ["--set", f"train.distributed={mode}", "--set", f"finetune.lm_coef={lm_coef}"]
         run(gpt1_process(*argv, launcher=TORCHRUN_TWO_PROCESSES))
     ddp, fsdp = (records(runs[m], "loss") for m in ("ddp", "fsdp"))
     np.testing.assert_allclose([v for _, v in fsdp], [v for _, v in ddp], rtol=2e-5)

@@ -179,7 +179,7 @@ class _ConcatCache:
 def test_preallocated_kv_cache_equals_concatenation():
     """Keys/values written in place into growing buffers give bit-identical hidden states to
     concatenated ones, through buffer growth (past 64 positions) and multi-token chunks."""
-    from gpt1.model.gpt import KVCache
+    from gpt1.model.decoding import KVCache, forward_cached
 
     torch.manual_seed(0)
     m = GPT(ModelConfig(vocab_size=300, n_positions=160, n_embd=64, n_layer=2, n_head=4)).eval()
@@ -189,7 +189,9 @@ def test_preallocated_kv_cache_equals_concatenation():
     plain.layers = [_ConcatCache() for _ in range(2)]
     with torch.no_grad():
         for lo, hi in chunks:
-            assert torch.equal(m(ids[:, lo:hi], cache=fast), m(ids[:, lo:hi], cache=plain)), (
+            assert torch.equal(
+                forward_cached(m, ids[:, lo:hi], fast), forward_cached(m, ids[:, lo:hi], plain)
+            ), (
                 lo,
                 hi,
             )

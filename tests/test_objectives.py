@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gpt1.train.objectives import chunked_cross_entropy
+from gpt1.train.chunked_ce import chunked_cross_entropy
 
 
 def reference(h, w, y, wt):
@@ -78,18 +78,18 @@ def test_no_grad_evaluation_computes_value_only():
 
 def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
     # A vocabulary-sized cap on logits per chunk (memory bound) must not change the result.
-    import gpt1.train.objectives as objectives
+    import gpt1.train.chunked_ce as chunked_ce
 
     h, w, y, wt = inputs()
     ref = chunked_cross_entropy(h, w, y, wt, chunk=4096)
     ref.backward()
     gw_ref = w.grad.clone()
     w.grad = h.grad = None
-    monkeypatch.setattr(objectives, "CHUNK_ELEMENTS", 3 * w.shape[0])  # 3 rows per chunk
+    monkeypatch.setattr(chunked_ce, "CHUNK_ELEMENTS", 3 * w.shape[0])  # 3 rows per chunk
     calls = []
-    real = objectives._softmax_minus_onehot_
+    real = chunked_ce._softmax_minus_onehot_
     monkeypatch.setattr(
-        objectives,
+        chunked_ce,
         "_softmax_minus_onehot_",
         lambda logits, *a: calls.append(logits.shape) or real(logits, *a),
     )
@@ -103,13 +103,13 @@ def test_element_cap_splits_large_vocab_into_more_chunks(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_blocks_in_place_equal_torch_softmax(monkeypatch, dtype):
     # The CPU path converts logits in place, block by block through one reused buffer.
-    import gpt1.train.objectives as objectives
+    import gpt1.train.chunked_ce as chunked_ce
 
-    monkeypatch.setattr(objectives, "_BLOCK_ELEMENTS", 3 * 50)  # 3-row blocks, last one partial
+    monkeypatch.setattr(chunked_ce, "_BLOCK_ELEMENTS", 3 * 50)  # 3-row blocks, last one partial
     logits = (torch.randn(20, 50) * 4).to(dtype)
     idx = torch.randint(0, 50, (20, 1))
     probs = torch.softmax(logits.float(), 1)
-    p = objectives._softmax_minus_onehot_(logits, idx, True)
+    p = chunked_ce._softmax_minus_onehot_(logits, idx, True)
     torch.testing.assert_close(p, probs.gather(1, idx).squeeze(1))
     expected = probs.scatter_add(1, idx, -torch.ones(20, 1)).to(dtype)
     torch.testing.assert_close(logits, expected, rtol=0, atol=0 if dtype == torch.float32 else 4e-3)

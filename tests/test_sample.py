@@ -6,7 +6,7 @@ from conftest import TINY_MODEL
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model.gpt import KVCache
+from gpt1.model.decoding import KVCache, forward_cached
 from gpt1.recipes.convert import gpt1_to_hf_state
 from gpt1.recipes.sample import filter_logits, generate
 
@@ -58,10 +58,10 @@ def test_kv_cache_matches_full_recompute():
         ref = m(full)
         cache = KVCache(m.config.n_layer)
         parts = [
-            m(full[:, :4], cache=cache),
-            m(full[:, 4:9], cache=cache),
-            m(full[:, 9:10], cache=cache),
-            m(full[:, 10:], cache=cache),
+            forward_cached(m, full[:, :4], cache),
+            forward_cached(m, full[:, 4:9], cache),
+            forward_cached(m, full[:, 9:10], cache),
+            forward_cached(m, full[:, 10:], cache),
         ]
     assert len(cache) == 20
     assert torch.allclose(torch.cat(parts, 1), ref, atol=1e-5)

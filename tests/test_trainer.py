@@ -13,8 +13,9 @@ from gpt1.config import TrainConfig, model_preset
 from gpt1.model.checkpoint import load_checkpoint
 from gpt1.model.gpt import GPT
 from gpt1.text.windows import Split, WindowSource
+from gpt1.train.chunked_ce import chunked_cross_entropy
 from gpt1.train.loop import TrainingDiverged, train
-from gpt1.train.objectives import WindowLMLoss, chunked_cross_entropy, lm_loss, lm_loss_per_sequence
+from gpt1.train.objectives import WindowLMLoss, lm_loss, lm_loss_per_sequence
 from gpt1.train.state import load_training_state, step_dirs
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
+from gpt1.analysis.runs import FinetuneOptions, TaskSweep, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 
@@ -54,32 +54,14 @@ def data_size_sweep(
 ) -> dict[str, Any]:
     """Run (or resume) the labelled-data sweep; write plot and tables; return the table."""
     out = Path(out)
-    settings = {
-        "init": str(init),
-        "task": task,
-        "data": str(data),
-        "train_split": train_split,
-        "eval_split": eval_split,
-        "finetune": options.settings(),
-    }
-    sweep = Sweep(out, "data-size", settings, command)
+    fixed = TaskSweep(init, task, data, train_split, eval_split, options)
+    sweep = Sweep(out, "data-size", fixed.settings(), command)
     for size in sizes:
         label = "all" if size is None else str(size)
         for arm, extra in ARMS.items():
             for seed in seeds:
                 run_dir = out / "runs" / f"{arm}-n{label}-seed{seed}"
-                sub = FinetuneRun(
-                    task,
-                    data,
-                    init,
-                    run_dir,
-                    options,
-                    seed=seed,
-                    train_split=train_split,
-                    eval_split=eval_split,
-                    train_examples=size,
-                    **extra,
-                )
+                sub = fixed.sub_run(run_dir, seed, train_examples=size, **extra)
 
                 def job(sub=sub) -> dict[str, Any]:
                     results = sub.run()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline, train_metric
+from gpt1.analysis.runs import FinetuneOptions, TaskSweep, headline, train_metric
 from gpt1.analysis.sweep import Sweep
 
 
@@ -37,32 +37,15 @@ def layers_sweep(
     n_layer = read_model_config(init).n_layer  # validated: a sweep of K = 0..n_layer runs
     ks = list(range(n_layer + 1)) if ks is None else list(ks)
     out = Path(out)
-    settings = {
-        "init": str(init),
-        "task": task,
-        "data": str(data),
-        "train_split": train_split,
-        "eval_split": eval_split,
-        "train_examples": train_examples,
-        "train_eval_examples": train_eval_examples,
-        "finetune": options.settings(),
-    }
+    fixed = TaskSweep(init, task, data, train_split, eval_split, options)
+    settings = fixed.settings(
+        train_examples=train_examples, train_eval_examples=train_eval_examples
+    )
     sweep = Sweep(out, "layers", settings, command)
     for k in ks:
         for seed in seeds:
             run_dir = out / "runs" / f"k{k}-seed{seed}"
-            sub = FinetuneRun(
-                task,
-                data,
-                init,
-                run_dir,
-                options,
-                seed=seed,
-                transfer_layers=k,
-                train_split=train_split,
-                eval_split=eval_split,
-                train_examples=train_examples,
-            )
+            sub = fixed.sub_run(run_dir, seed, transfer_layers=k, train_examples=train_examples)
 
             def job(sub=sub, run_dir=run_dir, seed=seed) -> dict[str, Any]:
                 results = sub.run()

@@ -25,6 +25,7 @@ __all__ = [
     "FinetuneRun",
     "headline",
     "parse_ints",
+    "TaskSweep",
     "train_metric",
     "training_subset",
 ]
@@ -43,6 +44,46 @@ def headline(task_name: str, results: dict[str, Any]) -> tuple[str, float]:
     if metric not in results:
         raise DataError(f"results have no {metric!r} (keys: {', '.join(sorted(results))})")
     return metric, float(results[metric])
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSweep:
+    """What a one-task sweep (data size, layers) holds fixed: the checkpoint, the task and its
+    splits, the fine-tuning options. Its sub-runs differ only in what `sub_run` is given."""
+
+    init: str | Path
+    task: str
+    data: str | Path
+    train_split: str
+    eval_split: str
+    options: FinetuneOptions
+
+    def settings(self, **more: Any) -> dict[str, Any]:
+        """sweep.json's settings, which a later invocation into the folder must match: these,
+        with the analysis's own `more`."""
+        return {
+            "init": str(self.init),
+            "task": self.task,
+            "data": str(self.data),
+            "train_split": self.train_split,
+            "eval_split": self.eval_split,
+            **more,
+            "finetune": self.options.settings(),
+        }
+
+    def sub_run(self, out: Path, seed: int, **varied: Any) -> FinetuneRun:
+        """The sub-run into `out`: these settings, `seed`, and the FinetuneRun fields `varied`."""
+        return FinetuneRun(
+            self.task,
+            self.data,
+            self.init,
+            out,
+            self.options,
+            seed=seed,
+            train_split=self.train_split,
+            eval_split=self.eval_split,
+            **varied,
+        )
 
 
 def train_metric(

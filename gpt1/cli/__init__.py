@@ -1,5 +1,6 @@
 """The `gpt1` command: argument parsing only. Each subcommand is a module `gpt1.cli.<name>` with
 `HELP`, `add_arguments(parser)` and `run(args) -> int`; `run` calls a plain importable function.
+A flag that several commands take is defined once, in `gpt1.cli.options`.
 
 Only this package reads argv and configures logging. User mistakes (`Gpt1Error`) print as one line
 and exit with status 2; `--debug` shows the full traceback.
@@ -46,54 +47,9 @@ USES_THREADS = frozenset(
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
-def common_options() -> argparse.ArgumentParser:
-    """Options every subcommand accepts (also before the subcommand name)."""
-    parent = argparse.ArgumentParser(add_help=False)
-    parent.add_argument(
-        "--debug",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="show full tracebacks and debug logging",
-    )
-    parent.add_argument(
-        "--quiet",
-        "-q",
-        action="store_true",
-        default=argparse.SUPPRESS,
-        help="only warnings and errors; no progress bars",
-    )
-    return parent
-
-
-def add_overwrite(p: argparse.ArgumentParser, what: str) -> None:
-    """The one `--overwrite` flag: without it no command replaces what it did not create."""
-    p.add_argument(
-        "--overwrite",
-        action="store_true",
-        help=f"replace {what} (without it an existing output is refused)",
-    )
-
-
-def add_logger(p: argparse.ArgumentParser) -> None:
-    """The one repeatable `--logger` flag of the training commands (train.loggers)."""
-    from gpt1.config import LOGGERS
-
-    p.add_argument(
-        "--logger",
-        action="append",
-        choices=LOGGERS,
-        metavar="NAME",
-        help=f"also send metrics to a tracker, repeatable: {', '.join(LOGGERS[1:])} (jsonl, "
-        "metrics.jsonl, is always written; extra `track`); see docs/commands/pretrain.md",
-    )
-
-
-def loggers_flag(args: argparse.Namespace) -> str | None:
-    """`--logger` values as the train.loggers setting (None when the flag was not given)."""
-    return ",".join(["jsonl", *args.logger]) if getattr(args, "logger", None) else None
-
-
 def build_parser() -> argparse.ArgumentParser:
+    from gpt1.cli.options import common_options
+
     parser = argparse.ArgumentParser(
         prog="gpt1",
         parents=[common_options()],

@@ -20,17 +20,50 @@ from pathlib import Path
 HELP = "layers transferred, ablations (with an LSTM), labelled-data curve, position embeddings"
 
 
+# Each analysis: its one-line help and its description (`add_arguments` adds its options).
+ANALYSES = {
+    "positions": (
+        "2-D projection and cosine matrix of the position embeddings",
+        "Project the learned position embeddings to 2-D (t-SNE, PCA "
+        "fallback) coloured by position; plot their cosine similarity.",
+    ),
+    "layers": (
+        "Fig. 2 left: fine-tune with embeddings + K pretrained blocks",
+        "Fine-tune with the embeddings plus K = 0..n_layer pretrained "
+        "blocks; plot dev (solid) and train (dashed) metric against K.",
+    ),
+    "ablations": (
+        "Table 5: full / no pretraining / no aux LM / LSTM",
+        "Fine-tune each task four ways (Table 5) and write the table "
+        "with an Avg column in the paper's layout.",
+    ),
+    "data-size": (
+        "dev metric against labelled examples, with and without pretraining",
+        "Fine-tune on seeded subsets of the training "
+        "split with and without pretraining; plot dev metric against examples.",
+    ),
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="analysis", metavar="ANALYSIS", required=True)
+    add_options = {
+        "positions": _positions_options,
+        "layers": _layers_options,
+        "ablations": _ablations_options,
+        "data-size": _data_size_options,
+    }
+    for name, (help_, description) in ANALYSES.items():
+        s = sub.add_parser(name, help=help_, description=description)
+        add_options[name](s)
+        s.set_defaults(_parser=s)  # canonical_command reads its options
 
-    s = sub.add_parser(
-        "positions",
-        help="2-D projection and cosine matrix of the position embeddings",
-        description="Project the learned position embeddings to 2-D (t-SNE, PCA "
-        "fallback) coloured by position; plot their cosine similarity.",
-    )
+
+def _positions_options(s: argparse.ArgumentParser) -> None:
+    from gpt1.cli import options
+
     s.add_argument("checkpoint", metavar="CHECKPOINT", help="checkpoint folder or run folder")
-    s.add_argument("--out", default="analysis/positions", help="output folder")
+    _add_out(s)
     s.add_argument(
         "--method",
         choices=["tsne", "pca"],
@@ -41,25 +74,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--max-positions", type=int, default=None, help="only the first N positions (default: all)"
     )
     s.add_argument("--seed", type=int, default=0, help="t-SNE random state")
-    from gpt1.cli import add_overwrite
-
-    add_overwrite(s, "existing positions_2d.png, positions_cosine.png, positions.json")
-    s.set_defaults(_parser=s)
-
-    _add_sweep_commands(sub)
+    options.add_overwrite(s, "existing positions_2d.png, positions_cosine.png, positions.json")
 
 
-def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
-    """layers, ablations, data-size: sweeps of `gpt1 finetune` sub-runs."""
-    s = sub.add_parser(
-        "layers",
-        help="Fig. 2 left: fine-tune with embeddings + K pretrained blocks",
-        description="Fine-tune with the embeddings plus K = 0..n_layer pretrained "
-        "blocks; plot dev (solid) and train (dashed) metric against K.",
-    )
+# layers, ablations, data-size: sweeps of `gpt1 finetune` sub-runs.
+
+
+def _layers_options(s: argparse.ArgumentParser) -> None:
     _init_task_data(s)
     s.add_argument("--ks", help="K values, e.g. 0,3,6 (default: 0..n_layer)")
-    s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    _add_seeds(s)
     s.add_argument(
         "--train-eval-examples",
         type=int,
@@ -69,12 +93,8 @@ def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
     _splits_and_subset(s)
     _finetune_options(s)
 
-    s = sub.add_parser(
-        "ablations",
-        help="Table 5: full / no pretraining / no aux LM / LSTM",
-        description="Fine-tune each task four ways (Table 5) and write the table "
-        "with an Avg column in the paper's layout.",
-    )
+
+def _ablations_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--init", required=True, metavar="CHECKPOINT", help="pretrained GPT checkpoint")
     s.add_argument(
         "--lstm-init",
@@ -104,22 +124,18 @@ def _add_sweep_commands(sub: argparse._SubParsersAction) -> None:
         help="train and scored splits of a task (default train:dev), e.g. "
         "scitail=dev:test for data that has no train split",
     )
-    s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    _add_seeds(s)
     s.add_argument(
         "--rows",
         help="run only these rows: full,scratch,no_aux,lstm (default: all; "
         "the table shows every row with results in --out)",
     )
-    s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
-    s.add_argument("--out", default="analysis/ablations", help="output folder")
+    _add_train_examples(s)
+    _add_out(s)
     _finetune_options(s)
 
-    s = sub.add_parser(
-        "data-size",
-        help="dev metric against labelled examples, with and without pretraining",
-        description="Fine-tune on seeded subsets of the training "
-        "split with and without pretraining; plot dev metric against examples.",
-    )
+
+def _data_size_options(s: argparse.ArgumentParser) -> None:
     _init_task_data(s)
     s.add_argument(
         "--sizes",
@@ -136,43 +152,43 @@ def _init_task_data(s: argparse.ArgumentParser) -> None:
     s.add_argument("--init", required=True, metavar="CHECKPOINT", help="pretrained checkpoint")
     s.add_argument("--task", required=True, help="task name (see gpt1 finetune --help)")
     s.add_argument("--data", required=True, metavar="DIR", help="the task's folder")
+    _add_out(s)
+
+
+def _add_out(s: argparse.ArgumentParser) -> None:
+    """--out, by default analysis/NAME."""
     s.add_argument("--out", default=f"analysis/{s.prog.split()[-1]}", help="output folder")
+
+
+def _add_seeds(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+
+
+def _add_train_examples(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
 
 
 def _splits_and_subset(s: argparse.ArgumentParser) -> None:
     s.add_argument("--train-split", default="train", help="split to train on (default train)")
     s.add_argument("--eval-split", default="dev", help="split scored (default dev)")
-    s.add_argument("--train-examples", type=int, help="train on a seeded subset of this size")
+    _add_train_examples(s)
 
 
 def _finetune_options(s: argparse.ArgumentParser) -> None:
     """Passed to every `gpt1 finetune` sub-run (default: fine-tuning's own defaults)."""
-    from gpt1.cli import add_logger
+    from gpt1.cli import options
+    from gpt1.devices import TRAIN_PRECISIONS
 
     g = s.add_argument_group("fine-tuning options for every sub-run")
-    g.add_argument(
-        "--max-steps", type=int, help="optimizer updates per sub-run (finetune --max-steps)"
-    )
-    g.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
-    g.add_argument("--batch-size", type=int, help="examples per update (default 32)")
-    g.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
-    g.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
-    g.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
+    options.add_finetune_schedule(g, "optimizer updates per sub-run (finetune --max-steps)")
     g.add_argument(
         "--precision",
-        choices=["auto", "fp32", "bf16"],
+        choices=TRAIN_PRECISIONS,
         help="auto (default: bf16 autocast on a GPU that supports it, fp32 otherwise), "
         "fp32 or bf16",
     )
-    g.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2",
-    )
-    add_logger(g)  # one tracker run per sub-run
-    s.set_defaults(_parser=s)
+    options.add_settings(g, "passed to every sub-run, e.g. --set finetune.clf_pdrop=0.2")
+    options.add_logger(g)  # one tracker run per sub-run
 
 
 def canonical_command(args: argparse.Namespace) -> list[str]:
@@ -258,19 +274,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
     from gpt1.analysis.runs import FinetuneOptions, parse_ints
+    from gpt1.cli.options import from_flags
 
-    options = FinetuneOptions(
-        args.max_steps,
-        args.epochs,
-        args.batch_size,
-        args.micro_batch,
-        args.lr,
-        args.n_ctx,
-        args.precision,
-        list(args.set),
-        args.quiet,
-        list(args.logger or []),
-    )
+    sets, loggers = list(args.set), list(args.logger or [])
+    options = from_flags(FinetuneOptions, args, sets=sets, loggers=loggers)
     seeds = parse_ints(args.seeds, "--seeds")
     if args.analysis == "layers":
         from gpt1.analysis.layers import layers_sweep, markdown

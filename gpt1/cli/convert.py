@@ -17,12 +17,12 @@ HELP = "convert weights: original OpenAI shards / transformers folder <-> gpt1 c
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", metavar="SRC", help="source folder (or an HF hub name with --from hf)")
-    from gpt1.cli import add_overwrite
+    from gpt1.cli import options
 
     p.add_argument(
         "dst", metavar="DST", help="folder to create (written under a temporary name, then renamed)"
     )
-    add_overwrite(p, "an existing DST (never one that holds SRC or the current folder)")
+    options.add_overwrite(p, "an existing DST (never one that holds SRC or the current folder)")
     p.add_argument(
         "--from",
         dest="src_format",

@@ -21,6 +21,8 @@ HELP = "the whole pipeline on an embedded synthetic task in a few minutes (no da
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import options
+
     p.add_argument("--out", default="runs/demo", help="output folder (default runs/demo)")
     p.add_argument("--seed", type=int, default=0, help="seed for the world and every run")
     p.add_argument("--pretrain-steps", type=int, default=800, help="pretraining updates")
@@ -44,9 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --task csv/tsv/jsonl: class names in order (default: sorted)",
     )
     p.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
-    from gpt1.cli import add_overwrite
-
-    add_overwrite(
+    options.add_overwrite(
         p,
         "the demo's files in a --out that also holds other files (those are left "
         "alone; a rerun into the demo's own folder reuses its finished steps)",
@@ -54,20 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.cli import options
     from gpt1.recipes.demo import DemoSettings, demo, format_table
 
-    settings = DemoSettings(
-        out=Path(args.out),
-        seed=args.seed,
-        pretrain_steps=args.pretrain_steps,
-        corpus=args.corpus,
-        task=args.task,
-        data=args.data,
-        columns=args.columns,
-        labels=args.labels,
-        quiet=args.quiet,
-        overwrite=args.overwrite,
-    )
+    settings = options.from_flags(DemoSettings, args, out=Path(args.out))
     summary = demo(settings)
     print(format_table(summary))
     if args.json:

@@ -25,8 +25,34 @@ HELP = "fine-tune on a task (classification, entailment, similarity, multiple ch
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_logger, add_overwrite
-    from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
+    from gpt1.cli import options
+
+    _add_task_and_start(p)
+    options.add_finetune_schedule(
+        p,
+        "optimizer updates, as in pretrain (same as --set "
+        "train.max_steps=N; default 0: (examples // batch) x epochs)",
+    )
+    p.add_argument("--eval-every", type=int, help="score the eval split every N steps")
+    p.add_argument("--save-every", type=int, help="resumable checkpoint every N steps")
+    options.add_run_folder(p)
+    p.add_argument(
+        "--seed",
+        type=int,
+        help="head and task-token init, dropout, shuffling and "
+        "--train-examples subset (default 42)",
+    )
+    options.add_training_hardware(p)
+    _add_examples(p)
+    options.add_settings(
+        p, "any setting, e.g. --set train.warmup=0.01 --set finetune.clf_pdrop=0.2"
+    )
+    p.add_argument("--json", action="store_true", help="print results.json as the last line")
+
+
+def _add_task_and_start(p: argparse.ArgumentParser) -> None:
+    """The task, its data, the run folder and what the model starts from."""
+    from gpt1.cli import options
 
     p.add_argument(
         "--task",
@@ -36,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", metavar="DIR", help="folder with the task's files (or hf:NAME)")
     p.add_argument("--init", metavar="CHECKPOINT|none", help="pretrained checkpoint, or none")
     p.add_argument("--out", metavar="RUN", required=True, help="run folder")
-    p.add_argument("--config", metavar="FILE.toml", help="TOML with [finetune] and [train] tables")
+    options.add_config(p, "[finetune] and [train]")
     p.add_argument("--preset", help="model size with --init none (gpt1, mini, tiny)")
     p.add_argument("--vocab", metavar="DIR", help="tokenizer folder (needed with --init none)")
     p.add_argument(
@@ -48,34 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="K",
         help="embeddings + first K blocks from the checkpoint; -1 = nothing (default: all)",
     )
-    p.add_argument(
-        "--max-steps",
-        type=int,
-        help="optimizer updates, as in pretrain (same as --set "
-        "train.max_steps=N; default 0: (examples // batch) x epochs)",
-    )
-    p.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
-    p.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
-    p.add_argument("--batch-size", type=int, help="examples per update (default 32)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
-    p.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
-    p.add_argument("--eval-every", type=int, help="score the eval split every N steps")
-    p.add_argument("--save-every", type=int, help="resumable checkpoint every N steps")
-    p.add_argument(
-        "--resume",
-        metavar="auto|PATH",
-        help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
-    )
-    add_overwrite(p, "a non-empty --out: delete its contents and start over")
-    add_logger(p)
-    p.add_argument(
-        "--seed",
-        type=int,
-        help="head and task-token init, dropout, shuffling and "
-        "--train-examples subset (default 42)",
-    )
-    p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
-    p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
+
+
+def _add_examples(p: argparse.ArgumentParser) -> None:
+    """Which examples train and which are scored, how they are batched, and how a task of the
+    user's own csv/tsv/jsonl files reads them (`generic_spec`)."""
     p.add_argument("--train-split", help="split to train on (default train)")
     p.add_argument("--eval-split", help="split scored after training (default dev; '' = none)")
     p.add_argument(
@@ -117,14 +120,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="csv/tsv/jsonl pair tasks: use the similarity transformation (both orders)",
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="any setting, e.g. --set train.warmup=0.01 --set finetune.clf_pdrop=0.2",
-    )
-    p.add_argument("--json", action="store_true", help="print results.json as the last line")
 
 
 def generic_spec(args: argparse.Namespace) -> dict | None:
@@ -142,7 +137,7 @@ def generic_spec(args: argparse.Namespace) -> dict | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.cli import loggers_flag
+    from gpt1.cli import options
     from gpt1.recipes.finetune import finetune, resolve
 
     flags = {
@@ -174,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             "precision": args.precision,
             "device": args.device,
             "quiet": True if args.quiet else None,
-            "loggers": loggers_flag(args),
+            "loggers": options.loggers_flag(args),
         },
     }
     cfg, train_cfg = resolve(args.config, flags, args.set)

@@ -16,7 +16,7 @@ HELP = "write loss and learning-rate plots (PNG) for a run, or compare several r
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_overwrite
+    from gpt1.cli import options
 
     p.add_argument("run", metavar="RUN", nargs="+", help="run folders with metrics.jsonl")
     p.add_argument(
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the comparison figure (default: compare-METRIC.png in the current folder with "
         "several runs, RUN/METRIC.png with one)",
     )
-    add_overwrite(p, "existing plots")
+    options.add_overwrite(p, "existing plots")
 
 
 def run(args: argparse.Namespace) -> int:

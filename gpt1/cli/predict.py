@@ -19,9 +19,9 @@ HELP = "predict a split or file: submission TSV, or JSONL/CSV with probabilities
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli.evaluate import add_scoring_arguments
+    from gpt1.cli import options
 
-    add_scoring_arguments(p, "test", "test (default), dev, or a task's split name")
+    options.add_scoring(p, "test (default), dev, or a task's split name")
     p.add_argument(
         "--out", metavar="DIR", help="where to write (default RUN/submission, RUN/predictions)"
     )
@@ -35,24 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.errors import ConfigError
+    from gpt1.cli import options
     from gpt1.recipes.evaluate import predict_run
 
-    if args.micro_batch < 1:
-        raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
-    for path in predict_run(
-        args.run,
-        args.task,
-        args.data,
-        args.split,
-        args.out,
-        args.micro_batch,
-        args.skip_bad_rows,
-        args.device,
-        args.precision,
-        overwrite=args.overwrite,
-        fmt=args.format,
-        file=args.file,
-    ):
+    settings = options.scoring_settings(args)
+    paths = predict_run(
+        args.run, args.task, args.data, args.split, out=args.out, fmt=args.format, **settings
+    )
+    for path in paths:
         print(path)
     return 0

@@ -22,15 +22,9 @@ HELP = "encode .txt/.jsonl/.parquet corpora into token shards (train/val split b
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_overwrite
+    from gpt1.cli import options
 
-    p.add_argument(
-        "--corpus",
-        nargs="+",
-        required=True,
-        metavar="PATH",
-        help=".txt/.jsonl/.parquet files, folders, or hub:NAME[:SPLIT]",
-    )
+    options.add_corpus(p, ".txt/.jsonl/.parquet files, folders, or hub:NAME[:SPLIT]")
     p.add_argument(
         "--vocab",
         type=Path,
@@ -57,12 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help='split .txt files into documents: "blank-line", "line" or a string',
     )
-    p.add_argument("--text-field", default="text", help="text field of .jsonl and .parquet rows")
-    p.add_argument(
-        "--strip-gutenberg",
-        action="store_true",
-        help="keep only the text between Project Gutenberg START/END markers",
-    )
+    options.add_corpus_fields(p)
     p.add_argument("--workers", type=int, default=1, help="encoding processes")
     p.add_argument(
         "--shard-tokens",
@@ -70,22 +59,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=100_000_000,
         help="tokens per shard (approximate; documents are not cut)",
     )
-    p.add_argument(
-        "--standardize",
-        choices=["oai", "hf"],
-        default="oai",
-        help="oai: backslashes not padded (original); hf: padded",
-    )
-    p.add_argument(
-        "--oai-lowercase",
-        action="store_true",
-        help="lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) "
-        "instead of the raw text first like transformers",
-    )
-    add_overwrite(p, "a non-empty --out")
+    options.add_standardize(p, help_names_default=False)
+    options.add_oai_lowercase(p)
+    options.add_overwrite(p, "a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.cli import options
     from gpt1.errors import DataError
     from gpt1.text.prepare import PrepareOptions, prepare
 
@@ -93,19 +73,7 @@ def run(args: argparse.Namespace) -> int:
         raise DataError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     if args.workers < 1 or args.shard_tokens < 1:
         raise DataError("--workers and --shard-tokens must be at least 1")
-    opts = PrepareOptions(
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        doc_sep=args.doc_sep,
-        text_field=args.text_field,
-        strip_gutenberg=args.strip_gutenberg,
-        workers=args.workers,
-        shard_tokens=args.shard_tokens,
-        overwrite=args.overwrite,
-        quiet=args.quiet,
-        standardize=args.standardize,
-        lower_first=not args.oai_lowercase,
-    )
+    opts = options.from_flags(PrepareOptions, args, **options.text_settings(args))
     meta = prepare(args.corpus, args.vocab, args.out, opts)
     stats, splits = meta["stats"], meta["splits"]
     print(

@@ -20,15 +20,14 @@ HELP = "pretrain a GPT-1 language model on prepared token shards or text files"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_logger, add_overwrite
-    from gpt1.devices import DEVICE_HELP, TRAIN_PRECISION_HELP, TRAIN_PRECISIONS
+    from gpt1.cli import options
 
     p.add_argument(
         "--preset",
         default=None,
         help="gpt1 (paper), mini (CPU) or tiny (tests); default: the TOML's `preset`, else gpt1",
     )
-    p.add_argument("--config", metavar="FILE.toml", help="TOML with [model] [train] [data] tables")
+    options.add_config(p, "[model] [train] [data]")
     p.add_argument(
         "--data",
         metavar="PATH",
@@ -45,18 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-every", type=int, help="checkpoint every N steps")
     p.add_argument("--eval-every", type=int, help="validation every N steps (0: off)")
     p.add_argument("--log-every", type=int, help="console/metrics line every N steps")
-    p.add_argument(
-        "--resume",
-        metavar="auto|PATH",
-        help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
-    )
-    add_overwrite(p, "a non-empty --out: delete its contents and start over")
-    add_logger(p)
+    options.add_run_folder(p)
     p.add_argument("--micro-batch", type=int, help="sequences per forward pass per device")
     p.add_argument("--batch-size", type=int, help="global batch (sequences per update)")
     p.add_argument("--lr", type=float, help="peak learning rate")
-    p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
-    p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
+    options.add_training_hardware(p)
     p.add_argument("--compile", action="store_true", default=None, help="torch.compile the model")
     p.add_argument(
         "--seed", type=int, help="initial weights, dropout and window order (default 1234)"
@@ -68,17 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="lstm: the paper's single-layer LSTM baseline, sized to match the preset's "
         "parameters (gpt1.model.lstm)",
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="any setting, e.g. --set train.warmup=500 --set model.n_layer=4",
-    )
+    options.add_settings(p, "any setting, e.g. --set train.warmup=500 --set model.n_layer=4")
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.cli import loggers_flag
+    from gpt1.cli import options
     from gpt1.recipes.pretrain import pretrain, resolve_config
 
     flags = {
@@ -97,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "device": args.device,
             "quiet": True if args.quiet else None,
-            "loggers": loggers_flag(args),
+            "loggers": options.loggers_flag(args),
         },
     }
     cfg = resolve_config(args.preset, args.config, flags, args.set)

@@ -18,10 +18,12 @@ import argparse
 import sys
 
 HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
+# The flags that shape a continuation: keyword arguments of `Sampler.samples` and `stream_text`.
+SAMPLING = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
+    from gpt1.cli import options
 
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint folder or run folder")
     src = p.add_mutually_exclusive_group(required=True)
@@ -50,8 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="independent continuations of the same prompt (default 1)",
     )
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
-    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
+    options.add_inference_hardware(p)
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
 
 
@@ -82,27 +83,21 @@ def _answer(
 ) -> None:
     """Print the continuation(s) of one prompt; one text sample is streamed as it is made."""
     ids = sampler.prompt_ids(prompt, prompt_ids)
-    options = dict(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    sampling = {name: getattr(args, name) for name in SAMPLING}
     as_text = sampler.tokenizer is not None and not args.ids
     if as_text and args.num_samples == 1:
         shown = (prompt or "").strip()
         sys.stdout.write(shown)
         sys.stdout.flush()
         separator = " " if shown else ""  # between the prompt and the first piece only
-        for piece in sampler.stream_text(ids, **options):
+        for piece in sampler.stream_text(ids, **sampling):
             sys.stdout.write(separator + piece)
             separator = ""
             sys.stdout.flush()
         sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    samples = sampler.samples(ids, num_samples=args.num_samples, **options)
+    samples = sampler.samples(ids, num_samples=args.num_samples, **sampling)
     for i, s in enumerate(samples):
         if len(samples) > 1:
             print(f"=== sample {i + 1} ===")

@@ -21,10 +21,6 @@ from pathlib import Path
 
 HELP = "encode/decode text with a GPT-1 vocabulary; train a new vocabulary"
 BATCH_LINES = 4096
-OAI_LOWERCASE = (
-    "lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) instead of "
-    "the raw text first like transformers"
-)
 
 
 DESCRIPTIONS = {
@@ -45,20 +41,20 @@ def _sub(sub: argparse._SubParsersAction, name: str, help_: str) -> argparse.Arg
     """A subcommand with its description and the options every command has (--debug, --quiet)."""
     import textwrap
 
-    from gpt1.cli import common_options
+    from gpt1.cli import options
 
     summary, example = DESCRIPTIONS[name].split("\n\n", 1)
     return sub.add_parser(
         name,
         help=help_,
         description=textwrap.fill(summary, 79) + "\n\n" + example,
-        parents=[common_options()],
+        parents=[options.common_options()],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from gpt1.cli import add_overwrite
+    from gpt1.cli import options
 
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     for name, help_ in (
@@ -73,43 +69,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar="DIR",
             help="folder with the tokenizer files",
         )
-        q.add_argument(
-            "--standardize",
-            choices=["oai", "hf"],
-            default="oai",
-            help="oai: backslashes not padded (original); hf: padded (default oai)",
-        )
+        options.add_standardize(q)
         if name == "encode":
             q.add_argument("--processes", type=int, default=1, help="worker processes")
-            q.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
-    t = _sub(sub, "train", "learn a new BPE vocabulary with the GPT-1 pipeline")
-    t.add_argument(
-        "--corpus",
-        nargs="+",
-        required=True,
-        metavar="PATH",
-        help=".txt/.jsonl/.parquet files or folders",
-    )
+            options.add_oai_lowercase(q)
+    _add_train(_sub(sub, "train", "learn a new BPE vocabulary with the GPT-1 pipeline"))
+
+
+def _add_train(t: argparse.ArgumentParser) -> None:
+    from gpt1.cli import options
+
+    options.add_corpus(t, ".txt/.jsonl/.parquet files or folders")
     t.add_argument("--merges", type=int, required=True, help="number of BPE merges to learn")
     t.add_argument(
         "--out", type=Path, required=True, metavar="DIR", help="writes vocab.json + merges.txt here"
     )
     t.add_argument("--min-frequency", type=int, default=0, help="ignore rarer pairs")
-    t.add_argument(
-        "--standardize",
-        choices=["oai", "hf"],
-        default="oai",
-        help="oai: backslashes not padded (original); hf: padded (default oai)",
-    )
-    t.add_argument("--text-field", default="text", help="text field of .jsonl and .parquet rows")
-    t.add_argument(
-        "--strip-gutenberg",
-        action="store_true",
-        help="keep only the text between Project Gutenberg START/END markers",
-    )
+    options.add_standardize(t)
+    options.add_corpus_fields(t)
     t.add_argument("--processes", type=int, default=1, help="worker processes for counting")
-    t.add_argument("--oai-lowercase", action="store_true", help=OAI_LOWERCASE)
-    add_overwrite(t, "a non-empty --out")
+    options.add_oai_lowercase(t)
+    options.add_overwrite(t, "a non-empty --out")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,13 +100,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--processes must be >= 1, got {processes}")
     if args.action == "train":
         return _train(args)
+    from gpt1.cli import options
     from gpt1.text.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_dir(
-        args.vocab,
-        standardize=args.standardize,
-        lower_first=not getattr(args, "oai_lowercase", False),
-    )
+    tok = Tokenizer.from_dir(args.vocab, **options.text_settings(args))
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", errors="replace", newline="\n")
     lines = (line.rstrip("\n") for line in stdin)
     out = (
@@ -166,6 +143,7 @@ def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator
 
 
 def _train(args: argparse.Namespace) -> int:
+    from gpt1.cli import options
     from gpt1.text.prepare import train_tokenizer
 
     train_tokenizer(
@@ -174,10 +152,7 @@ def _train(args: argparse.Namespace) -> int:
         args.out,
         overwrite=args.overwrite,
         min_frequency=args.min_frequency,
-        standardize=args.standardize,
         processes=args.processes,
-        lower_first=not args.oai_lowercase,
-        text_field=args.text_field,
-        strip_gutenberg=args.strip_gutenberg,
+        **options.corpus_settings(args),
     )
     return 0

@@ -29,6 +29,9 @@ HELP = "zero-shot heuristics (sst2, cola, race, dpr, story_cloze, lambada) on a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from gpt1.cli import options
+    from gpt1.devices import PRECISION_HELP, PRECISIONS
+
     p.add_argument(
         "checkpoint",
         metavar="CHECKPOINT|RUN_DIR",
@@ -40,10 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="sst2, cola, race, dpr, story_cloze, lambada, a comma list, or all",
     )
     p.add_argument("--data", required=True, help="the task's data folder, or a data root")
-    from gpt1.cli import add_overwrite
-
     p.add_argument("--out", required=True, help="output folder")
-    add_overwrite(p, "OUT/results.json, or a curve made with other settings")
+    options.add_overwrite(p, "OUT/results.json, or a curve made with other settings")
     p.add_argument(
         "--calibrate",
         action="store_true",
@@ -60,8 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="vocab.json + merges.txt folder (default: the checkpoint's own)",
     )
-    from gpt1.devices import DEVICE_HELP, PRECISION_HELP, PRECISIONS
-
     p.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -70,7 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     # The old name, kept working but no longer shown.
     p.add_argument("--dtype", choices=PRECISIONS, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    options.add_device(p)
     p.add_argument(
         "--batch-tokens",
         type=int,

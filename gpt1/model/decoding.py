@@ -1,24 +1,34 @@
-"""Key/value caches for incremental decoding, one sequence at a time or many together.
+"""Incremental decoding: key/value caches, one sequence at a time or many together.
 
 Exact for GPT-1: with causal attention, a position's keys and values depend only on the tokens up
-to it, and post-LN changes nothing about that. `GPT.forward(ids, cache=...)` fills and reads a
-`KVCache`; `GPT.decode(ids, caches)` advances many sequences by one token each and asks
-`decode_step(caches)` how to run their attention:
+to it, and post-LN changes nothing about that. Two passes of the model use the caches, both
+running `GPT`'s own blocks with a layout (`gpt1.model.layouts`) whose attention reads the cache:
 
-- caches from one `SlotPool` (what `gpt1.recipes.decoder.BatchedDecoder` uses): every sequence's
-  keys and values live in one `[slots, H, capacity, D]` buffer pair per layer, so the new keys
-  are written with one indexed copy and attention over all the sequences, of different lengths,
-  is one SDPA call with a padding mask (`PooledStep`);
-- any other caches: one SDPA call per sequence over its own cache (`LoopStep`).
+- `forward_cached(model, ids, cache)`: ids `[B, T]` continue the positions a `KVCache` holds, and
+  the cache grows by T (a prompt, or the next token of one sequence);
+- `decode(model, ids, caches)`: the next token of each of n independent sequences, each with its
+  own cache, in one pass; `decode_step(caches)` decides how their attention runs:
+  - caches from one `SlotPool` (what `gpt1.recipes.decoder.BatchedDecoder` uses): every
+    sequence's keys and values live in one `[slots, H, capacity, D]` buffer pair per layer, so
+    the new keys are written with one indexed copy and attention over all the sequences, of
+    different lengths, is one call with a padding mask (`PooledStep`);
+  - any other caches: one call per sequence over its own cache (`LoopStep`).
 
-Both give the per-sequence results up to the summation order of the attention kernel
+Every attention call goes through the model's one seam (`gpt1.model.attention.attention`). Both
+steps give the per-sequence results up to the summation order of the attention kernel
 (`tests/test_decoding.py`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-import torch.nn.functional as F
+
+from gpt1.model.attention import attention, merge_heads, split_heads
+
+if TYPE_CHECKING:
+    from gpt1.model.gpt import GPT
 
 _MIN_CAPACITY = 64  # positions allocated at first: short runs never regrow
 
@@ -168,12 +178,14 @@ class LoopStep:
     def __init__(self, caches: list[KVCache]) -> None:
         self.caches = caches
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
+    ) -> torch.Tensor:
         """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
         rows = []
         for r, cache in enumerate(self.caches):
             keys, values = cache.layers[layer].extend(k[r : r + 1], v[r : r + 1])
-            rows.append(F.scaled_dot_product_attention(q[r : r + 1], keys, values))
+            rows.append(attention(q[r : r + 1], keys, values, dropout_p=dropout_p))
         return torch.cat(rows)
 
 
@@ -201,7 +213,9 @@ class PooledStep:
         mask = torch.zeros(visible.shape, dtype=like.dtype, device=device)
         self.mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]  # [hi-lo,1,1,end]
 
-    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    def attend(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
+    ) -> torch.Tensor:
         """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
         self.pool.reserve(layer, self.hi, self.end, k)
         keys, values = self.pool.k[layer], self.pool.v[layer]
@@ -212,9 +226,8 @@ class PooledStep:
         if self.rows is not None:  # scatter the queries into the slot range
             q = q.new_zeros(self.hi - self.lo, *q.shape[1:]).index_copy_(0, self.rows, q)
         window = slice(self.lo, self.hi)
-        y = F.scaled_dot_product_attention(
-            q, keys[window, :, : self.end], values[window, :, : self.end], attn_mask=self.mask
-        )
+        keys, values = keys[window, :, : self.end], values[window, :, : self.end]
+        y = attention(q, keys, values, attn_mask=self.mask, dropout_p=dropout_p)
         return y if self.rows is None else y.index_select(0, self.rows)
 
 
@@ -235,3 +248,86 @@ def decode_step(caches: list[KVCache]) -> LoopStep | PooledStep:
         if max(slots) - min(slots) + 1 <= 2 * len(caches):
             return PooledStep(caches)
     return LoopStep(caches)
+
+
+# ------------------------------------------------------------------ the passes
+class CachedTokens:
+    """The layout of `forward_cached` (see `gpt1.model.layouts`): new tokens `[B, T, C]` after
+    the positions one layer's cache holds; they attend to every cached position and to the new
+    ones up to their own."""
+
+    writes_cache = True
+
+    def __init__(self, cache: LayerCache) -> None:
+        self.cache = cache
+
+    def attend(self, qkv: torch.Tensor, n_head: int, dropout_p: float) -> torch.Tensor:
+        q, k, v = split_heads(qkv, n_head)  # [B, H, T, D]
+        T = q.shape[2]
+        k, v = self.cache.extend(k, v)  # [B, H, past + T, D]
+        past = k.shape[2] - T
+        mask = None
+        if past and T > 1:
+            # New queries see every cached key and the new keys up to their own position.
+            mask = torch.ones(T, past + T, dtype=torch.bool, device=q.device).tril(past)
+        y = attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=not past)
+        return merge_heads(y)  # [B, T, C]
+
+    def query_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class StepTokens:
+    """The layout of `decode` for one layer: x `[n, C]`, one new token of each of n sequences,
+    attending over its own cache through a `LoopStep` or `PooledStep`."""
+
+    writes_cache = True
+
+    def __init__(self, step: LoopStep | PooledStep, layer: int) -> None:
+        self.step, self.layer = step, layer
+
+    def attend(self, qkv: torch.Tensor, n_head: int, dropout_p: float) -> torch.Tensor:
+        n = qkv.shape[0]
+        q, k, v = qkv.view(n, 3, n_head, 1, -1).unbind(1)  # 3 x [n, H, 1, D]
+        return self.step.attend(self.layer, q, k, v, dropout_p).reshape(n, -1)  # [n, C]
+
+    def query_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """`model(ids)` for ids `[B, T]` that continue the positions `cache` holds: hidden states
+    `[B, T, n_embd]`; the cache grows by T (inference)."""
+    past, T = len(cache), ids.shape[-1]
+    if past + T > model.config.n_positions:
+        raise ValueError(
+            f"sequence of {past + T} tokens is longer than n_positions={model.config.n_positions}"
+        )
+    x, _ = model.embed(ids, torch.arange(past, past + T, device=ids.device))
+    for block, layer in zip(model.h, cache.layers):
+        x = block(x, CachedTokens(layer))
+    return x
+
+
+def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+    """The next token of each of n independent sequences: ids `[n]` -> hidden `[n, n_embd]`.
+
+    Sequence r continues `caches[r]` (filled by earlier `forward_cached` calls, of any lengths)
+    by `ids[r]`, and its cache grows by one. This is continuous batching: the weights are read
+    once for all n sequences instead of once each, and with caches from one `SlotPool` attention
+    is one call per layer for all of them. The result for sequence r is what
+    `forward_cached(model, ids[r].view(1, 1), caches[r])[0, -1]` gives, up to the summation
+    order of the larger matrix products.
+    """
+    if ids.dim() != 1 or len(caches) != ids.shape[0]:
+        raise ValueError(f"decode needs ids [n] and n caches; got {list(ids.shape)}, {len(caches)}")
+    positions = torch.tensor([len(c) for c in caches], device=ids.device)
+    if bool((positions >= model.config.n_positions).any()):
+        raise ValueError(
+            f"a cache already holds n_positions={model.config.n_positions} tokens: no room"
+        )
+    x, _ = model.embed(ids, positions)  # [n, C]
+    step = decode_step(caches)  # one attention call per layer for pooled caches
+    for i, block in enumerate(model.h):
+        x = block(x, StepTokens(step, i))
+    return x

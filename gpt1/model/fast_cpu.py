@@ -1,15 +1,16 @@
-"""CPU fast paths for the model, behind one seam: drop-ins for `F.dropout`, causal SDPA and
+"""CPU fast paths for the model: drop-ins for `F.dropout`, causal SDPA with dropout and
 `F.linear`.
 
-The model (`gpt1.model.gpt`) calls into this module in three places, and each entry point is a
-drop-in for the torch function it names, falling back to it wherever the fast path does not apply:
+Each entry point is a drop-in for the torch function it names, falling back to it wherever the
+fast path does not apply:
 
 - `Dropout` / `dropout`: `nn.Dropout` / `F.dropout`. On CPU, for rates with a small exact fraction
   (0.1 = 1/10), masks come from `gpt1.model.masks.keep_mask` (drawn in bulk on every intra-op thread,
   several times cheaper than `bernoulli_`; dropout runs 19 times per step of the mini model).
-- `causal_attention`: `F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)`. On
-  CPU with dropout, SDPA has no fused kernel and falls back to a generic path slower than the four
-  ops written out here (about 2x in bf16); this one also keeps less for backward.
+- `causal_attention_cpu_train`: `F.scaled_dot_product_attention(q, k, v, dropout_p=p,
+  is_causal=True)` on the CPU, which the attention seam (`gpt1.model.attention.attention`) calls
+  there. With dropout, SDPA has no fused CPU kernel and falls back to a generic path slower than
+  the four ops written out here (about 2x in bf16); this one also keeps less for backward.
 
 - `prepack_for_inference(model)` (inference only, called by the commands that serve, predict,
   sample and score): every `nn.Linear` becomes a `PackedLinear` and the tied output layer gets a
@@ -19,7 +20,9 @@ drop-in for the torch function it names, falling back to it wherever the fast pa
   AMX, where `F.linear` decoded faster (`python benchmarks/inference.py --plain`; figures in
   docs/results.md). The copy costs one more weight's worth of memory,
   made lazily (the output layer's only if logits are asked for), and is remade whenever the
-  weight changes.
+  weight changes. A few rows (decoding: up to `matvec.MAX_ROWS`) go to `gpt1.model.matvec`
+  instead, which reads the plain weight at the memory's speed, where oneDNN's kernel reads it
+  at about half.
 
 Same distributions and the same maths as the plain path (`tests/test_model_fast_paths.py` and
 `tests/test_attention_memory.py` check them against it); on GPUs everything goes to torch.
@@ -36,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gpt1.model.inplace import softmax_, softmax_backward_
+from gpt1.inplace import softmax_, softmax_backward_
+from gpt1.model import matvec
 from gpt1.model.masks import keep_mask
 
 
@@ -80,16 +84,6 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
-def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0
-) -> torch.Tensor:
-    """`F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)`:
-    q, k, v `[B, H, T, D]` -> `[B, H, T, D]`; written out on CPU when there is dropout."""
-    if dropout_p > 0 and q.device.type == "cpu":
-        return causal_attention_cpu_train(q, k, v, dropout_p)
-    return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-
-
 def causal_attention_cpu_train(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float
 ) -> torch.Tensor:
@@ -109,7 +103,7 @@ def _causal_probs(q: torch.Tensor, k: torch.Tensor, in_place: bool = False) -> t
     """softmax(q k^T / sqrt(D) + causal -inf mask): `[B, H, T, D]` x 2 -> `[B, H, T, T]`.
 
     The mask is always added in place (autograd does not need the scores); with `in_place`
-    (no autograd through the result) the softmax overwrites them too (`gpt1.model.inplace`).
+    (no autograd through the result) the softmax overwrites them too (`gpt1.inplace`).
     """
     T = q.shape[-2]
     mask = torch.full((T, T), float("-inf"), device=q.device).triu_(1)  # [T, T]
@@ -224,6 +218,8 @@ class PackedWeight:
     ) -> torch.Tensor:
         if not self._applies(x, weight, bias):
             return F.linear(x, weight, bias)
+        if matvec.applies(x, weight) and (op := matvec.kernel()) is not None:
+            return matvec.linear(op, x, weight, None, bias)  # decoding: a few rows
         src = self._source
         if (
             src is None
@@ -278,11 +274,12 @@ class PackedLinear(nn.Linear):
         packed.training = linear.training
         return packed
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._kernel = PackedWeight()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kernel = self.__dict__.get("_kernel")
-        if kernel is None:
-            kernel = self.__dict__["_kernel"] = PackedWeight()
-        return kernel.linear(x, self.weight, self.bias)
+        return self._kernel.linear(x, self.weight, self.bias)
 
 
 def prepack_for_inference(model: nn.Module) -> nn.Module:

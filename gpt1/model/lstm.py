@@ -152,17 +152,16 @@ class LSTMLM(nn.Module):
     def forward(
         self,
         ids: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
         lengths: torch.Tensor | None = None,
         *,
-        with_head_weight: bool = False,
         at: torch.Tensor | None = None,
+        with_head_weight: bool = False,
     ) -> torch.Tensor | LMOutput:
         """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (with `with_head_weight`,
         `LMOutput(hidden, token table)`; with `at` `[B]`, the states at those positions
         `[B, n_embd]`; as `GPT.forward`).
 
-        `position_ids` is ignored, and so is `lengths` (`GPT.forward`'s right-padding hint): a
+        `lengths` (`GPT.forward`'s right-padding hint) is ignored: a
         left-to-right LSTM's real positions never see the padding after them, and the states it
         computes at the padding are not zeroed, as nothing reads them.
         """

@@ -8,12 +8,12 @@ fp32 checkpoint and deterministic. Activations stay in a float type (bf16 where 
 bf16 instructions, else fp32): the products multiply float activations by int8 weights and
 apply the scales to the outputs, so only the weights are rounded.
 
-For a few rows (decoding) the kernel is torch's fused `aten._weight_int8pack_mm` (int8 weight,
-float activation, per-row scales): no dequantised copy of a weight is made, so a product reads
-one byte per weight. It needs the inner size to be a multiple of 16 (it reads in blocks of 16;
-other sizes crashed it). Many rows (a classification batch, a prompt), other sizes and autograd
-take the same maths as one float matrix product over the int8 values (exact in bf16) with the
-scales applied to its output: the fused kernel reads every weight again for each row, a matrix
+For a few rows (decoding) the kernel is gpt1's own (`gpt1.model.matvec`: C++ built on first
+use, reading each int8 weight once for up to 8 rows and multiplying in fp32), or torch's fused
+`aten._weight_int8pack_mm` where ours cannot be built; neither makes a dequantised copy of a
+weight, so a product reads one byte per weight. Many rows (a classification batch, a prompt)
+and autograd take the same maths as one float matrix product over the int8 values (exact in
+bf16) with the scales applied to its output: the few-row kernels do work per row, a matrix
 product does not.
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.errors import ConfigError
+from gpt1.model import matvec
 
 # The rounding error (`relative_error`, the worst row of a layer) above which a layer is refused.
 # Measured on random [2304, 768] matrices: Gaussian rows 1.2%, Laplace 2.5%, Student-t with 4
@@ -63,42 +64,49 @@ def relative_error(weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
 
 
 _FUSED_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
-# Up to this many rows the fused kernel (one pass over the weights per row) beats dequantising
-# into one float matrix product: decoding 16 sequences together cost the fused kernel 3.6x one
-# sequence's step, against 1.4x for bf16 (benchmarks/decode.py, docs/results.md).
-_FUSED_MAX_ROWS = 8
+# Up to this many rows a kernel that reads each weight once for all the rows (gpt1's own
+# `matvec`, or torch's fused kernel) beats dequantising into one float matrix product.
+_FUSED_MAX_ROWS = matvec.MAX_ROWS
 
 
 def int8_linear(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]` (in
-    x's dtype): the fused kernel for a few rows (decoding), else the same maths as a float matrix
-    product with the scales applied to its output.
+    """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]`
+    fp32: a kernel that reads each weight once for a few rows (decoding), else the same maths as
+    a float matrix product with the scales applied to its output.
 
-    The fused kernel reads each weight once per row it multiplies, so it wins where reading the
-    weights is the cost (a few rows) and loses on many (a classification batch, a prompt), where
-    one float matrix product over the int8 values (exact in bf16) does the work at the machine's
-    matmul speed. Decoding calls this 49 times per token on one row, where each Python-level
-    tensor call costs about as much as the product of a small layer: the checks read attributes
-    only, and a 2-d input is neither reshaped nor re-cast."""
+    The few-row kernels win where reading the weights is the cost and lose on many rows (a
+    classification batch, a prompt), where one float matrix product over the int8 values (exact
+    in bf16) does the work at the machine's matmul speed. The few-row kernel is gpt1's own
+    (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours cannot be built (that
+    one reads the weights once per row and needs K to be a multiple of 16). Decoding calls this
+    49 times per token on one row, where each Python-level tensor call costs about as much as
+    the product of a small layer: the checks read attributes only, and a 2-d input is not
+    reshaped."""
     K = q.shape[1]
     if (
         x.is_cpu
-        and K % _KERNEL_BLOCK == 0
         and x.dtype in _FUSED_DTYPES
         and not (x.requires_grad and torch.is_grad_enabled())
         and x.numel() <= _FUSED_MAX_ROWS * K
     ):
-        if scale.dtype != x.dtype:
-            scale = scale.to(x.dtype)
-        if x.dim() == 2:
-            out = torch.ops.aten._weight_int8pack_mm(x.contiguous(), q, scale)
+        op = matvec.kernel()
+        if op is not None and x.numel() > 0:
+            return matvec.linear(op, x, q, scale, bias)
+        rows = x if x.dim() == 2 else x.reshape(-1, K)
+        if K % _KERNEL_BLOCK == 0 and rows.shape[0] > 0:
+            out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), q, scale.to(x.dtype))
+            out = out if bias is None else out.add_(bias)
         else:
-            rows = x.reshape(-1, K).contiguous()
-            out = torch.ops.aten._weight_int8pack_mm(rows, q, scale)
-            out = out.view(*x.shape[:-1], q.shape[0])
-        return out if bias is None else out.add_(bias)
+            return _dequantised_linear(x, q, scale, bias)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], q.shape[0])
+    return _dequantised_linear(x, q, scale, bias)
+
+
+def _dequantised_linear(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     out = F.linear(x, q.to(x.dtype)) * scale.to(x.dtype)  # int8 values are exact in bf16
     return out if bias is None else out + bias
 
@@ -112,7 +120,7 @@ class Int8Linear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         q, scale = quantize_rows(linear.weight)
         self.register_buffer("qweight", q.to(linear.weight.device))
-        self.register_buffer("scale", scale.to(device=linear.weight.device, dtype=act_dtype))
+        self.register_buffer("scale", scale.to(linear.weight.device))  # fp32, like the kernel
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(act_dtype), False)
         self.error = relative_error(linear.weight, q, scale)
@@ -134,7 +142,7 @@ class Int8Head:
     def _quantize(self, weight: torch.Tensor) -> None:
         self.q, scale = quantize_rows(weight)
         self.error = relative_error(weight, self.q, scale)
-        self.scale = scale.to(weight.dtype)
+        self.scale = scale
         self._source, self._version = weight.detach(), _version_of(weight)
 
     def linear(

@@ -53,11 +53,10 @@ class LanguageModel(Protocol):
     def __call__(
         self,
         ids: torch.Tensor,
-        position_ids: torch.Tensor | None = None,
-        *,
         lengths: torch.Tensor | None = None,
-        with_head_weight: bool = False,
+        *,
         at: torch.Tensor | None = None,
+        with_head_weight: bool = False,
     ) -> Any: ...
     def lm_weight(self) -> torch.Tensor: ...
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...

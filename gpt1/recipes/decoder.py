@@ -3,10 +3,10 @@
 Decoding one sequence reads every weight once per token, so batch-1 decoding is bound by memory
 bandwidth and n concurrent sequences decoded one by one cost n reads of the weights per token.
 `BatchedDecoder` runs each new sequence's prompt through the model on its own (filling its own
-key/value cache), then advances every sequence that is past its prompt in one `GPT.decode`
-call and one output-layer product: the weights are read once per step for all of them. Their
-keys and values share one `SlotPool` (`gpt1.model.decoding`), so each layer's attention over all
-of them, of different lengths, is one call too. Sequences join and leave between steps.
+key/value cache), then advances every sequence that is past its prompt in one `decode` call and
+one output-layer product: the weights are read once per step for all of them. Their keys and
+values share one `SlotPool` (`gpt1.model.decoding`), so each layer's attention over all of them,
+of different lengths, is one call too. Sequences join and leave between steps.
 
 Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.recipes.sample.next_tokens`, with
 each sequence's own options and random generator), so a sequence decoded alone gives
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt1.model.decoding import KVCache, SlotPool
+from gpt1.model.decoding import KVCache, SlotPool, decode, forward_cached
 from gpt1.model.gpt import GPT
 from gpt1.recipes.sample import check_options, check_prompt, next_tokens
 
@@ -108,7 +108,7 @@ class BatchedDecoder:
             if together:
                 try:
                     ids = torch.cat([g.fresh[0] for g in together])  # [n]
-                    hidden = self.model.decode(ids, [g.cache for g in together])  # [n, C]
+                    hidden = decode(self.model, ids, [g.cache for g in together])  # [n, C]
                     logits = self.model.lm_logits(hidden).float()  # [n, V]
                 except Exception as exc:
                     for gen in together:
@@ -132,7 +132,7 @@ class BatchedDecoder:
     def _hidden_alone(self, gen: Generation) -> torch.Tensor:
         """The last position's hidden state `[1, C]`, as `generate_stream` computes it."""
         if gen.cache is not None and len(gen.cache) + gen.fresh.shape[1] <= self.n_positions:
-            return self.model(gen.fresh, cache=gen.cache)[:, -1]
+            return forward_cached(self.model, gen.fresh, gen.cache)[:, -1]
         self._drop_cache(gen)  # past the context: positions shift, re-read the window each step
         return self.model(gen.ids[:, -self.n_positions :])[:, -1]
 

@@ -61,6 +61,16 @@ class DemoSettings:
     overwrite: bool = False  # write into a --out that holds things the demo did not make
 
 
+# The fine-tuning arms, each a `FinetuneRun` setting beside the shared ones, in report order
+# (each into --out/finetune-I).
+ARMS: dict[str, dict[str, Any]] = {
+    "pretrained + aux LM (GPT-1)": {},
+    "pretrained, no aux LM": {"lm_coef": 0.0},
+    # Same architecture and tokenizer, nothing transferred (reference a.5, n_transfer = -1).
+    "no pretraining": {"transfer_layers": -1},
+}
+
+
 # What the demo writes into --out (a rerun reuses finished steps; anything else is the user's).
 DEMO_NAMES = {
     "data",
@@ -170,81 +180,111 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
 
 
 def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
-    world = None
+    """The pipeline, step by step (`demo` has checked the inputs and holds the folder)."""
     out.mkdir(parents=True, exist_ok=True)
-    if s.corpus:
-        corpus = list(s.corpus)
-        task = {"task": s.task, "data": s.data, "columns": s.columns, "labels": s.labels}
-    else:
-        corpus_dir, task_dir, world = write_world(out, s.seed)
-        corpus = [str(corpus_dir)]
-        task = {
-            "task": "csv",
-            "data": str(task_dir),
-            "columns": "text=sentence,label=label",
-            "labels": "0,1",
-        }
-    q = s.quiet
+    corpus, task, world = _inputs(s, out)
     tok_dir, data_dir, pre_dir = out / "tokenizer", out / "prepared", out / "pretrain"
-    timings: dict[str, float] = {}
-    reused: list[str] = []  # steps done by an earlier run: their times are that run's
-    earlier = _earlier_timings(out)
+    steps = _Steps(_earlier_timings(out))
+    _tokenizer_and_data(steps, s, corpus, tok_dir, data_dir)
+    _pretrain(steps, s, data_dir, pre_dir)
+    table = _finetune_arms(steps, s, task, pre_dir, out)
+    zero = None
+    if world is not None:
+        zero = zero_shot_check(pre_dir / "final", world)
+        table["majority class (no model)"] = _majority_class(world)
+    plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(ARMS))])
+    # A re-run that skips finished steps reports the time the whole pipeline took: the steps
+    # this run did, the earlier run's time for the steps it reused, and this run's overhead.
+    seconds = round(time.time() - t0 + sum(steps.timings[n] for n in steps.reused), 1)
+    report = _report(table, zero, steps.timings, seconds, plots, out, steps.reused)
+    write_text(out / "report.md", report)
+    summary = {
+        "results": table,
+        "zero_shot": zero,
+        "seconds": seconds,
+        "timings": steps.timings,
+        "reused_steps": steps.reused,
+        "report": str(out / "report.md"),
+    }
+    write_json(out / "demo.json", summary)
+    return summary
 
-    def step(name: str, argv: list[str], call: Callable[[], Any], done: Path | None = None) -> None:
+
+def _inputs(s: DemoSettings, out: Path) -> tuple[list[str], dict[str, Any], Any]:
+    """(corpus paths, the task's `FinetuneRun` settings, the synthetic world or None): the
+    user's data when given, else a synthetic world written into `out/data`."""
+    if s.corpus:
+        task = {"task": s.task, "data": s.data, "columns": s.columns, "labels": s.labels}
+        return list(s.corpus), task, None
+    corpus_dir, task_dir, world = write_world(out, s.seed)
+    task = {
+        "task": "csv",
+        "data": str(task_dir),
+        "columns": "text=sentence,label=label",
+        "labels": "0,1",
+    }
+    return [str(corpus_dir)], task, world
+
+
+class _Steps:
+    """Runs the pipeline's steps, each unless an earlier run finished it, and times them."""
+
+    def __init__(self, earlier: dict[str, float]):
+        self.earlier = earlier  # step times an earlier run in the same folder recorded
+        self.timings: dict[str, float] = {}
+        self.reused: list[str] = []  # steps done by an earlier run: their times are that run's
+
+    def run(self, name: str, argv: list[str], call: Callable[[], Any], done: Path) -> None:
         """Run `call` (the recipe behind the command line `argv`, logged for people) unless an
         earlier run finished it (`done` exists)."""
         start = time.time()
-        if done is not None and done.exists():
+        if done.exists():
             log.info("%s: already done (%s)", name, done)
-            if name in earlier:
-                timings[name] = earlier[name]
-                reused.append(name)
+            if name in self.earlier:
+                self.timings[name] = self.earlier[name]
+                self.reused.append(name)
                 return
         else:
             log.info("$ %s", " ".join(argv))
             call()
-        timings[name] = round(time.time() - start, 1)
+        self.timings[name] = round(time.time() - start, 1)
 
-    from gpt1.recipes.pretrain import pretrain, resolve_config
+
+def _argv(command: str, **flags: Any) -> list[str]:
+    """The command line `gpt1 COMMAND --flag value ...` (a list value repeats no flag: its items
+    follow the one flag)."""
+    argv = ["gpt1", *command.split()]
+    for key, value in flags.items():
+        argv.append("--" + key.replace("_", "-"))
+        argv += [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    return argv
+
+
+def _tokenizer_and_data(
+    steps: _Steps, s: DemoSettings, corpus: list[str], tok_dir: Path, data_dir: Path
+) -> None:
     from gpt1.text.prepare import PrepareOptions, prepare, train_tokenizer
 
-    step(
+    steps.run(
         "tokenizer",
-        [
-            "gpt1",
-            "tokenizer",
-            "train",
-            "--corpus",
-            *corpus,
-            "--merges",
-            str(s.merges),
-            "--out",
-            str(tok_dir),
-        ],
+        _argv("tokenizer train", corpus=corpus, merges=s.merges, out=tok_dir),
         lambda: train_tokenizer(corpus, s.merges, tok_dir),
         tok_dir / "merges.txt",
     )
-    step(
+    options = PrepareOptions(val_fraction=0.05, seed=s.seed, quiet=s.quiet)
+    steps.run(
         "prepare",
-        [
-            "gpt1",
-            "prepare",
-            "--corpus",
-            *corpus,
-            "--vocab",
-            str(tok_dir),
-            "--out",
-            str(data_dir),
-            "--val-fraction",
-            "0.05",
-            "--seed",
-            str(s.seed),
-        ],
-        lambda: prepare(
-            corpus, tok_dir, data_dir, PrepareOptions(val_fraction=0.05, seed=s.seed, quiet=q)
+        _argv(
+            "prepare", corpus=corpus, vocab=tok_dir, out=data_dir, val_fraction=0.05, seed=s.seed
         ),
+        lambda: prepare(corpus, tok_dir, data_dir, options),
         data_dir / "meta.json",
     )
+
+
+def _pretrain(steps: _Steps, s: DemoSettings, data_dir: Path, pre_dir: Path) -> None:
+    from gpt1.recipes.pretrain import pretrain, resolve_config
+
     model_sets = [
         f"model.n_layer={s.n_layer}",
         f"model.n_embd={s.n_embd}",
@@ -256,98 +296,65 @@ def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
         "train.eval_every=100",
         "train.log_every=50",
     ]
-    pretrain_flags = {
-        "data": {"path": str(data_dir)},
-        "train": {
-            "max_steps": s.pretrain_steps,
-            "batch_size": s.pretrain_batch,
-            "micro_batch_size": s.pretrain_batch,
-            "lr": s.pretrain_lr,
-            "seed": s.seed,
-            "resume": "auto",
-            "quiet": True if q else None,
-        },
+    train = {
+        "max_steps": s.pretrain_steps,
+        "batch_size": s.pretrain_batch,
+        "micro_batch_size": s.pretrain_batch,
+        "lr": s.pretrain_lr,
+        "seed": s.seed,
+        "resume": "auto",
+        "quiet": True if s.quiet else None,
     }
+    flags = {"data": {"path": str(data_dir)}, "train": train}
 
     def run_pretrain() -> None:
-        result = pretrain(resolve_config("tiny", None, pretrain_flags, model_sets), pre_dir)
+        result = pretrain(resolve_config("tiny", None, flags, model_sets), pre_dir)
         if result.interrupted:
             raise Gpt1Error(f"pretraining was interrupted (signal {int(result.interrupted)})")
 
-    step(
+    argv = _argv(
         "pretrain",
-        [
-            "gpt1",
-            "pretrain",
-            "--preset",
-            "tiny",
-            "--data",
-            str(data_dir),
-            "--out",
-            str(pre_dir),
-            "--max-steps",
-            str(s.pretrain_steps),
-            "--batch-size",
-            str(s.pretrain_batch),
-            "--micro-batch",
-            str(s.pretrain_batch),
-            "--lr",
-            str(s.pretrain_lr),
-            "--seed",
-            str(s.seed),
-            "--resume",
-            "auto",
-            *[a for kv in model_sets for a in ("--set", kv)],
-        ],
-        run_pretrain,
-        pre_dir / "final",
+        preset="tiny",
+        data=data_dir,
+        out=pre_dir,
+        max_steps=s.pretrain_steps,
+        batch_size=s.pretrain_batch,
+        micro_batch=s.pretrain_batch,
+        lr=s.pretrain_lr,
+        seed=s.seed,
+        resume="auto",
     )
+    argv += [a for kv in model_sets for a in ("--set", kv)]
+    steps.run("pretrain", argv, run_pretrain, pre_dir / "final")
+
+
+def _finetune_arms(
+    steps: _Steps, s: DemoSettings, task: dict[str, Any], pre_dir: Path, out: Path
+) -> dict[str, Any]:
+    """Fine-tune each of `ARMS` into `out/finetune-I`; their dev results by arm."""
     options = FinetuneOptions(
         epochs=s.finetune_epochs,
         batch_size=s.finetune_batch,
         micro_batch=s.finetune_batch,
         lr=s.finetune_lr,
         n_ctx=s.n_ctx,
-        quiet=q,
+        quiet=s.quiet,
     )
-    arms: dict[str, dict[str, Any]] = {
-        "pretrained + aux LM (GPT-1)": {},
-        "pretrained, no aux LM": {"lm_coef": 0.0},
-        # Same architecture and tokenizer, nothing transferred (reference a.5, n_transfer = -1).
-        "no pretraining": {"transfer_layers": -1},
-    }
     table: dict[str, Any] = {}
-    for i, (name, extra) in enumerate(arms.items()):
+    for i, (name, extra) in enumerate(ARMS.items()):
         run = out / f"finetune-{i}"
         sub = FinetuneRun(
             init=pre_dir, out=run, options=options, seed=s.seed, resume="auto", **task, **extra
         )
-        step(f"finetune {i}", sub.argv(), sub.run, run / "results.json")
+        steps.run(f"finetune {i}", sub.argv(), sub.run, run / "results.json")
         table[name] = read_results(run)
-    zero = zero_shot_check(pre_dir / "final", world) if world is not None else None
-    if world is not None:
-        # What a model that ignores the sentence can reach: always the dev set's commoner label.
-        positives = sum(label for _, label in world.dev) / len(world.dev)
-        table["majority class (no model)"] = {
-            "accuracy": max(positives, 1 - positives),
-            "n": len(world.dev),
-        }
-    plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(arms))])
-    # A re-run that skips finished steps reports the time the whole pipeline took: the steps
-    # this run did, the earlier run's time for the steps it reused, and this run's overhead.
-    seconds = round(time.time() - t0 + sum(timings[n] for n in reused), 1)
-    report = _report(table, zero, timings, seconds, plots, out, reused)
-    write_text(out / "report.md", report)
-    summary = {
-        "results": table,
-        "zero_shot": zero,
-        "seconds": seconds,
-        "timings": timings,
-        "reused_steps": reused,
-        "report": str(out / "report.md"),
-    }
-    write_json(out / "demo.json", summary)
-    return summary
+    return table
+
+
+def _majority_class(world: Any) -> dict[str, Any]:
+    """What a model that ignores the sentence can reach: always the dev set's commoner label."""
+    positives = sum(label for _, label in world.dev) / len(world.dev)
+    return {"accuracy": max(positives, 1 - positives), "n": len(world.dev)}
 
 
 def _earlier_timings(out: Path) -> dict[str, float]:

@@ -14,7 +14,7 @@ import json
 import logging
 import random
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -308,24 +308,75 @@ def _finetune(
     max_steps_cap: int,
     trackers: Trackers,
 ) -> tuple[TrainResult, dict]:
+    info = dist.env_info()
+    plan = _plan(cfg, train_cfg, out, spec, max_steps_cap, info)
+    source = FinetuneSource(
+        plan.enc,
+        plan.train_cfg.seed,
+        plan.task.regression,
+        info.rank,
+        info.world_size,
+        plan.train_cfg.micro_batch_size if cfg.group_by_length else 0,
+    )
+    trackers.config = plan.resolved
+    try:
+        result = train(
+            plan.model,
+            FinetuneLoss(plan.task.regression, cfg.lm_coef),
+            source,
+            plan.train_cfg,
+            out,
+            eval_fn=plan.eval_fn,
+            write_model=writer(plan.tok_dir, plan.record, plan.resolved),
+            read_model=read_into,
+            resolved_config=plan.resolved,
+            flops_per_token=model_flops(plan.model.gpt, plan.n_ctx),
+            trackers=trackers,
+        )
+    finally:
+        dist.destroy()
+    results: dict = {}
+    if not result.interrupted and cfg.eval_split and info.is_main:
+        results = _final_results(plan, cfg, result, info)
+        write_results(out, results)
+        trackers.summary(results, result.step)
+    return result, results
+
+
+@dataclass
+class _Plan:
+    """A fine-tuning run checked and ready to train (only run.json written so far)."""
+
+    task: Task
+    train_cfg: TrainConfig  # its length fixed by the training set's size
+    model: FinetuneModel
+    tok: Any
+    tok_dir: Path
+    n_ctx: int
+    train_split: Any  # the examples read (and the rows skipped)
+    enc: Any  # the examples as token sequences
+    eval_fn: Any  # the trainer's periodic evaluation, or None
+    record: dict[str, Any]  # task.json
+    resolved: dict[str, Any]  # run.json's settings, also the trackers' config
+
+
+def _plan(
+    cfg: FinetuneConfig,
+    train_cfg: TrainConfig,
+    out: Path,
+    spec: dict | None,
+    max_steps_cap: int,
+    info: dist.DistInfo,
+) -> _Plan:
+    """Check the run, build its model, read and encode its data, and write run.json."""
     # The run's own settings first, before any model or data is read (the rest, from the model
     # and the task, below); nothing is written until both pass.
     resume_record(cfg, train_cfg, out, {"finetune": asdict(cfg), "train": asdict(train_cfg)})
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
-    info = dist.env_info()
     check_training_memory(cfg, task, train_cfg, info)
     model, tok, tok_dir = build_finetune_model(cfg, task, train_cfg.seed)
     n_ctx = min(cfg.n_ctx or default_context(cfg, model.gpt), model.gpt.config.n_positions)
-    train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
-    report_skipped(train_split)
-    if cfg.eval_split and cfg.eval_split != cfg.train_split:
-        # Fail now, not after training, when the split scored at the end is missing or malformed.
-        task.read(cfg.data, cfg.eval_split, cfg.skip_bad_rows)
-    if cfg.train_examples:
-        keep = train_subset(len(train_split.examples), cfg.train_examples, train_cfg.seed)
-        train_split = dataclasses.replace(
-            train_split, examples=[train_split.examples[i] for i in keep]
-        )
+    train_split = _training_split(cfg, task, train_cfg.seed)
     enc = encode_split(train_split, task, tok, n_ctx, cfg.question_delimiter, cfg.encode_processes)
     train_cfg = run_length(train_cfg, len(enc.items), max_steps_cap)
     eval_fn = None
@@ -341,68 +392,68 @@ def _finetune(
     record_json = resume_record(cfg, train_cfg, out, resolved)  # refuses before any write
     if info.is_main:
         files.write_json(out / "run.json", record_json)
-        log.info(
-            "fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g); "
-            "headline metric %s%s",
-            task.name,
-            len(enc.items),
-            cfg.train_split,
-            train_cfg.max_steps,
-            train_cfg.batch_size,
-            train_cfg.lr,
-            cfg.lm_coef,
-            task.metrics[0],
-            f" (F1 of class {task.f1_label!r})" if task.f1_label else "",
-        )
-    source = FinetuneSource(
-        enc,
-        train_cfg.seed,
-        task.regression,
-        info.rank,
-        info.world_size,
-        train_cfg.micro_batch_size if cfg.group_by_length else 0,
+        _log_plan(task, cfg, train_cfg, len(enc.items))
+    return _Plan(
+        task, train_cfg, model, tok, tok_dir, n_ctx, train_split, enc, eval_fn, record, resolved
     )
-    trackers.config = resolved
-    try:
-        result = train(
-            model,
-            FinetuneLoss(task.regression, cfg.lm_coef),
-            source,
-            train_cfg,
-            out,
-            eval_fn=eval_fn,
-            write_model=writer(tok_dir, record, resolved),
-            read_model=read_into,
-            resolved_config=resolved,
-            flops_per_token=model_flops(model.gpt, n_ctx),
-            trackers=trackers,
+
+
+def _training_split(cfg: FinetuneConfig, task: Task, seed: int) -> Any:
+    """The training examples (a seeded subset with --train-examples); the evaluation split is
+    read too, so a missing or malformed one fails now rather than after training."""
+    train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
+    report_skipped(train_split)
+    if cfg.eval_split and cfg.eval_split != cfg.train_split:
+        task.read(cfg.data, cfg.eval_split, cfg.skip_bad_rows)
+    if cfg.train_examples:
+        keep = train_subset(len(train_split.examples), cfg.train_examples, seed)
+        train_split = dataclasses.replace(
+            train_split, examples=[train_split.examples[i] for i in keep]
         )
-    finally:
-        dist.destroy()
-    results: dict = {}
-    if not result.interrupted and cfg.eval_split and info.is_main:
-        if info.enabled and train_cfg.distributed == "fsdp":
-            # Rank 0 scores alone, and an FSDP2 model is sharded over the (now closed) group:
-            # score the unsharded weights the trainer just wrote instead.
-            model = load_finetuned(result.final_dir)[0]
-        model.eval()
-        results = evaluate_model(
-            model,
-            task,
-            tok,
-            cfg.data,
-            cfg.eval_split,
-            n_ctx,
-            cfg.question_delimiter,
-            train_cfg.micro_batch_size,
-            cfg.skip_bad_rows,
-        )
-        results["train_n"] = len(enc.items)
-        results["train_skipped"] = len(train_split.skipped)
-        results["steps"] = result.step
-        write_results(out, results)
-        trackers.summary(results, result.step)
-    return result, results
+    return train_split
+
+
+def _log_plan(task: Task, cfg: FinetuneConfig, train_cfg: TrainConfig, n_train: int) -> None:
+    log.info(
+        "fine-tuning %s on %d %s examples for %d steps (batch %d, lr %g, lm_coef %g); "
+        "headline metric %s%s",
+        task.name,
+        n_train,
+        cfg.train_split,
+        train_cfg.max_steps,
+        train_cfg.batch_size,
+        train_cfg.lr,
+        cfg.lm_coef,
+        task.metrics[0],
+        f" (F1 of class {task.f1_label!r})" if task.f1_label else "",
+    )
+
+
+def _final_results(
+    plan: _Plan, cfg: FinetuneConfig, result: TrainResult, info: dist.DistInfo
+) -> dict[str, Any]:
+    """The trained model's metrics on `cfg.eval_split` (results.json), scored by rank 0."""
+    model = plan.model
+    if info.enabled and plan.train_cfg.distributed == "fsdp":
+        # Rank 0 scores alone, and an FSDP2 model is sharded over the (now closed) group:
+        # score the unsharded weights the trainer just wrote instead.
+        model = load_finetuned(result.final_dir)[0]
+    model.eval()
+    results = evaluate_model(
+        model,
+        plan.task,
+        plan.tok,
+        cfg.data,
+        cfg.eval_split,
+        plan.n_ctx,
+        cfg.question_delimiter,
+        plan.train_cfg.micro_batch_size,
+        cfg.skip_bad_rows,
+    )
+    results["train_n"] = len(plan.enc.items)
+    results["train_skipped"] = len(plan.train_split.skipped)
+    results["steps"] = result.step
+    return results
 
 
 def periodic_eval(task: Task, cfg: FinetuneConfig, tok: Any, n_ctx: int, micro: int) -> Any:

@@ -21,7 +21,8 @@ import torch
 from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
 from gpt1.devices import resolve_device
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.model.gpt import GPT, KVCache
+from gpt1.model.decoding import KVCache, forward_cached
+from gpt1.model.gpt import GPT
 from gpt1.model.inference import for_inference
 from gpt1.model.memory import ensure_fits
 from gpt1.model.registry import load_any_checkpoint
@@ -190,7 +191,7 @@ def _steps(
         for _ in range(max_new_tokens):
             with torch.no_grad():
                 if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                    hidden = model(fresh, cache=cache)[:, -1]
+                    hidden = forward_cached(model, fresh, cache)[:, -1]
                 else:
                     cache = None  # past the context: positions shift, re-read the window each step
                     hidden = model(out[:, -n_pos:])[:, -1]

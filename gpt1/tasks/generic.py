@@ -23,7 +23,6 @@ from gpt1.tasks.rows import (
     label_field,
     label_text,
     missing_column,
-    optional_label,
     records,
     text_field,
 )
@@ -110,10 +109,8 @@ def read_generic(
 
     def build(line: int, rec: Record) -> Example:
         label = None
-        if has_label and need_labels:
-            label = label_field(rec, cols["label"], path, line, labels)
-        elif has_label and cols["label"] in rec:  # prediction: a label is kept where it reads
-            label = optional_label(rec, cols["label"], path, line, labels)
+        if has_label:  # prediction (not need_labels): a label is kept where it reads
+            label = label_field(rec, cols["label"], path, line, labels, required=need_labels)
         uid = (
             label_text(rec[cols["id"]], path, line, cols["id"])
             if "id" in cols and rec.get(cols["id"]) is not None

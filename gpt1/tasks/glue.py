@@ -22,7 +22,6 @@ from gpt1.tasks.rows import (
     _lines,
     collect,
     label_field,
-    optional_label,
     records,
     text_field,
 )
@@ -105,8 +104,9 @@ def read_glue_tsv(
         if has_label:
             if columns.label_last and rec[columns.label].strip() == "-":
                 return None
-            read_label = label_field if need_labels else optional_label
-            label = read_label(rec, columns.label, path, line, labels, aliases)
+            label = label_field(
+                rec, columns.label, path, line, labels, aliases, required=need_labels
+            )
         uid = rec[id_col] if id_col else str(line)
         if len(texts) == 1:
             return TextExample(texts[0], label, uid)

@@ -190,15 +190,19 @@ ACC, F1_ACC, MCC, CORR = ("accuracy",), ("f1", "accuracy"), ("matthews",), ("pea
 MNLI_SPLITS = ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched")
 
 
+# MRPC as GLUE ships it, or as Microsoft's own download names its files.
+MRPC_FILES = {
+    "train": ["train.tsv", "msr_paraphrase_train.txt"],
+    "dev": ["dev.tsv"],
+    "test": ["test.tsv", "msr_paraphrase_test.txt"],
+}
+
+
+def _race(name: str, levels: tuple[str, ...], folders: tuple[str, ...] = ()) -> Task:
+    return Task(name, "choice", None, ACC, _race_reader(levels), folders=folders)
+
+
 def _builtin() -> dict[str, Task]:
-    race = lambda name, levels, folders=(): Task(
-        name,
-        "choice",
-        None,
-        ACC,  # noqa: E731
-        _race_reader(levels),
-        folders=folders,
-    )
     return {
         t.name: t
         for t in [
@@ -239,20 +243,7 @@ def _builtin() -> dict[str, Task]:
             Task("qnli", "pair", NOT_ENT, ACC, _glue_reader("qnli")),
             Task("rte", "pair", NOT_ENT, ACC, _glue_reader("rte")),
             Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli")),
-            Task(
-                "mrpc",
-                "similarity",
-                BINARY,
-                F1_ACC,
-                _glue_reader(
-                    "mrpc",
-                    {
-                        "train": ["train.tsv", "msr_paraphrase_train.txt"],
-                        "dev": ["dev.tsv"],
-                        "test": ["test.tsv", "msr_paraphrase_test.txt"],
-                    },
-                ),
-            ),
+            Task("mrpc", "similarity", BINARY, F1_ACC, _glue_reader("mrpc", MRPC_FILES)),
             Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp")),
             Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
             Task(
@@ -263,9 +254,9 @@ def _builtin() -> dict[str, Task]:
                 _story_cloze_reader,
                 folders=("story_cloze", "ROCStories"),
             ),
-            race("race", ("middle", "high"), ("RACE", "race")),
-            race("race_middle", ("middle",)),
-            race("race_high", ("high",)),
+            _race("race", ("middle", "high"), ("RACE", "race")),
+            _race("race_middle", ("middle",)),
+            _race("race_high", ("high",)),
         ]
     }
 

@@ -152,28 +152,43 @@ def tsv_records(
             continue
         if line == "":
             continue  # blank line: nothing to read (trailing newlines are common)
-        fields = line.split("\t")
-        if len(fields) != len(header) and not (extra_last and len(fields) > len(header)):
-            bad.report(
-                DataError(
-                    f"expected {len(header)} tab-separated fields "
-                    f"({', '.join(header)}), got {len(fields)}",
-                    path,
-                    lineno,
-                )
-            )
-            continue
-        record = dict(zip(header, fields))
-        if extra_last:
-            record[extra_last] = fields[-1]
-        try:
-            check_field_sizes(record, path, lineno)
-        except DataError as exc:
-            bad.report(exc)
-            continue
-        yield lineno, record
+        record = _record(line.split("\t"), header, "tab", path, lineno, bad, extra_last)
+        if record is not None:
+            yield lineno, record
     if header is None and names is None:
         raise DataError("empty file (expected a header line)", path)
+
+
+def _record(
+    fields: list[str],
+    header: list[str],
+    separator: str,
+    path: Path,
+    lineno: int,
+    bad: BadRows,
+    extra_last: str | None = None,
+) -> Record | None:
+    """A row's fields keyed by the header (`extra_last`: see `tsv_records`), or None when the
+    row is malformed (a wrong field count, a field too long), reported to `bad`."""
+    if len(fields) != len(header) and not (extra_last and len(fields) > len(header)):
+        bad.report(
+            DataError(
+                f"expected {len(header)} {separator}-separated fields "
+                f"({', '.join(header)}), got {len(fields)}",
+                path,
+                lineno,
+            )
+        )
+        return None
+    record = dict(zip(header, fields))
+    if extra_last:
+        record[extra_last] = fields[-1]
+    try:
+        check_field_sizes(record, path, lineno)
+    except DataError as exc:
+        bad.report(exc)
+        return None
+    return record
 
 
 def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
@@ -201,23 +216,9 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
                 continue
             if not fields:
                 continue  # blank line
-            if len(fields) != len(header):
-                bad.report(
-                    DataError(
-                        f"expected {len(header)} comma-separated fields "
-                        f"({', '.join(header)}), got {len(fields)}",
-                        path,
-                        first,
-                    )
-                )
-                continue
-            record = dict(zip(header, fields))
-            try:
-                check_field_sizes(record, path, first)
-            except DataError as exc:
-                bad.report(exc)
-                continue
-            yield first, record
+            record = _record(fields, header, "comma", path, first, bad)
+            if record is not None:
+                yield first, record
     except csv.Error as exc:
         raise DataError(f"malformed CSV ({exc})", path, line_of[0]) from None
     finally:
@@ -281,22 +282,6 @@ def missing_column(name: str, record: Record, what: str = "column") -> str:
     return f"missing {what} {name!r} (this row has: {present})"
 
 
-def optional_label(
-    record: Record,
-    name: str,
-    path: Path,
-    line: int,
-    labels: list[str] | None,
-    aliases: dict[str, str] | None = None,
-) -> int | float | None:
-    """The label where it reads as one, else None: for prediction, which needs no labels (a gold
-    label never seen in training, or a blank one, must not stop it)."""
-    try:
-        return label_field(record, name, path, line, labels, aliases)
-    except DataError:
-        return None
-
-
 def label_field(
     record: Record,
     name: str,
@@ -304,8 +289,18 @@ def label_field(
     line: int,
     labels: list[str] | None,
     aliases: dict[str, str] | None = None,
-) -> int | float:
-    """A class index (`labels` given) or a float score (`labels` None), from column `name`."""
+    *,
+    required: bool = True,
+) -> int | float | None:
+    """A class index (`labels` given) or a float score (`labels` None), from column `name`.
+
+    Not `required` (prediction, which needs no labels), a label that does not read as one is
+    None: a gold label never seen in training, or a blank one, must not stop a prediction."""
+    if not required:
+        try:
+            return label_field(record, name, path, line, labels, aliases)
+        except DataError:
+            return None
     if name not in record or record[name] is None:
         raise DataError(missing_column(name, record, "label column"), path, line, name)
     value = record[name]

@@ -148,165 +148,258 @@ def train(
             project=cfg.tracker_project,
             mlflow_uri=cfg.mlflow_uri,
         )
-    device = resolve_device(cfg.device, local_rank=dist.env_info().local_rank)
-    precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
-    info = dist.init(device.type)
-    accum = _accumulation(cfg, info.world_size)
-    total = cfg.total_steps or cfg.max_steps
-    write_model = write_model or default_write_model(tokenizer_dir, resolved_config)
-    read_model = read_model or default_read_model
-
-    raw = model.to(device)
-    if cfg.gradient_checkpointing:
-        checkpoint_blocks(raw)
-    resume_dir = train_state.resume_checkpoint(cfg.resume, run_dir)
-    if resume_dir is not None:
-        read_model(raw, resume_dir)
-    wrapped = dist.wrap(raw, cfg.distributed, device)
-    if cfg.compile:
-        wrapped = torch.compile(wrapped)
-    view = _ModelView(wrapped, raw)
-    optimizer = build_optimizer(raw, cfg)
-
-    torch.manual_seed(cfg.seed + 1000 * info.rank)  # dropout masks differ between ranks
-    state = {"step": 0, "log": {"loss_sum": 0.0, "n": 0}}
-    # One thread count for the whole run (and the one it started with, on a resume): the last
-    # bits of the gradients depend on it, so following the machine's load would change them.
-    recorded = train_state.recorded_threads(resume_dir) if resume_dir is not None else None
-    run_threads = threads.pin_for_training(recorded)
-    if resume_dir is not None:
-        state = _load_state(
-            resume_dir, raw, optimizer, source, info, device, fsdp=cfg.distributed == "fsdp"
-        )
-    state["threads"] = run_threads
-    logger = MetricsLogger(
+    run = _Run(
+        model,
+        source,
+        cfg,
         run_dir,
-        info.is_main,
-        resume_step=state["step"] if resume_dir is not None else None,
-        trackers=trackers,
+        read_model or default_read_model,
+        write_model or default_write_model(tokenizer_dir, resolved_config),
+        resolved_config,
     )
-    if info.is_main and resume_dir is not None:
-        logger.console(f"resuming from {resume_dir} at step {state['step']}")
-    peak = peak_flops(device, precision, cfg.peak_flops) if info.is_main else 0.0
-    if flops_per_token is None and hasattr(raw, "flops_per_token"):
-        flops_per_token = raw.flops_per_token()  # gpt1.model.registry.LanguageModel; else no MFU
-
-    def save(name: str) -> Path:
-        return _save(
-            run_dir / name,
-            raw,
-            optimizer,
-            source,
-            state,
-            write_model,
-            info,
-            cfg,
-            total,
-            resolved_config,
-        )
-
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16)
-        if precision == "bf16"
-        else contextlib.nullcontext()
-    )
+    meter = _meter(run, trackers, flops_per_token)
     stop = {"signal": 0}
     outcome = "FAILED"
     previous = _install_handlers(stop)
-    result = TrainResult(step=state["step"], run_dir=run_dir)
-    bar = _progress(cfg, info.is_main, state["step"])
-    logger.bar = bar
     try:
-        wrapped.train()
-        if eval_fn is not None and cfg.eval_every and state["step"] == 0:
-            result.last_eval = _evaluate(wrapped, view, eval_fn, autocast, logger, 0)
-        t_last, tokens_since = time.perf_counter(), 0.0
-        while state["step"] < cfg.max_steps:
-            step = state["step"]
-            lr = lr_at(step, cfg, total)
-            set_lr(optimizer, lr)
-            loss_sum = torch.zeros((), device=device)
-            tokens = 0.0
-            parts: dict[str, float] = {}  # the loss's named terms (fine-tuning: task, LM)
-            for i in range(accum):
-                batch = to_device(source.next_batch(cfg.micro_batch_size), device)
-                with dist.no_sync(wrapped, skip=i < accum - 1):
-                    with autocast:
-                        loss, extra = loss_fn(view, batch)
-                    (loss / accum).backward()
-                loss_sum += loss.detach().float()
-                tokens += float(extra.get("tokens", 0.0))
-                _add_parts(parts, extra)
-            names = sorted(parts)
-            stats = torch.tensor(
-                [float(loss_sum) / accum, tokens, float(stop["signal"])]
-                + [parts[k] / accum for k in names],
-                dtype=torch.float64,
-                device=device,
-            )
-            stats = dist.all_reduce_sum(stats)
-            step_loss = float(stats[0]) / info.world_size
-            _log_parts(state["log"], names, stats[3:].tolist(), info.world_size)
-            grad_norm = _clip(raw, cfg.grad_clip)
-            if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
-                raise TrainingDiverged(_diverged_message(step + 1, step_loss, grad_norm, run_dir))
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["step"] = step = step + 1
-            state["log"]["loss_sum"] += step_loss
-            state["log"]["n"] += 1
-            tokens_since += float(stats[1])
-            result.last_loss = step_loss
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{step_loss:.3f}", refresh=False)
-            if step % cfg.log_every == 0 or step == cfg.max_steps:
-                now = time.perf_counter()
-                rec = _train_record(
-                    state,
-                    step,
-                    lr,
-                    grad_norm,
-                    tokens_since / (now - t_last),
-                    flops_per_token,
-                    peak,
-                    info.world_size,
-                    device,
-                )
-                logger.write(rec)
-                logger.console(train_line(rec))
-                t_last, tokens_since = now, 0.0
-            if (
-                eval_fn is not None
-                and cfg.eval_every
-                and (step % cfg.eval_every == 0 or step == cfg.max_steps)
-            ):
-                result.last_eval = _evaluate(wrapped, view, eval_fn, autocast, logger, step)
-            signalled = int(float(stats[2]) > 0)
-            if signalled or (cfg.save_every and step % cfg.save_every == 0):
-                save(f"step-{step}")
-            if signalled:
-                result.interrupted = stop["signal"] or signal.SIGTERM
-                logger.console(
-                    f"stopped by signal {result.interrupted}; checkpoint "
-                    f"{run_dir / f'step-{step}'} written"
-                )
-                break
-        else:
-            result.final_dir = save("final")
-        result.step = state["step"]
+        result = _run_updates(run, loss_fn, eval_fn, meter, stop)
         outcome = "KILLED" if result.interrupted else "FINISHED"
         return result
     except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
         if not _is_oom(exc):
             raise
-        raise OutOfMemory(_oom_message(cfg, accum, info.world_size, exc)) from None
+        raise OutOfMemory(_oom_message(cfg, run.accum, run.info.world_size, exc)) from None
     finally:
-        if bar is not None:
-            bar.close()
+        if meter.logger.bar is not None:
+            meter.logger.bar.close()
         _restore_handlers(previous)
         if owned:
             trackers.close(outcome)
+
+
+class _Run:
+    """What one call of `train` works with: the model (plain, wrapped, and the view `loss_fn`
+    receives), its optimizer and data, where it runs, and the resumable state. Building it
+    places, wraps and (on a resume) restores the model, optimizer, data cursor and RNG."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        source: BatchSource,
+        cfg: TrainConfig,
+        run_dir: Path,
+        read_model: Callable[[nn.Module, Path], None],
+        write_model: Callable[[nn.Module, Path], None],
+        resolved: dict | None,
+    ):
+        self.cfg, self.run_dir, self.source = cfg, run_dir, source
+        self.write_model, self.resolved = write_model, resolved
+        self.device = device = resolve_device(cfg.device, local_rank=dist.env_info().local_rank)
+        self.precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
+        self.info = info = dist.init(device.type)
+        self.accum = _accumulation(cfg, info.world_size)  # micro-batches per update and rank
+        self.total = cfg.total_steps or cfg.max_steps  # the schedule's length
+        self.raw = raw = model.to(device)
+        if cfg.gradient_checkpointing:
+            checkpoint_blocks(raw)
+        self.resumed_from = train_state.resume_checkpoint(cfg.resume, run_dir)
+        if self.resumed_from is not None:
+            read_model(raw, self.resumed_from)
+        self.wrapped = dist.wrap(raw, cfg.distributed, device)
+        if cfg.compile:
+            self.wrapped = torch.compile(self.wrapped)
+        self.view = _ModelView(self.wrapped, raw)
+        self.optimizer = build_optimizer(raw, cfg)
+        self.state = self._initial_state()  # what a checkpoint records besides the tensors
+
+    def _initial_state(self) -> dict:
+        """Step 0, or the step (and logging sums) of the checkpoint resumed from, whose
+        optimizer moments, data cursor and RNG states are restored; and the thread count."""
+        cfg, info = self.cfg, self.info
+        torch.manual_seed(cfg.seed + 1000 * info.rank)  # dropout masks differ between ranks
+        state = {"step": 0, "log": {"loss_sum": 0.0, "n": 0}}
+        # One thread count for the whole run (and the one it started with, on a resume): the
+        # last bits of the gradients depend on it, so following the machine's load would
+        # change them.
+        resumed = self.resumed_from
+        run_threads = threads.pin_for_training(
+            train_state.recorded_threads(resumed) if resumed is not None else None
+        )
+        if resumed is not None:
+            fsdp = cfg.distributed == "fsdp"
+            state = _load_state(
+                resumed, self.raw, self.optimizer, self.source, info, self.device, fsdp=fsdp
+            )
+        state["threads"] = run_threads
+        return state
+
+    def save(self, name: str) -> Path:
+        return _save(self, self.run_dir / name)
+
+
+@dataclass
+class _Meter:
+    """Where progress goes: metrics.jsonl and the trackers, the console, the progress bar; and
+    what tokens/s and MFU are measured against."""
+
+    logger: MetricsLogger  # its `bar`: tqdm, or None when quiet or not the main process
+    peak: float
+    flops_per_token: float | None
+    since: float = 0.0
+    tokens: float = 0.0  # processed by all ranks since `since`
+
+    def start(self) -> None:
+        self.since, self.tokens = time.perf_counter(), 0.0
+
+    def tokens_per_s(self) -> float:
+        """Tokens/s since the last call (or the start), and start a new interval."""
+        now = time.perf_counter()
+        rate = self.tokens / (now - self.since)
+        self.since, self.tokens = now, 0.0
+        return rate
+
+
+def _meter(run: _Run, trackers: Trackers, flops_per_token: float | None) -> _Meter:
+    info, step = run.info, run.state["step"]
+    logger = MetricsLogger(
+        run.run_dir,
+        info.is_main,
+        resume_step=step if run.resumed_from is not None else None,
+        trackers=trackers,
+    )
+    if info.is_main and run.resumed_from is not None:
+        logger.console(f"resuming from {run.resumed_from} at step {step}")
+    peak = peak_flops(run.device, run.precision, run.cfg.peak_flops) if info.is_main else 0.0
+    if flops_per_token is None and hasattr(run.raw, "flops_per_token"):
+        # gpt1.model.registry.LanguageModel; any other model trains without an MFU figure
+        flops_per_token = run.raw.flops_per_token()
+    logger.bar = _progress(run.cfg, info.is_main, step)  # console lines print above it
+    return _Meter(logger, peak, flops_per_token)
+
+
+@dataclass
+class _Update:
+    """What one optimizer update did (the loss and token count summed over ranks)."""
+
+    step: int  # the update's number, counting from 1
+    lr: float
+    loss: float
+    grad_norm: float
+    tokens: float
+    signalled: bool  # some rank received SIGINT/SIGTERM: checkpoint and stop
+
+
+def _run_updates(
+    run: _Run,
+    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    eval_fn: Callable[[Any], dict] | None,
+    meter: _Meter,
+    stop: dict,
+) -> TrainResult:
+    """Update until `cfg.max_steps` (then save `final`) or a signal (then save `step-N`)."""
+    cfg, logger = run.cfg, meter.logger
+    autocast = (
+        torch.autocast(run.device.type, dtype=torch.bfloat16)
+        if run.precision == "bf16"
+        else contextlib.nullcontext()
+    )
+    result = TrainResult(step=run.state["step"], run_dir=run.run_dir)
+    run.wrapped.train()
+    if eval_fn is not None and cfg.eval_every and run.state["step"] == 0:
+        result.last_eval = _evaluate(run.wrapped, run.view, eval_fn, autocast, logger, 0)
+    meter.start()
+    while run.state["step"] < cfg.max_steps:
+        update = _update(run, loss_fn, autocast, stop)
+        step = update.step
+        meter.tokens += update.tokens
+        result.last_loss = update.loss
+        if logger.bar is not None:
+            logger.bar.update(1)
+            logger.bar.set_postfix(loss=f"{update.loss:.3f}", refresh=False)
+        if step % cfg.log_every == 0 or step == cfg.max_steps:
+            _log_update(run, meter, update)
+        if eval_fn is not None and _due(step, cfg.eval_every, cfg.max_steps):
+            result.last_eval = _evaluate(run.wrapped, run.view, eval_fn, autocast, logger, step)
+        if update.signalled or (cfg.save_every and step % cfg.save_every == 0):
+            run.save(f"step-{step}")
+        if update.signalled:
+            result.interrupted = stop["signal"] or signal.SIGTERM
+            logger.console(
+                f"stopped by signal {result.interrupted}; checkpoint "
+                f"{run.run_dir / f'step-{step}'} written"
+            )
+            break
+    else:
+        result.final_dir = run.save("final")
+    result.step = run.state["step"]
+    return result
+
+
+def _due(step: int, every: int, last: int) -> bool:
+    """Whether an every-`every`-steps action (0: never) runs after update `step`."""
+    return bool(every) and (step % every == 0 or step == last)
+
+
+def _update(
+    run: _Run,
+    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    autocast: Any,
+    stop: dict,
+) -> _Update:
+    """One optimizer update: the scheduled lr, `accum` micro-batches (DDP syncs gradients on
+    the last only), the loss reduced over ranks, the clipped global norm, a finite check."""
+    cfg, state, world = run.cfg, run.state, run.info.world_size
+    step = state["step"]
+    lr = lr_at(step, cfg, run.total)
+    set_lr(run.optimizer, lr)
+    loss_sum = torch.zeros((), device=run.device)
+    tokens = 0.0
+    parts: dict[str, float] = {}  # the loss's named terms (fine-tuning: task, LM)
+    for i in range(run.accum):
+        batch = to_device(run.source.next_batch(cfg.micro_batch_size), run.device)
+        with dist.no_sync(run.wrapped, skip=i < run.accum - 1):
+            with autocast:
+                loss, extra = loss_fn(run.view, batch)
+            (loss / run.accum).backward()
+        loss_sum += loss.detach().float()
+        tokens += float(extra.get("tokens", 0.0))
+        _add_parts(parts, extra)
+    names = sorted(parts)
+    stats = torch.tensor(
+        [float(loss_sum) / run.accum, tokens, float(stop["signal"])]
+        + [parts[k] / run.accum for k in names],
+        dtype=torch.float64,
+        device=run.device,
+    )
+    stats = dist.all_reduce_sum(stats)
+    step_loss = float(stats[0]) / world
+    _log_parts(state["log"], names, stats[3:].tolist(), world)
+    grad_norm = _clip(run.raw, cfg.grad_clip)
+    if not (math.isfinite(step_loss) and math.isfinite(grad_norm)):
+        raise TrainingDiverged(_diverged_message(step + 1, step_loss, grad_norm, run.run_dir))
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    state["step"] = step + 1
+    state["log"]["loss_sum"] += step_loss
+    state["log"]["n"] += 1
+    return _Update(step + 1, lr, step_loss, grad_norm, float(stats[1]), float(stats[2]) > 0)
+
+
+def _log_update(run: _Run, meter: _Meter, update: _Update) -> None:
+    """Write the logging interval's averages (metrics.jsonl, trackers, console)."""
+    rec = _train_record(
+        run.state,
+        update.step,
+        update.lr,
+        update.grad_norm,
+        meter.tokens_per_s(),
+        meter.flops_per_token,
+        meter.peak,
+        run.info.world_size,
+        run.device,
+    )
+    meter.logger.write(rec)
+    meter.logger.console(train_line(rec))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -458,25 +551,15 @@ def _rng_state(device: torch.device) -> dict[str, torch.Tensor]:
     return out
 
 
-def _save(
-    final: Path,
-    raw: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    source: BatchSource,
-    state: dict,
-    write_model: Callable,
-    info: dist.DistInfo,
-    cfg: TrainConfig,
-    total: int,
-    resolved: dict | None,
-) -> Path:
+def _save(run: _Run, final: Path) -> Path:
     """Write a resumable checkpoint atomically; every rank contributes its cursor and RNG."""
+    raw, info = run.raw, run.info
     per_rank = dist.all_gather_objects(
-        {"source": source.state_dict(), "rng": _rng_state(next(raw.parameters()).device)}
+        {"source": run.source.state_dict(), "rng": _rng_state(next(raw.parameters()).device)}
     )
-    model_for_files, opt_state = raw, optimizer.state_dict()
-    if cfg.distributed == "fsdp" and info.enabled:
-        model_for_files, opt_state = dist.full_state(raw, optimizer)
+    model_for_files, opt_state = raw, run.optimizer.state_dict()
+    if run.cfg.distributed == "fsdp" and info.enabled:
+        model_for_files, opt_state = dist.full_state(raw, run.optimizer)
     if info.is_main:
         tensors, opt_meta = train_state.optimizer_to_flat(opt_state)
         for r, entry in enumerate(per_rank):
@@ -485,42 +568,41 @@ def _save(
         meta = {
             "format": "gpt1-trainer",
             "version": 1,
-            "step": state["step"],
-            "total_steps": total,
+            "step": run.state["step"],
+            "total_steps": run.total,
             "world_size": info.world_size,
             "sources": [e["source"] for e in per_rank],
-            "log": state["log"],
-            "threads": state["threads"],
+            "log": run.state["log"],
+            "threads": run.state["threads"],
             "optimizer": opt_meta,
-            "config": resolved,
+            "config": run.resolved,
         }
         needed = ckpt.state_bytes(model_for_files.state_dict()) + ckpt.state_bytes(tensors)
         try:
             with files.atomic_folder(final, needed=needed) as tmp:
-                write_model(model_for_files, tmp)
+                run.write_model(model_for_files, tmp)
                 train_state.save_training_state(tmp, tensors, meta)
         except files.WriteError as exc:  # disk full, quota, read-only: older checkpoints untouched
-            last = train_state.latest_resumable(final.parent)
-            fix = (
-                "Free space"
-                if exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                else "Make the folder writable"
-                if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-                else "Fix the disk"
-            )
-            raise CheckpointError(
-                f"{exc}; "
-                + (
-                    f"the last complete checkpoint {last} is intact"
-                    if last
-                    else "no earlier checkpoint exists"
-                )
-                + f". {fix}, then rerun with --resume auto"
-            ) from None
+            raise CheckpointError(_write_failed_message(exc, final)) from None
         if final.name.startswith("step-"):
-            train_state.prune_steps(final.parent, cfg.keep_last)
+            train_state.prune_steps(final.parent, run.cfg.keep_last)
     dist.barrier()
     return final
+
+
+def _write_failed_message(exc: files.WriteError, final: Path) -> str:
+    last = train_state.latest_resumable(final.parent)
+    fix = (
+        "Free space"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        else "Make the folder writable"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        else "Fix the disk"
+    )
+    kept = (
+        f"the last complete checkpoint {last} is intact" if last else "no earlier checkpoint exists"
+    )
+    return f"{exc}; {kept}. {fix}, then rerun with --resume auto"
 
 
 def _load_state(
@@ -532,9 +614,19 @@ def _load_state(
     device: torch.device,
     fsdp: bool,
 ) -> dict:
+    """Restore a checkpoint's optimizer moments, this rank's data cursor and RNG states; return
+    the trainer state (step, logging sums) it records."""
     tensors, meta = train_state.load_training_state(folder)
     try:
-        return _restore(tensors, meta, raw, optimizer, source, info, device, fsdp)
+        opt_state = train_state.optimizer_from_flat(tensors, meta["optimizer"])
+        _restore_optimizer(raw, optimizer, opt_state, sharded=fsdp and info.enabled)
+        sources = meta["sources"]
+        source.load_state_dict(sources[info.rank] if info.rank < len(sources) else sources[0])
+        _restore_rng(tensors, info.rank, device)
+        return {
+            "step": int(meta["step"]),
+            "log": dict(meta.get("log") or {"loss_sum": 0.0, "n": 0}),
+        }
     except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
         # A hand-edited or foreign trainer state must not surface as a bare KeyError.
         raise CheckpointError(
@@ -543,33 +635,22 @@ def _load_state(
         ) from None
 
 
-def _restore(
-    tensors: dict,
-    meta: dict,
-    raw: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    source: BatchSource,
-    info: dist.DistInfo,
-    device: torch.device,
-    fsdp: bool,
-) -> dict:
-    opt_state = train_state.optimizer_from_flat(tensors, meta["optimizer"])
-    if fsdp and info.enabled:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
-
-        set_optimizer_state_dict(
-            raw, optimizer, opt_state, options=StateDictOptions(full_state_dict=True)
-        )
-    else:
+def _restore_optimizer(
+    raw: nn.Module, optimizer: torch.optim.Optimizer, opt_state: dict, sharded: bool
+) -> None:
+    if not sharded:
         optimizer.load_state_dict(opt_state)
-    rank = info.rank
-    sources = meta["sources"]
-    source.load_state_dict(sources[rank] if rank < len(sources) else sources[0])
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(
+        raw, optimizer, opt_state, options=StateDictOptions(full_state_dict=True)
+    )
+
+
+def _restore_rng(tensors: dict, rank: int, device: torch.device) -> None:
+    """This rank's RNG states (rank 0's when the checkpoint was written by fewer processes)."""
     r = rank if f"rng/{rank}/cpu" in tensors else 0
     torch.set_rng_state(tensors[f"rng/{r}/cpu"])
     if device.type == "cuda" and f"rng/{r}/cuda" in tensors:
         torch.cuda.set_rng_state(tensors[f"rng/{r}/cuda"], device)
-    return {"step": int(meta["step"]), "log": dict(meta.get("log") or {"loss_sum": 0.0, "n": 0})}

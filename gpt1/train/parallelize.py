@@ -24,11 +24,13 @@ class _Recomputed:
     def __init__(self, block: nn.Module, forward: Callable[..., Any]):
         self.block, self.forward = block, forward
 
-    def __call__(self, x: torch.Tensor, cache: Any = None, *args: Any) -> Any:
-        # Decoding with a KV cache and evaluation keep the plain path: nothing to save there.
-        if cache is None and self.block.training and torch.is_grad_enabled():
-            return checkpoint(self.forward, x, cache, *args, use_reentrant=False)
-        return self.forward(x, cache, *args)
+    def __call__(self, x: torch.Tensor, layout: Any = None) -> Any:
+        # Evaluation keeps the plain path (nothing to save), and so does a pass that writes a
+        # key/value cache (`gpt1.model.layouts`: recomputing it would write the cache twice).
+        writes_cache = getattr(layout, "writes_cache", False)
+        if self.block.training and torch.is_grad_enabled() and not writes_cache:
+            return checkpoint(self.forward, x, layout, use_reentrant=False)
+        return self.forward(x, layout)
 
 
 def checkpoint_blocks(model: nn.Module) -> int:

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from gpt1 import threads
 from gpt1.errors import Gpt1Error
-from gpt1.model.inplace import log_softmax_
-from gpt1.train.objectives import aligned_logits, logits_width
+from gpt1.inplace import log_softmax_
+from gpt1.train.chunked_ce import aligned_logits, logits_width
 
 
 @dataclass
@@ -150,7 +150,7 @@ class Scorer:
         On CPU the logits land in reused buffers and the log-softmax overwrites them in place: a
         fresh `[n, V]` tensor (166 MB for 1,024 rows of GPT-1's vocabulary in fp32, 83 MB in
         bf16) costs a page fault per 4 KiB, and logsumexp's own temporary as much again. The
-        fp32 buffer's rows are `logits_width` long (aligned: see `gpt1.train.objectives`). 16-bit
+        fp32 buffer's rows are `logits_width` long (aligned: see `gpt1.train.chunked_ce`). 16-bit
         logits go through a 16-bit buffer, upcast once into the fp32 one. The result is a view of
         the fp32 buffer, valid until the next call.
         """

@@ -1,0 +1,224 @@
+"""The flags several subcommands share, each defined once here.
+
+A command's `add_arguments` reads as the list of these groups and its own flags; where a group
+feeds a recipe function, the reader next to it (`scoring_settings`, `text_settings`, ...) turns
+the parsed flags back into that function's keyword arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from gpt1.config import LOGGERS
+from gpt1.devices import (
+    DEVICE_HELP,
+    PRECISION_HELP,
+    PRECISIONS,
+    TRAIN_PRECISION_HELP,
+    TRAIN_PRECISIONS,
+)
+
+# A parser or one of its argument groups (`add_argument_group`): both take `add_argument`.
+Flags = argparse.ArgumentParser | argparse._ArgumentGroup
+T = TypeVar("T")
+
+
+def common_options() -> argparse.ArgumentParser:
+    """Options every subcommand accepts (also before the subcommand name)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show full tracebacks and debug logging",
+    )
+    parent.add_argument(
+        "--quiet",
+        "-q",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="only warnings and errors; no progress bars",
+    )
+    return parent
+
+
+def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
+    """A settings dataclass whose fields are named after a command's flags, filled from them:
+    `given` fields as given, the others from the flag of that name, or cls's default if none."""
+    flags = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    return cls(**{**flags, **given})
+
+
+def add_overwrite(p: Flags, what: str) -> None:
+    """The one `--overwrite` flag: without it no command replaces what it did not create."""
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace {what} (without it an existing output is refused)",
+    )
+
+
+def add_config(p: Flags, tables: str) -> None:
+    """The one `--config FILE.toml` of the commands that resolve a config (`tables`: its tables)."""
+    p.add_argument("--config", metavar="FILE.toml", help=f"TOML with {tables} tables")
+
+
+def add_settings(p: Flags, help: str) -> None:
+    """The one repeatable `--set SECTION.KEY=VALUE` of the commands that resolve a config."""
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help=help)
+
+
+# --- training (pretrain, finetune, the analysis sweeps' sub-runs) ---------------------------
+
+
+def add_logger(p: Flags) -> None:
+    """The one repeatable `--logger` flag of the training commands (train.loggers)."""
+    p.add_argument(
+        "--logger",
+        action="append",
+        choices=LOGGERS,
+        metavar="NAME",
+        help=f"also send metrics to a tracker, repeatable: {', '.join(LOGGERS[1:])} (jsonl, "
+        "metrics.jsonl, is always written; extra `track`); see docs/commands/pretrain.md",
+    )
+
+
+def loggers_flag(args: argparse.Namespace) -> str | None:
+    """`--logger` values as the train.loggers setting (None when the flag was not given)."""
+    return ",".join(["jsonl", *args.logger]) if getattr(args, "logger", None) else None
+
+
+def add_run_folder(p: Flags) -> None:
+    """What a training run does with its --out: continue it, start it over, also report it."""
+    p.add_argument(
+        "--resume",
+        metavar="auto|PATH",
+        help="continue from the newest checkpoint in --out (auto) or from a step-N folder",
+    )
+    add_overwrite(p, "a non-empty --out: delete its contents and start over")
+    add_logger(p)
+
+
+def add_training_hardware(p: Flags) -> None:
+    """--precision and --device of a training run (unset: the config's)."""
+    p.add_argument("--precision", choices=TRAIN_PRECISIONS, help=TRAIN_PRECISION_HELP)
+    p.add_argument("--device", help=DEVICE_HELP + " (same as --set train.device=...)")
+
+
+def add_finetune_schedule(p: Flags, max_steps_help: str) -> None:
+    """How long and in what batches fine-tuning runs (unset: fine-tuning's own defaults)."""
+    p.add_argument("--max-steps", type=int, help=max_steps_help)
+    p.add_argument("--epochs", type=float, help="passes over the training split (default 3)")
+    p.add_argument("--micro-batch", type=int, help="examples per forward pass (accumulation)")
+    p.add_argument("--batch-size", type=int, help="examples per update (default 32)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default 6.25e-5)")
+    p.add_argument("--n-ctx", type=int, help="longest sequence (default: the model's n_positions)")
+
+
+# --- inference (sample, evaluate, predict, zeroshot) ----------------------------------------
+
+
+def add_device(p: Flags) -> None:
+    """The one --device flag of a command that loads a checkpoint."""
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def add_inference_hardware(p: Flags) -> None:
+    """--device and --precision of a loaded checkpoint, both `auto` by default."""
+    add_device(p)
+    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
+
+
+def add_scoring(p: Flags, split_help: str) -> None:
+    """The options `evaluate` and `predict` share: which run, which data, how to run it."""
+    p.add_argument("run", metavar="RUN", help="fine-tuned run or checkpoint folder")
+    p.add_argument("--task", help="task name (checked against the run's task)")
+    p.add_argument("--data", metavar="DIR", help="folder with the task's files (or --file)")
+    p.add_argument(
+        "--file",
+        metavar="PATH",
+        help="one file in the task's format instead of --data: a split named after its "
+        "stem (held_out.csv -> held_out)",
+    )
+    p.add_argument("--split", help=split_help + "; any name is looked up as NAME.<ext>")
+    p.add_argument(
+        "--micro-batch", type=int, default=16, help="examples per forward pass (default 16)"
+    )
+    add_inference_hardware(p)
+    p.add_argument(
+        "--skip-bad-rows",
+        action="store_true",
+        help="skip malformed rows (counted and reported) instead of stopping",
+    )
+    add_overwrite(p, "an existing output file")
+
+
+def scoring_settings(args: argparse.Namespace) -> dict:
+    """The `add_scoring` flags after the data's (RUN, --task, --data, --split), as the keyword
+    arguments of `recipes.evaluate.evaluate_run` and `predict_run`; checked before anything loads."""
+    from gpt1.errors import ConfigError
+
+    if args.micro_batch < 1:
+        raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
+    return dict(
+        micro=args.micro_batch,
+        skip_bad_rows=args.skip_bad_rows,
+        device=args.device,
+        precision=args.precision,
+        overwrite=args.overwrite,
+        file=args.file,
+    )
+
+
+# --- text (tokenizer, prepare) --------------------------------------------------------------
+
+
+def add_corpus(p: Flags, help: str) -> None:
+    """The one `--corpus PATH...` of the commands that read a text corpus."""
+    p.add_argument("--corpus", nargs="+", required=True, metavar="PATH", help=help)
+
+
+def add_corpus_fields(p: Flags) -> None:
+    """Where a corpus file keeps its text."""
+    p.add_argument("--text-field", default="text", help="text field of .jsonl and .parquet rows")
+    p.add_argument(
+        "--strip-gutenberg",
+        action="store_true",
+        help="keep only the text between Project Gutenberg START/END markers",
+    )
+
+
+def add_standardize(p: Flags, help_names_default: bool = True) -> None:
+    """Which text standardisation the GPT-1 pipeline applies (`prepare`'s help leaves out the
+    default, the tokenizer's names it)."""
+    p.add_argument(
+        "--standardize",
+        choices=["oai", "hf"],
+        default="oai",
+        help="oai: backslashes not padded (original); hf: padded"
+        + (" (default oai)" if help_names_default else ""),
+    )
+
+
+def add_oai_lowercase(p: Flags) -> None:
+    """OAI's order of lowercasing and tokenizing instead of transformers' (`text_settings`)."""
+    p.add_argument(
+        "--oai-lowercase",
+        action="store_true",
+        help="lowercase spaCy's tokens like OAI's code (\"Mr.\" stays one token) "
+        "instead of the raw text first like transformers",
+    )
+
+
+def text_settings(args: argparse.Namespace) -> dict:
+    """--standardize and --oai-lowercase (absent: off) as the tokenizer's keyword arguments."""
+    return dict(standardize=args.standardize, lower_first=not getattr(args, "oai_lowercase", False))
+
+
+def corpus_settings(args: argparse.Namespace) -> dict:
+    """`add_corpus_fields`' flags and `text_settings`, as `train_tokenizer`'s keyword arguments."""
+    return dict(
+        text_field=args.text_field, strip_gutenberg=args.strip_gutenberg, **text_settings(args)
+    )

@@ -1,0 +1,113 @@
+"""The weight products of decoding (`kernels/matvec.cpp`): a few rows times a weight matrix,
+reading the weights at the memory's speed; built on first use.
+
+Batch-1 decoding multiplies one row by every weight matrix, so its speed is the speed of reading
+the weights. oneDNN's products (fp32, bf16) and torch's int8-weight kernel
+(`aten._weight_int8pack_mm`) read them at about half the bandwidth a plain read of the same bytes
+reaches (`python benchmarks/decode.py`; docs/results.md). This kernel reads each weight once for
+up to `MAX_ROWS` rows (int8 with per-channel scales, bf16 or fp32), widens it to fp32 in
+registers, multiplies it by the activations in fp32 and fetches the weights ahead of the
+multiply; it runs on torch's own threads (`at::parallel_for`). Its results equal `F.linear`'s up
+to the order of summation.
+
+It is C++ compiled for this CPU (`-march=native`: AVX-512 where the CPU has it, plain loops the
+compiler vectorises elsewhere) by torch's extension builder the first time it is needed, which
+takes about 40 seconds and needs a C++ compiler and ninja. The build is kept in torch's extension
+folder (`TORCH_EXTENSIONS_DIR`) under a name that digests the source, this CPU's feature flags
+and the torch version, so any of them changing builds anew. Where it cannot be built, `kernel()`
+returns None after one warning and callers use torch's kernels: slower, the same maths.
+`GPT1_MATVEC=torch` chooses torch's kernels without building.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent / "kernels" / "matvec.cpp"
+MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
+DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
+_CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for on torch's threads
+
+
+def _cpu_flags() -> str:
+    """This CPU's feature flags (what -march=native compiles for), or its architecture's name."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def _build_name() -> str:
+    digest = hashlib.sha256(
+        SOURCE.read_bytes() + _cpu_flags().encode() + torch.__version__.encode()
+    )
+    return f"gpt1_matvec_{digest.hexdigest()[:12]}"
+
+
+@functools.cache
+def kernel() -> Callable[..., torch.Tensor] | None:
+    """`matvec(x [M, K], w [N, K], scale [N] or None, bias [N] or None)` -> `[M, N]` in x's dtype
+    (1 <= M <= MAX_ROWS, w contiguous in one of `DTYPES`, int8 with scales, all on the CPU); None
+    where the kernel is not available."""
+    if os.environ.get("GPT1_MATVEC", "") == "torch":
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        module = load(
+            name=_build_name(),
+            sources=[str(SOURCE)],
+            extra_cflags=_CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+    except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        warnings.warn(
+            f"gpt1 could not build its decoding kernel ({first_line[:200]}); decoding uses "
+            "torch's kernels, about half as fast (GPT1_MATVEC=torch silences this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
+    return module.matvec
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `kernel()` takes `F.linear(x, weight)` (`x` `[..., K]`): few rows, CPU, no
+    autograd. Reads attributes only: decoding asks 49 times a token."""
+    return (
+        x.is_cpu
+        and weight.is_cpu
+        and x.numel() <= MAX_ROWS * x.shape[-1]
+        and x.numel() > 0
+        and weight.dtype in DTYPES
+        and x.dtype.is_floating_point
+        and weight.is_contiguous()
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+    )
+
+
+def linear(
+    op: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`op` (the kernel) on `x` `[..., K]` of any rank: `[..., N]`."""
+    if x.dim() == 2:
+        return op(x, weight, scale, bias)
+    out = op(x.reshape(-1, x.shape[-1]), weight, scale, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,137 @@
+"""The decoding kernel (`gpt1.model.matvec`: C++ built on first use): its products equal
+`F.linear`'s for int8 (with scales), bf16 and fp32 weights, every row count it takes and sizes
+that are not multiples of its blocks; the model paths that use it decode as they do without it;
+and where it cannot be built, one warning and torch's kernels take over."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt1 import GPT, ModelConfig
+from gpt1.model import matvec
+from gpt1.model.inference import for_inference
+from gpt1.model.quantize import int8_linear, quantize_rows
+from gpt1.recipes.sample import generate
+
+
+@pytest.fixture(scope="module")
+def op():
+    built = matvec.kernel()
+    if built is None:
+        pytest.skip("the decoding kernel could not be built here (no C++ compiler or ninja)")
+    return built
+
+
+def _weights(dtype: torch.dtype, N: int, K: int):
+    if dtype == torch.int8:
+        return quantize_rows(torch.randn(N, K))
+    return torch.randn(N, K).to(dtype), None
+
+
+@pytest.mark.parametrize("dtype", matvec.DTYPES)
+@pytest.mark.parametrize("K,N", [(64, 40), (20, 7), (3072, 33), (37, 1)])  # tails of 16 and of 4
+def test_kernel_equals_float_linear_for_every_row_count(op, dtype, K, N):
+    torch.manual_seed(0)
+    w, scale = _weights(dtype, N, K)
+    dense = w.double() * (scale.double()[:, None] if scale is not None else 1.0)
+    for M in range(1, matvec.MAX_ROWS + 1):
+        for x_dtype in (torch.float32, torch.bfloat16):
+            x, bias = torch.randn(M, K).to(x_dtype), torch.randn(N)
+            want = F.linear(x.double(), dense, bias.double())
+            got = op(x, w, scale, bias)
+            assert got.dtype == x_dtype and got.shape == (M, N)
+            # fp32 accumulation: a few ulps of the output's scale; bf16 output: its rounding.
+            tol = 1e-5 if x_dtype == torch.float32 else 8e-3
+            torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max())
+            no_bias = op(x, w, scale, None)
+            torch.testing.assert_close(
+                no_bias.double(), want - bias.double(), rtol=tol, atol=tol * want.abs().max()
+            )
+
+
+def test_kernel_refuses_what_it_cannot_take(op):
+    x, w = torch.randn(1, 16), torch.randn(4, 16)
+    for bad in [
+        lambda: op(torch.randn(9, 16), w, None, None),  # more rows than it keeps in registers
+        lambda: op(x, torch.randn(4, 15), None, None),  # shapes
+        lambda: op(x, torch.zeros(4, 16, dtype=torch.int8), None, None),  # int8 without scales
+        lambda: op(x, w.double(), None, None),  # a weight type it does not read
+        lambda: op(x, w.t().contiguous().t(), None, None),  # not contiguous
+    ]:
+        with pytest.raises(RuntimeError, match="matvec"):
+            bad()
+
+
+def test_applies_only_to_a_few_rows_without_autograd():
+    w = torch.randn(8, 16)
+    assert matvec.applies(torch.randn(1, 16), w)
+    assert matvec.applies(torch.randn(2, 4, 16), w)  # 8 rows in all
+    assert not matvec.applies(torch.randn(9, 16), w)
+    assert not matvec.applies(torch.randn(0, 16), w)
+    assert not matvec.applies(torch.randn(1, 16), w.requires_grad_())
+    with torch.no_grad():
+        assert matvec.applies(torch.randn(1, 16), w)
+    assert not matvec.applies(torch.randn(1, 16), torch.randn(8, 16).double())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_decoding_with_the_kernel_equals_decoding_without_it(op, precision, monkeypatch):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    model = for_inference(GPT(config), "cpu", precision)
+    ids = torch.randint(0, 300, (1, 12))
+    with torch.no_grad():
+        logits = model.lm_logits(model(ids)[:, -1:])
+    with_kernel = generate(model, ids, 24, temperature=0)
+    monkeypatch.setattr(matvec, "kernel", lambda: None)
+    with torch.no_grad():
+        logits_torch = model.lm_logits(model(ids)[:, -1:])
+    without = generate(model, ids, 24, temperature=0)
+    # One row (the last position's logits) goes through the kernel or torch's: the same up to
+    # summation order; and the greedy tokens are the same.
+    tol = 1e-5 if precision == "fp32" else 2e-2
+    torch.testing.assert_close(logits.float(), logits_torch.float(), rtol=tol, atol=tol)
+    assert torch.equal(with_kernel, without)
+
+
+def test_int8_linear_takes_the_kernel_and_torchs_kernel_alike(op, monkeypatch):
+    torch.manual_seed(0)
+    q, scale = quantize_rows(torch.randn(48, 64))
+    x, bias = torch.randn(3, 64).bfloat16(), torch.randn(48).bfloat16()
+    ours = int8_linear(x, q, scale, bias)
+    monkeypatch.setattr(matvec, "kernel", lambda: None)
+    theirs = int8_linear(x, q, scale, bias)  # torch's _weight_int8pack_mm
+    torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypatch):
+    import torch.utils.cpp_extension as cpp_extension
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions\nmore detail")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    matvec.kernel.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="could not build its decoding kernel.*Ninja"):
+            assert matvec.kernel() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the answer is kept: no second warning
+            assert matvec.kernel() is None
+            q, scale = quantize_rows(torch.randn(32, 32))
+            x = torch.randn(1, 32)
+            torch.testing.assert_close(
+                int8_linear(x, q, scale, None),
+                F.linear(x, q.float() * scale[:, None]),
+                rtol=1e-4,
+                atol=1e-4,
+            )
+        monkeypatch.setenv("GPT1_MATVEC", "torch")
+        matvec.kernel.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert matvec.kernel() is None  # chosen, not failed: no warning
+    finally:
+        matvec.kernel.cache_clear()  # the next caller builds (or finds) the real one
