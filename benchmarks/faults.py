@@ -1,7 +1,7 @@
 """Fault report: crashes, hostile files, full disks, second writers, and what they cost.
 
-Three parts, each printed as a table (machinery in `gpt1.testing.faults` and
-`gpt1.testing.fault_cases`, shared with tests/test_faults.py and tests/test_fuzz.py):
+Three parts, each printed as a table (machinery in tests/helpers/faults.py and
+tests/helpers/fault_cases.py, shared with tests/test_faults.py and tests/test_fuzz.py):
 
 1. `gpt1 pretrain` and `gpt1 finetune` (tiny preset, tiny data) SIGKILLed again and again at random
    moments -- a third of the kills aimed at the instant a checkpoint is being written -- resuming
@@ -37,11 +37,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+# Run from a checkout without installing; the fault harness lives with the tests (tests/helpers).
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-from gpt1.testing.fault_cases import CASES, run_cases  # noqa: E402
-from gpt1.testing.faults import finetune_faults, fuzz_readers, pretrain_faults  # noqa: E402
+from helpers.fault_cases import CASES, run_cases  # noqa: E402
+from helpers.faults import finetune_faults, fuzz_readers, pretrain_faults  # noqa: E402
 
 
 # ================================================================================== report

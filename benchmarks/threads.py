@@ -61,7 +61,7 @@ def gpt1(*args: str) -> list[str]:
 
 def setup(work: Path, steps: int) -> dict[str, list[str]]:
     """The corpus, a pretrained run and a fine-tuned classifier the workloads read."""
-    from gpt1.testing.faults import make_corpus
+    from helpers.tiny import make_corpus
 
     corpus = make_corpus(work / "corpus", vocab=189)  # the size of its character vocabulary
     base = [*gpt1("pretrain", "--preset", "tiny", "--data", str(corpus)), *MODEL]
@@ -177,7 +177,7 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=2, help="busy processes started beside")
     args = parser.parse_args()
     names, policies = args.workloads.split(","), args.policies.split(",")
-    sys.path.insert(0, str(ROOT))
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # gpt1, and the tests' tiny inputs
     print(
         f"{time.strftime('%Y-%m-%d %H:%M')}  usable CPUs: {len(os.sched_getaffinity(0))}"
         f"  load: {args.load} busy processes  policies: {', '.join(policies)}"

@@ -1,6 +1,8 @@
 """Shared fixtures: the tiny model configs, the tiny prepared corpus, the shared data.
 
-Tests that need ../shared/data skip (saying why) when it is absent.
+The tiny inputs themselves (model sizes, corpus, vocabulary, checkpoint, command lines) live in
+`helpers.tiny`, which the fault harness and the benchmarks use too. Tests that need
+../shared/data skip (saying why) when it is absent.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import pytest
 import torch
 
 from gpt1.config import ModelConfig
+from helpers.tiny import TINIER_MODEL, TINY_MODEL, make_corpus, subprocess_env  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -23,12 +26,6 @@ SHARED_DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "
 # so that the suite neither oversubscribes the cores nor spends time measuring the load.
 os.environ["GPT1_THREADS"] = "1"
 torch.set_num_threads(1)
-
-# The tiny GPT the unit tests build (2 layers, 4 heads of 8); tests override single fields
-# (a vocabulary or a context length that makes their point) through `tiny_config`.
-TINY_MODEL: dict[str, Any] = dict(vocab_size=97, n_positions=32, n_embd=32, n_layer=2, n_head=4)
-# The smallest model that still has several heads' worth of width to mix (1 layer, 2 heads of 8).
-TINIER_MODEL: dict[str, Any] = dict(vocab_size=50, n_positions=24, n_embd=16, n_layer=1, n_head=2)
 
 
 def tiny_model_config(**overrides: Any) -> ModelConfig:
@@ -67,32 +64,18 @@ def check_causal(model: torch.nn.Module, ids: torch.Tensor, changed: torch.Tenso
     assert not torch.allclose(a[:, t:], b[:, t:])
 
 
-def subprocess_env() -> dict[str, str]:
-    """The environment for running `python -m gpt1` from a test: this checkout, one thread."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GPT1_THREADS": "1", "PYTHONPATH": str(ROOT)}
-
-
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory) -> Path:
     """A tiny `gpt1 prepare` folder (two train shards of a noisy periodic token stream, a
     character vocabulary), shared read-only by every test in the session."""
-    from gpt1.testing import faults  # the fault harness makes the same corpus for its report
-
-    return faults.make_corpus(tmp_path_factory.mktemp("tiny_corpus") / "data")
+    return make_corpus(tmp_path_factory.mktemp("tiny_corpus") / "data")
 
 
 @pytest.fixture(scope="module")
 def resume_work(tmp_path_factory) -> Path:
-    """The folder a module's resume cases share: the cases (gpt1.testing.fault_cases, which the
-    fault report runs too) make one finished tiny run in it and copy it for each case."""
+    """A folder for the resume cases of helpers.fault_cases: they train one tiny run in it per
+    test module and copy it for each case."""
     return tmp_path_factory.mktemp("resumes")
-
-
-def refused_resumes(command: str) -> list[str]:
-    """The names of the resume cases of `command` (pretrain, finetune) that must be refused."""
-    from gpt1.testing import fault_cases
-
-    return [name for name, (kind, _, _) in fault_cases.RESUME_REFUSED.items() if kind == command]
 
 
 @pytest.fixture

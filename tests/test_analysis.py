@@ -48,16 +48,16 @@ def test_pca_projection_and_bad_method():
         project_2d(smooth_table(), method="umap")
 
 
-def tiny_checkpoint(tmp_path, smooth: bool = True):
+def smooth_positions_checkpoint(tmp_path):
+    """The tinier GPT whose position embeddings vary smoothly (what `analysis positions` draws)."""
     model = GPT(ModelConfig(**TINIER_MODEL))
-    if smooth:
-        with torch.no_grad():
-            model.wpe.weight.copy_(torch.tensor(smooth_table(24, 16), dtype=torch.float32))
+    with torch.no_grad():
+        model.wpe.weight.copy_(torch.tensor(smooth_table(24, 16), dtype=torch.float32))
     return save_model(model, tmp_path / "ck")
 
 
 def test_positions_command_writes_pngs_summary_and_command(tmp_path, capsys):
-    ck = tiny_checkpoint(tmp_path)
+    ck = smooth_positions_checkpoint(tmp_path)
     out = tmp_path / "pos"
     assert main(["analysis", "positions", str(ck), "--out", str(out)]) == 0
     for name in ("positions_2d.png", "positions_cosine.png"):

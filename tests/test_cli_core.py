@@ -9,13 +9,11 @@ from conftest import TINY_MODEL
 from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
 from gpt1.cli import main
 
-TINY = TINY_MODEL
-
 
 @pytest.fixture
 def ckpt(tmp_path):
     torch.manual_seed(0)
-    return save_model(GPT(ModelConfig(**TINY)), tmp_path / "ckpt")
+    return save_model(GPT(ModelConfig(**TINY_MODEL)), tmp_path / "ckpt")
 
 
 def test_info_json_preset(capsys):
@@ -28,7 +26,7 @@ def test_info_json_preset(capsys):
 def test_info_checkpoint(ckpt, capsys):
     assert main(["info", str(ckpt)]) == 0
     out = capsys.readouterr().out
-    assert "n_layer" in out and f"{GPT(ModelConfig(**TINY)).num_parameters():,}" in out
+    assert "n_layer" in out and f"{GPT(ModelConfig(**TINY_MODEL)).num_parameters():,}" in out
 
 
 def test_convert_roundtrip_through_hf(ckpt, tmp_path, capsys):
@@ -109,7 +107,7 @@ def test_sample_bad_option(ckpt, capsys):
 
 def test_sample_text_prompt_with_gpt1_vocab(gpt1_vocab, tmp_path, capsys):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**{**TINY, "vocab_size": 40478}))
+    model = GPT(ModelConfig(**{**TINY_MODEL, "vocab_size": 40478}))
     folder = save_model(model, tmp_path / "ck", tokenizer_dir=gpt1_vocab)
     greedy = ["--prompt", "The old man", "--max-new-tokens", "5", "--temperature", "0"]
     assert main(["sample", str(folder), *greedy]) == 0
@@ -121,7 +119,7 @@ def test_info_shows_a_finetuned_checkpoints_task(tmp_path, capsys):
     from gpt1.model.heads import FinetuneModel
     from gpt1.recipes.finetune import writer
 
-    gpt = GPT(ModelConfig(**TINY))
+    gpt = GPT(ModelConfig(**TINY_MODEL))
     classify = gpt.add_tokens(3)[2]
     spec = {"format": "csv", "kind": "single", "columns": {"text": "review", "label": "stars"}}
     spec.update(labels=["bad", "good"], regression=False, positive_label="bad")

@@ -12,10 +12,9 @@ from gpt1.errors import CheckpointError, Gpt1Error
 from gpt1.recipes.convert import OPENAI_BLOCK, convert, load_openai, plan_openai, read_any
 
 transformers = pytest.importorskip("transformers")
-from conftest import TINY_MODEL  # noqa: E402
 from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel  # noqa: E402
 
-TINY = {**TINY_MODEL, "vocab_size": 101, "n_positions": 24}
+from helpers.tiny import ODD_SIZES_MODEL  # noqa: E402
 
 
 def randomized(model: torch.nn.Module) -> torch.nn.Module:
@@ -29,17 +28,17 @@ def randomized(model: torch.nn.Module) -> torch.nn.Module:
 
 def tiny_hf(seed: int = 0) -> OpenAIGPTLMHeadModel:
     torch.manual_seed(seed)
-    return randomized(OpenAIGPTLMHeadModel(OpenAIGPTConfig(**TINY)).eval())
+    return randomized(OpenAIGPTLMHeadModel(OpenAIGPTConfig(**ODD_SIZES_MODEL)).eval())
 
 
 def tiny_gpt(seed: int) -> GPT:
     torch.manual_seed(seed)
-    return randomized(GPT(ModelConfig(**TINY)))
+    return randomized(GPT(ModelConfig(**ODD_SIZES_MODEL)))
 
 
 def ids(seed: int = 1) -> torch.Tensor:
     return torch.randint(
-        0, TINY["vocab_size"], (3, 17), generator=torch.Generator().manual_seed(seed)
+        0, ODD_SIZES_MODEL["vocab_size"], (3, 17), generator=torch.Generator().manual_seed(seed)
     )
 
 
@@ -90,7 +89,7 @@ def test_export_carries_tokenizer_files(tmp_path):
     vocab.mkdir()
     (vocab / "vocab.json").write_text('{"a</w>": 0}')
     (vocab / "merges.txt").write_text("#version: 0.2\n")
-    save_model(GPT(ModelConfig(**TINY)), tmp_path / "ours", tokenizer_dir=vocab)
+    save_model(GPT(ModelConfig(**ODD_SIZES_MODEL)), tmp_path / "ours", tokenizer_dir=vocab)
     convert(tmp_path / "ours", tmp_path / "hf", "gpt1", "hf")
     assert (tmp_path / "hf" / "vocab.json").read_text() == '{"a</w>": 0}'
     assert (tmp_path / "hf" / "merges.txt").is_file()
@@ -152,7 +151,9 @@ def hf_from_oai_arrays(arrays, config: ModelConfig) -> OpenAIGPTLMHeadModel:
 def test_openai_shards_load_and_match_hf(tmp_path):
     source = tiny_gpt(5)
     _, arrays = write_release(tmp_path / "model", source)
-    convert(tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=TINY["n_head"])
+    convert(
+        tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=ODD_SIZES_MODEL["n_head"]
+    )
     ours = load_checkpoint(tmp_path / "ours")
     assert ours.config.n_layer == 2 and ours.config.vocab_size == 101
     hf = hf_from_oai_arrays(arrays, ours.config)
@@ -162,7 +163,7 @@ def test_openai_shards_load_and_match_hf(tmp_path):
 
 
 def test_openai_vocab_files_are_carried(tmp_path):
-    write_release(tmp_path / "model", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "model", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     (tmp_path / "model" / "encoder_bpe_40000.json").write_text('{"x</w>": 0}')
     (tmp_path / "model" / "vocab_40000.bpe").write_text("#version: 0.2\n")
     convert(tmp_path / "model", tmp_path / "ours", "openai", "gpt1", n_head=4)
@@ -194,14 +195,14 @@ def test_full_size_release_shapes(shared_data):
 
 # ------------------------------------------------------------------------------ bad input
 def test_missing_shard(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     (tmp_path / "m" / "params_7.npy").unlink()
     with pytest.raises(CheckpointError, match=r"params_7\.npy: missing shard"):
         load_openai(tmp_path / "m", n_head=4)
 
 
 def test_truncated_shard(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     f = tmp_path / "m" / "params_3.npy"
     f.write_bytes(f.read_bytes()[:-40])
     with pytest.raises(CheckpointError, match=r"params_3\.npy: unreadable or truncated"):
@@ -209,7 +210,7 @@ def test_truncated_shard(tmp_path):
 
 
 def test_shard_too_short_overall(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     np.save(
         tmp_path / "m" / "params_9.npy", np.zeros(3, dtype=np.float32)
     )  # a valid but short file
@@ -218,7 +219,7 @@ def test_shard_too_short_overall(tmp_path):
 
 
 def test_shape_mismatch(tmp_path):
-    write_release(tmp_path / "m", GPT(ModelConfig(**TINY)))
+    write_release(tmp_path / "m", GPT(ModelConfig(**ODD_SIZES_MODEL)))
     shapes = json.loads((tmp_path / "m" / "params_shapes.json").read_text())
     shapes[2 + 12 + 6] = [1, 32, 100]  # block 1 mlp.c_fc
     (tmp_path / "m" / "params_shapes.json").write_text(json.dumps(shapes))
@@ -227,7 +228,7 @@ def test_shape_mismatch(tmp_path):
 
 
 def test_unknown_config_keys(tmp_path):
-    save_model(GPT(ModelConfig(**TINY)), tmp_path / "ours")
+    save_model(GPT(ModelConfig(**ODD_SIZES_MODEL)), tmp_path / "ours")
     cfg = json.loads((tmp_path / "ours" / "config.json").read_text())
     cfg["model"]["n_ctx_typo"] = 5
     (tmp_path / "ours" / "config.json").write_text(json.dumps(cfg))

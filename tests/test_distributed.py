@@ -19,7 +19,8 @@ import torch
 from conftest import subprocess_env
 from safetensors.torch import load_file
 
-from gpt1.testing.fault_cases import child_pids
+from helpers import fault_cases
+from helpers.tiny import TORCHRUN_TWO_PROCESSES, gpt1_process, tiny_finetune, tiny_pretrain
 
 NO_DROPOUT = [
     "--set",
@@ -30,39 +31,18 @@ NO_DROPOUT = [
     "model.resid_pdrop=0",
 ]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+SST2 = ("--task", "sst2")
 ROOT = Path(__file__).resolve().parents[1]
 SLURM_SCRIPT = ROOT / "scripts" / "cluster" / "pretrain.sbatch"
 K8S_JOB = ROOT / "scripts" / "cluster" / "pretrain-k8s.yaml"
 
 
 def cmd(launcher: list[str], data, out, *extra: str) -> list[str]:
-    return [
-        *launcher,
-        "-m",
-        "gpt1",
-        "--quiet",
-        "pretrain",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--max-steps",
-        "6",
-        "--batch-size",
-        "4",
-        "--micro-batch",
-        "2",
-        "--save-every",
-        "3",
-        "--eval-every",
-        "3",
-        "--set",
-        "train.peak_flops=1",
-        *NO_DROPOUT,
-        *extra,
-    ]
+    """The run every test here repeats, under `launcher`: 6 steps of the tiny preset at batch 4
+    in micro-batches of 2, a checkpoint and a validation every 3 steps, no dropout."""
+    flags = ("--batch-size", "4", "--micro-batch", "2", "--save-every", "3", "--eval-every", "3")
+    argv = tiny_pretrain(data, out, 6, *flags, *NO_DROPOUT, *extra)
+    return gpt1_process(*argv, launcher=tuple(launcher))
 
 
 def run(args: list[str]) -> None:
@@ -110,14 +90,14 @@ def one_process(tiny_corpus: Path, tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_two_processes_match_one(tiny_corpus, one_process, tmp_path):
     two = tmp_path / "two"
-    run(cmd([*TORCHRUN, "--standalone", "--nproc_per_node", "2"], tiny_corpus, two))
+    run(cmd(TORCHRUN_TWO_PROCESSES, tiny_corpus, two))
     assert_same_run(one_process, two)
 
 
 @pytest.mark.slow
 def test_fsdp2_matches_one_process_and_resumes_exactly(tiny_corpus, one_process, tmp_path):
     two, resumed = tmp_path / "fsdp", tmp_path / "resumed"
-    launcher = [*TORCHRUN, "--standalone", "--nproc_per_node", "2"]
+    launcher = TORCHRUN_TWO_PROCESSES
     run(cmd(launcher, tiny_corpus, two, "--set", "train.distributed=fsdp"))
     assert_same_run(one_process, two)
     # The sharded optimizer state went through a full (unsharded) checkpoint and back; with
@@ -218,8 +198,8 @@ def test_two_nodes_match_one(tiny_corpus, one_process, tmp_path):
     endpoint = flags.index("--rdzv-endpoint") + 1
     flags[endpoint] = f"127.0.0.1:{free_port()}"  # the script's fixed port may be taken here
     agent = [*TORCHRUN, *flags, "--local-addr", "127.0.0.1"]
-    tiny = cmd([], tiny_corpus, two)[2:]  # `--quiet pretrain --preset tiny ...`
-    argv = [*agent, "-m", "gpt1", *fill(gpt1_args), *tiny[2:]]
+    tiny_flags = cmd([], tiny_corpus, two)[4:]  # what follows `-m gpt1 --quiet pretrain`
+    argv = [*agent, "-m", "gpt1", *fill(gpt1_args), *tiny_flags]
     assert "--quiet" not in gpt1_args
     procs = [
         subprocess.Popen(
@@ -259,44 +239,9 @@ def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab, lm_coef
     runs = {}
     for mode in ("ddp", "fsdp"):
         runs[mode] = tmp_path / mode
-        run(
-            [
-                *TORCHRUN,
-                "--standalone",
-                "--nproc_per_node",
-                "2",
-                "-m",
-                "gpt1",
-                "--quiet",
-                "finetune",
-                "--task",
-                "sst2",
-                "--data",
-                str(data),
-                "--init",
-                "none",
-                "--preset",
-                "tiny",
-                "--vocab",
-                str(gpt1_vocab),
-                "--out",
-                str(runs[mode]),
-                "--max-steps",
-                "3",
-                "--batch-size",
-                "4",
-                "--micro-batch",
-                "2",
-                "--save-every",
-                "2",
-                "--set",
-                "train.peak_flops=1",
-                "--set",
-                f"train.distributed={mode}",
-                "--set",
-                f"finetune.lm_coef={lm_coef}",
-            ]
-        )
+        argv = tiny_finetune(data, gpt1_vocab, runs[mode], 3, "--save-every", "2", task=SST2)
+        argv += ["--set", f"train.distributed={mode}", "--set", f"finetune.lm_coef={lm_coef}"]
+        run(gpt1_process(*argv, launcher=TORCHRUN_TWO_PROCESSES))
     ddp, fsdp = (records(runs[m], "loss") for m in ("ddp", "fsdp"))
     np.testing.assert_allclose([v for _, v in fsdp], [v for _, v in ddp], rtol=2e-5)
     for name in ("model.safetensors", "head.safetensors"):
@@ -308,70 +253,10 @@ def test_fsdp2_fine_tuning_equals_ddp(tmp_path, shared_data, gpt1_vocab, lm_coef
 
 
 @pytest.mark.slow
-def test_second_torchrun_launch_on_a_held_run_is_refused(tiny_corpus, tmp_path):
-    """The run lock under torchrun: rank 0 of a running launch holds the folder; a second launch
-    on it is refused with gpt1's one-line error naming the holder, torchrun stops the second
-    launch's other rank (no hang in rendezvous), and the first run's metrics stay single."""
-    import contextlib
-    import os
-    import signal
-    import time
-
-    data = tiny_corpus
-    run = tmp_path / "run"
-    torchrun = [*TORCHRUN, "--standalone", "--nproc_per_node", "2"]
-    argv = cmd(torchrun, data, run, "--log-every", "1", "--resume", "auto")
-    argv[argv.index("--max-steps") + 1] = "1000000"  # runs until stopped below
-    argv[argv.index("--save-every") + 1] = "1000"
-    argv[argv.index("--eval-every") + 1] = "0"
-    # A session of its own, so that a failing test can stop torchrun's workers too.
-    first = subprocess.Popen(
-        argv,
-        env=subprocess_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        logged = lambda: (
-            (run / "metrics.jsonl").read_text().count('"loss"')
-            if (run / "metrics.jsonl").is_file()
-            else 0
-        )
-        deadline = time.time() + 300
-        while logged() < 2 and first.poll() is None and time.time() < deadline:
-            time.sleep(0.05)
-        assert logged() >= 2, "the first launch never logged a step"
-        second = subprocess.run(
-            argv,
-            env=subprocess_env(),
-            capture_output=True,
-            text=True,
-            timeout=240,
-            start_new_session=True,
-        )
-        assert second.returncode != 0
-        refusals = [line for line in second.stderr.splitlines() if "gpt1 pretrain: error:" in line]
-        assert len(refusals) == 1, second.stderr[-3000:]
-        assert "in use by another gpt1 process" in refusals[0] and "since 20" in refusals[0]
-        holder = int(refusals[0].split("(pid ", 1)[1].split()[0])
-        assert holder in child_pids(first.pid)  # rank 0 of the first launch holds the lock
-        assert first.poll() is None, "the first launch died while the second was refused"
-    finally:
-        ranks = child_pids(first.pid)  # torchrun starts its workers in sessions of their own
-        first.send_signal(signal.SIGTERM)  # torchrun passes it on to its ranks
-        try:
-            first.wait(timeout=60)
-        finally:
-            for pid in ranks:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            first.kill()
-            first.wait()
-            first.stderr.close()
-    lines = (run / "metrics.jsonl").read_text().splitlines()
-    steps = [json.loads(line)["step"] for line in lines[:-1] if '"loss"' in line]
-    assert steps == list(
-        range(1, len(steps) + 1)
-    )  # each step once: the second launch wrote nothing
+def test_second_torchrun_launch_on_a_held_run_is_refused(tmp_path):
+    """The run lock under torchrun (a row of the fault table): rank 0 of a running launch holds
+    the folder; a second launch on it is refused with gpt1's one-line error naming that rank,
+    torchrun stops the second launch's other rank (no hang in rendezvous), the first launch
+    runs on, and no step of its metrics is written twice."""
+    result = fault_cases.two_torchrun_launches_one_run(tmp_path)
+    assert result.problems == () and result.data_lost == 0, result.outcome

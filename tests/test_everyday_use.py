@@ -15,6 +15,7 @@ from gpt1.cli import main
 from gpt1.config import TrainConfig
 from gpt1.devices import resolve_device, resolve_precision
 from gpt1.errors import ConfigError
+from helpers.tiny import tiny_finetune
 
 
 def test_auto_device_and_precision():
@@ -108,6 +109,14 @@ def write_csv(path: Path, rows: list[tuple[str, str]]) -> None:
     path.write_text("sentence,label\n" + "".join(f"{s},{y}\n" for s, y in rows))
 
 
+def csv_finetune(data: Path, vocab: Path, run: Path, *extra: str) -> list[str]:
+    """`gpt1 finetune` for one step of the tiny model on a `write_csv` task (sentence, label)
+    in one batch of 4, on the CPU."""
+    task = ("--task", "csv", "--columns", "text=sentence,label=label")
+    flags = ("--micro-batch", "4", "--device", "cpu", "-q", *extra)
+    return tiny_finetune(data, vocab, run, 1, *flags, task=task)
+
+
 @pytest.mark.data
 def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(
     tmp_path, gpt1_vocab, capsys
@@ -118,35 +127,7 @@ def test_finetune_evaluate_print_where_they_wrote_and_predict_needs_no_labels(
     # dev holds a gold label never seen in training: evaluation cannot score it, prediction can
     write_csv(data / "dev.csv", [("a fine film", "pos"), ("an odd film", "meh")])
     run = tmp_path / "run"
-    common = ["--task", "csv", "--columns", "text=sentence,label=label", "--data", str(data)]
-    assert (
-        main(
-            [
-                "finetune",
-                *common,
-                "--init",
-                "none",
-                "--preset",
-                "tiny",
-                "--vocab",
-                str(gpt1_vocab),
-                "--out",
-                str(run),
-                "--max-steps",
-                "1",
-                "--batch-size",
-                "4",
-                "--micro-batch",
-                "4",
-                "--eval-split",
-                "train",
-                "--device",
-                "cpu",
-                "-q",
-            ]
-        )
-        == 0
-    )
+    assert main(csv_finetune(data, gpt1_vocab, run, "--eval-split", "train")) == 0
     out = capsys.readouterr().out
     assert f"wrote {run / 'final'} (fine-tuned model), {run / 'results.json'}" in out
     assert main(["evaluate", str(run), "--data", str(data), "--split", "train"]) == 0
@@ -174,10 +155,7 @@ def tiny_csv_run(tmp_path_factory):
     write_csv(data / "train.csv", [("a good film", "pos"), ("a bad film", "neg")] * 4)
     write_csv(data / "dev.csv", [("a fine film", "pos"), ("a dull film", "neg")])
     run = tmp_path / "run"
-    argv = ["finetune", "--task", "csv", "--columns", "text=sentence,label=label"]
-    argv += ["--data", str(data), "--init", "none", "--preset", "tiny", "--vocab", str(gpt1_vocab)]
-    argv += ["--out", str(run), "--max-steps", "1", "--batch-size", "4", "--micro-batch", "4"]
-    assert main([*argv, "--device", "cpu", "-q"]) == 0
+    assert main(csv_finetune(data, gpt1_vocab, run)) == 0
     return run, data
 
 

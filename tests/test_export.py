@@ -16,11 +16,11 @@ from gpt1.cli import main
 from gpt1.model.heads import FinetuneModel
 from gpt1.recipes.convert import convert
 from gpt1.recipes.finetune import writer
+from helpers.tiny import ODD_SIZES_MODEL
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoTokenizer, OpenAIGPTDoubleHeadsModel, OpenAIGPTLMHeadModel  # noqa: E402
 
-TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
 TRICKY = [
     "It's 3.5 -- doesn't \"Mr. Smith\" know?",
     "''Cause I said so,'' she said.",
@@ -47,16 +47,16 @@ def randomized(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 def write_run(
     folder: Path, vocab: Path | None, kind: str, n_outputs: int, seed: int, **record
 ) -> Path:
-    """A fine-tuned checkpoint folder: a randomized GPT of `TINY`'s shape (over `vocab`'s ids when
+    """A fine-tuned checkpoint folder: a randomized GPT of `ODD_SIZES_MODEL`'s shape (over `vocab`'s ids when
     given) with task tokens and a `kind` head, and its task.json (`record`: the task's fields)."""
     torch.manual_seed(0)
-    gpt = GPT(ModelConfig(**{**TINY, "vocab_size": 40478} if vocab else TINY))
+    gpt = GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478} if vocab else ODD_SIZES_MODEL))
     classify = gpt.add_tokens(3)[2]
     model = randomized(FinetuneModel(gpt, kind, n_outputs, classify), seed)
     record = {
         "kind": kind,
         "n_outputs": n_outputs,
-        "n_ctx": TINY["n_positions"],
+        "n_ctx": ODD_SIZES_MODEL["n_positions"],
         "classify_id": classify,
         "question_delimiter": False,
         "clf_pdrop": 0.1,
@@ -109,7 +109,9 @@ def ours(folder: Path, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
     from gpt1.text.tokenizer import Tokenizer
 
-    save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
+    save_model(
+        GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab
+    )
     notes: list[str] = []
     convert(tmp_path / "ck", tmp_path / "hf", "gpt1", "hf", notes=notes)
     ref = Tokenizer.from_dir(gpt1_vocab)
@@ -139,7 +141,9 @@ def test_default_auto_tokenizer_gives_gpt1_ids(tmp_path, gpt1_vocab):
 def test_tokenizer_config_start_token_and_window(tmp_path, gpt1_vocab):
     run = tmp_path / "run"
     save_model(
-        randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 2), run / "final", gpt1_vocab
+        randomized(GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478})), 2),
+        run / "final",
+        gpt1_vocab,
     )
     (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
     notes: list[str] = []
@@ -340,7 +344,9 @@ def test_card_code_reproduces_gpt1_predict(tmp_path, gpt1_vocab, kind, question_
 
 
 def test_convert_prints_the_notes(tmp_path, capsys, gpt1_vocab):
-    save_model(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab)
+    save_model(
+        GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478})), tmp_path / "ck", gpt1_vocab
+    )
     assert (
         main(
             ["convert", str(tmp_path / "ck"), str(tmp_path / "hf"), "--from", "gpt1", "--to", "hf"]
@@ -355,12 +361,12 @@ def test_convert_prints_the_notes(tmp_path, capsys, gpt1_vocab):
 def test_onnx_language_model_matches(tmp_path):
     ort = pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
-    gpt = randomized(GPT(ModelConfig(**TINY)), 4)
+    gpt = randomized(GPT(ModelConfig(**ODD_SIZES_MODEL)), 4)
     save_model(gpt, tmp_path / "ck")
     out = convert(tmp_path / "ck", tmp_path / "lm.onnx", "gpt1", "onnx")
     session = ort.InferenceSession(str(out))
     for shape in [(1, 3), (3, 17), (2, 24)]:  # dynamic batch and sequence
-        x = torch.randint(0, TINY["vocab_size"], shape)
+        x = torch.randint(0, ODD_SIZES_MODEL["vocab_size"], shape)
         got = torch.from_numpy(session.run(None, {"input_ids": x.numpy()})[0])
         with torch.no_grad():
             want = gpt.lm_logits(gpt(x))
@@ -369,7 +375,7 @@ def test_onnx_language_model_matches(tmp_path):
 
 def test_onnx_export_prints_its_summary_not_the_optimizer_log(tmp_path, capsys):
     pytest.importorskip("onnxscript")
-    save_model(GPT(ModelConfig(**TINY)), tmp_path / "ck")
+    save_model(GPT(ModelConfig(**ODD_SIZES_MODEL)), tmp_path / "ck")
     argv = ["convert", str(tmp_path / "ck"), str(tmp_path / "lm.onnx"), "--from", "gpt1"]
     assert main([*argv, "--to", "onnx"]) == 0
     captured = capsys.readouterr()
@@ -406,7 +412,9 @@ def test_lm_eval_hf_model_runs_on_the_export(tmp_path, gpt1_vocab):
 
     run = tmp_path / "run"
     save_model(
-        randomized(GPT(ModelConfig(**{**TINY, "vocab_size": 40478})), 5), run / "final", gpt1_vocab
+        randomized(GPT(ModelConfig(**{**ODD_SIZES_MODEL, "vocab_size": 40478})), 5),
+        run / "final",
+        gpt1_vocab,
     )
     (run / "run.json").write_text(json.dumps({"data": {"n_ctx": 20}}))
     convert(run, tmp_path / "hf", "gpt1", "hf")

@@ -3,7 +3,7 @@ uninterrupted run, for `gpt1 pretrain` and `gpt1 finetune`; a full disk while sa
 previous checkpoint and says so; NaN/inf loss or gradients stop with advice and keep the last
 good checkpoint; running out of memory names the flags to change.
 
-The kill loops and fault cases live in gpt1.testing (benchmarks/faults.py runs more kills)."""
+The kill loops and fault cases live in tests/helpers (benchmarks/faults.py runs more kills)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,12 @@ from gpt1.config import TrainConfig, model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
 from gpt1.model import checkpoint as ckpt
 from gpt1.model.gpt import GPT
-from gpt1.testing import fault_cases, faults
 from gpt1.text.windows import WindowSource, open_prepared
 from gpt1.train import state as train_state
 from gpt1.train.loop import OutOfMemory, TrainingDiverged, train
 from gpt1.train.objectives import WindowLMLoss
+from helpers import fault_cases, faults
+from helpers.tiny import gpt1_process, make_corpus, subprocess_env, tiny_pretrain
 
 
 # ------------------------------------------------------------------------------ kill loops
@@ -77,7 +78,7 @@ def test_kill_mid_checkpoint_leaves_previous_intact(tmp_path, monkeypatch):
 def tiny_train(tmp: Path, run: Path, loss_fn=None, **overrides) -> object:
     data = tmp / "data"
     if not (data / "meta.json").is_file():
-        faults.make_corpus(data)
+        make_corpus(data)
     prepared = open_prepared(data)
     cfg = TrainConfig(
         **{
@@ -171,32 +172,13 @@ def test_full_disk_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch)
 def test_full_disk_through_the_cli_is_one_line(tmp_path, monkeypatch, capsys):
     from gpt1.cli import main
 
-    data = faults.make_corpus(tmp_path / "data")
+    data = make_corpus(tmp_path / "data")
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint_files, "save_file", no_space)
-    code = main(
-        [
-            "--quiet",
-            "pretrain",
-            "--preset",
-            "tiny",
-            "--data",
-            str(data),
-            "--out",
-            str(tmp_path / "run"),
-            "--max-steps",
-            "2",
-            "--save-every",
-            "1",
-            "--eval-every",
-            "0",
-            "--set",
-            "train.peak_flops=1",
-        ]
-    )
+    code = main(["--quiet", *tiny_pretrain(data, tmp_path / "run", 2)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "No space left on device" in err[0] and "no earlier checkpoint" in err[0]
@@ -220,17 +202,11 @@ def test_nonfinite_loss_or_gradient_stops_with_advice(tmp_path, kind):
 @pytest.mark.slow
 def test_divergence_through_the_cli(tmp_path):
     """A real divergence (absurd learning rate, no clipping): exit 2, one line of advice."""
-    data = faults.make_corpus(tmp_path / "data")
+    data = make_corpus(tmp_path / "data")
     run = tmp_path / "run"
-    cmd = faults.pretrain_cmd(data, run, 20) + [
-        "--lr",
-        "1e30",
-        "--set",
-        "train.grad_clip=0",
-        "--set",
-        "train.warmup=0",
-    ]
-    done = subprocess.run(cmd, env=faults.env(), capture_output=True, text=True, timeout=300)
+    diverging = ("--lr", "1e30", "--set", "train.grad_clip=0", "--set", "train.warmup=0")
+    cmd = gpt1_process(*tiny_pretrain(data, run, 20, *diverging))
+    done = subprocess.run(cmd, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert "training diverged" in done.stderr and "Lower train.lr" in done.stderr
     assert not (run / "final").exists()
@@ -261,9 +237,11 @@ def test_other_runtime_errors_are_not_reported_as_oom(tmp_path):
 
 
 # ---------------------------------------------------------------------------- fault cases
-def cases_named(*functions: str) -> list:
-    """The fault report's (name, case) rows whose case functions are `functions`."""
-    return [(name, case) for name, case in fault_cases.CASES if case.__name__ in functions]
+def cases_named(*names: str) -> list:
+    """The (row name, case) pairs of the fault table whose functions are `names`."""
+    found = [(name, case) for name, case in fault_cases.CASES if case.__name__ in names]
+    assert len(found) == len(names), "a case named here is not in the table"
+    return found
 
 
 DISK_CASES = cases_named(

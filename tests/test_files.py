@@ -2,7 +2,7 @@
 write failures as one line with nothing left behind, files that follow the umask.
 
 The end-to-end fault cases (real commands, real full disks where the machine allows) run in
-tests/test_faults.py through `gpt1.testing.fault_cases`."""
+tests/test_faults.py through `helpers.fault_cases`."""
 
 from __future__ import annotations
 
@@ -23,9 +23,19 @@ import torch
 from gpt1 import checkpoint_files, files
 from gpt1.cli import main
 from gpt1.model import checkpoint as ckpt
-from gpt1.testing import fault_cases, faults
-from gpt1.testing.fault_cases import leftovers, snapshot, tiny_checkpoint
 from gpt1.train import state as train_state
+from helpers import fault_cases
+from helpers.fault_cases import leftovers, snapshot
+from helpers.tiny import (
+    char_vocab,
+    gpt1_process,
+    make_corpus,
+    make_task,
+    subprocess_env,
+    tiny_checkpoint,
+    tiny_finetune,
+    tiny_pretrain,
+)
 
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
@@ -97,28 +107,7 @@ def test_convert_refuses_its_own_run_and_the_current_folder(tmp_path, capsys, mo
 
 @pytest.fixture
 def prepared(tmp_path_factory) -> Path:
-    return faults.make_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-def pretrain_argv(data: Path, out: Path, steps: int = 2, *extra: str) -> list[str]:
-    return [
-        "pretrain",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--max-steps",
-        str(steps),
-        "--save-every",
-        "1",
-        "--eval-every",
-        "0",
-        "--set",
-        "train.peak_flops=1",
-        *extra,
-    ]
+    return make_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsys):
@@ -129,14 +118,14 @@ def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsy
     for name in ("metrics.jsonl", "run.json", "results.json", "loss.png"):
         (out / name).write_text(f"the user's {name}\n")
     before = snapshot(out)
-    code, err = cli(capsys, *pretrain_argv(prepared, out))
+    code, err = cli(capsys, *tiny_pretrain(prepared, out))
     assert code == 2 and len(err.splitlines()) == 1
     assert "--resume auto" in err and "--overwrite" in err and "metrics.jsonl" in err
     assert snapshot(out) == before
     # --overwrite starts over; --resume and --overwrite together are refused
-    code, err = cli(capsys, *pretrain_argv(prepared, out, 2, "--resume", "auto", "--overwrite"))
+    code, err = cli(capsys, *tiny_pretrain(prepared, out, 2, "--resume", "auto", "--overwrite"))
     assert code == 2 and "exclude each other" in err
-    code, err = cli(capsys, *pretrain_argv(prepared, out, 2, "--overwrite"))
+    code, err = cli(capsys, *tiny_pretrain(prepared, out, 2, "--overwrite"))
     assert code == 0, err
     assert not (out / "results.json").exists() and (out / "final").is_dir()
     assert "the user's" not in (out / "metrics.jsonl").read_text()
@@ -145,10 +134,10 @@ def test_pretrain_refuses_a_folder_without_checkpoints(tmp_path, prepared, capsy
 def test_evaluate_predict_plot_name_their_files_and_never_overwrite(tmp_path, capsys):
     """Each split's predictions get their own file: predict --split dev never replaces the test
     predictions, and no command overwrites a file it did not create."""
-    task, vocab = faults.make_task(tmp_path / "task"), faults.char_vocab(tmp_path / "vocab")
+    task, vocab = make_task(tmp_path / "task"), char_vocab(tmp_path / "vocab")
     (task / "test.tsv").write_text((task / "dev.tsv").read_text())
     run = tmp_path / "ft"
-    code, err = cli(capsys, *faults.tiny_finetune(task, vocab, run, 2))
+    code, err = cli(capsys, *tiny_finetune(task, vocab, run, 2))
     assert code == 0, err
     finetuned = (run / "results.json").read_text()
     assert cli(capsys, "predict", str(run), "--data", str(task))[0] == 0
@@ -267,7 +256,7 @@ def test_prepare_and_tokenizer_share_the_policy(tmp_path, capsys):
         "--corpus",
         str(corpus),
         "--vocab",
-        str(faults.char_vocab(tmp_path / "vocab")),
+        str(char_vocab(tmp_path / "vocab")),
         "--out",
         str(out),
     )
@@ -293,26 +282,17 @@ def test_second_pretrain_is_refused_and_metrics_not_duplicated(tmp_path, prepare
     run = tmp_path / "run"
     # The first run is long enough to outlive the second's start-up on any machine, and is
     # stopped with SIGTERM (it saves and exits 143) once the second has been refused.
-    argv = [
-        sys.executable,
-        "-m",
-        "gpt1",
-        "--quiet",
-        *pretrain_argv(prepared, run, 1_000_000),
-        "--log-every",
-        "1",
-        "--resume",
-        "auto",
-        "--set",
-        "train.keep_last=2",
-    ]
-    first = subprocess.Popen(argv, env=faults.env(), stderr=subprocess.PIPE, text=True)
+    extra = ("--log-every", "1", "--resume", "auto", "--set", "train.keep_last=2")
+    argv = gpt1_process(*tiny_pretrain(prepared, run, 1_000_000, *extra))
+    first = subprocess.Popen(argv, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300
         while not ((run / "metrics.jsonl").is_file() and (run / "metrics.jsonl").read_text()):
             assert first.poll() is None and time.time() < deadline, first.stderr.read()
             time.sleep(0.02)
-        second = subprocess.run(argv, env=faults.env(), capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            argv, env=subprocess_env(), capture_output=True, text=True, timeout=300
+        )
         assert first.poll() is None
     finally:
         first.terminate()
@@ -337,17 +317,17 @@ def test_sigkilled_holder_does_not_block_the_next_run(tmp_path, prepared, capsys
             "time.sleep(600)",
             str(run),
         ],
-        env=faults.env(),
+        env=subprocess_env(),
         stdout=subprocess.PIPE,
         text=True,
     )
     assert holder.stdout.readline().strip() == "held"
-    code, err = cli(capsys, *pretrain_argv(prepared, run, 2, "--resume", "auto"))
+    code, err = cli(capsys, *tiny_pretrain(prepared, run, 2, "--resume", "auto"))
     assert code == 2 and "in use" in err
     holder.kill()
     holder.wait()
     holder.stdout.close()
-    code, err = cli(capsys, *pretrain_argv(prepared, run, 2, "--resume", "auto"))
+    code, err = cli(capsys, *tiny_pretrain(prepared, run, 2, "--resume", "auto"))
     assert code == 0, err
     assert (run / "final" / "model.safetensors").is_file()
 
@@ -377,7 +357,7 @@ def test_checkpoint_write_failure_is_one_line_without_leftovers(
 
     monkeypatch.setattr(checkpoint_files, "save_file", failing)
     run = tmp_path / "run"
-    exit_code, err = cli(capsys, *pretrain_argv(prepared, run, 3))
+    exit_code, err = cli(capsys, *tiny_pretrain(prepared, run, 3))
     assert exit_code == 2 and len(err.splitlines()) == 1, err
     assert str(run / "step-2") in err and os.strerror(code) in err and "is intact" in err
     assert ("needs about" in err) == (code == errno.ENOSPC)
@@ -448,10 +428,10 @@ def test_weights_follow_the_umask(tmp_path, mask):
 
 def test_resume_from_another_run_does_not_mix_into_a_used_folder(tmp_path, prepared, capsys):
     a, b = tmp_path / "a", tmp_path / "b"
-    assert cli(capsys, *pretrain_argv(prepared, a, 2))[0] == 0
+    assert cli(capsys, *tiny_pretrain(prepared, a, 2))[0] == 0
     b.mkdir()
     (b / "metrics.jsonl").write_text('{"step": 9, "loss": 1.0}\n')
-    code, err = cli(capsys, *pretrain_argv(prepared, b, 3, "--resume", str(a / "step-1")))
+    code, err = cli(capsys, *tiny_pretrain(prepared, b, 3, "--resume", str(a / "step-1")))
     assert code == 2 and "not empty" in err
     assert (b / "metrics.jsonl").read_text() == '{"step": 9, "loss": 1.0}\n'
     assert files.resumes_in(a, str(a / "step-1")) and files.resumes_in(a, "auto")
@@ -472,7 +452,7 @@ def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypat
 
     monkeypatch.setattr(metrics, "open", full_on_append, raising=False)
     run = tmp_path / "run"
-    code, err = cli(capsys, *pretrain_argv(prepared, run, 2))
+    code, err = cli(capsys, *tiny_pretrain(prepared, run, 2))
     assert code == 2 and len(err.splitlines()) == 1, err
     assert str(run / "metrics.jsonl") in err and "No space left on device; needs about" in err
     assert leftovers(run) == []

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import refused_resumes
 
 from gpt1.cli import main
 from gpt1.config import FINETUNE_TRAIN, FinetuneConfig, TrainConfig
@@ -16,10 +15,12 @@ from gpt1.recipes.evaluate import load_finetuned
 from gpt1.recipes.finetune import build_finetune_model, finetune
 from gpt1.tasks import get_task
 from gpt1.tasks.batches import Encoded, FinetuneSource
-from gpt1.testing import fault_cases
+from helpers import fault_cases
+from helpers.tiny import tiny_finetune
 
 pytestmark = pytest.mark.data
-TINY = {"max_steps": 2, "batch_size": 4, "micro_batch_size": 2, "quiet": True, "log_every": 1}
+# Two optimizer steps of 4 examples in micro-batches of 2, every step logged.
+TWO_STEPS = {"max_steps": 2, "batch_size": 4, "micro_batch_size": 2, "quiet": True, "log_every": 1}
 
 
 def head_lines(src: Path, dst: Path, n: int) -> Path:
@@ -32,7 +33,7 @@ def tiny_run(tmp: Path, vocab: Path, task: str, data: Path, out: str, **ft) -> t
     cfg = FinetuneConfig(
         task=task, data=str(data), init="none", preset="tiny", vocab=str(vocab), **ft
     )
-    train = TrainConfig(**{**FINETUNE_TRAIN, **TINY})
+    train = TrainConfig(**{**FINETUNE_TRAIN, **TWO_STEPS})
     _, results = finetune(cfg, train, tmp / out)
     return results, tmp / out
 
@@ -123,23 +124,7 @@ def test_cli_bad_row_is_one_line_error(tmp_path: Path, gpt1_vocab: Path, capsys)
     data = tmp_path / "bad"
     data.mkdir()
     (data / "train.tsv").write_text("sentence\tlabel\ngood\t1\nno label here\n")
-    args = [
-        "finetune",
-        "--task",
-        "sst2",
-        "--data",
-        str(data),
-        "--init",
-        "none",
-        "--preset",
-        "tiny",
-        "--vocab",
-        str(gpt1_vocab),
-        "--out",
-        str(tmp_path / "run"),
-        "--max-steps",
-        "1",
-    ]
+    args = tiny_finetune(data, gpt1_vocab, tmp_path / "run", 1, task=("--task", "sst2"))
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{data / 'train.tsv'}:3" in err and "expected 2 tab-separated fields" in err
@@ -256,7 +241,9 @@ def test_log_splits_the_loss_and_names_the_headline_and_f1_class(tmp_path: Path,
     cfg = FinetuneConfig(
         task="csv", data=str(data), init="none", preset="tiny", vocab=str(gpt1_vocab)
     )
-    _, results = finetune(cfg, TrainConfig(**{**FINETUNE_TRAIN, **TINY}), tmp_path / "run", spec)
+    _, results = finetune(
+        cfg, TrainConfig(**{**FINETUNE_TRAIN, **TWO_STEPS}), tmp_path / "run", spec
+    )
     logged = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     steps = [r for r in logged if "loss" in r]
     assert len(steps) == 2
@@ -292,7 +279,7 @@ def test_positive_label_needs_a_user_task(tmp_path: Path, capsys):
 
 
 # ------------------------------------------------------------------------------- resumes
-@pytest.mark.parametrize("name", refused_resumes("finetune"))
+@pytest.mark.parametrize("name", fault_cases.refused_resumes("finetune"))
 def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
     """Task, data, labels, lr, batch and seed cannot change on --resume: one line naming the
     setting and both values; run.json, task.json and the checkpoints stay as they were."""

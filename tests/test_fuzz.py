@@ -2,24 +2,21 @@
 reader, fed mutated copies of real files from ../shared/data (truncated lines, wrong column
 counts, wrong encodings, huge fields, empty files, byte damage), either parses or raises the
 project's own error type (`Gpt1Error`), within a time limit. The mutations and the reader table
-live in gpt1.testing.faults; benchmarks/faults.py runs many more of them for the fault report."""
+live in helpers.faults; benchmarks/faults.py runs many more of them for the fault report."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA as SHARED
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
-from gpt1.testing import faults  # noqa: E402
-
-SHARED = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
-
-from gpt1.errors import DataError, Gpt1Error  # noqa: E402
-from gpt1.text.tokenizer import Tokenizer  # noqa: E402
+from gpt1.errors import DataError, Gpt1Error
+from gpt1.text.tokenizer import Tokenizer
+from helpers import faults
+from helpers.tiny import char_vocab, make_corpus
 
 FUZZ = settings(
     max_examples=40,
@@ -61,7 +58,7 @@ TEXT = st.lists(st.one_of(UNICODE, st.sampled_from(SPECIAL)), max_size=8).map(""
 
 @pytest.fixture(scope="module")
 def char_tokenizer(tmp_path_factory) -> Tokenizer:
-    tok = Tokenizer.from_dir(faults.char_vocab(tmp_path_factory.mktemp("vocab")))
+    tok = Tokenizer.from_dir(char_vocab(tmp_path_factory.mktemp("vocab")))
     tok.encode("warm up spaCy")
     return tok
 
@@ -245,7 +242,7 @@ def test_meta_json_with_any_value_in_any_field(tmp_path_factory, field, value):
 
     from gpt1.text.windows import open_prepared
 
-    folder = faults.make_corpus(tmp_path_factory.mktemp("meta"), n_train=600, n_val=100)
+    folder = make_corpus(tmp_path_factory.mktemp("meta"), n_train=600, n_val=100)
     meta = json.loads((folder / "meta.json").read_text())
     if field in ("format", "version", "vocab_size", "splits"):
         meta[field] = value

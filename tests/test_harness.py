@@ -15,8 +15,8 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
 from gpt1.recipes.harness import Gpt1LM  # noqa: E402
+from helpers.tiny import BPE_VOCAB_MODEL  # noqa: E402
 
-TINY = dict(vocab_size=40478, n_positions=48, n_embd=32, n_layer=2, n_head=2)
 ONE_TOKEN_WORDS = ["the", "man", "said", "that", "he", "was", "not", "here", "and", "she"]
 
 
@@ -28,7 +28,7 @@ def checkpoint(tmp_path_factory, request):
     if not vocab.is_dir():
         pytest.skip(f"shared data not found at {SHARED_DATA} (set GPT1_SHARED_DATA)")
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY))
+    model = GPT(ModelConfig(**BPE_VOCAB_MODEL))
     with torch.no_grad():  # larger weights than the init, so greedy paths are not flat
         for p in model.parameters():
             if p.dim() > 1:

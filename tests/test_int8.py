@@ -22,6 +22,7 @@ from gpt1.model.quantize import (
     quantized_layers,
 )
 from gpt1.recipes.sample import generate
+from helpers.tiny import char_vocab
 
 
 def _model(n_embd: int = 64) -> GPT:
@@ -125,7 +126,6 @@ def test_int8_refusals_are_one_line_and_change_nothing():
 def test_sample_command_takes_int8_and_refuses_it_on_a_gpu(tmp_path, capsys):
     from gpt1 import save_model
     from gpt1.cli import main
-    from gpt1.testing.faults import char_vocab
 
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=189, n_positions=48, n_embd=32, n_layer=2, n_head=2)

@@ -14,7 +14,7 @@ from gpt1.train.parallelize import checkpoint_blocks, is_checkpointed
 tiny = tiny_model_config
 
 
-def test_issue_example_config_works():
+def test_config_derives_the_inner_width_and_head_size():
     c = ModelConfig(vocab_size=8192, n_positions=256, n_embd=384, n_layer=6, n_head=6)
     assert c.n_inner == 1536 and c.head_dim == 64
 

@@ -4,17 +4,14 @@ plots, and user errors."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import refused_resumes
 from safetensors.torch import load_file
 
 from gpt1.cli import main
@@ -22,38 +19,10 @@ from gpt1.config import run_preset
 from gpt1.errors import ConfigError, DataError
 from gpt1.model.checkpoint import load_checkpoint
 from gpt1.recipes.pretrain import finalize, resolve_config
-from gpt1.testing import fault_cases, faults
 from gpt1.text.windows import open_prepared
 from gpt1.train.state import load_training_state, step_dirs
-
-ROOT = Path(__file__).resolve().parents[1]
-
-# The tiny prepared corpus (two train shards of a noisy periodic stream, a character vocabulary)
-# is shared with the fault report.
-make_prepared = faults.make_corpus
-
-
-def pretrain_cmd(data: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gpt1",
-        "--quiet",
-        "pretrain",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--set",
-        "train.peak_flops=1",
-        *extra,
-    ]
-
-
-def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+from helpers import fault_cases
+from helpers.tiny import gpt1_process, make_corpus, subprocess_env, tiny_pretrain
 
 
 def train_losses(run: Path) -> list[tuple[int, float]]:
@@ -82,7 +51,7 @@ def test_gpt1_preset_is_the_paper_recipe():
 
 
 def test_total_steps_and_vocab_from_data(tmp_path):
-    data = open_prepared(make_prepared(tmp_path / "d", vocab=300))
+    data = open_prepared(make_corpus(tmp_path / "d", vocab=300))
     cfg = run_preset("gpt1")
     assert cfg.model.n_positions == 512
     cfg = finalize(cfg, data)
@@ -117,7 +86,7 @@ def test_bad_data_folder_errors(tmp_path, capsys):
         == 2
     )
     assert "meta.json" in capsys.readouterr().err
-    bad = make_prepared(tmp_path / "d")
+    bad = make_corpus(tmp_path / "d")
     (bad / "meta.json").write_text(
         json.dumps({"format": "gpt1-tokens", "vocab_size": "x", "splits": {}})
     )
@@ -128,14 +97,15 @@ def test_bad_data_folder_errors(tmp_path, capsys):
 # ------------------------------------------------------------------------------ runs
 @pytest.mark.slow
 def test_exact_resume_after_sigkill(tmp_path):
-    data = make_prepared(tmp_path / "data")
-    args = ("--max-steps", "40", "--save-every", "3", "--eval-every", "10", "--log-every", "1")
+    data = make_corpus(tmp_path / "data")
+    every = ("--save-every", "3", "--eval-every", "10", "--log-every", "1")
+    run_40 = lambda out, *extra: gpt1_process(*tiny_pretrain(data, out, 40, *every, *extra))
     full, cut = tmp_path / "full", tmp_path / "cut"
-    subprocess.run(pretrain_cmd(data, full, *args), check=True, env=env(), capture_output=True)
+    subprocess.run(run_40(full), check=True, env=subprocess_env(), capture_output=True)
 
     proc = subprocess.Popen(
-        pretrain_cmd(data, cut, *args),
-        env=env(),
+        run_40(cut),
+        env=subprocess_env(),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -147,9 +117,9 @@ def test_exact_resume_after_sigkill(tmp_path):
     killed_at = max(int(p.name[5:]) for p in step_dirs(cut))
     assert killed_at < 40 and not (cut / "final").exists()
     subprocess.run(
-        pretrain_cmd(data, cut, *args, "--resume", "auto"),
+        run_40(cut, "--resume", "auto"),
         check=True,
-        env=env(),
+        env=subprocess_env(),
         capture_output=True,
     )
 
@@ -167,11 +137,11 @@ def test_exact_resume_after_sigkill(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_writes_checkpoint_then_exits(tmp_path):
-    data = make_prepared(tmp_path / "data")
+    data = make_corpus(tmp_path / "data")
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        pretrain_cmd(data, run, "--max-steps", "100000", "--save-every", "0", "--eval-every", "0"),
-        env=env(),
+        gpt1_process(*tiny_pretrain(data, run, 100_000, "--save-every", "0")),
+        env=subprocess_env(),
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -188,7 +158,10 @@ def test_sigterm_writes_checkpoint_then_exits(tmp_path):
     assert meta["step"] == int(steps[0].name[5:]) >= 1
     # refusing to start over silently in a folder with checkpoints
     again = subprocess.run(
-        pretrain_cmd(data, run, "--max-steps", "3"), env=env(), capture_output=True, text=True
+        gpt1_process(*tiny_pretrain(data, run, 3)),
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
     )
     assert again.returncode == 2 and "--resume auto" in again.stderr
 
@@ -259,8 +232,9 @@ def test_set_overrides_are_checked_together_in_any_order():
 
 
 # ------------------------------------------------------------------------------- resumes
-# The cases live in gpt1.testing.fault_cases (the fault report runs them too).
-@pytest.mark.parametrize("name", refused_resumes("pretrain"))
+# The cases live in helpers.fault_cases (the fault report runs them too); one finished tiny
+# run per module (conftest's `resume_work`), copied for each case.
+@pytest.mark.parametrize("name", fault_cases.refused_resumes("pretrain"))
 def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
     """Model, data, lr, batch and seed cannot change on --resume: one line naming the setting
     and both values, and run.json and every checkpoint stay as they were."""

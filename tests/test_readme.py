@@ -11,7 +11,7 @@ from conftest import ROOT, tiny_model_config
 
 from gpt1.model.checkpoint import save_model
 from gpt1.model.gpt import GPT
-from gpt1.testing import faults
+from helpers.tiny import char_vocab, make_task
 
 SECTION = "## Use it from Python"
 
@@ -28,10 +28,10 @@ def test_readme_python_section_runs(tmp_path, capsys):
     blocks = python_blocks((ROOT / "README.md").read_text(), SECTION)
     assert len(blocks) == 1, "the section has one python block"
     code = blocks[0]
-    vocab = faults.char_vocab(tmp_path / "vocab")
+    vocab = char_vocab(tmp_path / "vocab")
     size = len(json.loads((vocab / "vocab.json").read_text()))
     checkpoint = save_model(GPT(tiny_model_config(vocab_size=size)), tmp_path / "tiny", vocab)
-    data, out = faults.make_task(tmp_path / "reviews"), tmp_path / "runs-reviews"
+    data, out = make_task(tmp_path / "reviews"), tmp_path / "runs-reviews"
     swaps = {
         "runs/tiny/final": str(checkpoint),
         "data/reviews": str(data),

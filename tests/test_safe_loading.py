@@ -17,9 +17,10 @@ import torch
 
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
-from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict, save_model
+from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict
 from gpt1.model.gpt import GPT
 from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
+from helpers.tiny import char_vocab, make_corpus, tiny_checkpoint, tiny_finetune
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,12 +33,6 @@ class _Payload:
 
     def __reduce__(self):
         return (open, (self.marker, "w"))
-
-
-def tiny_checkpoint(folder: Path) -> Path:
-    torch.manual_seed(0)
-    cfg = model_preset("tiny")
-    return save_model(GPT(cfg), folder)
 
 
 def write_pickle(path: Path, marker: Path, kind: str) -> None:
@@ -65,20 +60,20 @@ def assert_pickle_refused(
 
 @pytest.mark.parametrize("kind", ["pickle", "torch-zip"])
 def test_crafted_pickle_as_weights_is_refused(tmp_path, kind):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     err = assert_pickle_refused(folder / WEIGHTS, kind, "pickle", load_checkpoint, folder)
     assert str(folder / WEIGHTS) in str(err.value)
 
 
 def test_pickle_next_to_missing_weights_is_named_not_loaded(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     (folder / WEIGHTS).unlink()
     match = "pytorch_model.bin.*never loaded"
     assert_pickle_refused(folder / "pytorch_model.bin", "torch-zip", match, load_checkpoint, folder)
 
 
 def test_crafted_pickle_in_trainer_state_is_refused(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "run" / "step-1")
+    folder = tiny_checkpoint(tmp_path / "run" / "step-1", vocab=False)
     (folder / TRAINER_JSON).write_text(json.dumps({"step": 1}))
     assert_pickle_refused(folder / TRAINER_TENSORS, "pickle", "pickle", load_training_state, folder)
 
@@ -137,7 +132,7 @@ def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
     from gpt1.train.loop import _load_state
 
     run = tmp_path / "run"
-    folder = tiny_checkpoint(run / "step-3")
+    folder = tiny_checkpoint(run / "step-3", vocab=False)
     (folder / TRAINER_JSON).write_bytes(content)
     from safetensors.torch import save_file
 
@@ -163,7 +158,7 @@ def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
-    folder = tiny_checkpoint(tmp_path / "ft")
+    folder = tiny_checkpoint(tmp_path / "ft", vocab=False)
     (folder / TASK_FILE).write_text(
         json.dumps(
             {"task": "sst2", "kind": "single", "n_outputs": 2, "classify_id": 3, "n_ctx": 16}
@@ -173,7 +168,7 @@ def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
 
 
 def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
     data = (folder / WEIGHTS).read_bytes()
     for cut in (0, 5, 8, 100, len(data) // 2, len(data) - 1):
         (folder / WEIGHTS).write_bytes(data[:cut])
@@ -198,14 +193,12 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     """Config values and dataset fields that look like paths (`../`, absolute names) end up as
     data, never as file names: a whole pretrain run, then fine-tune + predict on a dataset whose
     ids and texts are traversal attempts, leave every file they write inside the run folders."""
-    from test_pretrain import make_prepared
-
     from gpt1.cli import main
 
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    data = make_prepared(tmp_path / "data")
+    data = make_corpus(tmp_path / "data")
     # meta.json split names and a TOML whose string values are traversal attempts
     meta = json.loads((data / "meta.json").read_text())
     meta["splits"]["../../escape"] = meta["splits"]["val"]
@@ -242,53 +235,10 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     ]
     for split in ("train", "dev", "test"):
         (ft / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    vocab = tmp_path / "vocab"
-    vocab.mkdir()
-    (vocab / "vocab.json").write_text(
-        json.dumps(
-            {
-                c: i
-                for i, c in enumerate(
-                    ["<unk>"]
-                    + [chr(c) for c in range(33, 127)]
-                    + [chr(c) + "</w>" for c in range(33, 127)]
-                )
-            }
-        )
-    )
-    (vocab / "merges.txt").write_text("#version: 0.2\n")
+    vocab = char_vocab(tmp_path / "vocab")
     before = _snapshot(tmp_path, tmp_path / "ftrun")
-    assert (
-        main(
-            [
-                "--quiet",
-                "finetune",
-                "--task",
-                "tsv",
-                "--columns",
-                "text=text,label=label,id=id",
-                "--data",
-                str(ft),
-                "--init",
-                "none",
-                "--preset",
-                "tiny",
-                "--vocab",
-                str(vocab),
-                "--out",
-                str(tmp_path / "ftrun"),
-                "--max-steps",
-                "2",
-                "--batch-size",
-                "4",
-                "--micro-batch",
-                "2",
-                "--n-ctx",
-                "32",
-            ]
-        )
-        == 0
-    )
+    task = ("--task", "tsv", "--columns", "text=text,label=label,id=id")
+    assert main(["--quiet", *tiny_finetune(ft, vocab, tmp_path / "ftrun", 2, task=task)]) == 0
     assert main(["--quiet", "predict", str(tmp_path / "ftrun"), "--data", str(ft)]) == 0
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before
     assert not list(Path("/tmp").glob("evil*"))

@@ -10,12 +10,13 @@ from gpt1.model.decoding import KVCache, forward_cached
 from gpt1.recipes.convert import gpt1_to_hf_state
 from gpt1.recipes.sample import filter_logits, generate
 
-TINY = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}
+# The tiny GPT with a vocabulary (89) and a window (40) of sizes no other dimension has.
+SAMPLING_MODEL = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}
 
 
 def model(seed: int = 0) -> GPT:
     torch.manual_seed(seed)
-    m = GPT(ModelConfig(**TINY))
+    m = GPT(ModelConfig(**SAMPLING_MODEL))
     with torch.no_grad():  # larger weights than the 0.02 init, so greedy paths are not flat
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 0.2)
@@ -24,14 +25,14 @@ def model(seed: int = 0) -> GPT:
 
 def prompt(n: int = 6, batch: int = 2) -> torch.Tensor:
     return torch.randint(
-        0, TINY["vocab_size"], (batch, n), generator=torch.Generator().manual_seed(7)
+        0, SAMPLING_MODEL["vocab_size"], (batch, n), generator=torch.Generator().manual_seed(7)
     )
 
 
 def test_greedy_equals_transformers_generate():
     transformers = pytest.importorskip("transformers")
     m = model()
-    hf = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**TINY)).eval()
+    hf = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig(**SAMPLING_MODEL)).eval()
     missing, unexpected = hf.load_state_dict(gpt1_to_hf_state(m.state_dict()), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
     hf.tie_weights()
@@ -112,7 +113,7 @@ def test_sampling_follows_the_filtered_distribution():
     out = generate(m, x, 1, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         probs = filter_logits(m.lm_logits(m(x[:1]))[:, -1], top_k=3).softmax(-1)[0]
-    counts = torch.bincount(out[:, -1], minlength=TINY["vocab_size"]).float() / len(out)
+    counts = torch.bincount(out[:, -1], minlength=SAMPLING_MODEL["vocab_size"]).float() / len(out)
     assert set(torch.nonzero(counts).flatten().tolist()) <= set(
         torch.topk(probs, 3).indices.tolist()
     )

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from gpt1 import GPT, ModelConfig, save_model
+from helpers.tiny import BPE_VOCAB_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(vocab_size=40478, n_positions=48, n_embd=32, n_layer=2, n_head=2)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +37,7 @@ def tokenizer(vocab):
 @pytest.fixture(scope="module")
 def checkpoint(vocab, tmp_path_factory):
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY))
+    model = GPT(ModelConfig(**BPE_VOCAB_MODEL))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() > 1:

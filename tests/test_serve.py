@@ -40,6 +40,7 @@ from gpt1.serve.engine import Engine, load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
 from gpt1.serve.server import uvicorn_config  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
+from helpers.tiny import char_vocab  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120.0  # seconds: a bound for a loaded 2-core machine, not a speed check
@@ -57,16 +58,6 @@ SENTENCES = [
 
 
 # ----------------------------------------------------------------------------- fixtures
-def char_vocab(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    pieces = (
-        ["<unk>"] + [chr(c) for c in range(33, 127)] + [chr(c) + "</w>" for c in range(33, 127)]
-    )
-    (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(pieces)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    return folder
-
-
 def tiny_run(out: Path, vocab: Path, task: str, spec: dict | None = None, seed: int = 0) -> Path:
     """A fine-tuned run folder with random weights (what `gpt1 finetune` writes)."""
     torch.manual_seed(seed)

@@ -28,7 +28,6 @@ pytest.importorskip("uvicorn")
 from test_serve import (  # noqa: E402
     ROOT,
     TIMEOUT,
-    char_vocab,
     free_port,
     post,
     serving,
@@ -38,6 +37,7 @@ from test_serve import (  # noqa: E402
 
 from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
+from helpers.tiny import char_vocab  # noqa: E402
 
 
 def metric(url: str, name: str, labels: str = "") -> float:

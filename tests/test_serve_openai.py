@@ -21,12 +21,13 @@ import torch
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
-from test_serve import TIMEOUT, char_vocab, post, serving, tiny_run  # noqa: E402
+from test_serve import TIMEOUT, post, serving, tiny_run  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.recipes.finetune import load_tokenizer  # noqa: E402
 from gpt1.recipes.sample import sample  # noqa: E402
+from helpers.tiny import char_vocab  # noqa: E402
 
 PROMPT = "the old man"
 

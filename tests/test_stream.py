@@ -16,10 +16,11 @@ from safetensors.torch import load_file
 from gpt1.cli import main
 from gpt1.config import DataConfig
 from gpt1.errors import ConfigError, DataError
-from gpt1.testing import faults
 from gpt1.text.prepare import PrepareOptions, documents, prepare
 from gpt1.text.stream import TextStream, batch_source, open_data
 from gpt1.text.windows import SequentialWindows, open_prepared
+from helpers import faults
+from helpers.tiny import TORCHRUN_TWO_PROCESSES, char_vocab, subprocess_env, tiny_pretrain
 
 WORDS = "the a ship sailed far over grey water and men sang of home while wind rose".split()
 N_CTX = 32
@@ -48,7 +49,7 @@ def write_corpus(folder: Path, seed: int = 0) -> Path:
 def corpus(tmp_path_factory) -> tuple[Path, Path, Path]:
     """(text folder, tokenizer folder, its `gpt1 prepare --val-fraction 0` output)."""
     work = tmp_path_factory.mktemp("stream")
-    text, vocab = write_corpus(work / "text"), faults.char_vocab(work / "vocab")
+    text, vocab = write_corpus(work / "text"), char_vocab(work / "vocab")
     opts = PrepareOptions(val_fraction=0, doc_sep="blank-line", shard_tokens=700, quiet=True)
     prepare([text], vocab, work / "prepared", opts)
     return text, vocab, work / "prepared"
@@ -185,11 +186,11 @@ def test_parquet_row_that_is_not_text_names_file_and_field(tmp_path):
 
 
 def run_args(data: Path, out: Path, *extra: str) -> list[str]:
+    """12 steps of the tiny model, every step logged, a checkpoint every 5."""
     return [
-        "--quiet", "pretrain", "--preset", "tiny", "--data", str(data), "--out", str(out),
-        "--max-steps", "12", "--log-every", "1", "--save-every", "5",
-        "--set", "train.peak_flops=1", *extra,
-    ]  # fmt: skip
+        "--quiet",
+        *tiny_pretrain(data, out, 12, "--log-every", "1", "--save-every", "5", *extra),
+    ]
 
 
 def losses(run: Path) -> list[tuple[int, float]]:
@@ -251,17 +252,8 @@ def test_two_processes_split_the_stream_and_resume_exactly(corpus, tmp_path):
     import subprocess
     import sys
 
-    from conftest import subprocess_env
-
     text, vocab, _ = corpus
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-    ]
+    torchrun = list(TORCHRUN_TWO_PROCESSES)
     two, resumed = tmp_path / "two", tmp_path / "resumed"
 
     def launch(out: Path, *extra: str, launcher=torchrun) -> subprocess.CompletedProcess:

@@ -10,6 +10,7 @@ import torch
 from gpt1 import threads
 from gpt1.cli import USES_THREADS, build_parser, main
 from gpt1.errors import ConfigError
+from helpers.tiny import make_corpus, tiny_pretrain
 
 
 @pytest.fixture(autouse=True)
@@ -155,8 +156,6 @@ def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(tmp
     """In auto mode the count that follows the load is pinned for a training run (gradients'
     last bits depend on it), recorded in its checkpoints, and taken again by a resume."""
     from gpt1.cli import main
-    from gpt1.testing.fault_cases import tiny_pretrain
-    from gpt1.testing.faults import make_corpus
     from gpt1.train.state import read_trainer_json
 
     monkeypatch.delenv("GPT1_THREADS", raising=False)

@@ -14,6 +14,7 @@ import pytest
 
 from gpt1.cli import main
 from gpt1.train import trackers
+from helpers.tiny import gpt1_process, make_task, subprocess_env, tiny_finetune, tiny_pretrain
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("wandb")
@@ -45,27 +46,13 @@ def offline_wandb(tmp_path_factory):
     os.environ.update(saved)
 
 
-def pretrain_args(data: Path, out: Path, *extra: str, loggers: list[str] = LOGGERS) -> list[str]:
-    return [
-        "--quiet",
-        "pretrain",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--save-every",
-        "3",
-        "--eval-every",
-        "3",
-        "--set",
-        "train.peak_flops=1",
-        "--set",
-        "train.total_steps=8",
-        *loggers,
-        *extra,
-    ]
+def pretrain_args(
+    data: Path, out: Path, steps: int, *extra: str, loggers: list[str] = LOGGERS
+) -> list[str]:
+    """The tracked tiny run: a checkpoint and a validation every 3 steps, an 8-step schedule
+    however many steps this segment runs, metrics sent to `loggers`."""
+    flags = ("--save-every", "3", "--eval-every", "3", "--set", "train.total_steps=8")
+    return ["--quiet", *tiny_pretrain(data, out, steps, *flags, *loggers, *extra)]
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +60,10 @@ def resumed_run(tmp_path_factory, tiny_corpus, offline_wandb) -> Path:
     """Eight steps in two segments: the first stops at step 6 (as a run killed after logging
     step 6 whose last checkpoint is step 3), the second resumes from step-3 and replays 4..6."""
     run = tmp_path_factory.mktemp("tracked") / "run"
-    assert main(pretrain_args(tiny_corpus, run, "--max-steps", "6")) == 0
+    assert main(pretrain_args(tiny_corpus, run, 6)) == 0
     first = json.loads((run / trackers.RECORD_FILE).read_text())
-    resume = ["--max-steps", "8", "--resume", str(run / "step-3")]
-    assert main(pretrain_args(tiny_corpus, run, *resume)) == 0
+    resume = ["--resume", str(run / "step-3")]
+    assert main(pretrain_args(tiny_corpus, run, 8, *resume)) == 0
     assert json.loads((run / trackers.RECORD_FILE).read_text()) == first  # the same runs
     return run
 
@@ -202,11 +189,11 @@ def test_a_tracker_first_named_on_resume_gets_the_whole_run(
     """A run started without trackers and resumed with --logger: the new tracker run gets the
     kept history first, then the replayed and new steps, each step once."""
     run = tmp_path / "run"
-    assert main(pretrain_args(tiny_corpus, run, "--max-steps", "6", loggers=[])) == 0
+    assert main(pretrain_args(tiny_corpus, run, 6, loggers=[])) == 0
     assert not (run / trackers.RECORD_FILE).exists()
-    resume = ["--max-steps", "8", "--resume", str(run / "step-3")]
+    resume = ["--resume", str(run / "step-3")]
     added = ["--logger", "tensorboard", "--logger", "wandb"]
-    assert main(pretrain_args(tiny_corpus, run, *resume, loggers=added)) == 0
+    assert main(pretrain_args(tiny_corpus, run, 8, *resume, loggers=added)) == 0
     acc = tensorboard_events(run)
     check_series(
         {k: [(e.step, e.value) for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]},
@@ -227,8 +214,7 @@ def test_missing_tracker_package_is_one_line_error_before_anything(
         lambda name, *a: None if name == "wandb" else real(name, *a),
     )
     out = tmp_path / "run"
-    args = ["pretrain", "--preset", "tiny", "--data", str(tiny_corpus), "--out", str(out)]
-    assert main([*args, "--logger", "wandb"]) == 2
+    assert main([*tiny_pretrain(tiny_corpus, out), "--logger", "wandb"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert (
@@ -255,11 +241,10 @@ def test_command_line_reads_as_typed():
 def test_finetune_sends_task_metrics_and_final_results(tmp_path: Path, tiny_corpus: Path):
     """Fine-tuning: the periodic task metrics (as in metrics.jsonl), the final results.json
     figures at the last step, and the fine-tuning config as hyper-parameters."""
-    from gpt1.testing import faults
 
-    task = faults.make_task(tmp_path / "task")
+    task = make_task(tmp_path / "task")
     run = tmp_path / "ft"
-    args = faults.tiny_finetune(task, tiny_corpus, run, 4, "--eval-every", "2")
+    args = tiny_finetune(task, tiny_corpus, run, 4, "--eval-every", "2")
     assert main(["--quiet", *args, "--logger", "tensorboard"]) == 0
     acc = tensorboard_events(run)
     scalars = {k: [(e.step, e.value) for e in acc.Scalars(k)] for k in acc.Tags()["scalars"]}
@@ -362,18 +347,11 @@ def test_sigkill_then_resume_auto_keeps_one_tracker_run_without_repeats(
     the tracker. (MLflow's and W&B's skipping is the deterministic test's above.)"""
     import signal
     import subprocess
-    import sys
     import time
 
-    from conftest import subprocess_env
-
     run = tmp_path / "run"
-    argv = [
-        *(sys.executable, "-m", "gpt1", "--quiet", "pretrain", "--preset", "tiny"),
-        *("--data", str(tiny_corpus), "--out", str(run), "--max-steps", "20"),
-        *("--save-every", "6", "--eval-every", "10", "--set", "train.peak_flops=1"),
-        *("--logger", "tensorboard"),
-    ]
+    flags = ("--save-every", "6", "--eval-every", "10", "--logger", "tensorboard")
+    argv = gpt1_process(*tiny_pretrain(tiny_corpus, run, 20, *flags))
     proc = subprocess.Popen(argv, env=subprocess_env(), stderr=subprocess.PIPE, text=True)
     end = time.time() + 300
     while not (run / "step-6").is_dir() and proc.poll() is None and time.time() < end:

@@ -24,23 +24,23 @@ from gpt1.config import (
 )
 from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
 from gpt1.model import memory
-from gpt1.model.checkpoint import CONFIG, WEIGHTS, load_checkpoint, save_model, trained_context
+from gpt1.model.checkpoint import CONFIG, WEIGHTS, load_checkpoint, trained_context
 from gpt1.model.gpt import GPT
 from gpt1.model.memory import TooLargeError
 from gpt1.recipes.convert import convert, load_hf, load_openai, save_hf
-from gpt1.testing import fault_cases, faults
 from gpt1.text.shards import write_shard
 from gpt1.text.windows import open_prepared
+from helpers import fault_cases
+from helpers.tiny import (
+    CHAR_PIECES,
+    ODD_SIZES_MODEL,
+    make_corpus,
+    tiny_checkpoint,
+    tiny_pretrain,
+)
 
-TINY = dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
-
-
-def tiny_checkpoint(folder: Path, vocab: bool = False) -> Path:
-    torch.manual_seed(0)
-    tok = faults.char_vocab(folder.parent / "vocab") if vocab else None
-    size = len(json.loads((tok / "vocab.json").read_text())) if vocab else TINY["vocab_size"]
-    cfg = ModelConfig(**{**TINY, "vocab_size": size})
-    return save_model(GPT(cfg), folder, tok)
+# A checkpoint over the character vocabulary needs a model as wide as it.
+CHAR_VOCAB_MODEL = {**ODD_SIZES_MODEL, "vocab_size": len(CHAR_PIECES)}
 
 
 def edit_config(folder: Path, **model_fields) -> None:
@@ -63,14 +63,14 @@ def edit_config(folder: Path, **model_fields) -> None:
     ],
 )
 def test_checkpoint_config_types_and_ranges(tmp_path, value, expected):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     edit_config(folder, n_layer=value)
     with pytest.raises(CheckpointError, match=f"config.json: model.n_layer must be.*{expected}"):
         load_checkpoint(folder)
 
 
 def test_other_model_fields_are_typed(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     for field, value in [
         ("n_embd", "32"),
         ("vocab_size", 1e3),
@@ -82,13 +82,13 @@ def test_other_model_fields_are_typed(tmp_path):
         edit_config(folder, **{field: value})
         with pytest.raises(CheckpointError, match=f"model.{field} must be"):
             load_checkpoint(folder)
-        edit_config(folder, **{field: ModelConfig(**TINY).to_dict()[field]})
+        edit_config(folder, **{field: ModelConfig(**ODD_SIZES_MODEL).to_dict()[field]})
     load_checkpoint(folder)  # restored: loads again
 
 
 @pytest.mark.parametrize("version", ["2", 1.0, True, None, -1])
 def test_format_version_must_be_an_integer(tmp_path, version):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     data = json.loads((folder / CONFIG).read_text())
     data["format_version"] = version
     (folder / CONFIG).write_text(json.dumps(data))
@@ -97,7 +97,7 @@ def test_format_version_must_be_an_integer(tmp_path, version):
 
 
 def test_info_refuses_a_float_size_instead_of_printing_it(tmp_path, capsys):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     edit_config(folder, n_layer=2.5)
     assert main(["info", str(folder)]) == 2
     err = capsys.readouterr().err
@@ -106,7 +106,7 @@ def test_info_refuses_a_float_size_instead_of_printing_it(tmp_path, capsys):
 
 def test_n_embd_must_divide_by_n_head():
     with pytest.raises(ConfigError, match="divisible"):
-        ModelConfig(**{**TINY, "n_head": 5})
+        ModelConfig(**{**ODD_SIZES_MODEL, "n_head": 5})
 
 
 def resolve_run_file(command: str, toml: Path) -> object:
@@ -162,7 +162,7 @@ def test_training_config_from_dict_names_source():
 
 # ----------------------------------------------------------------------------- memory
 def test_model_too_large_for_memory_is_refused_from_config(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     # Within every per-field limit, but 10^15 parameters: no machine holds it.
     edit_config(folder, n_layer=4096, n_embd=2**17, n_head=2**10, n_inner=2**19)
     with pytest.raises(TooLargeError) as err:
@@ -173,14 +173,14 @@ def test_model_too_large_for_memory_is_refused_from_config(tmp_path):
 
 
 def test_config_larger_than_its_weights_is_refused(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     edit_config(folder, n_layer=64)  # fits in memory, but the file holds 2 layers
     with pytest.raises(CheckpointError, match="config and weights do not belong together"):
         load_checkpoint(folder)
 
 
 def test_sample_refuses_a_billion_layers(tmp_path, capsys):
-    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=True)
+    folder = tiny_checkpoint(tmp_path / "ckpt", CHAR_VOCAB_MODEL)
     edit_config(folder, n_layer=1_000_000_000)
     assert main(["sample", str(folder), "--prompt", "x", "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
@@ -206,25 +206,10 @@ def test_cpu_available_reads_meminfo():
 
 
 def test_pretrain_refuses_before_writing_anything(tmp_path, monkeypatch, capsys):
-    data = faults.make_corpus(tmp_path / "d")
+    data = make_corpus(tmp_path / "d")
     monkeypatch.setattr(memory, "_cpu_available", lambda: 10_000)
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "pretrain",
-                "--preset",
-                "tiny",
-                "--data",
-                str(data),
-                "--out",
-                str(out),
-                "--max-steps",
-                "1",
-            ]
-        )
-        == 2
-    )
+    assert main(tiny_pretrain(data, out, 1)) == 2
     err = capsys.readouterr().err
     assert "training needs at least" in err and "micro_batch_size=2" in err
     assert not (out / "run.json").exists()
@@ -236,7 +221,7 @@ def test_finetune_refuses_before_building(tmp_path, monkeypatch):
     from gpt1.tasks.registry import get_task
     from gpt1.train.distributed import env_info
 
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     task = get_task("sst2")
     cfg = FinetuneConfig(task="sst2", init=str(folder))
     check_training_memory(cfg, task, TrainConfig(), env_info())  # fits
@@ -285,7 +270,7 @@ def test_predict_refuses_huge_n_outputs_before_allocating(tmp_path, n_outputs, c
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
-    folder = tiny_checkpoint(tmp_path / "ft")
+    folder = tiny_checkpoint(tmp_path / "ft", ODD_SIZES_MODEL, vocab=False)
     save_file(
         {"linear.weight": torch.zeros(2, 32), "linear.bias": torch.zeros(2)},
         str(folder / HEAD_FILE),
@@ -301,7 +286,7 @@ def test_predict_refuses_huge_n_outputs_before_allocating(tmp_path, n_outputs, c
 
 def test_run_json_context_must_be_an_integer(tmp_path):
     run = tmp_path / "run"
-    folder = tiny_checkpoint(run / "final")
+    folder = tiny_checkpoint(run / "final", ODD_SIZES_MODEL, vocab=False)
     for value, expected in [(16, 16), (True, None), ("16", None), (16.0, None), (-1, None)]:
         (run / "run.json").write_text(json.dumps({"data": {"n_ctx": value}}))
         assert trained_context(folder) == expected
@@ -310,7 +295,7 @@ def test_run_json_context_must_be_an_integer(tmp_path):
 # --------------------------------------------------------------------------- HF config
 def hf_folder(folder: Path) -> Path:
     torch.manual_seed(0)
-    return save_hf(GPT(ModelConfig(**TINY)), folder)
+    return save_hf(GPT(ModelConfig(**ODD_SIZES_MODEL)), folder)
 
 
 @pytest.mark.parametrize(
@@ -345,13 +330,13 @@ def test_hf_config_larger_than_its_weights(tmp_path):
 def release(folder: Path) -> Path:
     """A tiny release: the arrays in OpenAI's order, split into 10 shards."""
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY))
+    model = GPT(ModelConfig(**ODD_SIZES_MODEL))
     sd = model.state_dict()
     shapes, arrays = [], []
     arrays += [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
     from gpt1.recipes.convert import OPENAI_BLOCK
 
-    for i in range(TINY["n_layer"]):
+    for i in range(ODD_SIZES_MODEL["n_layer"]):
         for name, kind in OPENAI_BLOCK:
             t = sd[f"h.{i}.{name}"].numpy()
             arrays.append(t.T[None] if kind == "linear" else t)
@@ -409,7 +394,7 @@ def test_openai_shape_entries_are_integers(tmp_path, bad):
 # ------------------------------------------------------------------------ finite weights
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_gpt1_checkpoint_with_nonfinite_weights_is_refused(tmp_path, bad, capsys):
-    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=True)
+    folder = tiny_checkpoint(tmp_path / "ckpt", CHAR_VOCAB_MODEL)
     state = load_file(str(folder / WEIGHTS))
     state["h.1.mlp.c_fc.weight"][3, 4] = bad
     save_file(state, str(folder / WEIGHTS))
@@ -453,7 +438,7 @@ def test_finetuned_head_with_nan_is_refused(tmp_path):
     from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
-    folder = tiny_checkpoint(tmp_path / "ft")
+    folder = tiny_checkpoint(tmp_path / "ft", ODD_SIZES_MODEL, vocab=False)
     save_file(
         {"linear.weight": torch.full((2, 32), float("nan")), "linear.bias": torch.zeros(2)},
         str(folder / HEAD_FILE),
@@ -465,16 +450,13 @@ def test_finetuned_head_with_nan_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- token shards
 def test_token_ids_at_or_above_vocab_are_refused_at_open(tmp_path, capsys):
-    data = faults.make_corpus(tmp_path / "d", vocab=300)
+    data = make_corpus(tmp_path / "d", vocab=300)
     ids = np.arange(3000) % 300
     ids[1234] = 300
     write_shard(data / "train-00001.bin", ids, 1, 400)
     with pytest.raises(DataError, match=r"train-00001.bin: token id 300 at position 1,234"):
         open_prepared(data)
-    assert (
-        main(["pretrain", "--preset", "tiny", "--data", str(data), "--out", str(tmp_path / "run")])
-        == 2
-    )
+    assert main(tiny_pretrain(data, tmp_path / "run")) == 2
     assert "train-00001.bin" in capsys.readouterr().err
 
 
@@ -482,7 +464,7 @@ def test_token_id_check_is_chunked(tmp_path, monkeypatch):
     import gpt1.text.windows
 
     monkeypatch.setattr(gpt1.text.windows, "ID_CHECK_CHUNK", 1000)
-    data = faults.make_corpus(tmp_path / "d", vocab=300)
+    data = make_corpus(tmp_path / "d", vocab=300)
     ids = np.arange(3000) % 300
     ids[2999] = 65535
     write_shard(data / "train-00001.bin", ids, 1, 65536)  # still uint16
@@ -501,7 +483,7 @@ def test_token_id_check_is_chunked(tmp_path, monkeypatch):
     ],
 )
 def test_meta_json_fields_are_checked(tmp_path, change, field):
-    data = faults.make_corpus(tmp_path / "d")
+    data = make_corpus(tmp_path / "d")
     meta = json.loads((data / "meta.json").read_text())
     meta.update(change)
     (data / "meta.json").write_text(json.dumps(meta))
@@ -514,7 +496,7 @@ def test_meta_json_fields_are_checked(tmp_path, change, field):
 
 
 def test_shard_size_must_match_its_header(tmp_path):
-    data = faults.make_corpus(tmp_path / "d")
+    data = make_corpus(tmp_path / "d")
     with open(data / "val-00000.bin", "ab") as fh:
         fh.write(b"\0")  # an odd byte: not a whole number of uint16 ids
     with pytest.raises(DataError, match="val-00000.bin: shard is .* bytes but its header"):
@@ -523,8 +505,8 @@ def test_shard_size_must_match_its_header(tmp_path):
 
 @pytest.mark.parametrize("name", ["../outside.bin", "/etc/passwd", "link.bin", 7, ""])
 def test_meta_json_shard_paths_stay_inside(tmp_path, name):
-    data = faults.make_corpus(tmp_path / "d")
-    outside = faults.make_corpus(tmp_path / "other")
+    data = make_corpus(tmp_path / "d")
+    outside = make_corpus(tmp_path / "other")
     (data / "link.bin").symlink_to(outside / "train-00000.bin")
     os.replace(outside / "train-00000.bin", tmp_path / "outside.bin")
     write_shard(outside / "train-00000.bin", np.arange(100) % 300, 1, 300)
@@ -606,7 +588,7 @@ def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
 
 
 def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
-    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=True)
+    folder = tiny_checkpoint(tmp_path / "ckpt", CHAR_VOCAB_MODEL)
     sample = ["sample", str(folder), "--prompt-ids", "1 2"]
     assert main([*sample, "--max-new-tokens", "20", "--num-samples", str(10**12)]) == 2
     err = capsys.readouterr().err
@@ -618,7 +600,7 @@ def test_zeroshot_scorer_refuses_nan_log_probs():
     from gpt1.zeroshot.scorer import Scorer
 
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY)).eval()
+    model = GPT(ModelConfig(**ODD_SIZES_MODEL)).eval()
     reqs = [([1, 2, 3], [4, 5]), ([1, 2], [6])]
     assert all(np.isfinite(s.total) for s in Scorer(model).score(reqs))
     with torch.no_grad():  # finite weights can still overflow: a NaN must not become a score
@@ -651,7 +633,7 @@ def test_generate_refuses_nan_logits(temperature):
     from gpt1.recipes.sample import generate
 
     torch.manual_seed(0)
-    model = GPT(ModelConfig(**TINY))
+    model = GPT(ModelConfig(**ODD_SIZES_MODEL))
     with torch.no_grad():
         model.h[1].mlp.c_fc.bias.fill_(float("inf"))
     with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
@@ -659,14 +641,14 @@ def test_generate_refuses_nan_logits(temperature):
 
 
 def test_oversized_json_metadata_is_refused_before_parsing(tmp_path):
-    folder = tiny_checkpoint(tmp_path / "ckpt")
+    folder = tiny_checkpoint(tmp_path / "ckpt", ODD_SIZES_MODEL, vocab=False)
     text = (folder / CONFIG).read_text()
     (folder / CONFIG).write_text(text[:-2] + " " * 16_000_000 + text[-2:])
     with pytest.raises(
         CheckpointError, match=r"config.json: 16,000,\d+ bytes; a file of this kind"
     ):
         load_checkpoint(folder)
-    data = faults.make_corpus(tmp_path / "d")
+    data = make_corpus(tmp_path / "d")
     with open(data / "meta.json", "a") as fh:
         fh.write(" " * 16_000_001)
     with pytest.raises(DataError, match="meta.json: .* bytes"):
@@ -697,7 +679,9 @@ def test_cuda_budget_is_the_device_total(monkeypatch):
         lambda i: SimpleNamespace(total_memory=80 * 10**9, name="Fake GPU"),
     )
     assert memory.available_bytes("cuda:1") == (80 * 10**9, "cuda:1 (Fake GPU) has")
-    cfg = ModelConfig(**{**TINY, "n_layer": 4096, "n_embd": 4096, "n_head": 32})  # ~825B params
+    cfg = ModelConfig(
+        **{**ODD_SIZES_MODEL, "n_layer": 4096, "n_embd": 4096, "n_head": 32}
+    )  # ~825B params
     monkeypatch.setattr(memory, "_cpu_available", lambda: 10**15)
     with pytest.raises(TooLargeError, match=r"cuda:1 \(Fake GPU\) has 80.0 GB"):
         memory.ensure_model_fits(cfg, "config.json", "cuda:1")
@@ -707,7 +691,7 @@ def test_cuda_budget_is_the_device_total(monkeypatch):
 @pytest.mark.parametrize("edit", list(fault_cases.META_EDITS))
 def test_meta_json_counts_and_vocab_size_are_checked_against_the_shards(tmp_path, edit):
     change, field, shard = fault_cases.META_EDITS[edit]
-    data = faults.make_corpus(tmp_path / "d")
+    data = make_corpus(tmp_path / "d")
     meta = json.loads((data / "meta.json").read_text())
     change(meta)
     (data / "meta.json").write_text(json.dumps(meta))

@@ -20,6 +20,7 @@ from gpt1.zeroshot import curve as zc
 from gpt1.zeroshot import data as zd
 from gpt1.zeroshot import heuristics as zh
 from gpt1.zeroshot import scorer as zs
+from helpers.tiny import CHAR_PIECES, char_vocab
 
 
 def tiny_model(vocab: int = 50, seed: int = 0, **kw) -> GPT:
@@ -431,19 +432,8 @@ def test_loaders_on_shared_data(shared_data):
 
 
 # --------------------------------------------------------------------------------------- CLI
-def char_vocab(folder):
-    """A tiny BPE vocabulary with no merges: every word is spelled letter by letter."""
-    chars = list("abcdefghijklmnopqrstuvwxyz0123456789.,'/!?-")
-    vocab = ["<unk>"] + chars + [c + "</w>" for c in chars]
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    return len(vocab)
-
-
 def make_run(tmp_path, steps=(10, 100)):
-    vocab_dir = tmp_path / "vocab"
-    vocab_dir.mkdir()
-    n = char_vocab(vocab_dir)
+    vocab_dir, n = char_vocab(tmp_path / "vocab"), len(CHAR_PIECES)
     run = tmp_path / "run"
     for step in steps:
         save_model(tiny_model(vocab=n, seed=step, n_positions=128), run / f"step-{step}", vocab_dir)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib.util
-import io
 import json
 import os
 import shlex
@@ -33,8 +32,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
+from gpt1.config import ModelConfig
 from gpt1.files import LOCK_FILE
-from gpt1.testing.faults import char_vocab, env, make_corpus, make_task, tiny_finetune, verify_run
+from helpers.faults import verify_run
+from helpers.tiny import (
+    ODD_SIZES_MODEL,
+    TORCHRUN_TWO_PROCESSES,
+    char_vocab,
+    gpt1_process,
+    make_corpus,
+    make_task,
+    run_cli,
+    subprocess_env,
+    tiny_checkpoint,
+    tiny_finetune,
+    tiny_finetuned_run,
+    tiny_pretrain,
+)
 
 
 @dataclass
@@ -47,22 +61,6 @@ class CaseResult:
 
 
 # ------------------------------------------------------------------------------ helpers
-def run_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
-    """(exit status, stderr) of `gpt1 ARGV` run in this process."""
-    from gpt1.cli import main
-
-    err = io.StringIO()
-    old = Path.cwd()
-    try:
-        if cwd is not None:
-            os.chdir(cwd)
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(["--quiet", *argv])
-    finally:
-        os.chdir(old)
-    return code, err.getvalue().strip()
-
-
 def snapshot(folder: Path) -> dict[str, bytes]:
     """Every file under `folder` (relative path -> bytes), the lock file excepted."""
     return {
@@ -104,40 +102,6 @@ def result(outcome: str, lost_files: list[str], problems: list[str]) -> CaseResu
         len(lost_files),
         tuple(problems + [f"lost {f}" for f in lost_files]),
     )
-
-
-def tiny_checkpoint(folder: Path) -> Path:
-    """A tiny gpt1 checkpoint folder (random weights, character vocabulary)."""
-    import torch
-
-    from gpt1.config import model_preset
-    from gpt1.model.checkpoint import save_model
-    from gpt1.model.gpt import GPT
-
-    torch.manual_seed(0)
-    config = model_preset("tiny").derive(vocab_size=300)
-    return save_model(GPT(config), folder, char_vocab(folder.parent / "vocab"))
-
-
-def tiny_pretrain(data: Path, out: Path, steps: int = 2, *extra: str) -> list[str]:
-    return [
-        "pretrain",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--max-steps",
-        str(steps),
-        "--save-every",
-        "1",
-        "--eval-every",
-        "0",
-        "--set",
-        "train.peak_flops=1",
-        *extra,
-    ]
 
 
 # --------------------------------------------------------------------------- overwrites
@@ -283,24 +247,46 @@ def _flag(argv: list[str], flag: str, value: str) -> list[str]:
     return argv
 
 
-def _finetuned(work: Path) -> tuple[Path, Path]:
-    """(fine-tuned run, its task folder), trained once per `work` (2 steps of the tiny model)."""
-    task, run = work / "task", work / "ft"
-    if not (run / "final").is_dir():
-        make_task(task)
-        (task / "test.tsv").write_text((task / "dev.tsv").read_text())
-        code, err = run_cli(tiny_finetune(task, char_vocab(work / "vocab"), run, 2))
-        if code:
-            raise RuntimeError(f"the tiny fine-tuning run failed: {err[-300:]}")
-    return run, task
-
-
 def _corpus_dir(work: Path) -> Path:
     """A corpus folder read recursively: corpus/a.txt and corpus/sub/b.txt."""
     (work / "corpus" / "sub").mkdir(parents=True, exist_ok=True)
     (work / "corpus" / "a.txt").write_text("hello world. the cat sat on the mat.\n" * 20)
     (work / "corpus" / "sub" / "b.txt").write_text("a dog ran in the park.\n" * 20)
     return work / "corpus"
+
+
+def _prepare_corpus(work: Path, out: Path) -> list[str]:
+    """`gpt1 prepare` of `_corpus_dir(work)` with a character vocabulary into `out`."""
+    vocab = char_vocab(work / "vocab")
+    return ["prepare", "--corpus", str(_corpus_dir(work)), "--vocab", str(vocab), "--out", str(out)]
+
+
+def _train_tokenizer(work: Path, out: Path) -> list[str]:
+    """`gpt1 tokenizer train` (5 merges) on `_corpus_dir(work)` into `out`."""
+    return [
+        "tokenizer",
+        "train",
+        "--corpus",
+        str(_corpus_dir(work)),
+        "--merges",
+        "5",
+        "--out",
+        str(out),
+    ]
+
+
+def _onto_its_weights(command: str, work: Path) -> list[str]:
+    """`gpt1 COMMAND` (evaluate or predict) on a tiny fine-tuned run, writing its results over
+    the run's own weights."""
+    run, task = tiny_finetuned_run(work)
+    out = run / "final" / "model.safetensors"
+    return [command, str(run), "--data", str(task), "--out", str(out)]
+
+
+def _onto_its_checkpoint(work: Path, command: list[str], *options: str) -> list[str]:
+    """`gpt1 COMMAND CKPT OPTIONS` on a tiny checkpoint, writing over the checkpoint's weights."""
+    ckpt = tiny_checkpoint(work / "ckpt")
+    return [*command, str(ckpt), *options, "--out", str(ckpt / "model.safetensors")]
 
 
 # Each builds its inputs under `work` and returns a command whose output is, holds or lies inside
@@ -339,59 +325,21 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
         "--overwrite",
     ],
     "prepare --out CORPUS/sub --overwrite": lambda w: [
-        "prepare",
-        "--corpus",
-        str(_corpus_dir(w)),
-        "--vocab",
-        str(char_vocab(w / "vocab")),
-        "--out",
-        str(w / "corpus" / "sub"),
+        *_prepare_corpus(w, w / "corpus" / "sub"),
         "--overwrite",
     ],
     "tokenizer train --out CORPUS/sub --overwrite": lambda w: [
-        "tokenizer",
-        "train",
-        "--corpus",
-        str(_corpus_dir(w)),
-        "--merges",
-        "5",
-        "--out",
-        str(w / "corpus" / "sub"),
+        *_train_tokenizer(w, w / "corpus" / "sub"),
         "--overwrite",
     ],
-    "evaluate --out RUN/final/model.safetensors": lambda w: [
-        "evaluate",
-        str(_finetuned(w)[0]),
-        "--data",
-        str(_finetuned(w)[1]),
-        "--out",
-        str(_finetuned(w)[0] / "final" / "model.safetensors"),
-    ],
-    "predict --out RUN/final/model.safetensors": lambda w: [
-        "predict",
-        str(_finetuned(w)[0]),
-        "--data",
-        str(_finetuned(w)[1]),
-        "--out",
-        str(_finetuned(w)[0] / "final" / "model.safetensors"),
-    ],
-    "zeroshot --out CKPT/model.safetensors": lambda w: [
-        "zeroshot",
-        str(tiny_checkpoint(w / "ckpt")),
-        "--task",
-        "sst2",
-        "--data",
-        str(make_task(w / "task")),
-        "--out",
-        str(w / "ckpt" / "model.safetensors"),
-    ],
-    "analysis positions --out CKPT/model.safetensors": lambda w: [
-        "analysis",
-        "positions",
-        str(tiny_checkpoint(w / "ckpt")),
-        "--out",
-        str(w / "ckpt" / "model.safetensors"),
-    ],
+    "evaluate --out RUN/final/model.safetensors": lambda w: _onto_its_weights("evaluate", w),
+    "predict --out RUN/final/model.safetensors": lambda w: _onto_its_weights("predict", w),
+    "zeroshot --out CKPT/model.safetensors": lambda w: _onto_its_checkpoint(
+        w, ["zeroshot"], "--task", "sst2", "--data", str(make_task(w / "task"))
+    ),
+    "analysis positions --out CKPT/model.safetensors": lambda w: _onto_its_checkpoint(
+        w, ["analysis", "positions"]
+    ),
     "demo --out DATA": lambda w: [
         "demo",
         "--corpus",
@@ -568,6 +516,11 @@ RESUME_REFUSED: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+def refused_resumes(command: str) -> list[str]:
+    """The names in `RESUME_REFUSED` that resume a `command` (pretrain or finetune) run."""
+    return [name for name, (kind, _, _) in RESUME_REFUSED.items() if kind == command]
+
+
 def resume_refused(work: Path, name: str) -> list[str]:
     """Problems with resuming a finished run with `RESUME_REFUSED[name]`'s setting: it must be
     refused in one line naming the setting and both values, with the run folder unchanged."""
@@ -651,31 +604,8 @@ INTERRUPTED: dict[str, Callable[[Path], tuple[list[str], Path]]] = {
         ["convert", str(tiny_checkpoint(w / "src")), str(w / "dst"), "--from", "gpt1"],
         w / "dst",
     ),
-    "prepare": lambda w: (
-        [
-            "prepare",
-            "--corpus",
-            str(_corpus_dir(w)),
-            "--vocab",
-            str(char_vocab(w / "vocab")),
-            "--out",
-            str(w / "prepared"),
-        ],
-        w / "prepared",
-    ),
-    "tokenizer train": lambda w: (
-        [
-            "tokenizer",
-            "train",
-            "--corpus",
-            str(_corpus_dir(w)),
-            "--merges",
-            "5",
-            "--out",
-            str(w / "tok"),
-        ],
-        w / "tok",
-    ),
+    "prepare": lambda w: (_prepare_corpus(w, w / "prepared"), w / "prepared"),
+    "tokenizer train": lambda w: (_train_tokenizer(w, w / "tok"), w / "tok"),
 }
 
 # Runs `gpt1 ARGV` with a signal delivered while its temporary output folder is complete but
@@ -704,7 +634,7 @@ def interrupted_write(work: Path, name: str, signum: int) -> list[str]:
     argv, out = INTERRUPTED[name](work)
     proc = subprocess.run(
         [sys.executable, "-c", _SIGNAL_MID_WRITE, str(signum), *argv],
-        env=env(),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -740,8 +670,8 @@ def interrupted_writers(work: Path) -> CaseResult:
 # ------------------------------------------------------------------------ concurrency
 def _start(argv: list[str], cwd: Path | None = None) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "gpt1", "--quiet", *argv],
-        env=env(),
+        gpt1_process(*argv),
+        env=subprocess_env(),
         cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -772,17 +702,24 @@ def _duplicated_steps(run: Path) -> list[int]:
     return sorted({s for s in steps if steps.count(s) > 1})
 
 
-def two_writers_one_run(work: Path) -> CaseResult:
-    data = make_corpus(work / "data")
+def _first_writer(work: Path, steps: int) -> tuple[list[str], Path, subprocess.Popen, list]:
+    """A resumable tiny pretraining of `steps` steps on work/run, started as a process and
+    returned once it has logged 2 steps: (its gpt1 arguments, the run, the process, problems)."""
     run = work / "run"
-    argv = tiny_pretrain(data, run, 40, "--log-every", "1", "--resume", "auto")
+    argv = tiny_pretrain(make_corpus(work / "data"), run, steps, "--log-every", "1")
+    argv += ["--resume", "auto"]
     first = _start(argv)
     problems: list[str] = []
     if not _wait_for_step(run, first, 2):
         problems.append(f"the first run never logged a step: {first.communicate()[1][-300:]}")
+    return argv, run, first, problems
+
+
+def two_writers_one_run(work: Path) -> CaseResult:
+    argv, run, first, problems = _first_writer(work, 40)
     second = subprocess.run(
-        [sys.executable, "-m", "gpt1", "--quiet", *argv],
-        env=env(),
+        gpt1_process(*argv),
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -829,34 +766,14 @@ def two_torchrun_launches_one_run(work: Path) -> CaseResult:
     """Two `torchrun --nproc_per_node 2` launches (gloo, CPU) on one run folder."""
     data = make_corpus(work / "data")
     run = work / "run"
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        "2",
-        "-m",
-        "gpt1",
-        "--quiet",
-    ]
-    argv = torchrun + tiny_pretrain(
-        data,
-        run,
-        1_000_000,
-        "--log-every",
-        "1",
-        "--resume",
-        "auto",
-        "--batch-size",
-        "4",
-        "--micro-batch",
-        "2",
+    extra = ("--save-every", "1000", "--log-every", "1", "--resume", "auto")
+    extra += ("--batch-size", "4", "--micro-batch", "2")
+    argv = gpt1_process(
+        *tiny_pretrain(data, run, 1_000_000, *extra), launcher=TORCHRUN_TWO_PROCESSES
     )
-    argv[argv.index("--save-every") + 1] = "1000"
     first = subprocess.Popen(
         argv,
-        env=env(),
+        env=subprocess_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -867,13 +784,17 @@ def two_torchrun_launches_one_run(work: Path) -> CaseResult:
         if not _wait_for_step(run, first, 2):
             problems.append("the first launch never logged a step")
         t0 = time.perf_counter()
-        second = subprocess.run(argv, env=env(), capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            argv, env=subprocess_env(), capture_output=True, text=True, timeout=300
+        )
         seconds = time.perf_counter() - t0
         ranks = child_pids(first.pid)
         lines = [l for l in second.stderr.splitlines() if "gpt1 pretrain: error:" in l]
         if second.returncode == 0:
             problems.append("the second launch exited 0")
-        if len(lines) != 1 or "in use by another gpt1 process" not in lines[0]:
+        if len(lines) != 1 or not all(
+            words in lines[0] for words in ("in use by another gpt1 process", "since 20")
+        ):
             problems.append(f"no one-line refusal: {second.stderr[-300:]!r}")
         elif not any(f"(pid {pid} " in lines[0] for pid in ranks):
             problems.append(f"the refusal does not name a rank of the first launch: {lines[0]}")
@@ -902,13 +823,7 @@ def two_torchrun_launches_one_run(work: Path) -> CaseResult:
 
 
 def sigkilled_lock_holder(work: Path) -> CaseResult:
-    data = make_corpus(work / "data")
-    run = work / "run"
-    argv = tiny_pretrain(data, run, 6, "--log-every", "1", "--resume", "auto")
-    first = _start(argv)
-    problems: list[str] = []
-    if not _wait_for_step(run, first, 2):
-        problems.append("the first run never logged a step")
+    argv, run, first, problems = _first_writer(work, 6)
     first.send_signal(signal.SIGKILL)
     first.wait()
     first.stderr.close()
@@ -951,15 +866,20 @@ def private_mounts() -> bool:
     return _MOUNTS["ok"]
 
 
+def run_state(run: Path) -> dict:
+    """What a fault left of `run`: problems with its checkpoints, temporaries beside it (under
+    its parent, the mount), and its step folders."""
+    _, problems = verify_run(run) if run.is_dir() else (0, [])
+    steps = sorted(p.name for p in run.glob("step-*")) if run.is_dir() else []
+    return {"problems": problems, "leftovers": leftovers(run.parent), "steps": steps}
+
+
+# `run_state` printed as JSON from inside a mount namespace (the mount vanishes with it).
 _INSPECT = """
 import json, sys
 from pathlib import Path
-from gpt1.testing.fault_cases import leftovers
-from gpt1.testing.faults import verify_run
-run = Path(sys.argv[1])
-count, problems = verify_run(run) if run.is_dir() else (0, [])
-print(json.dumps({"verified": count, "problems": problems, "leftovers": leftovers(run.parent),
-                  "steps": sorted(p.name for p in run.glob("step-*")) if run.is_dir() else []}))
+from helpers.fault_cases import run_state
+print(json.dumps(run_state(Path(sys.argv[1]))))
 """
 
 
@@ -969,29 +889,44 @@ def _in_tmpfs(mount: Path, options: str, script: str) -> subprocess.CompletedPro
     mount.mkdir(parents=True, exist_ok=True)
     sh = f"mount -t tmpfs -o {options} tmpfs {shlex.quote(str(mount))} && {script}"
     return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", sh], env=env(), capture_output=True, text=True, timeout=600
+        ["unshare", "-rm", "sh", "-c", sh],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
 def _gpt1(argv: list[str]) -> str:
-    return shlex.join([sys.executable, "-m", "gpt1", "--quiet", *argv])
+    return shlex.join(gpt1_process(*argv))
 
 
 def _inspect(run: Path) -> str:
     return shlex.join([sys.executable, "-c", _INSPECT, str(run)])
 
 
-def _disk_full_outcome(code: int, err: str, state: dict, simulated: bool) -> CaseResult:
-    problems = one_line(code, err, "No space left on device", "needs about", "is intact")
+def _checkpoints_survived(
+    summary: str, code: int, err: str, state: dict, must: tuple[str, ...], problems=()
+) -> CaseResult:
+    """A run stopped by a disk fault: refused in one line holding each of `must`, no temporary
+    left and every checkpoint intact (`state`: `run_state` after the fault)."""
+    problems = [*problems, *one_line(code, err, *must)]
     problems += [f"leftover {p}" for p in state["leftovers"]]
-    if not state["steps"]:
-        problems.append("no earlier checkpoint was written before the disk filled")
-    tag = " (simulated)" if simulated else " (real 4 MB tmpfs)"
-    return result(
-        "exit 2, one line naming the checkpoint, bytes needed and free; earlier "
-        "checkpoints intact, no temporaries" + tag,
-        state["problems"],
-        problems,
+    return result(summary, state["problems"], problems)
+
+
+def _disk_full_outcome(code: int, err: str, state: dict, simulated: bool) -> CaseResult:
+    none_before = ["no earlier checkpoint was written before the disk filled"] * (
+        not state["steps"]
+    )
+    return _checkpoints_survived(
+        "exit 2, one line naming the checkpoint, bytes needed and free; earlier checkpoints "
+        "intact, no temporaries" + (" (simulated)" if simulated else " (real 4 MB tmpfs)"),
+        code,
+        err,
+        state,
+        ("No space left on device", "needs about", "is intact"),
+        none_before,
     )
 
 
@@ -1023,12 +958,7 @@ def disk_full_while_checkpointing(work: Path) -> CaseResult:
 
     with mock.patch.object(checkpoint, "save_file", fills_up):
         code, err = run_cli(argv)
-    count, damaged = verify_run(run)
-    state = {
-        "problems": damaged,
-        "leftovers": leftovers(mount),
-        "steps": sorted(p.name for p in run.glob("step-*")),
-    }
+    state = run_state(run)
     return _disk_full_outcome(code, err, state, simulated=True)
 
 
@@ -1059,19 +989,14 @@ def read_only_run_folder(work: Path) -> CaseResult:
 
         with mock.patch.object(files.os, "open", read_only):
             code, err = run_cli(again)
-        count, damaged = verify_run(run)
-        state = {
-            "problems": damaged,
-            "leftovers": leftovers(mount),
-            "steps": sorted(p.name for p in run.glob("step-*")),
-        }
+        state = run_state(run)
         tag = "simulated"
-    problems = one_line(code, err, "Read-only file system", "needs a writable folder")
-    problems += [f"leftover {p}" for p in state["leftovers"]]
-    return result(
+    return _checkpoints_survived(
         f"exit 2, one line naming the path; checkpoints intact ({tag} read-only mount)",
-        state["problems"],
-        problems,
+        code,
+        err,
+        state,
+        ("Read-only file system", "needs a writable folder"),
     )
 
 
@@ -1280,7 +1205,7 @@ def billion_layers_in_an_hf_config(work: Path) -> CaseResult:
     from gpt1.model.gpt import GPT
     from gpt1.recipes.convert import save_hf
 
-    hf = save_hf(GPT(_tiny_config()), work / "hf")
+    hf = save_hf(GPT(ModelConfig(**ODD_SIZES_MODEL)), work / "hf")
     _edit_json(hf / "config.json", lambda d: d.update(n_layer=1_000_000_000))
     return refused(
         [
@@ -1294,15 +1219,6 @@ def billion_layers_in_an_hf_config(work: Path) -> CaseResult:
     )
 
 
-def _tiny_config():
-    import torch
-
-    from gpt1.config import ModelConfig
-
-    torch.manual_seed(0)
-    return ModelConfig(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4)
-
-
 def openai_release(folder: Path) -> Path:
     """A tiny model saved the way OpenAI's release is: `params_shapes.json` + 10 .npy shards."""
     import numpy as np
@@ -1310,7 +1226,7 @@ def openai_release(folder: Path) -> Path:
     from gpt1.model.gpt import GPT
     from gpt1.recipes.convert import OPENAI_BLOCK
 
-    config = _tiny_config()
+    config = ModelConfig(**ODD_SIZES_MODEL)
     sd = GPT(config).state_dict()
     arrays = [sd["wpe.weight"].numpy(), sd["wte.weight"].numpy()]
     for i in range(config.n_layer):
@@ -1439,7 +1355,7 @@ def hf_index_outside_its_folder(work: Path) -> CaseResult:
     from gpt1.model.gpt import GPT
     from gpt1.recipes.convert import save_hf
 
-    hf = save_hf(GPT(_tiny_config()), work / "hf")
+    hf = save_hf(GPT(ModelConfig(**ODD_SIZES_MODEL)), work / "hf")
     state = load_file(str(hf / "model.safetensors"))
     names = sorted(state)
     save_file({k: state[k] for k in names[:5]}, str(hf / "part-1.safetensors"))
@@ -1538,7 +1454,7 @@ def a_run_of_punctuation(work: Path) -> CaseResult:
     def timed(text: str) -> tuple[float, subprocess.CompletedProcess]:
         t0 = time.perf_counter()
         done = subprocess.run(
-            argv, input=text, env=env(), capture_output=True, text=True, timeout=600
+            argv, input=text, env=subprocess_env(), capture_output=True, text=True, timeout=600
         )
         return time.perf_counter() - t0, done
 
@@ -1568,33 +1484,9 @@ def _finetune_on(work: Path, fmt: str, text: str) -> list[str]:
     data = work / "data"
     data.mkdir(parents=True)
     (data / f"train.{fmt}").write_text(text)
-    return [
-        "finetune",
-        "--task",
-        fmt,
-        "--columns",
-        "text=t,label=y",
-        "--data",
-        str(data),
-        "--init",
-        "none",
-        "--preset",
-        "tiny",
-        "--vocab",
-        str(char_vocab(work / "vocab")),
-        "--out",
-        str(work / "run"),
-        "--max-steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--micro-batch",
-        "2",
-        "--n-ctx",
-        "32",
-        "--set",
-        "train.peak_flops=1",
-    ]
+    task = ("--task", fmt, "--columns", "text=t,label=y")
+    vocab = char_vocab(work / "vocab")
+    return tiny_finetune(data, vocab, work / "run", 1, "--batch-size", "2", task=task)
 
 
 def strict_readers(work: Path) -> CaseResult:
@@ -1720,7 +1612,7 @@ def _serve(ckpt: Path, port: int, log: Path, *options: str) -> subprocess.Popen:
     """`gpt1 serve` as a process, ready for requests (its log in `log`)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpt1", "serve", str(ckpt), "--port", str(port), *options],
-        env=env(),
+        env=subprocess_env(),
         stdout=subprocess.DEVNULL,
         stderr=log.open("w"),
     )

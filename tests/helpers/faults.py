@@ -1,4 +1,4 @@
-"""Fault injection for tests and benchmarks (the way `torch.testing` serves torch's own tests).
+"""Fault injection for the tests and the fault report (benchmarks/faults.py).
 
 Three families, each a plain function that `tests/` and `benchmarks/faults.py` import:
 
@@ -8,178 +8,48 @@ Three families, each a plain function that `tests/` and `benchmarks/faults.py` i
   end result is compared bitwise with an uninterrupted run;
 * reader fuzzing (`readers`, `mutate`, `try_input`, `fuzz_readers`): mutated copies of real
   dataset files must parse or raise a `Gpt1Error` within a time limit;
-* fault cases (`CASES`, `run_cases`; cases live in `gpt1.testing.fault_cases`): one function per
-  fault a user's disk or a second process can throw at a command (an overwrite attempt, a
-  concurrent writer, a SIGKILLed lock holder, a full disk, a read-only folder, a umask, a
-  hostile size, type, weight, token id, path or row, an output on one of the command's inputs,
-  a resume that would change the run, a signal mid-publish), each
-  returning a `CaseResult` (outcome, data lost). Adding a case is adding a function to `CASES`.
+* fault cases (`CASES`, `run_cases` in `helpers.fault_cases`): one function per fault a user's
+  disk or a second process can throw at a command, each returning a `CaseResult`.
 
+The tiny inputs they run on (corpus, vocabulary, task, command lines) are `helpers.tiny`'s.
 Nothing here knows where real data lives: callers pass the folder (`readers(shared, work)`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-import gpt1
 from gpt1.errors import Gpt1Error
-
-# The folder holding the `gpt1` package: subprocesses import the same code as this process.
-ROOT = Path(gpt1.__file__).resolve().parents[1]
-
-
-# =============================================================================== tiny inputs
-def make_corpus(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200) -> Path:
-    """A tiny `gpt1 prepare`-style folder: a noisy periodic token stream, two train shards."""
-    from gpt1.text.shards import write_shard
-
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-
-    def stream(n: int) -> np.ndarray:
-        base = np.arange(n) % 37 * 7 % vocab
-        return np.where(rng.random(n) < 0.2, rng.integers(0, vocab, n), base)
-
-    half = n_train // 2
-    write_shard(folder / "train-00000.bin", stream(half), 3, vocab)
-    write_shard(folder / "train-00001.bin", stream(n_train - half), 3, vocab)
-    write_shard(folder / "val-00000.bin", stream(n_val), 1, vocab)
-    meta = {
-        "format": "gpt1-tokens",
-        "version": 1,
-        "vocab_size": vocab,
-        "dtype": "uint16",
-        "splits": {
-            "train": {
-                "shards": ["train-00000.bin", "train-00001.bin"],
-                "tokens": n_train,
-                "documents": 6,
-            },
-            "val": {"shards": ["val-00000.bin"], "tokens": n_val, "documents": 1},
-        },
-    }
-    (folder / "meta.json").write_text(json.dumps(meta))
-    char_vocab(folder)
-    return folder
-
-
-def char_vocab(folder: Path) -> Path:
-    """A character-level GPT-1 vocabulary (no merges): tiny, and needs no shared data."""
-    folder.mkdir(parents=True, exist_ok=True)
-    chars = [chr(c) for c in range(33, 127)]
-    tokens = ["<unk>"] + chars + [c + "</w>" for c in chars]
-    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
-    (folder / "merges.txt").write_text("#version: 0.2\n")
-    return folder
-
-
-def make_task(folder: Path, n_train: int = 48, n_dev: int = 16) -> Path:
-    """A generic TSV classification task whose label is learnable from the text."""
-    rng = random.Random(0)
-    folder.mkdir(parents=True, exist_ok=True)
-    words = {"pos": ["good", "great", "fine", "nice"], "neg": ["bad", "awful", "poor", "sad"]}
-    for split, n in (("train", n_train), ("dev", n_dev)):
-        rows = ["text\tlabel"]
-        for _ in range(n):
-            label = rng.choice(["pos", "neg"])
-            text = " ".join(rng.choice(words[label] + ["the", "a", "film"]) for _ in range(6))
-            rows.append(f"{text}\t{label}")
-        (folder / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    return folder
-
-
-def env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+from helpers.tiny import (
+    char_vocab,
+    gpt1_process,
+    make_corpus,
+    make_task,
+    subprocess_env,
+    tiny_finetune,
+    tiny_pretrain,
+)
 
 
 def pretrain_cmd(data: Path, out: Path, steps: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "gpt1",
-        "--quiet",
-        "pretrain",
-        "--preset",
-        "tiny",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        "--max-steps",
-        str(steps),
-        "--save-every",
-        "1",
-        "--eval-every",
-        "5",
-        "--log-every",
-        "1",
-        "--set",
-        "train.peak_flops=1",
-        "--set",
-        "train.keep_last=2",
-    ]
-
-
-def tiny_finetune(task: Path, vocab: Path, out: Path, steps: int, *extra: str) -> list[str]:
-    """`gpt1 finetune` arguments for a tiny model on `make_task`'s TSV task (no interpreter)."""
-    return [
-        "finetune",
-        "--task",
-        "tsv",
-        "--columns",
-        "text=text,label=label",
-        "--labels",
-        "neg,pos",
-        "--data",
-        str(task),
-        "--init",
-        "none",
-        "--preset",
-        "tiny",
-        "--vocab",
-        str(vocab),
-        "--out",
-        str(out),
-        "--max-steps",
-        str(steps),
-        "--batch-size",
-        "4",
-        "--micro-batch",
-        "2",
-        "--n-ctx",
-        "32",
-        "--set",
-        "train.peak_flops=1",
-        *extra,
-    ]
+    """The kill loop's pretraining subprocess: a checkpoint and a metrics line every step."""
+    extra = ("--eval-every", "5", "--log-every", "1", "--set", "train.keep_last=2")
+    return gpt1_process(*tiny_pretrain(data, out, steps, *extra))
 
 
 def finetune_cmd(task: Path, vocab: Path, out: Path, steps: int) -> list[str]:
     """The kill loop's fine-tuning subprocess: a checkpoint every step, every step logged."""
-    return [
-        sys.executable,
-        "-m",
-        "gpt1",
-        "--quiet",
-        *tiny_finetune(task, vocab, out, steps, "--save-every", "1", "--eval-every", "4"),
-        "--set",
-        "train.keep_last=2",
-        "--set",
-        "train.log_every=1",
-    ]
+    extra = ("--save-every", "1", "--eval-every", "4", "--set", "train.keep_last=2")
+    extra += ("--set", "train.log_every=1")
+    return gpt1_process(*tiny_finetune(task, vocab, out, steps, *extra))
 
 
 # ============================================================================== kill loops
@@ -281,7 +151,9 @@ def kill_loop(
     report = KillReport(name)
     for k in range(kills):
         before = newest_step(run)
-        proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            cmd, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         mode = (k + 2) % 3  # start with a step-aimed kill: it cannot miss the run
         aimed = mode == 1
         if mode == 0:  # a random moment of the whole run, start-up included
@@ -318,7 +190,9 @@ def kill_loop(
             report.lose(f"after kill {k + 1}: newest checkpoint went back from {before} to {after}")
         report.steps_redone += max(0, logged_steps(run) - after)
         report.resumes += 1
-    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        cmd, env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    )
     if done.returncode != 0:
         report.lose(f"{name}: final resume failed ({done.returncode}): {done.stderr[-400:]}")
     count, problems = verify_run(run)
@@ -364,7 +238,7 @@ def compare_runs(
 
 def timed_run(cmd: list[str], timeout: float = 300) -> float:
     t0 = time.time()
-    subprocess.run(cmd, env=env(), check=True, capture_output=True, timeout=timeout)
+    subprocess.run(cmd, env=subprocess_env(), check=True, capture_output=True, timeout=timeout)
     return time.time() - t0
 
 
@@ -521,53 +395,52 @@ def _dpr_text() -> bytes:
     )
 
 
-def readers(shared: Path, work: Path) -> list[Reader]:
-    """Every dataset reader with a real file from the data folder `shared` (synthetic where none
-    exists)."""
-    from gpt1.text.shards import read_shard
-    from gpt1.text.tokenizer import Tokenizer
-    from gpt1.text.windows import open_prepared
-    from gpt1.zeroshot.data import read_dpr, read_lambada
-
-    g, k = shared / "glue", shared / "glue_kshot_samples"
-    synth = work / "synthetic"
-    synth.mkdir(parents=True, exist_ok=True)
-    (synth / "middle1.txt").write_bytes(_race_json())
-    (synth / "race.jsonl").write_bytes(
-        b"\n".join(
-            json.dumps(
-                {
-                    "article": "A short story.",
-                    "question": f"Q{i}?",
-                    "options": ["a", "b", "c", "d"],
-                    "answer": "ABCD"[i % 4],
-                }
-            ).encode()
-            for i in range(8)
-        )
-        + b"\n"
+def _race_jsonl() -> bytes:
+    rows = (
+        {
+            "article": "A short story.",
+            "question": f"Q{i}?",
+            "options": ["a", "b", "c", "d"],
+            "answer": "ABCD"[i % 4],
+        }
+        for i in range(8)
     )
-    (synth / "dpr.txt").write_bytes(_dpr_text())
-    corpus = make_corpus(synth / "corpus")
-    generic_tsv = {"columns": {"text": "sentence", "label": "label"}, "labels": ["0", "1"]}
-    generic_jsonl = {
-        "columns": {"a": "sentence1", "b": "sentence2", "label": "gold_label"},
-        "labels": ["E", "N"],
-    }
-    generic_csv = {
-        "columns": {
-            "context": "InputSentence1",
-            "choices": "RandomFifthSentenceQuiz1|RandomFifthSentenceQuiz2",
-            "label": "AnswerRightEnding",
-        },
-        "labels": ["1", "2"],
-        "kind": "choice",
-    }
+    return b"\n".join(json.dumps(row).encode() for row in rows) + b"\n"
+
+
+def _synthetic_files(folder: Path) -> Path:
+    """Files for the readers whose data the shared folder lacks (RACE, DPR, a prepared corpus)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "middle1.txt").write_bytes(_race_json())
+    (folder / "race.jsonl").write_bytes(_race_jsonl())
+    (folder / "dpr.txt").write_bytes(_dpr_text())
+    make_corpus(folder / "corpus")
+    return folder
+
+
+# Column specs for the generic readers, over the real files they are fuzzed with.
+GENERIC_TSV = {"columns": {"text": "sentence", "label": "label"}, "labels": ["0", "1"]}
+GENERIC_JSONL = {
+    "columns": {"a": "sentence1", "b": "sentence2", "label": "gold_label"},
+    "labels": ["E", "N"],
+}
+GENERIC_CSV = {
+    "columns": {
+        "context": "InputSentence1",
+        "choices": "RandomFifthSentenceQuiz1|RandomFifthSentenceQuiz2",
+        "label": "AnswerRightEnding",
+    },
+    "labels": ["1", "2"],
+    "kind": "choice",
+}
+
+
+def _task_readers(shared: Path, synth: Path) -> list[Reader]:
+    """The task readers (GLUE, NLI, story cloze, RACE and the generic formats)."""
+    g, k = shared / "glue", shared / "glue_kshot_samples"
+    sst2, scitail = g / "SST-2" / "dev.tsv", shared / "scitail" / "dev" / "answers.jsonl"
     sc = shared / "story_cloze" / "cloze_test_val__spring2016 - cloze_test_ALL_val.csv"
-
-    def shard_read(folder: Path) -> object:
-        return read_shard(folder / "train-00000.bin")
-
+    snli = {f"{p}.dev": shared / "snli" / f"{p}.dev" for p in ("s1", "s2", "labels")}
     return [
         Reader(
             "cola",
@@ -575,7 +448,7 @@ def readers(shared: Path, work: Path) -> list[Reader]:
             "train.tsv",
             _task_read("cola", "train"),
         ),
-        Reader("sst2", {"dev.tsv": g / "SST-2" / "dev.tsv"}, "dev.tsv", _task_read("sst2", "dev")),
+        Reader("sst2", {"dev.tsv": sst2}, "dev.tsv", _task_read("sst2", "dev")),
         Reader("stsb", {"dev.tsv": g / "STS-B" / "dev.tsv"}, "dev.tsv", _task_read("stsb", "dev")),
         Reader("qnli", {"dev.tsv": g / "QNLI" / "dev.tsv"}, "dev.tsv", _task_read("qnli", "dev")),
         Reader(
@@ -587,12 +460,7 @@ def readers(shared: Path, work: Path) -> list[Reader]:
         Reader(
             "qqp", {"dev.tsv": k / "QQP" / "16-42" / "dev.tsv"}, "dev.tsv", _task_read("qqp", "dev")
         ),
-        Reader(
-            "snli (parallel lines)",
-            {f"{p}.dev": shared / "snli" / f"{p}.dev" for p in ("s1", "s2", "labels")},
-            "s2.dev",
-            _task_read("snli", "dev"),
-        ),
+        Reader("snli (parallel lines)", snli, "s2.dev", _task_read("snli", "dev")),
         Reader(
             "snli (textfooler)",
             {"snli": shared / "nli_samples_textfooler" / "snli"},
@@ -600,10 +468,7 @@ def readers(shared: Path, work: Path) -> list[Reader]:
             _task_read("snli", "test", file="snli"),
         ),
         Reader(
-            "scitail (jsonl)",
-            {"dev.jsonl": shared / "scitail" / "dev" / "answers.jsonl"},
-            "dev.jsonl",
-            _task_read("scitail", "dev"),
+            "scitail (jsonl)", {"dev.jsonl": scitail}, "dev.jsonl", _task_read("scitail", "dev")
         ),
         Reader(
             "story_cloze (csv)",
@@ -623,36 +488,39 @@ def readers(shared: Path, work: Path) -> list[Reader]:
             "dev.jsonl",
             _task_read("race", "dev"),
         ),
-        Reader(
-            "generic tsv",
-            {"dev.tsv": g / "SST-2" / "dev.tsv"},
-            "dev.tsv",
-            _task_read("tsv", "dev", generic_tsv),
-        ),
+        Reader("generic tsv", {"dev.tsv": sst2}, "dev.tsv", _task_read("tsv", "dev", GENERIC_TSV)),
         Reader(
             "generic jsonl",
-            {"dev.jsonl": shared / "scitail" / "dev" / "answers.jsonl"},
+            {"dev.jsonl": scitail},
             "dev.jsonl",
-            _task_read("jsonl", "dev", generic_jsonl),
+            _task_read("jsonl", "dev", GENERIC_JSONL),
         ),
         Reader(
             "generic csv (choices)",
             {"dev.csv": sc},
             "dev.csv",
-            _task_read("csv", "dev", generic_csv),
+            _task_read("csv", "dev", GENERIC_CSV),
         ),
         Reader(
-            "skip-bad-rows sst2",
-            {"dev.tsv": g / "SST-2" / "dev.tsv"},
-            "dev.tsv",
-            _task_read("sst2", "dev", skip=True),
+            "skip-bad-rows sst2", {"dev.tsv": sst2}, "dev.tsv", _task_read("sst2", "dev", skip=True)
         ),
+    ]
+
+
+def _file_readers(shared: Path, synth: Path) -> list[Reader]:
+    """The readers of zero-shot data, token shards, prepared folders and tokenizer files."""
+    from gpt1.text.shards import read_shard
+    from gpt1.text.tokenizer import Tokenizer
+    from gpt1.text.windows import open_prepared
+    from gpt1.zeroshot.data import read_dpr, read_lambada
+
+    corpus, bpe = synth / "corpus", shared / "gpt1_tokenizer"
+    lambada = shared / "corpus" / "lambada" / "lambada_test_plain_text.txt"
+    prepared = ("meta.json", "train-00000.bin", "train-00001.bin", "val-00000.bin")
+    tokenizer = ("encoder_bpe_40000.json", "vocab_40000.bpe")
+    return [
         Reader(
-            "lambada",
-            {"l.txt": shared / "corpus" / "lambada" / "lambada_test_plain_text.txt"},
-            "l.txt",
-            lambda f: read_lambada(f / "l.txt"),
-            head=20,
+            "lambada", {"l.txt": lambada}, "l.txt", lambda f: read_lambada(f / "l.txt"), head=20
         ),
         Reader(
             "dpr (synthetic)",
@@ -664,30 +532,31 @@ def readers(shared: Path, work: Path) -> list[Reader]:
             "token shard",
             {"train-00000.bin": corpus / "train-00000.bin"},
             "train-00000.bin",
-            shard_read,
+            lambda f: read_shard(f / "train-00000.bin"),
             head=0,
         ),
         Reader(
             "prepared meta.json",
-            {
-                n: corpus / n
-                for n in ("meta.json", "train-00000.bin", "train-00001.bin", "val-00000.bin")
-            },
+            {n: corpus / n for n in prepared},
             "meta.json",
             open_prepared,
             head=0,
         ),
         Reader(
             "tokenizer files",
-            {
-                "encoder_bpe_40000.json": shared / "gpt1_tokenizer" / "encoder_bpe_40000.json",
-                "vocab_40000.bpe": shared / "gpt1_tokenizer" / "vocab_40000.bpe",
-            },
+            {n: bpe / n for n in tokenizer},
             "vocab_40000.bpe",
             Tokenizer.from_dir,
             head=0,
         ),
     ]
+
+
+def readers(shared: Path, work: Path) -> list[Reader]:
+    """Every dataset reader with a real file from the data folder `shared` (synthetic where none
+    exists)."""
+    synth = _synthetic_files(work / "synthetic")
+    return _task_readers(shared, synth) + _file_readers(shared, synth)
 
 
 def stage(reader: Reader, folder: Path) -> dict[str, bytes]:
