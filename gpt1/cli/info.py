@@ -12,14 +12,17 @@ from __future__ import annotations
 import argparse
 import json
 
+from gpt1.cli import options
+
 HELP = "show a preset's or checkpoint's config, parameter count and FLOPs per token"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    options.add_source(
+        p,
         "model",
-        metavar="PRESET|CHECKPOINT",
-        help="a preset name (gpt1, mini, tiny) or a checkpoint / run folder",
+        "PRESET|CHECKPOINT",
+        "a preset name (gpt1, mini, tiny) or a checkpoint / run folder",
     )
     p.add_argument(
         "--seq-len",

@@ -51,6 +51,11 @@ def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     return cls(**{**flags, **given})
 
 
+def add_source(p: Flags, dest: str, metavar: str, help: str) -> None:
+    """The positional naming what a command reads (a run, checkpoint or preset)."""
+    p.add_argument(dest, metavar=metavar, help=help)
+
+
 def add_overwrite(p: Flags, what: str) -> None:
     """The one `--overwrite` flag: without it no command replaces what it did not create."""
     p.add_argument(
@@ -162,14 +167,8 @@ def scoring_settings(args: argparse.Namespace) -> dict:
 
     if args.micro_batch < 1:
         raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
-    return dict(
-        micro=args.micro_batch,
-        skip_bad_rows=args.skip_bad_rows,
-        device=args.device,
-        precision=args.precision,
-        overwrite=args.overwrite,
-        file=args.file,
-    )
+    same_names = ("skip_bad_rows", "device", "precision", "overwrite", "file")
+    return {"micro": args.micro_batch, **{name: getattr(args, name) for name in same_names}}
 
 
 # --- text (tokenizer, prepare) --------------------------------------------------------------

@@ -17,10 +17,10 @@ HELP = "serve a run or checkpoint over HTTP (predict, generate, score)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "run",
-        metavar="RUN_OR_CHECKPOINT",
-        help="a fine-tuned run, a pretraining run or a checkpoint folder",
+    from gpt1.cli import options
+
+    options.add_source(
+        p, "run", "RUN_OR_CHECKPOINT", "a fine-tuned run, a pretraining run or a checkpoint folder"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")

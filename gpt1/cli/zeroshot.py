@@ -32,10 +32,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import options
     from gpt1.devices import PRECISION_HELP, PRECISIONS
 
-    p.add_argument(
+    options.add_source(
+        p,
         "checkpoint",
-        metavar="CHECKPOINT|RUN_DIR",
-        help="a checkpoint folder, or a pretraining run folder for the curve",
+        "CHECKPOINT|RUN_DIR",
+        "a checkpoint folder, or a pretraining run folder for the curve",
     )
     p.add_argument(
         "--task",

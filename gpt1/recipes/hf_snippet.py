@@ -50,6 +50,16 @@ _LABELS = """
 labels = [model.config.id2label[i] for i in range(len(model.config.id2label))]
 """
 
+# Similarity: the head reads both orders' states added (the paper's similarity transformation).
+_BOTH_ORDERS = """
+
+def predict(a, b):
+    # both orders' states are added before the head
+    ea, eb = tok.encode(a), tok.encode(b)
+    h = state([start] + ea + [delimiter] + eb + [classify])
+    h = h + state([start] + eb + [delimiter] + ea + [classify])
+"""
+
 _BODIES = {
     ("single", "classes"): """
 
@@ -63,23 +73,11 @@ def predict(a, b):
     h = state([start] + tok.encode(a) + [delimiter] + tok.encode(b) + [classify])
     return dict(zip(labels, output(h).softmax(-1).tolist()))
 """,
-    ("similarity", "classes"): """
-
-def predict(a, b):
-    # both orders' states are added before the head
-    ea, eb = tok.encode(a), tok.encode(b)
-    h = state([start] + ea + [delimiter] + eb + [classify])
-    h = h + state([start] + eb + [delimiter] + ea + [classify])
-    return dict(zip(labels, output(h).softmax(-1).tolist()))
+    ("similarity", "classes"): _BOTH_ORDERS
+    + """    return dict(zip(labels, output(h).softmax(-1).tolist()))
 """,
-    ("similarity", "score"): """
-
-def predict(a, b):
-    # both orders' states are added before the head
-    ea, eb = tok.encode(a), tok.encode(b)
-    h = state([start] + ea + [delimiter] + eb + [classify])
-    h = h + state([start] + eb + [delimiter] + ea + [classify])
-    return float(output(h)[0])
+    ("similarity", "score"): _BOTH_ORDERS
+    + """    return float(output(h)[0])
 """,
     ("single", "score"): """
 
