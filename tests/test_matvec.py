@@ -3,6 +3,8 @@
 that are not multiples of its blocks; the model paths that use it decode as they do without it;
 and where it cannot be built, one warning and torch's kernels take over."""
 
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -14,6 +16,7 @@ from gpt1.model import matvec
 from gpt1.model.inference import for_inference
 from gpt1.model.quantize import int8_linear, quantize_rows
 from gpt1.recipes.sample import generate
+from helpers.tiny import subprocess_env
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +138,20 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypat
             assert matvec.kernel() is None  # chosen, not failed: no warning
     finally:
         matvec.kernel.cache_clear()  # the next caller builds (or finds) the real one
+
+
+def test_a_build_marker_left_by_a_killed_process_does_not_block_the_next(op):
+    """torch's builder marks a build in progress with a `lock` file; a process killed while
+    building leaves it, and without gpt1's own OS lock every later load would wait forever."""
+    folder = matvec._build_directory(matvec._build_name())
+    (folder / "lock").write_text("")  # what a builder killed in the middle leaves behind
+    script = "from gpt1.model import matvec; print(matvec.kernel() is not None)"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert not (folder / "lock").exists()

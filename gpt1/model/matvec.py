@@ -25,11 +25,17 @@ import functools
 import hashlib
 import os
 import platform
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; torch's own marker alone
+    fcntl = None
 
 SOURCE = Path(__file__).resolve().parent / "kernels" / "matvec.cpp"
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
@@ -55,6 +61,43 @@ def _build_name() -> str:
     return f"gpt1_matvec_{digest.hexdigest()[:12]}"
 
 
+def _build_directory(name: str) -> Path:
+    """Where torch's builder keeps the build (`TORCH_EXTENSIONS_DIR`, else its default root)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
+    )
+    folder = Path(root) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _build():
+    """Build (or find built) and import the kernel's module.
+
+    torch's builder marks a build in progress with a file (`lock`) that a process killed in the
+    middle leaves behind, and every later build then waits for it forever. So the build runs
+    under an OS lock of our own (`flock`, released when its holder dies, however it dies): whoever
+    holds it knows that no live process is building, and removes a `lock` left by a dead one."""
+    from torch.utils.cpp_extension import load
+
+    name = _build_name()
+    folder = _build_directory(name)
+    with open(folder.parent / f"{name}.flock", "a") as guard:
+        if fcntl is not None:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+        (folder / "lock").unlink(missing_ok=True)
+        return load(
+            name=name,
+            sources=[str(SOURCE)],
+            extra_cflags=_CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(folder),
+            verbose=False,
+        )
+
+
 @functools.cache
 def kernel() -> Callable[..., torch.Tensor] | None:
     """`matvec(x [M, K], w [N, K], scale [N] or None, bias [N] or None)` -> `[M, N]` in x's dtype
@@ -63,15 +106,7 @@ def kernel() -> Callable[..., torch.Tensor] | None:
     if os.environ.get("GPT1_MATVEC", "") == "torch":
         return None
     try:
-        from torch.utils.cpp_extension import load
-
-        module = load(
-            name=_build_name(),
-            sources=[str(SOURCE)],
-            extra_cflags=_CFLAGS,
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        module = _build()
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         warnings.warn(
