@@ -155,3 +155,23 @@ def test_a_build_marker_left_by_a_killed_process_does_not_block_the_next(op):
     )
     assert done.stdout.strip() == "True", done.stderr[-2000:]
     assert not (folder / "lock").exists()
+
+
+def test_a_first_build_says_so_and_a_built_kernel_is_quiet(monkeypatch, tmp_path, caplog):
+    import types
+
+    import torch.utils.cpp_extension as cpp_extension
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(
+        cpp_extension, "load", lambda **kwargs: types.SimpleNamespace(matvec=F.linear)
+    )
+    with caplog.at_level("INFO", logger="gpt1.model.matvec"):
+        matvec._build()
+    assert "building gpt1's decoding kernel" in caplog.text
+    name = matvec._build_name()
+    (tmp_path / name / f"{name}.so").write_bytes(b"")  # what a finished build leaves
+    caplog.clear()
+    with caplog.at_level("INFO", logger="gpt1.model.matvec"):
+        matvec._build()
+    assert caplog.text == ""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import platform
 import sys
@@ -37,6 +38,7 @@ try:
 except ImportError:  # Windows: no flock; torch's own marker alone
     fcntl = None
 
+log = logging.getLogger(__name__)
 SOURCE = Path(__file__).resolve().parent / "kernels" / "matvec.cpp"
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
@@ -88,6 +90,8 @@ def _build():
         if fcntl is not None:
             fcntl.flock(guard, fcntl.LOCK_EX)
         (folder / "lock").unlink(missing_ok=True)
+        if not (folder / f"{name}.so").exists():
+            log.info("building gpt1's decoding kernel for this CPU (once, about a minute)")
         return load(
             name=name,
             sources=[str(SOURCE)],
