@@ -432,7 +432,7 @@ def main() -> None:
             prompt = torch.tensor([sum(seqs, [])[: args.prompt]])
             new = args.new_tokens
             gen = {"gpt1": lambda: generate(clf.gpt, prompt, new, temperature=0)}
-            if not ct2:  # no CTranslate2 has run in this process yet: time gpt1 alone first
+            if not ct2 and "ct2" not in skip:  # before CTranslate2 first runs: gpt1 alone
                 with torch.inference_mode():
                     alone = alternate({"gpt1": gen["gpt1"]}, args.repeats)["gpt1"]
                 print(

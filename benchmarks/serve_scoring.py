@@ -74,15 +74,13 @@ def in_process(ck: Path, pairs: list, threads: int) -> tuple[float, float]:
 def harness_runs(ck: Path, url: str, data: Path, docs: int) -> list[tuple[str, float, dict]]:
     """(name, wall seconds, metrics) of whole harness runs on the same tasks. The native model
     is loaded before its clock starts, as the server is (its load time is printed apart)."""
-    import lm_eval
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
 
-    from gpt1.recipes.harness import Gpt1LM, task_manager
+    from gpt1.recipes.harness import Gpt1LM, evaluate_with_local_tasks
 
     start = time.perf_counter()
     native = Gpt1LM(checkpoint=str(ck), device="cpu", precision="fp32")
     print(f"harness: the native model loads in {time.perf_counter() - start:.1f} s (not counted)")
-    meta = {"data": str(data)}
     remote = {"base_url": f"{url}/v1/completions", "model": ck.name, "max_length": 512}
     runs = [
         ("native gpt1 model", native, None),
@@ -96,14 +94,7 @@ def harness_runs(ck: Path, url: str, data: Path, docs: int) -> list[tuple[str, f
     out = []
     for name, model, model_args in runs:
         start = time.perf_counter()
-        res = lm_eval.simple_evaluate(
-            model=model,
-            model_args=model_args,
-            tasks=TASKS,
-            limit=docs,
-            metadata=meta,
-            task_manager=task_manager(TASKS, meta),
-        )
+        res = evaluate_with_local_tasks(model, TASKS, data, model_args=model_args, limit=docs)
         out.append((name, time.perf_counter() - start, res["results"]))
     return out
 

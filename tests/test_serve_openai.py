@@ -307,21 +307,13 @@ def gpt1_vocab_checkpoint(tmp_path_factory) -> Path:
 
 
 def harness_run(model: str, model_args: dict, data: Path, limit: int) -> dict:
-    import lm_eval
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
 
-    from gpt1.recipes.harness import register, task_manager
+    from gpt1.recipes.harness import evaluate_with_local_tasks, register
 
     register()
-    metadata = {"data": str(data)}
-    return lm_eval.simple_evaluate(
-        model=model,
-        model_args=model_args,
-        tasks=HARNESS_TASKS,
-        limit=limit,
-        metadata=metadata,
-        task_manager=task_manager(HARNESS_TASKS, metadata),
-        log_samples=True,
+    return evaluate_with_local_tasks(
+        model, HARNESS_TASKS, data, model_args=model_args, limit=limit, log_samples=True
     )
 
 

@@ -63,10 +63,7 @@ def relative_error(weight: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
-_FUSED_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
-# Up to this many rows a kernel that reads each weight once for all the rows (gpt1's own
-# `matvec`, or torch's fused kernel) beats dequantising into one float matrix product.
-_FUSED_MAX_ROWS = matvec.MAX_ROWS
+_INT8PACK_DTYPES = (torch.bfloat16, torch.float32, torch.float16)  # torch's fallback kernel takes
 
 
 def int8_linear(
@@ -78,30 +75,25 @@ def int8_linear(
 
     The few-row kernels win where reading the weights is the cost and lose on many rows (a
     classification batch, a prompt), where one float matrix product over the int8 values (exact
-    in bf16) does the work at the machine's matmul speed. The few-row kernel is gpt1's own
-    (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours cannot be built (that
-    one reads the weights once per row and needs K to be a multiple of 16). Decoding calls this
-    49 times per token on one row, where each Python-level tensor call costs about as much as
-    the product of a small layer: the checks read attributes only, and a 2-d input is not
-    reshaped."""
-    K = q.shape[1]
-    if (
-        x.is_cpu
-        and x.dtype in _FUSED_DTYPES
-        and not (x.requires_grad and torch.is_grad_enabled())
-        and x.numel() <= _FUSED_MAX_ROWS * K
-    ):
+    in bf16) does the work at the machine's matmul speed. Which inputs are "a few rows" is
+    `matvec.applies`, the rule the float weights' products follow too. The few-row kernel is
+    gpt1's own (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours cannot be built
+    (that one reads the weights once per row and needs K to be a multiple of 16)."""
+    if matvec.applies(x, q):
         op = matvec.kernel()
-        if op is not None and x.numel() > 0:
+        if op is not None:
             return matvec.linear(op, x, q, scale, bias)
-        rows = x if x.dim() == 2 else x.reshape(-1, K)
-        if K % _KERNEL_BLOCK == 0 and rows.shape[0] > 0:
-            out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), q, scale.to(x.dtype))
-            out = out if bias is None else out.add_(bias)
-        else:
-            return _dequantised_linear(x, q, scale, bias)
-        return out if x.dim() == 2 else out.view(*x.shape[:-1], q.shape[0])
+        if q.shape[1] % _KERNEL_BLOCK == 0 and x.dtype in _INT8PACK_DTYPES:
+            return matvec.linear(_int8pack, x, q, scale, bias)
     return _dequantised_linear(x, q, scale, bias)
+
+
+def _int8pack(
+    rows: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """torch's fused int8-weight kernel, called as `matvec.kernel()`'s result is."""
+    out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), q, scale.to(rows.dtype))
+    return out if bias is None else out.add_(bias)
 
 
 def _dequantised_linear(

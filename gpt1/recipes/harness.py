@@ -308,22 +308,34 @@ def simple_evaluate(
 
     `data` is the data root (or a task's folder) the local tasks read (see gpt1/lm_eval_tasks).
     """
-    import lm_eval
-
     register()
-    model_args = {"checkpoint": checkpoint, **model_args}
-    metadata = {"data": str(data)} if data else {}
-    return lm_eval.simple_evaluate(
-        model=MODEL_NAME,
-        model_args=model_args,
-        tasks=tasks,
+    return evaluate_with_local_tasks(
+        MODEL_NAME,
+        tasks,
+        data,
+        model_args={"checkpoint": checkpoint, **model_args},
         limit=limit,
-        metadata=metadata,
-        task_manager=task_manager(tasks, metadata),
     )
 
 
-# -- the command's checks, made before the harness evaluates anything ---------------------------
+def evaluate_with_local_tasks(
+    model: Any, tasks: list[str], data: str | Path | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """`lm_eval.simple_evaluate(model=model, tasks=tasks, **kwargs)` for any harness model (a
+    name such as `local-completions`, or an `LM` object) with gpt1's local tasks available,
+    reading their data under `data`."""
+    import lm_eval
+
+    metadata = {"data": str(data)} if data else {}
+    return lm_eval.simple_evaluate(
+        model=model,
+        tasks=tasks,
+        metadata=metadata,
+        task_manager=task_manager(tasks, metadata),
+        **kwargs,
+    )
+
+
 def run_name(checkpoint: str) -> str:
     """The run's name for the harness's output folder: the checkpoint as given (relative to the
     working folder when inside it). The harness names a run from `pretrained=`, `model=` or

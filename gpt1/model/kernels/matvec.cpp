@@ -228,22 +228,27 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
   const float* sp = floats(scale, s_buf, "scale");
   const float* bp = floats(bias, b_buf, "bias");
   TORCH_CHECK(sp || w.scalar_type() != at::kChar, "matvec: int8 weights need scales");
-  // fp32 copies of bf16 activations and outputs live in plain buffers: converting them here
-  // costs less than the tensor operations (allocations, dispatch) that would do it outside.
   const torch::Tensor xc = x.contiguous();
   const bool fp32 = x.scalar_type() == at::kFloat;
+#if defined(__AVX512BF16__)
+  // bf16 weights times bf16 activations: the pairs multiply as they are, no fp32 copy of x.
+  const bool bf16_pairs =
+      w.scalar_type() == at::kBFloat16 && x.scalar_type() == at::kBFloat16 && !sp;
+#else
+  const bool bf16_pairs = false;
+#endif
+  // Other activations as fp32: their own data, or a converted copy (a plain buffer for bf16,
+  // cheaper than a tensor operation per call).
   std::vector<float> x_buf, y_buf;
+  torch::Tensor x_other;
   const float* xp = nullptr;
   if (fp32) {
     xp = xc.data_ptr<float>();
-  } else if (x.scalar_type() == at::kBFloat16) {
-    const at::BFloat16* src = xc.data_ptr<at::BFloat16>();
-    x_buf.assign(src, src + M * K);  // element-wise bf16 -> float
-    xp = x_buf.data();
-  } else {
-    x_buf.resize(M * K);
-    const torch::Tensor xf = xc.to(at::kFloat);
-    std::copy(xf.data_ptr<float>(), xf.data_ptr<float>() + M * K, x_buf.begin());
+  } else if (x.scalar_type() != at::kBFloat16) {
+    x_other = xc.to(at::kFloat);
+    xp = x_other.data_ptr<float>();
+  } else if (!bf16_pairs) {
+    x_buf.assign(xc.data_ptr<at::BFloat16>(), xc.data_ptr<at::BFloat16>() + M * K);
     xp = x_buf.data();
   }
   torch::Tensor y = torch::empty({M, N}, x.options());
@@ -254,7 +259,7 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
       break;
     case at::kBFloat16:
 #if defined(__AVX512BF16__)
-      if (x.scalar_type() == at::kBFloat16 && !sp) {  // both bf16: pairs multiply as they are
+      if (bf16_pairs) {
         dispatch_bf16(M, xc.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(), bp, yp, K, N);
         break;
       }
