@@ -45,6 +45,15 @@ def tinier_config() -> Callable[..., ModelConfig]:
     return lambda **overrides: ModelConfig(**{**TINIER_MODEL, **overrides})
 
 
+@pytest.fixture
+def decoding_operators(monkeypatch):
+    """Decoding through the blocks as torch modules, never the one-call step
+    (`gpt1.model.block_step`): for tests of the operator path itself."""
+    from gpt1.model import block_step
+
+    monkeypatch.setattr(block_step, "plan", lambda model, x: None)
+
+
 def check_shapes_and_tied_head(model: torch.nn.Module, vocab_size: int, n_embd: int) -> None:
     """The language-model interface GPT and the LSTM share: (B, T) ids give (B, T, n_embd)
     hidden states, and `lm_logits` scores them against the tied input embedding."""

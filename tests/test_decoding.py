@@ -1,7 +1,10 @@
 """Pooled key/value caches (`gpt1.model.decoding`): many sequences' attention in one call per
 layer gives what each sequence's own cache gives, as sequences of different lengths join and
-leave, and the pool hands slots out and frees its memory as it should."""
+leave, and the pool hands slots out and frees its memory as it should. These are the operator
+path's tests: the one-call step (`gpt1.model.block_step`) is off here, and
+`tests/test_block_step.py` checks it against this path."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -15,6 +18,8 @@ from gpt1.model.decoding import (
     decode_step,
     forward_cached,
 )
+
+pytestmark = pytest.mark.usefixtures("decoding_operators")
 
 
 def _model(dtype: torch.dtype = torch.float32) -> GPT:

@@ -17,6 +17,11 @@ running `GPT`'s own blocks with a layout (`gpt1.model.layouts`) whose attention 
 Every attention call goes through the model's one seam (`gpt1.model.attention.attention`). Both
 steps give the per-sequence results up to the summation order of the attention kernel
 (`tests/test_decoding.py`).
+
+A pass of one new token per row (every step after the prompt, in both passes) first offers the
+rows to `gpt1.model.block_step`: where it applies (inference on a CPU with AVX-512; see there),
+all blocks run in one C++ call that reads and writes the same cache buffers, and the layers
+above do not run. Its results equal theirs up to summation order (`tests/test_block_step.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from gpt1.model import block_step
 from gpt1.model.attention import attention, merge_heads, split_heads
 
 if TYPE_CHECKING:
@@ -68,6 +74,17 @@ class LayerCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def room(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The key and value buffers `[B, H, capacity, D]`, grown to hold at least `end`
+        positions (None before the first `extend`: their shape is not known yet)."""
+        if self.k is None or self.v is None:
+            return None
+        if end > self.k.shape[2]:
+            capacity = _capacity(end, self.max_length)
+            self.k = self._grown(self.k, self.k, capacity)
+            self.v = self._grown(self.v, self.v, capacity)
+        return self.k, self.v
+
     def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
         B, H, _, D = like.shape
         buf = like.new_empty(B, H, capacity, D)
@@ -84,6 +101,11 @@ class KVCache:
 
     def __len__(self) -> int:
         return self.layers[0].length
+
+    @property
+    def row(self) -> int:
+        """The sequence's index in its layers' buffers (a plain cache of one sequence: 0)."""
+        return 0
 
     def release(self) -> None:
         """Done with this cache (a pooled one gives its slot back; a plain one is just freed)."""
@@ -156,6 +178,15 @@ class PooledLayerCache:
         here = slice(self.slot, self.slot + 1)
         return keys[here, :, :end], values[here, :, :end]
 
+    def room(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pool's key and value buffers `[slots, H, capacity, D]` of this layer, grown to
+        hold this slot and at least `end` positions (None before the pool's first write)."""
+        like = self.pool.k[self.layer]
+        if like is None:
+            return None
+        self.pool.reserve(self.layer, self.slot + 1, end, like)
+        return self.pool.k[self.layer], self.pool.v[self.layer]
+
 
 class PooledKVCache(KVCache):
     """A `KVCache` of one sequence whose keys and values live in a slot of a `SlotPool`."""
@@ -164,6 +195,10 @@ class PooledKVCache(KVCache):
         self.pool, self.slot = pool, slot
         self.layers = [PooledLayerCache(pool, i, slot) for i in range(pool.n_layer)]
         self.released = False
+
+    @property
+    def row(self) -> int:
+        return self.slot
 
     def release(self) -> None:
         if not self.released:
@@ -304,6 +339,11 @@ def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tenso
             f"sequence of {past + T} tokens is longer than n_positions={model.config.n_positions}"
         )
     x, _ = model.embed(ids, torch.arange(past, past + T, device=ids.device))
+    if T == 1:  # one new token a row: the blocks in one call, where the kernel applies
+        rows = [cache.row + b for b in range(ids.shape[0])]  # a pooled cache: its slot
+        hidden = _one_call_step(model, x[:, 0], [cache] * ids.shape[0], rows)
+        if hidden is not None:
+            return hidden[:, None]
     for block, layer in zip(model.h, cache.layers):
         x = block(x, CachedTokens(layer))
     return x
@@ -327,7 +367,36 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
             f"a cache already holds n_positions={model.config.n_positions} tokens: no room"
         )
     x, _ = model.embed(ids, positions)  # [n, C]
+    hidden = _one_call_step(model, x, caches, [c.row for c in caches])
+    if hidden is not None:
+        return hidden
     step = decode_step(caches)  # one attention call per layer for pooled caches
     for i, block in enumerate(model.h):
         x = block(x, StepTokens(step, i))
     return x
+
+
+def _one_call_step(
+    model: GPT, x: torch.Tensor, caches: list[KVCache], rows: list[int]
+) -> torch.Tensor | None:
+    """x `[R, C]`, one new token of each row (row r at index `rows[r]` of `caches[r]`'s buffers;
+    a cache may hold several rows) through every block in one call (`gpt1.model.block_step`),
+    each cache growing by one; None, with the caches unchanged, where that does not apply."""
+    step = block_step.plan(model, x)
+    if step is None:
+        return None
+    lengths = [len(c) for c in caches]
+    keys, values = [], []
+    for i in range(len(model.h)):
+        for cache, end in zip(caches, lengths):
+            buffers = cache.layers[i].room(end + 1)
+            if buffers is None or buffers[0].dtype != x.dtype:
+                return None
+            keys.append(buffers[0])
+            values.append(buffers[1])
+    hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths)
+    if hidden is not None:
+        for cache in {id(c): c for c in caches}.values():  # a cache of several rows grows once
+            for layer in cache.layers:
+                layer.length += 1
+    return hidden

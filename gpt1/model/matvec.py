@@ -39,7 +39,9 @@ except ImportError:  # Windows: no flock; torch's own marker alone
     fcntl = None
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).resolve().parent / "kernels" / "matvec.cpp"
+KERNELS = Path(__file__).resolve().parent / "kernels"
+SOURCES = ("matvec.cpp", "step.cpp", "module.cpp")  # compiled into one module
+HEADERS = ("products.h",)
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for on torch's threads
@@ -57,9 +59,10 @@ def _cpu_flags() -> str:
 
 
 def _build_name() -> str:
-    digest = hashlib.sha256(
-        SOURCE.read_bytes() + _cpu_flags().encode() + torch.__version__.encode()
-    )
+    digest = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        digest.update((KERNELS / name).read_bytes())
+    digest.update(_cpu_flags().encode() + torch.__version__.encode())
     return f"gpt1_matvec_{digest.hexdigest()[:12]}"
 
 
@@ -94,7 +97,7 @@ def _build():
             log.info("building gpt1's decoding kernel for this CPU (once, about a minute)")
         return load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(KERNELS / name) for name in SOURCES],
             extra_cflags=_CFLAGS,
             extra_ldflags=["-fopenmp"],
             build_directory=str(folder),
@@ -102,15 +105,22 @@ def _build():
         )
 
 
-@functools.cache
 def kernel() -> Callable[..., torch.Tensor] | None:
     """`matvec(x [M, K], w [N, K], scale [N] or None, bias [N] or None)` -> `[M, N]` in x's dtype
     (1 <= M <= MAX_ROWS, w contiguous in one of `DTYPES`, int8 with scales, all on the CPU); None
     where the kernel is not available."""
+    built = module()
+    return None if built is None else built.matvec
+
+
+@functools.cache
+def module():
+    """The built kernels' module (`matvec`, and `decode_step` used by `gpt1.model.block_step`),
+    or None where they are not available."""
     if os.environ.get("GPT1_MATVEC", "") == "torch":
         return None
     try:
-        module = _build()
+        return _build()
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         warnings.warn(
@@ -120,7 +130,6 @@ def kernel() -> Callable[..., torch.Tensor] | None:
             stacklevel=2,
         )
         return None
-    return module.matvec
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -12,6 +12,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "products.h"
+
 #include <algorithm>
 #include <vector>
 
@@ -25,14 +27,19 @@ namespace {
 // it saves.
 constexpr int64_t kMinBytesPerTask = 64 * 1024;
 
-// How far ahead of the multiply the weights are fetched. Measured on an AVX-512 server core
-// (benchmarks/decode.py, docs/results.md): without it a step read at about half a plain read's
-// bandwidth; 32 KB ahead suited int8 weights best, 4 KB bf16 and fp32 (farther, each step's
-// several prefetches crowd the line-fill buffers).
+// How far ahead of the multiply the weights are fetched, and into which cache. Measured on an
+// AVX-512 server core, the 49 products of a GPT-1 decoding step with cold weights: without
+// prefetching they read at about half a plain read's bandwidth. int8 and bf16 weights read
+// fastest fetched 32 KB ahead into L2 (T1: 28.5 and 27.2 GB/s, against 22.8 and 23.9 fetched
+// into L1, whose few line-fill buffers the fetches then crowd); fp32 weights 4 KB ahead into L1
+// (25.8 GB/s; 23.3 into L2).
 template <typename W>
-constexpr int64_t kPrefetchBytes = sizeof(W) == 1 ? 32768 : 4096;
+constexpr int64_t kPrefetchBytes = sizeof(W) == 4 ? 4096 : 32768;
 
 #if defined(__AVX512F__)
+template <typename W>
+constexpr auto kPrefetchHint = sizeof(W) == 4 ? _MM_HINT_T0 : _MM_HINT_T1;  // see kPrefetchBytes
+
 // Sixteen weights, widened to fp32; `tail` loads only the first `mask` lanes.
 inline __m512 widen16(const int8_t* p) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -71,7 +78,7 @@ void channels(const float* x, const W* w, const float* scale, const float* bias,
     // The block's R rows are contiguous: walk its bytes ahead of the multiply at its own pace.
     const char* ahead = reinterpret_cast<const char*>(rows[0]) + kPrefetchBytes<W>;
     for (int64_t k = 0; k < body; k += 16, ahead += kStepBytes) {
-      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, kPrefetchHint<W>);
       __m512 wv[R];
       for (int r = 0; r < R; ++r) wv[r] = widen16(rows[r] + k);
       for (int m = 0; m < M; ++m) {
@@ -122,7 +129,7 @@ void channels_bf16(const at::BFloat16* x, const at::BFloat16* w, const float* bi
     for (int r = 0; r < R; ++r) rows[r] = w + (n + r) * K;
     const char* ahead = reinterpret_cast<const char*>(rows[0]) + kPrefetchBytes<at::BFloat16>;
     for (int64_t k = 0; k < body; k += 32, ahead += kStepBytes) {
-      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, kPrefetchHint<at::BFloat16>);
       __m512bh wv[R];
       for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(rows[r] + k);
       for (int m = 0; m < M; ++m) {
@@ -199,6 +206,34 @@ void dispatch(int64_t M, const float* x, const W* w, const float* scale, const f
 
 }  // namespace
 
+namespace gpt1 {
+
+void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const torch::Tensor& w,
+                    const float* scale, const float* bias, float* y) {
+  const int64_t K = w.size(1), N = w.size(0);
+  switch (w.scalar_type()) {
+    case at::kChar:
+      dispatch(M, x, w.data_ptr<int8_t>(), scale, bias, y, K, N);
+      break;
+    case at::kBFloat16:
+#if defined(__AVX512BF16__)
+      if (x_bf16 && !scale) {
+        dispatch_bf16(M, x_bf16, w.data_ptr<at::BFloat16>(), bias, y, K, N);
+        break;
+      }
+#endif
+      dispatch(M, x, w.data_ptr<at::BFloat16>(), scale, bias, y, K, N);
+      break;
+    case at::kFloat:
+      dispatch(M, x, w.data_ptr<float>(), scale, bias, y, K, N);
+      break;
+    default:
+      TORCH_CHECK(false, "matvec: weights must be int8, bf16 or fp32");
+  }
+}
+
+}  // namespace gpt1
+
 // x [M, K] (any float dtype, 1 <= M <= 8), w [N, K] int8, bf16 or fp32 (contiguous), scale [N]
 // (optional; int8 needs it), bias [N] (optional) -> [M, N] in x's dtype.
 torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
@@ -253,25 +288,7 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
   }
   torch::Tensor y = torch::empty({M, N}, x.options());
   float* yp = fp32 ? y.data_ptr<float>() : (y_buf.resize(M * N), y_buf.data());
-  switch (w.scalar_type()) {
-    case at::kChar:
-      dispatch(M, xp, w.data_ptr<int8_t>(), sp, bp, yp, K, N);
-      break;
-    case at::kBFloat16:
-#if defined(__AVX512BF16__)
-      if (bf16_pairs) {
-        dispatch_bf16(M, xc.data_ptr<at::BFloat16>(), w.data_ptr<at::BFloat16>(), bp, yp, K, N);
-        break;
-      }
-#endif
-      dispatch(M, xp, w.data_ptr<at::BFloat16>(), sp, bp, yp, K, N);
-      break;
-    case at::kFloat:
-      dispatch(M, xp, w.data_ptr<float>(), sp, bp, yp, K, N);
-      break;
-    default:
-      TORCH_CHECK(false, "matvec: weights must be int8, bf16 or fp32");
-  }
+  gpt1::weight_product(M, xp, bf16_pairs ? xc.data_ptr<at::BFloat16>() : nullptr, w, sp, bp, yp);
   if (!fp32) {
     if (y.scalar_type() == at::kBFloat16) {
       at::BFloat16* out = y.data_ptr<at::BFloat16>();
@@ -281,10 +298,4 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
     }
   }
   return y;
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("matvec", &matvec, "weight products for a few rows", pybind11::arg("x"),
-        pybind11::arg("w"), pybind11::arg("scale") = pybind11::none(),
-        pybind11::arg("bias") = pybind11::none());
 }

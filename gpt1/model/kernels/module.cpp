@@ -1,0 +1,13 @@
+// The extension module gpt1 builds on first use (`gpt1/model/matvec.py`).
+#include "products.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("matvec", &matvec, "weight products for a few rows", pybind11::arg("x"),
+        pybind11::arg("w"), pybind11::arg("scale") = pybind11::none(),
+        pybind11::arg("bias") = pybind11::none());
+  m.def("has_decode_step", &has_decode_step, "whether decode_step was compiled for this CPU");
+  m.def("decode_step", &decode_step, "every block of one decoding step", pybind11::arg("x"),
+        pybind11::arg("params"), pybind11::arg("keys"), pybind11::arg("values"),
+        pybind11::arg("rows"), pybind11::arg("lengths"), pybind11::arg("n_head"),
+        pybind11::arg("eps"), pybind11::arg("gelu"));
+}

@@ -1,0 +1,27 @@
+// What the kernels share: the weight product of `matvec.cpp`, used by `matvec()` itself and by
+// the decoding step of `step.cpp`.
+#pragma once
+
+#include <torch/extension.h>
+
+namespace gpt1 {
+
+// y [M, N] (fp32) = x [M, K] @ (w * scale[:, None]).T + bias, for 1 <= M <= 8 rows and w [N, K]
+// contiguous, int8 (with scale), bf16 or fp32; scale and bias optional (nullptr). x holds the
+// activations in fp32; x_bf16, where given, the same activations in bf16, and then bf16 weights
+// without scales multiply the bf16 pairs as they are (x may be nullptr in that case).
+void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const torch::Tensor& w,
+                    const float* scale, const float* bias, float* y);
+
+}  // namespace gpt1
+
+// The Python-facing functions (`module.cpp` binds them).
+torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
+                     const c10::optional<torch::Tensor>& scale,
+                     const c10::optional<torch::Tensor>& bias);
+bool has_decode_step();
+torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
+                          const std::vector<torch::Tensor>& keys,
+                          const std::vector<torch::Tensor>& values,
+                          const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
+                          int64_t n_head, double eps, bool gelu);

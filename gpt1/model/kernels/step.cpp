@@ -1,0 +1,348 @@
+// One decoding step through every block of GPT-1 in one call: R rows (one new token each of R
+// sequences), each attending over its own key/value cache.
+//
+// Written out in torch operators, a step of the 117M model is about 150 small operators and
+// the Python between them, 2.7-4 ms a token: as long as reading all of a step's int8 weights.
+// Here the same maths runs in C++ on plain float arrays: the weight products are the kernel of
+// `matvec.cpp`, and LayerNorm, attention over the cache and GELU are short vector loops over a
+// few thousand numbers. The block is GPT-1's post-LN block (`gpt1/model/gpt.py`):
+//
+//   qkv = x Wqkv + b;  a = attention(qkv, cache) Wo + b;  x = LN1(x + a)
+//   m = act(x Wfc + b) Wmp + b;  x = LN2(x + m)
+//
+// With bf16 activations every intermediate is rounded to bf16 where the torch operators would
+// round it (each operator's output), so both paths compute the same numbers up to the order of
+// summation; everything is computed in fp32. Compiled only for AVX-512 CPUs (`has_decode_step`):
+// elsewhere decoding runs the torch operators.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "products.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
+namespace {
+
+// ------------------------------------------------------------------ 16 lanes at a time
+inline __mmask16 lanes(int64_t i, int64_t n) {
+  return n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                     : static_cast<__mmask16>((1u << (n - i)) - 1u);
+}
+
+// e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
+// below 2e-7), times 2^n. Inputs are clamped to +-88 (e^88 is near fp32's largest).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts: exact
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);      // n * ln2 for |n| < 128
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// fp32 -> bf16 -> fp32, rounding to nearest even (what at::BFloat16 does).
+inline __m512 round_bf16(__m512 v) {
+#if defined(__AVX512BF16__)
+  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
+#else
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16));
+#endif
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load(const at::BFloat16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store(at::BFloat16* p, __m512 v, __mmask16 m) {  // v already holds bf16 values
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
+
+// Rounds x [n] to bf16 in place where the activations are bf16.
+void round_all(float* x, int64_t n, bool bf16) {
+  if (!bf16) return;
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(i, n);
+    store(x + i, round_bf16(load(x + i, m)), m);
+  }
+}
+
+// ------------------------------------------------------------------ the position-wise parts
+// x = LayerNorm(x + a) over C numbers, fp32 statistics as torch's; the sum x + a is rounded
+// first where the activations are bf16 (torch adds in bf16, then normalises).
+void add_layer_norm(float* x, const float* a, const float* g, const float* b, int64_t C,
+                    float eps, bool bf16) {
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < C; i += 16) {
+    const __mmask16 m = lanes(i, C);
+    __m512 v = _mm512_add_ps(load(x + i, m), load(a + i, m));
+    if (bf16) v = round_bf16(v);
+    store(x + i, v, m);
+    sum = _mm512_add_ps(sum, v);
+  }
+  const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(C);
+  const __m512 mu = _mm512_set1_ps(mean);
+  __m512 sq = _mm512_setzero_ps();
+  for (int64_t i = 0; i < C; i += 16) {
+    const __mmask16 m = lanes(i, C);
+    const __m512 d = _mm512_maskz_sub_ps(m, load(x + i, m), mu);
+    sq = _mm512_fmadd_ps(d, d, sq);
+  }
+  const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(C) + eps);
+  const __m512 s = _mm512_set1_ps(inv);
+  for (int64_t i = 0; i < C; i += 16) {
+    const __mmask16 m = lanes(i, C);
+    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x + i, m), mu), s);
+    __m512 y = _mm512_fmadd_ps(d, load(g + i, m), load(b + i, m));
+    store(x + i, bf16 ? round_bf16(y) : y, m);
+  }
+}
+
+// GELU (tanh approximation) or ReLU in place: 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)),
+// u = sqrt(2 / pi) (x + 0.044715 x^3).
+void activation(float* h, int64_t n, bool gelu, bool bf16) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(i, n);
+    const __m512 x = load(h + i, m);
+    __m512 y;
+    if (gelu) {
+      const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+      const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
+                                     _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x));
+      const __m512 e = exp16(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
+      y = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+    } else {
+      y = _mm512_max_ps(x, _mm512_setzero_ps());
+    }
+    store(h + i, bf16 ? round_bf16(y) : y, m);
+  }
+}
+
+// ------------------------------------------------------------------ attention over a cache
+// One head of one row: the new key and value are written at position `len` of the cache
+// (`keys`, `values`: that head's [capacity, D] rows), then out = softmax(q K^T / sqrt(D)) V over
+// positions 0..len.
+template <typename T>
+void attend(const float* q, const float* k_new, const float* v_new, T* keys, T* values,
+            int64_t len, int64_t D, float* scores, float* out, bool bf16) {
+  for (int64_t d = 0; d < D; d += 16) {
+    const __mmask16 m = lanes(d, D);
+    store(keys + len * D + d, load(k_new + d, m), m);
+    store(values + len * D + d, load(v_new + d, m), m);
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  float top = -INFINITY;
+  for (int64_t j = 0; j <= len; ++j) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < D; d += 16) {
+      const __mmask16 m = lanes(d, D);
+      acc = _mm512_fmadd_ps(load(q + d, m), load(keys + j * D + d, m), acc);
+    }
+    scores[j] = _mm512_reduce_add_ps(acc) * scale;
+    top = std::max(top, scores[j]);
+  }
+  const int64_t n = len + 1;
+  __m512 total = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lanes(j, n);
+    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(load(scores + j, m), _mm512_set1_ps(top))));
+    store(scores + j, e, m);
+    total = _mm512_add_ps(total, e);
+  }
+  const float norm = 1.0f / _mm512_reduce_add_ps(total);
+  for (int64_t d = 0; d < D; d += 16) {
+    const __mmask16 m = lanes(d, D);
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j)
+      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), load(values + j * D + d, m), acc);
+    acc = _mm512_mul_ps(acc, _mm512_set1_ps(norm));
+    store(out + d, bf16 ? round_bf16(acc) : acc, m);
+  }
+}
+
+// ------------------------------------------------------------------ one block's tensors
+// A parameter vector as fp32: its own data, or a converted copy (bf16 biases and gains).
+const float* floats(const torch::Tensor& t, std::vector<float>& buf, int64_t n, const char* what) {
+  if (t.numel() == 0) return nullptr;  // absent (no bias, no scale)
+  TORCH_CHECK(t.numel() == n && t.is_contiguous() && t.device().is_cpu(), "decode_step: ", what,
+              " must hold ", n, " numbers");
+  if (t.scalar_type() == at::kFloat) return t.data_ptr<float>();
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16, "decode_step: ", what, " must be fp32 or bf16");
+  buf.assign(t.data_ptr<at::BFloat16>(), t.data_ptr<at::BFloat16>() + n);
+  return buf.data();
+}
+
+struct Linear {
+  const torch::Tensor* w = nullptr;
+  const float* scale = nullptr;
+  const float* bias = nullptr;
+  std::vector<float> scale_buf, bias_buf;
+
+  Linear(const torch::Tensor& weight, const torch::Tensor& s, const torch::Tensor& b, int64_t in,
+         const char* what) {
+    TORCH_CHECK(weight.dim() == 2 && weight.size(1) == in && weight.is_contiguous() &&
+                    weight.device().is_cpu(),
+                "decode_step: ", what, " weight must be [out, ", in, "], contiguous, on the CPU");
+    const auto type = weight.scalar_type();
+    TORCH_CHECK(type == at::kChar || type == at::kBFloat16 || type == at::kFloat, "decode_step: ",
+                what, " weight must be int8, bf16 or fp32");
+    w = &weight;
+    scale = floats(s, scale_buf, weight.size(0), what);
+    bias = floats(b, bias_buf, weight.size(0), what);
+    TORCH_CHECK(scale || type != at::kChar, "decode_step: ", what, " int8 weight needs scales");
+  }
+
+  // y [M, out] = x [M, in] through this layer, rounded to bf16 where the activations are.
+  void apply(int64_t M, const float* x, std::vector<at::BFloat16>& x16, float* y,
+             bool bf16) const {
+    const at::BFloat16* pairs = nullptr;
+    if (bf16 && w->scalar_type() == at::kBFloat16 && !scale) {  // bf16 x bf16: the pairs as they are
+      const int64_t n = M * w->size(1);
+      x16.resize(n);
+      for (int64_t i = 0; i < n; i += 16) {  // exact: x holds bf16 values already
+        const __mmask16 m = lanes(i, n);
+        store(x16.data() + i, load(x + i, m), m);
+      }
+      pairs = x16.data();
+    }
+    gpt1::weight_product(M, x, pairs, *w, scale, bias, y);
+    round_all(y, M * w->size(0), bf16);
+  }
+};
+
+template <typename T>
+void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* out,
+                    const torch::Tensor* keys, const torch::Tensor* values,
+                    const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
+                    bool bf16) {
+  const int64_t C = H * D;
+  int64_t longest = 0;
+  for (int64_t r = 0; r < R; ++r) longest = std::max(longest, lengths[r] + 1);
+  // A task's work is about 4 D numbers per cached position; small steps stay on one thread.
+  const int64_t grain = std::max<int64_t>(1, 16384 / (4 * D * longest));
+  at::parallel_for(0, R * H, grain, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(longest);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / H, h = t % H;
+      const torch::Tensor& kb = keys[r];
+      const int64_t cap = kb.size(2);
+      const int64_t offset = ((rows[r] * H + h) * cap) * D;
+      const float* row = qkv + r * 3 * C;
+      attend<T>(row + h * D, row + C + h * D, row + 2 * C + h * D, kb.data_ptr<T>() + offset,
+                values[r].data_ptr<T>() + offset, lengths[r], D, scores.data(),
+                out + r * C + h * D, bf16);
+    }
+  });
+}
+
+}  // namespace
+
+bool has_decode_step() { return true; }
+
+// x [R, C] (fp32 or bf16, 1 <= R <= 8): the embedded new tokens. params: 16 tensors per block
+// (ln_1 weight, bias, ln_2 weight, bias, then for c_attn, attn.c_proj, c_fc and mlp.c_proj
+// each: weight, scale, bias; an empty tensor where a layer has no scale or bias). keys and
+// values: per block, per row, that row's cache buffer [B, H, capacity, D] in x's dtype; rows[r]
+// is the row's index in its buffer and lengths[r] the positions it holds (the new token goes at
+// lengths[r]). Returns the last block's output [R, C] in x's dtype; the caches hold the new
+// token's keys and values (the caller advances their lengths).
+torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
+                          const std::vector<torch::Tensor>& keys,
+                          const std::vector<torch::Tensor>& values,
+                          const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
+                          int64_t n_head, double eps, bool gelu) {
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "decode_step: x must be [rows, n_embd]");
+  const int64_t R = x.size(0), C = x.size(1), H = n_head, D = C / H;
+  const int64_t L = static_cast<int64_t>(params.size()) / 16;
+  TORCH_CHECK(R >= 1 && R <= 8 && H >= 1 && C % H == 0, "decode_step: 1 to 8 rows, C % H == 0");
+  TORCH_CHECK(params.size() == size_t(16 * L) && L >= 1, "decode_step: 16 tensors per block");
+  TORCH_CHECK(keys.size() == size_t(L * R) && values.size() == keys.size() &&
+                  rows.size() == size_t(R) && lengths.size() == size_t(R),
+              "decode_step: a cache per block and row");
+  const auto type = x.scalar_type();
+  TORCH_CHECK(type == at::kFloat || type == at::kBFloat16, "decode_step: x must be fp32 or bf16");
+  const bool bf16 = type == at::kBFloat16;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const int64_t r = static_cast<int64_t>(i) % R;
+    for (const torch::Tensor* t : {&keys[i], &values[i]}) {
+      TORCH_CHECK(t->dim() == 4 && t->size(1) == H && t->size(3) == D && t->is_contiguous() &&
+                      t->scalar_type() == type && t->device().is_cpu(),
+                  "decode_step: a cache must be [B, H, capacity, D], contiguous, in x's dtype");
+      TORCH_CHECK(rows[r] >= 0 && rows[r] < t->size(0) && lengths[r] >= 0 &&
+                      lengths[r] < t->size(2),
+                  "decode_step: a cache has no room for the new position");
+    }
+  }
+  std::vector<float> h(R * C), qkv, att(R * C), a(R * C), inner;
+  std::vector<at::BFloat16> x16;
+  const torch::Tensor xf = x.to(at::kFloat).contiguous();
+  std::copy(xf.data_ptr<float>(), xf.data_ptr<float>() + R * C, h.begin());
+  std::vector<float> g1, b1, g2, b2;
+  for (int64_t l = 0; l < L; ++l) {
+    const torch::Tensor* p = params.data() + 16 * l;
+    const float* ln1_w = floats(p[0], g1, C, "ln_1 weight");
+    const float* ln1_b = floats(p[1], b1, C, "ln_1 bias");
+    const float* ln2_w = floats(p[2], g2, C, "ln_2 weight");
+    const float* ln2_b = floats(p[3], b2, C, "ln_2 bias");
+    TORCH_CHECK(ln1_w && ln1_b && ln2_w && ln2_b, "decode_step: LayerNorms need weight and bias");
+    const Linear qkv_layer(p[4], p[5], p[6], C, "c_attn");
+    const Linear out_layer(p[7], p[8], p[9], C, "attn.c_proj");
+    const Linear fc_layer(p[10], p[11], p[12], C, "c_fc");
+    const int64_t F = fc_layer.w->size(0);
+    const Linear proj_layer(p[13], p[14], p[15], F, "mlp.c_proj");
+    TORCH_CHECK(qkv_layer.w->size(0) == 3 * C && out_layer.w->size(0) == C &&
+                    proj_layer.w->size(0) == C,
+                "decode_step: block shapes");
+    qkv.resize(R * 3 * C);
+    inner.resize(R * F);
+    qkv_layer.apply(R, h.data(), x16, qkv.data(), bf16);
+    if (bf16) {
+      attention_rows<at::BFloat16>(R, H, D, qkv.data(), att.data(), keys.data() + l * R,
+                                   values.data() + l * R, rows, lengths, bf16);
+    } else {
+      attention_rows<float>(R, H, D, qkv.data(), att.data(), keys.data() + l * R,
+                            values.data() + l * R, rows, lengths, bf16);
+    }
+    out_layer.apply(R, att.data(), x16, a.data(), bf16);
+    for (int64_t r = 0; r < R; ++r)
+      add_layer_norm(h.data() + r * C, a.data() + r * C, ln1_w, ln1_b, C, eps, bf16);
+    fc_layer.apply(R, h.data(), x16, inner.data(), bf16);
+    activation(inner.data(), R * F, gelu, bf16);
+    proj_layer.apply(R, inner.data(), x16, a.data(), bf16);
+    for (int64_t r = 0; r < R; ++r)
+      add_layer_norm(h.data() + r * C, a.data() + r * C, ln2_w, ln2_b, C, eps, bf16);
+  }
+  torch::Tensor out = torch::empty({R, C}, x.options());
+  out.copy_(torch::from_blob(h.data(), {R, C}, at::kFloat));  // exact: h holds x's dtype's values
+  return out;
+}
+
+#else  // no AVX-512 (F, BW, VL): decoding runs the torch operators
+
+bool has_decode_step() { return false; }
+
+torch::Tensor decode_step(const torch::Tensor&, const std::vector<torch::Tensor>&,
+                          const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
+                          const std::vector<int64_t>&, const std::vector<int64_t>&, int64_t,
+                          double, bool) {
+  TORCH_CHECK(false, "decode_step: not compiled for this CPU (it needs AVX-512)");
+}
+
+#endif

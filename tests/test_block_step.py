@@ -1,0 +1,197 @@
+"""One decoding step through every block in one call (`gpt1.model.block_step`, C++ in
+`gpt1/model/kernels/step.cpp`): it gives what the torch operators give, in every precision and
+for every kind of cache, writes the caches as they do, and steps aside wherever it does not
+apply (training, autograd, hooks, a refused model)."""
+
+import contextlib
+import warnings
+
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig
+from gpt1.model import block_step, matvec
+from gpt1.model.decoding import KVCache, SlotPool, decode, forward_cached
+from gpt1.model.fast_cpu import prepack_for_inference
+from gpt1.model.quantize import quantize_int8_
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel():
+    built = matvec.module()
+    if built is None or not built.has_decode_step():
+        pytest.skip("the decoding step is built for AVX-512 CPUs only; this one runs the operators")
+
+
+def _model(precision: str, n_embd: int = 64, n_head: int = 4, afn: str = "gelu") -> GPT:
+    torch.manual_seed(0)
+    config = ModelConfig(
+        vocab_size=300, n_positions=80, n_embd=n_embd, n_layer=2, n_head=n_head, afn=afn
+    )
+    model = GPT(config).eval()
+    if precision == "fp32":
+        return prepack_for_inference(model)
+    model = model.to(torch.bfloat16)
+    return (
+        quantize_int8_(model, torch.bfloat16)
+        if precision == "int8"
+        else prepack_for_inference(model)
+    )
+
+
+@contextlib.contextmanager
+def _operators_only(monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(block_step, "plan", lambda model, x: None)
+        yield
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, precision: str) -> None:
+    """fp32: the same up to summation order; bf16 activations: within two bf16 steps of the
+    largest value (a sum rounded one way in one path and the other way in the other)."""
+    got, want = got.float(), want.float()
+    if precision == "fp32":
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        assert (got - want).abs().max() <= 2 * 2**-7 * want.abs().max()
+
+
+def _steps(model: GPT, prompt: torch.Tensor, new: torch.Tensor) -> tuple[torch.Tensor, KVCache]:
+    """forward_cached over `prompt` [B, T], then one token at a time: the hidden states of the
+    new tokens [B, n, C] and the cache."""
+    cache = KVCache(model.config.n_layer, model.config.n_positions)
+    with torch.no_grad():
+        forward_cached(model, prompt, cache)
+        hidden = [forward_cached(model, new[:, i : i + 1], cache) for i in range(new.shape[1])]
+    return torch.cat(hidden, dim=1), cache
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize(("n_embd", "n_head", "afn"), [(64, 4, "gelu"), (36, 4, "relu")])
+def test_one_call_equals_the_operators_and_writes_the_same_cache(
+    precision, n_embd, n_head, afn, monkeypatch
+):
+    """Two rows of one cache, 70 tokens after a prompt of 5: past the cache's first capacity
+    (64), so its buffers grow between calls; a head size of 9 leaves lanes of every vector
+    unused. Hidden states and every cached key and value agree."""
+    model = _model(precision, n_embd, n_head, afn)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, 300, (2, 5), generator=gen)
+    new = torch.randint(0, 300, (2, 70), generator=gen)
+    x = torch.zeros(2, n_embd, dtype=model.wte.weight.dtype)
+    with torch.no_grad():
+        assert block_step.plan(model, x) is not None
+    got, got_cache = _steps(model, prompt, new)
+    with _operators_only(monkeypatch):
+        want, want_cache = _steps(model, prompt, new)
+    _close(got, want, precision)
+    assert len(got_cache) == len(want_cache) == 75
+    for mine, theirs in zip(got_cache.layers, want_cache.layers):
+        _close(mine.k[:, :, :75], theirs.k[:, :, :75], precision)
+        _close(mine.v[:, :, :75], theirs.v[:, :, :75], precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_many_sequences_of_a_pool_and_of_their_own_caches(precision, monkeypatch):
+    """decode() for sequences of different lengths: slots of one pool (rows out of slot order,
+    a hole left by a released slot) and plain caches of their own; each row equals that
+    sequence decoded alone by the operators."""
+    model = _model(precision)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 300, (1, n), generator=gen) for n in (7, 3, 12)]
+    pool = SlotPool(2, 80)
+    pooled = [pool.cache() for _ in range(4)]
+    pooled.pop(1).release()  # slot 1 left empty
+    own = [KVCache(2, 80) for _ in prompts]
+    alone = [KVCache(2, 80) for _ in prompts]
+    with torch.no_grad():
+        for p, a, b, c in zip(prompts, pooled, own, alone):
+            for cache in (a, b, c):
+                forward_cached(model, p, cache)
+        for step in range(6):
+            ids = torch.randint(0, 300, (3,), generator=gen)
+            order = [2, 0, 1] if step % 2 else [0, 1, 2]
+            from_pool = decode(model, ids[order], [pooled[i] for i in order])
+            from_own = decode(model, ids, own)
+            with _operators_only(monkeypatch):
+                want = [forward_cached(model, ids[i].view(1, 1), alone[i])[0, -1] for i in range(3)]
+            for r, i in enumerate(order):
+                _close(from_pool[r], want[i], precision)
+                _close(from_own[i], want[i], precision)
+    assert [len(c) for c in pooled] == [len(c) for c in alone] == [13, 9, 18]
+
+
+def test_it_steps_aside_for_training_autograd_and_hooks():
+    model = _model("fp32")
+    x = torch.zeros(1, 64)
+    with torch.no_grad():
+        assert block_step.plan(model, x) is not None
+        model.train()
+        assert block_step.plan(model, x) is None  # dropout
+        model.eval()
+        assert block_step.plan(model, torch.zeros(9, 64)) is None  # more than 8 rows
+    assert block_step.plan(model, x) is None  # autograd on
+    seen = []
+    handle = model.h[1].mlp.c_fc.register_forward_hook(lambda *args: seen.append(1))
+    cache = KVCache(2, 80)
+    with torch.no_grad():
+        assert block_step.plan(model, x) is None
+        forward_cached(model, torch.tensor([[1, 2]]), cache)
+        forward_cached(model, torch.tensor([[3]]), cache)
+    assert len(seen) == 2  # the hook saw the prompt and the step
+    handle.remove()
+    with torch.no_grad():
+        assert block_step.plan(model, x) is not None
+
+
+def test_a_layer_swapped_after_a_step_is_seen():
+    """Quantising a model that has decoded already: the next step reads the int8 weights."""
+    model = _model("bf16")
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    with torch.no_grad():
+        before = block_step.plan(model, x)
+        quantize_int8_(model, torch.bfloat16)
+        after = block_step.plan(model, x)
+    assert before is not None and after is not None and after is not before
+    assert any(t.dtype == torch.int8 for t in after.tensors)
+    assert not any(t.dtype == torch.int8 for t in before.tensors)
+
+
+def test_a_refused_step_warns_once_and_the_operators_take_over(monkeypatch):
+    model = _model("fp32")
+    prompt, new = torch.tensor([[5, 6, 7]]), torch.tensor([[8, 9, 10]])
+    with _operators_only(monkeypatch):
+        want, want_cache = _steps(model, prompt, new)
+
+    def refuse(*args):
+        raise RuntimeError("decode_step: a cache must be [B, H, capacity, D]")
+
+    with torch.no_grad():
+        step = block_step.plan(model, torch.zeros(1, 64))
+    monkeypatch.setattr(step, "op", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got, cache = _steps(model, prompt, new)
+    assert len([w for w in caught if "refused" in str(w.message)]) == 1
+    torch.testing.assert_close(got, want)
+    assert len(cache) == len(want_cache) == 6
+
+
+def test_the_kernel_refuses_what_it_cannot_take():
+    model = _model("fp32")
+    with torch.no_grad():
+        step = block_step.plan(model, torch.zeros(1, 64))
+    buffers = torch.zeros(1, 4, 8, 16)
+    good = dict(keys=[buffers] * 2, values=[buffers] * 2, rows=[0], lengths=[0])
+    x = torch.zeros(1, 64)
+    step.run(x, **good)  # accepted
+    for bad, match in [
+        (dict(good, lengths=[8]), "no room"),
+        (dict(good, rows=[1]), "no room"),
+        (dict(good, keys=[buffers.bfloat16()] * 2), "x's dtype"),
+        (dict(good, keys=[buffers]), "a cache per block"),
+    ]:
+        with pytest.raises(RuntimeError, match=match):
+            step.run(x, **bad)
+    with pytest.raises(RuntimeError, match="rows"):
+        step.run(torch.zeros(9, 64), [buffers] * 18, [buffers] * 18, [0] * 9, [0] * 9)
