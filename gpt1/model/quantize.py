@@ -24,6 +24,11 @@ precision).
 
 from __future__ import annotations
 
+import functools
+import math
+import os
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -67,24 +72,35 @@ _INT8PACK_DTYPES = (torch.bfloat16, torch.float32, torch.float16)  # torch's fal
 
 
 def int8_linear(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: PackedInt8 | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]`
-    fp32: a kernel that reads each weight once for a few rows (decoding), else the same maths as
-    a float matrix product with the scales applied to its output.
+    fp32: a kernel that reads each weight once for a few rows (decoding); for many rows, with a
+    `packed` copy of q, an int8 x int8 matrix product of x quantised per tensor; else the same
+    maths as a float matrix product with the scales applied to its output.
 
     The few-row kernels win where reading the weights is the cost and lose on many rows (a
-    classification batch, a prompt), where one float matrix product over the int8 values (exact
-    in bf16) does the work at the machine's matmul speed. Which inputs are "a few rows" is
-    `matvec.applies`, the rule the float weights' products follow too. The few-row kernel is
-    gpt1's own (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours cannot be built
-    (that one reads the weights once per row and needs K to be a multiple of 16)."""
+    classification batch, a prompt), where the work is the multiplications. Which inputs are "a
+    few rows" is `matvec.applies`, the rule the float weights' products follow too. The few-row
+    kernel is gpt1's own (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours
+    cannot be built (that one reads the weights once per row and needs K to be a multiple of
+    16). The many-row int8 product is `PackedInt8.linear`; where it does not apply (autograd,
+    no oneDNN int8 kernel) one float matrix product over the int8 values (exact in bf16) does
+    the work."""
     if matvec.applies(x, q):
         op = matvec.kernel()
         if op is not None:
             return matvec.linear(op, x, q, scale, bias)
         if q.shape[1] % _KERNEL_BLOCK == 0 and x.dtype in _INT8PACK_DTYPES:
             return matvec.linear(_int8pack, x, q, scale, bias)
+    elif packed is not None:
+        out = packed.linear(x, q, scale, bias)
+        if out is not None:
+            return out
     return _dequantised_linear(x, q, scale, bias)
 
 
@@ -103,6 +119,129 @@ def _dequantised_linear(
     return out if bias is None else out + bias
 
 
+# Activations the many-row int8 product takes (its output comes back in the same dtype).
+_PACKED_INT8_DTYPES = (torch.bfloat16, torch.float32)
+# The layout hint for oneDNN's packed weight (any number of rows works with it).
+_PACK_ROWS_HINT = 1024
+
+
+_failed: list[str] = []  # the first error of oneDNN's int8 kernel in this process, if any
+
+
+def _onednn_int8() -> bool:
+    """Whether this torch build has oneDNN's int8 linear kernels, they have not failed in this
+    process, and they are not switched off with GPT1_INT8_MATMUL=0."""
+    return not _failed and os.environ.get("GPT1_INT8_MATMUL", "1") != "0" and _onednn_has_int8()
+
+
+@functools.cache
+def _onednn_has_int8() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.onednn
+    return hasattr(ops, "qlinear_prepack") and hasattr(ops, "qlinear_pointwise")
+
+
+class PackedInt8:
+    """oneDNN's packed copy of one int8 weight `[N, K]` and, with it, `linear(x, q, scale,
+    bias)` for many rows: x is quantised to int8 with one scale for the whole tensor (symmetric,
+    its largest magnitude to 127, as ONNX Runtime's dynamic quantisation does), multiplied by
+    the int8 weight with int32 sums on the CPU's int8 instructions (AMX or VNNI where it has
+    them), and the two scales and the bias are applied inside the kernel, which writes x's dtype.
+
+    The copy is made on first use and remade whenever `q` is not the tensor it was made from
+    (another storage or shape) or was changed in place. `linear` returns None where it does not
+    apply (autograd, another device or dtype, a non-finite x, no oneDNN int8 kernel, or the
+    kernel failed once: then it is not tried again in this process); the caller then takes the
+    float path, which gives the same numbers up to the activations' rounding."""
+
+    def __init__(self) -> None:
+        self._source: torch.Tensor | None = None
+        self._version = -1
+        self._packed: torch.Tensor | None = None
+        self._zero_points: torch.Tensor | None = None
+
+    def __deepcopy__(self, memo: dict) -> PackedInt8:
+        return PackedInt8()  # a copy packs its own (copied) weight when used
+
+    def __reduce__(self):
+        return (PackedInt8, ())  # pickles without the opaque oneDNN tensor
+
+    def linear(
+        self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        if not _packed_int8_applies(x, q, bias):
+            return None
+        rows = x.reshape(-1, x.shape[-1])
+        qx, x_scale = _quantize_per_tensor(rows)
+        if qx is None:
+            return None
+        try:
+            packed = self._packed_for(q)
+            out = torch.ops.onednn.qlinear_pointwise(
+                qx, x_scale, 0, packed, scale.float(), self._zero_points,
+                bias, 1.0, 0, x.dtype, "none", [], "",
+            )  # fmt: skip
+        except RuntimeError as e:
+            _give_up(e)
+            return None
+        return out.view(*x.shape[:-1], q.shape[0])
+
+    def _packed_for(self, q: torch.Tensor) -> torch.Tensor:
+        src = self._source
+        if (
+            src is None
+            or src.data_ptr() != q.data_ptr()
+            or src.shape != q.shape
+            or _version_of(src) != self._version
+        ):
+            self._packed = torch.ops.onednn.qlinear_prepack(
+                q.detach(), [_PACK_ROWS_HINT, q.shape[1]]
+            )
+            self._zero_points = torch.zeros(q.shape[0], dtype=torch.long)
+            self._source, self._version = q.detach(), _version_of(q)
+        return self._packed
+
+
+def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return False  # the int8 kernel has no backward
+    return (
+        x.is_cpu
+        and q.is_cpu
+        and x.dtype in _PACKED_INT8_DTYPES
+        and (bias is None or bias.dtype == x.dtype)
+        and x.dim() >= 2
+        and x.numel() > 0
+        and x.shape[-1] == q.shape[1]
+        and _onednn_int8()
+    )
+
+
+def _quantize_per_tensor(rows: torch.Tensor) -> tuple[torch.Tensor | None, float]:
+    """rows `[M, K]` -> (int8 `[M, K]`, scale) with rows ~= int8 * scale, or (None, 0.0) where
+    rows hold no finite non-zero magnitude to scale by."""
+    lo, hi = torch.aminmax(rows)
+    amax = max(-float(lo), float(hi))
+    if not 0.0 < amax < math.inf:  # all zeros, an inf or a NaN: the float path keeps them
+        return None, 0.0
+    # |x| * (127 / amax) <= 127 up to one fp32 rounding, which rounds back to 127: no clamp.
+    qx = torch.mul(rows, 127.0 / amax).round_().to(torch.int8)
+    return qx, amax / 127.0
+
+
+def _give_up(error: RuntimeError) -> None:
+    """The int8 kernel failed (an unsupported CPU or build): say so once, use the float path."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    _failed.append(first)
+    warnings.warn(
+        f"oneDNN's int8 matrix product failed ({first[:200]}); int8 products of many rows use "
+        "the float path (GPT1_INT8_MATMUL=0 silences this)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 class Int8Linear(nn.Module):
     """An `nn.Linear` for inference with int8 weights (buffers `qweight` `[out, in]` int8 and
     `scale` `[out]`) and the float bias; the float weight is not kept."""
@@ -116,9 +255,10 @@ class Int8Linear(nn.Module):
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(act_dtype), False)
         self.error = relative_error(linear.weight, q, scale)
+        self._packed = PackedInt8()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.qweight, self.scale, self.bias)
+        return int8_linear(x, self.qweight, self.scale, self.bias, self._packed)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -129,6 +269,7 @@ class Int8Head:
     quantised copy of the token table, remade if the table is replaced or written in place."""
 
     def __init__(self, weight: torch.Tensor):
+        self._packed = PackedInt8()
         self._quantize(weight)
 
     def _quantize(self, weight: torch.Tensor) -> None:
@@ -147,7 +288,7 @@ class Int8Head:
             or (_version_of(weight) != self._version)
         ):
             self._quantize(weight)
-        return int8_linear(x, self.q, self.scale, bias)
+        return int8_linear(x, self.q, self.scale, bias, self._packed)
 
 
 def _version_of(t: torch.Tensor) -> int:
