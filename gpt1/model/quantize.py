@@ -1,20 +1,33 @@
-"""Weight-only int8 for CPU inference: every linear layer and the tied output layer.
+"""int8 for CPU inference: every linear layer and the tied output layer.
 
 Batch-1 decoding reads every weight once per token, so on a CPU its speed is set by memory
 bandwidth: int8 weights are a quarter of fp32's bytes and half of bf16's. Each weight matrix
 `[out, in]` is stored as int8 with one scale per output channel (symmetric, round to nearest
 even, the scale chosen so the row's largest magnitude maps to 127), made at load time from the
-fp32 checkpoint and deterministic. Activations stay in a float type (bf16 where the CPU has
-bf16 instructions, else fp32): the products multiply float activations by int8 weights and
-apply the scales to the outputs, so only the weights are rounded.
+fp32 checkpoint and deterministic. Activations are in a float type (bf16 where the CPU has bf16
+instructions, else fp32) between the products, and every product returns that type.
 
-For a few rows (decoding) the kernel is gpt1's own (`gpt1.model.matvec`: C++ built on first
-use, reading each int8 weight once for up to 8 rows and multiplying in fp32), or torch's fused
+For a few rows (decoding) only the weights are rounded: the kernel is gpt1's own
+(`gpt1.model.matvec`: C++ built on first use, reading each int8 weight once for up to 8 rows
+and multiplying it by the float activations in fp32), or torch's fused
 `aten._weight_int8pack_mm` where ours cannot be built; neither makes a dequantised copy of a
-weight, so a product reads one byte per weight. Many rows (a classification batch, a prompt)
-and autograd take the same maths as one float matrix product over the int8 values (exact in
-bf16) with the scales applied to its output: the few-row kernels do work per row, a matrix
-product does not.
+weight, so a product reads one byte per weight.
+
+For many rows (a classification batch, a prompt, perplexity's logits) the multiplications are
+the cost, and the product is int8 x int8 on oneDNN's kernel (`PackedInt8`; AMX or VNNI
+instructions where the CPU has them): the activations are quantised to int8 on each call with
+one scale for the whole tensor (symmetric, the largest magnitude to 127, as ONNX Runtime's
+dynamic quantisation does), the weight is a copy of the int8 matrix in oneDNN's layout made on
+first use (remade if the weight changes; not pickled or deep-copied), and the kernel sums in
+int32 and applies both scales and the bias before writing the float output. One scale per
+tensor rather than per row: on GPT-1's layers it was faster (per-row scales cost another pass
+over the output) and no less accurate on the model measured (docs/results.md, "int8
+inference"); a row's result depends on the largest activation in its batch, so the same
+sentence can score a little differently in another batch. Where that kernel does not apply
+(autograd, a non-finite activation, a torch build without it, or after it failed once, with a
+warning; `GPT1_INT8_MATMUL=0` switches it off), many rows take one float matrix product over
+the int8 values (exact in bf16) with the scales applied to its output: the same numbers up to
+the activations' rounding.
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
 whose int8 weights differ from the float ones by more than `MAX_RELATIVE_ERROR` of that row
