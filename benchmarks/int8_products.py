@@ -6,6 +6,8 @@ perplexity batch), the median time of one product:
 
 * int8 per tensor: `quantize.int8_linear` with a `PackedInt8` -- what `--precision int8` runs
   (activations quantised with one scale per tensor, oneDNN's int8 kernel, bias in the kernel);
+* int8 kernel alone: the same product on activations already quantised (what quantising them
+  costs is the difference);
 * int8 per row: the same kernel with one activation scale per row, written out here (the row
   scales go on the output in another pass, and the bias with them);
 * int8 float path: the int8 values multiplied as bf16 and the scales applied after
@@ -67,8 +69,24 @@ def systems_for(k: int, n: int, rows: int, bias: bool) -> dict:
     x = torch.randn(rows, k).bfloat16()
     bf16 = PackedWeight()
     w, b = linear.weight.detach().bfloat16(), lin.bias
+    qx, x_scale = quantize._quantize_per_tensor(x)
     return {
         "int8 per tensor": lambda: quantize.int8_linear(x, lin.qweight, lin.scale, b, lin._packed),
+        "int8 kernel alone": lambda: torch.ops.onednn.qlinear_pointwise(
+            qx,
+            x_scale,
+            0,
+            lin._packed._packed_for(lin.qweight),
+            lin.scale,
+            lin._packed._zero_points,
+            b,
+            1.0,
+            0,
+            x.dtype,
+            "none",
+            [],
+            "",
+        ),  # fmt: skip
         "int8 per row": lambda: per_row(x, lin),
         "int8 float path": lambda: quantize._dequantised_linear(x, lin.qweight, lin.scale, b),
         "bf16": lambda: bf16.linear(x, w, b),
@@ -104,8 +122,8 @@ def main() -> None:
             ms = median_ms(systems_for(k, n, args.rows, bias), args.repeats)
             if names is None:
                 names = list(ms)
-                print(f"{'layer':22s}" + "".join(f"{name:>17s}" for name in names))
-            print(f"{layer:12s} {k:4d}->{n:<5d}" + "".join(f"{ms[name]:17.3f}" for name in names))
+                print(f"{'layer':22s}" + "".join(f"{name:>19s}" for name in names))
+            print(f"{layer:12s} {k:4d}->{n:<5d}" + "".join(f"{ms[name]:19.3f}" for name in names))
 
 
 if __name__ == "__main__":
