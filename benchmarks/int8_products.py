@@ -52,13 +52,22 @@ def per_row(x, lin: quantize.Int8Linear) -> torch.Tensor:
     """oneDNN's int8 kernel with one activation scale per row."""
     amax = x.abs().amax(dim=1, keepdim=True).float().clamp_min_(1e-30)
     qx = torch.mul(x, 127.0 / amax).round_().to(torch.int8)
-    packed = lin._packed._packed_for(lin.qweight)
+    packed, zero_points = lin._packed.packed(lin.qweight)
     out = torch.ops.onednn.qlinear_pointwise(
-        qx, 1.0, 0, packed, lin.scale, lin._packed._zero_points,
+        qx, 1.0, 0, packed, lin.scale, zero_points,
         None, 1.0, 0, x.dtype, "none", [], "",
     )  # fmt: skip
     row_scales = (amax / 127.0).to(x.dtype)
     return out.mul_(row_scales) if lin.bias is None else torch.addcmul(lin.bias, out, row_scales)
+
+
+def kernel_alone(qx: torch.Tensor, x_scale: float, lin: quantize.Int8Linear) -> torch.Tensor:
+    """oneDNN's int8 product of activations already quantised (`qx` int8, one scale)."""
+    packed, zero_points = lin._packed.packed(lin.qweight)
+    return torch.ops.onednn.qlinear_pointwise(
+        qx, x_scale, 0, packed, lin.scale, zero_points,
+        lin.bias, 1.0, 0, torch.bfloat16, "none", [], "",
+    )  # fmt: skip
 
 
 def systems_for(k: int, n: int, rows: int, bias: bool) -> dict:
@@ -72,21 +81,7 @@ def systems_for(k: int, n: int, rows: int, bias: bool) -> dict:
     qx, x_scale = quantize._quantize_per_tensor(x)
     return {
         "int8 per tensor": lambda: quantize.int8_linear(x, lin.qweight, lin.scale, b, lin._packed),
-        "int8 kernel alone": lambda: torch.ops.onednn.qlinear_pointwise(
-            qx,
-            x_scale,
-            0,
-            lin._packed._packed_for(lin.qweight),
-            lin.scale,
-            lin._packed._zero_points,
-            b,
-            1.0,
-            0,
-            x.dtype,
-            "none",
-            [],
-            "",
-        ),  # fmt: skip
+        "int8 kernel alone": lambda: kernel_alone(qx, x_scale, lin),
         "int8 per row": lambda: per_row(x, lin),
         "int8 float path": lambda: quantize._dequantised_linear(x, lin.qweight, lin.scale, b),
         "bf16": lambda: bf16.linear(x, w, b),

@@ -195,7 +195,7 @@ def test_few_rows_and_autograd_keep_their_paths(monkeypatch):
     torch.manual_seed(0)
     q, scale = quantize_rows(torch.randn(48, 32))
     packed = PackedInt8()
-    monkeypatch.setattr(PackedInt8, "_packed_for", _refuse)
+    monkeypatch.setattr(PackedInt8, "packed", _refuse)
     x = torch.randn(2, 32)  # decoding: the few-row kernel
     torch.testing.assert_close(
         int8_linear(x, q, scale, None, packed), F.linear(x, q * scale[:, None])
@@ -241,8 +241,8 @@ def test_packed_copy_is_remade_after_the_weight_changes():
     x = torch.randn(40, 32)
     with torch.no_grad():
         first = lin(x)
-        packed = lin._packed._packed
-        assert lin(x) is not None and lin._packed._packed is packed  # kept while unchanged
+        packed = lin._packed._copy
+        assert lin(x) is not None and lin._packed._copy is packed  # kept while unchanged
         lin.qweight.neg_()  # in place
         torch.testing.assert_close(lin(x), 2 * lin.bias - first, rtol=1e-5, atol=1e-5)
         lin.qweight = torch.zeros_like(lin.qweight)  # replaced
@@ -255,8 +255,8 @@ def test_int8_model_with_packed_copies_deepcopies_and_pickles():
     ids = torch.randint(0, 300, (4, 16))
     with torch.inference_mode():
         want = model.lm_logits(model(ids))  # packs every layer and the head
-    assert model.h[0].mlp.c_fc._packed._packed is not None
+    assert model.h[0].mlp.c_fc._packed._copy is not None
     for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
-        assert copied.h[0].mlp.c_fc._packed._packed is None  # packs its own on first use
+        assert copied.h[0].mlp.c_fc._packed._copy is None  # packs its own on first use
         with torch.inference_mode():
             torch.testing.assert_close(copied.lm_logits(copied(ids)), want)

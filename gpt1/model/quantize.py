@@ -172,8 +172,8 @@ class PackedInt8:
     def __init__(self) -> None:
         self._source: torch.Tensor | None = None
         self._version = -1
-        self._packed: torch.Tensor | None = None
-        self._zero_points: torch.Tensor | None = None
+        self._copy: tuple[torch.Tensor, torch.Tensor] | None = None  # one attribute: threads
+        # that pack at once never pair one's weight with the other's zero points
 
     def __deepcopy__(self, memo: dict) -> PackedInt8:
         return PackedInt8()  # a copy packs its own (copied) weight when used
@@ -191,9 +191,9 @@ class PackedInt8:
         if qx is None:
             return None
         try:
-            packed = self._packed_for(q)
+            packed, zero_points = self.packed(q)
             out = torch.ops.onednn.qlinear_pointwise(
-                qx, x_scale, 0, packed, scale.float(), self._zero_points,
+                qx, x_scale, 0, packed, scale.float(), zero_points,
                 bias, 1.0, 0, x.dtype, "none", [], "",
             )  # fmt: skip
         except RuntimeError as e:
@@ -201,20 +201,21 @@ class PackedInt8:
             return None
         return out.view(*x.shape[:-1], q.shape[0])
 
-    def _packed_for(self, q: torch.Tensor) -> torch.Tensor:
+    def packed(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """oneDNN's packed copy of `q` and its zero points (all 0: symmetric), made or remade
+        here where `q` is not what the copy was made from."""
         src = self._source
         if (
-            src is None
+            self._copy is None
+            or src is None
             or src.data_ptr() != q.data_ptr()
             or src.shape != q.shape
             or _version_of(src) != self._version
         ):
-            self._packed = torch.ops.onednn.qlinear_prepack(
-                q.detach(), [_PACK_ROWS_HINT, q.shape[1]]
-            )
-            self._zero_points = torch.zeros(q.shape[0], dtype=torch.long)
+            weight = torch.ops.onednn.qlinear_prepack(q.detach(), [_PACK_ROWS_HINT, q.shape[1]])
+            self._copy = (weight, torch.zeros(q.shape[0], dtype=torch.long))
             self._source, self._version = q.detach(), _version_of(q)
-        return self._packed
+        return self._copy
 
 
 def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | None) -> bool:
