@@ -224,10 +224,26 @@ def test_many_rows_fall_back_to_the_float_path(how, monkeypatch):
     if how == "fails":
         with pytest.warns(RuntimeWarning, match="int8 matrix product failed"):
             got = int8_linear(x, q, scale, b, PackedInt8())
-        assert quantize._failed  # not tried again in this process
+        # Not tried again in this process.
+        monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", _refuse, raising=False)
+        assert torch.equal(int8_linear(x, q, scale, b, PackedInt8()), want)
     else:
         got = int8_linear(x, q, scale, b, PackedInt8())
     assert torch.equal(got, want)
+
+
+@needs_onednn_int8
+def test_activations_with_no_scale_take_the_float_path():
+    torch.manual_seed(0)
+    q, scale = quantize_rows(torch.randn(48, 32))
+    b = torch.randn(48)
+    x = torch.randn(40, 32)
+    x[3, 5] = float("inf")  # propagates as in the float product, not quantised to garbage
+    got = int8_linear(x, q, scale, b, PackedInt8())
+    assert torch.equal(got, quantize._dequantised_linear(x, q, scale, b))
+    assert bool(torch.isinf(got[3]).any()) and bool(torch.isfinite(got[4]).all())
+    zeros = torch.zeros(40, 32)  # no magnitude to scale by: bias only
+    assert torch.equal(int8_linear(zeros, q, scale, b, PackedInt8()), b.expand(40, 48))
 
 
 def _unsupported(*args, **kwargs):
