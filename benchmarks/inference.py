@@ -5,7 +5,9 @@ Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabu
 * gpt1: `gpt1.recipes.evaluate.predict_raw` on the model prepacked for CPU inference
   (`gpt1.model.fast_cpu.prepack_for_inference`) -- what `gpt1 predict` and `gpt1 serve` run:
   batches of 32, longest first, on the unpadded path (`GPT.forward(ids, lengths=...)`); with
-  `--plain`, also without prepacking ("gpt1 plain", plain `F.linear`), and with `--file-order`
+  `--plain`, also without prepacking ("gpt1 plain", plain `F.linear`; for int8 "gpt1 float
+  path": its many-row products as bf16 matrix products over the int8 values, the path without
+  oneDNN's int8 kernel, `GPT1_INT8_MATMUL=0`), and with `--file-order`
   on the padded file-order batches ("gpt1 file order") to show what the length sort adds;
 * HF: transformers' `OpenAIGPTForSequenceClassification`, batches of 32 in file order, right-padded
   with an attention mask (the usual way);
@@ -21,9 +23,10 @@ running the same weights mapped onto its decoder spec, in a child process of thi
 speed), called in turn with the others. Every system's greedy tokens are compared with fp32
 transformers'.
 
-int8 (`--precision int8`: int8 weights with per-channel scales, bf16 activations) is compared
-with ONNX Runtime's `quantize_dynamic` int8 model for classification and CTranslate2's int8
-generator for generation.
+int8 (`--precision int8`: int8 weights with per-channel scales, bf16 activations, and for many
+rows int8 x int8 products on oneDNN's kernel with the activations quantised per tensor) is
+compared with ONNX Runtime's `quantize_dynamic` int8 model for classification and CTranslate2's
+int8 generator for generation.
 
 Weights are random (speed does not depend on them). The systems alternate within each repeat;
 figures are medians over repeats. The matmul peak of this machine is measured too (the best of
@@ -381,7 +384,8 @@ def main() -> None:
     p.add_argument(
         "--plain",
         action="store_true",
-        help="also time gpt1 without prepacked weights (plain F.linear)",
+        help="also time gpt1 without prepacked weights (plain F.linear); int8: without "
+        "oneDNN's int8 kernel (GPT1_INT8_MATMUL=0)",
     )
     p.add_argument(
         "--profile",
@@ -438,6 +442,10 @@ def main() -> None:
             systems = {"gpt1": lambda: predict_raw(clf, task, enc, args.batch)}
             if args.plain and plain is not None:
                 systems["gpt1 plain"] = lambda: predict_raw(plain, task, enc, args.batch)
+            if args.plain and dname == "int8":
+                systems["gpt1 float path"] = lambda: without_int8_matmul(
+                    lambda: predict_raw(clf, task, enc, args.batch)
+                )
             if hf_clf is not None:
                 systems["HF"] = lambda: [
                     hf_clf(input_ids=ids, attention_mask=mask).logits for ids, mask in batches
@@ -520,6 +528,19 @@ def main() -> None:
 
 
 SETTLE_S = 0.5
+
+
+def without_int8_matmul(fn):
+    """`fn()` with int8's many-row products on the float path (GPT1_INT8_MATMUL=0)."""
+    before = os.environ.get("GPT1_INT8_MATMUL")
+    os.environ["GPT1_INT8_MATMUL"] = "0"
+    try:
+        return fn()
+    finally:
+        if before is None:
+            del os.environ["GPT1_INT8_MATMUL"]
+        else:
+            os.environ["GPT1_INT8_MATMUL"] = before
 
 
 def alternate(systems: dict, repeats: int, warm: bool = True) -> dict[str, list[float]]:

@@ -3,6 +3,9 @@ the products equal the float products with the rounded weights, every linear lay
 output layer are quantised, the model still decodes and classifies like its fp32 self, and the
 refusals are one line."""
 
+import copy
+import pickle
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,12 +13,14 @@ from torch import nn
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
+from gpt1.model import quantize
 from gpt1.model.heads import FinetuneModel
 from gpt1.model.inference import activation_dtype, for_inference
 from gpt1.model.quantize import (
     MAX_RELATIVE_ERROR,
     Int8Head,
     Int8Linear,
+    PackedInt8,
     int8_linear,
     quantize_int8_,
     quantize_rows,
@@ -135,3 +140,139 @@ def test_sample_command_takes_int8_and_refuses_it_on_a_gpu(tmp_path, capsys):
     assert main([*args, "--precision", "int8", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and ("int8" in err[0] or "CUDA" in err[0])
+
+
+# ------------------------------------------------------------------ many rows: oneDNN's int8 kernel
+needs_onednn_int8 = pytest.mark.skipif(
+    not quantize._onednn_has_int8(), reason="this torch build has no oneDNN int8 linear kernel"
+)
+
+
+def _per_tensor_reference(x, q, scale, bias):
+    """The many-row path's maths written out: x rounded to int8 with one scale (its largest
+    magnitude to 127; the scaled value is in x's dtype before it is rounded), times the int8
+    weight, both scales and the bias applied, in fp64."""
+    amax = float(x.abs().max())
+    qx = torch.round((x.float() * (127.0 / amax)).to(x.dtype).double())
+    assert float(qx.abs().max()) == 127
+    out = F.linear(qx, q.double()) * (amax / 127.0 * scale.double())
+    return out if bias is None else out + bias.double()
+
+
+@needs_onednn_int8
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_many_rows_run_the_int8_kernel_with_per_tensor_activations(dtype, with_bias, monkeypatch):
+    torch.manual_seed(0)
+    w = torch.randn(48, 40) * 0.05
+    q, scale = quantize_rows(w)
+    b = (torch.randn(48) * 0.1).to(dtype) if with_bias else None
+    packed = PackedInt8()
+    float_path = quantize._dequantised_linear
+    monkeypatch.setattr(quantize, "_dequantised_linear", _refuse)
+    # Many rows, flat and batched, and a transposed (strided) input.
+    for x in [torch.randn(40, 40), torch.randn(3, 30, 40), torch.randn(40, 40).t()]:
+        x = x.to(dtype)
+        got = int8_linear(x, q, scale, b, packed)
+        assert got.dtype == dtype and got.shape == (*x.shape[:-1], 48)
+        # Exactly the int8 product (fp32 up to summation order; bf16: one rounding of the output).
+        want = _per_tensor_reference(x, q, scale, b)
+        tol = 1e-5 if dtype == torch.float32 else 8e-3
+        torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol * want.abs().max())
+        # Within 2% (norm of the difference over the norm) of the product with float activations.
+        exact = F.linear(x.double(), q.double() * scale.double()[:, None])
+        exact = exact if b is None else exact + b.double()
+        assert float((got.double() - exact).norm() / exact.norm()) < 0.02
+        assert float((float_path(x, q, scale, b).double() - exact).norm() / exact.norm()) < 0.02
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the float path ran")
+
+
+@needs_onednn_int8
+def test_few_rows_and_autograd_keep_their_paths(monkeypatch):
+    torch.manual_seed(0)
+    q, scale = quantize_rows(torch.randn(48, 32))
+    packed = PackedInt8()
+    monkeypatch.setattr(PackedInt8, "packed", _refuse)
+    x = torch.randn(2, 32)  # decoding: the few-row kernel
+    torch.testing.assert_close(
+        int8_linear(x, q, scale, None, packed), F.linear(x, q * scale[:, None])
+    )
+    x = torch.randn(40, 32, requires_grad=True)  # autograd: the float product
+    out = int8_linear(x, q, scale, None, packed)
+    out.sum().backward()
+    assert x.grad is not None
+    torch.testing.assert_close(out, quantize._dequantised_linear(x, q, scale, None))
+
+
+@pytest.mark.parametrize("how", ["missing", "switched off", "fails"])
+def test_many_rows_fall_back_to_the_float_path(how, monkeypatch):
+    torch.manual_seed(0)
+    q, scale = quantize_rows(torch.randn(48, 32))
+    x, b = torch.randn(40, 32), torch.randn(48)
+    monkeypatch.setattr(quantize, "_failed", [])  # a failure here stays in this test
+    if how == "missing":
+        monkeypatch.setattr(quantize, "_onednn_has_int8", lambda: False)
+    elif how == "switched off":
+        monkeypatch.setenv("GPT1_INT8_MATMUL", "0")
+    else:
+        monkeypatch.setattr(quantize, "_onednn_has_int8", lambda: True)
+        monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", _unsupported, raising=False)
+    want = quantize._dequantised_linear(x, q, scale, b)
+    if how == "fails":
+        with pytest.warns(RuntimeWarning, match="int8 matrix product failed"):
+            got = int8_linear(x, q, scale, b, PackedInt8())
+        # Not tried again in this process.
+        monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", _refuse, raising=False)
+        assert torch.equal(int8_linear(x, q, scale, b, PackedInt8()), want)
+    else:
+        got = int8_linear(x, q, scale, b, PackedInt8())
+    assert torch.equal(got, want)
+
+
+@needs_onednn_int8
+def test_activations_with_no_scale_take_the_float_path():
+    torch.manual_seed(0)
+    q, scale = quantize_rows(torch.randn(48, 32))
+    b = torch.randn(48)
+    x = torch.randn(40, 32)
+    x[3, 5] = float("inf")  # propagates as in the float product, not quantised to garbage
+    got = int8_linear(x, q, scale, b, PackedInt8())
+    assert torch.equal(got, quantize._dequantised_linear(x, q, scale, b))
+    assert bool(torch.isinf(got[3]).any()) and bool(torch.isfinite(got[4]).all())
+    zeros = torch.zeros(40, 32)  # no magnitude to scale by: bias only
+    assert torch.equal(int8_linear(zeros, q, scale, b, PackedInt8()), b.expand(40, 48))
+
+
+def _unsupported(*args, **kwargs):
+    raise RuntimeError("onednn qlinear: unsupported on this CPU\nmore detail")
+
+
+@needs_onednn_int8
+def test_packed_copy_is_remade_after_the_weight_changes():
+    torch.manual_seed(0)
+    lin = Int8Linear(nn.Linear(32, 48), torch.float32)
+    x = torch.randn(40, 32)
+    with torch.no_grad():
+        first = lin(x)
+        packed = lin._packed._copy
+        assert lin(x) is not None and lin._packed._copy is packed  # kept while unchanged
+        lin.qweight.neg_()  # in place
+        torch.testing.assert_close(lin(x), 2 * lin.bias - first, rtol=1e-5, atol=1e-5)
+        lin.qweight = torch.zeros_like(lin.qweight)  # replaced
+        torch.testing.assert_close(lin(x), lin.bias.expand(40, 48))
+
+
+@needs_onednn_int8
+def test_int8_model_with_packed_copies_deepcopies_and_pickles():
+    model = quantize_int8_(_model(), torch.float32)
+    ids = torch.randint(0, 300, (4, 16))
+    with torch.inference_mode():
+        want = model.lm_logits(model(ids))  # packs every layer and the head
+    assert model.h[0].mlp.c_fc._packed._copy is not None
+    for copied in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert copied.h[0].mlp.c_fc._packed._copy is None  # packs its own on first use
+        with torch.inference_mode():
+            torch.testing.assert_close(copied.lm_logits(copied(ids)), want)

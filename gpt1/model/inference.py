@@ -7,7 +7,8 @@ lm-eval all call it, so a precision means the same thing in each.
 
 Precisions (`gpt1.devices`): fp32, bf16 and fp16 cast weights and activations; `int8` stores
 every linear layer's weight and the tied output layer in int8 with per-channel scales and runs
-the activations in bf16 where the CPU has bf16 instructions (fp32 elsewhere). int8 is a CPU
+the activations in bf16 where the CPU has bf16 instructions (fp32 elsewhere); products of many
+rows quantise the activations to int8 as well (one scale per tensor). int8 is a CPU
 precision: on a GPU it is refused with one line, as it is for the LSTM baseline (no linear
 layers to speak of) and for weights it would damage (`gpt1.model.quantize`).
 """

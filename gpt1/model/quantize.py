@@ -1,20 +1,33 @@
-"""Weight-only int8 for CPU inference: every linear layer and the tied output layer.
+"""int8 for CPU inference: every linear layer and the tied output layer.
 
 Batch-1 decoding reads every weight once per token, so on a CPU its speed is set by memory
 bandwidth: int8 weights are a quarter of fp32's bytes and half of bf16's. Each weight matrix
 `[out, in]` is stored as int8 with one scale per output channel (symmetric, round to nearest
 even, the scale chosen so the row's largest magnitude maps to 127), made at load time from the
-fp32 checkpoint and deterministic. Activations stay in a float type (bf16 where the CPU has
-bf16 instructions, else fp32): the products multiply float activations by int8 weights and
-apply the scales to the outputs, so only the weights are rounded.
+fp32 checkpoint and deterministic. Activations are in a float type (bf16 where the CPU has bf16
+instructions, else fp32) between the products, and every product returns that type.
 
-For a few rows (decoding) the kernel is gpt1's own (`gpt1.model.matvec`: C++ built on first
-use, reading each int8 weight once for up to 8 rows and multiplying in fp32), or torch's fused
+For a few rows (decoding) only the weights are rounded: the kernel is gpt1's own
+(`gpt1.model.matvec`: C++ built on first use, reading each int8 weight once for up to 8 rows
+and multiplying it by the float activations in fp32), or torch's fused
 `aten._weight_int8pack_mm` where ours cannot be built; neither makes a dequantised copy of a
-weight, so a product reads one byte per weight. Many rows (a classification batch, a prompt)
-and autograd take the same maths as one float matrix product over the int8 values (exact in
-bf16) with the scales applied to its output: the few-row kernels do work per row, a matrix
-product does not.
+weight, so a product reads one byte per weight.
+
+For many rows (a classification batch, a prompt, perplexity's logits) the multiplications are
+the cost, and the product is int8 x int8 on oneDNN's kernel (`PackedInt8`; AMX or VNNI
+instructions where the CPU has them): the activations are quantised to int8 on each call with
+one scale for the whole tensor (symmetric, the largest magnitude to 127, as ONNX Runtime's
+dynamic quantisation does), the weight is a copy of the int8 matrix in oneDNN's layout made on
+first use (remade if the weight changes; not pickled or deep-copied), and the kernel sums in
+int32 and applies both scales and the bias before writing the float output. One scale per
+tensor rather than per row: on GPT-1's layers it was faster (per-row scales cost another pass
+over the output) and no less accurate on the model measured (docs/results.md, "int8
+inference"); a row's result depends on the largest activation in its batch, so the same
+sentence can score a little differently in another batch. Where that kernel does not apply
+(autograd, a non-finite activation, a torch build without it, or after it failed once, with a
+warning; `GPT1_INT8_MATMUL=0` switches it off), many rows take one float matrix product over
+the int8 values (exact in bf16) with the scales applied to its output: the same numbers up to
+the activations' rounding.
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
 whose int8 weights differ from the float ones by more than `MAX_RELATIVE_ERROR` of that row
@@ -23,6 +36,11 @@ precision).
 """
 
 from __future__ import annotations
+
+import functools
+import math
+import os
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -67,24 +85,35 @@ _INT8PACK_DTYPES = (torch.bfloat16, torch.float32, torch.float16)  # torch's fal
 
 
 def int8_linear(
-    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    q: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    packed: PackedInt8 | None = None,
 ) -> torch.Tensor:
     """`F.linear(x, q * scale[:, None], bias)` for x `[..., K]`, q int8 `[N, K]`, scale `[N]`
-    fp32: a kernel that reads each weight once for a few rows (decoding), else the same maths as
-    a float matrix product with the scales applied to its output.
+    fp32: a kernel that reads each weight once for a few rows (decoding); for many rows, with a
+    `packed` copy of q, an int8 x int8 matrix product of x quantised per tensor; else the same
+    maths as a float matrix product with the scales applied to its output.
 
     The few-row kernels win where reading the weights is the cost and lose on many rows (a
-    classification batch, a prompt), where one float matrix product over the int8 values (exact
-    in bf16) does the work at the machine's matmul speed. Which inputs are "a few rows" is
-    `matvec.applies`, the rule the float weights' products follow too. The few-row kernel is
-    gpt1's own (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours cannot be built
-    (that one reads the weights once per row and needs K to be a multiple of 16)."""
+    classification batch, a prompt), where the work is the multiplications. Which inputs are "a
+    few rows" is `matvec.applies`, the rule the float weights' products follow too. The few-row
+    kernel is gpt1's own (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours
+    cannot be built (that one reads the weights once per row and needs K to be a multiple of
+    16). The many-row int8 product is `PackedInt8.linear`; where it does not apply (autograd,
+    no oneDNN int8 kernel) one float matrix product over the int8 values (exact in bf16) does
+    the work."""
     if matvec.applies(x, q):
         op = matvec.kernel()
         if op is not None:
             return matvec.linear(op, x, q, scale, bias)
         if q.shape[1] % _KERNEL_BLOCK == 0 and x.dtype in _INT8PACK_DTYPES:
             return matvec.linear(_int8pack, x, q, scale, bias)
+    elif packed is not None:
+        out = packed.linear(x, q, scale, bias)
+        if out is not None:
+            return out
     return _dequantised_linear(x, q, scale, bias)
 
 
@@ -103,6 +132,134 @@ def _dequantised_linear(
     return out if bias is None else out + bias
 
 
+# Activations the many-row int8 product takes (its output comes back in the same dtype).
+_PACKED_INT8_DTYPES = (torch.bfloat16, torch.float32)
+# The layout hint for oneDNN's packed weight: any number of rows works with it, and 64 or 1024
+# gave the same speed on GPT-1's layers at 800 rows.
+_PACK_ROWS_HINT = 1024
+
+
+_failed: list[str] = []  # the first error of oneDNN's int8 kernel in this process, if any
+
+
+def _onednn_int8() -> bool:
+    """Whether this torch build has oneDNN's int8 linear kernels, they have not failed in this
+    process, and they are not switched off with GPT1_INT8_MATMUL=0."""
+    return not _failed and os.environ.get("GPT1_INT8_MATMUL", "1") != "0" and _onednn_has_int8()
+
+
+@functools.cache
+def _onednn_has_int8() -> bool:
+    if not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.onednn
+    return hasattr(ops, "qlinear_prepack") and hasattr(ops, "qlinear_pointwise")
+
+
+class PackedInt8:
+    """oneDNN's packed copy of one int8 weight `[N, K]` and, with it, `linear(x, q, scale,
+    bias)` for many rows: x is quantised to int8 with one scale for the whole tensor (symmetric,
+    its largest magnitude to 127, as ONNX Runtime's dynamic quantisation does), multiplied by
+    the int8 weight with int32 sums on the CPU's int8 instructions (AMX or VNNI where it has
+    them), and the two scales and the bias are applied inside the kernel, which writes x's dtype.
+
+    The copy is made on first use and remade whenever `q` is not the tensor it was made from
+    (another storage or shape) or was changed in place. `linear` returns None where it does not
+    apply (autograd, another device or dtype, a non-finite x, no oneDNN int8 kernel, or the
+    kernel failed once: then it is not tried again in this process); the caller then takes the
+    float path, which gives the same numbers up to the activations' rounding."""
+
+    def __init__(self) -> None:
+        self._source: torch.Tensor | None = None
+        self._version = -1
+        self._copy: tuple[torch.Tensor, torch.Tensor] | None = None  # one attribute: threads
+        # that pack at once never pair one's weight with the other's zero points
+
+    def __deepcopy__(self, memo: dict) -> PackedInt8:
+        return PackedInt8()  # a copy packs its own (copied) weight when used
+
+    def __reduce__(self):
+        return (PackedInt8, ())  # pickles without the opaque oneDNN tensor
+
+    def linear(
+        self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        if not _packed_int8_applies(x, q, bias):
+            return None
+        rows = x.reshape(-1, x.shape[-1])
+        qx, x_scale = _quantize_per_tensor(rows)
+        if qx is None:
+            return None
+        try:
+            packed, zero_points = self.packed(q)
+            out = torch.ops.onednn.qlinear_pointwise(
+                qx, x_scale, 0, packed, scale.float(), zero_points,
+                bias, 1.0, 0, x.dtype, "none", [], "",
+            )  # fmt: skip
+        except RuntimeError as e:
+            _give_up(e)
+            return None
+        return out.view(*x.shape[:-1], q.shape[0])
+
+    def packed(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """oneDNN's packed copy of `q` and its zero points (all 0: symmetric), made or remade
+        here where `q` is not what the copy was made from."""
+        src = self._source
+        if (
+            self._copy is None
+            or src is None
+            or src.data_ptr() != q.data_ptr()
+            or src.shape != q.shape
+            or _version_of(src) != self._version
+        ):
+            weight = torch.ops.onednn.qlinear_prepack(q.detach(), [_PACK_ROWS_HINT, q.shape[1]])
+            self._copy = (weight, torch.zeros(q.shape[0], dtype=torch.long))
+            self._source, self._version = q.detach(), _version_of(q)
+        return self._copy
+
+
+def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    if torch.is_grad_enabled() and (x.requires_grad or (bias is not None and bias.requires_grad)):
+        return False  # the int8 kernel has no backward
+    return (
+        x.is_cpu
+        and q.is_cpu
+        and x.dtype in _PACKED_INT8_DTYPES
+        and (bias is None or bias.dtype == x.dtype)
+        and x.dim() >= 2
+        and x.numel() > 0
+        and x.shape[-1] == q.shape[1]
+        and _onednn_int8()
+    )
+
+
+def _quantize_per_tensor(rows: torch.Tensor) -> tuple[torch.Tensor | None, float]:
+    """rows `[M, K]` -> (int8 `[M, K]`, scale) with rows ~= int8 * scale, or (None, 0.0) where
+    rows hold no finite non-zero magnitude to scale by."""
+    lo, hi = torch.aminmax(rows)
+    amax = max(-float(lo), float(hi))
+    if not 0.0 < amax < math.inf:  # all zeros, an inf or a NaN: the float path keeps them
+        return None, 0.0
+    # |x| * (127 / amax) <= 127 up to one fp32 rounding, which rounds back to 127: no clamp.
+    # Contiguous: the product keeps a strided input's layout, and oneDNN takes dense rows.
+    qx = (
+        torch.mul(rows, 127.0 / amax).round_().to(torch.int8, memory_format=torch.contiguous_format)
+    )
+    return qx, amax / 127.0
+
+
+def _give_up(error: RuntimeError) -> None:
+    """The int8 kernel failed (an unsupported CPU or build): say so once, use the float path."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    _failed.append(first)
+    warnings.warn(
+        f"oneDNN's int8 matrix product failed ({first[:200]}); int8 products of many rows use "
+        "the float path (GPT1_INT8_MATMUL=0 silences this)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
 class Int8Linear(nn.Module):
     """An `nn.Linear` for inference with int8 weights (buffers `qweight` `[out, in]` int8 and
     `scale` `[out]`) and the float bias; the float weight is not kept."""
@@ -116,9 +273,10 @@ class Int8Linear(nn.Module):
         bias = linear.bias
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(act_dtype), False)
         self.error = relative_error(linear.weight, q, scale)
+        self._packed = PackedInt8()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return int8_linear(x, self.qweight, self.scale, self.bias)
+        return int8_linear(x, self.qweight, self.scale, self.bias, self._packed)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
@@ -129,6 +287,7 @@ class Int8Head:
     quantised copy of the token table, remade if the table is replaced or written in place."""
 
     def __init__(self, weight: torch.Tensor):
+        self._packed = PackedInt8()
         self._quantize(weight)
 
     def _quantize(self, weight: torch.Tensor) -> None:
@@ -147,7 +306,7 @@ class Int8Head:
             or (_version_of(weight) != self._version)
         ):
             self._quantize(weight)
-        return int8_linear(x, self.q, self.scale, bias)
+        return int8_linear(x, self.q, self.scale, bias, self._packed)
 
 
 def _version_of(t: torch.Tensor) -> int:
