@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -176,9 +177,12 @@ class _ConcatCache:
         return k, v
 
 
+@pytest.mark.usefixtures("decoding_operators")
 def test_preallocated_kv_cache_equals_concatenation():
     """Keys/values written in place into growing buffers give bit-identical hidden states to
-    concatenated ones, through buffer growth (past 64 positions) and multi-token chunks."""
+    concatenated ones, through buffer growth (past 64 positions) and multi-token chunks (the
+    operator path: a cache of another kind, as the concatenating one here, never takes the
+    one-call step, and that step is checked in tests/test_block_step.py)."""
     from gpt1.model.decoding import KVCache, forward_cached
 
     torch.manual_seed(0)

@@ -376,6 +376,9 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
     return x
 
 
+_ROOMY = (LayerCache, PooledLayerCache)  # the caches whose buffers the one-call step can write
+
+
 def _one_call_step(
     model: GPT, x: torch.Tensor, caches: list[KVCache], rows: list[int]
 ) -> torch.Tensor | None:
@@ -389,8 +392,9 @@ def _one_call_step(
     keys, values = [], []
     for i in range(len(model.h)):
         for cache, end in zip(caches, lengths):
-            buffers = cache.layers[i].room(end + 1)
-            if buffers is None or buffers[0].dtype != x.dtype:
+            layer = cache.layers[i]
+            buffers = layer.room(end + 1) if isinstance(layer, _ROOMY) else None
+            if buffers is None or buffers[0].dtype != x.dtype:  # not a cache of this module's
                 return None
             keys.append(buffers[0])
             values.append(buffers[1])
