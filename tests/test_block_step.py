@@ -195,3 +195,32 @@ def test_the_kernel_refuses_what_it_cannot_take():
             step.run(x, **bad)
     with pytest.raises(RuntimeError, match="rows"):
         step.run(torch.zeros(9, 64), [buffers] * 18, [buffers] * 18, [0] * 9, [0] * 9)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(precision, monkeypatch):
+    """Twelve sequences of one pool decoded together (more than one call takes: groups of 8
+    and 4) give each sequence the same bits as decoding it alone, and int8 never takes the
+    many-row product (which scales all rows' activations together)."""
+    from gpt1.model import quantize
+
+    model = _model(precision)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 300, (1, 2 + i)) for i in range(12)]
+    pool = SlotPool(2, 80)
+    together = [pool.cache() for _ in prompts]
+    alone = [KVCache(2, 80) for _ in prompts]
+    with torch.no_grad():
+        for p, a, b in zip(prompts, together, alone):
+            forward_cached(model, p, a)
+            forward_cached(model, p, b)
+
+        def many_rows(*args):
+            raise AssertionError("a decoding step took the many-row int8 product")
+
+        monkeypatch.setattr(quantize.PackedInt8, "linear", many_rows)
+        for _ in range(3):
+            ids = torch.randint(0, 300, (12,), generator=gen)
+            got = decode(model, ids, together)
+            for r in range(12):
+                assert torch.equal(got[r], decode(model, ids[r : r + 1], [alone[r]])[0])

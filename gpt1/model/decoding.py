@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpt1.model import block_step
+from gpt1.model import block_step, matvec
 from gpt1.model.attention import attention, merge_heads, split_heads
 
 if TYPE_CHECKING:
@@ -358,6 +358,11 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
     is one call per layer for all of them. The result for sequence r is what
     `forward_cached(model, ids[r].view(1, 1), caches[r])[0, -1]` gives, up to the summation
     order of the larger matrix products.
+
+    Where the one-call step applies (`gpt1.model.block_step`), rows go through it in groups of
+    up to `matvec.MAX_ROWS`, each group reading the weights once: each row's result is then the
+    same bits whichever rows share its step (int8 never takes the many-row product, which
+    quantises the activations of all the rows with one scale).
     """
     if ids.dim() != 1 or len(caches) != ids.shape[0]:
         raise ValueError(f"decode needs ids [n] and n caches; got {list(ids.shape)}, {len(caches)}")
@@ -367,6 +372,20 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
             f"a cache already holds n_positions={model.config.n_positions} tokens: no room"
         )
     x, _ = model.embed(ids, positions)  # [n, C]
+    group = matvec.MAX_ROWS
+    if x.shape[0] <= group or block_step.plan(model, x[:group]) is None:
+        return _decode_rows(model, x, caches)
+    return torch.cat(
+        [
+            _decode_rows(model, x[lo : lo + group], caches[lo : lo + group])
+            for lo in range(0, x.shape[0], group)
+        ]
+    )
+
+
+def _decode_rows(model: GPT, x: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+    """`decode` on embedded rows x `[n, C]`: the one-call step where it applies, else the
+    blocks as modules."""
     hidden = _one_call_step(model, x, caches, [c.row for c in caches])
     if hidden is not None:
         return hidden
