@@ -13,7 +13,7 @@ from torch import nn
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model import quantize
+from gpt1.model import matvec, quantize
 from gpt1.model.heads import FinetuneModel
 from gpt1.model.inference import activation_dtype, for_inference
 from gpt1.model.quantize import (
@@ -148,12 +148,19 @@ needs_onednn_int8 = pytest.mark.skipif(
 )
 
 
+def _compiled_quantizer() -> bool:
+    built = matvec.module()
+    return built is not None and built.has_quantize_per_tensor()
+
+
 def _per_tensor_reference(x, q, scale, bias):
     """The many-row path's maths written out: x rounded to int8 with one scale (its largest
-    magnitude to 127; the scaled value is in x's dtype before it is rounded), times the int8
-    weight, both scales and the bias applied, in fp64."""
+    magnitude to 127; the scaled value is in fp32 where gpt1's compiled pass quantises, in x's
+    dtype where torch's operators do, before it is rounded), times the int8 weight, both scales
+    and the bias applied, in fp64."""
     amax = float(x.abs().max())
-    qx = torch.round((x.float() * (127.0 / amax)).to(x.dtype).double())
+    scaled = x.float() * (127.0 / amax)
+    qx = torch.round((scaled if _compiled_quantizer() else scaled.to(x.dtype)).double())
     assert float(qx.abs().max()) == 127
     out = F.linear(qx, q.double()) * (amax / 127.0 * scale.double())
     return out if bias is None else out + bias.double()
@@ -276,3 +283,30 @@ def test_int8_model_with_packed_copies_deepcopies_and_pickles():
         assert copied.h[0].mlp.c_fc._packed._copy is None  # packs its own on first use
         with torch.inference_mode():
             torch.testing.assert_close(copied.lm_logits(copied(ids)), want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(800, 3072), (7, 20), (1, 1)])
+def test_the_compiled_quantiser_rounds_as_torch_does(dtype, shape, monkeypatch):
+    """gpt1's two-pass quantiser (C++) against the four torch operators it replaces: the same
+    scale, and integers equal to round-half-even of x * 127 / amax computed in fp32 (torch's
+    own path scales in x's dtype: for bf16 a value may land one level away)."""
+    if not _compiled_quantizer():
+        pytest.skip("gpt1's compiled quantiser is built for AVX-512 CPUs only")
+    torch.manual_seed(0)
+    x = (torch.randn(shape) * 3).to(dtype)
+    got, got_scale = quantize._quantize_per_tensor(x)
+    amax = float(x.abs().max())
+    want = torch.round(x.float() * torch.tensor(127.0 / amax, dtype=torch.float32))
+    assert got.dtype == torch.int8 and got.shape == x.shape and got.is_contiguous()
+    assert got_scale == amax / 127.0
+    assert torch.equal(got.float(), want) and int(got.abs().max()) == 127
+    monkeypatch.setattr(matvec, "module", lambda: None)  # torch's operators
+    theirs, their_scale = quantize._quantize_per_tensor(x)
+    assert their_scale == got_scale
+    assert int((theirs.int() - got.int()).abs().max()) <= (0 if dtype == torch.float32 else 1)
+    for bad in (float("nan"), float("inf")):
+        y = x.clone()
+        y.view(-1)[0] = bad
+        assert quantize._quantize_per_tensor(y) == (None, 0.0)
+    assert quantize._quantize_per_tensor(torch.zeros(shape, dtype=dtype)) == (None, 0.0)

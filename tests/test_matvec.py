@@ -34,7 +34,9 @@ def _weights(dtype: torch.dtype, N: int, K: int):
 
 
 @pytest.mark.parametrize("dtype", matvec.DTYPES)
-@pytest.mark.parametrize("K,N", [(64, 40), (20, 7), (3072, 33), (37, 1)])  # tails of 16, of 8 and of 4
+@pytest.mark.parametrize(
+    "K,N", [(64, 40), (20, 7), (3072, 33), (37, 1)]
+)  # tails of 16, of 8 and of 4
 def test_kernel_equals_float_linear_for_every_row_count(op, dtype, K, N):
     torch.manual_seed(0)
     w, scale = _weights(dtype, N, K)

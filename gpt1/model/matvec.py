@@ -40,7 +40,7 @@ except ImportError:  # Windows: no flock; torch's own marker alone
 
 log = logging.getLogger(__name__)
 KERNELS = Path(__file__).resolve().parent / "kernels"
-SOURCES = ("matvec.cpp", "step.cpp", "module.cpp")  # compiled into one module
+SOURCES = ("matvec.cpp", "step.cpp", "quantize.cpp", "module.cpp")  # compiled into one module
 HEADERS = ("products.h",)
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
@@ -115,8 +115,9 @@ def kernel() -> Callable[..., torch.Tensor] | None:
 
 @functools.cache
 def module():
-    """The built kernels' module (`matvec`, and `decode_step` used by `gpt1.model.block_step`),
-    or None where they are not available."""
+    """The built kernels' module (`matvec`; `decode_step`, used by `gpt1.model.block_step`;
+    `quantize_per_tensor`, used by `gpt1.model.quantize`), or None where they are not
+    available."""
     if os.environ.get("GPT1_MATVEC", "") == "torch":
         return None
     try:

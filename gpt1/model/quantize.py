@@ -235,7 +235,13 @@ def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | 
 
 def _quantize_per_tensor(rows: torch.Tensor) -> tuple[torch.Tensor | None, float]:
     """rows `[M, K]` -> (int8 `[M, K]`, scale) with rows ~= int8 * scale, or (None, 0.0) where
-    rows hold no finite non-zero magnitude to scale by."""
+    rows hold no finite non-zero magnitude to scale by. Two passes in gpt1's compiled module
+    where it is built for this CPU (scaled in fp32), else four torch operators (scaled in the
+    rows' dtype): the same integers up to that rounding."""
+    built = matvec.module()
+    if built is not None and built.has_quantize_per_tensor():
+        qx, x_scale = built.quantize_per_tensor(rows.contiguous())
+        return (qx, x_scale) if qx is not None else (None, 0.0)
     lo, hi = torch.aminmax(rows)
     amax = max(-float(lo), float(hi))
     if not 0.0 < amax < math.inf:  # all zeros, an inf or a NaN: the float path keeps them

@@ -4,6 +4,8 @@
 
 #include <torch/extension.h>
 
+#include <tuple>
+
 namespace gpt1 {
 
 // y [M, N] (fp32) = x [M, K] @ (w * scale[:, None]).T + bias, for 1 <= M <= 8 rows and w [N, K]
@@ -25,3 +27,5 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           const std::vector<torch::Tensor>& values,
                           const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
                           int64_t n_head, double eps, bool gelu);
+bool has_quantize_per_tensor();
+std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor& x);
