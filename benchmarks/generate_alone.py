@@ -1,11 +1,10 @@
 """Batch-1 greedy generation of one system alone in this process: gpt1 in a precision, or
 CTranslate2 on GPT-1's weights (the mapping of `benchmarks/inference.py`).
 
-`benchmarks/inference.py` times gpt1 and its anchors alternating in one process. After
-CTranslate2 has run in a process, gpt1's decoding there is slower (fp32 46.3 -> 35.1 and int8
-about 120 -> 63 new tokens/s in the runs of docs/results.md; not thread placement, not idle
-spinning, not cache eviction: the cause was not found), so this script gives each system a
-process of its own, to be run one after another:
+`benchmarks/inference.py` times gpt1 and its anchors alternating in one run, with CTranslate2
+in a child process (while a CTranslate2 generator lives in a process, gpt1's decoding there
+runs at about half speed; docs/results.md). This script gives each system a process of its own
+and nothing else, to be run one after another:
 
     for s in gpt1:int8 ct2:int8 gpt1:fp32 ct2:float32 gpt1:bf16; do
         python benchmarks/generate_alone.py $s; done

@@ -17,7 +17,8 @@ For many rows (a classification batch, a prompt, perplexity's logits) the multip
 the cost, and the product is int8 x int8 on oneDNN's kernel (`PackedInt8`; AMX or VNNI
 instructions where the CPU has them): the activations are quantised to int8 on each call with
 one scale for the whole tensor (symmetric, the largest magnitude to 127, as ONNX Runtime's
-dynamic quantisation does), the weight is a copy of the int8 matrix in oneDNN's layout made on
+dynamic quantisation does; in two passes of gpt1's compiled module, `kernels/quantize.cpp`,
+where it is built), the weight is a copy of the int8 matrix in oneDNN's layout made on
 first use (remade if the weight changes; not pickled or deep-copied), and the kernel sums in
 int32 and applies both scales and the bias before writing the float output. One scale per
 tensor rather than per row: on GPT-1's layers it was faster (per-row scales cost another pass
