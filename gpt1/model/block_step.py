@@ -19,7 +19,6 @@ seen); weights changed in place are read as they are.
 
 from __future__ import annotations
 
-import itertools
 import warnings
 import weakref
 from typing import TYPE_CHECKING
@@ -39,14 +38,13 @@ _ABSENT = torch.empty(0)  # "this layer has no scale / bias" in the kernel's ten
 _ACTIVATIONS = (torch.float32, torch.bfloat16)
 
 # Bumped whenever any module registers a module, parameter or buffer: a plan made before is stale.
-_registrations = itertools.count()
 _generation = 0
 _plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, plan or None)
 
 
 def _registered(*_args) -> None:
     global _generation
-    _generation = next(_registrations)
+    _generation += 1
 
 
 for _register in (

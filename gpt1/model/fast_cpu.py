@@ -190,21 +190,38 @@ def _onednn_packs(dtype: torch.dtype) -> bool:
     return dtype != torch.bfloat16 or bool(ops._is_mkldnn_bf16_supported())
 
 
+class MadeFrom:
+    """What a copy derived from a tensor (a packed layout, a quantised copy) was made from, and
+    whether a tensor is still that: the same storage, dtype and shape, not written in place
+    since (its version counter). Holding a view of the source keeps its storage alive, so a
+    new tensor can never reuse the address and pass for it."""
+
+    def __init__(self, source: torch.Tensor) -> None:
+        self.source, self.version = source.detach(), _version_of(source)
+
+    def matches(self, t: torch.Tensor) -> bool:
+        src = self.source
+        return (
+            src.data_ptr() == t.data_ptr()
+            and src.dtype == t.dtype
+            and src.shape == t.shape
+            and _version_of(t) == self.version
+        )
+
+
 class PackedWeight:
     """The oneDNN-packed copy of one weight matrix `[out, in]` and `linear(x, weight, bias)`
     with it: `F.linear`'s result (in fp32 up to summation order; bf16 gives the same bits).
 
     The copy is made on first use and remade whenever `weight` is not the tensor it was made
-    from (another storage, dtype or shape, as after `model.to(...)`) or was changed in place
-    (its version counter moved). Holding a view of the source keeps its storage alive, so a
-    new tensor can never reuse the address and pass for it. Anything the packed kernel does not
-    cover (autograd, other devices or dtypes, mixed dtypes) goes to `F.linear`.
+    from (`MadeFrom`: another storage, dtype or shape, as after `model.to(...)`, or changed in
+    place). Anything the packed kernel does not cover (autograd, other devices or dtypes, mixed
+    dtypes) goes to `F.linear`.
     """
 
     def __init__(self, rows_hint: int = _PACK_ROWS_HINT) -> None:
         self.rows_hint = rows_hint  # the number of rows (tokens) the layout is tuned for
-        self._source: torch.Tensor | None = None
-        self._version = -1
+        self._made: MadeFrom | None = None
         self._packed: torch.Tensor | None = None
 
     def __deepcopy__(self, memo: dict) -> PackedWeight:
@@ -220,19 +237,12 @@ class PackedWeight:
             return F.linear(x, weight, bias)
         if matvec.applies(x, weight) and (op := matvec.kernel()) is not None:
             return matvec.linear(op, x, weight, None, bias)  # decoding: a few rows
-        src = self._source
-        if (
-            src is None
-            or src.data_ptr() != weight.data_ptr()
-            or src.dtype != weight.dtype
-            or src.shape != weight.shape
-            or _version_of(src) != self._version
-        ):
+        if self._made is None or not self._made.matches(weight):
             with torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(
                     weight.detach(), self.rows_hint
                 )
-            self._source, self._version = weight.detach(), _version_of(weight)
+            self._made = MadeFrom(weight)
         # The kernel reads a strided (non-contiguous) 3-d bf16 input wrongly: always contiguous.
         return torch.ops.mkldnn._linear_pointwise(
             x.contiguous(), self._packed, bias, "none", [], ""

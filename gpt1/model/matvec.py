@@ -41,7 +41,7 @@ except ImportError:  # Windows: no flock; torch's own marker alone
 log = logging.getLogger(__name__)
 KERNELS = Path(__file__).resolve().parent / "kernels"
 SOURCES = ("matvec.cpp", "step.cpp", "quantize.cpp", "module.cpp")  # compiled into one module
-HEADERS = ("products.h",)
+HEADERS = ("products.h", "lanes.h")
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
 _CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for on torch's threads

@@ -49,6 +49,7 @@ from torch import nn
 
 from gpt1.errors import ConfigError
 from gpt1.model import matvec
+from gpt1.model.fast_cpu import MadeFrom
 
 # The rounding error (`relative_error`, the worst row of a layer) above which a layer is refused.
 # Measured on random [2304, 768] matrices: Gaussian rows 1.2%, Laplace 2.5%, Student-t with 4
@@ -165,16 +166,15 @@ class PackedInt8:
     them), and the two scales and the bias are applied inside the kernel, which writes x's dtype.
 
     The copy is made on first use and remade whenever `q` is not the tensor it was made from
-    (another storage or shape) or was changed in place. `linear` returns None where it does not
+    (`fast_cpu.MadeFrom`: another storage, dtype or shape, or changed in place). `linear` returns None where it does not
     apply (autograd, another device or dtype, a non-finite x, no oneDNN int8 kernel, or the
     kernel failed once: then it is not tried again in this process); the caller then takes the
     float path, which gives the same numbers up to the activations' rounding."""
 
     def __init__(self) -> None:
-        self._source: torch.Tensor | None = None
-        self._version = -1
-        self._copy: tuple[torch.Tensor, torch.Tensor] | None = None  # one attribute: threads
-        # that pack at once never pair one's weight with the other's zero points
+        # One attribute: threads that pack at once never pair one's weight with the other's
+        # zero points or stamp.
+        self._copy: tuple[torch.Tensor, torch.Tensor, MadeFrom] | None = None
 
     def __deepcopy__(self, memo: dict) -> PackedInt8:
         return PackedInt8()  # a copy packs its own (copied) weight when used
@@ -205,18 +205,12 @@ class PackedInt8:
     def packed(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """oneDNN's packed copy of `q` and its zero points (all 0: symmetric), made or remade
         here where `q` is not what the copy was made from."""
-        src = self._source
-        if (
-            self._copy is None
-            or src is None
-            or src.data_ptr() != q.data_ptr()
-            or src.shape != q.shape
-            or _version_of(src) != self._version
-        ):
+        copy = self._copy
+        if copy is None or not copy[2].matches(q):
             weight = torch.ops.onednn.qlinear_prepack(q.detach(), [_PACK_ROWS_HINT, q.shape[1]])
-            self._copy = (weight, torch.zeros(q.shape[0], dtype=torch.long))
-            self._source, self._version = q.detach(), _version_of(q)
-        return self._copy
+            copy = (weight, torch.zeros(q.shape[0], dtype=torch.long), MadeFrom(q))
+            self._copy = copy
+        return copy[0], copy[1]
 
 
 def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -301,23 +295,14 @@ class Int8Head:
         self.q, scale = quantize_rows(weight)
         self.error = relative_error(weight, self.q, scale)
         self.scale = scale
-        self._source, self._version = weight.detach(), _version_of(weight)
+        self._made = MadeFrom(weight)
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        src = self._source
-        if (
-            src.data_ptr() != weight.data_ptr()
-            or src.shape != weight.shape
-            or (_version_of(weight) != self._version)
-        ):
+        if not self._made.matches(weight):
             self._quantize(weight)
         return int8_linear(x, self.q, self.scale, bias, self._packed)
-
-
-def _version_of(t: torch.Tensor) -> int:
-    return -1 if t.is_inference() else t._version
 
 
 def quantize_int8_(model: nn.Module, act_dtype: torch.dtype) -> nn.Module:

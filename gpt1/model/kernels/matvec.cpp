@@ -210,6 +210,21 @@ void dispatch(int64_t M, const float* x, const W* w, const float* scale, const f
 
 namespace gpt1 {
 
+const float* float_values(const torch::Tensor& t, int64_t n, std::vector<float>& buf,
+                          const char* who, const char* what) {
+  if (!t.defined() || t.numel() == 0) return nullptr;  // absent
+  TORCH_CHECK(t.numel() == n && t.is_contiguous() && t.device().is_cpu(), who, " ", what,
+              " must hold ", n, " numbers, contiguous, on the CPU");
+  if (t.scalar_type() == at::kFloat) return t.data_ptr<float>();
+  if (t.scalar_type() == at::kBFloat16) {
+    buf.assign(t.data_ptr<at::BFloat16>(), t.data_ptr<at::BFloat16>() + n);
+  } else {
+    const torch::Tensor f = t.to(at::kFloat);
+    buf.assign(f.data_ptr<float>(), f.data_ptr<float>() + n);
+  }
+  return buf.data();
+}
+
 void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const torch::Tensor& w,
                     const float* scale, const float* bias, float* y) {
   const int64_t K = w.size(1), N = w.size(0);
@@ -245,25 +260,9 @@ torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
   TORCH_CHECK(x.size(0) >= 1 && x.size(0) <= 8, "matvec: 1 to 8 rows");
   TORCH_CHECK(w.is_contiguous() && w.device().is_cpu() && x.device().is_cpu(), "matvec: w");
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  // Scales and bias as fp32 pointers: an fp32 tensor's own data, or a converted copy in a
-  // plain buffer (a bf16 bias is converted here, not by a tensor operation per call).
   std::vector<float> s_buf, b_buf;
-  const auto floats = [N](const c10::optional<torch::Tensor>& t, std::vector<float>& buf,
-                          const char* what) -> const float* {
-    if (!t || !t->defined()) return nullptr;
-    TORCH_CHECK(t->numel() == N && t->is_contiguous() && t->device().is_cpu(), "matvec: ", what,
-                " [N]");
-    if (t->scalar_type() == at::kFloat) return t->data_ptr<float>();
-    if (t->scalar_type() == at::kBFloat16) {
-      buf.assign(t->data_ptr<at::BFloat16>(), t->data_ptr<at::BFloat16>() + N);
-    } else {
-      const torch::Tensor f = t->to(at::kFloat);
-      buf.assign(f.data_ptr<float>(), f.data_ptr<float>() + N);
-    }
-    return buf.data();
-  };
-  const float* sp = floats(scale, s_buf, "scale");
-  const float* bp = floats(bias, b_buf, "bias");
+  const float* sp = scale ? gpt1::float_values(*scale, N, s_buf, "matvec:", "scale") : nullptr;
+  const float* bp = bias ? gpt1::float_values(*bias, N, b_buf, "matvec:", "bias") : nullptr;
   TORCH_CHECK(sp || w.scalar_type() != at::kChar, "matvec: int8 weights need scales");
   const torch::Tensor xc = x.contiguous();
   const bool fp32 = x.scalar_type() == at::kFloat;

@@ -5,8 +5,15 @@
 #include <torch/extension.h>
 
 #include <tuple>
+#include <vector>
 
 namespace gpt1 {
+
+// A vector of n parameters (a bias, scales, LayerNorm gains) as fp32: the tensor's own data, or
+// a converted copy in `buf` (a bf16 bias is converted here, not by a tensor operation per
+// call); nullptr for an undefined or empty tensor (absent). `who` and `what` name it in errors.
+const float* float_values(const torch::Tensor& t, int64_t n, std::vector<float>& buf,
+                          const char* who, const char* what);
 
 // y [M, N] (fp32) = x [M, K] @ (w * scale[:, None]).T + bias, for 1 <= M <= 8 rows and w [N, K]
 // contiguous, int8 (with scale), bf16 or fp32; scale and bias optional (nullptr). x holds the

@@ -13,6 +13,7 @@
 #include <limits>
 #include <tuple>
 
+#include "lanes.h"
 #include "products.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -22,15 +23,8 @@ namespace {
 
 constexpr int64_t kGrain = 32768;  // numbers per task: less is not worth a thread
 
-inline __mmask16 lanes(int64_t i, int64_t n) {
-  return n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : static_cast<__mmask16>((1u << (n - i)) - 1u);
-}
-inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load(const at::BFloat16* p, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+using gpt1::lanes;
+using gpt1::load;
 
 // The largest magnitude of x[lo, hi), or NaN where a NaN is among them.
 template <typename T>

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <vector>
 
+#include "lanes.h"
 #include "products.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -29,10 +30,9 @@
 namespace {
 
 // ------------------------------------------------------------------ 16 lanes at a time
-inline __mmask16 lanes(int64_t i, int64_t n) {
-  return n - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                     : static_cast<__mmask16>((1u << (n - i)) - 1u);
-}
+using gpt1::lanes;
+using gpt1::load;
+using gpt1::store;
 
 // e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
 // below 2e-7), times 2^n. Inputs are clamped to +-88 (e^88 is near fp32's largest).
@@ -63,16 +63,6 @@ inline __m512 round_bf16(__m512 v) {
   const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16));
 #endif
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-inline __m512 load(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-inline __m512 load(const at::BFloat16* p, __mmask16 m) {
-  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void store(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-inline void store(at::BFloat16* p, __m512 v, __mmask16 m) {  // v already holds bf16 values
-  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
 }
 
 // Rounds x [n] to bf16 in place where the activations are bf16.
@@ -178,17 +168,6 @@ void attend(const float* q, const float* k_new, const float* v_new, T* keys, T* 
 }
 
 // ------------------------------------------------------------------ one block's tensors
-// A parameter vector as fp32: its own data, or a converted copy (bf16 biases and gains).
-const float* floats(const torch::Tensor& t, std::vector<float>& buf, int64_t n, const char* what) {
-  if (t.numel() == 0) return nullptr;  // absent (no bias, no scale)
-  TORCH_CHECK(t.numel() == n && t.is_contiguous() && t.device().is_cpu(), "decode_step: ", what,
-              " must hold ", n, " numbers");
-  if (t.scalar_type() == at::kFloat) return t.data_ptr<float>();
-  TORCH_CHECK(t.scalar_type() == at::kBFloat16, "decode_step: ", what, " must be fp32 or bf16");
-  buf.assign(t.data_ptr<at::BFloat16>(), t.data_ptr<at::BFloat16>() + n);
-  return buf.data();
-}
-
 struct Linear {
   const torch::Tensor* w = nullptr;
   const float* scale = nullptr;
@@ -199,14 +178,14 @@ struct Linear {
          const char* what) {
     TORCH_CHECK(weight.dim() == 2 && weight.size(1) == in && weight.is_contiguous() &&
                     weight.device().is_cpu(),
-                "decode_step: ", what, " weight must be [out, ", in, "], contiguous, on the CPU");
+                what, " weight must be [out, ", in, "], contiguous, on the CPU");
     const auto type = weight.scalar_type();
-    TORCH_CHECK(type == at::kChar || type == at::kBFloat16 || type == at::kFloat, "decode_step: ",
-                what, " weight must be int8, bf16 or fp32");
+    TORCH_CHECK(type == at::kChar || type == at::kBFloat16 || type == at::kFloat, what,
+                " weight must be int8, bf16 or fp32");
     w = &weight;
-    scale = floats(s, scale_buf, weight.size(0), what);
-    bias = floats(b, bias_buf, weight.size(0), what);
-    TORCH_CHECK(scale || type != at::kChar, "decode_step: ", what, " int8 weight needs scales");
+    scale = gpt1::float_values(s, weight.size(0), scale_buf, what, "scale");
+    bias = gpt1::float_values(b, weight.size(0), bias_buf, what, "bias");
+    TORCH_CHECK(scale || type != at::kChar, what, " int8 weight needs scales");
   }
 
   // y [M, out] = x [M, in] through this layer, rounded to bf16 where the activations are.
@@ -297,16 +276,16 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
   std::vector<float> g1, b1, g2, b2;
   for (int64_t l = 0; l < L; ++l) {
     const torch::Tensor* p = params.data() + 16 * l;
-    const float* ln1_w = floats(p[0], g1, C, "ln_1 weight");
-    const float* ln1_b = floats(p[1], b1, C, "ln_1 bias");
-    const float* ln2_w = floats(p[2], g2, C, "ln_2 weight");
-    const float* ln2_b = floats(p[3], b2, C, "ln_2 bias");
+    const float* ln1_w = gpt1::float_values(p[0], C, g1, "decode_step:", "ln_1 weight");
+    const float* ln1_b = gpt1::float_values(p[1], C, b1, "decode_step:", "ln_1 bias");
+    const float* ln2_w = gpt1::float_values(p[2], C, g2, "decode_step:", "ln_2 weight");
+    const float* ln2_b = gpt1::float_values(p[3], C, b2, "decode_step:", "ln_2 bias");
     TORCH_CHECK(ln1_w && ln1_b && ln2_w && ln2_b, "decode_step: LayerNorms need weight and bias");
-    const Linear qkv_layer(p[4], p[5], p[6], C, "c_attn");
-    const Linear out_layer(p[7], p[8], p[9], C, "attn.c_proj");
-    const Linear fc_layer(p[10], p[11], p[12], C, "c_fc");
+    const Linear qkv_layer(p[4], p[5], p[6], C, "decode_step: c_attn");
+    const Linear out_layer(p[7], p[8], p[9], C, "decode_step: attn.c_proj");
+    const Linear fc_layer(p[10], p[11], p[12], C, "decode_step: c_fc");
     const int64_t F = fc_layer.w->size(0);
-    const Linear proj_layer(p[13], p[14], p[15], F, "mlp.c_proj");
+    const Linear proj_layer(p[13], p[14], p[15], F, "decode_step: mlp.c_proj");
     TORCH_CHECK(qkv_layer.w->size(0) == 3 * C && out_layer.w->size(0) == C &&
                     proj_layer.w->size(0) == C,
                 "decode_step: block shapes");
