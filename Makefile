@@ -22,6 +22,7 @@ $(VENV)/.installed: $(VENV)/.base
 venv: $(VENV)/.installed
 
 demo: $(VENV)/.base
+	$(VENV)/bin/gpt1 kernels build || true
 	$(VENV)/bin/gpt1 demo
 
 # Lint first: ruff (rules and formatting) and lint-imports (the layers of docs/architecture.md,
@@ -30,6 +31,7 @@ test: venv
 	$(VENV)/bin/ruff check gpt1 tests benchmarks scripts
 	$(VENV)/bin/ruff format --check gpt1 tests benchmarks scripts
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/gpt1 kernels build || true
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
 
 bench: venv

@@ -329,12 +329,12 @@ def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
     (`gpt1.model.matvec`) multiplying one row by an fp32 matrix of that size (two flops per four
     bytes read: a read). torch's sum reads without fetching ahead, and on the CPUs measured it
     reached less than the kernel; a bound from it alone would be too low."""
-    from gpt1.model import matvec
+    from gpt1.model import backend
 
     x = torch.ones(mib << 18)
     x.sum()
     best = min(timed(lambda: x.sum()) for _ in range(reps))
-    op = matvec.kernel()
+    op = backend.kernel()
     if op is not None:
         w, row = x.view(-1, 4096), torch.ones(1, 4096)
         op(row, w, None, None)

@@ -35,7 +35,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpt1.model import quantize  # noqa: E402
+from gpt1.model import backend, quantize  # noqa: E402
 from gpt1.model.fast_cpu import PackedWeight  # noqa: E402
 
 # (name, in, out) for GPT-1: n_embd 768, 3072 inner, 40478 + 3 tokens.
@@ -107,7 +107,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=800)
     p.add_argument("--repeats", type=int, default=10)
     args = p.parse_args()
-    if not quantize._onednn_int8():
+    if not backend.onednn_has_int8():
         raise SystemExit("this torch build has no oneDNN int8 linear kernel")
     print(f"{args.rows} rows, bf16 activations, {torch.get_num_threads()} threads, ms per product")
     names = None

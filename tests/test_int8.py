@@ -13,7 +13,7 @@ from torch import nn
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model import matvec, quantize
+from gpt1.model import backend, matvec, quantize
 from gpt1.model.heads import FinetuneModel
 from gpt1.model.inference import activation_dtype, for_inference
 from gpt1.model.quantize import (
@@ -144,12 +144,19 @@ def test_sample_command_takes_int8_and_refuses_it_on_a_gpu(tmp_path, capsys):
 
 # ------------------------------------------------------------------ many rows: oneDNN's int8 kernel
 needs_onednn_int8 = pytest.mark.skipif(
-    not quantize._onednn_has_int8(), reason="this torch build has no oneDNN int8 linear kernel"
+    not backend.onednn_has_int8(), reason="this torch build has no oneDNN int8 linear kernel"
 )
 
 
+@pytest.fixture(autouse=True)
+def int8_kernel_on(monkeypatch):
+    """The many-row tests check oneDNN's int8 product itself, whether or not the backend would
+    take it on this CPU (where it is slower than the float path, it does not)."""
+    monkeypatch.setenv("GPT1_INT8_MATMUL", "1")
+
+
 def _compiled_quantizer() -> bool:
-    built = matvec.module()
+    built = backend.kernel_module()
     return built is not None and built.has_quantize_per_tensor()
 
 
@@ -169,7 +176,13 @@ def _per_tensor_reference(x, q, scale, bias):
 @needs_onednn_int8
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_many_rows_run_the_int8_kernel_with_per_tensor_activations(dtype, with_bias, monkeypatch):
+@pytest.mark.parametrize("encoding", ["s8", "u8"])
+def test_many_rows_run_the_int8_kernel_with_per_tensor_activations(
+    dtype, with_bias, encoding, monkeypatch
+):
+    """Signed activations, and unsigned ones with zero point 128 (the same integers): the same
+    product, whichever the backend takes on this CPU."""
+    monkeypatch.setattr(backend, "int8_many_rows", lambda: encoding)
     torch.manual_seed(0)
     w = torch.randn(48, 40) * 0.05
     q, scale = quantize_rows(w)
@@ -214,18 +227,21 @@ def test_few_rows_and_autograd_keep_their_paths(monkeypatch):
     torch.testing.assert_close(out, quantize._dequantised_linear(x, q, scale, None))
 
 
-@pytest.mark.parametrize("how", ["missing", "switched off", "fails"])
+@pytest.mark.parametrize("how", ["missing", "switched off", "slower", "fails"])
 def test_many_rows_fall_back_to_the_float_path(how, monkeypatch):
     torch.manual_seed(0)
     q, scale = quantize_rows(torch.randn(48, 32))
     x, b = torch.randn(40, 32), torch.randn(48)
-    monkeypatch.setattr(quantize, "_failed", [])  # a failure here stays in this test
+    monkeypatch.setattr(backend, "_failures", {})  # a failure here stays in this test
     if how == "missing":
-        monkeypatch.setattr(quantize, "_onednn_has_int8", lambda: False)
+        monkeypatch.setattr(backend, "onednn_has_int8", lambda: False)
     elif how == "switched off":
         monkeypatch.setenv("GPT1_INT8_MATMUL", "0")
+    elif how == "slower":
+        monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
+        monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 2e-3))
     else:
-        monkeypatch.setattr(quantize, "_onednn_has_int8", lambda: True)
+        monkeypatch.setattr(backend, "onednn_has_int8", lambda: True)
         monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", _unsupported, raising=False)
     want = quantize._dequantised_linear(x, q, scale, b)
     if how == "fails":

@@ -3,8 +3,6 @@
 that are not multiples of its blocks; the model paths that use it decode as they do without it;
 and where it cannot be built, one warning and torch's kernels take over."""
 
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -13,16 +11,15 @@ import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model import matvec
+from gpt1.model import backend, matvec
 from gpt1.model.inference import for_inference
 from gpt1.model.quantize import int8_linear, quantize_rows
 from gpt1.recipes.sample import generate
-from helpers.tiny import subprocess_env
 
 
 @pytest.fixture(scope="module")
 def op():
-    built = matvec.kernel()
+    built = backend.kernel()
     if built is None:
         pytest.skip("the decoding kernel could not be built here (no C++ compiler or ninja)")
     return built
@@ -91,7 +88,7 @@ def test_decoding_with_the_kernel_equals_decoding_without_it(op, precision, monk
     with torch.no_grad():
         logits = model.lm_logits(model(ids)[:, -1:])
     with_kernel = generate(model, ids, 24, temperature=0)
-    monkeypatch.setattr(matvec, "kernel", lambda: None)
+    monkeypatch.setattr(backend, "few_rows_kernel", lambda: None)
     with torch.no_grad():
         logits_torch = model.lm_logits(model(ids)[:, -1:])
     without = generate(model, ids, 24, temperature=0)
@@ -107,25 +104,24 @@ def test_int8_linear_takes_the_kernel_and_torchs_kernel_alike(op, monkeypatch):
     q, scale = quantize_rows(torch.randn(48, 64))
     x, bias = torch.randn(3, 64).bfloat16(), torch.randn(48).bfloat16()
     ours = int8_linear(x, q, scale, bias)
-    monkeypatch.setattr(matvec, "kernel", lambda: None)
+    monkeypatch.setattr(backend, "few_rows_kernel", lambda: None)
     theirs = int8_linear(x, q, scale, bias)  # torch's _weight_int8pack_mm
     torch.testing.assert_close(ours.float(), theirs.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypatch):
-    import torch.utils.cpp_extension as cpp_extension
-
-    def no_compiler(*args, **kwargs):
+def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypatch, tmp_path):
+    def no_compiler(folder, name):
         raise RuntimeError("Ninja is required to load C++ extensions\nmore detail")
 
-    monkeypatch.setattr(cpp_extension, "load", no_compiler)
-    matvec.module.cache_clear()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(matvec, "_compile", no_compiler)
+    backend.reset()
     try:
         with pytest.warns(RuntimeWarning, match="could not build its decoding kernel.*Ninja"):
-            assert matvec.kernel() is None
+            assert backend.kernel() is None
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # the answer is kept: no second warning
-            assert matvec.kernel() is None
+            assert backend.kernel() is None
             q, scale = quantize_rows(torch.randn(32, 32))
             x = torch.randn(1, 32)
             torch.testing.assert_close(
@@ -134,59 +130,23 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypat
                 rtol=1e-4,
                 atol=1e-4,
             )
-        monkeypatch.setenv("GPT1_MATVEC", "torch")
-        matvec.module.cache_clear()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            assert matvec.kernel() is None  # chosen, not failed: no warning
+        backend.reset()
+        for off in ["torch", "0", "off", "FALSE"]:  # chosen, not failed: nothing built, no warning
+            monkeypatch.setenv("GPT1_MATVEC", off)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert backend.kernel() is None
     finally:
-        matvec.module.cache_clear()  # the next caller builds (or finds) the real one
-
-
-def test_a_build_marker_left_by_a_killed_process_does_not_block_the_next(op):
-    """torch's builder marks a build in progress with a `lock` file; a process killed while
-    building leaves it, and without gpt1's own OS lock every later load would wait forever."""
-    folder = matvec._build_directory(matvec._build_name())
-    (folder / "lock").write_text("")  # what a builder killed in the middle leaves behind
-    script = "from gpt1.model import matvec; print(matvec.kernel() is not None)"
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.stdout.strip() == "True", done.stderr[-2000:]
-    assert not (folder / "lock").exists()
-
-
-def test_a_first_build_says_so_and_a_built_kernel_is_quiet(monkeypatch, tmp_path, caplog):
-    import types
-
-    import torch.utils.cpp_extension as cpp_extension
-
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    monkeypatch.setattr(
-        cpp_extension, "load", lambda **kwargs: types.SimpleNamespace(matvec=F.linear)
-    )
-    with caplog.at_level("INFO", logger="gpt1.model.matvec"):
-        matvec._build()
-    assert "building gpt1's decoding kernel" in caplog.text
-    name = matvec._build_name()
-    (tmp_path / name / f"{name}.so").write_bytes(b"")  # what a finished build leaves
-    caplog.clear()
-    with caplog.at_level("INFO", logger="gpt1.model.matvec"):
-        matvec._build()
-    assert caplog.text == ""
+        backend.reset()  # the next caller finds the real build
 
 
 def test_the_build_target_is_part_of_the_build_name_and_a_bad_one_is_refused(monkeypatch):
     monkeypatch.delenv(matvec.MARCH_VARIABLE, raising=False)
-    native = matvec._build_name()
+    native = matvec.build_name()
     assert matvec.build_target() == "native"
     monkeypatch.setenv(matvec.MARCH_VARIABLE, "x86-64-v3")
     assert "-march=x86-64-v3" in matvec._cflags()
-    assert matvec._build_name() != native  # an AVX2 build never replaces the native one
+    assert matvec.build_name() != native  # an AVX2 build never replaces the native one
     monkeypatch.setenv(matvec.MARCH_VARIABLE, "native; rm -rf /")
     with pytest.raises(ConfigError, match="GPT1_KERNEL_MARCH"):
         matvec.build_target()

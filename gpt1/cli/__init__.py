@@ -20,6 +20,7 @@ import traceback
 COMMANDS = [
     "demo",
     "info",
+    "kernels",
     "convert",
     "sample",
     "tokenizer",

@@ -1,10 +1,12 @@
 """Print a model's config, parameter counts and training FLOPs per token, and a fine-tuned
-checkpoint's task (name, kind, classes, window, metrics).
+checkpoint's task (name, kind, classes, window, metrics); with `--kernels`, which implementation
+each kind of weight product and the decoding step use on this CPU, and why.
 
 Examples:
   gpt1 info gpt1
   gpt1 info runs/mini/final --json
   gpt1 info runs/sst2                 # also the task, its labels and metrics
+  gpt1 info --kernels                 # this CPU's kernels (builds nothing)
 """
 
 from __future__ import annotations
@@ -12,17 +14,20 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpt1.cli import options
-
 HELP = "show a preset's or checkpoint's config, parameter count and FLOPs per token"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    options.add_source(
-        p,
+    p.add_argument(
         "model",
-        "PRESET|CHECKPOINT",
-        "a preset name (gpt1, mini, tiny) or a checkpoint / run folder",
+        metavar="PRESET|CHECKPOINT",
+        nargs="?",
+        help="a preset name (gpt1, mini, tiny) or a checkpoint / run folder",
+    )
+    p.add_argument(
+        "--kernels",
+        action="store_true",
+        help="which implementation each weight product and the decoding step use on this CPU",
     )
     p.add_argument(
         "--seq-len",
@@ -34,8 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.recipes.info import describe
+    from gpt1.errors import ConfigError
+    from gpt1.recipes.info import describe, describe_kernels
 
+    if args.kernels:
+        kernels = describe_kernels()
+        print(json.dumps(kernels) if args.json else _kernel_lines(kernels))
+        if args.model is None:
+            return 0
+    elif args.model is None:
+        raise ConfigError("name a preset or checkpoint (or ask for --kernels)")
     info = describe(args.model, seq_len=args.seq_len)
     if args.json:
         print(json.dumps(info))
@@ -71,4 +84,13 @@ def _task_lines(task: dict) -> str:
     if "columns" in task:
         roles = ", ".join(f"{k}={v}" for k, v in task["columns"].items())
         lines.insert(1, f"  columns              {roles}")
+    return "\n".join(lines)
+
+
+def _kernel_lines(kernels: dict) -> str:
+    """One line per product kind: the implementation that runs it here, and why."""
+    lines = [f"kernels on this CPU ({kernels['isa']}):"]
+    for choice in kernels["kernels"]:
+        lines.append(f"  {choice['kind']:20s} {choice['implementation']}")
+        lines.append(f"  {'':20s}   {choice['why']}")
     return "\n".join(lines)

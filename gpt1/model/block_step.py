@@ -8,17 +8,22 @@ GELU as vector loops, one call for all blocks. With bf16 activations it rounds e
 to bf16 where the operators would, so it computes the operators' numbers up to the order of
 summation (`tests/test_block_step.py`).
 
-`plan(model, x)` says whether it applies and holds what it needs: the CPU kernel is built for
-AVX-512 (else `None`: the operators run), no autograd, eval mode, fp32 or bf16 activations, up to
-`matvec.MAX_ROWS` rows, GPT-1's own blocks with plain, prepacked or int8 linear layers, and no
-forward hooks on the blocks or their layers (a hook would not see the step). A model's plan is
-kept between steps and remade whenever a module, parameter or buffer is registered anywhere in
-the process (torch's global registration hooks: swapping a layer, as quantising does, is
-seen); weights changed in place are read as they are.
+`plan(model, x)` says whether it applies and holds what it needs: `gpt1.model.backend` offers the
+step (the kernel is built, for AVX-512; else `None`: the operators run), no autograd, eval mode,
+fp32 or bf16 activations, up to `matvec.MAX_ROWS` rows, GPT-1's own blocks with plain,
+prepacked or int8 linear layers, and no forward hooks on the blocks or their layers (a hook
+would not see the step). A model's plan is made when `for_inference` prepares it (`prepare`; or
+on first use) and kept while it is current: every module and tensor it took is still where it
+took it from (the same object registered under the same name) and still the tensor it was
+(`fast_cpu.MadeFrom`: the same storage, dtype and shape). Otherwise it is remade: swapping a
+layer, as quantising does, or assigning a new weight is seen at the next step (an identity test
+per entry), and a tensor whose storage was swapped underneath (`model.to(...)`) when the kernel
+refuses it, without any process-wide hook. Weights changed in place are read as they are.
 """
 
 from __future__ import annotations
 
+import operator
 import warnings
 import weakref
 from typing import TYPE_CHECKING
@@ -27,8 +32,8 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from gpt1.model import matvec
-from gpt1.model.fast_cpu import PackedLinear
+from gpt1.model import backend, matvec
+from gpt1.model.fast_cpu import MadeFrom, PackedLinear
 from gpt1.model.quantize import Int8Linear
 
 if TYPE_CHECKING:
@@ -36,23 +41,7 @@ if TYPE_CHECKING:
 
 _ABSENT = torch.empty(0)  # "this layer has no scale / bias" in the kernel's tensor list
 _ACTIVATIONS = (torch.float32, torch.bfloat16)
-
-# Bumped whenever any module registers a module, parameter or buffer: a plan made before is stale.
-_generation = 0
-_plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (key, plan or None)
-
-
-def _registered(*_args) -> None:
-    global _generation
-    _generation += 1
-
-
-for _register in (
-    torch_module.register_module_module_registration_hook,
-    torch_module.register_module_parameter_registration_hook,
-    torch_module.register_module_buffer_registration_hook,
-):
-    _register(_registered)
+_plans: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Plan
 
 
 class BlockStep:
@@ -81,6 +70,44 @@ class BlockStep:
         )
 
 
+class Plan:
+    """What the step takes from one model (`layout`: its tensors, hooks and shape, or None where
+    the step cannot take it) and where each piece came from, to tell whether it still holds."""
+
+    def __init__(self, model: GPT) -> None:
+        self.entries: list[tuple[dict, str, object]] = []  # (registry, name, what it held)
+        self.layout = _layout(model, self.entries)
+        self.stamps = [(MadeFrom(t), t) for _, _, t in self.entries if isinstance(t, torch.Tensor)]
+        self.refused: set[torch.dtype] = set()  # activations the kernel refused for this model
+        self._cached_columns: tuple[list, list, list] | None = None
+
+    def current(self) -> bool:
+        """Whether every module and tensor the plan took is still registered where it was (one
+        identity test each, at C speed: it runs every step)."""
+        registries, names, held = self._columns
+        return all(map(operator.is_, map(dict.get, registries, names), held))
+
+    def unchanged(self) -> bool:
+        """`current`, and every tensor is still the tensor it was (`MadeFrom`: the storage,
+        dtype and shape; slower, asked when the kernel refuses the step)."""
+        return self.current() and all(stamp.matches(t) for stamp, t in self.stamps)
+
+    @property
+    def _columns(self) -> tuple[list, list, list]:
+        if self._cached_columns is None:
+            self._cached_columns = tuple(map(list, zip(*self.entries))) or ([], [], [])
+        return self._cached_columns
+
+
+def prepare(model: nn.Module) -> None:
+    """Plan the step for every GPT in `model` (`for_inference` calls it; nothing is built)."""
+    from gpt1.model.gpt import GPT  # decoding imports this module; gpt imports neither
+
+    for module in model.modules():
+        if isinstance(module, GPT):
+            _plans[module] = Plan(module)
+
+
 def plan(model: GPT, x: torch.Tensor) -> BlockStep | None:
     """The step for `model`'s blocks on `x` `[R, C]`, or None where it does not apply (see the
     module's docstring); the operators then run."""
@@ -92,56 +119,75 @@ def plan(model: GPT, x: torch.Tensor) -> BlockStep | None:
         or not 1 <= x.shape[0] <= matvec.MAX_ROWS
     ):
         return None
-    key = (_generation, x.dtype)
     kept = _plans.get(model)
-    if kept is None or kept[0] != key:
-        kept = (key, _make_plan(model))
-        _plans[model] = kept
-    step = kept[1]
-    if step is None or any(step.hooks):
+    if kept is None or not kept.current():
+        kept = _plans[model] = Plan(model)
+    step = kept.layout
+    if step is None or x.dtype in kept.refused or any(step.hooks):
         return None
+    op = backend.decode_step_op()
+    if op is None:
+        return None
+    if step.op is None:
+        step.op = op
     return step
 
 
 def forget(model: GPT, dtype: torch.dtype) -> None:
-    """Run the operators for `model` on `dtype` activations until its modules change (its plan
-    failed; see `run_or_forget`)."""
-    _plans[model] = ((_generation, dtype), None)
+    """Run the operators for `model` on `dtype` activations until its plan is remade (its
+    step failed; see `run_or_forget`)."""
+    kept = _plans.get(model)
+    if kept is not None:
+        kept.refused.add(dtype)
 
 
-def _make_plan(model: GPT) -> BlockStep | None:
-    built = matvec.module()
-    if built is None or not built.has_decode_step():
-        return None
-    from gpt1.model.gpt import Block  # decoding imports this module; gpt imports neither
+def _layout(model: GPT, entries: list) -> BlockStep | None:
+    """The step's view of `model`'s blocks, noting in `entries` each (registry, name, object)
+    it read; None where the step does not take them."""
+    from gpt1.model.gpt import Block
 
     config = model.config
     if config.afn not in ("gelu", "relu") or config.n_embd % config.n_head:
         return None
     tensors: list[torch.Tensor] = []
     hooks = [torch_module._global_forward_hooks, torch_module._global_forward_pre_hooks]
-    eps = {block.ln_1.eps for block in model.h} | {block.ln_2.eps for block in model.h}
+    blocks = _child(model, "h", entries)
+    eps = {block.ln_1.eps for block in blocks} | {block.ln_2.eps for block in blocks}
     if len(eps) != 1:  # the kernel takes one epsilon
         return None
-    for block in model.h:
+    for i in range(len(blocks)):
+        block = _child(blocks, str(i), entries)
         if type(block) is not Block:
             return None
-        norms = [block.ln_1, block.ln_2]
-        layers = [block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj]
+        attn, mlp = _child(block, "attn", entries), _child(block, "mlp", entries)
+        norms = [_child(block, "ln_1", entries), _child(block, "ln_2", entries)]
+        layers = [_child(attn, "c_attn", entries), _child(attn, "c_proj", entries)]
+        layers += [_child(mlp, "c_fc", entries), _child(mlp, "c_proj", entries)]
         if not all(_plain_norm(n, config.n_embd) for n in norms):
             return None
         for norm in norms:
-            tensors += [norm.weight, norm.bias]
+            tensors += [_tensor(norm, "weight", entries), _tensor(norm, "bias", entries)]
         for layer in layers:
-            found = _linear_tensors(layer)
+            found = _linear_tensors(layer, entries)
             if found is None:
                 return None
             tensors += found
         for module in block.modules():
             hooks += [module._forward_hooks, module._forward_pre_hooks]
-    return BlockStep(
-        built.decode_step, tensors, hooks, config.n_head, float(eps.pop()), config.afn == "gelu"
-    )
+    return BlockStep(None, tensors, hooks, config.n_head, float(eps.pop()), config.afn == "gelu")
+
+
+def _child(parent: nn.Module, name: str, entries: list) -> nn.Module:
+    child = parent._modules.get(name)
+    entries.append((parent._modules, name, child))
+    return child
+
+
+def _tensor(module: nn.Module, name: str, entries: list) -> torch.Tensor | None:
+    registry = module._parameters if name in module._parameters else module._buffers
+    found = registry.get(name)
+    entries.append((registry, name, found))
+    return found
 
 
 def _plain_norm(norm: nn.Module, width: int) -> bool:
@@ -154,15 +200,15 @@ def _plain_norm(norm: nn.Module, width: int) -> bool:
     )
 
 
-def _linear_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
+def _linear_tensors(layer: nn.Module, entries: list) -> list[torch.Tensor] | None:
     """[weight, scale, bias] of a linear layer the kernel reads, or None."""
     if isinstance(layer, Int8Linear):
-        weight, scale = layer.qweight, layer.scale
+        weight, scale = _tensor(layer, "qweight", entries), _tensor(layer, "scale", entries)
     elif type(layer) in (nn.Linear, PackedLinear):
-        weight, scale = layer.weight, _ABSENT
+        weight, scale = _tensor(layer, "weight", entries), _ABSENT
     else:
         return None
-    bias = layer.bias
+    bias = _tensor(layer, "bias", entries)
     if (
         weight.dtype not in matvec.DTYPES
         or not weight.is_cpu
@@ -175,13 +221,22 @@ def _linear_tensors(layer: nn.Module) -> list[torch.Tensor] | None:
 
 
 def run_or_forget(step: BlockStep, model: GPT, *args) -> torch.Tensor | None:
-    """`step.run(*args)`; where the kernel refuses what it is given (a weight changed in a way the
-    plan cannot see, say), warns once, runs the operators for this model from now on and
-    returns None (args: `BlockStep.run`'s). A refused step has written at most the new token's cache positions, which
-    the operators overwrite."""
+    """`step.run(*args)`. Where the kernel refuses what it is given: if a tensor of the plan was
+    replaced since it was made (another storage, dtype or shape: `Plan.unchanged`), the plan is
+    remade and the step tried once more; otherwise warns once, runs the operators for this model
+    on these activations until its plan is remade and returns None (args: `BlockStep.run`'s).
+    A refused step has written at most the new token's cache positions, which the operators
+    overwrite."""
     try:
         return step.run(*args)
     except RuntimeError as e:
+        kept = _plans.get(model)
+        if kept is not None and not kept.unchanged():
+            _plans[model] = Plan(model)
+            again = plan(model, args[0])
+            if again is not None:
+                return run_or_forget(again, model, *args)
+            return None
         warnings.warn(
             f"gpt1's decoding step refused this model ({str(e).splitlines()[0][:200]}); "
             "decoding runs torch's operators",

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpt1.model import block_step, matvec
+from gpt1.model import backend, block_step, matvec
 from gpt1.model.attention import attention, merge_heads, split_heads
 
 if TYPE_CHECKING:
@@ -333,6 +333,7 @@ class StepTokens:
 def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """`model(ids)` for ids `[B, T]` that continue the positions `cache` holds: hidden states
     `[B, T, n_embd]`; the cache grows by T (inference)."""
+    backend.expect_decoding()  # this process decodes: the kernel may be built
     past, T = len(cache), ids.shape[-1]
     if past + T > model.config.n_positions:
         raise ValueError(
@@ -364,6 +365,7 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
     same bits whichever rows share its step (int8 never takes the many-row product, which
     quantises the activations of all the rows with one scale).
     """
+    backend.expect_decoding()
     if ids.dim() != 1 or len(caches) != ids.shape[0]:
         raise ValueError(f"decode needs ids [n] and n caches; got {list(ids.shape)}, {len(caches)}")
     positions = torch.tensor([len(c) for c in caches], device=ids.device)

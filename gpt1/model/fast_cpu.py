@@ -30,9 +30,7 @@ Same distributions and the same maths as the plain path (`tests/test_model_fast_
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 from fractions import Fraction
 
 import torch
@@ -40,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.inplace import softmax_, softmax_backward_
-from gpt1.model import matvec
+from gpt1.model import backend, matvec
 from gpt1.model.masks import keep_mask
 
 
@@ -171,23 +169,12 @@ class _CausalAttentionDropout(torch.autograd.Function):
 # A packed weight works for any number of input rows; the hint only tunes oneDNN's layout choice
 # (64 rows: measured as good as exact hints from 1 to 1500 rows on the block shapes).
 _PACK_ROWS_HINT = 64
-_PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def prepack_available(dtype: torch.dtype) -> bool:
-    """Whether this torch build can prepack weights of `dtype` on this CPU (and it is not
-    switched off with GPT1_PREPACK=0)."""
-    return os.environ.get("GPT1_PREPACK", "1") != "0" and _onednn_packs(dtype)
-
-
-@functools.cache
-def _onednn_packs(dtype: torch.dtype) -> bool:
-    if dtype not in _PACKED_DTYPES or not torch.backends.mkldnn.is_available():
-        return False
-    ops = torch.ops.mkldnn
-    if not (hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")):
-        return False
-    return dtype != torch.bfloat16 or bool(ops._is_mkldnn_bf16_supported())
+    """Whether many-row products with `dtype` weights use oneDNN's prepacked kernel here
+    (`gpt1.model.backend.prepacks`: this torch and CPU can, and GPT1_PREPACK does not say off)."""
+    return backend.prepacks(dtype)
 
 
 class MadeFrom:
@@ -235,7 +222,7 @@ class PackedWeight:
     ) -> torch.Tensor:
         if not self._applies(x, weight, bias):
             return F.linear(x, weight, bias)
-        if matvec.applies(x, weight) and (op := matvec.kernel()) is not None:
+        if matvec.applies(x, weight) and (op := backend.few_rows_kernel()) is not None:
             return matvec.linear(op, x, weight, None, bias)  # decoding: a few rows
         if self._made is None or not self._made.matches(weight):
             with torch.no_grad():

@@ -1,8 +1,9 @@
 """Making a loaded model ready for inference, the same way for every command that runs one.
 
 `for_inference(model, device, precision)` places and casts the model, switches it to eval,
-quantises it for `--precision int8` (`gpt1.model.quantize`) and prepacks the CPU weights
-(`gpt1.model.fast_cpu.prepack_for_inference`). serve, sample, evaluate, predict, zeroshot and
+quantises it for `--precision int8` (`gpt1.model.quantize`), prepacks the CPU weights
+(`gpt1.model.fast_cpu.prepack_for_inference`) and plans the one-call decoding step
+(`gpt1.model.block_step.prepare`); which kernels run is `gpt1.model.backend`'s decision. serve, sample, evaluate, predict, zeroshot and
 lm-eval all call it, so a precision means the same thing in each.
 
 Precisions (`gpt1.devices`): fp32, bf16 and fp16 cast weights and activations; `int8` stores
@@ -20,6 +21,8 @@ from torch import nn
 
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError
+from gpt1.model import backend, block_step
+from gpt1.model.backend import cpu_has_bf16
 from gpt1.model.fast_cpu import prepack_for_inference
 from gpt1.model.quantize import quantize_int8_
 
@@ -35,22 +38,12 @@ def activation_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_bf16() else torch.float32
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (oneDNN says so); elsewhere bf16 is emulated and
-    slower than fp32."""
-    mkldnn = torch.ops.mkldnn
-    return bool(
-        torch.backends.mkldnn.is_available()
-        and hasattr(mkldnn, "_is_mkldnn_bf16_supported")
-        and mkldnn._is_mkldnn_bf16_supported()
-    )
-
-
 def for_inference(
     model: nn.Module, device: str | torch.device = "auto", precision: str = "auto"
 ) -> nn.Module:
     """`model` on `device` in `precision` (names as `gpt1.devices` resolves them), in eval mode,
     quantised for int8 and prepacked for the CPU. Returns the model (changed in place)."""
+    backend.check_environment()  # a misspelt GPT1_* switch is refused before any work
     where = resolve_device(device) if not isinstance(device, torch.device) else device
     resolved = resolve_precision(precision, where)
     if resolved == "int8" and not any(isinstance(m, nn.Linear) for m in model.modules()):
@@ -62,4 +55,5 @@ def for_inference(
     model = prepack_for_inference(model)
     if resolved == "int8":
         quantize_int8_(model, activation_dtype(resolved, where))
+    block_step.prepare(model)  # the decoding step's plan (builds nothing)
     return model

@@ -12,24 +12,30 @@ to the order of summation.
 
 It is C++ compiled for this CPU (`-march=native`: AVX-512 where the CPU has it, plain loops the
 compiler vectorises elsewhere; `GPT1_KERNEL_MARCH=x86-64-v3` compiles for another target, to
-measure what an AVX2 CPU runs) by torch's extension builder the first time it is needed, which
-takes about 40 seconds and needs a C++ compiler and ninja. The build is kept in torch's extension
-folder (`TORCH_EXTENSIONS_DIR`) under a name that digests the source, this CPU's feature flags
-and the torch version and the compiler flags (the target), so any of them changing builds anew. Where it cannot be built, `kernel()`
-returns None after one warning and callers use torch's kernels: slower, the same maths.
-`GPT1_MATVEC=torch` chooses torch's kernels without building.
+measure what an AVX2 CPU runs) by torch's extension builder, which takes about a minute (more on
+a loaded machine) and needs a C++ compiler and ninja. It is built once per machine and
+environment, by the first process that decodes or by `gpt1 kernels build`, with one line on
+stderr naming the folder. The folder is in torch's extension folder (`TORCH_EXTENSIONS_DIR`)
+under a name that digests the sources and `build_key()`: the CPU's feature flags, torch's
+version and install path, the compiler and its version, and the flags; two environments keep
+one build each. A build is compiled and proven in child processes and published whole, with a
+checksum that every later load checks (`_build`). `gpt1.model.backend` decides whether the
+kernel runs (where it cannot be built: one warning, then torch's kernels, slower, the same
+maths); `GPT1_MATVEC=torch` chooses torch's kernels without building.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import logging
+import importlib.util
 import os
 import platform
 import re
+import shutil
+import subprocess
 import sys
-import warnings
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,12 +48,12 @@ try:
 except ImportError:  # Windows: no flock; torch's own marker alone
     fcntl = None
 
-log = logging.getLogger(__name__)
 KERNELS = Path(__file__).resolve().parent / "kernels"
 SOURCES = ("matvec.cpp", "step.cpp", "quantize.cpp", "module.cpp")  # compiled into one module
 HEADERS = ("products.h", "lanes.h")
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
+CHECKSUM = "sha256"  # beside a published build: its library's digest
 # The instruction set the kernel is compiled for: `-march=` this (GPT1_KERNEL_MARCH, default
 # `native`, this CPU); `x86-64-v3` builds the AVX2+FMA code a laptop runs, to measure it here.
 MARCH_VARIABLE = "GPT1_KERNEL_MARCH"
@@ -71,7 +77,7 @@ def _cflags() -> list[str]:
     return ["-O3", f"-march={build_target()}", "-fopenmp"]
 
 
-def _cpu_flags() -> str:
+def cpu_flags() -> str:
     """This CPU's feature flags (what -march=native compiles for), or its architecture's name."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -82,81 +88,197 @@ def _cpu_flags() -> str:
     return platform.machine() + platform.processor()
 
 
-def _build_name() -> str:
+@functools.cache
+def _compiler(cxx: str) -> str:
+    """The compiler torch's builder runs (`CXX`, else `c++`) and its version's first line."""
+    try:
+        done = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30)
+        return f"{cxx} {(done.stdout.strip().splitlines() or [''])[0]}"
+    except (OSError, subprocess.SubprocessError):
+        return f"{cxx} (not runnable)"
+
+
+def build_key() -> list[str]:
+    """What the build depends on besides its sources: the CPU, torch's version and install path
+    (another environment's torch is another build), the compiler and its version, the flags."""
+    return [
+        cpu_flags(),
+        torch.__version__,
+        str(Path(torch.__file__).resolve().parent),
+        _compiler(os.environ.get("CXX", "c++")),
+        " ".join(_cflags()),
+    ]
+
+
+def build_name() -> str:
+    """The build's folder name: a digest of the sources and `build_key()`."""
     digest = hashlib.sha256()
     for name in SOURCES + HEADERS:
         digest.update((KERNELS / name).read_bytes())
-    digest.update(_cpu_flags().encode() + torch.__version__.encode())
-    digest.update(" ".join(_cflags()).encode())  # another build target is another build
+    for part in build_key():
+        digest.update(part.encode() + b"\0")
     return f"gpt1_matvec_{digest.hexdigest()[:12]}"
 
 
-def _build_directory(name: str) -> Path:
-    """Where torch's builder keeps the build (`TORCH_EXTENSIONS_DIR`, else its default root)."""
+def build_root() -> Path:
+    """Where builds are kept: `TORCH_EXTENSIONS_DIR`, else torch's default root."""
     from torch.utils.cpp_extension import get_default_build_root
 
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
         get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_cpu"
     )
-    folder = Path(root) / name
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    return Path(root)
 
 
-def _build():
-    """Build (or find built) and import the kernel's module.
-
-    torch's builder marks a build in progress with a file (`lock`) that a process killed in the
-    middle leaves behind, and every later build then waits for it forever. So the build runs
-    under an OS lock of our own (`flock`, released when its holder dies, however it dies): whoever
-    holds it knows that no live process is building, and removes a `lock` left by a dead one."""
-    from torch.utils.cpp_extension import load
-
-    name = _build_name()
-    folder = _build_directory(name)
-    with open(folder.parent / f"{name}.flock", "a") as guard:
-        if fcntl is not None:
-            fcntl.flock(guard, fcntl.LOCK_EX)
-        (folder / "lock").unlink(missing_ok=True)
-        if not (folder / f"{name}.so").exists():
-            log.info("building gpt1's decoding kernel for this CPU (once, about a minute)")
-        return load(
-            name=name,
-            sources=[str(KERNELS / name) for name in SOURCES],
-            extra_cflags=_cflags(),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(folder),
-            verbose=False,
-        )
+def build_folder() -> Path:
+    """The folder this environment's build is (or will be) published in."""
+    return build_root() / build_name()
 
 
-def kernel() -> Callable[..., torch.Tensor] | None:
-    """`matvec(x [M, K], w [N, K], scale [N] or None, bias [N] or None)` -> `[M, N]` in x's dtype
-    (1 <= M <= MAX_ROWS, w contiguous in one of `DTYPES`, int8 with scales, all on the CPU); None
-    where the kernel is not available."""
-    built = module()
-    return None if built is None else built.matvec
+def is_built() -> bool:
+    """Whether a published build is there and its bytes are the ones that were proven."""
+    return _verified(build_folder())
+
+
+def _verified(folder: Path) -> bool:
+    library, checksum = folder / f"{folder.name}.so", folder / CHECKSUM
+    try:
+        return checksum.read_text().split()[0] == _sha256(library)
+    except (OSError, IndexError):
+        return False
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 @functools.cache
 def module():
-    """The built kernels' module (`matvec`; `decode_step`, used by `gpt1.model.block_step`;
-    `quantize_per_tensor`, used by `gpt1.model.quantize`), or None where they are not
-    available."""
-    if os.environ.get("GPT1_MATVEC", "") == "torch":
-        return None
-    build_target()  # a misspelt target is the user's mistake, said as such, not a failed build
+    """gpt1's compiled module (`matvec`; `decode_step`, used by `gpt1.model.block_step`;
+    `quantize_per_tensor`, used by `gpt1.model.quantize`), built here if it is not published
+    yet. Raises where it cannot be built or loaded (`gpt1.model.backend` decides what then)."""
+    return _build()
+
+
+@functools.cache
+def module_if_built():
+    """The compiled module where a proven build is published, else None; builds nothing."""
+    return _import(build_folder()) if is_built() else None
+
+
+def forget() -> None:
+    """Look for the build again on the next call (tests; after `gpt1 kernels build`)."""
+    module.cache_clear()
+    module_if_built.cache_clear()
+
+
+def _build():
+    """Find the published build, or build, prove and publish it, then import it.
+
+    A build is compiled in a private folder by a child process, loaded by another child (a
+    damaged library kills the child, not this process), given a checksum and published by
+    renaming its folder: a published folder is always complete. A published build whose bytes
+    no longer match their checksum (truncated, damaged) is removed and rebuilt, never loaded.
+    Builders of one folder take turns under an OS lock (`flock`, released however its holder
+    dies), and a build or a wait says so on stderr."""
+    folder = build_folder()
+    if _verified(folder):
+        return _import(folder)
+    root = folder.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{folder.name}.flock", "a") as guard:
+        _take_turn(guard, folder)
+        if not _verified(folder):
+            damaged = folder.exists()
+            shutil.rmtree(folder, ignore_errors=True)
+            _say(
+                f"{'rebuilding a damaged' if damaged else 'building'} decoding kernel for this "
+                f"CPU in {folder} (once, about a minute; GPT1_MATVEC=torch skips it)"
+            )
+            _publish(folder)
+    return _import(folder)
+
+
+def _take_turn(guard, folder: Path) -> None:
+    if fcntl is None:
+        return
     try:
-        return _build()
-    except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        warnings.warn(
-            f"gpt1 could not build its decoding kernel ({first_line[:200]}); decoding uses "
-            "torch's kernels, about half as fast (GPT1_MATVEC=torch silences this)",
-            RuntimeWarning,
-            stacklevel=2,
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _say(
+            f"waiting for another process building the decoding kernel in {folder} "
+            "(GPT1_MATVEC=torch skips it)"
         )
-        return None
+        fcntl.flock(guard, fcntl.LOCK_EX)
+
+
+def _say(line: str) -> None:
+    """One line on stderr, where a user sees it whatever logging does."""
+    print(f"gpt1: {line}", file=sys.stderr, flush=True)
+
+
+def _publish(folder: Path) -> None:
+    private = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        library = _compile(private, folder.name)
+        _prove(library)
+        (private / CHECKSUM).write_text(f"{_sha256(library)}  {library.name}\n")
+        private.rename(folder)  # atomic: another process sees no folder or a whole one
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+_COMPILE = """
+import sys
+from torch.utils.cpp_extension import load
+name, folder, flags, sources = sys.argv[1], sys.argv[2], sys.argv[3].split(), sys.argv[4:]
+load(name=name, sources=sources, extra_cflags=flags, extra_ldflags=["-fopenmp"],
+     build_directory=folder, verbose=False)
+"""
+
+_PROVE = """
+import importlib.util, sys
+import torch
+spec = importlib.util.spec_from_file_location(sys.argv[1], sys.argv[2])
+built = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(built)
+built.has_decode_step()
+"""
+
+
+def _compile(folder: Path, name: str) -> Path:
+    """Compile the sources into `folder` in a child process (torch's builder, which also
+    imports the result there); the library's path."""
+    sources = [str(KERNELS / source) for source in SOURCES]
+    _child(_COMPILE, name, str(folder), " ".join(_cflags()), *sources)
+    return folder / f"{name}.so"
+
+
+def _prove(library: Path) -> None:
+    """Load `library` in a child process and call it: raises where that fails or crashes."""
+    _child(_PROVE, library.stem, str(library))
+
+
+def _child(script: str, *args: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        lines = (done.stderr or done.stdout).strip().splitlines()
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        raise RuntimeError(f"gpt1's decoding kernel failed to build or load ({why[:200]})")
+
+
+def _import(folder: Path):
+    """Import the published library (its bytes were checked against their checksum)."""
+    name = folder.name
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.so")
+    built = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(built)
+    sys.modules[name] = built
+    return built
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -24,11 +24,15 @@ int32 and applies both scales and the bias before writing the float output. One 
 tensor rather than per row: on GPT-1's layers it was faster (per-row scales cost another pass
 over the output) and no less accurate on the model measured (docs/results.md, "int8
 inference"); a row's result depends on the largest activation in its batch, so the same
-sentence can score a little differently in another batch. Where that kernel does not apply
-(autograd, a non-finite activation, a torch build without it, or after it failed once, with a
-warning; `GPT1_INT8_MATMUL=0` switches it off), many rows take one float matrix product over
-the int8 values (exact in bf16) with the scales applied to its output: the same numbers up to
-the activations' rounding.
+sentence can score a little differently in another batch. The activations go to oneDNN as
+signed bytes, or as unsigned bytes with zero point 128 (the same integers), whichever this CPU
+has a real kernel for: `gpt1.model.backend` times both against the float path once per process
+(oneDNN's reference kernel, which it falls back to for signed bytes on CPUs with VNNI but no
+AMX, is about a thousand times slower). Where that kernel does not apply or is slower (autograd,
+a non-finite activation, a torch build without it, after it failed once, with a warning;
+`GPT1_INT8_MATMUL=0` switches it off), many rows take one float matrix product over the int8
+values (exact in bf16) with the scales applied to its output: the same numbers up to the
+activations' rounding.
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
 whose int8 weights differ from the float ones by more than `MAX_RELATIVE_ERROR` of that row
@@ -38,17 +42,14 @@ precision).
 
 from __future__ import annotations
 
-import functools
 import math
-import os
-import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from gpt1.errors import ConfigError
-from gpt1.model import matvec
+from gpt1.model import backend, matvec
 from gpt1.model.fast_cpu import MadeFrom
 
 # The rounding error (`relative_error`, the worst row of a layer) above which a layer is refused.
@@ -107,7 +108,7 @@ def int8_linear(
     no oneDNN int8 kernel) one float matrix product over the int8 values (exact in bf16) does
     the work."""
     if matvec.applies(x, q):
-        op = matvec.kernel()
+        op = backend.few_rows_kernel()
         if op is not None:
             return matvec.linear(op, x, q, scale, bias)
         if q.shape[1] % _KERNEL_BLOCK == 0 and x.dtype in _INT8PACK_DTYPES:
@@ -122,7 +123,7 @@ def int8_linear(
 def _int8pack(
     rows: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """torch's fused int8-weight kernel, called as `matvec.kernel()`'s result is."""
+    """torch's fused int8-weight kernel, called as `backend.few_rows_kernel()`'s result is."""
     out = torch.ops.aten._weight_int8pack_mm(rows.contiguous(), q, scale.to(rows.dtype))
     return out if bias is None else out.add_(bias)
 
@@ -136,26 +137,6 @@ def _dequantised_linear(
 
 # Activations the many-row int8 product takes (its output comes back in the same dtype).
 _PACKED_INT8_DTYPES = (torch.bfloat16, torch.float32)
-# The layout hint for oneDNN's packed weight: any number of rows works with it, and 64 or 1024
-# gave the same speed on GPT-1's layers at 800 rows.
-_PACK_ROWS_HINT = 1024
-
-
-_failed: list[str] = []  # the first error of oneDNN's int8 kernel in this process, if any
-
-
-def _onednn_int8() -> bool:
-    """Whether this torch build has oneDNN's int8 linear kernels, they have not failed in this
-    process, and they are not switched off with GPT1_INT8_MATMUL=0."""
-    return not _failed and os.environ.get("GPT1_INT8_MATMUL", "1") != "0" and _onednn_has_int8()
-
-
-@functools.cache
-def _onednn_has_int8() -> bool:
-    if not torch.backends.mkldnn.is_available():
-        return False
-    ops = torch.ops.onednn
-    return hasattr(ops, "qlinear_prepack") and hasattr(ops, "qlinear_pointwise")
 
 
 class PackedInt8:
@@ -185,30 +166,46 @@ class PackedInt8:
     def linear(
         self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor | None:
-        if not _packed_int8_applies(x, q, bias):
+        encoding = backend.int8_many_rows() if _packed_int8_applies(x, q, bias) else None
+        if encoding is None:
             return None
         rows = x.reshape(-1, x.shape[-1])
         qx, x_scale = _quantize_per_tensor(rows)
         if qx is None:
             return None
         try:
-            packed, zero_points = self.packed(q)
-            out = torch.ops.onednn.qlinear_pointwise(
-                qx, x_scale, 0, packed, scale.float(), zero_points,
-                bias, 1.0, 0, x.dtype, "none", [], "",
-            )  # fmt: skip
+            out = self.product(qx, x_scale, q, scale, bias, x.dtype, encoding)
         except RuntimeError as e:
-            _give_up(e)
+            backend.fail(
+                "many rows int8",
+                "oneDNN's int8 matrix product failed",
+                e,
+                "int8 products of many rows use the float path (GPT1_INT8_MATMUL=0 silences this)",
+            )
             return None
         return out.view(*x.shape[:-1], q.shape[0])
+
+    def product(
+        self,
+        qx: torch.Tensor,
+        x_scale: float,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+        dtype: torch.dtype,
+        encoding: str,
+    ) -> torch.Tensor:
+        """oneDNN's int8 product of activations `qx` (int8, one `x_scale`) and `q`, in `dtype`,
+        the activations handed over as `encoding` says (`backend.onednn_int8_product`)."""
+        packed = self.packed(q)
+        return backend.onednn_int8_product(qx, x_scale, packed, scale, bias, dtype, encoding)
 
     def packed(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """oneDNN's packed copy of `q` and its zero points (all 0: symmetric), made or remade
         here where `q` is not what the copy was made from."""
         copy = self._copy
         if copy is None or not copy[2].matches(q):
-            weight = torch.ops.onednn.qlinear_prepack(q.detach(), [_PACK_ROWS_HINT, q.shape[1]])
-            copy = (weight, torch.zeros(q.shape[0], dtype=torch.long), MadeFrom(q))
+            copy = (*backend.pack_int8(q), MadeFrom(q))
             self._copy = copy
         return copy[0], copy[1]
 
@@ -224,7 +221,6 @@ def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | 
         and x.dim() >= 2
         and x.numel() > 0
         and x.shape[-1] == q.shape[1]
-        and _onednn_int8()
     )
 
 
@@ -233,7 +229,7 @@ def _quantize_per_tensor(rows: torch.Tensor) -> tuple[torch.Tensor | None, float
     rows hold no finite non-zero magnitude to scale by. Two passes in gpt1's compiled module
     where it is built for this CPU (scaled in fp32), else four torch operators (scaled in the
     rows' dtype): the same integers up to that rounding."""
-    built = matvec.module()
+    built = backend.kernel_module()
     if built is not None and built.has_quantize_per_tensor():
         qx, x_scale = built.quantize_per_tensor(rows.contiguous())
         return (qx, x_scale) if qx is not None else (None, 0.0)
@@ -247,18 +243,6 @@ def _quantize_per_tensor(rows: torch.Tensor) -> tuple[torch.Tensor | None, float
         torch.mul(rows, 127.0 / amax).round_().to(torch.int8, memory_format=torch.contiguous_format)
     )
     return qx, amax / 127.0
-
-
-def _give_up(error: RuntimeError) -> None:
-    """The int8 kernel failed (an unsupported CPU or build): say so once, use the float path."""
-    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    _failed.append(first)
-    warnings.warn(
-        f"oneDNN's int8 matrix product failed ({first[:200]}); int8 products of many rows use "
-        "the float path (GPT1_INT8_MATMUL=0 silences this)",
-        RuntimeWarning,
-        stacklevel=3,
-    )
 
 
 class Int8Linear(nn.Module):

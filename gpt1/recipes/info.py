@@ -1,5 +1,6 @@
 """`gpt1 info`: describe a preset or a checkpoint (and a fine-tuned one's task) without loading
-its weights."""
+its weights, and (`--kernels`) which implementation runs each product on this CPU;
+`gpt1 kernels build`: build gpt1's compiled kernel now."""
 
 from __future__ import annotations
 
@@ -84,3 +85,33 @@ def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
         "seq_len": T,
         "flops_per_token": model_flops(lstm, T),
     }
+
+
+def describe_kernels() -> dict[str, Any]:
+    """This CPU's instruction sets and, per product kind and for the decoding step, which
+    implementation runs here and why (`gpt1.model.backend.report`; builds nothing)."""
+    from gpt1.model import backend
+
+    return {
+        "isa": backend.isa(),
+        "kernels": [dataclasses.asdict(choice) for choice in backend.report()],
+    }
+
+
+def build_kernels() -> tuple[Path, bool]:
+    """Build (or find and check) the compiled kernel for this environment: (its folder, whether
+    it was built now). Raises ConfigError where it is switched off or cannot be built."""
+    from gpt1.model import backend, matvec
+
+    backend.check_environment()
+    if backend.switch("GPT1_MATVEC") is False:
+        raise ConfigError("GPT1_MATVEC switches gpt1's kernel off: nothing to build")
+    fresh = not matvec.is_built()
+    try:
+        matvec.module()
+    except Exception as e:  # the compiler's or the loader's own words, in one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"the kernel could not be built in {matvec.build_folder()}: {first}"
+        ) from None
+    return matvec.build_folder(), fresh

@@ -1,0 +1,452 @@
+"""Which implementation runs each kind of weight product, and the decoding step, on this CPU: the
+one place that decides.
+
+The kinds (`KINDS`) and their candidates:
+
+- `few rows` (up to `matvec.MAX_ROWS` rows: decoding, fp32/bf16/int8 weights): gpt1's compiled
+  kernel (`gpt1.model.matvec`), else torch's (oneDNN's packed product, `F.linear`, or
+  `_weight_int8pack_mm` for int8);
+- `many rows fp32/bf16` (prompts, classification batches): oneDNN's prepacked product
+  (`fast_cpu.PackedWeight`), else `F.linear`;
+- `many rows int8`: oneDNN's int8 product (`quantize.PackedInt8`) with the activations as signed
+  or as unsigned bytes (whichever this CPU has a real kernel for), else one float product over
+  the int8 values;
+- `decoding step`: every block of a step in one call (`gpt1.model.block_step`), else the blocks
+  as torch operators.
+
+What the process can use is found out once (`probe()`: the kernel's build, the CPU's
+instruction sets, oneDNN's kernels, the environment's switches) and what failed is remembered
+once (`fail`). oneDNN ships a reference int8 kernel, about a thousand times slower than its
+real ones, that it runs where it has no real one for the operands (signed activations on a CPU
+with VNNI but no AMX): `int8_many_rows` times one small product of each candidate against the
+float path, once per CPU and torch (kept beside the kernel's builds), and takes only what is not
+slower.
+
+The kernel is built (about a minute, once per machine and environment; `gpt1 kernels build`)
+only by processes that decode (`expect_decoding`); elsewhere it is used where a build is
+already there. Switches (each takes 0/1/off/on/false/true, in any case; unset: decide here):
+`GPT1_MATVEC` (also `torch`: torch's kernels, nothing built), `GPT1_INT8_MATMUL` (on: oneDNN's
+int8 product without the speed check), `GPT1_PREPACK`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from gpt1.errors import ConfigError
+from gpt1.model import matvec
+
+KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step")
+_ON, _OFF = ("1", "on", "true"), ("0", "off", "false")
+# name -> whether `torch` is accepted (meaning torch's kernels: off)
+SWITCHES = {"GPT1_MATVEC": True, "GPT1_INT8_MATMUL": False, "GPT1_PREPACK": False}
+
+
+def switch(name: str) -> bool | None:
+    """The environment switch `name` (one of `SWITCHES`): True (on), False (off) or None
+    (unset: the backend decides). Raises ConfigError, in one line naming the variable and
+    what it takes, for any other value."""
+    raw = os.environ.get(name, "").strip()
+    value = raw.lower()
+    if not value:
+        return None
+    if value in _ON:
+        return True
+    if value in _OFF or (value == "torch" and SWITCHES[name]):
+        return False
+    accepted = "0/1/off/on/false/true" + ("/torch" if SWITCHES[name] else "")
+    raise ConfigError(f"{name}={raw!r} is not a switch: use one of {accepted}")
+
+
+def check_environment() -> None:
+    """Refuse (ConfigError, one line) a misspelt switch or build target before any work."""
+    for name in SWITCHES:
+        switch(name)
+    matvec.build_target()
+
+
+# ------------------------------------------------------------------------ one failure memory
+_failures: dict[str, str] = {}  # kind -> the first error's first line, in this process
+
+
+def fail(kind: str, what: str, error: BaseException, instead: str) -> None:
+    """Remember that `kind`'s implementation failed, so it is not tried again in this process,
+    and warn once: `what` failed (the error's first line); `instead` runs."""
+    if kind in _failures:
+        return
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    _failures[kind] = first
+    warnings.warn(f"{what} ({first}); {instead}", RuntimeWarning, stacklevel=4)
+
+
+def failure(kind: str) -> str | None:
+    """The first failure remembered for `kind` in this process, or None."""
+    return _failures.get(kind)
+
+
+# ------------------------------------------------------------------------ the kernel's build
+_decoding = False  # set by the first decoding cache: this process may build the kernel
+
+
+def expect_decoding() -> None:
+    """This process decodes: the few-row products and the step may build the kernel."""
+    global _decoding
+    _decoding = True
+
+
+def kernel_module():
+    """gpt1's compiled module, or None: off (`GPT1_MATVEC`), failed, or not built and this
+    process does not decode (it then uses torch's kernels rather than wait for a build)."""
+    wanted = switch("GPT1_MATVEC")
+    if wanted is False or failure("kernel"):
+        return None
+    try:
+        if _decoding or wanted:
+            return matvec.module()
+        return matvec.module_if_built()
+    except ConfigError:
+        raise
+    except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
+        fail(
+            "kernel",
+            "gpt1 could not build its decoding kernel",
+            e,
+            "decoding uses torch's kernels, about half as fast (GPT1_MATVEC=torch silences this)",
+        )
+        return None
+
+
+def kernel() -> Callable[..., torch.Tensor] | None:
+    """`few_rows_kernel()` in a process that means to decode: built here if need be.
+    `matvec(x [M, K], w [N, K], scale [N] or None, bias [N] or None)` -> `[M, N]` in x's
+    dtype (1 <= M <= MAX_ROWS, w contiguous in one of `matvec.DTYPES`, int8 with scales)."""
+    expect_decoding()
+    return few_rows_kernel()
+
+
+def few_rows_kernel() -> Callable[..., torch.Tensor] | None:
+    """gpt1's kernel for products of up to `matvec.MAX_ROWS` rows, or None (torch's)."""
+    built = kernel_module()
+    return None if built is None else built.matvec
+
+
+def decode_step_op() -> Callable[..., torch.Tensor] | None:
+    """The one-call decoding step's op, or None (the blocks run as torch operators)."""
+    built = kernel_module()
+    if built is None or not built.has_decode_step():
+        return None
+    return built.decode_step
+
+
+# --------------------------------------------------------------------------- oneDNN's products
+def prepacks(dtype: torch.dtype) -> bool:
+    """Whether products of many rows with `dtype` weights use oneDNN's prepacked kernel."""
+    return switch("GPT1_PREPACK") is not False and onednn_packs(dtype)
+
+
+@functools.cache
+def onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether this torch build prepacks `dtype` weights on this CPU (fp32; bf16 where native)."""
+    if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.mkldnn
+    if not (hasattr(ops, "_linear_pointwise") and hasattr(ops, "_reorder_linear_weight")):
+        return False
+    return dtype != torch.bfloat16 or cpu_has_bf16()
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (oneDNN says so); elsewhere bf16 is emulated and
+    slower than fp32."""
+    mkldnn = torch.ops.mkldnn
+    return bool(
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_is_mkldnn_bf16_supported")
+        and mkldnn._is_mkldnn_bf16_supported()
+    )
+
+
+@functools.cache
+def onednn_has_int8() -> bool:
+    """Whether this torch build has oneDNN's int8 linear kernels."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    ops = torch.ops.onednn
+    return hasattr(ops, "qlinear_prepack") and hasattr(ops, "qlinear_pointwise")
+
+
+def int8_many_rows() -> str | None:
+    """How int8 products of many rows run: `s8` or `u8` (oneDNN's int8 kernel, activations as
+    signed bytes, or as unsigned bytes with zero point 128), or None (the float path)."""
+    chosen = switch("GPT1_INT8_MATMUL")
+    if chosen is False or failure("many rows int8") or not onednn_has_int8():
+        return None
+    probe = int8_probe()
+    return probe.fastest if chosen else probe.choice
+
+
+# --------------------------------------------------------------------- the int8 speed check
+@dataclass(frozen=True)
+class Int8Probe:
+    """One small product timed on each path (seconds; inf where it failed): `choice` is the
+    encoding at least as fast as the float path, `fastest` the faster encoding."""
+
+    float_path: float
+    s8: float
+    u8: float
+
+    @property
+    def fastest(self) -> str:
+        return "s8" if self.s8 <= self.u8 else "u8"
+
+    @property
+    def choice(self) -> str | None:
+        best = self.fastest
+        return best if getattr(self, best) <= self.float_path else None
+
+
+# A product large enough that the work, not the call, takes the time (a real int8 kernel: about
+# 0.1 ms; the float path about 1 ms; oneDNN's reference kernel, at about 0.05 GMAC/s, 1 s), so
+# a smaller one screens for the reference kernel first (about 40 ms there, 0.1 ms elsewhere).
+_PROBE_SHAPE = (64, 768, 768)  # rows, in, out
+_SCREEN_SHAPE = (32, 256, 256)
+_REFERENCE_FACTOR = 10.0  # a screen this much slower than the float path is the reference
+# The layout hint for oneDNN's packed int8 weight: any number of rows works with it, and 64 or
+# 1024 gave the same speed on GPT-1's layers at 800 rows.
+_INT8_PACK_ROWS = 1024
+
+
+@functools.cache
+def int8_probe() -> Int8Probe:
+    """The int8 speed check's times: kept per CPU and torch in the build folder (so every run
+    on a machine takes the same path, and pays for the check once), else measured now."""
+    record = matvec.build_root() / f"gpt1_int8_probe_{_probe_key()}.json"
+    try:
+        return Int8Probe(**json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    probe = _measure_int8()
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        private = record.with_name(f".{record.name}.{os.getpid()}")
+        private.write_text(json.dumps(dataclasses.asdict(probe)))
+        private.replace(record)  # whole or absent, for a reader in another process
+    except OSError:
+        pass  # a read-only cache: measured again next time
+    return probe
+
+
+def _probe_key() -> str:
+    parts = [matvec.cpu_flags(), torch.__version__, str(Path(torch.__file__).resolve().parent)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+
+
+def _measure_int8() -> Int8Probe:
+    """Time oneDNN's int8 product (signed and unsigned activations) against the float path on
+    random operands in the activations' dtype, on one thread: the kernel's quality is the
+    question, and threads contending with other processes for the cores make every path slow
+    alike."""
+    dtype = torch.bfloat16 if cpu_has_bf16() else torch.float32
+    generator = torch.Generator().manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            screen = _product_timer(_SCREEN_SHAPE, dtype, generator)
+            full = _product_timer(_PROBE_SHAPE, dtype, generator)
+            times = {}
+            for encoding in ("s8", "u8"):
+                screened = screen(encoding, 1)
+                times[encoding] = (
+                    screened
+                    if screened > _REFERENCE_FACTOR * screen(None, 3)
+                    else full(encoding, 3)
+                )
+            return Int8Probe(full(None, 3), times["s8"], times["u8"])
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _product_timer(
+    shape: tuple[int, int, int], dtype: torch.dtype, generator: torch.Generator
+) -> Callable[[str | None, int], float]:
+    """`time(encoding, repeats)`: the best time of one product of random operands of `shape`
+    (rows, in, out) in `dtype`, on oneDNN's int8 kernel with `encoding` (activations already
+    quantised) or on the float path (None: the int8 weight widened, then `F.linear`, as
+    `quantize` runs it without the kernel); inf where it fails."""
+    rows, k, n = shape
+    x = torch.randn(rows, k, generator=generator).to(dtype)
+    q = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
+    scale = torch.rand(n, generator=generator) * 1e-2 + 1e-3
+    bias = torch.randn(n, generator=generator).to(dtype)
+    qx = torch.randint(-127, 128, (rows, k), generator=generator, dtype=torch.int8)
+
+    def float_path() -> torch.Tensor:
+        return torch.nn.functional.linear(x, q.to(dtype)) * scale.to(dtype) + bias
+
+    def time(encoding: str | None, repeats: int) -> float:
+        if encoding is None:
+            return best_time(float_path, repeats)
+        try:
+            packed = pack_int8(q)
+        except RuntimeError:
+            return float("inf")
+        return best_time(
+            lambda: onednn_int8_product(qx, 0.01, packed, scale, bias, dtype, encoding), repeats
+        )
+
+    return time
+
+
+def pack_int8(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """oneDNN's packed copy of the int8 weight `q` `[N, K]` and its zero points (all 0)."""
+    weight = torch.ops.onednn.qlinear_prepack(q.detach(), [_INT8_PACK_ROWS, q.shape[1]])
+    return weight, torch.zeros(q.shape[0], dtype=torch.long)
+
+
+def onednn_int8_product(
+    qx: torch.Tensor,
+    x_scale: float,
+    packed: tuple[torch.Tensor, torch.Tensor],
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    encoding: str,
+) -> torch.Tensor:
+    """oneDNN's int8 product of activations `qx` (int8 `[M, K]`, one `x_scale`) and a weight
+    packed by `pack_int8` (per-channel `scale`), bias applied, in `dtype`. `u8` hands the
+    activations over as unsigned bytes with zero point 128 (the same integers: flipping the top
+    bit of v gives v + 128), which CPUs with VNNI but no AMX multiply with a real kernel where
+    signed ones get the reference kernel."""
+    zero_point = 0
+    if encoding == "u8":
+        qx, zero_point = qx.view(torch.uint8).bitwise_xor(128), 128
+    weight, zero_points = packed
+    return torch.ops.onednn.qlinear_pointwise(
+        qx, x_scale, zero_point, weight, scale.float(), zero_points,
+        bias, 1.0, 0, dtype, "none", [], "",
+    )  # fmt: skip
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> float:
+    """The shortest of `repeats` timed calls of `fn` after one untimed call (inf if it raises)."""
+    try:
+        fn()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+        return best
+    except RuntimeError:
+        return float("inf")
+
+
+# ------------------------------------------------------------------------------ the report
+@dataclass(frozen=True)
+class Choice:
+    """What runs a kind of product here, and why."""
+
+    kind: str
+    implementation: str
+    why: str
+
+
+def report() -> list[Choice]:
+    """For `gpt1 info --kernels`: which implementation each product kind and the decoding step
+    use on this CPU, and why. Builds nothing; times the int8 product once."""
+    check_environment()
+    return [_few_rows(), _many_rows_float(), _many_rows_int8(), _step()]
+
+
+def _kernel_state() -> tuple[bool, str]:
+    if switch("GPT1_MATVEC") is False:
+        return False, "GPT1_MATVEC switches it off"
+    if failure("kernel"):
+        return False, f"its build failed: {failure('kernel')}"
+    if not matvec.is_built():
+        return False, (
+            f"not built yet in {matvec.build_folder()} (decoding builds it; gpt1 kernels build)"
+        )
+    return True, f"built for -march={matvec.build_target()} in {matvec.build_folder()}"
+
+
+def _few_rows() -> Choice:
+    usable, why = _kernel_state()
+    if usable:
+        return Choice(KINDS[0], "gpt1's kernel (matvec)", why)
+    return Choice(KINDS[0], "torch's (oneDNN packed / _weight_int8pack_mm)", why)
+
+
+def _many_rows_float() -> Choice:
+    if prepacks(torch.float32):
+        bf16 = "fp32 and bf16" if prepacks(torch.bfloat16) else "fp32 (bf16 not native here)"
+        return Choice(KINDS[1], "oneDNN prepacked", f"{bf16} weights packed once")
+    why = "GPT1_PREPACK switches it off" if switch("GPT1_PREPACK") is False else "no oneDNN"
+    return Choice(KINDS[1], "F.linear", why)
+
+
+def _many_rows_int8() -> Choice:
+    chosen = int8_many_rows()
+    if not onednn_has_int8():
+        return Choice(KINDS[2], "float path", "this torch has no oneDNN int8 kernel")
+    if switch("GPT1_INT8_MATMUL") is False:
+        return Choice(KINDS[2], "float path", "GPT1_INT8_MATMUL switches oneDNN's int8 off")
+    probe = int8_probe()
+    shape = "x".join(map(str, _PROBE_SHAPE))
+    timed = (
+        f"{_timed(probe.s8, probe)} signed, {_timed(probe.u8, probe)} unsigned, float path "
+        f"{_ms(probe.float_path)} (a {shape} product, one thread)"
+    )
+    if chosen is None:
+        return Choice(KINDS[2], "float path", f"oneDNN's int8 is slower here ({timed})")
+    name = {"s8": "signed", "u8": "unsigned (zero point 128)"}[chosen]
+    return Choice(KINDS[2], f"oneDNN int8, {name} activations", timed)
+
+
+def _step() -> Choice:
+    usable, why = _kernel_state()
+    if usable and decode_step_op() is not None:
+        return Choice(KINDS[3], "one call for all blocks (block_step)", why)
+    if usable:
+        why = "the kernel was built without the step (no AVX-512 for this build target)"
+    return Choice(KINDS[3], "torch operators", why)
+
+
+def _timed(seconds: float, probe: Int8Probe) -> str:
+    if seconds > _REFERENCE_FACTOR * probe.float_path and seconds < float("inf"):
+        shape = "x".join(map(str, _SCREEN_SHAPE))
+        return f"oneDNN's reference kernel ({_ms(seconds)} on {shape})"
+    return _ms(seconds)
+
+
+def _ms(seconds: float) -> str:
+    return "failed" if seconds == float("inf") else f"{seconds * 1e3:.3g} ms"
+
+
+def isa() -> str:
+    """This CPU's instruction sets that matter here, as torch and /proc/cpuinfo name them."""
+    flags = set(matvec.cpu_flags().split())
+    wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"]
+    present = [f for f in wanted if f in flags]
+    return f"torch: {torch.backends.cpu.get_cpu_capability()}; CPU: {' '.join(present) or '-'}"
+
+
+def reset() -> None:
+    """Forget what was probed and failed (tests; a process changing its environment)."""
+    _failures.clear()
+    int8_probe.cache_clear()
+    matvec.forget()
+    global _decoding
+    _decoding = False

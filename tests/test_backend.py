@@ -1,0 +1,148 @@
+"""The kernel seam (`gpt1.model.backend`): the environment's switches in their usual spellings
+(and a bad one refused in one line), the int8 speed check that keeps a slower kernel out, one
+failure memory, and `gpt1 info --kernels`."""
+
+import warnings
+
+import pytest
+import torch
+
+from gpt1 import GPT, ModelConfig
+from gpt1.cli import main
+from gpt1.errors import ConfigError
+from gpt1.model import backend, matvec
+from gpt1.model.inference import for_inference
+from gpt1.model.quantize import PackedInt8, int8_linear, quantize_rows
+
+
+@pytest.mark.parametrize("name", list(backend.SWITCHES))
+def test_switches_take_the_usual_spellings_in_any_case(name, monkeypatch):
+    for on in ["1", "on", "ON", "true", "True", " on "]:
+        monkeypatch.setenv(name, on)
+        assert backend.switch(name) is True
+    for off in ["0", "off", "Off", "false", "FALSE"]:
+        monkeypatch.setenv(name, off)
+        assert backend.switch(name) is False
+    monkeypatch.setenv(name, "")
+    assert backend.switch(name) is None
+    monkeypatch.setenv(name, "torch")
+    if backend.SWITCHES[name]:
+        assert backend.switch(name) is False  # torch's kernels
+    else:
+        with pytest.raises(ConfigError):
+            backend.switch(name)
+
+
+@pytest.mark.parametrize("name", [*backend.SWITCHES, matvec.MARCH_VARIABLE])
+def test_a_bad_switch_is_refused_in_one_line_before_any_work(name, monkeypatch, capsys):
+    monkeypatch.setenv(name, "yes please")
+    with pytest.raises(ConfigError, match=name):
+        backend.check_environment()
+    config = ModelConfig(vocab_size=50, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    with pytest.raises(ConfigError, match=name):
+        for_inference(GPT(config), "cpu", "fp32")
+    assert main(["info", "--kernels"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and name in err[0]
+
+
+def test_gpt1_matvec_off_means_off_and_builds_nothing(monkeypatch):
+    """`0`/`off` used to build and use the kernel (only `torch` was understood)."""
+
+    def no_build():
+        raise AssertionError("built")
+
+    monkeypatch.setattr(matvec, "module", no_build)
+    monkeypatch.setattr(matvec, "module_if_built", no_build)
+    monkeypatch.setattr(backend, "_decoding", True)  # a decoding process
+    for off in ["0", "off", "false", "torch"]:
+        monkeypatch.setenv("GPT1_MATVEC", off)
+        assert backend.few_rows_kernel() is None and backend.decode_step_op() is None
+
+
+@pytest.mark.parametrize(
+    ("probe", "choice"),
+    [
+        (backend.Int8Probe(float_path=1.0, s8=0.1, u8=0.2), "s8"),  # AMX: signed is real
+        (backend.Int8Probe(float_path=1.0, s8=900.0, u8=0.1), "u8"),  # VNNI, no AMX
+        (backend.Int8Probe(float_path=1.0, s8=900.0, u8=1.5), None),  # both slower: float path
+        (backend.Int8Probe(float_path=1.0, s8=float("inf"), u8=float("inf")), None),  # failed
+    ],
+)
+def test_the_int8_product_never_runs_slower_than_the_float_path(probe, choice, monkeypatch):
+    monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
+    monkeypatch.setattr(backend, "int8_probe", lambda: probe)
+    monkeypatch.setattr(backend, "_failures", {})
+    assert backend.int8_many_rows() == choice
+    monkeypatch.setenv("GPT1_INT8_MATMUL", "on")  # forced: the faster encoding, unchecked
+    assert backend.int8_many_rows() == probe.fastest
+    monkeypatch.setenv("GPT1_INT8_MATMUL", "off")
+    assert backend.int8_many_rows() is None
+
+
+def test_int8_many_rows_takes_the_float_path_where_the_kernel_is_slower(monkeypatch):
+    monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
+    slow = backend.Int8Probe(float_path=1.0, s8=900.0, u8=2.0)
+    monkeypatch.setattr(backend, "int8_probe", lambda: slow)
+
+    def oneDNN(*args, **kwargs):
+        raise AssertionError("oneDNN's int8 product ran")
+
+    monkeypatch.setattr(PackedInt8, "product", oneDNN)
+    q, scale = quantize_rows(torch.randn(48, 32))
+    out = int8_linear(torch.randn(40, 32), q, scale, None, PackedInt8())
+    assert out.shape == (40, 48)
+
+
+@pytest.mark.skipif(not backend.onednn_has_int8(), reason="no oneDNN int8 kernel in this torch")
+def test_the_probe_times_every_path_once_per_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    backend.int8_probe.cache_clear()
+    try:
+        probe = backend.int8_probe()
+        assert probe.float_path < float("inf")
+        assert backend.int8_probe() is probe  # once per process
+        backend.int8_probe.cache_clear()
+
+        def measure():
+            raise AssertionError("measured again")
+
+        monkeypatch.setattr(backend, "_measure_int8", measure)
+        assert backend.int8_probe() == probe  # and kept for the next process
+    finally:
+        backend.int8_probe.cache_clear()
+    assert probe.choice in (None, "s8", "u8")
+    if probe.choice is not None:
+        assert getattr(probe, probe.choice) <= probe.float_path
+
+
+def test_a_failure_is_remembered_and_warned_once(monkeypatch):
+    monkeypatch.setattr(backend, "_failures", {})
+    with pytest.warns(RuntimeWarning, match=r"it broke \(bad thing\); the other path runs"):
+        backend.fail(
+            "many rows int8", "it broke", RuntimeError("bad thing\ndetail"), "the other path runs"
+        )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        backend.fail("many rows int8", "it broke", RuntimeError("again"), "x")
+    assert backend.failure("many rows int8") == "bad thing"
+    assert backend.int8_many_rows() is None
+
+
+def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, capsys):
+    monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
+    monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1e-4))
+    monkeypatch.setattr(backend, "onednn_has_int8", lambda: True)
+    monkeypatch.setenv("GPT1_MATVEC", "torch")
+    assert main(["info", "--kernels"]) == 0
+    out = capsys.readouterr().out
+    for kind in backend.KINDS:
+        assert kind in out
+    assert "oneDNN int8, unsigned" in out and "GPT1_MATVEC switches it off" in out
+    monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1.0))
+    assert main(["info", "--kernels", "--json"]) == 0
+    import json
+
+    kinds = {k["kind"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
+    assert kinds["many rows int8"]["implementation"] == "float path"
+    assert "slower" in kinds["many rows int8"]["why"]

@@ -1,0 +1,168 @@
+"""The compiled kernel's build (`gpt1.model.matvec`): keyed by the environment, compiled and
+proven in child processes, published whole with a checksum; a damaged cached build is rebuilt,
+never loaded; a build or a wait says so on stderr. The compiler is replaced by a fake that
+writes a small file (a real build takes minutes), except where a child really loads a file."""
+
+import threading
+import time
+import types
+
+import pytest
+
+from gpt1.model import backend, matvec
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+
+class FakeCompiler:
+    """Stands in for `_compile`/`_prove`/`_import`: a "library" is a text file; loading checks
+    that it is whole, as a dynamic loader would find a truncated one unusable."""
+
+    MARK = "gpt1-fake-library"
+
+    def __init__(self) -> None:
+        self.built: list[str] = []  # the build names compiled, in order
+        self.loaded: list[str] = []
+
+    def compile(self, folder, name):
+        self.built.append(name)
+        library = folder / f"{name}.so"
+        library.write_text(f"{self.MARK} {name} " + "x" * 4000 + " end")
+        return library
+
+    def prove(self, library):
+        if not library.read_text().endswith(" end"):
+            raise RuntimeError("gpt1's decoding kernel failed to build or load (bad ELF)")
+
+    def load(self, folder):
+        text = (folder / f"{folder.name}.so").read_text()
+        assert text.endswith(" end"), "a damaged library was loaded"
+        self.loaded.append(folder.name)
+        return types.SimpleNamespace(name=folder.name, matvec=None)
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    compiler = FakeCompiler()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.delenv("GPT1_MATVEC", raising=False)
+    monkeypatch.setattr(matvec, "_compile", compiler.compile)
+    monkeypatch.setattr(matvec, "_prove", compiler.prove)
+    monkeypatch.setattr(matvec, "_import", compiler.load)
+    matvec.forget()
+    yield compiler
+    matvec.forget()  # the next test finds the real build again
+
+
+def test_a_build_is_published_whole_with_its_checksum_and_says_so(fake, tmp_path, capsys):
+    built = matvec.module()
+    folder = matvec.build_folder()
+    assert built.name == folder.name and fake.built == [folder.name]
+    assert matvec.is_built()
+    assert sorted(p.name for p in folder.iterdir()) == [f"{folder.name}.so", matvec.CHECKSUM]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no private folder left
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(folder) in err[0] and "GPT1_MATVEC=torch" in err[0]
+    matvec.forget()
+    matvec.module()  # found, checked, loaded: no build, no line
+    assert fake.built == [folder.name] and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bytes changed"])
+def test_a_damaged_cached_build_is_rebuilt_never_loaded(fake, damage, capsys):
+    matvec.module()
+    library = matvec.build_folder() / f"{matvec.build_name()}.so"
+    data = library.read_bytes()
+    if damage == "truncated":
+        library.write_bytes(data[: len(data) // 3])
+    else:
+        library.write_bytes(data[:100] + b"\xcc" * 64 + data[164:])  # the same size
+    capsys.readouterr()
+    matvec.forget()
+    assert not matvec.is_built() and matvec.module_if_built() is None
+    matvec.forget()
+    assert matvec.module().name == matvec.build_name()  # FakeCompiler.load asserts it is whole
+    assert len(fake.built) == 2 and matvec.is_built()
+    assert "rebuilding a damaged" in capsys.readouterr().err
+
+
+def test_a_library_that_does_not_load_in_a_child_is_not_published(fake, monkeypatch):
+    def broken(folder, name):
+        library = folder / f"{name}.so"
+        library.write_text("not a library")  # the prover's child fails to load it
+        return library
+
+    monkeypatch.setattr(matvec, "_compile", broken)
+    with pytest.raises(RuntimeError, match="failed to build or load"):
+        matvec.module()
+    assert not matvec.build_folder().exists() and not matvec.is_built()
+
+
+def test_a_child_really_refuses_a_damaged_library(tmp_path):
+    """The real prover: a library with damaged bytes fails in the child, not in this process."""
+    library = tmp_path / "gpt1_matvec_damaged.so"
+    library.write_bytes(b"\x7fELF" + b"\x00" * 12 + b"\xcc" * 2000)
+    with pytest.raises(RuntimeError, match="failed to build or load"):
+        matvec._prove(library)
+
+
+def test_two_environments_alternating_build_once_each(fake, monkeypatch):
+    """Another environment (here another compiler; torch's install path and the flags are in
+    the key too) keeps a build of its own: alternating never rebuilds."""
+    folders = []
+    for cxx in ["c++", "other-c++", "c++", "other-c++", "c++"]:
+        monkeypatch.setenv("CXX", cxx)
+        matvec.forget()
+        matvec.module()
+        folders.append(matvec.build_folder())
+    assert folders[0] != folders[1] and len(set(folders)) == 2
+    assert len(fake.built) == 2
+    monkeypatch.setattr(matvec.torch, "__file__", "/another/env/site-packages/torch/__init__.py")
+    assert matvec.build_name() != folders[-1].name  # torch from another environment
+
+
+def test_a_build_in_another_process_is_waited_for_with_one_line(fake, monkeypatch):
+    if fcntl is None:
+        pytest.skip("no flock here")
+    said = []
+    monkeypatch.setattr(matvec, "_say", said.append)
+    folder = matvec.build_folder()
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    guard = open(folder.parent / f"{folder.name}.flock", "a")
+    fcntl.flock(guard, fcntl.LOCK_EX)  # another builder holds the turn
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(matvec.module()))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while not said and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert said and "waiting for another process" in said[0] and str(folder) in said[0]
+    assert not done  # still waiting
+    fcntl.flock(guard, fcntl.LOCK_UN)
+    guard.close()
+    waiter.join(30)
+    assert done and fake.built == [folder.name]
+
+
+def test_a_process_that_does_not_decode_does_not_build(fake, monkeypatch):
+    backend.reset()
+    try:
+        assert backend.few_rows_kernel() is None and fake.built == []  # nothing built
+        backend.expect_decoding()
+        backend.few_rows_kernel()
+        assert fake.built == [matvec.build_name()]
+    finally:
+        backend.reset()
+
+
+def test_gpt1_kernels_build_prints_the_folder(fake, capsys):
+    from gpt1.cli import main
+
+    assert main(["kernels", "build"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"built: {matvec.build_folder()}"]
+    assert main(["kernels", "build"]) == 0
+    assert capsys.readouterr().out.strip() == f"already built: {matvec.build_folder()}"
