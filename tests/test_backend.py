@@ -146,3 +146,26 @@ def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, ca
     kinds = {k["kind"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
     assert kinds["many rows int8"]["implementation"] == "float path"
     assert "slower" in kinds["many rows int8"]["why"]
+
+
+def test_evaluate_does_not_build_the_kernel(tmp_path, monkeypatch, capsys):
+    """A command that does not decode never waits for a build (it once ran 866 s silently while
+    another environment's build ran); it uses a build only where one is there."""
+    from helpers.tiny import tiny_finetuned_run
+
+    run, task = tiny_finetuned_run(tmp_path)
+
+    def no_build(*args):
+        raise AssertionError("evaluate built the kernel")
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "no_builds"))
+    monkeypatch.delenv("GPT1_MATVEC", raising=False)
+    monkeypatch.setattr(matvec, "_compile", no_build)
+    backend.reset()
+    try:
+        for precision in ["fp32", "int8"]:
+            argv = ["evaluate", str(run), "--data", str(task), "--split", "dev"]
+            assert main([*argv, "--precision", precision, "--device", "cpu", "--overwrite"]) == 0
+        assert "building" not in capsys.readouterr().err
+    finally:
+        backend.reset()

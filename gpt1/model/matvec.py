@@ -191,6 +191,8 @@ def _build():
         if not _verified(folder):
             damaged = folder.exists()
             shutil.rmtree(folder, ignore_errors=True)
+            for stale in root.glob(f".{folder.name}.*"):  # a builder killed midway left it
+                shutil.rmtree(stale, ignore_errors=True)
             _say(
                 f"{'rebuilding a damaged' if damaged else 'building'} decoding kernel for this "
                 f"CPU in {folder} (once, about a minute; GPT1_MATVEC=torch skips it)"
