@@ -28,6 +28,19 @@ os.environ["GPT1_THREADS"] = "1"
 torch.set_num_threads(1)
 
 
+def _kernel_built_or_off() -> None:
+    """No test waits for gpt1's compiled kernel to build (minutes on a loaded machine): where it
+    is not built (`make test` builds it first, as `gpt1 kernels build` does), the tests and the
+    commands they start use torch's kernels, and the kernel's own tests skip saying so."""
+    from gpt1.model import matvec
+
+    if "GPT1_MATVEC" not in os.environ and not matvec.is_built():
+        os.environ["GPT1_MATVEC"] = "torch"
+
+
+_kernel_built_or_off()
+
+
 def tiny_model_config(**overrides: Any) -> ModelConfig:
     """`TINY_MODEL` with `overrides` (for helpers outside fixtures)."""
     return ModelConfig(**{**TINY_MODEL, **overrides})

@@ -169,3 +169,22 @@ def test_evaluate_does_not_build_the_kernel(tmp_path, monkeypatch, capsys):
         assert "building" not in capsys.readouterr().err
     finally:
         backend.reset()
+
+
+def test_plans_are_made_by_for_inference_without_process_wide_hooks():
+    """No hook on every module registration in the process (each one would cost every model's
+    users); the plan is made when the model is prepared and checked against what it took."""
+    from torch.nn.modules import module as torch_module
+
+    from gpt1.model import block_step
+
+    assert not torch_module._global_module_registration_hooks
+    assert not torch_module._global_parameter_registration_hooks
+    assert not torch_module._global_buffer_registration_hooks
+    config = ModelConfig(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
+    model = for_inference(GPT(config), "cpu", "fp32")
+    made = block_step._plans[model]
+    assert made.layout is not None and made.current() and made.unchanged()
+    if backend.decode_step_op() is not None:
+        with torch.no_grad():
+            assert block_step.plan(model, torch.zeros(1, 64)) is made.layout  # kept
