@@ -14,9 +14,10 @@ The kinds (`KINDS`) and their candidates:
 - `decoding step`: every block of a step in one call (`gpt1.model.block_step`), else the blocks
   as torch operators.
 
-What the process can use is found out once (`probe()`: the kernel's build, the CPU's
-instruction sets, oneDNN's kernels, the environment's switches) and what failed is remembered
-once (`fail`). oneDNN ships a reference int8 kernel, about a thousand times slower than its
+What the process can use is found out once and kept: the kernel's build (`kernel_module`),
+oneDNN's kernels (`onednn_packs`, `onednn_has_int8`, `int8_probe`), the CPU's instruction sets
+(`isa`), the environment's switches (`switch`, all checked by `check_environment` when a model
+is prepared); what failed is remembered once (`fail`), and is not tried again. oneDNN ships a reference int8 kernel, about a thousand times slower than its
 real ones, that it runs where it has no real one for the operands (signed activations on a CPU
 with VNNI but no AMX): `int8_many_rows` times one small product of each candidate against the
 float path, once per CPU and torch (kept beside the kernel's builds), and takes only what is not
