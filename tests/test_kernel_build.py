@@ -41,7 +41,7 @@ class FakeCompiler:
         text = (folder / f"{folder.name}.so").read_text()
         assert text.endswith(" end"), "a damaged library was loaded"
         self.loaded.append(folder.name)
-        return types.SimpleNamespace(name=folder.name, matvec=None)
+        return types.SimpleNamespace(name=folder.name, matvec=print)
 
 
 @pytest.fixture
@@ -156,6 +156,13 @@ def test_a_process_that_does_not_decode_does_not_build(fake, monkeypatch):
         backend.expect_decoding()
         backend.few_rows_kernel()
         assert fake.built == [matvec.build_name()]
+        backend.reset()
+        assert backend.few_rows_kernel() is not None  # built now: used without decoding
+        monkeypatch.setenv("CXX", "another-c++")  # another environment, nothing built there
+        backend.reset()
+        assert backend.few_rows_kernel() is None
+        monkeypatch.setenv("GPT1_MATVEC", "On")  # asked for: built even without decoding
+        assert backend.few_rows_kernel() is not None and len(fake.built) == 2
     finally:
         backend.reset()
 

@@ -42,16 +42,16 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
     from gpt1.recipes.info import describe, describe_kernels
 
-    if args.kernels:
-        kernels = describe_kernels()
-        print(json.dumps(kernels) if args.json else _kernel_lines(kernels))
-        if args.model is None:
-            return 0
-    elif args.model is None:
+    if args.model is None and not args.kernels:
         raise ConfigError("name a preset or checkpoint (or ask for --kernels)")
-    info = describe(args.model, seq_len=args.seq_len)
+    kernels = describe_kernels() if args.kernels else None
+    info = {} if args.model is None else describe(args.model, seq_len=args.seq_len)
     if args.json:
-        print(json.dumps(info))
+        print(json.dumps({**info, **(kernels or {})}))  # one object
+        return 0
+    if kernels is not None:
+        print(_kernel_lines(kernels))
+    if not info:
         return 0
     print(f"model: {info['source']}")
     for key, value in info["config"].items():
