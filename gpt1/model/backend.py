@@ -27,7 +27,7 @@ The kernel is built (about a minute, once per machine and environment; `gpt1 ker
 only by processes that decode (`expect_decoding`); elsewhere it is used where a build is
 already there. Switches (each takes 0/1/off/on/false/true, in any case; unset: decide here):
 `GPT1_MATVEC` (also `torch`: torch's kernels, nothing built), `GPT1_INT8_MATMUL` (on: oneDNN's
-int8 product without the speed check), `GPT1_PREPACK`.
+int8 product even where it is slower than the float path), `GPT1_PREPACK`.
 """
 
 from __future__ import annotations
