@@ -17,12 +17,15 @@ A tracker that fails while logging is reported once and dropped; metrics.jsonl s
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
 import json
 import logging
 import os
 import secrets
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -42,6 +45,13 @@ _MODULES = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
     "mlflow": ("mlflow", "mlflow-skinny"),
+}
+# What starting each tracker imports: imported by `require`, so that a package that is
+# installed but broken is refused before the run folder is made, as a missing one is.
+_IMPORTS = {
+    "tensorboard": ("torch.utils.tensorboard",),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow.tracking", "mlflow.entities"),
 }
 RECORD_FILE = "trackers.json"
 
@@ -63,7 +73,9 @@ def parse_loggers(text: str, source: str = "train.loggers") -> tuple[str, ...]:
 
 
 def require(names: tuple[str, ...] | str) -> None:
-    """A one-line ConfigError naming the extra to install when a tracker's package is missing."""
+    """A one-line ConfigError naming the extra to install when a tracker's package is missing,
+    or what failed when it is installed but does not import (each imported here, before the
+    caller touches the run folder)."""
     if isinstance(names, str):
         names = parse_loggers(names)
     for name in names:
@@ -75,6 +87,15 @@ def require(names: tuple[str, ...] | str) -> None:
                 f"--logger {name} needs the {package} package, which is not installed: "
                 f"{install_line(EXTRA)} (or pip install {package})"
             )
+        for imported in _IMPORTS[name]:
+            try:
+                importlib.import_module(imported)
+            except Exception as exc:  # noqa: BLE001 - any failure of a broken install
+                raise ConfigError(
+                    f"--logger {name}: the {package} package is installed but does not import "
+                    f"({type(exc).__name__}: {_first_line(exc)}); reinstall it (pip install "
+                    f"--force-reinstall {package}) or leave out --logger {name}"
+                ) from None
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -133,6 +154,7 @@ class Trackers:
         history first, so it too holds the whole run."""
         record_file = self.run_dir / RECORD_FILE
         records = _read_records(record_file) if resume_step is not None else {}
+        existed = _entries(self.run_dir)
         for name in self.names:
             kind, record = _KINDS[name], records.get(name)
             try:
@@ -142,15 +164,16 @@ class Trackers:
                 if record is None:
                     for past in history or []:
                         tracker.log(_numbers(past), int(past["step"]))
-            except ConfigError:
-                self.close("FAILED")
-                raise
             except Exception as exc:  # a tracker's own failure (server, credentials, files)
                 self.close("FAILED")
+                _remove_new(self.run_dir, existed)  # a refused start leaves the folder as it was
+                if isinstance(exc, ConfigError):
+                    raise
                 raise ConfigError(
                     f"--logger {name}: could not start ({_first_line(exc)})"
                 ) from None
             records[name] = tracker.record
+        if self.names:
             write_json(record_file, records)
 
     def log(self, record: dict[str, Any]) -> None:
@@ -333,6 +356,23 @@ def _read_records(file: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a JSON object of tracker runs")
     return data
+
+
+def _entries(folder: Path) -> set[Path]:
+    """Every path under `folder` now (what a failed tracker start must not add to)."""
+    return set(folder.rglob("*")) if folder.is_dir() else set()
+
+
+def _remove_new(folder: Path, existed: set[Path]) -> None:
+    """Delete what appeared under `folder` since `existed` was listed (deepest first): the
+    files and folders of trackers that started before one failed. A tracker store outside the
+    run folder (an MLflow server, W&B online) keeps what it was sent."""
+    for path in sorted(_entries(folder) - existed, key=lambda p: len(p.parts), reverse=True):
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
 
 
 def _wandb_mode() -> str:
