@@ -149,9 +149,84 @@ def test_resume_refuses_a_changed_stream(corpus, tmp_path):
         (changed / f.name).write_bytes(f.read_bytes())
     (changed / "a.txt").write_text("Another text entirely, shorter than before.\n")
     moved = stream_of(changed, vocab)
-    moved.load_state_dict({**state, "path": str(changed / "a.txt")})
-    with pytest.raises(DataError, match="text changed since the checkpoint"):
-        moved.next_batch(1)
+    # Refused when the state is loaded (before the trainer writes anything), naming the file.
+    with pytest.raises(DataError, match=r"a.txt: the text changed since the checkpoint"):
+        moved.load_state_dict({**state, "path": str(changed / "a.txt")})
+
+
+def copy_of(text: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for f in text.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def moved(state: dict, folder: Path) -> dict:
+    """A checkpoint's stream state with its file paths in `folder` (a copy of the corpus)."""
+    files = [[str(folder / Path(path).name), digest] for path, digest in state["files"]]
+    return {**state, "path": str(folder / Path(state["path"]).name), "files": files}
+
+
+def cursor_in(stream: TextStream, file: str, past_doc: int) -> dict:
+    """The stream's state once its cursor is in `file`, past document `past_doc`."""
+    while True:
+        stream.next_batch(1)
+        state = json.loads(json.dumps(stream.state_dict()))  # what a checkpoint keeps
+        if Path(state["path"]).name == file and state["doc"] > past_doc:
+            return state
+
+
+def test_resume_refuses_text_shifted_or_edited_before_the_cursor(corpus, tmp_path):
+    """A document inserted in front of the file whose document at the cursor keeps its token
+    count (a count cannot see it), an edit in a file read before the cursor's, a file put in
+    front: each refused when the state is loaded, naming the file; the same text resumes."""
+    text, vocab, _ = corpus
+    state = cursor_in(stream_of(text, vocab), "b.txt", 3)
+    same = tmp_path / "same"
+    resumed = stream_of(copy_of(text, same), vocab)
+    resumed.load_state_dict(moved(state, same))
+    # b.txt's documents are separated by blank lines: repeat the document at the cursor in
+    # front, so the document now at the cursor's number has exactly the recorded token count.
+    docs = (text / "b.txt").read_text().split("\n\n")
+    doc = state["doc"]
+    shifted = copy_of(text, tmp_path / "shifted")
+    (shifted / "b.txt").write_text("\n\n".join([docs[doc - 1], *docs]))
+    assert docs[doc - 1] == (shifted / "b.txt").read_text().split("\n\n")[doc]
+    edited = copy_of(text, tmp_path / "edited")
+    (edited / "a.txt").write_text((text / "a.txt").read_text().replace(" the ", " a ", 1))
+    assert (edited / "a.txt").read_text() != (text / "a.txt").read_text()
+    in_front = copy_of(text, tmp_path / "in_front")
+    (in_front / "a0.txt").write_text("A new file read first.\n")
+    cases = [
+        (shifted, rf"shifted/b.txt: the text changed .*up to number {doc + 1}"),
+        (edited, r"edited/a.txt: the text changed .*not those the run read"),
+        (in_front, r"b.txt, which is not file 2 of"),
+    ]
+    for folder, message in cases:
+        with pytest.raises(DataError, match=message):
+            stream_of(folder, vocab).load_state_dict(moved(state, folder))
+
+
+def test_resume_from_a_checkpoint_without_digests_checks_the_token_count(
+    corpus, tmp_path, caplog
+):
+    """A cursor written before gpt1 recorded digests: accepted with a warning when the
+    document at the cursor has its recorded token count, refused when it has not."""
+    text, vocab, _ = corpus
+    reference = stream_of(text, vocab)
+    state = cursor_in(reference, "a.txt", 2)
+    old = {k: v for k, v in state.items() if k not in ("files", "digest")}
+    resumed = stream_of(text, vocab)
+    with caplog.at_level("WARNING", logger="gpt1.text.stream"):
+        resumed.load_state_dict(old)
+    assert "records no digest" in caplog.text
+    assert torch.equal(resumed.next_batch(2)[0], reference.next_batch(2)[0])
+    changed = copy_of(text, tmp_path / "changed")
+    docs = (text / "a.txt").read_text().split("\n\n")
+    docs[old["doc"]] += " and more words"
+    (changed / "a.txt").write_text("\n\n".join(docs))
+    with pytest.raises(DataError, match=r"changed/a.txt: .*has \d+ tokens, not the"):
+        stream_of(changed, vocab).load_state_dict({**old, "path": str(changed / "a.txt")})
 
 
 def test_data_path_errors(corpus, tmp_path):

@@ -169,7 +169,8 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = batch_source(data, cfg.data, n_ctx, cfg.train.seed, info.rank, info.world_size)
     if isinstance(data, TextData):  # no held-out split in a stream
-        log.warning("text files read directly have no validation split: evaluation is off")
+        if cfg.train.eval_every:
+            log.warning("text files read directly have no validation split: evaluation is off")
         eval_fn, tokenizer_dir = None, data.tokenizer_dir
     else:
         eval_fn = make_eval_fn(

@@ -320,6 +320,8 @@ def read_before(data: TextData, start: Cursor, state: dict) -> tuple[dict[int, s
         digests[f] = _file_digest(data, f)[0]
         if recorded is not None and digests[f] != recorded[f][1]:
             _changed(data.files[f], "its documents are not those the run read")
+    if digest == "":  # the state of a stream that had read nothing yet: no text to compare
+        return digests, ""
     through, before, text = _file_digest(data, start.file, start.doc)
     if text is None:
         _changed(data.files[start.file], f"it has no document {start.doc + 1} any more")

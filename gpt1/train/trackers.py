@@ -358,21 +358,33 @@ def _read_records(file: Path) -> dict[str, Any]:
     return data
 
 
-def _entries(folder: Path) -> set[Path]:
-    """Every path under `folder` now (what a failed tracker start must not add to)."""
-    return set(folder.rglob("*")) if folder.is_dir() else set()
+def _entries(folder: Path) -> dict[Path, os.stat_result | None]:
+    """Every path under `folder` now, with the times of the folders among them and of `folder`
+    itself (what a failed tracker start must leave as it found)."""
+    if not folder.is_dir():
+        return {}
+    found: dict[Path, os.stat_result | None] = {folder: folder.stat()}
+    for path in folder.rglob("*"):
+        found[path] = path.stat() if path.is_dir() and not path.is_symlink() else None
+    return found
 
 
-def _remove_new(folder: Path, existed: set[Path]) -> None:
-    """Delete what appeared under `folder` since `existed` was listed (deepest first): the
-    files and folders of trackers that started before one failed. A tracker store outside the
-    run folder (an MLflow server, W&B online) keeps what it was sent."""
-    for path in sorted(_entries(folder) - existed, key=lambda p: len(p.parts), reverse=True):
+def _remove_new(folder: Path, existed: dict[Path, os.stat_result | None]) -> None:
+    """Delete what appeared under `folder` since `existed` was listed (deepest first), the files
+    and folders of trackers that started before one failed, and give the folders that held
+    them their times back. A tracker store outside the run folder (an MLflow server, W&B
+    online) keeps what it was sent."""
+    new = sorted(set(_entries(folder)) - set(existed), key=lambda p: len(p.parts), reverse=True)
+    for path in new:
         with contextlib.suppress(OSError):
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
                 path.unlink()
+    for path, info in existed.items():
+        if info is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def _wandb_mode() -> str:
