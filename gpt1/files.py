@@ -413,6 +413,34 @@ def not_a_data_path(path: str | Path) -> str:
     return "not a regular file or folder"
 
 
+def entries(folder: Path) -> dict[Path, os.stat_result | None]:
+    """Every path under `folder` now, with the times of the folders among them and of `folder`
+    itself: what `remove_new` gives back."""
+    if not folder.is_dir():
+        return {}
+    found: dict[Path, os.stat_result | None] = {folder: folder.stat()}
+    for path in folder.rglob("*"):
+        found[path] = path.stat() if path.is_dir() and not path.is_symlink() else None
+    return found
+
+
+def remove_new(folder: Path, existed: dict[Path, os.stat_result | None]) -> None:
+    """Delete what appeared under `folder` since `entries` gave `existed` (deepest first) and
+    give the folders that held it their times back: a run or a tracker that failed before it
+    produced anything leaves the folder as it found it (files it changed stay changed)."""
+    new = sorted(set(entries(folder)) - set(existed), key=lambda p: len(p.parts), reverse=True)
+    for path in new:
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    for path, info in existed.items():
+        if info is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
+
+
 def folder_files(path: str | Path | None) -> list[Path]:
     """The files a reader of folder `path` may open (every plain file directly inside it), or
     `path` itself when it is not a folder: the `inputs` of a `roots` entry for `check_inputs`."""

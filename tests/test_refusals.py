@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from unittest import mock
 
+import pytest
+
 from gpt1.files import LOCK_FILE, RunLock
 from helpers import fault_cases
 from helpers.tiny import char_vocab, make_corpus, make_task, run_cli, tiny_pretrain
@@ -269,3 +271,20 @@ def test_every_refused_resume_leaves_the_run_folder_as_it_was(tmp_path, monkeypa
         problems += [f"{name}: {p}" for p in fault_cases.one_line(code, err, *must)]
         problems += [f"{name}: changed {d}" for d in differences(before, fingerprint(run))]
     assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune"])
+def test_a_broken_tracker_package_refuses_a_new_run_before_its_folder(tmp_path, command):
+    """wandb installed but failing to import: refused in one line before --out is made, so the
+    same command without the tracker then runs in that --out."""
+    if command == "pretrain":
+        argv = tiny_pretrain(make_corpus(tmp_path / "data"), tmp_path / "run", 1)
+    else:
+        argv = fault_cases.tiny_finetune(
+            make_task(tmp_path / "task"), char_vocab(tmp_path / "vocab"), tmp_path / "run", 1
+        )
+    with _broken_package(tmp_path, "wandb"):
+        code, err = run_cli([*argv, "--logger", "wandb"])
+    assert fault_cases.one_line(code, err, "--logger wandb", "does not import") == []
+    assert not (tmp_path / "run").exists()
+    assert run_cli(argv) == (0, "")

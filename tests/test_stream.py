@@ -5,6 +5,7 @@ sequential pass over `gpt1 prepare`'s shards of the same text, the rank split, e
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -207,9 +208,7 @@ def test_resume_refuses_text_shifted_or_edited_before_the_cursor(corpus, tmp_pat
             stream_of(folder, vocab).load_state_dict(moved(state, folder))
 
 
-def test_resume_from_a_checkpoint_without_digests_checks_the_token_count(
-    corpus, tmp_path, caplog
-):
+def test_resume_from_a_checkpoint_without_digests_checks_the_token_count(corpus, tmp_path, caplog):
     """A cursor written before gpt1 recorded digests: accepted with a warning when the
     document at the cursor has its recorded token count, refused when it has not."""
     text, vocab, _ = corpus
@@ -247,6 +246,53 @@ def test_data_path_errors(corpus, tmp_path):
     tiny = open_data(DataConfig(path=str(tmp_path / "tiny.txt"), tokenizer=str(vocab)))
     with pytest.raises(DataError, match="fewer than one window of 33"):
         TextStream(tiny, N_CTX).next_batch(1)
+
+
+def test_data_that_is_not_a_file_or_folder_says_what_it_is(tmp_path, corpus):
+    """`--data` naming a device, a FIFO, a symlink loop or a dangling symlink: one line saying
+    which, with and without --tokenizer (and `gpt1 prepare --corpus` alike)."""
+    _, vocab, _ = corpus
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone.txt")
+    cases = {
+        "/dev/zero": "is a character device, not a file or folder",
+        str(tmp_path / "fifo"): "is a FIFO (named pipe), not a file or folder",
+        str(tmp_path / "loop-a"): "a symlink loop",
+        str(tmp_path / "dangling"): f"a symlink to {tmp_path / 'gone.txt'}, which does not exist",
+        str(tmp_path / "missing.txt"): "no such file or folder",
+    }
+    for path, message in cases.items():
+        for extra in ([], ["--tokenizer", str(vocab)]):
+            argv = tiny_pretrain(Path(path), tmp_path / "run", 1, *extra)
+            assert faults_one_line(argv, f"{path}: {message}"), (path, extra)
+        prepare_argv = ["prepare", "--corpus", path, "--vocab", str(vocab)]
+        assert faults_one_line([*prepare_argv, "--out", str(tmp_path / "p")], message), path
+    assert not (tmp_path / "run").exists() and not (tmp_path / "p").exists()
+
+
+def faults_one_line(argv: list[str], message: str) -> bool:
+    """Whether `gpt1 ARGV` is refused (exit 2) in one stderr line holding `message`."""
+    from helpers.tiny import run_cli
+
+    code, err = run_cli(argv)
+    return code == 2 and len(err.splitlines()) == 1 and message in err
+
+
+def test_pretrain_names_its_own_text_field_option(tmp_path, corpus):
+    """A .jsonl without the `text` field: the error names `--text-field`, which pretrain
+    takes (as `gpt1 prepare` does), and the run goes with it."""
+    _, vocab, _ = corpus
+    rows = "".join(
+        json.dumps({"body": f"document {i} about the sea and ships."}) + "\n" for i in range(40)
+    )
+    (tmp_path / "a.jsonl").write_text(rows)
+    argv = tiny_pretrain(tmp_path / "a.jsonl", tmp_path / "run", 1, "--tokenizer", str(vocab))
+    assert faults_one_line(argv, "field 'text'")
+    assert not (tmp_path / "run").exists()  # refused in the first update: nothing left
+    assert faults_one_line(argv, "--text-field")
+    assert main(["--quiet", *argv, "--text-field", "body", "--set", "data.n_ctx=16"]) == 0
 
 
 def test_parquet_row_that_is_not_text_names_file_and_field(tmp_path):

@@ -164,6 +164,10 @@ def train(
         write_model or default_write_model(tokenizer_dir, resolved_config),
         resolved_config,
     )
+    # What a new run found in its folder: a run refused in its first update (text that cannot
+    # be read, out of memory) removes what it wrote, so that the same command can run again
+    # in the same --out.
+    existed = files.entries(run_dir) if run.resumed_from is None and run.info.is_main else None
     meter = _meter(run, trackers, flops_per_token)  # starts the trackers, then metrics.jsonl
     if run_record is not None and run.info.is_main:
         files.write_json(run_dir / RUN_JSON, run_record)
@@ -171,19 +175,36 @@ def train(
     outcome = "FAILED"
     previous = _install_handlers(stop)
     try:
-        result = _run_updates(run, loss_fn, eval_fn, meter, stop)
+        result = _updates(run, loss_fn, eval_fn, meter, stop)
         outcome = "KILLED" if result.interrupted else "FINISHED"
         return result
-    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
-        if not _is_oom(exc):
-            raise
-        raise OutOfMemory(_oom_message(cfg, run.accum, run.info.world_size, exc)) from None
+    except Gpt1Error:
+        if existed is not None and run.state["step"] == 0:  # nothing trained: nothing to keep
+            trackers.close("FAILED")
+            files.remove_new(run_dir, existed)
+        raise
     finally:
         if meter.logger.bar is not None:
             meter.logger.bar.close()
         _restore_handlers(previous)
         if owned:
             trackers.close(outcome)
+
+
+def _updates(
+    run: _Run,
+    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    eval_fn: Callable[[Any], dict] | None,
+    meter: _Meter,
+    stop: dict,
+) -> TrainResult:
+    """`_run_updates`, a failed allocation reported as `OutOfMemory`."""
+    try:
+        return _run_updates(run, loss_fn, eval_fn, meter, stop)
+    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
+        if not _is_oom(exc):
+            raise
+        raise OutOfMemory(_oom_message(run.cfg, run.accum, run.info.world_size, exc)) from None
 
 
 class _Run:

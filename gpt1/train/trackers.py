@@ -17,7 +17,6 @@ A tracker that fails while logging is reported once and dropped; metrics.jsonl s
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -25,7 +24,6 @@ import logging
 import os
 import secrets
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -35,7 +33,7 @@ from gpt1.config import LOGGERS as TRACKERS
 from gpt1.config import file_inside
 from gpt1.errors import ConfigError
 from gpt1.extras import install_line
-from gpt1.files import write_json
+from gpt1.files import entries, remove_new, write_json
 
 log = logging.getLogger("gpt1.train")
 
@@ -154,7 +152,7 @@ class Trackers:
         history first, so it too holds the whole run."""
         record_file = self.run_dir / RECORD_FILE
         records = _read_records(record_file) if resume_step is not None else {}
-        existed = _entries(self.run_dir)
+        existed = entries(self.run_dir)
         for name in self.names:
             kind, record = _KINDS[name], records.get(name)
             try:
@@ -166,7 +164,7 @@ class Trackers:
                         tracker.log(_numbers(past), int(past["step"]))
             except Exception as exc:  # a tracker's own failure (server, credentials, files)
                 self.close("FAILED")
-                _remove_new(self.run_dir, existed)  # a refused start leaves the folder as it was
+                remove_new(self.run_dir, existed)  # a refused start leaves the folder as it was
                 if isinstance(exc, ConfigError):
                     raise
                 raise ConfigError(
@@ -356,35 +354,6 @@ def _read_records(file: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a JSON object of tracker runs")
     return data
-
-
-def _entries(folder: Path) -> dict[Path, os.stat_result | None]:
-    """Every path under `folder` now, with the times of the folders among them and of `folder`
-    itself (what a failed tracker start must leave as it found)."""
-    if not folder.is_dir():
-        return {}
-    found: dict[Path, os.stat_result | None] = {folder: folder.stat()}
-    for path in folder.rglob("*"):
-        found[path] = path.stat() if path.is_dir() and not path.is_symlink() else None
-    return found
-
-
-def _remove_new(folder: Path, existed: dict[Path, os.stat_result | None]) -> None:
-    """Delete what appeared under `folder` since `existed` was listed (deepest first), the files
-    and folders of trackers that started before one failed, and give the folders that held
-    them their times back. A tracker store outside the run folder (an MLflow server, W&B
-    online) keeps what it was sent."""
-    new = sorted(set(_entries(folder)) - set(existed), key=lambda p: len(p.parts), reverse=True)
-    for path in new:
-        with contextlib.suppress(OSError):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    for path, info in existed.items():
-        if info is not None:
-            with contextlib.suppress(OSError):
-                os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def _wandb_mode() -> str:
