@@ -115,6 +115,7 @@ def test_resume_from_any_cursor_is_exact(corpus):
             for micro in (5, 3, 6):
                 a, b = reference.next_batch(micro), resumed.next_batch(micro)
                 assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            assert resumed.state_dict() == reference.state_dict()  # the digests go on alike
         assert reference.state_dict()["epoch"] >= 1  # resumed in a later pass too
         assert offsets == {True, False}  # cursors inside a document and at its start
 
