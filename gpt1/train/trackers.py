@@ -151,7 +151,7 @@ class Trackers:
         and `history` is what it kept: a tracker first named on a resumed run gets that
         history first, so it too holds the whole run."""
         record_file = self.run_dir / RECORD_FILE
-        records = _read_records(record_file) if resume_step is not None else {}
+        records = _read_records(record_file) if resume_step is not None and self.names else {}
         existed = entries(self.run_dir)
         for name in self.names:
             kind, record = _KINDS[name], records.get(name)
