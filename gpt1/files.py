@@ -28,6 +28,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -379,6 +380,65 @@ def check_inputs(
             f"{output}: {how} {src}, an input of this command; no command deletes, replaces "
             "or writes into its own inputs, even with --overwrite. Choose another output"
         )
+
+
+_NOT_READABLE_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def not_a_data_path(path: str | Path) -> str:
+    """Why `path`, given as input data, is neither a file nor a folder, in words for a
+    DataError naming it: missing, a dangling symlink, a symlink loop, unreadable, or a device,
+    FIFO or socket (reading /dev/zero or a pipe would never end or never repeat)."""
+    path = Path(path)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop (the links point at each other), not a file or folder"
+        if exc.errno == errno.ENOENT and path.is_symlink():
+            return f"a symlink to {os.readlink(path)}, which does not exist"
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return "not readable (permission denied)"
+        if exc.errno == errno.ENOTDIR:
+            return "no such file or folder (a part of the path is a file)"
+        return "no such file or folder" if exc.errno == errno.ENOENT else exc.strerror or str(exc)
+    for is_kind, name in _NOT_READABLE_KINDS:
+        if is_kind(mode):
+            return f"is {name}, not a file or folder"
+    return "not a regular file or folder"
+
+
+def entries(folder: Path) -> dict[Path, os.stat_result | None]:
+    """Every path under `folder` now, with the times of the folders among them and of `folder`
+    itself: what `remove_new` gives back."""
+    if not folder.is_dir():
+        return {}
+    found: dict[Path, os.stat_result | None] = {folder: folder.stat()}
+    for path in folder.rglob("*"):
+        found[path] = path.stat() if path.is_dir() and not path.is_symlink() else None
+    return found
+
+
+def remove_new(folder: Path, existed: dict[Path, os.stat_result | None]) -> None:
+    """Delete what appeared under `folder` since `entries` gave `existed` (deepest first) and
+    give the folders that held it their times back: a run or a tracker that failed before it
+    produced anything leaves the folder as it found it (files it changed stay changed)."""
+    new = sorted(set(entries(folder)) - set(existed), key=lambda p: len(p.parts), reverse=True)
+    for path in new:
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    for path, info in existed.items():
+        if info is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns))
 
 
 def folder_files(path: str | Path | None) -> list[Path]:

@@ -268,3 +268,36 @@ def test_resume_compares_only_settings_both_sides_record():
             source,
             fixed=frozenset({"train.micro_batch_size"}),
         )
+
+
+NO_DROPOUT = ("--set", "model.embd_pdrop=0", "--set", "model.attn_pdrop=0")
+NO_DROPOUT += ("--set", "model.resid_pdrop=0")
+
+
+def test_resume_with_another_micro_batch_is_the_same_run_only_without_dropout(tmp_path):
+    """What docs/commands/pretrain.md says of `--micro-batch` on a resume: the same windows and
+    global batch always; without dropout the same gradients up to float rounding (another
+    summation order); with dropout each micro-batch draws its own masks, so the losses and
+    weights from the resumed step on differ as much as another seed's masks would (only the
+    run's own micro-batch resumes bit for bit)."""
+    data = make_corpus(tmp_path / "data")
+    for label, extra in (("dropout 0.1", ()), ("dropout 0", NO_DROPOUT)):
+        ref = tmp_path / f"ref-{len(extra)}"
+        assert main(["--quiet", *tiny_pretrain(data, ref, 4, *extra)]) == 0
+        for micro in ("2", "4"):  # the run's own (the tiny preset's) and another
+            run = tmp_path / f"{len(extra)}-{micro}"
+            assert main(["--quiet", *tiny_pretrain(data, run, 2, *extra)]) == 0
+            again = tiny_pretrain(data, run, 4, "--resume", "auto", "--micro-batch", micro)
+            assert main(["--quiet", *again, *extra]) == 0
+            a, b = (load_file(r / "final" / "model.safetensors") for r in (ref, run))
+            weights = max(float((a[k] - b[k]).abs().max()) for k in a)
+            losses = [(x, y) for (_, x), (_, y) in zip(train_losses(ref), train_losses(run))]
+            loss = max(abs(x - y) for x, y in losses)
+            print(f"{label}, --micro-batch {micro}: step-3/4 losses {losses[2:]}, ", end="")
+            print(f"largest loss difference {loss:.2g}, weight difference {weights:.2g}")
+            if micro == "2":
+                assert loss == 0 and weights == 0  # bit for bit
+            elif extra:
+                assert loss < 1e-5 and weights < 1e-6  # float rounding
+            else:
+                assert loss > 1e-4 and weights > 1e-4  # other dropout masks

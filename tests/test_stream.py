@@ -5,6 +5,7 @@ sequential pass over `gpt1 prepare`'s shards of the same text, the rank split, e
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -114,6 +115,7 @@ def test_resume_from_any_cursor_is_exact(corpus):
             for micro in (5, 3, 6):
                 a, b = reference.next_batch(micro), resumed.next_batch(micro)
                 assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+            assert resumed.state_dict() == reference.state_dict()  # the digests go on alike
         assert reference.state_dict()["epoch"] >= 1  # resumed in a later pass too
         assert offsets == {True, False}  # cursors inside a document and at its start
 
@@ -149,9 +151,82 @@ def test_resume_refuses_a_changed_stream(corpus, tmp_path):
         (changed / f.name).write_bytes(f.read_bytes())
     (changed / "a.txt").write_text("Another text entirely, shorter than before.\n")
     moved = stream_of(changed, vocab)
-    moved.load_state_dict({**state, "path": str(changed / "a.txt")})
-    with pytest.raises(DataError, match="text changed since the checkpoint"):
-        moved.next_batch(1)
+    # Refused when the state is loaded (before the trainer writes anything), naming the file.
+    with pytest.raises(DataError, match=r"a.txt: the text changed since the checkpoint"):
+        moved.load_state_dict({**state, "path": str(changed / "a.txt")})
+
+
+def copy_of(text: Path, folder: Path) -> Path:
+    folder.mkdir()
+    for f in text.iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    return folder
+
+
+def moved(state: dict, folder: Path) -> dict:
+    """A checkpoint's stream state with its file paths in `folder` (a copy of the corpus)."""
+    files = [[str(folder / Path(path).name), digest] for path, digest in state["files"]]
+    return {**state, "path": str(folder / Path(state["path"]).name), "files": files}
+
+
+def cursor_in(stream: TextStream, file: str, past_doc: int) -> dict:
+    """The stream's state once its cursor is in `file`, past document `past_doc`."""
+    while True:
+        stream.next_batch(1)
+        state = json.loads(json.dumps(stream.state_dict()))  # what a checkpoint keeps
+        if Path(state["path"]).name == file and state["doc"] > past_doc:
+            return state
+
+
+def test_resume_refuses_text_shifted_or_edited_before_the_cursor(corpus, tmp_path):
+    """A document inserted in front of the file whose document at the cursor keeps its token
+    count (a count cannot see it), an edit in a file read before the cursor's, a file put in
+    front: each refused when the state is loaded, naming the file; the same text resumes."""
+    text, vocab, _ = corpus
+    state = cursor_in(stream_of(text, vocab), "b.txt", 3)
+    same = tmp_path / "same"
+    resumed = stream_of(copy_of(text, same), vocab)
+    resumed.load_state_dict(moved(state, same))
+    # b.txt's documents are separated by blank lines: repeat the document at the cursor in
+    # front, so the document now at the cursor's number has exactly the recorded token count.
+    docs = (text / "b.txt").read_text().split("\n\n")
+    doc = state["doc"]
+    shifted = copy_of(text, tmp_path / "shifted")
+    (shifted / "b.txt").write_text("\n\n".join([docs[doc - 1], *docs]))
+    assert docs[doc - 1] == (shifted / "b.txt").read_text().split("\n\n")[doc]
+    edited = copy_of(text, tmp_path / "edited")
+    (edited / "a.txt").write_text((text / "a.txt").read_text().replace(" the ", " a ", 1))
+    assert (edited / "a.txt").read_text() != (text / "a.txt").read_text()
+    in_front = copy_of(text, tmp_path / "in_front")
+    (in_front / "a0.txt").write_text("A new file read first.\n")
+    cases = [
+        (shifted, rf"shifted/b.txt: the text changed .*up to number {doc + 1}"),
+        (edited, r"edited/a.txt: the text changed .*not those the run read"),
+        (in_front, r"b.txt, which is not file 2 of"),
+    ]
+    for folder, message in cases:
+        with pytest.raises(DataError, match=message):
+            stream_of(folder, vocab).load_state_dict(moved(state, folder))
+
+
+def test_resume_from_a_checkpoint_without_digests_checks_the_token_count(corpus, tmp_path, caplog):
+    """A cursor written before gpt1 recorded digests: accepted with a warning when the
+    document at the cursor has its recorded token count, refused when it has not."""
+    text, vocab, _ = corpus
+    reference = stream_of(text, vocab)
+    state = cursor_in(reference, "a.txt", 2)
+    old = {k: v for k, v in state.items() if k not in ("files", "digest")}
+    resumed = stream_of(text, vocab)
+    with caplog.at_level("WARNING", logger="gpt1.text.stream"):
+        resumed.load_state_dict(old)
+    assert "records no digest" in caplog.text
+    assert torch.equal(resumed.next_batch(2)[0], reference.next_batch(2)[0])
+    changed = copy_of(text, tmp_path / "changed")
+    docs = (text / "a.txt").read_text().split("\n\n")
+    docs[old["doc"]] += " and more words"
+    (changed / "a.txt").write_text("\n\n".join(docs))
+    with pytest.raises(DataError, match=r"changed/a.txt: .*has \d+ tokens, not the"):
+        stream_of(changed, vocab).load_state_dict({**old, "path": str(changed / "a.txt")})
 
 
 def test_data_path_errors(corpus, tmp_path):
@@ -172,6 +247,53 @@ def test_data_path_errors(corpus, tmp_path):
     tiny = open_data(DataConfig(path=str(tmp_path / "tiny.txt"), tokenizer=str(vocab)))
     with pytest.raises(DataError, match="fewer than one window of 33"):
         TextStream(tiny, N_CTX).next_batch(1)
+
+
+def test_data_that_is_not_a_file_or_folder_says_what_it_is(tmp_path, corpus):
+    """`--data` naming a device, a FIFO, a symlink loop or a dangling symlink: one line saying
+    which, with and without --tokenizer (and `gpt1 prepare --corpus` alike)."""
+    _, vocab, _ = corpus
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "loop-a").symlink_to(tmp_path / "loop-b")
+    (tmp_path / "loop-b").symlink_to(tmp_path / "loop-a")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone.txt")
+    cases = {
+        "/dev/zero": "is a character device, not a file or folder",
+        str(tmp_path / "fifo"): "is a FIFO (named pipe), not a file or folder",
+        str(tmp_path / "loop-a"): "a symlink loop",
+        str(tmp_path / "dangling"): f"a symlink to {tmp_path / 'gone.txt'}, which does not exist",
+        str(tmp_path / "missing.txt"): "no such file or folder",
+    }
+    for path, message in cases.items():
+        for extra in ([], ["--tokenizer", str(vocab)]):
+            argv = tiny_pretrain(Path(path), tmp_path / "run", 1, *extra)
+            assert faults_one_line(argv, f"{path}: {message}"), (path, extra)
+        prepare_argv = ["prepare", "--corpus", path, "--vocab", str(vocab)]
+        assert faults_one_line([*prepare_argv, "--out", str(tmp_path / "p")], message), path
+    assert not (tmp_path / "run").exists() and not (tmp_path / "p").exists()
+
+
+def faults_one_line(argv: list[str], message: str) -> bool:
+    """Whether `gpt1 ARGV` is refused (exit 2) in one stderr line holding `message`."""
+    from helpers.tiny import run_cli
+
+    code, err = run_cli(argv)
+    return code == 2 and len(err.splitlines()) == 1 and message in err
+
+
+def test_pretrain_names_its_own_text_field_option(tmp_path, corpus):
+    """A .jsonl without the `text` field: the error names `--text-field`, which pretrain
+    takes (as `gpt1 prepare` does), and the run goes with it."""
+    _, vocab, _ = corpus
+    rows = "".join(
+        json.dumps({"body": f"document {i} about the sea and ships."}) + "\n" for i in range(40)
+    )
+    (tmp_path / "a.jsonl").write_text(rows)
+    argv = tiny_pretrain(tmp_path / "a.jsonl", tmp_path / "run", 1, "--tokenizer", str(vocab))
+    assert faults_one_line(argv, "field 'text'")
+    assert not (tmp_path / "run").exists()  # refused in the first update: nothing left
+    assert faults_one_line(argv, "--text-field")
+    assert main(["--quiet", *argv, "--text-field", "body", "--set", "data.n_ctx=16"]) == 0
 
 
 def test_parquet_row_that_is_not_text_names_file_and_field(tmp_path):

@@ -39,6 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="tokenizer folder for text files read directly (same as --set data.tokenizer=...)",
     )
+    p.add_argument(
+        "--text-field",
+        metavar="NAME",
+        help="the .jsonl/.parquet field holding each document of text files read directly "
+        "(default text; same as --set data.text_field=...)",
+    )
     p.add_argument("--out", metavar="RUN", required=True, help="run folder (checkpoints, metrics)")
     p.add_argument("--max-steps", type=int, help="optimizer updates (default: from epochs)")
     p.add_argument("--save-every", type=int, help="checkpoint every N steps")
@@ -68,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.recipes.pretrain import pretrain, resolve_config
 
     flags = {
-        "data": {"path": args.data, "tokenizer": args.tokenizer},
+        "data": {"path": args.data, "tokenizer": args.tokenizer, "text_field": args.text_field},
         "train": {
             "max_steps": args.max_steps,
             "save_every": args.save_every,

@@ -288,7 +288,7 @@ def resume_record(
     checkpoint = train_state.resume_checkpoint(train_cfg.resume, out)
     if checkpoint is None:
         return requested
-    recorded, source = resume.recorded_config(checkpoint, out / "run.json")
+    recorded, source = resume.recorded_config(checkpoint, out / resume.RUN_JSON)
     fixed = {"train.micro_batch_size"} if cfg.group_by_length else set()  # batches by length
     accepted = resume.changes(
         recorded,
@@ -297,7 +297,7 @@ def resume_record(
         fixed=frozenset(fixed),
         paths=frozenset({"finetune.data", "finetune.init", "finetune.vocab"}),
     )
-    return resume.run_record(requested, checkpoint, out / "run.json", accepted)
+    return resume.run_record(requested, checkpoint, out / resume.RUN_JSON, accepted)
 
 
 def _finetune(
@@ -332,6 +332,7 @@ def _finetune(
             resolved_config=plan.resolved,
             flops_per_token=model_flops(plan.model.gpt, plan.n_ctx),
             trackers=trackers,
+            run_record=plan.run_json,
         )
     finally:
         dist.destroy()
@@ -345,7 +346,8 @@ def _finetune(
 
 @dataclass
 class _Plan:
-    """A fine-tuning run checked and ready to train (only run.json written so far)."""
+    """A fine-tuning run checked and ready to train (nothing written yet: the trainer writes
+    run.json once the checkpoint, the batch arithmetic and the trackers have passed too)."""
 
     task: Task
     train_cfg: TrainConfig  # its length fixed by the training set's size
@@ -358,6 +360,7 @@ class _Plan:
     eval_fn: Any  # the trainer's periodic evaluation, or None
     record: dict[str, Any]  # task.json
     resolved: dict[str, Any]  # run.json's settings, also the trackers' config
+    run_json: dict[str, Any]  # run.json: the settings, and the resumes with this one
 
 
 def _plan(
@@ -368,7 +371,7 @@ def _plan(
     max_steps_cap: int,
     info: dist.DistInfo,
 ) -> _Plan:
-    """Check the run, build its model, read and encode its data, and write run.json."""
+    """Check the run, build its model, read and encode its data, and decide run.json."""
     # The run's own settings first, before any model or data is read (the rest, from the model
     # and the task, below); nothing is written until both pass.
     resume_record(cfg, train_cfg, out, {"finetune": asdict(cfg), "train": asdict(train_cfg)})
@@ -389,12 +392,22 @@ def _plan(
         "task": record,
         "model": model.gpt.config.to_dict(),
     }
-    record_json = resume_record(cfg, train_cfg, out, resolved)  # refuses before any write
+    run_json = resume_record(cfg, train_cfg, out, resolved)  # the trainer writes it
     if info.is_main:
-        files.write_json(out / "run.json", record_json)
         _log_plan(task, cfg, train_cfg, len(enc.items))
     return _Plan(
-        task, train_cfg, model, tok, tok_dir, n_ctx, train_split, enc, eval_fn, record, resolved
+        task,
+        train_cfg,
+        model,
+        tok,
+        tok_dir,
+        n_ctx,
+        train_split,
+        enc,
+        eval_fn,
+        record,
+        resolved,
+        run_json,
     )
 
 

@@ -20,7 +20,7 @@ import torch
 
 from gpt1.config import DataConfig, RunConfig, load_toml, resolve_pretrain
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.files import claim_run_dir, folder_files, resumes_in, write_json
+from gpt1.files import claim_run_dir, folder_files, resumes_in
 from gpt1.model.registry import build_model
 from gpt1.text.stream import TextData, batch_source, find_text_files, open_data
 from gpt1.text.windows import META, PreparedData, validation_windows
@@ -32,7 +32,7 @@ from gpt1.train.objectives import WindowLMLoss, lm_loss_window
 from gpt1.train.trackers import require as require_trackers
 
 log = logging.getLogger("gpt1.recipes.pretrain")
-RUN_CONFIG = "run.json"
+RUN_CONFIG = resume.RUN_JSON
 
 
 def resolve_config(
@@ -162,14 +162,15 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
     resolved = cfg.to_dict()
     if arch != "gpt":
         resolved["arch"] = arch
-    record = resume_record(cfg, resolved, arch, data, out)  # refuses before anything is written
-    if info.is_main:
-        write_json(out / RUN_CONFIG, record)
+    # Refuses a setting the run may not change; written as run.json by the trainer, once the
+    # checkpoint, the data cursor, the batch arithmetic and the trackers have passed too.
+    record = resume_record(cfg, resolved, arch, data, out)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = batch_source(data, cfg.data, n_ctx, cfg.train.seed, info.rank, info.world_size)
     if isinstance(data, TextData):  # no held-out split in a stream
-        log.warning("text files read directly have no validation split: evaluation is off")
+        if cfg.train.eval_every:
+            log.warning("text files read directly have no validation split: evaluation is off")
         eval_fn, tokenizer_dir = None, data.tokenizer_dir
     else:
         eval_fn = make_eval_fn(
@@ -209,6 +210,7 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
             flops_per_token=model_flops,
             write_model=_writer(tokenizer_dir, resolved, extra),
             command=command,
+            run_record=record,
         )
     finally:
         # Every rank leaves the trainer's final barrier together and tears down at once (as

@@ -37,6 +37,7 @@ import numpy as np
 
 from gpt1.errors import DataError
 from gpt1.extras import require
+from gpt1.files import not_a_data_path
 from gpt1.text.shards import ShardAppender, dtype_for_vocab
 from gpt1.text.tokenizer import Tokenizer
 
@@ -113,7 +114,10 @@ def find_files(corpus: Sequence[str | Path]) -> list[Path | HubSource]:
         elif path.is_file():
             files.append(path)
         else:
-            raise DataError("no such file or folder (for a hub dataset write hub:NAME)", path)
+            problem = not_a_data_path(path)
+            if problem == "no such file or folder":
+                problem += " (for a hub dataset write hub:NAME)"
+            raise DataError(problem, path)
     return files
 
 

@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
+import logging
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 import torch
 
 from gpt1.config import DataConfig
 from gpt1.errors import ConfigError, DataError
+from gpt1.files import not_a_data_path
 from gpt1.text.prepare import (
     EXTENSIONS,
     PrepareOptions,
@@ -43,6 +46,7 @@ from gpt1.text.tokenizer import Tokenizer
 from gpt1.text.windows import META, PreparedData, SequentialWindows, WindowSource, open_prepared
 
 KIND = "text-stream"
+log = logging.getLogger("gpt1.text.stream")
 
 
 @dataclass
@@ -97,8 +101,8 @@ def find_text_files(spec: str) -> list[Path]:
     """A file, a folder (its .txt/.jsonl/.parquet files, recursively, sorted) or a glob pattern
     (the matching files with those suffixes, sorted)."""
     if not any(c in spec for c in "*?["):
-        if not Path(spec).exists():
-            raise DataError("no such file or folder", spec)
+        if not (Path(spec).is_file() or Path(spec).is_dir()):
+            raise DataError(not_a_data_path(spec), spec)
         return [Path(f) for f in find_files([spec])]
     found = sorted(Path(p) for p in glob.glob(spec, recursive=True) if Path(p).suffix in EXTENSIONS)
     found = [p for p in found if p.is_file()]
@@ -124,12 +128,23 @@ def batch_source(
 
 
 class Cursor(NamedTuple):
-    """Where a document sits in the stream: pass, file, its number in the file and in the pass."""
+    """Where a document sits in the stream: pass, file, its number in the file and in the
+    pass; and the digest of its file's documents up to and including it (`chain`)."""
 
     epoch: int
     file: int
     doc: int
     index: int
+    digest: str = ""
+
+
+def chain(digest: str, text: str) -> str:
+    """The digest of a file's documents read so far (`digest`, "" before the first) extended by
+    the next document `text`: a resume compares it with the checkpoint's, so text inserted,
+    removed or edited anywhere before the stream position is refused (a count of documents
+    or tokens cannot see a document inserted in front of others of the same length)."""
+    inner = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
+    return hashlib.sha256(digest.encode() + inner).hexdigest()[:32]
 
 
 class TextStream:
@@ -145,7 +160,9 @@ class TextStream:
         self._held_tokens = 0
         self._offset = 0  # ids of the first held document already behind the cursor
         self._reader: Iterator[tuple[Cursor, np.ndarray]] | None = None
-        self._expect: tuple[Cursor, int] | None = None  # a resumed cursor's document and length
+        self._file_digests: dict[int, str] = {}  # `chain` of each file read whole (every pass)
+        self._resume_digest = ""  # `chain` of the start file's documents before the start one
+        self._loaded: dict | None = None  # the state loaded, while nothing was read since
 
     def next_batch(self, micro_batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets `[micro, n_ctx]` (int64): this rank's next windows."""
@@ -171,15 +188,7 @@ class TextStream:
         return np.concatenate(out)
 
     def _hold(self, cursor: Cursor, ids: np.ndarray) -> None:
-        if self._expect is not None:
-            if (cursor, ids.size) != self._expect:
-                raise DataError(
-                    "the text changed since the checkpoint was written: its stream position "
-                    f"names document {self._expect[0].doc} of this file ({self._expect[1]} "
-                    "tokens); resume with the same files, or start a new --out",
-                    self.data.files[self._expect[0].file],
-                )
-            self._expect = None
+        self._loaded = None
         self._held.append((cursor, ids))
         self._held_tokens += ids.size
 
@@ -203,19 +212,21 @@ class TextStream:
 
     def _texts(self, start: Cursor) -> Iterator[tuple[Cursor, str]]:
         """This rank's documents as text (documents r, r + W, ... of each pass)."""
-        epoch, first_file, first_doc, index = start
-        files = self.data.files
+        epoch, first_file, first_doc, index = start[:4]
+        files, digest = self.data.files, self._resume_digest
         while True:
             mine = 0
             for f in range(first_file, len(files)):
                 warn = Stats() if epoch == 0 and self.rank == 0 else None  # warned once
                 for d, text in enumerate(documents(files[f], self.data.opts, warn)):
                     if f == first_file and d < first_doc:
-                        continue
+                        continue  # read before the checkpoint: `digest` holds them
+                    digest = chain(digest, text)  # every rank's documents: the same digests
                     if index % self.world == self.rank:
                         mine += 1
-                        yield Cursor(epoch, f, d, index), text
+                        yield Cursor(epoch, f, d, index, digest), text
                     index += 1
+                self._file_digests[f], digest = digest, ""
             if not mine and (first_file, first_doc) == (0, 0):
                 self._check_pass(0, True)
             epoch, first_file, first_doc, index = epoch + 1, 0, 0, 0
@@ -230,7 +241,17 @@ class TextStream:
             )
 
     def state_dict(self) -> dict:
-        cursor, offset = (self._held[0][0], self._offset) if self._held else (self._start, 0)
+        """The cursor: the document the next window starts in and the offset into it, its
+        token count, and the digests of the text read up to it (`files`: each file read whole
+        in this pass, or in every pass after the first; `digest`: the cursor's file up to and
+        including the cursor's document)."""
+        if not self._held:  # nothing read yet: where the stream starts
+            return dict(self._loaded) if self._loaded else self._state(self._start, 0, None)
+        cursor, ids = self._held[0]
+        return self._state(cursor, self._offset, int(ids.size))
+
+    def _state(self, cursor: Cursor, offset: int, doc_tokens: int | None) -> dict:
+        whole = len(self.data.files) if cursor.epoch else cursor.file
         return {
             "kind": KIND,
             "rank": self.rank,
@@ -241,10 +262,14 @@ class TextStream:
             "doc": cursor.doc,
             "index": cursor.index,
             "offset": offset,
-            "doc_tokens": int(self._held[0][1].size) if self._held else None,
+            "doc_tokens": doc_tokens,
+            "files": [[str(self.data.files[f]), self._file_digests[f]] for f in range(whole)],
+            "digest": cursor.digest,
         }
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict`, after checking that the text read up to it is the text
+        the checkpoint's run read (refused otherwise, naming the file that differs)."""
         if state.get("kind") != KIND:
             raise DataError(
                 "the checkpoint was trained on a prepared folder, not on text files; resume "
@@ -261,10 +286,97 @@ class TextStream:
                 f"the checkpoint's stream position is in {state['path']}, which is not file "
                 f"{f + 1} of {self.data.spec} any more; resume with the same files"
             )
-        self._start = Cursor(int(state["epoch"]), f, int(state["doc"]), int(state["index"]))
+        start = Cursor(int(state["epoch"]), f, int(state["doc"]), int(state["index"]))
         if self._reader is not None:
             self._reader.close()  # stops its tokenizing processes
         self._held, self._held_tokens, self._reader = deque(), 0, None
+        self._file_digests, self._resume_digest = read_before(self.data, start, state)
+        self._start = start._replace(digest=self._resume_digest)
         self._offset = int(state["offset"])
-        tokens = state.get("doc_tokens")
-        self._expect = (self._start, int(tokens)) if tokens is not None else None
+        self._loaded = dict(state)
+
+
+def read_before(data: TextData, start: Cursor, state: dict) -> tuple[dict[int, str], str]:
+    """Read the text a checkpoint's run read before its stream position `start` (the files
+    before the position's, or every file after the first pass, and the position's file up to
+    and including its document) and refuse any difference from the checkpoint's digests
+    (`state`), naming the file. Returns the files' digests and the position file's digest
+    before the position's document. A checkpoint written before gpt1 recorded digests has
+    only the position document's token count checked (warned)."""
+    recorded, digest = state.get("files"), state.get("digest")
+    whole = len(data.files) if start.epoch else start.file
+    if recorded is not None:
+        _check_file_list(data, recorded, whole)
+    else:
+        log.warning(
+            "the checkpoint records no digest of the text read before its stream position "
+            "(written by an older gpt1): only the token count of document %d of %s is "
+            "checked, so resume with exactly the files it was trained on",
+            start.doc,
+            data.files[start.file],
+        )
+    digests: dict[int, str] = {}
+    for f in range(whole):
+        digests[f] = _file_digest(data, f)[0]
+        if recorded is not None and digests[f] != recorded[f][1]:
+            _changed(data.files[f], "its documents are not those the run read")
+    if digest == "":  # the state of a stream that had read nothing yet: no text to compare
+        return digests, ""
+    through, before, text = _file_digest(data, start.file, start.doc)
+    if text is None:
+        _changed(data.files[start.file], f"it has no document {start.doc + 1} any more")
+    if digest is not None and through != digest:
+        _changed(
+            data.files[start.file],
+            f"its documents up to number {start.doc + 1} are not those the run read",
+        )
+    _check_tokens(data, text, state.get("doc_tokens"), start)
+    return digests, before
+
+
+def _file_digest(data: TextData, f: int, stop: int | None = None) -> tuple[str, str, str | None]:
+    """(`chain` of file `f`'s documents up to and including number `stop`, or all of them;
+    the `chain` before document `stop`; its text, None when the file has fewer documents)."""
+    running, before, text = "", "", None
+    for d, doc in enumerate(documents(data.files[f], data.opts, None)):
+        if d == stop:
+            before, text = running, doc
+        running = chain(running, doc)
+        if d == stop:
+            break
+    return running, before, text
+
+
+def _check_file_list(data: TextData, recorded: list, whole: int) -> None:
+    """The files the checkpoint's run read whole are the first files of `data`, in order."""
+    if len(recorded) != whole:
+        raise DataError(
+            f"the checkpoint's run read {len(recorded)} files before its stream position, "
+            f"{data.spec} now puts {whole} there; resume with the same files, or start a new "
+            "--out"
+        )
+    for f, (path, _) in enumerate(recorded):
+        if str(data.files[f]) != path:
+            _changed(data.files[f], f"file {f + 1} of the run was {path}")
+
+
+def _check_tokens(data: TextData, text: str | None, tokens: Any, start: Cursor) -> None:
+    """The document at the stream position has the token count the checkpoint records (the
+    same text under another tokenizer would not)."""
+    if tokens is None or text is None:
+        return
+    have = len(data.tokenizer.encode(text))
+    if have != int(tokens):
+        _changed(
+            data.files[start.file],
+            f"document {start.doc + 1}, where the stream position is, has {have} tokens, not "
+            f"the {tokens} the run read",
+        )
+
+
+def _changed(path: Path, why: str) -> NoReturn:
+    raise DataError(
+        f"the text changed since the checkpoint was written ({why}); resume with the same "
+        "files, or start a new --out",
+        path,
+    )

@@ -36,6 +36,7 @@ from gpt1.train import distributed as dist
 from gpt1.train import state as train_state
 from gpt1.train.optim import build_optimizer, lr_at, set_lr
 from gpt1.train.parallelize import checkpoint_blocks
+from gpt1.train.resume import RUN_JSON
 from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
 from gpt1.train.trackers import Trackers
 
@@ -129,12 +130,18 @@ def train(
     flops_per_token: float | None = None,
     trackers: Trackers | None = None,
     command: str | None = None,
+    run_record: dict | None = None,
 ) -> TrainResult:
     """Train `model` for `cfg.max_steps` updates; see the module docstring.
 
     `trackers` (cfg.loggers) receive what metrics.jsonl receives; a caller that passes its own
     also closes it (fine-tuning adds its final results first), else the trainer closes them.
-    `command` is the command line recorded with the tracker runs (default: this process's)."""
+    `command` is the command line recorded with the tracker runs (default: this process's).
+    `run_record` is written as RUN/run.json (`gpt1.train.resume.RUN_JSON`) once every check of
+    the run has passed: the batch arithmetic, the device, and on a resume the checkpoint's
+    weights, optimizer state and data cursor (checked against the data) restored, and the
+    trackers started. Nothing in `run_dir` is written before, so a refused run or resume
+    leaves the folder as it was."""
     if cfg.max_steps <= 0:
         raise ConfigError("train.max_steps must be set (> 0) before training")
     run_dir = Path(run_dir)
@@ -157,24 +164,47 @@ def train(
         write_model or default_write_model(tokenizer_dir, resolved_config),
         resolved_config,
     )
-    meter = _meter(run, trackers, flops_per_token)
+    # What a new run found in its folder: a run refused in its first update (text that cannot
+    # be read, out of memory) removes what it wrote, so that the same command can run again
+    # in the same --out.
+    existed = files.entries(run_dir) if run.resumed_from is None and run.info.is_main else None
+    meter = _meter(run, trackers, flops_per_token)  # starts the trackers, then metrics.jsonl
+    if run_record is not None and run.info.is_main:
+        files.write_json(run_dir / RUN_JSON, run_record)
     stop = {"signal": 0}
     outcome = "FAILED"
     previous = _install_handlers(stop)
     try:
-        result = _run_updates(run, loss_fn, eval_fn, meter, stop)
+        result = _updates(run, loss_fn, eval_fn, meter, stop)
         outcome = "KILLED" if result.interrupted else "FINISHED"
         return result
-    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
-        if not _is_oom(exc):
-            raise
-        raise OutOfMemory(_oom_message(cfg, run.accum, run.info.world_size, exc)) from None
+    except Gpt1Error:
+        if existed is not None and run.state["step"] == 0:  # nothing trained: nothing to keep
+            trackers.close("FAILED")
+            files.remove_new(run_dir, existed)
+        raise
     finally:
         if meter.logger.bar is not None:
             meter.logger.bar.close()
         _restore_handlers(previous)
         if owned:
             trackers.close(outcome)
+
+
+def _updates(
+    run: _Run,
+    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    eval_fn: Callable[[Any], dict] | None,
+    meter: _Meter,
+    stop: dict,
+) -> TrainResult:
+    """`_run_updates`, a failed allocation reported as `OutOfMemory`."""
+    try:
+        return _run_updates(run, loss_fn, eval_fn, meter, stop)
+    except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
+        if not _is_oom(exc):
+            raise
+        raise OutOfMemory(_oom_message(run.cfg, run.accum, run.info.world_size, exc)) from None
 
 
 class _Run:

@@ -8,7 +8,9 @@ settings it resolves with those the checkpoint records (its `trainer_state.json`
 settings of how long and where the run goes on, never of what it computes. Anything else is
 refused in one line naming the setting, the recorded value and the requested one. Accepted
 changes are appended to `run.json`'s `resumes` list (step, checkpoint, what changed), written
-atomically with the rest of run.json by the caller.
+atomically with the rest of run.json by the trainer (`gpt1.train.loop.train`'s `run_record`)
+once everything else a resume checks has passed too: the batch arithmetic, the checkpoint's
+weights and trainer state, the data cursor against the data, and the trackers.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ CHANGEABLE: dict[str, str] = {
 # How the command was started, not what the run is.
 IGNORED = {"train.resume", "resumes"}
 RESUMES = "resumes"
+RUN_JSON = "run.json"  # a run's settings and resumes, written by the trainer once all checks pass
 
 
 def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -102,15 +102,15 @@ class MetricsLogger:
         self.trackers = trackers if enabled else None
         if not enabled:
             return
-        logged: dict[str, int] = {}
+        if self.trackers is not None:
+            # Started before metrics.jsonl is touched: a tracker that cannot start refuses the
+            # run with the file as it was.
+            logged, kept = history(self.file, resume_step)
+            self.trackers.open(resume_step, logged, kept)
         if resume_step is None:
             write_text(self.file, "")
         else:
-            logged = last_steps(self.file)  # before the lines past resume_step go
             truncate_after(self.file, resume_step)
-        if self.trackers is not None:
-            kept = read_metrics(run_dir) if resume_step is not None and self.file.is_file() else []
-            self.trackers.open(resume_step, logged, kept)
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
@@ -145,6 +145,24 @@ def truncate_after(file: Path, step: int) -> None:
             continue  # a half-written last line from a killed run
     # Temporary file then rename: a kill during this rewrite must not lose the kept lines.
     write_text(file, "".join(k + "\n" for k in kept))
+
+
+def history(file: Path, resume_step: int | None) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """For trackers opened on a resume at `resume_step`: the last step `file` (metrics.jsonl)
+    holds each metric at, and its records up to `resume_step` (what `truncate_after` keeps);
+    nothing for a new run."""
+    if resume_step is None or not file.is_file():
+        return {}, []
+    kept = []
+    for line in file.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a half-written last line from a killed run
+        step = record.get("step") if isinstance(record, dict) else None
+        if type(step) is int and step <= resume_step:
+            kept.append(record)
+    return last_steps(file), kept
 
 
 def last_steps(file: Path) -> dict[str, int]:

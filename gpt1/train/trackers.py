@@ -17,6 +17,7 @@ A tracker that fails while logging is reported once and dropped; metrics.jsonl s
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import logging
@@ -32,7 +33,7 @@ from gpt1.config import LOGGERS as TRACKERS
 from gpt1.config import file_inside
 from gpt1.errors import ConfigError
 from gpt1.extras import install_line
-from gpt1.files import write_json
+from gpt1.files import entries, remove_new, write_json
 
 log = logging.getLogger("gpt1.train")
 
@@ -42,6 +43,13 @@ _MODULES = {
     "tensorboard": ("tensorboard", "tensorboard"),
     "wandb": ("wandb", "wandb"),
     "mlflow": ("mlflow", "mlflow-skinny"),
+}
+# What starting each tracker imports: imported by `require`, so that a package that is
+# installed but broken is refused before the run folder is made, as a missing one is.
+_IMPORTS = {
+    "tensorboard": ("torch.utils.tensorboard",),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow.tracking", "mlflow.entities"),
 }
 RECORD_FILE = "trackers.json"
 
@@ -63,7 +71,9 @@ def parse_loggers(text: str, source: str = "train.loggers") -> tuple[str, ...]:
 
 
 def require(names: tuple[str, ...] | str) -> None:
-    """A one-line ConfigError naming the extra to install when a tracker's package is missing."""
+    """A one-line ConfigError naming the extra to install when a tracker's package is missing,
+    or what failed when it is installed but does not import (each imported here, before the
+    caller touches the run folder)."""
     if isinstance(names, str):
         names = parse_loggers(names)
     for name in names:
@@ -75,6 +85,15 @@ def require(names: tuple[str, ...] | str) -> None:
                 f"--logger {name} needs the {package} package, which is not installed: "
                 f"{install_line(EXTRA)} (or pip install {package})"
             )
+        for imported in _IMPORTS[name]:
+            try:
+                importlib.import_module(imported)
+            except Exception as exc:  # noqa: BLE001 - any failure of a broken install
+                raise ConfigError(
+                    f"--logger {name}: the {package} package is installed but does not import "
+                    f"({type(exc).__name__}: {_first_line(exc)}); reinstall it (pip install "
+                    f"--force-reinstall {package}) or leave out --logger {name}"
+                ) from None
 
 
 def command_line(argv: list[str] | None = None) -> str:
@@ -132,7 +151,8 @@ class Trackers:
         and `history` is what it kept: a tracker first named on a resumed run gets that
         history first, so it too holds the whole run."""
         record_file = self.run_dir / RECORD_FILE
-        records = _read_records(record_file) if resume_step is not None else {}
+        records = _read_records(record_file) if resume_step is not None and self.names else {}
+        existed = entries(self.run_dir)
         for name in self.names:
             kind, record = _KINDS[name], records.get(name)
             try:
@@ -142,15 +162,16 @@ class Trackers:
                 if record is None:
                     for past in history or []:
                         tracker.log(_numbers(past), int(past["step"]))
-            except ConfigError:
-                self.close("FAILED")
-                raise
             except Exception as exc:  # a tracker's own failure (server, credentials, files)
                 self.close("FAILED")
+                remove_new(self.run_dir, existed)  # a refused start leaves the folder as it was
+                if isinstance(exc, ConfigError):
+                    raise
                 raise ConfigError(
                     f"--logger {name}: could not start ({_first_line(exc)})"
                 ) from None
             records[name] = tracker.record
+        if self.names:
             write_json(record_file, records)
 
     def log(self, record: dict[str, Any]) -> None:
