@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
+from gpt1.errors import ConfigError
 from gpt1.model import matvec
 from gpt1.model.inference import for_inference
 from gpt1.model.quantize import int8_linear, quantize_rows
@@ -177,3 +178,15 @@ def test_a_first_build_says_so_and_a_built_kernel_is_quiet(monkeypatch, tmp_path
     with caplog.at_level("INFO", logger="gpt1.model.matvec"):
         matvec._build()
     assert caplog.text == ""
+
+
+def test_the_build_target_is_part_of_the_build_name_and_a_bad_one_is_refused(monkeypatch):
+    monkeypatch.delenv(matvec.MARCH_VARIABLE, raising=False)
+    native = matvec._build_name()
+    assert matvec.build_target() == "native"
+    monkeypatch.setenv(matvec.MARCH_VARIABLE, "x86-64-v3")
+    assert "-march=x86-64-v3" in matvec._cflags()
+    assert matvec._build_name() != native  # an AVX2 build never replaces the native one
+    monkeypatch.setenv(matvec.MARCH_VARIABLE, "native; rm -rf /")
+    with pytest.raises(ConfigError, match="GPT1_KERNEL_MARCH"):
+        matvec.build_target()

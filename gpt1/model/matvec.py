@@ -11,10 +11,11 @@ multiply; it runs on torch's own threads (`at::parallel_for`). Its results equal
 to the order of summation.
 
 It is C++ compiled for this CPU (`-march=native`: AVX-512 where the CPU has it, plain loops the
-compiler vectorises elsewhere) by torch's extension builder the first time it is needed, which
+compiler vectorises elsewhere; `GPT1_KERNEL_MARCH=x86-64-v3` compiles for another target, to
+measure what an AVX2 CPU runs) by torch's extension builder the first time it is needed, which
 takes about 40 seconds and needs a C++ compiler and ninja. The build is kept in torch's extension
 folder (`TORCH_EXTENSIONS_DIR`) under a name that digests the source, this CPU's feature flags
-and the torch version, so any of them changing builds anew. Where it cannot be built, `kernel()`
+and the torch version and the compiler flags (the target), so any of them changing builds anew. Where it cannot be built, `kernel()`
 returns None after one warning and callers use torch's kernels: slower, the same maths.
 `GPT1_MATVEC=torch` chooses torch's kernels without building.
 """
@@ -26,12 +27,15 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from gpt1.errors import ConfigError
 
 try:
     import fcntl
@@ -44,7 +48,27 @@ SOURCES = ("matvec.cpp", "step.cpp", "quantize.cpp", "module.cpp")  # compiled i
 HEADERS = ("products.h", "lanes.h")
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
-_CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # OpenMP: at::parallel_for on torch's threads
+# The instruction set the kernel is compiled for: `-march=` this (GPT1_KERNEL_MARCH, default
+# `native`, this CPU); `x86-64-v3` builds the AVX2+FMA code a laptop runs, to measure it here.
+MARCH_VARIABLE = "GPT1_KERNEL_MARCH"
+_MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+
+
+def build_target() -> str:
+    """The `-march=` target of the build: GPT1_KERNEL_MARCH (e.g. `x86-64-v3`), else `native`.
+    Raises ConfigError, naming the variable, for a value that is not a target's name."""
+    value = os.environ.get(MARCH_VARIABLE, "").strip() or "native"
+    if not _MARCH_NAME.fullmatch(value):
+        raise ConfigError(
+            f"{MARCH_VARIABLE}={value!r} is not a compiler target name (e.g. native, "
+            "x86-64-v3, skylake-avx512)"
+        )
+    return value
+
+
+def _cflags() -> list[str]:
+    # OpenMP: at::parallel_for on torch's threads.
+    return ["-O3", f"-march={build_target()}", "-fopenmp"]
 
 
 def _cpu_flags() -> str:
@@ -63,6 +87,7 @@ def _build_name() -> str:
     for name in SOURCES + HEADERS:
         digest.update((KERNELS / name).read_bytes())
     digest.update(_cpu_flags().encode() + torch.__version__.encode())
+    digest.update(" ".join(_cflags()).encode())  # another build target is another build
     return f"gpt1_matvec_{digest.hexdigest()[:12]}"
 
 
@@ -98,7 +123,7 @@ def _build():
         return load(
             name=name,
             sources=[str(KERNELS / name) for name in SOURCES],
-            extra_cflags=_CFLAGS,
+            extra_cflags=_cflags(),
             extra_ldflags=["-fopenmp"],
             build_directory=str(folder),
             verbose=False,
@@ -120,6 +145,7 @@ def module():
     available."""
     if os.environ.get("GPT1_MATVEC", "") == "torch":
         return None
+    build_target()  # a misspelt target is the user's mistake, said as such, not a failed build
     try:
         return _build()
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
