@@ -9,9 +9,10 @@ to bf16 where the operators would, so it computes the operators' numbers up to t
 summation (`tests/test_block_step.py`).
 
 `plan(model, x)` says whether it applies and holds what it needs: the CPU kernel is built for
-AVX-512 (else `None`: the operators run), no autograd, eval mode, fp32 or bf16 activations, up to
-`matvec.MAX_ROWS` rows, GPT-1's own blocks with plain, prepacked or int8 linear layers, and no
-forward hooks on the blocks or their layers (a hook would not see the step). A model's plan is
+AVX-512 or AVX2 with FMA (else `None`: the operators run), no autograd, eval mode, fp32 or bf16
+activations, up to `matvec.MAX_ROWS` rows, GPT-1's own blocks with plain, prepacked or int8
+linear layers, and no forward hooks on the blocks or their layers (a hook would not see the
+step). A model's plan is
 kept between steps and remade whenever a module, parameter or buffer is registered anywhere in
 the process (torch's global registration hooks: swapping a layer, as quantising does, is
 seen); weights changed in place are read as they are.
