@@ -10,13 +10,14 @@ and nothing else, to be run one after another:
         python benchmarks/generate_alone.py $s; done
 
 GPT-1 size, random weights (the same seed as inference.py), 128 new tokens after 32, medians of
-`--repeats` runs after one warm-up.
+`--repeats` runs after one warm-up. `benchmarks/tiers.py` runs it under each CPU tier's caps.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import statistics
 import sys
 import tempfile
@@ -26,10 +27,39 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from inference import alternate, build_models, ct2_generate, ctranslate2_generator  # noqa: E402
+from inference import (  # noqa: E402
+    alternate,
+    build_models,
+    ct2_generate,
+    ctranslate2_generator,
+    decode_bytes,
+)
 
 from gpt1.model.inference import for_inference  # noqa: E402
 from gpt1.recipes.sample import generate  # noqa: E402
+
+
+def measure(system: str, prompt_len: int, new: int, repeats: int, threads: int) -> dict:
+    """`system` (gpt1:fp32|bf16|int8 or ct2:float32|int8) alone in this process: its median
+    new tokens/s and, for gpt1, the bytes its decoding step reads (`decode_bytes`)."""
+    torch.set_num_threads(threads)
+    kind, precision = system.split(":")
+    torch.manual_seed(0)
+    clf32, _, _ = build_models(40478 + 3)
+    prompt = torch.randint(0, 40478, (1, prompt_len))
+    found: dict = {"system": system}
+    with tempfile.TemporaryDirectory() as tmp:
+        if kind == "ct2":
+            gen = ctranslate2_generator(clf32.gpt, Path(tmp), precision, threads)
+            run = lambda: ct2_generate(gen, prompt, new)  # noqa: E731
+        else:
+            model = for_inference(copy.deepcopy(clf32), "cpu", precision).gpt
+            found["decode_bytes"] = decode_bytes(model)
+            run = lambda: generate(model, prompt, new, temperature=0)  # noqa: E731
+        with torch.inference_mode():
+            times = alternate({system: run}, repeats)[system]
+    found["tokens_per_s"] = new / statistics.median(times)
+    return found
 
 
 def main() -> None:
@@ -39,27 +69,17 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--json", action="store_true", help="print one JSON line (benchmarks/tiers.py)")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
-    kind, precision = args.system.split(":")
-    torch.manual_seed(0)
-    clf32, _, _ = build_models(40478 + 3)
-    prompt = torch.randint(0, 40478, (1, args.prompt))
-    new = args.new_tokens
-    tmp = tempfile.TemporaryDirectory()
-    if kind == "ct2":
-        gen = ctranslate2_generator(clf32.gpt, Path(tmp.name), precision, args.threads)
-        run = lambda: ct2_generate(gen, prompt, new)  # noqa: E731
-    else:
-        model = for_inference(copy.deepcopy(clf32), "cpu", precision).gpt
-        run = lambda: generate(model, prompt, new, temperature=0)  # noqa: E731
-    with torch.inference_mode():
-        times = alternate({args.system: run}, args.repeats)[args.system]
+    found = measure(args.system, args.prompt, args.new_tokens, args.repeats, args.threads)
+    if args.json:
+        print(json.dumps(found))
+        return
     print(
-        f"{args.system} alone: {new / statistics.median(times):.1f} new tokens/s "
-        f"({args.threads} threads, {new} after {args.prompt}, median of {args.repeats})"
+        f"{args.system} alone: {found['tokens_per_s']:.1f} new tokens/s "
+        f"({args.threads} threads, {args.new_tokens} after {args.prompt}, median of "
+        f"{args.repeats})"
     )
-    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ def kernel():
     backend.kernel()  # found built (tests never wait for a build: tests/conftest.py)
     if backend.decode_step_op() is None:
         pytest.skip(
-            "the decoding step is not built (gpt1 kernels build), or built for AVX-512 CPUs "
+            "the decoding step is not built (gpt1 kernels build), or built for AVX-512 or AVX2 CPUs "
             "only and this one runs the operators"
         )
 

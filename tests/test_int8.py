@@ -308,7 +308,7 @@ def test_the_compiled_quantiser_rounds_as_torch_does(dtype, shape, monkeypatch):
     scale, and integers equal to round-half-even of x * 127 / amax computed in fp32 (torch's
     own path scales in x's dtype: for bf16 a value may land one level away)."""
     if not _compiled_quantizer():
-        pytest.skip("gpt1's compiled quantiser is built for AVX-512 CPUs only")
+        pytest.skip("gpt1's compiled quantiser is built for AVX-512 or AVX2 CPUs only")
     torch.manual_seed(0)
     x = (torch.randn(shape) * 3).to(dtype)
     got, got_scale = quantize._quantize_per_tensor(x)

@@ -151,3 +151,17 @@ def test_the_build_target_is_part_of_the_build_name_and_a_bad_one_is_refused(mon
     monkeypatch.setenv(matvec.MARCH_VARIABLE, "native; rm -rf /")
     with pytest.raises(ConfigError, match="GPT1_KERNEL_MARCH"):
         matvec.build_target()
+
+
+def test_the_step_and_the_quantiser_are_built_for_avx2_as_for_avx512(op):
+    """The one-call decoding step and the quantiser are compiled for every CPU with AVX2 and FMA,
+    not only for AVX-512 ones. Run with `GPT1_KERNEL_MARCH=x86-64-v3` on an AVX-512 host to check
+    the AVX2 build (the other tests of this file and of test_block_step.py then run it too)."""
+    avx2 = matvec.build_target() == "x86-64-v3" or (
+        matvec.build_target() == "native" and {"avx2", "fma"} <= set(matvec.cpu_flags().split())
+    )
+    if not avx2:
+        pytest.skip("neither this CPU nor the build target has AVX2 and FMA")
+    built = backend.kernel_module()
+    assert built.has_decode_step()
+    assert built.has_quantize_per_tensor()

@@ -9,7 +9,7 @@ to bf16 where the operators would, so it computes the operators' numbers up to t
 summation (`tests/test_block_step.py`).
 
 `plan(model, x)` says whether it applies and holds what it needs: `gpt1.model.backend` offers the
-step (the kernel is built, for AVX-512; else `None`: the operators run), no autograd, eval mode,
+step (the kernel is built, for AVX-512 or AVX2 with FMA; else `None`: the operators run), no autograd, eval mode,
 fp32 or bf16 activations, up to `matvec.MAX_ROWS` rows, GPT-1's own blocks with plain,
 prepacked or int8 linear layers, and no forward hooks on the blocks or their layers (a hook
 would not see the step). A model's plan is made when `for_inference` prepares it (`prepare`; or

@@ -19,7 +19,7 @@ steps give the per-sequence results up to the summation order of the attention k
 (`tests/test_decoding.py`).
 
 A pass of one new token per row (every step after the prompt, in both passes) first offers the
-rows to `gpt1.model.block_step`: where it applies (inference on a CPU with AVX-512; see there),
+rows to `gpt1.model.block_step`: where it applies (inference, AVX2 or AVX-512; see there),
 all blocks run in one C++ call that reads and writes the same cache buffers, and the layers
 above do not run. Its results equal theirs up to summation order (`tests/test_block_step.py`).
 """

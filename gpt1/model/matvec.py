@@ -10,8 +10,8 @@ registers, multiplies it by the activations in fp32 and fetches the weights ahea
 multiply; it runs on torch's own threads (`at::parallel_for`). Its results equal `F.linear`'s up
 to the order of summation.
 
-It is C++ compiled for this CPU (`-march=native`: AVX-512 where the CPU has it, plain loops the
-compiler vectorises elsewhere; `GPT1_KERNEL_MARCH=x86-64-v3` compiles for another target, to
+It is C++ compiled for this CPU (`-march=native`: AVX-512 or AVX2 with FMA where the CPU has them, plain
+loops the compiler vectorises elsewhere; `GPT1_KERNEL_MARCH=x86-64-v3` compiles for another target, to
 measure what an AVX2 CPU runs) by torch's extension builder, which takes about a minute (more on
 a loaded machine) and needs a C++ compiler and ninja. It is built once per machine and
 environment, by the first process that decodes or by `gpt1 kernels build`, with one line on

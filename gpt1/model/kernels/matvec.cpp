@@ -8,18 +8,17 @@
 // are never rounded to integers). R output channels are read side by side, and the kernel
 // fetches the weights it will need kPrefetchBytes ahead of the multiply: R short rows that
 // restart every block are streams the hardware prefetchers pick up too late. Work is split over output
-// channels with ATen's parallel_for, so it runs on torch's own threads.
+// channels with ATen's parallel_for, so it runs on torch's own threads. Written once over the
+// vectors of `lanes.h`: sixteen lanes of AVX-512 or eight of AVX2 (int8 widened by `vpmovsxbd`,
+// bf16 by a shift), plain loops on other CPUs.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
-
-#include "products.h"
 
 #include <algorithm>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
+#include "lanes.h"
+#include "products.h"
 
 namespace {
 
@@ -36,27 +35,25 @@ constexpr int64_t kMinBytesPerTask = 64 * 1024;
 template <typename W>
 constexpr int64_t kPrefetchBytes = sizeof(W) == 4 ? 4096 : 32768;
 
-#if defined(__AVX512F__)
+#if defined(GPT1_SIMD)
+namespace simd = gpt1::simd;
+
 template <typename W>
 constexpr auto kPrefetchHint = sizeof(W) == 4 ? _MM_HINT_T0 : _MM_HINT_T1;  // see kPrefetchBytes
 
-// Sixteen weights, widened to fp32; `tail` loads only the first `mask` lanes.
-inline __m512 widen16(const int8_t* p) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+// Output channels read side by side for M rows: R * M accumulators, R weight vectors and one of
+// activations must stay in the vector registers. With AVX-512's 32: four channels for one or
+// two rows, two for more, eight for one row of fp32 weights, which then read at a plain read's
+// speed (28.4 GB/s over a decoding step's products against 26.5 with four; int8 and bf16
+// weights read slower with eight). With AVX2's 16: four, two from three rows, one from five.
+template <typename W>
+constexpr int channels_per_step(int M) {
+  if (simd::kRegisters >= 32) return (M == 1 && sizeof(W) == 4) ? 8 : (M <= 2 ? 4 : 2);
+  return M <= 2 ? 4 : (M <= 4 ? 2 : 1);
 }
-inline __m512 widen16(const at::BFloat16* p) {  // bf16 is fp32's upper half
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 widen16(const int8_t* p, __mmask16 mask) {
-  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, p)));
-}
-inline __m512 widen16(const at::BFloat16* p, __mmask16 mask) {
-  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline __m512 widen16(const float* p, __mmask16 mask) { return _mm512_maskz_loadu_ps(mask, p); }
+#else
+template <typename W>
+constexpr int channels_per_step(int) { return 1; }
 #endif
 
 // Output channels [n0, n1) for M rows: y[m * N + n] = scale[n] * dot(x[m], w[n]) + bias[n].
@@ -65,42 +62,44 @@ template <typename W, int M, int R>
 void channels(const float* x, const W* w, const float* scale, const float* bias, float* y,
               int64_t K, int64_t N, int64_t n0, int64_t n1) {
   int64_t n = n0;
-#if defined(__AVX512F__)
-  constexpr int64_t kStepBytes = R * 16 * sizeof(W);  // weight bytes one step consumes
-  const int64_t body = K - K % 16;
-  const __mmask16 tail = static_cast<__mmask16>((1u << (K % 16)) - 1u);
+#if defined(GPT1_SIMD)
+  constexpr int64_t L = simd::kLanes;
+  constexpr int64_t kStepBytes = R * L * sizeof(W);  // weight bytes one step consumes
+  const int64_t body = K - K % L;
+  const simd::Mask tail = simd::lanes(body, K);
   for (; n + R <= n1; n += R) {
-    __m512 acc[R][M];
+    simd::Vec acc[R][M];
     for (int r = 0; r < R; ++r)
-      for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
+      for (int m = 0; m < M; ++m) acc[r][m] = simd::zero();
     const W* rows[R];
     for (int r = 0; r < R; ++r) rows[r] = w + (n + r) * K;
     // The block's R rows are contiguous: walk its bytes ahead of the multiply at its own pace.
     const char* ahead = reinterpret_cast<const char*>(rows[0]) + kPrefetchBytes<W>;
-    for (int64_t k = 0; k < body; k += 16, ahead += kStepBytes) {
+    for (int64_t k = 0; k < body; k += L, ahead += kStepBytes) {
       for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, kPrefetchHint<W>);
-      __m512 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = widen16(rows[r] + k);
+      simd::Vec wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = simd::load(rows[r] + k);
       for (int m = 0; m < M; ++m) {
-        const __m512 xv = _mm512_loadu_ps(x + m * K + k);
-        for (int r = 0; r < R; ++r) acc[r][m] = _mm512_fmadd_ps(wv[r], xv, acc[r][m]);
+        const simd::Vec xv = simd::load(x + m * K + k);
+        for (int r = 0; r < R; ++r) acc[r][m] = simd::fmadd(wv[r], xv, acc[r][m]);
       }
     }
-    if (tail) {
+    if (body < K) {
       for (int m = 0; m < M; ++m) {
-        const __m512 xv = _mm512_maskz_loadu_ps(tail, x + m * K + body);
+        const simd::Vec xv = simd::load(x + m * K + body, tail);
         for (int r = 0; r < R; ++r)
-          acc[r][m] = _mm512_fmadd_ps(widen16(rows[r] + body, tail), xv, acc[r][m]);
+          acc[r][m] = simd::fmadd(simd::load(rows[r] + body, tail), xv, acc[r][m]);
       }
     }
     for (int r = 0; r < R; ++r)
       for (int m = 0; m < M; ++m) {
         const float s = scale ? scale[n + r] : 1.0f;
-        y[m * N + n + r] = _mm512_reduce_add_ps(acc[r][m]) * s + (bias ? bias[n + r] : 0.0f);
+        y[m * N + n + r] = simd::sum(acc[r][m]) * s + (bias ? bias[n + r] : 0.0f);
       }
   }
 #endif
-  // Channels left over (or every channel without AVX-512): plain loops the compiler vectorises.
+  // Channels left over (or every channel without vector instructions): plain loops the
+  // compiler vectorises.
   for (; n < n1; ++n) {
     const W* row = w + n * K;
     for (int m = 0; m < M; ++m) {
@@ -184,11 +183,7 @@ void dispatch_bf16(int64_t M, const at::BFloat16* x, const at::BFloat16* w, cons
 template <typename W, int M>
 void run(const float* x, const W* w, const float* scale, const float* bias, float* y,
          int64_t K, int64_t N) {
-  // Four channels a step for one or two rows, two for more (the accumulators must stay in
-  // the 32 vector registers); eight for one row of fp32 weights, which then read at a plain
-  // read's speed (28.4 GB/s over a decoding step's products against 26.5 with four; int8 and
-  // bf16 weights read slower with eight).
-  constexpr int R = (M == 1 && sizeof(W) == 4) ? 8 : (M <= 2 ? 4 : 2);
+  constexpr int R = channels_per_step<W>(M);
   const int64_t blocks = (N + R - 1) / R;
   const int64_t grain = std::max<int64_t>(1, kMinBytesPerTask / (R * K * int64_t(sizeof(W))));
   at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {

@@ -16,40 +16,35 @@
 #include "lanes.h"
 #include "products.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
+#if defined(GPT1_SIMD)
 
 namespace {
 
 constexpr int64_t kGrain = 32768;  // numbers per task: less is not worth a thread
 
-using gpt1::lanes;
-using gpt1::load;
+namespace simd = gpt1::simd;
 
 // The largest magnitude of x[lo, hi), or NaN where a NaN is among them.
 template <typename T>
 float largest(const T* x, int64_t lo, int64_t hi) {
-  __m512 top = _mm512_setzero_ps();
-  __mmask16 nan = 0;
-  for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = lanes(i, hi);
-    const __m512 v = load(x + i, m);
-    nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    top = _mm512_max_ps(top, _mm512_abs_ps(v));
+  simd::Vec top = simd::zero();
+  bool nan = false;
+  for (int64_t i = lo; i < hi; i += simd::kLanes) {
+    const simd::Vec v = simd::load(x + i, simd::lanes(i, hi));
+    nan |= simd::any_nan(v);
+    top = simd::max(top, simd::abs(v));
   }
-  return nan ? std::numeric_limits<float>::quiet_NaN() : _mm512_reduce_max_ps(top);
+  return nan ? std::numeric_limits<float>::quiet_NaN() : simd::largest(top);
 }
 
 // q[i] = round(x[i] * factor), nearest even, for x[lo, hi); |x| * factor <= 127 up to rounding,
 // and the narrowing saturates.
 template <typename T>
 void narrow(const T* x, int8_t* q, float factor, int64_t lo, int64_t hi) {
-  const __m512 f = _mm512_set1_ps(factor);
-  for (int64_t i = lo; i < hi; i += 16) {
-    const __mmask16 m = lanes(i, hi);
-    const __m512i n = _mm512_cvt_roundps_epi32(_mm512_mul_ps(load(x + i, m), f),
-                                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_mask_storeu_epi8(q + i, m, _mm512_cvtsepi32_epi8(n));
+  const simd::Vec f = simd::set1(factor);
+  for (int64_t i = lo; i < hi; i += simd::kLanes) {
+    const simd::Mask m = simd::lanes(i, hi);
+    simd::store_int8(q + i, simd::mul(simd::load(x + i, m), f), m);
   }
 }
 
@@ -82,12 +77,12 @@ std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor& x) {
   return per_tensor<at::BFloat16>(x);
 }
 
-#else  // no AVX-512 (F, BW, VL): torch's operators quantise
+#else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: torch's operators quantise
 
 bool has_quantize_per_tensor() { return false; }
 
 std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor&) {
-  TORCH_CHECK(false, "quantize_per_tensor: not compiled for this CPU (it needs AVX-512)");
+  TORCH_CHECK(false, "quantize_per_tensor: not compiled for this CPU (it needs AVX-512 or AVX2 with FMA)");
 }
 
 #endif

@@ -12,8 +12,9 @@
 //
 // With bf16 activations every intermediate is rounded to bf16 where the torch operators would
 // round it (each operator's output), so both paths compute the same numbers up to the order of
-// summation; everything is computed in fp32. Compiled only for AVX-512 CPUs (`has_decode_step`):
-// elsewhere decoding runs the torch operators.
+// summation; everything is computed in fp32. Written once over the vectors of `lanes.h` (AVX-512
+// or AVX2 with FMA); compiled for no other CPU (`has_decode_step`): there decoding runs the torch
+// operators.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -24,52 +25,38 @@
 #include "lanes.h"
 #include "products.h"
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-#include <immintrin.h>
+#if defined(GPT1_SIMD)
 
 namespace {
 
-// ------------------------------------------------------------------ 16 lanes at a time
-using gpt1::lanes;
-using gpt1::load;
-using gpt1::store;
+// ------------------------------------------------------------------ a vector at a time
+namespace simd = gpt1::simd;
+using simd::lanes;
+using simd::load;
+using simd::Mask;
+using simd::round_bf16;
+using simd::store;
+using simd::Vec;
+constexpr int64_t kLanes = simd::kLanes;
 
 // e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
 // below 2e-7), times 2^n. Inputs are clamped to +-88 (e^88 is near fp32's largest).
-inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-88.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2 in two parts: exact
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);      // n * ln2 for |n| < 128
-  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-// fp32 -> bf16 -> fp32, rounding to nearest even (what at::BFloat16 does).
-inline __m512 round_bf16(__m512 v) {
-#if defined(__AVX512BF16__)
-  const __m256i h = (__m256i)_mm512_cvtneps_pbh(v);
-#else
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i up = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-  const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(up, 16));
-#endif
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+inline Vec exponential(Vec x) {
+  x = simd::max(simd::min(x, simd::set1(88.0f)), simd::set1(-88.0f));
+  const Vec n = simd::round_even(simd::mul(x, simd::set1(1.44269504088896341f)));
+  Vec r = simd::fnmadd(n, simd::set1(0.693359375f), x);  // ln2 in two parts: exact
+  r = simd::fnmadd(n, simd::set1(-2.12194440e-4f), r);   // n * ln2 for |n| < 128
+  Vec p = simd::set1(1.0f / 720.0f);
+  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = simd::fmadd(p, r, simd::set1(c));
+  return simd::times_pow2(p, n);
 }
 
 // Rounds x [n] to bf16 in place where the activations are bf16.
 void round_all(float* x, int64_t n, bool bf16) {
   if (!bf16) return;
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes(i, n);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const Mask m = lanes(i, n);
     store(x + i, round_bf16(load(x + i, m)), m);
   }
 }
@@ -79,28 +66,28 @@ void round_all(float* x, int64_t n, bool bf16) {
 // first where the activations are bf16 (torch adds in bf16, then normalises).
 void add_layer_norm(float* x, const float* a, const float* g, const float* b, int64_t C,
                     float eps, bool bf16) {
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t i = 0; i < C; i += 16) {
-    const __mmask16 m = lanes(i, C);
-    __m512 v = _mm512_add_ps(load(x + i, m), load(a + i, m));
+  Vec sum = simd::zero();
+  for (int64_t i = 0; i < C; i += kLanes) {
+    const Mask m = lanes(i, C);
+    Vec v = simd::add(load(x + i, m), load(a + i, m));
     if (bf16) v = round_bf16(v);
     store(x + i, v, m);
-    sum = _mm512_add_ps(sum, v);
+    sum = simd::add(sum, v);
   }
-  const float mean = _mm512_reduce_add_ps(sum) / static_cast<float>(C);
-  const __m512 mu = _mm512_set1_ps(mean);
-  __m512 sq = _mm512_setzero_ps();
-  for (int64_t i = 0; i < C; i += 16) {
-    const __mmask16 m = lanes(i, C);
-    const __m512 d = _mm512_maskz_sub_ps(m, load(x + i, m), mu);
-    sq = _mm512_fmadd_ps(d, d, sq);
+  const float mean = simd::sum(sum) / static_cast<float>(C);
+  const Vec mu = simd::set1(mean);
+  Vec sq = simd::zero();
+  for (int64_t i = 0; i < C; i += kLanes) {
+    const Mask m = lanes(i, C);
+    const Vec d = simd::within(m, simd::sub(load(x + i, m), mu));
+    sq = simd::fmadd(d, d, sq);
   }
-  const float inv = 1.0f / std::sqrt(_mm512_reduce_add_ps(sq) / static_cast<float>(C) + eps);
-  const __m512 s = _mm512_set1_ps(inv);
-  for (int64_t i = 0; i < C; i += 16) {
-    const __mmask16 m = lanes(i, C);
-    const __m512 d = _mm512_mul_ps(_mm512_sub_ps(load(x + i, m), mu), s);
-    __m512 y = _mm512_fmadd_ps(d, load(g + i, m), load(b + i, m));
+  const float inv = 1.0f / std::sqrt(simd::sum(sq) / static_cast<float>(C) + eps);
+  const Vec s = simd::set1(inv);
+  for (int64_t i = 0; i < C; i += kLanes) {
+    const Mask m = lanes(i, C);
+    const Vec d = simd::mul(simd::sub(load(x + i, m), mu), s);
+    const Vec y = simd::fmadd(d, load(g + i, m), load(b + i, m));
     store(x + i, bf16 ? round_bf16(y) : y, m);
   }
 }
@@ -108,18 +95,18 @@ void add_layer_norm(float* x, const float* a, const float* g, const float* b, in
 // GELU (tanh approximation) or ReLU in place: 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)),
 // u = sqrt(2 / pi) (x + 0.044715 x^3).
 void activation(float* h, int64_t n, bool gelu, bool bf16) {
-  for (int64_t i = 0; i < n; i += 16) {
-    const __mmask16 m = lanes(i, n);
-    const __m512 x = load(h + i, m);
-    __m512 y;
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const Mask m = lanes(i, n);
+    const Vec x = load(h + i, m);
+    Vec y;
     if (gelu) {
-      const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
-      const __m512 u = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f),
-                                     _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x));
-      const __m512 e = exp16(_mm512_mul_ps(u, _mm512_set1_ps(-2.0f)));
-      y = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+      const Vec x3 = simd::mul(simd::mul(x, x), x);
+      const Vec u = simd::mul(simd::set1(0.7978845608028654f),
+                              simd::fmadd(simd::set1(0.044715f), x3, x));
+      const Vec e = exponential(simd::mul(u, simd::set1(-2.0f)));
+      y = simd::div(x, simd::add(simd::set1(1.0f), e));
     } else {
-      y = _mm512_max_ps(x, _mm512_setzero_ps());
+      y = simd::max(x, simd::zero());
     }
     store(h + i, bf16 ? round_bf16(y) : y, m);
   }
@@ -132,37 +119,37 @@ void activation(float* h, int64_t n, bool gelu, bool bf16) {
 template <typename T>
 void attend(const float* q, const float* k_new, const float* v_new, T* keys, T* values,
             int64_t len, int64_t D, float* scores, float* out, bool bf16) {
-  for (int64_t d = 0; d < D; d += 16) {
-    const __mmask16 m = lanes(d, D);
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const Mask m = lanes(d, D);
     store(keys + len * D + d, load(k_new + d, m), m);
     store(values + len * D + d, load(v_new + d, m), m);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   float top = -INFINITY;
   for (int64_t j = 0; j <= len; ++j) {
-    __m512 acc = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
-      const __mmask16 m = lanes(d, D);
-      acc = _mm512_fmadd_ps(load(q + d, m), load(keys + j * D + d, m), acc);
+    Vec acc = simd::zero();
+    for (int64_t d = 0; d < D; d += kLanes) {
+      const Mask m = lanes(d, D);
+      acc = simd::fmadd(load(q + d, m), load(keys + j * D + d, m), acc);
     }
-    scores[j] = _mm512_reduce_add_ps(acc) * scale;
+    scores[j] = simd::sum(acc) * scale;
     top = std::max(top, scores[j]);
   }
   const int64_t n = len + 1;
-  __m512 total = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = lanes(j, n);
-    const __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(load(scores + j, m), _mm512_set1_ps(top))));
+  Vec total = simd::zero();
+  for (int64_t j = 0; j < n; j += kLanes) {
+    const Mask m = lanes(j, n);
+    const Vec e = simd::within(m, exponential(simd::sub(load(scores + j, m), simd::set1(top))));
     store(scores + j, e, m);
-    total = _mm512_add_ps(total, e);
+    total = simd::add(total, e);
   }
-  const float norm = 1.0f / _mm512_reduce_add_ps(total);
-  for (int64_t d = 0; d < D; d += 16) {
-    const __mmask16 m = lanes(d, D);
-    __m512 acc = _mm512_setzero_ps();
+  const float norm = 1.0f / simd::sum(total);
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const Mask m = lanes(d, D);
+    Vec acc = simd::zero();
     for (int64_t j = 0; j < n; ++j)
-      acc = _mm512_fmadd_ps(_mm512_set1_ps(scores[j]), load(values + j * D + d, m), acc);
-    acc = _mm512_mul_ps(acc, _mm512_set1_ps(norm));
+      acc = simd::fmadd(simd::set1(scores[j]), load(values + j * D + d, m), acc);
+    acc = simd::mul(acc, simd::set1(norm));
     store(out + d, bf16 ? round_bf16(acc) : acc, m);
   }
 }
@@ -195,8 +182,8 @@ struct Linear {
     if (bf16 && w->scalar_type() == at::kBFloat16 && !scale) {  // bf16 x bf16: the pairs as they are
       const int64_t n = M * w->size(1);
       x16.resize(n);
-      for (int64_t i = 0; i < n; i += 16) {  // exact: x holds bf16 values already
-        const __mmask16 m = lanes(i, n);
+      for (int64_t i = 0; i < n; i += kLanes) {  // exact: x holds bf16 values already
+        const Mask m = lanes(i, n);
         store(x16.data() + i, load(x + i, m), m);
       }
       pairs = x16.data();
@@ -313,7 +300,7 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
   return out;
 }
 
-#else  // no AVX-512 (F, BW, VL): decoding runs the torch operators
+#else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: decoding runs the torch operators
 
 bool has_decode_step() { return false; }
 
@@ -321,7 +308,7 @@ torch::Tensor decode_step(const torch::Tensor&, const std::vector<torch::Tensor>
                           const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const std::vector<int64_t>&, const std::vector<int64_t>&, int64_t,
                           double, bool) {
-  TORCH_CHECK(false, "decode_step: not compiled for this CPU (it needs AVX-512)");
+  TORCH_CHECK(false, "decode_step: not compiled for this CPU (it needs AVX-512 or AVX2 with FMA)");
 }
 
 #endif

@@ -1,0 +1,99 @@
+"""gpt1's decoding kernel built for two targets, side by side in one process: the weight products
+of one GPT-1 decoding step (one row; each block's four layers, twelve blocks) per weight type,
+this CPU's build (`-march=native`) against another (`GPT1_KERNEL_MARCH`, default `x86-64-v3`:
+the AVX2 + FMA code a laptop runs), alternating.
+
+Each build is made (or found) by `gpt1.model.matvec`'s builder with the target set, so both are
+the builds `gpt1` itself would load; the first run of a new target compiles it (minutes). The
+two builds' products are checked to agree (fp32 sums in another order) before they are timed;
+figures are the weight bytes read per second, the best of `--repeats`, on this thread's CPU
+clock with one torch thread (`--clock wall` for the wall clock): on a shared machine the CPU
+clock leaves out the time other jobs hold the core.
+
+    python benchmarks/kernel_targets.py                     # native vs x86-64-v3
+    python benchmarks/kernel_targets.py --target x86-64-v4 --repeats 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpt1.model import matvec  # noqa: E402
+from gpt1.model.quantize import quantize_rows  # noqa: E402
+
+SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
+
+
+def built_for(target: str):
+    """The kernel's module built for `-march=target` (built now if it is not yet)."""
+    before = os.environ.get(matvec.MARCH_VARIABLE)
+    os.environ[matvec.MARCH_VARIABLE] = target
+    matvec.module.cache_clear()  # the builder keeps one module per process
+    try:
+        built = matvec.module()
+        if built is None:
+            raise SystemExit(f"gpt1's kernel could not be built for -march={target}")
+        return built
+    finally:
+        matvec.module.cache_clear()
+        if before is None:
+            del os.environ[matvec.MARCH_VARIABLE]
+        else:
+            os.environ[matvec.MARCH_VARIABLE] = before
+
+
+def step_weights(kind: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    out = []
+    for n, k in SHAPES:
+        w = torch.randn(n, k)
+        if kind == "int8":
+            out.append(quantize_rows(w))
+        else:
+            out.append((w.to(torch.bfloat16) if kind == "bf16" else w, None))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", default="x86-64-v3")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--clock", choices=CLOCKS, default="cpu")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    clock = CLOCKS[args.clock]
+    builds = {"native": built_for("native"), args.target: built_for(args.target)}
+    x = {k: torch.randn(1, k) for k in (768, 3072)}
+    print(f"one row through a decoding step's 48 weight products, 1 thread, {args.clock} clock")
+    for kind in ("int8", "bf16", "fp32"):
+        weights = step_weights(kind)
+        total = sum(w.numel() * w.element_size() for w, _ in weights)
+        outs = {
+            name: [m.matvec(x[w.shape[1]], w, s, None) for w, s in weights]
+            for name, m in builds.items()
+        }
+        for a, b in zip(*outs.values()):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+        best = dict.fromkeys(builds, float("inf"))
+        for _ in range(args.repeats):
+            for name, m in builds.items():
+                start = clock()
+                for w, s in weights:
+                    m.matvec(x[w.shape[1]], w, s, None)
+                best[name] = min(best[name], clock() - start)
+        rates = "  ".join(f"{name} {total / t / 1e9:5.1f} GB/s" for name, t in best.items())
+        ratio = best["native"] / best[args.target]
+        print(f"  {kind}: {rates}  ({args.target} / native {ratio:.2f}x; results agree)")
+
+
+if __name__ == "__main__":
+    main()

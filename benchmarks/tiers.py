@@ -1,0 +1,164 @@
+"""Batch-1 greedy decoding of GPT-1 size on CPU tiers: every precision of gpt1 and CTranslate2
+under instruction-set caps on this host, each configuration in a process of its own.
+
+A tier is what a CPU without some of this host's instructions would run, simulated by capping
+every library at once:
+
+* host: nothing capped;
+* avx512: AVX-512 without AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, `CT2_FORCE_CPU_ISA=AVX512`);
+* avx2: a laptop's AVX2 + FMA (`ONEDNN_MAX_CPU_ISA=AVX2`, `ATEN_CPU_CAPABILITY=avx2`,
+  `CT2_FORCE_CPU_ISA=AVX2`, gpt1's kernel built for `GPT1_KERNEL_MARCH=x86-64-v3`);
+* no-kernel: gpt1 without its compiled kernel (`GPT1_MATVEC=torch`), torch's operators only;
+  CTranslate2 is the host's (not run again).
+
+Each (tier, system) runs `benchmarks/generate_alone.py --json` in a child process with the
+tier's environment: 128 new tokens after 32 (random weights, the seed of
+`benchmarks/inference.py`), the median of `--repeats` after one warm-up. The bound of each gpt1
+precision is the memory read bandwidth (`inference.read_bandwidth`, measured once in a child on
+the host tier) over the bytes its decoding step reads (`inference.decode_bytes`). The load
+average is printed before and after each child: on a shared machine it says how much the figures
+mean.
+
+    python benchmarks/tiers.py                               # every tier, 3 repeats
+    python benchmarks/tiers.py --tiers avx2 --repeats 1      # one tier, quickly
+    python benchmarks/tiers.py --int8-float-products         # int8 prompts on the float path
+    python benchmarks/tiers.py --threads 1                   # on a machine shared with others
+
+`--int8-float-products` sets `GPT1_INT8_MATMUL=0` for gpt1's int8 runs: the prompt's many-row
+products then run as bf16 products over the int8 values instead of oneDNN's int8 kernel (on CPUs
+without AMX oneDNN may run its reference int8 kernel, far slower than either).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+TIERS: dict[str, dict[str, str]] = {
+    "host": {},
+    "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "CT2_FORCE_CPU_ISA": "AVX512"},
+    "avx2": {
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "CT2_FORCE_CPU_ISA": "AVX2",
+        "GPT1_KERNEL_MARCH": "x86-64-v3",
+    },
+    "no-kernel": {"GPT1_MATVEC": "torch"},
+}
+GPT1 = ("gpt1:fp32", "gpt1:bf16", "gpt1:int8")
+CT2 = ("ct2:float32", "ct2:int8")
+# The CTranslate2 figures a tier is compared with: its own, or the host's where CT2 is not capped.
+CT2_FROM = {"host": "host", "avx512": "avx512", "avx2": "avx2", "no-kernel": "host"}
+
+BANDWIDTH = (
+    "import sys, json, torch; sys.path.insert(0, {here!r}); from inference import read_bandwidth; "
+    "torch.set_num_threads({threads}); print(json.dumps({{'bandwidth': read_bandwidth()}}))"
+)
+
+
+def child(command: list[str], env: dict[str, str], timeout: float) -> dict:
+    """Run `command` with `env` added to this environment; its last stdout line, parsed as JSON,
+    with the load average before and after."""
+    before = os.getloadavg()[0]
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    done = subprocess.run(
+        command,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *path]), **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found["load"] = (before, os.getloadavg()[0])
+    return found
+
+
+def run_tier(tier: str, args: argparse.Namespace) -> dict[str, dict]:
+    results = {}
+    systems = GPT1 + (CT2 if CT2_FROM[tier] == tier else ())
+    for system in systems:
+        env = dict(TIERS[tier])
+        if system == "gpt1:int8" and args.int8_float_products:
+            env["GPT1_INT8_MATMUL"] = "0"
+        command = [sys.executable, str(HERE / "generate_alone.py"), system, "--json"]
+        command += ["--repeats", str(args.repeats), "--new-tokens", str(args.new_tokens)]
+        command += ["--threads", str(args.threads)]
+        try:
+            results[system] = child(command, env, args.timeout)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other systems still run
+            print(f"  {tier:9s} {system:12s} failed: {str(e).strip().splitlines()[-1]}")
+            continue
+        load = results[system]["load"]
+        print(
+            f"  {tier:9s} {system:12s} {results[system]['tokens_per_s']:7.1f} tokens/s "
+            f"(load average {load[0]:.1f} -> {load[1]:.1f})",
+            flush=True,
+        )
+    return results
+
+
+def table(tier: str, results: dict[str, dict], ct2: dict[str, dict], bandwidth: float) -> str:
+    """One tier as a markdown table: tokens/s, the ratio to CTranslate2 of the same kind (fp32
+    and bf16 to its float32, int8 to its int8) and the share of the bandwidth bound."""
+    lines = [
+        "| system | tokens/s | vs CTranslate2 | bound (tokens/s) | share of bound |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for system, found in results.items():
+        rate = found["tokens_per_s"]
+        ratio = bound = share = ""
+        if system in GPT1:
+            peer = "ct2:int8" if system == "gpt1:int8" else "ct2:float32"
+            if peer in ct2:
+                ratio = f"{rate / ct2[peer]['tokens_per_s']:.2f}x {peer[4:]}"
+            limit = bandwidth / found["decode_bytes"]
+            bound, share = f"{limit:.1f}", f"{rate / limit:.0%}"
+        lines.append(f"| {system} | {rate:.1f} | {ratio} | {bound} | {share} |")
+    floats = [results[s]["tokens_per_s"] for s in ("gpt1:fp32", "gpt1:bf16") if s in results]
+    if floats and "gpt1:int8" in results:
+        best = results["gpt1:int8"]["tokens_per_s"] / max(floats)
+        lines += ["", f"gpt1 int8 / gpt1's best float: {best:.2f}x"]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiers", default=",".join(TIERS), help=f"of {','.join(TIERS)}")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="per system")
+    p.add_argument("--int8-float-products", action="store_true")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds per child")
+    args = p.parse_args()
+    tiers = args.tiers.split(",")
+    unknown = [t for t in tiers if t not in TIERS]
+    if unknown:
+        p.error(f"unknown tier(s) {', '.join(unknown)}: choose from {', '.join(TIERS)}")
+    bandwidth = child(
+        [sys.executable, "-c", BANDWIDTH.format(here=str(HERE), threads=args.threads)],
+        {},
+        args.timeout,
+    )
+    print(f"memory read bandwidth {bandwidth['bandwidth'] / 1e9:.1f} GB/s", flush=True)
+    results = {}
+    for tier in tiers:
+        results[tier] = run_tier(tier, args)
+    for tier in tiers:
+        ct2_tier = CT2_FROM[tier]
+        ct2 = {s: r for s, r in results.get(ct2_tier, {}).items() if s in CT2}
+        print(f"\n### {tier} ({json.dumps(TIERS[tier])})\n")
+        print(table(tier, results[tier], ct2, bandwidth["bandwidth"]))
+
+
+if __name__ == "__main__":
+    main()
