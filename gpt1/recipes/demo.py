@@ -383,7 +383,11 @@ def _plots(pre_dir: Path, runs: list[Path]) -> list[Path]:
 
 
 def _metric(results: dict[str, Any]) -> tuple[str, float]:
-    skip = {"task", "split", "n", "skipped_rows", "seconds"}
+    """The metric a setting is shown with: the task's headline metric (the one fine-tuning
+    announces), else the first usual one found."""
+    if results.get("headline") in results:
+        return results["headline"], float(results[results["headline"]])
+    skip = {"task", "split", "n", "skipped_rows", "seconds", "headline"}
     for key in ("accuracy", "matthews", "pearson", "f1"):
         if key in results:
             return key, float(results[key])

@@ -190,6 +190,15 @@ def unk_token(encoder: dict[str, int]) -> str | None:
     return next((t for t, i in encoder.items() if i == 0), None)
 
 
+def _decoder(special_tokens: Sequence[str]):
+    """`</w>` read as a space (dropped on the last token), as `gpt1.text.tokenizer.Tokenizer.decode`
+    does; a task token reads as a word of its own (its name, then a space), as in gpt1."""
+    from tokenizers import Regex, decoders
+
+    as_words = [decoders.Replace(Regex(f"^{re.escape(t)}$"), t + EOW) for t in special_tokens]
+    return decoders.Sequence([*as_words, decoders.BPEDecoder(suffix=EOW)])
+
+
 def build(
     encoder: dict[str, int],
     merges: Sequence[tuple[str, str]],
@@ -198,7 +207,7 @@ def build(
 ):
     """A `tokenizers.Tokenizer` giving gpt1's ids for the vocabulary `encoder` + `merges`, with
     `special_tokens` added after the vocabulary (the task tokens of a fine-tuned model)."""
-    from tokenizers import AddedToken, Tokenizer, decoders
+    from tokenizers import AddedToken, Tokenizer
     from tokenizers.models import BPE
 
     tok = Tokenizer(
@@ -212,7 +221,7 @@ def build(
     )
     tok.normalizer = _normalizer()
     tok.pre_tokenizer = _pre_tokenizer(spacy_rules(standardize), standardize)
-    tok.decoder = decoders.BPEDecoder(suffix=EOW)
+    tok.decoder = _decoder(special_tokens)
     # gpt1 reads a literal "<unk>" (after lowercasing) as the unknown token
     if UNK in encoder:
         tok.add_special_tokens([AddedToken(UNK, normalized=True)])
