@@ -212,7 +212,8 @@ _governor = _Governor()
 
 
 def apply_threads(flag: str | int | None = None) -> int:
-    """Set torch's thread count for this process by the policy above; returns the count."""
+    """Set torch's thread count for this process by the policy above, say what it chose and
+    why (one INFO line: `threads: 2 (auto: 2.0 of 2 CPUs free)`), and return the count."""
     import torch
 
     requested = requested_threads(flag)
@@ -220,14 +221,23 @@ def apply_threads(flag: str | int | None = None) -> int:
     if requested != AUTO:
         _governor.stop()
         torch.set_num_threads(int(requested))
-        log.debug("threads: %d (asked for)", requested)
+        log.info("threads: %d (%s)", requested, _fixed_by(flag))
         return int(requested)
     free, last = measure_free(cpus)
-    threads = min(threads_for(free, len(cpus)), cpu_quota() or len(cpus))
+    quota = cpu_quota()
+    threads = min(threads_for(free, len(cpus)), quota or len(cpus))
     torch.set_num_threads(threads)
     _governor.start(cpus, last)
-    log.debug("threads: %d (auto: %s of %d CPUs free)", threads, _fmt(free), len(cpus))
+    limit = f", CPU quota {quota}" if quota is not None and quota < len(cpus) else ""
+    log.info("threads: %d (auto: %s of %d CPUs free%s)", threads, _fmt(free), len(cpus), limit)
     return threads
+
+
+def _fixed_by(flag: str | int | None) -> str:
+    """What fixed the count, as the user would look for it."""
+    if flag is not None:
+        return "--threads"
+    return f"${ENV_VAR}" if os.environ.get(ENV_VAR, "").strip() else "$OMP_NUM_THREADS"
 
 
 def pin_for_training(recorded: int | None = None) -> int:

@@ -171,3 +171,30 @@ def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(tmp
     assert main([*tiny_pretrain(data, run, 3), "--resume", "auto"]) == 0
     assert read_trainer_json(run / "step-3")["threads"] == 2  # the run's count, not the load's
     threads._governor.stop()
+
+
+def test_every_computing_command_says_what_threads_it_chose(monkeypatch, capsys):
+    """One status line on stderr, before the command's own work: the count and why."""
+    monkeypatch.delenv("GPT1_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(threads, "cpu_quota", lambda: None)
+    monkeypatch.setattr(threads, "measure_free", lambda cpus: (1.95, None))
+    seen = []
+    commands = {"sample": ["x", "--prompt", "hi"], "predict": ["x"], "evaluate": ["x"]}
+    for name, rest in commands.items():  # main applies the policy: one place for all commands
+        monkeypatch.setattr(f"gpt1.cli.{name}.run", lambda a: seen.append(a))
+        assert main([name, *rest]) == 0, name
+        err = capsys.readouterr().err
+        assert err.splitlines()[0] == "threads: 2 (auto: 1.9 of 2 CPUs free)", name
+    assert len(seen) == len(commands)
+    monkeypatch.setattr(threads, "cpu_quota", lambda: 1)
+    assert main(["sample", "x", "--prompt", "hi", "--threads", "auto"]) == 0
+    assert "threads: 1 (auto: 1.9 of 2 CPUs free, CPU quota 1)" in capsys.readouterr().err
+    monkeypatch.setenv("GPT1_THREADS", "2")
+    assert main(["sample", "x", "--prompt", "hi"]) == 0
+    assert "threads: 2 ($GPT1_THREADS)" in capsys.readouterr().err
+    assert main(["sample", "x", "--prompt", "hi", "--threads", "1"]) == 0
+    assert "threads: 1 (--threads)" in capsys.readouterr().err
+    assert main(["sample", "x", "--prompt", "hi", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
