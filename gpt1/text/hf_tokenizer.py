@@ -16,6 +16,8 @@ ids on nearly every line:
   written): prefixes peeled, then suffixes, then special cases split ("don't" -> "do", "n't"),
   then infixes;
 - model: the same BPE (merges, `</w>` glued to the last character, unknown pieces -> `<unk>`).
+- decoder: `</w>` read as a space, dropped on the last token, task tokens read as words: the text
+  `gpt1.text.tokenizer.Tokenizer.decode` gives (newlines kept).
 
 What regular expressions cannot express is left out, and makes the residual differences
 (measured by benchmarks/hf_tokenizer_parity.py): ftfy's mojibake repair and its "no HTML
