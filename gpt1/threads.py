@@ -252,7 +252,7 @@ def pin_for_training(recorded: int | None = None) -> int:
         _governor.stop()
         if recorded is not None and recorded >= 1:
             torch.set_num_threads(int(recorded))
-            log.debug("threads: %d (the count this run was started with)", recorded)
+            log.info("threads: %d (resumed: the count this run was started with)", recorded)
     return torch.get_num_threads()
 
 

@@ -152,7 +152,9 @@ def test_bad_threads_are_one_line_usage_errors(monkeypatch, capsys):
     assert err.startswith("gpt1 sample: error: $GPT1_THREADS") and "\n" not in err
 
 
-def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(tmp_path, monkeypatch):
+def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(
+    tmp_path, monkeypatch, capsys
+):
     """In auto mode the count that follows the load is pinned for a training run (gradients'
     last bits depend on it), recorded in its checkpoints, and taken again by a resume."""
     from gpt1.cli import main
@@ -168,8 +170,12 @@ def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(tmp
     assert main(tiny_pretrain(data, run, 2)) == 0
     assert read_trainer_json(run / "step-2")["threads"] == 2
     monkeypatch.setattr(threads, "measure_free", lambda cpus: (0.1, None))  # busy now: 1
+    capsys.readouterr()
     assert main([*tiny_pretrain(data, run, 3), "--resume", "auto"]) == 0
     assert read_trainer_json(run / "step-3")["threads"] == 2  # the run's count, not the load's
+    err = capsys.readouterr().err.splitlines()  # the measured count, then the one it runs with
+    assert err[0] == "threads: 1 (auto: 0.1 of 2 CPUs free)"
+    assert "threads: 2 (resumed: the count this run was started with)" in err
     threads._governor.stop()
 
 
