@@ -79,11 +79,11 @@ def test_greedy_sample_prints_the_newlines(newline_lm, capsys):
 
 
 def test_tokenizer_decode_command_writes_the_newlines(vocab, tok, monkeypatch, capsys):
-    ids = [tok.encoder["a</w>"], tok.encoder["\n</w>"], tok.encoder["b</w>"]]
-    line = " ".join(map(str, ids)) + "\n"
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(line.encode())))
+    a, nl, b = tok.encoder["a</w>"], tok.encoder["\n</w>"], tok.encoder["b</w>"]
+    lines = "".join(" ".join(map(str, ids)) + "\n" for ids in ([a, nl, b], [nl, a, nl]))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines.encode())))
     assert main(["tokenizer", "decode", "--vocab", str(vocab)]) == 0
-    assert capsys.readouterr().out == "a \n b\n"
+    assert capsys.readouterr().out == "a \n b\n" + "\n a \n\n"
 
 
 def test_continuation_stops_at_a_newline(tok):
