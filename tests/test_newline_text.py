@@ -101,6 +101,7 @@ def test_continuation_stops_at_a_newline(tok):
 
 def test_served_completion_shows_newlines_and_stops_on_them(newline_lm):
     pytest.importorskip("fastapi")
+    import httpx
     from test_serve import post, serving
 
     body = {"prompt": PROMPT, "max_tokens": 4, "temperature": 0}
@@ -110,6 +111,9 @@ def test_served_completion_shows_newlines_and_stops_on_them(newline_lm):
         generated = post(
             f"{url}/v1/generate", {"prompt": PROMPT, "max_new_tokens": 2, "temperature": 0}
         ).json()
+        events = httpx.post(f"{url}/v1/completions", json={**body, "stream": True}, timeout=60)
+    chunks = [json.loads(x[6:]) for x in events.text.split("\n\n") if x.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == plain["text"]
     assert plain["text"] == " \n \n \n \n" and plain["finish_reason"] == "length"
     assert stopped["choices"][0]["text"] == " " and stopped["choices"][0]["finish_reason"] == "stop"
     assert stopped["usage"]["completion_tokens"] == 0
