@@ -212,8 +212,9 @@ _governor = _Governor()
 
 
 def apply_threads(flag: str | int | None = None) -> int:
-    """Set torch's thread count for this process by the policy above, say what it chose and
-    why (one INFO line: `threads: 2 (auto: 2.0 of 2 CPUs free)`), and return the count."""
+    """Set torch's thread count for this process by the policy above, and return it. What it
+    chose and why is one INFO line (`threads: 2 (auto: 2.0 of 2 CPUs free)`), logged just before
+    the command's first status line, or at its end (`announce_now`)."""
     import torch
 
     requested = requested_threads(flag)
@@ -221,7 +222,7 @@ def apply_threads(flag: str | int | None = None) -> int:
     if requested != AUTO:
         _governor.stop()
         torch.set_num_threads(int(requested))
-        log.info("threads: %d (%s)", requested, _fixed_by(flag))
+        _announce(f"threads: {requested} ({_fixed_by(flag)})")
         return int(requested)
     free, last = measure_free(cpus)
     quota = cpu_quota()
@@ -229,8 +230,39 @@ def apply_threads(flag: str | int | None = None) -> int:
     torch.set_num_threads(threads)
     _governor.start(cpus, last)
     limit = f", CPU quota {quota}" if quota is not None and quota < len(cpus) else ""
-    log.info("threads: %d (auto: %s of %d CPUs free%s)", threads, _fmt(free), len(cpus), limit)
+    _announce(f"threads: {threads} (auto: {_fmt(free)} of {len(cpus)} CPUs free{limit})")
     return threads
+
+
+class _Announcement(logging.Filter):
+    """The thread-count line, held until the command's first status line (a log record of
+    level INFO or above) or its successful end (`announce_now`): a command refused before it
+    starts keeps its one-line error."""
+
+    line: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.line is not None and record.levelno >= logging.INFO:
+            line, self.line = self.line, None
+            log.info("%s", line)  # passes this filter (nothing held now), then `record` follows
+        return True
+
+
+_announcement = _Announcement()
+
+
+def _announce(line: str) -> None:
+    _announcement.line = line
+    for handler in logging.getLogger().handlers:
+        if _announcement not in handler.filters:
+            handler.addFilter(_announcement)
+
+
+def announce_now() -> None:
+    """Log the thread-count line if no status line has shown it yet (at a command's end)."""
+    if _announcement.line is not None:
+        line, _announcement.line = _announcement.line, None
+        log.info("%s", line)
 
 
 def _fixed_by(flag: str | int | None) -> str:
