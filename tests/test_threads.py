@@ -204,3 +204,11 @@ def test_every_computing_command_says_what_threads_it_chose(monkeypatch, capsys)
     assert "threads: 1 (--threads)" in capsys.readouterr().err
     assert main(["sample", "x", "--prompt", "hi", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_refused_command_prints_only_its_error(tmp_path, monkeypatch, capsys):
+    """The thread-count line waits for a status line, so a refusal stays one line."""
+    monkeypatch.setenv("GPT1_THREADS", "1")
+    assert main(["sample", str(tmp_path / "absent"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("gpt1 sample: error:"), err
