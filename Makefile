@@ -9,14 +9,21 @@ PYTEST_ARGS ?=
 
 # The demo needs the package alone; the tests also need the dev extras (transformers, lm-eval,
 # pytest, ...), installed on top when `make test` first runs.
+# Each step says what it installs and how long it takes; pip then prints one line per package
+# and a progress bar per download (no --quiet: a silent minute looks like a hang).
+PIP := $(PY) -m pip install --progress-bar on --disable-pip-version-check
 $(VENV)/.base: pyproject.toml
+	@echo ">>> creating the virtual environment $(VENV)"
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e .
+	@echo ">>> installing $(TORCH) first (a large download: a minute or two)"
+	$(PIP) $(TORCH)
+	@echo ">>> installing gpt1 and its dependencies (spaCy, ftfy, tokenizers, ...: a minute or two)"
+	$(PIP) -e .
 	touch $@
 
 $(VENV)/.installed: $(VENV)/.base
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@echo ">>> installing the test and lint tools (transformers, lm-eval, pytest, ruff, ...: a minute or two)"
+	$(PIP) -e '.[dev]'
 	touch $@
 
 venv: $(VENV)/.installed

@@ -212,7 +212,9 @@ _governor = _Governor()
 
 
 def apply_threads(flag: str | int | None = None) -> int:
-    """Set torch's thread count for this process by the policy above; returns the count."""
+    """Set torch's thread count for this process by the policy above, and return it. What it
+    chose and why is one INFO line (`threads: 2 (auto: 2.0 of 2 CPUs free)`), logged just before
+    the command's first status line, or at its end (`announce_now`)."""
     import torch
 
     requested = requested_threads(flag)
@@ -220,14 +222,54 @@ def apply_threads(flag: str | int | None = None) -> int:
     if requested != AUTO:
         _governor.stop()
         torch.set_num_threads(int(requested))
-        log.debug("threads: %d (asked for)", requested)
+        _announce(f"threads: {requested} ({_fixed_by(flag)})")
         return int(requested)
     free, last = measure_free(cpus)
-    threads = min(threads_for(free, len(cpus)), cpu_quota() or len(cpus))
+    quota = cpu_quota()
+    threads = min(threads_for(free, len(cpus)), quota or len(cpus))
     torch.set_num_threads(threads)
     _governor.start(cpus, last)
-    log.debug("threads: %d (auto: %s of %d CPUs free)", threads, _fmt(free), len(cpus))
+    limit = f", CPU quota {quota}" if quota is not None and quota < len(cpus) else ""
+    _announce(f"threads: {threads} (auto: {_fmt(free)} of {len(cpus)} CPUs free{limit})")
     return threads
+
+
+class _Announcement(logging.Filter):
+    """The thread-count line, held until the command's first status line (a log record of
+    level INFO or above) or its successful end (`announce_now`): a command refused before it
+    starts keeps its one-line error."""
+
+    line: str | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.line is not None and record.levelno >= logging.INFO:
+            line, self.line = self.line, None
+            log.info("%s", line)  # passes this filter (nothing held now), then `record` follows
+        return True
+
+
+_announcement = _Announcement()
+
+
+def _announce(line: str) -> None:
+    _announcement.line = line
+    for handler in logging.getLogger().handlers:
+        if _announcement not in handler.filters:
+            handler.addFilter(_announcement)
+
+
+def announce_now() -> None:
+    """Log the thread-count line if no status line has shown it yet (at a command's end)."""
+    if _announcement.line is not None:
+        line, _announcement.line = _announcement.line, None
+        log.info("%s", line)
+
+
+def _fixed_by(flag: str | int | None) -> str:
+    """What fixed the count, as the user would look for it."""
+    if flag is not None:
+        return "--threads"
+    return f"${ENV_VAR}" if os.environ.get(ENV_VAR, "").strip() else "$OMP_NUM_THREADS"
 
 
 def pin_for_training(recorded: int | None = None) -> int:
@@ -242,7 +284,7 @@ def pin_for_training(recorded: int | None = None) -> int:
         _governor.stop()
         if recorded is not None and recorded >= 1:
             torch.set_num_threads(int(recorded))
-            log.debug("threads: %d (the count this run was started with)", recorded)
+            log.info("threads: %d (resumed: the count this run was started with)", recorded)
     return torch.get_num_threads()
 
 

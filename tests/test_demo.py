@@ -82,3 +82,11 @@ def test_demo_checks_a_user_task_before_running_anything(tmp_path):
     with pytest.raises(Gpt1Error, match="with --corpus"):
         demo(DemoSettings(out=out, task="sst2"))
     assert not out.exists()  # nothing was written, no step ran
+
+
+def test_table_shows_the_headline_metric_fine_tuning_announces():
+    """The table names the metric `finetune` logs as the headline (f1 here), not accuracy."""
+    res = {"task": "csv", "headline": "f1", "accuracy": 0.9, "f1": 0.75, "n": 20}
+    summary = {"results": {"pretrained + fine-tuned": res}, "seconds": 1, "report": "r.md"}
+    row = format_table(summary).splitlines()[1].split()
+    assert row[-3:] == ["f1", "0.750", "20"]

@@ -4,6 +4,8 @@ wrote, help and common options on every subcommand, prediction without labels.""
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -247,3 +249,47 @@ def test_a_file_named_like_a_multi_file_split_is_read_once(
     assert capsys.readouterr().out.split() == [
         str(tmp_path / "run" / "submission" / "mnli.dev.tsv")
     ]
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_neutralised():
+    """OWASP's rule: text starting with = + - @ tab or CR gets a quote; numbers stay numbers."""
+    from gpt1.recipes.predictions import to_csv
+
+    recs = [
+        {"id": "=1+1", "text": t, "label": "-1", "probabilities": {"-1": 0.25, "+1": 0.75}}
+        for t in ('=HYPERLINK("http://x")', "+1+2", "-2+3", "@SUM(A1)", "\tx", "\rx", "fine")
+    ]
+    rows = list(csv.reader(io.StringIO(to_csv(recs), newline="")))
+    assert rows[0] == ["id", "text", "label", "p_-1", "p_+1"]
+    texts = [row[1] for row in rows[1:]]
+    assert texts == [
+        '\'=HYPERLINK("http://x")',
+        "'+1+2",
+        "'-2+3",
+        "'@SUM(A1)",
+        "'\tx",
+        "'\rx",
+        "fine",
+    ]
+    assert all(row[0] == "'=1+1" and row[2] == "-1" for row in rows[1:])  # -1 is a number
+    raw = list(csv.reader(io.StringIO(to_csv(recs, raw=True), newline="")))[1:]
+    assert [row[1] for row in raw] == [r["text"] for r in recs] and raw[0][0] == "=1+1"
+
+
+@pytest.mark.data
+def test_predict_csv_neutralises_formulas_unless_raw(tiny_csv_run, tmp_path, capsys):
+    run, _ = tiny_csv_run
+    held_out = tmp_path / "formulas.csv"
+    held_out.write_text("sentence,label\n\"=cmd|' /C calc'!A0\",pos\n@SUM(1),neg\n")
+    common = ["predict", str(run), "--file", str(held_out), "--out", str(tmp_path / "p")]
+    assert main([*common, "--format", "csv"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "p" / "formulas.csv", newline="")))
+    assert [r["text"] for r in rows] == ["'=cmd|' /C calc'!A0", "'@SUM(1)"]
+    assert main([*common, "--format", "csv", "--raw-csv", "--overwrite"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "p" / "formulas.csv", newline="")))
+    assert [r["text"] for r in rows] == ["=cmd|' /C calc'!A0", "@SUM(1)"]
+    assert main([*common, "--format", "jsonl"]) == 0  # JSONL stays raw
+    recs = [json.loads(x) for x in (tmp_path / "p" / "formulas.jsonl").read_text().splitlines()]
+    assert recs[1]["text"] == "@SUM(1)"
+    assert main([*common, "--raw-csv"]) == 2
+    assert "--raw-csv applies to --format csv only" in capsys.readouterr().err

@@ -54,3 +54,59 @@ def test_readme_python_section_runs(tmp_path, capsys):
     assert namespace["results"] == results and "accuracy" in results
     assert printed[-1] == str(results)
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_what_the_readme_examples_write_is_ignored_by_git():
+    """Run from the repository root, the README's commands and Python example leave `git status`
+    clean: every `--out` folder, the Python example's data folder and `gpt1 plot`'s comparison
+    figure (compare-METRIC.png in the current folder) are ignored."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    readme = (ROOT / "README.md").read_text()
+    outs = set(re.findall(r"--out (runs/\S+)", readme))
+    assert {"runs/tiny", "runs/sst2"} <= outs
+    metrics = re.findall(r"gpt1 plot runs/a runs/b --metric (\w+)", readme)
+    assert metrics == ["val_loss"]
+    written = [
+        *(f"{out}/final/model.safetensors" for out in outs),
+        "data/reviews/train.tsv",  # the Python example's data (the user's own file)
+        "runs/reviews/results.json",
+        *(f"compare-{m}.png" for m in metrics),
+        "runs/mini/loss.png",
+    ]
+    kept = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *written],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert [line.split("\t")[1] for line in kept if line.startswith("::")] == []
+
+
+def test_make_says_what_it_installs_before_each_pip_step(tmp_path):
+    """`make demo` / `make test` on a clean clone: each install step is announced (what, and that
+    it takes a minute or two) and pip shows its progress instead of running silently."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    plan = subprocess.run(
+        ["make", "-n", "-B", "test", f"VENV={tmp_path / 'venv'}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    installs = [i for i, line in enumerate(plan) if "pip install" in line]
+    assert len(installs) == 3  # torch, the package, the dev extras
+    for i in installs:
+        assert "--quiet" not in plan[i] and "--progress-bar on" in plan[i]
+        assert plan[i - 1].startswith("echo") and "a minute or two" in plan[i - 1], plan[i - 1]

@@ -541,3 +541,24 @@ def test_a_data_argument_that_is_not_a_folder_says_what_it_is(tmp_path: Path, ma
     make(tmp_path / "data")
     with pytest.raises(DataError, match=says):
         get_task("sst2").read(tmp_path / "data", "train")
+
+
+def test_glue_files_separated_by_commas_are_read_and_errors_say_what_was_read(tmp_path):
+    """A `sentence,label` SST-2 file is read as comma-separated when named .csv, or when its
+    name says nothing and its header holds commas and no tab; a failure names the separator
+    used and the columns it gave."""
+    sst = get_task("sst2")
+    rows = 'sentence,label\n"a fine, long film",1\nbad,0\n'
+    for name in ("held.csv", "held"):
+        (tmp_path / name).write_text(rows)
+        got = sst.read(tmp_path / name, "dev").examples
+        assert [(e.text, e.label) for e in got] == [("a fine, long film", 1), ("bad", 0)], name
+    (tmp_path / "held.tsv").write_text(rows)
+    with pytest.raises(DataError) as err:
+        sst.read(tmp_path / "held.tsv", "dev")
+    message = str(err.value)
+    assert "no column 'sentence'" in message and "tab-separated (by its extension)" in message
+    assert "1 column: ['sentence,label']" in message
+    (tmp_path / "other.csv").write_text("text,label\nbad,0\n")
+    with pytest.raises(DataError, match=r"comma-separated .* 2 columns: \['text', 'label'\]"):
+        sst.read(tmp_path / "other.csv", "dev")

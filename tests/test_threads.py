@@ -152,7 +152,9 @@ def test_bad_threads_are_one_line_usage_errors(monkeypatch, capsys):
     assert err.startswith("gpt1 sample: error: $GPT1_THREADS") and "\n" not in err
 
 
-def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(tmp_path, monkeypatch):
+def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(
+    tmp_path, monkeypatch, capsys
+):
     """In auto mode the count that follows the load is pinned for a training run (gradients'
     last bits depend on it), recorded in its checkpoints, and taken again by a resume."""
     from gpt1.cli import main
@@ -168,6 +170,45 @@ def test_training_keeps_its_thread_count_and_a_resume_takes_the_recorded_one(tmp
     assert main(tiny_pretrain(data, run, 2)) == 0
     assert read_trainer_json(run / "step-2")["threads"] == 2
     monkeypatch.setattr(threads, "measure_free", lambda cpus: (0.1, None))  # busy now: 1
+    capsys.readouterr()
     assert main([*tiny_pretrain(data, run, 3), "--resume", "auto"]) == 0
     assert read_trainer_json(run / "step-3")["threads"] == 2  # the run's count, not the load's
+    err = capsys.readouterr().err.splitlines()  # the measured count, then the one it runs with
+    assert err[0] == "threads: 1 (auto: 0.1 of 2 CPUs free)"
+    assert "threads: 2 (resumed: the count this run was started with)" in err
     threads._governor.stop()
+
+
+def test_every_computing_command_says_what_threads_it_chose(monkeypatch, capsys):
+    """One status line on stderr, before the command's own work: the count and why."""
+    monkeypatch.delenv("GPT1_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(threads, "cpu_quota", lambda: None)
+    monkeypatch.setattr(threads, "measure_free", lambda cpus: (1.95, None))
+    seen = []
+    commands = {"sample": ["x", "--prompt", "hi"], "predict": ["x"], "evaluate": ["x"]}
+    for name, rest in commands.items():  # main applies the policy: one place for all commands
+        monkeypatch.setattr(f"gpt1.cli.{name}.run", lambda a: seen.append(a))
+        assert main([name, *rest]) == 0, name
+        err = capsys.readouterr().err
+        assert err.splitlines()[0] == "threads: 2 (auto: 1.9 of 2 CPUs free)", name
+    assert len(seen) == len(commands)
+    monkeypatch.setattr(threads, "cpu_quota", lambda: 1)
+    assert main(["sample", "x", "--prompt", "hi", "--threads", "auto"]) == 0
+    assert "threads: 1 (auto: 1.9 of 2 CPUs free, CPU quota 1)" in capsys.readouterr().err
+    monkeypatch.setenv("GPT1_THREADS", "2")
+    assert main(["sample", "x", "--prompt", "hi"]) == 0
+    assert "threads: 2 ($GPT1_THREADS)" in capsys.readouterr().err
+    assert main(["sample", "x", "--prompt", "hi", "--threads", "1"]) == 0
+    assert "threads: 1 (--threads)" in capsys.readouterr().err
+    assert main(["sample", "x", "--prompt", "hi", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_a_refused_command_prints_only_its_error(tmp_path, monkeypatch, capsys):
+    """The thread-count line waits for a status line, so a refusal stays one line."""
+    monkeypatch.setenv("GPT1_THREADS", "1")
+    assert main(["sample", str(tmp_path / "absent"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("gpt1 sample: error:"), err

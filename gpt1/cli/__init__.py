@@ -106,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             from gpt1.threads import apply_threads
 
             apply_threads(args.threads)
-        return int(args._run(args) or EXIT_OK)
+        code = int(args._run(args) or EXIT_OK)
+        if args.command in USES_THREADS:
+            from gpt1.threads import announce_now
+
+            announce_now()
+        return code
     except Gpt1Error as exc:
         if args.debug:
             traceback.print_exc()

@@ -32,15 +32,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="tsv (default): GLUE submission (index, prediction); jsonl/csv: id, inputs, "
         "label, gold and each class's probability, into RUN/predictions/SPLIT.jsonl|csv",
     )
+    p.add_argument(
+        "--raw-csv",
+        action="store_true",
+        help="--format csv: write text cells as they are; by default a cell starting with = + - "
+        "@ (or a tab, a carriage return) gets a ' in front, so that a spreadsheet does not run "
+        "it as a formula (numbers like -1 are left alone)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli import options
     from gpt1.recipes.evaluate import predict_run
 
+    if args.raw_csv and args.format != "csv":
+        from gpt1.errors import ConfigError
+
+        raise ConfigError(f"--raw-csv applies to --format csv only (not {args.format})")
     settings = options.scoring_settings(args)
     paths = predict_run(
-        args.run, args.task, args.data, args.split, out=args.out, fmt=args.format, **settings
+        args.run,
+        args.task,
+        args.data,
+        args.split,
+        out=args.out,
+        fmt=args.format,
+        raw_csv=args.raw_csv,
+        **settings,
     )
     for path in paths:
         print(path)

@@ -102,8 +102,8 @@ def _answer(
         if len(samples) > 1:
             print(f"=== sample {i + 1} ===")
         if s.text is not None and not args.ids:
-            prefix = prompt if prompt is not None else ""
-            print(f"{prefix}{' ' if prefix else ''}{s.text}".strip())
+            # as streamed: the prompt, a space, the continuation (whose newlines are kept)
+            print(" ".join(t for t in ((prompt or "").strip(), s.text) if t))
         else:
             print(" ".join(str(t) for t in s.ids))
 

@@ -6,7 +6,8 @@ Examples:
   gpt1 tokenizer train --corpus data/books/ --merges 8000 --out vocab8k/
 
 encode: one line of space-separated ids per input line (an empty line for an empty one).
-decode: one line of text per line of ids. --vocab takes a folder with vocab.json + merges.txt
+decode: the text of each line of ids, then a newline (the newline token decodes to a newline
+too). --vocab takes a folder with vocab.json + merges.txt
 (a checkpoint or prepared-data folder) or the original encoder_bpe_40000.json + vocab_40000.bpe.
 """
 
@@ -29,7 +30,8 @@ DESCRIPTIONS = {
     "text standardisation, spaCy, lowercase, BPE.\n\n"
     'Example:\n  echo "Hello, world!" | gpt1 tokenizer encode --vocab gpt1_tokenizer',
     "decode": "Read lines of space-separated token ids from standard input and write one line of "
-    "text per line (word pieces joined, </w> read as a space).\n\n"
+    "text per line (word pieces joined, </w> read as a space except at the end; the newline token "
+    "writes a newline), as the transformers export's tokenizer decodes them.\n\n"
     'Example:\n  echo "3570 240 1276 267" | gpt1 tokenizer decode --vocab runs/mini/final',
     "train": "Learn a new BPE vocabulary from .txt/.jsonl/.parquet files with the GPT-1 pipeline and write "
     "vocab.json + merges.txt (the layout every other command reads).\n\n"

@@ -191,7 +191,8 @@ def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
     zero = None
     if world is not None:
         zero = zero_shot_check(pre_dir / "final", world)
-        table["majority class (no model)"] = _majority_class(world)
+        headline = next((r.get("headline") for r in table.values()), None)
+        table["majority class (no model)"] = _majority_class(world, headline)
     plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(ARMS))])
     # A re-run that skips finished steps reports the time the whole pipeline took: the steps
     # this run did, the earlier run's time for the steps it reused, and this run's overhead.
@@ -351,10 +352,15 @@ def _finetune_arms(
     return table
 
 
-def _majority_class(world: Any) -> dict[str, Any]:
-    """What a model that ignores the sentence can reach: always the dev set's commoner label."""
-    positives = sum(label for _, label in world.dev) / len(world.dev)
-    return {"accuracy": max(positives, 1 - positives), "n": len(world.dev)}
+def _majority_class(world: Any, headline: str | None = None) -> dict[str, Any]:
+    """What a model that ignores the sentence can reach: always the dev set's commoner label,
+    scored by the fine-tuned runs' metrics (F1 of label 1, the task's positive class)."""
+    from gpt1.tasks.metrics import compute
+
+    gold = [label for _, label in world.dev]
+    common = max((0, 1), key=gold.count)
+    results = compute(("f1", "accuracy"), [common] * len(gold), gold)
+    return {**results, "headline": headline or "accuracy", "n": len(gold)}
 
 
 def _earlier_timings(out: Path) -> dict[str, float]:
@@ -383,7 +389,11 @@ def _plots(pre_dir: Path, runs: list[Path]) -> list[Path]:
 
 
 def _metric(results: dict[str, Any]) -> tuple[str, float]:
-    skip = {"task", "split", "n", "skipped_rows", "seconds"}
+    """The metric a setting is shown with: the task's headline metric (the one fine-tuning
+    announces), else the first usual one found."""
+    if results.get("headline") in results:
+        return results["headline"], float(results[results["headline"]])
+    skip = {"task", "split", "n", "skipped_rows", "seconds", "headline"}
     for key in ("accuracy", "matthews", "pearson", "f1"):
         if key in results:
             return key, float(results[key])

@@ -259,11 +259,13 @@ def predict_run(
     overwrite: bool = False,
     fmt: str = "tsv",
     file: str | Path | None = None,
+    raw_csv: bool = False,
 ) -> list[Path]:
     """Write one file per file the split stands for (or for `file`: `source`), named by
     `submission_name`: GLUE-style `index<TAB>prediction` (`fmt` tsv, into RUN/submission) or
     records with inputs and probabilities (jsonl, csv, into RUN/predictions); an existing file
-    is replaced only with `overwrite`."""
+    is replaced only with `overwrite`; `raw_csv` keeps CSV cells that look like formulas as they
+    are (`predictions.neutralised`)."""
     if fmt not in predictions.FORMATS:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(predictions.FORMATS)}")
     data, split = source(data, split, file, "test")
@@ -281,19 +283,21 @@ def predict_run(
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
-        text = _prediction_text(model, task, sp.examples, enc, micro, fmt)
+        text = _prediction_text(model, task, sp.examples, enc, micro, fmt, raw_csv)
         written.append(write_text(out_dir / submission_name(task, name, fmt), text))
     return written
 
 
-def _prediction_text(model: Any, task: Task, examples: list, enc: Any, micro: int, fmt: str) -> str:
+def _prediction_text(
+    model: Any, task: Task, examples: list, enc: Any, micro: int, fmt: str, raw_csv: bool = False
+) -> str:
     """The contents of one prediction file in `fmt`."""
     if fmt == "tsv":
         preds = predict_outputs(model, task, enc, micro)
         rows = [f"{uid}\t{label_text(task, p)}\n" for uid, p in zip(enc.uids, preds)]
         return "index\tprediction\n" + "".join(rows)
     recs = predictions.records(task, examples, predict_raw(model, task, enc, micro), label_text)
-    return predictions.to_jsonl(recs) if fmt == "jsonl" else predictions.to_csv(recs)
+    return predictions.to_jsonl(recs) if fmt == "jsonl" else predictions.to_csv(recs, raw_csv)
 
 
 def label_text(task: Task, pred: Any) -> str:

@@ -8,6 +8,12 @@ A record holds `id`, the example's inputs under their roles (`text`; `a`, `b`; `
 order) for multiple choice. Regression tasks write `score` instead of both. CSV flattens the
 same record: one column per input role, `label`, `gold`, then `p_<class>` (or `p_1`, `p_2`, ...
 per choice), or `score`.
+
+CSV cells are neutralised against spreadsheet formula injection as OWASP recommends ("CSV
+Injection"): a text cell starting with `=`, `+`, `-`, `@`, a tab or a carriage return gets a
+single quote in front (`'=1+1`), so that a spreadsheet shows it as text instead of running it; a
+cell that is a plain number (`-1`, `+0.5`) is left as it is. `raw=True` (`--raw-csv`) writes
+every cell as it is. JSONL is always raw.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +32,8 @@ from gpt1.tasks.registry import Task
 
 FORMATS = ("tsv", "jsonl", "csv")
 INPUT_ROLES = ("text", "a", "b", "context", "question", "choices")
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 def probabilities(raw: list[list[float]]) -> list[list[float]]:
@@ -69,17 +78,32 @@ def to_jsonl(recs: list[dict[str, Any]]) -> str:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs)
 
 
-def to_csv(recs: list[dict[str, Any]]) -> str:
-    """The records as CSV (RFC 4180 quoting): inputs, label, gold, one column per probability."""
+def to_csv(recs: list[dict[str, Any]], raw: bool = False) -> str:
+    """The records as CSV (RFC 4180, text quoted): inputs, label, gold, one column per probability;
+    text cells that a spreadsheet would read as a formula are neutralised unless `raw`."""
     flat = [_flatten(r) for r in recs]
+    if not raw:
+        flat = [{k: neutralised(v) for k, v in row.items()} for row in flat]
     columns: dict[str, None] = {}
     for row in flat:
         columns.update(dict.fromkeys(row))
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    # text quoted, numbers not (OWASP's advice too): a bare carriage return in a text cell
+    # would otherwise be written unquoted (only "\n" is the line terminator) and split the row
+    writer = csv.DictWriter(
+        buffer, fieldnames=list(columns), lineterminator="\n", quoting=csv.QUOTE_NONNUMERIC
+    )
     writer.writeheader()
     writer.writerows(flat)
     return buffer.getvalue()
+
+
+def neutralised(cell: Any) -> Any:
+    """`cell` with a single quote in front when it is text a spreadsheet would run as a formula
+    (it starts with one of `FORMULA_START` and is not a plain number)."""
+    if isinstance(cell, str) and cell.startswith(FORMULA_START) and not _NUMBER.fullmatch(cell):
+        return "'" + cell
+    return cell
 
 
 def _flatten(rec: dict[str, Any]) -> dict[str, Any]:

@@ -222,43 +222,34 @@ def parse_ids(raw: str) -> list[int]:
 
 
 class TextStream:
-    """Incremental decoding: push token ids, get the text they add, equal in the end to
-    `Tokenizer.decode` of all of them.
+    """Incremental decoding: push token ids, get the text they add; joined with `flush()`, equal
+    to `Tokenizer.decode` of all of them.
 
-    A BPE piece ending in `</w>` closes a word (a space follows it); other pieces continue one.
-    Text is released as soon as it is certain: trailing whitespace is held back until more text
-    follows (decode strips it at the end), leading whitespace is dropped (decode strips it too).
+    A piece's `</w>` reads as a space unless the piece is the last one, where it is dropped: so
+    a piece's text up to its first `</w>` is released at once, the rest when the next id comes
+    (or, at `flush`, without its `</w>`).
     """
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.started = False  # released any non-space text yet
-        self.pending = ""  # whitespace held back
+        self.pending = ""  # the last piece from its first `</w>` on
 
     def push(self, token: int) -> str:
-        text = self.pending + _piece(self.tokenizer, token)
-        if not self.started:
-            text = text.lstrip()
-        body = text.rstrip()
-        self.pending = text[len(body) :]
-        if body:
-            self.started = True
-        return body
+        from gpt1.text.tokenizer import EOW
+
+        (piece,) = self.tokenizer.pieces([token])
+        cut = piece.find(EOW)
+        cut = len(piece) if cut < 0 else cut
+        text = self.pending.replace(EOW, " ") + piece[:cut]
+        self.pending = piece[cut:]
+        return text
 
     def flush(self) -> str:
-        """The end of the text: whatever is held back is trailing whitespace, which decode drops."""
-        self.pending = ""
-        return ""
+        """The end of the text: what is held back, read as the last piece."""
+        from gpt1.text.tokenizer import EOW
 
-
-def _piece(tokenizer, token: int) -> str:
-    """One id's text as `Tokenizer.decode` joins it: `</w>` becomes a space."""
-    from gpt1.text.tokenizer import EOW
-
-    piece = tokenizer.decoder.get(int(token))
-    if piece is None:
-        raise ConfigError(f"token id {int(token)} is outside this vocabulary")
-    return piece.replace(EOW, " ")
+        text, self.pending = self.pending.replace(EOW, ""), ""
+        return text
 
 
 def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int, device: str) -> None:
@@ -347,6 +338,8 @@ class Sampler:
             piece = text.push(int(step[0, 0]))
             if piece:
                 yield piece
+        if end := text.flush():
+            yield end
 
     def samples(
         self,

@@ -1,8 +1,8 @@
 """The text of a completion as GPT-1's tokenizer writes it: token pieces, offsets, stop strings.
 
 GPT-1's tokenizer is not reversible (it lowercases and splits words with spaCy), so a prompt is
-shown the way the model reads it: its tokens' pieces joined, `</w>` (end of a word) written as a
-space, trailing whitespace dropped, as `Tokenizer.decode` does. A continuation is what the new
+shown the way the model reads it: `Tokenizer.decode` of its tokens (pieces joined, `</w>` written
+as a space except on the last token; a newline token is a newline). A continuation is what the new
 tokens add to that text: " walked away" after "the old man" (a new word starts with its space).
 """
 
@@ -20,6 +20,11 @@ def piece(tokenizer, token: int) -> str:
     if text is None:
         raise DataError(f"token id {int(token)} is outside this vocabulary")
     return text.replace(EOW, " ")
+
+
+def last_piece(tokenizer, token: int) -> str:
+    """One token's text when it ends the text (`Tokenizer.decode`): its `</w>` is dropped."""
+    return tokenizer.pieces([token])[0].replace(EOW, "")
 
 
 def first_stop(text: str, stops: Sequence[str]) -> int | None:
@@ -45,9 +50,9 @@ class Continuation:
     after which `text` ends before it."""
 
     def __init__(self, tokenizer, prompt: Sequence[int], stops: Sequence[str]):
-        self.tokenizer, self.stops = tokenizer, list(stops)
+        self.tokenizer, self.stops, self.prompt = tokenizer, list(stops), list(prompt)
         self.prompt_raw = "".join(piece(tokenizer, t) for t in prompt)
-        self.prompt_text = self.prompt_raw.rstrip()
+        self.prompt_text = tokenizer.decode(prompt)
         self.raw = ""  # the new tokens' pieces
         self.tokens: list[int] = []
         self.shown = 0  # characters of `text` handed out by push
@@ -55,7 +60,7 @@ class Continuation:
 
     @property
     def text(self) -> str:
-        full = (self.prompt_raw + self.raw).rstrip()[len(self.prompt_text) :]
+        full = self.tokenizer.decode([*self.prompt, *self.tokens])[len(self.prompt_text) :]
         return full if self.cut is None else full[: self.cut]
 
     @property
@@ -87,7 +92,7 @@ class Continuation:
         at, kept = len(self.prompt_raw) - len(self.prompt_text), []
         for token in self.tokens:
             text = piece(self.tokenizer, token)
-            if at + len(text.rstrip()) > self.cut:  # its visible text reaches the stop
+            if at + len(last_piece(self.tokenizer, token)) > self.cut:  # it reaches the stop
                 break
             kept.append(token)
             at += len(text)

@@ -9,6 +9,17 @@ from pathlib import Path
 
 from gpt1.errors import DataError
 
+SEPARATORS = {"\t": "tab", ",": "comma"}
+
+
+def delimiter_of(path: Path, header: str) -> str:
+    """The field separator of a table file: by its extension (.csv comma, .tsv tab), otherwise
+    by its header line (a tab when it holds one, else a comma when it holds one, else a tab)."""
+    suffix = Path(path).suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return "," if suffix == ".csv" else "\t"
+    return "," if "\t" not in header and "," in header else "\t"
+
 
 def find_split_file(data: Path, split: str, candidates: list[str]) -> Path:
     """The first of `candidates` (names or glob patterns) present in folder `data` as a regular

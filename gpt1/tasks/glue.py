@@ -17,12 +17,13 @@ from pathlib import Path
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, PairExample, TextExample
+from gpt1.tasks.files import SEPARATORS
 from gpt1.tasks.rows import (
     Record,
-    _lines,
     collect,
     label_field,
     records,
+    table_header,
     text_field,
 )
 
@@ -52,14 +53,6 @@ GLUE_COLUMNS: dict[str, GlueColumns] = {
 }
 
 
-def _first_line_fields(path: Path) -> list[str]:
-    lines = _lines(path)  # the same encoding checks as the rows
-    try:
-        return next(lines, (1, ""))[1].split("\t")
-    finally:
-        lines.close()
-
-
 def read_glue_tsv(
     path: Path,
     columns: GlueColumns,
@@ -73,28 +66,25 @@ def read_glue_tsv(
     Rows whose label is "-" (SNLI/MNLI pairs without annotator agreement) are left out and
     counted, as every published SNLI/MNLI number does.
     """
-    first = _first_line_fields(path)
+    first, separator = table_header(path)
     names = None
     if columns.headerless and not set(columns.text) <= set(first):
         names = list(columns.headerless)
     header = names or first
+    # what was read, for the errors: the separator and the columns it gave
+    read = (
+        f"the header read as {SEPARATORS[separator]}-separated (by "
+        f"{'its extension' if path.suffix.lower() in ('.csv', '.tsv') else 'its first line'}) "
+        f"gives {len(header)} column{'s' if len(header) != 1 else ''}: {header!r}"
+    )
     missing = [c for c in columns.text if c not in header]
     if missing:
         raise DataError(
-            f"no column {missing[0]!r} in the header ({', '.join(header)}); "
-            "is this the right task?",
-            path,
-            1,
-            missing[0],
+            f"no column {missing[0]!r}: {read}; is this the right task?", path, 1, missing[0]
         )
     has_label = columns.label is not None and columns.label in header
     if need_labels and not has_label:
-        raise DataError(
-            f"no label column {columns.label!r} in the header ({', '.join(header)})",
-            path,
-            1,
-            columns.label,
-        )
+        raise DataError(f"no label column {columns.label!r}: {read}", path, 1, columns.label)
     id_col = next((c for c in columns.ids if c in header), None)
     extra = columns.label if columns.label_last and has_label else None
 

@@ -246,13 +246,29 @@ def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
 def records(
     path: Path, bad: BadRows, names: list[str] | None = None, extra_last: str | None = None
 ) -> Iterator[tuple[int, Record]]:
-    """Records of `path`, its format chosen by extension (.jsonl/.json, .csv, otherwise TSV)."""
+    """Records of `path`, its format chosen by extension (.jsonl/.json), else a table whose
+    separator `gpt1.tasks.files.delimiter_of` tells (.csv, .tsv, else the header line's)."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         return jsonl_records(path, bad)
-    if suffix == ".csv":
+    if names is None and table_header(path)[1] == ",":
         return csv_records(path, bad)
     return tsv_records(path, bad, names=names, extra_last=extra_last)
+
+
+def table_header(path: Path) -> tuple[list[str], str]:
+    """The first line's fields of a table file and the separator they were split with
+    (`gpt1.tasks.files.delimiter_of`)."""
+    from gpt1.tasks.files import delimiter_of
+
+    lines = _lines(path)  # the same encoding checks as the rows
+    try:
+        first = next(lines, (1, ""))[1]
+    finally:
+        lines.close()
+    separator = delimiter_of(path, first)
+    fields = next(csv.reader([first])) if separator == "," and first else first.split("\t")
+    return fields, separator
 
 
 EMPTY_TEXT = "empty text (no printable character)"

@@ -16,6 +16,8 @@ ids on nearly every line:
   written): prefixes peeled, then suffixes, then special cases split ("don't" -> "do", "n't"),
   then infixes;
 - model: the same BPE (merges, `</w>` glued to the last character, unknown pieces -> `<unk>`).
+- decoder: `</w>` read as a space, dropped on the last token, task tokens read as words: the text
+  `gpt1.text.tokenizer.Tokenizer.decode` gives (newlines kept).
 
 What regular expressions cannot express is left out, and makes the residual differences
 (measured by benchmarks/hf_tokenizer_parity.py): ftfy's mojibake repair and its "no HTML
@@ -190,6 +192,15 @@ def unk_token(encoder: dict[str, int]) -> str | None:
     return next((t for t, i in encoder.items() if i == 0), None)
 
 
+def _decoder(special_tokens: Sequence[str]):
+    """`</w>` read as a space (dropped on the last token), as `gpt1.text.tokenizer.Tokenizer.decode`
+    does; a task token reads as a word of its own (its name, then a space), as in gpt1."""
+    from tokenizers import Regex, decoders
+
+    as_words = [decoders.Replace(Regex(f"^{re.escape(t)}$"), t + EOW) for t in special_tokens]
+    return decoders.Sequence([*as_words, decoders.BPEDecoder(suffix=EOW)])
+
+
 def build(
     encoder: dict[str, int],
     merges: Sequence[tuple[str, str]],
@@ -198,7 +209,7 @@ def build(
 ):
     """A `tokenizers.Tokenizer` giving gpt1's ids for the vocabulary `encoder` + `merges`, with
     `special_tokens` added after the vocabulary (the task tokens of a fine-tuned model)."""
-    from tokenizers import AddedToken, Tokenizer, decoders
+    from tokenizers import AddedToken, Tokenizer
     from tokenizers.models import BPE
 
     tok = Tokenizer(
@@ -212,7 +223,7 @@ def build(
     )
     tok.normalizer = _normalizer()
     tok.pre_tokenizer = _pre_tokenizer(spacy_rules(standardize), standardize)
-    tok.decoder = decoders.BPEDecoder(suffix=EOW)
+    tok.decoder = _decoder(special_tokens)
     # gpt1 reads a literal "<unk>" (after lowercasing) as the unknown token
     if UNK in encoder:
         tok.add_special_tokens([AddedToken(UNK, normalized=True)])

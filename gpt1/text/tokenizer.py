@@ -318,7 +318,19 @@ class Tokenizer:
 
     # -- decoding ----------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
-        """Pieces joined, `</w>` -> space, stripped; special ids decode to their names."""
+        """The text of `ids`, exactly as the `tokenizer.json` of a `gpt1 convert --to hf` export
+        decodes them (`AutoTokenizer.from_pretrained(EXPORT).decode(ids)`, default flags): the
+        pieces joined, `</w>` read as a space except on the last piece, where it is dropped.
+        Nothing else is stripped (the newline token decodes to a newline); a task token reads
+        as its name and a space, `<unk>` as itself."""
+        pieces = self.pieces(ids)
+        if not pieces:
+            return ""
+        return "".join(p.replace(EOW, " ") for p in pieces[:-1]) + pieces[-1].replace(EOW, "")
+
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """The vocabulary entries of `ids` (with `</w>`); an id outside the vocabulary is a
+        DataError."""
         pieces = []
         for i in ids:
             piece = self.decoder.get(int(i))
@@ -327,7 +339,7 @@ class Tokenizer:
                     f"token id {int(i)} is outside this vocabulary (0..{self.total_size - 1})"
                 )
             pieces.append(piece)
-        return "".join(pieces).replace(EOW, " ").strip()
+        return pieces
 
     def __len__(self) -> int:
         return self.total_size
