@@ -137,6 +137,7 @@ def test_sample_command_takes_int8_and_refuses_it_on_a_gpu(tmp_path, capsys):
     ckpt = save_model(GPT(config), tmp_path / "ck", tokenizer_dir=char_vocab(tmp_path / "v"))
     args = ["sample", str(ckpt), "--prompt", "abc", "--max-new-tokens", "6", "--temperature", "0"]
     assert main([*args, "--precision", "int8", "--device", "cpu"]) == 0
+    capsys.readouterr()  # the first command's output, its threads line among it
     assert main([*args, "--precision", "int8", "--device", "cuda"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and ("int8" in err[0] or "CUDA" in err[0])
