@@ -494,8 +494,8 @@ def test_bad_requests_get_a_one_line_4xx(world):
         raw = httpx.post(f"{url}/v1/predict", content=b"{not json", timeout=TIMEOUT)
         assert raw.status_code == 422 and raw.json()["error"] == "body is not valid JSON"
         for body, words in (
-            (b'{"prompt": "a", "temperature": Infinity}', "temperature: Input should be a finite"),
-            (b'{"prompt": "a", "top_p": NaN}', "top_p: Input should be a finite"),
+            (b'{"prompt": "a", "temperature": Infinity}', "temperature: must be a finite"),
+            (b'{"prompt": "a", "top_p": NaN}', "top_p: must be a number in (0, 1], got nan"),
         ):
             r = httpx.post(f"{url}/v1/generate", content=body, timeout=TIMEOUT)
             assert r.status_code == 422 and words in r.json()["error"], r.text
@@ -593,9 +593,11 @@ def test_sigterm_finishes_requests_in_flight_then_exits(world):
             rest = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
         predict.join(TIMEOUT)
         assert proc.wait(TIMEOUT) == 0
+        said = proc.stdout.read().decode()
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert said.count("CPU threads") == 1 and "1 CPU threads: asked for" in said  # once, at start
     assert "id" in json.loads(first[6:])
     assert rest[-1]["done"] and len(rest[-1]["ids"]) == 40
     assert results["predict"].status_code == 200

@@ -429,6 +429,7 @@ def test_the_documented_local_completions_example_runs_on_the_tours_model(tmp_pa
         except ProcessLookupError:
             pass
     assert proc.returncode == 0, out[-3000:]
+    assert "CPU threads: auto" in out  # serve's --threads is auto by default, and says so
     table = [line for line in out.splitlines() if line.startswith("|")]
     for task in ("gpt1_lambada", "gpt1_sst2"):
         assert any(task in line and "acc" in line for line in table), out[-3000:]

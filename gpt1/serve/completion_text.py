@@ -63,6 +63,8 @@ class Continuation:
         return self.cut is not None
 
     def push(self, token: int) -> str:
+        if self.stopped:  # the answer ended at the stop: later tokens are not part of it
+            return ""
         self.tokens.append(int(token))
         self.raw += piece(self.tokenizer, token)
         text = self.text
