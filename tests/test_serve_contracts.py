@@ -321,4 +321,5 @@ def test_serve_threads_default_to_auto(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     args = build_parser().parse_args(["serve", "runs/x"])
     assert requested_threads(args.threads) == "auto"
+    assert build_parser().parse_args(["serve", "runs/x", "--threads", "auto"]).threads == "auto"
     assert build_parser().parse_args(["serve", "runs/x", "--threads", "3"]).threads == 3

@@ -377,7 +377,7 @@ def test_continuation_holds_back_text_a_stop_string_could_still_cut(tmp_path):
 def documented_harness_block(doc: Path) -> str:
     """The bash block of `doc` that runs lm-evaluation-harness against `gpt1 serve`."""
     blocks = doc.read_text(encoding="utf-8").split("```bash\n")[1:]
-    (block,) = [b.split("```")[0] for b in blocks if "local-completions" in b]
+    (block,) = [code for code in (b.split("```")[0] for b in blocks) if "local-completions" in code]
     return block
 
 
