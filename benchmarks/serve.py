@@ -178,8 +178,10 @@ def in_process(
 def generate_alone(engine, prompt: list[int], new_tokens: int) -> list[int]:
     """Greedy new tokens for one prompt through the server's decoder (`engine.decoder`, which
     the server's worker thread steps), with no other generation in its batch."""
+    from gpt1.recipes.sampling import Sampling
+
     decoder = engine.decoder
-    handle = decoder.start(*engine.generation(prompt, new_tokens, 0.0, seed=0))
+    handle = decoder.start(*engine.generation(prompt, Sampling(new_tokens, 0.0, seed=0)))
     out: list[int] = []
     while True:
         for gen, item in decoder.step():

@@ -211,7 +211,6 @@ REFUSED = [
     ({"suffix": " the end"}, 422, "suffix"),
     ({"logprobs": 6}, 422, "logprobs"),
     ({"max_tokens": 0}, 422, "max_tokens"),
-    ({"stream": True, "logprobs": 1}, 422, "logprobs"),
     ({"temprature": 0}, 422, "temprature"),  # a typo is not ignored
     ({"prompt": "x " * 60}, 422, "window"),  # 60 tokens + 16: over the 64-token window
     ({"prompt": [[1, 2], []]}, 422, "prompt"),
@@ -373,3 +372,67 @@ def test_continuation_holds_back_text_a_stop_string_could_still_cut(tmp_path):
     assert shown == stopped.text == " man " and stopped.stopped
     assert tok.decode(stopped.kept_tokens()) == "man"  # "walked" is not in the kept tokens
     assert held_back("a wal", ["walked"]) == 3 and held_back("a wax", ["walked"]) == 0
+
+
+def documented_harness_block(doc: Path) -> str:
+    """The bash block of `doc` that runs lm-evaluation-harness against `gpt1 serve`."""
+    blocks = doc.read_text(encoding="utf-8").split("```bash\n")[1:]
+    (block,) = [code for code in (b.split("```")[0] for b in blocks) if "local-completions" in code]
+    return block
+
+
+@pytest.mark.slow
+def test_the_documented_local_completions_example_runs_on_the_tours_model(tmp_path, shared_data):
+    """docs' lm-eval block (the same in lm-eval.md and serve.md), run as written by bash on a
+    model shaped as the tour's (runs/tiny: the tiny preset's 64-token window): `gpt1 serve` in
+    the background, the window read from /v1/models, then `lm-eval run` against it; only the
+    port is another (a free one, not 8000). Both tasks get their accuracy."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from test_serve import free_port
+
+    from gpt1.model.checkpoint import save_model
+    from helpers.tiny import ROOT, subprocess_env
+
+    docs = ROOT / "docs" / "commands"
+    block = documented_harness_block(docs / "lm-eval.md")
+    assert block == documented_harness_block(docs / "serve.md")
+    vocab = shared_data / "gpt1_tokenizer"
+    torch.manual_seed(0)
+    config = model_preset("tiny").derive(vocab_size=load_tokenizer(vocab).vocab_size)
+    save_model(GPT(config), tmp_path / "runs" / "tiny" / "final", vocab)
+    (tmp_path / "gpt1").mkdir()
+    (tmp_path / "gpt1" / "lm_eval_tasks").symlink_to(ROOT / "gpt1" / "lm_eval_tasks")
+    (tmp_path / "work").mkdir()
+    (tmp_path / "shared").symlink_to(shared_data.parent)  # ../shared/data from work/
+    for name in ("runs", "gpt1"):
+        (tmp_path / "work" / name).symlink_to(tmp_path / name)
+    port, serve = str(free_port()), "gpt1 serve runs/tiny"
+    assert serve in block
+    env = {**subprocess_env(), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    log = tmp_path / "out.txt"  # a file, not a pipe: the background server keeps a pipe open
+    with log.open("w") as sink:
+        proc = subprocess.Popen(
+            ["bash", "-ec", block.replace("8000", port).replace(serve, f"{serve} --port {port}")],
+            cwd=tmp_path / "work",
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the server started with & goes with the group
+        )
+        try:
+            proc.wait(timeout=900)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)  # the server, still running in the background
+            except ProcessLookupError:
+                pass
+    out = log.read_text()
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("CPU threads: ") == 1  # serve says its thread count once, at start
+    table = [line for line in out.splitlines() if line.startswith("|")]
+    for task in ("gpt1_lambada", "gpt1_sst2"):
+        assert any(task in line and "acc" in line for line in table), out[-3000:]

@@ -37,7 +37,7 @@ COMMANDS = [
 ]
 
 # The commands that run torch take `--threads` (gpt1.threads), applied by `main` before they run.
-# `serve` keeps its own flag (a server's threads are fixed for its lifetime); `tokenizer` and
+# `serve` takes the same flag and applies it itself, after its own checks; `tokenizer` and
 # `prepare` are plain Python (`prepare --workers` sets its processes); `info` and `plot` compute
 # nothing.
 USES_THREADS = frozenset(

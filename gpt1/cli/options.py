@@ -171,6 +171,28 @@ def scoring_settings(args: argparse.Namespace) -> dict:
     return {"micro": args.micro_batch, **{name: getattr(args, name) for name in same_names}}
 
 
+def add_sampling(p: Flags) -> None:
+    """How a continuation is drawn: the fields of `gpt1.recipes.sampling.Sampling`, one flag each."""
+    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
+    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
+    p.add_argument(
+        "--seed", type=int, default=None, help="random seed, 0..2**64-1 (default: random)"
+    )
+
+
+def sampling_settings(args: argparse.Namespace) -> Any:
+    """`add_sampling`'s flags as a `Sampling`, checked before anything loads; a refusal names the
+    flag (`--top-p must be ...`)."""
+    from gpt1.recipes.sampling import Sampling, SamplingError
+
+    try:
+        return from_flags(Sampling, args)
+    except SamplingError as exc:
+        raise exc.flag() from None
+
+
 # --- text (tokenizer, prepare) --------------------------------------------------------------
 
 

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import asdict
 
 HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
-# The flags that shape a continuation: keyword arguments of `Sampler.samples` and `stream_text`.
-SAMPLING = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,13 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="read prompts line by line from standard input and answer each "
         "(ends at end of input, an empty line or Ctrl-C)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
-    p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")
-    p.add_argument(
-        "--seed", type=int, default=None, help="random seed, 0..2**64-1 (default: random)"
-    )
+    options.add_sampling(p)
     p.add_argument(
         "--num-samples",
         type=int,
@@ -57,12 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.cli.options import sampling_settings
     from gpt1.errors import ConfigError
-    from gpt1.recipes.sample import Sampler, check_options, check_seed, parse_ids
+    from gpt1.recipes.sample import Sampler, parse_ids
 
     # Every option is checked before the model is loaded.
-    check_options(args.temperature, args.top_k, args.top_p, args.max_new_tokens)
-    check_seed(args.seed)
+    args.sampling = sampling_settings(args)
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
     prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
@@ -83,7 +76,7 @@ def _answer(
 ) -> None:
     """Print the continuation(s) of one prompt; one text sample is streamed as it is made."""
     ids = sampler.prompt_ids(prompt, prompt_ids)
-    sampling = {name: getattr(args, name) for name in SAMPLING}
+    sampling = asdict(args.sampling)  # the keyword arguments of stream_text and samples
     as_text = sampler.tokenizer is not None and not args.ids
     if as_text and args.num_samples == 1:
         shown = (prompt or "").strip()

@@ -18,15 +18,14 @@ HELP = "serve a run or checkpoint over HTTP (predict, generate, score)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import options
+    from gpt1.threads import add_threads_argument
 
     options.add_source(
         p, "run", "RUN_OR_CHECKPOINT", "a fine-tuned run, a pretraining run or a checkpoint folder"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    from gpt1.devices import DEVICE_HELP
-
-    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    options.add_device(p)
     p.add_argument(
         "--precision",
         choices=["auto", "fp32", "bf16", "int8"],
@@ -35,8 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "otherwise), fp32, bf16 (faster on CPUs with AMX or AVX512-BF16; check its agreement "
         "with fp32 on your task) or int8 (CPU: int8 weights, bf16 activations)",
     )
+    add_threads_argument(p)  # gpt1's one --threads: auto by default, said at start and in /health
     p.add_argument(
-        "--threads", type=int, default=None, help="torch threads, >= 1 (default: torch's)"
+        "--served-model-name",
+        metavar="NAME",
+        help="the model's id in the OpenAI API (/v1/models, `model` in requests; default: the "
+        "run's name, e.g. sst2 for runs/sst2)",
     )
     group = p.add_argument_group("batching and limits")
     add_batching(group)
@@ -67,7 +70,7 @@ def add_batching(g: argparse._ArgumentGroup) -> None:
         "--max-queue",
         type=int,
         default=1024,
-        help="queued items past which requests get 503 (default 1024)",
+        help="queued items past which requests get 503 (default 1024; at least --max-items)",
     )
     g.add_argument(
         "--max-generations",
@@ -119,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
     require("serve", "fastapi", "uvicorn", "prometheus_client", what="gpt1 serve")
     from gpt1.serve.schemas import Limits
     from gpt1.serve.server import serve
+    from gpt1.threads import requested_threads
 
     for name in ("max_items", "max_new_tokens", "max_body_bytes"):
         if getattr(args, name) < 1:
@@ -139,10 +143,11 @@ def run(args: argparse.Namespace) -> int:
         args.batch_items,
         args.batch_wait_ms,
         args.max_queue,
-        args.threads,
+        requested_threads(args.threads),  # auto unless the flag or $GPT1_THREADS says
         args.graceful_timeout,
         args.max_generations,
         args.request_timeout,
         args.max_connections,
+        args.served_model_name,
     )
     return 0

@@ -26,6 +26,7 @@ from gpt1.model.gpt import GPT
 from gpt1.model.inference import for_inference
 from gpt1.model.memory import ensure_fits
 from gpt1.model.registry import load_any_checkpoint
+from gpt1.recipes.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -92,25 +93,9 @@ def all_finite(x: torch.Tensor) -> bool:
 def check_options(
     temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int
 ) -> None:
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ConfigError(
-            f"--temperature must be a finite number >= 0 (0 = greedy), got {temperature}"
-        )
-    if top_k is not None and top_k < 1:
-        raise ConfigError(f"--top-k must be >= 1, got {top_k}")
-    if top_p is not None and not 0.0 < top_p <= 1.0:  # also refuses NaN
-        raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
-    if max_new_tokens < 0:
-        raise ConfigError(f"--max-new-tokens must be >= 0, got {max_new_tokens}")
-
-
-SEED_RANGE = (0, 2**64 - 1)  # what a torch generator takes
-
-
-def check_seed(seed: int | None) -> None:
-    """Refuse a seed no torch generator takes (before anything is loaded)."""
-    if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-        raise ConfigError(f"--seed must be an integer in 0..2**64-1, got {seed}")
+    """The `Sampling` rules for these options (`gpt1.recipes.sampling`); a `SamplingError`
+    names the field."""
+    Sampling(max_new_tokens, temperature, top_k, top_p)
 
 
 @torch.no_grad()
@@ -306,10 +291,7 @@ class Sampler:
         return list(prompt_ids)
 
     def _generator(self, seed: int | None) -> torch.Generator:
-        check_seed(seed)
-        generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else torch.seed())
-        return generator
+        return Sampling(seed=seed).generator(self.device)
 
     def stream_text(
         self,

@@ -23,19 +23,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from gpt1.errors import Gpt1Error
+from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.serve import completions, routes
 from gpt1.serve.batcher import Batcher, QueueFull
 from gpt1.serve.connections import quiet_accept_errors
 from gpt1.serve.engine import Engine
 from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
-from gpt1.serve.responses import error, parse_failure, validation_message
+from gpt1.serve.responses import RETRY_AFTER_S, error, parse_failure, validation_message
 from gpt1.serve.schemas import Limits
 from gpt1.serve.state import ServeState, run_batch
 
 log = logging.getLogger("gpt1.serve")
-RETRY_AFTER_S = 1
 ENDPOINTS = routes.PATHS | completions.PATHS  # the metrics' endpoint labels (else "other")
 
 
@@ -48,10 +47,13 @@ def create_app(
     max_queue: int = 1024,
     max_generations: int = 16,
     request_timeout: float | None = None,
+    served_model_name: str | None = None,
 ) -> Guard:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware; `request_timeout`
-    bounds the seconds a request body may take to arrive)."""
+    bounds the seconds a request body may take to arrive; `served_model_name`: what the OpenAI
+    endpoints call the model, by default its run's name)."""
     limits = limits or Limits()
+    check_queue(max_queue, limits)
     metrics = Metrics()
     batcher = Batcher(
         partial(run_batch, engine, batch_items),
@@ -72,7 +74,7 @@ def create_app(
         docs_url=None,  # served by routes.info_router without a CDN
         redoc_url=None,
     )
-    app.state.serve = ServeState(engine, batcher, metrics, limits)
+    app.state.serve = ServeState(engine, batcher, metrics, limits, served_model_name)
     for kind, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(kind, handler)
     app.include_router(completions.router)
@@ -81,6 +83,16 @@ def create_app(
         app.include_router(routes.predict_router(engine.fields))
     app.include_router(routes.lm_router)
     return Guard(app, metrics, limits, ENDPOINTS, request_timeout)
+
+
+def check_queue(max_queue: int, limits: Limits) -> None:
+    """The queue must hold the largest request the limits allow, or that request could never
+    be answered (a 503 forever)."""
+    if max_queue < limits.max_items:
+        raise ConfigError(
+            f"--max-queue {max_queue} is less than --max-items {limits.max_items}: a request "
+            "of --max-items items could never be queued; raise --max-queue or lower --max-items"
+        )
 
 
 @asynccontextmanager

@@ -13,7 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from gpt1.serve.schemas import ERROR_RESPONSES, AtMost, Text
+from gpt1.recipes.sampling import Sampling
+from gpt1.serve.schemas import ERROR_RESPONSES, AtMost, FieldError, Text, sampling_rule
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict still takes a JSON integer (0 for 0.0)
@@ -62,13 +63,16 @@ class CompletionRequest(Closed):
         | Ids
         | Annotated[list[Ids], Field(min_length=1)]
     )
-    max_tokens: Annotated[Int, Field(ge=0), AtMost("max_new_tokens")] | None = DEFAULT_MAX_TOKENS
-    temperature: Annotated[Float, Field(ge=0.0)] | None = 1.0
-    top_p: Annotated[Float, Field(gt=0.0, le=1.0)] | None = 1.0
-    top_k: Annotated[Int, Field(ge=1)] | None = None  # not OpenAI's; vLLM's and gpt1 sample's
+    # The sampling options follow gpt1's one rule (`gpt1.recipes.sampling`), as in /v1/generate.
+    max_tokens: Annotated[Int, sampling_rule("max_new_tokens"), AtMost("max_new_tokens")] | None = (
+        DEFAULT_MAX_TOKENS
+    )
+    temperature: Annotated[Float, sampling_rule("temperature")] | None = 1.0
+    top_p: Annotated[Float, sampling_rule("top_p")] | None = 1.0
+    top_k: Annotated[Int, sampling_rule("top_k")] | None = None  # vLLM's and gpt1 sample's
     n: Annotated[Int, Field(ge=1), AtMost("max_choices")] | None = 1
     stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
-    seed: Int | None = None
+    seed: Annotated[Int, sampling_rule("seed")] | None = None
     logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: Bool | None = False
     stream: Bool | None = False
@@ -84,22 +88,32 @@ class CompletionRequest(Closed):
     def honourable(self) -> CompletionRequest:
         for name, (defaults, why) in REFUSED.items():
             if getattr(self, name) not in defaults:
-                raise ValueError(f"{name}: only its default is supported ({why})")
+                raise FieldError(name, f"only its default is supported ({why})")
         for name, default in NULL_MEANS.items():  # an explicit null is the default
             if getattr(self, name) is None:
                 setattr(self, name, default)
         if self.max_tokens == 0 and not self.echo:
-            raise ValueError("max_tokens: 0 returns nothing unless echo is true")
+            raise FieldError("max_tokens", "0 returns nothing unless echo is true")
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options: only with stream true")
+            raise FieldError("stream_options", "only with stream true")
+        self.sampling().for_choices(self.n)  # choice j draws with seed + j
         return self
+
+    def sampling(self) -> Sampling:
+        """The sampling options (choice j's: `.choice(j)`)."""
+        return Sampling(self.max_tokens, self.temperature, self.top_k, self.top_p, self.seed)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts (texts or id lists)."""
+        return [self.prompt] if self.one_prompt() else list(self.prompt)
+
+    def prompt_fields(self) -> list[str]:
+        """Each prompt's field as the client sent it: `prompt`, or `prompt.0`, `prompt.1`, ..."""
+        return ["prompt"] if self.one_prompt() else [f"prompt.{i}" for i in range(len(self.prompt))]
+
+    def one_prompt(self) -> bool:
         p = self.prompt
-        if isinstance(p, str) or (p and isinstance(p[0], int)):
-            return [p]
-        return list(p)
+        return isinstance(p, str) or bool(p and isinstance(p[0], int))
 
 
 class TokenizeRequest(Closed):

@@ -68,6 +68,8 @@ class Continuation:
         return self.cut is not None
 
     def push(self, token: int) -> str:
+        if self.stopped:  # the answer ended at the stop: later tokens are not part of it
+            return ""
         self.tokens.append(int(token))
         self.raw += piece(self.tokenizer, token)
         text = self.text
@@ -85,17 +87,18 @@ class Continuation:
         return out
 
     def kept_tokens(self) -> list[int]:
-        """The new tokens whose text lies wholly before the stop (all of them without one)."""
+        """The new tokens whose text the answer shows, in whole or in part (all of them without
+        a stop): a token a stop string cuts is kept, so the usage and the logprobs count the
+        token that made the text returned (" bl" of " blue" is one token)."""
         if self.cut is None:
             return list(self.tokens)
         # The first new token starts after the prompt's trailing space, if any.
         at, kept = len(self.prompt_raw) - len(self.prompt_text), []
         for token in self.tokens:
-            text = piece(self.tokenizer, token)
-            if at + len(last_piece(self.tokenizer, token)) > self.cut:  # it reaches the stop
+            if at >= self.cut:  # nothing of it is shown
                 break
             kept.append(token)
-            at += len(text)
+            at += len(piece(self.tokenizer, token))
         return kept
 
 

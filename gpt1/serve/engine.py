@@ -23,6 +23,7 @@ import torch
 from gpt1.errors import CheckpointError, ConfigError, DataError
 from gpt1.model.finetuned import TASK_FILE
 from gpt1.model.inference import for_inference
+from gpt1.recipes.sampling import Sampling
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
@@ -249,19 +250,13 @@ class Engine:
         return out
 
     # -------------------------------------------------------------------- generate
-    def generation(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-    ) -> GenerationRequest:
-        """A generation for `self.decoder`, drawing tokens as `gpt1 sample` does with `seed`."""
-        generator = torch.Generator(device=self.decoder.device)
-        generator.manual_seed(seed if seed is not None else torch.seed())
-        return GenerationRequest(prompt_ids, max_new_tokens, temperature, top_k, top_p, generator)
+    def generation(self, prompt_ids: list[int], sampling: Sampling) -> GenerationRequest:
+        """A generation for `self.decoder`, drawing tokens as `gpt1 sample` does with `sampling`."""
+        s = sampling
+        generator = s.generator(self.decoder.device)
+        return GenerationRequest(
+            prompt_ids, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator
+        )
 
     def decode(self, ids: list[int]) -> str | None:
         return self.tokenizer.decode(ids) if self.tokenizer is not None else None

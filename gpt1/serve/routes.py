@@ -16,6 +16,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
@@ -41,10 +42,13 @@ PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
 
 @info_router.get("/health")
 async def health(serve: Serve) -> dict[str, Any]:
-    """Liveness and what is being served."""
+    """Liveness, what is being served, and the CPU threads torch runs with now (`--threads
+    auto` follows the machine's load between scoring batches)."""
     return {
         "status": "ok",
         **serve.engine.describe(),
+        "served_model_name": serve.model_id,
+        "threads": torch.get_num_threads(),
         "queued_items": serve.batcher.queued_items,
         "active_generations": serve.batcher.active_generations,
     }
@@ -99,7 +103,9 @@ async def predict(body: PredictBody, serve: Serve) -> dict[str, Any]:
 async def score(body: ScoreRequest, serve: Serve) -> Any:
     """Log-probability of each continuation's tokens given its context (zero-shot scorer)."""
     engine = serve.engine
-    pairs = await serve.off_loop(lambda: [_score_pair(engine, it) for it in body.items])
+    pairs = await serve.off_loop(
+        lambda: [_score_pair(engine, it, f"items.{n}.") for n, it in enumerate(body.items)]
+    )
     window = engine.scorer.n_positions
     for n, (ctx, cont) in enumerate(pairs):
         if not ctx or not cont:
@@ -116,10 +122,11 @@ async def score(body: ScoreRequest, serve: Serve) -> Any:
     return {"results": await serve.run("score", pairs, tokens)}
 
 
-def _score_pair(engine: Engine, item: ScoreItem) -> tuple[list[int], list[int]]:
+def _score_pair(engine: Engine, item: ScoreItem, at: str) -> tuple[list[int], list[int]]:
+    """The item's ids; a refusal names its field as sent (`at`: `items.3.`)."""
     return (
-        engine.token_ids(item.context, item.context_ids, "context"),
-        engine.token_ids(item.continuation, item.continuation_ids, "continuation"),
+        engine.token_ids(item.context, item.context_ids, f"{at}context"),
+        engine.token_ids(item.continuation, item.continuation_ids, f"{at}continuation"),
     )
 
 
@@ -135,11 +142,7 @@ async def generate(body: GenerateRequest, request: Request, serve: Serve) -> Any
             422,
             f"prompt: {len(prompt)} tokens, more than the model's {engine.n_positions} positions",
         )
-    job, tokens = serve.generate(
-        engine.generation(
-            prompt, body.max_new_tokens, body.temperature, body.top_k, body.top_p, body.seed
-        )
-    )
+    job, tokens = serve.generate(engine.generation(prompt, body.sampling()))
     if body.stream:
         return GenerationStream(_events(engine, prompt, tokens), job)
     ids = await _unless_client_leaves(_collect(tokens), request)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -28,10 +29,13 @@ from pydantic import (
     GetJsonSchemaHandler,
     Strict,
     create_model,
-    field_validator,
     model_validator,
 )
 from pydantic_core import CoreSchema, PydanticKnownError, core_schema
+
+from gpt1.recipes.sampling import Sampling, problem
+
+DEFAULTS = Sampling()  # gpt1 sample's defaults, /v1/generate's too
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,15 @@ class AtMost:
         return value
 
 
+class FieldError(ValueError):
+    """A whole-body check's refusal naming its field: the error shows it at that field
+    (`gpt1.serve.responses.validation_errors`), as a `SamplingError` is shown."""
+
+    def __init__(self, field: str, problem: str):
+        self.field, self.problem = field, problem
+        super().__init__(f"{field}: {problem}")
+
+
 class Closed(BaseModel):
     """Unknown fields are errors (a typo must not be silently ignored)."""
 
@@ -110,11 +123,21 @@ Bool = Annotated[bool, Strict()]
 Ids = Annotated[list[Int], Field(min_length=1)]
 Text = Annotated[str, Strict(), Field(min_length=1), AtMost("max_chars")]
 
-# Sampling options whose float32 arithmetic breaks down below these (logits / temperature
-# overflows; top_p rounds to 0 and drops every token): refused, not treated as greedy.
-MIN_TEMPERATURE = 1e-4
-MIN_TOP_P = 1e-6
-MAX_SEED = 2**64 - 1  # torch's generators take 64-bit seeds
+Number = Annotated[float, Strict()]  # a sampling option's: Infinity and NaN are refused by its rule
+
+
+def sampling_rule(name: str) -> AfterValidator:
+    """`Annotated[T, sampling_rule("top_p")]`: the `Sampling` rule of that option
+    (`gpt1.recipes.sampling`), the one `gpt1 sample` and both HTTP protocols apply; its problem
+    is pydantic's error at the field, so the field is named as the client sent it."""
+
+    def check(value: Any) -> Any:
+        wrong = problem(name, value)
+        if wrong is not None:
+            raise ValueError(wrong)
+        return value
+
+    return AfterValidator(check)
 
 
 class ErrorBody(BaseModel):
@@ -183,26 +206,24 @@ class PredictBody(Closed):
 class GenerateRequest(Closed):
     prompt: Text | None = None
     prompt_ids: Ids | None = None
-    max_new_tokens: Annotated[Int, Field(ge=0), AtMost("max_new_tokens")] = 50
+    max_new_tokens: Annotated[Int, sampling_rule("max_new_tokens"), AtMost("max_new_tokens")] = (
+        DEFAULTS.max_new_tokens
+    )
     temperature: Annotated[
-        Float, Field(ge=0.0, description=f"0 (greedy) or from {MIN_TEMPERATURE:g}")
-    ] = 1.0
-    top_k: Annotated[Int, Field(ge=1)] | None = None
-    top_p: Annotated[Float, Field(ge=MIN_TOP_P, le=1.0)] | None = None
-    seed: Annotated[Int, Field(ge=0, le=MAX_SEED)] | None = None
+        Number, sampling_rule("temperature"), Field(description="0 is greedy")
+    ] = DEFAULTS.temperature
+    top_k: Annotated[Int, sampling_rule("top_k")] | None = None
+    top_p: Annotated[Number, sampling_rule("top_p")] | None = None
+    seed: Annotated[Int, sampling_rule("seed")] | None = None
     stream: Bool = False
 
-    @field_validator("temperature")
-    @classmethod
-    def usable_temperature(cls, value: float) -> float:
-        if 0 < value < MIN_TEMPERATURE:
-            raise ValueError(f"must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {value:g}")
-        return value
+    def sampling(self) -> Sampling:
+        return Sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
 
     @model_validator(mode="after")
     def one_prompt(self) -> GenerateRequest:
         if (self.prompt is None) == (self.prompt_ids is None):
-            raise ValueError("give exactly one of prompt or prompt_ids")
+            raise FieldError("prompt", "give exactly one of prompt or prompt_ids")
         return self
 
 
@@ -215,9 +236,9 @@ class ScoreItem(Closed):
     @model_validator(mode="after")
     def one_each(self) -> ScoreItem:
         if (self.context is None) == (self.context_ids is None):
-            raise ValueError("give exactly one of context or context_ids")
+            raise FieldError("context", "give exactly one of context or context_ids")
         if (self.continuation is None) == (self.continuation_ids is None):
-            raise ValueError("give exactly one of continuation or continuation_ids")
+            raise FieldError("continuation", "give exactly one of continuation or continuation_ids")
         return self
 
 

@@ -35,16 +35,19 @@ def serve(
     batch_items: int = 16,
     wait_ms: float = 2.0,
     max_queue: int = 1024,
-    threads: int | None = None,
+    threads: str | int | None = None,
     graceful_timeout: float | None = None,
     max_generations: int = 16,
     request_timeout: float | None = 10.0,
     max_connections: int | None = 512,
+    served_model_name: str | None = None,
 ) -> None:
-    """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped."""
+    """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped.
+    `threads`: "auto" or a count (`gpt1.threads`; None keeps torch's); `served_model_name`:
+    what the OpenAI endpoints call the model (default: its run's name)."""
     import uvicorn
 
-    from gpt1.serve.app import create_app
+    from gpt1.serve.app import check_queue, create_app
     from gpt1.serve.engine import load_engine
 
     if not 0 <= port <= 65535:
@@ -54,7 +57,6 @@ def serve(
         ("--batch-items", batch_items),
         ("--max-queue", max_queue),
         ("--max-generations", max_generations),
-        ("--threads", 1 if threads is None else threads),
         ("--max-connections", 1 if max_connections is None else max_connections),
     ):
         if value < 1:
@@ -63,9 +65,16 @@ def serve(
         raise ConfigError(f"--batch-wait-ms must be >= 0, got {wait_ms}")
     if request_timeout is not None and not request_timeout > 0:
         raise ConfigError(f"--request-timeout must be > 0 seconds, got {request_timeout}")
+    check_queue(max_queue, limits or Limits())
+    if served_model_name is not None and not served_model_name.strip():
+        raise ConfigError("--served-model-name must not be empty")
     ensure_file_descriptors(max_connections)
-    if threads:
-        torch.set_num_threads(threads)
+    threads_note = "torch's"
+    if threads is not None:
+        from gpt1.threads import apply_threads
+
+        threads_note = "auto" if threads == "auto" else "asked for"
+        apply_threads(threads)
     engine = load_engine(path, device, precision)
     app = create_app(
         engine,
@@ -76,12 +85,15 @@ def serve(
         max_queue,
         max_generations,
         request_timeout,
+        served_model_name,
     )
     log.info(
-        "gpt1 serve: %s (%s, %s) on http://%s:%d (API docs at /docs)",
+        "gpt1 serve: %s (%s, %s, %d CPU threads: %s) on http://%s:%d (API docs at /docs)",
         engine.folder,
         engine.kind,
         engine.precision,
+        torch.get_num_threads(),
+        threads_note,
         host,
         port,
     )

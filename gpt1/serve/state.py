@@ -12,12 +12,13 @@ import asyncio
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from gpt1.serve.batcher import Batcher, Job
-from gpt1.serve.engine import Engine, GenerationRequest
+from gpt1.serve.engine import Engine, GenerationRequest, model_name
 from gpt1.serve.metrics import Metrics
 from gpt1.serve.schemas import Limits
 
@@ -46,12 +47,12 @@ class ServeState:
     batcher: Batcher
     metrics: Metrics
     limits: Limits
+    model_id: str | None = None  # what the OpenAI endpoints call the model (None: its run's name)
     tokenizer_thread: ThreadPoolExecutor = field(default_factory=new_tokenizer_thread)
-    model_id: str = field(init=False)  # what the OpenAI-compatible endpoints call the model
-    created: int = field(init=False)  # and when it was made (its folder's time)
+    created: int = field(init=False)  # when the model was made (its folder's time)
 
     def __post_init__(self) -> None:
-        self.model_id = self.engine.folder.name
+        self.model_id = self.model_id or run_name(self.engine.folder)
         self.created = int(self.engine.folder.stat().st_mtime)
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -91,6 +92,13 @@ class ServeState:
                 yield item
         finally:
             job.cancelled.set()  # no-op when finished; frees the worker if the client left
+
+
+def run_name(folder: Path) -> str:
+    """A served model's name: its run's for the run's final model (`runs/sst2/final` ->
+    `sst2`), `run/checkpoint` for another of its checkpoints (`pretrain/step-500`), the
+    folder's own name for a checkpoint folder of its own."""
+    return folder.parent.name if folder.name == "final" else model_name(folder)
 
 
 def serve_state(request: Request) -> ServeState:

@@ -1,0 +1,121 @@
+"""A streamed `/v1/completions` answer (`"stream": true`): server-sent chunks in OpenAI's shape.
+
+Joined, a stream's chunks give the unstreamed answer: per choice the same text, finish_reason
+and (asked for with `logprobs`) the same logprobs object; the usage chunk
+(`stream_options.include_usage`) the same usage. How the text comes:
+- a generation without `logprobs`: the echoed prompt first (`echo`), then the text as it becomes
+  certain (never text a stop string could still cut), then a last chunk with the finish_reason;
+- with `logprobs`: each choice in one chunk when it is done, text and numbers together (the
+  numbers come from scoring the whole choice after its generation);
+- a scoring request (`echo` with `max_tokens` 0, or 1 at temperature 0): the echoed prompt, then
+  the choice's text with its finish_reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from gpt1.serve.completion_choices import (
+    Choice,
+    Started,
+    choice_json,
+    compute,
+    run_generations,
+    scoring_path,
+    start_generations,
+    usage,
+)
+from gpt1.serve.completion_schemas import CompletionRequest
+from gpt1.serve.openai_errors import answer_failure
+from gpt1.serve.state import ServeState
+
+
+class Chunks:
+    """The server-sent chunks of one streamed completion, queued for its response (None ends
+    them), in OpenAI's shape: `head` and a list of choices."""
+
+    def __init__(self, head: dict[str, Any]):
+        self.head = head
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    def put(self, choices: list[dict], **extra: Any) -> None:
+        self.queue.put_nowait(f"data: {json.dumps({**self.head, 'choices': choices, **extra})}\n\n")
+
+    def text(self, c: Choice, text: str, finish: str | None = None) -> None:
+        self.put([{"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}])
+
+    async def on_text(self, c: Choice, text: str) -> None:
+        self.text(c, text)
+
+    def error(self, exc: Exception, path: str) -> None:
+        """Headers are sent: the error object goes in the stream, as its last chunk."""
+        self.queue.put_nowait(f"data: {answer_failure(exc, path).body.decode()}\n\n")
+
+
+def stream(
+    serve: ServeState,
+    body: CompletionRequest,
+    prompts: list[list[int]],
+    choices: list[Choice],
+    head: dict[str, Any],
+) -> StreamingResponse:
+    """The chunks (the module docstring's), then `[DONE]`. The generations are queued before
+    the response starts, so a full queue is still a 503."""
+    chunks = Chunks(head)
+    whole = body.logprobs is not None  # each choice in one chunk, numbers included
+    if body.echo and not whole:
+        for c in choices:
+            chunks.text(c, c.text.prompt_text)
+    started = None if scoring_path(body) else start_generations(serve, choices, body)
+
+    async def events() -> AsyncIterator[str]:
+        work = stream_work(serve, body, prompts, choices, started, chunks)
+        task = asyncio.create_task(work)
+        try:
+            while (item := await chunks.queue.get()) is not None:
+                yield item
+            yield "data: [DONE]\n\n"
+        finally:
+            if not task.done():  # the client left: stop the generations
+                task.cancel()
+            for job, _ in started or []:
+                job.cancelled.set()
+
+    return StreamingResponse(
+        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
+
+
+async def stream_work(
+    serve: ServeState,
+    body: CompletionRequest,
+    prompts: list[list[int]],
+    choices: list[Choice],
+    started: Started | None,
+    chunks: Chunks,
+) -> None:
+    """Compute a streamed completion's choices into `chunks` (`started`: their generations,
+    None on the scoring path)."""
+    try:
+        if body.logprobs is not None:
+            await compute(serve, body, choices, started)
+            for c in choices:
+                chunks.put([choice_json(serve.engine.tokenizer, c, body)])
+        elif started is None:
+            await compute(serve, body, choices)
+            for c in choices:
+                chunks.text(c, c.text.text, c.finish_reason)
+        else:
+            await run_generations(choices, started, chunks.on_text)
+            for c in choices:
+                chunks.text(c, c.text.finish(), c.finish_reason)
+        if body.stream_options is not None and body.stream_options.include_usage:
+            chunks.put([], usage=usage(prompts, choices))
+    except Exception as exc:
+        chunks.error(exc, "/v1/completions")
+    chunks.queue.put_nowait(None)
