@@ -1,6 +1,7 @@
 """Serve a fine-tuned run or a pretrained checkpoint over HTTP (JSON; OpenAPI page at /docs).
 
-Endpoints: POST /v1/predict (fine-tuned runs), /v1/generate, /v1/score; GET /health, /metrics.
+Endpoints: POST /v1/predict (fine-tuned runs), /v1/generate, /v1/score; GET /health, /metrics;
+the playground page at / (unless --no-playground).
 SIGTERM (or Ctrl-C) finishes the requests in flight, then exits.
 
 Examples:
@@ -37,6 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--threads", type=int, default=None, help="torch threads, >= 1 (default: torch's)"
+    )
+    p.add_argument(
+        "--no-playground",
+        dest="playground",
+        action="store_false",
+        help="do not serve the playground page at / (docs/commands/serve.md#playground)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN (scheme://host[:port], or * for any) call the API; "
+        "repeat for several (default: none)",
     )
     group = p.add_argument_group("batching and limits")
     add_batching(group)
@@ -144,5 +159,7 @@ def run(args: argparse.Namespace) -> int:
         args.max_generations,
         args.request_timeout,
         args.max_connections,
+        args.playground,
+        args.cors_origin,
     )
     return 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -24,9 +24,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gpt1.errors import Gpt1Error
-from gpt1.serve import completions, routes
+from gpt1.serve import completions, playground, routes
 from gpt1.serve.batcher import Batcher, QueueFull
 from gpt1.serve.connections import quiet_accept_errors
+from gpt1.serve.cors import add_cors
 from gpt1.serve.engine import Engine
 from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
@@ -36,7 +37,9 @@ from gpt1.serve.state import ServeState, run_batch
 
 log = logging.getLogger("gpt1.serve")
 RETRY_AFTER_S = 1
-ENDPOINTS = routes.PATHS | completions.PATHS  # the metrics' endpoint labels (else "other")
+ENDPOINTS = (
+    routes.PATHS | completions.PATHS | playground.PATHS
+)  # the metrics' endpoint labels (else "other")
 
 
 def create_app(
@@ -48,9 +51,12 @@ def create_app(
     max_queue: int = 1024,
     max_generations: int = 16,
     request_timeout: float | None = None,
+    with_playground: bool = True,
+    cors_origins: Sequence[str] = (),
 ) -> Guard:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware; `request_timeout`
-    bounds the seconds a request body may take to arrive)."""
+    bounds the seconds a request body may take to arrive), with the playground page at `/`
+    unless `with_playground` is false, and browser requests allowed from `cors_origins`."""
     limits = limits or Limits()
     metrics = Metrics()
     batcher = Batcher(
@@ -80,6 +86,9 @@ def create_app(
     if engine.task is not None:  # a language model has no task to predict
         app.include_router(routes.predict_router(engine.fields))
     app.include_router(routes.lm_router)
+    if with_playground:
+        app.include_router(playground.playground_router(engine, limits))
+    add_cors(app, cors_origins)
     return Guard(app, metrics, limits, ENDPOINTS, request_timeout)
 
 

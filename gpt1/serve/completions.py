@@ -300,8 +300,6 @@ async def completions(body: CompletionRequest, serve: Serve) -> Any:
     """OpenAI's completions API (see docs/commands/serve.md for every field)."""
     check_model(serve, body.model)
     tokenizer = tokenizer_of(serve)
-    if body.stream and body.logprobs is not None:
-        raise Refused(422, "logprobs: not available with stream; ask without stream")
     prompts = await serve.off_loop(encode_prompts, serve.engine, body.prompts())
     check_lengths(serve, prompts, body.max_tokens, body.n)
     choices = [
@@ -406,8 +404,10 @@ class Chunks:
     def put(self, choices: list[dict], **extra: Any) -> None:
         self.queue.put_nowait(f"data: {json.dumps({**self.head, 'choices': choices, **extra})}\n\n")
 
-    def text(self, c: Choice, text: str, finish: str | None = None) -> None:
-        self.put([{"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}])
+    def text(
+        self, c: Choice, text: str, finish: str | None = None, logprobs: dict | None = None
+    ) -> None:
+        self.put([{"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish}])
 
     async def on_text(self, c: Choice, text: str) -> None:
         self.text(c, text)
@@ -466,10 +466,21 @@ async def stream_work(
                 chunks.text(c, c.text.finish())
         else:
             await run_generations(choices, started, chunks.on_text)
+            if body.logprobs is not None:
+                await score_choices(serve, choices, body.logprobs)
         for c in choices:
-            chunks.text(c, c.text.finish(), c.finish_reason)
+            chunks.text(c, c.text.finish(), c.finish_reason, last_logprobs(serve, body, c))
         if body.stream_options is not None and body.stream_options.include_usage:
             chunks.put([], usage=usage(prompts, choices))
     except Exception as exc:
         chunks.error(exc)
     chunks.queue.put_nowait(None)
+
+
+def last_logprobs(serve: ServeState, body: CompletionRequest, c: Choice) -> dict | None:
+    """A streamed choice's logprobs, all in its last chunk (the earlier chunks say null): the
+    numbers a plain request gets, from the same scoring pass after the generation, so the
+    chunks' logprobs joined equal the plain response's."""
+    if body.logprobs is None:
+        return None
+    return choice_logprobs(serve.engine.tokenizer, c, bool(body.echo), body.logprobs)

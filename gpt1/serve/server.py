@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,11 +41,16 @@ def serve(
     max_generations: int = 16,
     request_timeout: float | None = 10.0,
     max_connections: int | None = 512,
+    with_playground: bool = True,
+    cors_origins: Sequence[str] = (),
 ) -> None:
-    """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped."""
+    """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped (the
+    playground page at `/` unless `with_playground` is false; browser requests allowed from
+    `cors_origins`)."""
     import uvicorn
 
     from gpt1.serve.app import create_app
+    from gpt1.serve.cors import check_origin
     from gpt1.serve.engine import load_engine
 
     if not 0 <= port <= 65535:
@@ -63,6 +69,8 @@ def serve(
         raise ConfigError(f"--batch-wait-ms must be >= 0, got {wait_ms}")
     if request_timeout is not None and not request_timeout > 0:
         raise ConfigError(f"--request-timeout must be > 0 seconds, got {request_timeout}")
+    for origin in cors_origins:  # before the model loads: a typo costs no wait
+        check_origin(origin)
     ensure_file_descriptors(max_connections)
     if threads:
         torch.set_num_threads(threads)
@@ -76,6 +84,8 @@ def serve(
         max_queue,
         max_generations,
         request_timeout,
+        with_playground,
+        cors_origins,
     )
     log.info(
         "gpt1 serve: %s (%s, %s) on http://%s:%d (API docs at /docs)",
