@@ -211,7 +211,6 @@ REFUSED = [
     ({"suffix": " the end"}, 422, "suffix"),
     ({"logprobs": 6}, 422, "logprobs"),
     ({"max_tokens": 0}, 422, "max_tokens"),
-    ({"stream": True, "logprobs": 1}, 422, "logprobs"),
     ({"temprature": 0}, 422, "temprature"),  # a typo is not ignored
     ({"prompt": "x " * 60}, 422, "window"),  # 60 tokens + 16: over the 64-token window
     ({"prompt": [[1, 2], []]}, 422, "prompt"),
