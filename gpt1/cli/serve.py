@@ -7,6 +7,7 @@ SIGTERM (or Ctrl-C) finishes the requests in flight, then exits.
 Examples:
   gpt1 serve runs/sst2                       # http://127.0.0.1:8000
   gpt1 serve runs/pretrain/final --port 8080 --precision bf16
+  gpt1 serve runs/sst2 --cors-origin http://localhost:3000   # a web app's page may call it
   curl -s localhost:8000/v1/predict -d '{"inputs": {"text": "a gripping film"}}'
 """
 
