@@ -47,7 +47,7 @@ from gpt1.errors import ConfigError  # noqa: E402
 from gpt1.serve.completion_schemas import MAX_LOGPROBS, CompletionRequest  # noqa: E402
 from gpt1.serve.cors import check_origin  # noqa: E402
 from gpt1.serve.playground import SAMPLING  # noqa: E402
-from helpers.tiny import char_vocab, gpt1_process, subprocess_env  # noqa: E402
+from helpers.tiny import char_vocab, gpt1_process, run_cli, subprocess_env  # noqa: E402
 
 PROMPT = "the old man"
 WINDOW = 512  # the language model's positions: room for a generation long enough to stop
@@ -265,9 +265,8 @@ def test_cors_origins_allowed_only_when_given(world):
             check_origin(origin)
 
 
-def test_cli_refuses_a_malformed_cors_origin(world, capsys):
-    code = main(["serve", str(world["lm"]), "--cors-origin", "http://localhost:3000/app"])
-    err = capsys.readouterr().err.strip()
+def test_cli_refuses_a_malformed_cors_origin(world):
+    code, err = run_cli(["serve", str(world["lm"]), "--cors-origin", "http://localhost:3000/app"])
     assert code == 2 and "--cors-origin 'http://localhost:3000/app'" in err
     assert len(err.splitlines()) == 1
 
