@@ -1,11 +1,13 @@
 """Serve a fine-tuned run or a pretrained checkpoint over HTTP (JSON; OpenAPI page at /docs).
 
-Endpoints: POST /v1/predict (fine-tuned runs), /v1/generate, /v1/score; GET /health, /metrics.
+Endpoints: POST /v1/predict (fine-tuned runs), /v1/generate, /v1/score; GET /health, /metrics;
+the playground page at / (unless --no-playground).
 SIGTERM (or Ctrl-C) finishes the requests in flight, then exits.
 
 Examples:
   gpt1 serve runs/sst2                       # http://127.0.0.1:8000
   gpt1 serve runs/pretrain/final --port 8080 --precision bf16
+  gpt1 serve runs/sst2 --cors-origin http://localhost:3000   # a web app's page may call it
   curl -s localhost:8000/v1/predict -d '{"inputs": {"text": "a gripping film"}}'
 """
 
@@ -40,6 +42,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="the model's id in the OpenAI API (/v1/models, `model` in requests; default: the "
         "run's name, e.g. sst2 for runs/sst2)",
+    )
+    p.add_argument(
+        "--no-playground",
+        dest="playground",
+        action="store_false",
+        help="do not serve the playground page at / (docs/commands/serve.md#playground)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="let browser pages from ORIGIN (scheme://host[:port], or * for any) call the API; "
+        "repeat for several (default: none)",
     )
     group = p.add_argument_group("batching and limits")
     add_batching(group)
@@ -149,5 +165,7 @@ def run(args: argparse.Namespace) -> int:
         args.request_timeout,
         args.max_connections,
         args.served_model_name,
+        args.playground,
+        args.cors_origin,
     )
     return 0

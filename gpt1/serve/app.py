@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -24,9 +24,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.serve import completions, routes
+from gpt1.serve import completions, playground, routes
 from gpt1.serve.batcher import Batcher, QueueFull
 from gpt1.serve.connections import quiet_accept_errors
+from gpt1.serve.cors import add_cors
 from gpt1.serve.engine import Engine
 from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
@@ -35,7 +36,7 @@ from gpt1.serve.schemas import Limits
 from gpt1.serve.state import ServeState, run_batch
 
 log = logging.getLogger("gpt1.serve")
-ENDPOINTS = routes.PATHS | completions.PATHS  # the metrics' endpoint labels (else "other")
+ENDPOINTS = routes.PATHS | completions.PATHS | playground.PATHS  # the metrics' endpoint labels
 
 
 def create_app(
@@ -48,10 +49,13 @@ def create_app(
     max_generations: int = 16,
     request_timeout: float | None = None,
     served_model_name: str | None = None,
+    with_playground: bool = True,
+    cors_origins: Sequence[str] = (),
 ) -> Guard:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware; `request_timeout`
     bounds the seconds a request body may take to arrive; `served_model_name`: what the OpenAI
-    endpoints call the model, by default its run's name)."""
+    endpoints call the model, by default its run's name), with the playground page at `/`
+    unless `with_playground` is false, and browser requests allowed from `cors_origins`."""
     limits = limits or Limits()
     check_queue(max_queue, limits)
     metrics = Metrics()
@@ -82,6 +86,9 @@ def create_app(
     if engine.task is not None:  # a language model has no task to predict
         app.include_router(routes.predict_router(engine.fields))
     app.include_router(routes.lm_router)
+    if with_playground:
+        app.include_router(playground.playground_router(engine, limits))
+    add_cors(app, cors_origins)
     return Guard(app, metrics, limits, ENDPOINTS, request_timeout)
 
 

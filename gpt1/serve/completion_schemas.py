@@ -83,6 +83,8 @@ class CompletionRequest(Closed):
     best_of: Int | None = None
     logit_bias: dict[str, Float] | None = None
     suffix: Annotated[str, Strict()] | None = None
+    # vLLM's extension: answer with the likeliest of these strings (`gpt1.serve.guided`)
+    guided_choice: Annotated[list[Text], Field(min_length=1), AtMost("max_choices")] | None = None
 
     @model_validator(mode="after")
     def honourable(self) -> CompletionRequest:

@@ -5,8 +5,8 @@ and (asked for with `logprobs`) the same logprobs object; the usage chunk
 (`stream_options.include_usage`) the same usage. How the text comes:
 - a generation without `logprobs`: the echoed prompt first (`echo`), then the text as it becomes
   certain (never text a stop string could still cut), then a last chunk with the finish_reason;
-- with `logprobs`: each choice in one chunk when it is done, text and numbers together (the
-  numbers come from scoring the whole choice after its generation);
+- with `logprobs`, the same, and a choice's whole logprobs object in its last chunk (the
+  earlier ones say null: the numbers come from scoring the whole choice after its generation);
 - a scoring request (`echo` with `max_tokens` 0, or 1 at temperature 0): the echoed prompt, then
   the choice's text with its finish_reason.
 """
@@ -24,8 +24,10 @@ from gpt1.serve.completion_choices import (
     Choice,
     Started,
     choice_json,
+    choice_logprobs,
     compute,
     run_generations,
+    score_choices,
     scoring_path,
     start_generations,
     usage,
@@ -46,8 +48,10 @@ class Chunks:
     def put(self, choices: list[dict], **extra: Any) -> None:
         self.queue.put_nowait(f"data: {json.dumps({**self.head, 'choices': choices, **extra})}\n\n")
 
-    def text(self, c: Choice, text: str, finish: str | None = None) -> None:
-        self.put([{"index": c.index, "text": text, "logprobs": None, "finish_reason": finish}])
+    def text(
+        self, c: Choice, text: str, finish: str | None = None, logprobs: dict | None = None
+    ) -> None:
+        self.put([{"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": finish}])
 
     async def on_text(self, c: Choice, text: str) -> None:
         self.text(c, text)
@@ -67,11 +71,10 @@ def stream(
     """The chunks (the module docstring's), then `[DONE]`. The generations are queued before
     the response starts, so a full queue is still a 503."""
     chunks = Chunks(head)
-    whole = body.logprobs is not None  # each choice in one chunk, numbers included
-    if body.echo and not whole:
+    started = None if scoring_path(body) else start_generations(serve, choices, body)
+    if body.echo and started is not None:
         for c in choices:
             chunks.text(c, c.text.prompt_text)
-    started = None if scoring_path(body) else start_generations(serve, choices, body)
 
     async def events() -> AsyncIterator[str]:
         work = stream_work(serve, body, prompts, choices, started, chunks)
@@ -102,18 +105,21 @@ async def stream_work(
     """Compute a streamed completion's choices into `chunks` (`started`: their generations,
     None on the scoring path)."""
     try:
-        if body.logprobs is not None:
-            await compute(serve, body, choices, started)
-            for c in choices:
-                chunks.put([choice_json(serve.engine.tokenizer, c, body)])
-        elif started is None:
+        if started is None:  # scored, not generated: each choice in one chunk
             await compute(serve, body, choices)
             for c in choices:
-                chunks.text(c, c.text.text, c.finish_reason)
+                chunks.put([choice_json(serve.engine.tokenizer, c, body)])
         else:
             await run_generations(choices, started, chunks.on_text)
+            if body.logprobs is not None:
+                await score_choices(serve, choices, body.logprobs)
             for c in choices:
-                chunks.text(c, c.text.finish(), c.finish_reason)
+                numbers = None
+                if body.logprobs is not None:
+                    numbers = choice_logprobs(
+                        serve.engine.tokenizer, c, bool(body.echo), body.logprobs
+                    )
+                chunks.text(c, c.text.finish(), c.finish_reason, numbers)
         if body.stream_options is not None and body.stream_options.include_usage:
             chunks.put([], usage=usage(prompts, choices))
     except Exception as exc:

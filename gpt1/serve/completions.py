@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
+from gpt1.serve import guided
 from gpt1.serve.completion_choices import Choice, choice_json, compute, usage
 from gpt1.serve.completion_schemas import (
     OPENAI_ERROR_RESPONSES,
@@ -125,9 +126,13 @@ async def completions(body: CompletionRequest, serve: Serve) -> Any:
     """OpenAI's completions API (see docs/commands/serve.md for every field)."""
     check_model(serve, body.model)
     tokenizer = tokenizer_of(serve)
+    if body.guided_choice is not None:
+        guided.check(body)
     prompts = await serve.off_loop(
         encode_prompts, serve.engine, body.prompts(), body.prompt_fields()
     )
+    if body.guided_choice is not None:  # scored, not generated: max_tokens plays no part
+        return await guided_response(serve, body, prompts)
     check_lengths(serve, body, prompts)
     choices = [
         Choice(i * body.n + j, p, Continuation(tokenizer, p, stops(body)))
@@ -149,6 +154,20 @@ async def completions(body: CompletionRequest, serve: Serve) -> Any:
         "usage": usage(prompts, choices),
     }
     return Response(await serve.off_loop(json.dumps, payload), media_type="application/json")
+
+
+async def guided_response(
+    serve: ServeState, body: CompletionRequest, prompts: list[list[int]]
+) -> dict[str, Any]:
+    choices = await guided.guided_choices(serve, body, prompts)
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": serve.model_id,
+        "choices": choices,
+        "usage": usage(prompts, []),
+    }
 
 
 def stops(body: CompletionRequest) -> list[str]:

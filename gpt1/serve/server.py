@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,13 +42,17 @@ def serve(
     request_timeout: float | None = 10.0,
     max_connections: int | None = 512,
     served_model_name: str | None = None,
+    with_playground: bool = True,
+    cors_origins: Sequence[str] = (),
 ) -> None:
     """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped.
     `threads`: "auto" or a count (`gpt1.threads`; None keeps torch's); `served_model_name`:
-    what the OpenAI endpoints call the model (default: its run's name)."""
+    what the OpenAI endpoints call the model (default: its run's name); the playground page at
+    `/` unless `with_playground` is false; browser requests allowed from `cors_origins`."""
     import uvicorn
 
     from gpt1.serve.app import check_queue, create_app
+    from gpt1.serve.cors import check_origin
     from gpt1.serve.engine import load_engine
 
     if not 0 <= port <= 65535:
@@ -68,6 +73,8 @@ def serve(
     check_queue(max_queue, limits or Limits())
     if served_model_name is not None and not served_model_name.strip():
         raise ConfigError("--served-model-name must not be empty")
+    for origin in cors_origins:  # before the model loads: a typo costs no wait
+        check_origin(origin)
     ensure_file_descriptors(max_connections)
     threads_note = "torch's"
     if threads is not None:
@@ -86,6 +93,8 @@ def serve(
         max_generations,
         request_timeout,
         served_model_name,
+        with_playground,
+        cors_origins,
     )
     log.info(
         "gpt1 serve: %s (%s, %s, %d CPU threads: %s) on http://%s:%d (API docs at /docs)",
