@@ -102,7 +102,7 @@ def test_sample_bad_option(ckpt, capsys):
     assert main(["sample", str(ckpt), "--prompt-ids", "1 x"]) == 2
     assert "--prompt-ids must be integers" in capsys.readouterr().err
     assert main(["sample", str(ckpt), "--prompt-ids", "1", "--top-p", "2"]) == 2
-    assert "--top-p must be in (0, 1]" in capsys.readouterr().err
+    assert "--top-p must be a number in (0, 1]" in capsys.readouterr().err
 
 
 def test_sample_text_prompt_with_gpt1_vocab(gpt1_vocab, tmp_path, capsys):

@@ -39,6 +39,7 @@ from test_serve import (  # noqa: E402
     tiny_lm,
     tiny_run,
     wait_for,
+    wait_until_serving,
     write_rows,
 )
 
@@ -106,16 +107,8 @@ def gpt1_serve(model: Path, *options: str) -> Iterator[str]:
         argv, env=subprocess_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, proc.stdout.read().decode()
-        try:
-            return httpx.get(f"{url}/health", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_for(up)
+        wait_until_serving(proc, url)
         yield url
     finally:
         proc.terminate()

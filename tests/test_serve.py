@@ -543,6 +543,22 @@ def wait_for(condition, timeout: float = TIMEOUT) -> None:
         time.sleep(0.05)
 
 
+def wait_until_serving(proc: subprocess.Popen, url: str) -> None:
+    """Wait until the `gpt1 serve` process `proc` answers `/health` at `url`; fails with what
+    it printed (its stdout, where stderr is joined to it) if it exits first."""
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            said = proc.stdout.read().decode() if proc.stdout else ""
+            raise AssertionError(f"gpt1 serve exited with status {proc.returncode}: {said}")
+        try:
+            return httpx.get(f"{url}/health", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_for(up)
+
+
 def test_sigterm_finishes_requests_in_flight_then_exits(world):
     """`gpt1 serve` as a process: SIGTERM while a predict request waits in the batcher and a
     stream is running; both complete, then the process exits with status 0."""
@@ -569,15 +585,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits(world):
         stderr=subprocess.STDOUT,
     )
     try:
-
-        def up() -> bool:
-            assert proc.poll() is None, proc.stdout.read().decode()
-            try:
-                return httpx.get(f"{url}/health", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(up)
+        wait_until_serving(proc, url)
         results: dict[str, Any] = {}
         predict = threading.Thread(
             target=lambda: results.setdefault(

@@ -33,6 +33,7 @@ from test_serve import (  # noqa: E402
     serving,
     tiny_lm,
     wait_for,
+    wait_until_serving,
 )
 
 from gpt1.serve.engine import load_engine  # noqa: E402
@@ -82,16 +83,8 @@ def capped_server(tmp_path_factory) -> Any:
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, "gpt1 serve exited"
-        try:
-            return httpx.get(f"{url}/health", timeout=5).status_code == 200
-        except httpx.TransportError:
-            return False
-
     try:
-        wait_for(up)
+        wait_until_serving(proc, url)
         yield url, proc.pid
     finally:
         proc.terminate()

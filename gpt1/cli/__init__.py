@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import traceback
+from typing import NoReturn
 
 # Listed in the order `gpt1 --help` shows them. A module that is not present is not offered.
 COMMANDS = [
@@ -48,10 +49,18 @@ USES_THREADS = frozenset(
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a malformed command line is one line on stderr (exit status 2), as every
+    other refusal is, instead of the usage block followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gpt1.cli.options import common_options
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="gpt1",
         parents=[common_options()],
         description="GPT-1 (Radford et al., 2018): tokenize, pretrain, fine-tune, evaluate, sample.",

@@ -1577,7 +1577,7 @@ def serve_refuses_bad_options(work: Path) -> CaseResult:
     ckpt = str(tiny_checkpoint(work / "ckpt"))
     runs: list[tuple[list[str], tuple[str, ...]]] = [
         (["serve", ckpt, "--device", "tpu"], ("device 'tpu'",)),
-        (["serve", ckpt, "--threads", "-1"], ("--threads must be >= 1",)),
+        (["serve", ckpt, "--threads", "-1"], ("--threads must be",)),
         (["serve", ckpt, "--request-timeout", "0"], ("--request-timeout",)),
         (["serve", ckpt, "--max-connections", "0"], ("--max-connections",)),
     ]

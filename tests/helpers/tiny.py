@@ -71,7 +71,10 @@ def run_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
         if cwd is not None:
             os.chdir(cwd)
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            code = main(["--quiet", *argv])
+            try:
+                code = main(["--quiet", *argv])
+            except SystemExit as exc:  # argparse refuses a malformed flag by exiting (status 2)
+                code = exc.code if isinstance(exc.code, int) else 1
     finally:
         os.chdir(old)
     return code, err.getvalue().strip()
