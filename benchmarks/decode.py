@@ -1,7 +1,7 @@
 """Decoding overheads at GPT-1 size (random weights): what a step costs beyond its weight products,
 and batched decoding with pooled vs per-sequence attention.
 
-Batch 1 (`--skip batched` to run only this): for each precision, `gpt1.recipes.sample.generate`
+Batch 1 (`--skip batched` to run only this): for each precision, `gpt1.inference.generate.generate`
 (greedy, `--new` tokens after a 32-token prompt, the KV-cache path `gpt1 sample` runs) on the
 model made ready by `for_inference`, alternating with its weight products alone (every linear
 layer and the output layer run once on one row, in the same kernels: the floor a step cannot go
@@ -11,7 +11,7 @@ step minus the two: attention, LayerNorm, GELU, the cache writes and the Python 
 The decoding bound (read bandwidth / bytes a step reads) is printed beside each on the wall
 clock (on the CPU clock a step's time and the bandwidth are not comparable: "-").
 
-Batched (`gpt1.model.decoding.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
+Batched (`gpt1.inference.decoding.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
 prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
 caches in one `SlotPool` (one attention call per layer) vs each in its own `KVCache` (one call
 per sequence and layer), alternating in one process; steps/s and the ratio. Each timed run
@@ -44,11 +44,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from inference import decode_bytes, read_bandwidth  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.model.decoding import KVCache, SlotPool, decode, forward_cached  # noqa: E402
+from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached  # noqa: E402
+from gpt1.inference.generate import generate, next_tokens  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
+from gpt1.inference.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
-from gpt1.model.inference import for_inference  # noqa: E402
-from gpt1.model.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
-from gpt1.recipes.sample import generate, next_tokens  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = CLOCKS["wall"]

@@ -35,8 +35,8 @@ from inference import (  # noqa: E402
     decode_bytes,
 )
 
-from gpt1.model.inference import for_inference  # noqa: E402
-from gpt1.recipes.sample import generate  # noqa: E402
+from gpt1.inference.generate import generate  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
 
 
 def measure(system: str, prompt_len: int, new: int, repeats: int, threads: int) -> dict:

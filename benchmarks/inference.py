@@ -3,7 +3,7 @@
 Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabulary,
 `[start] sentence [classify]`), in file order:
 * gpt1: `gpt1.recipes.evaluate.predict_raw` on the model prepacked for CPU inference
-  (`gpt1.model.fast_cpu.prepack_for_inference`) -- what `gpt1 predict` and `gpt1 serve` run:
+  (`gpt1.inference.prepack.prepack_for_inference`) -- what `gpt1 predict` and `gpt1 serve` run:
   batches of 32, longest first, on the unpadded path (`GPT.forward(ids, lengths=...)`); with
   `--plain`, also without prepacking ("gpt1 plain", plain `F.linear`; for int8 "gpt1 float
   path": its many-row products as bf16 matrix products over the int8 values, the path without
@@ -15,7 +15,7 @@ Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabu
   padded batches. ORT's CPU provider has no bf16 kernels for this graph, so it runs fp32 only.
 
 Generation: greedy, 128 new tokens after a 32-token prompt, batch 1: gpt1's KV-cache decoder
-(`gpt1.recipes.sample.generate` on the model made ready by `gpt1.model.inference.for_inference`,
+(`gpt1.inference.generate.generate` on the model made ready by `gpt1.inference.prepared.for_inference`,
 what `gpt1 sample` runs and what `/v1/generate` runs for a lone request) vs transformers'
 `generate` on `OpenAIGPTLMHeadModel` with the same weights, and vs CTranslate2 (fp32 and int8)
 running the same weights mapped onto its decoder spec, in a child process of this one
@@ -58,14 +58,14 @@ sys.path.insert(0, str(ROOT))
 DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.model.fast_cpu import prepack_available  # noqa: E402
+from gpt1.inference.generate import generate  # noqa: E402
+from gpt1.inference.prepack import prepack_available  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
+from gpt1.inference.quantize import Int8Head, Int8Linear  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
-from gpt1.model.inference import for_inference  # noqa: E402
-from gpt1.model.quantize import Int8Head, Int8Linear  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
 from gpt1.recipes.evaluate import predict_raw  # noqa: E402
-from gpt1.recipes.sample import generate  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 from gpt1.tasks.batches import Encoded  # noqa: E402
 
@@ -326,10 +326,10 @@ def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
     that bounds batch-1 decoding, which must read every weight once per token.
 
     Two reads, the faster counts: torch summing an fp32 tensor, and gpt1's decoding kernel
-    (`gpt1.model.matvec`) multiplying one row by an fp32 matrix of that size (two flops per four
+    (`gpt1.inference.matvec`) multiplying one row by an fp32 matrix of that size (two flops per four
     bytes read: a read). torch's sum reads without fetching ahead, and on the CPUs measured it
     reached less than the kernel; a bound from it alone would be too low."""
-    from gpt1.model import backend
+    from gpt1.inference import backend
 
     x = torch.ones(mib << 18)
     x.sum()

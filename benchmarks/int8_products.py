@@ -12,7 +12,7 @@ perplexity batch), the median time of one product:
   scales go on the output in another pass, and the bias with them);
 * int8 float path: the int8 values multiplied as bf16 and the scales applied after
   (`GPT1_INT8_MATMUL=0`, and where oneDNN's kernel is missing);
-* bf16: the bf16 weight through `fast_cpu.PackedWeight`, what `--precision bf16` runs.
+* bf16: the bf16 weight through `prepack.PackedWeight`, what `--precision bf16` runs.
 
 The systems alternate within each repeat. Weights and activations are random (the speed does
 not depend on their values).
@@ -35,8 +35,8 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpt1.model import backend, quantize  # noqa: E402
-from gpt1.model.fast_cpu import PackedWeight  # noqa: E402
+from gpt1.inference import backend, quantize  # noqa: E402
+from gpt1.inference.prepack import PackedWeight  # noqa: E402
 
 # (name, in, out) for GPT-1: n_embd 768, 3072 inner, 40478 + 3 tokens.
 SHAPES = [

@@ -3,7 +3,7 @@ of one GPT-1 decoding step (one row; each block's four layers, twelve blocks) pe
 this CPU's build (`-march=native`) against another (`GPT1_KERNEL_MARCH`, default `x86-64-v3`:
 the AVX2 + FMA code a laptop runs), alternating.
 
-Each build is made (or found) by `gpt1.model.matvec`'s builder with the target set, so both are
+Each build is made (or found) by `gpt1.inference.matvec`'s builder with the target set, so both are
 the builds `gpt1` itself would load; the first run of a new target compiles it (minutes). The
 two builds' products are checked to agree (fp32 sums in another order) before they are timed;
 figures are the weight bytes read per second, the best of `--repeats`, on this thread's CPU
@@ -26,8 +26,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt1.model import matvec  # noqa: E402
-from gpt1.model.quantize import quantize_rows  # noqa: E402
+from gpt1.inference import matvec  # noqa: E402
+from gpt1.inference.quantize import quantize_rows  # noqa: E402
 
 SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}

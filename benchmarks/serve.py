@@ -178,7 +178,7 @@ def in_process(
 def generate_alone(engine, prompt: list[int], new_tokens: int) -> list[int]:
     """Greedy new tokens for one prompt through the server's decoder (`engine.decoder`, which
     the server's worker thread steps), with no other generation in its batch."""
-    from gpt1.recipes.sampling import Sampling
+    from gpt1.inference.sampling import Sampling
 
     decoder = engine.decoder
     handle = decoder.start(*engine.generation(prompt, Sampling(new_tokens, 0.0, seed=0)))

@@ -8,7 +8,7 @@
   traffic; training uses it as autocast over fp32 weights, inference casts the weights.
   `fp16` is for inference only (training in fp16 would need loss scaling, which gpt1 does not do).
   `int8` is for CPU inference only: int8 weights with per-channel scales, activations in bf16
-  (`gpt1.model.inference`, `gpt1.model.quantize`).
+  (`gpt1.inference.prepared`, `gpt1.inference.quantize`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def _kernel_built_or_off() -> None:
     """No test waits for gpt1's compiled kernel to build (minutes on a loaded machine): where it
     is not built (`make test` builds it first, as `gpt1 kernels build` does), the tests and the
     commands they start use torch's kernels, and the kernel's own tests skip saying so."""
-    from gpt1.model import matvec
+    from gpt1.inference import matvec
 
     if "GPT1_MATVEC" not in os.environ and not matvec.is_built():
         os.environ["GPT1_MATVEC"] = "torch"
@@ -61,8 +61,8 @@ def tinier_config() -> Callable[..., ModelConfig]:
 @pytest.fixture
 def decoding_operators(monkeypatch):
     """Decoding through the blocks as torch modules, never the one-call step
-    (`gpt1.model.block_step`): for tests of the operator path itself."""
-    from gpt1.model import block_step
+    (`gpt1.inference.block_step`): for tests of the operator path itself."""
+    from gpt1.inference import block_step
 
     monkeypatch.setattr(block_step, "plan", lambda model, x: None)
 

@@ -1,4 +1,4 @@
-"""The kernel seam (`gpt1.model.backend`): the environment's switches in their usual spellings
+"""The kernel seam (`gpt1.inference.backend`): the environment's switches in their usual spellings
 (and a bad one refused in one line), the int8 speed check that keeps a slower kernel out, one
 failure memory, and `gpt1 info --kernels`."""
 
@@ -10,9 +10,9 @@ import torch
 from gpt1 import GPT, ModelConfig
 from gpt1.cli import main
 from gpt1.errors import ConfigError
-from gpt1.model import backend, matvec
-from gpt1.model.inference import for_inference
-from gpt1.model.quantize import PackedInt8, int8_linear, quantize_rows
+from gpt1.inference import backend, matvec
+from gpt1.inference.prepared import for_inference
+from gpt1.inference.quantize import PackedInt8, int8_linear, quantize_rows
 
 
 @pytest.mark.parametrize("name", list(backend.SWITCHES))
@@ -176,7 +176,7 @@ def test_plans_are_made_by_for_inference_without_process_wide_hooks():
     users); the plan is made when the model is prepared and checked against what it took."""
     from torch.nn.modules import module as torch_module
 
-    from gpt1.model import block_step
+    from gpt1.inference import block_step
 
     assert not torch_module._global_module_registration_hooks
     assert not torch_module._global_parameter_registration_hooks

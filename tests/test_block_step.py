@@ -1,5 +1,5 @@
-"""One decoding step through every block in one call (`gpt1.model.block_step`, C++ in
-`gpt1/model/kernels/step.cpp`): it gives what the torch operators give, in every precision and
+"""One decoding step through every block in one call (`gpt1.inference.block_step`, C++ in
+`gpt1/inference/kernels/step.cpp`): it gives what the torch operators give, in every precision and
 for every kind of cache, writes the caches as they do, and steps aside wherever it does not
 apply (training, autograd, hooks, a refused model)."""
 
@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gpt1 import GPT, ModelConfig
-from gpt1.model import backend, block_step
-from gpt1.model.decoding import KVCache, SlotPool, decode, forward_cached
-from gpt1.model.fast_cpu import prepack_for_inference
-from gpt1.model.quantize import quantize_int8_
+from gpt1.inference import backend, block_step
+from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached
+from gpt1.inference.prepack import prepack_for_inference
+from gpt1.inference.quantize import quantize_int8_
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -205,7 +205,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(precision, monkeypa
     """Twelve sequences of one pool decoded together (more than one call takes: groups of 8
     and 4) give each sequence the same bits as decoding it alone, and int8 never takes the
     many-row product (which scales all rows' activations together)."""
-    from gpt1.model import quantize
+    from gpt1.inference import quantize
 
     model = _model(precision)
     gen = torch.Generator().manual_seed(3)

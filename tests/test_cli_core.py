@@ -62,7 +62,7 @@ def test_sample_prompt_ids_greedy(ckpt, capsys):
     first = capsys.readouterr().out.split()
     assert len(first) == 10 and first[:3] == ["1", "2", "3"]
     model = load_checkpoint(ckpt).eval()
-    from gpt1.recipes.sample import generate
+    from gpt1.inference.generate import generate
 
     assert [int(t) for t in first] == generate(model, torch.tensor([[1, 2, 3]]), 7, temperature=0)[
         0

@@ -1,4 +1,4 @@
-"""Continuous batching (`gpt1.model.decoding.decode`, `gpt1.recipes.decoder.BatchedDecoder`) gives what
+"""Continuous batching (`gpt1.inference.decoding.decode`, `gpt1.inference.batched.BatchedDecoder`) gives what
 `generate_stream` gives each sequence alone: the same hidden states up to summation order, the
 same greedy and seeded tokens, joining and leaving at any step, past the context too."""
 
@@ -7,10 +7,10 @@ import torch
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model.decoding import KVCache, decode, forward_cached
-from gpt1.model.fast_cpu import prepack_for_inference
-from gpt1.recipes.decoder import BatchedDecoder
-from gpt1.recipes.sample import generate
+from gpt1.inference.batched import BatchedDecoder
+from gpt1.inference.decoding import KVCache, decode, forward_cached
+from gpt1.inference.generate import generate
+from gpt1.inference.prepack import prepack_for_inference
 
 
 def _model(prepacked: bool = False) -> GPT:

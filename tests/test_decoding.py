@@ -1,7 +1,7 @@
-"""Pooled key/value caches (`gpt1.model.decoding`): many sequences' attention in one call per
+"""Pooled key/value caches (`gpt1.inference.decoding`): many sequences' attention in one call per
 layer gives what each sequence's own cache gives, as sequences of different lengths join and
 leave, and the pool hands slots out and frees its memory as it should. These are the operator
-path's tests: the one-call step (`gpt1.model.block_step`) is off here, and
+path's tests: the one-call step (`gpt1.inference.block_step`) is off here, and
 `tests/test_block_step.py` checks it against this path."""
 
 import pytest
@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
-from gpt1.model.decoding import (
+from gpt1.inference.decoding import (
     KVCache,
     LoopStep,
     PooledStep,
@@ -138,7 +138,7 @@ def test_sparse_slots_are_attended_one_by_one():
 
 
 def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
-    from gpt1.recipes.decoder import BatchedDecoder
+    from gpt1.inference.batched import BatchedDecoder
 
     decoder = BatchedDecoder(_model())
     first = decoder.start([1, 2, 3], 4, temperature=0)

@@ -1,4 +1,4 @@
-"""Weight-only int8 inference (`--precision int8`: gpt1.model.quantize, gpt1.model.inference):
+"""Weight-only int8 inference (`--precision int8`: gpt1.inference.quantize, gpt1.inference.prepared):
 the products equal the float products with the rounded weights, every linear layer and the tied
 output layer are quantised, the model still decodes and classifies like its fp32 self, and the
 refusals are one line."""
@@ -13,10 +13,10 @@ from torch import nn
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model import backend, matvec, quantize
-from gpt1.model.heads import FinetuneModel
-from gpt1.model.inference import activation_dtype, for_inference
-from gpt1.model.quantize import (
+from gpt1.inference import backend, matvec, quantize
+from gpt1.inference.generate import generate
+from gpt1.inference.prepared import activation_dtype, for_inference
+from gpt1.inference.quantize import (
     MAX_RELATIVE_ERROR,
     Int8Head,
     Int8Linear,
@@ -26,7 +26,7 @@ from gpt1.model.quantize import (
     quantize_rows,
     quantized_layers,
 )
-from gpt1.recipes.sample import generate
+from gpt1.model.heads import FinetuneModel
 from helpers.tiny import char_vocab
 
 

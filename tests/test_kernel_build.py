@@ -1,4 +1,4 @@
-"""The compiled kernel's build (`gpt1.model.matvec`): keyed by the environment, compiled and
+"""The compiled kernel's build (`gpt1.inference.matvec`): keyed by the environment, compiled and
 proven in child processes, published whole with a checksum; a damaged cached build is rebuilt,
 never loaded; a build or a wait says so on stderr. The compiler is replaced by a fake that
 writes a small file (a real build takes minutes), except where a child really loads a file."""
@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from gpt1.model import backend, matvec
+from gpt1.inference import backend, matvec
 
 try:
     import fcntl

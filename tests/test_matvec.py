@@ -1,4 +1,4 @@
-"""The decoding kernel (`gpt1.model.matvec`: C++ built on first use): its products equal
+"""The decoding kernel (`gpt1.inference.matvec`: C++ built on first use): its products equal
 `F.linear`'s for int8 (with scales), bf16 and fp32 weights, every row count it takes and sizes
 that are not multiples of its blocks; the model paths that use it decode as they do without it;
 and where it cannot be built, one warning and torch's kernels take over."""
@@ -11,10 +11,10 @@ import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model import backend, matvec
-from gpt1.model.inference import for_inference
-from gpt1.model.quantize import int8_linear, quantize_rows
-from gpt1.recipes.sample import generate
+from gpt1.inference import backend, matvec
+from gpt1.inference.generate import generate
+from gpt1.inference.prepared import for_inference
+from gpt1.inference.quantize import int8_linear, quantize_rows
 
 
 @pytest.fixture(scope="module")

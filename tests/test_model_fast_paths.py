@@ -183,7 +183,7 @@ def test_preallocated_kv_cache_equals_concatenation():
     concatenated ones, through buffer growth (past 64 positions) and multi-token chunks (the
     operator path: a cache of another kind, as the concatenating one here, never takes the
     one-call step, and that step is checked in tests/test_block_step.py)."""
-    from gpt1.model.decoding import KVCache, forward_cached
+    from gpt1.inference.decoding import KVCache, forward_cached
 
     torch.manual_seed(0)
     m = GPT(ModelConfig(vocab_size=300, n_positions=160, n_embd=64, n_layer=2, n_head=4)).eval()

@@ -1,4 +1,4 @@
-"""Prepacked inference weights (`gpt1.model.fast_cpu.prepack_for_inference`) compute what the
+"""Prepacked inference weights (`gpt1.inference.prepack.prepack_for_inference`) compute what the
 plain model computes: fp32 up to summation order, bf16 to the bit, and fall back to F.linear
 wherever the packed kernel does not apply (autograd, GPT1_PREPACK=0)."""
 
@@ -11,14 +11,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1 import GPT, ModelConfig
-from gpt1.model.fast_cpu import (
+from gpt1.inference.generate import generate
+from gpt1.inference.prepack import (
     PackedLinear,
     PackedWeight,
     prepack_available,
     prepack_for_inference,
 )
 from gpt1.model.heads import FinetuneModel
-from gpt1.recipes.sample import generate
 
 needs_onednn = pytest.mark.skipif(
     not prepack_available(torch.float32), reason="this torch build has no oneDNN packed linear"

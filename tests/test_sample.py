@@ -6,9 +6,9 @@ from conftest import TINY_MODEL
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.model.decoding import KVCache, forward_cached
+from gpt1.inference.decoding import KVCache, forward_cached
+from gpt1.inference.generate import filter_logits, generate
 from gpt1.recipes.convert import gpt1_to_hf_state
-from gpt1.recipes.sample import filter_logits, generate
 
 # The tiny GPT with a vocabulary (89) and a window (40) of sizes no other dimension has.
 SAMPLING_MODEL = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}
@@ -183,7 +183,7 @@ def test_an_overflowing_temperature_keeps_the_filters():
 def test_the_fast_sampling_path_matches_isfinite_and_argmax(dtype):
     """`all_finite` is `isfinite(...).all()` (NaN, +inf or -inf anywhere, or none), and the
     greedy choice is argmax's, ties included (the first largest)."""
-    from gpt1.recipes.sample import all_finite, next_tokens
+    from gpt1.inference.generate import all_finite, next_tokens
 
     gen = torch.Generator().manual_seed(0)
     rows = torch.randn(4, 40481, generator=gen).mul(3).round().to(dtype)  # many ties

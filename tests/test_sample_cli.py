@@ -46,7 +46,7 @@ def checkpoint(vocab, tmp_path_factory):
 
 
 def test_text_stream_equals_decode(tokenizer):
-    from gpt1.recipes.sample import TextStream
+    from gpt1.inference.generate import TextStream
 
     rng = random.Random(0)
     newline = tokenizer.encode("\n")

@@ -446,7 +446,7 @@ BAD_REQUESTS = [
     ("/v1/generate", {"prompt_ids": [5] * 65}, 422, "64 positions"),
     ("/v1/generate", {"prompt": "a", "stream": "yes"}, 422, "valid boolean"),
     ("/v1/score", {"items": [{"context": "a"}]}, 422, "continuation"),
-    # sampling options out of gpt1's one rule (gpt1.recipes.sampling)
+    # sampling options out of gpt1's one rule (gpt1.inference.sampling)
     ("/v1/generate", {"prompt": "a", "seed": 2**64}, 422, "seed: must be a whole number in"),
     ("/v1/generate", {"prompt": "a", "seed": -1}, 422, "seed: must be a whole number in"),
     # texts with nothing printable, and a bare string where items go

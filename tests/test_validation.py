@@ -630,7 +630,7 @@ def test_evaluate_refuses_nan_outputs():
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_generate_refuses_nan_logits(temperature):
-    from gpt1.recipes.sample import generate
+    from gpt1.inference.generate import generate
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(**ODD_SIZES_MODEL))

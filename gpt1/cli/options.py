@@ -172,7 +172,7 @@ def scoring_settings(args: argparse.Namespace) -> dict:
 
 
 def add_sampling(p: Flags) -> None:
-    """How a continuation is drawn: the fields of `gpt1.recipes.sampling.Sampling`, one flag each."""
+    """How a continuation is drawn: the fields of `gpt1.inference.sampling.Sampling`, one flag each."""
     p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
@@ -185,7 +185,7 @@ def add_sampling(p: Flags) -> None:
 def sampling_settings(args: argparse.Namespace) -> Any:
     """`add_sampling`'s flags as a `Sampling`, checked before anything loads; a refusal names the
     flag (`--top-p must be ...`)."""
-    from gpt1.recipes.sampling import Sampling, SamplingError
+    from gpt1.inference.sampling import Sampling, SamplingError
 
     try:
         return from_flags(Sampling, args)

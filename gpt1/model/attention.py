@@ -1,10 +1,12 @@
-"""Attention, the one seam: every attention the model computes goes through `attention()`.
+"""Attention: every attention the model computes in torch goes through `attention()`.
 
 `attention(q, k, v, attn_mask, dropout_p, is_causal)` is a drop-in for
 `F.scaled_dot_product_attention`. The model's full causal pass (`gpt1.model.gpt`), its passes over
 part of a batch (`gpt1.model.layouts`: right-padded rows, one query per row) and incremental
-decoding over key/value caches (`gpt1.model.decoding`) all call it, so a change to how attention
-is computed (a kernel, a CPU fast path, dropout) reaches every one of them. On the CPU, causal
+decoding over key/value caches (`gpt1.inference.decoding`) all call it, so a change to how attention
+is computed (a kernel, a CPU fast path, dropout) reaches every one of them. The one exception is
+inference's compiled decoding step (`gpt1.inference.block_step`), which computes a new token's
+attention over its cache in C++ and is tested against these passes. On the CPU, causal
 attention with dropout is written out (`gpt1.model.fast_cpu.causal_attention_cpu_train`: SDPA has
 no fused CPU kernel with dropout); everything else is torch's SDPA.
 

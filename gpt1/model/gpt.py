@@ -8,7 +8,7 @@ or compile logic here, and no state kept between calls. Attention goes through o
 (`gpt1.model.attention`), dropout through `gpt1.model.fast_cpu.Dropout` (its CPU fast path);
 activation checkpointing is applied from outside (`gpt1.train.parallelize`). Passes over part of a
 batch (right-padded rows, one position per row) are layouts a block is given
-(`gpt1.model.layouts`); decoding with key/value caches is `gpt1.model.decoding`. Parameter names
+(`gpt1.model.layouts`); decoding with key/value caches is `gpt1.inference.decoding`. Parameter names
 follow GPT-2/HF (`wte`, `wpe`, `h.{i}.attn.c_attn`, ...) so conversion is a rename plus
 transposes.
 """
@@ -93,7 +93,7 @@ class LMOutput(NamedTuple):
 
 
 class HeadKernel(Protocol):
-    """A faster `F.linear` for the tied output layer (`fast_cpu.PackedWeight`, `quantize.Int8Head`)."""
+    """A faster `F.linear` for the tied output layer (`prepack.PackedWeight`, `quantize.Int8Head`)."""
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -115,7 +115,7 @@ class GPT(nn.Module):
         self.drop = Dropout(config.embd_pdrop)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         # The output layer's kernel for inference: None is `F.linear`; prepacking
-        # (`fast_cpu.prepack_for_inference`) and int8 (`quantize.quantize_int8_`) set one.
+        # (`prepack.prepack_for_inference`) and int8 (`quantize.quantize_int8_`) set one.
         self.lm_head_kernel: HeadKernel | None = None
         self.reset_parameters()
 

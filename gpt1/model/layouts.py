@@ -5,7 +5,7 @@ token rows. A layout says which rows those are and what their queries attend to;
 maths stays `GPT`'s own (`Block.forward(x, layout)`):
 
 - `attend(qkv, n_head, dropout_p)`: the attention output `[rows, C]` from the fused q|k|v
-  projection of the rows the block was given, through the one attention seam
+  projection of the rows the block was given, through the attention function
   (`gpt1.model.attention`);
 - `query_rows(x)`: the rows of the block's input that attention answered for (the residual
   stream continues with those);
@@ -15,7 +15,7 @@ maths stays `GPT`'s own (`Block.forward(x, layout)`):
 Two layouts live here, used by `GPT.forward` in training and inference alike: `Unpadded` (the
 real tokens of a right-padded batch, `lengths=`) and `AtPositions` (one query per row in the last
 block, `at=`). Decoding's layouts (new tokens after a key/value cache, one token of each of many
-sequences) live with the caches in `gpt1.model.decoding`.
+sequences) live with the caches in `gpt1.inference.decoding`.
 """
 
 from __future__ import annotations

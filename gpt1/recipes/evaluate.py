@@ -21,8 +21,8 @@ from gpt1 import threads
 from gpt1.checkpoint_files import resolve_checkpoint_dir
 from gpt1.errors import ConfigError, DataError, Gpt1Error
 from gpt1.files import check_output, folder_files, write_json, write_text
+from gpt1.inference.prepared import for_inference
 from gpt1.model.finetuned import load_finetuned_model
-from gpt1.model.inference import for_inference
 from gpt1.recipes import predictions
 from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
 from gpt1.tasks.metrics import compute
@@ -192,7 +192,7 @@ def _task_of(record: dict, name: str | None) -> Task:
 
 def _place(model: Any, device: str, precision: str) -> Any:
     """The model on `device` in `precision` (both may be "auto": see gpt1.devices), ready for
-    inference (`gpt1.model.inference.for_inference`)."""
+    inference (`gpt1.inference.prepared.for_inference`)."""
     return for_inference(model, device, precision)
 
 

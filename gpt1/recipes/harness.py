@@ -10,7 +10,7 @@
 * `loglikelihood_rolling`: the harness's own rolling windows (`get_rolling_token_windows`,
   context length 1), all windows of all documents scored in one `Scorer.score` call.
 * `generate_until`: greedy (or sampled, when a task asks for it) decoding with the key/value
-  cache of `gpt1.recipes.sample.generate_stream`, stopped as soon as a stop string appears in the text.
+  cache of `gpt1.inference.generate.generate_stream`, stopped as soon as a stop string appears in the text.
 
 GPT-1 has no start-of-text token. Where the harness needs a token before the text (an empty
 context, the first rolling window) the adapter uses `prefix_token_id`: by default the token
@@ -41,7 +41,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.files import WriteError, write_failure
-from gpt1.model.inference import for_inference
+from gpt1.inference.prepared import for_inference
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ class Gpt1LM(TemplateLM):
         **ignored: Any,
     ) -> str:
         """One continuation of `context`, cut before the first stop string in `until`."""
-        from gpt1.recipes.sample import TextStream, generate_stream
+        from gpt1.inference.generate import TextStream, generate_stream
 
         stops = [until] if isinstance(until, str) else list(until or [])
         n_new = self._max_gen_toks if max_gen_toks is None else int(max_gen_toks)

@@ -89,8 +89,8 @@ def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
 
 def describe_kernels() -> dict[str, Any]:
     """This CPU's instruction sets and, per product kind and for the decoding step, which
-    implementation runs here and why (`gpt1.model.backend.report`; builds nothing)."""
-    from gpt1.model import backend
+    implementation runs here and why (`gpt1.inference.backend.report`; builds nothing)."""
+    from gpt1.inference import backend
 
     return {
         "isa": backend.isa(),
@@ -101,7 +101,7 @@ def describe_kernels() -> dict[str, Any]:
 def build_kernels() -> tuple[Path, bool]:
     """Build (or find and check) the compiled kernel for this environment: (its folder, whether
     it was built now). Raises ConfigError where it is switched off or cannot be built."""
-    from gpt1.model import backend, matvec
+    from gpt1.inference import backend, matvec
 
     backend.check_environment()
     if backend.switch("GPT1_MATVEC") is False:

@@ -1,16 +1,12 @@
-"""Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
+"""`gpt1 sample`: a checkpoint's tokenizer and model, ready for prompt after prompt.
 
-`generate_stream(model, ids, ...)` is the importable core (one step at a time); `generate` runs it
-to the end; `TextStream` turns the ids into text as they come. `Sampler` holds a loaded checkpoint
-and its tokenizer for prompt after prompt; `sample(checkpoint, ...)` is the one-shot entry point.
-The context is capped at `n_positions`: past that, each step re-reads the last `n_positions`
-tokens (learned positions cannot slide, so the cache is not reused there).
+`Sampler` holds a loaded checkpoint (GPT or the LSTM baseline) and its tokenizer; `sample(checkpoint,
+...)` is the one-shot entry point. The generation itself is `gpt1.inference.generate`.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,173 +16,14 @@ import torch
 
 from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
 from gpt1.devices import resolve_device
-from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.model.decoding import KVCache, forward_cached
-from gpt1.model.gpt import GPT
-from gpt1.model.inference import for_inference
+from gpt1.errors import CheckpointError, ConfigError
+from gpt1.inference.generate import TextStream, check_options, generate, generate_stream
+from gpt1.inference.prepared import for_inference
+from gpt1.inference.sampling import Sampling
 from gpt1.model.memory import ensure_fits
 from gpt1.model.registry import load_any_checkpoint
-from gpt1.recipes.sampling import Sampling
 
 log = logging.getLogger(__name__)
-
-
-def filter_logits(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> torch.Tensor:
-    """Scale by temperature, then keep the top-k and the smallest top-p nucleus (others -inf).
-
-    logits `[B, V]`; same order as transformers (temperature, top-k, top-p), so seeded samples
-    follow the same distribution.
-    """
-    scaled = logits / temperature
-    if not bool(torch.isfinite(scaled).all()):
-        # So small a temperature that logits / temperature overflows (or is 0 in float32):
-        # divide the distances from each row's largest logit instead (softmax, top-k and top-p
-        # are unchanged by the shift), keeping the largest at 0 rather than 0 / 0.
-        shifted = logits - logits.amax(-1, keepdim=True)
-        scaled = torch.where(shifted < 0, shifted / temperature, shifted)
-    logits = scaled
-    if top_k is not None and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p is not None and top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        cum = sorted_logits.softmax(-1).cumsum(-1)
-        # Drop a token when the tokens ranked above it already reach top_p; the first always stays.
-        drop_sorted = (cum - sorted_logits.softmax(-1)) >= top_p
-        drop_sorted[..., 0] = False  # a top_p too small for float32 (1e-50 is 0) drops it too
-        drop = drop_sorted.scatter(-1, order, drop_sorted)
-        logits = logits.masked_fill(drop, float("-inf"))
-    return logits
-
-
-def next_tokens(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """The next token of each row: float logits `[B, V]` -> ids `[B, 1]` (argmax at
-    temperature 0, else a draw from the filtered softmax with `generator`)."""
-    if not all_finite(logits):
-        # Overflow (or damage): multinomial would crash, argmax would pick token 0.
-        raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn from them")
-    if temperature == 0:
-        # max's indices are argmax's (the first largest), from a kernel about 2.5x faster on CPU
-        return logits.max(-1, keepdim=True).indices
-    probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator)
-
-
-def all_finite(x: torch.Tensor) -> bool:
-    """`torch.isfinite(x).all()` in one pass and no temporaries (about 4x faster on a row of
-    40k logits): a NaN anywhere makes both extremes NaN, and an infinity is an extreme."""
-    lo, hi = torch.aminmax(x)
-    return math.isfinite(lo.item()) and math.isfinite(hi.item())
-
-
-def check_options(
-    temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int
-) -> None:
-    """The `Sampling` rules for these options (`gpt1.recipes.sampling`); a `SamplingError`
-    names the field."""
-    Sampling(max_new_tokens, temperature, top_k, top_p)
-
-
-@torch.no_grad()
-def generate(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-) -> torch.Tensor:
-    """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
-
-    `model` is a `GPT` (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM
-    baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
-    temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
-    """
-    if ids.dim() == 1:
-        ids = ids[None]
-    steps = list(
-        generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
-    )
-    return torch.cat([ids.to(model.wte.weight.device), *steps], dim=1)
-
-
-def generate_stream(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-    use_cache: bool = True,
-) -> Iterator[torch.Tensor]:
-    """`generate`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
-
-    The checks run before the first token; the model is in eval mode while the generator runs
-    and restored when it ends (or is closed early).
-    """
-    check_options(temperature, top_k, top_p, max_new_tokens)
-    if ids.dim() == 1:
-        ids = ids[None]
-    check_prompt(model, ids)
-    return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
-
-
-def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
-    """A prompt `[B, T]` has at least one token, all in the model's vocabulary."""
-    if ids.shape[-1] == 0:
-        raise ConfigError("empty prompt: GPT-1 has no start-of-text token; give at least one token")
-    vocab = model.config.vocab_size
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
-        raise ConfigError(f"prompt ids must be in [0, {vocab}), got {ids.min()}..{ids.max()}")
-
-
-def _steps(
-    model: torch.nn.Module,
-    ids: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
-    use_cache: bool,
-) -> Iterator[torch.Tensor]:
-    """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly)."""
-    n_pos = model.config.n_positions
-    was_training = model.training
-    model.eval()
-    device = model.wte.weight.device
-    out = ids.to(device)
-    cache = KVCache(model.config.n_layer, n_pos) if use_cache and isinstance(model, GPT) else None
-    fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
-    try:
-        for _ in range(max_new_tokens):
-            with torch.no_grad():
-                if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                    hidden = forward_cached(model, fresh, cache)[:, -1]
-                else:
-                    cache = None  # past the context: positions shift, re-read the window each step
-                    hidden = model(out[:, -n_pos:])[:, -1]
-                logits = model.lm_logits(hidden).float()  # [B, V]
-            nxt = next_tokens(logits, temperature, top_k, top_p, generator)
-            out = torch.cat([out, nxt], dim=1)
-            fresh = nxt
-            yield nxt
-    finally:
-        model.train(was_training)
 
 
 @dataclass
@@ -204,37 +41,6 @@ def parse_ids(raw: str) -> list[int]:
         raise ConfigError(
             f"--prompt-ids must be integers separated by spaces, got {raw!r}"
         ) from None
-
-
-class TextStream:
-    """Incremental decoding: push token ids, get the text they add; joined with `flush()`, equal
-    to `Tokenizer.decode` of all of them.
-
-    A piece's `</w>` reads as a space unless the piece is the last one, where it is dropped: so
-    a piece's text up to its first `</w>` is released at once, the rest when the next id comes
-    (or, at `flush`, without its `</w>`).
-    """
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
-        self.pending = ""  # the last piece from its first `</w>` on
-
-    def push(self, token: int) -> str:
-        from gpt1.text.tokenizer import EOW
-
-        (piece,) = self.tokenizer.pieces([token])
-        cut = piece.find(EOW)
-        cut = len(piece) if cut < 0 else cut
-        text = self.pending.replace(EOW, " ") + piece[:cut]
-        self.pending = piece[cut:]
-        return text
-
-    def flush(self) -> str:
-        """The end of the text: what is held back, read as the last piece."""
-        from gpt1.text.tokenizer import EOW
-
-        text, self.pending = self.pending.replace(EOW, ""), ""
-        return text
 
 
 def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int, device: str) -> None:

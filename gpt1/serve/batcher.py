@@ -8,7 +8,7 @@ batch runs, so batches grow with load without any waiting; a request alone waits
 
 Generations advance a token per turn, interleaved with batches: between two batches every active
 generation gets its next token from one step of the `Generations` (the engine's continuous
-batching decoder, `gpt1.recipes.decoder.BatchedDecoder`: one forward pass for all of them), so a
+batching decoder, `gpt1.inference.batched.BatchedDecoder`: one forward pass for all of them), so a
 long generation neither blocks classification nor starves, and concurrent generations share the
 cost of reading the weights. At most `max_active_generations` run at once; the rest wait queued
 (predict and score jobs behind them still run), and a generation whose client left is stopped

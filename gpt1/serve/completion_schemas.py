@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from gpt1.recipes.sampling import Sampling
+from gpt1.inference.sampling import Sampling
 from gpt1.serve.schemas import ERROR_RESPONSES, AtMost, FieldError, Text, sampling_rule
 
 Int = Annotated[int, Strict()]
@@ -63,7 +63,7 @@ class CompletionRequest(Closed):
         | Ids
         | Annotated[list[Ids], Field(min_length=1)]
     )
-    # The sampling options follow gpt1's one rule (`gpt1.recipes.sampling`), as in /v1/generate.
+    # The sampling options follow gpt1's one rule (`gpt1.inference.sampling`), as in /v1/generate.
     max_tokens: Annotated[Int, sampling_rule("max_new_tokens"), AtMost("max_new_tokens")] | None = (
         DEFAULT_MAX_TOKENS
     )

@@ -6,7 +6,7 @@ or a pretrained checkpoint (GPT or the LSTM baseline). An `Engine` then
   example types and transformations (`gpt1.tasks.batches.encode_split`), and predicts them with
   `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`;
 - scores continuations with the zero-shot `Scorer` (`gpt1.zeroshot.scorer`);
-- generates with `gpt1.recipes.decoder.BatchedDecoder` (continuous batching: concurrent
+- generates with `gpt1.inference.batched.BatchedDecoder` (continuous batching: concurrent
   generations share forward passes), which chooses tokens as `gpt1 sample` does.
 All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 """
@@ -21,9 +21,9 @@ from typing import Any, NamedTuple
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.inference.prepared import for_inference
+from gpt1.inference.sampling import Sampling
 from gpt1.model.finetuned import TASK_FILE
-from gpt1.model.inference import for_inference
-from gpt1.recipes.sampling import Sampling
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
@@ -71,8 +71,8 @@ class Engine:
         record: dict | None = None,
         precision: str = "fp32",
     ):
+        from gpt1.inference.batched import BatchedDecoder
         from gpt1.model.checkpoint import trained_context
-        from gpt1.recipes.decoder import BatchedDecoder
         from gpt1.zeroshot.scorer import Scorer
 
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer

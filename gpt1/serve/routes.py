@@ -199,9 +199,9 @@ async def _events(
     engine: Engine, prompt: list[int], tokens: AsyncIterator[int]
 ) -> AsyncGenerator[str, None]:
     """Server-sent events: one `data: {"id", "text"}` per token (`text` is what it adds to the
-    decoded continuation, decoded incrementally: `gpt1.recipes.sample.TextStream`), then
+    decoded continuation, decoded incrementally: `gpt1.inference.generate.TextStream`), then
     `data: {"done": true, "text", "ids", "prompt_ids"}`."""
-    from gpt1.recipes.sample import TextStream
+    from gpt1.inference.generate import TextStream
 
     ids: list[int] = []
     text = TextStream(engine.tokenizer) if engine.tokenizer is not None else None

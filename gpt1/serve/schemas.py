@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic_core import CoreSchema, PydanticKnownError, core_schema
 
-from gpt1.recipes.sampling import Sampling, problem
+from gpt1.inference.sampling import Sampling, problem
 
 DEFAULTS = Sampling()  # gpt1 sample's defaults, /v1/generate's too
 
@@ -128,7 +128,7 @@ Number = Annotated[float, Strict()]  # a sampling option's: Infinity and NaN are
 
 def sampling_rule(name: str) -> AfterValidator:
     """`Annotated[T, sampling_rule("top_p")]`: the `Sampling` rule of that option
-    (`gpt1.recipes.sampling`), the one `gpt1 sample` and both HTTP protocols apply; its problem
+    (`gpt1.inference.sampling`), the one `gpt1 sample` and both HTTP protocols apply; its problem
     is pydantic's error at the field, so the field is named as the client sent it."""
 
     def check(value: Any) -> Any:

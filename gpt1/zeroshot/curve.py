@@ -19,13 +19,13 @@ import torch
 from gpt1.devices import resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, DataError
 from gpt1.files import OutputExists, write_json, write_text
+from gpt1.inference.prepared import for_inference
 from gpt1.model.checkpoint import (
     resolve_checkpoint_dir,
     run_checkpoints,
     tokenizer_dir_of,
     trained_context,
 )
-from gpt1.model.inference import for_inference
 from gpt1.model.registry import load_any_checkpoint
 from gpt1.text.tokenizer import Tokenizer
 from gpt1.train.telemetry import save_figure

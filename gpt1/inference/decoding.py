@@ -8,7 +8,7 @@ running `GPT`'s own blocks with a layout (`gpt1.model.layouts`) whose attention 
   the cache grows by T (a prompt, or the next token of one sequence);
 - `decode(model, ids, caches)`: the next token of each of n independent sequences, each with its
   own cache, in one pass; `decode_step(caches)` decides how their attention runs:
-  - caches from one `SlotPool` (what `gpt1.recipes.decoder.BatchedDecoder` uses): every
+  - caches from one `SlotPool` (what `gpt1.inference.batched.BatchedDecoder` uses): every
     sequence's keys and values live in one `[slots, H, capacity, D]` buffer pair per layer, so
     the new keys are written with one indexed copy and attention over all the sequences, of
     different lengths, is one call with a padding mask (`PooledStep`);
@@ -19,7 +19,7 @@ steps give the per-sequence results up to the summation order of the attention k
 (`tests/test_decoding.py`).
 
 A pass of one new token per row (every step after the prompt, in both passes) first offers the
-rows to `gpt1.model.block_step`: where it applies (inference, AVX2 or AVX-512; see there),
+rows to `gpt1.inference.block_step`: where it applies (inference, AVX2 or AVX-512; see there),
 all blocks run in one C++ call that reads and writes the same cache buffers, and the layers
 above do not run. Its results equal theirs up to summation order (`tests/test_block_step.py`).
 """
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpt1.model import backend, block_step, matvec
+from gpt1.inference import backend, block_step, matvec
 from gpt1.model.attention import attention, merge_heads, split_heads
 
 if TYPE_CHECKING:
@@ -360,7 +360,7 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
     `forward_cached(model, ids[r].view(1, 1), caches[r])[0, -1]` gives, up to the summation
     order of the larger matrix products.
 
-    Where the one-call step applies (`gpt1.model.block_step`), rows go through it in groups of
+    Where the one-call step applies (`gpt1.inference.block_step`), rows go through it in groups of
     up to `matvec.MAX_ROWS`, each group reading the weights once: each row's result is then the
     same bits whichever rows share its step (int8 never takes the many-row product, which
     quantises the activations of all the rows with one scale).
@@ -404,7 +404,7 @@ def _one_call_step(
     model: GPT, x: torch.Tensor, caches: list[KVCache], rows: list[int]
 ) -> torch.Tensor | None:
     """x `[R, C]`, one new token of each row (row r at index `rows[r]` of `caches[r]`'s buffers;
-    a cache may hold several rows) through every block in one call (`gpt1.model.block_step`),
+    a cache may hold several rows) through every block in one call (`gpt1.inference.block_step`),
     each cache growing by one; None, with the caches unchanged, where that does not apply."""
     step = block_step.plan(model, x)
     if step is None:

@@ -8,7 +8,7 @@ fp32 checkpoint and deterministic. Activations are in a float type (bf16 where t
 instructions, else fp32) between the products, and every product returns that type.
 
 For a few rows (decoding) only the weights are rounded: the kernel is gpt1's own
-(`gpt1.model.matvec`: C++ built on first use, reading each int8 weight once for up to 8 rows
+(`gpt1.inference.matvec`: C++ built on first use, reading each int8 weight once for up to 8 rows
 and multiplying it by the float activations in fp32), or torch's fused
 `aten._weight_int8pack_mm` where ours cannot be built; neither makes a dequantised copy of a
 weight, so a product reads one byte per weight.
@@ -26,7 +26,7 @@ over the output) and no less accurate on the model measured (docs/results.md, "i
 inference"); a row's result depends on the largest activation in its batch, so the same
 sentence can score a little differently in another batch. The activations go to oneDNN as
 signed bytes, or as unsigned bytes with zero point 128 (the same integers), whichever this CPU
-has a real kernel for: `gpt1.model.backend` times both against the float path once per process
+has a real kernel for: `gpt1.inference.backend` times both against the float path once per process
 (oneDNN's reference kernel, which it falls back to for signed bytes on CPUs with VNNI but no
 AMX, is about a thousand times slower). Where that kernel does not apply or is slower (autograd,
 a non-finite activation, a torch build without it, after it failed once, with a warning;
@@ -49,8 +49,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.errors import ConfigError
-from gpt1.model import backend, matvec
-from gpt1.model.fast_cpu import MadeFrom
+from gpt1.inference import backend, matvec
+from gpt1.inference.prepack import MadeFrom
 
 # The rounding error (`relative_error`, the worst row of a layer) above which a layer is refused.
 # Measured on random [2304, 768] matrices: Gaussian rows 1.2%, Laplace 2.5%, Student-t with 4
@@ -102,7 +102,7 @@ def int8_linear(
     The few-row kernels win where reading the weights is the cost and lose on many rows (a
     classification batch, a prompt), where the work is the multiplications. Which inputs are "a
     few rows" is `matvec.applies`, the rule the float weights' products follow too. The few-row
-    kernel is gpt1's own (`gpt1.model.matvec`), or torch's `_weight_int8pack_mm` where ours
+    kernel is gpt1's own (`gpt1.inference.matvec`), or torch's `_weight_int8pack_mm` where ours
     cannot be built (that one reads the weights once per row and needs K to be a multiple of
     16). The many-row int8 product is `PackedInt8.linear`; where it does not apply (autograd,
     no oneDNN int8 kernel) one float matrix product over the int8 values (exact in bf16) does
@@ -147,7 +147,7 @@ class PackedInt8:
     them), and the two scales and the bias are applied inside the kernel, which writes x's dtype.
 
     The copy is made on first use and remade whenever `q` is not the tensor it was made from
-    (`fast_cpu.MadeFrom`: another storage, dtype or shape, or changed in place). `linear` returns None where it does not
+    (`prepack.MadeFrom`: another storage, dtype or shape, or changed in place). `linear` returns None where it does not
     apply (autograd, another device or dtype, a non-finite x, no oneDNN int8 kernel, or the
     kernel failed once: then it is not tried again in this process); the caller then takes the
     float path, which gives the same numbers up to the activations' rounding."""
@@ -291,7 +291,7 @@ class Int8Head:
 
 def quantize_int8_(model: nn.Module, act_dtype: torch.dtype) -> nn.Module:
     """Quantise `model` in place (also returned) for inference: every `nn.Linear` (and subclass,
-    such as fast_cpu's `PackedLinear`) becomes an `Int8Linear`, and a model with a tied output
+    such as prepack's `PackedLinear`) becomes an `Int8Linear`, and a model with a tied output
     layer (`lm_weight`) gets an `Int8Head` as its `lm_head_kernel`. The model must already be on
     the CPU in `act_dtype`. Raises ConfigError, changing nothing, where a layer would lose too
     much (see `MAX_RELATIVE_ERROR`)."""

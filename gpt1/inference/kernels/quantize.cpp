@@ -1,5 +1,5 @@
 // Activations to int8 with one scale for the whole tensor (symmetric, the largest magnitude to
-// 127), for int8 x int8 products of many rows (`gpt1/model/quantize.py`).
+// 127), for int8 x int8 products of many rows (`gpt1/inference/quantize.py`).
 //
 // Written out in torch operators this is four passes over the activations (the largest
 // magnitude, the scaling, the rounding, the conversion), 0.3-1.4 ms for a product of GPT-1's

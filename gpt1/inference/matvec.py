@@ -19,7 +19,7 @@ stderr naming the folder. The folder is in torch's extension folder (`TORCH_EXTE
 under a name that digests the sources and `build_key()`: the CPU's feature flags, torch's
 version and install path, the compiler and its version, and the flags; two environments keep
 one build each. A build is compiled and proven in child processes and published whole, with a
-checksum that every later load checks (`_build`). `gpt1.model.backend` decides whether the
+checksum that every later load checks (`_build`). `gpt1.inference.backend` decides whether the
 kernel runs (where it cannot be built: one warning, then torch's kernels, slower, the same
 maths); `GPT1_MATVEC=torch` chooses torch's kernels without building.
 """
@@ -154,9 +154,9 @@ def _sha256(path: Path) -> str:
 
 @functools.cache
 def module():
-    """gpt1's compiled module (`matvec`; `decode_step`, used by `gpt1.model.block_step`;
-    `quantize_per_tensor`, used by `gpt1.model.quantize`), built here if it is not published
-    yet. Raises where it cannot be built or loaded (`gpt1.model.backend` decides what then)."""
+    """gpt1's compiled module (`matvec`; `decode_step`, used by `gpt1.inference.block_step`;
+    `quantize_per_tensor`, used by `gpt1.inference.quantize`), built here if it is not published
+    yet. Raises where it cannot be built or loaded (`gpt1.inference.backend` decides what then)."""
     return _build()
 
 

@@ -1,9 +1,9 @@
 """Making a loaded model ready for inference, the same way for every command that runs one.
 
 `for_inference(model, device, precision)` places and casts the model, switches it to eval,
-quantises it for `--precision int8` (`gpt1.model.quantize`), prepacks the CPU weights
-(`gpt1.model.fast_cpu.prepack_for_inference`) and plans the one-call decoding step
-(`gpt1.model.block_step.prepare`); which kernels run is `gpt1.model.backend`'s decision. serve, sample, evaluate, predict, zeroshot and
+quantises it for `--precision int8` (`gpt1.inference.quantize`), prepacks the CPU weights
+(`gpt1.inference.prepack.prepack_for_inference`) and plans the one-call decoding step
+(`gpt1.inference.block_step.prepare`); which kernels run is `gpt1.inference.backend`'s decision. serve, sample, evaluate, predict, zeroshot and
 lm-eval all call it, so a precision means the same thing in each.
 
 Precisions (`gpt1.devices`): fp32, bf16 and fp16 cast weights and activations; `int8` stores
@@ -11,7 +11,7 @@ every linear layer's weight and the tied output layer in int8 with per-channel s
 the activations in bf16 where the CPU has bf16 instructions (fp32 elsewhere); products of many
 rows quantise the activations to int8 as well (one scale per tensor). int8 is a CPU
 precision: on a GPU it is refused with one line, as it is for the LSTM baseline (no linear
-layers to speak of) and for weights it would damage (`gpt1.model.quantize`).
+layers to speak of) and for weights it would damage (`gpt1.inference.quantize`).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from torch import nn
 
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError
-from gpt1.model import backend, block_step
-from gpt1.model.backend import cpu_has_bf16
-from gpt1.model.fast_cpu import prepack_for_inference
-from gpt1.model.quantize import quantize_int8_
+from gpt1.inference import backend, block_step
+from gpt1.inference.backend import cpu_has_bf16
+from gpt1.inference.prepack import prepack_for_inference
+from gpt1.inference.quantize import quantize_int8_
 
 
 def activation_dtype(precision: str, device: torch.device) -> torch.dtype:

@@ -1,4 +1,4 @@
-// The extension module gpt1 builds on first use (`gpt1/model/matvec.py`).
+// The extension module gpt1 builds on first use (`gpt1/inference/matvec.py`).
 #include "products.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

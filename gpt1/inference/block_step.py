@@ -1,4 +1,4 @@
-"""Every block of one decoding step in one call (`kernels/step.cpp`, built with `gpt1.model.matvec`).
+"""Every block of one decoding step in one call (`kernels/step.cpp`, built with `gpt1.inference.matvec`).
 
 Decoding one token of the 117M model through the blocks as torch operators is about 150 small
 operators and the Python between them: 2.7-4 ms a token on a 2-core server, as long as reading
@@ -8,14 +8,14 @@ GELU as vector loops, one call for all blocks. With bf16 activations it rounds e
 to bf16 where the operators would, so it computes the operators' numbers up to the order of
 summation (`tests/test_block_step.py`).
 
-`plan(model, x)` says whether it applies and holds what it needs: `gpt1.model.backend` offers the
+`plan(model, x)` says whether it applies and holds what it needs: `gpt1.inference.backend` offers the
 step (the kernel is built, for AVX-512 or AVX2 with FMA; else `None`: the operators run), no autograd, eval mode,
 fp32 or bf16 activations, up to `matvec.MAX_ROWS` rows, GPT-1's own blocks with plain,
 prepacked or int8 linear layers, and no forward hooks on the blocks or their layers (a hook
 would not see the step). A model's plan is made when `for_inference` prepares it (`prepare`; or
 on first use) and kept while it is current: every module and tensor it took is still where it
 took it from (the same object registered under the same name) and still the tensor it was
-(`fast_cpu.MadeFrom`: the same storage, dtype and shape). Otherwise it is remade: swapping a
+(`prepack.MadeFrom`: the same storage, dtype and shape). Otherwise it is remade: swapping a
 layer, as quantising does, or assigning a new weight is seen at the next step (an identity test
 per entry), and a tensor whose storage was swapped underneath (`model.to(...)`) when the kernel
 refuses it, without any process-wide hook. Weights changed in place are read as they are.
@@ -32,9 +32,9 @@ import torch
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from gpt1.model import backend, matvec
-from gpt1.model.fast_cpu import MadeFrom, PackedLinear
-from gpt1.model.quantize import Int8Linear
+from gpt1.inference import backend, matvec
+from gpt1.inference.prepack import MadeFrom, PackedLinear
+from gpt1.inference.quantize import Int8Linear
 
 if TYPE_CHECKING:
     from gpt1.model.gpt import GPT

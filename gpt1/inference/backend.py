@@ -4,14 +4,14 @@ one place that decides.
 The kinds (`KINDS`) and their candidates:
 
 - `few rows` (up to `matvec.MAX_ROWS` rows: decoding, fp32/bf16/int8 weights): gpt1's compiled
-  kernel (`gpt1.model.matvec`), else torch's (oneDNN's packed product, `F.linear`, or
+  kernel (`gpt1.inference.matvec`), else torch's (oneDNN's packed product, `F.linear`, or
   `_weight_int8pack_mm` for int8);
 - `many rows fp32/bf16` (prompts, classification batches): oneDNN's prepacked product
-  (`fast_cpu.PackedWeight`), else `F.linear`;
+  (`prepack.PackedWeight`), else `F.linear`;
 - `many rows int8`: oneDNN's int8 product (`quantize.PackedInt8`) with the activations as signed
   or as unsigned bytes (whichever this CPU has a real kernel for), else one float product over
   the int8 values;
-- `decoding step`: every block of a step in one call (`gpt1.model.block_step`), else the blocks
+- `decoding step`: every block of a step in one call (`gpt1.inference.block_step`), else the blocks
   as torch operators.
 
 What the process can use is found out once and kept: the kernel's build (`kernel_module`),
@@ -46,7 +46,7 @@ from pathlib import Path
 import torch
 
 from gpt1.errors import ConfigError
-from gpt1.model import matvec
+from gpt1.inference import matvec
 
 KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step")
 _ON, _OFF = ("1", "on", "true"), ("0", "off", "false")

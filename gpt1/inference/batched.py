@@ -5,10 +5,10 @@ bandwidth and n concurrent sequences decoded one by one cost n reads of the weig
 `BatchedDecoder` runs each new sequence's prompt through the model on its own (filling its own
 key/value cache), then advances every sequence that is past its prompt in one `decode` call and
 one output-layer product: the weights are read once per step for all of them. Their keys and
-values share one `SlotPool` (`gpt1.model.decoding`), so each layer's attention over all of them,
+values share one `SlotPool` (`gpt1.inference.decoding`), so each layer's attention over all of them,
 of different lengths, is one call too. Sequences join and leave between steps.
 
-Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.recipes.sample.next_tokens`, with
+Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.inference.generate.next_tokens`, with
 each sequence's own options and random generator), so a sequence decoded alone gives
 `generate_stream`'s tokens bit for bit. Decoded with others, its logits can differ from a lone
 run's in the last float digits (a matrix product over more rows may sum in another order).
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt1.model.decoding import KVCache, SlotPool, decode, forward_cached
+from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached
+from gpt1.inference.generate import check_options, check_prompt, next_tokens
 from gpt1.model.gpt import GPT
-from gpt1.recipes.sample import check_options, check_prompt, next_tokens
 
 
 @dataclass(eq=False)
