@@ -15,6 +15,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from typing import Any
 
 from gpt1.errors import ConfigError
@@ -719,7 +720,21 @@ FINETUNE_TRAIN: dict[str, Any] = {
 
 
 # ------------------------------------------------------------------ fine-tuned task record
-TASK_KINDS = ("single", "pair", "similarity", "choice")
+class TaskKind(str, Enum):
+    """A fine-tuned task's kind: which of the paper's input transformations (Figure 1) its
+    examples take and which head reads them. The one definition: task readers, heads, task
+    records and exports all name kinds by these values (a member equals its string)."""
+
+    SINGLE = "single"  # one text: classification
+    PAIR = "pair"  # two texts with a delimiter: entailment
+    SIMILARITY = "similarity"  # two texts in both orders, summed
+    CHOICE = "choice"  # a context and each answer, a softmax over the answers
+
+    __str__ = str.__str__  # messages and JSON show the value, never `TaskKind.PAIR`
+    __format__ = str.__format__
+
+
+TASK_KINDS = tuple(kind.value for kind in TaskKind)
 MAX_OUTPUTS = 2**20  # classes of one head; far beyond any task, far below a runaway head
 
 

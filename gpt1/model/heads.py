@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpt1.config import TASK_KINDS as KINDS
+from gpt1.config import TaskKind
 from gpt1.model.gpt import GPT
-
-KINDS = ("single", "pair", "similarity", "choice")
 
 
 def extract_positions(ids: torch.Tensor, classify_id: int) -> torch.Tensor:
@@ -61,13 +61,13 @@ class TaskHead(nn.Module):
         if kind not in KINDS:
             raise ValueError(f"unknown head kind {kind!r}")
         self.kind, self.pdrop, self.n_outputs = kind, pdrop, n_outputs
-        self.linear = nn.Linear(n_embd, 1 if kind == "choice" else n_outputs)
+        self.linear = nn.Linear(n_embd, 1 if kind == TaskKind.CHOICE else n_outputs)
         nn.init.normal_(self.linear.weight, std=std)
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         h = shared_dropout(states, self.pdrop, self.training)  # [B, K, C]
-        if self.kind == "choice":
+        if self.kind == TaskKind.CHOICE:
             return self.linear(h).squeeze(-1)  # [B, K]
         if self.kind == "similarity":
             h = h.sum(dim=1)  # both orders added: [B, C]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gpt1.config import TASK_KINDS, TaskKind
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
 from gpt1.tasks.rows import (
@@ -27,12 +28,12 @@ from gpt1.tasks.rows import (
     text_field,
 )
 
-KINDS = ("single", "pair", "similarity", "choice")
+KINDS = TASK_KINDS
 ROLES = {
-    "single": ("text",),
-    "pair": ("a", "b"),
-    "similarity": ("a", "b"),
-    "choice": ("context", "choices"),
+    TaskKind.SINGLE: ("text",),
+    TaskKind.PAIR: ("a", "b"),
+    TaskKind.SIMILARITY: ("a", "b"),
+    TaskKind.CHOICE: ("context", "choices"),
 }
 
 

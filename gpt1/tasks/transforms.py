@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt1.config import TaskKind
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, TextExample
 
 
@@ -109,14 +110,14 @@ def transform(
     question_delimiter: bool = False,
 ) -> list[list[int]]:
     """The K id sequences of `example` for a task of `kind`; `encode(text) -> list[int]`."""
-    if kind == "single":
+    if kind == TaskKind.SINGLE:
         assert isinstance(example, TextExample)
         return single(encode(example.text), ids, n_ctx)
-    if kind in ("pair", "similarity"):
+    if kind in (TaskKind.PAIR, TaskKind.SIMILARITY):
         assert isinstance(example, PairExample)
-        fn = pair if kind == "pair" else similarity
+        fn = pair if kind == TaskKind.PAIR else similarity
         return fn(encode(example.a), encode(example.b), ids, n_ctx)
-    if kind == "choice":
+    if kind == TaskKind.CHOICE:
         assert isinstance(example, ChoiceExample)
         question = encode(example.question) if example.question.strip() else []
         return choice(
