@@ -1,6 +1,10 @@
 """Time to the first streamed token: the playground page in headless Chromium against a Python
 client (httpx, kept-alive connection) on the same `gpt1 serve`, requests taken in turns.
 
+Two more rows say where the page's extra time goes: the same streamed request made by a bare
+`fetch` loop in the same tab (the browser's transport without the page's code), and the
+transport's floor, a GET of /health (no model work) from the tab against httpx.
+
 A random GPT with a character vocabulary: the tests' tiny one (`--size tiny`) or GPT-1's shape
 (`--size gpt1`: 12 layers of 768); greedy, 8 new tokens, prompt "the old man". Prints the
 medians side by side. Needs Playwright and the system's Chromium (`apt-get install chromium`).
@@ -15,6 +19,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -22,12 +27,48 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from test_playground import CHROMIUM_FLAGS, Page, api_first_token_ms, gpt1_serve  # noqa: E402
+from test_playground import (  # noqa: E402
+    CHROMIUM_FLAGS,
+    MAX_LOGPROBS,
+    PROMPT,
+    Page,
+    api_first_token_ms,
+    gpt1_serve,
+)
 from test_serve import tiny_lm  # noqa: E402
 
 from helpers.tiny import char_vocab  # noqa: E402
 
 SIZES = {"tiny": {}, "gpt1": {"n_embd": 768, "n_layer": 12, "n_head": 12}}
+
+# The page's request, made by a bare fetch loop: milliseconds to the first event with text.
+BARE_FETCH_TTFT = """async ([prompt, maxTokens, logprobs]) => {
+  const body = {prompt, max_tokens: maxTokens, temperature: 0, stream: true, logprobs};
+  const t0 = performance.now();
+  const r = await fetch("/v1/completions", {method: "POST",
+    headers: {"Content-Type": "application/json"}, body: JSON.stringify(body)});
+  const reader = r.body.getReader(), decoder = new TextDecoder();
+  let first = null, buffer = "";
+  for (;;) {
+    const {done, value} = await reader.read();
+    if (done) return first;
+    buffer += decoder.decode(value, {stream: true});
+    if (first === null && /"text": ?"[^"]/.test(buffer)) first = performance.now() - t0;
+  }
+}"""
+
+# The transport's floor: a GET answered without the model, read to its end.
+BARE_FETCH_HEALTH = """async () => {
+  const t0 = performance.now();
+  await (await fetch("/health")).text();
+  return performance.now() - t0;
+}"""
+
+
+def health_ms(client: httpx.Client, url: str) -> float:
+    start = time.perf_counter()
+    client.get(f"{url}/health").read()
+    return 1000 * (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -46,16 +87,26 @@ def main() -> None:
         page = Page(pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS), url)
         api_first_token_ms(client, url, 8)  # warm both paths once
         page.complete(8, 0)
-        in_page, api = [], []
+        rows: dict[str, list[float]] = {k: [] for k in ("page", "bare", "api", "hb", "ha")}
         for _ in range(args.repeats):
             page.complete(8, 0)
-            in_page.append(page.js("playground.ttftMs"))
-            api.append(api_first_token_ms(client, url, 8))
-    page_ms, api_ms = statistics.median(in_page), statistics.median(api)
-    print(f"size {args.size}, median of {args.repeats} greedy requests each")
-    print(f"  first token, page (Chromium): {page_ms:7.1f} ms")
-    print(f"  first token, API (httpx):     {api_ms:7.1f} ms")
-    print(f"  ratio page / API:             {page_ms / api_ms:7.2f}")
+            rows["page"].append(page.js("playground.ttftMs"))
+            rows["bare"].append(page.tab.evaluate(BARE_FETCH_TTFT, [PROMPT, 8, MAX_LOGPROBS]))
+            rows["api"].append(api_first_token_ms(client, url, 8))
+            rows["hb"].append(page.tab.evaluate(BARE_FETCH_HEALTH))
+            rows["ha"].append(health_ms(client, url))
+    m = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"size {args.size}, median of {args.repeats} greedy requests each, taken in turns")
+    print(f"  first token, page (Chromium):       {m['page']:7.1f} ms")
+    print(f"  first token, bare fetch (Chromium): {m['bare']:7.1f} ms")
+    print(f"  first token, API (httpx):           {m['api']:7.1f} ms")
+    print(f"  GET /health, Chromium:              {m['hb']:7.1f} ms")
+    print(f"  GET /health, httpx:                 {m['ha']:7.1f} ms")
+    print(f"  ratio page / API:                   {m['page'] / m['api']:7.2f}")
+    print(f"  ratio bare fetch / API:             {m['bare'] / m['api']:7.2f}")
+    floor = m["hb"] - m["ha"]
+    print(f"  the browser's transport adds:       {floor:7.1f} ms a request (/health)")
+    print(f"  page / (API + that):                {m['page'] / (m['api'] + floor):7.2f}")
 
 
 if __name__ == "__main__":
