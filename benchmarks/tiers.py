@@ -8,8 +8,12 @@ every library at once:
 * avx512: AVX-512 without AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, `CT2_FORCE_CPU_ISA=AVX512`);
 * avx2: a laptop's AVX2 + FMA (`ONEDNN_MAX_CPU_ISA=AVX2`, `ATEN_CPU_CAPABILITY=avx2`,
   `CT2_FORCE_CPU_ISA=AVX2`, gpt1's kernel built for `GPT1_KERNEL_MARCH=x86-64-v3`);
-* no-kernel: gpt1 without its compiled kernel (`GPT1_MATVEC=torch`), torch's operators only;
-  CTranslate2 is the host's (not run again).
+* no-kernel: gpt1 without its compiled kernel (`GPT1_MATVEC=torch`): oneDNN's packed and int8
+  products where they are faster, torch's operators elsewhere; CTranslate2 is the host's (not
+  run again);
+* torch-ops: every gpt1 fast path switched off (`GPT1_MATVEC=torch GPT1_PREPACK=0
+  GPT1_INT8_MATMUL=0`): torch's own operators, the floor the no-kernel tier may never fall
+  below (its table ends with the no-kernel tier's rate over this one's, per precision).
 
 Each (tier, system) runs `benchmarks/generate_alone.py --json` in a child process with the
 tier's environment: 128 new tokens after 32 (random weights, the seed of
@@ -51,11 +55,18 @@ TIERS: dict[str, dict[str, str]] = {
         "GPT1_KERNEL_MARCH": "x86-64-v3",
     },
     "no-kernel": {"GPT1_MATVEC": "torch"},
+    "torch-ops": {"GPT1_MATVEC": "torch", "GPT1_PREPACK": "0", "GPT1_INT8_MATMUL": "0"},
 }
 GPT1 = ("gpt1:fp32", "gpt1:bf16", "gpt1:int8")
 CT2 = ("ct2:float32", "ct2:int8")
 # The CTranslate2 figures a tier is compared with: its own, or the host's where CT2 is not capped.
-CT2_FROM = {"host": "host", "avx512": "avx512", "avx2": "avx2", "no-kernel": "host"}
+CT2_FROM = {
+    "host": "host",
+    "avx512": "avx512",
+    "avx2": "avx2",
+    "no-kernel": "host",
+    "torch-ops": "host",
+}
 
 BANDWIDTH = (
     "import sys, json, torch; sys.path.insert(0, {here!r}); from inference import read_bandwidth; "
@@ -158,6 +169,18 @@ def main() -> None:
         ct2 = {s: r for s, r in results.get(ct2_tier, {}).items() if s in CT2}
         print(f"\n### {tier} ({json.dumps(TIERS[tier])})\n")
         print(table(tier, results[tier], ct2, bandwidth["bandwidth"]))
+    if "no-kernel" in results and "torch-ops" in results:
+        print("\nno-kernel / torch-ops (never below 1.00x):", floor_ratios(results))
+
+
+def floor_ratios(results: dict[str, dict]) -> str:
+    """Each gpt1 precision's rate without the kernel over its rate on torch's own operators."""
+    pairs = []
+    for system in GPT1:
+        fast, plain = results["no-kernel"].get(system), results["torch-ops"].get(system)
+        if fast and plain:
+            pairs.append(f"{system[5:]} {fast['tokens_per_s'] / plain['tokens_per_s']:.2f}x")
+    return ", ".join(pairs)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The kernel seam (`gpt1.inference.backend`): the environment's switches in their usual spellings
-(and a bad one refused in one line), the int8 speed check that keeps a slower kernel out, one
-failure memory, and `gpt1 info --kernels`."""
+(and a bad one refused in one line), the int8 and float speed checks that keep a slower kernel
+out, one failure memory, and `gpt1 info --kernels`."""
 
 import warnings
 
@@ -116,6 +116,61 @@ def test_the_probe_times_every_path_once_per_cpu(monkeypatch, tmp_path):
         assert getattr(probe, probe.choice) <= probe.float_path
 
 
+def _float_probe(few: tuple[float, float], many: tuple[float, float]) -> backend.FloatProbe:
+    """A probe with fp32's [packed, plain] times for a few rows and for many."""
+    return backend.FloatProbe({"float32": {"few": list(few), "many": list(many)}})
+
+
+@pytest.mark.skipif(not backend.onednn_packs(torch.float32), reason="no oneDNN packing here")
+@pytest.mark.parametrize("rows", [1, 64])
+def test_the_packed_float_product_never_runs_where_f_linear_is_faster(rows, monkeypatch):
+    """Without gpt1's kernel, a product runs on oneDNN's packed copy only where the probe found
+    it not slower than F.linear, for that many rows; GPT1_PREPACK=1 packs regardless."""
+    from gpt1.inference.prepack import PackedWeight
+
+    monkeypatch.setenv("GPT1_MATVEC", "torch")
+    monkeypatch.delenv("GPT1_PREPACK", raising=False)
+    x, w = torch.randn(rows, 32), torch.randn(48, 32)
+    fast, slow = (1.0, 2.0), (2.0, 1.0)  # [packed, plain] seconds
+    for few, many, packs in [(slow, fast, rows == 64), (fast, slow, rows == 1), (fast, fast, True)]:
+        monkeypatch.setattr(
+            backend, "float_probe", lambda few=few, many=many: _float_probe(few, many)
+        )
+        kernel = PackedWeight()
+        with torch.inference_mode():
+            out = kernel.linear(x, w, None)
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, w), rtol=1e-5, atol=1e-5)
+        assert (kernel._packed is not None) == packs, (few, many)
+    monkeypatch.setattr(backend, "float_probe", lambda: _float_probe(slow, slow))
+    monkeypatch.setenv("GPT1_PREPACK", "1")
+    kernel = PackedWeight()
+    with torch.inference_mode():
+        kernel.linear(x, w, None)
+    assert kernel._packed is not None  # forced on
+    assert backend.packed_is_faster(torch.bfloat16, few_rows=True)  # unmeasured: the default
+
+
+@pytest.mark.skipif(not backend.onednn_packs(torch.float32), reason="no oneDNN packing here")
+def test_the_float_probe_times_both_paths_once_per_cpu(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    backend.float_probe.cache_clear()
+    try:
+        probe = backend.float_probe()
+        for rows in ("few", "many"):
+            packed, plain = probe.times["float32"][rows]
+            assert 0 < packed < 1 and 0 < plain < 1  # one product's time, in seconds
+        assert backend.float_probe() is probe  # once per process
+        backend.float_probe.cache_clear()
+
+        def measure():
+            raise AssertionError("measured again")
+
+        monkeypatch.setattr(backend, "_measure_float", measure)
+        assert backend.float_probe() == probe  # and kept for the next process
+    finally:
+        backend.float_probe.cache_clear()
+
+
 def test_a_failure_is_remembered_and_warned_once(monkeypatch):
     monkeypatch.setattr(backend, "_failures", {})
     with pytest.warns(RuntimeWarning, match=r"it broke \(bad thing\); the other path runs"):
@@ -146,6 +201,15 @@ def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, ca
     kinds = {k["kind"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
     assert kinds["many rows int8"]["implementation"] == "float path"
     assert "slower" in kinds["many rows int8"]["why"]
+    if backend.onednn_packs(torch.float32):  # the float products' choice, with its times
+        monkeypatch.setattr(
+            backend, "float_probe", lambda: _float_probe((2e-3, 1e-3), (1e-3, 2e-3))
+        )
+        assert main(["info", "--kernels", "--json"]) == 0
+        kinds = {k["kind"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
+        assert "F.linear (fp32)" in kinds["few rows"]["implementation"]
+        assert "fp32 packed 2 ms, F.linear 1 ms" in kinds["few rows"]["why"]
+        assert "oneDNN packed (fp32)" in kinds["many rows fp32/bf16"]["implementation"]
 
 
 def test_evaluate_does_not_build_the_kernel(tmp_path, monkeypatch, capsys):

@@ -26,6 +26,13 @@ needs_onednn = pytest.mark.skipif(
 DTYPES = [torch.float32] + ([torch.bfloat16] if prepack_available(torch.bfloat16) else [])
 
 
+@pytest.fixture(autouse=True)
+def packed_everywhere(monkeypatch):
+    """The packed kernel's own results, whichever product the speed check prefers on this CPU
+    (`test_backend.py` tests that choice)."""
+    monkeypatch.setenv("GPT1_PREPACK", "1")
+
+
 def _model(vocab: int = 300) -> GPT:
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=vocab, n_positions=64, n_embd=64, n_layer=2, n_head=4)

@@ -4,10 +4,10 @@ one place that decides.
 The kinds (`KINDS`) and their candidates:
 
 - `few rows` (up to `matvec.MAX_ROWS` rows: decoding, fp32/bf16/int8 weights): gpt1's compiled
-  kernel (`gpt1.inference.matvec`), else torch's (oneDNN's packed product, `F.linear`, or
-  `_weight_int8pack_mm` for int8);
+  kernel (`gpt1.inference.matvec`), else torch's (oneDNN's packed product or `F.linear`,
+  whichever is faster here, or `_weight_int8pack_mm` for int8);
 - `many rows fp32/bf16` (prompts, classification batches): oneDNN's prepacked product
-  (`prepack.PackedWeight`), else `F.linear`;
+  (`prepack.PackedWeight`) where it is faster here than `F.linear`, else `F.linear`;
 - `many rows int8`: oneDNN's int8 product (`quantize.PackedInt8`) with the activations as signed
   or as unsigned bytes (whichever this CPU has a real kernel for), else one float product over
   the int8 values;
@@ -21,13 +21,15 @@ is prepared); what failed is remembered once (`fail`), and is not tried again. o
 real ones, that it runs where it has no real one for the operands (signed activations on a CPU
 with VNNI but no AMX): `int8_many_rows` times one small product of each candidate against the
 float path, once per CPU and torch (kept beside the kernel's builds), and takes only what is not
-slower.
+slower. oneDNN's packed float product is checked the same way (`float_probe`): on some CPUs
+`F.linear` multiplies one row by an fp32 weight faster than the packed copy does.
 
 The kernel is built (about a minute, once per machine and environment; `gpt1 kernels build`)
 only by processes that decode (`expect_decoding`); elsewhere it is used where a build is
 already there. Switches (each takes 0/1/off/on/false/true, in any case; unset: decide here):
 `GPT1_MATVEC` (also `torch`: torch's kernels, nothing built), `GPT1_INT8_MATMUL` (on: oneDNN's
-int8 product even where it is slower than the float path), `GPT1_PREPACK`.
+int8 product even where it is slower than the float path), `GPT1_PREPACK` (on: the packed float
+product even where `F.linear` is faster).
 """
 
 from __future__ import annotations
@@ -152,8 +154,16 @@ def decode_step_op() -> Callable[..., torch.Tensor] | None:
 
 # --------------------------------------------------------------------------- oneDNN's products
 def prepacks(dtype: torch.dtype) -> bool:
-    """Whether products of many rows with `dtype` weights use oneDNN's prepacked kernel."""
+    """Whether `dtype` weights may be packed for oneDNN here: this torch and CPU can, and
+    GPT1_PREPACK does not say off. Which products then use the packed copy: `packed_is_faster`."""
     return switch("GPT1_PREPACK") is not False and onednn_packs(dtype)
+
+
+def packed_is_faster(dtype: torch.dtype, few_rows: bool) -> bool:
+    """Whether a product of a few rows (`few_rows`, decoding without gpt1's kernel) or of many
+    rows with packable `dtype` weights runs on oneDNN's packed copy rather than `F.linear`: where
+    `float_probe` found it not slower here, or GPT1_PREPACK says on."""
+    return switch("GPT1_PREPACK") is True or float_probe().packed_faster(dtype, few_rows)
 
 
 @functools.cache
@@ -238,14 +248,20 @@ def int8_probe() -> Int8Probe:
     except (OSError, ValueError, TypeError):
         pass
     probe = _measure_int8()
+    _keep(record, dataclasses.asdict(probe))
+    return probe
+
+
+def _keep(record: Path, found: dict) -> None:
+    """Write a probe's times to `record`, whole or not at all (for a reader in another
+    process); a read-only cache is left as it is, and the probe measured again next time."""
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         private = record.with_name(f".{record.name}.{os.getpid()}")
-        private.write_text(json.dumps(dataclasses.asdict(probe)))
-        private.replace(record)  # whole or absent, for a reader in another process
+        private.write_text(json.dumps(found))
+        private.replace(record)
     except OSError:
-        pass  # a read-only cache: measured again next time
-    return probe
+        pass
 
 
 def _probe_key() -> str:
@@ -354,6 +370,83 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
         return float("inf")
 
 
+# ------------------------------------------------------------------- the float speed check
+@dataclass(frozen=True)
+class FloatProbe:
+    """Best times in seconds of one product with oneDNN's packed weight and with `F.linear`:
+    `times[dtype name]["few" | "many"] == [packed, plain]` (`_FLOAT_SHAPES` says the shapes)."""
+
+    times: dict[str, dict[str, list[float]]]
+
+    def packed_faster(self, dtype: torch.dtype, few_rows: bool) -> bool:
+        found = self.times.get(str(dtype).removeprefix("torch."), {}).get(_rows(few_rows))
+        return found is None or found[0] <= found[1]  # unmeasured: packing is the default
+
+
+# Decoding's most frequent product (one row through a block's fused q|k|v layer) and a prompt's
+# (64 rows through a 768 x 768 layer): GPT-1's own shapes, rows x in x out.
+_FLOAT_SHAPES = {"few": (1, 768, 2304), "many": (64, 768, 768)}
+_FLOAT_CALLS = {"few": 20, "many": 3}  # calls a timing, so that each takes about a millisecond
+
+
+def _rows(few_rows: bool) -> str:
+    return "few" if few_rows else "many"
+
+
+@functools.cache
+def float_probe() -> FloatProbe:
+    """The packed-against-plain times, kept per CPU and torch beside the int8 check's."""
+    record = matvec.build_root() / f"gpt1_float_probe_{_probe_key()}.json"
+    try:
+        return FloatProbe(**json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError):
+        pass
+    probe = _measure_float()
+    _keep(record, dataclasses.asdict(probe))
+    return probe
+
+
+def _measure_float() -> FloatProbe:
+    """Time each packable dtype's product on both paths, in turns (a burst of load then slows
+    both alike), on one thread as `_measure_int8` does."""
+    generator = torch.Generator().manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    times: dict[str, dict[str, list[float]]] = {}
+    try:
+        with torch.no_grad():
+            for dtype in (torch.float32, torch.bfloat16):
+                if onednn_packs(dtype):
+                    name = str(dtype).removeprefix("torch.")
+                    times[name] = {k: _packed_vs_plain(k, dtype, generator) for k in _FLOAT_SHAPES}
+    finally:
+        torch.set_num_threads(threads)
+    return FloatProbe(times)
+
+
+def _packed_vs_plain(rows: str, dtype: torch.dtype, generator: torch.Generator) -> list[float]:
+    """[packed, plain]: one product's time, from the best of five turns of `_FLOAT_CALLS[rows]`
+    products each."""
+    m, k, n = _FLOAT_SHAPES[rows]
+    x = torch.randn(m, k, generator=generator).to(dtype)
+    w = torch.randn(n, k, generator=generator).to(dtype)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+    except RuntimeError:
+        return [float("inf"), 0.0]
+    calls = _FLOAT_CALLS[rows]
+
+    def repeat(fn: Callable[[], object]) -> Callable[[], None]:
+        return lambda: [fn() for _ in range(calls)] and None
+
+    on_packed = repeat(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
+    on_plain = repeat(lambda: torch.nn.functional.linear(x, w))
+    best = [float("inf"), float("inf")]
+    for _ in range(5):
+        best = [min(best[0], best_time(on_packed, 1)), min(best[1], best_time(on_plain, 1))]
+    return [t / calls for t in best]  # one product's time
+
+
 # ------------------------------------------------------------------------------ the report
 @dataclass(frozen=True)
 class Choice:
@@ -387,15 +480,37 @@ def _few_rows() -> Choice:
     usable, why = _kernel_state()
     if usable:
         return Choice(KINDS[0], "gpt1's kernel (matvec)", why)
-    return Choice(KINDS[0], "torch's (oneDNN packed / _weight_int8pack_mm)", why)
+    floats, timed = _float_choices(few_rows=True)
+    return Choice(KINDS[0], f"torch's: {floats}, _weight_int8pack_mm (int8)", f"{why}; {timed}")
 
 
 def _many_rows_float() -> Choice:
     if prepacks(torch.float32):
-        bf16 = "fp32 and bf16" if prepacks(torch.bfloat16) else "fp32 (bf16 not native here)"
-        return Choice(KINDS[1], "oneDNN prepacked", f"{bf16} weights packed once")
+        return Choice(KINDS[1], *_float_choices(few_rows=False))
     why = "GPT1_PREPACK switches it off" if switch("GPT1_PREPACK") is False else "no oneDNN"
     return Choice(KINDS[1], "F.linear", why)
+
+
+def _float_choices(few_rows: bool) -> tuple[str, str]:
+    """Which float product each packable dtype takes for this many rows, and the times why."""
+    dtypes = [d for d in (torch.float32, torch.bfloat16) if prepacks(d)]
+    if not dtypes:
+        return "F.linear (fp32, bf16)", "no oneDNN packing here"
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+    chosen = ", ".join(
+        ("oneDNN packed" if packed_is_faster(d, few_rows) else "F.linear") + f" ({names[d]})"
+        for d in dtypes
+    )
+    if switch("GPT1_PREPACK") is True:
+        return chosen, "GPT1_PREPACK switches packing on"
+    probe, rows = float_probe(), _rows(few_rows)
+    shape = "x".join(map(str, _FLOAT_SHAPES[rows]))
+    timed = "; ".join(
+        f"{names[d]} packed {_ms(t[0])}, F.linear {_ms(t[1])}"
+        for d in dtypes
+        if (t := probe.times.get(str(d).removeprefix("torch."), {}).get(rows))
+    )
+    return chosen, f"a {shape} product, one thread: {timed or 'not measured'}"
 
 
 def _many_rows_int8() -> Choice:
@@ -448,6 +563,7 @@ def reset() -> None:
     """Forget what was probed and failed (tests; a process changing its environment)."""
     _failures.clear()
     int8_probe.cache_clear()
+    float_probe.cache_clear()
     matvec.forget()
     global _decoding
     _decoding = False

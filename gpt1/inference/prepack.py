@@ -77,8 +77,11 @@ class PackedWeight:
     ) -> torch.Tensor:
         if not self._applies(x, weight, bias):
             return F.linear(x, weight, bias)
-        if matvec.applies(x, weight) and (op := backend.few_rows_kernel()) is not None:
+        few_rows = matvec.applies(x, weight)
+        if few_rows and (op := backend.few_rows_kernel()) is not None:
             return matvec.linear(op, x, weight, None, bias)  # decoding: a few rows
+        if not backend.packed_is_faster(weight.dtype, few_rows):
+            return F.linear(x, weight, bias)  # faster than oneDNN's packed product on this CPU
         if self._made is None or not self._made.matches(weight):
             with torch.no_grad():
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(
