@@ -252,3 +252,15 @@ def test_plans_are_made_by_for_inference_without_process_wide_hooks():
     if backend.decode_step_op() is not None:
         with torch.no_grad():
             assert block_step.plan(model, torch.zeros(1, 64)) is made.layout  # kept
+
+
+def test_a_process_with_capped_instructions_keeps_its_own_probe_times(monkeypatch):
+    """ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY change which kernels run: their times are not
+    the uncapped host's."""
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    host = backend._probe_key()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    capped = backend._probe_key()
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert len({host, capped, backend._probe_key()}) == 3

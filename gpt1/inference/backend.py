@@ -265,7 +265,11 @@ def _keep(record: Path, found: dict) -> None:
 
 
 def _probe_key() -> str:
+    """The CPU, torch, and the caps on the instructions oneDNN and torch may use: a capped
+    process (a simulated older CPU) runs other kernels, so it keeps its own times."""
+    caps = [os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")]
     parts = [matvec.cpu_flags(), torch.__version__, str(Path(torch.__file__).resolve().parent)]
+    parts += caps
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
 
