@@ -166,24 +166,27 @@ class LinearSpacy:
 
     # -- regexes on windows ----------------------------------------------------------------
     def _prefix_len(self, s: str, lo: int, hi: int) -> int:
-        size = self._prefix_window
-        while True:
-            if hi - lo <= size:
-                start, end = self._match(self._prefix, self._prefix_cache, s[lo:hi])
-                return end - start
-            start, end = self._match(self._prefix, self._prefix_cache, s[lo : lo + size])
-            if end < size:  # decided inside the window (no match: end == 0)
-                return end - start
-            size *= 2  # a run reached the window's edge
+        return self._affix_len(s, lo, hi, at_end=False)
 
     def _suffix_len(self, s: str, lo: int, hi: int) -> int:
-        size = self._suffix_window
+        return self._affix_len(s, lo, hi, at_end=True)
+
+    def _affix_len(self, s: str, lo: int, hi: int, at_end: bool) -> int:
+        """The length of the prefix (or, `at_end`, the suffix) spaCy finds in `s[lo:hi]`, read
+        through a window at that end, doubled until the match is decided inside it (a match
+        that reaches the window's inner edge might go on)."""
+        if at_end:
+            search, cache, size = self._suffix, self._suffix_cache, self._suffix_window
+        else:
+            search, cache, size = self._prefix, self._prefix_cache, self._prefix_window
         while True:
             if hi - lo <= size:
-                start, end = self._match(self._suffix, self._suffix_cache, s[lo:hi])
+                start, end = self._match(search, cache, s[lo:hi])
                 return end - start
-            start, end = self._match(self._suffix, self._suffix_cache, s[hi - size : hi])
-            if start != 0 or end == 0:  # decided inside the window (no match: end == 0)
+            window = s[hi - size : hi] if at_end else s[lo : lo + size]
+            start, end = self._match(search, cache, window)
+            inside = (start != 0 or end == 0) if at_end else end < size  # no match: end == 0
+            if inside:
                 return end - start
             size *= 2
 
