@@ -232,12 +232,12 @@ def finetune(
     """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json).
 
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
-    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out`
-    may never be or hold an input (the task data folder or its files, the --init checkpoint's
-    files, the --vocab folder's, another run's checkpoint resumed from, or `inputs`: other files
-    the caller read, such as its --config TOML). A resume may change only what
-    `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written. `command` is the
-    command line the tracker runs record (default: this process's)."""
+    `overwrite` (the run is opened by `gpt1.train.run.open_run`); the folder stays locked while
+    the run lasts. `out` may never be or hold an input (the task data folder or its files, the
+    --init checkpoint's files, the --vocab folder's, another run's checkpoint resumed from, or
+    `inputs`: other files the caller read, such as its --config TOML). A resume may change
+    only what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written.
+    `command` is the command line the tracker runs record (default: this process's)."""
     read = [*files.folder_files(cfg.data), *inputs, *finetune_inputs(cfg)]
     opened = open_run(
         out,
@@ -295,6 +295,7 @@ def _finetune(
     spec: dict | None,
     max_steps_cap: int,
 ) -> tuple[TrainResult, dict]:
+    """Plan the run in `run`, train it, then score it on the evaluation split (rank 0)."""
     info = dist.env_info()
     plan = _plan(cfg, train_cfg, run, spec, max_steps_cap, info)
     source = FinetuneSource(

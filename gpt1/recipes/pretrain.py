@@ -110,12 +110,13 @@ def pretrain(
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
-    continued only with `cfg.train.resume`, started over only with `overwrite` (see
-    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out` may never
-    be or hold an input: the data folder or its files, another run's checkpoint resumed from, or
-    `inputs` (other files the caller read, such as its --config TOML). A resume may change only
-    what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written. `command` is
-    the command line recorded with the experiment-tracker runs (default: this process's).
+    continued only with `cfg.train.resume`, started over only with `overwrite` (the run is
+    opened by `gpt1.train.run.open_run`); the folder stays locked while the run lasts. `out`
+    may never be or hold an input: the data folder or its files, another run's checkpoint
+    resumed from, or `inputs` (other files the caller read, such as its --config TOML). A
+    resume may change only what `gpt1.train.resume.CHANGEABLE` lists, checked before anything
+    is written. `command` is the command line recorded with the experiment-tracker runs
+    (default: this process's).
     """
     out = Path(out)
     if not cfg.data.path:
@@ -137,6 +138,7 @@ def pretrain(
 
 
 def _pretrain(cfg: RunConfig, run: OpenedRun, arch: str) -> TrainResult:
+    """Read the data, check the run fits and may resume, build the model, and train it."""
     data = open_data(cfg.data)
     cfg = finalize(cfg, data)
     n_ctx = cfg.data.n_ctx
@@ -158,17 +160,7 @@ def _pretrain(cfg: RunConfig, run: OpenedRun, arch: str) -> TrainResult:
     source = batch_source(data, cfg.data, n_ctx, cfg.train.seed, info.rank, info.world_size)
     eval_fn, tokenizer_dir = _evaluation(cfg, data)
     if info.is_main:
-        log.info(
-            "pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, "
-            "%s, out %s",
-            f"{model.num_parameters():,}",
-            cfg.train.max_steps,
-            cfg.train.batch_size,
-            n_ctx,
-            cfg.train.micro_batch_size,
-            run.precision,
-            run.out,
-        )
+        _log_start(cfg, model.num_parameters(), run)
     spec = RunSpec(
         config=resolved,
         record=record,
@@ -190,6 +182,19 @@ def _pretrain(cfg: RunConfig, run: OpenedRun, arch: str) -> TrainResult:
 
         plot_run(run.out)
     return result
+
+
+def _log_start(cfg: RunConfig, n_params: int, run: OpenedRun) -> None:
+    log.info(
+        "pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, %s, out %s",
+        f"{n_params:,}",
+        cfg.train.max_steps,
+        cfg.train.batch_size,
+        cfg.data.n_ctx,
+        cfg.train.micro_batch_size,
+        run.precision,
+        run.out,
+    )
 
 
 def _evaluation(cfg: RunConfig, data: PreparedData | TextData) -> tuple[Any, Path | None]:
