@@ -91,11 +91,12 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def default_write_model(tokenizer_dir: Path | None, resolved: dict | None) -> Callable:
+def default_write_model(resolved: dict | None) -> Callable:
+    """The checkpoint writer of a run whose recipe gives none: the model's files, with the
+    resolved settings (`RunSpec.config`) under "run"."""
+
     def write(model: nn.Module, folder: Path) -> None:
-        ckpt.write_model_files(
-            folder, model, tokenizer_dir, {"run": resolved} if resolved else None
-        )
+        ckpt.write_model_files(folder, model, None, {"run": resolved} if resolved else None)
 
     return write
 
@@ -212,7 +213,7 @@ class _Run:
     ):
         self.cfg, self.run_dir, self.source = cfg, opened.out, source
         self.resolved = spec.config
-        self.write_model = spec.write_model or default_write_model(None, spec.config)
+        self.write_model = spec.write_model or default_write_model(spec.config)
         # Decided once, when the run was opened.
         self.device = device = opened.device
         self.precision, self.threads = opened.precision, opened.threads
@@ -234,7 +235,7 @@ class _Run:
 
     def _initial_state(self) -> dict:
         """Step 0, or the step (and logging sums) of the checkpoint resumed from, whose
-        optimizer moments, data cursor and RNG states are restored; and the run's thread count."""
+        optimizer moments, data cursor and RNG states are restored; and the thread count."""
         cfg, info = self.cfg, self.info
         torch.manual_seed(cfg.seed + 1000 * info.rank)  # dropout masks differ between ranks
         state = {"step": 0, "log": {"loss_sum": 0.0, "n": 0}}

@@ -115,10 +115,12 @@ def open_run(
             resumed_from = train_state.resume_checkpoint(cfg.resume, out)
         device = resolve_device(cfg.device, local_rank=info.local_rank)
         precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
+        # One thread count for the whole run (and the one it started with, on a resume): the
+        # last bits of the gradients depend on it, so following the machine's load would
+        # change them.
         recorded = train_state.recorded_threads(resumed_from) if resumed_from else None
-        return OpenedRun(
-            out, lock, resumed_from, device, precision, threads.pin_for_training(recorded), trackers
-        )
+        count = threads.pin_for_training(recorded)
+        return OpenedRun(out, lock, resumed_from, device, precision, count, trackers)
     except BaseException:
         if lock is not None:
             lock.release()
