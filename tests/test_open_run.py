@@ -73,6 +73,10 @@ def test_finetune_decides_resume_and_device_once(tmp_path, counters):
     code, err = run_cli(tiny_finetune(task, vocab, run, 2, "--resume", "auto"))
     assert code == 0, err
     assert counters() == (1, 1)
+    other = tiny_finetune(task, vocab, tmp_path / "b", 2, "--resume", str(run / "step-1"))
+    code, err = run_cli(other)
+    assert code == 0, err
+    assert counters() == (1, 1)
 
 
 def test_an_opened_run_holds_its_folder_until_it_closes(tmp_path):
