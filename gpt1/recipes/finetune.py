@@ -36,10 +36,9 @@ from gpt1.tasks.batches import FinetuneSource, encode_split, report_skipped
 from gpt1.tasks.registry import GENERIC, Task, complete_generic_spec, get_task
 from gpt1.train import distributed as dist
 from gpt1.train import resume
-from gpt1.train import state as train_state
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import finetune_loss
-from gpt1.train.trackers import Trackers
+from gpt1.train.run import OpenedRun, RunSpec, open_run
 
 log = logging.getLogger("gpt1.recipes.finetune")
 RESULTS_FILE = "results.json"
@@ -177,9 +176,15 @@ def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> T
 
 
 def check_training_memory(
-    cfg: FinetuneConfig, task: Task, train_cfg: TrainConfig, info: Any
+    cfg: FinetuneConfig,
+    task: Task,
+    train_cfg: TrainConfig,
+    info: Any,
+    device: torch.device | None = None,
 ) -> None:
-    """Refuse, from the configs alone, a run that cannot fit before any model is built."""
+    """Refuse, from the configs alone, a run that cannot fit before any model is built, on
+    `device` (the opened run's; None: `train_cfg.device` resolved here, for a caller that
+    checks a run it has not opened)."""
     from gpt1.devices import resolve_device
     from gpt1.model.memory import ensure_training_fits
 
@@ -197,7 +202,7 @@ def check_training_memory(
         train_cfg,
         n_ctx,
         source,
-        resolve_device(train_cfg.device, info.local_rank),
+        device or resolve_device(train_cfg.device, info.local_rank),
         extra_params=head,
         world_size=info.world_size,
     )
@@ -227,39 +232,23 @@ def finetune(
     """Fine-tune on `cfg.task`; evaluates on `cfg.eval_split` after training (results.json).
 
     A non-empty `out` is continued only with `train_cfg.resume`, started over only with
-    `overwrite` (`gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out`
-    may never be or hold an input (the task data folder or its files, the --init checkpoint's
-    files, the --vocab folder's, another run's checkpoint resumed from, or `inputs`: other files
-    the caller read, such as its --config TOML). A resume may change only what
-    `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written. `command` is the
-    command line the tracker runs record (default: this process's)."""
-    out = Path(out)
-    # Checks the trackers' packages: a missing one refuses before the folder is touched.
-    trackers = Trackers(
-        out,
-        train_cfg.loggers,
-        command=command,
-        project=train_cfg.tracker_project,
-        mlflow_uri=train_cfg.mlflow_uri,
-    )
-    continues = files.resumes_in(out, train_cfg.resume)
+    `overwrite` (the run is opened by `gpt1.train.run.open_run`); the folder stays locked while
+    the run lasts. `out` may never be or hold an input (the task data folder or its files, the
+    --init checkpoint's files, the --vocab folder's, another run's checkpoint resumed from, or
+    `inputs`: other files the caller read, such as its --config TOML). A resume may change
+    only what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written.
+    `command` is the command line the tracker runs record (default: this process's)."""
     read = [*files.folder_files(cfg.data), *inputs, *finetune_inputs(cfg)]
-    if train_cfg.resume and not continues:
-        read += files.folder_files(train_state.resume_checkpoint(train_cfg.resume, out))
-    lock = (
-        files.claim_run_dir(out, continues, overwrite, inputs=read, roots=[cfg.data, cfg.vocab])
-        if dist.env_info().is_main
-        else None
+    opened = open_run(
+        out,
+        train_cfg,
+        overwrite=overwrite,
+        inputs=read,
+        roots=[cfg.data, cfg.vocab],
+        command=command,
     )
-    outcome = "FAILED"
-    try:
-        result, results = _finetune(cfg, train_cfg, out, spec, max_steps_cap, trackers)
-        outcome = "KILLED" if result.interrupted else "FINISHED"
-        return result, results
-    finally:
-        trackers.close(outcome)
-        if lock is not None:
-            lock.release()
+    with opened:
+        return _finetune(cfg, train_cfg, opened, spec, max_steps_cap)
 
 
 def finetune_inputs(cfg: FinetuneConfig) -> list[Path]:
@@ -278,14 +267,13 @@ def finetune_inputs(cfg: FinetuneConfig) -> list[Path]:
 
 def resume_record(
     cfg: FinetuneConfig,
-    train_cfg: TrainConfig,
-    out: Path,
+    run: OpenedRun,
     requested: dict[str, Any],
 ) -> dict[str, Any]:
     """run.json's contents (`requested`, or its sections checked so far); on a resume, first
     refuse any setting the run may not change (`gpt1.train.resume`), then record the accepted
     changes."""
-    checkpoint = train_state.resume_checkpoint(train_cfg.resume, out)
+    checkpoint, out = run.resumed_from, run.out
     if checkpoint is None:
         return requested
     recorded, source = resume.recorded_config(checkpoint, out / resume.RUN_JSON)
@@ -303,13 +291,13 @@ def resume_record(
 def _finetune(
     cfg: FinetuneConfig,
     train_cfg: TrainConfig,
-    out: Path,
+    run: OpenedRun,
     spec: dict | None,
     max_steps_cap: int,
-    trackers: Trackers,
 ) -> tuple[TrainResult, dict]:
+    """Plan the run in `run`, train it, then score it on the evaluation split (rank 0)."""
     info = dist.env_info()
-    plan = _plan(cfg, train_cfg, out, spec, max_steps_cap, info)
+    plan = _plan(cfg, train_cfg, run, spec, max_steps_cap, info)
     source = FinetuneSource(
         plan.enc,
         plan.train_cfg.seed,
@@ -318,29 +306,24 @@ def _finetune(
         info.world_size,
         plan.train_cfg.micro_batch_size if cfg.group_by_length else 0,
     )
-    trackers.config = plan.resolved
+    run_spec = RunSpec(
+        config=plan.resolved,
+        record=plan.run_json,
+        eval_fn=plan.eval_fn,
+        write_model=writer(plan.tok_dir, plan.record, plan.resolved),
+        read_model=read_into,
+        flops_per_token=model_flops(plan.model.gpt, plan.n_ctx),
+    )
+    loss = FinetuneLoss(plan.task.regression, cfg.lm_coef)
     try:
-        result = train(
-            plan.model,
-            FinetuneLoss(plan.task.regression, cfg.lm_coef),
-            source,
-            plan.train_cfg,
-            out,
-            eval_fn=plan.eval_fn,
-            write_model=writer(plan.tok_dir, plan.record, plan.resolved),
-            read_model=read_into,
-            resolved_config=plan.resolved,
-            flops_per_token=model_flops(plan.model.gpt, plan.n_ctx),
-            trackers=trackers,
-            run_record=plan.run_json,
-        )
+        result = train(plan.model, loss, source, plan.train_cfg, run, run_spec)
     finally:
         dist.destroy()
     results: dict = {}
     if not result.interrupted and cfg.eval_split and info.is_main:
         results = _final_results(plan, cfg, result, info)
-        write_results(out, results)
-        trackers.summary(results, result.step)
+        write_results(run.out, results)
+        run.trackers.summary(results, result.step)
     return result, results
 
 
@@ -366,7 +349,7 @@ class _Plan:
 def _plan(
     cfg: FinetuneConfig,
     train_cfg: TrainConfig,
-    out: Path,
+    run: OpenedRun,
     spec: dict | None,
     max_steps_cap: int,
     info: dist.DistInfo,
@@ -374,9 +357,9 @@ def _plan(
     """Check the run, build its model, read and encode its data, and decide run.json."""
     # The run's own settings first, before any model or data is read (the rest, from the model
     # and the task, below); nothing is written until both pass.
-    resume_record(cfg, train_cfg, out, {"finetune": asdict(cfg), "train": asdict(train_cfg)})
+    resume_record(cfg, run, {"finetune": asdict(cfg), "train": asdict(train_cfg)})
     task = resolve_task(cfg.task, spec, cfg.data, cfg.train_split)
-    check_training_memory(cfg, task, train_cfg, info)
+    check_training_memory(cfg, task, train_cfg, info, run.device)
     model, tok, tok_dir = build_finetune_model(cfg, task, train_cfg.seed)
     n_ctx = min(cfg.n_ctx or default_context(cfg, model.gpt), model.gpt.config.n_positions)
     train_split = _training_split(cfg, task, train_cfg.seed)
@@ -392,7 +375,7 @@ def _plan(
         "task": record,
         "model": model.gpt.config.to_dict(),
     }
-    run_json = resume_record(cfg, train_cfg, out, resolved)  # the trainer writes it
+    run_json = resume_record(cfg, run, resolved)  # the trainer writes it
     if info.is_main:
         _log_plan(task, cfg, train_cfg, len(enc.items))
     return _Plan(

@@ -20,16 +20,15 @@ import torch
 
 from gpt1.config import DataConfig, RunConfig, load_toml, resolve_pretrain
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.files import claim_run_dir, folder_files, resumes_in
+from gpt1.files import folder_files
 from gpt1.model.registry import build_model
 from gpt1.text.stream import TextData, batch_source, find_text_files, open_data
 from gpt1.text.windows import META, PreparedData, validation_windows
 from gpt1.train import distributed as dist
 from gpt1.train import resume
-from gpt1.train import state as train_state
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import WindowLMLoss, lm_loss_window
-from gpt1.train.trackers import require as require_trackers
+from gpt1.train.run import OpenedRun, RunSpec, open_run
 
 log = logging.getLogger("gpt1.recipes.pretrain")
 RUN_CONFIG = resume.RUN_JSON
@@ -111,12 +110,13 @@ def pretrain(
 
     `arch="lstm"` trains the paper's LSTM baseline instead (`gpt1.model.lstm.lstm_config_for(cfg.model)`,
     parameter-matched), with the identical data, objective and schedule. A non-empty `out` is
-    continued only with `cfg.train.resume`, started over only with `overwrite` (see
-    `gpt1.files.claim_run_dir`); the folder stays locked while the run lasts. `out` may never
-    be or hold an input: the data folder or its files, another run's checkpoint resumed from, or
-    `inputs` (other files the caller read, such as its --config TOML). A resume may change only
-    what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written. `command` is
-    the command line recorded with the experiment-tracker runs (default: this process's).
+    continued only with `cfg.train.resume`, started over only with `overwrite` (the run is
+    opened by `gpt1.train.run.open_run`); the folder stays locked while the run lasts. `out`
+    may never be or hold an input: the data folder or its files, another run's checkpoint
+    resumed from, or `inputs` (other files the caller read, such as its --config TOML). A
+    resume may change only what `gpt1.train.resume.CHANGEABLE` lists, checked before anything
+    is written. `command` is the command line recorded with the experiment-tracker runs
+    (default: this process's).
     """
     out = Path(out)
     if not cfg.data.path:
@@ -124,93 +124,53 @@ def pretrain(
             "no data: pass --data DIR (a `gpt1 prepare` output folder, or text files with "
             "--tokenizer DIR)"
         )
-    require_trackers(cfg.train.loggers)  # a missing package refuses before the folder is touched
-    continues = resumes_in(out, cfg.train.resume)
     data_files, roots = data_inputs(cfg.data)
-    read = [*data_files, *inputs]
-    if cfg.train.resume and not continues:
-        read += folder_files(train_state.resume_checkpoint(cfg.train.resume, out))
-    lock = (
-        claim_run_dir(out, continues, overwrite, inputs=read, roots=roots)
-        if dist.env_info().is_main
-        else None
+    opened = open_run(
+        out,
+        cfg.train,
+        overwrite=overwrite,
+        inputs=[*data_files, *inputs],
+        roots=roots,
+        command=command,
     )
-    try:
-        return _pretrain(cfg, out, arch, command)
-    finally:
-        if lock is not None:
-            lock.release()
+    with opened:
+        return _pretrain(cfg, opened, arch)
 
 
-def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> TrainResult:
+def _pretrain(cfg: RunConfig, run: OpenedRun, arch: str) -> TrainResult:
+    """Read the data, check the run fits and may resume, build the model, and train it."""
     data = open_data(cfg.data)
     cfg = finalize(cfg, data)
     n_ctx = cfg.data.n_ctx
     info = dist.env_info()
-    from gpt1.devices import resolve_device
     from gpt1.model.memory import ensure_training_fits
 
     # Sized from the configs alone, before run.json, the model or any optimizer state exist.
     ensure_training_fits(
-        cfg.model,
-        cfg.train,
-        n_ctx,
-        "pretrain config",
-        resolve_device(cfg.train.device, info.local_rank),
-        world_size=info.world_size,
+        cfg.model, cfg.train, n_ctx, "pretrain config", run.device, world_size=info.world_size
     )
     resolved = cfg.to_dict()
     if arch != "gpt":
         resolved["arch"] = arch
     # Refuses a setting the run may not change; written as run.json by the trainer, once the
     # checkpoint, the data cursor, the batch arithmetic and the trackers have passed too.
-    record = resume_record(cfg, resolved, arch, data, out)
+    record = resume_record(cfg, resolved, arch, data, run)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model, model_flops, extra = build_model(cfg.model, arch, n_ctx)
     source = batch_source(data, cfg.data, n_ctx, cfg.train.seed, info.rank, info.world_size)
-    if isinstance(data, TextData):  # no held-out split in a stream
-        if cfg.train.eval_every:
-            log.warning("text files read directly have no validation split: evaluation is off")
-        eval_fn, tokenizer_dir = None, data.tokenizer_dir
-    else:
-        eval_fn = make_eval_fn(
-            data,
-            n_ctx,
-            cfg.data.val_windows,
-            cfg.train.micro_batch_size,
-            cfg.train.loss_chunk_tokens,
-        )
-        tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
-    if tokenizer_dir is None:
-        log.warning(
-            "%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder
-        )
+    eval_fn, tokenizer_dir = _evaluation(cfg, data)
     if info.is_main:
-        log.info(
-            "pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, "
-            "%s, out %s",
-            f"{model.num_parameters():,}",
-            cfg.train.max_steps,
-            cfg.train.batch_size,
-            n_ctx,
-            cfg.train.micro_batch_size,
-            _precision_shown(cfg.train, info.local_rank),
-            out,
-        )
+        _log_start(cfg, model.num_parameters(), run)
+    spec = RunSpec(
+        config=resolved,
+        record=record,
+        eval_fn=eval_fn,
+        write_model=_writer(tokenizer_dir, resolved, extra),
+        flops_per_token=model_flops,
+    )
     try:
         result = train(
-            model,
-            WindowLMLoss(cfg.train.loss_chunk_tokens),
-            source,
-            cfg.train,
-            out,
-            eval_fn=eval_fn,
-            tokenizer_dir=tokenizer_dir,
-            resolved_config=resolved,
-            flops_per_token=model_flops,
-            write_model=_writer(tokenizer_dir, resolved, extra),
-            command=command,
-            run_record=record,
+            model, WindowLMLoss(cfg.train.loss_chunk_tokens), source, cfg.train, run, spec
         )
     finally:
         # Every rank leaves the trainer's final barrier together and tears down at once (as
@@ -220,8 +180,43 @@ def _pretrain(cfg: RunConfig, out: Path, arch: str, command: str | None) -> Trai
     if info.is_main and not result.interrupted:
         from gpt1.train.telemetry import plot_run
 
-        plot_run(out)
+        plot_run(run.out)
     return result
+
+
+def _log_start(cfg: RunConfig, n_params: int, run: OpenedRun) -> None:
+    log.info(
+        "pretraining %s parameters for %d steps: batch %d x %d tokens, micro-batch %d, %s, out %s",
+        f"{n_params:,}",
+        cfg.train.max_steps,
+        cfg.train.batch_size,
+        cfg.data.n_ctx,
+        cfg.train.micro_batch_size,
+        run.precision,
+        run.out,
+    )
+
+
+def _evaluation(cfg: RunConfig, data: PreparedData | TextData) -> tuple[Any, Path | None]:
+    """(the trainer's eval_fn or None, the tokenizer folder checkpoints carry or None)."""
+    if isinstance(data, TextData):  # no held-out split in a stream
+        if cfg.train.eval_every:
+            log.warning("text files read directly have no validation split: evaluation is off")
+        eval_fn, tokenizer_dir = None, data.tokenizer_dir
+    else:
+        eval_fn = make_eval_fn(
+            data,
+            cfg.data.n_ctx,
+            cfg.data.val_windows,
+            cfg.train.micro_batch_size,
+            cfg.train.loss_chunk_tokens,
+        )
+        tokenizer_dir = data.folder if (data.folder / "vocab.json").is_file() else None
+    if tokenizer_dir is None:
+        log.warning(
+            "%s has no vocab.json/merges.txt: checkpoints will carry no tokenizer", data.folder
+        )
+    return eval_fn, tokenizer_dir
 
 
 def data_inputs(data: DataConfig) -> tuple[list[Path], list[str]]:
@@ -243,11 +238,11 @@ def resume_record(
     resolved: dict[str, Any],
     arch: str,
     data: PreparedData | TextData,
-    out: Path,
+    run: OpenedRun,
 ) -> dict[str, Any]:
     """run.json's contents; on a resume, first refuse any setting the run may not change
     (`gpt1.train.resume`) and record the accepted changes."""
-    checkpoint = train_state.resume_checkpoint(cfg.train.resume, out)
+    checkpoint, out = run.resumed_from, run.out
     if checkpoint is None:
         return resolved
     recorded, source = resume.recorded_config(checkpoint, out / RUN_CONFIG)
@@ -266,21 +261,11 @@ def resume_record(
 
 
 def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:
-    """The trainer's default checkpoint writer, or one that also records `extra` (e.g. the arch)."""
-    if not extra:
-        return None
+    """The trainer's checkpoint writer: the model files, the tokenizer's, the resolved config,
+    and `extra` (e.g. the arch)."""
     from gpt1.model.checkpoint import write_model_files
 
     def write(model: torch.nn.Module, folder: Path) -> None:
         write_model_files(folder, model, tokenizer_dir, {**extra, "run": resolved})
 
     return write
-
-
-def _precision_shown(train_cfg: Any, local_rank: int) -> str:
-    """The precision the trainer will use, for the log line ("auto" resolved)."""
-    from gpt1.devices import TRAIN_PRECISIONS, resolve_device, resolve_precision
-
-    return resolve_precision(
-        train_cfg.precision, resolve_device(train_cfg.device, local_rank), TRAIN_PRECISIONS
-    )

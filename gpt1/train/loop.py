@@ -1,6 +1,7 @@
 """The one training loop, shared by pretraining and fine-tuning.
 
-`train(model, loss_fn, source, cfg, run_dir)` runs `cfg.max_steps` optimizer updates. Each update
+`train(model, loss_fn, source, cfg, run)` runs `cfg.max_steps` optimizer updates in the run opened
+by `gpt1.train.run.open_run` (or in a folder, opened there). Each update
 accumulates `batch_size / (micro_batch_size * world_size)` micro-batches (DDP gradient sync only on
 the last one), clips the global gradient norm, sets the scheduled learning rate (a pure function of
 the step) and steps the optimizer. It logs, evaluates, and writes `RUN/step-N` checkpoints holding
@@ -28,15 +29,15 @@ import torch
 from torch import nn
 
 from gpt1 import checkpoint_files as ckpt
-from gpt1 import files, threads
+from gpt1 import files
 from gpt1.config import TrainConfig
-from gpt1.devices import TRAIN_PRECISIONS, resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.train import distributed as dist
 from gpt1.train import state as train_state
 from gpt1.train.optim import build_optimizer, lr_at, set_lr
 from gpt1.train.parallelize import checkpoint_blocks
 from gpt1.train.resume import RUN_JSON
+from gpt1.train.run import OpenedRun, RunSpec, open_run
 from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
 from gpt1.train.trackers import Trackers
 
@@ -90,11 +91,12 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def default_write_model(tokenizer_dir: Path | None, resolved: dict | None) -> Callable:
+def default_write_model(resolved: dict | None) -> Callable:
+    """The checkpoint writer of a run whose recipe gives none: the model's files, with the
+    resolved settings (`RunSpec.config`) under "run"."""
+
     def write(model: nn.Module, folder: Path) -> None:
-        ckpt.write_model_files(
-            folder, model, tokenizer_dir, {"run": resolved} if resolved else None
-        )
+        ckpt.write_model_files(folder, model, None, {"run": resolved} if resolved else None)
 
     return write
 
@@ -120,63 +122,54 @@ def train(
     loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
     source: BatchSource,
     cfg: TrainConfig,
-    run_dir: Path,
-    *,
-    eval_fn: Callable[[Any], dict] | None = None,
-    write_model: Callable[[nn.Module, Path], None] | None = None,
-    read_model: Callable[[nn.Module, Path], None] | None = None,
-    tokenizer_dir: Path | None = None,
-    resolved_config: dict | None = None,
-    flops_per_token: float | None = None,
-    trackers: Trackers | None = None,
-    command: str | None = None,
-    run_record: dict | None = None,
+    run: OpenedRun | str | Path,
+    spec: RunSpec | None = None,
 ) -> TrainResult:
     """Train `model` for `cfg.max_steps` updates; see the module docstring.
 
-    `trackers` (cfg.loggers) receive what metrics.jsonl receives; a caller that passes its own
-    also closes it (fine-tuning adds its final results first), else the trainer closes them.
-    `command` is the command line recorded with the tracker runs (default: this process's).
-    `run_record` is written as RUN/run.json (`gpt1.train.resume.RUN_JSON`) once every check of
-    the run has passed: the batch arithmetic, the device, and on a resume the checkpoint's
-    weights, optimizer state and data cursor (checked against the data) restored, and the
-    trackers started. Nothing in `run_dir` is written before, so a refused run or resume
-    leaves the folder as it was."""
+    `run` is the run opened by the recipe (`gpt1.train.run.open_run`: its folder, the
+    checkpoint resumed from, device, precision, threads and trackers, decided once), which the
+    caller closes; or a folder, for which the trainer opens a run itself without claiming it
+    (a program that manages its folder) and closes it when it returns. `spec` holds what the
+    recipe decided from its data and model (`RunSpec`). Its `record` is written as
+    RUN/run.json (`gpt1.train.resume.RUN_JSON`) once every check of the run has passed: the
+    batch arithmetic, and on a resume the checkpoint's weights, optimizer state and data
+    cursor (checked against the data) restored, and the trackers started. Nothing in the run
+    folder is written before, so a refused run or resume leaves the folder as it was."""
     if cfg.max_steps <= 0:
         raise ConfigError("train.max_steps must be set (> 0) before training")
-    run_dir = Path(run_dir)
-    owned = trackers is None
-    if trackers is None:  # checks the trackers' packages now, before any work
-        trackers = Trackers(
-            run_dir,
-            cfg.loggers,
-            config=resolved_config,
-            command=command,
-            project=cfg.tracker_project,
-            mlflow_uri=cfg.mlflow_uri,
-        )
-    run = _Run(
-        model,
-        source,
-        cfg,
-        run_dir,
-        read_model or default_read_model,
-        write_model or default_write_model(tokenizer_dir, resolved_config),
-        resolved_config,
-    )
+    spec = spec or RunSpec()
+    if not isinstance(run, OpenedRun):
+        with open_run(run, cfg, claim=False) as opened:
+            return _train(model, loss_fn, source, cfg, opened, spec)
+    return _train(model, loss_fn, source, cfg, run, spec)
+
+
+def _train(
+    model: nn.Module,
+    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
+    source: BatchSource,
+    cfg: TrainConfig,
+    opened: OpenedRun,
+    spec: RunSpec,
+) -> TrainResult:
+    """`train` in an opened run; sets `opened.outcome` when it returns."""
+    trackers, run_dir = opened.trackers, opened.out
+    if spec.config is not None:
+        trackers.config = spec.config
+    run = _Run(model, source, cfg, opened, spec)
     # What a new run found in its folder: a run refused in its first update (text that cannot
     # be read, out of memory) removes what it wrote, so that the same command can run again
     # in the same --out.
     existed = files.entries(run_dir) if run.resumed_from is None and run.info.is_main else None
-    meter = _meter(run, trackers, flops_per_token)  # starts the trackers, then metrics.jsonl
-    if run_record is not None and run.info.is_main:
-        files.write_json(run_dir / RUN_JSON, run_record)
+    meter = _meter(run, trackers, spec.flops_per_token)  # starts the trackers, then metrics.jsonl
+    if spec.record is not None and run.info.is_main:
+        files.write_json(run_dir / RUN_JSON, spec.record)
     stop = {"signal": 0}
-    outcome = "FAILED"
     previous = _install_handlers(stop)
     try:
-        result = _updates(run, loss_fn, eval_fn, meter, stop)
-        outcome = "KILLED" if result.interrupted else "FINISHED"
+        result = _updates(run, loss_fn, spec.eval_fn, meter, stop)
+        opened.outcome = "KILLED" if result.interrupted else "FINISHED"
         return result
     except Gpt1Error:
         if existed is not None and run.state["step"] == 0:  # nothing trained: nothing to keep
@@ -187,8 +180,6 @@ def train(
         if meter.logger.bar is not None:
             meter.logger.bar.close()
         _restore_handlers(previous)
-        if owned:
-            trackers.close(outcome)
 
 
 def _updates(
@@ -217,24 +208,24 @@ class _Run:
         model: nn.Module,
         source: BatchSource,
         cfg: TrainConfig,
-        run_dir: Path,
-        read_model: Callable[[nn.Module, Path], None],
-        write_model: Callable[[nn.Module, Path], None],
-        resolved: dict | None,
+        opened: OpenedRun,
+        spec: RunSpec,
     ):
-        self.cfg, self.run_dir, self.source = cfg, run_dir, source
-        self.write_model, self.resolved = write_model, resolved
-        self.device = device = resolve_device(cfg.device, local_rank=dist.env_info().local_rank)
-        self.precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
+        self.cfg, self.run_dir, self.source = cfg, opened.out, source
+        self.resolved = spec.config
+        self.write_model = spec.write_model or default_write_model(spec.config)
+        # Decided once, when the run was opened.
+        self.device = device = opened.device
+        self.precision, self.threads = opened.precision, opened.threads
+        self.resumed_from = opened.resumed_from
         self.info = info = dist.init(device.type)
         self.accum = _accumulation(cfg, info.world_size)  # micro-batches per update and rank
         self.total = cfg.total_steps or cfg.max_steps  # the schedule's length
         self.raw = raw = model.to(device)
         if cfg.gradient_checkpointing:
             checkpoint_blocks(raw)
-        self.resumed_from = train_state.resume_checkpoint(cfg.resume, run_dir)
         if self.resumed_from is not None:
-            read_model(raw, self.resumed_from)
+            (spec.read_model or default_read_model)(raw, self.resumed_from)
         self.wrapped = dist.wrap(raw, cfg.distributed, device)
         if cfg.compile:
             self.wrapped = torch.compile(self.wrapped)
@@ -248,19 +239,14 @@ class _Run:
         cfg, info = self.cfg, self.info
         torch.manual_seed(cfg.seed + 1000 * info.rank)  # dropout masks differ between ranks
         state = {"step": 0, "log": {"loss_sum": 0.0, "n": 0}}
-        # One thread count for the whole run (and the one it started with, on a resume): the
-        # last bits of the gradients depend on it, so following the machine's load would
-        # change them.
         resumed = self.resumed_from
-        run_threads = threads.pin_for_training(
-            train_state.recorded_threads(resumed) if resumed is not None else None
-        )
         if resumed is not None:
             fsdp = cfg.distributed == "fsdp"
             state = _load_state(
                 resumed, self.raw, self.optimizer, self.source, info, self.device, fsdp=fsdp
             )
-        state["threads"] = run_threads
+        # The count fixed when the run was opened (on a resume, the one it started with).
+        state["threads"] = self.threads
         return state
 
     def save(self, name: str) -> Path:

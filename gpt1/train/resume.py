@@ -7,10 +7,10 @@ settings it resolves with those the checkpoint records (its `trainer_state.json`
 `run.json` for checkpoints that carry none) and accepts a difference only in `CHANGEABLE`:
 settings of how long and where the run goes on, never of what it computes. Anything else is
 refused in one line naming the setting, the recorded value and the requested one. Accepted
-changes are appended to `run.json`'s `resumes` list (step, checkpoint, what changed), written
-atomically with the rest of run.json by the trainer (`gpt1.train.loop.train`'s `run_record`)
-once everything else a resume checks has passed too: the batch arithmetic, the checkpoint's
-weights and trainer state, the data cursor against the data, and the trackers.
+changes are appended to `run.json`'s `resumes` list (step, checkpoint, what changed). The recipe
+hands run.json to the trainer (`gpt1.train.run.RunSpec.record`), which writes it atomically once
+everything else a resume checks has passed too: the batch arithmetic, the checkpoint's weights
+and trainer state, the data cursor against the data, and the trackers.
 """
 
 from __future__ import annotations
