@@ -268,10 +268,10 @@ def test_max_queue_below_max_items_is_refused_at_start(lm):  # noqa: F811
 def test_a_stop_string_inside_a_token_keeps_that_token(gpt1_vocab):
     """Stopped inside a token (" bl" of " blue"): the token that made the text is kept, so
     the usage counts it and the logprobs list it."""
+    from gpt1.serve.engine import SequenceLogprobs
     from gpt1.serve.openai.choices import Choice, choice_json, usage
     from gpt1.serve.openai.schemas import CompletionRequest
     from gpt1.serve.openai.text import Continuation
-    from gpt1.serve.engine import SequenceLogprobs
 
     tok = load_tokenizer(gpt1_vocab)
     prompt, new = tok.encode("the sky is"), tok.encode("blue and wide")

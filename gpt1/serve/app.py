@@ -68,7 +68,7 @@ def create_app(
         max_queue,
         max_generations,
         on_batch=metrics.observe_batch,
-        generations=engine.decoder,
+        generations=engine,
     )
     app = FastAPI(
         title="gpt1",

@@ -39,7 +39,7 @@ class QueueFull(Exception):
 
 
 class Generations(Protocol):
-    """What the worker needs to run generations (the engine's `BatchedDecoder`)."""
+    """What the worker needs to run generations (the engine, over its `BatchedDecoder`)."""
 
     def start(self, *request: Any) -> Any:
         """Begin a generation (a "generate" job's payload holds the arguments); returns its
