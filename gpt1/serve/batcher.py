@@ -7,7 +7,7 @@ of the engine (one forward per batch on the unpadded path). Under load the queue
 batch runs, so batches grow with load without any waiting; a request alone waits at most `wait_s`.
 
 Generations advance a token per turn, interleaved with batches: between two batches every active
-generation gets its next token from one step of the `Generations` (the engine's continuous
+generation gets its next token from one step of the `Generations` (the engine, over its continuous
 batching decoder, `gpt1.inference.batched.BatchedDecoder`: one forward pass for all of them), so a
 long generation neither blocks classification nor starves, and concurrent generations share the
 cost of reading the weights. At most `max_active_generations` run at once; the rest wait queued

@@ -143,8 +143,8 @@ class LanguageEngine:
             )
         return out
 
-    # Generations: requests made on the event loop, run by the batcher's worker thread, for which
-    # this engine is the batcher's `Generations` (over its decoder).
+    # Generations: a handler makes the request (`generation`) on the event loop; the batcher's
+    # worker thread runs it with this engine as its `Generations` (start, step, stop: the decoder).
     def generation(self, prompt_ids: list[int], sampling: Sampling) -> GenerationRequest:
         """A generation drawing tokens as `gpt1 sample` does with `sampling` (`start`'s args)."""
         return GenerationRequest(prompt_ids, sampling, sampling.generator(self.decoder.device))

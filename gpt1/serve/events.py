@@ -38,10 +38,9 @@ class EventStream(StreamingResponse):
         done: bool = False,
         on_close: Callable[[], None] | None = None,
     ):
+        self.framed = _framed(events, done)
         super().__init__(
-            _framed(events, done),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
+            self.framed, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
         self.events, self.on_close = events, on_close
 
@@ -51,10 +50,11 @@ class EventStream(StreamingResponse):
         finally:
             if self.on_close is not None:
                 self.on_close()
+            await self.framed.aclose()  # closing a generator does not close what it iterates
             await self.events.aclose()
 
 
-async def _framed(events: AsyncIterator[Data], done: bool) -> AsyncIterator[str]:
+async def _framed(events: AsyncIterator[Data], done: bool) -> AsyncGenerator[str, None]:
     async for data in events:
         yield frame(data)
     if done:
