@@ -87,7 +87,6 @@ def all_finite(x: torch.Tensor) -> bool:
     return math.isfinite(lo.item()) and math.isfinite(hi.item())
 
 
-@torch.no_grad()
 def generate(
     model: torch.nn.Module,
     ids: torch.Tensor,
