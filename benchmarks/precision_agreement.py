@@ -55,7 +55,7 @@ def classifier_agreement(run: str, data: str, split: str, micro: int, precisions
         for precision, engine in engines.items():
             start = time.perf_counter()
             out[precision] = torch.tensor(
-                predict_raw(engine.classifier, task, enc, micro), dtype=torch.float64
+                predict_raw(engine.classifier.model, task, enc, micro), dtype=torch.float64
             )
             seconds[precision] = time.perf_counter() - start
         ref = out["fp32"]

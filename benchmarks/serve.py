@@ -176,15 +176,14 @@ def in_process(
 
 
 def generate_alone(engine, prompt: list[int], new_tokens: int) -> list[int]:
-    """Greedy new tokens for one prompt through the server's decoder (`engine.decoder`, which
-    the server's worker thread steps), with no other generation in its batch."""
+    """Greedy new tokens for one prompt through the server's decoder (as the server's worker
+    thread runs them: `engine.start`, `engine.step`), with no other generation in its batch."""
     from gpt1.inference.sampling import Sampling
 
-    decoder = engine.decoder
-    handle = decoder.start(*engine.generation(prompt, Sampling(new_tokens, 0.0, seed=0)))
+    handle = engine.start(*engine.generation(prompt, Sampling(new_tokens, 0.0, seed=0)))
     out: list[int] = []
     while True:
-        for gen, item in decoder.step():
+        for gen, item in engine.step():
             if gen is not handle:
                 continue
             if item is None:

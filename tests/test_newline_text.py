@@ -88,7 +88,7 @@ def test_tokenizer_decode_command_writes_the_newlines(vocab, tok, monkeypatch, c
 
 def test_continuation_stops_at_a_newline(tok):
     """The server's completion text holds the newline, and a "\\n" stop string cuts before it."""
-    from gpt1.serve.completion_text import Continuation
+    from gpt1.serve.openai.text import Continuation
 
     prompt, nl = tok.encode(PROMPT), tok.encoder["\n</w>"]
     plain = Continuation(tok, prompt, [])

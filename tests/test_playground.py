@@ -45,8 +45,8 @@ from test_serve import (  # noqa: E402
 
 from gpt1.cli import build_parser, main  # noqa: E402
 from gpt1.errors import ConfigError  # noqa: E402
-from gpt1.serve.completion_schemas import MAX_LOGPROBS, CompletionRequest  # noqa: E402
 from gpt1.serve.cors import check_origin  # noqa: E402
+from gpt1.serve.openai.schemas import MAX_LOGPROBS, CompletionRequest  # noqa: E402
 from gpt1.serve.playground import SAMPLING  # noqa: E402
 from helpers.tiny import char_vocab, gpt1_process, run_cli, subprocess_env  # noqa: E402
 

@@ -194,3 +194,27 @@ def test_the_fast_sampling_path_matches_isfinite_and_argmax(dtype):
             damaged[2, where] = bad
             assert all_finite(damaged) is False
     assert all_finite(rows) is True
+
+
+def test_one_sampling_value_draws_what_the_spelled_out_options_draw():
+    """`sample_ids`, `generate_stream` and `BatchedDecoder.add` take the options as one
+    `Sampling`; with a seed and no generator they draw from a generator seeded with it, so the
+    three give `generate`'s tokens with that generator."""
+    from gpt1.inference.batched import BatchedDecoder
+    from gpt1.inference.generate import generate_stream, sample_ids
+    from gpt1.inference.sampling import Sampling
+
+    m, x = model(6), prompt(5, batch=1)
+    options = dict(temperature=0.9, top_k=20, top_p=0.9)
+    want = generate(m, x, 10, generator=torch.Generator().manual_seed(3), **options)
+    sampling = Sampling(10, seed=3, **options)
+    assert torch.equal(sample_ids(m, x, sampling), want)
+    assert torch.equal(torch.cat(list(generate_stream(m, x, sampling)), 1), want[:, 5:])
+    decoder = BatchedDecoder(m)
+    decoder.add(x[0].tolist(), sampling)
+    got = []
+    while decoder.active:
+        got += [token for _, token in decoder.step() if token is not None]
+    assert got == want[0, 5:].tolist()
+    with pytest.raises(ConfigError, match="empty prompt"):  # the prompt is checked at once
+        generate_stream(m, torch.zeros(1, 0, dtype=torch.long), sampling)

@@ -164,3 +164,19 @@ def test_extreme_options_sample_or_are_refused_in_one_line(checkpoint, capsys, f
     assert code == 0, err
     main([*base, "--max-new-tokens", "6", "--temperature", "0"])
     assert out == capsys.readouterr().out  # the limit of a vanishing temperature is greedy
+
+
+def test_the_sampler_takes_one_sampling_value(checkpoint):
+    """`Sampler.draw` and `Sampler.stream` take a `Sampling`; `samples` and `stream_text` are
+    the same with the options spelled out (the seed reproduces the draws)."""
+    from gpt1.inference.sampling import Sampling
+    from gpt1.recipes.sample import Sampler
+
+    sampler = Sampler(checkpoint, device="cpu", precision="fp32")
+    ids = sampler.prompt_ids("the old man")
+    sampling = Sampling(12, temperature=0.9, top_k=30, seed=5)
+    drawn = sampler.draw(ids, sampling, num_samples=2)
+    spelled = sampler.samples(ids, 12, temperature=0.9, top_k=30, seed=5, num_samples=2)
+    assert [s.ids for s in drawn] == [s.ids for s in spelled] and len(drawn) == 2
+    (one,) = sampler.draw(ids, sampling)  # a batch of one draws as the stream does
+    assert "".join(sampler.stream(ids, sampling)).strip() == one.text.strip()

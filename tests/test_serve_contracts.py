@@ -268,10 +268,10 @@ def test_max_queue_below_max_items_is_refused_at_start(lm):  # noqa: F811
 def test_a_stop_string_inside_a_token_keeps_that_token(gpt1_vocab):
     """Stopped inside a token (" bl" of " blue"): the token that made the text is kept, so
     the usage counts it and the logprobs list it."""
-    from gpt1.serve.completion_choices import Choice, choice_json, usage
-    from gpt1.serve.completion_schemas import CompletionRequest
-    from gpt1.serve.completion_text import Continuation
     from gpt1.serve.engine import SequenceLogprobs
+    from gpt1.serve.openai.choices import Choice, choice_json, usage
+    from gpt1.serve.openai.schemas import CompletionRequest
+    from gpt1.serve.openai.text import Continuation
 
     tok = load_tokenizer(gpt1_vocab)
     prompt, new = tok.encode("the sky is"), tok.encode("blue and wide")
@@ -323,3 +323,92 @@ def test_serve_threads_default_to_auto(monkeypatch):
     assert requested_threads(args.threads) == "auto"
     assert build_parser().parse_args(["serve", "runs/x", "--threads", "auto"]).threads == "auto"
     assert build_parser().parse_args(["serve", "runs/x", "--threads", "3"]).threads == 3
+
+
+# ------------------------------------------------------------ one event stream, two engines
+def _stream(response: Any, gone_after: int | None = None) -> tuple[list[bytes], dict]:
+    """The body chunks an ASGI server sends for `response` (the client leaves after
+    `gone_after` chunks), and its headers."""
+    import asyncio
+
+    chunks: list[bytes] = []
+    head: dict = {}
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            head.update((k.decode(), v.decode()) for k, v in message["headers"])
+        elif message.get("body"):
+            if gone_after is not None and len(chunks) == gone_after:
+                raise OSError("the client left")
+            chunks.append(message["body"])
+
+    async def receive() -> dict:
+        await asyncio.sleep(3600)  # no disconnect message: the server learns it from send
+        return {"type": "http.disconnect"}
+
+    async def run() -> None:
+        scope = {"type": "http", "asgi": {"spec_version": "2.4"}}
+        try:
+            await response(scope, receive, send)
+        except Exception:  # the client left (starlette's ClientDisconnect)
+            pass
+
+    asyncio.run(run())
+    return chunks, head
+
+
+def test_an_event_stream_frames_its_events_and_stops_its_work_however_it_ends():
+    """`EventStream`: `data: <JSON>` events (an object encoded, a text sent as it is), OpenAI's
+    `[DONE]` when asked, uncached; `on_close` runs and the events end when the response ends,
+    finished or with the client gone."""
+    from gpt1.serve.events import EventStream
+
+    def stream(ended: list[str], done: bool) -> EventStream:
+        async def events() -> Any:
+            try:
+                for n in range(3):
+                    yield {"id": n, "text": "é"}
+                yield '{"raw":1}'
+            finally:
+                ended.append("events")
+
+        return EventStream(events(), done=done, on_close=lambda: ended.append("on_close"))
+
+    ended: list[str] = []
+    chunks, head = _stream(stream(ended, done=True))
+    assert b"".join(chunks).decode() == (
+        "".join(f'data: {{"id": {n}, "text": "\\u00e9"}}\n\n' for n in range(3))
+        + 'data: {"raw":1}\n\ndata: [DONE]\n\n'
+    )
+    assert head["content-type"].startswith("text/event-stream")
+    assert head["cache-control"] == "no-cache" and ended == ["events", "on_close"]
+    chunks, _ = _stream(stream(ended := [], done=False), gone_after=1)
+    assert len(chunks) == 1 and ended == ["on_close", "events"]  # stopped at once, then closed
+
+
+def test_the_engine_is_a_language_model_with_a_classifier_only_when_fine_tuned(lm, tmp_path):  # noqa: F811
+    """`load_engine` gives a `LanguageEngine` (scores, generations: it is the batcher's
+    `Generations`), with a `ClassifierEngine` for a fine-tuned run only."""
+    from gpt1.errors import ConfigError
+    from gpt1.inference.generate import generate
+    from gpt1.inference.sampling import Sampling
+    from gpt1.serve.engine import ClassifierEngine, LanguageEngine
+
+    pretrained = load_engine(lm, device="cpu")
+    assert isinstance(pretrained, LanguageEngine) and pretrained.classifier is None
+    assert (pretrained.kind, pretrained.task, pretrained.fields) == ("language-model", None, {})
+    with pytest.raises(ConfigError, match="/v1/predict needs a fine-tuned run"):
+        pretrained.examples([{"text": "a"}])
+    ids = pretrained.token_ids(PROMPT, None, "prompt")
+    handle = pretrained.start(*pretrained.generation(ids, Sampling(6, 0.0)))
+    tokens = []
+    while pretrained.decoder.active:
+        tokens += [t for h, t in pretrained.step() if h is handle and t is not None]
+    assert tokens == generate(pretrained.lm, torch.tensor([ids]), 6, 0.0)[0, len(ids) :].tolist()
+
+    tuned = load_engine(tiny_run(tmp_path / "sst2", char_vocab(tmp_path / "vocab"), "sst2"))
+    assert isinstance(tuned.classifier, ClassifierEngine) and tuned.kind == "classifier"
+    assert tuned.task is tuned.classifier.task and tuned.lm is tuned.classifier.model.gpt
+    assert tuned.describe()["fields"] == list(tuned.fields) == ["text"]
+    items = tuned.encode(tuned.examples([{"text": "a fine film"}, {"text": "dull"}]))
+    assert tuned.predict(items) == tuned.classifier.predict(items)

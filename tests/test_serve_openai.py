@@ -354,7 +354,7 @@ def test_local_completions_equals_the_native_harness_model(gpt1_vocab_checkpoint
 def test_continuation_holds_back_text_a_stop_string_could_still_cut(tmp_path):
     """Streamed pieces never include text a later token could turn into a stop string; with or
     without a stop they join into the final text; tokens past the stop are not kept."""
-    from gpt1.serve.completion_text import Continuation, held_back
+    from gpt1.serve.openai.text import Continuation, held_back
 
     tok = load_tokenizer(char_vocab(tmp_path / "vocab"))
     prompt, new = tok.encode("the old"), tok.encode("man walked far")

@@ -45,6 +45,7 @@ USES_THREADS = frozenset(
     ["demo", "convert", "sample", "pretrain", "finetune", "evaluate", "predict", "zeroshot"]
     + ["lm-eval", "analysis"]
 )
+TAKES_THREADS = USES_THREADS | {"serve"}
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 130, 143
 
@@ -86,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
             allow_abbrev=not getattr(module, "PASS_THROUGH", False),
         )
         module.add_arguments(p)
-        if name in USES_THREADS:
+        if name in TAKES_THREADS:
             add_threads_argument(p)
         p.set_defaults(_run=module.run, _pass_through=getattr(module, "PASS_THROUGH", False))
     return parser

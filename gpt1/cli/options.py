@@ -130,10 +130,25 @@ def add_device(p: Flags) -> None:
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
 
 
-def add_inference_hardware(p: Flags) -> None:
-    """--device and --precision of a loaded checkpoint, both `auto` by default."""
+def add_inference_hardware(p: Flags, precisions: tuple[str, ...] = PRECISIONS) -> None:
+    """--device and --precision of a loaded checkpoint, both `auto` by default (`precisions`:
+    those the command runs, where it runs fewer than `gpt1.devices.PRECISIONS`)."""
     add_device(p)
-    p.add_argument("--precision", default="auto", choices=PRECISIONS, help=PRECISION_HELP)
+    help = PRECISION_HELP if precisions == PRECISIONS else precision_help(precisions)
+    p.add_argument("--precision", default="auto", choices=precisions, help=help)
+
+
+# What a precision means, in the words of `gpt1.devices.PRECISION_HELP` (for a subset of them).
+PRECISION_WORDS = {
+    "auto": "auto (default: bf16 on a GPU that supports it, fp32 otherwise)",
+    "int8": "int8 (CPU: int8 weights, bf16 activations)",
+}
+
+
+def precision_help(precisions: tuple[str, ...]) -> str:
+    """`--precision`'s help for these precisions: `a, b or c`, each in its words."""
+    words = [PRECISION_WORDS.get(name, name) for name in precisions]
+    return ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def add_scoring(p: Flags, split_help: str) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 
 HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
 
@@ -76,21 +75,20 @@ def _answer(
 ) -> None:
     """Print the continuation(s) of one prompt; one text sample is streamed as it is made."""
     ids = sampler.prompt_ids(prompt, prompt_ids)
-    sampling = asdict(args.sampling)  # the keyword arguments of stream_text and samples
     as_text = sampler.tokenizer is not None and not args.ids
     if as_text and args.num_samples == 1:
         shown = (prompt or "").strip()
         sys.stdout.write(shown)
         sys.stdout.flush()
         separator = " " if shown else ""  # between the prompt and the first piece only
-        for piece in sampler.stream_text(ids, **sampling):
+        for piece in sampler.stream(ids, args.sampling):
             sys.stdout.write(separator + piece)
             separator = ""
             sys.stdout.flush()
         sys.stdout.write("\n")
         sys.stdout.flush()
         return
-    samples = sampler.samples(ids, num_samples=args.num_samples, **sampling)
+    samples = sampler.draw(ids, args.sampling, args.num_samples)
     for i, s in enumerate(samples):
         if len(samples) > 1:
             print(f"=== sample {i + 1} ===")

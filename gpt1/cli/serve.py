@@ -16,27 +16,20 @@ from __future__ import annotations
 import argparse
 
 HELP = "serve a run or checkpoint over HTTP (predict, generate, score)"
+# What the server runs: `gpt1.serve.engine.PRECISIONS` and auto (named here, so that parsing the
+# command line imports no server code).
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import options
-    from gpt1.threads import add_threads_argument
 
     options.add_source(
         p, "run", "RUN_OR_CHECKPOINT", "a fine-tuned run, a pretraining run or a checkpoint folder"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    options.add_device(p)
-    p.add_argument(
-        "--precision",
-        choices=["auto", "fp32", "bf16", "int8"],
-        default="auto",
-        help="weights and activations: auto (default: bf16 on a GPU that supports it, fp32 "
-        "otherwise), fp32, bf16 (faster on CPUs with AMX or AVX512-BF16; check its agreement "
-        "with fp32 on your task) or int8 (CPU: int8 weights, bf16 activations)",
-    )
-    add_threads_argument(p)  # gpt1's one --threads: auto by default, said at start and in /health
+    options.add_inference_hardware(p, PRECISIONS)
     p.add_argument(
         "--served-model-name",
         metavar="NAME",

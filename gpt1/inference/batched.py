@@ -8,8 +8,8 @@ one output-layer product: the weights are read once per step for all of them. Th
 values share one `SlotPool` (`gpt1.inference.decoding`), so each layer's attention over all of them,
 of different lengths, is one call too. Sequences join and leave between steps.
 
-Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.inference.generate.next_tokens`, with
-each sequence's own options and random generator), so a sequence decoded alone gives
+Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.inference.generate.choose`, with
+each sequence's own `Sampling` and random generator), so a sequence decoded alone gives
 `generate_stream`'s tokens bit for bit. Decoded with others, its logits can differ from a lone
 run's in the last float digits (a matrix product over more rows may sum in another order).
 Models without a key/value cache (the LSTM baseline) and sequences past the model's context take
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached
-from gpt1.inference.generate import check_options, check_prompt, next_tokens
+from gpt1.inference.generate import check_prompt, choose
+from gpt1.inference.sampling import Sampling
 from gpt1.model.gpt import GPT
 
 
@@ -33,9 +34,7 @@ class Generation:
 
     ids: torch.Tensor  # [1, T] prompt and the tokens chosen so far
     remaining: int  # new tokens still to choose
-    temperature: float
-    top_k: int | None
-    top_p: float | None
+    sampling: Sampling
     generator: torch.Generator | None
     cache: KVCache | None  # None: no cache (LSTM), or past the context
     fresh: torch.Tensor  # [1, t] the tokens the model has not seen yet
@@ -46,7 +45,7 @@ Event = tuple[Generation, "int | None | Exception"]  # a token, None (finished) 
 
 class BatchedDecoder:
     """The generations of one model (see the module docstring). Not thread-safe: one thread
-    calls `start`, `step` and `stop` (the server's batching worker)."""
+    calls `add` (or `start`), `step` and `stop` (the server's batching worker)."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
@@ -64,18 +63,27 @@ class BatchedDecoder:
         top_p: float | None = None,
         generator: torch.Generator | None = None,
     ) -> Generation:
-        """Add a generation (its checks run here, as `generate_stream`'s do); its tokens come
-        from the following `step()`s."""
-        check_options(temperature, top_k, top_p, max_new_tokens)
+        """`add` with the options spelled out."""
+        return self.add(prompt, Sampling(max_new_tokens, temperature, top_k, top_p), generator)
+
+    def add(
+        self,
+        prompt: list[int] | torch.Tensor,
+        sampling: Sampling,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        """Add a generation drawn with `sampling` (`generator`: as `generate_stream`'s); the
+        prompt is checked here, as `generate_stream` checks it, and the tokens come from the
+        following `step()`s."""
         ids = torch.as_tensor(prompt, dtype=torch.long).reshape(1, -1)
         check_prompt(self.model, ids)
+        if generator is None and sampling.seed is not None:
+            generator = sampling.generator(self.device)
         ids = ids.to(self.device)
         gen = Generation(
             ids,
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
+            sampling.max_new_tokens,
+            sampling,
             generator,
             self.pool.cache() if isinstance(self.model, GPT) else None,
             ids[:, -self.n_positions :],
@@ -144,7 +152,7 @@ class BatchedDecoder:
 
     def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
         try:
-            nxt = next_tokens(logits, gen.temperature, gen.top_k, gen.top_p, gen.generator)
+            nxt = choose(logits, gen.sampling, gen.generator)
         except Exception as exc:
             self._finish(gen, exc, events)
             return

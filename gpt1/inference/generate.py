@@ -1,10 +1,11 @@
 """Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
 
-`generate_stream(model, ids, ...)` is the core (one step at a time); `generate` runs it to the
-end; `TextStream` turns the ids into text as they come. `next_tokens` and `filter_logits` are the
-choice of each token, shared with the batched decoder (`gpt1.inference.batched`). The context is
-capped at `n_positions`: past that, each step re-reads the last `n_positions` tokens (learned
-positions cannot slide, so the cache is not reused there).
+`generate_stream(model, ids, sampling)` is the core (one step at a time, the options one
+`Sampling`); `sample_ids` runs it to the end, and `generate` is the same with the options spelled
+out; `TextStream` turns the ids into text as they come. `next_tokens` (with a `Sampling`:
+`choose`) and `filter_logits` are the choice of each token, shared with the batched decoder
+(`gpt1.inference.batched`). The context is capped at `n_positions`: past that, each step re-reads
+the last `n_positions` tokens (learned positions cannot slide, so the cache is not reused there).
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def next_tokens(
     return torch.multinomial(probs, 1, generator=generator)
 
 
+def choose(
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+) -> torch.Tensor:
+    """`next_tokens` with `sampling`'s options."""
+    return next_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, generator)
+
+
 def all_finite(x: torch.Tensor) -> bool:
     """`torch.isfinite(x).all()` in one pass and no temporaries (about 4x faster on a row of
     40k logits): a NaN anywhere makes both extremes NaN, and an infinity is an extreme."""
@@ -79,15 +87,6 @@ def all_finite(x: torch.Tensor) -> bool:
     return math.isfinite(lo.item()) and math.isfinite(hi.item())
 
 
-def check_options(
-    temperature: float, top_k: int | None, top_p: float | None, max_new_tokens: int
-) -> None:
-    """The `Sampling` rules for these options (`gpt1.inference.sampling`); a `SamplingError`
-    names the field."""
-    Sampling(max_new_tokens, temperature, top_k, top_p)
-
-
-@torch.no_grad()
 def generate(
     model: torch.nn.Module,
     ids: torch.Tensor,
@@ -100,38 +99,50 @@ def generate(
 ) -> torch.Tensor:
     """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
 
-    `model` is a `GPT` (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM
-    baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
-    temperature 0 is greedy (argmax). The model is put in eval mode for the call and restored.
+    `sample_ids` with the options spelled out (temperature 0 is greedy); `model` is a `GPT`
+    (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM baseline: it re-reads
+    the last n_positions tokens each step, like GPT past its context).
     """
+    sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
+    return sample_ids(model, ids, sampling, generator, use_cache)
+
+
+@torch.no_grad()
+def sample_ids(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
+    """`ids` `[B, T]` and their continuation, drawn with `sampling`: `[B, T + max_new_tokens]`.
+    The model is put in eval mode for the call and restored."""
     if ids.dim() == 1:
         ids = ids[None]
-    steps = list(
-        generate_stream(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
-    )
+    steps = list(generate_stream(model, ids, sampling, generator, use_cache))
     return torch.cat([ids.to(model.wte.weight.device), *steps], dim=1)
 
 
 def generate_stream(
     model: torch.nn.Module,
     ids: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    sampling: Sampling,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
 ) -> Iterator[torch.Tensor]:
-    """`generate`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
+    """`sample_ids`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
 
-    The checks run before the first token; the model is in eval mode while the generator runs
-    and restored when it ends (or is closed early).
+    The draws use `generator`; without one, a generator seeded with `sampling.seed` when it has
+    one (`Sampling.generator`), torch's global one otherwise. The prompt is checked before the
+    first token; the model is in eval mode while the generator runs and restored when it ends
+    (or is closed early).
     """
-    check_options(temperature, top_k, top_p, max_new_tokens)
     if ids.dim() == 1:
         ids = ids[None]
     check_prompt(model, ids)
-    return _steps(model, ids, max_new_tokens, temperature, top_k, top_p, generator, use_cache)
+    if generator is None and sampling.seed is not None:
+        generator = sampling.generator(model.wte.weight.device)
+    return _steps(model, ids, sampling, generator, use_cache)
 
 
 def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
@@ -146,10 +157,7 @@ def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
 def _steps(
     model: torch.nn.Module,
     ids: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
+    sampling: Sampling,
     generator: torch.Generator | None,
     use_cache: bool,
 ) -> Iterator[torch.Tensor]:
@@ -162,7 +170,7 @@ def _steps(
     cache = KVCache(model.config.n_layer, n_pos) if use_cache and isinstance(model, GPT) else None
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
-        for _ in range(max_new_tokens):
+        for _ in range(sampling.max_new_tokens):
             with torch.no_grad():
                 if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
                     hidden = forward_cached(model, fresh, cache)[:, -1]
@@ -170,7 +178,7 @@ def _steps(
                     cache = None  # past the context: positions shift, re-read the window each step
                     hidden = model(out[:, -n_pos:])[:, -1]
                 logits = model.lm_logits(hidden).float()  # [B, V]
-            nxt = next_tokens(logits, temperature, top_k, top_p, generator)
+            nxt = choose(logits, sampling, generator)
             out = torch.cat([out, nxt], dim=1)
             fresh = nxt
             yield nxt

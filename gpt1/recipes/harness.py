@@ -256,6 +256,7 @@ class Gpt1LM(TemplateLM):
     ) -> str:
         """One continuation of `context`, cut before the first stop string in `until`."""
         from gpt1.inference.generate import TextStream, generate_stream
+        from gpt1.inference.sampling import Sampling
 
         stops = [until] if isinstance(until, str) else list(until or [])
         n_new = self._max_gen_toks if max_gen_toks is None else int(max_gen_toks)
@@ -266,17 +267,11 @@ class Gpt1LM(TemplateLM):
         ids = self.tok_encode(context) or [self._prefix]
         # Keep room for the new tokens inside the window, like the harness's own models.
         ids = ids[-max(1, self._max_length - n_new) :]
-        generator = None
-        if temperature > 0:
-            generator = torch.Generator(device=self._device)
-            generator.manual_seed(seed if seed is not None else 1234)
+        seed = seed if seed is not None else 1234  # a sampled task draws reproducibly
+        sampling = Sampling(n_new, temperature, top_k, top_p, seed)
         stream = TextStream(self.tok)
         text = ""
-        for token in _first_row(
-            generate_stream(
-                self.model, torch.tensor([ids]), n_new, temperature, top_k, top_p, generator
-            )
-        ):
+        for token in _first_row(generate_stream(self.model, torch.tensor([ids]), sampling)):
             text += stream.push(token)
             cut = _first_stop(text, stops)
             if cut is not None:

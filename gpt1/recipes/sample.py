@@ -1,7 +1,9 @@
 """`gpt1 sample`: a checkpoint's tokenizer and model, ready for prompt after prompt.
 
-`Sampler` holds a loaded checkpoint (GPT or the LSTM baseline) and its tokenizer; `sample(checkpoint,
-...)` is the one-shot entry point. The generation itself is `gpt1.inference.generate`.
+`Sampler` holds a loaded checkpoint (GPT or the LSTM baseline) and its tokenizer; its `stream` and
+`draw` take the sampling options as one `Sampling` (`stream_text` and `samples` are the same with
+the options spelled out). `sample(checkpoint, ...)` is the one-shot entry point. The generation
+itself is `gpt1.inference.generate`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
 from gpt1.devices import resolve_device
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.inference.generate import TextStream, check_options, generate, generate_stream
+from gpt1.inference.generate import TextStream, generate_stream, sample_ids
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.sampling import Sampling
 from gpt1.model.memory import ensure_fits
@@ -96,9 +98,41 @@ class Sampler:
             prompt_ids = prompt_ids[-n_pos:]
         return list(prompt_ids)
 
-    def _generator(self, seed: int | None) -> torch.Generator:
-        return Sampling(seed=seed).generator(self.device)
+    def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[str]:
+        """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
+        joined, the pieces equal `Tokenizer.decode` of the new ids."""
+        if self.tokenizer is None:
+            raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
+        text = TextStream(self.tokenizer)
+        steps = generate_stream(
+            self.model, torch.tensor([prompt_ids]), sampling, self._generator(sampling)
+        )
+        for step in steps:
+            piece = text.push(int(step[0, 0]))
+            if piece:
+                yield piece
+        if end := text.flush():
+            yield end
 
+    def draw(self, prompt_ids: list[int], sampling: Sampling, num_samples: int = 1) -> list[Sample]:
+        """`num_samples` continuations of the same prompt, generated as one batch."""
+        if num_samples < 1:
+            raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
+        check_sampling_memory(
+            self.model.config, num_samples, sampling.max_new_tokens, str(self.device)
+        )
+        ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
+        out = sample_ids(self.model, ids, sampling, self._generator(sampling))
+        n = len(prompt_ids)
+        return [
+            Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
+            for row in out.tolist()
+        ]
+
+    def _generator(self, sampling: Sampling) -> torch.Generator:
+        return sampling.generator(self.device)  # seeded, or with a fresh random seed
+
+    # The options spelled out (the README's example and programs written against it).
     def stream_text(
         self,
         prompt_ids: list[int],
@@ -108,26 +142,9 @@ class Sampler:
         top_p: float | None = None,
         seed: int | None = None,
     ) -> Iterator[str]:
-        """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
-        joined, the pieces equal `Tokenizer.decode` of the new ids."""
-        if self.tokenizer is None:
-            raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
-        text = TextStream(self.tokenizer)
-        steps = generate_stream(
-            self.model,
-            torch.tensor([prompt_ids]),
-            max_new_tokens,
-            temperature,
-            top_k,
-            top_p,
-            self._generator(seed),
-        )
-        for step in steps:
-            piece = text.push(int(step[0, 0]))
-            if piece:
-                yield piece
-        if end := text.flush():
-            yield end
+        """`stream` with the options spelled out."""
+        sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
+        return self.stream(prompt_ids, sampling)
 
     def samples(
         self,
@@ -139,19 +156,9 @@ class Sampler:
         seed: int | None = None,
         num_samples: int = 1,
     ) -> list[Sample]:
-        """`num_samples` continuations of the same prompt, generated as one batch."""
-        if num_samples < 1:
-            raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
-        check_sampling_memory(self.model.config, num_samples, max_new_tokens, str(self.device))
-        ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
-        out = generate(
-            self.model, ids, max_new_tokens, temperature, top_k, top_p, self._generator(seed)
-        )
-        n = len(prompt_ids)
-        return [
-            Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
-            for row in out.tolist()
-        ]
+        """`draw` with the options spelled out."""
+        sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
+        return self.draw(prompt_ids, sampling, num_samples)
 
 
 def sample(
@@ -167,19 +174,12 @@ def sample(
     device: str = "auto",
     precision: str = "auto",
 ) -> list[Sample]:
-    """Load `checkpoint` and continue a text or id prompt `num_samples` times."""
-    check_options(temperature, top_k, top_p, max_new_tokens)
+    """Load `checkpoint` and continue a text or id prompt `num_samples` times (the options are
+    checked before anything loads)."""
+    sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError('give exactly one of --prompt TEXT or --prompt-ids "1 2 3"')
     if num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {num_samples}")
     sampler = Sampler(checkpoint, device, precision)
-    return sampler.samples(
-        sampler.prompt_ids(prompt, prompt_ids),
-        max_new_tokens,
-        temperature,
-        top_k,
-        top_p,
-        seed,
-        num_samples,
-    )
+    return sampler.draw(sampler.prompt_ids(prompt, prompt_ids), sampling, num_samples)

@@ -8,6 +8,7 @@
 - `state`: what the handlers share (engine, batcher, metrics, limits, tokenizer thread);
 - `guard`: the middleware around the app (body size and arrival time, request metrics);
 - `responses`: refusals as one line of JSON;
-- `completions` (with `completion_schemas`, `completion_text`): the OpenAI-compatible endpoints;
+- `events`: the server-sent-event responses both protocols stream;
+- `openai/`: OpenAI's protocol (/v1/completions, /v1/models, the tokenizer endpoints);
 - `server`: `serve(...)`, the entry point that runs it under uvicorn.
 """

@@ -1,5 +1,5 @@
 """The HTTP API (FastAPI): /v1/predict, /v1/generate, /v1/score, /health, /metrics, /docs
-(`gpt1.serve.routes`), and the OpenAI-compatible endpoints of `gpt1.serve.completions`
+(`gpt1.serve.routes`), and the OpenAI-compatible endpoints of `gpt1.serve.openai`
 (/v1/completions, /v1/models, ...).
 
 Every error is JSON `{"error": "<one line>"}` with a 4xx status for a bad request (422: invalid
@@ -24,19 +24,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.serve import completions, playground, routes
+from gpt1.serve import playground, routes
 from gpt1.serve.batcher import Batcher, QueueFull
 from gpt1.serve.connections import quiet_accept_errors
 from gpt1.serve.cors import add_cors
 from gpt1.serve.engine import Engine
 from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
+from gpt1.serve.openai import routes as openai_routes
 from gpt1.serve.responses import RETRY_AFTER_S, error, parse_failure, validation_message
 from gpt1.serve.schemas import Limits
 from gpt1.serve.state import ServeState, run_batch
 
 log = logging.getLogger("gpt1.serve")
-ENDPOINTS = routes.PATHS | completions.PATHS | playground.PATHS  # the metrics' endpoint labels
+ENDPOINTS = routes.PATHS | openai_routes.PATHS | playground.PATHS  # the metrics' endpoint labels
 
 
 def create_app(
@@ -67,7 +68,7 @@ def create_app(
         max_queue,
         max_generations,
         on_batch=metrics.observe_batch,
-        generations=engine.decoder,
+        generations=engine,
     )
     app = FastAPI(
         title="gpt1",
@@ -81,7 +82,7 @@ def create_app(
     app.state.serve = ServeState(engine, batcher, metrics, limits, served_model_name)
     for kind, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(kind, handler)
-    app.include_router(completions.router)
+    app.include_router(openai_routes.router)
     app.include_router(routes.info_router)
     if engine.task is not None:  # a language model has no task to predict
         app.include_router(routes.predict_router(engine.fields))

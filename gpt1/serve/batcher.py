@@ -7,7 +7,7 @@ of the engine (one forward per batch on the unpadded path). Under load the queue
 batch runs, so batches grow with load without any waiting; a request alone waits at most `wait_s`.
 
 Generations advance a token per turn, interleaved with batches: between two batches every active
-generation gets its next token from one step of the `Generations` (the engine's continuous
+generation gets its next token from one step of the `Generations` (the engine, over its continuous
 batching decoder, `gpt1.inference.batched.BatchedDecoder`: one forward pass for all of them), so a
 long generation neither blocks classification nor starves, and concurrent generations share the
 cost of reading the weights. At most `max_active_generations` run at once; the rest wait queued
@@ -39,7 +39,7 @@ class QueueFull(Exception):
 
 
 class Generations(Protocol):
-    """What the worker needs to run generations (the engine's `BatchedDecoder`)."""
+    """What the worker needs to run generations (the engine, over its `BatchedDecoder`)."""
 
     def start(self, *request: Any) -> Any:
         """Begin a generation (a "generate" job's payload holds the arguments); returns its

@@ -1,13 +1,16 @@
 """What the server computes, as plain functions of one loaded model (no HTTP here).
 
 `load_engine(path)` loads a fine-tuned run (any task kind, including user csv/tsv/jsonl tasks)
-or a pretrained checkpoint (GPT or the LSTM baseline). An `Engine` then
-- turns request items into task examples and model inputs with the library's own readers'
-  example types and transformations (`gpt1.tasks.batches.encode_split`), and predicts them with
-  `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`;
-- scores continuations with the zero-shot `Scorer` (`gpt1.zeroshot.scorer`);
-- generates with `gpt1.inference.batched.BatchedDecoder` (continuous batching: concurrent
-  generations share forward passes), which chooses tokens as `gpt1 sample` does.
+or a pretrained checkpoint (GPT or the LSTM baseline) as an `Engine`, made of two parts:
+- its `LanguageEngine` (every served model has one; a fine-tuned run's is its GPT) turns texts
+  into ids, scores continuations and whole sequences with the zero-shot `Scorer`
+  (`gpt1.zeroshot.scorer`), and generates with `gpt1.inference.batched.BatchedDecoder`
+  (continuous batching: concurrent generations share forward passes), which chooses tokens as
+  `gpt1 sample` does;
+- for a fine-tuned run, its `ClassifierEngine` (`engine.classifier`) turns request items into
+  task examples and model inputs with the library's own readers' example types and
+  transformations (`gpt1.tasks.batches.encode_split`), and predicts them with
+  `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`.
 All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 """
 
@@ -21,6 +24,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
+from gpt1.inference.batched import BatchedDecoder, Event, Generation
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.sampling import Sampling
 from gpt1.model.finetuned import TASK_FILE
@@ -58,133 +62,20 @@ class Prediction:
         return {"label": self.label, "probabilities": probs}
 
 
-class Engine:
-    """One loaded model: a fine-tuned classifier (with its task) or a language model."""
+class LanguageEngine:
+    """The served model's language model (a fine-tuned run's too): token ids of a request,
+    scores of continuations and of whole sequences, generations."""
 
-    def __init__(
-        self,
-        folder: Path,
-        lm: torch.nn.Module,
-        tokenizer: Any | None,
-        classifier: torch.nn.Module | None = None,
-        task: Task | None = None,
-        record: dict | None = None,
-        precision: str = "fp32",
-    ):
-        from gpt1.inference.batched import BatchedDecoder
+    def __init__(self, folder: Path, lm: torch.nn.Module, tokenizer: Any | None):
         from gpt1.model.checkpoint import trained_context
         from gpt1.zeroshot.scorer import Scorer
 
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
-        self.classifier, self.task, self.record = classifier, task, record or {}
-        self.precision = precision
         self.scorer = Scorer(lm, max_context=trained_context(folder))
         self.n_positions = lm.config.n_positions
         # Generations, decoded together (continuous batching) by the batcher's worker thread.
         self.decoder = BatchedDecoder(lm)
 
-    # ------------------------------------------------------------------ description
-    @property
-    def kind(self) -> str:
-        return "classifier" if self.task is not None else "language-model"
-
-    @property
-    def fields(self) -> dict[str, str]:
-        """Request field -> example role (text, a, b, context, question, choices)."""
-        if self.task is None:
-            return {}
-        columns = self.task.spec.get("columns")
-        if columns:  # a user task: its own column names
-            roles = [
-                r for r in ("text", "a", "b", "context", "question", "choices") if r in columns
-            ]
-            return {columns[r]: r for r in roles}
-        return dict(KIND_FIELDS[self.task.kind])
-
-    def describe(self) -> dict[str, Any]:
-        info: dict[str, Any] = {
-            "model": model_name(self.folder),
-            "checkpoint": self.folder.name,
-            "kind": self.kind,
-            "precision": self.precision,
-            "n_positions": self.n_positions,
-            "tokenizer": self.tokenizer is not None,
-        }
-        if self.task is not None:
-            info.update(
-                task=self.task.name,
-                task_kind=self.task.kind,
-                labels=self.task.labels,
-                fields=list(self.fields),
-            )
-        return info
-
-    # --------------------------------------------------------------------- predict
-    def examples(self, items: list[dict[str, Any]]) -> list[Example]:
-        """Request items (validated field -> value dicts) -> the task's example objects."""
-        if self.task is None:
-            raise ConfigError(
-                "this model is a pretrained language model; /v1/predict needs a fine-tuned run"
-            )
-        roles = self.fields
-        out: list[Example] = []
-        for n, item in enumerate(items):
-            by_role = {roles[k]: v for k, v in item.items() if v is not None}
-            for role, value in by_role.items():
-                values = value if isinstance(value, list) else [value]
-                if role != "question" and not all(map(has_visible_text, values)):
-                    field = next(k for k, r in roles.items() if r == role)
-                    raise DataError(f"inputs[{n}].{field}: {EMPTY_TEXT}")
-            kind = self.task.kind
-            if kind == "single":
-                out.append(TextExample(by_role["text"], uid=str(n)))
-            elif kind in ("pair", "similarity"):
-                out.append(PairExample(by_role["a"], by_role["b"], uid=str(n)))
-            else:
-                out.append(
-                    ChoiceExample(
-                        by_role["context"],
-                        by_role.get("question", ""),
-                        list(by_role["choices"]),
-                        uid=str(n),
-                    )
-                )
-        return out
-
-    def encode(self, examples: list[Example]) -> list[list[list[int]]]:
-        """Examples -> their K id sequences each, exactly as `gpt1 predict` builds them."""
-        split = Split("request", Path("<request>"), examples)
-        enc = encode_split(
-            split,
-            self.task,
-            self.tokenizer,
-            self.record["n_ctx"],
-            self.record.get("question_delimiter", False),
-        )
-        return enc.items
-
-    def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
-        """Predictions of encoded examples (one forward per `micro` examples, longest first)."""
-        from gpt1.recipes.evaluate import label_text, predict_raw
-
-        raw = predict_raw(
-            self.classifier,
-            self.task,
-            Encoded(items, [None] * len(items), [""] * len(items)),
-            micro,
-        )
-        out = []
-        for row in raw:
-            if self.task.regression:
-                out.append(Prediction(label_text(self.task, row), float(row), None))
-                continue
-            logits = torch.tensor(row)  # float32, as predict_outputs' argmax sees them
-            best = int(logits.argmax())
-            probs = logits.double().softmax(-1).tolist()
-            out.append(Prediction(label_text(self.task, best), None, probs))
-        return out
-
-    # ----------------------------------------------------------------------- score
     def token_ids(self, text: str | None, ids: list[int] | None, what: str) -> list[int]:
         """A text (encoded with the model's tokenizer) or ids (checked against the vocabulary)."""
         if ids is not None:
@@ -199,6 +90,9 @@ class Engine:
                 f"cannot be encoded; send {what}_ids"
             )
         return list(self.tokenizer.encode(text or ""))
+
+    def decode(self, ids: list[int]) -> str | None:
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else None
 
     def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
         """Per (context ids, continuation ids): token log-probabilities, total, mean, greedy,
@@ -218,7 +112,6 @@ class Engine:
             for s, (ctx, cont) in zip(scores, pairs)
         ]
 
-    # ------------------------------------------------- every position (OpenAI logprobs)
     @property
     def window(self) -> int:
         """The most tokens a scored sequence may hold (the scorer's window: the positions the
@@ -226,8 +119,9 @@ class Engine:
         return self.scorer.n_positions
 
     def sequence_logprobs(self, items: list[SequenceScoring]) -> list[SequenceLogprobs]:
-        """Each sequence's tokens scored at every position, with alternatives: one `Scorer`
-        call for the whole batch (rows sorted, packed and prefix-shared as for /v1/score)."""
+        """Each sequence's tokens scored at every position, with alternatives (OpenAI's
+        logprobs): one `Scorer` call for the whole batch (rows sorted, packed and
+        prefix-shared as for /v1/score)."""
         for it in items:
             rows = len(it.ids) - (0 if it.next_token else 1)
             if not it.ids or rows > self.window:
@@ -249,17 +143,147 @@ class Engine:
             )
         return out
 
-    # -------------------------------------------------------------------- generate
+    # Generations: a handler makes the request (`generation`) on the event loop; the batcher's
+    # worker thread runs it with this engine as its `Generations` (start, step, stop: the decoder).
     def generation(self, prompt_ids: list[int], sampling: Sampling) -> GenerationRequest:
-        """A generation for `self.decoder`, drawing tokens as `gpt1 sample` does with `sampling`."""
-        s = sampling
-        generator = s.generator(self.decoder.device)
-        return GenerationRequest(
-            prompt_ids, s.max_new_tokens, s.temperature, s.top_k, s.top_p, generator
-        )
+        """A generation drawing tokens as `gpt1 sample` does with `sampling` (`start`'s args)."""
+        return GenerationRequest(prompt_ids, sampling, sampling.generator(self.decoder.device))
 
-    def decode(self, ids: list[int]) -> str | None:
-        return self.tokenizer.decode(ids) if self.tokenizer is not None else None
+    def start(
+        self, prompt_ids: list[int], sampling: Sampling, generator: torch.Generator
+    ) -> Generation:
+        return self.decoder.add(prompt_ids, sampling, generator)
+
+    def step(self) -> list[Event]:
+        return self.decoder.step()
+
+    def stop(self, generation: Generation) -> None:
+        self.decoder.stop(generation)
+
+
+class ClassifierEngine:
+    """A fine-tuned run's task model: request items -> the task's examples -> their input
+    sequences -> predictions, as `gpt1 predict` makes them."""
+
+    def __init__(self, model: torch.nn.Module, task: Task, record: dict, tokenizer: Any):
+        self.model, self.task, self.record, self.tokenizer = model, task, record, tokenizer
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """Request field -> example role (text, a, b, context, question, choices)."""
+        columns = self.task.spec.get("columns")
+        if columns:  # a user task: its own column names
+            roles = [
+                r for r in ("text", "a", "b", "context", "question", "choices") if r in columns
+            ]
+            return {columns[r]: r for r in roles}
+        return dict(KIND_FIELDS[self.task.kind])
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "task": self.task.name,
+            "task_kind": self.task.kind,
+            "labels": self.task.labels,
+            "fields": list(self.fields),
+        }
+
+    def examples(self, items: list[dict[str, Any]]) -> list[Example]:
+        """Request items (validated field -> value dicts) -> the task's example objects."""
+        roles, kind = self.fields, self.task.kind
+        out: list[Example] = []
+        for n, item in enumerate(items):
+            by_role = {roles[k]: v for k, v in item.items() if v is not None}
+            for role, value in by_role.items():
+                values = value if isinstance(value, list) else [value]
+                if role != "question" and not all(map(has_visible_text, values)):
+                    field = next(k for k, r in roles.items() if r == role)
+                    raise DataError(f"inputs[{n}].{field}: {EMPTY_TEXT}")
+            if kind == "single":
+                out.append(TextExample(by_role["text"], uid=str(n)))
+            elif kind in ("pair", "similarity"):
+                out.append(PairExample(by_role["a"], by_role["b"], uid=str(n)))
+            else:
+                context, question = by_role["context"], by_role.get("question", "")
+                out.append(ChoiceExample(context, question, list(by_role["choices"]), uid=str(n)))
+        return out
+
+    def encode(self, examples: list[Example]) -> list[list[list[int]]]:
+        """Examples -> their K id sequences each, exactly as `gpt1 predict` builds them."""
+        split = Split("request", Path("<request>"), examples)
+        n_ctx, delimiter = self.record["n_ctx"], self.record.get("question_delimiter", False)
+        return encode_split(split, self.task, self.tokenizer, n_ctx, delimiter).items
+
+    def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
+        """Predictions of encoded examples (one forward per `micro` examples, longest first)."""
+        from gpt1.recipes.evaluate import label_text, predict_raw
+
+        blank = Encoded(items, [None] * len(items), [""] * len(items))
+        out = []
+        for row in predict_raw(self.model, self.task, blank, micro):
+            if self.task.regression:
+                out.append(Prediction(label_text(self.task, row), float(row), None))
+                continue
+            logits = torch.tensor(row)  # float32, as predict_outputs' argmax sees them
+            best = int(logits.argmax())
+            probs = logits.double().softmax(-1).tolist()
+            out.append(Prediction(label_text(self.task, best), None, probs))
+        return out
+
+
+class Engine(LanguageEngine):
+    """One loaded model: its language model (`LanguageEngine`) and, for a fine-tuned run, its
+    classifier (`ClassifierEngine`; None for a pretrained model, which has no task)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        lm: torch.nn.Module,
+        tokenizer: Any | None,
+        classifier: ClassifierEngine | None = None,
+        precision: str = "fp32",
+    ):
+        super().__init__(folder, lm, tokenizer)
+        self.classifier, self.precision = classifier, precision
+
+    @property
+    def kind(self) -> str:
+        return "classifier" if self.classifier is not None else "language-model"
+
+    @property
+    def task(self) -> Task | None:
+        return self.classifier.task if self.classifier is not None else None
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The predict request's fields and their roles ({} for a language model)."""
+        return self.classifier.fields if self.classifier is not None else {}
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "model": model_name(self.folder),
+            "checkpoint": self.folder.name,
+            "kind": self.kind,
+            "precision": self.precision,
+            "n_positions": self.n_positions,
+            "tokenizer": self.tokenizer is not None,
+        }
+        return info | (self.classifier.describe() if self.classifier is not None else {})
+
+    def examples(self, items: list[dict[str, Any]]) -> list[Example]:
+        return self._classifier().examples(items)
+
+    def encode(self, examples: list[Example]) -> list[list[list[int]]]:
+        return self._classifier().encode(examples)
+
+    def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
+        return self._classifier().predict(items, micro)
+
+    def _classifier(self) -> ClassifierEngine:
+        if self.classifier is None:
+            raise ConfigError(
+                "this model is a pretrained language model; /v1/predict needs a fine-tuned run"
+            )
+        return self.classifier
 
 
 def model_name(folder: Path) -> str:
@@ -292,14 +316,11 @@ class SequenceLogprobs:
 
 
 class GenerationRequest(NamedTuple):
-    """A generation: `BatchedDecoder.start`'s arguments, in its order (the batcher's worker
-    thread starts it with them: `decoder.start(*request)`)."""
+    """A generation: `LanguageEngine.start`'s arguments, in its order (the batcher's worker
+    thread starts it with them: `engine.start(*request)`)."""
 
     prompt_ids: list[int]
-    max_new_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float | None
+    sampling: Sampling
     generator: torch.Generator
 
 
@@ -319,7 +340,8 @@ def load_engine(path: str | Path, device: str = "auto", precision: str = "auto")
         classifier, record, tok = load_finetuned(folder)
         task = _task_of(record, None)
         classifier = for_inference(classifier, device, precision)
-        return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
+        task_model = ClassifierEngine(classifier, task, record, tok)
+        return Engine(folder, classifier.gpt, tok, task_model, precision)
     from gpt1.model.registry import load_any_checkpoint
 
     lm = for_inference(load_any_checkpoint(folder, device="cpu"), device, precision)

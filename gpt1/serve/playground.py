@@ -20,8 +20,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 
-from gpt1.serve.completion_schemas import MAX_LOGPROBS, CompletionRequest
 from gpt1.serve.engine import Engine
+from gpt1.serve.openai.schemas import MAX_LOGPROBS, CompletionRequest
 from gpt1.serve.schemas import Limits
 
 PATHS = {"/"}

@@ -1,5 +1,5 @@
 """The API's refusals as one line of JSON: `{"error": "<one line>"}` (the OpenAI-compatible
-endpoints wrap the same words in OpenAI's shape, `gpt1.serve.openai_errors`).
+endpoints wrap the same words in OpenAI's shape, `gpt1.serve.openai.errors`).
 
 A validation error names the field as the client sent it: `prompt.1`, `inputs.text`, `seed`,
 never pydantic's own names for the branches of a union (`prompt.function-wrap[_check()]`).

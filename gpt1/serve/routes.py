@@ -12,17 +12,16 @@ decoding step.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any
 
 import torch
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response
 
-from gpt1.serve.batcher import Job
 from gpt1.serve.docs_page import docs_page
 from gpt1.serve.engine import Engine
+from gpt1.serve.events import Data, EventStream
 from gpt1.serve.responses import error
 from gpt1.serve.schemas import (
     ERROR_RESPONSES,
@@ -144,7 +143,8 @@ async def generate(body: GenerateRequest, request: Request, serve: Serve) -> Any
         )
     job, tokens = serve.generate(engine.generation(prompt, body.sampling()))
     if body.stream:
-        return GenerationStream(_events(engine, prompt, tokens), job)
+        # The generation stops as soon as the response ends, however it ends.
+        return EventStream(_events(engine, prompt, tokens), on_close=job.cancelled.set)
     ids = await _unless_client_leaves(_collect(tokens), request)
     if ids is None:  # nobody to answer; the generation is stopped already
         return Response(status_code=CLIENT_LEFT)
@@ -177,30 +177,12 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-class GenerationStream(StreamingResponse):
-    """Server-sent events of one generation, which stops as soon as the response ends, however
-    it ends (finished, or the client gone): no decoding for nobody."""
-
-    def __init__(self, events: AsyncGenerator[str, None], job: Job):
-        super().__init__(
-            events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-        )
-        self.events, self.job = events, job
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.job.cancelled.set()
-            await self.events.aclose()
-
-
 async def _events(
     engine: Engine, prompt: list[int], tokens: AsyncIterator[int]
-) -> AsyncGenerator[str, None]:
-    """Server-sent events: one `data: {"id", "text"}` per token (`text` is what it adds to the
+) -> AsyncGenerator[Data, None]:
+    """The stream's events: one `{"id", "text"}` per token (`text` is what it adds to the
     decoded continuation, decoded incrementally: `gpt1.inference.generate.TextStream`), then
-    `data: {"done": true, "text", "ids", "prompt_ids"}`."""
+    `{"done": true, "text", "ids", "prompt_ids"}`."""
     from gpt1.inference.generate import TextStream
 
     ids: list[int] = []
@@ -209,9 +191,8 @@ async def _events(
         async for token in tokens:
             ids.append(token)
             piece = text.push(token) if text is not None else None
-            yield f"data: {json.dumps({'id': token, 'text': piece})}\n\n"
+            yield {"id": token, "text": piece}
     except Exception as exc:  # headers are sent: report in the stream, one line
-        yield f"data: {json.dumps({'error': ' '.join(str(exc).split())})}\n\n"
+        yield {"error": " ".join(str(exc).split())}
         return
-    done = {"done": True, "text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}
-    yield f"data: {json.dumps(done)}\n\n"
+    yield {"done": True, "text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}

@@ -14,13 +14,11 @@ and (asked for with `logprobs`) the same logprobs object; the usage chunk
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-from fastapi.responses import StreamingResponse
-
-from gpt1.serve.completion_choices import (
+from gpt1.serve.events import Data, EventStream
+from gpt1.serve.openai.choices import (
     Choice,
     Started,
     choice_json,
@@ -32,21 +30,21 @@ from gpt1.serve.completion_choices import (
     start_generations,
     usage,
 )
-from gpt1.serve.completion_schemas import CompletionRequest
-from gpt1.serve.openai_errors import answer_failure
+from gpt1.serve.openai.errors import answer_failure
+from gpt1.serve.openai.schemas import CompletionRequest
 from gpt1.serve.state import ServeState
 
 
 class Chunks:
-    """The server-sent chunks of one streamed completion, queued for its response (None ends
-    them), in OpenAI's shape: `head` and a list of choices."""
+    """The chunks of one streamed completion, queued for its response (None ends them), in
+    OpenAI's shape: `head` and a list of choices."""
 
     def __init__(self, head: dict[str, Any]):
         self.head = head
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.queue: asyncio.Queue[Data | None] = asyncio.Queue()
 
     def put(self, choices: list[dict], **extra: Any) -> None:
-        self.queue.put_nowait(f"data: {json.dumps({**self.head, 'choices': choices, **extra})}\n\n")
+        self.queue.put_nowait({**self.head, "choices": choices, **extra})
 
     def text(
         self, c: Choice, text: str, finish: str | None = None, logprobs: dict | None = None
@@ -58,7 +56,7 @@ class Chunks:
 
     def error(self, exc: Exception, path: str) -> None:
         """Headers are sent: the error object goes in the stream, as its last chunk."""
-        self.queue.put_nowait(f"data: {answer_failure(exc, path).body.decode()}\n\n")
+        self.queue.put_nowait(answer_failure(exc, path).body.decode())
 
 
 def stream(
@@ -67,31 +65,31 @@ def stream(
     prompts: list[list[int]],
     choices: list[Choice],
     head: dict[str, Any],
-) -> StreamingResponse:
-    """The chunks (the module docstring's), then `[DONE]`. The generations are queued before
-    the response starts, so a full queue is still a 503."""
+) -> EventStream:
+    """The chunks (the module docstring's) as server-sent events, then `[DONE]`. The
+    generations are queued before the response starts, so a full queue is still a 503."""
     chunks = Chunks(head)
     started = None if scoring_path(body) else start_generations(serve, choices, body)
     if body.echo and started is not None:
         for c in choices:
             chunks.text(c, c.text.prompt_text)
 
-    async def events() -> AsyncIterator[str]:
-        work = stream_work(serve, body, prompts, choices, started, chunks)
-        task = asyncio.create_task(work)
-        try:
-            while (item := await chunks.queue.get()) is not None:
-                yield item
-            yield "data: [DONE]\n\n"
-        finally:
-            if not task.done():  # the client left: stop the generations
-                task.cancel()
-            for job, _ in started or []:
-                job.cancelled.set()
+    task: asyncio.Task | None = None
 
-    return StreamingResponse(
-        events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
-    )
+    async def events() -> AsyncGenerator[Data, None]:
+        nonlocal task
+        task = asyncio.create_task(stream_work(serve, body, prompts, choices, started, chunks))
+        while (item := await chunks.queue.get()) is not None:
+            yield item
+
+    def stop() -> None:
+        """The response ended (the client may have left): stop the work and the generations."""
+        if task is not None and not task.done():
+            task.cancel()
+        for job, _ in started or []:
+            job.cancelled.set()
+
+    return EventStream(events(), done=True, on_close=stop)
 
 
 async def stream_work(

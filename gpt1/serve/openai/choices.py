@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpt1.serve.batcher import Job
-from gpt1.serve.completion_schemas import CompletionRequest
-from gpt1.serve.completion_text import Continuation, piece, text_offsets
 from gpt1.serve.engine import SequenceLogprobs, SequenceScoring
+from gpt1.serve.openai.schemas import CompletionRequest
+from gpt1.serve.openai.text import Continuation, piece, text_offsets
 from gpt1.serve.state import SCORE_KIND, ServeState
 
 

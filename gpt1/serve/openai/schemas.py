@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible endpoints (`gpt1.serve.completions`).
+"""Request bodies of the OpenAI-compatible endpoints (`gpt1.serve.openai.routes`).
 
 The completions body has OpenAI's fields and defaults (its legacy `/v1/completions` API, the one
 vLLM, llama.cpp's server and lm-evaluation-harness's `local-completions` speak). Unknown fields
@@ -83,7 +83,7 @@ class CompletionRequest(Closed):
     best_of: Int | None = None
     logit_bias: dict[str, Float] | None = None
     suffix: Annotated[str, Strict()] | None = None
-    # vLLM's extension: answer with the likeliest of these strings (`gpt1.serve.guided`)
+    # vLLM's extension: answer with the likeliest of these strings (`gpt1.serve.openai.guided`)
     guided_choice: Annotated[list[Text], Field(min_length=1), AtMost("max_choices")] | None = None
 
     @model_validator(mode="after")

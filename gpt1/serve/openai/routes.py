@@ -1,7 +1,7 @@
 """OpenAI-compatible endpoints: `/v1/completions`, `/v1/models`, the tokenizer endpoints.
 
-- `POST /v1/completions`: OpenAI's completions request and response (`completion_schemas`),
-  its choices computed by `completion_choices`, streamed by `completion_stream`.
+- `POST /v1/completions`: OpenAI's completions request and response (`schemas`), its choices
+  computed by `choices`, streamed by `stream`.
 - `GET /v1/models`: the served model (its run's name, or `--served-model-name`), its window as
   `max_model_len`.
 - `GET /tokenizer_info`, `POST /tokenize`, `POST /detokenize`: the shapes lm-evaluation-harness's
@@ -10,7 +10,7 @@
 
 Prompts are tokenized in a worker thread, never on the event loop. A prompt plus `max_tokens`
 longer than the window is refused, never cut. Every refusal and failure is OpenAI's error object
-(`openai_errors`), naming the field as the client sent it.
+(`errors`), naming the field as the client sent it.
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from gpt1.serve import guided
-from gpt1.serve.completion_choices import Choice, choice_json, compute, usage
-from gpt1.serve.completion_schemas import (
+from gpt1.serve.engine import Engine
+from gpt1.serve.openai import guided
+from gpt1.serve.openai.choices import Choice, choice_json, compute, usage
+from gpt1.serve.openai.errors import OpenAIRoute, Refused, openai_error
+from gpt1.serve.openai.schemas import (
     OPENAI_ERROR_RESPONSES,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
 )
-from gpt1.serve.completion_stream import stream
-from gpt1.serve.completion_text import Continuation
-from gpt1.serve.engine import Engine
-from gpt1.serve.openai_errors import OpenAIRoute, Refused, openai_error
+from gpt1.serve.openai.stream import stream
+from gpt1.serve.openai.text import Continuation
 from gpt1.serve.state import Serve, ServeState
 
 PATHS = {

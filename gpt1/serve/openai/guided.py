@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpt1.errors import DataError
-from gpt1.serve.completion_schemas import CompletionRequest
+from gpt1.serve.openai.schemas import CompletionRequest
 from gpt1.serve.state import ServeState
 
 # Fields that change what a sampled completion is; a guided choice is scored, not sampled, so
