@@ -21,9 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
-from gpt1.inference.prepared import for_inference
 from gpt1.inference.sampling import Sampling
-from gpt1.model.finetuned import TASK_FILE
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
@@ -307,26 +305,18 @@ def load_engine(path: str | Path, device: str = "auto", precision: str = "auto")
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving;
     `auto` device and precision as every command resolves them (`gpt1.devices`)."""
     from gpt1.devices import resolve_device, resolve_precision
-    from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.recipes.evaluate import load_finetuned
+    from gpt1.inference.loading import load_for_inference
 
     device = resolve_device(device)
     precision = resolve_precision(precision, device, ("auto", *PRECISIONS))
-    folder = resolve_checkpoint_dir(path)
-    if (folder / TASK_FILE).is_file():
-        from gpt1.recipes.evaluate import _task_of
-
-        classifier, record, tok = load_finetuned(folder)
-        task = _task_of(record, None)
-        classifier = for_inference(classifier, device, precision)
-        return Engine(folder, classifier.gpt, tok, classifier, task, record, precision)
-    from gpt1.model.registry import load_any_checkpoint
-
-    lm = for_inference(load_any_checkpoint(folder, device="cpu"), device, precision)
-    tok_dir = tokenizer_dir_of(folder)
-    tok = None
-    if tok_dir is not None:
-        from gpt1.text.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_dir(tok_dir)
-    return Engine(folder, lm, tok, precision=precision)
+    loaded = load_for_inference(path, device, precision)
+    classifier = loaded.model if loaded.task is not None else None
+    return Engine(
+        loaded.checkpoint.folder,
+        loaded.lm,
+        loaded.tokenizer,
+        classifier,
+        loaded.task,
+        loaded.record,
+        precision,
+    )
