@@ -15,6 +15,7 @@ every loader takes in place of a path, so that one load resolves and parses each
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from dataclasses import dataclass
@@ -51,8 +52,15 @@ class CheckpointFolder:
     arch: str  # one of ARCHS
     weights: Path  # folder / model.safetensors (checked when loaded: `checked_weights`)
     tokenizer_dir: Path | None  # the folder itself when it carries vocab.json + merges.txt
-    task: dict[str, Any] | None  # a fine-tuned checkpoint's task.json, validated; else None
+    finetuned: bool  # it has a task.json (and a head): a fine-tuned checkpoint
     trained_context: int | None  # the window its run trained on (run.json), if recorded
+
+    @functools.cached_property
+    def task(self) -> dict[str, Any] | None:
+        """A fine-tuned checkpoint's task record (task.json), validated; None for any other.
+        Read when first asked for, once: loading only the GPT body of a fine-tuned
+        checkpoint (convert, export) never needs it."""
+        return read_task_record(self.folder) if self.finetuned else None
 
 
 # What a loader is given: a path (a checkpoint folder, or a run folder) or a folder already open.
@@ -61,7 +69,8 @@ AnyCheckpoint = str | Path | CheckpointFolder
 
 def open_checkpoint(path: AnyCheckpoint) -> CheckpointFolder:
     """Resolve `path` (`resolve_checkpoint_dir`) and read its config.json, architecture,
-    tokenizer files and task record once, each checked (an opened folder is returned as is)."""
+    tokenizer files and trained window once, each checked (the task record when first asked
+    for: `CheckpointFolder.task`); an opened folder is returned as is."""
     if isinstance(path, CheckpointFolder):
         return path
     folder = resolve_checkpoint_dir(path)
@@ -72,10 +81,10 @@ def open_checkpoint(path: AnyCheckpoint) -> CheckpointFolder:
             f'{folder}: unknown "{ARCH_KEY}" {arch!r} in config.json (expected "gpt" or "lstm")'
         )
     tokenizer = folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
-    task = read_task_record(folder) if (folder / TASK_FILE).is_file() else None
+    finetuned = (folder / TASK_FILE).is_file()
     window = run_window(folder)
     return CheckpointFolder(
-        folder, folder / CONFIG, config, arch, folder / WEIGHTS, tokenizer, task, window
+        folder, folder / CONFIG, config, arch, folder / WEIGHTS, tokenizer, finetuned, window
     )
 
 

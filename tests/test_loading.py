@@ -123,5 +123,9 @@ def test_a_folder_is_checked_when_opened(tmp_path):
         open_checkpoint(folder)
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "task.json").write_text(json.dumps({"task": "sst2"}))
+    opened = open_checkpoint(folder)  # the body alone loads without the task (convert)
+    assert opened.finetuned and isinstance(load_any_checkpoint(opened), LSTMLM)
     with pytest.raises(CheckpointError, match="task.json: kind must be"):
-        open_checkpoint(folder)
+        print(opened.task)
+    with pytest.raises(CheckpointError, match="task.json: kind must be"):
+        load_for_inference(folder, "cpu", "fp32")

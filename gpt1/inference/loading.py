@@ -56,24 +56,25 @@ def load_for_inference(
     where = device if isinstance(device, torch.device) else resolve_device(device)
     resolved = resolve_precision(precision, where)
     # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
-    if checkpoint.task is not None:
+    if checkpoint.finetuned:
         model: nn.Module = load_finetuned_model(checkpoint, where)
     else:
         model = load_any_checkpoint(checkpoint, where)
     tok = load_tokenizer(checkpoint, tokenizer)
-    task = task_of(checkpoint.task) if checkpoint.task is not None else None
+    record = checkpoint.task if checkpoint.finetuned else None
+    task = task_of(record) if record is not None else None
     model = for_inference(model, where, resolved)
     lm = model.gpt if task is not None else model
     n_positions = lm.config.n_positions
     window = min(n_positions, checkpoint.trained_context or n_positions)
-    return Loaded(model, lm, tok, task, checkpoint.task, window, checkpoint, where, resolved)
+    return Loaded(model, lm, tok, task, record, window, checkpoint, where, resolved)
 
 
 def load_tokenizer(checkpoint: CheckpointFolder, folder: str | Path | None = None) -> Any | None:
     """The tokenizer in `folder`, else the checkpoint's own; None for a language model without
     tokenizer files (a fine-tuned run needs them: their absence is an error naming the files)."""
     found = Path(folder) if folder else checkpoint.tokenizer_dir
-    if found is None and checkpoint.task is None:
+    if found is None and not checkpoint.finetuned:
         return None
     from gpt1.text.tokenizer import Tokenizer  # deferred: spaCy and ftfy load with it
 

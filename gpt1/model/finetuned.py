@@ -58,7 +58,7 @@ def load_finetuned_model(run: AnyCheckpoint, device: str | torch.device = "cpu")
 
 def finetuned_record(checkpoint: CheckpointFolder) -> dict[str, Any]:
     """The task record of a fine-tuned checkpoint; any other checkpoint is an error."""
-    if checkpoint.task is None:
+    if not checkpoint.finetuned:
         raise CheckpointError(
             f"{checkpoint.folder}: not a fine-tuned checkpoint (no {TASK_FILE}); "
             "run `gpt1 finetune` first"

@@ -213,7 +213,7 @@ def evaluate_run(
     inputs = run_inputs(checkpoint.folder, data)
     check_output(out_dir / results_name(split), overwrite, inputs, (data,))
     loaded = load_for_inference(checkpoint, device, precision)
-    record = checkpoint.task
+    record = loaded.record
     results = evaluate_model(
         loaded.model,
         task,
@@ -275,7 +275,7 @@ def predict_run(
     for name in names:  # refuse before any work, not after the first file
         check_output(out_dir / submission_name(task, name, fmt), overwrite, inputs, (data,))
     loaded = load_for_inference(checkpoint, device, precision)
-    model, tok, record = loaded.model, loaded.tokenizer, checkpoint.task
+    model, tok, record = loaded.model, loaded.tokenizer, loaded.record
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)
