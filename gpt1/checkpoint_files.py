@@ -9,8 +9,9 @@ model all read and write these folders without importing each other; building a 
 folder is `gpt1.model.checkpoint`'s job, resumable training state `gpt1.train.state`'s.
 
 `open_checkpoint(path)` reads and checks a folder once (the folder a run resolves to, its parsed
-config.json, architecture, tokenizer folder and task record) into a `CheckpointFolder`, which
-every loader takes in place of a path, so that one load resolves and parses each file once.
+config.json, architecture, tokenizer folder and trained window; the task record when first asked
+for) into a `CheckpointFolder`, which every loader takes in place of a path, so that one load
+resolves and parses each file once.
 """
 
 from __future__ import annotations
