@@ -1,17 +1,25 @@
 """Checkpoint folder files that know no model class: safetensors + `config.json`, tokenizer files.
 
 A checkpoint folder is self-contained: it carries the model config and, when known, the
-tokenizer's `vocab.json` + `merges.txt`, so every command can rebuild model and tokenizer from it.
+tokenizer's `vocab.json` + `merges.txt`, so every command can rebuild model and tokenizer from it;
+a fine-tuned one also carries its task record (`task.json`) and head (`head.safetensors`).
 Loading never unpickles anything: weights come from safetensors only. This module sits on the
 ground floor (beside `config` and `files`) so that text preparation, the training loop and the
 model all read and write these folders without importing each other; building a `GPT` from a
 folder is `gpt1.model.checkpoint`'s job, resumable training state `gpt1.train.state`'s.
+
+`open_checkpoint(path)` reads and checks a folder once (the folder a run resolves to, its parsed
+config.json, architecture, tokenizer folder and trained window; the task record when first asked
+for) into a `CheckpointFolder`, which every loader takes in place of a path, so that one load
+resolves and parses each file once.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from gpt1.config import read_json_file
-from gpt1.errors import CheckpointError, Gpt1Error
+from gpt1.config import check_task_record, read_json_file
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.files import follow_umask
 
 FORMAT = "gpt1"
@@ -30,6 +38,77 @@ WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
 TOKENIZER_FILES = ("vocab.json", "merges.txt")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
+HEAD_FILE, TASK_FILE = "head.safetensors", "task.json"  # a fine-tuned checkpoint's
+ARCH_KEY = "arch"  # config.json's architecture name (absent: "gpt")
+ARCHS = ("gpt", "lstm")
+
+
+@dataclass(frozen=True)
+class CheckpointFolder:
+    """A checkpoint folder as `open_checkpoint` read and checked it (nothing read again)."""
+
+    folder: Path  # the checkpoint folder itself (a run folder's newest checkpoint resolved)
+    config_file: Path  # folder / config.json
+    config: dict[str, Any]  # config.json, its format checked
+    arch: str  # one of ARCHS
+    weights: Path  # folder / model.safetensors (checked when loaded: `checked_weights`)
+    tokenizer_dir: Path | None  # the folder itself when it carries vocab.json + merges.txt
+    finetuned: bool  # it has a task.json (and a head): a fine-tuned checkpoint
+    trained_context: int | None  # the window its run trained on (run.json), if recorded
+
+    @functools.cached_property
+    def task(self) -> dict[str, Any] | None:
+        """A fine-tuned checkpoint's task record (task.json), validated; None for any other.
+        Read when first asked for, once: loading only the GPT body of a fine-tuned
+        checkpoint (convert, export) never needs it."""
+        return read_task_record(self.folder) if self.finetuned else None
+
+
+# What a loader is given: a path (a checkpoint folder, or a run folder) or a folder already open.
+AnyCheckpoint = str | Path | CheckpointFolder
+
+
+def open_checkpoint(path: AnyCheckpoint) -> CheckpointFolder:
+    """Resolve `path` (`resolve_checkpoint_dir`) and read its config.json, architecture,
+    tokenizer files and trained window once, each checked (the task record when first asked
+    for: `CheckpointFolder.task`); an opened folder is returned as is."""
+    if isinstance(path, CheckpointFolder):
+        return path
+    folder = resolve_checkpoint_dir(path)
+    config = parse_config(folder / CONFIG)
+    arch = config.get(ARCH_KEY, "gpt")
+    if arch not in ARCHS:
+        raise CheckpointError(
+            f'{folder}: unknown "{ARCH_KEY}" {arch!r} in config.json (expected "gpt" or "lstm")'
+        )
+    tokenizer = folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
+    finetuned = (folder / TASK_FILE).is_file()
+    window = run_window(folder)
+    return CheckpointFolder(
+        folder, folder / CONFIG, config, arch, folder / WEIGHTS, tokenizer, finetuned, window
+    )
+
+
+def read_task_record(folder: str | Path) -> dict[str, Any]:
+    """The validated `task.json` of a fine-tuned checkpoint folder."""
+    file = Path(folder) / TASK_FILE
+    record = read_json_file(file, CheckpointError)
+    try:
+        return check_task_record(record, str(file))
+    except ConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def checked_weights(checkpoint: CheckpointFolder) -> Path:
+    """The checkpoint's weights file; missing (naming any pickles beside it) or a pickle is an
+    error."""
+    weights = checkpoint.weights
+    if not weights.is_file():
+        pickles = [p.name for p in checkpoint.folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        hint = f" (found {', '.join(pickles)}: pickles are never loaded)" if pickles else ""
+        raise CheckpointError(f"{weights}: missing weights file{hint}")
+    refuse_pickle(weights)
+    return weights
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], file: str | Path) -> None:
@@ -105,10 +184,15 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
     raise CheckpointError(f"{path}: not a checkpoint folder (no {CONFIG}) and no checkpoint inside")
 
 
-def read_config(path: str | Path) -> dict[str, Any]:
+def read_config(path: AnyCheckpoint) -> dict[str, Any]:
     """The parsed `config.json` of a checkpoint folder, validated."""
-    folder = resolve_checkpoint_dir(path)
-    file = folder / CONFIG
+    if isinstance(path, CheckpointFolder):
+        return path.config
+    return parse_config(resolve_checkpoint_dir(path) / CONFIG)
+
+
+def parse_config(file: Path) -> dict[str, Any]:
+    """A checkpoint's `config.json` file parsed, its format checked."""
     data = read_json_file(file, CheckpointError)
     if not isinstance(data, dict) or data.get("format") != FORMAT or "model" not in data:
         raise CheckpointError(
@@ -128,8 +212,10 @@ def read_config(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
-    """Tensors from a safetensors file; pickles are refused with a clear message."""
+def load_state_dict(file: str | Path, expect: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """Tensors from a safetensors file; pickles are refused with a clear message. With `expect`
+    (a model, e.g. on the meta device), every tensor it has must be there with its shape
+    (`check_state_dict`)."""
     file = Path(file)
     refuse_pickle(file)
     try:
@@ -137,6 +223,8 @@ def load_state_dict(file: str | Path) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{file}: not a valid safetensors file ({exc})") from None
     check_finite(state, file)
+    if expect is not None:
+        check_state_dict(expect, state, file)
     return state
 
 
@@ -188,20 +276,28 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: P
             )
 
 
-def tokenizer_dir_of(path: str | Path) -> Path | None:
+def tokenizer_dir_of(path: AnyCheckpoint) -> Path | None:
     """The checkpoint folder if it carries tokenizer files, else None."""
+    if isinstance(path, CheckpointFolder):
+        return path.tokenizer_dir
     folder = resolve_checkpoint_dir(path)
     return folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
 
 
-def trained_context(path: str | Path) -> int | None:
+def trained_context(path: AnyCheckpoint) -> int | None:
     """The window length the checkpoint's pretraining run trained on, when its run folder says.
 
     A model pretrained on windows shorter than `n_positions` never trained the later position
     rows (they are still at their random init), so scoring and fine-tuning should not reach
     them by default. Read from `run.json` (`data.n_ctx`) beside the checkpoint folder.
     """
-    folder = resolve_checkpoint_dir(path)
+    if isinstance(path, CheckpointFolder):
+        return path.trained_context
+    return run_window(resolve_checkpoint_dir(path))
+
+
+def run_window(folder: Path) -> int | None:
+    """`trained_context` of the checkpoint folder `folder` (its run's run.json)."""
     run_file = folder.parent / "run.json"
     try:
         n_ctx = read_json_file(run_file)["data"]["n_ctx"]

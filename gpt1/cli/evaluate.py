@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.cli import options
-    from gpt1.cli.finetune import _summary
+    from gpt1.cli.finetune import results_summary
     from gpt1.recipes.evaluate import evaluate_run, results_path
 
     settings = options.scoring_settings(args)
@@ -35,6 +35,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(results))
     else:
-        print(_summary(results))
+        print(results_summary(results))
         print(f"wrote {results_path(args.run, results['split'], args.out)}")
     return 0

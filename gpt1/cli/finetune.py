@@ -188,7 +188,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(results))
         return 0
     if results:
-        print(_summary(results))
+        print(results_summary(results))
     final = getattr(result, "final_dir", None)
     wrote = [f"{final} (fine-tuned model)"] if final else []
     if results:
@@ -198,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _summary(results: dict) -> str:
+def results_summary(results: dict) -> str:
     """`task split (n=N): metric value, ...`; F1 names its class, the headline comes first."""
     f1_of = f" (class {results['f1_label']!r})" if results.get("f1_label") else ""
     metrics = ", ".join(

@@ -1,8 +1,9 @@
 """GPT checkpoint folders: save a `GPT`, read its config, load it back (safetensors only).
 
-The folder format itself (weights, `config.json`, tokenizer files, pickle refusal) is
-`gpt1.checkpoint_files`, which knows no model class; its names are re-exported here because
-this is where callers that load a GPT look for them.
+The folder format itself (weights, `config.json`, tokenizer files, pickle refusal, and
+`open_checkpoint`, which reads a folder once) is `gpt1.checkpoint_files`, which knows no model
+class; its names are re-exported here because this is where callers that load a GPT look for
+them. The loaders take a path or a folder already open (`opened`), never reading a file twice.
 """
 
 from __future__ import annotations
@@ -15,16 +16,22 @@ from typing import Any
 import torch
 
 from gpt1.checkpoint_files import (  # noqa: F401 (re-exported)
+    ARCH_KEY,
+    ARCHS,
     CONFIG,
     FORMAT,
     FORMAT_VERSION,
     PICKLE_SUFFIXES,
     TOKENIZER_FILES,
     WEIGHTS,
+    AnyCheckpoint,
+    CheckpointFolder,
     check_finite,
     check_state_dict,
+    checked_weights,
     copy_tokenizer_files,
     load_state_dict,
+    open_checkpoint,
     read_config,
     refuse_pickle,
     resolve_checkpoint_dir,
@@ -53,10 +60,16 @@ def save_model(
     return out_dir
 
 
-def read_model_config(path: str | Path) -> ModelConfig:
-    folder = resolve_checkpoint_dir(path)
+def opened(path: AnyCheckpoint) -> CheckpointFolder:
+    """`path` as an open checkpoint folder: the one given, or `open_checkpoint(path)` now."""
+    return path if isinstance(path, CheckpointFolder) else open_checkpoint(path)
+
+
+def read_model_config(path: AnyCheckpoint) -> ModelConfig:
+    """The `ModelConfig` of a GPT checkpoint's config.json, checked."""
+    checkpoint = opened(path)
     try:
-        return ModelConfig.from_dict(read_config(folder)["model"], source=str(folder / CONFIG))
+        return ModelConfig.from_dict(checkpoint.config["model"], source=str(checkpoint.config_file))
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
 
@@ -81,23 +94,17 @@ def check_weights_size(
         )
 
 
-def load_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> GPT:
-    """Load a gpt1 checkpoint folder (or the newest checkpoint of a run folder) as a `GPT`."""
-    folder = resolve_checkpoint_dir(path)
-    config = read_model_config(folder)
-    weights = folder / WEIGHTS
-    if not weights.is_file():
-        pickles = [p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES]
-        hint = f" (found {', '.join(pickles)}: pickles are never loaded)" if pickles else ""
-        raise CheckpointError(f"{weights}: missing weights file{hint}")
-    ensure_model_fits(config, str(folder / CONFIG), device)
-    refuse_pickle(weights)
-    check_weights_size(config, [weights], folder / CONFIG)
-    state = load_state_dict(weights)
+def load_checkpoint(path: AnyCheckpoint, device: str | torch.device = "cpu") -> GPT:
+    """Load a gpt1 checkpoint folder (or the newest checkpoint of a run folder, or a folder
+    `open_checkpoint` opened) as a `GPT`."""
+    checkpoint = opened(path)
+    config = read_model_config(checkpoint)
+    weights = checked_weights(checkpoint)
+    ensure_model_fits(config, str(checkpoint.config_file), device)
+    check_weights_size(config, [weights], checkpoint.config_file)
     with torch.device("meta"):
         model = GPT(config)
-    check_state_dict(model, state, weights)
-    model.load_state_dict(state, assign=True)
+    model.load_state_dict(load_state_dict(weights, expect=model), assign=True)
     return model.to(device)
 
 

@@ -6,7 +6,8 @@ that pretraining, fine-tuning, zero-shot scoring and sampling use. This module i
 that knows which class goes with which name:
 
 - `build_model(model_config, arch)`: a fresh model (the LSTM sized to match the Transformer);
-- `load_any_checkpoint(path)`: a checkpoint folder as the class its `"arch"` key names;
+- `load_any_checkpoint(path)`: a checkpoint folder (or one `open_checkpoint` opened) as the class
+  its `"arch"` key names;
 - `model_flops(model)`, `arch_extra(model)`: training FLOPs per token, and the config.json keys a
   checkpoint of it needs.
 """
@@ -22,19 +23,18 @@ from torch import nn
 from gpt1.config import ModelConfig
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.model.checkpoint import (
-    WEIGHTS,
-    check_state_dict,
+    ARCH_KEY,
+    ARCHS,  # noqa: F401 (re-exported: the architecture names)
+    AnyCheckpoint,
+    CheckpointFolder,
+    checked_weights,
     load_checkpoint,
     load_state_dict,
-    read_config,
-    resolve_checkpoint_dir,
+    opened,
     save_model,
 )
 from gpt1.model.gpt import GPT
 from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
-
-ARCH_KEY = "arch"
-ARCHS = ("gpt", "lstm")
 
 
 @runtime_checkable
@@ -97,53 +97,50 @@ def save_lstm(model: LSTMLM, out_dir: str | Path, tokenizer_dir: str | Path | No
     return save_model(model, out_dir, tokenizer_dir, extra=arch_extra(model))  # type: ignore[arg-type]
 
 
-def checkpoint_arch(path: str | Path) -> str:
+def checkpoint_arch(path: AnyCheckpoint) -> str:
     """ "gpt" or "lstm": the architecture recorded in a checkpoint's config.json (default "gpt")."""
-    arch = read_config(path).get(ARCH_KEY, "gpt")
-    if arch not in ARCHS:
-        raise CheckpointError(
-            f'{path}: unknown "{ARCH_KEY}" {arch!r} in config.json (expected "gpt" or "lstm")'
-        )
-    return arch
+    return opened(path).arch
 
 
-def load_any_checkpoint(path: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """Load a checkpoint folder (or a run's newest) as `GPT` or `LSTMLM`, by its `"arch"` key."""
-    folder = resolve_checkpoint_dir(path)
-    if checkpoint_arch(folder) == "gpt":
-        return load_checkpoint(folder, device)
-    return _load_lstm(folder, device).to(device)
+def load_any_checkpoint(path: AnyCheckpoint, device: str | torch.device = "cpu") -> nn.Module:
+    """Load a checkpoint folder (or a run's newest, or a folder `open_checkpoint` opened) as
+    `GPT` or `LSTMLM`, by its `"arch"` key."""
+    checkpoint = opened(path)
+    if checkpoint.arch == "gpt":
+        return load_checkpoint(checkpoint, device)
+    return _load_lstm(checkpoint, device).to(device)
 
 
-def _check_lstm_size(config: LSTMConfig, folder: Path, device: str | torch.device) -> None:
+def _check_lstm_size(
+    config: LSTMConfig, checkpoint: CheckpointFolder, device: str | torch.device
+) -> None:
     """Refuse an LSTM config that cannot fit, or that describes more weights than the file holds."""
     from gpt1.model.memory import ensure_fits, human
 
-    source = folder / "config.json"
+    source, weights = checkpoint.config_file, checkpoint.weights
     params = lstm_parameter_count(config)
     for where in {"cpu", str(torch.device(device))}:
         ensure_fits(params * 4, "the model", str(source), f"{params:,} parameters", where)
-    weights = folder / WEIGHTS
-    if weights.is_file() and weights.stat().st_size < params * 2:
+    if weights.stat().st_size < params * 2:
         raise CheckpointError(
             f"{source}: the config describes {params:,} parameters but "
-            f"{WEIGHTS} holds {human(weights.stat().st_size)}; config "
+            f"{weights.name} holds {human(weights.stat().st_size)}; config "
             "and weights do not belong together"
         )
 
 
-def _load_lstm(folder: Path, device: str | torch.device = "cpu") -> LSTMLM:
-    source = folder / "config.json"
+def _load_lstm(checkpoint: CheckpointFolder, device: str | torch.device = "cpu") -> LSTMLM:
     try:
-        config = LSTMConfig.from_dict(read_config(folder)["model"], source=str(source))
+        config = LSTMConfig.from_dict(
+            checkpoint.config["model"], source=str(checkpoint.config_file)
+        )
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
-    _check_lstm_size(config, folder, device)
-    state = load_state_dict(folder / WEIGHTS)
+    weights = checked_weights(checkpoint)
+    _check_lstm_size(config, checkpoint, device)
     with torch.device("meta"):
         model = LSTMLM(config)
-    check_state_dict(model, state, folder / WEIGHTS)  # type: ignore[arg-type]
-    model.load_state_dict(state, assign=True)
+    model.load_state_dict(load_state_dict(weights, expect=model), assign=True)
     # nn.LSTM keeps a flat view of its weights for fused kernels; rebuild it after `assign`.
     model.lstm.flatten_parameters()
     return model

@@ -18,15 +18,20 @@ from typing import Any
 import torch
 
 from gpt1 import threads
-from gpt1.checkpoint_files import resolve_checkpoint_dir
+from gpt1.checkpoint_files import (
+    AnyCheckpoint,
+    CheckpointFolder,
+    open_checkpoint,
+    resolve_checkpoint_dir,
+)
 from gpt1.errors import ConfigError, DataError, Gpt1Error
 from gpt1.files import check_output, folder_files, write_json, write_text
-from gpt1.inference.prepared import for_inference
-from gpt1.model.finetuned import load_finetuned_model
+from gpt1.inference.loading import load_for_inference, task_of
+from gpt1.model.finetuned import finetuned_record, load_finetuned_model
 from gpt1.recipes import predictions
 from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
 from gpt1.tasks.metrics import compute
-from gpt1.tasks.registry import Task, check_split_name, get_task
+from gpt1.tasks.registry import Task, check_split_name
 
 # GLUE's submission file names (https://gluebenchmark.com/submit); others use the task name.
 GLUE_FILES = {
@@ -163,37 +168,27 @@ def source(data: str | None, split: str | None, file: str | Path | None, default
     return str(path), name
 
 
-def load_finetuned(run: str | Path) -> tuple[Any, dict[str, Any], Any]:
-    """(model, task record, tokenizer) of a fine-tuned run or checkpoint folder."""
+def load_finetuned(run: AnyCheckpoint) -> tuple[Any, dict[str, Any], Any]:
+    """(model, task record, tokenizer) of a fine-tuned run or checkpoint folder, as trained: on
+    the CPU in float32, not prepared for inference (the analyses and fine-tuning's own scoring
+    use it; the commands load with `gpt1.inference.loading.load_for_inference`)."""
     from gpt1.text.tokenizer import Tokenizer  # deferred: spaCy and ftfy load with it
 
-    model, record, folder = load_finetuned_model(run)
-    return model, record, Tokenizer.from_dir(folder)
+    checkpoint = open_checkpoint(run)
+    model = load_finetuned_model(checkpoint)
+    return model, checkpoint.task, Tokenizer.from_dir(checkpoint.folder)
 
 
-def _run_folder(run: str | Path) -> Path:
-    """The run folder that holds a fine-tuned checkpoint (RUN or RUN/final given)."""
-    folder = resolve_checkpoint_dir(run)
+def _run_folder(run: str | Path, folder: Path) -> Path:
+    """The run folder that holds the fine-tuned checkpoint `folder` (RUN or RUN/final given)."""
     return folder.parent if Path(run).resolve() != folder.resolve() else folder
 
 
-def _task_of(record: dict, name: str | None) -> Task:
-    task = get_task(record["task"], record.get("spec") or None)
-    if name and get_task(name, record.get("spec") or None).name != task.name:
-        raise ConfigError(f"this run was fine-tuned on {task.name!r}, not {name!r}")
-    if task.n_outputs != record["n_outputs"]:
-        # A head of another width would score against the wrong classes without saying so.
-        raise ConfigError(
-            f"task.json: n_outputs {record['n_outputs']} does not match task "
-            f"{task.name!r} ({task.n_outputs} outputs)"
-        )
-    return task
-
-
-def _place(model: Any, device: str, precision: str) -> Any:
-    """The model on `device` in `precision` (both may be "auto": see gpt1.devices), ready for
-    inference (`gpt1.inference.prepared.for_inference`)."""
-    return for_inference(model, device, precision)
+def open_finetuned(run: str | Path, task_name: str | None) -> tuple[CheckpointFolder, Task]:
+    """A fine-tuned run's folder, opened, and its task (which `task_name`, if given, must name):
+    what evaluate and predict refuse before any work."""
+    checkpoint = open_checkpoint(run)
+    return checkpoint, task_of(finetuned_record(checkpoint), task_name)
 
 
 def evaluate_run(
@@ -213,15 +208,16 @@ def evaluate_run(
     `results.<split>.json` into `out` (default: the run folder; an existing file only with
     `overwrite`; `results_path`)."""
     data, split = source(data, split, file, "dev")
-    out_dir = results_path(run, split, out).parent
-    check_output(out_dir / results_name(split), overwrite, run_inputs(run, data), (data,))
-    model, record, tok = load_finetuned(run)
-    task = _task_of(record, task_name)
-    model = _place(model, device, precision)
+    checkpoint, task = open_finetuned(run, task_name)
+    out_dir = Path(out) if out else _run_folder(run, checkpoint.folder)
+    inputs = run_inputs(checkpoint.folder, data)
+    check_output(out_dir / results_name(split), overwrite, inputs, (data,))
+    loaded = load_for_inference(checkpoint, device, precision)
+    record = loaded.record
     results = evaluate_model(
-        model,
+        loaded.model,
         task,
-        tok,
+        loaded.tokenizer,
         data,
         split,
         record["n_ctx"],
@@ -234,16 +230,18 @@ def evaluate_run(
     return results
 
 
-def run_inputs(run: str | Path, data: str | Path) -> list[Path]:
-    """What evaluate and predict read: the fine-tuned checkpoint's files and the task data's
-    (its folder is a root for `gpt1.files.check_inputs`)."""
-    return [*folder_files(resolve_checkpoint_dir(run)), *folder_files(data)]
+def run_inputs(folder: Path, data: str | Path) -> list[Path]:
+    """What evaluate and predict read: the fine-tuned checkpoint folder's files and the task
+    data's (its folder is a root for `gpt1.files.check_inputs`)."""
+    return [*folder_files(folder), *folder_files(data)]
 
 
 def results_path(run: str | Path, split: str, out: str | Path | None = None) -> Path:
     """Where `evaluate_run` writes: results.<split>.json in `out` or the run folder (RUN or
     RUN/final given)."""
-    return (Path(out) if out else _run_folder(run)) / results_name(split)
+    if out:
+        return Path(out) / results_name(split)
+    return _run_folder(run, resolve_checkpoint_dir(run)) / results_name(split)
 
 
 def predict_run(
@@ -269,16 +267,15 @@ def predict_run(
     if fmt not in predictions.FORMATS:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(predictions.FORMATS)}")
     data, split = source(data, split, file, "test")
-    model, record, tok = load_finetuned(run)
-    task = _task_of(record, task_name)
-    model = _place(model, device, precision)
+    checkpoint, task = open_finetuned(run, task_name)
     default_dir = "submission" if fmt == "tsv" else "predictions"
-    out_dir = Path(out) if out else _run_folder(run) / default_dir
+    out_dir = Path(out) if out else _run_folder(run, checkpoint.folder) / default_dir
     names = (split,) if file is not None else task.resolve_splits(split)
+    inputs = run_inputs(checkpoint.folder, data)
     for name in names:  # refuse before any work, not after the first file
-        check_output(
-            out_dir / submission_name(task, name, fmt), overwrite, run_inputs(run, data), (data,)
-        )
+        check_output(out_dir / submission_name(task, name, fmt), overwrite, inputs, (data,))
+    loaded = load_for_inference(checkpoint, device, precision)
+    model, tok, record = loaded.model, loaded.tokenizer, loaded.record
     written = []
     for name in names:
         sp = task.read(data, name, skip_bad_rows, need_labels=False)

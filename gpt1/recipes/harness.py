@@ -41,7 +41,6 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.files import WriteError, write_failure
-from gpt1.inference.prepared import for_inference
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +105,8 @@ class Gpt1LM(TemplateLM):
         **unused: Any,
     ) -> None:
         super().__init__()
-        from gpt1.devices import resolve_precision
-        from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of, trained_context
-        from gpt1.model.registry import load_any_checkpoint
-        from gpt1.text.tokenizer import Tokenizer
+        from gpt1.checkpoint_files import open_checkpoint
+        from gpt1.inference.loading import load_for_inference
         from gpt1.zeroshot.scorer import Scorer
 
         if unused:
@@ -124,19 +121,15 @@ class Gpt1LM(TemplateLM):
             model_arg_int("max_rows", max_rows),
         )
         self._max_gen_toks = model_arg_int("max_gen_toks", max_gen_toks)
-        folder = resolve_checkpoint_dir(checkpoint)
-        tok_dir = Path(tokenizer) if tokenizer else tokenizer_dir_of(folder)
-        if tok_dir is None:
+        opened = open_checkpoint(checkpoint)
+        if not tokenizer and opened.tokenizer_dir is None:
             raise CheckpointError(
-                f"{folder}: no tokenizer files (vocab.json + merges.txt); "
+                f"{opened.folder}: no tokenizer files (vocab.json + merges.txt); "
                 "pass tokenizer=DIR in --model_args"
             )
-        self.tok = Tokenizer.from_dir(tok_dir)
-        self._device = _harness_device(device)
-        self.precision = resolve_precision(precision, self._device)
-        model = load_any_checkpoint(folder, device=self._device)
-        model = for_inference(model, self._device, self.precision)
-        window = min(n for n in (model.config.n_positions, trained_context(folder)) if n)
+        loaded = load_for_inference(opened, _harness_device(device), precision, tokenizer)
+        self.tok, self._device, self.precision = loaded.tokenizer, loaded.device, loaded.precision
+        model, window = loaded.lm, loaded.window
         self._max_length = window
         if max_length is not None:
             self._max_length = model_arg_int("max_length", max_length, most=window)
@@ -150,7 +143,7 @@ class Gpt1LM(TemplateLM):
         self._prefix = model_arg_int(
             "prefix_token_id", prefix_token_id, 0, model.config.vocab_size - 1
         )
-        self.checkpoint = str(folder)
+        self.checkpoint = str(opened.folder)
 
     # -- what the harness reads ----------------------------------------------------------------
     @property

@@ -8,25 +8,25 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from gpt1.checkpoint_files import read_config, resolve_checkpoint_dir
+from gpt1.checkpoint_files import CheckpointFolder, open_checkpoint
 from gpt1.config import MODEL_PRESETS, model_preset
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.model.checkpoint import read_model_config
-from gpt1.model.finetuned import TASK_FILE, read_task_record
 from gpt1.model.gpt import flops_per_token, parameter_count
 from gpt1.model.lstm import LSTMLM, LSTMConfig
-from gpt1.model.registry import checkpoint_arch, model_flops
+from gpt1.model.registry import model_flops
 
 
 def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
     """Config, parameter counts and training FLOPs per token of a preset or checkpoint."""
+    checkpoint = None
     if model in MODEL_PRESETS and not (Path(model) / "config.json").exists():
         config, source = model_preset(model), f"preset {model}"
     else:
-        folder = resolve_checkpoint_dir(model)
-        if checkpoint_arch(folder) != "gpt":
-            return _describe_lstm(folder, seq_len)
-        config, source = read_model_config(folder), str(folder)
+        checkpoint = open_checkpoint(model)
+        if checkpoint.arch != "gpt":
+            return _describe_lstm(checkpoint, seq_len)
+        config, source = read_model_config(checkpoint), str(checkpoint.folder)
     T = seq_len or config.n_positions
     out = {
         "source": source,
@@ -36,16 +36,16 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
         "seq_len": T,
         "flops_per_token": flops_per_token(config, T),
     }
-    if source != f"preset {model}" and (Path(source) / TASK_FILE).is_file():
-        out["task"] = describe_task(Path(source), config.n_embd)
+    if checkpoint is not None and checkpoint.task is not None:
+        out["task"] = describe_task(checkpoint.task, config.n_embd)
     return out
 
 
-def describe_task(folder: Path, n_embd: int) -> dict[str, Any]:
-    """A fine-tuned checkpoint's task: name, kind, classes, window, metrics, head size."""
+def describe_task(record: dict[str, Any], n_embd: int) -> dict[str, Any]:
+    """A fine-tuned checkpoint's task (its validated task.json): name, kind, classes, window,
+    metrics, head size."""
     from gpt1.tasks.registry import get_task
 
-    record = read_task_record(folder)
     task = get_task(record["task"], record.get("spec") or None)
     out = {
         "task": record["task"],
@@ -63,13 +63,13 @@ def describe_task(folder: Path, n_embd: int) -> dict[str, Any]:
     return out
 
 
-def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
+def _describe_lstm(checkpoint: CheckpointFolder, seq_len: int | None) -> dict[str, Any]:
     """The LSTM baseline (gpt1.model.lstm): counted on the meta device, nothing allocated."""
     import torch
 
     try:
         config = LSTMConfig.from_dict(
-            read_config(folder)["model"], source=str(folder / "config.json")
+            checkpoint.config["model"], source=str(checkpoint.config_file)
         )
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
@@ -77,7 +77,7 @@ def _describe_lstm(folder: Path, seq_len: int | None) -> dict[str, Any]:
         lstm = LSTMLM(config)
     T = seq_len or config.n_positions
     return {
-        "source": str(folder),
+        "source": str(checkpoint.folder),
         "arch": "lstm",
         "config": dataclasses.asdict(config),
         "parameters": lstm.num_parameters(),

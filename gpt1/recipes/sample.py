@@ -16,14 +16,11 @@ from typing import Any
 
 import torch
 
-from gpt1.checkpoint_files import resolve_checkpoint_dir, tokenizer_dir_of
-from gpt1.devices import resolve_device
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.inference.generate import TextStream, generate_stream, sample_ids
-from gpt1.inference.prepared import for_inference
+from gpt1.inference.loading import Loaded, load_for_inference
 from gpt1.inference.sampling import Sampling
 from gpt1.model.memory import ensure_fits
-from gpt1.model.registry import load_any_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +61,17 @@ class Sampler:
     """A loaded checkpoint (GPT or the LSTM baseline) and its tokenizer, ready for prompt after
     prompt (`gpt1 sample --interactive` keeps one open)."""
 
-    def __init__(self, checkpoint: str | Path, device: str = "auto", precision: str = "auto"):
-        self.folder = resolve_checkpoint_dir(checkpoint)
-        self.device = resolve_device(device)
-        # Weights first: a damaged or oversized checkpoint is refused before the tokenizer loads.
-        model = load_any_checkpoint(self.folder, device=self.device)
-        self.model = for_inference(model, self.device, precision)
-        tok_dir = tokenizer_dir_of(self.folder)
-        self.tokenizer = None
-        if tok_dir is not None:
-            from gpt1.text.tokenizer import Tokenizer  # lazy: pulls in ftfy and spaCy
-
-            self.tokenizer = Tokenizer.from_dir(tok_dir)
+    def __init__(
+        self, checkpoint: str | Path | Loaded, device: str = "auto", precision: str = "auto"
+    ):
+        """Load `checkpoint` (`load_for_inference`), or take one loaded already."""
+        loaded = (
+            checkpoint
+            if isinstance(checkpoint, Loaded)
+            else load_for_inference(checkpoint, device, precision)
+        )
+        self.folder, self.device = loaded.checkpoint.folder, loaded.device
+        self.model, self.tokenizer = loaded.lm, loaded.tokenizer
 
     def prompt_ids(
         self, prompt: str | None = None, prompt_ids: list[int] | None = None

@@ -25,9 +25,7 @@ import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
 from gpt1.inference.batched import BatchedDecoder, Event, Generation
-from gpt1.inference.prepared import for_inference
 from gpt1.inference.sampling import Sampling
-from gpt1.model.finetuned import TASK_FILE
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
@@ -66,12 +64,17 @@ class LanguageEngine:
     """The served model's language model (a fine-tuned run's too): token ids of a request,
     scores of continuations and of whole sequences, generations."""
 
-    def __init__(self, folder: Path, lm: torch.nn.Module, tokenizer: Any | None):
+    def __init__(
+        self, folder: Path, lm: torch.nn.Module, tokenizer: Any | None, window: int | None = None
+    ):
+        """`window`: the positions scoring reads at most (default: the trained window that
+        `folder`'s run.json records, else the model's)."""
         from gpt1.model.checkpoint import trained_context
         from gpt1.zeroshot.scorer import Scorer
 
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
-        self.scorer = Scorer(lm, max_context=trained_context(folder))
+        window = window if window is not None else trained_context(folder)
+        self.scorer = Scorer(lm, max_context=window)
         self.n_positions = lm.config.n_positions
         # Generations, decoded together (continuous batching) by the batcher's worker thread.
         self.decoder = BatchedDecoder(lm)
@@ -241,8 +244,9 @@ class Engine(LanguageEngine):
         tokenizer: Any | None,
         classifier: ClassifierEngine | None = None,
         precision: str = "fp32",
+        window: int | None = None,
     ):
-        super().__init__(folder, lm, tokenizer)
+        super().__init__(folder, lm, tokenizer, window)
         self.classifier, self.precision = classifier, precision
 
     @property
@@ -328,27 +332,19 @@ def load_engine(path: str | Path, device: str = "auto", precision: str = "auto")
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving;
     `auto` device and precision as every command resolves them (`gpt1.devices`)."""
     from gpt1.devices import resolve_device, resolve_precision
-    from gpt1.model.checkpoint import resolve_checkpoint_dir, tokenizer_dir_of
-    from gpt1.recipes.evaluate import load_finetuned
+    from gpt1.inference.loading import load_for_inference
 
     device = resolve_device(device)
     precision = resolve_precision(precision, device, ("auto", *PRECISIONS))
-    folder = resolve_checkpoint_dir(path)
-    if (folder / TASK_FILE).is_file():
-        from gpt1.recipes.evaluate import _task_of
-
-        classifier, record, tok = load_finetuned(folder)
-        task = _task_of(record, None)
-        classifier = for_inference(classifier, device, precision)
-        task_model = ClassifierEngine(classifier, task, record, tok)
-        return Engine(folder, classifier.gpt, tok, task_model, precision)
-    from gpt1.model.registry import load_any_checkpoint
-
-    lm = for_inference(load_any_checkpoint(folder, device="cpu"), device, precision)
-    tok_dir = tokenizer_dir_of(folder)
-    tok = None
-    if tok_dir is not None:
-        from gpt1.text.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_dir(tok_dir)
-    return Engine(folder, lm, tok, precision=precision)
+    loaded = load_for_inference(path, device, precision)
+    task_model = None
+    if loaded.task is not None:
+        task_model = ClassifierEngine(loaded.model, loaded.task, loaded.record, loaded.tokenizer)
+    return Engine(
+        loaded.checkpoint.folder,
+        loaded.lm,
+        loaded.tokenizer,
+        task_model,
+        precision,
+        window=loaded.window,
+    )

@@ -22,11 +22,11 @@ from gpt1.tasks.files import not_a_regular_file
 from gpt1.tasks.glue import GLUE_COLUMNS, read_glue_tsv
 from gpt1.tasks.rows import (
     Record,
-    _lines,
     check_field_sizes,
     collect,
     jsonl_records,
     label_field,
+    numbered_lines,
     text_field,
     tsv_records,
 )
@@ -90,7 +90,7 @@ def read_parallel(s1: Path, labels: list[str], bad: BadRows) -> tuple[list[Examp
             )
     out: list[Example] = []
     dropped = 0
-    streams = [_lines(s1), _lines(s2), _lines(lab)]
+    streams = [numbered_lines(s1), numbered_lines(s2), numbered_lines(lab)]
     while True:
         rows = [next(s, None) for s in streams]
         if all(r is None for r in rows):

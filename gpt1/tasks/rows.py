@@ -112,7 +112,7 @@ def load_json(text: str, path: Path, line: int | None) -> Any:
         raise DataError("invalid JSON (nested too deeply)", path, line) from None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, text without its line ending); undecodable bytes name their line."""
     try:
         fh = open(path, "rb")
@@ -145,7 +145,7 @@ def tsv_records(
     SNLI/MNLI dev files list five annotator labels under a header that names one).
     """
     header = names
-    for lineno, line in _lines(path):
+    for lineno, line in numbered_lines(path):
         if header is None:
             header = line.split("\t")
             check_header(header, path, lineno)
@@ -193,7 +193,7 @@ def _record(
 
 def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
     """Records of a comma-separated file with a header line; quoted fields may span lines."""
-    lines = _lines(path)
+    lines = numbered_lines(path)
     line_of = [0]
 
     def feed() -> Iterator[str]:
@@ -229,7 +229,7 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
 
 def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
     """One JSON object per line; blank lines are ignored."""
-    for lineno, line in _lines(path):
+    for lineno, line in numbered_lines(path):
         if not line.strip():
             continue
         try:
@@ -261,7 +261,7 @@ def table_header(path: Path) -> tuple[list[str], str]:
     (`gpt1.tasks.files.delimiter_of`)."""
     from gpt1.tasks.files import delimiter_of
 
-    lines = _lines(path)  # the same encoding checks as the rows
+    lines = numbered_lines(path)  # the same encoding checks as the rows
     try:
         first = next(lines, (1, ""))[1]
     finally:

@@ -14,32 +14,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from gpt1.checkpoint_files import open_checkpoint
 from gpt1.devices import resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, DataError
 from gpt1.files import OutputExists, write_json, write_text
-from gpt1.inference.prepared import for_inference
-from gpt1.model.checkpoint import (
-    resolve_checkpoint_dir,
-    run_checkpoints,
-    tokenizer_dir_of,
-    trained_context,
-)
-from gpt1.model.registry import load_any_checkpoint
-from gpt1.text.tokenizer import Tokenizer
+from gpt1.inference.loading import load_for_inference
+from gpt1.model.checkpoint import run_checkpoints
 from gpt1.train.telemetry import save_figure
 from gpt1.zeroshot.heuristics import REFERENCES, TASKS, run_task, task_folder
 from gpt1.zeroshot.scorer import Scorer
 
 log = logging.getLogger(__name__)
-
-
-def _prepare_model(checkpoint: Path, device: str, precision: str) -> torch.nn.Module:
-    """A GPT or LSTM checkpoint (by its recorded architecture), in eval mode and `precision`
-    (device and precision may be "auto": see gpt1.devices)."""
-    where = resolve_device(device)
-    return for_inference(load_any_checkpoint(checkpoint, device=where), where, precision)
 
 
 def evaluate_checkpoint(
@@ -54,9 +39,9 @@ def evaluate_checkpoint(
     batch_tokens: int = 4096,
 ) -> dict[str, dict[str, Any]]:
     """Results per task for one checkpoint; tasks without data under `data` are skipped (logged)."""
-    folder = resolve_checkpoint_dir(checkpoint)
-    tok_dir = Path(tokenizer_dir) if tokenizer_dir else tokenizer_dir_of(folder)
-    if tok_dir is None:
+    opened = open_checkpoint(checkpoint)
+    folder = opened.folder
+    if not tokenizer_dir and opened.tokenizer_dir is None:
         raise CheckpointError(
             f"{folder}: no tokenizer files (vocab.json + merges.txt); pass --tokenizer DIR"
         )
@@ -69,12 +54,9 @@ def evaluate_checkpoint(
         )
     for t in missing:
         log.info("zeroshot: skipping %s (no data under %s)", t, data)
-    tok = Tokenizer.from_dir(tok_dir)
-    scorer = Scorer(
-        _prepare_model(folder, device, precision),
-        batch_tokens=batch_tokens,
-        max_context=trained_context(folder),
-    )
+    loaded = load_for_inference(opened, device, precision, tokenizer_dir)
+    tok = loaded.tokenizer
+    scorer = Scorer(loaded.lm, batch_tokens=batch_tokens, max_context=loaded.window)
     if scorer.n_positions < scorer.model.config.n_positions:
         log.info(
             "zeroshot: context capped at %d tokens, the window %s was pretrained on",

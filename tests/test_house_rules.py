@@ -1,0 +1,96 @@
+"""Static rules of the house that the import contracts cannot state, checked on gpt1/'s source.
+
+A name that starts with an underscore is its module's own: another module that needs it should
+find it public where it belongs, so a module never reaches into another's private names.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import ROOT
+
+PACKAGE = ROOT / "gpt1"
+
+
+def module_name(file: Path, root: Path = ROOT) -> str:
+    """gpt1/serve/engine.py -> gpt1.serve.engine; a package's __init__ is the package."""
+    parts = file.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def imported_from(node: ast.ImportFrom, module: str) -> str:
+    """The absolute module an import reads from (relative imports resolved against `module`)."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")[: -node.level]
+    return ".".join([*base, node.module] if node.module else base)
+
+
+def private_imports(file: Path, modules: set[str], root: Path = ROOT) -> list[str]:
+    """`from gpt1.x import _name`, and `m._name` where `m` is a gpt1 module imported by name."""
+    module, where = module_name(file, root), file.relative_to(root)
+    tree = ast.parse(file.read_text(), str(file))
+    found, aliases = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            source = imported_from(node, module)
+            if not source.startswith("gpt1"):
+                continue
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:  # a module: its attributes are checked
+                    aliases[alias.asname or alias.name] = f"{source}.{alias.name}"
+                elif private(alias.name) and source != module:
+                    found.append(f"{where}:{node.lineno} {source}.{alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("gpt1.") and alias.asname:
+                    aliases[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and private(node.attr)
+        ):
+            found.append(f"{where}:{node.lineno} {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_no_module_imports_another_modules_private_names():
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(f) for f in files}
+    offenders = [hit for f in files for hit in private_imports(f, modules)]
+    assert offenders == []
+
+
+def test_the_private_import_check_sees_both_forms(tmp_path):
+    """The check itself: it finds `from gpt1.x import _name` and `x._name`, and leaves a
+    module's own names, dunders and public names alone."""
+    root = tmp_path / "repo"
+    (root / "gpt1" / "sub").mkdir(parents=True)
+    (root / "gpt1" / "__init__.py").write_text("__version__ = '0'\n")
+    (root / "gpt1" / "sub" / "__init__.py").write_text("")
+    (root / "gpt1" / "sub" / "a.py").write_text("def _own(): pass\ndef public(): pass\n")
+    (root / "gpt1" / "sub" / "b.py").write_text(
+        "from gpt1 import __version__\n"
+        "from gpt1.sub.a import public, _own\n"
+        "from gpt1.sub import a\n"
+        "from . import a as same\n"
+        "from .a import _own as again\n"
+        "a._own()\nsame._own()\na.public()\n"
+    )
+    files = sorted((root / "gpt1").rglob("*.py"))
+    modules = {module_name(f, root) for f in files}
+    found = private_imports(root / "gpt1" / "sub" / "b.py", modules, root)
+    assert [hit.split(" ")[1] for hit in found] == [
+        "gpt1.sub.a._own",  # from gpt1.sub.a import _own
+        "gpt1.sub.a._own",  # from .a import _own as again
+        "gpt1.sub.a._own",  # a._own()
+        "gpt1.sub.a._own",  # same._own()
+    ]
