@@ -94,26 +94,46 @@ def test_int8_many_rows_takes_the_float_path_where_the_kernel_is_slower(monkeypa
     assert out.shape == (40, 48)
 
 
-@pytest.mark.skipif(not backend.onednn_has_int8(), reason="no oneDNN int8 kernel in this torch")
-def test_the_probe_times_every_path_once_per_cpu(monkeypatch, tmp_path):
+def _int8_probe_is_sound(probe: backend.Int8Probe) -> None:
+    assert probe.float_path < float("inf")
+    assert probe.choice in (None, "s8", "u8")
+    if probe.choice is not None:
+        assert getattr(probe, probe.choice) <= probe.float_path
+
+
+def _float_probe_is_sound(probe: backend.FloatProbe) -> None:
+    for rows in ("few", "many"):
+        packed, plain = probe.times["float32"][rows]
+        assert 0 < packed < 1 and 0 < plain < 1  # one product's time, in seconds
+
+
+@pytest.mark.parametrize(
+    ("name", "available", "sound"),
+    [
+        ("int8", backend.onednn_has_int8, _int8_probe_is_sound),
+        ("float", lambda: backend.onednn_packs(torch.float32), _float_probe_is_sound),
+    ],
+)
+def test_each_probe_times_its_paths_once_per_cpu(name, available, sound, monkeypatch, tmp_path):
+    """Measured once per process, kept in the build folder for the next process."""
+    if not available():
+        pytest.skip(f"this torch has no oneDNN kernel for the {name} probe")
+    probed = getattr(backend, f"{name}_probe")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    backend.int8_probe.cache_clear()
+    probed.cache_clear()
     try:
-        probe = backend.int8_probe()
-        assert probe.float_path < float("inf")
-        assert backend.int8_probe() is probe  # once per process
-        backend.int8_probe.cache_clear()
+        probe = probed()
+        sound(probe)
+        assert probed() is probe  # once per process
+        probed.cache_clear()
 
         def measure():
             raise AssertionError("measured again")
 
-        monkeypatch.setattr(backend, "_measure_int8", measure)
-        assert backend.int8_probe() == probe  # and kept for the next process
+        monkeypatch.setattr(backend, f"_measure_{name}", measure)
+        assert probed() == probe  # and kept for the next process
     finally:
-        backend.int8_probe.cache_clear()
-    assert probe.choice in (None, "s8", "u8")
-    if probe.choice is not None:
-        assert getattr(probe, probe.choice) <= probe.float_path
+        probed.cache_clear()
 
 
 def _float_probe(few: tuple[float, float], many: tuple[float, float]) -> backend.FloatProbe:
@@ -148,27 +168,6 @@ def test_the_packed_float_product_never_runs_where_f_linear_is_faster(rows, monk
         kernel.linear(x, w, None)
     assert kernel._packed is not None  # forced on
     assert backend.packed_is_faster(torch.bfloat16, few_rows=True)  # unmeasured: the default
-
-
-@pytest.mark.skipif(not backend.onednn_packs(torch.float32), reason="no oneDNN packing here")
-def test_the_float_probe_times_both_paths_once_per_cpu(monkeypatch, tmp_path):
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    backend.float_probe.cache_clear()
-    try:
-        probe = backend.float_probe()
-        for rows in ("few", "many"):
-            packed, plain = probe.times["float32"][rows]
-            assert 0 < packed < 1 and 0 < plain < 1  # one product's time, in seconds
-        assert backend.float_probe() is probe  # once per process
-        backend.float_probe.cache_clear()
-
-        def measure():
-            raise AssertionError("measured again")
-
-        monkeypatch.setattr(backend, "_measure_float", measure)
-        assert backend.float_probe() == probe  # and kept for the next process
-    finally:
-        backend.float_probe.cache_clear()
 
 
 def test_a_failure_is_remembered_and_warned_once(monkeypatch):

@@ -242,19 +242,24 @@ _INT8_PACK_ROWS = 1024
 def int8_probe() -> Int8Probe:
     """The int8 speed check's times: kept per CPU and torch in the build folder (so every run
     on a machine takes the same path, and pays for the check once), else measured now."""
-    record = matvec.build_root() / f"gpt1_int8_probe_{_probe_key()}.json"
+    return _kept_probe("int8", Int8Probe, lambda: _measure_int8())
+
+
+def _kept_probe(name: str, kind: type, measure: Callable[[], object]) -> object:
+    """The probe `kind` read from its record in the build folder (per CPU, torch and caps),
+    else `measure()`d now and recorded, whole or not at all (for a reader in another process);
+    a read-only cache is left as it is, and the probe measured again next time."""
+    record = matvec.build_root() / f"gpt1_{name}_probe_{_probe_key()}.json"
     try:
-        return Int8Probe(**json.loads(record.read_text()))
+        return kind(**json.loads(record.read_text()))
     except (OSError, ValueError, TypeError):
         pass
-    probe = _measure_int8()
+    probe = measure()
     _keep(record, dataclasses.asdict(probe))
     return probe
 
 
 def _keep(record: Path, found: dict) -> None:
-    """Write a probe's times to `record`, whole or not at all (for a reader in another
-    process); a read-only cache is left as it is, and the probe measured again next time."""
     try:
         record.parent.mkdir(parents=True, exist_ok=True)
         private = record.with_name(f".{record.name}.{os.getpid()}")
@@ -400,14 +405,7 @@ def _rows(few_rows: bool) -> str:
 @functools.cache
 def float_probe() -> FloatProbe:
     """The packed-against-plain times, kept per CPU and torch beside the int8 check's."""
-    record = matvec.build_root() / f"gpt1_float_probe_{_probe_key()}.json"
-    try:
-        return FloatProbe(**json.loads(record.read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
-    probe = _measure_float()
-    _keep(record, dataclasses.asdict(probe))
-    return probe
+    return _kept_probe("float", FloatProbe, lambda: _measure_float())
 
 
 def _measure_float() -> FloatProbe:

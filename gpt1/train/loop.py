@@ -20,7 +20,7 @@ import errno
 import math
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -168,7 +168,8 @@ def _train(
     stop = {"signal": 0}
     previous = _install_handlers(stop)
     try:
-        result = _updates(run, loss_fn, spec.eval_fn, meter, stop)
+        with _out_of_memory_said(run):
+            result = _run_updates(run, loss_fn, spec.eval_fn, meter, stop)
         opened.outcome = "KILLED" if result.interrupted else "FINISHED"
         return result
     except Gpt1Error:
@@ -182,16 +183,11 @@ def _train(
         _restore_handlers(previous)
 
 
-def _updates(
-    run: _Run,
-    loss_fn: Callable[[Any, Any], tuple[torch.Tensor, dict]],
-    eval_fn: Callable[[Any], dict] | None,
-    meter: _Meter,
-    stop: dict,
-) -> TrainResult:
-    """`_run_updates`, a failed allocation reported as `OutOfMemory`."""
+@contextlib.contextmanager
+def _out_of_memory_said(run: _Run) -> Iterator[None]:
+    """A failed allocation inside the block raised as `OutOfMemory`, saying what to change."""
     try:
-        return _run_updates(run, loss_fn, eval_fn, meter, stop)
+        yield
     except RuntimeError as exc:  # torch.OutOfMemoryError (CUDA) and CPU allocator failures
         if not _is_oom(exc):
             raise
