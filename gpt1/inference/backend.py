@@ -395,7 +395,12 @@ class FloatProbe:
 # Decoding's most frequent product (one row through a block's fused q|k|v layer) and a prompt's
 # (64 rows through a 768 x 768 layer): GPT-1's own shapes, rows x in x out.
 _FLOAT_SHAPES = {"few": (1, 768, 2304), "many": (64, 768, 768)}
-_FLOAT_CALLS = {"few": 20, "many": 3}  # calls a timing, so that each takes about a millisecond
+# Weights a timing goes through once each. Decoding reads every weight from memory, once a
+# token: the few-row check does too, over 16 distinct weights (113 MB in fp32, beyond a CPU's
+# last-level cache), where one weight read again from the cache would favour the wrong path.
+# A prompt's product is bound by arithmetic, not memory: one weight, three times.
+_FLOAT_WEIGHTS = {"few": 16, "many": 1}
+_FLOAT_CALLS = {"few": 1, "many": 3}
 
 
 def _rows(few_rows: bool) -> str:
@@ -427,26 +432,34 @@ def _measure_float() -> FloatProbe:
 
 
 def _packed_vs_plain(rows: str, dtype: torch.dtype, generator: torch.Generator) -> list[float]:
-    """[packed, plain]: one product's time, from the best of five turns of `_FLOAT_CALLS[rows]`
-    products each."""
+    """[packed, plain]: one product's time, from the best of five turns in which each path
+    multiplies by each of `_FLOAT_WEIGHTS[rows]` weights `_FLOAT_CALLS[rows]` times."""
     m, k, n = _FLOAT_SHAPES[rows]
     x = torch.randn(m, k, generator=generator).to(dtype)
-    w = torch.randn(n, k, generator=generator).to(dtype)
+    weights = [
+        torch.randn(n, k, generator=generator).to(dtype) for _ in range(_FLOAT_WEIGHTS[rows])
+    ]
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, 64)
+        packs = [torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in weights]
     except RuntimeError:
         return [float("inf"), 0.0]
     calls = _FLOAT_CALLS[rows]
+    linear = torch.ops.mkldnn._linear_pointwise
 
-    def repeat(fn: Callable[[], object]) -> Callable[[], None]:
-        return lambda: [fn() for _ in range(calls)] and None
+    def on_packed() -> None:
+        for p in packs:
+            for _ in range(calls):
+                linear(x, p, None, "none", [], "")
 
-    on_packed = repeat(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""))
-    on_plain = repeat(lambda: torch.nn.functional.linear(x, w))
+    def on_plain() -> None:
+        for w in weights:
+            for _ in range(calls):
+                torch.nn.functional.linear(x, w)
+
     best = [float("inf"), float("inf")]
     for _ in range(5):
         best = [min(best[0], best_time(on_packed, 1)), min(best[1], best_time(on_plain, 1))]
-    return [t / calls for t in best]  # one product's time
+    return [t / (calls * len(weights)) for t in best]  # one product's time
 
 
 # ------------------------------------------------------------------------------ the report
