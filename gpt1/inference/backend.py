@@ -382,8 +382,8 @@ def best_time(fn: Callable[[], object], repeats: int) -> float:
 # ------------------------------------------------------------------- the float speed check
 @dataclass(frozen=True)
 class FloatProbe:
-    """Best times in seconds of one product with oneDNN's packed weight and with `F.linear`:
-    `times[dtype name]["few" | "many"] == [packed, plain]` (`_FLOAT_SHAPES` says the shapes)."""
+    """Best times in seconds of a set of products with oneDNN's packed weights and with
+    `F.linear`: `times[dtype name]["few" | "many"] == [packed, plain]` (`_FLOAT_PRODUCTS`)."""
 
     times: dict[str, dict[str, list[float]]]
 
@@ -394,13 +394,14 @@ class FloatProbe:
 
 # Decoding's most frequent product (one row through a block's fused q|k|v layer) and a prompt's
 # (64 rows through a 768 x 768 layer): GPT-1's own shapes, rows x in x out.
-_FLOAT_SHAPES = {"few": (1, 768, 2304), "many": (64, 768, 768)}
-# Weights a timing goes through once each. Decoding reads every weight from memory, once a
-# token: the few-row check does too, over 16 distinct weights (113 MB in fp32, beyond a CPU's
-# last-level cache), where one weight read again from the cache would favour the wrong path.
-# A prompt's product is bound by arithmetic, not memory: one weight, three times.
-_FLOAT_WEIGHTS = {"few": 16, "many": 1}
-_FLOAT_CALLS = {"few": 1, "many": 3}
+# The products timed, as (rows, in, out) shapes. Decoding reads every weight from memory, once a
+# token, and each block has four of different shapes, which oneDNN's packed layout and
+# `F.linear` do not rank alike: the few-row check multiplies one row by the weights of four
+# GPT-1 blocks (113 MB in fp32, beyond a CPU's last-level cache), where one weight read again
+# from the cache favoured the packed product that decodes slower in fp32 on an AMD EPYC. A
+# prompt's product is bound by arithmetic, not memory: 64 rows through one weight, three times.
+_BLOCK = ((1, 768, 2304), (1, 768, 768), (1, 768, 3072), (1, 3072, 768))
+_FLOAT_PRODUCTS = {"few": _BLOCK * 4, "many": ((64, 768, 768),) * 3}
 
 
 def _rows(few_rows: bool) -> str:
@@ -425,41 +426,41 @@ def _measure_float() -> FloatProbe:
             for dtype in (torch.float32, torch.bfloat16):
                 if onednn_packs(dtype):
                     name = str(dtype).removeprefix("torch.")
-                    times[name] = {k: _packed_vs_plain(k, dtype, generator) for k in _FLOAT_SHAPES}
+                    times[name] = {
+                        k: _packed_vs_plain(k, dtype, generator) for k in _FLOAT_PRODUCTS
+                    }
     finally:
         torch.set_num_threads(threads)
     return FloatProbe(times)
 
 
 def _packed_vs_plain(rows: str, dtype: torch.dtype, generator: torch.Generator) -> list[float]:
-    """[packed, plain]: one product's time, from the best of five turns in which each path
-    multiplies by each of `_FLOAT_WEIGHTS[rows]` weights `_FLOAT_CALLS[rows]` times."""
-    m, k, n = _FLOAT_SHAPES[rows]
-    x = torch.randn(m, k, generator=generator).to(dtype)
-    weights = [
-        torch.randn(n, k, generator=generator).to(dtype) for _ in range(_FLOAT_WEIGHTS[rows])
-    ]
+    """[packed, plain]: the time of the `_FLOAT_PRODUCTS[rows]` products (each with a weight of
+    its own, but for `many`), the best of five turns of each path."""
+    products = _FLOAT_PRODUCTS[rows]
+    inputs = {k: torch.randn(m, k, generator=generator).to(dtype) for m, k, _ in products}
+    weights: list[torch.Tensor] = []
+    for _, k, n in products:
+        fresh = rows == "few" or not weights
+        weights.append(torch.randn(n, k, generator=generator).to(dtype) if fresh else weights[0])
     try:
         packs = [torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in weights]
     except RuntimeError:
         return [float("inf"), 0.0]
-    calls = _FLOAT_CALLS[rows]
     linear = torch.ops.mkldnn._linear_pointwise
 
     def on_packed() -> None:
-        for p in packs:
-            for _ in range(calls):
-                linear(x, p, None, "none", [], "")
+        for w, p in zip(weights, packs):
+            linear(inputs[w.shape[1]], p, None, "none", [], "")
 
     def on_plain() -> None:
         for w in weights:
-            for _ in range(calls):
-                torch.nn.functional.linear(x, w)
+            torch.nn.functional.linear(inputs[w.shape[1]], w)
 
     best = [float("inf"), float("inf")]
     for _ in range(5):
         best = [min(best[0], best_time(on_packed, 1)), min(best[1], best_time(on_plain, 1))]
-    return [t / (calls * len(weights)) for t in best]  # one product's time
+    return best
 
 
 # ------------------------------------------------------------------------------ the report
@@ -519,13 +520,13 @@ def _float_choices(few_rows: bool) -> tuple[str, str]:
     if switch("GPT1_PREPACK") is True:
         return chosen, "GPT1_PREPACK switches packing on"
     probe, rows = float_probe(), _rows(few_rows)
-    shape = "x".join(map(str, _FLOAT_SHAPES[rows]))
+    shape = "one row through four GPT-1 blocks" if few_rows else "three 64x768x768 products"
     timed = "; ".join(
         f"{names[d]} packed {_ms(t[0])}, F.linear {_ms(t[1])}"
         for d in dtypes
         if (t := probe.times.get(str(d).removeprefix("torch."), {}).get(rows))
     )
-    return chosen, f"a {shape} product, one thread: {timed or 'not measured'}"
+    return chosen, f"{shape}, one thread: {timed or 'not measured'}"
 
 
 def _many_rows_int8() -> Choice:
