@@ -22,13 +22,10 @@ import torch
 
 
 def best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+    """The shortest of `repeats` timed calls after a warm-up, in milliseconds."""
+    from gpt1.inference.backend import best_time
+
+    return best_time(fn, repeats) * 1e3
 
 
 def loss_ab(V: int, C: int, repeats: int, n: int = 2048) -> None:
