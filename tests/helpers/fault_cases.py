@@ -610,8 +610,11 @@ INTERRUPTED: dict[str, Callable[[Path], tuple[list[str], Path]]] = {
 
 # Runs `gpt1 ARGV` with a signal delivered while its temporary output folder is complete but
 # not yet published (the first fsync of a `.NAME.tmp-PID` folder), the worst moment to stop.
+# The child takes Ctrl-C as a foreground command does, even where it was started with SIGINT
+# ignored (a shell's background job, `cmd &`, ignores it and passes that on).
 _SIGNAL_MID_WRITE = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import gpt1.files as files
 real = files.fsync_dir
 def fsync_then_signal(path):
