@@ -1,7 +1,7 @@
 """Walk a `gpt1` command: which gpt1 source files control passes through, and how often it climbs.
 
-    python benchmarks/walk.py --tiny-run /tmp/walk/run --follow /tmp/walk/run -- \
-        sample /tmp/walk/run --prompt the --max-new-tokens 2
+    python benchmarks/walk.py --tiny-run runs/walk --follow runs/walk -- \
+        sample runs/walk --prompt the --max-new-tokens 2
     python benchmarks/walk.py --trace -- sample RUN --prompt-ids "1 2" --max-new-tokens 2
 
 The command after `--` runs in this process (`gpt1.cli.main`) under `sys.setprofile`.

@@ -81,9 +81,9 @@ def build_finetune_model(
         tok = load_tokenizer(tok_dir)
         gpt = GPT(dataclasses.replace(model_preset(cfg.preset), vocab_size=tok.vocab_size))
     else:
-        pretrained = load_any_checkpoint(cfg.init)  # GPT, or the LSTM baseline (gpt1.model.lstm)
-        found = ckpt.tokenizer_dir_of(cfg.init)
-        tok_dir = Path(cfg.vocab) if cfg.vocab else found
+        init = ckpt.open_checkpoint(cfg.init)  # read once for the weights and the tokenizer
+        pretrained = load_any_checkpoint(init)  # GPT, or the LSTM baseline (gpt1.model.lstm)
+        tok_dir = Path(cfg.vocab) if cfg.vocab else init.tokenizer_dir
         if tok_dir is None:
             raise CheckpointError(
                 f"{cfg.init}: the checkpoint carries no tokenizer files; pass --vocab DIR"
@@ -191,10 +191,10 @@ def check_training_memory(
     if cfg.init in ("", "none"):
         config, source = model_preset(cfg.preset), f"--preset {cfg.preset}"
     else:
-        folder = ckpt.resolve_checkpoint_dir(cfg.init)
-        if ckpt.read_config(folder).get("arch", "gpt") != "gpt":
+        init = ckpt.open_checkpoint(cfg.init)
+        if init.arch != "gpt":
             return  # the LSTM baseline is sized by its own config when it loads
-        config, source = ckpt.read_model_config(folder), str(folder / ckpt.CONFIG)
+        config, source = ckpt.read_model_config(init), str(init.config_file)
     n_ctx = min(cfg.n_ctx or config.n_positions, config.n_positions)
     head = (config.n_embd + 1) * task.n_outputs
     ensure_training_fits(
