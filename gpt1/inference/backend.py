@@ -29,7 +29,8 @@ only by processes that decode (`expect_decoding`); elsewhere it is used where a 
 already there. Switches (each takes 0/1/off/on/false/true, in any case; unset: decide here):
 `GPT1_MATVEC` (also `torch`: torch's kernels, nothing built), `GPT1_INT8_MATMUL` (on: oneDNN's
 int8 product even where it is slower than the float path), `GPT1_PREPACK` (on: the packed float
-product even where `F.linear` is faster).
+product even where `F.linear` is faster), `GPT1_WEIGHT_ARENA` (off: each weight stays where it was
+loaded, not gathered into one huge-page storage by `gpt1.inference.arena`).
 """
 
 from __future__ import annotations
@@ -50,10 +51,15 @@ import torch
 from gpt1.errors import ConfigError
 from gpt1.inference import matvec
 
-KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step")
+KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step", "weight storage")
 _ON, _OFF = ("1", "on", "true"), ("0", "off", "false")
 # name -> whether `torch` is accepted (meaning torch's kernels: off)
-SWITCHES = {"GPT1_MATVEC": True, "GPT1_INT8_MATMUL": False, "GPT1_PREPACK": False}
+SWITCHES = {
+    "GPT1_MATVEC": True,
+    "GPT1_INT8_MATMUL": False,
+    "GPT1_PREPACK": False,
+    "GPT1_WEIGHT_ARENA": False,
+}
 
 
 def switch(name: str) -> bool | None:
@@ -477,7 +483,7 @@ def report() -> list[Choice]:
     """For `gpt1 info --kernels`: which implementation each product kind and the decoding step
     use on this CPU, and why. Builds nothing; times the int8 product once."""
     check_environment()
-    return [_few_rows(), _many_rows_float(), _many_rows_int8(), _step()]
+    return [_few_rows(), _many_rows_float(), _many_rows_int8(), _step(), _storage()]
 
 
 def _kernel_state() -> tuple[bool, str]:
@@ -554,6 +560,27 @@ def _step() -> Choice:
     if usable:
         why = "the kernel was built without the step (no AVX-512 for this build target)"
     return Choice(KINDS[3], "torch operators", why)
+
+
+def gathers_weights() -> bool:
+    """Whether `for_inference` gathers a CPU model's streamed weights into one storage
+    (`gpt1.inference.arena`): unless GPT1_WEIGHT_ARENA says off."""
+    return switch("GPT1_WEIGHT_ARENA") is not False
+
+
+def _storage() -> Choice:
+    from gpt1.inference.arena import huge_pages  # arena imports quantize, which imports this
+
+    if not gathers_weights():
+        return Choice(
+            KINDS[4], "each weight where it was loaded", "GPT1_WEIGHT_ARENA switches it off"
+        )
+    mode = huge_pages()
+    pages = {
+        "always": "huge pages (transparent huge pages: always)",
+        "madvise": "huge pages (transparent huge pages: madvise, asked for)",
+    }.get(mode, f"4 KiB pages (transparent huge pages: {mode})")
+    return Choice(KINDS[4], "one storage in reading order", pages)
 
 
 def _timed(seconds: float, probe: Int8Probe) -> str:

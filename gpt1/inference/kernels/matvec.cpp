@@ -6,8 +6,8 @@
 // in registers and multiplies it by the activations in fp32 (bf16 weights times bf16 activations:
 // the CPU's bf16 dot-product instruction, fp32 sums) (int8 is weight-only: activations
 // are never rounded to integers). R output channels are read side by side, and the kernel
-// fetches the weights it will need kPrefetchBytes ahead of the multiply: R short rows that
-// restart every block are streams the hardware prefetchers pick up too late. Work is split over output
+// fetches the weights it will need ahead of the multiply: R short rows that restart every block
+// are streams the hardware prefetchers pick up too late. Work is split over output
 // channels with ATen's parallel_for, so it runs on torch's own threads. Written once over the
 // vectors of `lanes.h`: sixteen lanes of AVX-512 or eight of AVX2 (int8 widened by `vpmovsxbd`,
 // bf16 by a shift), plain loops on other CPUs.
@@ -26,20 +26,24 @@ namespace {
 // it saves.
 constexpr int64_t kMinBytesPerTask = 64 * 1024;
 
-// How far ahead of the multiply the weights are fetched, and into which cache. Measured on an
-// AVX-512 server core, the 49 products of a GPT-1 decoding step with cold weights: without
-// prefetching they read at about half a plain read's bandwidth. int8 and bf16 weights read
-// fastest fetched 32 KB ahead into L2 (T1: 28.5 and 27.2 GB/s, against 22.8 and 23.9 fetched
-// into L1, whose few line-fill buffers the fetches then crowd); fp32 weights 4 KB ahead into L1
-// (25.8 GB/s; 23.3 into L2).
-template <typename W>
-constexpr int64_t kPrefetchBytes = sizeof(W) == 4 ? 4096 : 32768;
+// How the weights are fetched ahead of the multiply. Measured on an AVX-512 server core (Zen 4),
+// the 49 products of a GPT-1 decoding step with cold weights, in one huge-page storage
+// (`gpt1/inference/arena.py`; `benchmarks/kernel_targets.py`): int8 weights read fastest as one
+// stream, the block's bytes fetched 32 KB ahead into L2 (a block of four int8 rows is short, and
+// the stream runs on into the next). fp32 and bf16 blocks are longer (eight fp32 rows of 768 are
+// 24 KB), so a stream ahead of the block's first row has not reached its last rows when they are
+// read: each row is fetched where it will be read a few blocks later, at least 48 KB ahead, into
+// L2 (fp32 24.5 GB/s against 21.8 as one stream; bf16 22.9 against 21.1).
+constexpr int64_t kStreamAheadBytes = 32768;
+constexpr int64_t kRowsAheadBytes = 49152;
+
+// How many output channels ahead each row of a block of R channels is fetched (whole blocks).
+inline int64_t channels_ahead(int R, int64_t row_bytes) {
+  return R * std::max<int64_t>(2, kRowsAheadBytes / (R * row_bytes));
+}
 
 #if defined(GPT1_SIMD)
 namespace simd = gpt1::simd;
-
-template <typename W>
-constexpr auto kPrefetchHint = sizeof(W) == 4 ? _MM_HINT_T0 : _MM_HINT_T1;  // see kPrefetchBytes
 
 // Output channels read side by side for M rows: R * M accumulators, R weight vectors and one of
 // activations must stay in the vector registers. With AVX-512's 32: four channels for one or
@@ -73,10 +77,17 @@ void channels(const float* x, const W* w, const float* scale, const float* bias,
       for (int m = 0; m < M; ++m) acc[r][m] = simd::zero();
     const W* rows[R];
     for (int r = 0; r < R; ++r) rows[r] = w + (n + r) * K;
-    // The block's R rows are contiguous: walk its bytes ahead of the multiply at its own pace.
-    const char* ahead = reinterpret_cast<const char*>(rows[0]) + kPrefetchBytes<W>;
-    for (int64_t k = 0; k < body; k += L, ahead += kStepBytes) {
-      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, kPrefetchHint<W>);
+    // int8: the block's R rows are contiguous; walk its bytes ahead of the multiply at its own
+    // pace. Wider weights: each row where it is read `ahead` channels later.
+    const char* stream = reinterpret_cast<const char*>(rows[0]) + kStreamAheadBytes;
+    const int64_t ahead = channels_ahead(R, K * int64_t(sizeof(W))) * K;
+    for (int64_t k = 0; k < body; k += L, stream += kStepBytes) {
+      if constexpr (sizeof(W) == 1) {
+        for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(stream + b, _MM_HINT_T1);
+      } else if ((k * int64_t(sizeof(W))) % 64 == 0) {  // one fetch per cache line of each row
+        for (int r = 0; r < R; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k), _MM_HINT_T1);
+      }
       simd::Vec wv[R];
       for (int r = 0; r < R; ++r) wv[r] = simd::load(rows[r] + k);
       for (int m = 0; m < M; ++m) {
@@ -117,7 +128,6 @@ template <int M, int R>
 void channels_bf16(const at::BFloat16* x, const at::BFloat16* w, const float* bias, float* y,
                    int64_t K, int64_t N, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  constexpr int64_t kStepBytes = R * 64;
   const int64_t body = K - K % 32;
   const __mmask32 tail = static_cast<__mmask32>((K % 32) ? ((1ull << (K % 32)) - 1ull) : 0);
   for (; n + R <= n1; n += R) {
@@ -126,9 +136,10 @@ void channels_bf16(const at::BFloat16* x, const at::BFloat16* w, const float* bi
       for (int m = 0; m < M; ++m) acc[r][m] = _mm512_setzero_ps();
     const at::BFloat16* rows[R];
     for (int r = 0; r < R; ++r) rows[r] = w + (n + r) * K;
-    const char* ahead = reinterpret_cast<const char*>(rows[0]) + kPrefetchBytes<at::BFloat16>;
-    for (int64_t k = 0; k < body; k += 32, ahead += kStepBytes) {
-      for (int64_t b = 0; b < kStepBytes; b += 64) _mm_prefetch(ahead + b, kPrefetchHint<at::BFloat16>);
+    const int64_t ahead = channels_ahead(R, K * 2) * K;  // each row, as `channels` fetches it
+    for (int64_t k = 0; k < body; k += 32) {
+      for (int r = 0; r < R; ++r)
+        _mm_prefetch(reinterpret_cast<const char*>(rows[r] + ahead + k), _MM_HINT_T1);
       __m512bh wv[R];
       for (int r = 0; r < R; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(rows[r] + k);
       for (int m = 0; m < M; ++m) {
