@@ -325,21 +325,26 @@ def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
     """Bytes/s of the fastest plain read of `mib` MiB (best of `reps`): the memory read speed
     that bounds batch-1 decoding, which must read every weight once per token.
 
-    Two reads, the faster counts: torch summing an fp32 tensor, and gpt1's decoding kernel
+    The fastest of four reads counts: torch summing an fp32 tensor, and gpt1's decoding kernel
     (`gpt1.inference.matvec`) multiplying one row by an fp32 matrix of that size (two flops per four
-    bytes read: a read). torch's sum reads without fetching ahead, and on the CPUs measured it
-    reached less than the kernel; a bound from it alone would be too low."""
-    from gpt1.inference import backend
+    bytes read: a read), each on plain memory and on memory advised for huge pages (as
+    `for_inference` stores the weights decoding streams: `gpt1.inference.arena`). torch's sum
+    reads without fetching ahead, and on the CPUs measured it reached less than the kernel; a
+    bound from it alone, or from 4 KiB pages alone, would be too low."""
+    from gpt1.inference import arena, backend
 
-    x = torch.ones(mib << 18)
-    x.sum()
-    best = min(timed(lambda: x.sum()) for _ in range(reps))
     op = backend.kernel()
-    if op is not None:
-        w, row = x.view(-1, 4096), torch.ones(1, 4096)
-        op(row, w, None, None)
-        best = min(best, min(timed(lambda: op(row, w, None, None)) for _ in range(reps)))
-    return x.numel() * 4 / best
+    best = float("inf")
+    plain = torch.ones(mib << 18)
+    huge = arena.huge_page_bytes(plain.numel() * 4).view(torch.float32).fill_(1.0)
+    for x in (plain, huge):
+        x.sum()
+        best = min(best, min(timed(lambda: x.sum()) for _ in range(reps)))
+        if op is not None:
+            w, row = x.view(-1, 4096), torch.ones(1, 4096)
+            op(row, w, None, None)
+            best = min(best, min(timed(lambda: op(row, w, None, None)) for _ in range(reps)))
+    return plain.numel() * 4 / best
 
 
 def print_profile(fn, rows: int = 8) -> None:

@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt1.inference import matvec  # noqa: E402
+from gpt1.inference import arena, matvec  # noqa: E402
 from gpt1.inference.quantize import quantize_rows  # noqa: E402
 
 SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
@@ -51,9 +51,11 @@ def built_for(target: str):
             os.environ[matvec.MARCH_VARIABLE] = before
 
 
-def step_weights(kind: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+def step_weights(
+    kind: str, with_head: bool = False
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     out = []
-    for n, k in SHAPES:
+    for n, k in SHAPES + ([(40478, 768)] if with_head else []):
         w = torch.randn(n, k)
         if kind == "int8":
             out.append(quantize_rows(w))
@@ -62,15 +64,54 @@ def step_weights(kind: str) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     return out
 
 
+def gathered(weights: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[tuple]:
+    """The same weights copied into one huge-page storage, in order, 64-byte aligned."""
+    sizes = [-(-w.numel() * w.element_size() // 64) * 64 for w, _ in weights]
+    storage, offset, out = arena.huge_page_bytes(sum(sizes)), 0, []
+    for (w, s), n in zip(weights, sizes):
+        view = storage[offset : offset + w.numel() * w.element_size()].view(w.dtype).view(w.shape)
+        out.append((view.copy_(w), s))
+        offset += n
+    return out
+
+
+def compare_storage(repeats: int, clock) -> None:
+    built = built_for("native")
+    x = {k: torch.randn(1, k) for k in (768, 3072)}
+    print(
+        f"one row through a decoding step's 49 weight products, 1 thread, huge pages: "
+        f"{arena.huge_pages()}"
+    )
+    for kind in ("int8", "bf16", "fp32"):
+        loaded = step_weights(kind, with_head=True)
+        ways = {"as loaded": loaded, "gathered": gathered(loaded)}
+        total = sum(w.numel() * w.element_size() for w, _ in loaded)
+        best = dict.fromkeys(ways, float("inf"))
+        for _ in range(repeats):
+            for name, weights in ways.items():
+                start = clock()
+                for w, s in weights:
+                    built.matvec(x[w.shape[1]], w, s, None)
+                best[name] = min(best[name], clock() - start)
+        rates = "  ".join(f"{name} {total / t / 1e9:5.1f} GB/s" for name, t in best.items())
+        print(
+            f"  {kind}: {rates}  (gathered / as loaded {best['as loaded'] / best['gathered']:.2f}x)"
+        )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="x86-64-v3")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--clock", choices=CLOCKS, default="cpu")
+    p.add_argument("--storage", action="store_true", help="as loaded vs gathered, this CPU's build")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     clock = CLOCKS[args.clock]
+    if args.storage:
+        compare_storage(args.repeats, clock)
+        return
     builds = {"native": built_for("native"), args.target: built_for(args.target)}
     x = {k: torch.randn(1, k) for k in (768, 3072)}
     print(f"one row through a decoding step's 48 weight products, 1 thread, {args.clock} clock")

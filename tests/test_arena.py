@@ -38,14 +38,16 @@ def test_streamed_tensors_share_one_storage_in_reading_order(precision):
     assert addresses == sorted(addresses) and len(set(addresses)) == len(addresses)
     assert addresses[0] % arena.HUGE_PAGE == 0
     assert all(a % 64 == 0 for a in addresses)
-    # The output layer comes last: the token table, or the int8 head's own copy (the table
-    # itself, which only two rows of are read a token, stays where it was).
+    # The output layer comes last: the token table, or the int8 head's own copy; then what
+    # decoding does not stream (the position table; int8's token table, two rows a token).
     head = model.lm_head_kernel
     if isinstance(head, Int8Head):
         assert tensors[-2] is head.q and tensors[-1] is head.scale
-        assert _storage(model.wte.weight) != first.data_ptr()
+        assert model.wte.weight.data_ptr() > head.scale.data_ptr()
     else:
         assert tensors[-1] is model.wte.weight
+    for rest in (model.wte.weight, model.wpe.weight):
+        assert _storage(rest) == first.data_ptr()
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])

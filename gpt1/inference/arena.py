@@ -6,8 +6,9 @@ from memory. Loaded as usual, each weight is an allocation of its own on 4 KiB p
 every 4 KiB, hardware prefetchers that stop at each page's end, and a jump between products.
 One storage, 2 MiB aligned and advised for transparent huge pages (`madvise(MADV_HUGEPAGE)`,
 which Linux's default THP mode, `madvise`, honours), reads as one stream. Measured on an AMD
-EPYC (Zen 4), one row through a GPT-1 decoding step's 49 products, one thread
-(`python benchmarks/kernel_targets.py --storage`): fp32 17.0 -> 20.2 GB/s, int8 22.0 -> 25.3.
+EPYC (Zen 4), one row through a GPT-1 decoding step's 49 products, one thread, alternating
+(`python benchmarks/kernel_targets.py --storage --clock wall --repeats 7`, 2026-12-03), as loaded
+against gathered: int8 17.4 -> 24.0 GB/s, bf16 19.0 -> 22.0, fp32 24.3 -> 26.6.
 
 Only where a product streams: the weights, scales and biases of linear layers (plain or
 int8), LayerNorm gains, and the output layer (the token table, or the int8 head's copy). Values,
@@ -30,6 +31,7 @@ from gpt1.inference.quantize import Int8Head, Int8Linear
 HUGE_PAGE = 2 << 20  # x86-64's transparent huge page
 _ALIGN = 64  # each tensor starts on a cache line
 _MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
+_RETURN_BYTES = 1 << 20  # after moving a tensor this large, its old pages go back at once
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # Modules whose own tensors a decoding step streams (`PackedLinear` is an `nn.Linear`).
@@ -88,10 +90,12 @@ def streamed_slots(model: nn.Module) -> list[Slot]:
 
 
 def gather(model: nn.Module) -> int:
-    """Move the tensors `model`'s decoding streams into one storage (see the module's docstring).
-    Returns the bytes moved (0: nothing to move). The model is changed in place."""
+    """Move the tensors `model`'s decoding streams into one storage (see the module's docstring),
+    and after them every other tensor of the model: a checkpoint loaded from safetensors is one
+    file mapping that any tensor left on it would keep whole. Returns the bytes moved (0:
+    nothing to move). The model is changed in place; its values are not."""
     slots, seen = [], set()
-    for slot in streamed_slots(model):
+    for slot in streamed_slots(model) + _other_slots(model):
         if id(slot.tensor) not in seen:  # a tensor two modules share moves once
             seen.add(id(slot.tensor))
             slots.append(slot)
@@ -99,21 +103,59 @@ def gather(model: nn.Module) -> int:
         return 0
     sizes = [s.tensor.numel() * s.tensor.element_size() for s in slots]
     total = sum(-(-n // _ALIGN) * _ALIGN for n in sizes)
-    # Whole huge pages from the first aligned byte, inside the allocation.
-    storage = torch.empty(-(-total // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE, dtype=torch.uint8)
-    start = -storage.data_ptr() % HUGE_PAGE
-    _advise_huge(storage.data_ptr() + start, total)  # before the first write touches a page
-    offset = start
+    storage, offset = huge_page_bytes(total), 0
     for slot, n in zip(slots, sizes):
         t = slot.tensor
         slot.move_to(storage[offset : offset + n].view(t.dtype).view(t.shape))
         offset += -(-n // _ALIGN) * _ALIGN
+        del t
+        if n >= _RETURN_BYTES:
+            _return_freed_memory()  # the old copy's pages, before the next copy is written
+    for module in model.modules():
+        head = getattr(module, "lm_head_kernel", None)
+        if isinstance(head, Int8Head):
+            head.table_moved(module.lm_weight())  # same values: its int8 copy still holds
     return total
+
+
+def _other_slots(model: nn.Module) -> list[Slot]:
+    slots = []
+    for module in model.modules():
+        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        slots += [Slot(module, name) for name, t in own if t.is_cpu and t.numel() > 0]
+    return slots
+
+
+def huge_page_bytes(n: int) -> torch.Tensor:
+    """n bytes (uint8, uninitialised) starting on a huge-page boundary, advised for huge pages
+    before any page is touched (`gpt1 info --kernels` shows whether the system grants them)."""
+    # Whole huge pages from the first aligned byte, inside the allocation.
+    raw = torch.empty(-(-n // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    _advise_huge(raw.data_ptr() + start, n)
+    return raw[start : start + n]
+
+
+def _return_freed_memory() -> None:
+    """Hand memory the allocator holds free back to the system (glibc's `malloc_trim`): the
+    weights' old copies are freed into its heap, which would otherwise keep them resident."""
+    trim = _libc_function("malloc_trim")
+    if trim is not None:
+        trim(0)
+
+
+def _libc_function(name: str):
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None  # not glibc (musl has no malloc_trim), or no libc to ask
 
 
 def _advise_huge(address: int, length: int) -> None:
     """Ask Linux for huge pages over [address, address + length) rounded up to whole huge pages
-    (`gather` allocates them); a no-op elsewhere, or where Linux refuses."""
+    (`huge_page_bytes` allocates them); a no-op elsewhere, or where Linux refuses."""
     if not sys.platform.startswith("linux") or huge_pages() in ("never", "unavailable"):
         return
     try:

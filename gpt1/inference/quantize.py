@@ -281,6 +281,11 @@ class Int8Head:
         self.scale = scale
         self._made = MadeFrom(weight)
 
+    def table_moved(self, weight: torch.Tensor) -> None:
+        """The token table now lives in `weight`, its values unchanged (`arena.gather` moved
+        it): the int8 copy is kept and stamped with the table's new place."""
+        self._made = MadeFrom(weight)
+
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
