@@ -2,8 +2,9 @@
 client (httpx, kept-alive connection) on the same `gpt1 serve`, requests taken in turns.
 
 More rows say where the page's extra time goes: the page's Generate button clicked from the
-page's own script (`button.click()`: the same handler, without the work Playwright's `click`
-does in the tab while the request is in flight), the same streamed request made by a bare
+page's own script, which then awaits the completion (`button.click()`, then the page's
+`playground.running` promise: the same handler, and nothing else in the tab while the request
+is in flight, where Playwright's `click` and its waiting run their own checks there), the same streamed request made by a bare
 `fetch` loop in the same tab (the browser's transport without the page's code), and the
 transport's floor, a GET of /health (no model work) from the tab against httpx.
 
@@ -93,9 +94,7 @@ def main() -> None:
         for _ in range(args.repeats):
             page.complete(8, 0)
             rows["page"].append(page.js("playground.ttftMs"))
-            page.js("document.getElementById('generate').click()")
-            page.tab.wait_for_function("playground.state !== 'running'", polling=100)
-            rows["dom"].append(page.js("playground.ttftMs"))
+            rows["dom"].append(page.generate_from_script())
             rows["bare"].append(page.tab.evaluate(BARE_FETCH_TTFT, [PROMPT, 8, MAX_LOGPROBS]))
             rows["api"].append(api_first_token_ms(client, url, 8))
             rows["hb"].append(page.tab.evaluate(BARE_FETCH_HEALTH))

@@ -136,6 +136,14 @@ class Page:
     def js(self, expression: str) -> Any:
         return self.tab.evaluate(expression)
 
+    def generate_from_script(self) -> float:
+        """Click Generate from the page's own script and await the completion there (the
+        harness does nothing in the tab meanwhile); returns the page's time to first token."""
+        return self.tab.evaluate(
+            "async () => { document.getElementById('generate').click();"
+            " await playground.running; return playground.ttftMs; }"
+        )
+
     def complete(self, max_tokens: int, temperature: float) -> None:
         """Type the sampling options, click Generate, wait for the completion to finish."""
         self.tab.fill("#max-tokens", str(max_tokens))
@@ -326,26 +334,31 @@ def test_browser_streams_greedy_completion_colours_tokens_and_stops(browser, wor
 
 def test_browser_first_token_time_against_the_api(browser, world):
     """Time to the first streamed token, in the page (fetch to first text; and to the response
-    headers) and from Python (httpx on a kept-alive connection), REPEATS greedy requests each,
-    taken in turns on the same server: printed, not asserted."""
+    headers), clicked by Playwright and from the page's own script (Playwright's click runs its
+    own checks in the tab while the request is in flight), and from Python (httpx on a
+    kept-alive connection), REPEATS greedy requests each, taken in turns on the same server:
+    printed, not asserted."""
     with gpt1_serve(world["lm"]) as url, httpx.Client() as client:
         page = Page(browser, url)
         api_first_token_ms(client, url, 8)  # warm both paths once
         page.complete(8, 0)
-        in_page, headers, api = [], [], []
+        clicked, own, headers, api = [], [], [], []
         for _ in range(REPEATS):
             page.complete(8, 0)
-            in_page.append(page.js("playground.ttftMs"))
+            clicked.append(page.js("playground.ttftMs"))
             headers.append(page.js("playground.headersMs"))
+            own.append(page.generate_from_script())
             api.append(api_first_token_ms(client, url, 8))
         assert not page.errors
-    page_ms, api_ms = statistics.median(in_page), statistics.median(api)
+        assert page.js("playground.state") == "done"
+    clicked_ms, own_ms, api_ms = (statistics.median(v) for v in (clicked, own, api))
     print(
-        f"\ntime to first token (median of {REPEATS}, tiny model): page {page_ms:.1f} ms "
-        f"(headers {statistics.median(headers):.1f} ms), API {api_ms:.1f} ms, "
-        f"ratio {page_ms / api_ms:.2f}"
+        f"\ntime to first token (median of {REPEATS}, tiny model): page {own_ms:.1f} ms "
+        f"(clicked by Playwright {clicked_ms:.1f} ms, headers {statistics.median(headers):.1f} "
+        f"ms), API {api_ms:.1f} ms, ratio {own_ms / api_ms:.2f}"
     )
-    assert all(ms > 0 for ms in in_page + api) and all(h <= t for h, t in zip(headers, in_page))
+    assert all(ms > 0 for ms in clicked + own + api)
+    assert all(h <= t for h, t in zip(headers, clicked))
 
 
 @pytest.mark.parametrize("kind", ["single", "choice"])
