@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from gpt1 import GPT, ModelConfig
 from gpt1.config import TaskKind
 from gpt1.errors import ConfigError
-from gpt1.inference import arena
+from gpt1.inference import arena, backend
 from gpt1.inference.generate import generate
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import Int8Head
@@ -117,4 +117,4 @@ def test_a_misspelt_switch_is_refused_before_any_work(monkeypatch):
 
 
 def test_huge_page_mode_is_read_from_the_system():
-    assert arena.huge_pages() in ("always", "madvise", "never", "unavailable")
+    assert backend.huge_pages() in ("always", "madvise", "never", "unavailable")

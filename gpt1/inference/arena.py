@@ -21,31 +21,20 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from gpt1.inference.backend import huge_pages
 from gpt1.inference.quantize import Int8Head, Int8Linear
 
 HUGE_PAGE = 2 << 20  # x86-64's transparent huge page
 _ALIGN = 64  # each tensor starts on a cache line
 _MADV_HUGEPAGE = 14  # <sys/mman.h> on Linux
 _RETURN_BYTES = 1 << 20  # after moving a tensor this large, its old pages go back at once
-_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # Modules whose own tensors a decoding step streams (`PackedLinear` is an `nn.Linear`).
 _STREAMED = (nn.Linear, Int8Linear, nn.LayerNorm)
-
-
-def huge_pages() -> str:
-    """Linux's transparent huge page mode (`always`, `madvise`, `never`), or `unavailable`."""
-    try:
-        text = _THP_MODE.read_text()
-    except OSError:
-        return "unavailable"
-    start, end = text.find("["), text.find("]")
-    return text[start + 1 : end] if 0 <= start < end else "unavailable"
 
 
 class Slot:

@@ -51,6 +51,7 @@ import torch
 from gpt1.errors import ConfigError
 from gpt1.inference import matvec
 
+_THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step", "weight storage")
 _ON, _OFF = ("1", "on", "true"), ("0", "off", "false")
 # name -> whether `torch` is accepted (meaning torch's kernels: off)
@@ -569,8 +570,6 @@ def gathers_weights() -> bool:
 
 
 def _storage() -> Choice:
-    from gpt1.inference.arena import huge_pages  # arena imports quantize, which imports this
-
     if not gathers_weights():
         return Choice(
             KINDS[4], "each weight where it was loaded", "GPT1_WEIGHT_ARENA switches it off"
@@ -592,6 +591,16 @@ def _timed(seconds: float, probe: Int8Probe) -> str:
 
 def _ms(seconds: float) -> str:
     return "failed" if seconds == float("inf") else f"{seconds * 1e3:.3g} ms"
+
+
+def huge_pages() -> str:
+    """Linux's transparent huge page mode (`always`, `madvise`, `never`), or `unavailable`."""
+    try:
+        text = _THP_MODE.read_text()
+    except OSError:
+        return "unavailable"
+    start, end = text.find("["), text.find("]")
+    return text[start + 1 : end] if 0 <= start < end else "unavailable"
 
 
 def isa() -> str:

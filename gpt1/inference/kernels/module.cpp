@@ -1,17 +1,27 @@
 // The extension module gpt1 builds on first use (`gpt1/inference/matvec.py`).
+//
+// The products and the step release Python's lock while they run, as torch's own operators do:
+// they touch no Python object between reading their arguments and returning, and a step of the
+// 117M model takes milliseconds in which `gpt1 serve`'s event loop (and its tokenizer thread)
+// would otherwise wait.
 #include "products.h"
 
+namespace {
+using Unlocked = pybind11::call_guard<pybind11::gil_scoped_release>;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("matvec", &matvec, "weight products for a few rows", pybind11::arg("x"),
+  m.def("matvec", &matvec, "weight products for a few rows", Unlocked(), pybind11::arg("x"),
         pybind11::arg("w"), pybind11::arg("scale") = pybind11::none(),
         pybind11::arg("bias") = pybind11::none());
   m.def("has_decode_step", &has_decode_step, "whether decode_step was compiled for this CPU");
-  m.def("decode_step", &decode_step, "every block of one decoding step", pybind11::arg("x"),
+  m.def("decode_step", &decode_step, "every block of one decoding step", Unlocked(),
+        pybind11::arg("x"),
         pybind11::arg("params"), pybind11::arg("keys"), pybind11::arg("values"),
         pybind11::arg("rows"), pybind11::arg("lengths"), pybind11::arg("n_head"),
         pybind11::arg("eps"), pybind11::arg("gelu"));
   m.def("has_quantize_per_tensor", &has_quantize_per_tensor,
         "whether quantize_per_tensor was compiled for this CPU");
   m.def("quantize_per_tensor", &quantize_per_tensor,
-        "activations to int8 with one scale for the whole tensor", pybind11::arg("x"));
+        "activations to int8 with one scale for the whole tensor", Unlocked(), pybind11::arg("x"));
 }
