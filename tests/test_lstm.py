@@ -244,5 +244,10 @@ def test_both_architectures_satisfy_the_registry_protocol(tinier_config):
         ids = torch.randint(0, 50, (2, 5))
         hidden, head = model.eval()(ids, lengths=torch.tensor([5, 3]), with_head_weight=True)
         assert hidden.shape == (2, 5, 16) and head is model.wte.weight
+        at = torch.tensor([4, 2])
+        assert torch.allclose(model(ids, at=at), hidden[torch.arange(2), at], atol=1e-5)
+        # One forward for both (gpt1.model.tied.TiedLM): states at positions carry no head weight.
+        with pytest.raises(ValueError, match="no head weight"):
+            model(ids, at=at, with_head_weight=True)
     with pytest.raises(ConfigError, match="unknown architecture"):
         build_model(config, "rnn")

@@ -30,8 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.cli.finetune import results_summary
     from gpt1.recipes.evaluate import evaluate_run, results_path
 
-    settings = options.scoring_settings(args)
-    results = evaluate_run(args.run, args.task, args.data, args.split, out=args.out, **settings)
+    results = evaluate_run(out=args.out, **options.scoring_settings(args))
     if args.json:
         print(json.dumps(results))
     else:

@@ -51,6 +51,13 @@ def from_flags(cls: type[T], args: argparse.Namespace, **given: Any) -> T:
     return cls(**{**flags, **given})
 
 
+def add_number(p: Flags, flag: str, default: int | float, help: str) -> None:
+    """A number flag (of `default`'s type) whose help ends with its default, so that the two
+    never disagree: `add_number(p, "--micro-batch", 16, "examples per forward pass")` -> help
+    "examples per forward pass (default 16)"."""
+    p.add_argument(flag, type=type(default), default=default, help=f"{help} (default {default})")
+
+
 def add_source(p: Flags, dest: str, metavar: str, help: str) -> None:
     """The positional naming what a command reads (a run, checkpoint or preset)."""
     p.add_argument(dest, metavar=metavar, help=help)
@@ -163,9 +170,7 @@ def add_scoring(p: Flags, split_help: str) -> None:
         "stem (held_out.csv -> held_out)",
     )
     p.add_argument("--split", help=split_help + "; any name is looked up as NAME.<ext>")
-    p.add_argument(
-        "--micro-batch", type=int, default=16, help="examples per forward pass (default 16)"
-    )
+    add_number(p, "--micro-batch", 16, "examples per forward pass")
     add_inference_hardware(p)
     p.add_argument(
         "--skip-bad-rows",
@@ -176,19 +181,20 @@ def add_scoring(p: Flags, split_help: str) -> None:
 
 
 def scoring_settings(args: argparse.Namespace) -> dict:
-    """The `add_scoring` flags after the data's (RUN, --task, --data, --split), as the keyword
-    arguments of `recipes.evaluate.evaluate_run` and `predict_run`; checked before anything loads."""
+    """The `add_scoring` flags as the keyword arguments of `recipes.evaluate.evaluate_run` and
+    `predict_run`; checked before anything loads."""
     from gpt1.errors import ConfigError
 
     if args.micro_batch < 1:
         raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
-    same_names = ("skip_bad_rows", "device", "precision", "overwrite", "file")
-    return {"micro": args.micro_batch, **{name: getattr(args, name) for name in same_names}}
+    renamed = {"task_name": args.task, "micro": args.micro_batch}
+    same_names = "run data split skip_bad_rows device precision overwrite file".split()
+    return {**renamed, **{name: getattr(args, name) for name in same_names}}
 
 
 def add_sampling(p: Flags) -> None:
     """How a continuation is drawn: the fields of `gpt1.inference.sampling.Sampling`, one flag each."""
-    p.add_argument("--max-new-tokens", type=int, default=50, help="tokens to generate (default 50)")
+    add_number(p, "--max-new-tokens", 50, "tokens to generate")
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: 1.0)")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens")
     p.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass, in (0, 1]")

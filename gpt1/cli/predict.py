@@ -50,16 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
         raise ConfigError(f"--raw-csv applies to --format csv only (not {args.format})")
     settings = options.scoring_settings(args)
-    paths = predict_run(
-        args.run,
-        args.task,
-        args.data,
-        args.split,
-        out=args.out,
-        fmt=args.format,
-        raw_csv=args.raw_csv,
-        **settings,
-    )
+    paths = predict_run(out=args.out, fmt=args.format, raw_csv=args.raw_csv, **settings)
     for path in paths:
         print(path)
     return 0

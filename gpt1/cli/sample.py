@@ -38,12 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(ends at end of input, an empty line or Ctrl-C)",
     )
     options.add_sampling(p)
-    p.add_argument(
-        "--num-samples",
-        type=int,
-        default=1,
-        help="independent continuations of the same prompt (default 1)",
-    )
+    options.add_number(p, "--num-samples", 1, "independent continuations of the same prompt")
     options.add_inference_hardware(p)
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
 

@@ -71,12 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # The old name, kept working but no longer shown.
     p.add_argument("--dtype", choices=PRECISIONS, default=None, help=argparse.SUPPRESS)
     options.add_device(p)
-    p.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=4096,
-        help="padded tokens per forward pass (default 4096)",
-    )
+    options.add_number(p, "--batch-tokens", 4096, "padded tokens per forward pass")
 
 
 def _precision(args: argparse.Namespace) -> str:

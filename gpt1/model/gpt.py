@@ -15,8 +15,7 @@ transposes.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,7 @@ from gpt1.config import ModelConfig
 from gpt1.model.attention import attention, merge_heads, split_heads
 from gpt1.model.fast_cpu import Dropout
 from gpt1.model.layouts import AtPositions, Layout, Unpadded
+from gpt1.model.tied import TiedLM
 
 
 class CausalSelfAttention(nn.Module):
@@ -84,14 +84,6 @@ class Block(nn.Module):
         return self.ln_2(x + self.mlp(x))
 
 
-class LMOutput(NamedTuple):
-    """What a forward pass gives the language-model head: the hidden states and the tied output
-    weight to use with them (the token table this pass embedded with, dropout included)."""
-
-    hidden: torch.Tensor  # [B, T, n_embd]
-    head_weight: torch.Tensor  # [vocab_size, n_embd]
-
-
 class HeadKernel(Protocol):
     """A faster `F.linear` for the tied output layer (`prepack.PackedWeight`, `quantize.Int8Head`)."""
 
@@ -100,11 +92,12 @@ class HeadKernel(Protocol):
     ) -> torch.Tensor: ...
 
 
-class GPT(nn.Module):
+class GPT(TiedLM):
     """The GPT-1 decoder: `GPT(config)(ids)` -> hidden states `[B, T, n_embd]`.
 
     No input LayerNorm and no final LayerNorm (GPT-1 is post-LN). The output layer is the token
-    embedding itself: `lm_logits(hidden) = hidden @ wte.weight.T`.
+    embedding itself: `lm_logits(hidden) = hidden @ wte.weight.T`. What every tied language model
+    does the same way (`forward`'s options, `add_tokens`, the counts) is `TiedLM`'s.
     """
 
     def __init__(self, config: ModelConfig):
@@ -132,33 +125,24 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     # --------------------------------------------------------------- forward
-    def forward(
-        self,
-        ids: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        *,
-        at: torch.Tensor | None = None,
-        with_head_weight: bool = False,
-    ) -> torch.Tensor | LMOutput:
-        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]`.
+    def hidden_states(
+        self, ids: torch.Tensor, lengths: torch.Tensor | None, at: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (or `[B, n_embd]` `at` one
+        position per row), and the token table the tied output layer must use with them
+        (`forward`, `GPT(config)(ids, ...)`, is how it is called).
 
-        With `lengths` `[B]`, row b is right-padded after its first `lengths[b]` tokens: every
-        position-wise layer skips the padding, whose hidden states come back as zeros. The real
-        positions' states are those of the padded batch (causal attention never lets a token see
-        later padding), computed on the real tokens only (`layouts.Unpadded`).
-        With `at` `[B]` (one position per row), returns only the final hidden state at `at[b]`
-        of each row, `[B, n_embd]`: what a classification head reads. The last block then runs
-        after attention on those B positions alone, in the same maths (`layouts.AtPositions`).
-        With `with_head_weight`, returns `LMOutput(hidden, head_weight)`: what a training loss
-        needs for the tied output layer.
+        With `lengths` `[B]`, every position-wise layer skips the padding, whose hidden states
+        come back as zeros. The real positions' states are those of the padded batch (causal
+        attention never lets a token see later padding), computed on the real tokens only
+        (`layouts.Unpadded`). With `at`, the last block runs after attention on those B
+        positions alone, in the same maths (`layouts.AtPositions`).
         """
         B, T = ids.shape
         if T > self.config.n_positions:
             raise ValueError(
                 f"sequence of {T} tokens is longer than n_positions={self.config.n_positions}"
             )
-        if at is not None and with_head_weight:
-            raise ValueError("at returns states at one position per row, no head weight")
         layout = Unpadded.of(ids, lengths)  # None: no padding to skip
         top = AtPositions.of(at, ids, layout) if at is not None else layout
         positions = torch.arange(T, device=ids.device)
@@ -168,10 +152,9 @@ class GPT(nn.Module):
         for block in self.h[:-1]:
             x = block(x, layout)
         x = self.h[-1](x, top)
-        if at is not None:
-            return x  # [B, n_embd]
-        hidden = layout.pad(x) if layout is not None else x
-        return LMOutput(hidden, head_weight) if with_head_weight else hidden
+        if at is None and layout is not None:
+            x = layout.pad(x)  # [B, T, n_embd]
+        return x, head_weight
 
     def embed(
         self, ids: torch.Tensor, positions: torch.Tensor
@@ -185,58 +168,22 @@ class GPT(nn.Module):
             return F.embedding(ids, wte) + F.embedding(positions, self.drop(self.wpe.weight)), wte
         return self.drop(self.wte(ids) + self.wpe(positions)), self.wte.weight
 
-    def lm_weight(self) -> torch.Tensor:
-        """The output layer's weight `[vocab_size, n_embd]`: the token table (for a training pass
-        with matrix embedding dropout, use `forward(..., with_head_weight=True)` instead)."""
-        return self.wte.weight
-
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]`."""
+        """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]` (through
+        `lm_head_kernel` when one is set)."""
         if self.lm_head_kernel is not None:
             return self.lm_head_kernel.linear(hidden, self.lm_weight(), None)
-        return F.linear(hidden, self.lm_weight())
-
-    # ----------------------------------------------------------- task tokens
-    def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]:
-        """Append `n` token rows initialised N(0, initializer_range); return their ids.
-
-        These are the paper's start / delimiter / extract tokens; the tied output layer covers
-        them automatically because it is the token table itself.
-        """
-        return grow_token_table(self, n, generator)
+        return super().lm_logits(hidden)
 
     # ---------------------------------------------------------------- counts
-    def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        """Parameter count; with `exclude_embeddings`, without the token and position tables."""
-        total = sum(p.numel() for p in self.parameters())
-        if exclude_embeddings:
-            total -= self.wte.weight.numel() + self.wpe.weight.numel()
-        return total
+    def embedding_tables(self) -> tuple[nn.Embedding, ...]:
+        """The token and position tables (what `num_parameters(exclude_embeddings=True)` leaves
+        out)."""
+        return (self.wte, self.wpe)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token at `seq_len` (default n_positions); see `flops_per_token`."""
         return flops_per_token(self.config, seq_len)
-
-
-@torch.no_grad()
-def grow_token_table(
-    model: nn.Module, n: int, generator: torch.Generator | None = None
-) -> list[int]:
-    """Append `n` rows drawn from N(0, initializer_range) to `model.wte` (any model with a `wte`
-    table and a `config` with `vocab_size`); return the new ids."""
-    if n <= 0:
-        return []
-    old = model.wte.weight
-    rows = torch.randn(n, old.shape[1], generator=generator, dtype=torch.float32)
-    rows = (rows * model.config.initializer_range).to(device=old.device, dtype=old.dtype)
-    table = nn.Embedding(old.shape[0] + n, old.shape[1], device=old.device, dtype=old.dtype)
-    table.weight.copy_(torch.cat([old, rows], dim=0))  # [V + n, C]
-    model.wte = table
-    first = model.config.vocab_size
-    # A new config for this model only: configs are frozen, and the one it was built from may
-    # be shared (a pretrained model and a fresh copy made from its config).
-    model.config = dataclasses.replace(model.config, vocab_size=first + n)
-    return list(range(first, first + n))
 
 
 def parameter_count(config: ModelConfig, exclude_embeddings: bool = False) -> int:

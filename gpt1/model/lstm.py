@@ -3,7 +3,8 @@
 The paper compares its Transformer with a single-layer 2048-unit LSTM pretrained and fine-tuned in
 the same framework. `LSTMLM` is a drop-in for `GPT`: `model(ids [B, T]) -> hidden [B, T, n_embd]`,
 `lm_logits(hidden)` tied to the token table, `lm_weight()`, `add_tokens(n)`, `num_parameters()`,
-`flops_per_token()`, `.config` and `.wte` (the `gpt1.model.registry.LanguageModel` protocol). So
+`flops_per_token()`, `.config` and `.wte` (the `gpt1.model.registry.LanguageModel` protocol; all
+but its states and FLOPs are `gpt1.model.tied.TiedLM`'s, which both models are). So
 pretraining, fine-tuning, zero-shot scoring and checkpoints need no LSTM-specific code; only
 building and loading have to know which class to make, which `gpt1.model.registry` does (from the
 `"arch"` key of `config.json` when loading).
@@ -29,12 +30,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gpt1.config import MODEL_LIMITS, ModelConfig, check_ranges, check_types, from_dict
 from gpt1.errors import ConfigError
-from gpt1.model.gpt import LMOutput, grow_token_table, parameter_count
+from gpt1.model.gpt import parameter_count
+from gpt1.model.tied import TiedLM
 
 PAPER_UNITS_PER_WIDTH = 2048 / 768
 
@@ -114,7 +115,7 @@ def lstm_config_for(model: ModelConfig, rule: str = "params") -> LSTMConfig:
     )
 
 
-class LSTMLM(nn.Module):
+class LSTMLM(TiedLM):
     """LSTM language model: `LSTMLM(config)(ids)` -> hidden states `[B, T, n_embd]`; tied head."""
 
     def __init__(self, config: LSTMConfig):
@@ -149,45 +150,23 @@ class LSTMLM(nn.Module):
                 with torch.no_grad():
                     p[H : 2 * H].fill_(0.5)  # gate order is input | forget | cell | output
 
-    def forward(
-        self,
-        ids: torch.Tensor,
-        lengths: torch.Tensor | None = None,
-        *,
-        at: torch.Tensor | None = None,
-        with_head_weight: bool = False,
-    ) -> torch.Tensor | LMOutput:
-        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (with `with_head_weight`,
-        `LMOutput(hidden, token table)`; with `at` `[B]`, the states at those positions
-        `[B, n_embd]`; as `GPT.forward`).
+    def hidden_states(
+        self, ids: torch.Tensor, lengths: torch.Tensor | None, at: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids `[B, T]` (int64) -> hidden states `[B, T, n_embd]` (or `[B, n_embd]` `at` one
+        position per row), and the token table (`forward`, as `GPT`'s).
 
-        `lengths` (`GPT.forward`'s right-padding hint) is ignored: a
-        left-to-right LSTM's real positions never see the padding after them, and the states it
-        computes at the padding are not zeroed, as nothing reads them.
+        `lengths` (the right-padding hint) is ignored: a left-to-right LSTM's real positions never
+        see the padding after them, and the states it computes at the padding are not zeroed, as
+        nothing reads them.
         """
         x = self.drop(self.wte(ids))  # [B, T, E]
         out, _ = self.lstm(x)  # [B, T, H]; state starts at zero per row
         hidden = self.resid_dropout(self.c_proj(out))  # [B, T, E]
         if at is not None:
-            return hidden[torch.arange(hidden.shape[0], device=hidden.device), at.to(ids.device)]
-        return LMOutput(hidden, self.wte.weight) if with_head_weight else hidden
-
-    def lm_weight(self) -> torch.Tensor:
-        """The output layer's weight `[vocab_size, n_embd]`: the token table."""
-        return self.wte.weight
-
-    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Tied-head logits: hidden `[..., n_embd]` -> `[..., vocab_size]`."""
-        return F.linear(hidden, self.lm_weight())
-
-    def add_tokens(self, n: int, generator: torch.Generator | None = None) -> list[int]:
-        """Append `n` token rows initialised N(0, initializer_range); return their ids."""
-        return grow_token_table(self, n, generator)
-
-    def num_parameters(self, exclude_embeddings: bool = False) -> int:
-        """Parameter count; with `exclude_embeddings`, without the token table."""
-        total = sum(p.numel() for p in self.parameters())
-        return total - (self.wte.weight.numel() if exclude_embeddings else 0)
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            hidden = hidden[rows, at.to(ids.device)]  # [B, E]
+        return hidden, self.wte.weight
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
         """Training FLOPs per token: 6N over the matrices, including the tied output layer."""

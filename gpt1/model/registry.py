@@ -43,7 +43,7 @@ class LanguageModel(Protocol):
 
     Calling it maps ids `[B, T]` to hidden states `[B, T, n_embd]`; `lengths=` marks right-padded
     rows, `with_head_weight=True` also returns the tied output weight of that pass
-    (`gpt1.model.gpt.LMOutput`), and `at=` positions `[B]` return only the states there `[B,
+    (`gpt1.model.tied.LMOutput`), and `at=` positions `[B]` return only the states there `[B,
     n_embd]` (what a classification head reads; GPT then skips work in its last block).
     """
 

@@ -120,7 +120,7 @@ class Gpt1LM(TemplateLM):
             model_arg_int("batch_tokens", batch_tokens),
             model_arg_int("max_rows", max_rows),
         )
-        self._max_gen_toks = model_arg_int("max_gen_toks", max_gen_toks)
+        self.max_gen_toks = model_arg_int("max_gen_toks", max_gen_toks)
         opened = open_checkpoint(checkpoint)
         if not tokenizer and opened.tokenizer_dir is None:
             raise CheckpointError(
@@ -130,11 +130,11 @@ class Gpt1LM(TemplateLM):
         loaded = load_for_inference(opened, _harness_device(device), precision, tokenizer)
         self.tok, self._device, self.precision = loaded.tokenizer, loaded.device, loaded.precision
         model, window = loaded.lm, loaded.window
-        self._max_length = window
+        self.max_length = window
         if max_length is not None:
-            self._max_length = model_arg_int("max_length", max_length, most=window)
+            self.max_length = model_arg_int("max_length", max_length, most=window)
         self.scorer = Scorer(
-            model, batch_tokens=batch_tokens, max_rows=max_rows, max_context=self._max_length
+            model, batch_tokens=batch_tokens, max_rows=max_rows, max_context=self.max_length
         )
         self.model = model
         if prefix_token_id is None:  # as the transformers export declares (module doc)
@@ -145,23 +145,12 @@ class Gpt1LM(TemplateLM):
         )
         self.checkpoint = str(opened.folder)
 
-    # -- what the harness reads ----------------------------------------------------------------
+    # -- what the harness reads (also the attributes max_length and max_gen_toks) --------------
     @property
     def eot_token_id(self) -> int:
-        # GPT-1 has no end-of-text token; the prefix token stands in where the harness needs one.
+        # GPT-1 has no end-of-text token; the prefix token stands in where the harness needs one
+        # (`TemplateLM.prefix_token_id` is this one too).
         return self._prefix
-
-    @property
-    def prefix_token_id(self) -> int:
-        return self._prefix
-
-    @property
-    def max_length(self) -> int:
-        return self._max_length
-
-    @property
-    def max_gen_toks(self) -> int:
-        return self._max_gen_toks
 
     @property
     def tokenizer_name(self) -> str:
@@ -210,7 +199,7 @@ class Gpt1LM(TemplateLM):
                 for w in get_rolling_token_windows(
                     token_list=self.tok_encode(string),
                     prefix_token=self._prefix,
-                    max_seq_len=self._max_length,
+                    max_seq_len=self.max_length,
                     context_len=1,
                 )
             ]
@@ -252,14 +241,14 @@ class Gpt1LM(TemplateLM):
         from gpt1.inference.sampling import Sampling
 
         stops = [until] if isinstance(until, str) else list(until or [])
-        n_new = self._max_gen_toks if max_gen_toks is None else int(max_gen_toks)
+        n_new = self.max_gen_toks if max_gen_toks is None else int(max_gen_toks)
         if not do_sample:
             temperature = 0.0
         elif temperature == 0:
             temperature = 1.0
         ids = self.tok_encode(context) or [self._prefix]
         # Keep room for the new tokens inside the window, like the harness's own models.
-        ids = ids[-max(1, self._max_length - n_new) :]
+        ids = ids[-max(1, self.max_length - n_new) :]
         seed = seed if seed is not None else 1234  # a sampled task draws reproducibly
         sampling = Sampling(n_new, temperature, top_k, top_p, seed)
         stream = TextStream(self.tok)
