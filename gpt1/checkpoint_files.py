@@ -111,6 +111,39 @@ def checked_weights(checkpoint: CheckpointFolder) -> Path:
     return weights
 
 
+def check_weights_size(
+    params: int, files: list[Path], source: Path | str, min_bytes_per_param: int = 2
+) -> None:
+    """Refuse a config (`source`) that describes more parameters (`params`) than the weight
+    files can hold.
+
+    Checked from file sizes before anything is read or built, so a config.json edited to a
+    huge size is refused at once even when the machine could hold the model.
+    """
+    need = params * min_bytes_per_param
+    have = sum(f.stat().st_size for f in files if f.is_file())
+    if have < need:
+        where = files[0] if len(files) == 1 else files[0].parent
+        raise CheckpointError(
+            f"{where}: {have:,} bytes of weights, but {source} describes "
+            f"{params:,} parameters (at least {need:,} bytes): "
+            "the weights are truncated, or config and weights do not belong "
+            "together"
+        )
+
+
+def load_weights(checkpoint: CheckpointFolder, expect: nn.Module) -> dict[str, torch.Tensor]:
+    """The weights of an open checkpoint folder for `expect`, the model its config describes
+    (built on the meta device: nothing allocated yet). The file is there and no pickle
+    (`checked_weights`) and holds at least 2 bytes per parameter of `expect`
+    (`check_weights_size`, before anything is read); its tensors are then read and checked
+    against `expect` (`load_state_dict`)."""
+    weights = checked_weights(checkpoint)
+    params = sum(p.numel() for p in expect.parameters())
+    check_weights_size(params, [weights], checkpoint.config_file)
+    return load_state_dict(weights, expect=expect)
+
+
 def save_tensors(tensors: dict[str, torch.Tensor], file: str | Path) -> None:
     """Write contiguous CPU tensors as a gpt1 safetensors file that follows the umask."""
     save_file(tensors, str(file), metadata={"format": FORMAT})

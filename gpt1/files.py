@@ -598,7 +598,9 @@ class RunLock:
     def tidy(self) -> None:
         """Remove what this lock made (its file, its folder) when nothing else was written."""
         with contextlib.suppress(OSError):
-            if self._made_file and is_empty(self.folder):
+            if not is_empty(self.folder):
+                return  # the run wrote something: the lock file and its folders stay
+            if self._made_file:
                 self.path.unlink()
                 self._made_file = False
             while self._made_folders and not any(self._made_folders[0].iterdir()):

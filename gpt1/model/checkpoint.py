@@ -28,9 +28,11 @@ from gpt1.checkpoint_files import (  # noqa: F401 (re-exported)
     CheckpointFolder,
     check_finite,
     check_state_dict,
+    check_weights_size,
     checked_weights,
     copy_tokenizer_files,
     load_state_dict,
+    load_weights,
     open_checkpoint,
     read_config,
     refuse_pickle,
@@ -43,7 +45,7 @@ from gpt1.checkpoint_files import (  # noqa: F401 (re-exported)
 from gpt1.config import ModelConfig
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.files import atomic_dir, atomic_folder, follow_umask, publish_dir  # noqa: F401 (re-exported)
-from gpt1.model.gpt import GPT, parameter_count
+from gpt1.model.gpt import GPT
 from gpt1.model.memory import ensure_model_fits
 
 
@@ -74,37 +76,15 @@ def read_model_config(path: AnyCheckpoint) -> ModelConfig:
         raise CheckpointError(str(exc)) from None
 
 
-def check_weights_size(
-    config: ModelConfig, files: list[Path], source: Path | str, min_bytes_per_param: int = 2
-) -> None:
-    """Refuse a config that describes more parameters than the weight files can hold.
-
-    Checked from file sizes before anything is read or built, so a config.json edited to a
-    huge size is refused at once even when the machine could hold the model.
-    """
-    need = parameter_count(config) * min_bytes_per_param
-    have = sum(f.stat().st_size for f in files if f.is_file())
-    if have < need:
-        where = files[0] if len(files) == 1 else files[0].parent
-        raise CheckpointError(
-            f"{where}: {have:,} bytes of weights, but {source} describes "
-            f"{parameter_count(config):,} parameters (at least {need:,} bytes): "
-            "the weights are truncated, or config and weights do not belong "
-            "together"
-        )
-
-
 def load_checkpoint(path: AnyCheckpoint, device: str | torch.device = "cpu") -> GPT:
     """Load a gpt1 checkpoint folder (or the newest checkpoint of a run folder, or a folder
     `open_checkpoint` opened) as a `GPT`."""
     checkpoint = opened(path)
     config = read_model_config(checkpoint)
-    weights = checked_weights(checkpoint)
     ensure_model_fits(config, str(checkpoint.config_file), device)
-    check_weights_size(config, [weights], checkpoint.config_file)
-    with torch.device("meta"):
+    with torch.device("meta"):  # nothing allocated: the weights are assigned as loaded
         model = GPT(config)
-    model.load_state_dict(load_state_dict(weights, expect=model), assign=True)
+    model.load_state_dict(load_weights(checkpoint, expect=model), assign=True)
     return model.to(device)
 
 

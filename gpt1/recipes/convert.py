@@ -43,7 +43,7 @@ from gpt1.model.checkpoint import (
     tokenizer_dir_of,
     write_model_files,
 )
-from gpt1.model.gpt import GPT
+from gpt1.model.gpt import GPT, parameter_count
 from gpt1.model.memory import ensure_model_fits
 
 if TYPE_CHECKING:
@@ -421,7 +421,7 @@ def load_hf(folder: str | Path) -> GPT:
     config = hf_config_to_model(data, str(cfg_file))
     files = hf_weight_files(folder)
     ensure_model_fits(config, str(cfg_file))
-    check_weights_size(config, files, cfg_file)
+    check_weights_size(parameter_count(config), files, cfg_file)
     state = hf_to_gpt1_state(read_hf_weights(folder, files), str(folder))
     with torch.device("meta"):
         model = GPT(config)

@@ -16,7 +16,6 @@ from the plain module. `info` is a dict of floats; its "tokens" entry feeds toke
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import signal
 import time
@@ -589,32 +588,11 @@ def _save(run: _Run, final: Path) -> Path:
             "optimizer": opt_meta,
             "config": run.resolved,
         }
-        needed = ckpt.state_bytes(model_for_files.state_dict()) + ckpt.state_bytes(tensors)
-        try:
-            with files.atomic_folder(final, needed=needed) as tmp:
-                run.write_model(model_for_files, tmp)
-                train_state.save_training_state(tmp, tensors, meta)
-        except files.WriteError as exc:  # disk full, quota, read-only: older checkpoints untouched
-            raise CheckpointError(_write_failed_message(exc, final)) from None
-        if final.name.startswith("step-"):
-            train_state.prune_steps(final.parent, run.cfg.keep_last)
+        train_state.save_checkpoint(
+            final, model_for_files, run.write_model, tensors, meta, run.cfg.keep_last
+        )
     dist.barrier()
     return final
-
-
-def _write_failed_message(exc: files.WriteError, final: Path) -> str:
-    last = train_state.latest_resumable(final.parent)
-    fix = (
-        "Free space"
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        else "Make the folder writable"
-        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
-        else "Fix the disk"
-    )
-    kept = (
-        f"the last complete checkpoint {last} is intact" if last else "no earlier checkpoint exists"
-    )
-    return f"{exc}; {kept}. {fix}, then rerun with --resume auto"
 
 
 def _load_state(

@@ -1,20 +1,25 @@
 """Resumable training state: optimizer <-> flat tensors, trainer_state files, step-N folders.
 
-Written beside the weights of every `step-N` (and `final`) folder of a run. Knows no model,
-task or text code: the training loop trains any module.
+Written beside the weights of every `step-N` (and `final`) folder of a run: `save_checkpoint`
+writes such a folder whole (the recipe's model files, then the trainer state) and prunes older
+step folders. Knows no model, task or text code: the training loop trains any module.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from gpt1.checkpoint_files import load_state_dict, save_tensors
+from gpt1 import files
+from gpt1.checkpoint_files import load_state_dict, save_tensors, state_bytes
 from gpt1.config import read_json_file
 from gpt1.errors import CheckpointError, ConfigError
 
@@ -60,6 +65,45 @@ def save_training_state(
     """Write trainer tensors (optimizer moments, RNG states as uint8) and JSON state into `folder`."""
     save_tensors({k: v.contiguous() for k, v in tensors.items()}, Path(folder) / TRAINER_TENSORS)
     (Path(folder) / TRAINER_JSON).write_text(json.dumps(info) + "\n")
+
+
+def save_checkpoint(
+    folder: Path,
+    model: nn.Module,
+    write_model: Callable[[nn.Module, Path], None],
+    tensors: dict[str, torch.Tensor],
+    info: dict[str, Any],
+    keep_last: int = 0,
+) -> None:
+    """Write a run's resumable checkpoint `folder` atomically: the model's files
+    (`write_model(model, tmp)`) and the trainer state beside them; after a `step-N` folder,
+    only the newest `keep_last` step folders stay (`prune_steps`). A failed write (disk full,
+    read-only folder) leaves nothing half-written and is a CheckpointError naming the
+    checkpoint that is still intact."""
+    needed = state_bytes(model.state_dict()) + state_bytes(tensors)
+    try:
+        with files.atomic_folder(folder, needed=needed) as tmp:
+            write_model(model, tmp)
+            save_training_state(tmp, tensors, info)
+    except files.WriteError as exc:  # older checkpoints are untouched
+        raise CheckpointError(_write_failed_message(exc, folder)) from None
+    if folder.name.startswith("step-"):
+        prune_steps(folder.parent, keep_last)
+
+
+def _write_failed_message(exc: files.WriteError, folder: Path) -> str:
+    last = latest_resumable(folder.parent)
+    fix = (
+        "Free space"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        else "Make the folder writable"
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
+        else "Fix the disk"
+    )
+    kept = (
+        f"the last complete checkpoint {last} is intact" if last else "no earlier checkpoint exists"
+    )
+    return f"{exc}; {kept}. {fix}, then rerun with --resume auto"
 
 
 def load_training_state(folder: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

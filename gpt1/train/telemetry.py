@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpt1.files import write_bytes, write_text, writing
+from gpt1.files import write_bytes, write_failure, write_text
 
 log = logging.getLogger("gpt1.train")
 
@@ -116,9 +116,11 @@ class MetricsLogger:
         if not self.enabled:
             return
         line = json.dumps(record) + "\n"
-        with writing(self.file, len(line)):
+        try:
             with open(self.file, "a") as fh:
                 fh.write(line)
+        except OSError as exc:  # disk full, read-only folder: one line naming the file
+            raise write_failure(self.file, exc, len(line)) from None
         # After the file: a run killed in between may miss a tracker point, never repeat one.
         if self.trackers is not None:
             self.trackers.log(record)
@@ -258,9 +260,8 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    save_figure(fig, run_dir / "loss.png")
+    written.append(save_figure(fig, run_dir / "loss.png"))
     plt.close(fig)
-    written.append(run_dir / "loss.png")
     lr = [r for r in train if "lr" in r]
     if lr:
         fig, ax = plt.subplots(figsize=(7, 3))
@@ -269,9 +270,8 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
         ax.set_ylabel("learning rate")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        save_figure(fig, run_dir / "lr.png")
+        written.append(save_figure(fig, run_dir / "lr.png"))
         plt.close(fig)
-        written.append(run_dir / "lr.png")
     return written
 
 

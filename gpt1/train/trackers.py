@@ -150,8 +150,10 @@ class Trackers:
         metric to the last step metrics.jsonl held before it was cut back to `resume_step`,
         and `history` is what it kept: a tracker first named on a resumed run gets that
         history first, so it too holds the whole run."""
+        if not self.names:  # metrics.jsonl only: nothing to start, nothing to clean up after
+            return
         record_file = self.run_dir / RECORD_FILE
-        records = _read_records(record_file) if resume_step is not None and self.names else {}
+        records = _read_records(record_file) if resume_step is not None else {}
         existed = entries(self.run_dir)
         for name in self.names:
             kind, record = _KINDS[name], records.get(name)
@@ -171,8 +173,7 @@ class Trackers:
                     f"--logger {name}: could not start ({_first_line(exc)})"
                 ) from None
             records[name] = tracker.record
-        if self.names:
-            write_json(record_file, records)
+        write_json(record_file, records)
 
     def log(self, record: dict[str, Any]) -> None:
         self._each("log", _numbers(record), int(record["step"]))
