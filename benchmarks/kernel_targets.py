@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpt1.inference import arena, matvec  # noqa: E402
+from gpt1.inference import arena, backend, matvec  # noqa: E402
 from gpt1.inference.quantize import quantize_rows  # noqa: E402
 
 SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
@@ -75,24 +75,31 @@ def gathered(weights: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[tu
     return out
 
 
+def best_times(cases: dict, x: dict, repeats: int, clock) -> dict[str, float]:
+    """The best time of each case (name -> (built module, weights)) over `repeats` rounds, the
+    cases taken in turns within each round."""
+    best = dict.fromkeys(cases, float("inf"))
+    for _ in range(repeats):
+        for name, (built, weights) in cases.items():
+            start = clock()
+            for w, s in weights:
+                built.matvec(x[w.shape[1]], w, s, None)
+            best[name] = min(best[name], clock() - start)
+    return best
+
+
 def compare_storage(repeats: int, clock) -> None:
     built = built_for("native")
     x = {k: torch.randn(1, k) for k in (768, 3072)}
     print(
         f"one row through a decoding step's 49 weight products, 1 thread, huge pages: "
-        f"{arena.huge_pages()}"
+        f"{backend.huge_pages()}"
     )
     for kind in ("int8", "bf16", "fp32"):
         loaded = step_weights(kind, with_head=True)
         ways = {"as loaded": loaded, "gathered": gathered(loaded)}
         total = sum(w.numel() * w.element_size() for w, _ in loaded)
-        best = dict.fromkeys(ways, float("inf"))
-        for _ in range(repeats):
-            for name, weights in ways.items():
-                start = clock()
-                for w, s in weights:
-                    built.matvec(x[w.shape[1]], w, s, None)
-                best[name] = min(best[name], clock() - start)
+        best = best_times({name: (built, w) for name, w in ways.items()}, x, repeats, clock)
         rates = "  ".join(f"{name} {total / t / 1e9:5.1f} GB/s" for name, t in best.items())
         print(
             f"  {kind}: {rates}  (gathered / as loaded {best['as loaded'] / best['gathered']:.2f}x)"
@@ -124,13 +131,7 @@ def main() -> None:
         }
         for a, b in zip(*outs.values()):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
-        best = dict.fromkeys(builds, float("inf"))
-        for _ in range(args.repeats):
-            for name, m in builds.items():
-                start = clock()
-                for w, s in weights:
-                    m.matvec(x[w.shape[1]], w, s, None)
-                best[name] = min(best[name], clock() - start)
+        best = best_times({n: (m, weights) for n, m in builds.items()}, x, args.repeats, clock)
         rates = "  ".join(f"{name} {total / t / 1e9:5.1f} GB/s" for name, t in best.items())
         ratio = best["native"] / best[args.target]
         print(f"  {kind}: {rates}  ({args.target} / native {ratio:.2f}x; results agree)")
