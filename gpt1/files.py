@@ -624,16 +624,6 @@ class RunLock:
         self.release()
 
 
-def resumes_in(folder: str | Path, resume: str | None) -> bool:
-    """Whether `--resume` continues the run in `folder` (`auto`, or a checkpoint inside it),
-    rather than starting a new run there from another run's checkpoint."""
-    if not resume:
-        return False
-    if resume == "auto":
-        return True
-    return Path(resume).resolve().is_relative_to(Path(folder).resolve())
-
-
 def _refuse_used_folder(folder: Path) -> None:
     raise OutputExists(
         f"{folder}: run folder is not empty (holds {_listing(folder)}); pass --resume "
