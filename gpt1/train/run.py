@@ -44,6 +44,9 @@ class OpenedRun:
     precision: str  # fp32 or bf16 (autocast)
     threads: int  # the CPU thread count, fixed for the whole run
     trackers: Trackers  # packages checked; started by the trainer once every check passed
+    # What a new run found in its folder (`files.entries`; None for a resumed run and on the
+    # other ranks): a run refused in its first update gives the folder back as it was.
+    found: dict[Path, Any] | None
     outcome: str = "FAILED"  # set by the trainer when it returns: FINISHED or KILLED
 
 
@@ -107,7 +110,10 @@ def open_run(
         # change them.
         recorded = train_state.recorded_threads(resumed_from) if resumed_from else None
         count = threads.pin_for_training(recorded)
-        run = OpenedRun(out, lock, resumed_from, device, precision, count, trackers)
+        found = None
+        if resumed_from is None and info.is_main:  # the claim noted it; else a folder as it is
+            found = lock.found if lock is not None else files.entries(out)
+        run = OpenedRun(out, lock, resumed_from, device, precision, count, trackers, found)
         yield run
         status = run.outcome
     finally:
