@@ -2,7 +2,9 @@
 
 Written beside the weights of every `step-N` (and `final`) folder of a run: `save_checkpoint`
 writes such a folder whole (the recipe's model files, then the trainer state) and prunes older
-step folders. Knows no model, task or text code: the training loop trains any module.
+step folders. Which checkpoint a run resumes from is decided here too, once, as its folder is
+claimed (`claim_for_resume`). Knows no model, task or text code: the training loop trains any
+module.
 """
 
 from __future__ import annotations
