@@ -37,8 +37,7 @@ class OpenedRun:
     """A run folder claimed for this process, with everything decided about the run before it
     trains (what `open_run` yields)."""
 
-    out: Path
-    lock: files.RunLock | None  # held by the main process only; None for an unclaimed folder
+    out: Path  # locked by the main process while the `with` block lasts (unless unclaimed)
     resumed_from: Path | None  # the checkpoint the run continues from, None for a new run
     device: torch.device
     precision: str  # fp32 or bf16 (autocast)
@@ -113,7 +112,7 @@ def open_run(
         found = None
         if resumed_from is None and info.is_main:  # the claim noted it; else a folder as it is
             found = lock.found if lock is not None else files.entries(out)
-        run = OpenedRun(out, lock, resumed_from, device, precision, count, trackers, found)
+        run = OpenedRun(out, resumed_from, device, precision, count, trackers, found)
         yield run
         status = run.outcome
     finally:
