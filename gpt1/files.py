@@ -318,6 +318,13 @@ def write_bytes(path: str | Path, data: bytes) -> Path:
     return path
 
 
+def write_files(folder: str | Path, contents: dict[str, bytes]) -> list[Path]:
+    """Write each file of `contents` ({name: bytes}) into `folder` atomically (`write_bytes`):
+    a set of outputs made in full first (a run's plots), so that one that cannot be made
+    leaves none of them half-replaced."""
+    return [write_bytes(Path(folder) / name, data) for name, data in contents.items()]
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """Write UTF-8 `text` to `path` atomically."""
     return write_bytes(path, text.encode("utf-8"))
@@ -529,6 +536,9 @@ class RunLock:
         self._fd: int | None = None
         self._made_folders: list[Path] = []  # the folder and missing parents it created
         self._made_file = False
+        # What the folder held once `claim_run_dir` claimed it (`entries`): a run that fails
+        # before it produced anything gives it back as it was (`remove_new`).
+        self.found: dict[Path, os.stat_result | None] = {}
 
     def _open(self) -> int:
         """The lock file's descriptor, opened (and created, noting what this lock made)."""
@@ -624,16 +634,6 @@ class RunLock:
         self.release()
 
 
-def resumes_in(folder: str | Path, resume: str | None) -> bool:
-    """Whether `--resume` continues the run in `folder` (`auto`, or a checkpoint inside it),
-    rather than starting a new run there from another run's checkpoint."""
-    if not resume:
-        return False
-    if resume == "auto":
-        return True
-    return Path(resume).resolve().is_relative_to(Path(folder).resolve())
-
-
 def _refuse_used_folder(folder: Path) -> None:
     raise OutputExists(
         f"{folder}: run folder is not empty (holds {_listing(folder)}); pass --resume "
@@ -655,8 +655,9 @@ def claim_run_dir(
     A folder that is, holds or lies inside one of `inputs` or `roots` is refused (`check_inputs`). An empty
     or missing folder is a new run. A non-empty one is continued only with `resume`, replaced
     (emptied) only with `overwrite`, and refused otherwise. Every refusal comes before anything
-    is written (no folder, no lock file). Returns the held lock; the caller releases it when the
-    run ends (which removes the lock file and folder again if the run wrote nothing).
+    is written (no folder, no lock file). Returns the held lock, which notes what the folder
+    held once claimed (`RunLock.found`); the caller releases it when the run ends (which removes
+    the lock file and folder again if the run wrote nothing).
     """
     folder = Path(folder)
     check_inputs(folder, inputs, roots)
@@ -677,6 +678,7 @@ def claim_run_dir(
             if not overwrite:
                 _refuse_used_folder(folder)
             clear_folder(folder)
+        lock.found = entries(folder)
     except BaseException:
         lock.release()
         raise

@@ -434,8 +434,8 @@ def test_resume_from_another_run_does_not_mix_into_a_used_folder(tmp_path, prepa
     code, err = cli(capsys, *tiny_pretrain(prepared, b, 3, "--resume", str(a / "step-1")))
     assert code == 2 and "not empty" in err
     assert (b / "metrics.jsonl").read_text() == '{"step": 9, "loss": 1.0}\n'
-    assert files.resumes_in(a, str(a / "step-1")) and files.resumes_in(a, "auto")
-    assert not files.resumes_in(b, str(a / "step-1")) and not files.resumes_in(b, None)
+    assert train_state.resumes_in(a, str(a / "step-1")) and train_state.resumes_in(a, "auto")
+    assert not train_state.resumes_in(b, str(a / "step-1")) and not train_state.resumes_in(b, None)
 
 
 def test_metrics_write_failure_is_one_line(tmp_path, prepared, capsys, monkeypatch):

@@ -84,8 +84,8 @@ def test_an_opened_run_holds_its_folder_until_it_closes(tmp_path):
     with open_run(out, TrainConfig(device="cpu")) as opened:
         assert opened.resumed_from is None and opened.device.type == "cpu"
         assert opened.precision == "fp32" and opened.threads >= 1
-        with pytest.raises(files.RunLocked):
-            open_run(out, TrainConfig(device="cpu"))
+        with pytest.raises(files.RunLocked), open_run(out, TrainConfig(device="cpu")):
+            pass
     assert not out.exists()  # the lock wrote nothing that stays: it left nothing behind
     with open_run(out, TrainConfig(device="cpu")):  # free again
         pass
@@ -94,7 +94,9 @@ def test_an_opened_run_holds_its_folder_until_it_closes(tmp_path):
 def test_a_refused_opening_leaves_no_folder(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(ConfigError, match="--resume"):
-        open_run(out, TrainConfig(device="cpu", resume=str(tmp_path / "nothing")))
+        with open_run(out, TrainConfig(device="cpu", resume=str(tmp_path / "nothing"))):
+            pass
     with pytest.raises(ConfigError, match="precision"):
-        open_run(out, TrainConfig(device="cpu", precision="fp16"))
+        with open_run(out, TrainConfig(device="cpu", precision="fp16")):
+            pass
     assert not out.exists()

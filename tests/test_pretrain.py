@@ -180,6 +180,37 @@ def test_plot_command_writes_pngs(tmp_path, capsys):
     assert "metrics.jsonl:1" in capsys.readouterr().err
 
 
+def test_a_plot_that_cannot_be_drawn_leaves_the_older_pair(tmp_path, monkeypatch):
+    """A run's plots are drawn in full before either is written: a failure drawing lr.png
+    leaves loss.png and lr.png as they were, never a new loss.png beside an old lr.png."""
+    from gpt1.train import telemetry
+
+    run = tmp_path / "run"
+    run.mkdir()
+    lines = [{"step": s, "loss": 6.0 - 0.1 * s, "lr": 1e-3 * s} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    for name in ("loss.png", "lr.png"):
+        (run / name).write_bytes(b"older " + name.encode())
+    from matplotlib.figure import Figure
+
+    real_savefig, drawn = Figure.savefig, []
+
+    def second_fails(fig, *args, **kwargs):
+        drawn.append(fig)
+        if len(drawn) == 2:
+            raise RuntimeError("cannot draw")
+        return real_savefig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", second_fails)
+    with pytest.raises(RuntimeError, match="cannot draw"):
+        telemetry.plot_run(run)
+    assert len(drawn) == 2
+    assert [(run / n).read_bytes() for n in ("loss.png", "lr.png")] == [
+        b"older loss.png",
+        b"older lr.png",
+    ]
+
+
 def test_plot_compares_several_runs_on_one_figure(tmp_path, monkeypatch, capsys):
     from gpt1.train import telemetry
 

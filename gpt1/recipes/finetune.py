@@ -239,15 +239,14 @@ def finetune(
     only what `gpt1.train.resume.CHANGEABLE` lists, checked before anything is written.
     `command` is the command line the tracker runs record (default: this process's)."""
     read = [*files.folder_files(cfg.data), *inputs, *finetune_inputs(cfg)]
-    opened = open_run(
+    with open_run(
         out,
         train_cfg,
         overwrite=overwrite,
         inputs=read,
         roots=[cfg.data, cfg.vocab],
         command=command,
-    )
-    with opened:
+    ) as opened:
         return _finetune(cfg, train_cfg, opened, spec, max_steps_cap)
 
 

@@ -125,15 +125,14 @@ def pretrain(
             "--tokenizer DIR)"
         )
     data_files, roots = data_inputs(cfg.data)
-    opened = open_run(
+    with open_run(
         out,
         cfg.train,
         overwrite=overwrite,
         inputs=[*data_files, *inputs],
         roots=roots,
         command=command,
-    )
-    with opened:
+    ) as opened:
         return _pretrain(cfg, opened, arch)
 
 

@@ -157,10 +157,9 @@ def _train(
     if spec.config is not None:
         trackers.config = spec.config
     run = _Run(model, source, cfg, opened, spec)
-    # What a new run found in its folder: a run refused in its first update (text that cannot
-    # be read, out of memory) removes what it wrote, so that the same command can run again
-    # in the same --out.
-    existed = files.entries(run_dir) if run.resumed_from is None and run.info.is_main else None
+    # A new run refused in its first update (text that cannot be read, out of memory) removes
+    # what it wrote, so that the same command can run again in the same --out.
+    existed = opened.found
     meter = _meter(run, trackers, spec.flops_per_token)  # starts the trackers, then metrics.jsonl
     if spec.record is not None and run.info.is_main:
         files.write_json(run_dir / RUN_JSON, spec.record)

@@ -1,21 +1,22 @@
 """A training run opened in one place: what pretraining and fine-tuning decide before any data
 is read or any model is built, decided once and handed to the trainer.
 
-`open_run(out, cfg, ...)` checks the trackers' packages (before anything is touched), decides
-which checkpoint the run resumes from (`gpt1.train.state.resume_checkpoint`, called here only),
-claims and locks the run folder (`gpt1.files.claim_run_dir`), resolves the device (this process's
-GPU under torchrun) and precision, and fixes the CPU thread count for the whole run (a resumed
-run takes the count it started with). The `OpenedRun` it returns is a context manager: leaving
-it closes the trackers and releases the lock. `RunSpec` is what a recipe decides after opening,
-from its data and model: run.json, the resolved settings, and the functions that write, read
-and evaluate its model.
+`with open_run(out, cfg, ...) as run:` checks the trackers' packages (before anything is
+touched), claims and locks the run folder and decides which checkpoint the run resumes from in
+one call (`gpt1.train.state.claim_for_resume`, the only caller of `resume_checkpoint`), resolves
+the device (this process's GPU under torchrun) and precision, and fixes the CPU thread count for
+the whole run (a resumed run takes the count it started with). The `OpenedRun` it yields holds
+these decisions; leaving the block closes the trackers and releases the lock. `RunSpec` is what
+a recipe decides after opening, from its data and model: run.json, the resolved settings, and
+the functions that write, read and evaluate its model.
 
 Knows no model, task or text code: the training loop trains any module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,32 +35,18 @@ from gpt1.train.trackers import Trackers
 @dataclass
 class OpenedRun:
     """A run folder claimed for this process, with everything decided about the run before it
-    trains. Leaving it (`with`) closes the trackers with `outcome` and releases the lock."""
+    trains (what `open_run` yields)."""
 
-    out: Path
-    lock: files.RunLock | None  # held by the main process only; None for an unclaimed folder
+    out: Path  # locked by the main process while the `with` block lasts (unless unclaimed)
     resumed_from: Path | None  # the checkpoint the run continues from, None for a new run
     device: torch.device
     precision: str  # fp32 or bf16 (autocast)
     threads: int  # the CPU thread count, fixed for the whole run
     trackers: Trackers  # packages checked; started by the trainer once every check passed
+    # What a new run found in its folder (`files.entries`; None for a resumed run and on the
+    # other ranks): a run refused in its first update gives the folder back as it was.
+    found: dict[Path, Any] | None
     outcome: str = "FAILED"  # set by the trainer when it returns: FINISHED or KILLED
-
-    def close(self, status: str) -> None:
-        """Close the trackers with `status`, then release the folder (a lock whose run wrote
-        nothing removes what it made)."""
-        try:
-            self.trackers.close(status)
-        finally:
-            if self.lock is not None:
-                self.lock.release()
-                self.lock = None
-
-    def __enter__(self) -> OpenedRun:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
-        self.close("FAILED" if kind is not None else self.outcome)
 
 
 @dataclass(frozen=True)
@@ -75,6 +62,7 @@ class RunSpec:
     flops_per_token: float | None = None  # for MFU (default: the model's own count, if any)
 
 
+@contextlib.contextmanager
 def open_run(
     out: str | Path,
     cfg: TrainConfig,
@@ -84,15 +72,17 @@ def open_run(
     roots: Iterable[str | Path | None] = (),
     command: str | None = None,
     claim: bool = True,
-) -> OpenedRun:
+) -> Iterator[OpenedRun]:
     """Open the training run in `out` with the settings `cfg` (its resume, device, precision
-    and loggers); see the module docstring.
+    and loggers), for a `with` block; see the module docstring.
 
     A non-empty `out` is continued only with `cfg.resume`, started over only with `overwrite`,
     and may never be or hold one of `inputs` or `roots` (what the run reads; a checkpoint of
     another run resumed from is added here). `claim=False` opens a folder its caller manages
     itself (a program calling the trainer directly): no lock, no folder policy. `command` is
-    the command line the tracker runs record. Every refusal comes before anything is written."""
+    the command line the tracker runs record. Every refusal comes before anything is written.
+    Leaving the block closes the trackers with the run's `outcome` (FAILED on an exception)
+    and releases the folder (a lock whose run wrote nothing removes what it made)."""
     out = Path(out)
     trackers = Trackers(
         out,
@@ -102,17 +92,16 @@ def open_run(
         mlflow_uri=cfg.mlflow_uri,
     )
     info = dist.env_info()
-    continues = files.resumes_in(out, cfg.resume)
-    resumed_from: Path | None = None
-    if not continues:  # another run's checkpoint (or none): an input of this one
-        resumed_from = train_state.resume_checkpoint(cfg.resume, out)
-        inputs = [*inputs, *files.folder_files(resumed_from)]
-    lock = None
-    if claim and info.is_main:
-        lock = files.claim_run_dir(out, continues, overwrite, inputs=inputs, roots=roots)
+    lock, resumed_from = train_state.claim_for_resume(
+        out,
+        cfg.resume,
+        overwrite,
+        inputs=inputs,
+        roots=roots,
+        claim=claim and info.is_main,
+    )
+    status = "FAILED"
     try:
-        if continues:  # this folder's own checkpoints, read once no other process writes them
-            resumed_from = train_state.resume_checkpoint(cfg.resume, out)
         device = resolve_device(cfg.device, local_rank=info.local_rank)
         precision = resolve_precision(cfg.precision, device, TRAIN_PRECISIONS)
         # One thread count for the whole run (and the one it started with, on a resume): the
@@ -120,8 +109,15 @@ def open_run(
         # change them.
         recorded = train_state.recorded_threads(resumed_from) if resumed_from else None
         count = threads.pin_for_training(recorded)
-        return OpenedRun(out, lock, resumed_from, device, precision, count, trackers)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
+        found = None
+        if resumed_from is None and info.is_main:  # the claim noted it; else a folder as it is
+            found = lock.found if lock is not None else files.entries(out)
+        run = OpenedRun(out, resumed_from, device, precision, count, trackers, found)
+        yield run
+        status = run.outcome
+    finally:
+        try:
+            trackers.close(status)
+        finally:
+            if lock is not None:
+                lock.release()

@@ -2,7 +2,9 @@
 
 Written beside the weights of every `step-N` (and `final`) folder of a run: `save_checkpoint`
 writes such a folder whole (the recipe's model files, then the trainer state) and prunes older
-step folders. Knows no model, task or text code: the training loop trains any module.
+step folders. Which checkpoint a run resumes from is decided here too, once, as its folder is
+claimed (`claim_for_resume`). Knows no model, task or text code: the training loop trains any
+module.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +196,49 @@ def resume_checkpoint(resume: str, run_dir: str | Path) -> Path | None:
             )
         return found
     return path
+
+
+def resumes_in(folder: str | Path, resume: str | None) -> bool:
+    """Whether `--resume` continues the run in `folder` (`auto`, or a checkpoint inside it),
+    rather than starting a new run there from another run's checkpoint."""
+    if not resume:
+        return False
+    if resume == "auto":
+        return True
+    return Path(resume).resolve().is_relative_to(Path(folder).resolve())
+
+
+def claim_for_resume(
+    out: Path,
+    resume: str,
+    overwrite: bool,
+    *,
+    inputs: Iterable[str | Path | None] = (),
+    roots: Iterable[str | Path | None] = (),
+    claim: bool = True,
+) -> tuple[files.RunLock | None, Path | None]:
+    """Claim the run folder `out` (`files.claim_run_dir`; no lock with `claim=False`) and
+    decide the checkpoint the run resumes from (`resume_checkpoint`, called once): (the held
+    lock or None, the checkpoint or None).
+
+    Another run's checkpoint is an input of this one: it is resolved first and its files are
+    checked against `out` with `inputs` and `roots`. This folder's own checkpoints are read
+    once the lock is held, so that no other process writes them meanwhile."""
+    continues = resumes_in(out, resume)
+    resumed_from = None if continues else resume_checkpoint(resume, out)
+    if resumed_from is not None:
+        inputs = [*inputs, *files.folder_files(resumed_from)]
+    lock = None
+    if claim:
+        lock = files.claim_run_dir(out, continues, overwrite, inputs=inputs, roots=roots)
+    if not continues:
+        return lock, resumed_from
+    try:
+        return lock, resume_checkpoint(resume, out)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
 
 def prune_steps(run_dir: str | Path, keep_last: int) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpt1.files import write_bytes, write_failure, write_text
+from gpt1.files import write_bytes, write_failure, write_files, write_text
 
 log = logging.getLogger("gpt1.train")
 
@@ -221,13 +221,18 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def save_figure(fig: Any, path: Path) -> Path:
-    """Write a matplotlib figure as PNG atomically (a failed write leaves no partial file)."""
+def png(fig: Any) -> bytes:
+    """A matplotlib figure as PNG bytes (the resolution every gpt1 figure has)."""
     import io
 
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=120)
-    return write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write a matplotlib figure as PNG atomically (a failed write leaves no partial file)."""
+    return write_bytes(path, png(fig))
 
 
 def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
@@ -248,7 +253,7 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
         for name in ("loss.png", "lr.png"):
             check_output(run_dir / name, overwrite)
     val = [r for r in records if "val_loss" in r]
-    written = []
+    drawn = {}  # both plots drawn before either is written
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
@@ -260,7 +265,7 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    written.append(save_figure(fig, run_dir / "loss.png"))
+    drawn["loss.png"] = png(fig)
     plt.close(fig)
     lr = [r for r in train if "lr" in r]
     if lr:
@@ -270,9 +275,9 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
         ax.set_ylabel("learning rate")
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        written.append(save_figure(fig, run_dir / "lr.png"))
+        drawn["lr.png"] = png(fig)
         plt.close(fig)
-    return written
+    return write_files(run_dir, drawn)
 
 
 def plot_runs(
