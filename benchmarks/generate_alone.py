@@ -10,7 +10,9 @@ and nothing else, to be run one after another:
         python benchmarks/generate_alone.py $s; done
 
 GPT-1 size, random weights (the same seed as inference.py), 128 new tokens after 32, medians of
-`--repeats` runs after one warm-up. `benchmarks/tiers.py` runs it under each CPU tier's caps.
+`--repeats` runs after one warm-up. gpt1's weights are gathered into one storage first, as a
+server keeps them and a generation of `decoding.GATHER_FROM_TOKENS` tokens or more does
+(`--as-loaded`: where they were loaded, as a shorter generation leaves them). `benchmarks/tiers.py` runs it under each CPU tier's caps.
 """
 
 from __future__ import annotations
@@ -35,11 +37,14 @@ from inference import (  # noqa: E402
     decode_bytes,
 )
 
+from gpt1.inference.decoding import prepare_to_decode  # noqa: E402
 from gpt1.inference.generate import generate  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 
 
-def measure(system: str, prompt_len: int, new: int, repeats: int, threads: int) -> dict:
+def measure(
+    system: str, prompt_len: int, new: int, repeats: int, threads: int, as_loaded: bool = False
+) -> dict:
     """`system` (gpt1:fp32|bf16|int8 or ct2:float32|int8) alone in this process: its median
     new tokens/s and, for gpt1, the bytes its decoding step reads (`decode_bytes`)."""
     torch.set_num_threads(threads)
@@ -54,6 +59,8 @@ def measure(system: str, prompt_len: int, new: int, repeats: int, threads: int) 
             run = lambda: ct2_generate(gen, prompt, new)  # noqa: E731
         else:
             model = for_inference(copy.deepcopy(clf32), "cpu", precision).gpt
+            if not as_loaded:  # as a server keeps them: a generation of 384+ tokens does too
+                prepare_to_decode(model)
             found["decode_bytes"] = decode_bytes(model)
             run = lambda: generate(model, prompt, new, temperature=0)  # noqa: E731
         with torch.inference_mode():
@@ -70,8 +77,15 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--json", action="store_true", help="print one JSON line (benchmarks/tiers.py)")
+    p.add_argument(
+        "--as-loaded",
+        action="store_true",
+        help="gpt1's weights where they were loaded, as a short generation leaves them",
+    )
     args = p.parse_args()
-    found = measure(args.system, args.prompt, args.new_tokens, args.repeats, args.threads)
+    found = measure(
+        args.system, args.prompt, args.new_tokens, args.repeats, args.threads, args.as_loaded
+    )
     if args.json:
         print(json.dumps(found))
         return

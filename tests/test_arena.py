@@ -1,6 +1,7 @@
-"""The weights decoding streams, gathered into one storage by `for_inference`
-(`gpt1.inference.arena`): in reading order, on a huge-page boundary, with the same values,
-parameter objects and results; GPT1_WEIGHT_ARENA=0 leaves them where they are."""
+"""The weights decoding streams, gathered into one storage when a model `for_inference`
+prepared first decodes (`gpt1.inference.arena`): in reading order, on a huge-page boundary,
+with the same values, parameter objects and results; never for a model that only classifies;
+GPT1_WEIGHT_ARENA=0 leaves them where they are."""
 
 import copy
 
@@ -12,6 +13,7 @@ from gpt1 import GPT, ModelConfig
 from gpt1.config import TaskKind
 from gpt1.errors import ConfigError
 from gpt1.inference import arena, backend
+from gpt1.inference.decoding import prepare_to_decode
 from gpt1.inference.generate import generate
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import Int8Head
@@ -28,9 +30,16 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _decoding(precision: str, model: torch.nn.Module | None = None) -> torch.nn.Module:
+    """A model `for_inference` prepared, after the preparation its first decoding step makes."""
+    model = for_inference(model if model is not None else _model(), "cpu", precision)
+    prepare_to_decode(model)
+    return model
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_streamed_tensors_share_one_storage_in_reading_order(precision):
-    model = for_inference(_model(), "cpu", precision)
+    model = _decoding(precision)
     tensors = [slot.tensor for slot in arena.streamed_slots(model)]
     first = tensors[0].untyped_storage()
     assert all(_storage(t) == first.data_ptr() for t in tensors)
@@ -54,9 +63,9 @@ def test_streamed_tensors_share_one_storage_in_reading_order(precision):
 def test_gathered_model_computes_what_the_ungathered_one_does(precision, monkeypatch):
     ids = torch.randint(0, 300, (2, 12))
     prompt = torch.randint(0, 300, (1, 5))
-    gathered = for_inference(_model(), "cpu", precision)
+    gathered = _decoding(precision)
     monkeypatch.setenv("GPT1_WEIGHT_ARENA", "0")
-    apart = for_inference(_model(), "cpu", precision)
+    apart = _decoding(precision)
     assert _storage(apart.h[0].attn.c_attn.bias) != _storage(apart.h[0].mlp.c_fc.bias)
     with torch.inference_mode():
         assert torch.equal(gathered.lm_logits(gathered(ids)), apart.lm_logits(apart(ids)))
@@ -70,9 +79,9 @@ def test_gathered_model_computes_what_the_ungathered_one_does(precision, monkeyp
 def test_parameters_keep_their_objects_and_the_int8_head_its_copy():
     model = _model()
     params = dict(model.named_parameters())
-    for_inference(model, "cpu", "fp32")
+    _decoding("fp32", model)
     assert all(model.get_parameter(name) is p for name, p in params.items())
-    int8 = for_inference(_model(), "cpu", "int8")
+    int8 = _decoding("int8")
     head = int8.lm_head_kernel
     q = head.q
     with torch.inference_mode():
@@ -80,12 +89,17 @@ def test_parameters_keep_their_objects_and_the_int8_head_its_copy():
     assert head.q is q  # the table did not change: not quantised again outside the storage
 
 
-def test_a_classifier_is_gathered_and_its_state_saves(tmp_path):
+def test_a_classifier_is_gathered_only_if_it_decodes_and_its_state_saves(tmp_path):
     torch.manual_seed(0)
     model = FinetuneModel(_model(), TaskKind.SINGLE, 3, classify_id=299)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     for_inference(model, "cpu", "fp32")
+    with torch.inference_mode():
+        model.gpt(torch.randint(0, 300, (2, 7)))  # classifying: many rows, nothing moves
+    assert _storage(model.gpt.h[0].ln_1.weight) != _storage(model.gpt.wte.weight)
+    prepare_to_decode(model.gpt)  # its language model decodes (gpt1 serve, a fine-tuned run)
     assert _storage(model.gpt.h[0].ln_1.weight) == _storage(model.gpt.wte.weight)
+    prepare_to_decode(model.gpt)  # once: the second step finds it gathered
     # Views of one storage that do not overlap save as separate tensors.
     path = tmp_path / "model.safetensors"
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
@@ -95,8 +109,14 @@ def test_a_classifier_is_gathered_and_its_state_saves(tmp_path):
     assert torch.equal(twin.gpt.wte.weight, model.gpt.wte.weight)
 
 
+def test_only_a_model_for_inference_prepared_is_gathered():
+    model = _model()  # a model being trained decodes too (samples during a run): left alone
+    prepare_to_decode(model)
+    assert _storage(model.h[0].ln_1.weight) != _storage(model.wte.weight)
+
+
 def test_training_after_gathering_updates_the_gathered_weights():
-    model = for_inference(_model(), "cpu", "fp32").train()
+    model = _decoding("fp32").train()
     weight = model.h[0].mlp.c_fc.weight
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loss = model.lm_logits(model(torch.randint(0, 300, (1, 8)))).square().mean()

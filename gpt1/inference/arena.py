@@ -1,5 +1,9 @@
 """The weights a decoding step reads, moved into one storage, in the order it reads them, on huge
-pages where the system has them: `gather(model)`, called by `for_inference` on the CPU.
+pages where the system has them: `gather(model)`. `for_inference` marks a CPU model's GPT for it
+(`gather_when_decoding`), and `gpt1.inference.decoding.prepare_to_decode` moves it
+(`gather_if_marked`) when it is about to decode enough tokens for the move to pay (a server:
+always; a generation: `decoding.GATHER_FROM_TOKENS` or more). Commands that never decode
+(classification) never pay the move.
 
 Batch-1 decoding reads every weight once a token, so it runs at the speed the weights stream
 from memory. Loaded as usual, each weight is an allocation of its own on 4 KiB pages: a TLB miss
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
+import weakref
 
 import torch
 from torch import nn
@@ -56,6 +62,33 @@ class Slot:
             current.data = view  # the same Parameter object: optimisers and hooks keep it
         else:
             setattr(self.owner, self.name, view)
+
+
+_marked: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # to gather at their first decoding
+_marking = threading.Lock()
+
+
+def gather_when_decoding(model: nn.Module) -> None:
+    """Mark each GPT in `model` to be gathered when it first decodes (the LSTM baseline decodes
+    by reading its window again, many rows a step: nothing to stream)."""
+    from gpt1.model.gpt import GPT
+
+    for module in model.modules():
+        if isinstance(module, GPT):
+            _marked.add(module)
+
+
+def gather_if_marked(model: nn.Module) -> bool:
+    """Gather `model` if it is marked (then unmark it); whether it was. Cheap when it is not:
+    decoding asks at every step."""
+    if model not in _marked:
+        return False
+    with _marking:  # two threads' first steps: one moves the tensors
+        if model not in _marked:
+            return False
+        _marked.discard(model)
+        gather(model)
+    return True
 
 
 def streamed_slots(model: nn.Module) -> list[Slot]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached
+from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached, prepare_to_decode
 from gpt1.inference.generate import check_prompt, choose
 from gpt1.inference.sampling import Sampling
 from gpt1.model.gpt import GPT
@@ -49,6 +49,7 @@ class BatchedDecoder:
 
     def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
+        prepare_to_decode(model)  # now, not in the first request's time
         self.n_positions = model.config.n_positions
         self.device = model.wte.weight.device
         self.active: list[Generation] = []

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.inference.decoding import KVCache, forward_cached
+from gpt1.inference.decoding import KVCache, forward_cached, prepare_to_decode
 from gpt1.inference.sampling import Sampling
 from gpt1.model.gpt import GPT
 
@@ -168,6 +168,8 @@ def _steps(
     device = model.wte.weight.device
     out = ids.to(device)
     cache = KVCache(model.config.n_layer, n_pos) if use_cache and isinstance(model, GPT) else None
+    if cache is not None:
+        prepare_to_decode(model, sampling.max_new_tokens * out.shape[0])
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     try:
         for _ in range(sampling.max_new_tokens):

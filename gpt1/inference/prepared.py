@@ -2,8 +2,8 @@
 
 `for_inference(model, device, precision)` places and casts the model, switches it to eval,
 quantises it for `--precision int8` (`gpt1.inference.quantize`), prepacks the CPU weights
-(`gpt1.inference.prepack.prepack_for_inference`), gathers what decoding streams into one
-storage (`gpt1.inference.arena`) and plans the one-call decoding step
+(`gpt1.inference.prepack.prepack_for_inference`), marks the model's weights to be gathered into
+one storage when it first decodes (`gpt1.inference.arena`) and plans the one-call decoding step
 (`gpt1.inference.block_step.prepare`); which kernels run is `gpt1.inference.backend`'s decision. serve, sample, evaluate, predict, zeroshot and
 lm-eval all call it, so a precision means the same thing in each.
 
@@ -57,6 +57,6 @@ def for_inference(
     if resolved == "int8":
         quantize_int8_(model, activation_dtype(resolved, where))
     if where.type == "cpu" and backend.gathers_weights():
-        arena.gather(model)  # what decoding streams, in one storage on huge pages
+        arena.gather_when_decoding(model)  # one storage on huge pages, if it ever decodes
     block_step.prepare(model)  # the decoding step's plan (builds nothing)
     return model
