@@ -12,7 +12,8 @@ and nothing else, to be run one after another:
 GPT-1 size, random weights (the same seed as inference.py), 128 new tokens after 32, medians of
 `--repeats` runs after one warm-up. gpt1's weights are gathered into one storage first, as a
 server keeps them and a generation of `decoding.GATHER_FROM_TOKENS` tokens or more does
-(`--as-loaded`: where they were loaded, as a shorter generation leaves them). `benchmarks/tiers.py` runs it under each CPU tier's caps.
+(`--as-loaded`: where they were loaded, as a shorter generation leaves them).
+`benchmarks/tiers.py` runs it under each CPU tier's caps.
 """
 
 from __future__ import annotations

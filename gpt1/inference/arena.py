@@ -78,6 +78,11 @@ def gather_when_decoding(model: nn.Module) -> None:
             _marked.add(module)
 
 
+def marked(model: nn.Module) -> bool:
+    """Whether `model` waits to be gathered (cheap: decoding asks at every generation)."""
+    return model in _marked
+
+
 def gather_if_marked(model: nn.Module) -> bool:
     """Gather `model` if it is marked (then unmark it); whether it was. Cheap when it is not:
     decoding asks at every step."""

@@ -108,6 +108,14 @@ def prepare(model: nn.Module) -> None:
             _plans[module] = Plan(module)
 
 
+def drop(model: nn.Module) -> None:
+    """Forget the plans of every GPT in `model` (they hold its tensors) until `prepare` or the
+    next step makes them again: before its tensors move (`arena.gather`), so each old copy is
+    freed as soon as it has moved."""
+    for module in model.modules():
+        _plans.pop(module, None)
+
+
 def plan(model: GPT, x: torch.Tensor) -> BlockStep | None:
     """The step for `model`'s blocks on `x` `[R, C]`, or None where it does not apply (see the
     module's docstring); the operators then run."""

@@ -347,8 +347,10 @@ def prepare_to_decode(model: GPT, new_tokens: int | None = None) -> None:
     backend.expect_decoding()
     if new_tokens is not None and new_tokens < GATHER_FROM_TOKENS:
         return
-    if arena.gather_if_marked(model):
-        block_step.prepare(model)
+    if arena.marked(model):
+        block_step.drop(model)  # its plan holds the tensors about to move
+        if arena.gather_if_marked(model):
+            block_step.prepare(model)
 
 
 def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
