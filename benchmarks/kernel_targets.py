@@ -65,14 +65,10 @@ def step_weights(
 
 
 def gathered(weights: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[tuple]:
-    """The same weights copied into one huge-page storage, in order, 64-byte aligned."""
-    sizes = [-(-w.numel() * w.element_size() // 64) * 64 for w, _ in weights]
-    storage, offset, out = arena.huge_page_bytes(sum(sizes)), 0, []
-    for (w, s), n in zip(weights, sizes):
-        view = storage[offset : offset + w.numel() * w.element_size()].view(w.dtype).view(w.shape)
-        out.append((view.copy_(w), s))
-        offset += n
-    return out
+    """The same weights copied into one huge-page storage, in order, as `arena.gather` keeps
+    a model's."""
+    places = arena.views([(w.dtype, w.shape) for w, _ in weights])
+    return [(view.copy_(w), s) for view, (w, s) in zip(places, weights)]
 
 
 def best_times(cases: dict, x: dict, repeats: int, clock) -> dict[str, float]:

@@ -14,16 +14,18 @@ EPYC (Zen 4), one row through a GPT-1 decoding step's 49 products, one thread, a
 (`python benchmarks/kernel_targets.py --storage --clock wall --repeats 7`, 2026-12-03), as loaded
 against gathered: int8 17.4 -> 24.0 GB/s, bf16 19.0 -> 22.0, fp32 24.3 -> 26.6.
 
-Only where a product streams: the weights, scales and biases of linear layers (plain or
-int8), LayerNorm gains, and the output layer (the token table, or the int8 head's copy). Values,
-dtypes, shapes, parameter objects and names do not change; each moved parameter's `.data` (each
-buffer) becomes a view of the storage. Elsewhere than Linux, or where THP is off, the storage is
-plain memory, still in reading order. `GPT1_WEIGHT_ARENA=0` leaves every weight where it is.
+What a step streams moves first, in reading order: the weights, scales and biases of linear
+layers (plain or int8), LayerNorm gains, and the output layer (the token table, or the int8
+head's copy); every other tensor of the model follows. Values, dtypes, shapes, parameter objects
+and names do not change; each moved parameter's `.data` (each buffer) becomes a view of the
+storage. Elsewhere than Linux, or where THP is off, the storage is plain memory, still in
+reading order. `GPT1_WEIGHT_ARENA=0` leaves every weight where it is.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 import weakref
@@ -79,13 +81,12 @@ def gather_when_decoding(model: nn.Module) -> None:
 
 
 def marked(model: nn.Module) -> bool:
-    """Whether `model` waits to be gathered (cheap: decoding asks at every generation)."""
+    """Whether `model` waits to be gathered (cheap: decoding asks before every generation)."""
     return model in _marked
 
 
 def gather_if_marked(model: nn.Module) -> bool:
-    """Gather `model` if it is marked (then unmark it); whether it was. Cheap when it is not:
-    decoding asks at every step."""
+    """Gather `model` if it is marked (then unmark it); whether it was."""
     if model not in _marked:
         return False
     with _marking:  # two threads' first steps: one moves the tensors
@@ -99,12 +100,7 @@ def gather_if_marked(model: nn.Module) -> bool:
 def streamed_slots(model: nn.Module) -> list[Slot]:
     """The tensors a decoding step of `model` streams, in the order it reads them: each block's
     layers in module order, then the output layer."""
-    slots: list[Slot] = []
-    for module in model.modules():
-        if not isinstance(module, _STREAMED):
-            continue
-        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-        slots += [Slot(module, name) for name, t in own if t.is_cpu and t.numel() > 0]
+    slots = [s for m in model.modules() if isinstance(m, _STREAMED) for s in _own_slots(m)]
     for module in model.modules():
         if not callable(getattr(module, "lm_weight", None)):
             continue
@@ -122,22 +118,19 @@ def gather(model: nn.Module) -> int:
     file mapping that any tensor left on it would keep whole. Returns the bytes moved (0:
     nothing to move). The model is changed in place; its values are not."""
     slots, seen = [], set()
-    for slot in streamed_slots(model) + _other_slots(model):
+    everything = [s for m in model.modules() for s in _own_slots(m)]
+    for slot in streamed_slots(model) + everything:
         if id(slot.tensor) not in seen:  # a tensor two modules share moves once
             seen.add(id(slot.tensor))
             slots.append(slot)
     if not slots:
         return 0
-    sizes = [s.tensor.numel() * s.tensor.element_size() for s in slots]
-    total = sum(-(-n // _ALIGN) * _ALIGN for n in sizes)
-    storage, offset = huge_page_bytes(total), 0
-    for slot, n in zip(slots, sizes):
-        t = slot.tensor
-        slot.move_to(storage[offset : offset + n].view(t.dtype).view(t.shape))
-        offset += -(-n // _ALIGN) * _ALIGN
-        del t
-        if n >= _RETURN_BYTES:
+    places = views([(s.tensor.dtype, s.tensor.shape) for s in slots])
+    for slot, view in zip(slots, places):
+        slot.move_to(view)
+        if view.numel() * view.element_size() >= _RETURN_BYTES:
             _return_freed_memory()  # the old copy's pages, before the next copy is written
+    total = sum(v.numel() * v.element_size() for v in places)
     for module in model.modules():
         head = getattr(module, "lm_head_kernel", None)
         if isinstance(head, Int8Head):
@@ -145,12 +138,22 @@ def gather(model: nn.Module) -> int:
     return total
 
 
-def _other_slots(model: nn.Module) -> list[Slot]:
-    slots = []
-    for module in model.modules():
-        own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-        slots += [Slot(module, name) for name, t in own if t.is_cpu and t.numel() > 0]
-    return slots
+def _own_slots(module: nn.Module) -> list[Slot]:
+    """`module`'s own parameters and buffers (not its children's) on the CPU."""
+    own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+    return [Slot(module, name) for name, t in own if t.is_cpu and t.numel() > 0]
+
+
+def views(specs: list[tuple[torch.dtype, torch.Size]]) -> list[torch.Tensor]:
+    """Uninitialised tensors of these (dtype, shape)s, one after another in one huge-page
+    storage (`huge_page_bytes`), each on a cache line of its own."""
+    sizes = [torch.Size(shape).numel() * dtype.itemsize for dtype, shape in specs]
+    storage = huge_page_bytes(sum(-(-n // _ALIGN) * _ALIGN for n in sizes))
+    out, offset = [], 0
+    for (dtype, shape), n in zip(specs, sizes):
+        out.append(storage[offset : offset + n].view(dtype).view(shape))
+        offset += -(-n // _ALIGN) * _ALIGN
+    return out
 
 
 def huge_page_bytes(n: int) -> torch.Tensor:
@@ -171,23 +174,22 @@ def _return_freed_memory() -> None:
         trim(0)
 
 
+@functools.cache
 def _libc_function(name: str):
+    """libc's function `name` on Linux, else None (musl has no malloc_trim)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        return getattr(ctypes.CDLL(None), name)
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
-        return None  # not glibc (musl has no malloc_trim), or no libc to ask
+        return None
 
 
 def _advise_huge(address: int, length: int) -> None:
     """Ask Linux for huge pages over [address, address + length) rounded up to whole huge pages
     (`huge_page_bytes` allocates them); a no-op elsewhere, or where Linux refuses."""
-    if not sys.platform.startswith("linux") or huge_pages() in ("never", "unavailable"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(address, -(-length // HUGE_PAGE) * HUGE_PAGE, _MADV_HUGEPAGE)
-    except (OSError, AttributeError):
-        pass  # no libc to ask: plain pages
+    madvise = _libc_function("madvise")
+    if madvise is None or huge_pages() in ("never", "unavailable"):
+        return  # plain pages
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    madvise(address, -(-length // HUGE_PAGE) * HUGE_PAGE, _MADV_HUGEPAGE)
