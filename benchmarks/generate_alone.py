@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -39,21 +40,25 @@ from inference import (  # noqa: E402
 )
 
 from gpt1.inference.decoding import prepare_to_decode  # noqa: E402
-from gpt1.inference.generate import generate  # noqa: E402
+from gpt1.inference.generate import generate_stream  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
+from gpt1.inference.sampling import Sampling  # noqa: E402
 
 
 def measure(
     system: str, prompt_len: int, new: int, repeats: int, threads: int, as_loaded: bool = False
 ) -> dict:
     """`system` (gpt1:fp32|bf16|int8 or ct2:float32|int8) alone in this process: its median
-    new tokens/s and, for gpt1, the bytes its decoding step reads (`decode_bytes`)."""
+    new tokens/s and, for gpt1, its decoding steps' median tokens/s (the time after the first
+    token, which the prompt's forward pass takes up) and the bytes a step reads
+    (`decode_bytes`)."""
     torch.set_num_threads(threads)
     kind, precision = system.split(":")
     torch.manual_seed(0)
     clf32, _, _ = build_models(40478 + 3)
     prompt = torch.randint(0, 40478, (1, prompt_len))
     found: dict = {"system": system}
+    firsts: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         if kind == "ct2":
             gen = ctranslate2_generator(clf32.gpt, Path(tmp), precision, threads)
@@ -62,12 +67,28 @@ def measure(
             model = for_inference(copy.deepcopy(clf32), "cpu", precision).gpt
             if not as_loaded:  # as a server keeps them: a generation of 384+ tokens does too
                 prepare_to_decode(model)
-            found["decode_bytes"] = decode_bytes(model)
-            run = lambda: generate(model, prompt, new, temperature=0)  # noqa: E731
+            # the cache a decoding step reads, on average over the generation's steps
+            found["decode_bytes"] = decode_bytes(model, context=prompt_len + new // 2)
+            run = lambda: firsts.append(first_token_time(model, prompt, new))  # noqa: E731
         with torch.inference_mode():
             times = alternate({system: run}, repeats)[system]
     found["tokens_per_s"] = new / statistics.median(times)
+    if firsts:  # the decoding steps alone: the time after the first token (the prompt's)
+        steps = [(new - 1) / (t - f) for t, f in zip(times, firsts[-len(times) :])]
+        found["decode_tokens_per_s"] = statistics.median(steps)
     return found
+
+
+def first_token_time(model, prompt: torch.Tensor, new: int) -> float:
+    """Greedy generation of `new` tokens after `prompt` (what `generate` runs); returns the
+    seconds to the first token, which the prompt's forward pass takes up."""
+    start = time.perf_counter()
+    stream = generate_stream(model, prompt, Sampling(new, 0.0))
+    next(stream)
+    first = time.perf_counter() - start
+    for _ in stream:
+        pass
+    return first
 
 
 def main() -> None:
@@ -90,9 +111,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(found))
         return
+    steps = found.get("decode_tokens_per_s")
     print(
-        f"{args.system} alone: {found['tokens_per_s']:.1f} new tokens/s "
-        f"({args.threads} threads, {args.new_tokens} after {args.prompt}, median of "
+        f"{args.system} alone: {found['tokens_per_s']:.1f} new tokens/s"
+        + (f", decoding steps {steps:.1f} tokens/s" if steps else "")
+        + f" ({args.threads} threads, {args.new_tokens} after {args.prompt}, median of "
         f"{args.repeats})"
     )
 

@@ -285,10 +285,12 @@ def hf_greedy(hf_lm, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     )
 
 
-def decode_bytes(gpt: GPT) -> int:
-    """Bytes a batch-1 decoding step must read: every block weight, bias and LayerNorm, and the
-    output layer (the token table, or its int8 copy); the embedding lookups read two rows."""
-    total = 0
+def decode_bytes(gpt: GPT, context: int = 0) -> int:
+    """Bytes a batch-1 decoding step must read: every block weight, bias and LayerNorm, the
+    output layer (the token table, or its int8 copy), and the keys and values of `context`
+    cached positions (in the activations' dtype); the embedding lookups read two rows."""
+    width = gpt.h[0].ln_1.weight.element_size()  # the activations', which the cache holds
+    total = 2 * gpt.config.n_layer * context * gpt.config.n_embd * width
     for module in gpt.h.modules():
         if isinstance(module, Int8Linear):
             total += sum(b.numel() * b.element_size() for b in module.buffers())

@@ -12,6 +12,11 @@ clock leaves out the time other jobs hold the core.
 
     python benchmarks/kernel_targets.py                     # native vs x86-64-v3
     python benchmarks/kernel_targets.py --target x86-64-v4 --repeats 9
+    python benchmarks/kernel_targets.py --storage     # weights as loaded vs in one storage
+    python benchmarks/kernel_targets.py --in-cache    # weights in L2: the arithmetic's limit
+
+"bf16 pairs" is bf16 weights times a bf16 row (the bf16 precision's decoding); "bf16" widens
+bf16 weights against an fp32 row.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gpt1.inference import arena, backend, matvec  # noqa: E402
 from gpt1.inference.quantize import quantize_rows  # noqa: E402
@@ -54,13 +60,20 @@ def built_for(target: str):
 def step_weights(
     kind: str, with_head: bool = False
 ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    return step_weights_of(kind, SHAPES + ([(40478, 768)] if with_head else []))
+
+
+def step_weights_of(
+    kind: str, shapes: list[tuple[int, int]]
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Random weights of `shapes` ([out, in]) as `kind` stores them, with int8's scales."""
     out = []
-    for n, k in SHAPES + ([(40478, 768)] if with_head else []):
+    for n, k in shapes:
         w = torch.randn(n, k)
         if kind == "int8":
             out.append(quantize_rows(w))
         else:
-            out.append((w.to(torch.bfloat16) if kind == "bf16" else w, None))
+            out.append((w.to(torch.bfloat16) if kind.startswith("bf16") else w, None))
     return out
 
 
@@ -86,12 +99,12 @@ def best_times(cases: dict, x: dict, repeats: int, clock) -> dict[str, float]:
 
 def compare_storage(repeats: int, clock) -> None:
     built = built_for("native")
-    x = {k: torch.randn(1, k) for k in (768, 3072)}
     print(
         f"one row through a decoding step's 49 weight products, 1 thread, huge pages: "
         f"{backend.huge_pages()}"
     )
-    for kind in ("int8", "bf16", "fp32"):
+    for kind in KINDS:
+        x = activations(kind)
         loaded = step_weights(kind, with_head=True)
         ways = {"as loaded": loaded, "gathered": gathered(loaded)}
         total = sum(w.numel() * w.element_size() for w, _ in loaded)
@@ -102,12 +115,54 @@ def compare_storage(repeats: int, clock) -> None:
         )
 
 
+KINDS = ("int8", "bf16", "fp32", "bf16 pairs")  # "bf16 pairs": bf16 weights times bf16 rows
+
+
+def activations(kind: str) -> dict[int, torch.Tensor]:
+    """One row for each width the products take: fp32, or bf16 for bf16 pairs (the bf16
+    precision decodes with bf16 activations)."""
+    dtype = torch.bfloat16 if kind == "bf16 pairs" else torch.float32
+    return {k: torch.randn(1, k).to(dtype) for k in (768, 3072)}
+
+
+def compare_in_cache(repeats: int, clock) -> None:
+    """What the instructions alone sustain: one row through a 384 KB weight that stays in L2,
+    against the memory read bandwidth the decoding bound is made of. A kind whose in-cache rate
+    is near that bandwidth is limited by its arithmetic, not by memory."""
+    from inference import read_bandwidth  # benchmarks/inference.py
+
+    built = built_for("native")
+    memory = read_bandwidth()
+    print(
+        f"one row through a weight held in L2 (384 KB, 1 thread, {backend.huge_pages()}); "
+        f"memory read bandwidth {memory / 1e9:.1f} GB/s"
+    )
+    for kind in KINDS:
+        dtype = {"int8": torch.int8, "fp32": torch.float32}.get(kind, torch.bfloat16)
+        rows = (384 << 10) // (768 * torch.empty(0, dtype=dtype).element_size())
+        w, scale = step_weights_of(kind, [(rows, 768)])[0]
+        x = activations(kind)[768]
+        for _ in range(20):
+            built.matvec(x, w, scale, None)
+        best, calls = float("inf"), 400
+        for _ in range(repeats):
+            start = clock()
+            for _ in range(calls):
+                built.matvec(x, w, scale, None)
+            best = min(best, clock() - start)
+        rate = w.numel() * w.element_size() * calls / best
+        print(f"  {kind}: {rate / 1e9:5.1f} GB/s of weights ({rate / memory:.0%} of memory's)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="x86-64-v3")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--clock", choices=CLOCKS, default="cpu")
     p.add_argument("--storage", action="store_true", help="as loaded vs gathered, this CPU's build")
+    p.add_argument(
+        "--in-cache", action="store_true", help="weights held in L2: the instructions' own rate"
+    )
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -115,10 +170,13 @@ def main() -> None:
     if args.storage:
         compare_storage(args.repeats, clock)
         return
+    if args.in_cache:
+        compare_in_cache(args.repeats, clock)
+        return
     builds = {"native": built_for("native"), args.target: built_for(args.target)}
-    x = {k: torch.randn(1, k) for k in (768, 3072)}
     print(f"one row through a decoding step's 48 weight products, 1 thread, {args.clock} clock")
-    for kind in ("int8", "bf16", "fp32"):
+    for kind in KINDS:
+        x = activations(kind)
         weights = step_weights(kind)
         total = sum(w.numel() * w.element_size() for w, _ in weights)
         outs = {

@@ -19,7 +19,9 @@ Each (tier, system) runs `benchmarks/generate_alone.py --json` in a child proces
 tier's environment: 128 new tokens after 32 (random weights, the seed of
 `benchmarks/inference.py`), the median of `--repeats` after one warm-up. The bound of each gpt1
 precision is the memory read bandwidth (`inference.read_bandwidth`, measured once in a child on
-the host tier) over the bytes its decoding step reads (`inference.decode_bytes`). The load
+the host tier) over the bytes its decoding step reads (`inference.decode_bytes`: the weights and
+the cache at the generation's mean context); the share of it is given for the decoding steps
+(the time after the first token) and for the whole generation, prompt included. The load
 average is printed before and after each child: on a shared machine it says how much the figures
 mean.
 
@@ -120,21 +122,26 @@ def run_tier(tier: str, args: argparse.Namespace) -> dict[str, dict]:
 
 def table(tier: str, results: dict[str, dict], ct2: dict[str, dict], bandwidth: float) -> str:
     """One tier as a markdown table: tokens/s, the ratio to CTranslate2 of the same kind (fp32
-    and bf16 to its float32, int8 to its int8) and the share of the bandwidth bound."""
+    and bf16 to its float32, int8 to its int8), the bandwidth bound, and the share of it that
+    the decoding steps reach (tokens/s after the first token: the bound is a bound on a step,
+    the prompt's forward pass is not a read of the weights once) and the whole generation."""
     lines = [
-        "| system | tokens/s | vs CTranslate2 | bound (tokens/s) | share of bound |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "| system | tokens/s | vs CTranslate2 | decoding steps (tokens/s) | bound (tokens/s) "
+        "| steps' share of bound | whole generation's share |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for system, found in results.items():
         rate = found["tokens_per_s"]
-        ratio = bound = share = ""
+        ratio = steps = bound = share = whole = ""
         if system in GPT1:
             peer = "ct2:int8" if system == "gpt1:int8" else "ct2:float32"
             if peer in ct2:
                 ratio = f"{rate / ct2[peer]['tokens_per_s']:.2f}x {peer[4:]}"
             limit = bandwidth / found["decode_bytes"]
-            bound, share = f"{limit:.1f}", f"{rate / limit:.0%}"
-        lines.append(f"| {system} | {rate:.1f} | {ratio} | {bound} | {share} |")
+            step_rate = found["decode_tokens_per_s"]
+            steps, bound = f"{step_rate:.1f}", f"{limit:.1f}"
+            share, whole = f"{step_rate / limit:.0%}", f"{rate / limit:.0%}"
+        lines.append(f"| {system} | {rate:.1f} | {ratio} | {steps} | {bound} | {share} | {whole} |")
     floats = [results[s]["tokens_per_s"] for s in ("gpt1:fp32", "gpt1:bf16") if s in results]
     if floats and "gpt1:int8" in results:
         best = results["gpt1:int8"]["tokens_per_s"] / max(floats)

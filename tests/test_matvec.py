@@ -54,6 +54,21 @@ def test_kernel_equals_float_linear_for_every_row_count(op, dtype, K, N):
             )
 
 
+@pytest.mark.parametrize("dtype", matvec.DTYPES)
+@pytest.mark.parametrize("K,N", [(64, 40), (20, 7), (3072, 33), (37, 1)])
+def test_a_rows_product_is_the_same_bits_alone_and_beside_others(op, dtype, K, N):
+    """One row reads the weights another way than several (a channel at a time, for fp32
+    weights and bf16 pairs) but sums in the same order: a sequence decodes to the same bits
+    whichever sequences share its step."""
+    torch.manual_seed(1)
+    w, scale = _weights(dtype, N, K)
+    for x_dtype in (torch.float32, torch.bfloat16):
+        x, bias = torch.randn(matvec.MAX_ROWS, K).to(x_dtype), torch.randn(N)
+        alone = torch.cat([op(x[m : m + 1], w, scale, bias) for m in range(len(x))])
+        for M in range(2, matvec.MAX_ROWS + 1):
+            assert torch.equal(op(x[:M], w, scale, bias), alone[:M])
+
+
 def test_kernel_refuses_what_it_cannot_take(op):
     x, w = torch.randn(1, 16), torch.randn(4, 16)
     for bad in [
