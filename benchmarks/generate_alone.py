@@ -37,6 +37,7 @@ from inference import (  # noqa: E402
     ct2_generate,
     ctranslate2_generator,
     decode_bytes,
+    read_bandwidth,
 )
 
 from gpt1.inference.decoding import prepare_to_decode  # noqa: E402
@@ -76,6 +77,9 @@ def measure(
     if firsts:  # the decoding steps alone: the time after the first token (the prompt's)
         steps = [(new - 1) / (t - f) for t, f in zip(times, firsts[-len(times) :])]
         found["decode_tokens_per_s"] = statistics.median(steps)
+        # the memory's read speed now, in this process: on a shared host it drifts by 10-20%
+        # in minutes, so the bound is made of the bandwidth measured beside the rate
+        found["bandwidth"] = read_bandwidth()
     return found
 
 

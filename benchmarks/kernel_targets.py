@@ -14,6 +14,7 @@ clock leaves out the time other jobs hold the core.
     python benchmarks/kernel_targets.py --target x86-64-v4 --repeats 9
     python benchmarks/kernel_targets.py --storage     # weights as loaded vs in one storage
     python benchmarks/kernel_targets.py --in-cache    # weights in L2: the arithmetic's limit
+    python benchmarks/kernel_targets.py --against HEAD~1 --repeats 11   # another commit's kernel
 
 "bf16 pairs" is bf16 weights times a bf16 row (the bf16 precision's decoding); "bf16" widens
 bf16 weights against an fp32 row.
@@ -36,6 +37,7 @@ from gpt1.inference import arena, backend, matvec  # noqa: E402
 from gpt1.inference.quantize import quantize_rows  # noqa: E402
 
 SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
+ROOT = Path(__file__).resolve().parents[1]
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
@@ -154,6 +156,69 @@ def compare_in_cache(repeats: int, clock) -> None:
         print(f"  {kind}: {rate / 1e9:5.1f} GB/s of weights ({rate / memory:.0%} of memory's)")
 
 
+def built_from(revision: str):
+    """The kernel's module built from its sources at git `revision` for this CPU (the flags
+    `gpt1.inference.matvec` builds with), in a folder of its own under the extension folder;
+    found there on later runs."""
+    import subprocess
+
+    from torch.utils.cpp_extension import load
+
+    def git(*args: str) -> bytes:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"git {' '.join(args)}: {done.stderr.decode().strip()}")
+        return done.stdout
+
+    commit = git("rev-parse", "--short=12", revision).decode().strip()
+    target = "".join(c if c.isalnum() else "_" for c in matvec.build_target())
+    name = f"gpt1_matvec_at_{commit}_{target}"
+    folder = matvec.build_root() / name
+    sources = folder / "sources"
+    sources.mkdir(parents=True, exist_ok=True)
+    kernels = matvec.KERNELS.relative_to(ROOT).as_posix()
+    for source in matvec.SOURCES + matvec.HEADERS:
+        (sources / source).write_bytes(git("show", f"{commit}:{kernels}/{source}"))
+    print(f"building (or finding) the kernel of {commit} in {folder}", flush=True)
+    return load(
+        name=name,
+        sources=[str(sources / source) for source in matvec.SOURCES],
+        extra_cflags=matvec._cflags(),
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        verbose=False,
+    )
+
+
+def compare_revision(revision: str, repeats: int, clock) -> None:
+    """This checkout's kernel against `revision`'s, both built for `GPT1_KERNEL_MARCH` (default
+    native), one row through a step's 49 products on gathered weights, alternating in turns;
+    the two builds' results are compared bit for bit."""
+    target = matvec.build_target()  # GPT1_KERNEL_MARCH, or native
+    builds = {revision: built_from(revision), "this checkout": built_for(target)}
+    print(
+        f"one row through a decoding step's 49 weight products, -march={target}, 1 thread, "
+        f"{args_clock(clock)}"
+    )
+    for kind in KINDS:
+        x = activations(kind)
+        weights = gathered(step_weights(kind, with_head=True))
+        total = sum(w.numel() * w.element_size() for w, _ in weights)
+        same = all(
+            torch.equal(*(m.matvec(x[w.shape[1]], w, s, None) for m in builds.values()))
+            for w, s in weights[:8]
+        )
+        best = best_times({n: (m, weights) for n, m in builds.items()}, x, repeats, clock)
+        rates = "  ".join(f"{name} {total / t / 1e9:5.1f} GB/s" for name, t in best.items())
+        ratio = best[revision] / best["this checkout"]
+        bits = "the same bits" if same else "results differ in their last bits"
+        print(f"  {kind}: {rates}  (this / {revision} {ratio:.2f}x; {bits})")
+
+
+def args_clock(clock) -> str:
+    return next(f"{name} clock" for name, c in CLOCKS.items() if c is clock)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", default="x86-64-v3")
@@ -163,6 +228,7 @@ def main() -> None:
     p.add_argument(
         "--in-cache", action="store_true", help="weights held in L2: the instructions' own rate"
     )
+    p.add_argument("--against", metavar="REV", help="this checkout's kernel vs git REV's")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -172,6 +238,9 @@ def main() -> None:
         return
     if args.in_cache:
         compare_in_cache(args.repeats, clock)
+        return
+    if args.against:
+        compare_revision(args.against, args.repeats, clock)
         return
     builds = {"native": built_for("native"), args.target: built_for(args.target)}
     print(f"one row through a decoding step's 48 weight products, 1 thread, {args.clock} clock")

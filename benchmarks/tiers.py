@@ -18,8 +18,9 @@ every library at once:
 Each (tier, system) runs `benchmarks/generate_alone.py --json` in a child process with the
 tier's environment: 128 new tokens after 32 (random weights, the seed of
 `benchmarks/inference.py`), the median of `--repeats` after one warm-up. The bound of each gpt1
-precision is the memory read bandwidth (`inference.read_bandwidth`, measured once in a child on
-the host tier) over the bytes its decoding step reads (`inference.decode_bytes`: the weights and
+precision is the memory read bandwidth (`inference.read_bandwidth`, measured in each gpt1
+child right after its rate: on a shared host it drifts by 10-20% within minutes; the one
+measured first on the host tier is printed) over the bytes its decoding step reads (`inference.decode_bytes`: the weights and
 the cache at the generation's mean context); the share of it is given for the decoding steps
 (the time after the first token) and for the whole generation, prompt included. The load
 average is printed before and after each child: on a shared machine it says how much the figures
@@ -111,10 +112,12 @@ def run_tier(tier: str, args: argparse.Namespace) -> dict[str, dict]:
         except (RuntimeError, subprocess.TimeoutExpired) as e:  # the other systems still run
             print(f"  {tier:9s} {system:12s} failed: {str(e).strip().splitlines()[-1]}")
             continue
-        load = results[system]["load"]
+        found = results[system]
+        load, steps = found["load"], found.get("decode_tokens_per_s")
         print(
-            f"  {tier:9s} {system:12s} {results[system]['tokens_per_s']:7.1f} tokens/s "
-            f"(load average {load[0]:.1f} -> {load[1]:.1f})",
+            f"  {tier:9s} {system:12s} {found['tokens_per_s']:7.1f} tokens/s"
+            + (f", steps {steps:.1f}, read {found['bandwidth'] / 1e9:.1f} GB/s" if steps else "")
+            + f" (load average {load[0]:.1f} -> {load[1]:.1f})",
             flush=True,
         )
     return results
@@ -137,7 +140,7 @@ def table(tier: str, results: dict[str, dict], ct2: dict[str, dict], bandwidth: 
             peer = "ct2:int8" if system == "gpt1:int8" else "ct2:float32"
             if peer in ct2:
                 ratio = f"{rate / ct2[peer]['tokens_per_s']:.2f}x {peer[4:]}"
-            limit = bandwidth / found["decode_bytes"]
+            limit = found.get("bandwidth", bandwidth) / found["decode_bytes"]
             step_rate = found["decode_tokens_per_s"]
             steps, bound = f"{step_rate:.1f}", f"{limit:.1f}"
             share, whole = f"{step_rate / limit:.0%}", f"{rate / limit:.0%}"
