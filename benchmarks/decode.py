@@ -3,7 +3,8 @@ and batched decoding with pooled vs per-sequence attention.
 
 Batch 1 (`--skip batched` to run only this): for each precision, `gpt1.inference.generate.generate`
 (greedy, `--new` tokens after a 32-token prompt, the KV-cache path `gpt1 sample` runs) on the
-model made ready by `for_inference`, alternating with its weight products alone (every linear
+model made ready by `for_inference`, its weights gathered into one storage as a server keeps
+them (`prepare_to_decode`), alternating with its weight products alone (every linear
 layer and the output layer run once on one row, in the same kernels: the floor a step cannot go
 below) and with the sampling path alone (`next_tokens` on one row of logits; "(before)": the
 full `isfinite` check and `argmax` it replaced). "other" is a
@@ -44,7 +45,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from inference import decode_bytes, read_bandwidth  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached  # noqa: E402
+from gpt1.inference.decoding import (  # noqa: E402
+    KVCache,
+    SlotPool,
+    decode,
+    forward_cached,
+    prepare_to_decode,
+)
 from gpt1.inference.generate import generate, next_tokens  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 from gpt1.inference.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
@@ -106,6 +113,7 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
     for precision in precisions:
         torch.manual_seed(0)
         model = for_inference(GPT(model_preset("gpt1")), "cpu", precision)
+        prepare_to_decode(model)  # the weights in one storage, as a server keeps them
         products = weight_products(model)
         logits = torch.randn(1, model.config.vocab_size)
         times = alternate(
@@ -122,7 +130,7 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         step = (med["step"] - med["prefill"]) / (new - 1) * 1e3
         weights, sampling = med["weights"] / new * 1e3, med["sampling"] / new * 1e3
         before = med["sampling before"] / new * 1e3
-        bound = decode_bytes(model) / bandwidth * 1e3
+        bound = decode_bytes(model, context=32 + new // 2) / bandwidth * 1e3
         of_bound = (
             f"{bound:9.2f} {bound / step:9.0%}" if clock is time.perf_counter else " " * 8 + "-"
         )

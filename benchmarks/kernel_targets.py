@@ -253,7 +253,8 @@ def main() -> None:
             for name, m in builds.items()
         }
         for a, b in zip(*outs.values()):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4 * float(a.abs().max()))
+            tol = 1e-4 if a.dtype == torch.float32 else 8e-3  # bf16 results: their rounding
+            torch.testing.assert_close(a, b, rtol=tol, atol=tol * float(a.abs().max()))
         best = best_times({n: (m, weights) for n, m in builds.items()}, x, args.repeats, clock)
         rates = "  ".join(f"{name} {total / t / 1e9:5.1f} GB/s" for name, t in best.items())
         ratio = best["native"] / best[args.target]
