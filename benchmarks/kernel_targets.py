@@ -15,6 +15,7 @@ clock leaves out the time other jobs hold the core.
     python benchmarks/kernel_targets.py --storage     # weights as loaded vs in one storage
     python benchmarks/kernel_targets.py --in-cache    # weights in L2: the arithmetic's limit
     python benchmarks/kernel_targets.py --against HEAD~1 --repeats 11   # another commit's kernel
+    python benchmarks/kernel_targets.py --against HEAD~1 --rows 3       # three rows at a time
 
 "bf16 pairs" is bf16 weights times a bf16 row (the bf16 precision's decoding); "bf16" widens
 bf16 weights against an fp32 row.
@@ -120,11 +121,11 @@ def compare_storage(repeats: int, clock) -> None:
 KINDS = ("int8", "bf16", "fp32", "bf16 pairs")  # "bf16 pairs": bf16 weights times bf16 rows
 
 
-def activations(kind: str) -> dict[int, torch.Tensor]:
-    """One row for each width the products take: fp32, or bf16 for bf16 pairs (the bf16
+def activations(kind: str, rows: int = 1) -> dict[int, torch.Tensor]:
+    """`rows` rows for each width the products take: fp32, or bf16 for bf16 pairs (the bf16
     precision decodes with bf16 activations)."""
     dtype = torch.bfloat16 if kind == "bf16 pairs" else torch.float32
-    return {k: torch.randn(1, k).to(dtype) for k in (768, 3072)}
+    return {k: torch.randn(rows, k).to(dtype) for k in (768, 3072)}
 
 
 def compare_in_cache(repeats: int, clock) -> None:
@@ -190,18 +191,18 @@ def built_from(revision: str):
     )
 
 
-def compare_revision(revision: str, repeats: int, clock) -> None:
+def compare_revision(revision: str, repeats: int, clock, rows: int = 1) -> None:
     """This checkout's kernel against `revision`'s, both built for `GPT1_KERNEL_MARCH` (default
-    native), one row through a step's 49 products on gathered weights, alternating in turns;
+    native), `rows` rows through a step's 49 products on gathered weights, alternating in turns;
     the two builds' results are compared bit for bit."""
     target = matvec.build_target()  # GPT1_KERNEL_MARCH, or native
     builds = {revision: built_from(revision), "this checkout": built_for(target)}
     print(
-        f"one row through a decoding step's 49 weight products, -march={target}, 1 thread, "
-        f"{args_clock(clock)}"
+        f"{rows} row(s) through a decoding step's 49 weight products, -march={target}, "
+        f"1 thread, {args_clock(clock)}"
     )
     for kind in KINDS:
-        x = activations(kind)
+        x = activations(kind, rows)
         weights = gathered(step_weights(kind, with_head=True))
         total = sum(w.numel() * w.element_size() for w, _ in weights)
         same = all(
@@ -229,6 +230,7 @@ def main() -> None:
         "--in-cache", action="store_true", help="weights held in L2: the instructions' own rate"
     )
     p.add_argument("--against", metavar="REV", help="this checkout's kernel vs git REV's")
+    p.add_argument("--rows", type=int, default=1, help="rows of activations (--against)")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -240,7 +242,7 @@ def main() -> None:
         compare_in_cache(args.repeats, clock)
         return
     if args.against:
-        compare_revision(args.against, args.repeats, clock)
+        compare_revision(args.against, args.repeats, clock, args.rows)
         return
     builds = {"native": built_for("native"), args.target: built_for(args.target)}
     print(f"one row through a decoding step's 48 weight products, 1 thread, {args.clock} clock")

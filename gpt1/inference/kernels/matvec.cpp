@@ -42,10 +42,12 @@ constexpr int64_t kStreamAheadBytes = 32768;
 constexpr int64_t kRowsAheadBytes = 49152;
 // One row of activations against fp32 weights (or bf16 weights times bf16 activations): each
 // output channel is read on its own, so the whole matrix is one forward stream, fetched this far
-// ahead into L2. Measured as above, the 49 products read 1.14-1.22x faster this way than eight
-// channels side by side (fp32), 1.55-1.67x than four (bf16 pairs); a fetch 4 KB or more ahead
-// was slower. int8 keeps its channels side by side: widening its bytes is the longer chain, and
-// one channel at a time read 0.95x.
+// ahead into L2. Measured as above (`benchmarks/kernel_targets.py --against`), the 49 products
+// read 1.15x faster this way than eight channels side by side (fp32; 1.20x in the AVX2 build)
+// and 1.41x than four (bf16 pairs); a fetch 4 KB or more ahead was slower. int8 keeps its
+// channels side by side: widening its bytes is the longer chain, and one channel at a time read
+// 0.95x with one accumulator; with two, its many-row products (which must sum alike) ran
+// 0.84-0.88x at four and eight rows.
 constexpr int64_t kOneRowAheadBytes = 1024;
 
 // How many output channels ahead each row of a block of R channels is fetched (whole blocks).
