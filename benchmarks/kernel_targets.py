@@ -24,6 +24,7 @@ bf16 weights against an fp32 row.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import sys
 import time
@@ -158,9 +159,9 @@ def compare_in_cache(repeats: int, clock) -> None:
 
 
 def built_from(revision: str):
-    """The kernel's module built from its sources at git `revision` for this CPU (the flags
-    `gpt1.inference.matvec` builds with), in a folder of its own under the extension folder;
-    found there on later runs."""
+    """The kernel's module built from its sources at git `revision` with this checkout's flags
+    (`gpt1.inference.matvec`: the target, `GPT1_KERNEL_MARCH`), in a folder of its own under the
+    extension folder, named by the commit and the flags; found there on later runs."""
     import subprocess
 
     from torch.utils.cpp_extension import load
@@ -172,8 +173,8 @@ def built_from(revision: str):
         return done.stdout
 
     commit = git("rev-parse", "--short=12", revision).decode().strip()
-    target = "".join(c if c.isalnum() else "_" for c in matvec.build_target())
-    name = f"gpt1_matvec_at_{commit}_{target}"
+    flags = hashlib.sha256(" ".join(matvec._cflags()).encode()).hexdigest()[:8]
+    name = f"gpt1_matvec_at_{commit}_{flags}"
     folder = matvec.build_root() / name
     sources = folder / "sources"
     sources.mkdir(parents=True, exist_ok=True)

@@ -73,8 +73,11 @@ def build_target() -> str:
 
 
 def _cflags() -> list[str]:
-    # OpenMP: at::parallel_for on torch's threads.
-    return ["-O3", f"-march={build_target()}", "-fopenmp"]
+    # OpenMP: at::parallel_for on torch's threads. No contraction of `a * b + c` into one fused
+    # multiply-add where the sources do not ask for one: the compiler would fuse it in some
+    # template instantiations and not others, and a row's product must be the same bits
+    # whichever rows share it (kernels/matvec.cpp).
+    return ["-O3", f"-march={build_target()}", "-fopenmp", "-ffp-contract=off"]
 
 
 def cpu_flags() -> str:
