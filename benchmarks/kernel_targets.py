@@ -90,10 +90,12 @@ def gathered(weights: list[tuple[torch.Tensor, torch.Tensor | None]]) -> list[tu
 
 def best_times(cases: dict, x: dict, repeats: int, clock) -> dict[str, float]:
     """The best time of each case (name -> (built module, weights)) over `repeats` rounds, the
-    cases taken in turns within each round."""
+    cases taken in turns within each round, in reverse order every other round (whichever
+    went first in every round read about 5% faster in runs of otherwise equal code)."""
     best = dict.fromkeys(cases, float("inf"))
-    for _ in range(repeats):
-        for name, (built, weights) in cases.items():
+    for round_ in range(repeats):
+        order = list(cases.items())
+        for name, (built, weights) in order if round_ % 2 == 0 else order[::-1]:
             start = clock()
             for w, s in weights:
                 built.matvec(x[w.shape[1]], w, s, None)
