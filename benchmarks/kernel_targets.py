@@ -32,14 +32,13 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 from gpt1.inference import arena, backend, matvec  # noqa: E402
 from gpt1.inference.quantize import quantize_rows  # noqa: E402
 
 SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
-ROOT = Path(__file__).resolve().parents[1]
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 
@@ -194,15 +193,15 @@ def built_from(revision: str):
     )
 
 
-def compare_revision(revision: str, repeats: int, clock, rows: int = 1) -> None:
+def compare_revision(revision: str, repeats: int, clock_name: str, rows: int = 1) -> None:
     """This checkout's kernel against `revision`'s, both built for `GPT1_KERNEL_MARCH` (default
     native), `rows` rows through a step's 49 products on gathered weights, alternating in turns;
     the two builds' results are compared bit for bit."""
-    target = matvec.build_target()  # GPT1_KERNEL_MARCH, or native
+    target, clock = matvec.build_target(), CLOCKS[clock_name]  # GPT1_KERNEL_MARCH, or native
     builds = {revision: built_from(revision), "this checkout": built_for(target)}
     print(
         f"{rows} row(s) through a decoding step's 49 weight products, -march={target}, "
-        f"1 thread, {args_clock(clock)}"
+        f"1 thread, {clock_name} clock"
     )
     for kind in KINDS:
         x = activations(kind, rows)
@@ -217,10 +216,6 @@ def compare_revision(revision: str, repeats: int, clock, rows: int = 1) -> None:
         ratio = best[revision] / best["this checkout"]
         bits = "the same bits" if same else "results differ in their last bits"
         print(f"  {kind}: {rates}  (this / {revision} {ratio:.2f}x; {bits})")
-
-
-def args_clock(clock) -> str:
-    return next(f"{name} clock" for name, c in CLOCKS.items() if c is clock)
 
 
 def main() -> None:
@@ -245,7 +240,7 @@ def main() -> None:
         compare_in_cache(args.repeats, clock)
         return
     if args.against:
-        compare_revision(args.against, args.repeats, clock, args.rows)
+        compare_revision(args.against, args.repeats, args.clock, args.rows)
         return
     builds = {"native": built_for("native"), args.target: built_for(args.target)}
     print(f"one row through a decoding step's 48 weight products, 1 thread, {args.clock} clock")

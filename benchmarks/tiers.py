@@ -19,10 +19,10 @@ Each (tier, system) runs `benchmarks/generate_alone.py --json` in a child proces
 tier's environment: 128 new tokens after 32 (random weights, the seed of
 `benchmarks/inference.py`), the median of `--repeats` after one warm-up. The bound of each gpt1
 precision is the memory read bandwidth (`inference.read_bandwidth`, measured in each gpt1
-child right after its rate: on a shared host it drifts by 10-20% within minutes; the one
-measured first on the host tier is printed) over the bytes its decoding step reads (`inference.decode_bytes`: the weights and
-the cache at the generation's mean context); the share of it is given for the decoding steps
-(the time after the first token) and for the whole generation, prompt included. The load
+child right after its rate: on a shared host it drifts by 10-20% within minutes) over the bytes
+its decoding step reads (`inference.decode_bytes`: the weights and the cache at the
+generation's mean context); the share of it is given for the decoding steps (the time after the
+first token) and for the whole generation, prompt included. The load
 average is printed before and after each child: on a shared machine it says how much the figures
 mean.
 
@@ -71,11 +71,6 @@ CT2_FROM = {
     "torch-ops": "host",
 }
 
-BANDWIDTH = (
-    "import sys, json, torch; sys.path.insert(0, {here!r}); from inference import read_bandwidth; "
-    "torch.set_num_threads({threads}); print(json.dumps({{'bandwidth': read_bandwidth()}}))"
-)
-
 
 def child(command: list[str], env: dict[str, str], timeout: float) -> dict:
     """Run `command` with `env` added to this environment; its last stdout line, parsed as JSON,
@@ -123,7 +118,7 @@ def run_tier(tier: str, args: argparse.Namespace) -> dict[str, dict]:
     return results
 
 
-def table(tier: str, results: dict[str, dict], ct2: dict[str, dict], bandwidth: float) -> str:
+def table(tier: str, results: dict[str, dict], ct2: dict[str, dict]) -> str:
     """One tier as a markdown table: tokens/s, the ratio to CTranslate2 of the same kind (fp32
     and bf16 to its float32, int8 to its int8), the bandwidth bound, and the share of it that
     the decoding steps reach (tokens/s after the first token: the bound is a bound on a step,
@@ -140,7 +135,7 @@ def table(tier: str, results: dict[str, dict], ct2: dict[str, dict], bandwidth: 
             peer = "ct2:int8" if system == "gpt1:int8" else "ct2:float32"
             if peer in ct2:
                 ratio = f"{rate / ct2[peer]['tokens_per_s']:.2f}x {peer[4:]}"
-            limit = found.get("bandwidth", bandwidth) / found["decode_bytes"]
+            limit = found["bandwidth"] / found["decode_bytes"]
             step_rate = found["decode_tokens_per_s"]
             steps, bound = f"{step_rate:.1f}", f"{limit:.1f}"
             share, whole = f"{step_rate / limit:.0%}", f"{rate / limit:.0%}"
@@ -165,12 +160,6 @@ def main() -> None:
     unknown = [t for t in tiers if t not in TIERS]
     if unknown:
         p.error(f"unknown tier(s) {', '.join(unknown)}: choose from {', '.join(TIERS)}")
-    bandwidth = child(
-        [sys.executable, "-c", BANDWIDTH.format(here=str(HERE), threads=args.threads)],
-        {},
-        args.timeout,
-    )
-    print(f"memory read bandwidth {bandwidth['bandwidth'] / 1e9:.1f} GB/s", flush=True)
     results = {}
     for tier in tiers:
         results[tier] = run_tier(tier, args)
@@ -178,7 +167,7 @@ def main() -> None:
         ct2_tier = CT2_FROM[tier]
         ct2 = {s: r for s, r in results.get(ct2_tier, {}).items() if s in CT2}
         print(f"\n### {tier} ({json.dumps(TIERS[tier])})\n")
-        print(table(tier, results[tier], ct2, bandwidth["bandwidth"]))
+        print(table(tier, results[tier], ct2))
     if "no-kernel" in results and "torch-ops" in results:
         print("\nno-kernel / torch-ops (never below 1.00x):", floor_ratios(results))
 
