@@ -180,12 +180,14 @@ def built_from(revision: str):
     sources = folder / "sources"
     sources.mkdir(parents=True, exist_ok=True)
     kernels = matvec.KERNELS.relative_to(ROOT).as_posix()
-    for source in matvec.SOURCES + matvec.HEADERS:
-        (sources / source).write_bytes(git("show", f"{commit}:{kernels}/{source}"))
+    # That revision's own files: its sources need not be this checkout's.
+    files = git("ls-tree", "--name-only", f"{commit}:{kernels}").decode().split()
+    for file in files:
+        (sources / file).write_bytes(git("show", f"{commit}:{kernels}/{file}"))
     print(f"building (or finding) the kernel of {commit} in {folder}", flush=True)
     return load(
         name=name,
-        sources=[str(sources / source) for source in matvec.SOURCES],
+        sources=[str(sources / file) for file in files if file.endswith(".cpp")],
         extra_cflags=matvec._cflags(),
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
