@@ -179,11 +179,16 @@ void channels_one_row(const float* x, const W* w, const float* scale, const floa
 #endif
 
 #if defined(__AVX512BF16__)
+// The bf16 lanes of a row of K numbers left after its whole vectors of 32 (none: 0).
+inline __mmask32 pairs_tail(int64_t K) {
+  return static_cast<__mmask32>((1ull << (K % 32)) - 1ull);
+}
+
 // dot(x, row) of bf16 pairs as every path sums one channel of one row (see `dot_one`).
 template <bool Fetch>
 inline float dot_pairs(const at::BFloat16* x, const at::BFloat16* row, int64_t K) {
   const int64_t body = K - K % 32;
-  const __mmask32 tail = static_cast<__mmask32>((K % 32) ? ((1ull << (K % 32)) - 1ull) : 0);
+  const __mmask32 tail = pairs_tail(K);
   const char* ahead = reinterpret_cast<const char*>(row) + kOneRowAheadBytes;
   __m512 acc = _mm512_setzero_ps();
   for (int64_t k = 0; k < body; k += 32) {
@@ -204,7 +209,7 @@ void channels_bf16(const at::BFloat16* x, const at::BFloat16* w, const float* bi
                    int64_t K, int64_t N, int64_t n0, int64_t n1) {
   int64_t n = n0;
   const int64_t body = K - K % 32;
-  const __mmask32 tail = static_cast<__mmask32>((K % 32) ? ((1ull << (K % 32)) - 1ull) : 0);
+  const __mmask32 tail = pairs_tail(K);
   for (; n + R <= n1; n += R) {
     __m512 acc[R][M];
     for (int r = 0; r < R; ++r)
