@@ -113,44 +113,94 @@ void activation(float* h, int64_t n, bool gelu, bool bf16) {
 }
 
 // ------------------------------------------------------------------ attention over a cache
+// Each step reads every cached key and value from memory (the weights streamed since the last
+// step have pushed them out of the caches), so the loops are written for the reads: the scores
+// of four positions at a time (four independent sums), the keys and values fetched
+// `kCacheAheadBytes` ahead, and the values read once, row by row. Each number is still summed
+// in the order of the plain loops (a position's dot product over D, then a lane's sum over the
+// positions in order), so the results are the same bits. Measured on an AVX-512 server core
+// (Zen 4), one thread, 12 layers x 12 heads: 1.3-1.45x the plain loops at 64-400 positions.
+constexpr int64_t kCacheAheadBytes = 2048;
+
+// Fetches bytes [from, to) of `rows` into L2, a cache line at a time.
+template <typename T>
+inline void fetch(const T* rows, int64_t from, int64_t to) {
+  const char* p = reinterpret_cast<const char*>(rows);
+  for (int64_t b = from; b < to; b += 64) _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
+// One position's score: dot(q, key) over D, one vector of sums, as each of the four-at-a-time
+// sums is formed.
+template <typename T>
+inline float score(const float* q, const T* key, int64_t D) {
+  Vec acc = simd::zero();
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const Mask m = lanes(d, D);
+    acc = simd::fmadd(load(q + d, m), load(key + d, m), acc);
+  }
+  return simd::sum(acc);
+}
+
 // One head of one row: the new key and value are written at position `len` of the cache
 // (`keys`, `values`: that head's [capacity, D] rows), then out = softmax(q K^T / sqrt(D)) V over
 // positions 0..len.
 template <typename T>
 void attend(const float* q, const float* k_new, const float* v_new, T* keys, T* values,
             int64_t len, int64_t D, float* scores, float* out, bool bf16) {
+  const int64_t n = len + 1, row_bytes = D * int64_t(sizeof(T));
+  fetch(keys, 0, kCacheAheadBytes);
+  fetch(values, 0, kCacheAheadBytes);
   for (int64_t d = 0; d < D; d += kLanes) {
     const Mask m = lanes(d, D);
     store(keys + len * D + d, load(k_new + d, m), m);
     store(values + len * D + d, load(v_new + d, m), m);
   }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  float top = -INFINITY;
-  for (int64_t j = 0; j <= len; ++j) {
-    Vec acc = simd::zero();
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const int64_t from = j * row_bytes + kCacheAheadBytes, to = from + 4 * row_bytes;
+    fetch(keys, from, to);  // the values too: their pass comes next
+    fetch(values, from, to);
+    Vec acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
     for (int64_t d = 0; d < D; d += kLanes) {
       const Mask m = lanes(d, D);
-      acc = simd::fmadd(load(q + d, m), load(keys + j * D + d, m), acc);
+      const Vec qv = load(q + d, m);
+      for (int i = 0; i < 4; ++i)
+        acc[i] = simd::fmadd(qv, load(keys + (j + i) * D + d, m), acc[i]);
     }
-    scores[j] = simd::sum(acc) * scale;
-    top = std::max(top, scores[j]);
+    for (int i = 0; i < 4; ++i) scores[j + i] = simd::sum(acc[i]) * scale;
   }
-  const int64_t n = len + 1;
+  for (; j < n; ++j) scores[j] = score(q, keys + j * D, D) * scale;
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, scores[i]);
   Vec total = simd::zero();
-  for (int64_t j = 0; j < n; j += kLanes) {
-    const Mask m = lanes(j, n);
-    const Vec e = simd::within(m, exponential(simd::sub(load(scores + j, m), simd::set1(top))));
-    store(scores + j, e, m);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const Mask m = lanes(i, n);
+    const Vec e = simd::within(m, exponential(simd::sub(load(scores + i, m), simd::set1(top))));
+    store(scores + i, e, m);
     total = simd::add(total, e);
   }
   const float norm = 1.0f / simd::sum(total);
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const Mask m = lanes(d, D);
-    Vec acc = simd::zero();
-    for (int64_t j = 0; j < n; ++j)
-      acc = simd::fmadd(simd::set1(scores[j]), load(values + j * D + d, m), acc);
-    acc = simd::mul(acc, simd::set1(norm));
-    store(out + d, bf16 ? round_bf16(acc) : acc, m);
+  // out = scores V, up to kChunk vectors of D at a time, each value row read once.
+  constexpr int kChunk = 8;
+  for (int64_t d0 = 0; d0 < D; d0 += kChunk * kLanes) {
+    const int vectors = static_cast<int>(std::min<int64_t>(kChunk, (D - d0 + kLanes - 1) / kLanes));
+    Vec acc[kChunk];
+    Mask m[kChunk];
+    for (int v = 0; v < vectors; ++v) {
+      acc[v] = simd::zero();
+      m[v] = lanes(d0 + v * kLanes, D);
+    }
+    for (int64_t p = 0; p < n; ++p) {
+      const Vec s = simd::set1(scores[p]);
+      const T* row = values + p * D + d0;
+      for (int v = 0; v < vectors; ++v)
+        acc[v] = simd::fmadd(s, load(row + v * kLanes, m[v]), acc[v]);
+    }
+    for (int v = 0; v < vectors; ++v) {
+      const Vec r = simd::mul(acc[v], simd::set1(norm));
+      store(out + d0 + v * kLanes, bf16 ? round_bf16(r) : r, m[v]);
+    }
   }
 }
 
