@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -199,6 +201,18 @@ def test_head_maps_onto_double_heads_exactly(tmp_path, kind, n_outputs, K):
     if kind == "choice":
         assert torch.allclose(got.softmax(-1), want.softmax(-1), atol=1e-6)
     assert (tmp_path / "hf" / "task_head.safetensors").is_file()
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077])
+def test_every_exported_file_follows_the_umask(tmp_path, mask):
+    """The head's weights get the mode of the files beside them, not safetensors' 0600."""
+    old = os.umask(mask)
+    try:
+        converted_run(tmp_path, "single", 3, "no transformers class", "OpenAIGPTLMHeadModel")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "hf").iterdir()}
+    assert "task_head.safetensors" in modes and set(modes.values()) == {0o666 & ~mask}, modes
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from gpt1 import files
 from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
 
 HEAD_FILE, HEAD_INFO = "task_head.safetensors", "task_head.json"
@@ -112,6 +113,7 @@ class HFExport:
             self._write_tokenizer(folder, min(n, self.trained) if self.trained else n)
         if self.head is not None:
             save_file({k: v.contiguous() for k, v in self.head.items()}, str(folder / HEAD_FILE))
+            files.follow_umask(folder / HEAD_FILE)  # safetensors writes 0600
             (folder / HEAD_INFO).write_text(json.dumps(self._head_info(), indent=2) + "\n")
         (folder / "README.md").write_text(model_card(self, config))
 
