@@ -52,6 +52,7 @@ from gpt1.inference.decoding import (  # noqa: E402
     forward_cached,
     prepare_to_decode,
 )
+from gpt1.inference import block_step  # noqa: E402
 from gpt1.inference.generate import generate, next_tokens  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 from gpt1.inference.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
@@ -110,6 +111,7 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         f"{'other':>7} {'bound ms':>9} {'of bound':>9}"
     )
     prompt = torch.randint(0, 40000, (1, 32))
+    kept: list[str] = []
     for precision in precisions:
         torch.manual_seed(0)
         model = for_inference(GPT(model_preset("gpt1")), "cpu", precision)
@@ -138,6 +140,58 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
             f"{precision:>9} {step:8.2f} {weights:8.2f} {sampling:9.3f} {before:9.3f} "
             f"{step - weights - sampling:7.2f} {of_bound}"
         )
+        own = bookkeeping(model, decode_bytes(model))
+        if own is not None:
+            kept.append(f"{precision:>9} {own[0]:8.3f} {own[1]:8.3f} {own[1] / step:8.0%}")
+    if kept:
+        print(
+            "a step's own work outside its products (the step's kernel a stub; the next token "
+            "chosen), ms:\n"
+            f"{'precision':>9} {'warm':>8} {'cold':>8} {'of step':>8}   (cold: after reading "
+            "the weights' bytes)"
+        )
+        print("\n".join(kept))
+
+
+def bookkeeping(model: GPT, flush_bytes: int, steps: int = 64) -> tuple[float, float] | None:
+    """A decoding step's own work outside its weight products, in ms: `forward_cached` of one
+    token with the one-call step's kernel replaced by a stub that returns at once, then the
+    choice of the next token from a fixed row of logits. Timed back to back (warm) and each
+    after reading `flush_bytes` (cold: a real step reads its weights, which pushes Python's and
+    torch's own state out of the CPU's caches before the next step runs it). None where the
+    one-call step does not apply (the blocks run as operators)."""
+    cache = KVCache(model.config.n_layer, 512)
+    prompt = torch.randint(0, 40000, (1, 32))
+    x = torch.zeros(1, model.config.n_embd, dtype=model.h[0].ln_1.weight.dtype)
+    with torch.no_grad():
+        forward_cached(model, prompt, cache)
+        step = block_step.plan(model, x)
+    if step is None:
+        return None
+    logits, token = torch.randn(1, model.config.vocab_size), prompt[:, -1:]
+    flush = torch.ones(flush_bytes // 4)
+
+    @torch.no_grad()
+    def one() -> float:
+        start = time.perf_counter()
+        forward_cached(model, token, cache)
+        next_tokens(logits, 0, None, None, None)
+        took = time.perf_counter() - start
+        for layer in cache.layers:
+            layer.length = 32
+        return took
+
+    real, step.op = step.op, lambda *args: x
+    try:
+        one()
+        warm = statistics.median(one() for _ in range(steps))
+        cold = []
+        for _ in range(steps):
+            flush.sum()
+            cold.append(one())
+    finally:
+        step.op = real
+    return warm * 1e3, statistics.median(cold) * 1e3
 
 
 def call_overhead(repeats: int, calls: int = 20000) -> None:

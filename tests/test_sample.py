@@ -5,7 +5,7 @@ import torch
 from conftest import TINY_MODEL
 
 from gpt1 import GPT, ModelConfig
-from gpt1.errors import ConfigError
+from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.inference.decoding import KVCache, forward_cached
 from gpt1.inference.generate import filter_logits, generate
 from gpt1.recipes.convert import gpt1_to_hf_state
@@ -194,6 +194,32 @@ def test_the_fast_sampling_path_matches_isfinite_and_argmax(dtype):
             damaged[2, where] = bad
             assert all_finite(damaged) is False
     assert all_finite(rows) is True
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_kernels_greedy_choice_is_argmax_and_finds_every_non_finite_logit(dtype):
+    """gpt1's kernel (which `next_tokens` uses at temperature 0 where it is built) picks
+    argmax's token, ties included, on rows of any length (a last, short vector; all negative),
+    and reports a NaN or an infinity wherever it is; `next_tokens` then refuses the row."""
+    from gpt1.inference import backend
+    from gpt1.inference.generate import next_tokens
+
+    greedy = backend.greedy_op()
+    if greedy is None:
+        pytest.skip("the decoding kernel is not built (gpt1 kernels build) or cannot be here")
+    gen = torch.Generator().manual_seed(1)
+    for V in (1, 15, 17, 40478):
+        rows = torch.randn(3, V, generator=gen).mul(3).round().sub(20).to(dtype)  # ties, < 0
+        ids, finite = greedy(rows)
+        assert finite is True and ids.dtype == torch.int64
+        assert torch.equal(ids, rows.argmax(-1, keepdim=True))
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            for where in {0, V // 2, V - 1}:
+                damaged = rows.clone()
+                damaged[1, where] = bad
+                assert greedy(damaged)[1] is False
+                with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
+                    next_tokens(damaged, 0, None, None, None)
 
 
 def test_one_sampling_value_draws_what_the_spelled_out_options_draw():

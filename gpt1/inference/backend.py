@@ -159,6 +159,13 @@ def decode_step_op() -> Callable[..., torch.Tensor] | None:
     return built.decode_step
 
 
+def greedy_op() -> Callable[..., tuple[torch.Tensor, bool]] | None:
+    """The kernel's greedy choice (`greedy_tokens(logits [B, V]) -> (ids [B, 1], all
+    finite)`), or None (torch's operators choose)."""
+    built = kernel_module()
+    return None if built is None else built.greedy_tokens
+
+
 # --------------------------------------------------------------------------- oneDNN's products
 def prepacks(dtype: torch.dtype) -> bool:
     """Whether `dtype` weights may be packed for oneDNN here: this torch and CPU can, and

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.inference import backend
 from gpt1.inference.decoding import KVCache, forward_cached, prepare_to_decode
 from gpt1.inference.sampling import Sampling
 from gpt1.model.gpt import GPT
@@ -63,14 +64,36 @@ def next_tokens(
 ) -> torch.Tensor:
     """The next token of each row: float logits `[B, V]` -> ids `[B, 1]` (argmax at
     temperature 0, else a draw from the filtered softmax with `generator`)."""
+    if temperature == 0 and (greedy := _greedy_op(logits)) is not None:
+        ids, finite = greedy(logits)  # the ids below, and the check, in one call
+        if not finite:
+            raise Gpt1Error(NON_FINITE)
+        return ids
     if not all_finite(logits):
         # Overflow (or damage): multinomial would crash, argmax would pick token 0.
-        raise Gpt1Error("the model produced NaN or infinite logits; no sample is drawn from them")
+        raise Gpt1Error(NON_FINITE)
     if temperature == 0:
         # max's indices are argmax's (the first largest), from a kernel about 2.5x faster on CPU
         return logits.max(-1, keepdim=True).indices
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator)
+
+
+NON_FINITE = "the model produced NaN or infinite logits; no sample is drawn from them"
+
+
+def _greedy_op(logits: torch.Tensor):
+    """gpt1's kernel for the greedy choice where it takes these logits, else None (its state
+    is read by attributes only: decoding asks once a token)."""
+    if (
+        logits.dim() == 2
+        and logits.is_cpu
+        and logits.dtype in (torch.float32, torch.bfloat16)
+        and logits.is_contiguous()
+        and logits.shape[-1] > 0
+    ):
+        return backend.greedy_op()
+    return None
 
 
 def choose(
@@ -171,6 +194,7 @@ def _steps(
     if cache is not None:
         prepare_to_decode(model, sampling.max_new_tokens * out.shape[0])
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
+    chosen: list[torch.Tensor] = []  # tokens not yet joined to `out` (only a re-read needs it)
     try:
         for _ in range(sampling.max_new_tokens):
             with torch.no_grad():
@@ -178,10 +202,11 @@ def _steps(
                     hidden = forward_cached(model, fresh, cache)[:, -1]
                 else:
                     cache = None  # past the context: positions shift, re-read the window each step
+                    out, chosen = torch.cat([out, *chosen], dim=1), []
                     hidden = model(out[:, -n_pos:])[:, -1]
                 logits = model.lm_logits(hidden).float()  # [B, V]
             nxt = choose(logits, sampling, generator)
-            out = torch.cat([out, nxt], dim=1)
+            chosen.append(nxt)
             fresh = nxt
             yield nxt
     finally:

@@ -34,5 +34,6 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           const std::vector<torch::Tensor>& values,
                           const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
                           int64_t n_head, double eps, bool gelu);
+std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 bool has_quantize_per_tensor();
 std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor& x);

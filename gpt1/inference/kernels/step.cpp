@@ -308,8 +308,16 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
   }
   std::vector<float> h(R * C), qkv, att(R * C), a(R * C), inner;
   std::vector<at::BFloat16> x16;
-  const torch::Tensor xf = x.to(at::kFloat).contiguous();
-  std::copy(xf.data_ptr<float>(), xf.data_ptr<float>() + R * C, h.begin());
+  // Read and written here rather than with tensor operators (`to`, `copy_`): a step's few
+  // operators run with torch's own state pushed out of the CPU's caches by the weights just
+  // read, and each cost tens of microseconds there.
+  const torch::Tensor xc = x.is_contiguous() ? x : x.contiguous();
+  if (bf16) {
+    const at::BFloat16* p = xc.data_ptr<at::BFloat16>();
+    std::copy(p, p + R * C, h.begin());
+  } else {
+    std::copy(xc.data_ptr<float>(), xc.data_ptr<float>() + R * C, h.begin());
+  }
   std::vector<float> g1, b1, g2, b2;
   for (int64_t l = 0; l < L; ++l) {
     const torch::Tensor* p = params.data() + 16 * l;
@@ -346,7 +354,11 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
       add_layer_norm(h.data() + r * C, a.data() + r * C, ln2_w, ln2_b, C, eps, bf16);
   }
   torch::Tensor out = torch::empty({R, C}, x.options());
-  out.copy_(torch::from_blob(h.data(), {R, C}, at::kFloat));  // exact: h holds x's dtype's values
+  if (bf16) {  // exact: h holds bf16 values
+    std::copy(h.begin(), h.end(), out.data_ptr<at::BFloat16>());
+  } else {
+    std::copy(h.begin(), h.end(), out.data_ptr<float>());
+  }
   return out;
 }
 
@@ -362,3 +374,57 @@ torch::Tensor decode_step(const torch::Tensor&, const std::vector<torch::Tensor>
 }
 
 #endif
+
+// ------------------------------------------------------------------ the greedy choice
+// Each row's next token at temperature 0: its first largest logit (as torch.max gives it), and
+// whether every logit is finite (generation refuses NaN and infinite logits). One call instead
+// of torch's three operators (the extremes that find a non-finite logit, then the arg-maximum),
+// which run with their state pushed out of the CPU's caches by the weights a step has just read.
+namespace {
+
+template <typename T>
+bool first_largest(const T* row, int64_t V, int64_t* at) {
+  float top = -INFINITY;
+  bool finite = true;
+  int64_t i = 0;
+#if defined(GPT1_SIMD)
+  namespace simd = gpt1::simd;
+  simd::Vec tops = simd::set1(-INFINITY), spread = simd::zero();
+  for (; i + simd::kLanes <= V; i += simd::kLanes) {
+    const simd::Vec v = simd::load(row + i);
+    tops = simd::max(tops, v);
+    spread = simd::add(spread, simd::sub(v, v));  // 0 while finite; NaN from then on
+  }
+  top = simd::largest(tops);
+  finite = !simd::any_nan(spread);
+#endif
+  for (; i < V; ++i) {
+    const float v = static_cast<float>(row[i]);
+    finite = finite && std::isfinite(v);
+    top = std::max(top, v);
+  }
+  if (!finite) return false;
+  for (i = 0; i < V && static_cast<float>(row[i]) != top; ++i) {
+  }
+  *at = i;
+  return true;
+}
+
+}  // namespace
+
+std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits) {
+  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && logits.is_contiguous() &&
+                  logits.device().is_cpu() &&
+                  (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
+              "greedy_tokens: logits must be [rows, vocab], fp32 or bf16, contiguous, on the CPU");
+  const int64_t B = logits.size(0), V = logits.size(1);
+  torch::Tensor ids = torch::empty({B, 1}, logits.options().dtype(at::kLong));
+  int64_t* out = ids.data_ptr<int64_t>();
+  bool finite = true;
+  for (int64_t b = 0; b < B && finite; ++b) {
+    finite = logits.scalar_type() == at::kFloat
+                 ? first_largest(logits.data_ptr<float>() + b * V, V, out + b)
+                 : first_largest(logits.data_ptr<at::BFloat16>() + b * V, V, out + b);
+  }
+  return {ids, finite};
+}
