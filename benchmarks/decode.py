@@ -45,6 +45,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from inference import decode_bytes, read_bandwidth  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
+from gpt1.inference import block_step  # noqa: E402
 from gpt1.inference.decoding import (  # noqa: E402
     KVCache,
     SlotPool,
@@ -52,7 +53,6 @@ from gpt1.inference.decoding import (  # noqa: E402
     forward_cached,
     prepare_to_decode,
 )
-from gpt1.inference import block_step  # noqa: E402
 from gpt1.inference.generate import generate, next_tokens  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 from gpt1.inference.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
