@@ -10,7 +10,11 @@ below) and with the sampling path alone (`next_tokens` on one row of logits; "(b
 full `isfinite` check and `argmax` it replaced). "other" is a
 step minus the two: attention, LayerNorm, GELU, the cache writes and the Python between them.
 The decoding bound (read bandwidth / bytes a step reads) is printed beside each on the wall
-clock (on the CPU clock a step's time and the bandwidth are not comparable: "-").
+clock (on the CPU clock a step's time and the bandwidth are not comparable: "-"). Below the
+table, a step's own work outside its products (`bookkeeping`): the Python and torch operators of
+`forward_cached` and the choice of the next token, with the one-call step's kernel a stub, timed
+warm and after reading as many bytes as a step's weights (as in a real step, whose weights push
+that state out of the CPU's caches).
 
 Batched (`gpt1.inference.decoding.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
 prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
