@@ -247,6 +247,18 @@ def test_plot_compares_several_runs_on_one_figure(tmp_path, monkeypatch, capsys)
     assert main(["plot", *map(str, runs), "--metric", "dev_accuracy"]) == 2
     err = capsys.readouterr().err
     assert str(runs[0]) in err and "no 'dev_accuracy'" in err and "val_loss" in err
+    # A run's metrics.jsonl and its folder are the command's inputs: never replaced, even with
+    # --overwrite, and refused before anything is drawn.
+    for target in (runs[1] / "metrics.jsonl", runs[0], runs[0] / "metrics.jsonl"):
+        before = [(r / "metrics.jsonl").read_bytes() for r in runs]
+        argv = ["plot", *map(str, runs), "--metric", "loss", "--out", str(target), "--overwrite"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "an input of this command" in err and len(err.strip().splitlines()) == 1, err
+        assert [(r / "metrics.jsonl").read_bytes() for r in runs] == before
+        assert runs[0].is_dir() and not (runs[0] / "loss.png").exists()
+    # A figure inside a run folder is not an input.
+    assert main(["plot", str(runs[0]), "--metric", "loss", "--out", str(runs[0] / "cmp.png")]) == 0
     # One run keeps today's two plots.
     assert main(["plot", str(runs[0])]) == 0
     assert (runs[0] / "loss.png").is_file() and (runs[0] / "lr.png").is_file()

@@ -301,7 +301,8 @@ def plot_runs(
             raise DataError(f"no {metric!r} in {METRICS}; it holds {', '.join(names)}", run)
         series.append((str(run), sorted(points)))
     out = Path(out)
-    check_output(out, overwrite)
+    # Each run's metrics.jsonl is read in full; a run folder only in part (a figure may go in it).
+    check_output(out, overwrite, [Path(run) / METRICS for run in runs], runs)
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, points in series:
         style = "o-" if len(points) <= 30 else "-"  # sparse validation points stay visible
