@@ -286,6 +286,10 @@ def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
     assert fault_cases.resume_refused(resume_work, name) == []
 
 
+def test_a_finished_run_resumed_again_changes_nothing(resume_work):
+    assert fault_cases.resume_of_a_finished_run(resume_work, "finetune") == []
+
+
 def test_resume_accepts_more_steps_and_records_them(resume_work):
     assert fault_cases.resume_accepts(resume_work, "finetune") == []
     run = json.loads((resume_work / "accepted-finetune" / "run.json").read_text())

@@ -288,6 +288,14 @@ def test_resume_on_re_prepared_data_names_its_meta_json(tmp_path):
     assert fault_cases.resume_on_another_vocabulary(tmp_path) == []
 
 
+def test_resume_on_other_tokens_of_the_same_sizes_is_refused(tmp_path):
+    assert fault_cases.resume_on_other_tokens(tmp_path) == []
+
+
+def test_resume_past_its_length_is_refused_and_a_finished_run_stays_as_it_is(resume_work):
+    assert fault_cases.resume_past_its_length(resume_work) == []
+
+
 def test_resume_accepts_more_steps_and_records_them(resume_work):
     assert fault_cases.resume_accepts(resume_work, "pretrain") == []
     run = json.loads((resume_work / "accepted-pretrain" / "run.json").read_text())

@@ -201,8 +201,14 @@ def test_unknown_label_is_an_error_even_when_skipping(tmp_path: Path):
         tmp_path / "train.tsv",
         "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n1\ta\tb\tmaybe\n",
     )
-    with pytest.raises(UnknownLabelError, match=r"train\.tsv:3.*unknown label 'maybe'"):
+    with pytest.raises(UnknownLabelError, match=r"train\.tsv:3.*unknown label 'maybe'") as caught:
         get_task("rte").read(tmp_path, "train", skip_bad_rows=True)
+    # The message says why --skip-bad-rows did not skip it (its help and docs say so too).
+    assert "never a label outside the task's set" in str(caught.value)
+    assert (caught.value.line, caught.value.field) == (3, "label")
+    with pytest.raises(UnknownLabelError) as plain:
+        get_task("rte").read(tmp_path, "train")
+    assert "--skip-bad-rows" not in str(plain.value)
 
 
 def test_empty_split_is_an_error(tmp_path: Path):

@@ -98,7 +98,8 @@ def _add_examples(p: argparse.ArgumentParser) -> None:
         "--skip-bad-rows",
         action="store_true",
         default=None,
-        help="skip malformed rows (counted and reported) instead of stopping",
+        help="skip malformed rows (counted and reported) instead of stopping; a label outside "
+        "the task's set still stops",
     )
     p.add_argument(
         "--columns",

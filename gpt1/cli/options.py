@@ -175,7 +175,8 @@ def add_scoring(p: Flags, split_help: str) -> None:
     p.add_argument(
         "--skip-bad-rows",
         action="store_true",
-        help="skip malformed rows (counted and reported) instead of stopping",
+        help="skip malformed rows (counted and reported) instead of stopping; a label outside "
+        "the task's set still stops",
     )
     add_overwrite(p, "an existing output file")
 

@@ -46,7 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "(default text; same as --set data.text_field=...)",
     )
     p.add_argument("--out", metavar="RUN", required=True, help="run folder (checkpoints, metrics)")
-    p.add_argument("--max-steps", type=int, help="optimizer updates (default: from epochs)")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        help="optimizer updates (unset or 0: as many as train.epochs passes over the training "
+        "split take, printed as the run starts)",
+    )
     p.add_argument("--save-every", type=int, help="checkpoint every N steps")
     p.add_argument("--eval-every", type=int, help="validation every N steps (0: off)")
     p.add_argument("--log-every", type=int, help="console/metrics line every N steps")

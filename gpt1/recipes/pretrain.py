@@ -176,10 +176,11 @@ def _pretrain(cfg: RunConfig, run: OpenedRun, arch: str) -> TrainResult:
         # fine-tuning does); rank 0's plotting comes after, so no rank closes its process
         # group while another is still busy inside it.
         dist.destroy()
-    if info.is_main and not result.interrupted:
-        from gpt1.train.telemetry import plot_run
+    if info.is_main and not (result.interrupted or result.already_finished):
+        from gpt1.train.telemetry import METRICS, plot_run
 
-        plot_run(run.out)
+        if (run.out / METRICS).is_file():  # a resume with no update left logs nothing to draw
+            plot_run(run.out)
     return result
 
 

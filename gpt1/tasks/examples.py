@@ -61,7 +61,15 @@ class BadRows:
     rows: list[DataError] = field(default_factory=list)
 
     def report(self, error: DataError) -> None:
-        if not self.skip or isinstance(error, UnknownLabelError):
+        if self.skip and isinstance(error, UnknownLabelError):
+            raise UnknownLabelError(
+                f"{error.reason} (--skip-bad-rows skips damaged rows, never a label outside the "
+                "task's set: that usually means another task's file)",
+                error.path,
+                error.line,
+                error.field,
+            )
+        if not self.skip:
             raise error
         self.rows.append(error)
 

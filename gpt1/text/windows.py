@@ -16,6 +16,8 @@ stream, as `gpt1.text.stream` cuts them from text files read directly.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +32,48 @@ from gpt1.text.shards import dtype_for_vocab, read_header, read_shard
 META = "meta.json"
 
 
+DIGEST_CHUNK = 1 << 24  # tokens hashed at a time (32-64 MB of the memory map)
+
+
 @dataclass
 class Split:
-    """One split of a prepared folder: memory-mapped shards and their token counts."""
+    """One split of a prepared folder: memory-mapped shards and their token counts (`folder`:
+    where they were read from, named in errors)."""
 
     name: str
     shards: list[np.ndarray]
     tokens: int
+    folder: Path | None = None
+    _digest: str | None = dataclasses.field(default=None, repr=False, compare=False)
+
+    def digest(self) -> str:
+        """sha256 of the split's tokens, shard by shard, each shard's length and id width first:
+        what a checkpoint records of the data its run trained on, so that a resume on other
+        tokens (another corpus prepared into the same folder, a shard edited or replaced) is
+        refused. Read once per process, at a resume or the first checkpoint (about a second a
+        GB)."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for shard in self.shards:
+                flat = shard.reshape(-1)
+                h.update(f"{flat.size}:{flat.dtype.str};".encode())
+                for start in range(0, flat.size, DIGEST_CHUNK):
+                    h.update(np.ascontiguousarray(flat[start : start + DIGEST_CHUNK]))
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def check_digest(self, state: dict) -> None:
+        """Refuse a source state (`WindowSource.state_dict`) made on other tokens than these. A
+        state without a digest (a checkpoint from before gpt1 recorded one) passes."""
+        recorded = state.get("data")
+        if recorded is not None and recorded != self.digest():
+            where = f" of {self.folder}" if self.folder is not None else ""
+            raise DataError(
+                f"the {self.name} split{where} holds other tokens than the run being resumed "
+                "was trained on (their digests differ: another corpus prepared into this folder, "
+                "or a shard changed); resume with the data the run was trained on, or start a "
+                "new run in another --out"
+            )
 
 
 @dataclass
@@ -96,7 +133,7 @@ def open_prepared(folder: str | Path) -> PreparedData:
             check_token_ids(tokens, vocab, path)
             arrays.append(tokens)
             documents += read_header(path)["n_docs"]
-        splits[name] = Split(name, arrays, int(sum(a.size for a in arrays)))
+        splits[name] = Split(name, arrays, int(sum(a.size for a in arrays)), folder)
         check_counts(info, splits[name], documents, meta_file)
     return PreparedData(folder, meta, vocab, splits)
 
@@ -163,6 +200,7 @@ class WindowSource:
 
     def __init__(self, split: Split, n_ctx: int, seed: int, rank: int = 0, world_size: int = 1):
         self.n_ctx, self.rank, self.world = int(n_ctx), int(rank), int(world_size)
+        self.split = split
         self.shards = [s for s in split.shards if s.size >= self.n_ctx + 1]
         if not self.shards:
             raise DataError(
@@ -188,9 +226,12 @@ class WindowSource:
         return window[:, :-1], window[:, 1:]
 
     def state_dict(self) -> dict:
-        return {"rng": self.rng.bit_generator.state}
+        """The cursor (the generator's state) and the digest of the tokens it draws from."""
+        return {"rng": self.rng.bit_generator.state, "data": self.split.digest()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict`, refused where the tokens differ (`Split.check_digest`)."""
+        self.split.check_digest(state)
         self.rng.bit_generator.state = state["rng"]
 
 
@@ -205,6 +246,7 @@ class SequentialWindows:
 
     def __init__(self, split: Split, n_ctx: int, rank: int = 0, world_size: int = 1):
         self.n_ctx, self.rank, self.world = int(n_ctx), int(rank), int(world_size)
+        self.split = split
         self.shards = [s for s in split.shards if s.size]
         self.total = int(sum(s.size for s in self.shards))
         if self.total < self.n_ctx + 1:
@@ -235,9 +277,12 @@ class SequentialWindows:
         return np.concatenate(out)
 
     def state_dict(self) -> dict:
-        return {"window": self.window}
+        """The cursor (windows taken) and the digest of the tokens it reads."""
+        return {"window": self.window, "data": self.split.digest()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict`, refused where the tokens differ (`Split.check_digest`)."""
+        self.split.check_digest(state)
         self.window = int(state["window"])
 
 

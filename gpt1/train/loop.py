@@ -16,6 +16,7 @@ from the plain module. `info` is a dict of floats; its "tokens" entry feeds toke
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import signal
 import time
@@ -39,6 +40,8 @@ from gpt1.train.resume import RUN_JSON
 from gpt1.train.run import OpenedRun, RunSpec, open_run
 from gpt1.train.telemetry import MetricsLogger, memory_bytes, peak_flops, train_line, val_line
 from gpt1.train.trackers import Trackers
+
+log = logging.getLogger("gpt1.train")
 
 
 class BatchSource(Protocol):
@@ -65,6 +68,7 @@ class TrainResult:
     last_loss: float = float("nan")
     last_eval: dict[str, float] = field(default_factory=dict)
     interrupted: int = 0  # the signal number that stopped the run, 0 if it finished
+    already_finished: bool = False  # resumed at its last step: nothing trained, nothing written
 
 
 class _ModelView:
@@ -157,6 +161,14 @@ def _train(
     if spec.config is not None:
         trackers.config = spec.config
     run = _Run(model, source, cfg, opened, spec)
+    final = run_dir / "final"
+    if run.resumed_from is not None and run.state["step"] == cfg.max_steps and final.is_dir():
+        # A finished run resumed again (`--resume auto` run twice): nothing to train, and its
+        # final model and records stay as they are.
+        opened.outcome = "FINISHED"
+        if run.info.is_main:
+            log.info("%s: already trained to step %d; nothing to do", run_dir, cfg.max_steps)
+        return TrainResult(cfg.max_steps, run_dir, final_dir=final, already_finished=True)
     # A new run refused in its first update (text that cannot be read, out of memory) removes
     # what it wrote, so that the same command can run again in the same --out.
     existed = opened.found
@@ -239,6 +251,12 @@ class _Run:
             state = _load_state(
                 resumed, self.raw, self.optimizer, self.source, info, self.device, fsdp=fsdp
             )
+            if state["step"] > cfg.max_steps:  # would rewrite final/ with an earlier model
+                raise ConfigError(
+                    f"{resumed} is at step {state['step']}, past this run's length of "
+                    f"{cfg.max_steps} updates (train.max_steps); resume with a length of at "
+                    f"least {state['step']}, or from an earlier checkpoint"
+                )
         # The count fixed when the run was opened (on a resume, the one it started with).
         state["threads"] = self.threads
         return state

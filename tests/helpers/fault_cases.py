@@ -340,6 +340,15 @@ ONTO_INPUTS: dict[str, Callable[[Path], list[str]]] = {
     "analysis positions --out CKPT/model.safetensors": lambda w: _onto_its_checkpoint(
         w, ["analysis", "positions"]
     ),
+    "plot RUN --metric loss --out RUN/metrics.jsonl --overwrite": lambda w: [
+        "plot",
+        str(_run_with_metrics(w / "run")),
+        "--metric",
+        "loss",
+        "--out",
+        str(w / "run" / "metrics.jsonl"),
+        "--overwrite",
+    ],
     "demo --out DATA": lambda w: [
         "demo",
         "--corpus",
@@ -366,6 +375,14 @@ if importlib.util.find_spec("lm_eval") is not None:  # the eval extra
         "--output_path",
         str(w / "ckpt" / "model.safetensors"),
     ]
+
+
+def _run_with_metrics(run: Path) -> Path:
+    """A run folder holding only a metrics.jsonl of five logged steps (what `gpt1 plot` reads)."""
+    run.mkdir(parents=True, exist_ok=True)
+    lines = [{"step": s, "loss": 6.0 - 0.1 * s, "lr": 1e-3} for s in range(1, 6)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return run
 
 
 def onto_an_input(work: Path, name: str) -> list[str]:
@@ -558,6 +575,52 @@ def resume_on_another_vocabulary(work: Path) -> list[str]:
     return problems + [f"changed {e}" for e in changed(before, run)]
 
 
+def resume_on_other_tokens(work: Path) -> list[str]:
+    """Pretraining resumed on its data folder prepared again from other text, with the same
+    vocabulary, shards and token counts: refused, naming the folder; the run folder unchanged."""
+    data = make_corpus(work / "dd")
+    run = work / "run"
+    code, err = run_cli(tiny_pretrain(data, run, 2))
+    if code:
+        return [f"the first run failed: {err[-300:]}"]
+    make_corpus(data, seed=1)
+    before = tree(run)
+    code, err = run_cli(tiny_pretrain(data, run, 3, "--resume", "auto"))
+    problems = one_line(code, err, "other tokens", str(data))
+    return problems + [f"changed {e}" for e in changed(before, run)]
+
+
+def resume_past_its_length(work: Path) -> list[str]:
+    """A resume asking for fewer updates than its checkpoint has made: refused, in the run's
+    folder (unchanged) and into a new --out (not created). A finished run resumed again at its
+    own length: nothing to do, exit 0, nothing changed."""
+    first, argv_for = _first_run(work, "pretrain")
+    run = work / "past-its-length"
+    shutil.copytree(first, run)
+    before = tree(run)
+    code, err = run_cli(argv_for(run, 1, "--resume", str(run / "step-2")))
+    problems = one_line(code, err, "at step 2", "train.max_steps")
+    fresh = work / "fresh-out"
+    code, err = run_cli(argv_for(fresh, 1, "--resume", str(run / "step-2")))
+    problems += one_line(code, err, "at step 2")
+    if fresh.exists():
+        problems.append(f"the refused resume created {fresh}")
+    problems += resume_of_a_finished_run(work, "pretrain")
+    return problems + [f"changed {e}" for e in changed(before, run)]
+
+
+def resume_of_a_finished_run(work: Path, kind: str) -> list[str]:
+    """A finished `kind` run resumed again with its own length: exit 0, nothing changed (not
+    its final model, run.json, metrics, plots or results)."""
+    first, argv_for = _first_run(work, kind)
+    run = work / f"finished-again-{kind}"
+    shutil.copytree(first, run)
+    before = tree(run)
+    code, err = run_cli(argv_for(run, 2, "--resume", "auto"))
+    problems = [f"exit {code}: {err[-300:]}"] if code else []
+    return problems + [f"changed {e}" for e in changed(before, run)]
+
+
 def resume_accepts(work: Path, kind: str) -> list[str]:
     """A resume with more steps and other checkpoint and logging intervals runs, and run.json
     records the step it resumed from and what changed."""
@@ -581,12 +644,17 @@ def resumes_that_change_the_run(work: Path) -> CaseResult:
     for name in RESUME_REFUSED:
         problems += [f"{name}: {p}" for p in resume_refused(work, name)]
     problems += [f"vocabulary: {p}" for p in resume_on_another_vocabulary(work / "vocab-case")]
+    problems += [f"other tokens: {p}" for p in resume_on_other_tokens(work / "tokens-case")]
+    problems += [f"past its length: {p}" for p in resume_past_its_length(work)]
+    problems += [f"finetune finished: {p}" for p in resume_of_a_finished_run(work, "finetune")]
     for kind in ("pretrain", "finetune"):
         problems += [f"{kind} accepted: {p}" for p in resume_accepts(work, kind)]
     return result(
-        f"{len(RESUME_REFUSED) + 1} refused (exit 2, one line naming the setting, the run's value "
-        "and the requested one; a re-prepared vocabulary names the data's meta.json), run folder "
-        "unchanged; more steps and other intervals accepted and recorded in run.json `resumes`",
+        f"{len(RESUME_REFUSED) + 4} refused (exit 2, one line naming the setting, the run's value "
+        "and the requested one; a re-prepared vocabulary names the data's meta.json, other "
+        "tokens the data folder, a length below the checkpoint's step that step), run folder "
+        "unchanged; a finished run resumed again changes nothing; more steps and other "
+        "intervals accepted and recorded in run.json `resumes`",
         [p for p in problems if ": changed " in p],
         [p for p in problems if ": changed " not in p],
     )

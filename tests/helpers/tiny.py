@@ -81,13 +81,15 @@ def run_cli(argv: list[str], cwd: Path | None = None) -> tuple[int, str]:
 
 
 # ------------------------------------------------------------------------------ tiny inputs
-def make_corpus(folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200) -> Path:
+def make_corpus(
+    folder: Path, vocab: int = 300, n_train: int = 6000, n_val: int = 1200, seed: int = 0
+) -> Path:
     """A tiny `gpt1 prepare`-style folder: a noisy periodic token stream in two train shards and
-    one val shard, and a character vocabulary."""
+    one val shard, and a character vocabulary (another `seed`: other tokens, the same sizes)."""
     from gpt1.text.shards import write_shard
 
     folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
 
     def stream(n: int) -> np.ndarray:
         base = np.arange(n) % 37 * 7 % vocab
