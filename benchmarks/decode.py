@@ -4,17 +4,19 @@ and batched decoding with pooled vs per-sequence attention.
 Batch 1 (`--skip batched` to run only this): for each precision, `gpt1.inference.generate.generate`
 (greedy, `--new` tokens after a 32-token prompt, the KV-cache path `gpt1 sample` runs) on the
 model made ready by `for_inference`, its weights gathered into one storage as a server keeps
-them (`prepare_to_decode`), alternating with its weight products alone (every linear
-layer and the output layer run once on one row, in the same kernels: the floor a step cannot go
-below) and with the sampling path alone (`next_tokens` on one row of logits; "(before)": the
-full `isfinite` check and `argmax` it replaced). "other" is a
-step minus the two: attention, LayerNorm, GELU, the cache writes and the Python between them.
-The decoding bound (read bandwidth / bytes a step reads) is printed beside each on the wall
-clock (on the CPU clock a step's time and the bandwidth are not comparable: "-"). Below the
-table, a step's own work outside its products (`bookkeeping`): the Python and torch operators of
-`forward_cached` and the choice of the next token, with the one-call step's kernel a stub, timed
-warm and after reading as many bytes as a step's weights (as in a real step, whose weights push
-that state out of the CPU's caches).
+them (`prepare_to_decode`), alternating with its weight products alone ("weights": every linear
+layer and the output layer called once on one row from Python, in the same kernels; the floor of
+a step that runs its blocks as operators, above a one-call step, which makes none of those 49
+calls) and with the sampling path alone (`next_tokens` on one row of logits; "(before)": the
+full `isfinite` check and `argmax` it replaced); "other" is a step minus the two (negative where
+the one-call step runs: it makes none of the 49 calls "weights" pays for). The decoding bound (the bytes a step reads over
+the read bandwidth, `inference.PlainReads`, measured beside each timed round: the host's memory
+speed drifts within minutes) is printed beside each on the wall clock, with each round's step
+against its own round's bound: their median and range (on the CPU clock a step's time and the
+bandwidth are not comparable: "-"). Below the table, a step beside the kernels it runs called
+back to back with no Python between them (`kernels_alone`: the one-call step, the output layer
+and the greedy choice, alternating with `generate`): the difference is what generation's Python
+and torch operators cost a token.
 
 Batched (`gpt1.inference.decoding.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
 prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
@@ -46,10 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from inference import decode_bytes, read_bandwidth  # noqa: E402
+from inference import PlainReads, decode_bytes  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.inference import block_step  # noqa: E402
+from gpt1.inference import backend, block_step  # noqa: E402
 from gpt1.inference.decoding import (  # noqa: E402
     KVCache,
     SlotPool,
@@ -106,13 +108,14 @@ def isfinite_argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def batch1(precisions: list[str], new: int, repeats: int) -> None:
-    bandwidth = read_bandwidth()
+    reads = PlainReads()
     print(
-        f"\nbatch 1, greedy, {new} new tokens after 32; read bandwidth {bandwidth / 1e9:.1f} GB/s"
+        f"\nbatch 1, greedy, {new} new tokens after 32; the bound read beside each round "
+        f"(median; its rounds' range)"
     )
     print(
         f"{'precision':>9} {'step ms':>8} {'weights':>8} {'sampling':>9} {'(before)':>9} "
-        f"{'other':>7} {'bound ms':>9} {'of bound':>9}"
+        f"{'other':>7} {'GB/s':>5} {'bound ms':>9} {'of bound':>9} {'range':>9}"
     )
     prompt = torch.randint(0, 40000, (1, 32))
     kept: list[str] = []
@@ -122,80 +125,96 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         prepare_to_decode(model)  # the weights in one storage, as a server keeps them
         products = weight_products(model)
         logits = torch.randn(1, model.config.vocab_size)
+        rates: list[float] = []
         times = alternate(
             {
                 "step": lambda: generate(model, prompt, new, temperature=0),
                 "prefill": lambda: generate(model, prompt, 1, temperature=0),
+                "read": lambda: rates.append(reads.rate()),
                 "weights": lambda: [products() for _ in range(new)],
                 "sampling": lambda: [next_tokens(logits, 0, None, None, None) for _ in range(new)],
                 "sampling before": lambda: [isfinite_argmax(logits) for _ in range(new)],
             },
             repeats,
         )
+        rates = rates[1:]  # the warm-up round's read is not beside a timed step
         med = {k: statistics.median(v) for k, v in times.items()}
         step = (med["step"] - med["prefill"]) / (new - 1) * 1e3
         weights, sampling = med["weights"] / new * 1e3, med["sampling"] / new * 1e3
         before = med["sampling before"] / new * 1e3
-        bound = decode_bytes(model, context=32 + new // 2) / bandwidth * 1e3
+        step_bytes = decode_bytes(model, context=32 + new // 2)
+        # Each round's step against the bound of the read made beside it, in the same minute.
+        shares = [
+            step_bytes / rate / ((s - p) / (new - 1))
+            for rate, s, p in zip(rates, times["step"], times["prefill"])
+        ]
+        rate = statistics.median(rates)
+        bound = step_bytes / rate * 1e3
         of_bound = (
-            f"{bound:9.2f} {bound / step:9.0%}" if clock is time.perf_counter else " " * 8 + "-"
+            f"{rate / 1e9:5.1f} {bound:9.2f} {statistics.median(shares):9.0%} "
+            f"{min(shares):4.0%}-{max(shares):.0%}"
+            if clock is time.perf_counter
+            else " " * 5 + " " * 9 + " " * 9 + "-"
         )
         print(
             f"{precision:>9} {step:8.2f} {weights:8.2f} {sampling:9.3f} {before:9.3f} "
             f"{step - weights - sampling:7.2f} {of_bound}"
         )
-        own = bookkeeping(model, decode_bytes(model))
-        if own is not None:
-            kept.append(f"{precision:>9} {own[0]:8.3f} {own[1]:8.3f} {own[1] / step:8.0%}")
+        alone = kernels_alone(model, prompt, new, repeats)
+        if alone is not None:
+            kept.append(
+                f"{precision:>9} {alone[0]:9.2f} {alone[1]:9.2f} {alone[0] - alone[1]:9.3f} "
+                f"{(alone[0] - alone[1]) / alone[0]:7.1%}"
+            )
     if kept:
         print(
-            "a step's own work outside its products (the step's kernel a stub; the next token "
-            "chosen), ms:\n"
-            f"{'precision':>9} {'warm':>8} {'cold':>8} {'of step':>8}   (cold: after reading "
-            "the weights' bytes)"
+            "a step beside its kernels alone (the one-call step, the output layer and the greedy "
+            "choice called back to back, no Python between them), ms a token:\n"
+            f"{'precision':>9} {'step':>9} {'kernels':>9} {'the rest':>9} {'of step':>7}"
         )
         print("\n".join(kept))
 
 
-def bookkeeping(model: GPT, flush_bytes: int, steps: int = 64) -> tuple[float, float] | None:
-    """A decoding step's own work outside its weight products, in ms: `forward_cached` of one
-    token with the one-call step's kernel replaced by a stub that returns at once, then the
-    choice of the next token from a fixed row of logits. Timed back to back (warm) and each
-    after reading `flush_bytes` (cold: a real step reads its weights, which pushes Python's and
-    torch's own state out of the CPU's caches before the next step runs it). None where the
-    one-call step does not apply (the blocks run as operators)."""
-    cache = KVCache(model.config.n_layer, 512)
-    prompt = torch.randint(0, 40000, (1, 32))
+def kernels_alone(
+    model: GPT, prompt: torch.Tensor, new: int, repeats: int
+) -> tuple[float, float] | None:
+    """Ms a token of `generate`'s steps and of the kernels a step runs called back to back
+    from a loop with nothing else in it (the one-call step over the same cache, the output
+    layer, the greedy choice): their difference is what generation's Python costs a token. The
+    two take turns, `repeats` rounds, as many tokens each; medians. None where the one-call
+    step does not apply (the blocks run as operators)."""
+    greedy = backend.greedy_op()
     x = torch.zeros(1, model.config.n_embd, dtype=model.h[0].ln_1.weight.dtype)
     with torch.no_grad():
-        forward_cached(model, prompt, cache)
         step = block_step.plan(model, x)
-    if step is None:
+    if step is None or greedy is None:
         return None
-    logits, token = torch.randn(1, model.config.vocab_size), prompt[:, -1:]
-    flush = torch.ones(flush_bytes // 4)
+    start = prompt.shape[1]
 
     @torch.no_grad()
-    def one() -> float:
-        start = time.perf_counter()
-        forward_cached(model, token, cache)
-        next_tokens(logits, 0, None, None, None)
-        took = time.perf_counter() - start
-        for layer in cache.layers:
-            layer.length = 32
-        return took
+    def kernels() -> None:
+        cache = KVCache(model.config.n_layer, model.config.n_positions)
+        greedy(model.lm_logits(forward_cached(model, prompt, cache)[:, -1]).float())  # as generate
+        buffers = [layer.room(start + new) for layer in cache.layers]
+        keys, values = [b[0] for b in buffers], [b[1] for b in buffers]
+        for i in range(new - 1):
+            hidden = step.run(x, keys, values, [0], [start + i])
+            greedy(model.lm_logits(hidden).float())
 
-    real, step.op = step.op, lambda *args: x
-    try:
-        one()
-        warm = statistics.median(one() for _ in range(steps))
-        cold = []
-        for _ in range(steps):
-            flush.sum()
-            cold.append(one())
-    finally:
-        step.op = real
-    return warm * 1e3, statistics.median(cold) * 1e3
+    times = alternate(
+        {
+            "step": lambda: generate(model, prompt, new, temperature=0),
+            "prefill": lambda: generate(model, prompt, 1, temperature=0),
+            "kernels": kernels,
+        },
+        repeats,
+    )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    steps = (med["step"] - med["prefill"]) / (new - 1) * 1e3
+    # The kernels' loop also runs the prompt and its token's choice (as `generate` does): take
+    # them off the same way.
+    kernels_only = (med["kernels"] - med["prefill"]) / (new - 1) * 1e3
+    return steps, kernels_only
 
 
 def call_overhead(repeats: int, calls: int = 20000) -> None:

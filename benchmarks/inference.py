@@ -323,30 +323,50 @@ def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     return 2 * n**3 / best
 
 
+class PlainReads:
+    """The plain reads of `mib` MiB that bound batch-1 decoding, which must read every weight
+    once per token; `rate()` is the bytes/s of the fastest.
+
+    Four reads: torch summing an fp32 tensor, and gpt1's decoding kernel
+    (`gpt1.inference.matvec`) multiplying one row by an fp32 matrix of that size (two flops per
+    four bytes read: a read), each on plain memory and on memory advised for huge pages (as
+    `for_inference` stores the weights decoding streams: `gpt1.inference.arena`). Which is
+    fastest differs between CPUs and from hour to hour on one (torch's sum reads without
+    fetching ahead; the kernel fetches ahead), so all four are timed and the fastest counts: a
+    bound from one alone, or from 4 KiB pages alone, would be too low. The buffers are made
+    once, so a benchmark can take the rate beside each of its timed rounds: on a shared host the
+    memory's speed drifts by a fifth within minutes."""
+
+    def __init__(self, mib: int = 512) -> None:
+        from gpt1.inference import arena, backend
+
+        self.op = backend.kernel()
+        plain = torch.ones(mib << 18)
+        huge = arena.huge_page_bytes(plain.numel() * 4).view(torch.float32).fill_(1.0)
+        self.buffers = (plain, huge)
+        self.bytes = plain.numel() * 4
+        self.row = torch.ones(1, 4096)
+        for x in self.buffers:  # first touches and the kernel's first call, untimed
+            x.sum()
+            if self.op is not None:
+                self.op(self.row, x.view(-1, 4096), None, None)
+
+    def rate(self, reps: int = 1) -> float:
+        """Bytes/s of the fastest read, each of the four read `reps` times."""
+        best = float("inf")
+        for x in self.buffers:
+            best = min(best, min(timed(lambda: x.sum()) for _ in range(reps)))
+            if self.op is not None:
+                w = x.view(-1, 4096)
+                best = min(
+                    best, min(timed(lambda: self.op(self.row, w, None, None)) for _ in range(reps))
+                )
+        return self.bytes / best
+
+
 def read_bandwidth(mib: int = 512, reps: int = 5) -> float:
-    """Bytes/s of the fastest plain read of `mib` MiB (best of `reps`): the memory read speed
-    that bounds batch-1 decoding, which must read every weight once per token.
-
-    The fastest of four reads counts: torch summing an fp32 tensor, and gpt1's decoding kernel
-    (`gpt1.inference.matvec`) multiplying one row by an fp32 matrix of that size (two flops per four
-    bytes read: a read), each on plain memory and on memory advised for huge pages (as
-    `for_inference` stores the weights decoding streams: `gpt1.inference.arena`). torch's sum
-    reads without fetching ahead, and on the CPUs measured it reached less than the kernel; a
-    bound from it alone, or from 4 KiB pages alone, would be too low."""
-    from gpt1.inference import arena, backend
-
-    op = backend.kernel()
-    best = float("inf")
-    plain = torch.ones(mib << 18)
-    huge = arena.huge_page_bytes(plain.numel() * 4).view(torch.float32).fill_(1.0)
-    for x in (plain, huge):
-        x.sum()
-        best = min(best, min(timed(lambda: x.sum()) for _ in range(reps)))
-        if op is not None:
-            w, row = x.view(-1, 4096), torch.ones(1, 4096)
-            op(row, w, None, None)
-            best = min(best, min(timed(lambda: op(row, w, None, None)) for _ in range(reps)))
-    return plain.numel() * 4 / best
+    """Bytes/s of the fastest plain read of `mib` MiB, best of `reps` (`PlainReads`)."""
+    return PlainReads(mib).rate(reps)
 
 
 def print_profile(fn, rows: int = 8) -> None:
