@@ -292,6 +292,10 @@ def test_resume_on_other_tokens_of_the_same_sizes_is_refused(tmp_path):
     assert fault_cases.resume_on_other_tokens(tmp_path) == []
 
 
+def test_resume_on_its_data_moved_elsewhere_trains_the_same_weights(resume_work):
+    assert fault_cases.resume_on_moved_data(resume_work) == []
+
+
 def test_resume_past_its_length_is_refused_and_a_finished_run_stays_as_it_is(resume_work):
     assert fault_cases.resume_past_its_length(resume_work) == []
 

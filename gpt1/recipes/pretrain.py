@@ -26,6 +26,7 @@ from gpt1.text.stream import TextData, batch_source, find_text_files, open_data
 from gpt1.text.windows import META, PreparedData, validation_windows
 from gpt1.train import distributed as dist
 from gpt1.train import resume
+from gpt1.train import state as train_state
 from gpt1.train.loop import TrainResult, train
 from gpt1.train.objectives import WindowLMLoss, lm_loss_window
 from gpt1.train.run import OpenedRun, RunSpec, open_run
@@ -246,11 +247,15 @@ def resume_record(
     if checkpoint is None:
         return resolved
     recorded, source = resume.recorded_config(checkpoint, out / RUN_CONFIG)
+    # A prepared folder may move (another path, another machine) where the checkpoint records the
+    # digest of its tokens: the data cursor is then checked against the tokens themselves.
+    moved = isinstance(data, PreparedData) and _records_tokens_digest(checkpoint)
     accepted = resume.changes(
         {"arch": "gpt", **recorded},
         {"arch": arch, **resolved},
         source,
         paths=frozenset({"data.path"}),
+        also=frozenset({"data.path"}) if moved else frozenset(),
         origin={
             "model.vocab_size": f"vocab_size in {data.folder / META}"
             if isinstance(data, PreparedData)
@@ -258,6 +263,17 @@ def resume_record(
         },
     )
     return resume.run_record(resolved, checkpoint, out / RUN_CONFIG, accepted)
+
+
+def _records_tokens_digest(checkpoint: Path) -> bool:
+    """Whether `checkpoint`'s data cursor holds the digest of a prepared folder's tokens
+    (`gpt1.text.windows.Split.digest`; checkpoints written before gpt1 recorded it do not)."""
+    sources = train_state.read_trainer_json(checkpoint).get("sources")
+    return (
+        isinstance(sources, list)
+        and bool(sources)
+        and all(isinstance(s, dict) and isinstance(s.get("data"), str) for s in sources)
+    )
 
 
 def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:

@@ -96,11 +96,13 @@ def changes(
     fixed: frozenset[str] = frozenset(),
     paths: frozenset[str] = frozenset(),
     origin: dict[str, str] | None = None,
+    also: frozenset[str] = frozenset(),
 ) -> dict[str, list[Any]]:
     """{setting: [recorded, requested]} for the accepted differences; raises `ConfigError` on the
     first other one. Only settings in both are compared (a caller may check the sections it
-    knows early, the rest later). `fixed` removes settings from `CHANGEABLE` for
-    this run; `origin` says where a requested value came from (named in the refusal)."""
+    knows early, the rest later). `fixed` removes settings from `CHANGEABLE` for this run and
+    `also` adds some (a data folder moved, where the checkpoint's digest of the data checks
+    what is read); `origin` says where a requested value came from (named in the refusal)."""
     old, new = flatten(recorded), flatten(requested)
     accepted: dict[str, list[Any]] = {}
     # Settings both sides know: one the checkpoint does not record (a setting added to gpt1
@@ -111,7 +113,7 @@ def changes(
         before, after = old[key], new[key]
         if _same(key, before, after, paths):
             continue
-        if key in CHANGEABLE and key not in fixed:
+        if (key in CHANGEABLE and key not in fixed) or key in also:
             accepted[key] = [before, after]
             continue
         where = f" ({origin[key]})" if origin and key in origin else ""

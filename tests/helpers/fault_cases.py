@@ -523,7 +523,7 @@ RESUME_REFUSED: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "pretrain --lr 0.5": ("pretrain", ("--lr", "0.5"), ("train.lr", "0.001", "0.5")),
     "pretrain --batch-size 8": ("pretrain", ("--batch-size", "8"), ("train.batch_size", "4", "8")),
     "pretrain --seed 7": ("pretrain", ("--seed", "7"), ("train.seed", "1234", "7")),
-    "pretrain --data OTHER": ("pretrain", ("--data", "OTHER"), ("data.path", "other")),
+    "pretrain --data OTHER": ("pretrain", ("--data", "OTHER"), ("other tokens", "other")),
     "finetune --task csv": ("finetune", ("--task", "csv"), ("finetune.task", "'tsv'", "'csv'")),
     "finetune --data OTHER": ("finetune", ("--data", "OTHER"), ("finetune.data", "other")),
     "finetune --lr 0.5": ("finetune", ("--lr", "0.5"), ("train.lr", "0.5")),
@@ -547,8 +547,8 @@ def resume_refused(work: Path, name: str) -> list[str]:
     shutil.copytree(first, run)
     if "OTHER" in extra:
         other = work / "other"
-        if not other.is_dir():
-            (make_corpus if kind == "pretrain" else make_task)(other)
+        if not other.is_dir():  # pretraining: other tokens (the same tokens elsewhere resume)
+            make_corpus(other, seed=1) if kind == "pretrain" else make_task(other)
         extra = tuple(str(other) if e == "OTHER" else e for e in extra)
     argv = argv_for(run, 3, "--resume", "auto")
     for flag, value in zip(extra[::2], extra[1::2]):
@@ -621,6 +621,32 @@ def resume_of_a_finished_run(work: Path, kind: str) -> list[str]:
     return problems + [f"changed {e}" for e in changed(before, run)]
 
 
+def resume_on_moved_data(work: Path) -> list[str]:
+    """Pretraining resumed with its prepared folder moved (a copy at another path, as on another
+    machine): accepted, since the checkpoint's digest of the tokens checks what is read; run.json
+    records the move, and the weights are those of the resume at the original path."""
+    first, argv_for = _first_run(work, "pretrain")
+    data = Path(argv_for(work, 1)[argv_for(work, 1).index("--data") + 1])
+    moved = work / "moved-data"
+    if not moved.is_dir():
+        shutil.copytree(data, moved)
+    runs = {}
+    for name, folder in (("here", data), ("moved", moved)):
+        run = runs[name] = work / f"resumed-{name}"
+        shutil.copytree(first, run)
+        code, err = run_cli(_flag(argv_for(run, 3, "--resume", "auto"), "--data", str(folder)))
+        if code:
+            return [f"resumed on the {name} data: exit {code}: {err[-300:]}"]
+    problems = []
+    resumes = json.loads((runs["moved"] / "run.json").read_text())["resumes"]
+    if resumes[-1]["changed"].get("data.path") != {"was": str(data), "now": str(moved)}:
+        problems.append(f"run.json resumes lack the move: {resumes[-1]!r}")
+    weights = [(runs[n] / "final" / "model.safetensors").read_bytes() for n in runs]
+    if weights[0] != weights[1]:
+        problems.append("the resume on the moved data trained other weights")
+    return problems
+
+
 def resume_accepts(work: Path, kind: str) -> list[str]:
     """A resume with more steps and other checkpoint and logging intervals runs, and run.json
     records the step it resumed from and what changed."""
@@ -645,6 +671,7 @@ def resumes_that_change_the_run(work: Path) -> CaseResult:
         problems += [f"{name}: {p}" for p in resume_refused(work, name)]
     problems += [f"vocabulary: {p}" for p in resume_on_another_vocabulary(work / "vocab-case")]
     problems += [f"other tokens: {p}" for p in resume_on_other_tokens(work / "tokens-case")]
+    problems += [f"moved data: {p}" for p in resume_on_moved_data(work)]
     problems += [f"past its length: {p}" for p in resume_past_its_length(work)]
     problems += [f"finetune finished: {p}" for p in resume_of_a_finished_run(work, "finetune")]
     for kind in ("pretrain", "finetune"):
@@ -653,8 +680,8 @@ def resumes_that_change_the_run(work: Path) -> CaseResult:
         f"{len(RESUME_REFUSED) + 4} refused (exit 2, one line naming the setting, the run's value "
         "and the requested one; a re-prepared vocabulary names the data's meta.json, other "
         "tokens the data folder, a length below the checkpoint's step that step), run folder "
-        "unchanged; a finished run resumed again changes nothing; more steps and other "
-        "intervals accepted and recorded in run.json `resumes`",
+        "unchanged; a finished run resumed again changes nothing; the data folder moved, more "
+        "steps and other intervals accepted and recorded in run.json `resumes`",
         [p for p in problems if ": changed " in p],
         [p for p in problems if ": changed " not in p],
     )
