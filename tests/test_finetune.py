@@ -93,6 +93,15 @@ def test_source_resumes_exactly():
     assert sorted(seen) == list(range(10))  # one epoch = every example once
     ranks = [FinetuneSource(enc, 3, False, rank=r, world=2) for r in range(2)]
     assert not set(ranks[0]._order) & set(ranks[1]._order)
+    # The state carries the examples' digest: other examples refuse it, naming the file; a
+    # state without one (an older checkpoint) is taken as it is.
+    from gpt1.errors import DataError
+
+    other = Encoded([[[i, 2]] for i in range(10)], list(range(10)), [str(i) for i in range(10)])
+    state = a.state_dict()
+    with pytest.raises(DataError, match="train.tsv are not those"):
+        FinetuneSource(other, 3, False, origin="train.tsv").load_state_dict(state)
+    FinetuneSource(other, 3, False).load_state_dict({k: v for k, v in state.items() if k != "data"})
 
 
 def test_transfer_layers(tmp_path: Path, gpt1_vocab: Path):
@@ -284,6 +293,10 @@ def test_resume_refuses_a_setting_that_changes_the_run(resume_work, name):
     """Task, data, labels, lr, batch and seed cannot change on --resume: one line naming the
     setting and both values; run.json, task.json and the checkpoints stay as they were."""
     assert fault_cases.resume_refused(resume_work, name) == []
+
+
+def test_resume_after_a_training_row_was_edited_is_refused(tmp_path):
+    assert fault_cases.resume_on_edited_examples(tmp_path) == []
 
 
 def test_a_finished_run_resumed_again_changes_nothing(resume_work):

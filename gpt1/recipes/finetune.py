@@ -304,6 +304,7 @@ def _finetune(
         info.rank,
         info.world_size,
         plan.train_cfg.micro_batch_size if cfg.group_by_length else 0,
+        plan.train_split.path,
     )
     run_spec = RunSpec(
         config=plan.resolved,

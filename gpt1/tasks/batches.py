@@ -6,13 +6,16 @@ Shared by fine-tuning (`FinetuneSource` feeds the training loop), evaluation and
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from gpt1.errors import ConfigError
+from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import Split
 from gpt1.tasks.registry import Task
 from gpt1.tasks.transforms import SpecialIds, pad_batch, transform
@@ -27,6 +30,16 @@ class Encoded:
     items: list[list[list[int]]]
     labels: list[Any]
     uids: list[str]
+
+    def digest(self) -> str:
+        """sha256 of every example's id sequences and label, in order: what a fine-tuning
+        checkpoint records of the examples its cursor indexes, so a resume on other examples
+        (another or an edited training file, another tokenizer) is refused."""
+        h = hashlib.sha256()
+        for items, label in zip(self.items, self.labels):
+            h.update(json.dumps([items, label]).encode())
+            h.update(b"\n")
+        return h.hexdigest()
 
 
 def special_ids(tok: Any) -> SpecialIds:
@@ -105,8 +118,11 @@ class FinetuneSource:
         rank: int = 0,
         world: int = 1,
         group_by_length: int = 0,
+        origin: str | Path | None = None,
     ):
         self.enc, self.seed, self.regression = enc, seed, regression
+        self.origin = f" of {origin}" if origin else ""  # the training file, named in errors
+        self._examples_digest: str | None = None
         self.rank, self.world = rank, world
         self.group = group_by_length
         self.epoch, self.pos = 0, 0
@@ -156,11 +172,27 @@ class FinetuneSource:
         return make_batch(self.enc, index, self.regression)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed}
+        """The cursor (seed, epoch, position) and the digest of the examples it indexes."""
+        return {"epoch": self.epoch, "pos": self.pos, "seed": self.seed, "data": self._digest()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from a `state_dict`; refused (DataError) where its examples were others (a
+        state without a digest, from before gpt1 recorded one, is not checked)."""
+        recorded = state.get("data")
+        if recorded is not None and recorded != self._digest():
+            raise DataError(
+                f"the training examples{self.origin} are not those the run being resumed was "
+                "trained on (their digests differ: the file was edited or replaced, or another "
+                "tokenizer encodes it); resume with the run's data, or start a new run in "
+                "another --out"
+            )
         self.seed, self.epoch, self.pos = int(state["seed"]), int(state["epoch"]), int(state["pos"])
         self._order = self._permutation(self.epoch)
+
+    def _digest(self) -> str:
+        if self._examples_digest is None:  # once a process: a pass over every example's ids
+            self._examples_digest = self.enc.digest()
+        return self._examples_digest
 
 
 def report_skipped(split: Split) -> None:

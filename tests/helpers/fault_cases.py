@@ -621,6 +621,22 @@ def resume_of_a_finished_run(work: Path, kind: str) -> list[str]:
     return problems + [f"changed {e}" for e in changed(before, run)]
 
 
+def resume_on_edited_examples(work: Path) -> list[str]:
+    """Fine-tuning resumed after one row of its training file was edited (same path, same row
+    count): refused, naming the file; the run folder unchanged."""
+    task, vocab, run = make_task(work / "task"), char_vocab(work / "vocab"), work / "run"
+    code, err = run_cli(tiny_finetune(task, vocab, run, 2, "--save-every", "1"))
+    if code:
+        return [f"the first run failed: {err[-300:]}"]
+    rows = (task / "train.tsv").read_text().splitlines()
+    rows[5] = "the film was fine but sad\t" + rows[5].split("\t")[1]
+    (task / "train.tsv").write_text("\n".join(rows) + "\n")
+    before = tree(run)
+    code, err = run_cli(tiny_finetune(task, vocab, run, 3, "--save-every", "1", "--resume", "auto"))
+    problems = one_line(code, err, "not those the run being resumed", str(task / "train.tsv"))
+    return problems + [f"changed {e}" for e in changed(before, run)]
+
+
 def resume_on_moved_data(work: Path) -> list[str]:
     """Pretraining resumed with its prepared folder moved (a copy at another path, as on another
     machine): accepted, since the checkpoint's digest of the tokens checks what is read; run.json
@@ -672,14 +688,16 @@ def resumes_that_change_the_run(work: Path) -> CaseResult:
     problems += [f"vocabulary: {p}" for p in resume_on_another_vocabulary(work / "vocab-case")]
     problems += [f"other tokens: {p}" for p in resume_on_other_tokens(work / "tokens-case")]
     problems += [f"moved data: {p}" for p in resume_on_moved_data(work)]
+    problems += [f"edited examples: {p}" for p in resume_on_edited_examples(work / "edited")]
     problems += [f"past its length: {p}" for p in resume_past_its_length(work)]
     problems += [f"finetune finished: {p}" for p in resume_of_a_finished_run(work, "finetune")]
     for kind in ("pretrain", "finetune"):
         problems += [f"{kind} accepted: {p}" for p in resume_accepts(work, kind)]
     return result(
-        f"{len(RESUME_REFUSED) + 4} refused (exit 2, one line naming the setting, the run's value "
+        f"{len(RESUME_REFUSED) + 5} refused (exit 2, one line naming the setting, the run's value "
         "and the requested one; a re-prepared vocabulary names the data's meta.json, other "
-        "tokens the data folder, a length below the checkpoint's step that step), run folder "
+        "tokens the data folder, an edited fine-tuning row its file, a length below the "
+        "checkpoint's step that step), run folder "
         "unchanged; a finished run resumed again changes nothing; the data folder moved, more "
         "steps and other intervals accepted and recorded in run.json `resumes`",
         [p for p in problems if ": changed " in p],
