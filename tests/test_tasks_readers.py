@@ -162,6 +162,19 @@ def test_generic_csv_and_jsonl(tmp_path: Path):
     assert task.kind == "choice" and ex.choices == ["x", "y", "z"] and ex.label == 2
     with pytest.raises(ConfigError, match="unknown role"):
         get_task("csv", {"columns": {"txt": "review"}})
+    # A role given twice, or the label column also read as an input, is refused.
+    from gpt1.tasks.generic import parse_columns
+
+    with pytest.raises(ConfigError, match="text given twice"):
+        parse_columns("text=review,text=stars,label=stars")
+    for columns in (
+        {"text": "stars", "label": "stars"},
+        {"a": "x", "b": "stars", "label": "stars"},
+    ):
+        with pytest.raises(ConfigError, match="'stars' is both the label and an input"):
+            get_task("csv", {"columns": columns})
+    with pytest.raises(ConfigError, match="both the label and an input .choices."):
+        get_task("jsonl", {"columns": {"context": "c", "choices": "x|y", "label": "y"}})
 
 
 # ------------------------------------------------------------------ bad input
@@ -233,6 +246,24 @@ def test_csv_line_numbers_count_quoted_newlines(tmp_path: Path):
     )
     err = read_error(tmp_path, "story_cloze", "test")
     assert err.line == 4  # the second record starts on line 4 (the first spans 2-3)
+
+
+def test_csv_quoted_fields_keep_their_line_breaks(tmp_path: Path):
+    """RFC 4180: a line break inside quotes is part of the field (it separates two words; the
+    text pipeline later treats it as whitespace), in LF and CRLF files alike."""
+    from gpt1.tasks.examples import BadRows
+    from gpt1.tasks.rows import csv_records
+
+    for end in ("\n", "\r\n"):
+        path = tmp_path / f"t{len(end)}.csv"
+        path.write_bytes(
+            f'review,stars{end}"first line{end}second line",pos{end}plain,neg{end}'.encode()
+        )
+        records = list(csv_records(path, BadRows()))
+        assert records == [
+            (2, {"review": f"first line{end}second line", "stars": "pos"}),
+            (4, {"review": "plain", "stars": "neg"}),
+        ]
 
 
 def test_crlf_bom_and_invalid_utf8(tmp_path: Path):

@@ -42,9 +42,12 @@ def parse_columns(spec: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         role, sep, column = part.partition("=")
+        role, column = role.strip(), column.strip()
         if not sep or not column:
             raise ConfigError(f"--columns: expected ROLE=COLUMN, got {part!r}")
-        out[role.strip()] = column.strip()
+        if role in out:
+            raise ConfigError(f"--columns: {role} given twice ({out[role]!r}, then {column!r})")
+        out[role] = column
     return out
 
 
@@ -70,6 +73,13 @@ def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
     missing = [r for r in ROLES[kind] if r not in columns]
     if missing:
         raise ConfigError(f"--columns: a {kind} task also needs {', '.join(missing)}=COLUMN")
+    label = columns.get("label")
+    for role, column in columns.items():
+        if role not in ("label", "id") and label in str(column).split("|"):
+            raise ConfigError(
+                f"--columns: {label!r} is both the label and an input ({role}): the model "
+                "would read the answer it is to predict"
+            )
     return kind
 
 

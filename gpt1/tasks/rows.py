@@ -112,8 +112,9 @@ def load_json(text: str, path: Path, line: int | None) -> Any:
         raise DataError("invalid JSON (nested too deeply)", path, line) from None
 
 
-def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text without its line ending); undecodable bytes name their line."""
+def numbered_lines(path: Path, keep_endings: bool = False) -> Iterator[tuple[int, str]]:
+    """(line number, text without its line ending, or with it where `keep_endings`: a CSV
+    field in quotes keeps the line breaks inside it); undecodable bytes name their line."""
     try:
         fh = open(path, "rb")
     except OSError as exc:
@@ -132,7 +133,7 @@ def numbered_lines(path: Path) -> Iterator[tuple[int, str]]:
                 raise DataError(
                     f"not valid UTF-8 (byte {exc.start + 1} of the line)", path, lineno
                 ) from None
-            yield lineno, text.rstrip("\n").rstrip("\r")
+            yield lineno, text if keep_endings else text.rstrip("\n").rstrip("\r")
 
 
 def tsv_records(
@@ -192,8 +193,9 @@ def _record(
 
 
 def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
-    """Records of a comma-separated file with a header line; quoted fields may span lines."""
-    lines = numbered_lines(path)
+    """Records of a comma-separated file with a header line; quoted fields may span lines, and
+    keep their line breaks (RFC 4180), so the lines go to the reader with their endings."""
+    lines = numbered_lines(path, keep_endings=True)
     line_of = [0]
 
     def feed() -> Iterator[str]:
