@@ -323,3 +323,35 @@ def test_data_size_and_layers_tables_cover_every_recorded_run(tmp_path):
         sweep.run(key, ["x"], lambda: {"metric": "accuracy", "dev": 0.6, "train": 0.7})
     table = layers.summarise(sweep, [0, 1, 2], "sst2", 2)
     assert [r["seeds"] for r in table["rows"]] == [1, 0, 2]
+
+
+def test_a_refused_analysis_leaves_its_out_as_it_found_it(tmp_path, capsys):
+    """Refused before anything ran (a file where a checkpoint goes, an unknown task, missing
+    data): no folder made, nested or not, and a commands.txt already there not appended to."""
+    from helpers.fault_cases import tree
+    from helpers.tiny import make_task, tiny_checkpoint
+
+    ckpt, task = tiny_checkpoint(tmp_path / "ckpt"), make_task(tmp_path / "task")
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "commands.txt").write_text("my notes\n")
+    before = tree(kept)
+    for argv, out, said in (
+        (["positions", str(tmp_path / "notes.txt")], tmp_path / "p" / "q", "got a file"),
+        (["positions", str(tmp_path / "missing")], kept, "no such checkpoint"),
+        (
+            ["layers", "--init", str(ckpt), "--task", "bogus", "--data", str(task)],
+            tmp_path / "s",
+            "unknown task",
+        ),
+        (
+            ["layers", "--init", str(ckpt), "--task", "rte", "--data", str(tmp_path / "nope")],
+            tmp_path / "a" / "b" / "c",
+            "gpt1 analysis: error:",  # refused in its first sub-run, after the folders were made
+        ),
+    ):
+        assert main(["analysis", *argv, "--out", str(out), "--threads", "1"]) == 2, argv
+        assert said in capsys.readouterr().err
+    assert not any((tmp_path / n).exists() for n in ("p", "s", "a"))
+    assert tree(kept) == before

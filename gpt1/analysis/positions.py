@@ -120,8 +120,8 @@ def analyse_positions(
 ) -> dict[str, Any]:
     """Write the two PNGs and positions.json for `checkpoint` into `out`; return the summary."""
     out = Path(out)
+    table = position_table(checkpoint, max_positions)  # read first: a refusal makes no folder
     out.mkdir(parents=True, exist_ok=True)
-    table = position_table(checkpoint, max_positions)
     cos = cosine_matrix(table)
     coords, used = project_2d(table, method, seed)
     summary = summarise(cos)

@@ -14,7 +14,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 HELP = "layers transferred, ablations (with an LSTM), labelled-data curve, position embeddings"
@@ -245,7 +248,6 @@ def run(args: argparse.Namespace) -> int:
         from gpt1.analysis.sweep import record_command
 
         check_positions_out(args.out, args.overwrite)
-        record_command(args.out, command)
         summary = analyse_positions(
             args.checkpoint,
             args.out,
@@ -267,9 +269,44 @@ def run(args: argparse.Namespace) -> int:
                 }
             )
         )
+        record_command(args.out, command)  # once it ran: a refused analysis writes nothing
         print(f"wrote {args.out}/positions_2d.png, positions_cosine.png, positions.json")
         return 0
-    return _run_sweep(args, command)
+    with _undone_if_refused(Path(args.out)):
+        return _run_sweep(args, command)
+
+
+@contextlib.contextmanager
+def _undone_if_refused(out: Path) -> Iterator[None]:
+    """A sweep refused before it finished any sub-run (an unknown task, unreadable data, a
+    checkpoint that cannot load) leaves `out` as it found it: the folders, commands.txt and
+    sweep.json it made are removed. A sweep that had finished sub-runs keeps them (a later
+    invocation resumes it), as does a folder that already held a sweep."""
+    from gpt1 import files
+    from gpt1.analysis.sweep import SWEEP_FILE
+    from gpt1.errors import Gpt1Error
+
+    top = out  # the highest folder this command may create
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    existed = files.entries(out)
+    had_sweep = (out / SWEEP_FILE).is_file()
+    try:
+        yield
+    except Gpt1Error:
+        if not had_sweep and not _finished_runs(out / SWEEP_FILE):
+            if top == out:
+                files.remove_new(out, existed)
+            else:  # folders above `out` made for it
+                shutil.rmtree(top, ignore_errors=True)
+        raise
+
+
+def _finished_runs(sweep_file: Path) -> bool:
+    try:
+        return bool(json.loads(sweep_file.read_text()).get("runs"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
