@@ -396,11 +396,13 @@ def _plan(
 
 def _training_split(cfg: FinetuneConfig, task: Task, seed: int) -> Any:
     """The training examples (a seeded subset with --train-examples); the evaluation split is
-    read too, so a missing or malformed one fails now rather than after training."""
+    read too, as the final evaluation will read it (labels required), so a missing, malformed
+    or unlabelled one fails now rather than after training."""
     train_split = task.read(cfg.data, cfg.train_split, cfg.skip_bad_rows)
     report_skipped(train_split)
     if cfg.eval_split and cfg.eval_split != cfg.train_split:
-        task.read(cfg.data, cfg.eval_split, cfg.skip_bad_rows)
+        for name in task.resolve_splits(cfg.eval_split):
+            task.read(cfg.data, name, cfg.skip_bad_rows, need_labels=True)
     if cfg.train_examples:
         keep = train_subset(len(train_split.examples), cfg.train_examples, seed)
         train_split = dataclasses.replace(

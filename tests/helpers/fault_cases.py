@@ -444,6 +444,15 @@ LEAVES_NOTHING: dict[str, Callable[[Path], tuple[list[str], Path]]] = {
         (w / "empty").mkdir(),
         (tiny_pretrain(w / "no-data", w / "empty", 1), w / "empty"),
     )[1],
+    "finetune --eval-split of a split with no labels, new --out": lambda w: (
+        (make_task(w / "task") / "test.tsv").write_text("text\nsome words\n"),
+        (
+            tiny_finetune(
+                w / "task", char_vocab(w / "vocab"), w / "new", 1, "--eval-split", "test"
+            ),
+            w / "new",
+        ),
+    )[1],
     "finetune on missing task data, new --out": lambda w: (
         tiny_finetune(w / "no-task", char_vocab(w / "vocab"), w / "new", 1),
         w / "new",
