@@ -244,3 +244,30 @@ def test_one_sampling_value_draws_what_the_spelled_out_options_draw():
     assert got == want[0, 5:].tolist()
     with pytest.raises(ConfigError, match="empty prompt"):  # the prompt is checked at once
         generate_stream(m, torch.zeros(1, 0, dtype=torch.long), sampling)
+
+
+def test_sampling_keeps_to_the_window_the_model_was_pretrained_on(tmp_path, caplog):
+    """A checkpoint whose run trained 16-token windows (run.json) of a 64-position model: a
+    longer prompt keeps its last 16 tokens, and generation past position 16 is warned about
+    (`gpt1 serve` refuses it), naming how many new tokens would stay inside."""
+    import json
+    import logging
+
+    from gpt1.inference.sampling import Sampling
+    from gpt1.recipes.sample import Sampler
+    from helpers.tiny import tiny_checkpoint
+
+    folder = tiny_checkpoint(tmp_path / "run" / "final")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
+    sampler = Sampler(folder, "cpu", "fp32")
+    assert sampler.window == 16 < sampler.model.config.n_positions
+    with caplog.at_level(logging.WARNING):
+        ids = sampler.prompt_ids(prompt_ids=list(range(1, 21)))
+        assert ids == list(range(5, 21))
+        assert "keeping the last 16 (the window the model was pretrained on)" in caplog.text
+        caplog.clear()
+        sampler.draw(ids[:10], Sampling(max_new_tokens=4, temperature=0))
+        assert "past the" not in caplog.text
+        sampler.draw(ids[:10], Sampling(max_new_tokens=8, temperature=0))
+        assert "reach position 18, past the 16-token window" in caplog.text
+        assert "at most 6 new tokens" in caplog.text

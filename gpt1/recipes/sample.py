@@ -72,11 +72,14 @@ class Sampler:
         )
         self.folder, self.device = loaded.checkpoint.folder, loaded.device
         self.model, self.tokenizer = loaded.lm, loaded.tokenizer
+        # The positions its pretraining trained (`gpt1 serve` refuses requests past them).
+        self.window = loaded.window
 
     def prompt_ids(
         self, prompt: str | None = None, prompt_ids: list[int] | None = None
     ) -> list[int]:
-        """The ids to continue: `prompt` encoded, or `prompt_ids`, cut to the last n_positions."""
+        """The ids to continue: `prompt` encoded, or `prompt_ids`, cut to the last `window`
+        (n_positions, or the shorter window the model was pretrained on)."""
         if (prompt is None) == (prompt_ids is None):
             raise ConfigError('give exactly one of --prompt TEXT or --prompt-ids "1 2 3"')
         if prompt is not None:
@@ -86,13 +89,34 @@ class Sampler:
                     "so a text prompt cannot be encoded; use --prompt-ids"
                 )
             prompt_ids = list(self.tokenizer.encode(prompt))
-        n_pos = self.model.config.n_positions
+        n_pos = self.window
         if len(prompt_ids) > n_pos:
+            what = (
+                "n_positions"
+                if n_pos == self.model.config.n_positions
+                else "the window the model was pretrained on"
+            )
             log.warning(
-                "prompt has %d tokens; keeping the last %d (n_positions)", len(prompt_ids), n_pos
+                "prompt has %d tokens; keeping the last %d (%s)", len(prompt_ids), n_pos, what
             )
             prompt_ids = prompt_ids[-n_pos:]
         return list(prompt_ids)
+
+    def _warn_past_window(self, prompt_tokens: int, sampling: Sampling) -> None:
+        """Say so where the prompt and the new tokens run past the positions the model was
+        pretrained on: those position rows were never trained (`gpt1 serve` refuses such a
+        request; sampling, which explores, goes on)."""
+        end = prompt_tokens + sampling.max_new_tokens
+        if self.window < self.model.config.n_positions and end > self.window:
+            log.warning(
+                "the prompt and %d new tokens reach position %d, past the %d-token window this "
+                "model was pretrained on (its later position rows are untrained); ask for at "
+                "most %d new tokens to stay inside it",
+                sampling.max_new_tokens,
+                end,
+                self.window,
+                max(self.window - prompt_tokens, 0),
+            )
 
     def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[str]:
         """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
@@ -100,6 +124,7 @@ class Sampler:
         if self.tokenizer is None:
             raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
         text = TextStream(self.tokenizer)
+        self._warn_past_window(len(prompt_ids), sampling)
         steps = generate_stream(
             self.model, torch.tensor([prompt_ids]), sampling, self._generator(sampling)
         )
@@ -118,6 +143,7 @@ class Sampler:
             self.model.config, num_samples, sampling.max_new_tokens, str(self.device)
         )
         ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
+        self._warn_past_window(len(prompt_ids), sampling)
         out = sample_ids(self.model, ids, sampling, self._generator(sampling))
         n = len(prompt_ids)
         return [
