@@ -310,6 +310,7 @@ def test_the_served_model_is_named_after_its_run(tmp_path):
     assert named == "sst2" and health["served_model_name"] == "sst2"
     assert health["threads"] == torch.get_num_threads()
     assert renamed == "my-model" and ok.status_code == 200 and other.status_code == 404
+    assert other.json()["error"]["param"] == "model"  # the field as the client sent it
 
 
 def test_serve_threads_default_to_auto(monkeypatch):

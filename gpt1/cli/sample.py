@@ -2,7 +2,7 @@
 
 Text appears as it is generated (one sample; with several they are printed when done).
 --prompt - reads the prompt from standard input; --interactive keeps the model loaded and
-answers one prompt per input line until end of input, an empty line or Ctrl-C.
+answers one prompt per input line until end of input, an empty (or all-blank) line or Ctrl-C.
 GPT and LSTM-baseline checkpoints both work (the LSTM re-reads its window at each step).
 
 Examples:
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--interactive",
         action="store_true",
         help="read prompts line by line from standard input and answer each "
-        "(ends at end of input, an empty line or Ctrl-C)",
+        "(ends at end of input, an empty or all-blank line, or Ctrl-C)",
     )
     options.add_sampling(p)
     options.add_number(p, "--num-samples", 1, "independent continuations of the same prompt")
@@ -95,7 +95,7 @@ def _answer(
 
 
 def _interactive(sampler, args: argparse.Namespace) -> int:
-    """Prompt after prompt on one loaded model, until end of input or an empty line."""
+    """Prompt after prompt on one loaded model, until end of input or an empty (or blank) line."""
     if sampler.tokenizer is None:
         from gpt1.errors import CheckpointError
 

@@ -58,7 +58,9 @@ router = APIRouter(route_class=OpenAIRoute, responses=OPENAI_ERROR_RESPONSES)
 def check_model(serve: ServeState, name: str | None) -> None:
     if name is not None and name != serve.model_id:
         raise Refused(
-            404, f"model {name!r} is not served here; this server serves {serve.model_id!r}"
+            404,
+            f"model {name!r} is not served here; this server serves {serve.model_id!r}",
+            "model",
         )
 
 
