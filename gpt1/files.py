@@ -470,6 +470,14 @@ def check_output(
     `overwrite`; even with it, refuse to replace the current folder or one above it."""
     path = Path(path)
     check_inputs(path, sources, roots)
+    for above in path.parents:  # the nearest that exists must be a folder to write into
+        if above.exists():
+            if not above.is_dir():
+                raise OutputExists(
+                    f"{path}: cannot be written, {above} is a file, not a folder; choose a "
+                    "folder for the output"
+                )
+            break
     if not (path.exists() or path.is_symlink()):
         return
     if overwrite:

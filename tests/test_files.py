@@ -56,6 +56,13 @@ def test_check_output_refuses_existing_unless_overwrite(tmp_path):
     with pytest.raises(files.OutputExists, match="--overwrite"):
         files.check_output(tmp_path / "f.json", False)
     files.check_output(tmp_path / "full", True)
+    # An output under a file (`--out notes.txt` where a folder is meant) says so, with or
+    # without --overwrite, and leaves the file as it was.
+    for below in (tmp_path / "f.json" / "results.json", tmp_path / "f.json" / "a" / "b.tsv"):
+        for overwrite in (False, True):
+            with pytest.raises(files.OutputExists, match=r"f\.json is a file, not a folder"):
+                files.check_output(below, overwrite)
+    assert (tmp_path / "f.json").read_text() == "{}"
 
 
 def test_overwrite_never_replaces_the_source_or_the_current_folder(tmp_path, monkeypatch):
