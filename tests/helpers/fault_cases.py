@@ -572,31 +572,31 @@ def resume_refused(work: Path, name: str) -> list[str]:
 def resume_on_another_vocabulary(work: Path) -> list[str]:
     """Pretraining resumed on its data folder re-prepared with another vocabulary: refused,
     naming the data's meta.json (not the checkpoint) and both sizes."""
-    data = make_corpus(work / "dd", vocab=300)
-    run = work / "run"
-    code, err = run_cli(tiny_pretrain(data, run, 2))
-    if code:
-        return [f"the first run failed: {err[-300:]}"]
-    make_corpus(data, vocab=200)
-    before = tree(run)
-    code, err = run_cli(tiny_pretrain(data, run, 3, "--resume", "auto"))
-    problems = one_line(code, err, "model.vocab_size", "300", "200", str(data / "meta.json"))
-    return problems + [f"changed {e}" for e in changed(before, run)]
+    must = ("model.vocab_size", "300", "200", str(work / "dd" / "meta.json"))
+    return _resume_on_remade_data(work, {"vocab": 300}, {"vocab": 200}, must)
 
 
 def resume_on_other_tokens(work: Path) -> list[str]:
     """Pretraining resumed on its data folder prepared again from other text, with the same
     vocabulary, shards and token counts: refused, naming the folder; the run folder unchanged."""
-    data = make_corpus(work / "dd")
+    return _resume_on_remade_data(work, {}, {"seed": 1}, ("other tokens", str(work / "dd")))
+
+
+def _resume_on_remade_data(
+    work: Path, first: dict[str, int], again: dict[str, int], must: tuple[str, ...]
+) -> list[str]:
+    """A tiny pretraining run on `make_corpus(work / "dd", **first)`, the folder then made
+    again with `again` and the run resumed: refused in one line holding each of `must`, with
+    the run folder unchanged."""
+    data = make_corpus(work / "dd", **first)
     run = work / "run"
     code, err = run_cli(tiny_pretrain(data, run, 2))
     if code:
         return [f"the first run failed: {err[-300:]}"]
-    make_corpus(data, seed=1)
+    make_corpus(data, **again)
     before = tree(run)
     code, err = run_cli(tiny_pretrain(data, run, 3, "--resume", "auto"))
-    problems = one_line(code, err, "other tokens", str(data))
-    return problems + [f"changed {e}" for e in changed(before, run)]
+    return one_line(code, err, *must) + [f"changed {e}" for e in changed(before, run)]
 
 
 def resume_past_its_length(work: Path) -> list[str]:
