@@ -36,4 +36,7 @@ class DataError(Gpt1Error):
             where.append(str(path) + (f":{line}" if line is not None else ""))
         if field is not None:
             where.append(f"field {field!r}")
-        super().__init__((", ".join(where) + ": " if where else "") + message)
+        # One line, always: a quoted field may hold line breaks (a CSV header run on by a
+        # stray quote), which a message quoting it would otherwise carry onto new lines.
+        text = (", ".join(where) + ": " if where else "") + message
+        super().__init__(text.replace("\r", "\\r").replace("\n", "\\n"))

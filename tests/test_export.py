@@ -263,13 +263,20 @@ CSV_TASKS = {
         lambda r: (r["a"], r["b"]),
     ),
     "choice": (
-        {"context": "c", "question": "q", "choices": "x|y|z", "label": "y"},
+        {"context": "c", "question": "q", "choices": "x|w|z", "label": "y"},
         ["0", "1", "2"],  # the answer's index
         [
-            {"c": "Tom missed the bus.", "q": "", "x": "He walked.", "y": "0", "z": "He flew."},
-            {"c": "It rained.", "q": "Then?", "x": "Wet.", "y": "1", "z": "Dry."},
+            {
+                "c": "Tom missed the bus.",
+                "q": "",
+                "x": "He walked.",
+                "w": "He ran.",
+                "y": "0",
+                "z": "He flew.",
+            },
+            {"c": "It rained.", "q": "Then?", "x": "Wet.", "w": "Grey.", "y": "1", "z": "Dry."},
         ],
-        lambda r: (r["c"], r["q"], [r["x"], r["y"], r["z"]]),
+        lambda r: (r["c"], r["q"], [r["x"], r["w"], r["z"]]),
     ),
 }
 

@@ -85,7 +85,7 @@ def _setting(name: str) -> Case:
         if "OTHER" in extra:
             other = shared / f"other-{kind}"
             if not other.is_dir():
-                (make_corpus if kind == "pretrain" else make_task)(other)
+                fault_cases.other_data(other, kind)
             extra = tuple(str(other) if e == "OTHER" else e for e in extra)
         return _resume(kind, *extra, must=must)(work, shared)
 

@@ -542,6 +542,13 @@ RESUME_REFUSED: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+def other_data(folder: Path, kind: str) -> Path:
+    """The OTHER data of `RESUME_REFUSED`: for pretraining, a prepared folder of other tokens
+    (the same tokens at another path resume: the folder moved), for fine-tuning another task
+    folder."""
+    return make_corpus(folder, seed=1) if kind == "pretrain" else make_task(folder)
+
+
 def refused_resumes(command: str) -> list[str]:
     """The names in `RESUME_REFUSED` that resume a `command` (pretrain or finetune) run."""
     return [name for name, (kind, _, _) in RESUME_REFUSED.items() if kind == command]
@@ -556,8 +563,8 @@ def resume_refused(work: Path, name: str) -> list[str]:
     shutil.copytree(first, run)
     if "OTHER" in extra:
         other = work / "other"
-        if not other.is_dir():  # pretraining: other tokens (the same tokens elsewhere resume)
-            make_corpus(other, seed=1) if kind == "pretrain" else make_task(other)
+        if not other.is_dir():
+            other_data(other, kind)
         extra = tuple(str(other) if e == "OTHER" else e for e in extra)
     argv = argv_for(run, 3, "--resume", "auto")
     for flag, value in zip(extra[::2], extra[1::2]):
