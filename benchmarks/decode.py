@@ -2,21 +2,21 @@
 and batched decoding with pooled vs per-sequence attention.
 
 Batch 1 (`--skip batched` to run only this): for each precision, `gpt1.inference.generate.generate`
-(greedy, `--new` tokens after a 32-token prompt, the KV-cache path `gpt1 sample` runs) on the
-model made ready by `for_inference`, its weights gathered into one storage as a server keeps
-them (`prepare_to_decode`), alternating with its weight products alone ("weights": every linear
-layer and the output layer called once on one row from Python, in the same kernels; the floor of
-a step that runs its blocks as operators, above a one-call step, which makes none of those 49
-calls) and with the sampling path alone (`next_tokens` on one row of logits; "(before)": the
-full `isfinite` check and `argmax` it replaced); "other" is a step minus the two (negative where
-the one-call step runs: it makes none of the 49 calls "weights" pays for). The decoding bound (the bytes a step reads over
-the read bandwidth, `inference.PlainReads`, measured beside each timed round: the host's memory
-speed drifts within minutes) is printed beside each on the wall clock, with each round's step
-against its own round's bound: their median and range (on the CPU clock a step's time and the
-bandwidth are not comparable: "-"). Below the table, a step beside the kernels it runs called
-back to back with no Python between them (`kernels_alone`: the one-call step, the output layer
-and the greedy choice, alternating with `generate`): the difference is what generation's Python
-and torch operators cost a token.
+(greedy, `--new` tokens after a 32-token prompt, the KV-cache path `gpt1 sample` runs) on the model
+made ready by `for_inference`, its weights gathered into one storage as a server keeps them
+(`prepare_to_decode`), alternating with its weight products alone ("weights": every linear layer
+and the output layer called once on one row from Python, in the same kernels; the floor of a step
+that runs its blocks as operators, above a one-call step, which makes none of those 49 calls) and
+with the sampling path alone (`next_tokens` on one row of logits; "(before)": the full `isfinite`
+check and `argmax` it replaced); "other" is a step minus the two (negative where the one-call step
+runs: it makes none of the 49 calls "weights" pays for). The decoding bound (the bytes a step reads
+over the read bandwidth, `inference.PlainReads`, measured beside each timed round: the host's
+memory speed drifts within minutes) is printed beside each on the wall clock, with each round's
+step against its own round's bound: their median and range (on the CPU clock a step's time and the
+bandwidth are not comparable: "-"). Below the table, a step beside the kernels it runs called back
+to back with no Python between them (`kernels_alone`: the one-call step, the output layer and the
+greedy choice, taking turns with the rest in the same rounds): the difference is what generation's
+Python and torch operators cost a token.
 
 Batched (`gpt1.inference.decoding.decode`, what `gpt1 serve` runs for concurrent generations): n sequences with
 prompts of different lengths (`--context`, 16..48 tokens) advance `--steps` tokens together, with their
@@ -126,17 +126,18 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         products = weight_products(model)
         logits = torch.randn(1, model.config.vocab_size)
         rates: list[float] = []
-        times = alternate(
-            {
-                "step": lambda: generate(model, prompt, new, temperature=0),
-                "prefill": lambda: generate(model, prompt, 1, temperature=0),
-                "read": lambda: rates.append(reads.rate()),
-                "weights": lambda: [products() for _ in range(new)],
-                "sampling": lambda: [next_tokens(logits, 0, None, None, None) for _ in range(new)],
-                "sampling before": lambda: [isfinite_argmax(logits) for _ in range(new)],
-            },
-            repeats,
-        )
+        systems = {
+            "step": lambda: generate(model, prompt, new, temperature=0),
+            "prefill": lambda: generate(model, prompt, 1, temperature=0),
+            "read": lambda: rates.append(reads.rate()),
+            "weights": lambda: [products() for _ in range(new)],
+            "sampling": lambda: [next_tokens(logits, 0, None, None, None) for _ in range(new)],
+            "sampling before": lambda: [isfinite_argmax(logits) for _ in range(new)],
+        }
+        kernels = kernels_alone(model, prompt, new)
+        if kernels is not None:
+            systems["kernels"] = kernels
+        times = alternate(systems, repeats)
         rates = rates[1:]  # the warm-up round's read is not beside a timed step
         med = {k: statistics.median(v) for k, v in times.items()}
         step = (med["step"] - med["prefill"]) / (new - 1) * 1e3
@@ -160,11 +161,13 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
             f"{precision:>9} {step:8.2f} {weights:8.2f} {sampling:9.3f} {before:9.3f} "
             f"{step - weights - sampling:7.2f} {of_bound}"
         )
-        alone = kernels_alone(model, prompt, new, repeats)
-        if alone is not None:
+        if kernels is not None:
+            # The kernels' loop also runs the prompt and its token's choice (as `generate`
+            # does): taken off the same way.
+            alone = (med["kernels"] - med["prefill"]) / (new - 1) * 1e3
             kept.append(
-                f"{precision:>9} {alone[0]:9.2f} {alone[1]:9.2f} {alone[0] - alone[1]:9.3f} "
-                f"{(alone[0] - alone[1]) / alone[0]:7.1%}"
+                f"{precision:>9} {step:9.2f} {alone:9.2f} {step - alone:9.3f} "
+                f"{(step - alone) / step:7.1%}"
             )
     if kept:
         print(
@@ -175,14 +178,12 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
         print("\n".join(kept))
 
 
-def kernels_alone(
-    model: GPT, prompt: torch.Tensor, new: int, repeats: int
-) -> tuple[float, float] | None:
-    """Ms a token of `generate`'s steps and of the kernels a step runs called back to back
-    from a loop with nothing else in it (the one-call step over the same cache, the output
-    layer, the greedy choice): their difference is what generation's Python costs a token. The
-    two take turns, `repeats` rounds, as many tokens each; medians. None where the one-call
-    step does not apply (the blocks run as operators)."""
+def kernels_alone(model: GPT, prompt: torch.Tensor, new: int):
+    """A run of the kernels a greedy generation of `new` tokens after `prompt` makes, called
+    back to back from a loop with nothing else in it (the prompt, then the one-call step over the
+    same cache, the output layer and the greedy choice a token): timed beside `generate`, the
+    difference is what generation's Python and torch operators cost a token. None where the
+    one-call step does not apply (the blocks run as operators)."""
     greedy = backend.greedy_op()
     x = torch.zeros(1, model.config.n_embd, dtype=model.h[0].ln_1.weight.dtype)
     with torch.no_grad():
@@ -201,20 +202,7 @@ def kernels_alone(
             hidden = step.run(x, keys, values, [0], [start + i])
             greedy(model.lm_logits(hidden).float())
 
-    times = alternate(
-        {
-            "step": lambda: generate(model, prompt, new, temperature=0),
-            "prefill": lambda: generate(model, prompt, 1, temperature=0),
-            "kernels": kernels,
-        },
-        repeats,
-    )
-    med = {k: statistics.median(v) for k, v in times.items()}
-    steps = (med["step"] - med["prefill"]) / (new - 1) * 1e3
-    # The kernels' loop also runs the prompt and its token's choice (as `generate` does): take
-    # them off the same way.
-    kernels_only = (med["kernels"] - med["prefill"]) / (new - 1) * 1e3
-    return steps, kernels_only
+    return kernels
 
 
 def call_overhead(repeats: int, calls: int = 20000) -> None:

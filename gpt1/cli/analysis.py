@@ -286,15 +286,17 @@ def _undone_if_refused(out: Path) -> Iterator[None]:
     from gpt1.analysis.sweep import SWEEP_FILE
     from gpt1.errors import Gpt1Error
 
+    if (out / SWEEP_FILE).is_file():  # a sweep's own folder, resumed: nothing to undo
+        yield
+        return
     top = out  # the highest folder this command may create
     while not top.parent.exists() and top.parent != top:
         top = top.parent
     existed = files.entries(out)
-    had_sweep = (out / SWEEP_FILE).is_file()
     try:
         yield
     except Gpt1Error:
-        if not had_sweep and not _finished_runs(out / SWEEP_FILE):
+        if not _finished_runs(out / SWEEP_FILE):
             if top == out:
                 files.remove_new(out, existed)
             else:  # folders above `out` made for it
