@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test fuzz venv bench clean
 
 # The demo needs the package alone; the tests also need the dev extras (transformers, lm-eval,
 # pytest, ...), installed on top when `make test` first runs.
@@ -40,6 +40,13 @@ test: venv
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/gpt1 kernels build || true
 	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+
+# The hostile-input tests at full size (thousands of generated API requests, command lines and
+# mutated files instead of make test's slice); each prints what it tried.
+fuzz: venv
+	rm -f .fuzz-counts
+	GPT1_FUZZ=full GPT1_FUZZ_REPORT=.fuzz-counts $(PY) -m pytest -q -n 2 -m fuzz $(PYTEST_ARGS); \
+		status=$$?; cat .fuzz-counts 2>/dev/null; exit $$status
 
 bench: venv
 	$(PY) benchmarks/train_step.py
