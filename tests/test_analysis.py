@@ -81,6 +81,47 @@ def test_positions_of_an_lstm_is_a_clear_error(tmp_path, capsys):
     assert main(["analysis", "positions", str(tmp_path / "l"), "--out", str(tmp_path / "o")]) == 2
 
 
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--max-positions", "1"], "--max-positions must be at least 2"),
+        (["--max-positions", "-1"], "--max-positions must be at least 2"),
+        (["--max-positions", "0"], "--max-positions must be at least 2"),
+        (["--max-positions", "25"], "more than the 24 positions"),
+        (["--seed", "-1"], "--seed must be 0..2**32-1"),
+    ],
+)
+def test_positions_refuses_bad_values_in_one_line_before_making_out(tmp_path, capsys, flags, says):
+    ck = smooth_positions_checkpoint(tmp_path)
+    out = tmp_path / "new" / "pos"
+    assert main(["analysis", "positions", str(ck), "--out", str(out), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "table,why",
+    [
+        (np.ones((10, 4)), "all rows point the same way"),
+        (np.outer(np.arange(1.0, 11.0), np.ones(4)), "all rows point the same way"),
+        (np.zeros((10, 4)), "a row of zeros"),
+        (np.ones((10, 4)) + 1e-200 * np.arange(40.0).reshape(10, 4), "all rows point the same"),
+    ],
+)
+def test_tsne_on_rows_all_one_way_falls_back_to_pca_with_one_note(table, why, caplog):
+    # sklearn's t-SNE segfaulted on these rows; the check happens before its native code runs.
+    coords, used = project_2d(table)
+    assert used == "pca" and coords.shape == (10, 2)
+    notes = [r.getMessage() for r in caplog.records if r.name == "gpt1.analysis.positions"]
+    assert len(notes) == 1 and why in notes[0] and "PCA" in notes[0]
+
+
+def test_tsne_runs_on_tables_of_any_scale():
+    for scale in (1e-300, 1e300):  # lengths under- and overflowed (a segfault before)
+        assert project_2d(scale * smooth_table(10, 4))[1] == "tsne"
+
+
 # ---------------------------------------------------------------------------------- sweep
 def test_sweep_skips_finished_runs_and_resumes_after_a_crash(tmp_path):
     calls = []

@@ -38,7 +38,12 @@ def position_table(checkpoint: str | Path, max_positions: int | None = None) -> 
             "(an LSTM is ordered by its recurrence)"
         )
     table = model.wpe.weight.detach().to(torch.float64).cpu().numpy()
-    return table[:max_positions] if max_positions else table
+    if max_positions is not None and max_positions > table.shape[0]:
+        raise ConfigError(
+            f"--max-positions {max_positions} is more than the {table.shape[0]} positions "
+            f"of {checkpoint}"
+        )
+    return table[:max_positions]
 
 
 def cosine_matrix(table: np.ndarray) -> np.ndarray:
@@ -73,22 +78,49 @@ def project_2d(table: np.ndarray, method: str = "tsne", seed: int = 0) -> tuple[
     """2-D coordinates of the rows and the method that produced them ("tsne" or "pca")."""
     if method not in ("tsne", "pca"):
         raise ConfigError(f"unknown projection {method!r}; choose tsne or pca")
-    if method == "tsne" and table.shape[0] >= 5:
+    problem = tsne_problem(table) if method == "tsne" else None
+    if problem:
+        log.warning("t-SNE cannot run on these rows (%s); PCA instead", problem)
+    elif method == "tsne":
         try:
             from sklearn.manifold import TSNE
 
             perplexity = float(min(30, (table.shape[0] - 1) / 3))
+            # Cosine distances ignore each row's length, so t-SNE is given the unit rows: the
+            # same distances, and a PCA start that stays finite at any scale (1e300 overflows).
             coords = TSNE(
                 n_components=2,
                 perplexity=perplexity,
                 init="pca",
                 random_state=seed,
                 metric="cosine",
-            ).fit_transform(table)
+            ).fit_transform(unit_rows(table))
             return coords, "tsne"
-        except (ImportError, ValueError) as exc:  # sklearn missing or the input is degenerate
+        except (ImportError, ValueError) as exc:  # sklearn missing, or a seed it refuses
             log.warning("t-SNE unavailable (%s); falling back to PCA", exc)
     return pca(table, 2)[0], "pca"
+
+
+def tsne_problem(table: np.ndarray) -> str | None:
+    """Why t-SNE cannot run on `table`'s rows, or None. Checked here because sklearn's native
+    code crashes the process (a segfault, no exception) on rows that all point one way."""
+    if table.shape[0] < 5:
+        return f"{table.shape[0]} rows, t-SNE needs at least 5"
+    if not np.isfinite(table).all():
+        return "values that are not finite"
+    if not np.abs(table).max(axis=1).all():
+        return "a row of zeros has no direction"
+    if np.ptp(unit_rows(table), axis=0).max() < 1e-6:
+        return "all rows point the same way"
+    return None
+
+
+def unit_rows(table: np.ndarray) -> np.ndarray:
+    """Each row divided by its length (rows of zeros stay zero), at any scale: each row is
+    first divided by its largest entry, so that no length under- or overflows."""
+    peak = np.abs(table).max(axis=1, keepdims=True)
+    scaled = table / np.where(peak > 0, peak, 1.0)
+    return scaled / np.maximum(np.linalg.norm(scaled, axis=1, keepdims=True), 1e-300)
 
 
 def pca(table: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +143,16 @@ def check_positions_out(out: str | Path, overwrite: bool) -> None:
         check_output(Path(out) / name, overwrite)
 
 
+def check_settings(max_positions: int | None, seed: int) -> None:
+    """Refuse, before anything is read or written, what no projection can be made with."""
+    if max_positions is not None and max_positions < 2:
+        raise ConfigError(
+            f"--max-positions must be at least 2 (two points to project), got {max_positions}"
+        )
+    if not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed must be 0..2**32-1 (t-SNE's random state), got {seed}")
+
+
 def analyse_positions(
     checkpoint: str | Path,
     out: str | Path,
@@ -120,6 +162,7 @@ def analyse_positions(
 ) -> dict[str, Any]:
     """Write the two PNGs and positions.json for `checkpoint` into `out`; return the summary."""
     out = Path(out)
+    check_settings(max_positions, seed)
     table = position_table(checkpoint, max_positions)  # read first: a refusal makes no folder
     out.mkdir(parents=True, exist_ok=True)
     cos = cosine_matrix(table)
