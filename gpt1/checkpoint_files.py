@@ -39,6 +39,9 @@ CONFIG = "config.json"
 TOKENIZER_FILES = ("vocab.json", "merges.txt")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 HEAD_FILE, TASK_FILE = "head.safetensors", "task.json"  # a fine-tuned checkpoint's
+# The types a weights file may store a floating-point tensor in: gpt1 writes fp32; a half-precision
+# file (fp16, bf16: an exported or hand-made one) loads widened to the model's own type.
+FLOAT_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 ARCH_KEY = "arch"  # config.json's architecture name (absent: "gpt")
 ARCHS = ("gpt", "lstm")
 
@@ -247,8 +250,8 @@ def parse_config(file: Path) -> dict[str, Any]:
 
 def load_state_dict(file: str | Path, expect: nn.Module | None = None) -> dict[str, torch.Tensor]:
     """Tensors from a safetensors file; pickles are refused with a clear message. With `expect`
-    (a model, e.g. on the meta device), every tensor it has must be there with its shape
-    (`check_state_dict`)."""
+    (a model, e.g. on the meta device), every tensor it has must be there with its shape and a
+    type it can take (`check_state_dict`), and comes back in the model's type."""
     file = Path(file)
     refuse_pickle(file)
     try:
@@ -258,6 +261,8 @@ def load_state_dict(file: str | Path, expect: nn.Module | None = None) -> dict[s
     check_finite(state, file)
     if expect is not None:
         check_state_dict(expect, state, file)
+        want = expect.state_dict()
+        state = {name: tensor.to(want[name].dtype) for name, tensor in state.items()}
     return state
 
 
@@ -292,8 +297,10 @@ def check_finite(state: dict[str, torch.Tensor], source: Path | str) -> None:
 
 
 def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: Path | str) -> None:
-    """Every tensor present, with the expected shape, and nothing unexpected."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    """Every tensor present, with the expected shape and a type the model's can be loaded from
+    (`FLOAT_DTYPES` for a floating-point one, else the same type), and nothing unexpected."""
+    want = model.state_dict()
+    expected = {k: tuple(v.shape) for k, v in want.items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -306,6 +313,13 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: P
             raise CheckpointError(
                 f"{source}: tensor {name!r} has shape {tuple(state[name].shape)}, "
                 f"expected {shape} from config.json"
+            )
+        got, need = state[name].dtype, want[name].dtype
+        if got != need and not (need.is_floating_point and got in FLOAT_DTYPES):
+            expect = "fp32, fp16 or bf16" if need.is_floating_point else str(need)
+            raise CheckpointError(
+                f"{source}: tensor {name!r} holds {str(got).removeprefix('torch.')}, "
+                f"expected {expect}"
             )
 
 

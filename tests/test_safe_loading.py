@@ -176,6 +176,58 @@ def test_truncated_safetensors_is_a_checkpoint_error(tmp_path):
             load_state_dict(folder / WEIGHTS)
 
 
+def _retype(folder: Path, name: str, dtype: torch.dtype) -> None:
+    """Rewrite one tensor of the checkpoint's weights in another type."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(folder / WEIGHTS))
+    state[name] = state[name].to(dtype)
+    save_file(state, str(folder / WEIGHTS))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float64, torch.bool, torch.uint8])
+def test_weights_of_a_type_the_model_cannot_take_are_refused_naming_the_tensor(tmp_path, dtype):
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
+    _retype(folder, "h.1.mlp.c_fc.weight", dtype)
+    with pytest.raises(CheckpointError, match="model.safetensors: tensor 'h.1.mlp.c_fc.weight'"):
+        load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_weights_load_as_the_model_s_float32(tmp_path, dtype):
+    folder = tiny_checkpoint(tmp_path / "ckpt", vocab=False)
+    _retype(folder, "wte.weight", dtype)
+    model = load_checkpoint(folder)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert model(torch.zeros(1, 4, dtype=torch.long)).dtype == torch.float32
+
+
+def test_commands_refuse_an_int32_tensor_in_one_line_and_finetune_from_bf16(tmp_path):
+    """Every loading command takes the same path: an int32 tensor is one line naming file and
+    tensor (exit 2) before anything is written; bf16 weights fine-tune like fp32 ones."""
+    from helpers.tiny import make_task, run_cli
+
+    sizes = dict(vocab_size=189, n_positions=32, n_embd=32, n_layer=2, n_head=4)  # char_vocab's
+    good = tiny_checkpoint(tmp_path / "good", sizes)
+    bad = tiny_checkpoint(tmp_path / "bad", sizes)
+    _retype(bad, "wte.weight", torch.int32)
+    task = make_task(tmp_path / "task")
+    for command in (
+        ["sample", str(bad), "--prompt", "ab", "--max-new-tokens", "2"],
+        ["convert", str(bad), str(tmp_path / "hf"), "--from", "gpt1", "--to", "hf"],
+        ["finetune", *tiny_finetune(task, tmp_path / "vocab", tmp_path / "ft", 1)[1:]]
+        + ["--init", str(bad)],
+    ):
+        code, err = run_cli(command)
+        assert code == 2 and "\n" not in err, err
+        assert f"{bad / WEIGHTS}: tensor 'wte.weight' holds int32" in err
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "ft").exists()
+    _retype(good, "wte.weight", torch.bfloat16)
+    finetune = tiny_finetune(task, tmp_path / "vocab", tmp_path / "ft", 1)
+    code, err = run_cli([*finetune, "--init", str(good)])
+    assert code == 0, err
+
+
 # ------------------------------------------------------------------------ writes stay inside
 def _snapshot(root: Path, skip: Path) -> set[str]:
     """Every path under `root` except those inside `skip` (the run folder)."""

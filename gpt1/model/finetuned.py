@@ -52,7 +52,7 @@ def load_finetuned_model(run: AnyCheckpoint, device: str | torch.device = "cpu")
         record["classify_id"],
         record.get("clf_pdrop", 0.1),
     )
-    model.head.load_state_dict(load_state_dict(checkpoint.folder / HEAD_FILE))
+    model.head.load_state_dict(load_state_dict(checkpoint.folder / HEAD_FILE, expect=model.head))
     return model.to(device).eval()
 
 

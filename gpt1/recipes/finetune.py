@@ -162,10 +162,8 @@ def writer(tok_dir: Path, record: dict, resolved: dict) -> Any:
 def read_into(model: FinetuneModel, folder: Path) -> None:
     """The trainer's `read_model`: weights of a fine-tuned folder into `model`."""
     folder = Path(folder)
-    state = ckpt.load_state_dict(folder / ckpt.WEIGHTS)
-    ckpt.check_state_dict(model.gpt, state, folder / ckpt.WEIGHTS)
-    model.gpt.load_state_dict(state)
-    model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE))
+    model.gpt.load_state_dict(ckpt.load_state_dict(folder / ckpt.WEIGHTS, expect=model.gpt))
+    model.head.load_state_dict(ckpt.load_state_dict(folder / HEAD_FILE, expect=model.head))
 
 
 def resolve_task(name: str, spec: dict | None, data: str, train_split: str) -> Task:

@@ -105,9 +105,7 @@ def default_write_model(resolved: dict | None) -> Callable:
 
 
 def default_read_model(model: nn.Module, folder: Path) -> None:
-    state = ckpt.load_state_dict(Path(folder) / ckpt.WEIGHTS)
-    ckpt.check_state_dict(model, state, Path(folder) / ckpt.WEIGHTS)
-    model.load_state_dict(state)
+    model.load_state_dict(ckpt.load_state_dict(Path(folder) / ckpt.WEIGHTS, expect=model))
 
 
 def _accumulation(cfg: TrainConfig, world: int) -> int:
