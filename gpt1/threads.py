@@ -17,7 +17,9 @@ load and a resume goes on exactly as the uninterrupted run would have. A number
 (`--threads 2`), the environment variable `GPT1_THREADS`, or OpenMP's `OMP_NUM_THREADS` fixes the
 count instead (and with it the results' last bits: reductions split differently across counts).
 
-Only the CLI applies the policy (`gpt1.cli.main`); a program importing gpt1 keeps torch's settings.
+A count above the CPUs this process may use is capped at them with one warning (`cap_to_cpus`, also
+used for worker processes): more only queue for the same CPUs. Only the CLI applies the policy
+(`gpt1.cli.main`); a program importing gpt1 keeps torch's settings.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def parse_threads(text: str | int) -> str | int:
     value = str(text).strip().lower()
     if value == AUTO:
         return AUTO
-    if value.isdigit() and int(value) > 0:
+    # isascii: str.isdigit also accepts digits int() cannot read ("²")
+    if value.isascii() and value.isdigit() and int(value) > 0:
         return int(value)
     raise ConfigError(f"--threads must be 'auto' or a positive whole number, got {text!r}")
 
@@ -69,6 +72,23 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         each.add_argument(
             "--threads", type=_threads_type, default=None, metavar="N|auto", help=THREADS_HELP
         )
+
+
+def cap_to_cpus(count: int, what: str) -> int:
+    """`count` threads or processes, at most as many as the CPUs this process may use: more only
+    queue for them, and each costs memory and a slot in the process table (`--threads 999999`
+    once exhausted it for every other job on the machine). A capped count is one warning naming
+    `what` (the flag or setting that asked for it)."""
+    cpus = len(usable_cpus())
+    if count <= cpus:
+        return count
+    if (what, count) not in _capped:  # once: a pool opened per batch would repeat it
+        _capped.add((what, count))
+        log.warning("%s: %d capped at %d, the CPUs this process may use", what, count, cpus)
+    return cpus
+
+
+_capped: set[tuple[str, int]] = set()
 
 
 def usable_cpus() -> list[int]:
@@ -164,7 +184,7 @@ def requested_threads(flag: str | int | None) -> str | int:
     env = os.environ.get(ENV_VAR, "").strip()
     if not env:
         omp = os.environ.get("OMP_NUM_THREADS", "").strip()
-        return int(omp) if omp.isdigit() and int(omp) > 0 else AUTO
+        return int(omp) if omp.isascii() and omp.isdigit() and int(omp) > 0 else AUTO
     try:
         return parse_threads(env)
     except ConfigError:
@@ -221,9 +241,10 @@ def apply_threads(flag: str | int | None = None) -> int:
     cpus = usable_cpus()
     if requested != AUTO:
         _governor.stop()
-        torch.set_num_threads(int(requested))
-        _announce(f"threads: {requested} ({_fixed_by(flag)})")
-        return int(requested)
+        threads = cap_to_cpus(int(requested), _fixed_by(flag))
+        torch.set_num_threads(threads)
+        _announce(f"threads: {threads} ({_fixed_by(flag)})")
+        return threads
     free, last = measure_free(cpus)
     quota = cpu_quota()
     threads = min(threads_for(free, len(cpus)), quota or len(cpus))

@@ -212,3 +212,25 @@ def test_a_refused_command_prints_only_its_error(tmp_path, monkeypatch, capsys):
     assert main(["sample", str(tmp_path / "absent"), "--prompt", "hi"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("gpt1 sample: error:"), err
+
+
+def test_a_count_beyond_the_cpus_is_capped_with_one_warning(monkeypatch, caplog):
+    # torch.set_num_threads(999999) printed a false "out of memory", then the process segfaulted
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(threads, "_capped", set())
+    assert threads.apply_threads(999999) == 2 and torch.get_num_threads() == 2
+    assert threads.apply_threads(999999) == 2
+    assert threads.apply_threads(10**30) == 2
+    capped = [r.getMessage() for r in caplog.records if r.name == "gpt1.threads" and r.levelno > 20]
+    assert capped == [
+        "--threads: 999999 capped at 2, the CPUs this process may use",
+        f"--threads: {10**30} capped at 2, the CPUs this process may use",
+    ]
+
+
+def test_digits_int_cannot_read_are_refused_not_a_traceback(monkeypatch):
+    with pytest.raises(ConfigError, match="--threads"):
+        threads.parse_threads("²")
+    monkeypatch.delenv("GPT1_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "²")
+    assert threads.requested_threads(None) == "auto"

@@ -22,7 +22,6 @@ import codecs
 import contextlib
 import json
 import logging
-import multiprocessing
 import random
 import re
 import signal
@@ -38,6 +37,7 @@ import numpy as np
 from gpt1.errors import DataError
 from gpt1.extras import require
 from gpt1.files import not_a_data_path
+from gpt1.text.pool import open_pool
 from gpt1.text.shards import ShardAppender, dtype_for_vocab
 from gpt1.text.tokenizer import Tokenizer
 
@@ -397,7 +397,7 @@ def _init_worker(tok: Tokenizer) -> None:
 
 
 def encode_in_worker(text: str) -> np.ndarray:
-    """A document's ids in a process of `open_pool` (its tokenizer was given at start)."""
+    """A document's ids, in an encoding process (its tokenizer was given at start)."""
     assert _TOKENIZER is not None
     return np.asarray(_TOKENIZER.encode(text), dtype=np.uint32)
 
@@ -457,12 +457,6 @@ def encode_batch_in_worker(texts: list[str]) -> list[np.ndarray]:
     return [encode_in_worker(t) for t in texts]
 
 
-def open_pool(tok: Tokenizer, workers: int):
-    """`workers` encoding processes holding `tok` (see `encode_in_worker`)."""
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return multiprocessing.get_context(method).Pool(workers, _init_worker, (tok,))
-
-
 TASK_CHARS = 1 << 20  # text per task handed to an encoding process
 
 
@@ -470,13 +464,14 @@ def encode_ordered(
     tok: Tokenizer, workers: int, items: Iterable[tuple[Any, str]]
 ) -> Iterator[tuple[Any, np.ndarray]]:
     """(key, ids) for each (key, text) of `items`, in order: encoded in this process
-    (`workers` <= 1), or by `workers` processes working ahead on at most 2 x workers tasks of
+    (`workers` <= 1, or none could start: `gpt1.text.pool`), or by `workers` processes working ahead on at most 2 x workers tasks of
     about TASK_CHARS characters each, so the text in flight is bounded whatever the corpus."""
-    if workers <= 1:
+    pool = open_pool(workers, "encoding processes", _init_worker, (tok,))
+    if pool is None:
         for key, text in items:
             yield key, np.asarray(tok.encode(text), dtype=np.uint32)
         return
-    pool = open_pool(tok, workers)
+    workers = pool._processes  # at most one per CPU
     pending: deque[tuple[list[Any], Any]] = deque()
     try:
         for task in _tasks(items):

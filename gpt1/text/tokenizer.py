@@ -18,14 +18,13 @@ from __future__ import annotations
 import heapq
 import json
 import logging
-import multiprocessing
-import os
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
 
 from gpt1.errors import DataError
 from gpt1.text import normalize as textlib
+from gpt1.text.pool import open_pool
 
 log = logging.getLogger(__name__)
 
@@ -305,9 +304,12 @@ class Tokenizer:
                     )
                 )
             return out
-        size = max(1, len(texts) // (8 * processes))
+        pool = open_pool(processes, "encoding processes", _init_worker, (self,))
+        if pool is None:
+            return self.encode_batch(texts)
+        size = max(1, len(texts) // (8 * pool._processes))
         batches = [texts[i : i + size] for i in range(0, len(texts), size)]
-        with _pool(self, processes) as pool:
+        with pool:
             return list(chain.from_iterable(pool.map(_worker_encode, batches)))
 
     def tokenize(self, text: str) -> list[str]:
@@ -446,9 +448,9 @@ def count_words(
 ) -> dict[str, int]:
     """word -> count, words being the lower-cased spaCy tokens of the GPT-1 pipeline."""
     counts: dict[str, int] = {}
-    if processes > 1:
-        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-        with multiprocessing.get_context(method).Pool(processes) as pool:
+    pool = open_pool(processes, "counting processes")
+    if pool is not None:
+        with pool:
             jobs = ((t, standardize, lower_first) for t in texts)
             for part in pool.imap_unordered(_count_one, jobs, chunksize=8):
                 for w, c in part.items():
@@ -511,13 +513,3 @@ def _init_worker(tok: Tokenizer) -> None:
 def _worker_encode(texts: Sequence[str]) -> list[list[int]]:
     assert _WORKER is not None
     return _WORKER.encode_batch(texts)
-
-
-def _pool(tok: Tokenizer, processes: int):
-    # fork shares the loaded vocabulary for free; elsewhere the tokenizer is pickled once per worker
-    method = (
-        "fork"
-        if "fork" in multiprocessing.get_all_start_methods() and os.name == "posix"
-        else "spawn"
-    )
-    return multiprocessing.get_context(method).Pool(processes, _init_worker, (tok,))
