@@ -180,6 +180,39 @@ def test_plot_command_writes_pngs(tmp_path, capsys):
     assert "metrics.jsonl:1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "line, field",
+    [
+        ('{"loss": 3.0, "lr": 0.001}', "step"),
+        ('{"step": 1e308, "loss": 3.0}', "step"),
+        ('{"step": 1' + "0" * 400 + ', "loss": 3.0}', "step"),
+        ('{"step": -1, "loss": 3.0}', "step"),
+        ('{"step": 7, "loss": "low"}', "loss"),
+        ('{"step": 7, "loss": 1' + "0" * 400 + "}", "loss"),
+        ('{"step": 7, "val_loss": -1e308}', "val_loss"),
+        ('{"step": 1' + "0" * 5000 + "}", None),
+        ("[7, 3.0]", None),
+        (
+            '{"step": 7, "loss": "\xff"}'.encode("latin-1").decode("utf-8", "surrogateescape"),
+            "loss",
+        ),
+    ],
+)
+def test_plot_refuses_a_damaged_metrics_line_naming_line_and_field(tmp_path, line, field):
+    from helpers.tiny import run_cli
+
+    run = tmp_path / "run"
+    run.mkdir()
+    good = [{"step": 1, "loss": 6.0, "lr": 1e-3}, {"step": 1, "val_loss": 5.0, "val_ppl": 148.4}]
+    text = "".join(json.dumps(l) + "\n" for l in good) + line + "\n"
+    (run / "metrics.jsonl").write_bytes(text.encode("utf-8", "surrogateescape"))
+    for argv in (["plot", str(run)], ["plot", str(run), "--metric", "loss"]):
+        code, err = run_cli(argv)
+        assert code == 2 and "\n" not in err, err
+        assert f"metrics.jsonl:3{f', field {field!r}' if field else ''}: " in err
+    assert not list(run.glob("*.png"))
+
+
 def test_a_plot_that_cannot_be_drawn_leaves_the_older_pair(tmp_path, monkeypatch):
     """A run's plots are drawn in full before either is written: a failure drawing lr.png
     leaves loss.png and lr.png as they were, never a new loss.png beside an old lr.png."""

@@ -25,6 +25,9 @@ from gpt1.files import write_bytes, write_failure, write_files, write_text
 log = logging.getLogger("gpt1.train")
 
 METRICS = "metrics.jsonl"
+# The largest step and metric magnitude a plot takes: past 2**53 a float (the axis) no longer
+# tells steps apart; past 1e300 matplotlib's tick arithmetic overflows.
+MAX_STEP, MAX_VALUE = 2**53, 1e300
 
 # Dense bf16 peak FLOP/s of common accelerators (no sparsity).
 _GPU_PEAKS = {
@@ -138,13 +141,7 @@ def truncate_after(file: Path, step: int) -> None:
     """Drop lines of `file` whose step is past `step` (work lost when a run was killed)."""
     if not file.is_file():
         return
-    kept = []
-    for line in file.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                kept.append(line)
-        except json.JSONDecodeError:
-            continue  # a half-written last line from a killed run
+    kept = [line for line, _, at in _records(file) if at <= step]
     # Temporary file then rename: a kill during this rewrite must not lose the kept lines.
     write_text(file, "".join(k + "\n" for k in kept))
 
@@ -155,15 +152,7 @@ def history(file: Path, resume_step: int | None) -> tuple[dict[str, int], list[d
     nothing for a new run."""
     if resume_step is None or not file.is_file():
         return {}, []
-    kept = []
-    for line in file.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a half-written last line from a killed run
-        step = record.get("step") if isinstance(record, dict) else None
-        if type(step) is int and step <= resume_step:
-            kept.append(record)
+    kept = [record for _, record, at in _records(file) if "step" in record and at <= resume_step]
     return last_steps(file), kept
 
 
@@ -172,16 +161,32 @@ def last_steps(file: Path) -> dict[str, int]:
     last: dict[str, int] = {}
     if not file.is_file():
         return last
-    for line in file.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a half-written last line from a killed run
-        step = int(record.get("step", 0))
+    for _, record, step in _records(file):
         for key in record:
             if key != "step":
                 last[key] = max(last.get(key, -1), step)
     return last
+
+
+def _records(file: Path) -> list[tuple[str, dict[str, Any], int]]:
+    """(line, record, its step: 0 if none) of every line of a metrics file that holds a JSON
+    object with an integer step. Any other line is passed over: a half-written last line from
+    a killed run (`read_metrics`, which plots, refuses them)."""
+    out = []
+    for line in _lines(file):
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, ValueError, RecursionError):  # ValueError: 4300+ digits
+            continue
+        step = record.get("step", 0) if isinstance(record, dict) else None
+        if type(step) is int:
+            out.append((line, record, step))
+    return out
+
+
+def _lines(file: Path) -> list[str]:
+    """The lines of a metrics file; undecodable bytes are replaced (such a line is damaged)."""
+    return file.read_bytes().decode("utf-8", "replace").split("\n")
 
 
 def train_line(rec: dict[str, Any]) -> str:
@@ -211,13 +216,26 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     if not file.is_file():
         raise DataError(f"no {METRICS} in this run folder", run_dir)
     records = []
-    for n, line in enumerate(file.read_text().splitlines(), 1):
+    for n, line in enumerate(_lines(file), 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise DataError("not a JSON object", file, line=n) from None
+            record = json.loads(line)
+        except (json.JSONDecodeError, ValueError, RecursionError):  # ValueError: 4300+ digits
+            record = None
+        if not isinstance(record, dict):
+            raise DataError("not a JSON object", file, line=n)
+        step = record.get("step")
+        if type(step) is not int or not 0 <= step <= MAX_STEP:
+            got = "nothing" if step is None else repr(step)[:40]
+            raise DataError(f"expected a step in 0..2**53, got {got}", file, n, "step")
+        for key, value in record.items():
+            if type(value) not in (int, float) or not abs(value) <= MAX_VALUE:
+                if type(value) is not float or not math.isnan(value):  # a NaN point is a gap
+                    raise DataError(
+                        f"expected a number within ±1e300, got {repr(value)[:40]}", file, n, key
+                    )
+        records.append(record)
     return records
 
 
