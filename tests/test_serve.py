@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +39,12 @@ from gpt1.recipes.finetune import load_tokenizer, task_record, writer  # noqa: E
 from gpt1.serve.app import create_app  # noqa: E402
 from gpt1.serve.engine import Engine, load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
+from gpt1.serve.security import Security  # noqa: E402
 from gpt1.serve.server import uvicorn_config  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 from helpers.tiny import char_vocab  # noqa: E402
+
+JSON = {"Content-Type": "application/json"}  # what the API reads (else 415)
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 120.0  # seconds: a bound for a loaded 2-core machine, not a speed check
@@ -177,9 +181,11 @@ def serving(
     import uvicorn
 
     engine = model if isinstance(model, Engine) else load_engine(model)
-    app = create_app(engine, **app_options)
+    port = free_port()
+    security = replace(app_options.pop("security", Security()), port=port)
+    app = create_app(engine, security=security, **app_options)
     config = uvicorn_config(
-        app, "127.0.0.1", free_port(), app_options.get("request_timeout"), max_connections
+        app, "127.0.0.1", port, app_options.get("request_timeout"), max_connections
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -491,19 +497,20 @@ def test_bad_requests_get_a_one_line_4xx(world):
             assert r.status_code == status, (path, body, r.text)
             message = r.json()["error"]
             assert words in message and "\n" not in message and "Traceback" not in message, message
-        raw = httpx.post(f"{url}/v1/predict", content=b"{not json", timeout=TIMEOUT)
+        raw = httpx.post(f"{url}/v1/predict", headers=JSON, content=b"{not json", timeout=TIMEOUT)
         assert raw.status_code == 422 and raw.json()["error"] == "body is not valid JSON"
         for body, words in (
             (b'{"prompt": "a", "temperature": Infinity}', "temperature: must be a finite"),
             (b'{"prompt": "a", "top_p": NaN}', "top_p: must be a number in (0, 1], got nan"),
         ):
-            r = httpx.post(f"{url}/v1/generate", content=body, timeout=TIMEOUT)
+            r = httpx.post(f"{url}/v1/generate", headers=JSON, content=body, timeout=TIMEOUT)
             assert r.status_code == 422 and words in r.json()["error"], r.text
         big = post(f"{url}/v1/predict", {"inputs": {"text": "y" * 5000}})
         assert big.status_code == 413 and "2000 bytes" in big.json()["error"]
         chunked = httpx.post(
             f"{url}/v1/predict",
             timeout=TIMEOUT,
+            headers=JSON,
             content=iter([b'{"inputs": {"text": "', b"z" * 3000, b'"}}']),
         )
         assert chunked.status_code == 413
@@ -536,11 +543,11 @@ def test_queue_limit_answers_503_with_retry_after(world):
     assert first["r"].status_code == 200 and after.status_code == 200
 
 
-def wait_for(condition, timeout: float = TIMEOUT) -> None:
+def wait_for(condition, timeout: float = TIMEOUT, poll: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
+        time.sleep(poll)
 
 
 def wait_until_serving(proc: subprocess.Popen, url: str) -> None:

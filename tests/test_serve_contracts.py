@@ -28,6 +28,8 @@ from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
 from helpers.tiny import char_vocab, run_cli  # noqa: E402
 
+JSON = {"Content-Type": "application/json"}  # what the API reads (else 415)
+
 COMPLETIONS = "/v1/completions"
 
 
@@ -175,7 +177,7 @@ def test_every_refusal_names_the_field_as_sent(url):  # noqa: F811
     it (never a CLI flag, never pydantic's inner names), `param` too in OpenAI's object; no
     500 for any seed."""
     for path, body, field in BAD:
-        r = httpx.post(url + path, content=json.dumps(body), timeout=TIMEOUT)
+        r = httpx.post(url + path, headers=JSON, content=json.dumps(body), timeout=TIMEOUT)
         assert r.status_code == 422, (path, body, r.text)
         if path in OPENAI_PATHS:
             error = r.json()["error"]

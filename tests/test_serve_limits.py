@@ -40,6 +40,8 @@ from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
 from helpers.tiny import char_vocab  # noqa: E402
 
+JSON = {"Content-Type": "application/json"}  # what the API reads (else 415)
+
 
 def metric(url: str, name: str, labels: str = "") -> float:
     """One sample of the server's /metrics (0 when absent)."""
@@ -286,7 +288,7 @@ def raw_request(port: int, path: str, body: bytes, head_only: bool = False) -> s
     """A socket that has sent a POST (all of it, or its headers and half its body)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode()
     sock.sendall(head + (body[: len(body) // 2] if head_only else body))
@@ -400,7 +402,7 @@ def test_half_sent_requests_time_out_with_408_and_one_log_line(world, caplog):
         port = int(url.rsplit(":", 1)[1])
         socks = [socket.create_connection(("127.0.0.1", port), timeout=ANSWER_S) for _ in range(60)]
         for sock in socks[:50]:
-            sock.sendall(b"POST /v1/score HTTP/1.1\r\nHost: x\r\nContent-Le")
+            sock.sendall(b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le")
         body = json.dumps({"items": [{"context": "a", "continuation": "b"}]}).encode()
         socks += [raw_request(port, "/v1/score", body, head_only=True) for _ in range(5)]
         for sock in socks:
@@ -468,9 +470,12 @@ def test_huge_or_deep_json_gets_a_422_and_edge_options_work(world):
     digits = b"9" * 5000  # past Python's 4,300-digit limit for int()
     with serving(world["lm"]) as url:
         r = httpx.post(
-            f"{url}/v1/generate", content=b'{"prompt": "a", "seed": ' + digits + b"}", timeout=60
+            f"{url}/v1/generate",
+            headers=JSON,
+            content=b'{"prompt": "a", "seed": ' + digits + b"}",
+            timeout=60,
         )
-        deep = httpx.post(f"{url}/v1/generate", content=b"[" * 100_000, timeout=60)
+        deep = httpx.post(f"{url}/v1/generate", headers=JSON, content=b"[" * 100_000, timeout=60)
         edges = [
             post(f"{url}/v1/generate", {"prompt": "a", "max_new_tokens": 2, **option})
             for option in ({"temperature": 1e-4}, {"top_p": 1e-6}, {"seed": 2**64 - 1})

@@ -8,7 +8,12 @@ Examples:
   gpt1 serve runs/sst2                       # http://127.0.0.1:8000
   gpt1 serve runs/pretrain/final --port 8080 --precision bf16
   gpt1 serve runs/sst2 --cors-origin http://localhost:3000   # a web app's page may call it
-  curl -s localhost:8000/v1/predict -d '{"inputs": {"text": "a gripping film"}}'
+  gpt1 serve runs/sst2 --host 0.0.0.0 --api-key-file key.txt  # reachable by others: use a key
+  curl -s localhost:8000/v1/predict --json '{"inputs": {"text": "a gripping film"}}'
+
+Who may use it (docs/commands/serve.md#security): on 127.0.0.1 it answers only requests naming
+it (Host localhost, 127.0.0.1 or [::1]), from its own pages or --cors-origin ones, with a JSON
+body; with an API key, every route but /health and the pages needs Authorization: Bearer KEY.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ HELP = "serve a run or checkpoint over HTTP (predict, generate, score)"
 # What the server runs: `gpt1.serve.engine.PRECISIONS` and auto (named here, so that parsing the
 # command line imports no server code).
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
+API_KEY_ENV = "GPT1_API_KEY"  # gpt1.serve.security.API_KEY_ENV, named here for the same reason
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,9 +56,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="let browser pages from ORIGIN (scheme://host[:port], or * for any) call the API; "
         "repeat for several (default: none)",
     )
+    add_access(p)
     group = p.add_argument_group("batching and limits")
     add_batching(group)
     add_limits(group)
+
+
+def add_access(p: argparse.ArgumentParser) -> None:
+    """Who may use the server (`gpt1.serve.security`)."""
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="also answer requests whose Host header is NAME (a name this machine is reached "
+        "by, e.g. behind a proxy), or * for any; repeat for several (default: on a loopback "
+        "address only localhost, 127.0.0.1 and [::1]; elsewhere any)",
+    )
+    p.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="require Authorization: Bearer KEY on every route but /health and the pages "
+        f"(default: ${API_KEY_ENV} if set, else no key; --api-key-file keeps it out of ps)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        metavar="FILE",
+        help="as --api-key, the key read from FILE (its first line)",
+    )
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The key from --api-key, --api-key-file or $GPT1_API_KEY (one of them), or None."""
+    import os
+    from pathlib import Path
+
+    from gpt1.errors import ConfigError
+
+    if args.api_key is not None and args.api_key_file is not None:
+        raise ConfigError("give --api-key or --api-key-file, not both")
+    if args.api_key_file is not None:
+        path = Path(args.api_key_file)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(f"--api-key-file {path}: cannot read the key ({reason})") from None
+        if not lines or not lines[0].strip():
+            raise ConfigError(f"--api-key-file {path}: the file's first line is empty")
+        return lines[0].strip()
+    if args.api_key is not None:
+        return args.api_key
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def add_batching(g: argparse._ArgumentGroup) -> None:
@@ -130,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
 
     require("serve", "fastapi", "uvicorn", "prometheus_client", what="gpt1 serve")
     from gpt1.serve.schemas import Limits
+    from gpt1.serve.security import Security
     from gpt1.serve.server import serve
     from gpt1.threads import requested_threads
 
@@ -141,10 +197,16 @@ def run(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         max_body_bytes=args.max_body_bytes,
     )
-    serve(
-        args.run,
+    security = Security(  # checked here, before the model loads: a typo costs no wait
         args.host,
         args.port,
+        tuple(args.allowed_host),
+        tuple(args.cors_origin),
+        api_key(args),
+    )
+    serve(
+        args.run,
+        security,
         args.device,
         args.precision,
         limits,
@@ -159,6 +221,5 @@ def run(args: argparse.Namespace) -> int:
         args.max_connections,
         args.served_model_name,
         args.playground,
-        args.cors_origin,
     )
     return 0

@@ -5,15 +5,16 @@
 Every error is JSON `{"error": "<one line>"}` with a 4xx status for a bad request (422: invalid
 body, 413: body too large, 408: body not sent in time, 404: unknown path or an endpoint this
 model does not serve), 503 with `Retry-After` when the queue is full, 500 (logged with its
-traceback) for a bug. The handlers share one `ServeState` per app (`gpt1.serve.state`); the
-`Guard` middleware (`gpt1.serve.guard`) wraps the app.
+traceback) for a bug; on the OpenAI-compatible paths each is OpenAI's error object. The
+handlers share one `ServeState` per app (`gpt1.serve.state`); the `Guard` middleware
+(`gpt1.serve.guard`) wraps the app, with the server's gate (`gpt1.serve.security`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -27,13 +28,14 @@ from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.serve import playground, routes
 from gpt1.serve.batcher import Batcher, QueueFull
 from gpt1.serve.connections import quiet_accept_errors
-from gpt1.serve.cors import add_cors
 from gpt1.serve.engine import Engine
 from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
 from gpt1.serve.openai import routes as openai_routes
+from gpt1.serve.openai.errors import openai_error
 from gpt1.serve.responses import RETRY_AFTER_S, error, parse_failure, validation_message
 from gpt1.serve.schemas import Limits
+from gpt1.serve.security import Security
 from gpt1.serve.state import ServeState, run_batch
 
 log = logging.getLogger("gpt1.serve")
@@ -51,12 +53,13 @@ def create_app(
     request_timeout: float | None = None,
     served_model_name: str | None = None,
     with_playground: bool = True,
-    cors_origins: Sequence[str] = (),
+    security: Security | None = None,
 ) -> Guard:
     """The ASGI app serving `engine` (wrapped in the `Guard` middleware; `request_timeout`
     bounds the seconds a request body may take to arrive; `served_model_name`: what the OpenAI
     endpoints call the model, by default its run's name), with the playground page at `/`
-    unless `with_playground` is false, and browser requests allowed from `cors_origins`."""
+    unless `with_playground` is false; who may use it is `security`'s (default: a loopback
+    server on port 8000 with no key and no other origins)."""
     limits = limits or Limits()
     check_queue(max_queue, limits)
     metrics = Metrics()
@@ -89,8 +92,15 @@ def create_app(
     app.include_router(routes.lm_router)
     if with_playground:
         app.include_router(playground.playground_router(engine, limits))
-    add_cors(app, cors_origins)
-    return Guard(app, metrics, limits, ENDPOINTS, request_timeout)
+    return Guard(
+        app,
+        metrics,
+        limits,
+        ENDPOINTS,
+        openai_routes.PATHS,
+        security or Security(),
+        request_timeout,
+    )
 
 
 def check_queue(max_queue: int, limits: Limits) -> None:
@@ -122,7 +132,7 @@ async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     path = request.url.path
     if exc.status_code == 400 and exc.__cause__ is not None:  # JSON the parser gave up on
-        return error(422, f"body is not valid JSON: {parse_failure(exc.__cause__)}")
+        return answer(path, 422, f"body is not valid JSON: {parse_failure(exc.__cause__)}")
     if exc.status_code == 404 and path == "/v1/predict":
         return error(
             404,
@@ -132,8 +142,15 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
     if exc.status_code == 404:
         return error(404, f"no such endpoint: {path} (see /docs)")
     if exc.status_code == 405:
-        return error(405, f"{request.method} is not allowed on {path}", exc.headers)
-    return error(exc.status_code, exc.detail, exc.headers)
+        return answer(path, 405, f"{request.method} is not allowed on {path}", exc.headers)
+    return answer(path, exc.status_code, exc.detail, exc.headers)
+
+
+def answer(path: str, status: int, message: str, headers: Any = None) -> JSONResponse:
+    """A refusal in the protocol of `path`: OpenAI's error object on its routes."""
+    if path in openai_routes.PATHS:
+        return openai_error(status, message, headers=headers)
+    return error(status, message, headers)
 
 
 async def user_error(request: Request, exc: Gpt1Error) -> JSONResponse:

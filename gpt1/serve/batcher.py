@@ -27,7 +27,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +69,29 @@ class Job:
     future: asyncio.Future | None = None
     emit: Callable[[Any], None] | None = None  # generate: called per token, then with None
     cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        jobs = _request_jobs.get()
+        if jobs is not None:  # made while answering a request: its client may leave
+            jobs.append(self)
+
+
+# The jobs queued while answering one request (`request_jobs`), so that one rule, in the
+# server's middleware, can cancel them all when the client leaves, whichever route made them.
+_request_jobs: ContextVar[list[Job] | None] = ContextVar("request_jobs", default=None)
+
+
+@contextmanager
+def request_jobs() -> Iterator[list[Job]]:
+    """Collect the jobs made in this block (and in the tasks it starts) into the list yielded;
+    setting their `cancelled` stops queued ones from running and generations before their next
+    step."""
+    jobs: list[Job] = []
+    token = _request_jobs.set(jobs)
+    try:
+        yield jobs
+    finally:
+        _request_jobs.reset(token)
 
 
 class Batcher:
@@ -182,6 +207,10 @@ class Batcher:
         deadline = time.monotonic() + self.wait_s
         while True:
             for job in list(self._jobs):
+                if job.cancelled.is_set():  # its client left while it waited
+                    self._jobs.remove(job)
+                    self._queued_items -= job.items
+                    continue
                 if job.kind != kind:
                     continue
                 if tokens + job.tokens > self.batch_tokens or items + job.items > self.batch_items:
@@ -200,6 +229,9 @@ class Batcher:
             self._cond.wait(left)
 
     def _run(self, batch: list[Job]) -> None:
+        batch = [job for job in batch if not job.cancelled.is_set()]  # clients gone meanwhile
+        if not batch:
+            return
         kind = batch[0].kind
         flat = [item for job in batch for item in job.payload]
         try:

@@ -23,6 +23,7 @@ from fastapi.responses import HTMLResponse
 from gpt1.serve.engine import Engine
 from gpt1.serve.openai.schemas import MAX_LOGPROBS, CompletionRequest
 from gpt1.serve.schemas import Limits
+from gpt1.serve.security import page_policy
 
 PATHS = {"/"}
 SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed")
@@ -49,10 +50,11 @@ def playground_page(engine: Engine, limits: Limits) -> str:
 def playground_router(engine: Engine, limits: Limits) -> APIRouter:
     """GET / serving the playground of `engine` (the page is built once)."""
     page = playground_page(engine, limits)
+    policy = {"Content-Security-Policy": page_policy(page)}  # its own inline code only
     router = APIRouter()
 
     @router.get("/", include_in_schema=False)
     async def playground() -> HTMLResponse:
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers=policy)
 
     return router

@@ -108,7 +108,10 @@ def _client_field(body: Any, loc: list[Any]) -> str:
 
 
 def parse_failure(cause: BaseException) -> str:
-    """Why JSON that the parser rejected (not a syntax error) failed, in a few words."""
+    """Why JSON that the parser rejected (not a syntax error) failed, in a few words (never
+    Python's own advice, such as sys.set_int_max_str_digits)."""
     if isinstance(cause, RecursionError):
         return "nested too deeply"
-    return " ".join(str(cause).split()) or type(cause).__name__
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return "a number with too many digits (at most 4300)"
+    return " ".join(str(cause).split()).split("; use sys.")[0] or type(cause).__name__

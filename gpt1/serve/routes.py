@@ -5,14 +5,13 @@
 - `lm_router`: POST /v1/score and /v1/generate, for any model.
 
 A handler takes the app's shared state as its `Serve` parameter (`gpt1.serve.state`). A
-generation whose client leaves (a dropped stream or a plain request) is stopped before the next
-decoding step.
+client that leaves is the middleware's (`gpt1.serve.guard`): its work is cancelled, whatever
+the route, and a generation stops before the next decoding step.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import torch
@@ -31,9 +30,9 @@ from gpt1.serve.schemas import (
     ScoreRequest,
     predict_model,
 )
+from gpt1.serve.security import page_policy
 from gpt1.serve.state import Serve
 
-CLIENT_LEFT = 499  # nginx's "client closed request": the metrics count such requests apart
 info_router = APIRouter()
 lm_router = APIRouter(responses=ERROR_RESPONSES)
 PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
@@ -64,7 +63,8 @@ async def prometheus(serve: Serve) -> Response:
 
 @info_router.get("/docs", include_in_schema=False)
 async def docs(request: Request) -> HTMLResponse:
-    return HTMLResponse(docs_page(request.app.title))
+    page = docs_page(request.app.title)
+    return HTMLResponse(page, headers={"Content-Security-Policy": page_policy(page)})
 
 
 def predict_router(fields: dict[str, str]) -> APIRouter:
@@ -130,7 +130,7 @@ def _score_pair(engine: Engine, item: ScoreItem, at: str) -> tuple[list[int], li
 
 
 @lm_router.post("/v1/generate", response_model=None)
-async def generate(body: GenerateRequest, request: Request, serve: Serve) -> Any:
+async def generate(body: GenerateRequest, serve: Serve) -> Any:
     """Continue a prompt (gpt1 sample's options); `"stream": true` sends server-sent events."""
     engine = serve.engine
     prompt = await serve.off_loop(engine.token_ids, body.prompt, body.prompt_ids, "prompt")
@@ -145,36 +145,8 @@ async def generate(body: GenerateRequest, request: Request, serve: Serve) -> Any
     if body.stream:
         # The generation stops as soon as the response ends, however it ends.
         return EventStream(_events(engine, prompt, tokens), on_close=job.cancelled.set)
-    ids = await _unless_client_leaves(_collect(tokens), request)
-    if ids is None:  # nobody to answer; the generation is stopped already
-        return Response(status_code=CLIENT_LEFT)
+    ids = [t async for t in tokens]
     return {"text": engine.decode(ids), "ids": ids, "prompt_ids": prompt}
-
-
-async def _collect(tokens: AsyncIterator[int]) -> list[int]:
-    return [t async for t in tokens]
-
-
-async def _unless_client_leaves(work: Coroutine[Any, Any, Any], request: Request) -> Any:
-    """The result of the coroutine `work`, or None when the client disconnects first (then
-    `work` is cancelled, which stops its generation)."""
-    task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_disconnect(request))
-    try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if not task.done():
-        task.cancel()
-        return None
-    return task.result()
-
-
-async def _disconnect(request: Request) -> None:
-    """Returns when the client has gone (the body was read already: the next message is the
-    disconnect)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _events(

@@ -13,7 +13,6 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,14 @@ import torch
 
 from gpt1.errors import ConfigError
 from gpt1.serve.schemas import Limits
+from gpt1.serve.security import Security
 
 log = logging.getLogger("gpt1.serve")
 
 
 def serve(
     path: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
+    security: Security,
     device: str = "auto",
     precision: str = "auto",
     limits: Limits | None = None,
@@ -43,18 +42,17 @@ def serve(
     max_connections: int | None = 512,
     served_model_name: str | None = None,
     with_playground: bool = True,
-    cors_origins: Sequence[str] = (),
 ) -> None:
-    """Serve `path` (a fine-tuned run or a checkpoint) on http://host:port until stopped.
-    `threads`: "auto" or a count (`gpt1.threads`; None keeps torch's); `served_model_name`:
-    what the OpenAI endpoints call the model (default: its run's name); the playground page at
-    `/` unless `with_playground` is false; browser requests allowed from `cors_origins`."""
+    """Serve `path` (a fine-tuned run or a checkpoint) on `security`'s address and port, to the
+    clients it lets in, until stopped. `threads`: "auto" or a count (`gpt1.threads`; None keeps
+    torch's); `served_model_name`: what the OpenAI endpoints call the model (default: its run's
+    name); the playground page at `/` unless `with_playground` is false."""
     import uvicorn
 
     from gpt1.serve.app import check_queue, create_app
-    from gpt1.serve.cors import check_origin
     from gpt1.serve.engine import load_engine
 
+    host, port = security.bind_host, security.port
     if not 0 <= port <= 65535:
         raise ConfigError(f"--port must be in 0..65535, got {port}")
     for name, value in (
@@ -73,8 +71,6 @@ def serve(
     check_queue(max_queue, limits or Limits())
     if served_model_name is not None and not served_model_name.strip():
         raise ConfigError("--served-model-name must not be empty")
-    for origin in cors_origins:  # before the model loads: a typo costs no wait
-        check_origin(origin)
     ensure_file_descriptors(max_connections)
     threads_note = "torch's"
     if threads is not None:
@@ -94,7 +90,7 @@ def serve(
         request_timeout,
         served_model_name,
         with_playground,
-        cors_origins,
+        security,
     )
     log.info(
         "gpt1 serve: %s (%s, %s, %d CPU threads: %s) on http://%s:%d (API docs at /docs)",
@@ -106,6 +102,10 @@ def serve(
         host,
         port,
     )
+    for line in security.warnings():
+        log.warning("gpt1 serve: %s", line)
+    for line in security.describe():
+        log.info("gpt1 serve: %s", line)
     config = uvicorn_config(
         app,
         host,
