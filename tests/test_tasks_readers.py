@@ -250,11 +250,11 @@ def test_csv_line_numbers_count_quoted_newlines(tmp_path: Path):
 
 def test_csv_quoted_fields_keep_their_line_breaks(tmp_path: Path):
     """RFC 4180: a line break inside quotes is part of the field (it separates two words; the
-    text pipeline later treats it as whitespace), in LF and CRLF files alike."""
+    text pipeline later treats it as whitespace), in LF, CRLF and lone-CR files alike."""
     from gpt1.tasks.examples import BadRows
     from gpt1.tasks.rows import csv_records
 
-    for end in ("\n", "\r\n"):
+    for end in ("\n", "\r\n", "\r"):
         path = tmp_path / f"t{len(end)}.csv"
         path.write_bytes(
             f'review,stars{end}"first line{end}second line",pos{end}plain,neg{end}'.encode()
@@ -264,6 +264,50 @@ def test_csv_quoted_fields_keep_their_line_breaks(tmp_path: Path):
             (2, {"review": f"first line{end}second line", "stars": "pos"}),
             (4, {"review": "plain", "stars": "neg"}),
         ]
+
+
+@pytest.mark.parametrize("name", ["train.csv", "train.tsv", "train.jsonl"])
+def test_lone_cr_line_endings_are_line_endings(tmp_path: Path, name):
+    """A spreadsheet's "CSV (Macintosh)" ends its lines in a lone CR: read line by line."""
+    rows = {
+        "train.csv": ["text,label", "good film,pos", "bad film,neg"],
+        "train.tsv": ["text\tlabel", "good film\tpos", "bad film\tneg"],
+        "train.jsonl": [json.dumps({"text": t, "label": l}) for t, l in (("good", "pos"),)],
+    }[name]
+    (tmp_path / name).write_bytes(("\ufeff" + "\r".join(rows) + "\r").encode())
+    spec = {"columns": {"text": "text", "label": "label"}, "labels": ["neg", "pos"]}
+    split = get_task(name.split(".")[1], spec).read(tmp_path, "train")
+    assert [e.label for e in split.examples] == [1, 0][: len(rows) - (name != "train.jsonl")]
+    assert all("\r" not in e.text for e in split.examples)
+
+
+@pytest.mark.parametrize("name", ["dev.csv", "dev.tsv"])
+def test_a_stray_cr_outside_quotes_is_a_bad_row(tmp_path: Path, name):
+    sep = "," if name.endswith(".csv") else "\t"
+    lines = [f"text{sep}label", f"good{sep}pos", f"bad\rfilm{sep}neg", f"fine{sep}pos", ""]
+    (tmp_path / name).write_bytes("\n".join(lines).encode())
+    spec = {"columns": {"text": "text", "label": "label"}, "labels": ["neg", "pos"]}
+    task = get_task(name.split(".")[1], spec)
+    with pytest.raises(DataError, match="carriage return") as err:
+        task.read(tmp_path, "dev")
+    assert err.value.line == 3 and name in str(err.value)
+    split = task.read(tmp_path, "dev", skip_bad_rows=True)
+    assert [e.text for e in split.examples] == ["good", "fine"]
+    assert [e.line for e in split.skipped] == [3]
+
+
+def test_finetune_reads_a_lone_cr_csv(tmp_path: Path):
+    from helpers.tiny import char_vocab, make_task, run_cli, tiny_finetune
+
+    task = make_task(tmp_path / "task")
+    for split in ("train", "dev"):
+        tsv = (task / f"{split}.tsv").read_text()
+        (task / f"{split}.csv").write_bytes(tsv.replace("\t", ",").replace("\n", "\r").encode())
+        (task / f"{split}.tsv").unlink()
+    csv_task = ("--task", "csv", "--columns", "text=text,label=label", "--labels", "neg,pos")
+    argv = tiny_finetune(task, char_vocab(tmp_path / "vocab"), tmp_path / "ft", 1, task=csv_task)
+    code, err = run_cli(argv)
+    assert code == 0, err
 
 
 def test_crlf_bom_and_invalid_utf8(tmp_path: Path):

@@ -8,6 +8,9 @@ quoting off), so one physical line is one record. CSV follows RFC 4180 quoting (
 The same rules hold in every format (each breach is a `DataError` naming file, line and field):
 - Files are UTF-8; a UTF-8 byte-order mark before the first line is ignored, a UTF-16 one is
   named as such.
+- Lines end in LF or CRLF, or in a lone CR in a file with no LF at all (a spreadsheet's
+  "CSV (Macintosh)"); any other CR is a stray one, and a row with one outside CSV quotes is
+  malformed.
 - A header (TSV, CSV) names each column once; a JSON object names each key once.
 - No field holds more than `MAX_FIELD_CHARS` characters (`check_field_sizes`, the one check).
 - JSON Lines: standard JSON only (NaN and Infinity are not JSON); text fields are strings;
@@ -25,7 +28,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from gpt1.errors import DataError
 from gpt1.tasks.examples import BadRows, Example, UnknownLabelError
@@ -120,7 +123,7 @@ def numbered_lines(path: Path, keep_endings: bool = False) -> Iterator[tuple[int
     except OSError as exc:
         raise DataError(f"cannot read file ({exc.strerror})", path) from None
     with fh:
-        for lineno, raw in enumerate(fh, 1):
+        for lineno, raw in enumerate(_cr_lines(fh) if _ends_lines_with_cr(fh) else fh, 1):
             if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]  # a UTF-8 byte-order mark is not part of the first field
             elif lineno == 1 and raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
@@ -134,6 +137,24 @@ def numbered_lines(path: Path, keep_endings: bool = False) -> Iterator[tuple[int
                     f"not valid UTF-8 (byte {exc.start + 1} of the line)", path, lineno
                 ) from None
             yield lineno, text if keep_endings else text.rstrip("\n").rstrip("\r")
+
+
+def _ends_lines_with_cr(fh: BinaryIO) -> bool:
+    """Whether an open file ends its lines in a lone CR: its first 64 KiB hold a CR and no LF."""
+    head = fh.read(1 << 16)
+    fh.seek(0)
+    return b"\r" in head and b"\n" not in head
+
+
+def _cr_lines(fh: BinaryIO) -> Iterator[bytes]:
+    """The lines of a file whose lines end in a lone CR, each with its CR (as `fh`'s own
+    iteration keeps the LF)."""
+    rest = b""
+    for chunk in iter(lambda: fh.read(1 << 20), b""):
+        *lines, rest = (rest + chunk).split(b"\r")
+        yield from (line + b"\r" for line in lines)
+    if rest:
+        yield rest
 
 
 def tsv_records(
@@ -153,6 +174,9 @@ def tsv_records(
             continue
         if line == "":
             continue  # blank line: nothing to read (trailing newlines are common)
+        if "\r" in line:
+            bad.report(DataError(STRAY_CR, path, lineno))
+            continue
         record = _record(line.split("\t"), header, "tab", path, lineno, bad, extra_last)
         if record is not None:
             yield lineno, record
@@ -192,6 +216,9 @@ def _record(
     return record
 
 
+STRAY_CR = "a carriage return (CR) inside a field that is not in quotes; remove it"
+
+
 def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
     """Records of a comma-separated file with a header line; quoted fields may span lines, and
     keep their line breaks (RFC 4180), so the lines go to the reader with their endings."""
@@ -210,8 +237,11 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
     # its own message and no field name; check_field_sizes is the rule for every format
     limit = csv.field_size_limit(sys.maxsize)
     try:
-        for fields in reader:
+        # a damaged header is refused even with --skip-bad-rows: no row can be read without it
+        while (fields := _next_row(reader, path, start, bad if header else BadRows())) is not None:
             first, start = start, line_of[0] + 1
+            if fields is _BAD_ROW:
+                continue
             if header is None:
                 header = fields
                 check_header(header, path, first)
@@ -221,12 +251,27 @@ def csv_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
             record = _record(fields, header, "comma", path, first, bad)
             if record is not None:
                 yield first, record
-    except csv.Error as exc:
-        raise DataError(f"malformed CSV ({exc})", path, line_of[0]) from None
     finally:
         csv.field_size_limit(limit)
     if header is None:
         raise DataError("empty file (expected a header line)", path)
+
+
+_BAD_ROW: list[str] = []  # `_next_row`'s answer for a row reported to `bad`
+
+
+def _next_row(reader: Any, path: Path, start: int, bad: BadRows) -> list[str] | None:
+    """The CSV reader's next row, None at the end, or `_BAD_ROW` for one the csv module refused
+    (reported to `bad` as malformed, naming the line it starts on: the module resumes reading
+    on the line after)."""
+    try:
+        return next(reader)
+    except StopIteration:
+        return None
+    except csv.Error as exc:
+        reason = STRAY_CR if "new-line character" in str(exc) else f"malformed CSV ({exc})"
+        bad.report(DataError(reason, path, start))
+        return _BAD_ROW
 
 
 def jsonl_records(path: Path, bad: BadRows) -> Iterator[tuple[int, Record]]:
@@ -269,7 +314,10 @@ def table_header(path: Path) -> tuple[list[str], str]:
     finally:
         lines.close()
     separator = delimiter_of(path, first)
-    fields = next(csv.reader([first])) if separator == "," and first else first.split("\t")
+    try:
+        fields = next(csv.reader([first])) if separator == "," and first else first.split("\t")
+    except csv.Error:  # a stray CR in the header line: `csv_records` names it
+        fields = first.split(",")
     return fields, separator
 
 
