@@ -135,3 +135,21 @@ def test_info_shows_a_finetuned_checkpoints_task(tmp_path, capsys):
     task = json.loads(capsys.readouterr().out)["task"]
     assert task["labels"] == ["bad", "good"] and task["n_ctx"] == 16
     assert task["metrics"] == ["f1", "accuracy", "matthews"] and task["head_parameters"] == 66
+
+
+def test_an_argument_that_is_not_utf8_is_refused_before_anything_runs(ckpt, tmp_path, capsys):
+    # A non-UTF-8 byte in argv reaches Python as a lone surrogate; convert wrote the whole model
+    # before safetensors refused the path.
+    dst = tmp_path / "out\udcff"
+    assert main(["--quiet", "convert", str(ckpt), str(dst), "--from", "gpt1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not valid UTF-8" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_lm_eval_data_that_is_not_a_folder_is_one_line_before_the_harness(ckpt, capsys):
+    pytest.importorskip("lm_eval")
+    argv = ["--model_args", f"checkpoint={ckpt}", "--tasks", "gpt1_lambada", "--limit", "1"]
+    assert main(["--quiet", "lm-eval", *argv, "--data", str(ckpt / "config.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--data must be a folder" in err and len(err.splitlines()) == 1

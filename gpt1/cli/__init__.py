@@ -98,6 +98,19 @@ def configure_logging(debug: bool, quiet: bool) -> None:
     logging.basicConfig(level=level, format="%(message)s", stream=sys.stderr, force=True)
 
 
+def check_utf8(argv: list[str]) -> None:
+    """Refuse, before anything runs, an argument that is not UTF-8 (Python hands such bytes on as
+    lone surrogates): paths end up in UTF-8 files (safetensors headers, JSON), which refused
+    them only after the work was done."""
+    from gpt1.errors import ConfigError
+
+    for arg in argv:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"an argument is not valid UTF-8: {arg!r}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -112,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpt1.errors import Gpt1Error
 
     try:
+        check_utf8(args.argv[1:])
         if args.command in USES_THREADS:
             from gpt1.threads import apply_threads
 

@@ -89,6 +89,14 @@ def check_output_path(parsed: argparse.Namespace, data: str | None) -> None:
     check_inputs(parsed.output_path, inputs, roots)
 
 
+def check_data(data: str | None) -> None:
+    """--data names a folder (checked here: the harness would first print its own warnings)."""
+    from gpt1.errors import DataError
+
+    if data is not None and not Path(data).is_dir():
+        raise DataError("--data must be a folder (a data root or one task's folder)", data)
+
+
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
     from gpt1.extras import require
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         parsed.model_args = harness.named_model_args(parsed.model_args)
         name = parsed.model_args["model"]
     check_output_path(parsed, args.data)
+    check_data(args.data)
     tasks = parsed.tasks if isinstance(parsed.tasks, list) else str(parsed.tasks or "").split(",")
     tasks = [t for item in tasks for t in str(item).split(",") if t.strip()]
     if not tasks:
