@@ -327,6 +327,13 @@ def mutate(data: bytes, op: str, pos: float, size: int, fill: bytes) -> bytes:
         lines[i] = b"[" * (100_000 + size) + b"]" * (100_000 + size)
     elif op == "nonfinite":  # numbers that parse as floats but poison a loss
         lines[i] = lines[i].replace(b"1", b"inf", 1).replace(b"0", b"nan", 1)
+    elif op == "bom":  # a UTF-8 byte-order mark, as a Windows editor saves it
+        return b"\xef\xbb\xbf" + data
+    elif op == "lone_cr":  # a spreadsheet's "CSV (Macintosh)"
+        return data.replace(b"\r\n", b"\n").replace(b"\n", b"\r")
+    elif op == "stray_cr":
+        at = int(size) % (len(lines[i]) + 1)
+        lines[i] = lines[i][:at] + b"\r" + lines[i][at:]
     return b"\n".join(lines)
 
 
@@ -348,6 +355,8 @@ OPS = (
     "deep_nesting",
     "nonfinite",
 )
+# Line-ending damage (tests/test_fuzz_files.py): not in OPS, which the readers of real files take.
+LINE_OPS = ("bom", "lone_cr", "stray_cr")
 
 
 @dataclass
@@ -578,9 +587,16 @@ def _alarm(signum, frame):
     raise Hang()
 
 
-def try_input(reader: Reader, folder: Path, files: dict[str, bytes], seconds: float = 20) -> str:
-    """Write `files` into a fresh `folder`, run the reader: "ok", "error" (a Gpt1Error), or raise
-    AssertionError for anything else (another exception type, or a hang past `seconds`)."""
+def try_input(
+    reader: Reader,
+    folder: Path,
+    files: dict[str, bytes],
+    seconds: float = 20,
+    refusals: list[Gpt1Error] | None = None,
+) -> str:
+    """Write `files` into a fresh `folder`, run the reader: "ok", "error" (a Gpt1Error, appended
+    to `refusals` when given), or raise AssertionError for anything else (another exception
+    type, or a hang past `seconds`)."""
     if folder.exists():
         shutil.rmtree(folder)
     for name, data in files.items():
@@ -592,7 +608,9 @@ def try_input(reader: Reader, folder: Path, files: dict[str, bytes], seconds: fl
     try:
         reader.read(folder)
         return "ok"
-    except Gpt1Error:
+    except Gpt1Error as exc:
+        if refusals is not None:
+            refusals.append(exc)
         return "error"
     except Hang:
         raise AssertionError(f"{reader.name}: no answer within {seconds}s (hang)") from None
