@@ -49,8 +49,9 @@ def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_B
         if size > limit:
             raise error(f"{path}: {size:,} bytes; a file of this kind is at most {limit:,}")
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise error(f"{path}: unreadable JSON ({exc})") from None
+    # ValueError: also an integer of more than 4300 digits, which Python will not convert
+    except (OSError, ValueError, RecursionError) as exc:
+        raise error(f"{path}: unreadable JSON ({str(exc).split(';')[0]})") from None
 
 
 def file_inside(folder: Any, name: Any, roots: tuple = ()) -> Any:

@@ -655,6 +655,21 @@ def test_oversized_json_metadata_is_refused_before_parsing(tmp_path):
         open_prepared(data)
 
 
+def test_json_metadata_with_an_integer_python_will_not_convert_is_refused(tmp_path):
+    """An integer of 5,000 digits is JSON, but past Python's 4,300-digit limit: a refusal naming
+    the file, wherever the file is read (run.json is read for the trained window)."""
+    run = tmp_path / "run"
+    folder = tiny_checkpoint(run / "final", ODD_SIZES_MODEL, vocab=False)
+    (run / "run.json").write_text('{"data": {"n_ctx": 1' + "0" * 5000 + "}}")
+    assert trained_context(folder) is None
+    text = (folder / CONFIG).read_text()
+    (folder / CONFIG).write_text(
+        text.replace('"format_version": 1', '"format_version": 1' + "0" * 5000)
+    )
+    with pytest.raises(CheckpointError, match=r"config.json: unreadable JSON \(Exceeds the limit"):
+        load_checkpoint(folder)
+
+
 def test_hub_snapshot_links_into_blobs_are_followed(tmp_path):
     # huggingface_hub's cache: snapshots/REV/NAME -> ../../blobs/HASH
     repo = tmp_path / "models--openai--tiny"
