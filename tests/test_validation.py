@@ -655,6 +655,14 @@ def test_oversized_json_metadata_is_refused_before_parsing(tmp_path):
         open_prepared(data)
 
 
+def test_a_task_record_whose_task_cannot_be_built_names_task_json():
+    from gpt1.inference.loading import task_of
+
+    record = {"task": "tsv", "kind": "single", "n_outputs": 2, "labels": ["a", "b"], "spec": None}
+    with pytest.raises(ConfigError, match=r"^task.json: task tsv needs --columns"):
+        task_of(record)
+
+
 def test_json_metadata_with_an_integer_python_will_not_convert_is_refused(tmp_path):
     """An integer of 5,000 digits is JSON, but past Python's 4,300-digit limit: a refusal naming
     the file, wherever the file is read (run.json is read for the trained window)."""

@@ -83,7 +83,10 @@ def load_tokenizer(checkpoint: CheckpointFolder, folder: str | Path | None = Non
 
 def task_of(record: dict[str, Any], name: str | None = None) -> Task:
     """The task a fine-tuned run's record names; `name`, when given, must name the same task."""
-    task = get_task(record["task"], record.get("spec") or None)
+    try:
+        task = get_task(record["task"], record.get("spec") or None)
+    except ConfigError as exc:  # the record's task or spec, not a flag, is what is wrong
+        raise ConfigError(f"task.json: {exc}") from None
     if name and get_task(name, record.get("spec") or None).name != task.name:
         raise ConfigError(f"this run was fine-tuned on {task.name!r}, not {name!r}")
     if task.n_outputs != record["n_outputs"]:
