@@ -179,9 +179,11 @@ def _metrics(folder: Path) -> None:
     from gpt1.train.telemetry import history, plot_run, truncate_after
 
     file = folder / "ft" / "metrics.jsonl"
-    history(file, 1)
-    truncate_after(file, 1)
-    plot_run(folder / "ft")
+    try:
+        plot_run(folder / "ft")
+    finally:  # a resume reads the file too (passing over damaged lines): before it is cut back
+        history(file, 1)
+        truncate_after(file, 1)
 
 
 def _run_json(folder: Path) -> None:
