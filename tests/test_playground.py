@@ -42,6 +42,7 @@ from test_serve import (  # noqa: E402
     wait_until_serving,
     write_rows,
 )
+from test_serve_limits import metric  # noqa: E402
 
 from gpt1.cli import build_parser, main  # noqa: E402
 from gpt1.errors import ConfigError  # noqa: E402
@@ -64,6 +65,12 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # Names an attacker's page would use, pointed at this machine (as DNS rebinding does).
+    "--host-resolver-rules=MAP attacker.example 127.0.0.1, MAP evil.example 127.0.0.1",
+    # Chromium's own guard against public pages calling local addresses: off, so that the
+    # tests show the server's answer to such a page (browsers without it are many).
+    "--disable-features=LocalNetworkAccessChecks,BlockInsecurePrivateNetworkRequests,"
+    "PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults",
 ]
 
 
@@ -120,7 +127,7 @@ class Page:
     """A browser tab on a playground, recording console errors, uncaught exceptions and every
     request that leaves the page's origin."""
 
-    def __init__(self, browser: Any, url: str, bypass_csp: bool = False):
+    def __init__(self, browser: Any, url: str, bypass_csp: bool = False, ready: bool = True):
         self.url = url
         # The page runs under its own Content-Security-Policy, as for a user, unless a test
         # uses it as a stand-in for another site's page (`bypass_csp`).
@@ -134,7 +141,8 @@ class Page:
             lambda r: r.url.startswith((url + "/", "data:")) or self.foreign.append(r.url),
         )
         self.tab.goto(url + "/")
-        self.wait("window.playground && window.playground.ready")
+        if ready:  # else the test waits itself (for the page to ask for a key, say)
+            self.wait("window.playground && window.playground.ready")
 
     def js(self, expression: str) -> Any:
         return self.tab.evaluate(expression)
@@ -443,3 +451,77 @@ def test_browser_cors_lets_only_the_given_origin_read(browser, world):
             )
             blocked = page.js(f"fetch('{closed_url}/v1/models').then(() => 'read', e => e.name)")
     assert read == "lm" and blocked == "TypeError"
+
+
+# ------------------------------------------------------------------- browser: attacks
+def test_browser_rebinding_page_cannot_read_the_server(browser, world):
+    """DNS rebinding in a real browser: a page served as http://attacker.example:PORT/ (its name
+    then resolving to 127.0.0.1, where gpt1 serves on PORT) is same-origin with the server, so
+    the browser lets it read any answer; the server refuses its Host (403) before any work."""
+    with serving(world["lm"]) as url:
+        port = url.rsplit(":", 1)[1]
+        origin = f"http://attacker.example:{port}"
+        tab = browser.new_page()
+        # The attacker's own page, as its server sent it before the name was re-pointed.
+        tab.route(
+            origin + "/",
+            lambda route: route.fulfill(body="<html><body>attacker</body></html>"),
+        )
+        tab.goto(origin + "/")
+        statuses = tab.evaluate(
+            """async () => {
+              const models = await fetch('/v1/models');
+              const made = await fetch('/v1/completions', {method: 'POST',
+                headers: {'Content-Type': 'application/json'},
+                body: JSON.stringify({prompt: 'the old man', max_tokens: 5})});
+              return [models.status, made.status, (await made.json()).error.param];
+            }"""
+        )
+        tokens = generated_tokens(url)
+        tab.close()
+    assert statuses == [403, 403, "Host"]
+    assert tokens == 0
+
+
+def test_browser_cross_site_form_cannot_make_the_server_work(browser, world):
+    """A page on another site submits a form to the local server, enctype=text/plain with a
+    field that makes the body valid JSON (no preflight for a form): refused for its Origin
+    and its type, nothing generated."""
+    with serving(world["lm"]) as url:
+        page_url = "http://evil.example:9/form"
+        form = (
+            f'<form method="POST" action="{url}/v1/generate" enctype="text/plain">'
+            '<input name=\'{"prompt": "the old man", "max_new_tokens": 5, "x": "\' value=\'"}\'>'
+            "</form><script>document.forms[0].submit()</script>"
+        )
+        tab = browser.new_page()
+        tab.route(page_url, lambda route: route.fulfill(body=form, content_type="text/html"))
+        with tab.expect_navigation(url=f"{url}/v1/generate"):
+            tab.goto(page_url)
+        answer = tab.inner_text("body")
+        tokens = generated_tokens(url)
+        refused = metric(url, "gpt1_requests_total", '{code="403",endpoint="/v1/generate"}')
+        tab.close()
+    assert "Origin 'http://evil.example:9' may not use this server" in answer
+    assert tokens == 0 and refused == 1
+
+
+def test_browser_playground_asks_for_the_key_once_and_keeps_it_in_the_tab(browser, world):
+    """With --api-key the page shows a key form (the info it needs is behind the key), then,
+    given the key, describes the model and completes; the key is in no storage."""
+    key = "browser-test-key-1"
+    with gpt1_serve(world["lm"], "--api-key", key) as url:
+        page = Page(browser, url, ready=False)
+        page.tab.wait_for_selector("#key-section", state="visible")
+        asked = page.tab.inner_text("#status")
+        page.tab.fill("#api-key", key)
+        page.tab.click("#key-form button")
+        page.wait("window.playground && window.playground.ready")
+        model = page.js("document.getElementById('info-model').textContent")
+        page.tab.fill("#prompt", PROMPT)
+        page.complete(5, 0)
+        stored = page.js("[localStorage.length, sessionStorage.length, document.cookie]")
+        page.tab.close()
+    assert "needs an API key" in asked
+    assert model == "lm" and stored == [0, 0, ""]
+    assert not page.errors or all("401" in e for e in page.errors), page.errors

@@ -21,6 +21,8 @@ pre { background: #f6f6f6; padding: 0.5em; white-space: pre-wrap; }
 </style></head>
 <body><h1>__TITLE__ API</h1>
 <p>Schema: <a href="/openapi.json">/openapi.json</a>. Errors are <code>{"error": "..."}</code>.</p>
+<p><label>API key, if the server was started with one (kept in this tab only):
+<input id="key" type="password" autocomplete="off"></label></p>
 <div id="api">loading /openapi.json ...</div>
 <script>
 const el = (tag, text) => { const e = document.createElement(tag);
@@ -52,8 +54,10 @@ function tryIt(path, method) {
   const box = el("div"), input = el("textarea"), send = el("button", "send"), out = el("pre");
   input.value = method === "post" ? "{}" : "";
   send.onclick = async () => {
+    const key = document.getElementById("key").value.trim();
+    const headers = key ? {"authorization": "Bearer " + key} : {};
     const init = method === "post" ? {method: "POST", body: input.value,
-      headers: {"content-type": "application/json"}} : {};
+      headers: {...headers, "content-type": "application/json"}} : {headers};
     const r = await fetch(path, init);
     out.textContent = r.status + "\\n" + await r.text();
   };
