@@ -477,6 +477,8 @@ def load_toml(path: Any) -> dict[str, Any]:
     import tomllib
 
     path = Path(path)
+    if path.exists() and not path.is_file():  # a device such as /dev/zero reads forever
+        raise ConfigError(f"{path}: not a file")
     try:
         return tomllib.loads(path.read_text())
     except OSError as exc:

@@ -287,3 +287,11 @@ def test_the_demos_model_settings_give_gpt1s_mlp_width():
     model = resolve_pretrain("tiny", sets=sets).model
     assert model.n_embd == s.n_embd != model_preset("tiny").n_embd
     assert model.n_inner == 4 * s.n_embd
+
+
+def test_a_config_that_is_a_device_is_refused_not_read_forever():
+    from gpt1.config import load_toml
+    from gpt1.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="not a file"):
+        load_toml("/dev/zero")
