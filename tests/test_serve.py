@@ -456,7 +456,15 @@ BAD_REQUESTS = [
     ("/v1/generate", {"prompt": "a", "seed": 2**64}, 422, "seed: must be a whole number in"),
     ("/v1/generate", {"prompt": "a", "seed": -1}, 422, "seed: must be a whole number in"),
     # texts with nothing printable, and a bare string where items go
-    ("/v1/predict", {"inputs": {"text": "\u0000"}}, 422, "inputs[0].text: empty text"),
+    ("/v1/predict", {"inputs": {"text": "\u0000"}}, 422, "inputs.text: empty text"),
+    ("/v1/predict", {"inputs": [{"text": "a"}, {"text": "\u200b"}]}, 422, "inputs.1.text: empty"),
+    ("/v1/generate", {"prompt": "\u200b\u200b"}, 422, "prompt: empty text"),
+    (
+        "/v1/score",
+        {"items": [{"context": "a", "continuation": "\u2060"}]},
+        422,
+        "items.0.continuation: empty",
+    ),
     ("/v1/predict", {"inputs": {"text": "\u200b\t"}}, 422, "no printable"),
     ("/v1/predict", {"inputs": "a fine film"}, 422, "not a bare string"),
     ("/v1/nothing", {}, 404, "no such endpoint"),

@@ -128,6 +128,11 @@ INF = float("inf")
 SEED_CASES = [2**64, 2**70, -1, -(2**63) - 1]
 # (endpoint, body, the field the refusal names). Every one is a 422.
 BAD = [
+    # one visible-text rule for every text the model reads, named as sent
+    (COMPLETIONS, {"prompt": "\u200b"}, "prompt"),
+    (COMPLETIONS, {"prompt": ["a", " \u2060 "]}, "prompt.1"),
+    (COMPLETIONS, {"prompt": "a", "guided_choice": ["yes", "\u200b"]}, "guided_choice.1"),
+    (COMPLETIONS, {"prompt": "a", "guided_choice": ["yes", "no"], "n": 2}, "n"),
     *[(COMPLETIONS, {"prompt": "a", "seed": s}, "seed") for s in SEED_CASES],
     *[("/v1/generate", {"prompt": "a", "seed": s}, "seed") for s in SEED_CASES],
     (COMPLETIONS, {"prompt": "a", "seed": 2**64 - 1, "n": 2}, "seed"),  # choice 1: seed + 1

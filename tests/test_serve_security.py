@@ -206,6 +206,10 @@ def test_cli_takes_the_key_from_a_file_or_the_environment(world, tmp_path, monke
         (["--api-key-file", str(tmp_path)], "cannot read the key"),
         (["--allowed-host", "a.example:80"], "--allowed-host"),
         (["--cors-origin", "http://*.example.com"], "--cors-origin"),
+        *[
+            (["--host", bad], "--host")
+            for bad in ("1e30", "inf", "", " ", "hôte", "no.such.host.invalid")
+        ],
     ):
         code, err = run_cli(["serve", str(world["lm"]), *argv])
         assert code == 2 and words in err and len(err.splitlines()) == 1, (argv, err)

@@ -92,6 +92,8 @@ class LanguageEngine:
                 f"{self.folder.name}: no tokenizer files, so a text {what} "
                 f"cannot be encoded; send {what}_ids"
             )
+        if not has_visible_text(text or ""):  # one rule for every text the model reads
+            raise DataError(f"{what}: {EMPTY_TEXT}")
         return list(self.tokenizer.encode(text or ""))
 
     def decode(self, ids: list[int]) -> str | None:
@@ -190,8 +192,10 @@ class ClassifierEngine:
             "fields": list(self.fields),
         }
 
-    def examples(self, items: list[dict[str, Any]]) -> list[Example]:
-        """Request items (validated field -> value dicts) -> the task's example objects."""
+    def examples(self, items: list[dict[str, Any]], one: bool = False) -> list[Example]:
+        """Request items (validated field -> value dicts) -> the task's example objects
+        (`one`: the request sent one object as `inputs`, not a list, so errors say
+        `inputs.text`, not `inputs.0.text`)."""
         roles, kind = self.fields, self.task.kind
         out: list[Example] = []
         for n, item in enumerate(items):
@@ -200,7 +204,8 @@ class ClassifierEngine:
                 values = value if isinstance(value, list) else [value]
                 if role != "question" and not all(map(has_visible_text, values)):
                     field = next(k for k, r in roles.items() if r == role)
-                    raise DataError(f"inputs[{n}].{field}: {EMPTY_TEXT}")
+                    where = f"inputs.{field}" if one else f"inputs.{n}.{field}"  # as sent
+                    raise DataError(f"{where}: {EMPTY_TEXT}")
             if kind == "single":
                 out.append(TextExample(by_role["text"], uid=str(n)))
             elif kind in ("pair", "similarity"):
@@ -273,8 +278,8 @@ class Engine(LanguageEngine):
         }
         return info | (self.classifier.describe() if self.classifier is not None else {})
 
-    def examples(self, items: list[dict[str, Any]]) -> list[Example]:
-        return self._classifier().examples(items)
+    def examples(self, items: list[dict[str, Any]], one: bool = False) -> list[Example]:
+        return self._classifier().examples(items, one)
 
     def encode(self, examples: list[Example]) -> list[list[list[int]]]:
         return self._classifier().encode(examples)

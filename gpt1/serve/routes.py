@@ -91,7 +91,7 @@ async def predict(body: PredictBody, serve: Serve) -> dict[str, Any]:
     """Label (or score) and probabilities per item, exactly as `gpt1 predict` computes them."""
     engine = serve.engine
     items = [item.model_dump(by_alias=True) for item in body.inputs]
-    encoded = await serve.off_loop(lambda: engine.encode(engine.examples(items)))
+    encoded = await serve.off_loop(lambda: engine.encode(engine.examples(items, body.sent_one)))
     tokens = sum(len(seq) for item in encoded for seq in item)
     predictions = await serve.run("predict", encoded, tokens)
     labels = engine.task.labels if engine.task.kind != "choice" else None

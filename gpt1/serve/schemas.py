@@ -27,6 +27,7 @@ from pydantic import (
     Field,
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
+    PrivateAttr,
     Strict,
     create_model,
     model_validator,
@@ -185,20 +186,28 @@ def predict_model(fields: dict[str, str]) -> type[BaseModel]:
 class PredictBody(Closed):
     inputs: list[BaseModel]
     field_names: ClassVar[list[str]] = []  # the task's request fields
+    _sent_one: bool = PrivateAttr(default=False)  # `inputs` was one object, not a list
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def one_item(cls, data: Any) -> Any:
-        """`{"inputs": {...}}` is the list of that one item."""
-        if isinstance(data, dict) and isinstance(data.get("inputs"), dict):
-            return {**data, "inputs": [data["inputs"]]}
+    def one_item(cls, data: Any, handler: Any) -> Any:
+        """`{"inputs": {...}}` is the list of that one item (and its errors say `inputs.x`)."""
+        one = isinstance(data, dict) and isinstance(data.get("inputs"), dict)
+        if one:
+            data = {**data, "inputs": [data["inputs"]]}
         if isinstance(data, dict) and isinstance(data.get("inputs"), str):
             example = ", ".join(f'"{name}": "..."' for name in cls.field_names)
             raise ValueError(
                 "inputs: an object of the task's fields ({" + example + "}) or a list of "
                 "them, not a bare string"
             )
-        return data
+        body = handler(data)
+        body._sent_one = one
+        return body
+
+    @property
+    def sent_one(self) -> bool:
+        return self._sent_one
 
 
 # The `/v1/generate` body: `gpt1 sample`'s options, with the same defaults. (The bodies carry

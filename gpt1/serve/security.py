@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -75,6 +76,7 @@ class Security:
     api_key: str | None = None
 
     def __post_init__(self) -> None:
+        check_bind_host(self.bind_host)
         for origin in self.cors_origins:
             check_origin(origin)
         for name in self.allowed_hosts:
@@ -207,6 +209,26 @@ def is_loopback(host: str) -> bool:
 def bracketed(host: str) -> str:
     """An address as it appears in a Host header (IPv6 in brackets)."""
     return f"[{host}]" if ":" in host and not host.startswith("[") else host.lower()
+
+
+def check_bind_host(host: str) -> str:
+    """`--host`: an address of this machine or a name that resolves to one, refused in one line
+    before the model loads (uvicorn would fail after it, with the resolver's words)."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if valid_hostname(host.lower()):
+        try:
+            socket.getaddrinfo(host, None)
+            return host
+        except (OSError, UnicodeError):
+            pass
+    raise ConfigError(
+        f"--host {host!r}: expected an address to listen on (127.0.0.1, 0.0.0.0, ::1, ...) or "
+        "a name this machine resolves (localhost)"
+    )
 
 
 def check_allowed_host(name: str) -> str:

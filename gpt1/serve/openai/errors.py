@@ -9,6 +9,7 @@ field as the client sent it), a `Refused` request, a user error, a full queue (5
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -23,6 +24,7 @@ from gpt1.serve.batcher import QueueFull
 from gpt1.serve.responses import RETRY_AFTER_S, validation_errors, validation_message
 
 log = logging.getLogger("gpt1.serve")
+FIELD = re.compile(r"^([a-z_][a-z_0-9]*(?:\.[a-z_0-9]+)*): ")  # `prompt.1: ...` names prompt.1
 
 
 class Refused(Exception):
@@ -52,8 +54,9 @@ def answer_failure(exc: Exception, path: str) -> JSONResponse:
         return openai_error(422, validation_message(exc), fields[0] if fields else None)
     if isinstance(exc, Refused):
         return openai_error(exc.status, str(exc), exc.param)
-    if isinstance(exc, Gpt1Error):
-        return openai_error(422, str(exc))
+    if isinstance(exc, Gpt1Error):  # its message starts with the field, as every refusal's
+        field = FIELD.match(str(exc))
+        return openai_error(422, str(exc), field.group(1) if field else None)
     if isinstance(exc, QueueFull):
         message = f"server busy: {exc}; retry later"
         return openai_error(503, message, headers={"Retry-After": str(RETRY_AFTER_S)})

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt1.errors import DataError
+from gpt1.serve.openai.errors import Refused
 from gpt1.serve.openai.schemas import CompletionRequest
 from gpt1.serve.state import ServeState
 
@@ -26,9 +26,11 @@ def check(body: CompletionRequest) -> None:
     """Refuse, naming the field, what a scored choice cannot honour."""
     for name, default in NOT_WITH.items():
         if getattr(body, name) != default:
-            raise DataError(
+            raise Refused(
+                422,
                 f"{name}: not with guided_choice (the answer is scored, not generated); "
-                "leave it out"
+                "leave it out",
+                name,
             )
 
 
@@ -39,20 +41,28 @@ async def guided_choices(
     `guided_choice`, each string's `logprob` (summed), `mean` and `tokens`."""
     engine, options = serve.engine, list(body.guided_choice)
     endings = await serve.off_loop(
-        lambda: [engine.token_ids(text, None, "guided_choice") for text in options]
+        lambda: [
+            engine.token_ids(text, None, f"guided_choice.{n}") for n, text in enumerate(options)
+        ]
     )
     for n, ids in enumerate(endings):
         if not ids:
-            raise DataError(f"guided_choice.{n}: no tokens after tokenization")
+            raise Refused(
+                422, f"guided_choice.{n}: no tokens after tokenization", f"guided_choice.{n}"
+            )
         if len(ids) > engine.window:
-            raise DataError(
+            raise Refused(
+                422,
                 f"guided_choice.{n}: {len(ids)} tokens, more than the {engine.window} this "
-                "model scores in one window"
+                "model scores in one window",
+                f"guided_choice.{n}",
             )
     if len(prompts) * len(options) > serve.limits.max_items:
-        raise DataError(
-            f"{len(prompts)} prompts x {len(options)} guided choices: more than "
-            f"{serve.limits.max_items} scored together"
+        raise Refused(
+            422,
+            f"guided_choice: {len(prompts)} prompts x {len(options)} guided choices: more "
+            f"than {serve.limits.max_items} scored together",
+            "guided_choice",
         )
     pairs = [(p, e) for p in prompts for e in endings]
     scores = await serve.run("score", pairs, sum(len(p) + len(e) for p, e in pairs))

@@ -80,9 +80,7 @@ def encode_prompts(
     out = []
     for name, p in zip(names, prompts):
         tokens = (
-            engine.token_ids(p, None, "prompt")
-            if isinstance(p, str)
-            else checked_ids(engine, p, name)
+            engine.token_ids(p, None, name) if isinstance(p, str) else checked_ids(engine, p, name)
         )
         if not tokens:
             raise Refused(422, f"{name}: no tokens (GPT-1 has no start token to begin from)", name)
