@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from gpt1.serve.docs_page import docs_page
 from gpt1.serve.engine import Engine
@@ -24,6 +24,7 @@ from gpt1.serve.events import Data, EventStream
 from gpt1.serve.responses import error
 from gpt1.serve.schemas import (
     ERROR_RESPONSES,
+    GATE_RESPONSES,
     GenerateRequest,
     PredictBody,
     ScoreItem,
@@ -33,7 +34,7 @@ from gpt1.serve.schemas import (
 from gpt1.serve.security import page_policy
 from gpt1.serve.state import Serve
 
-info_router = APIRouter()
+info_router = APIRouter(responses=GATE_RESPONSES)
 lm_router = APIRouter(responses=ERROR_RESPONSES)
 PATHS = {"/v1/predict", "/v1/generate", "/v1/score", "/health", "/metrics"}
 
@@ -52,7 +53,7 @@ async def health(serve: Serve) -> dict[str, Any]:
     }
 
 
-@info_router.get("/metrics")
+@info_router.get("/metrics", response_class=PlainTextResponse)
 async def prometheus(serve: Serve) -> Response:
     """Prometheus text format."""
     metrics = serve.metrics

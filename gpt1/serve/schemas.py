@@ -147,11 +147,21 @@ class ErrorBody(BaseModel):
     error: str = Field(description="what was wrong, in one line")
 
 
+# What the server's gate (gpt1.serve.security) answers on any route before the route runs.
+GATE_STATUSES = (
+    (401, "the server has an API key and the request did not send it (Authorization: Bearer)"),
+    (403, "a Host that does not name this server, or an Origin it does not allow"),
+)
+GATE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": what} for status, what in GATE_STATUSES
+}
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": what}
     for status, what in (
+        *GATE_STATUSES,
         (408, "the request did not arrive within --request-timeout"),
         (413, "the body is over --max-body-bytes"),
+        (415, "the body is not declared Content-Type: application/json"),
         (422, "invalid body: unknown fields, wrong types, values out of range, invalid JSON"),
         (503, "the queue is full (see Retry-After)"),
     )

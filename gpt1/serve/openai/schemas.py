@@ -144,7 +144,7 @@ class OpenAIErrorBody(BaseModel):
 # As documented in the schema: the endpoints' own refusals in OpenAI's shape; a body too large or
 # too slow is refused before it reaches them, in the rest of the API's shape.
 OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **{s: r for s, r in ERROR_RESPONSES.items() if s in (408, 413)},
+    **{s: {**r, "model": OpenAIErrorBody} for s, r in ERROR_RESPONSES.items()},
     **{
         status: {"model": OpenAIErrorBody, "description": what}
         for status, what in (
@@ -153,7 +153,6 @@ OPENAI_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
                 "another model than the served one, or chat completions (GPT-1 has no chat format)",
             ),
             (422, "invalid body: unknown or refused fields, wrong types, values out of range"),
-            (503, "the queue is full (see Retry-After)"),
         )
     },
 }
