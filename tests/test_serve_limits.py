@@ -476,6 +476,10 @@ def test_huge_or_deep_json_gets_a_422_and_edge_options_work(world):
             timeout=60,
         )
         deep = httpx.post(f"{url}/v1/generate", headers=JSON, content=b"[" * 100_000, timeout=60)
+        openai = [
+            httpx.post(f"{url}/v1/completions", headers=JSON, content=body, timeout=60)
+            for body in (b'{"prompt": "a", "seed": ' + digits + b"}", b"[" * 100_000)
+        ]
         edges = [
             post(f"{url}/v1/generate", {"prompt": "a", "max_new_tokens": 2, **option})
             for option in ({"temperature": 1e-4}, {"top_p": 1e-6}, {"seed": 2**64 - 1})
@@ -483,4 +487,9 @@ def test_huge_or_deep_json_gets_a_422_and_edge_options_work(world):
     assert r.status_code == 422 and r.json()["error"].startswith("body is not valid JSON: ")
     assert deep.status_code == 422
     assert deep.json()["error"] == "body is not valid JSON: nested too deeply"
+    assert "sys." not in r.json()["error"] and "too many digits" in r.json()["error"]
+    for answer in openai:  # OpenAI's error object on its routes, no Python advice
+        error = answer.json()["error"]
+        assert answer.status_code == 422 and error["type"] == "invalid_request_error", error
+        assert error["message"].startswith("body is not valid JSON: ") and "sys." not in str(error)
     assert [e.status_code for e in edges] == [200] * 3, [e.text for e in edges]
