@@ -76,9 +76,23 @@ def file_inside(folder: Any, name: Any, roots: tuple = ()) -> Any:
     return folder / name
 
 
+# The widest integer a setting may hold: torch and numpy take integers as int64, and a value
+# past it (a count of 10^30) failed deep inside them with an OverflowError.
+MAX_INT = 2**63 - 1
+# Seeds feed torch, numpy and scikit-learn; numpy's legacy and scikit-learn's random states are
+# 32-bit, and the derived seeds (seed * 1000003 + epoch, seed + 1000 * rank) stay within torch's 64.
+MAX_SEED = 2**32 - 1
+
+
 def is_int(value: Any) -> bool:
     """A real integer: not a bool (JSON `true`), a float (`2.0`) or a string (`"2"`)."""
     return type(value) is int
+
+
+def check_seed(value: int, name: str) -> None:
+    """Refuse a seed outside 0..MAX_SEED, naming the flag or field `name`."""
+    if not 0 <= value <= MAX_SEED:
+        raise ConfigError(f"{name} must be in 0..2**32-1 ({MAX_SEED}), got {value}")
 
 
 def is_number(value: Any) -> bool:
@@ -87,11 +101,14 @@ def is_number(value: Any) -> bool:
 
 
 _TYPE_RULES: dict[str, tuple[Any, str]] = {
-    "int": (is_int, "an integer"),
+    "int": (lambda v: is_int(v) and abs(v) <= MAX_INT, "an integer within 64 bits"),
     "float": (is_number, "a finite number"),
     "bool": (lambda v: type(v) is bool, "true or false"),
     "str": (lambda v: type(v) is str, "a string"),
-    "int | None": (lambda v: v is None or is_int(v), "an integer or null"),
+    "int | None": (
+        lambda v: v is None or (is_int(v) and abs(v) <= MAX_INT),
+        "an integer within 64 bits or null",
+    ),
 }
 
 
@@ -331,6 +348,7 @@ class TrainConfig:
         for name in ("max_steps", "total_steps", "save_every", "eval_every", "keep_last"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"train.{name} must be >= 0, got {getattr(self, name)!r}")
+        check_seed(self.seed, "train.seed")
         if self.schedule not in SCHEDULES:
             raise ConfigError(
                 f"train.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"

@@ -88,7 +88,7 @@ def test_positions_of_an_lstm_is_a_clear_error(tmp_path, capsys):
         (["--max-positions", "-1"], "--max-positions must be at least 2"),
         (["--max-positions", "0"], "--max-positions must be at least 2"),
         (["--max-positions", "25"], "more than the 24 positions"),
-        (["--seed", "-1"], "--seed must be 0..2**32-1"),
+        (["--seed", "-1"], "--seed must be in 0..2**32-1"),
     ],
 )
 def test_positions_refuses_bad_values_in_one_line_before_making_out(tmp_path, capsys, flags, says):
@@ -328,6 +328,8 @@ def test_data_size_curve_uses_subsets_and_both_arms(tmp_path, sst2_setup):
         ("data-size --init x --task sst2 --data d --sizes 10,lots", "--sizes"),
         ("ablations --init x --tasks nope --data-root d", "--task-data nope=DIR"),
         ("ablations --init x --tasks sst2 --data-root root --rows lstm", "needs --lstm-init"),
+        ("layers --init x --task sst2 --data d --seeds 0,-1", "--seeds must be in 0..2**32-1"),
+        ("data-size --init x --task sst2 --data d --seeds " + "9" * 30, "--seeds must be in 0.."),
     ],
 )
 def test_bad_sweep_options_are_one_line_errors(tmp_path, monkeypatch, capsys, command, message):

@@ -55,3 +55,53 @@ def test_serve_takes_the_shared_precision_and_threads_flags():
     assert precision.help == precision_help(SERVED) and "fp16" not in precision.help
     assert "serve" in TAKES_THREADS and "serve" not in USES_THREADS  # serve applies its own
     assert parser.parse_args(["serve", "runs/x"]).threads is None  # unset: auto (gpt1.threads)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tokenizer", "train", "--corpus", "c.txt", "--merges", "1" + "0" * 30],
+        ["finetune", "--task", "sst2", "--data", "d", "--init", "none", "--batch-size", "1e30"],
+        [
+            "finetune",
+            "--task",
+            "sst2",
+            "--data",
+            "d",
+            "--init",
+            "none",
+            "--max-steps",
+            "-" + "9" * 20,
+        ],
+        ["demo", "--seed", "1" + "0" * 30],
+    ],
+)
+def test_every_integer_flag_is_refused_past_64_bits_before_anything_runs(
+    argv, tmp_path, capsys, monkeypatch
+):
+    """One check in the parser for every `type=int` flag: torch, numpy and the tokenizer trainer
+    failed on 10^30 with an OverflowError traceback deep inside."""
+    argv = [a.replace("1e30", "1" + "0" * 30) for a in argv]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit:
+        main([*argv, "--out", "out"])
+    err = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(err.splitlines()) == 1
+    assert f"argument {argv[-2]}: " in err and "out of range" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_integer_flags_within_64_bits_parse_as_before():
+    from gpt1.cli import build_parser
+
+    args = build_parser().parse_args(["demo", "--pretrain-steps", str(2**63 - 1), "--seed", "-5"])
+    assert args.pretrain_steps == 2**63 - 1 and args.seed == -5  # a seed's range is the recipe's
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**32)])
+def test_demo_refuses_a_seed_outside_0_to_2_32_before_writing(seed, tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--seed", seed]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"gpt1 demo: error: --seed must be in 0..2**32-1 (4294967295), got {seed}"
+    assert not out.exists()

@@ -73,6 +73,19 @@ def test_errors_name_the_layer_they_came_from():
         resolve_finetune()
 
 
+def test_integer_settings_are_within_64_bits_and_seeds_within_32():
+    """torch and numpy fail on wider integers with an OverflowError (numpy also on a negative
+    seed) deep in a run; every integer setting is refused where the config is validated."""
+    with pytest.raises(ConfigError, match=r"--set: train.batch_size must be an integer within 64"):
+        resolve_finetune(flags=FT_FLAGS, sets=["train.batch_size=" + "1" + "0" * 30])
+    with pytest.raises(ConfigError, match=r"run.toml: .*train.max_steps must be an integer within"):
+        resolve_pretrain("tiny", {"train": {"max_steps": 2**63}}, toml_source="run.toml")
+    for seed in (-1, 2**32):
+        with pytest.raises(ConfigError, match=r"train.seed must be in 0..2\*\*32-1"):
+            resolve_pretrain("tiny", flags={"train": {"seed": seed}})
+    assert resolve_pretrain("tiny", flags={"train": {"seed": 2**32 - 1}}).train.seed == 2**32 - 1
+
+
 # ---------------------------------------------------------------------- derived sizes
 def test_n_inner_follows_n_embd_unless_set():
     cfg = resolve_pretrain("tiny", sets=["model.n_embd=128"])

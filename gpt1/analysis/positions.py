@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpt1.config import check_seed
 from gpt1.errors import CheckpointError, ConfigError
 from gpt1.files import write_json
 from gpt1.train.telemetry import save_figure
@@ -149,8 +150,7 @@ def check_settings(max_positions: int | None, seed: int) -> None:
         raise ConfigError(
             f"--max-positions must be at least 2 (two points to project), got {max_positions}"
         )
-    if not 0 <= seed < 2**32:
-        raise ConfigError(f"--seed must be 0..2**32-1 (t-SNE's random state), got {seed}")
+    check_seed(seed, "--seed")
 
 
 def analyse_positions(

@@ -57,6 +57,19 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def _get_value(self, action: argparse.Action, arg_string: str) -> object:
+        """Every integer flag (`type=int`, any command) within 64 bits: checked once here, as a
+        malformed value is, since torch, numpy and the tokenizer trainer fail on wider ones
+        with an OverflowError deep inside."""
+        from gpt1.config import MAX_INT
+
+        value = super()._get_value(action, arg_string)
+        if action.type is int and abs(value) > MAX_INT:
+            raise argparse.ArgumentError(
+                action, f"{arg_string} is out of range (an integer within ±(2**63-1))"
+            )
+        return value
+
 
 def build_parser() -> argparse.ArgumentParser:
     from gpt1.cli.options import common_options

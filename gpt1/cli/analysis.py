@@ -314,10 +314,13 @@ def _finished_runs(sweep_file: Path) -> bool:
 def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
     from gpt1.analysis.runs import FinetuneOptions, parse_ints
     from gpt1.cli.options import from_flags
+    from gpt1.config import check_seed
 
     sets, loggers = list(args.set), list(args.logger or [])
     options = from_flags(FinetuneOptions, args, sets=sets, loggers=loggers)
     seeds = parse_ints(args.seeds, "--seeds")
+    for seed in seeds:  # before any sub-run starts (each would refuse it as train.seed)
+        check_seed(seed, "--seeds")
     if args.analysis == "layers":
         from gpt1.analysis.layers import layers_sweep, markdown
 

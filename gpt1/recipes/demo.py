@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt1.config import check_seed
 from gpt1.errors import Gpt1Error
 from gpt1.files import (
     LOCK_FILE,
@@ -171,6 +172,7 @@ def demo(settings: DemoSettings) -> dict[str, Any]:
         )
     if s.pretrain_steps < 1:
         raise Gpt1Error(f"--pretrain-steps must be >= 1, got {s.pretrain_steps}")
+    check_seed(s.seed, "--seed")
     if s.corpus:  # checked before anything is written or run
         check_user_inputs(s)
     check_inputs(out, [*s.corpus, *folder_files(s.data)], [s.data])  # the user's corpus, task
