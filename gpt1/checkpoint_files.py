@@ -199,9 +199,10 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint folder")
-    if path.is_file():
+    if not path.is_dir():  # a file, or a device such as /dev/full (iterdir would raise)
+        kind = "a file" if path.is_file() else "neither a file nor a folder"
         raise CheckpointError(
-            f"{path}: expected a checkpoint folder (with {WEIGHTS} and {CONFIG}), got a file"
+            f"{path}: expected a checkpoint folder (with {WEIGHTS} and {CONFIG}), got {kind}"
         )
     if (path / CONFIG).is_file():
         return path

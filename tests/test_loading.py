@@ -129,3 +129,19 @@ def test_a_folder_is_checked_when_opened(tmp_path):
         print(opened.task)
     with pytest.raises(CheckpointError, match="task.json: kind must be"):
         load_for_inference(folder, "cpu", "fp32")
+
+
+def test_a_checkpoint_path_that_is_a_device_is_refused_naming_it(tmp_path, capsys):
+    """A path that is neither a file nor a folder (here a link to /dev/full) is refused in one
+    line; listing it as a run folder raised NotADirectoryError in info, evaluate, serve."""
+    from gpt1.cli import main
+
+    device = tmp_path / "full"
+    device.symlink_to("/dev/full")
+    with pytest.raises(CheckpointError, match="got neither a file nor a folder"):
+        checkpoint_files.resolve_checkpoint_dir(device)
+    assert main(["info", str(device)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpt1 info: error: {device}: expected a checkpoint folder") and (
+        len(err.splitlines()) == 1
+    )
