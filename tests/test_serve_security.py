@@ -309,3 +309,12 @@ def test_every_answer_carries_the_security_headers(world):
         assert "script-src 'sha256-" in policy and "connect-src 'self'" in policy
         assert "unsafe" not in policy and "http" not in policy
     assert answers["health"].headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def test_the_pages_have_their_icon_without_a_key(world):
+    """Browsers ask for /favicon.ico on every page (/docs logged a 404): it is served, to
+    anyone, like the pages."""
+    with serving(world["lm"], security=Security(api_key=KEY)) as url:
+        icon = httpx.get(f"{url}/favicon.ico", timeout=TIMEOUT)
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert icon.text.startswith("<svg")

@@ -17,6 +17,13 @@ from typing import Any
 from fastapi.responses import StreamingResponse
 
 DONE = "[DONE]"  # OpenAI's last event
+# How a route that may stream documents its 200 answer: JSON, or these events.
+STREAMED_OK = {
+    200: {
+        "description": "the answer; with `stream: true`, server-sent events",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    }
+}
 
 # An event's data: an object, sent as JSON, or a text that is JSON already (an error response's
 # body, written by its own encoder) or `[DONE]`.

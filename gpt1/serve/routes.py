@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, PlainTextResponse, Response
 
 from gpt1.serve.docs_page import docs_page
 from gpt1.serve.engine import Engine
-from gpt1.serve.events import Data, EventStream
+from gpt1.serve.events import STREAMED_OK, Data, EventStream
 from gpt1.serve.responses import error
 from gpt1.serve.schemas import (
     ERROR_RESPONSES,
@@ -60,6 +60,20 @@ async def prometheus(serve: Serve) -> Response:
     metrics.queued.set(serve.batcher.queued_items)
     metrics.active_generations.set(serve.batcher.active_generations)
     return Response(metrics.render(), media_type=metrics.content_type)
+
+
+# The pages' icon (browsers ask for /favicon.ico whatever a page says): a small "1" in a square.
+ICON = (
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">'
+    '<rect width="16" height="16" rx="3" fill="#2b5d8a"/>'
+    '<text x="8" y="12.5" font-size="11" font-family="sans-serif" text-anchor="middle" '
+    'fill="#fff">1</text></svg>'
+)
+
+
+@info_router.get("/favicon.ico", include_in_schema=False)
+async def favicon() -> Response:
+    return Response(ICON, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 
 @info_router.get("/docs", include_in_schema=False)
@@ -130,7 +144,7 @@ def _score_pair(engine: Engine, item: ScoreItem, at: str) -> tuple[list[int], li
     )
 
 
-@lm_router.post("/v1/generate", response_model=None)
+@lm_router.post("/v1/generate", response_model=None, responses=STREAMED_OK)
 async def generate(body: GenerateRequest, serve: Serve) -> Any:
     """Continue a prompt (gpt1 sample's options); `"stream": true` sends server-sent events."""
     engine = serve.engine
