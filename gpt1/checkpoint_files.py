@@ -57,7 +57,7 @@ class CheckpointFolder:
     weights: Path  # folder / model.safetensors (checked when loaded: `checked_weights`)
     tokenizer_dir: Path | None  # the folder itself when it carries vocab.json + merges.txt
     finetuned: bool  # it has a task.json (and a head): a fine-tuned checkpoint
-    trained_context: int | None  # the window its run trained on (run.json), if recorded
+    trained_context: int | None  # the window it trained on (task.json, else run.json), if recorded
 
     @functools.cached_property
     def task(self) -> dict[str, Any] | None:
@@ -333,11 +333,14 @@ def tokenizer_dir_of(path: AnyCheckpoint) -> Path | None:
 
 
 def trained_context(path: AnyCheckpoint) -> int | None:
-    """The window length the checkpoint's pretraining run trained on, when its run folder says.
+    """The window length the checkpoint was trained on, when its folder records one: the one
+    place every command (serve, sample, convert, lm-eval, zeroshot, fine-tuning) learns it.
 
     A model pretrained on windows shorter than `n_positions` never trained the later position
-    rows (they are still at their random init), so scoring and fine-tuning should not reach
-    them by default. Read from `run.json` (`data.n_ctx`) beside the checkpoint folder.
+    rows (they are still at their random init), so scoring, generation and fine-tuning should
+    not reach them by default. A fine-tuned checkpoint's window is its own task.json `n_ctx`
+    (the window its inputs were cut to); a pretrained one's, `run.json`'s `data.n_ctx` beside
+    the checkpoint folder. The model's window is this, capped at its `n_positions`.
     """
     if isinstance(path, CheckpointFolder):
         return path.trained_context
@@ -345,10 +348,14 @@ def trained_context(path: AnyCheckpoint) -> int | None:
 
 
 def run_window(folder: Path) -> int | None:
-    """`trained_context` of the checkpoint folder `folder` (its run's run.json)."""
-    run_file = folder.parent / "run.json"
+    """`trained_context` of the checkpoint folder `folder` (task.json, else its run's run.json).
+    Read leniently: an unreadable record means no recorded window; the task record is
+    validated where it is used (`CheckpointFolder.task`)."""
     try:
-        n_ctx = read_json_file(run_file)["data"]["n_ctx"]
+        if (folder / TASK_FILE).is_file():
+            n_ctx = read_json_file(folder / TASK_FILE)["n_ctx"]
+        else:
+            n_ctx = read_json_file(folder.parent / "run.json")["data"]["n_ctx"]
     except (Gpt1Error, KeyError, TypeError):
         return None
     return n_ctx if type(n_ctx) is int and n_ctx > 0 else None
