@@ -37,9 +37,9 @@ demo: $(VENV)/.base
 test: venv
 	$(VENV)/bin/ruff check gpt1 tests benchmarks scripts
 	$(VENV)/bin/ruff format --check gpt1 tests benchmarks scripts
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-logo
 	$(VENV)/bin/gpt1 kernels build || true
-	$(PY) -m pytest -q -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs -n 2 $(PYTEST_ARGS)
 
 # The hostile-input tests at full size (thousands of generated API requests, command lines and
 # mutated files instead of make test's slice); each prints what it tried.
