@@ -212,7 +212,16 @@ def test_predict_writes_jsonl_and_csv_with_inputs_labels_and_probabilities(
     assert main(["predict", str(run), "--file", str(held_out), "--format", "csv"]) == 0
     with open(run / "predictions" / "scored_later.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
-    assert list(rows[0]) == ["id", "text", "label", "gold", "p_neg", "p_pos"]
+    assert list(rows[0]) == [
+        "id",
+        "text",
+        "label",
+        "label_name",
+        "gold",
+        "gold_name",
+        "p_neg",
+        "p_pos",
+    ]
     assert rows[0]["text"] == "a great, long film" and rows[1]["gold"] == ""
     assert float(rows[1]["p_pos"]) == pytest.approx(recs[1]["probabilities"]["pos"])
     # an existing prediction file is kept unless --overwrite

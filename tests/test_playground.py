@@ -408,7 +408,8 @@ def test_browser_classifier_form_equals_gpt1_predict(browser, world, kind, tmp_p
     assert main(["--quiet", "predict", str(run), "--data", str(data), "--format", "jsonl",
                  "--out", str(tmp_path)]) == 0  # fmt: skip
     (written,) = tmp_path.glob("*.jsonl")
-    expected = json.loads(written.read_text().splitlines()[0])["probabilities"]
+    record = json.loads(written.read_text().splitlines()[0])
+    expected = record["probabilities"]
     with gpt1_serve(run) as url:
         page = Page(browser, url)
         fields = page.js(
@@ -425,11 +426,13 @@ def test_browser_classifier_form_equals_gpt1_predict(browser, world, kind, tmp_p
             ".map(td => [td.dataset.name, Number(td.dataset.p)])"
         )
         label = page.tab.inner_text("#predict-label strong")
+        raw = page.js("document.querySelector('#predict-label').dataset.label")
         assert not page.errors and not page.foreign, (page.errors, page.foreign)
-    if kind == "single":
+    if kind == "single":  # SST-2: the class's name, its raw label beside it
         assert fields == ["text"]
         assert dict(shown) == pytest.approx(expected, abs=1e-6)
-        assert label == max(expected, key=expected.get)
+        assert raw == record["label"] == max(expected, key=expected.get)
+        assert label == record["label_name"] == {"0": "negative", "1": "positive"}[raw]
     else:
         columns = CHOICE_SPEC["columns"]
         assert fields == [columns["context"], columns["choices"]]

@@ -2,12 +2,14 @@
 and the probability of every class (or choice).
 
 A record holds `id`, the example's inputs under their roles (`text`; `a`, `b`; `context`,
-`question`, `choices`), `label` (written as in the GLUE-style TSV: the class name, Story Cloze's
+`question`, `choices`), `label` (written as in the GLUE-style TSV: the class label, Story Cloze's
 1-based ending, RACE's letter), `gold` when the file has a label for the row, and
-`probabilities`: class name -> softmax probability for classification, one per choice (in file
-order) for multiple choice. Regression tasks write `score` instead of both. CSV flattens the
-same record: one column per input role, `label`, `gold`, then `p_<class>` (or `p_1`, `p_2`, ...
-per choice), or `score`.
+`probabilities`: class label -> softmax probability for classification, one per choice (in file
+order) for multiple choice. Regression tasks write `score` instead of both. Classification
+records also carry `label_name` (and `gold_name`): what the class means, as the task table names
+it (SST-2's `1` is `positive`), else the label itself. CSV flattens the same record: one column
+per input role, `label`, `label_name`, `gold`, `gold_name`, then `p_<class>` (or `p_1`, `p_2`,
+... per choice), or `score`.
 
 CSV cells are neutralised against spreadsheet formula injection as OWASP recommends ("CSV
 Injection"): a text cell starting with `=`, `+`, `-`, `@`, a tab or a carriage return gets a
@@ -51,6 +53,7 @@ def records(
 ) -> list[dict[str, Any]]:
     """The prediction record of each example (see the module docstring), in file order."""
     probs = None if task.regression else probabilities(raw)
+    classes = task.kind != "choice" and task.labels is not None  # they have names
     out = []
     for i, example in enumerate(examples):
         rec: dict[str, Any] = {"id": example.uid}
@@ -60,8 +63,12 @@ def records(
         else:
             best = max(range(len(probs[i])), key=probs[i].__getitem__)
             rec["label"] = label_text(task, best)
+            if classes:
+                rec["label_name"] = task.label_name(best)
         if example.label is not None:
             rec["gold"] = label_text(task, example.label)
+            if classes:
+                rec["gold_name"] = task.label_name(example.label)
         if probs is not None:
             rec["probabilities"] = _named(task, probs[i])
         out.append(rec)

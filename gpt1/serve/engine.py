@@ -50,6 +50,7 @@ class Prediction:
     label: str  # as in gpt1 predict's submission file
     score: float | None  # regression tasks (STS-B): the predicted score
     probabilities: list[float] | None  # per class, or per choice; None for regression
+    label_name: str | None = None  # what the class means (SST-2's "1": "positive"); classes only
 
     def as_dict(self, labels: list[str] | None) -> dict[str, Any]:
         if self.probabilities is None:
@@ -57,7 +58,8 @@ class Prediction:
         probs: Any = (
             dict(zip(labels, self.probabilities)) if labels is not None else self.probabilities
         )
-        return {"label": self.label, "probabilities": probs}
+        name = {} if self.label_name is None else {"label_name": self.label_name}
+        return {"label": self.label, **name, "probabilities": probs}
 
 
 class LanguageEngine:
@@ -76,8 +78,9 @@ class LanguageEngine:
         window = window if window is not None else trained_context(folder)
         self.scorer = Scorer(lm, max_context=window)
         self.n_positions = lm.config.n_positions
-        # Generations, decoded together (continuous batching) by the batcher's worker thread.
-        self.decoder = BatchedDecoder(lm)
+        # Generations, decoded together (continuous batching) by the batcher's worker thread,
+        # inside the same window as scoring.
+        self.decoder = BatchedDecoder(lm, self.window)
 
     def token_ids(self, text: str | None, ids: list[int] | None, what: str) -> list[int]:
         """A text (encoded with the model's tokenizer) or ids (checked against the vocabulary)."""
@@ -234,7 +237,8 @@ class ClassifierEngine:
             logits = torch.tensor(row)  # float32, as predict_outputs' argmax sees them
             best = int(logits.argmax())
             probs = logits.double().softmax(-1).tolist()
-            out.append(Prediction(label_text(self.task, best), None, probs))
+            name = self.task.label_name(best) if self.task.kind != "choice" else None
+            out.append(Prediction(label_text(self.task, best), None, probs, name))
         return out
 
 
@@ -274,6 +278,7 @@ class Engine(LanguageEngine):
             "kind": self.kind,
             "precision": self.precision,
             "n_positions": self.n_positions,
+            "window": self.window,
             "tokenizer": self.tokenizer is not None,
         }
         return info | (self.classifier.describe() if self.classifier is not None else {})

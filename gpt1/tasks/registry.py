@@ -3,7 +3,8 @@
 `get_task(name)` returns a `Task`; `task.read(data, split)` returns a `Split` of examples.
 `kind` selects both the transformation (`transforms.py`) and the head (`gpt1.model.heads`):
 "single" (classification), "pair" (entailment), "similarity" (both orders summed) and
-"choice" (multiple choice). `labels` None means regression (STS-B).
+"choice" (multiple choice). `labels` None means regression (STS-B). `names` says what each class
+means where the labels are codes (SST-2's "1" is positive); predictions show both.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Task:
     test: tuple[str, ...] = ("test",)
     spec: dict[str, Any] = field(default_factory=dict)  # generic tasks: format, columns, labels
     folders: tuple[str, ...] = ()  # standard subfolders of a data root holding the task
+    names: tuple[str, ...] | None = None  # each class's meaning, by label; None: labels are words
 
     @property
     def n_outputs(self) -> int:
@@ -56,6 +58,10 @@ class Task:
     def f1_label(self) -> str | None:
         """The name of the class F1 is computed for (None when the task reports no F1)."""
         return self.labels[self.positive_index] if "f1" in self.metrics and self.labels else None
+
+    def label_name(self, index: int) -> str:
+        """What class `index` means to a person: its name, else its label (already a word)."""
+        return (self.names or self.labels or [])[index]
 
     @property
     def regression(self) -> bool:
@@ -185,6 +191,10 @@ def _generic_reader(task: Task, data: Path, split: str, bad: BadRows, need_label
 
 # ---------------------------------------------------------------------------- registry
 BINARY = ["0", "1"]
+# GLUE's names for its 0/1 labels (the GLUE server and its TSVs take the digits).
+SST2_NAMES, COLA_NAMES = ("negative", "positive"), ("unacceptable", "acceptable")
+MRPC_NAMES, QQP_NAMES = ("not_equivalent", "equivalent"), ("not_duplicate", "duplicate")
+WNLI_NAMES = ("not_entailment", "entailment")
 NOT_ENT = ["entailment", "not_entailment"]
 ACC, F1_ACC, MCC, CORR = ("accuracy",), ("f1", "accuracy"), ("matthews",), ("pearson", "spearman")
 MNLI_SPLITS = ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched")
@@ -213,6 +223,7 @@ def _builtin() -> dict[str, Task]:
                 MCC + ("accuracy",),
                 _glue_reader("cola"),
                 folders=("glue/CoLA", "CoLA", "cola"),
+                names=COLA_NAMES,
             ),
             Task(
                 "sst2",
@@ -221,6 +232,7 @@ def _builtin() -> dict[str, Task]:
                 ACC,
                 _glue_reader("sst2"),
                 folders=("glue/SST-2", "SST-2", "sst2"),
+                names=SST2_NAMES,
             ),
             Task(
                 "mnli",
@@ -242,9 +254,16 @@ def _builtin() -> dict[str, Task]:
             ),
             Task("qnli", "pair", NOT_ENT, ACC, _glue_reader("qnli")),
             Task("rte", "pair", NOT_ENT, ACC, _glue_reader("rte")),
-            Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli")),
-            Task("mrpc", "similarity", BINARY, F1_ACC, _glue_reader("mrpc", MRPC_FILES)),
-            Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp")),
+            Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli"), names=WNLI_NAMES),
+            Task(
+                "mrpc",
+                "similarity",
+                BINARY,
+                F1_ACC,
+                _glue_reader("mrpc", MRPC_FILES),
+                names=MRPC_NAMES,
+            ),
+            Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp"), names=QQP_NAMES),
             Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
             Task(
                 "story_cloze",
