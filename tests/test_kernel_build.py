@@ -175,3 +175,25 @@ def test_gpt1_kernels_build_prints_the_folder(fake, capsys):
     assert out == [f"built: {matvec.build_folder()}"]
     assert main(["kernels", "build"]) == 0
     assert capsys.readouterr().out.strip() == f"already built: {matvec.build_folder()}"
+
+
+def test_a_long_build_says_how_long_it_has_taken_while_it_runs(fake, monkeypatch):
+    """A real build is minutes of compiling: a line with the time so far, every TELL_EVERY
+    seconds (15 s; here 0.05 s), so it does not look hung."""
+    said = []
+    monkeypatch.setattr(matvec, "_say", said.append)
+    monkeypatch.setattr(matvec, "TELL_EVERY", 0.05)
+    compile_now = fake.compile
+
+    def slow_compile(folder, name):
+        time.sleep(0.4)
+        return compile_now(folder, name)
+
+    monkeypatch.setattr(matvec, "_compile", slow_compile)
+    matvec.module()
+    still = [line for line in said if line.startswith("still compiling gpt1 kernels: ")]
+    assert "building decoding kernel" in said[0] and matvec.BUILD_TIME in said[0]
+    assert len(still) >= 2 and f"(usually {matvec.BUILD_TIME})" in still[0]
+    count = len(said)
+    time.sleep(0.2)
+    assert len(said) == count  # silent once the build is over

@@ -1,29 +1,69 @@
 """Build gpt1's compiled decoding kernel for this CPU and environment now, or check the build
-there (its checksum), and print its folder.
+there (its checksum), and print its folder; or time torch's candidate products again.
 
-Decoding commands build it on first use (about a minute, once per machine and environment);
-building it up front keeps that wait out of a first `gpt1 sample` or a test's timeout. A
-damaged cached build is rebuilt. `gpt1 info --kernels` shows what each product runs on.
+Decoding commands build it on first use (1-5 minutes on 2 cores, once per machine and
+environment, saying how long it has taken every 15 s); building it up front keeps that wait out
+of a first `gpt1 sample` or a test's timeout. A damaged cached build is rebuilt.
+
+`probe` times each product's paths again now (oneDNN's packed product against `F.linear`,
+oneDNN's int8 product against the float path), prints both sides and records the choice, which
+every later process on this machine takes. The backend re-times by itself where a record was
+taken on a busy machine and it is quieter now, or torch changed; `probe` is for when you know
+better (after a benchmark run finished, say). `gpt1 info --kernels` shows what each product
+runs on.
 
 Examples:
   gpt1 kernels build
   GPT1_KERNEL_MARCH=x86-64-v3 gpt1 kernels build   # the AVX2+FMA build, beside the native one
+  gpt1 kernels probe
 """
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "build (or check) gpt1's compiled decoding kernel for this CPU and print its folder"
+HELP = "build (or check) gpt1's compiled decoding kernel, or time the products again (probe)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["build"], help="build: build or check the kernel")
+    p.add_argument(
+        "action",
+        choices=["build", "probe"],
+        help="build: build or check the kernel; probe: time each product's paths again and "
+        "record the faster",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "probe":
+        return _probe()
     from gpt1.recipes.info import build_kernels
 
     folder, fresh = build_kernels()
     print(f"{'built' if fresh else 'already built'}: {folder}")
     return 0
+
+
+def _probe() -> int:
+    from gpt1.inference import backend, matvec, timings
+
+    conditions, found = backend.probe_again()
+    print(
+        f"timed at {conditions.describe()}; one thread, each path's best of {timings.ROUNDS} "
+        f"interleaved rounds; recorded in {matvec.build_root()}"
+    )
+    for timed in found:
+        sides = ", ".join(f"{path} {_ms(seconds)}" for path, seconds in timed.times.items())
+        print(f"  {timed.product}: {sides} -> {timed.chosen}")
+    if not found:
+        print("  nothing to time: this torch has no oneDNN products to choose between")
+    if conditions.busy:
+        print(
+            "the machine is busy: the next process times again once the load is lower "
+            "(or run this again then)"
+        )
+    return 0
+
+
+def _ms(seconds: float) -> str:
+    return "failed" if seconds == float("inf") else f"{seconds * 1e3:.3g} ms"

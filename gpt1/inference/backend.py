@@ -35,10 +35,7 @@ loaded, not gathered into one huge-page storage by `gpt1.inference.arena`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import json
 import os
 import time
 import warnings
@@ -49,7 +46,7 @@ from pathlib import Path
 import torch
 
 from gpt1.errors import ConfigError
-from gpt1.inference import matvec
+from gpt1.inference import matvec, timings
 
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step", "weight storage")
@@ -246,6 +243,7 @@ class Int8Probe:
 # a smaller one screens for the reference kernel first (about 40 ms there, 0.1 ms elsewhere).
 _PROBE_SHAPE = (64, 768, 768)  # rows, in, out
 _SCREEN_SHAPE = (32, 256, 256)
+_SCREEN = "x".join(map(str, _SCREEN_SHAPE))
 _REFERENCE_FACTOR = 10.0  # a screen this much slower than the float path is the reference
 # The layout hint for oneDNN's packed int8 weight: any number of rows works with it, and 64 or
 # 1024 gave the same speed on GPT-1's layers at 800 rows.
@@ -255,98 +253,65 @@ _INT8_PACK_ROWS = 1024
 @functools.cache
 def int8_probe() -> Int8Probe:
     """The int8 speed check's times: kept per CPU and torch in the build folder (so every run
-    on a machine takes the same path, and pays for the check once), else measured now."""
-    return _kept_probe("int8", Int8Probe, lambda: _measure_int8())
-
-
-def _kept_probe(name: str, kind: type, measure: Callable[[], object]) -> object:
-    """The probe `kind` read from its record in the build folder (per CPU, torch and caps),
-    else `measure()`d now and recorded, whole or not at all (for a reader in another process);
-    a read-only cache is left as it is, and the probe measured again next time."""
-    record = matvec.build_root() / f"gpt1_{name}_probe_{_probe_key()}.json"
-    try:
-        return kind(**json.loads(record.read_text()))
-    except (OSError, ValueError, TypeError):
-        pass
-    probe = measure()
-    _keep(record, dataclasses.asdict(probe))
-    return probe
-
-
-def _keep(record: Path, found: dict) -> None:
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        private = record.with_name(f".{record.name}.{os.getpid()}")
-        private.write_text(json.dumps(found))
-        private.replace(record)
-    except OSError:
-        pass
-
-
-def _probe_key() -> str:
-    """The CPU, torch, and the caps on the instructions oneDNN and torch may use: a capped
-    process (a simulated older CPU) runs other kernels, so it keeps its own times."""
-    caps = [os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")]
-    parts = [matvec.cpu_flags(), torch.__version__, str(Path(torch.__file__).resolve().parent)]
-    parts += caps
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
+    on a machine takes the same path, and pays for the check once), else measured now; taken
+    again where the record is stale or was taken on a busier machine (`gpt1.inference.timings`)."""
+    return timings.kept("int8", Int8Probe, lambda: _measure_int8())
 
 
 def _measure_int8() -> Int8Probe:
     """Time oneDNN's int8 product (signed and unsigned activations) against the float path on
     random operands in the activations' dtype, on one thread: the kernel's quality is the
     question, and threads contending with other processes for the cores make every path slow
-    alike."""
+    alike. An encoding oneDNN runs on its reference kernel keeps its screening time."""
     dtype = torch.bfloat16 if cpu_has_bf16() else torch.float32
     generator = torch.Generator().manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            screen = _product_timer(_SCREEN_SHAPE, dtype, generator)
-            full = _product_timer(_PROBE_SHAPE, dtype, generator)
-            times = {}
-            for encoding in ("s8", "u8"):
-                screened = screen(encoding, 1)
-                times[encoding] = (
-                    screened
-                    if screened > _REFERENCE_FACTOR * screen(None, 3)
-                    else full(encoding, 3)
-                )
-            return Int8Probe(full(None, 3), times["s8"], times["u8"])
+            screen = timings.interleaved_best(_int8_products(_SCREEN_SHAPE, dtype, generator), 2)
+            full = _int8_products(_PROBE_SHAPE, dtype, generator)
+            reference = [
+                e for e in ("s8", "u8") if screen[e] > _REFERENCE_FACTOR * screen["float_path"]
+            ]
+            times = screen | timings.interleaved_best(
+                {path: fn for path, fn in full.items() if path not in reference}
+            )
+            return Int8Probe(times["float_path"], times["s8"], times["u8"])
     finally:
         torch.set_num_threads(threads)
 
 
-def _product_timer(
+def _int8_products(
     shape: tuple[int, int, int], dtype: torch.dtype, generator: torch.Generator
-) -> Callable[[str | None, int], float]:
-    """`time(encoding, repeats)`: the best time of one product of random operands of `shape`
-    (rows, in, out) in `dtype`, on oneDNN's int8 kernel with `encoding` (activations already
-    quantised) or on the float path (None: the int8 weight widened, then `F.linear`, as
-    `quantize` runs it without the kernel); inf where it fails."""
+) -> dict[str, Callable[[], torch.Tensor]]:
+    """One product of random operands of `shape` (rows, in, out) in `dtype` on each path: the
+    float path (`float_path`: the int8 weight widened, then `F.linear`, as `quantize` runs it
+    without the kernel) and oneDNN's int8 kernel with each encoding of the activations (`s8`,
+    `u8`, already quantised), which raises RuntimeError where oneDNN cannot pack the weight."""
     rows, k, n = shape
     x = torch.randn(rows, k, generator=generator).to(dtype)
     q = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
     scale = torch.rand(n, generator=generator) * 1e-2 + 1e-3
     bias = torch.randn(n, generator=generator).to(dtype)
     qx = torch.randint(-127, 128, (rows, k), generator=generator, dtype=torch.int8)
+    try:
+        packed = pack_int8(q)
+    except RuntimeError as e:
+        packed = e
 
     def float_path() -> torch.Tensor:
         return torch.nn.functional.linear(x, q.to(dtype)) * scale.to(dtype) + bias
 
-    def time(encoding: str | None, repeats: int) -> float:
-        if encoding is None:
-            return best_time(float_path, repeats)
-        try:
-            packed = pack_int8(q)
-        except RuntimeError:
-            return float("inf")
-        return best_time(
-            lambda: onednn_int8_product(qx, 0.01, packed, scale, bias, dtype, encoding), repeats
-        )
+    def on_int8(encoding: str) -> Callable[[], torch.Tensor]:
+        def product() -> torch.Tensor:
+            if isinstance(packed, RuntimeError):
+                raise packed
+            return onednn_int8_product(qx, 0.01, packed, scale, bias, dtype, encoding)
 
-    return time
+        return product
+
+    return {"float_path": float_path, "s8": on_int8("s8"), "u8": on_int8("u8")}
 
 
 def pack_int8(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -425,12 +390,12 @@ def _rows(few_rows: bool) -> str:
 @functools.cache
 def float_probe() -> FloatProbe:
     """The packed-against-plain times, kept per CPU and torch beside the int8 check's."""
-    return _kept_probe("float", FloatProbe, lambda: _measure_float())
+    return timings.kept("float", FloatProbe, lambda: _measure_float())
 
 
 def _measure_float() -> FloatProbe:
-    """Time each packable dtype's product on both paths, in turns (a burst of load then slows
-    both alike), on one thread as `_measure_int8` does."""
+    """Time each packable dtype's product on both paths, in interleaved rounds (a burst of load
+    then slows both alike), on one thread as `_measure_int8` does."""
     generator = torch.Generator().manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -450,7 +415,7 @@ def _measure_float() -> FloatProbe:
 
 def _packed_vs_plain(rows: str, dtype: torch.dtype, generator: torch.Generator) -> list[float]:
     """[packed, plain]: the time of the `_FLOAT_PRODUCTS[rows]` products (each with a weight of
-    its own, but for `many`), the best of five turns of each path."""
+    its own, but for `many`), each path's best of `timings.ROUNDS` interleaved rounds."""
     products = _FLOAT_PRODUCTS[rows]
     inputs = {k: torch.randn(m, k, generator=generator).to(dtype) for m, k, _ in products}
     weights: list[torch.Tensor] = []
@@ -471,10 +436,51 @@ def _packed_vs_plain(rows: str, dtype: torch.dtype, generator: torch.Generator) 
         for w in weights:
             torch.nn.functional.linear(inputs[w.shape[1]], w)
 
-    best = [float("inf"), float("inf")]
-    for _ in range(5):
-        best = [min(best[0], best_time(on_packed, 1)), min(best[1], best_time(on_plain, 1))]
-    return best
+    best = timings.interleaved_best({"packed": on_packed, "plain": on_plain})
+    return [best["packed"], best["plain"]]
+
+
+# ---------------------------------------------------------------------- timed again on demand
+@dataclass(frozen=True)
+class Timed:
+    """One product's paths with their best times in seconds, and the path the timing chooses."""
+
+    product: str
+    times: dict[str, float]
+    chosen: str
+
+
+def probe_again() -> tuple[timings.Conditions, list[Timed]]:
+    """Time every speed check this torch and CPU have again now and record it (`gpt1 kernels
+    probe`): the conditions the timing began under, and each product's paths and choice."""
+    check_environment()
+    current, found = timings.now(), []
+    float_probe.cache_clear()
+    int8_probe.cache_clear()
+    if any(onednn_packs(d) for d in (torch.float32, torch.bfloat16)):
+        floats = timings.kept("float", FloatProbe, _measure_float, again=True)
+        for name, by_rows in floats.times.items():
+            for rows, (packed, plain) in by_rows.items():
+                chosen = "oneDNN packed" if packed <= plain else "F.linear"
+                times = {"oneDNN packed": packed, "F.linear": plain}
+                found.append(Timed(f"{_NAMES[name]}, {_SHAPES[rows]}", times, chosen))
+    if onednn_has_int8():
+        probe = timings.kept("int8", Int8Probe, _measure_int8, again=True)
+        paths = {"s8": "signed", "u8": "unsigned"}
+        for encoding in paths:
+            if _REFERENCE_FACTOR * probe.float_path < getattr(probe, encoding) < float("inf"):
+                paths[encoding] += f" (oneDNN's reference kernel, on {_SCREEN})"
+        times = {paths["s8"]: probe.s8, paths["u8"]: probe.u8, "float path": probe.float_path}
+        chosen = {**paths, None: "float path"}[probe.choice]
+        shape = "x".join(map(str, _PROBE_SHAPE))
+        found.append(Timed(f"int8 activations, one {shape} product", times, chosen))
+    float_probe.cache_clear()
+    int8_probe.cache_clear()
+    return current, found
+
+
+_NAMES = {"float32": "fp32", "bfloat16": "bf16"}
+_SHAPES = {"few": "one row through four GPT-1 blocks", "many": "three 64x768x768 products"}
 
 
 # ------------------------------------------------------------------------------ the report
@@ -534,7 +540,7 @@ def _float_choices(few_rows: bool) -> tuple[str, str]:
     if switch("GPT1_PREPACK") is True:
         return chosen, "GPT1_PREPACK switches packing on"
     probe, rows = float_probe(), _rows(few_rows)
-    shape = "one row through four GPT-1 blocks" if few_rows else "three 64x768x768 products"
+    shape = _SHAPES[rows]
     timed = "; ".join(
         f"{names[d]} packed {_ms(t[0])}, F.linear {_ms(t[1])}"
         for d in dtypes
@@ -591,8 +597,7 @@ def _storage() -> Choice:
 
 def _timed(seconds: float, probe: Int8Probe) -> str:
     if seconds > _REFERENCE_FACTOR * probe.float_path and seconds < float("inf"):
-        shape = "x".join(map(str, _SCREEN_SHAPE))
-        return f"oneDNN's reference kernel ({_ms(seconds)} on {shape})"
+        return f"oneDNN's reference kernel ({_ms(seconds)} on {_SCREEN})"
     return _ms(seconds)
 
 

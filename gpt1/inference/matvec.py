@@ -36,7 +36,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -58,6 +61,10 @@ CHECKSUM = "sha256"  # beside a published build: its library's digest
 # `native`, this CPU); `x86-64-v3` builds the AVX2+FMA code a laptop runs, to measure it here.
 MARCH_VARIABLE = "GPT1_KERNEL_MARCH"
 _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+# What a build took (`time gpt1 kernels build` into an empty TORCH_EXTENSIONS_DIR, 2 cores,
+# loads 1.4-9, 2026-12-06: docs/commands/kernels.md), said while it runs.
+BUILD_TIME = "1-5 minutes on 2 cores"
+TELL_EVERY = 15.0  # seconds between the lines that say a build or a wait is still going
 
 
 def build_target() -> str:
@@ -198,9 +205,11 @@ def _build():
                 shutil.rmtree(stale, ignore_errors=True)
             _say(
                 f"{'rebuilding a damaged' if damaged else 'building'} decoding kernel for this "
-                f"CPU in {folder} (once, about a minute; GPT1_MATVEC=torch skips it)"
+                f"CPU in {folder} (once, {BUILD_TIME}, less with more; GPT1_MATVEC=torch "
+                "skips it)"
             )
-            _publish(folder)
+            with telling("compiling gpt1 kernels", hint=f"usually {BUILD_TIME}"):
+                _publish(folder)
     return _import(folder)
 
 
@@ -214,12 +223,36 @@ def _take_turn(guard, folder: Path) -> None:
             f"waiting for another process building the decoding kernel in {folder} "
             "(GPT1_MATVEC=torch skips it)"
         )
-        fcntl.flock(guard, fcntl.LOCK_EX)
+        with telling("waiting for the kernel's build", hint=f"usually {BUILD_TIME}"):
+            fcntl.flock(guard, fcntl.LOCK_EX)
 
 
 def _say(line: str) -> None:
     """One line on stderr, where a user sees it whatever logging does."""
     print(f"gpt1: {line}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def telling(what: str, hint: str = "", first: float | None = None) -> Iterator[None]:
+    """Say `still WHAT: N s (HINT)` on stderr after `first` seconds (default `TELL_EVERY`) and
+    every `TELL_EVERY` seconds after that until the block ends: a wait of minutes with nothing
+    on the screen looks hung."""
+    done, start = threading.Event(), time.monotonic()
+    suffix = f" ({hint})" if hint else ""
+
+    def tell() -> None:
+        wait = TELL_EVERY if first is None else first
+        while not done.wait(wait):
+            _say(f"still {what}: {time.monotonic() - start:.0f} s{suffix}")
+            wait = TELL_EVERY
+
+    teller = threading.Thread(target=tell, daemon=True)
+    teller.start()
+    try:
+        yield
+    finally:
+        done.set()
+        teller.join()
 
 
 def _publish(folder: Path) -> None:
