@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,29 @@ def test_a_hub_task_offline_is_one_line(checkpoint, tmp_path):
     ]
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(err) == 1 and "'gpt1_hub_only'" in err[0] and "Hugging Face Hub" in err[0]
+
+
+@pytest.mark.parametrize(
+    "tasks, probed", [("hellaswag", True), ("gpt1_sst2,arc_easy", True), ("gpt1_zeroshot", False)]
+)
+def test_an_unreachable_hub_puts_the_harness_offline_before_it_loads(monkeypatch, tasks, probed):
+    """Asked for the harness's own tasks with the Hub unreachable, the command sets the hub
+    libraries' offline mode before they load (cached data used, the rest fails at once: it
+    retried for half a minute); gpt1's local tasks never probe; a reachable Hub changes nothing."""
+    import socket
+
+    from gpt1.cli import lm_eval
+
+    calls = []
+
+    def unreachable(address, timeout):
+        calls.append(address)
+        raise OSError("Name or service not known")
+
+    # A copy of the environment: what the command sets must not reach the other tests.
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items() if "OFFLINE" not in k})
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    lm_eval.offline_unless_hub_reachable(["--model_args", "checkpoint=x", "--tasks", tasks])
+    assert bool(calls) == probed
+    assert (os.environ.get("HF_HUB_OFFLINE") == "1") == probed
+    assert (os.environ.get("HF_DATASETS_OFFLINE") == "1") == probed

@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.extras import require
 
     require("eval", "lm_eval", what="gpt1 lm-eval")
+    offline_unless_hub_reachable(args.extra)  # before the hub's libraries read their settings
     import time
 
     from lm_eval._cli import HarnessCLI
@@ -132,6 +133,44 @@ def run(args: argparse.Namespace) -> int:
         cli.execute(parsed)
     harness.check_saved(folder, parsed.output_path, started)
     return 0
+
+
+HUB_HOST = "huggingface.co"
+HUB_PROBE_S = 3.0  # a reachable hub answers a TCP connect well within this
+
+
+def offline_unless_hub_reachable(extra: list[str]) -> None:
+    """When the harness's own tasks are asked for and the Hugging Face Hub cannot be reached,
+    put its libraries in offline mode before they load: data cached already is used, and data
+    that is not fails at once in one line, instead of after half a minute of retries."""
+    import logging
+    import os
+    import socket
+
+    if os.environ.get("HF_HUB_OFFLINE") or not _asks_for_hub_tasks(extra):
+        return
+    try:
+        socket.create_connection((HUB_HOST, 443), timeout=HUB_PROBE_S).close()
+        return
+    except OSError:
+        pass
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    logging.getLogger("gpt1.lm_eval").warning(
+        "%s cannot be reached: the harness runs offline (data cached already is used)", HUB_HOST
+    )
+
+
+def _asks_for_hub_tasks(extra: list[str]) -> bool:
+    """Whether --tasks names any task besides gpt1's local ones."""
+    from gpt1.recipes.harness import only_local
+
+    tasks: list[str] = []
+    for i, arg in enumerate(extra):
+        if arg.startswith("--tasks="):
+            tasks += arg.split("=", 1)[1].split(",")
+        elif arg == "--tasks" and i + 1 < len(extra):
+            tasks += extra[i + 1].split(",")
+    return bool(tasks) and not only_local(tasks)
 
 
 @contextlib.contextmanager
