@@ -244,6 +244,56 @@ def test_a_plot_that_cannot_be_drawn_leaves_the_older_pair(tmp_path, monkeypatch
     ]
 
 
+def test_loss_plot_names_each_curve_by_what_the_log_records(tmp_path, monkeypatch):
+    """Pretraining's curves are LM cross-entropy; fine-tuning's `loss` is task + lm_coef x LM
+    (the coefficient read back from the logged terms), drawn beside each term."""
+    from gpt1.train import telemetry
+
+    def drawn(lines: list[dict]) -> tuple[dict[str, list[float]], str]:
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        run.mkdir()
+        (run / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        seen = {}
+
+        def keep(fig):
+            if "axis" not in seen:  # loss.png is drawn first, then lr.png
+                ax = fig.axes[0]
+                seen["axis"] = ax.get_ylabel()
+                seen["curves"] = {l.get_label(): list(l.get_ydata()) for l in ax.lines}
+            return real_png(fig)
+
+        real_png = telemetry.png
+        monkeypatch.setattr(telemetry, "png", keep)
+        telemetry.plot_run(run)
+        return seen["curves"], seen["axis"]
+
+    pretrain = [{"step": 1, "loss": 6.0, "lr": 1e-3}, {"step": 2, "val_loss": 5.0}]
+    assert drawn(pretrain) == (
+        {"train LM cross-entropy": [6.0], "validation LM cross-entropy": [5.0]},
+        "LM cross-entropy (nats/token)",
+    )
+    finetune = [
+        {"step": s, "loss": 0.7 + 0.5 * lm, "task_loss": 0.7, "lm_loss": lm, "lr": 1e-4}
+        for s, lm in ((1, 4.0), (2, 3.2))
+    ] + [{"step": 2, "dev_accuracy": 0.5, "dev_f1": 0.4}]
+    assert drawn(finetune) == (
+        {
+            "fine-tuning loss: task + 0.5 x LM": [2.7, 2.3],
+            "task loss: cross-entropy (nats/example)": [0.7, 0.7],
+            "auxiliary LM cross-entropy (nats/token)": [4.0, 3.2],
+        },
+        "loss (nats)",
+    )
+    no_lm = [
+        {"step": 1, "loss": 0.3, "task_loss": 0.3, "lr": 1e-4},
+        {"step": 1, "dev_pearson": 0.1},
+    ]
+    assert drawn(no_lm) == (
+        {"fine-tuning loss: task only (no auxiliary LM), squared error": [0.3]},
+        "loss",
+    )
+
+
 def test_plot_compares_several_runs_on_one_figure(tmp_path, monkeypatch, capsys):
     from gpt1.train import telemetry
 

@@ -254,7 +254,8 @@ def save_figure(fig: Any, path: Path) -> Path:
 
 
 def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
-    """Write loss.png (train and validation loss) and lr.png from a run's metrics.jsonl.
+    """Write loss.png (its loss curves, each named by what it is: `loss_curves`) and lr.png
+    from a run's metrics.jsonl.
 
     With `overwrite=False`, existing plots are refused (`gpt1 plot` without --overwrite)."""
     import matplotlib
@@ -270,15 +271,15 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
 
         for name in ("loss.png", "lr.png"):
             check_output(run_dir / name, overwrite)
-    val = [r for r in records if "val_loss" in r]
     drawn = {}  # both plots drawn before either is written
     fig, ax = plt.subplots(figsize=(7, 4))
-    if train:
-        ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train", lw=1)
-    if val:
-        ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", label="validation")
+    curves, unit = loss_curves(records)
+    for key, label in curves.items():
+        points = [r for r in records if key in r]
+        style = "o-" if key == "val_loss" else "-"  # sparse validation points stay visible
+        ax.plot([r["step"] for r in points], [r[key] for r in points], style, label=label, lw=1)
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel(unit)
     ax.set_title(f"{run_dir.name}: loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -296,6 +297,40 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
         drawn["lr.png"] = png(fig)
         plt.close(fig)
     return write_files(run_dir, drawn)
+
+
+def loss_curves(records: list[dict[str, Any]]) -> tuple[dict[str, str], str]:
+    """The loss curves a run's records hold ({metrics.jsonl field: what it is}) and the y axis.
+
+    Named from the fields the records carry: pretraining logs the LM's cross-entropy (`loss`,
+    `val_loss`); fine-tuning logs `loss` = `task_loss` + lm_coef x `lm_loss`, the coefficient
+    read back from those three (the log does not record it), `lm_loss` only with the auxiliary LM.
+    """
+    fields = {key for r in records for key in r}
+    if "task_loss" not in fields:
+        curves = {"loss": "train LM cross-entropy", "val_loss": "validation LM cross-entropy"}
+        return {k: v for k, v in curves.items() if k in fields}, "LM cross-entropy (nats/token)"
+    # Regression (scored by correlations) trains on squared error, classes and choices on
+    # cross-entropy; only the evaluations' metric names tell them apart.
+    if any(key.endswith(("_pearson", "_spearman")) for key in fields):
+        task, unit = "squared error", "loss"
+    elif any(key.endswith(("_accuracy", "_f1", "_matthews")) for key in fields):
+        task, unit = "cross-entropy (nats/example)", "loss (nats)"
+    else:
+        task, unit = "cross-entropy (nats/example), or squared error for regression", "loss"
+    if "lm_loss" not in fields:
+        return {"loss": f"fine-tuning loss: task only (no auxiliary LM), {task}"}, unit
+    terms = [r for r in records if {"loss", "task_loss", "lm_loss"} <= r.keys() and r["lm_loss"]]
+    ratios = sorted(
+        x for x in ((r["loss"] - r["task_loss"]) / r["lm_loss"] for r in terms) if math.isfinite(x)
+    )
+    coef = f"{ratios[len(ratios) // 2]:.2g}" if ratios else "lm_coef"
+    curves = {
+        "loss": f"fine-tuning loss: task + {coef} x LM",
+        "task_loss": f"task loss: {task}",
+        "lm_loss": "auxiliary LM cross-entropy (nats/token)",
+    }
+    return curves, unit
 
 
 def plot_runs(
