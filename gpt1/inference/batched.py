@@ -13,7 +13,8 @@ each sequence's own `Sampling` and random generator), so a sequence decoded alon
 `generate_stream`'s tokens bit for bit. Decoded with others, its logits can differ from a lone
 run's in the last float digits (a matrix product over more rows may sum in another order).
 Models without a key/value cache (the LSTM baseline) and sequences past the model's context take
-`generate_stream`'s other path: the last `n_positions` tokens re-read each step.
+`generate_stream`'s other path: the last `window` tokens (default `n_positions`; the server
+passes the window the model was trained on) re-read each step.
 """
 
 from __future__ import annotations
@@ -47,10 +48,11 @@ class BatchedDecoder:
     """The generations of one model (see the module docstring). Not thread-safe: one thread
     calls `add` (or `start`), `step` and `stop` (the server's batching worker)."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, window: int | None = None):
         self.model = model.eval()
         prepare_to_decode(model)  # now, not in the first request's time
-        self.n_positions = model.config.n_positions
+        n_pos = model.config.n_positions
+        self.n_positions = min(window or n_pos, n_pos)  # the most tokens a step reads
         self.device = model.wte.weight.device
         self.active: list[Generation] = []
         self.pool = SlotPool(model.config.n_layer, self.n_positions)

@@ -4,8 +4,9 @@
 `Sampling`); `sample_ids` runs it to the end, and `generate` is the same with the options spelled
 out; `TextStream` turns the ids into text as they come. `next_tokens` (with a `Sampling`:
 `choose`) and `filter_logits` are the choice of each token, shared with the batched decoder
-(`gpt1.inference.batched`). The context is capped at `n_positions`: past that, each step re-reads
-the last `n_positions` tokens (learned positions cannot slide, so the cache is not reused there).
+(`gpt1.inference.batched`). The context is capped at `window` (default `n_positions`; `gpt1
+sample` passes the window the model was trained on): past it, each step re-reads the last `window`
+tokens (learned positions cannot slide, so the cache is not reused there), which is far slower.
 """
 
 from __future__ import annotations
@@ -152,8 +153,10 @@ def generate_stream(
     sampling: Sampling,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    window: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """`sample_ids`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
+    The model reads at most `window` tokens (default and at most its `n_positions`).
 
     The draws use `generator`; without one, a generator seeded with `sampling.seed` when it has
     one (`Sampling.generator`), torch's global one otherwise. The prompt is checked before the
@@ -165,7 +168,8 @@ def generate_stream(
     check_prompt(model, ids)
     if generator is None and sampling.seed is not None:
         generator = sampling.generator(model.wte.weight.device)
-    return _steps(model, ids, sampling, generator, use_cache)
+    n_pos = model.config.n_positions
+    return _steps(model, ids, sampling, generator, use_cache, min(window or n_pos, n_pos))
 
 
 def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
@@ -183,9 +187,10 @@ def _steps(
     sampling: Sampling,
     generator: torch.Generator | None,
     use_cache: bool,
+    n_pos: int,
 ) -> Iterator[torch.Tensor]:
-    """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly)."""
-    n_pos = model.config.n_positions
+    """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly),
+    reading at most `n_pos` tokens."""
     was_training = model.training
     model.eval()
     device = model.wte.weight.device

@@ -41,6 +41,7 @@ from gpt1.model.checkpoint import (
     resolve_checkpoint_dir,
     state_bytes,
     tokenizer_dir_of,
+    trained_context,
     write_model_files,
 )
 from gpt1.model.gpt import GPT, parameter_count
@@ -569,11 +570,24 @@ def convert(
             notes.extend(export.notes)
         save_hf(model, out, vocab, export)
         return Path(dst)
+    extra: dict = {"converted_from": {"format": src_format, "path": os.fspath(src)}}
+    window = source_window(src, src_format, vocab)
+    if window is not None and window < model.config.n_positions:
+        extra["trained_context"] = window  # read back by `trained_context`
     with atomic_folder(out, needed=state_bytes(model.state_dict())) as tmp:
-        write_model_files(
-            tmp,
-            model,
-            vocab,
-            extra={"converted_from": {"format": src_format, "path": os.fspath(src)}},
-        )
+        write_model_files(tmp, model, vocab, extra=extra)
     return Path(dst)
+
+
+def source_window(src: str | Path, src_format: str, vocab: Path | None) -> int | None:
+    """The window a source records as trained: a gpt1 checkpoint's `trained_context`, an HF
+    folder's `model_max_length` (tokenizer_config.json beside its vocabulary, as the hf export
+    writes it), so that a model converted back keeps the window it was trained on."""
+    if src_format == "gpt1":
+        return trained_context(src)
+    if src_format != "hf" or vocab is None:
+        return None
+    with contextlib.suppress(Gpt1Error, KeyError, TypeError):
+        length = read_json_file(vocab / "tokenizer_config.json")["model_max_length"]
+        return length if type(length) is int and length > 0 else None
+    return None
