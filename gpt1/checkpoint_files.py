@@ -86,7 +86,7 @@ def open_checkpoint(path: AnyCheckpoint) -> CheckpointFolder:
         )
     tokenizer = folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
     finetuned = (folder / TASK_FILE).is_file()
-    window = run_window(folder)
+    window = recorded_window(folder, config)
     return CheckpointFolder(
         folder, folder / CONFIG, config, arch, folder / WEIGHTS, tokenizer, finetuned, window
     )
@@ -340,20 +340,21 @@ def trained_context(path: AnyCheckpoint) -> int | None:
     rows (they are still at their random init), so scoring, generation and fine-tuning should
     not reach them by default. A fine-tuned checkpoint's window is its own task.json `n_ctx`
     (the window its inputs were cut to); a pretrained one's, `run.json`'s `data.n_ctx` beside
-    the checkpoint folder. The model's window is this, capped at its `n_positions`.
+    the checkpoint folder; a converted one's, the `trained_context` `gpt1 convert` carried into
+    its config.json. The model's window is this, capped at its `n_positions`.
     """
-    if isinstance(path, CheckpointFolder):
-        return path.trained_context
-    return run_window(resolve_checkpoint_dir(path))
+    return open_checkpoint(path).trained_context
 
 
-def run_window(folder: Path) -> int | None:
-    """`trained_context` of the checkpoint folder `folder` (task.json, else its run's run.json).
+def recorded_window(folder: Path, config: dict[str, Any]) -> int | None:
+    """`trained_context` of the checkpoint folder `folder` whose config.json is `config`.
     Read leniently: an unreadable record means no recorded window; the task record is
     validated where it is used (`CheckpointFolder.task`)."""
     try:
         if (folder / TASK_FILE).is_file():
             n_ctx = read_json_file(folder / TASK_FILE)["n_ctx"]
+        elif "trained_context" in config:
+            n_ctx = config["trained_context"]
         else:
             n_ctx = read_json_file(folder.parent / "run.json")["data"]["n_ctx"]
     except (Gpt1Error, KeyError, TypeError):
