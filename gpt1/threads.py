@@ -18,7 +18,7 @@ load and a resume goes on exactly as the uninterrupted run would have. A number
 count instead (and with it the results' last bits: reductions split differently across counts).
 
 A count above the CPUs this process may use is capped at them with one warning (`cap_to_cpus`, also
-used for worker processes): more only queue for the same CPUs. Only the CLI applies the policy
+used for worker processes; for `--threads` held with the thread-count line): more only queue for the same CPUs. Only the CLI applies the policy
 (`gpt1.cli.main`); a program importing gpt1 keeps torch's settings.
 """
 
@@ -74,17 +74,22 @@ def add_threads_argument(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def cap_to_cpus(count: int, what: str) -> int:
+def cap_to_cpus(count: int, what: str, held: bool = False) -> int:
     """`count` threads or processes, at most as many as the CPUs this process may use: more only
     queue for them, and each costs memory and a slot in the process table (`--threads 999999`
     once exhausted it for every other job on the machine). A capped count is one warning naming
-    `what` (the flag or setting that asked for it)."""
+    `what` (the flag or setting that asked for it); `held`, it waits with the thread-count line
+    (`_announce`), so that a command refused before it starts still says only why."""
     cpus = len(usable_cpus())
     if count <= cpus:
         return count
     if (what, count) not in _capped:  # once: a pool opened per batch would repeat it
         _capped.add((what, count))
-        log.warning("%s: %d capped at %d, the CPUs this process may use", what, count, cpus)
+        warning = f"{what}: {count} capped at {cpus}, the CPUs this process may use"
+        if held:
+            _announce(warning, logging.WARNING)
+        else:
+            log.warning("%s", warning)
     return cpus
 
 
@@ -234,14 +239,16 @@ _governor = _Governor()
 def apply_threads(flag: str | int | None = None) -> int:
     """Set torch's thread count for this process by the policy above, and return it. What it
     chose and why is one INFO line (`threads: 2 (auto: 2.0 of 2 CPUs free)`), logged just before
-    the command's first status line, or at its end (`announce_now`)."""
+    the command's first status line, or at its end (`announce_now`); so is the warning of a
+    count capped at the CPUs."""
     import torch
 
+    _announcement.held = []  # a command refused earlier in this process left its lines unsaid
     requested = requested_threads(flag)
     cpus = usable_cpus()
     if requested != AUTO:
         _governor.stop()
-        threads = cap_to_cpus(int(requested), _fixed_by(flag))
+        threads = cap_to_cpus(int(requested), _fixed_by(flag), held=True)
         torch.set_num_threads(threads)
         _announce(f"threads: {threads} ({_fixed_by(flag)})")
         return threads
@@ -256,34 +263,35 @@ def apply_threads(flag: str | int | None = None) -> int:
 
 
 class _Announcement(logging.Filter):
-    """The thread-count line, held until the command's first status line (a log record of
-    level INFO or above) or its successful end (`announce_now`): a command refused before it
-    starts keeps its one-line error."""
+    """The thread-count line (and a capped count's warning), held until the command's first
+    status line (a log record of level INFO or above) or its successful end (`announce_now`):
+    a command refused before it starts keeps its one-line error."""
 
-    line: str | None = None
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[tuple[int, str]] = []  # (logging level, line), in order
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.line is not None and record.levelno >= logging.INFO:
-            line, self.line = self.line, None
-            log.info("%s", line)  # passes this filter (nothing held now), then `record` follows
+        if self.held and record.levelno >= logging.INFO:
+            announce_now()  # passes this filter (nothing held now), then `record` follows
         return True
 
 
 _announcement = _Announcement()
 
 
-def _announce(line: str) -> None:
-    _announcement.line = line
+def _announce(line: str, level: int = logging.INFO) -> None:
+    _announcement.held.append((level, line))
     for handler in logging.getLogger().handlers:
         if _announcement not in handler.filters:
             handler.addFilter(_announcement)
 
 
 def announce_now() -> None:
-    """Log the thread-count line if no status line has shown it yet (at a command's end)."""
-    if _announcement.line is not None:
-        line, _announcement.line = _announcement.line, None
-        log.info("%s", line)
+    """Log the held lines if no status line has shown them yet (at a command's end)."""
+    held, _announcement.held = _announcement.held, []
+    for level, line in held:
+        log.log(level, "%s", line)
 
 
 def _fixed_by(flag: str | int | None) -> str:

@@ -214,13 +214,29 @@ def test_a_refused_command_prints_only_its_error(tmp_path, monkeypatch, capsys):
     assert len(err) == 1 and err[0].startswith("gpt1 sample: error:"), err
 
 
+def test_a_refused_command_says_nothing_of_a_capped_thread_count(tmp_path, monkeypatch, capsys):
+    """The cap's warning waits with the thread-count line: a refusal stays one line, a command
+    that runs says it (at its end under --quiet)."""
+    monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
+    monkeypatch.setattr(threads, "_capped", set())
+    argv = ["evaluate", str(tmp_path / "absent"), "--micro-batch", "0", "--threads", "999999"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["gpt1 evaluate: error: --micro-batch must be >= 1, got 0"]
+    monkeypatch.setattr(threads, "_capped", set())
+    monkeypatch.setattr("gpt1.cli.evaluate.run", lambda args: 0)
+    assert main(["--quiet", *argv]) == 0
+    warning = "--threads: 999999 capped at 2, the CPUs this process may use"
+    assert capsys.readouterr().err.splitlines() == [warning]
+
+
 def test_a_count_beyond_the_cpus_is_capped_with_one_warning(monkeypatch, caplog):
     # torch.set_num_threads(999999) printed a false "out of memory", then the process segfaulted
     monkeypatch.setattr(threads, "usable_cpus", lambda: [0, 1])
     monkeypatch.setattr(threads, "_capped", set())
-    assert threads.apply_threads(999999) == 2 and torch.get_num_threads() == 2
-    assert threads.apply_threads(999999) == 2
-    assert threads.apply_threads(10**30) == 2
+    for count in (999999, 999999, 10**30):
+        assert threads.apply_threads(count) == 2 and torch.get_num_threads() == 2
+        threads.announce_now()  # held like the thread-count line, said with it
     capped = [r.getMessage() for r in caplog.records if r.name == "gpt1.threads" and r.levelno > 20]
     assert capped == [
         "--threads: 999999 capped at 2, the CPUs this process may use",
