@@ -264,10 +264,64 @@ def test_sampling_keeps_to_the_window_the_model_was_pretrained_on(tmp_path, capl
     with caplog.at_level(logging.WARNING):
         ids = sampler.prompt_ids(prompt_ids=list(range(1, 21)))
         assert ids == list(range(5, 21))
-        assert "keeping the last 16 (the window the model was pretrained on)" in caplog.text
+        assert "keeping the last 16 (the window the model was trained on)" in caplog.text
         caplog.clear()
         sampler.draw(ids[:10], Sampling(max_new_tokens=4, temperature=0))
         assert "past the" not in caplog.text
         sampler.draw(ids[:10], Sampling(max_new_tokens=8, temperature=0))
         assert "reach position 18, past the 16-token window" in caplog.text
         assert "at most 6 new tokens" in caplog.text
+
+
+def test_gpt1_sample_says_what_it_loads_its_speed_and_when_it_passes_the_window(tmp_path):
+    """Without -q: a line before loading, the speed after the answer; a generation past the
+    trained window is warned about up front and once more when it passes it (the step that
+    starts re-reading), even with -q; -q keeps only the warnings."""
+    import contextlib
+    import io
+    import json
+
+    from gpt1.cli import main
+    from helpers.tiny import run_cli, tiny_checkpoint
+
+    folder = tiny_checkpoint(tmp_path / "run" / "final")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
+    argv = ["sample", str(folder), "--prompt-ids", "5 6 7", "--temperature", "0"]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert main([*argv, "--max-new-tokens", "20", "--precision", "int8"]) == 0
+    lines = err.getvalue().splitlines()
+    assert f"loading {folder} (int8: quantising) ..." in lines
+    assert lines[-1].startswith("3 prompt tokens, 20 new tokens in ") and "tokens/s)" in lines[-1]
+    passed = [line for line in lines if "generation passed the 16-token window" in line]
+    assert len(passed) == 1 and passed[0].startswith("position 17:")
+    assert any("past the 16-token window" in line for line in lines[: lines.index(passed[0])])
+
+    code, quiet = run_cli([*argv, "--max-new-tokens", "20", "--num-samples", "2"])
+    assert code == 0 and "loading" not in quiet and "tokens/s" not in quiet
+    assert quiet.count("generation passed the 16-token window") == 1
+    code, quiet = run_cli([*argv, "--max-new-tokens", "14"])  # 3 + 14 = 17: no step re-reads
+    assert code == 0 and "passed" not in quiet and "past the 16-token window" in quiet
+    code, quiet = run_cli([*argv, "--max-new-tokens", "13"])
+    assert code == 0 and quiet == ""
+
+
+def test_sampling_past_the_window_reads_the_last_window_tokens(tmp_path):
+    """Past the trained window, generation re-reads the last `window` tokens: the same tokens
+    as a model whose n_positions is that window."""
+    import json
+
+    from gpt1.inference.generate import generate_stream
+    from gpt1.inference.sampling import Sampling
+    from gpt1.recipes.sample import Sampler
+    from helpers.tiny import tiny_checkpoint
+
+    folder = tiny_checkpoint(tmp_path / "run" / "final")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"data": {"n_ctx": 16}}))
+    sampler = Sampler(folder, "cpu", "fp32")
+    sampling = Sampling(max_new_tokens=24, temperature=0)
+    got = sampler.draw([5, 6, 7], sampling)[0].ids[3:]
+    prompt = torch.tensor([[5, 6, 7]])
+    reread = generate_stream(sampler.model, prompt, sampling, use_cache=False, window=16)
+    assert got == [int(t) for t in reread]
+    assert sampler.speed is not None and sampler.speed.new_tokens == 24

@@ -4,6 +4,10 @@ Text appears as it is generated (one sample; with several they are printed when 
 --prompt - reads the prompt from standard input; --interactive keeps the model loaded and
 answers one prompt per input line until end of input, an empty (or all-blank) line or Ctrl-C.
 GPT and LSTM-baseline checkpoints both work (the LSTM re-reads its window at each step).
+On standard error (not with -q) it says what it loads before loading (a GPT-1-sized model takes
+seconds, int8 quantising included) and, after each answer, its speed: prompt tokens, new tokens
+and tokens/s. A generation that runs past the model's trained window (the one `gpt1 serve`
+reports) is warned about up front and when it happens: from there each token re-reads the window.
 
 Examples:
   gpt1 sample runs/mini/final --prompt "the old man" --max-new-tokens 40 --top-k 40 --seed 1
@@ -15,9 +19,12 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
+
+log = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read().rstrip("\n")
         if not prompt.strip():
             raise ConfigError("--prompt -: standard input held no text")
+    log.info("loading %s (%s) ...", args.checkpoint, _precision_words(args))
     sampler = Sampler(args.checkpoint, args.device, args.precision)
     if args.interactive:
         return _interactive(sampler, args)
@@ -82,6 +90,7 @@ def _answer(
             sys.stdout.flush()
         sys.stdout.write("\n")
         sys.stdout.flush()
+        log.info("%s", sampler.speed)
         return
     samples = sampler.draw(ids, args.sampling, args.num_samples)
     for i, s in enumerate(samples):
@@ -92,6 +101,16 @@ def _answer(
             print(" ".join(t for t in ((prompt or "").strip(), s.text) if t))
         else:
             print(" ".join(str(t) for t in s.ids))
+    sys.stdout.flush()  # the output before the speed line that follows it on stderr
+    log.info("%s", sampler.speed)
+
+
+def _precision_words(args: argparse.Namespace) -> str:
+    """The precision the model will load in, as the loading line says it (a slow step named)."""
+    from gpt1.devices import resolve_device, resolve_precision
+
+    precision = resolve_precision(args.precision, resolve_device(args.device))
+    return "int8: quantising" if precision == "int8" else precision
 
 
 def _interactive(sampler, args: argparse.Namespace) -> int:

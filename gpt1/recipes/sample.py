@@ -3,12 +3,16 @@
 `Sampler` holds a loaded checkpoint (GPT or the LSTM baseline) and its tokenizer; its `stream` and
 `draw` take the sampling options as one `Sampling` (`stream_text` and `samples` are the same with
 the options spelled out). `sample(checkpoint, ...)` is the one-shot entry point. The generation
-itself is `gpt1.inference.generate`.
+itself is `gpt1.inference.generate`, inside the checkpoint's window (`Loaded.window`, the one
+`gpt1 serve` reports): past it each new token re-reads the window, about 100x slower at GPT-1's
+size, which `Sampler` warns about up front and again when it happens. `Sampler.speed` is the
+last generation's tokens and time (`gpt1 sample` prints it).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +21,7 @@ from typing import Any
 import torch
 
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.inference.generate import TextStream, generate_stream, sample_ids
+from gpt1.inference.generate import TextStream, generate_stream
 from gpt1.inference.loading import Loaded, load_for_inference
 from gpt1.inference.sampling import Sampling
 from gpt1.model.memory import ensure_fits
@@ -30,6 +34,22 @@ class Sample:
     ids: list[int]  # prompt + continuation
     prompt_len: int
     text: str | None  # decoded continuation, when the checkpoint has a tokenizer
+
+
+@dataclass(frozen=True)
+class Speed:
+    """One generation's size and time: prefill and decoding, the load excluded."""
+
+    prompt_tokens: int
+    new_tokens: int  # of every sample together
+    seconds: float
+
+    def __str__(self) -> str:
+        rate = self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
+        return (
+            f"{self.prompt_tokens} prompt tokens, {self.new_tokens} new tokens in "
+            f"{self.seconds:.2f} s ({rate:.1f} tokens/s)"
+        )
 
 
 def parse_ids(raw: str) -> list[int]:
@@ -72,8 +92,9 @@ class Sampler:
         )
         self.folder, self.device = loaded.checkpoint.folder, loaded.device
         self.model, self.tokenizer = loaded.lm, loaded.tokenizer
-        # The positions its pretraining trained (`gpt1 serve` refuses requests past them).
+        # The positions it was trained on (`gpt1 serve` refuses requests past them).
         self.window = loaded.window
+        self.speed: Speed | None = None  # the last generation's
 
     def prompt_ids(
         self, prompt: str | None = None, prompt_ids: list[int] | None = None
@@ -94,7 +115,7 @@ class Sampler:
             what = (
                 "n_positions"
                 if n_pos == self.model.config.n_positions
-                else "the window the model was pretrained on"
+                else "the window the model was trained on"
             )
             log.warning(
                 "prompt has %d tokens; keeping the last %d (%s)", len(prompt_ids), n_pos, what
@@ -103,32 +124,52 @@ class Sampler:
         return list(prompt_ids)
 
     def _warn_past_window(self, prompt_tokens: int, sampling: Sampling) -> None:
-        """Say so where the prompt and the new tokens run past the positions the model was
-        pretrained on: those position rows were never trained (`gpt1 serve` refuses such a
-        request; sampling, which explores, goes on)."""
+        """Say so up front where the prompt and the new tokens run past the model's window
+        (`gpt1 serve` refuses such a request; sampling, which explores, goes on)."""
         end = prompt_tokens + sampling.max_new_tokens
-        if self.window < self.model.config.n_positions and end > self.window:
+        if end > self.window:
             log.warning(
                 "the prompt and %d new tokens reach position %d, past the %d-token window this "
-                "model was pretrained on (its later position rows are untrained); ask for at "
-                "most %d new tokens to stay inside it",
+                "model was trained on: from there each new token re-reads the window (much "
+                "slower); ask for at most %d new tokens to stay inside it",
                 sampling.max_new_tokens,
                 end,
                 self.window,
                 max(self.window - prompt_tokens, 0),
             )
 
+    def _steps(self, ids: torch.Tensor, sampling: Sampling) -> Iterator[torch.Tensor]:
+        """`generate_stream` inside the window, timed into `speed`; warns once, when it
+        happens, that decoding passed the window and re-reads it from then on."""
+        start, warned = time.perf_counter(), False
+        self.speed = Speed(ids.shape[1], 0, 0.0)
+        steps = generate_stream(
+            self.model, ids, sampling, self._generator(sampling), window=self.window
+        )
+        for n, step in enumerate(steps, 1):
+            self.speed = Speed(ids.shape[1], n * ids.shape[0], time.perf_counter() - start)
+            yield step
+            if not warned and ids.shape[1] + n > self.window and n < sampling.max_new_tokens:
+                warned = True
+                log.warning(
+                    "position %d: generation passed the %d-token window; each new token now "
+                    "re-reads the last %d tokens (slower)",
+                    ids.shape[1] + n,
+                    self.window,
+                    self.window,
+                )
+
     def stream(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[str]:
         """The continuation's text, piece by piece as tokens are produced (needs a tokenizer);
         joined, the pieces equal `Tokenizer.decode` of the new ids."""
         if self.tokenizer is None:
             raise CheckpointError(f"{self.folder}: no tokenizer files, so text cannot be streamed")
+        self._warn_past_window(len(prompt_ids), sampling)  # now, before any text is shown
+        return self._pieces(prompt_ids, sampling)
+
+    def _pieces(self, prompt_ids: list[int], sampling: Sampling) -> Iterator[str]:
         text = TextStream(self.tokenizer)
-        self._warn_past_window(len(prompt_ids), sampling)
-        steps = generate_stream(
-            self.model, torch.tensor([prompt_ids]), sampling, self._generator(sampling)
-        )
-        for step in steps:
+        for step in self._steps(torch.tensor([prompt_ids], device=self.device), sampling):
             piece = text.push(int(step[0, 0]))
             if piece:
                 yield piece
@@ -142,13 +183,13 @@ class Sampler:
         check_sampling_memory(
             self.model.config, num_samples, sampling.max_new_tokens, str(self.device)
         )
-        ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long)
+        ids = torch.tensor([prompt_ids] * num_samples, dtype=torch.long, device=self.device)
         self._warn_past_window(len(prompt_ids), sampling)
-        out = sample_ids(self.model, ids, sampling, self._generator(sampling))
+        out = torch.cat([ids, *self._steps(ids, sampling)], dim=1).tolist()
         n = len(prompt_ids)
         return [
             Sample(row, n, self.tokenizer.decode(row[n:]) if self.tokenizer else None)
-            for row in out.tolist()
+            for row in out
         ]
 
     def _generator(self, sampling: Sampling) -> torch.Generator:
