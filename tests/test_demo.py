@@ -37,6 +37,12 @@ def test_demo_pipeline_writes_table_and_report(tmp_path):
     assert summary["zero_shot"]["n"] == 60
     report = (out / "report.md").read_text()
     assert "no pretraining" in report and "pretrain/loss.png" in report
+    # every row by accuracy and F1, the majority class too (F1 alone flatters a model that
+    # always answers the positive class)
+    assert "| setting | dev accuracy | dev F1 | dev Matthews corr. | n |" in report
+    majority = summary["results"]["majority class (no model)"]
+    assert f"| majority class (no model) | {majority['accuracy']:.3f} | 0.000 |" in report
+    assert "F1 is that of label `1` (*dangerous*" in report
     assert (out / "pretrain" / "loss.png").is_file()
     assert json.loads((out / "demo.json").read_text())["results"] == summary["results"]
     assert "total time" in format_table(summary)
@@ -84,9 +90,17 @@ def test_demo_checks_a_user_task_before_running_anything(tmp_path):
     assert not out.exists()  # nothing was written, no step ran
 
 
-def test_table_shows_the_headline_metric_fine_tuning_announces():
-    """The table names the metric `finetune` logs as the headline (f1 here), not accuracy."""
-    res = {"task": "csv", "headline": "f1", "accuracy": 0.9, "f1": 0.75, "n": 20}
-    summary = {"results": {"pretrained + fine-tuned": res}, "seconds": 1, "report": "r.md"}
-    row = format_table(summary).splitlines()[1].split()
-    assert row[-3:] == ["f1", "0.750", "20"]
+def test_table_shows_every_metric_of_every_setting():
+    """Accuracy and F1 side by side for every row (a missing one shown as a dash), not the
+    headline metric alone: F1 0.571 of a model always answering 1 reads better than the
+    majority class's 0.000, its accuracy 0.400 worse than 0.600."""
+    run = {"task": "csv", "headline": "f1", "f1_label": "1", "accuracy": 0.4, "f1": 0.5714}
+    summary = {
+        "results": {"no pretraining": {**run, "n": 20}, "zero-shot": {"accuracy": 0.6, "n": 20}},
+        "seconds": 1,
+        "report": "r.md",
+    }
+    lines = format_table(summary).splitlines()
+    assert lines[0].split() == ["setting", "accuracy", "F1", "n"]
+    assert lines[1].split()[-3:] == ["0.400", "0.571", "20"]
+    assert lines[2].split()[-3:] == ["0.600", "–", "20"]

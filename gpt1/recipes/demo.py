@@ -72,6 +72,8 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
+MAJORITY = "majority class (no model)"  # the baseline row of the synthetic world
+
 # What the demo writes into --out (a rerun reuses finished steps; anything else is the user's).
 DEMO_NAMES = {
     "data",
@@ -194,7 +196,7 @@ def _demo(s: DemoSettings, out: Path, t0: float) -> dict[str, Any]:
     if world is not None:
         zero = zero_shot_check(pre_dir / "final", world)
         headline = next((r.get("headline") for r in table.values()), None)
-        table["majority class (no model)"] = _majority_class(world, headline)
+        table[MAJORITY] = _majority_class(world, headline)
     plots = _plots(pre_dir, [out / f"finetune-{i}" for i in range(len(ARMS))])
     # A re-run that skips finished steps reports the time the whole pipeline took: the steps
     # this run did, the earlier run's time for the steps it reused, and this run's overhead.
@@ -355,14 +357,14 @@ def _finetune_arms(
 
 
 def _majority_class(world: Any, headline: str | None = None) -> dict[str, Any]:
-    """What a model that ignores the sentence can reach: always the dev set's commoner label,
-    scored by the fine-tuned runs' metrics (F1 of label 1, the task's positive class)."""
+    """What a model that ignores the sentence can reach: always the dev set's commoner label
+    (`label`), scored by the fine-tuned runs' metrics (F1 of label 1, the task's positive class)."""
     from gpt1.tasks.metrics import compute
 
     gold = [label for _, label in world.dev]
     common = max((0, 1), key=gold.count)
-    results = compute(("f1", "accuracy"), [common] * len(gold), gold)
-    return {**results, "headline": headline or "accuracy", "n": len(gold)}
+    results = compute(("f1", "accuracy", "matthews"), [common] * len(gold), gold)
+    return {**results, "headline": headline or "accuracy", "n": len(gold), "label": str(common)}
 
 
 def _earlier_timings(out: Path) -> dict[str, float]:
@@ -390,17 +392,41 @@ def _plots(pre_dir: Path, runs: list[Path]) -> list[Path]:
     return made
 
 
-def _metric(results: dict[str, Any]) -> tuple[str, float]:
-    """The metric a setting is shown with: the task's headline metric (the one fine-tuning
-    announces), else the first usual one found."""
-    if results.get("headline") in results:
-        return results["headline"], float(results[results["headline"]])
-    skip = {"task", "split", "n", "skipped_rows", "seconds", "headline"}
-    for key in ("accuracy", "matthews", "pearson", "f1"):
-        if key in results:
-            return key, float(results[key])
-    key = next(k for k, v in results.items() if k not in skip and isinstance(v, (int, float)))
-    return key, float(results[key])
+# The metrics a setting may report, in the order the table shows them, with their column names.
+# Every one the settings report is shown, so no single figure decides how a row reads (F1 of
+# one class flatters a model that always answers that class; the majority class shows it).
+COLUMNS = {
+    "accuracy": "accuracy",
+    "f1": "F1",
+    "matthews": "Matthews corr.",
+    "pearson": "Pearson",
+    "spearman": "Spearman",
+}
+
+
+def _columns(table: dict[str, Any]) -> list[str]:
+    """The metrics of `COLUMNS` that at least one setting of `table` reports."""
+    return [key for key in COLUMNS if any(key in res for res in table.values())]
+
+
+def _cell(res: dict[str, Any], key: str) -> str:
+    return f"{res[key]:.3f}" if isinstance(res.get(key), (int, float)) else "–"
+
+
+def _f1_note(table: dict[str, Any], world: bool) -> list[str]:
+    """What F1 and the majority class are, where the table shows them."""
+    f1_label = next((r["f1_label"] for r in table.values() if "f1_label" in r), None)
+    majority = table.get(MAJORITY)
+    notes = []
+    if f1_label is not None:
+        meaning = " (*dangerous*; `0` is *friendly*)" if world and f1_label == "1" else ""
+        notes.append(f"F1 is that of label `{f1_label}`{meaning}.")
+    if majority is not None:
+        notes.append(
+            f"The majority class answers `{majority['label']}` for every dev example "
+            f"({100 * majority['accuracy']:.0f}% of them are `{majority['label']}`)."
+        )
+    return ["", " ".join(notes)] if notes else []
 
 
 def _report(
@@ -419,12 +445,16 @@ def _report(
         "examples mention only creatures the labelled training set never shows: what they are",
         "is stated only in the unlabelled text.",
         "",
-        "| setting | dev metric | n |",
-        "|---|---|---|",
+    ]
+    columns = _columns(table)
+    lines += [
+        "| setting | " + " | ".join(f"dev {COLUMNS[k]}" for k in columns) + " | n |",
+        "|---|" + "---|" * len(columns) + "---|",
     ]
     for name, res in table.items():
-        key, value = _metric(res)
-        lines.append(f"| {name} | {key} {value:.3f} | {res.get('n', '?')} |")
+        cells = " | ".join(_cell(res, k) for k in columns)
+        lines.append(f"| {name} | {cells} | {res.get('n', '?')} |")
+    lines += _f1_note(table, zero is not None)
     if zero is not None:
         lines += [
             "",
@@ -449,14 +479,14 @@ def _report(
 
 
 def format_table(summary: dict[str, Any]) -> str:
-    rows = [f"{'setting':32s} {'metric':>10s} {'value':>7s} {'n':>5s}"]
+    columns = _columns(summary["results"])
+    names = [COLUMNS[k] for k in columns]
+    rows = [f"{'setting':32s} " + " ".join(f"{c:>9s}" for c in names) + f" {'n':>5s}"]
     for name, res in summary["results"].items():
-        key, value = _metric(res)
-        rows.append(f"{name:32s} {key:>10s} {value:7.3f} {res.get('n', 0):5d}")
+        cells = " ".join(f"{_cell(res, k):>{max(9, len(c))}s}" for k, c in zip(columns, names))
+        rows.append(f"{name:32s} {cells} {res.get('n', 0):5d}")
     if summary.get("zero_shot"):
         z = summary["zero_shot"]
-        rows.append(
-            f"{'zero-shot (LM only)':32s} {'accuracy':>10s} {z['accuracy']:7.3f} {z['n']:5d}"
-        )
+        rows.append(f"zero-shot (LM only): accuracy {z['accuracy']:.3f} on {z['n']} creatures")
     rows.append(f"total time {summary['seconds']:.0f} s; report: {summary['report']}")
     return "\n".join(rows)
