@@ -449,6 +449,46 @@ def write_small_data(root):
     )
 
 
+def test_cli_out_writes_one_line_per_example(tmp_path):
+    """OUT/TASK.jsonl: per example its id, the chosen answer, each choice's score (the scorer's
+    own numbers) and the gold answer; the lines add up to results.json's accuracy."""
+    from gpt1.cli import main
+    from gpt1.inference.loading import load_for_inference
+    from gpt1.zeroshot.scorer import Scorer
+
+    run = make_run(tmp_path)
+    write_small_data(tmp_path / "data")
+    out = tmp_path / "zs"
+    argv = [
+        "zeroshot",
+        str(run / "step-10"),
+        "--task",
+        "sst2,dpr",
+        "--data",
+        str(tmp_path / "data"),
+    ]
+    assert main([*argv, "--out", str(out), "--device", "cpu"]) == 0
+    results = json.loads((out / "results.json").read_text())["tasks"]
+    assert "examples" not in results["sst2"]
+    sst2 = [json.loads(line) for line in (out / "sst2.jsonl").read_text().splitlines()]
+    dpr = [json.loads(line) for line in (out / "dpr.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in sst2] == [0, 1, 2] and [r["gold"] for r in sst2][:2] == [
+        "positive",
+        "negative",
+    ]
+    assert dpr[0]["choices"] == ["bee", "flower"] and dpr[0]["gold"] == "flower"
+    for rows, task in ((sst2, "sst2"), (dpr, "dpr")):
+        for r in rows:
+            assert r["answer"] == r["choices"][max(range(2), key=r["scores"].__getitem__)]
+        right = sum(r["answer"] == r["gold"] for r in rows) / len(rows)
+        assert right == pytest.approx(results[task]["value"])
+    loaded = load_for_inference(run / "step-10", "cpu", "fp32")
+    tok, scorer = loaded.tokenizer, Scorer(loaded.lm, max_context=loaded.window)
+    words = [tok.encode("negative"), tok.encode("positive")]
+    own = scorer.score([(tok.encode("good film very"), w) for w in words])
+    assert sst2[0]["scores"] == pytest.approx([s.total for s in own], abs=1e-5)
+
+
 def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
     from gpt1.cli import main
 

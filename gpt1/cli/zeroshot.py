@@ -1,6 +1,7 @@
 """Zero-shot task performance of a pretrained LM, with the paper's heuristics (Fig. 2 right).
 
-A checkpoint folder gives OUT/results.json (raw metric, normalised score, n per task). A
+A checkpoint folder gives OUT/results.json (raw metric, normalised score, n per task) and one
+OUT/TASK.jsonl per task, a line per example (id, answer, each choice and its score, gold). A
 pretraining run folder (with step-N/ and final/ checkpoints) gives the curve over pretraining:
 OUT/curve.json, OUT/curve.md and OUT/curve.png; rerunning resumes where it stopped.
 
@@ -23,6 +24,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 HELP = "zero-shot heuristics (sst2, cola, race, dpr, story_cloze, lambada) on a checkpoint or run"
@@ -90,7 +92,7 @@ def _precision(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from gpt1.errors import ConfigError
-    from gpt1.files import check_inputs, check_output, folder_files, write_json
+    from gpt1.files import check_inputs, check_output, folder_files, write_json, write_text
     from gpt1.zeroshot.curve import evaluate_checkpoint, evaluate_run
     from gpt1.zeroshot.heuristics import parse_tasks
 
@@ -124,6 +126,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     check_output(out / "results.json", args.overwrite, inputs, roots)
     results = evaluate_checkpoint(path, tasks, args.data, **settings)
+    # One line per example (OUT/TASK.jsonl) beside the totals, to compare answer by answer with
+    # the server's guided_choice or lm-eval.
+    for task, r in results.items():
+        rows = r.pop("examples")
+        write_text(out / f"{task}.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
     record = {
         "checkpoint": str(path),
         "data": str(args.data),
@@ -137,5 +144,5 @@ def run(args: argparse.Namespace) -> int:
             f"{task:12s} {r['metric']} {r['value']:.4f}  normalised {r['normalised']:+.3f}  "
             f"n={r['n']}{extra}"
         )
-    print(f"wrote {out / 'results.json'}")
+    print(f"wrote {out / 'results.json'} and one {out}/TASK.jsonl per task")
     return 0

@@ -118,7 +118,10 @@ def evaluate_run(
         done = curve["checkpoints"].get(name, {"updates": updates, "tasks": {}})
         todo = [t for t in tasks if t not in done["tasks"]]
         if todo:
-            done["tasks"].update(evaluate_checkpoint(folder, todo, data, **settings))
+            results = evaluate_checkpoint(folder, todo, data, **settings)
+            for r in results.values():
+                r.pop("examples")  # per example: gpt1 zeroshot on one checkpoint writes them
+            done["tasks"].update(results)
             done["updates"] = updates
             curve["checkpoints"][name] = done
             write_json(

@@ -91,6 +91,24 @@ def _pick(scores: np.ndarray) -> np.ndarray:
     return np.asarray(scores).argmax(axis=1)
 
 
+def choice_rows(
+    scores: np.ndarray, choices: list[list[str]], gold: np.ndarray
+) -> list[dict[str, Any]]:
+    """One record per example (`--out`'s JSONL): its position in the file as read (after
+    --limit), the chosen answer, every choice with its score (as the heuristic compared them,
+    calibrated when asked) and the gold answer."""
+    return [
+        {
+            "id": i,
+            "answer": names[int(np.argmax(row))],
+            "choices": names,
+            "scores": [float(v) for v in row],
+            "gold": names[int(g)],
+        }
+        for i, (row, names, g) in enumerate(zip(scores, choices, gold))
+    ]
+
+
 def _candidate_scores(
     scorer: Scorer, contexts: list[list[int]], candidates: list[list[list[int]]], reduce: str
 ) -> np.ndarray:
@@ -124,6 +142,7 @@ def zs_sst2(
         "accuracy": float((pred == labels).mean()),
         "predicted_positive": float(pred.mean()),
         "pieces": {"negative": len(words[0]), "positive": len(words[1])},
+        "examples": choice_rows(scores, [["negative", "positive"]] * len(scores), labels),
     }
 
 
@@ -176,12 +195,18 @@ def zs_cola(
     dev_scores = sentence_scores(scorer, tok, [s for s, _ in dev])
     pred = (dev_scores >= threshold).astype(int)
     labels = np.array([y for _, y in dev])
+    names = ["unacceptable", "acceptable"]  # CoLA's 0 and 1
     return {
         "mcc": float(matthews_corrcoef(labels, pred)),
         "threshold": threshold,
         "train_mcc": train_mcc,
         "n_train": len(train),
         "accuracy": float((pred == labels).mean()),
+        # not a choice: one sentence score against the threshold
+        "examples": [
+            {"id": i, "answer": names[p], "score": float(v), "gold": names[y]}
+            for i, (p, v, y) in enumerate(zip(pred, dev_scores, labels))
+        ],
     }
 
 
@@ -195,7 +220,8 @@ def zs_race(
         cf = tok.encode(CONTENT_FREE)
         scores = scores - _candidate_scores(scorer, [cf] * len(cands), cands, "mean")
     labels = np.array([ex.label for ex in examples])
-    return {"accuracy": float((_pick(scores) == labels).mean())}
+    rows = choice_rows(scores, [list(ex.choices) for ex in examples], labels)
+    return {"accuracy": float((_pick(scores) == labels).mean()), "examples": rows}
 
 
 def dpr_requests(tok: TextEncoder, ex: zd.DprExample, prefix_override: str | None = None):
@@ -223,7 +249,8 @@ def zs_dpr(
     if calibrate:
         scores = scores - mean_scores(CONTENT_FREE + " ")
     labels = np.array([ex.answer for ex in examples])
-    return {"accuracy": float((_pick(scores) == labels).mean())}
+    rows = choice_rows(scores, [list(ex.candidates) for ex in examples], labels)
+    return {"accuracy": float((_pick(scores) == labels).mean()), "examples": rows}
 
 
 def zs_story_cloze(
@@ -237,7 +264,8 @@ def zs_story_cloze(
             scorer, [tok.encode(CONTENT_FREE)] * len(cands), cands, "mean"
         )
     labels = np.array([ex.label for ex in examples])
-    return {"accuracy": float((_pick(scores) == labels).mean())}
+    rows = choice_rows(scores, [list(ex.choices) for ex in examples], labels)
+    return {"accuracy": float((_pick(scores) == labels).mean()), "examples": rows}
 
 
 def zs_lambada(
@@ -257,6 +285,11 @@ def zs_lambada(
         "unknown_targets": int(sum(has_unk)),
         "word_perplexity": float(math.exp(-sum(s.total for s in scored) / len(scored))),
         "token_perplexity": float(math.exp(-sum(s.total for s in scored) / max(total, 1))),
+        # not a choice: the target word's log-probability, and whether greedy decoding says it
+        "examples": [
+            {"id": i, "target": word, "correct": bool(s.greedy and not u), "score": s.total}
+            for i, ((_, word), s, u) in enumerate(zip(examples, scored, has_unk))
+        ],
     }
 
 
