@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fresh-machine check: clone this repository into a temporary folder and run the README's
 # two commands there, exactly as a newcomer would: `make demo`, then `make test`. Nothing installed by
-# hand is used: the clone builds its own .venv (pinned CPU torch first). Prints each step's time.
+# hand is used: the clone builds its own .venv (pinned CPU torch first). Prints each step's time,
+# and fails a step that was ever silent for more than 15 s (scripts/watch_silence.py).
 #
 #   scripts/fresh_machine_check.sh            # clones the current checkout's HEAD
 #   KEEP=1 scripts/fresh_machine_check.sh     # keep the temporary folder afterwards
@@ -19,7 +20,7 @@ step() {
   local name="$1"; shift
   local start=$SECONDS
   echo "== $name"
-  "$@"
+  python3 "$SRC/scripts/watch_silence.py" --limit 15 -- "$@"
   echo "== $name: ok in $((SECONDS - start)) s"
 }
 step "make demo" make demo

@@ -8,6 +8,8 @@ The tiny inputs themselves (model sizes, corpus, vocabulary, checkpoint, command
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,3 +112,60 @@ def shared_data() -> Path:
 @pytest.fixture
 def gpt1_vocab(shared_data: Path) -> Path:
     return shared_data / "gpt1_tokenizer"
+
+
+# ------------------------------------------------------------------------------ heartbeat
+HEARTBEAT_S = 10.0  # pytest prints nothing while long tests run; a line at least this often
+
+
+class Heartbeat:
+    """While no test has finished for HEARTBEAT_S seconds, a line saying how far the run is and
+    which tests are running, so a long test never looks like a hang (in the process that
+    reports: pytest itself, or xdist's controller)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config, self.done, self.running = config, 0, set()
+        self.last = self.started = time.monotonic()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.running.add(nodeid)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "teardown":
+            self.running.discard(report.nodeid)
+            self.done += 1
+            self.last = time.monotonic()
+
+    def _beat(self) -> None:
+        while not self.stop.wait(1.0):
+            now = time.monotonic()
+            if now - self.last < HEARTBEAT_S:
+                continue
+            self.last = now
+            names = ", ".join(sorted(n.split("::")[-1] for n in self.running)[:2])
+            writer = self.config.get_terminal_writer()
+            writer.line(
+                f"[{now - self.started:.0f} s: {self.done} tests done; running {names or '...'}]"
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: its controller reports
+    beat = Heartbeat(config)
+    config.pluginmanager.register(beat, "gpt1-heartbeat")
+    config._gpt1_heartbeat = beat  # noqa: SLF001
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    beat = getattr(session.config, "_gpt1_heartbeat", None)
+    if beat is not None:
+        beat.thread.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    beat = getattr(session.config, "_gpt1_heartbeat", None)
+    if beat is not None:
+        beat.stop.set()
