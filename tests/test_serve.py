@@ -449,7 +449,7 @@ BAD_REQUESTS = [
     ("/v1/generate", {"prompt": "a", "top_p": 1.5}, 422, "top_p"),
     ("/v1/generate", {"prompt": "a", "prompt_ids": [1]}, 422, "exactly one"),
     ("/v1/generate", {"prompt_ids": [999999]}, 422, "outside the vocabulary"),
-    ("/v1/generate", {"prompt_ids": [5] * 65}, 422, "64 positions"),
+    ("/v1/generate", {"prompt_ids": [5] * 65}, 422, "-token window"),
     ("/v1/generate", {"prompt": "a", "stream": "yes"}, 422, "valid boolean"),
     ("/v1/score", {"items": [{"context": "a"}]}, 422, "continuation"),
     # sampling options out of gpt1's one rule (gpt1.inference.sampling)

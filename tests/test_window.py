@@ -54,6 +54,12 @@ def test_every_surface_reports_and_keeps_the_trained_window(models, kind, tmp_pa
         fits = {"model": listed["id"], "prompt": ids, "max_tokens": WINDOW - 3, "temperature": 0}
         inside = post(f"{url}/v1/completions", fits)
         outside = post(f"{url}/v1/completions", {**fits, "max_tokens": WINDOW - 2})
+        native = [
+            post(f"{url}/v1/generate", {"prompt_ids": [5] * n, "max_new_tokens": 1})
+            for n in (WINDOW, WINDOW + 1)
+        ]
+    assert [r.status_code for r in native] == [200, 422], native[1].text
+    assert f"{WINDOW}-token window" in native[1].json()["error"]
     assert listed["max_model_len"] == health["window"] == info["model_max_length"] == WINDOW
     assert inside.status_code == 200, inside.text
     assert outside.status_code in (400, 422), outside.text

@@ -151,10 +151,10 @@ async def generate(body: GenerateRequest, serve: Serve) -> Any:
     prompt = await serve.off_loop(engine.token_ids, body.prompt, body.prompt_ids, "prompt")
     if not prompt:
         return error(422, "prompt: no tokens after tokenization")
-    if len(prompt) > engine.n_positions:
+    if len(prompt) > engine.window:  # the window it was trained on: one window per checkpoint
         return error(
             422,
-            f"prompt: {len(prompt)} tokens, more than the model's {engine.n_positions} positions",
+            f"prompt: {len(prompt)} tokens, more than the model's {engine.window}-token window",
         )
     job, tokens = serve.generate(engine.generation(prompt, body.sampling()))
     if body.stream:
