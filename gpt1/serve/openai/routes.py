@@ -24,6 +24,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from gpt1.serve.engine import Engine
+from gpt1.serve.events import STREAMED_OK
 from gpt1.serve.openai import guided
 from gpt1.serve.openai.choices import Choice, choice_json, compute, usage
 from gpt1.serve.openai.errors import OpenAIRoute, Refused, openai_error
@@ -121,7 +122,7 @@ def check_lengths(serve: ServeState, body: CompletionRequest, prompts: list[list
         )
 
 
-@router.post("/v1/completions", response_model=None)
+@router.post("/v1/completions", response_model=None, responses=STREAMED_OK)
 async def completions(body: CompletionRequest, serve: Serve) -> Any:
     """OpenAI's completions API (see docs/commands/serve.md for every field)."""
     check_model(serve, body.model)
