@@ -78,6 +78,8 @@ def serve(
 
         threads_note = "auto" if threads == "auto" else "asked for"
         apply_threads(threads)
+    # Loading (and int8's quantising) takes seconds at GPT-1 size: say so before, not after.
+    log.info("gpt1 serve: loading %s (precision %s) ...", path, precision)
     engine = load_engine(path, device, precision)
     app = create_app(
         engine,
