@@ -246,13 +246,16 @@ def test_a_plot_that_cannot_be_drawn_leaves_the_older_pair(tmp_path, monkeypatch
 
 def test_loss_plot_names_each_curve_by_what_the_log_records(tmp_path, monkeypatch):
     """Pretraining's curves are LM cross-entropy; fine-tuning's `loss` is task + lm_coef x LM
-    (the coefficient read back from the logged terms), drawn beside each term."""
+    (the coefficient read back from the logged terms), drawn beside each term, the task's loss
+    named as the run's run.json records its task (cross-entropy, or squared error)."""
     from gpt1.train import telemetry
 
-    def drawn(lines: list[dict]) -> tuple[dict[str, list[float]], str]:
+    def drawn(lines: list[dict], task: dict | None = None) -> tuple[dict[str, list], str]:
         run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
         run.mkdir()
         (run / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+        if task is not None:
+            (run / "run.json").write_text(json.dumps({"task": task}))
         seen = {}
 
         def keep(fig):
@@ -275,8 +278,9 @@ def test_loss_plot_names_each_curve_by_what_the_log_records(tmp_path, monkeypatc
     finetune = [
         {"step": s, "loss": 0.7 + 0.5 * lm, "task_loss": 0.7, "lm_loss": lm, "lr": 1e-4}
         for s, lm in ((1, 4.0), (2, 3.2))
-    ] + [{"step": 2, "dev_accuracy": 0.5, "dev_f1": 0.4}]
-    assert drawn(finetune) == (
+    ]
+    classes = {"kind": "single", "labels": ["0", "1"]}
+    assert drawn(finetune, classes) == (
         {
             "fine-tuning loss: task + 0.5 x LM": [2.7, 2.3],
             "task loss: cross-entropy (nats/example)": [0.7, 0.7],
@@ -284,13 +288,12 @@ def test_loss_plot_names_each_curve_by_what_the_log_records(tmp_path, monkeypatc
         },
         "loss (nats)",
     )
-    no_lm = [
-        {"step": 1, "loss": 0.3, "task_loss": 0.3, "lr": 1e-4},
-        {"step": 1, "dev_pearson": 0.1},
-    ]
-    assert drawn(no_lm) == (
-        {"fine-tuning loss: task only (no auxiliary LM), squared error": [0.3]},
-        "loss",
+    assert drawn(finetune)[0]["task loss"] == [0.7, 0.7]  # no run.json: no claim of a unit
+    no_lm = [{"step": 1, "loss": 0.3, "task_loss": 0.3, "lr": 1e-4}]
+    regression = {"kind": "similarity", "labels": None}
+    assert drawn(no_lm, regression) == (
+        {"fine-tuning loss = task loss (no auxiliary LM)": [0.3]},
+        "squared error",
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gpt1.files import write_bytes, write_failure, write_files, write_text
+from gpt1.train.resume import RUN_JSON
 
 log = logging.getLogger("gpt1.train")
 
@@ -273,7 +274,7 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
             check_output(run_dir / name, overwrite)
     drawn = {}  # both plots drawn before either is written
     fig, ax = plt.subplots(figsize=(7, 4))
-    curves, unit = loss_curves(records)
+    curves, unit = loss_curves(records, task_loss_name(run_dir))
     for key, label in curves.items():
         points = [r for r in records if key in r]
         style = "o-" if key == "val_loss" else "-"  # sparse validation points stay visible
@@ -299,27 +300,22 @@ def plot_run(run_dir: str | Path, overwrite: bool = True) -> list[Path]:
     return write_files(run_dir, drawn)
 
 
-def loss_curves(records: list[dict[str, Any]]) -> tuple[dict[str, str], str]:
+def loss_curves(
+    records: list[dict[str, Any]], task_loss: str | None = None
+) -> tuple[dict[str, str], str]:
     """The loss curves a run's records hold ({metrics.jsonl field: what it is}) and the y axis.
 
     Named from the fields the records carry: pretraining logs the LM's cross-entropy (`loss`,
-    `val_loss`); fine-tuning logs `loss` = `task_loss` + lm_coef x `lm_loss`, the coefficient
-    read back from those three (the log does not record it), `lm_loss` only with the auxiliary LM.
+    `val_loss`); fine-tuning logs `loss` = `task_loss` + lm_coef x `lm_loss`, `lm_loss` only with
+    the auxiliary LM, and the coefficient is read back from those three (the log does not record
+    it). `task_loss` names the task's loss where the run says it (`task_loss_name`).
     """
     fields = {key for r in records for key in r}
     if "task_loss" not in fields:
         curves = {"loss": "train LM cross-entropy", "val_loss": "validation LM cross-entropy"}
         return {k: v for k, v in curves.items() if k in fields}, "LM cross-entropy (nats/token)"
-    # Regression (scored by correlations) trains on squared error, classes and choices on
-    # cross-entropy; only the evaluations' metric names tell them apart.
-    if any(key.endswith(("_pearson", "_spearman")) for key in fields):
-        task, unit = "squared error", "loss"
-    elif any(key.endswith(("_accuracy", "_f1", "_matthews")) for key in fields):
-        task, unit = "cross-entropy (nats/example)", "loss (nats)"
-    else:
-        task, unit = "cross-entropy (nats/example), or squared error for regression", "loss"
     if "lm_loss" not in fields:
-        return {"loss": f"fine-tuning loss: task only (no auxiliary LM), {task}"}, unit
+        return {"loss": "fine-tuning loss = task loss (no auxiliary LM)"}, task_loss or "loss"
     terms = [r for r in records if {"loss", "task_loss", "lm_loss"} <= r.keys() and r["lm_loss"]]
     ratios = sorted(
         x for x in ((r["loss"] - r["task_loss"]) / r["lm_loss"] for r in terms) if math.isfinite(x)
@@ -327,10 +323,24 @@ def loss_curves(records: list[dict[str, Any]]) -> tuple[dict[str, str], str]:
     coef = f"{ratios[len(ratios) // 2]:.2g}" if ratios else "lm_coef"
     curves = {
         "loss": f"fine-tuning loss: task + {coef} x LM",
-        "task_loss": f"task loss: {task}",
+        "task_loss": f"task loss: {task_loss}" if task_loss else "task loss",
         "lm_loss": "auxiliary LM cross-entropy (nats/token)",
     }
-    return curves, unit
+    return curves, "loss (nats)" if task_loss and "nats" in task_loss else "loss"
+
+
+def task_loss_name(run_dir: Path) -> str | None:
+    """What a fine-tuning run's task loss is, from the task its run.json records: squared error
+    for a regression (no class labels), else cross-entropy; None when run.json does not say."""
+    from gpt1.config import read_json_file
+    from gpt1.errors import ConfigError
+
+    try:
+        task = read_json_file(run_dir / RUN_JSON)["task"]
+        regression = task["kind"] != "choice" and task["labels"] is None
+    except (ConfigError, KeyError, TypeError):  # no run.json, or not a fine-tuning one
+        return None
+    return "squared error" if regression else "cross-entropy (nats/example)"
 
 
 def plot_runs(
