@@ -48,10 +48,9 @@ def _probe() -> int:
     from gpt1.inference import backend, matvec, timings
 
     conditions, found = backend.probe_again()
-    print(
-        f"timed at {conditions.describe()}; one thread, each path's best of {timings.ROUNDS} "
-        f"interleaved rounds; recorded in {matvec.build_root()}"
-    )
+    rounds = f"at least {timings.ROUNDS} interleaved rounds, {timings.BUDGET:g} s of them"
+    print(f"timed at {conditions.describe()}; one thread, each path's best of {rounds}")
+    print(f"recorded in {matvec.build_root()}")
     for timed in found:
         sides = ", ".join(f"{path} {_ms(seconds)}" for path, seconds in timed.times.items())
         print(f"  {timed.product}: {sides} -> {timed.chosen}")

@@ -269,7 +269,9 @@ def _measure_int8() -> Int8Probe:
     torch.set_num_threads(1)
     try:
         with torch.no_grad():
-            screen = timings.interleaved_best(_int8_products(_SCREEN_SHAPE, dtype, generator), 2)
+            screen = timings.interleaved_best(
+                _int8_products(_SCREEN_SHAPE, dtype, generator), rounds=2, budget=0
+            )
             full = _int8_products(_PROBE_SHAPE, dtype, generator)
             reference = [
                 e for e in ("s8", "u8") if screen[e] > _REFERENCE_FACTOR * screen["float_path"]
@@ -454,29 +456,35 @@ def probe_again() -> tuple[timings.Conditions, list[Timed]]:
     """Time every speed check this torch and CPU have again now and record it (`gpt1 kernels
     probe`): the conditions the timing began under, and each product's paths and choice."""
     check_environment()
-    current, found = timings.now(), []
-    float_probe.cache_clear()
-    int8_probe.cache_clear()
+    current = timings.now()
+    floats = ints = None
     if any(onednn_packs(d) for d in (torch.float32, torch.bfloat16)):
         floats = timings.kept("float", FloatProbe, _measure_float, again=True)
-        for name, by_rows in floats.times.items():
-            for rows, (packed, plain) in by_rows.items():
-                chosen = "oneDNN packed" if packed <= plain else "F.linear"
-                times = {"oneDNN packed": packed, "F.linear": plain}
-                found.append(Timed(f"{_NAMES[name]}, {_SHAPES[rows]}", times, chosen))
     if onednn_has_int8():
-        probe = timings.kept("int8", Int8Probe, _measure_int8, again=True)
+        ints = timings.kept("int8", Int8Probe, _measure_int8, again=True)
+    float_probe.cache_clear()  # the next use reads the new record
+    int8_probe.cache_clear()
+    return current, timed(floats, ints)
+
+
+def timed(floats: FloatProbe | None, ints: Int8Probe | None) -> list[Timed]:
+    """Each product the probes `floats` and `ints` timed: its paths' times and the choice."""
+    found = []
+    for name, by_rows in (floats.times if floats else {}).items():
+        for rows, (packed, plain) in by_rows.items():
+            chosen = "oneDNN packed" if packed <= plain else "F.linear"
+            times = {"oneDNN packed": packed, "F.linear": plain}
+            found.append(Timed(f"{_NAMES[name]}, {_SHAPES[rows]}", times, chosen))
+    if ints is not None:
         paths = {"s8": "signed", "u8": "unsigned"}
         for encoding in paths:
-            if _REFERENCE_FACTOR * probe.float_path < getattr(probe, encoding) < float("inf"):
+            if _REFERENCE_FACTOR * ints.float_path < getattr(ints, encoding) < float("inf"):
                 paths[encoding] += f" (oneDNN's reference kernel, on {_SCREEN})"
-        times = {paths["s8"]: probe.s8, paths["u8"]: probe.u8, "float path": probe.float_path}
-        chosen = {**paths, None: "float path"}[probe.choice]
+        times = {paths["s8"]: ints.s8, paths["u8"]: ints.u8, "float path": ints.float_path}
+        chosen = {**paths, None: "float path"}[ints.choice]
         shape = "x".join(map(str, _PROBE_SHAPE))
         found.append(Timed(f"int8 activations, one {shape} product", times, chosen))
-    float_probe.cache_clear()
-    int8_probe.cache_clear()
-    return current, found
+    return found
 
 
 _NAMES = {"float32": "fp32", "bfloat16": "bf16"}
@@ -546,7 +554,7 @@ def _float_choices(few_rows: bool) -> tuple[str, str]:
         for d in dtypes
         if (t := probe.times.get(str(d).removeprefix("torch."), {}).get(rows))
     )
-    return chosen, f"{shape}, one thread: {timed or 'not measured'}"
+    return chosen, f"{shape}, one thread{_when('float')}: {timed or 'not measured'}"
 
 
 def _many_rows_int8() -> Choice:
@@ -559,7 +567,7 @@ def _many_rows_int8() -> Choice:
     shape = "x".join(map(str, _PROBE_SHAPE))
     timed = (
         f"{_timed(probe.s8, probe)} signed, {_timed(probe.u8, probe)} unsigned, float path "
-        f"{_ms(probe.float_path)} (a {shape} product, one thread)"
+        f"{_ms(probe.float_path)} (a {shape} product, one thread{_when('int8')})"
     )
     if chosen is None:
         return Choice(KINDS[2], "float path", f"oneDNN's int8 is slower here ({timed})")
@@ -599,6 +607,12 @@ def _timed(seconds: float, probe: Int8Probe) -> str:
     if seconds > _REFERENCE_FACTOR * probe.float_path and seconds < float("inf"):
         return f"oneDNN's reference kernel ({_ms(seconds)} on {_SCREEN})"
     return _ms(seconds)
+
+
+def _when(check: str) -> str:
+    """When and under what load the `check`'s recorded times were taken, if they were."""
+    found = timings.read(check, dict)
+    return f", timed at {found[1].describe()}" if found else ""
 
 
 def _ms(seconds: float) -> str:

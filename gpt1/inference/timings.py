@@ -32,7 +32,11 @@ import torch
 
 from gpt1.inference import matvec
 
-ROUNDS = 9  # interleaved rounds; each candidate's best is kept
+ROUNDS = 9  # interleaved rounds at the least; each candidate's best is kept
+# Rounds go on until the timed calls add up to this many seconds: a product of 0.1 ms needs
+# hundreds of rounds before one of them runs while no other process shares its core (or, on
+# a CPU with two threads a core, the core's other thread), one of 10 ms a few.
+BUDGET = 0.1
 # Load per CPU above which a one-thread timing shares its core or the memory with other work
 # often enough to rank two paths within a few tens of percent of each other wrongly.
 BUSY = 0.5
@@ -43,9 +47,11 @@ def interleaved_best(
     candidates: dict[str, Callable[[], object]],
     rounds: int = ROUNDS,
     clock: Callable[[], float] = time.perf_counter,
+    budget: float = BUDGET,
 ) -> dict[str, float]:
-    """Each candidate's shortest time over `rounds` rounds, after one untimed call of each (inf
-    for one that raises RuntimeError). Every round times every candidate once, in an order that
+    """Each candidate's shortest time over at least `rounds` rounds, and as many more as fit
+    until the timed calls add up to `budget` seconds, after one untimed call of each (inf for
+    one that raises RuntimeError). Every round times every candidate once, in an order that
     turns around each round (A B, B A, ...): a burst of load, or a cache warmed by the one
     before, then falls on each alike."""
     names = list(candidates)
@@ -57,11 +63,14 @@ def interleaved_best(
             alive.append(name)
         except RuntimeError:
             pass
-    for turn in range(rounds):
+    turn, spent = 0, 0.0
+    while alive and (turn < rounds or spent < budget):
         for name in alive if turn % 2 == 0 else alive[::-1]:
             start = clock()
             candidates[name]()
-            best[name] = min(best[name], clock() - start)
+            took = clock() - start
+            best[name], spent = min(best[name], took), spent + took
+        turn += 1
     return best
 
 
