@@ -46,6 +46,8 @@ def read_json_file(path: Any, error: type = ConfigError, limit: int = MAX_JSON_B
     path = Path(path)
     try:
         size = path.stat().st_size
+        if not path.is_file():  # a folder, or a device such as /dev/zero that reads forever
+            raise error(f"{path}: not a file")
         if size > limit:
             raise error(f"{path}: {size:,} bytes; a file of this kind is at most {limit:,}")
         return json.loads(path.read_text(encoding="utf-8"))
@@ -101,19 +103,17 @@ def is_number(value: Any) -> bool:
 
 
 _TYPE_RULES: dict[str, tuple[Any, str]] = {
-    "int": (lambda v: is_int(v) and abs(v) <= MAX_INT, "an integer within 64 bits"),
+    "int": (is_int, "an integer"),
     "float": (is_number, "a finite number"),
     "bool": (lambda v: type(v) is bool, "true or false"),
     "str": (lambda v: type(v) is str, "a string"),
-    "int | None": (
-        lambda v: v is None or (is_int(v) and abs(v) <= MAX_INT),
-        "an integer within 64 bits or null",
-    ),
+    "int | None": (lambda v: v is None or is_int(v), "an integer or null"),
 }
 
 
 def check_types(obj: Any, section: str) -> None:
-    """Every field of dataclass `obj` holds a value of its declared type (no coercion).
+    """Every field of dataclass `obj` holds a value of its declared type (no coercion), an
+    integer within 64 bits (`MAX_INT`).
 
     A string `"2"`, a float `2.5` or `true` where an integer belongs is an error naming the
     field, not a silent conversion.
@@ -128,6 +128,8 @@ def check_types(obj: Any, section: str) -> None:
             raise ConfigError(
                 f"{section}.{f.name} must be {expected}, got {value!r} ({type(value).__name__})"
             )
+        if is_int(value) and abs(value) > MAX_INT:
+            raise ConfigError(f"{section}.{f.name} must be within ±(2**63-1), got {value}")
 
 
 def check_ranges(obj: Any, section: str, limits: dict[str, int]) -> None:
