@@ -71,7 +71,7 @@ def write_run(
 
 def finetuned(tmp: Path, kind: str, n_outputs: int) -> Path:
     """A fine-tuned toy-task checkpoint folder (no tokenizer)."""
-    labels = list(range(n_outputs))
+    labels = [str(i) for i in range(n_outputs)]  # as `gpt1 finetune` writes them
     return write_run(
         tmp / f"ft-{kind}-{n_outputs}", None, kind, n_outputs, 1, task=f"toy-{kind}", labels=labels
     )
@@ -376,6 +376,43 @@ def test_convert_prints_the_notes(tmp_path, capsys, gpt1_vocab):
     )
     out = capsys.readouterr().out
     assert f"AutoTokenizer.from_pretrained({tmp_path / 'hf'}, use_fast=False)" in out
+
+
+def _damage(folder: Path, damage: str) -> str:
+    """Damage a fine-tuned folder's task record or head; the file the refusal must name."""
+    record = json.loads((folder / "task.json").read_text())
+    if damage == "head shape":
+        from safetensors.torch import save_file
+
+        head = load_file(folder / "head.safetensors")
+        save_file({k: torch.cat([v, v]) for k, v in head.items()}, folder / "head.safetensors")
+        return "head.safetensors"
+    if damage == "huge integer":  # past Python's 4,300-digit conversion limit
+        text = json.dumps(record).replace(
+            f'"n_outputs": {record["n_outputs"]}', '"n_outputs": ' + "9" * 5000
+        )
+        (folder / "task.json").write_text(text)
+    else:
+        (folder / "task.json").write_text(json.dumps({**record, "kind": 7}))
+    return "task.json"
+
+
+@pytest.mark.parametrize("to", ["hf", "onnx"])
+@pytest.mark.parametrize("damage", ["head shape", "huge integer", "bad kind"])
+def test_a_damaged_finetuned_run_is_refused_in_one_line_by_every_export(
+    tmp_path, capsys, to, damage
+):
+    """The exporters read task.json and the head through the checked reader
+    (`read_task_head`): a damaged record or head is a one-line refusal naming the file."""
+    if to == "onnx":
+        pytest.importorskip("onnxscript")
+    folder = finetuned(tmp_path, "single", 3)
+    named = _damage(folder, damage)
+    out = tmp_path / ("export.onnx" if to == "onnx" else "export")
+    assert main(["convert", str(folder), str(out), "--from", "gpt1", "--to", to]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"{folder / named}" in err, err
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------------------------ ONNX

@@ -635,6 +635,21 @@ def test_run_checkpoints_score_final_once_when_it_repeats_the_last_step(tmp_path
     assert [c[0] for c in run_checkpoints(tmp_path)] == ["step-10", "final"]
 
 
+def test_a_final_whose_update_count_cannot_be_read_is_still_listed(tmp_path):
+    """updates_of reads through the project's JSON reader: a 5,000-digit step (past Python's
+    conversion limit) or a device is no count, not a ValueError traceback or a read forever."""
+    from gpt1.model.checkpoint import run_checkpoints
+
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    state = tmp_path / "final" / "trainer_state.json"
+    state.write_text('{"step": ' + "9" * 5000 + "}")
+    assert [c[:2] for c in run_checkpoints(tmp_path)] == [("final", None)]
+    state.unlink()
+    state.symlink_to("/dev/zero")
+    assert [c[:2] for c in run_checkpoints(tmp_path)] == [("final", None)]
+
+
 def test_scoring_stays_inside_the_pretrained_window(tmp_path):
     import json as _json
 

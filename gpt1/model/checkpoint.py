@@ -8,7 +8,6 @@ them. The loaders take a path or a folder already open (`opened`), never reading
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,8 @@ from gpt1.checkpoint_files import (  # noqa: F401 (re-exported)
     trained_context,
     write_model_files,
 )
-from gpt1.config import ModelConfig
-from gpt1.errors import CheckpointError, ConfigError
+from gpt1.config import ModelConfig, read_json_file
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
 from gpt1.files import atomic_dir, atomic_folder, follow_umask, publish_dir  # noqa: F401 (re-exported)
 from gpt1.model.gpt import GPT
 from gpt1.model.memory import ensure_model_fits
@@ -113,8 +112,8 @@ def updates_of(folder: Path) -> int | None:
     """The update count a checkpoint records (trainer_state.json, else config.json), if any."""
     for name in ("trainer_state.json", "config.json"):
         try:
-            data = json.loads((folder / name).read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            data = read_json_file(folder / name)
+        except Gpt1Error:  # unreadable or not JSON: it records no count
             continue
         if not isinstance(data, dict):
             continue

@@ -2,7 +2,9 @@
 
 `gpt1 finetune` writes them (`head.safetensors`, `task.json` beside the model files; the file
 names and the task record's reader are `gpt1.checkpoint_files`'); `load_finetuned_model` loads
-one back, from a path or from a folder `open_checkpoint` already read.
+one back, from a path or from a folder `open_checkpoint` already read. `read_task_head` is the one
+reader of the record and the head's weights, checked against the body: inference and the
+exporters (`convert --to hf|onnx`) take them from it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gpt1.checkpoint_files import (  # noqa: F401 (HEAD_FILE, TASK_FILE re-expor
 )
 from gpt1.errors import CheckpointError
 from gpt1.model.checkpoint import opened, read_model_config
-from gpt1.model.heads import FinetuneModel
+from gpt1.model.heads import FinetuneModel, TaskHead
 from gpt1.model.memory import ensure_model_fits
 from gpt1.model.registry import load_any_checkpoint
 
@@ -39,12 +41,7 @@ def load_finetuned_model(run: AnyCheckpoint, device: str | torch.device = "cpu")
             extra_params=(config.n_embd + 1) * record["n_outputs"],
         )
     gpt = load_any_checkpoint(checkpoint, device)
-    if record["classify_id"] >= gpt.config.vocab_size or record["n_ctx"] > gpt.config.n_positions:
-        raise CheckpointError(
-            f"{task_file}: classify_id {record['classify_id']} or n_ctx "
-            f"{record['n_ctx']} does not fit the model (vocab_size "
-            f"{gpt.config.vocab_size}, n_positions {gpt.config.n_positions})"
-        )
+    record, head = read_task_head(checkpoint, gpt.config)
     model = FinetuneModel(
         gpt,
         record["kind"],
@@ -52,8 +49,27 @@ def load_finetuned_model(run: AnyCheckpoint, device: str | torch.device = "cpu")
         record["classify_id"],
         record.get("clf_pdrop", 0.1),
     )
-    model.head.load_state_dict(load_state_dict(checkpoint.folder / HEAD_FILE, expect=model.head))
+    model.head.load_state_dict(head)
     return model.to(device).eval()
+
+
+def read_task_head(
+    run: AnyCheckpoint, config: Any
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """A fine-tuned checkpoint's task record (validated task.json) and its head's tensors, each
+    present with the shape and a type `TaskHead` takes, the record fitting the body's `config`
+    (a `ModelConfig`, or the LSTM's: classify_id a row of its table, n_ctx within it)."""
+    checkpoint = opened(run)
+    record, task_file = finetuned_record(checkpoint), checkpoint.folder / TASK_FILE
+    if record["classify_id"] >= config.vocab_size or record["n_ctx"] > config.n_positions:
+        raise CheckpointError(
+            f"{task_file}: classify_id {record['classify_id']} or n_ctx "
+            f"{record['n_ctx']} does not fit the model (vocab_size "
+            f"{config.vocab_size}, n_positions {config.n_positions})"
+        )
+    with torch.device("meta"):  # shapes and types only: nothing allocated
+        expect = TaskHead(config.n_embd, record["kind"], record["n_outputs"])
+    return record, load_state_dict(checkpoint.folder / HEAD_FILE, expect=expect)
 
 
 def finetuned_record(checkpoint: CheckpointFolder) -> dict[str, Any]:

@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import save_file
 
 from gpt1 import files
-from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
+from gpt1.model.checkpoint import read_model_config, resolve_checkpoint_dir, trained_context
+from gpt1.model.finetuned import read_task_head
 
 HEAD_FILE, HEAD_INFO = "task_head.safetensors", "task_head.json"
 RANDOM_HEAD_WARNING = (
@@ -184,8 +185,8 @@ def plan(
 
 
 def _plan_head(export: HFExport, folder: Path) -> None:
-    export.record = record = json.loads((folder / "task.json").read_text())
-    export.head = load_state_dict(folder / "head.safetensors")
+    record, export.head = read_task_head(folder, read_model_config(folder))
+    export.record = record
     kind, n_out = record["kind"], record["n_outputs"]
     export.double_heads = kind == "choice" or (kind in ("single", "pair") and n_out == 1)
     if export.double_heads:

@@ -29,7 +29,8 @@ from torch import nn
 from gpt1.errors import ConfigError
 from gpt1.extras import require
 from gpt1.files import remove, sigterm_raises, writing
-from gpt1.model.checkpoint import load_state_dict, resolve_checkpoint_dir, trained_context
+from gpt1.model.checkpoint import resolve_checkpoint_dir, trained_context
+from gpt1.model.finetuned import read_task_head
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead
 
@@ -104,9 +105,9 @@ def export_onnx(
     folder = resolve_checkpoint_dir(src) if src_format == "gpt1" else None
     record, window = None, trained_context(folder) if folder is not None else None
     if folder is not None and (folder / "task.json").is_file():
-        record = json.loads((folder / "task.json").read_text())
+        record, state = read_task_head(folder, gpt.config)
         head = TaskHead(gpt.config.n_embd, record["kind"], record["n_outputs"])
-        head.load_state_dict(load_state_dict(folder / "head.safetensors"))
+        head.load_state_dict(state)
         module: nn.Module = TaskModel(gpt, head.eval(), record["classify_id"]).eval()
         window = record.get("n_ctx") or window
         K = 2 if record["kind"] == "similarity" else 1 if record["kind"] != "choice" else 3
