@@ -124,7 +124,9 @@ class Security:
             token.strip().encode(), self.api_key.encode()
         )
 
-    def refusal(self, method: str, path: str, headers: dict[bytes, bytes], scheme: str):
+    def refusal(
+        self, method: str, path: str, headers: dict[bytes, bytes], scheme: str
+    ) -> Refusal | None:
         """The `Refusal` of a request (the module docstring's order), or None to let it in."""
         host = _text(headers.get(b"host"))
         if not self.host_allowed(host):
