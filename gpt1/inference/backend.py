@@ -22,9 +22,11 @@ real ones, that it runs where it has no real one for the operands (signed activa
 with VNNI but no AMX): `int8_many_rows` times one small product of each candidate against the
 float path, once per CPU and torch (kept beside the kernel's builds), and takes only what is not
 slower. oneDNN's packed float product is checked the same way (`float_probe`): on some CPUs
-`F.linear` multiplies one row by an fp32 weight faster than the packed copy does.
+`F.linear` multiplies one row by an fp32 weight faster than the packed copy does. A check's
+record is taken again where it is stale or was taken on a busier machine than this one is now
+(`gpt1.inference.timings`), or on demand (`probe_again`: `gpt1 kernels probe`).
 
-The kernel is built (about a minute, once per machine and environment; `gpt1 kernels build`)
+The kernel is built (minutes, once per machine and environment; `gpt1 kernels build`)
 only by processes that decode (`expect_decoding`); elsewhere it is used where a build is
 already there. Switches (each takes 0/1/off/on/false/true, in any case; unset: decide here):
 `GPT1_MATVEC` (also `torch`: torch's kernels, nothing built), `GPT1_INT8_MATMUL` (on: oneDNN's

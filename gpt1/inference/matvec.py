@@ -12,10 +12,10 @@ to the order of summation.
 
 It is C++ compiled for this CPU (`-march=native`: AVX-512 or AVX2 with FMA where the CPU has them, plain
 loops the compiler vectorises elsewhere; `GPT1_KERNEL_MARCH=x86-64-v3` compiles for another target, to
-measure what an AVX2 CPU runs) by torch's extension builder, which takes about a minute (more on
-a loaded machine) and needs a C++ compiler and ninja. It is built once per machine and
-environment, by the first process that decodes or by `gpt1 kernels build`, with one line on
-stderr naming the folder. The folder is in torch's extension folder (`TORCH_EXTENSIONS_DIR`)
+measure what an AVX2 CPU runs) by torch's extension builder, which takes minutes (`BUILD_TIME`)
+and needs a C++ compiler and ninja. It is built once per machine and environment, by the first
+process that decodes or by `gpt1 kernels build`, with one line on stderr naming the folder and
+one every 15 s saying how long it has taken (`telling`). The folder is in torch's extension folder (`TORCH_EXTENSIONS_DIR`)
 under a name that digests the sources and `build_key()`: the CPU's feature flags, torch's
 version and install path, the compiler and its version, and the flags; two environments keep
 one build each. A build is compiled and proven in child processes and published whole, with a
