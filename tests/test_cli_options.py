@@ -94,8 +94,15 @@ def test_every_integer_flag_is_refused_past_64_bits_before_anything_runs(
 def test_integer_flags_within_64_bits_parse_as_before():
     from gpt1.cli import build_parser
 
-    args = build_parser().parse_args(["demo", "--pretrain-steps", str(2**63 - 1), "--seed", "-5"])
+    parser = build_parser()
+    args = parser.parse_args(["demo", "--pretrain-steps", str(2**63 - 1), "--seed", "-5"])
     assert args.pretrain_steps == 2**63 - 1 and args.seed == -5  # a seed's range is the recipe's
+    assert (
+        parser.parse_args(["sample", "x", "--prompt", "hi", "--seed", str(2**64 - 1)]).seed
+        == 2**64 - 1
+    )
+    with pytest.raises(SystemExit):  # past what torch's generators take
+        parser.parse_args(["sample", "x", "--prompt", "hi", "--seed", str(2**64)])
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])

@@ -58,15 +58,15 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def _get_value(self, action: argparse.Action, arg_string: str) -> object:
-        """Every integer flag (`type=int`, any command) within 64 bits: checked once here, as a
-        malformed value is, since torch, numpy and the tokenizer trainer fail on wider ones
-        with an OverflowError deep inside."""
-        from gpt1.config import MAX_INT
-
+        """Every integer flag (`type=int`, any command) a 64-bit integer, signed or unsigned
+        (-2**63..2**64-1): checked once here, as a malformed value is, since torch, numpy and
+        the tokenizer trainer fail on wider ones with an OverflowError deep inside. Unsigned
+        too, for the seeds torch's generators take (0..2**64-1); a setting is held to
+        `gpt1.config.MAX_INT` where the config is validated."""
         value = super()._get_value(action, arg_string)
-        if action.type is int and abs(value) > MAX_INT:
+        if action.type is int and not -(2**63) <= value <= 2**64 - 1:
             raise argparse.ArgumentError(
-                action, f"{arg_string} is out of range (an integer within ±(2**63-1))"
+                action, f"{arg_string} is out of range (a 64-bit integer, -2**63..2**64-1)"
             )
         return value
 
