@@ -325,3 +325,37 @@ def test_sampling_past_the_window_reads_the_last_window_tokens(tmp_path):
     reread = generate_stream(sampler.model, prompt, sampling, use_cache=False, window=16)
     assert got == [int(t) for t in reread]
     assert sampler.speed is not None and sampler.speed.new_tokens == 24
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 50.0])
+def test_choose_draws_only_ids_the_tokenizer_has(temperature):
+    """A model with more rows than its tokenizer has ids draws among the tokenizer's: greedy
+    takes the best of those, sampling never reaches past them."""
+    from gpt1.inference.generate import choose
+    from gpt1.inference.sampling import Sampling
+
+    logits = torch.zeros(3, 300)
+    logits[:, 250] = 20.0  # the model's favourite lies past the tokenizer's 192 ids
+    logits[:, 7] = 5.0
+    sampling = Sampling(1, temperature, seed=0)
+    ids = choose(logits, sampling, sampling.generator(torch.device("cpu")), vocab=192)
+    assert ids.shape == (3, 1) and int(ids.max()) < 192
+    if temperature == 0:
+        assert ids.flatten().tolist() == [7, 7, 7]
+    assert int(choose(logits, Sampling(1, 0.0), None)[0, 0]) == 250  # no vocab: every row
+
+
+def test_sample_decodes_a_model_with_more_rows_than_its_tokenizer(tmp_path):
+    """tiny_checkpoint's model has 300 rows, its character tokenizer 189 ids + 3 task tokens:
+    gpt1 sample refused mid-way ("token id 271 is outside this vocabulary")."""
+    from gpt1.inference.sampling import Sampling
+    from gpt1.recipes.sample import Sampler
+    from helpers.tiny import tiny_checkpoint
+
+    sampler = Sampler(tiny_checkpoint(tmp_path / "ck"), "cpu", "fp32")
+    assert sampler.model.config.vocab_size == 300 and sampler.vocab == len(sampler.tokenizer) < 300
+    for seed in range(4):
+        sampling = Sampling(40, 5.0, seed=seed)  # a flat distribution: ids past 192 were likely
+        (sample,) = sampler.draw([1, 2, 3], sampling)
+        assert max(sample.ids[3:]) < sampler.vocab and sample.text is not None
+        assert "".join(sampler.stream([1, 2, 3], sampling)) == sample.text

@@ -48,7 +48,10 @@ class BatchedDecoder:
     """The generations of one model (see the module docstring). Not thread-safe: one thread
     calls `add` (or `start`), `step` and `stop` (the server's batching worker)."""
 
-    def __init__(self, model: torch.nn.Module, window: int | None = None):
+    def __init__(self, model: torch.nn.Module, window: int | None = None, vocab: int | None = None):
+        """`window`: the most tokens a step reads; `vocab`: draw only ids below it (the
+        tokenizer's size, when the ids become text: `choose`)."""
+        self.vocab = vocab
         self.model = model.eval()
         prepare_to_decode(model)  # now, not in the first request's time
         n_pos = model.config.n_positions
@@ -155,7 +158,7 @@ class BatchedDecoder:
 
     def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
         try:
-            nxt = choose(logits, gen.sampling, gen.generator)
+            nxt = choose(logits, gen.sampling, gen.generator, self.vocab)
         except Exception as exc:
             self._finish(gen, exc, events)
             return

@@ -98,9 +98,20 @@ def _greedy_op(logits: torch.Tensor):
 
 
 def choose(
-    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    vocab: int | None = None,
 ) -> torch.Tensor:
-    """`next_tokens` with `sampling`'s options."""
+    """`next_tokens` with `sampling`'s options, among the ids below `vocab` when given.
+
+    `vocab` is the tokenizer's size where the ids become text: a model may have more rows than
+    its tokenizer has ids (a table padded to a round size, a test's random model), and an id
+    past the tokenizer's would be drawn and then not decodable. A model with fewer rows (a
+    pretrained one, without the 3 task tokens) is unaffected.
+    """
+    if vocab is not None and vocab < logits.shape[-1]:
+        logits = logits[:, :vocab].contiguous()  # [B, vocab]: the same ids, the rest not drawn
     return next_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, generator)
 
 
@@ -154,9 +165,11 @@ def generate_stream(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     window: int | None = None,
+    vocab: int | None = None,
 ) -> Iterator[torch.Tensor]:
     """`sample_ids`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
-    The model reads at most `window` tokens (default and at most its `n_positions`).
+    The model reads at most `window` tokens (default and at most its `n_positions`); only ids
+    below `vocab` (the tokenizer's size, when the ids become text) are drawn (`choose`).
 
     The draws use `generator`; without one, a generator seeded with `sampling.seed` when it has
     one (`Sampling.generator`), torch's global one otherwise. The prompt is checked before the
@@ -169,7 +182,8 @@ def generate_stream(
     if generator is None and sampling.seed is not None:
         generator = sampling.generator(model.wte.weight.device)
     n_pos = model.config.n_positions
-    return _steps(model, ids, sampling, generator, use_cache, min(window or n_pos, n_pos))
+    n_pos = min(window or n_pos, n_pos)
+    return _steps(model, ids, sampling, generator, use_cache, n_pos, vocab)
 
 
 def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
@@ -188,6 +202,7 @@ def _steps(
     generator: torch.Generator | None,
     use_cache: bool,
     n_pos: int,
+    vocab: int | None,
 ) -> Iterator[torch.Tensor]:
     """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly),
     reading at most `n_pos` tokens."""
@@ -210,7 +225,7 @@ def _steps(
                     out, chosen = torch.cat([out, *chosen], dim=1), []
                     hidden = model(out[:, -n_pos:])[:, -1]
                 logits = model.lm_logits(hidden).float()  # [B, V]
-            nxt = choose(logits, sampling, generator)
+            nxt = choose(logits, sampling, generator, vocab)
             chosen.append(nxt)
             fresh = nxt
             yield nxt

@@ -92,6 +92,8 @@ class Sampler:
         )
         self.folder, self.device = loaded.checkpoint.folder, loaded.device
         self.model, self.tokenizer = loaded.lm, loaded.tokenizer
+        # The ids its tokenizer decodes: a model with more rows than that is sampled among these.
+        self.vocab = len(self.tokenizer) if self.tokenizer is not None else None
         # The positions it was trained on (`gpt1 serve` refuses requests past them).
         self.window = loaded.window
         self.speed: Speed | None = None  # the last generation's
@@ -144,7 +146,12 @@ class Sampler:
         start, warned = time.perf_counter(), False
         self.speed = Speed(ids.shape[1], 0, 0.0)
         steps = generate_stream(
-            self.model, ids, sampling, self._generator(sampling), window=self.window
+            self.model,
+            ids,
+            sampling,
+            self._generator(sampling),
+            window=self.window,
+            vocab=self.vocab,
         )
         for n, step in enumerate(steps, 1):
             self.speed = Speed(ids.shape[1], n * ids.shape[0], time.perf_counter() - start)
