@@ -1,7 +1,7 @@
 """Build gpt1's compiled decoding kernel for this CPU and environment now, or check the build
 there (its checksum), and print its folder; or time torch's candidate products again.
 
-Decoding commands build it on first use (1-5 minutes on 2 cores, once per machine and
+Decoding commands build it on first use (2-5 minutes on 2 cores, once per machine and
 environment, saying how long it has taken every 15 s); building it up front keeps that wait out
 of a first `gpt1 sample` or a test's timeout. A damaged cached build is rebuilt.
 

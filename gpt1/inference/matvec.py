@@ -61,9 +61,10 @@ CHECKSUM = "sha256"  # beside a published build: its library's digest
 # `native`, this CPU); `x86-64-v3` builds the AVX2+FMA code a laptop runs, to measure it here.
 MARCH_VARIABLE = "GPT1_KERNEL_MARCH"
 _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
-# What a build took (`time gpt1 kernels build` into an empty TORCH_EXTENSIONS_DIR, 2 cores,
-# loads 1.4-9, 2026-12-06: docs/commands/kernels.md), said while it runs.
-BUILD_TIME = "1-5 minutes on 2 cores"
+# What a build takes, said while it runs: 112-227 s measured on 2 shared cores at loads 1.4-4.9
+# (`time gpt1 kernels build` into an empty TORCH_EXTENSIONS_DIR, 2026-12-06:
+# docs/commands/kernels.md), about 4 minutes seen at loads 6-9.
+BUILD_TIME = "2-5 minutes on 2 cores"
 TELL_EVERY = 15.0  # seconds between the lines that say a build or a wait is still going
 
 
