@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,15 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=420, help="seconds to wait for quiet")
     parser.add_argument("--reference", type=int, default=4, help="checks in the reference")
     args = parser.parse_args()
-    os.environ["TORCH_EXTENSIONS_DIR"] = tempfile.mkdtemp(prefix="gpt1_probe_load_")
+    folder = tempfile.mkdtemp(prefix="gpt1_probe_load_")
+    os.environ["TORCH_EXTENSIONS_DIR"] = folder
+    try:
+        _run(args)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace) -> None:
     from gpt1.inference import backend, timings
 
     cpus = os.cpu_count() or 1
@@ -58,8 +67,21 @@ def main() -> None:
     backend.reset()
     chosen = _show(backend, timings)
     print(f"reference: each path's best over {args.reference} more checks")
-    floats = [backend._measure_float() for _ in range(args.reference)]
-    ints = [backend._measure_int8() for _ in range(args.reference)]
+    for ref in _reference(backend, args.reference):
+        ordered = sorted(ref.times.items(), key=lambda item: item[1])
+        (fast, t_fast), (_, t_next) = ordered[0], ordered[1]
+        tie = t_next <= t_fast * (1 + TIE)
+        verdict = "right" if chosen[ref.product] == fast or tie else "WRONG"
+        print(
+            f"  {ref.product}: {_sides(ref)}; faster {fast}{' (a tie)' if tie else ''}; "
+            f"chosen {chosen[ref.product]}: {verdict}"
+        )
+
+
+def _reference(backend, checks: int) -> list:
+    """Each product's paths, each at its best over `checks` more checks taken now."""
+    floats = [backend._measure_float() for _ in range(checks)]
+    ints = [backend._measure_int8() for _ in range(checks)]
     best_floats = backend.FloatProbe(
         {
             name: {
@@ -71,15 +93,7 @@ def main() -> None:
     best_ints = backend.Int8Probe(
         *(min(getattr(p, k) for p in ints) for k in ("float_path", "s8", "u8"))
     )
-    for ref in backend.timed(best_floats, best_ints):
-        ordered = sorted(ref.times.items(), key=lambda item: item[1])
-        (fast, t_fast), (_, t_next) = ordered[0], ordered[1]
-        tie = t_next <= t_fast * (1 + TIE)
-        verdict = "right" if chosen[ref.product] == fast or tie else "WRONG"
-        print(
-            f"  {ref.product}: {_sides(ref)}; faster {fast}{' (a tie)' if tie else ''}; "
-            f"chosen {chosen[ref.product]}: {verdict}"
-        )
+    return backend.timed(best_floats, best_ints)
 
 
 def _wait(what: str, done, limit: float) -> None:
