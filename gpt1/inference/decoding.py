@@ -110,6 +110,14 @@ class KVCache:
     def release(self) -> None:
         """Done with this cache (a pooled one gives its slot back; a plain one is just freed)."""
 
+    def truncate(self, length: int) -> None:
+        """Keep the first `length` positions (drafted tokens that were rejected are dropped:
+        the buffers keep their numbers, and the next write overwrites them)."""
+        if not 0 <= length <= len(self):
+            raise ValueError(f"cannot truncate a cache of {len(self)} positions to {length}")
+        for layer in self.layers:
+            layer.length = length
+
 
 # ------------------------------------------------------------------ many sequences, one pool
 class SlotPool:

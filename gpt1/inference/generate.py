@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from typing import Protocol
 
 import torch
 
@@ -166,10 +167,13 @@ def generate_stream(
     use_cache: bool = True,
     window: int | None = None,
     vocab: int | None = None,
+    speculator: Speculating | None = None,
 ) -> Iterator[torch.Tensor]:
     """`sample_ids`, one step at a time: yields each new token `[B, 1]` as soon as it is chosen.
     The model reads at most `window` tokens (default and at most its `n_positions`); only ids
-    below `vocab` (the tokenizer's size, when the ids become text) are drawn (`choose`).
+    below `vocab` (the tokenizer's size, when the ids become text) are drawn (`choose`). A
+    `speculator` (`gpt1.inference.speculative.Speculator`; one sequence only) verifies tokens
+    drafted from the text several at a time, while it fits the window.
 
     The draws use `generator`; without one, a generator seeded with `sampling.seed` when it has
     one (`Sampling.generator`), torch's global one otherwise. The prompt is checked before the
@@ -183,7 +187,25 @@ def generate_stream(
         generator = sampling.generator(model.wte.weight.device)
     n_pos = model.config.n_positions
     n_pos = min(window or n_pos, n_pos)
-    return _steps(model, ids, sampling, generator, use_cache, n_pos, vocab)
+    return _steps(model, ids, sampling, generator, use_cache, n_pos, vocab, speculator)
+
+
+class Speculating(Protocol):
+    """What the decoding loop asks of a speculator (`gpt1.inference.speculative.Speculator`,
+    a module above this one: it chooses tokens with `choose`)."""
+
+    def step(
+        self,
+        model: torch.nn.Module,
+        cache: KVCache,
+        last: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+        room: int,
+        vocab: int | None,
+    ) -> list[int] | None: ...
+
+    def push(self, token: int) -> None: ...
 
 
 def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
@@ -203,9 +225,10 @@ def _steps(
     use_cache: bool,
     n_pos: int,
     vocab: int | None,
+    speculator: Speculating | None,
 ) -> Iterator[torch.Tensor]:
     """The decoding loop behind `generate_stream` (a generator, so the checks above run eagerly),
-    reading at most `n_pos` tokens."""
+    reading at most `n_pos` tokens; with a `speculator`, a step may yield several tokens."""
     was_training = model.training
     model.eval()
     device = model.wte.weight.device
@@ -213,22 +236,37 @@ def _steps(
     cache = KVCache(model.config.n_layer, n_pos) if use_cache and isinstance(model, GPT) else None
     if cache is not None:
         prepare_to_decode(model, sampling.max_new_tokens * out.shape[0])
+    if out.shape[0] != 1 or cache is None:
+        speculator = None  # drafts are verified for one sequence with a cache
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet
     chosen: list[torch.Tensor] = []  # tokens not yet joined to `out` (only a re-read needs it)
+    left = sampling.max_new_tokens
     try:
-        for _ in range(sampling.max_new_tokens):
-            with torch.no_grad():
-                if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                    hidden = forward_cached(model, fresh, cache)[:, -1]
-                else:
-                    cache = None  # past the context: positions shift, re-read the window each step
-                    out, chosen = torch.cat([out, *chosen], dim=1), []
-                    hidden = model(out[:, -n_pos:])[:, -1]
-                logits = model.lm_logits(hidden).float()  # [B, V]
-            nxt = choose(logits, sampling, generator, vocab)
-            chosen.append(nxt)
-            fresh = nxt
-            yield nxt
+        while left > 0:
+            drafted = None
+            if speculator is not None and cache is not None and fresh.shape[1] == 1:
+                room = min(left, n_pos - len(cache)) - 1  # drafts that fit both limits
+                last = int(fresh[0, 0])
+                drafted = speculator.step(model, cache, last, sampling, generator, room, vocab)
+            if drafted is None:
+                with torch.no_grad():
+                    if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
+                        hidden = forward_cached(model, fresh, cache)[:, -1]
+                    else:
+                        cache = None  # past the context: positions shift, re-read the window
+                        out, chosen = torch.cat([out, *chosen], dim=1), []
+                        hidden = model(out[:, -n_pos:])[:, -1]
+                    logits = model.lm_logits(hidden).float()  # [B, V]
+                new = [choose(logits, sampling, generator, vocab)]
+                if speculator is not None:
+                    speculator.push(int(new[0][0, 0]))
+            else:
+                new = [torch.tensor([[t]], device=device) for t in drafted]
+            for nxt in new:
+                chosen.append(nxt)
+                left -= 1
+                yield nxt
+            fresh = new[-1]
     finally:
         model.train(was_training)
 

@@ -1,0 +1,200 @@
+"""Speculative decoding with drafts from the text itself (prompt lookup, as vLLM's `ngram`
+speculator and llama.cpp's lookup decoding offer), for one sequence at a time.
+
+Decoding one sequence reads every weight once per token. Where the text repeats itself (a passage
+of the prompt continued or quoted, a list, code), the next tokens can be guessed: find the last
+few tokens earlier in the text and propose the tokens that followed them there (`Drafter`). One
+pass of the model then checks k guesses at once: the last chosen token and the k drafted ones go
+through `forward_cached` as k + 1 new positions of the cache (the prompt's path, whose products
+read the weights once for all rows), giving the logits after each. Drafts are accepted while they
+are what decoding would choose, the cache is cut back to the positions accepted, and the token
+after them is chosen from the same pass: every pass yields at least one token.
+
+- Greedy: a draft is accepted when it is the argmax. The tokens are plain decoding's, up to the
+  summation order of the products (several rows may sum in another order than one; where two
+  logits tie to the last digits, the choice may differ, as between batched and lone decoding).
+- Sampled: the drafted token x (a point mass) is accepted with probability p(x), p the target
+  distribution after temperature, top-k and top-p (`filter_logits`, as plain sampling); on a
+  rejection the token is drawn from p with x removed and renormalised (max(p - q, 0) normalised,
+  q the point mass). Every token is then distributed exactly as plain sampling's, but a seed
+  draws other tokens than plain decoding with the same seed: so `auto` speculates for greedy
+  decoding only, `on` for sampling too (`wanted`).
+
+The draft length adapts (`Pace`): it doubles while drafts are accepted whole, falls to one more
+than those accepted on a rejection, and where no draft is accepted speculation pauses for a
+number of tokens that doubles with each such miss in a row, so text that does not repeat decodes
+at about plain speed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.inference import matvec
+from gpt1.inference.decoding import KVCache, forward_cached
+from gpt1.inference.generate import NON_FINITE, all_finite, choose, filter_logits
+from gpt1.inference.sampling import Sampling
+
+MODES = ("auto", "on", "off")
+MAX_DRAFT = matvec.MAX_ROWS - 1  # the last token and its drafts: one few-row product per layer
+LONGEST_NGRAM = 3  # the longest run of tokens looked up (then shorter ones, down to one)
+MAX_MISSES = 6  # a pause lasts at most 2**MAX_MISSES tokens
+
+
+def wanted(speculate: str, sampling: Sampling) -> bool:
+    """Whether `speculate` applies to `sampling`: "auto" for greedy decoding only (the tokens
+    plain decoding chooses), "on" for sampling too (exact in distribution), "off" never."""
+    if speculate not in MODES:
+        raise ConfigError(f"speculate must be one of {', '.join(MODES)}; got {speculate!r}")
+    return speculate == "on" or (speculate == "auto" and sampling.greedy)
+
+
+@dataclass
+class Drafts:
+    """Drafted tokens and how many of them were accepted (of a generation, or of a server)."""
+
+    drafted: int = 0
+    accepted: int = 0
+
+    def __str__(self) -> str:
+        share = 100 * self.accepted / self.drafted if self.drafted else 0.0
+        return f"drafts accepted: {self.accepted} of {self.drafted} ({share:.0f}%)"
+
+
+class Drafter:
+    """The tokens so far and, for every run of 1..`LONGEST_NGRAM` tokens, where it last ended
+    with a token after it (updated as tokens come: a few dictionary writes each)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens: list[int] = []
+        self.ends: list[dict[tuple[int, ...], int]] = [{} for _ in range(LONGEST_NGRAM)]
+        self.extend(tokens)
+
+    def extend(self, tokens: list[int]) -> None:
+        for token in tokens:
+            end = len(self.tokens)  # the runs ending here now have a token after them
+            self.tokens.append(token)
+            for n in range(1, min(LONGEST_NGRAM, end) + 1):
+                self.ends[n - 1][tuple(self.tokens[end - n : end])] = end
+
+    def draft(self, k: int) -> list[int]:
+        """Up to k tokens that followed the longest run ending the text, where it last occurred
+        before ([] where no run of the text's last tokens occurred before)."""
+        if k <= 0:
+            return []
+        tokens = self.tokens
+        for n in range(min(LONGEST_NGRAM, len(tokens)), 0, -1):
+            end = self.ends[n - 1].get(tuple(tokens[-n:]))
+            if end is not None:
+                return tokens[end : end + k]
+        return []
+
+
+class Pace:
+    """The draft length: doubles (up to `MAX_DRAFT`) while drafts are accepted whole, falls to
+    one more than those accepted on a rejection. A draft of which nothing is accepted pauses
+    speculation for 2**misses tokens (misses: such drafts in a row, less one per draft that
+    was partly accepted, at most `MAX_MISSES`)."""
+
+    def __init__(self) -> None:
+        self.k, self.pause, self.misses = 2, 0, 0
+
+    def length(self) -> int:
+        """This token's draft length (0 while paused; each call is a token of the pause)."""
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
+        if accepted == 0:
+            self.misses = min(self.misses + 1, MAX_MISSES)
+            self.pause = 2**self.misses
+        else:
+            self.misses = max(self.misses - 1, 0)
+
+
+def accept(
+    logits: torch.Tensor,
+    draft: list[int],
+    sampling: Sampling,
+    generator: torch.Generator | None,
+    vocab: int | None = None,
+) -> list[int]:
+    """The drafts accepted and the token after them, from logits `[k + 1, V]` after the last
+    chosen token and after each of the k drafts (the rules are the module docstring's), among
+    the ids below `vocab` as `choose` draws them."""
+    if sampling.greedy:
+        best = choose(logits, sampling, None, vocab)[:, 0].tolist()  # argmax of each row
+        a = 0
+        while a < len(draft) and draft[a] == best[a]:
+            a += 1
+        return draft[:a] + [best[a]]
+    if vocab is not None and vocab < logits.shape[-1]:
+        logits = logits[:, :vocab]  # as `choose`: the ids past the tokenizer's are never drawn
+    if not all_finite(logits):
+        raise Gpt1Error(NON_FINITE)
+    probs = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+    probs = probs.softmax(-1)  # [k + 1, V]
+    for j, x in enumerate(draft):
+        p = float(probs[j, x]) if x < probs.shape[-1] else 0.0
+        if float(torch.rand((), generator=generator, device=probs.device)) < p:
+            continue
+        rest = probs[j].clone()
+        if x < rest.shape[0]:
+            rest[x] = 0  # p with x removed: multinomial renormalises
+        return draft[:j] + [int(torch.multinomial(rest, 1, generator=generator))]
+    return draft + [int(torch.multinomial(probs[-1], 1, generator=generator))]
+
+
+class Speculator:
+    """One sequence's speculation: its drafter, its pace and the counts it adds to (`step` is
+    what `gpt1.inference.generate.generate_stream` and `BatchedDecoder` call)."""
+
+    def __init__(self, tokens: list[int], counts: Drafts | None = None) -> None:
+        self.drafter, self.pace = Drafter(tokens), Pace()
+        self.counts = counts if counts is not None else Drafts()
+
+    @classmethod
+    def wanted(
+        cls, speculate: str, sampling: Sampling, tokens: list[int], counts: Drafts | None = None
+    ) -> Speculator | None:
+        """A speculator for a sequence starting with `tokens`, where `speculate` applies to
+        `sampling` (`wanted`); else None."""
+        return cls(tokens, counts) if wanted(speculate, sampling) else None
+
+    def push(self, token: int) -> None:
+        """A token chosen without drafts (every token must reach the drafter)."""
+        self.drafter.extend([token])
+
+    @torch.no_grad()
+    def step(
+        self,
+        model: torch.nn.Module,
+        cache: KVCache,
+        last: int,
+        sampling: Sampling,
+        generator: torch.Generator | None,
+        room: int,
+        vocab: int | None = None,
+    ) -> list[int] | None:
+        """The tokens after `last` (the one token `cache` has not seen) from one pass with at
+        most `room` drafts: those accepted and the one after them, `cache` holding `last` and
+        the accepted drafts. None where nothing is drafted this token: take a plain step."""
+        draft = self.drafter.draft(min(self.pace.length(), room, MAX_DRAFT))
+        if not draft:
+            return None
+        past = len(cache)
+        ids = torch.tensor([[last, *draft]], device=model.wte.weight.device)  # [1, k + 1]
+        hidden = forward_cached(model, ids, cache)[0]  # [k + 1, C]
+        tokens = accept(model.lm_logits(hidden).float(), draft, sampling, generator, vocab)
+        cache.truncate(past + len(tokens))  # last and the accepted drafts
+        self.counts.drafted += len(draft)
+        self.counts.accepted += len(tokens) - 1
+        self.pace.update(len(draft), len(tokens) - 1)
+        self.drafter.extend(tokens)
+        return tokens
