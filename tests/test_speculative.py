@@ -157,3 +157,31 @@ def test_sampled_speculation_follows_plain_sampling_in_distribution(monkeypatch)
 
     monkeypatch.setattr(speculative, "accept", accept_all)
     assert _chi_square(plain, _continuations(m, prompt, sampling, True, 1500)[0]) < 1e-3
+
+
+def test_gpt1_sample_speculates_when_greedy_and_says_how_many_drafts_it_accepted(tmp_path):
+    """`gpt1 sample`: greedy by default and sampled with --speculate on, the closing line counts
+    the drafts; --speculate off (and a sampled run by default) drafts nothing and gives the
+    same text; a mode it does not know is refused."""
+    import contextlib
+    import io
+
+    from gpt1.cli import main
+    from helpers.tiny import run_cli, tiny_checkpoint
+
+    folder = tiny_checkpoint(tmp_path / "run" / "final")
+    argv = ["sample", str(folder), "--prompt-ids", "5 6 7 5 6 7 5 6", "--max-new-tokens", "30"]
+
+    def answer(*flags: str) -> tuple[str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            assert main([*argv, *flags]) == 0
+        return out.getvalue(), err.getvalue().splitlines()[-1]
+
+    text, line = answer("--temperature", "0")
+    assert "tokens/s); drafts accepted: " in line
+    plain, plain_line = answer("--temperature", "0", "--speculate", "off")
+    assert plain == text and "drafts" not in plain_line
+    assert "drafts accepted" not in answer("--seed", "1")[1]
+    assert "drafts accepted" in answer("--seed", "1", "--speculate", "on")[1]
+    assert run_cli([*argv, "--speculate", "maybe"])[0] == 2

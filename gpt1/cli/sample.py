@@ -6,8 +6,10 @@ answers one prompt per input line until end of input, an empty (or all-blank) li
 GPT and LSTM-baseline checkpoints both work (the LSTM re-reads its window at each step).
 On standard error (not with -q) it says what it loads before loading (a GPT-1-sized model takes
 seconds, int8 quantising included) and, after each answer, its speed: prompt tokens, new tokens
-and tokens/s. A generation that runs past the model's trained window (the one `gpt1 serve`
-reports) is warned about up front and when it happens: from there each token re-reads the window.
+and tokens/s, and with one greedy sample (or --speculate on) how many of the tokens drafted from
+the text were accepted (docs/commands/sample.md#speculative-decoding). A generation that runs
+past the model's trained window (the one `gpt1 serve` reports) is warned about up front and when
+it happens: from there each token re-reads the window.
 
 Examples:
   gpt1 sample runs/mini/final --prompt "the old man" --max-new-tokens 40 --top-k 40 --seed 1
@@ -48,6 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     options.add_number(p, "--num-samples", 1, "independent continuations of the same prompt")
     options.add_inference_hardware(p)
     p.add_argument("--ids", action="store_true", help="print token ids even when text is known")
+    p.add_argument(
+        "--speculate",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="verify tokens drafted from the prompt and the text so far several per step "
+        "(one sample): auto (default) when greedy, where the tokens are plain decoding's; "
+        "on: when sampling too (the same distribution, other draws for a seed); off",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         if not prompt.strip():
             raise ConfigError("--prompt -: standard input held no text")
     log.info("loading %s (%s) ...", args.checkpoint, _precision_words(args))
-    sampler = Sampler(args.checkpoint, args.device, args.precision)
+    sampler = Sampler(args.checkpoint, args.device, args.precision, args.speculate)
     if args.interactive:
         return _interactive(sampler, args)
     _answer(sampler, args, prompt, prompt_ids)

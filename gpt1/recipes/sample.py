@@ -6,7 +6,8 @@ the options spelled out). `sample(checkpoint, ...)` is the one-shot entry point.
 itself is `gpt1.inference.generate`, inside the checkpoint's window (`Loaded.window`, the one
 `gpt1 serve` reports): past it each new token re-reads the window, about 100x slower at GPT-1's
 size, which `Sampler` warns about up front and again when it happens. `Sampler.speed` is the
-last generation's tokens and time (`gpt1 sample` prints it).
+last generation's tokens and time (`gpt1 sample` prints it), with the drafted tokens accepted
+where one sequence was decoded speculatively (`speculate`: by default when greedy).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from gpt1.errors import CheckpointError, ConfigError
 from gpt1.inference.generate import TextStream, generate_stream
 from gpt1.inference.loading import Loaded, load_for_inference
 from gpt1.inference.sampling import Sampling
+from gpt1.inference.speculative import Drafts, Speculator, wanted
+from gpt1.model.gpt import GPT
 from gpt1.model.memory import ensure_fits
 
 log = logging.getLogger(__name__)
@@ -43,12 +46,14 @@ class Speed:
     prompt_tokens: int
     new_tokens: int  # of every sample together
     seconds: float
+    drafts: Drafts | None = None  # where tokens were drafted and verified (`speculate`)
 
     def __str__(self) -> str:
         rate = self.new_tokens / self.seconds if self.seconds > 0 else float("inf")
+        drafted = f"; {self.drafts}" if self.drafts is not None else ""
         return (
             f"{self.prompt_tokens} prompt tokens, {self.new_tokens} new tokens in "
-            f"{self.seconds:.2f} s ({rate:.1f} tokens/s)"
+            f"{self.seconds:.2f} s ({rate:.1f} tokens/s){drafted}"
         )
 
 
@@ -82,9 +87,17 @@ class Sampler:
     prompt (`gpt1 sample --interactive` keeps one open)."""
 
     def __init__(
-        self, checkpoint: str | Path | Loaded, device: str = "auto", precision: str = "auto"
+        self,
+        checkpoint: str | Path | Loaded,
+        device: str = "auto",
+        precision: str = "auto",
+        speculate: str = "auto",
     ):
-        """Load `checkpoint` (`load_for_inference`), or take one loaded already."""
+        """Load `checkpoint` (`load_for_inference`), or take one loaded already. `speculate`:
+        verify tokens drafted from the text several at a time (`gpt1.inference.speculative`):
+        "auto" when greedy (the same tokens), "on" when sampling too (the same distribution,
+        not the same draws for a seed), "off"."""
+        wanted(speculate, Sampling())  # a mode it does not know is refused before loading
         loaded = (
             checkpoint
             if isinstance(checkpoint, Loaded)
@@ -97,6 +110,7 @@ class Sampler:
         # The positions it was trained on (`gpt1 serve` refuses requests past them).
         self.window = loaded.window
         self.speed: Speed | None = None  # the last generation's
+        self.speculate = speculate
 
     def prompt_ids(
         self, prompt: str | None = None, prompt_ids: list[int] | None = None
@@ -144,7 +158,11 @@ class Sampler:
         """`generate_stream` inside the window, timed into `speed`; warns once, when it
         happens, that decoding passed the window and re-reads it from then on."""
         start, warned = time.perf_counter(), False
-        self.speed = Speed(ids.shape[1], 0, 0.0)
+        speculator = None
+        if ids.shape[0] == 1 and isinstance(self.model, GPT):  # one sequence with a cache
+            speculator = Speculator.wanted(self.speculate, sampling, ids[0].tolist(), Drafts())
+        drafts = speculator.counts if speculator is not None else None
+        self.speed = Speed(ids.shape[1], 0, 0.0, drafts)
         steps = generate_stream(
             self.model,
             ids,
@@ -152,9 +170,11 @@ class Sampler:
             self._generator(sampling),
             window=self.window,
             vocab=self.vocab,
+            speculator=speculator,
         )
         for n, step in enumerate(steps, 1):
-            self.speed = Speed(ids.shape[1], n * ids.shape[0], time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            self.speed = Speed(ids.shape[1], n * ids.shape[0], elapsed, drafts)
             yield step
             if not warned and ids.shape[1] + n > self.window and n < sampling.max_new_tokens:
                 warned = True
