@@ -185,3 +185,68 @@ def test_gpt1_sample_speculates_when_greedy_and_says_how_many_drafts_it_accepted
     assert "drafts accepted" not in answer("--seed", "1")[1]
     assert "drafts accepted" in answer("--seed", "1", "--speculate", "on")[1]
     assert run_cli([*argv, "--speculate", "maybe"])[0] == 2
+
+
+def test_batched_decoder_speculates_for_a_lone_generation_only():
+    """A greedy generation alone takes drafts and gives plain decoding's tokens; joined by a
+    second one, the two share steps without drafts (and keep their tokens); --speculate off
+    drafts nothing; a sampled generation drafts with "on" only."""
+    from gpt1.inference.batched import BatchedDecoder
+
+    m = model()
+    prompt = [1, 2, 3, 1, 2]
+    want = tokens(m, prompt, Sampling(30, 0.0))
+
+    def run(decoder: BatchedDecoder, *gens) -> list[list[int]]:
+        out = {gen: [] for gen in gens}
+        while decoder.active:
+            for gen, item in decoder.step():
+                assert not isinstance(item, Exception), item
+                if item is not None:
+                    out[gen].append(item)
+        return list(out.values())
+
+    alone = BatchedDecoder(m)
+    assert run(alone, alone.add(prompt, Sampling(30, 0.0))) == [want]
+    assert 0 < alone.drafts.accepted <= alone.drafts.drafted
+    pair = BatchedDecoder(m)
+    other = prompts()[3]
+    got = run(pair, pair.add(prompt, Sampling(30, 0.0)), pair.add(other, Sampling(30, 0.0)))
+    assert got == [want, tokens(m, other, Sampling(30, 0.0))] and pair.drafts.drafted == 0
+    off = BatchedDecoder(m, speculate="off")
+    assert run(off, off.add(prompt, Sampling(30, 0.0))) == [want] and off.drafts.drafted == 0
+    sampled = Sampling(30, 0.5, seed=3)
+    auto, on = BatchedDecoder(m), BatchedDecoder(m, speculate="on")
+    assert run(auto, auto.add(prompt, sampled)) == [tokens(m, prompt, sampled)]
+    assert auto.drafts.drafted == 0
+    run(on, on.add(prompt, sampled))
+    assert on.drafts.drafted > 0
+
+
+def test_server_counts_drafts_in_metrics_and_keeps_greedy_text(tmp_path):
+    """/v1/completions and /v1/generate, greedy: `gpt1 sample --speculate off`'s text, and
+    /metrics counts the drafted and accepted tokens."""
+    import httpx
+    from test_serve import TIMEOUT, post, serving, tiny_lm
+
+    from gpt1.recipes.sample import Sampler
+    from helpers.tiny import char_vocab
+
+    lm = tiny_lm(tmp_path / "lm", char_vocab(tmp_path / "vocab"))
+    prompt = "the old man and the old man and the old"
+    sampler = Sampler(lm, "cpu", "auto", speculate="off")
+    want = "".join(sampler.stream(sampler.prompt_ids(prompt), Sampling(20, 0.0)))
+    with serving(lm) as url:
+        body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
+        completion = post(f"{url}/v1/completions", body).json()
+        body = {"prompt": prompt, "max_new_tokens": 20, "temperature": 0}
+        generated = post(f"{url}/v1/generate", body).json()
+        metrics = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    assert generated["text"] == want
+    assert completion["choices"][0]["text"].strip() == want.strip()
+    counts = dict(
+        line.split(" ") for line in metrics.splitlines() if line.startswith("gpt1_draft_")
+    )
+    assert (
+        0 < float(counts["gpt1_draft_accepted_total"]) <= float(counts["gpt1_draft_tokens_total"])
+    )

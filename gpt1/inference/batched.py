@@ -12,6 +12,9 @@ Tokens are chosen exactly as `gpt1 sample` chooses them (`gpt1.inference.generat
 each sequence's own `Sampling` and random generator), so a sequence decoded alone gives
 `generate_stream`'s tokens bit for bit. Decoded with others, its logits can differ from a lone
 run's in the last float digits (a matrix product over more rows may sum in another order).
+A generation decoded alone may take several tokens in a step: it verifies tokens drafted from its
+own text (`gpt1.inference.speculative`; by default for greedy ones, whose tokens stay the same),
+counted in `BatchedDecoder.drafts`; several generations share each step without drafts.
 Models without a key/value cache (the LSTM baseline) and sequences past the model's context take
 `generate_stream`'s other path: the last `window` tokens (default `n_positions`; the server
 passes the window the model was trained on) re-read each step.
@@ -26,6 +29,7 @@ import torch
 from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached, prepare_to_decode
 from gpt1.inference.generate import check_prompt, choose
 from gpt1.inference.sampling import Sampling
+from gpt1.inference.speculative import Drafts, Speculator
 from gpt1.model.gpt import GPT
 
 
@@ -39,6 +43,7 @@ class Generation:
     generator: torch.Generator | None
     cache: KVCache | None  # None: no cache (LSTM), or past the context
     fresh: torch.Tensor  # [1, t] the tokens the model has not seen yet
+    speculator: Speculator | None = None  # drafts tokens while it is the only generation
 
 
 Event = tuple[Generation, "int | None | Exception"]  # a token, None (finished) or its error
@@ -48,10 +53,18 @@ class BatchedDecoder:
     """The generations of one model (see the module docstring). Not thread-safe: one thread
     calls `add` (or `start`), `step` and `stop` (the server's batching worker)."""
 
-    def __init__(self, model: torch.nn.Module, window: int | None = None, vocab: int | None = None):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        window: int | None = None,
+        vocab: int | None = None,
+        speculate: str = "auto",
+    ):
         """`window`: the most tokens a step reads; `vocab`: draw only ids below it (the
-        tokenizer's size, when the ids become text: `choose`)."""
-        self.vocab = vocab
+        tokenizer's size, when the ids become text: `choose`); `speculate`: when a generation
+        decoded alone verifies tokens drafted from its text (`gpt1.inference.speculative.wanted`:
+        by default when greedy), its drafts counted in `drafts`."""
+        self.vocab, self.speculate, self.drafts = vocab, speculate, Drafts()
         self.model = model.eval()
         prepare_to_decode(model)  # now, not in the first request's time
         n_pos = model.config.n_positions
@@ -94,6 +107,10 @@ class BatchedDecoder:
             self.pool.cache() if isinstance(self.model, GPT) else None,
             ids[:, -self.n_positions :],
         )
+        if gen.cache is not None:
+            gen.speculator = Speculator.wanted(
+                self.speculate, sampling, ids[0].tolist(), self.drafts
+            )
         self.active.append(gen)
         return gen
 
@@ -119,6 +136,8 @@ class BatchedDecoder:
                     self._finish(gen, exc, events)
                     continue
                 self._choose(gen, logits, events)
+            if len(together) == 1 and not alone and self._speculated(together[0], events):
+                return events
             if together:
                 try:
                     ids = torch.cat([g.fresh[0] for g in together])  # [n]
@@ -156,16 +175,40 @@ class BatchedDecoder:
             gen.cache.release()
             gen.cache = None
 
+    def _speculated(self, gen: Generation, events: list[Event]) -> bool:
+        """A lone generation's step with drafts (`Speculator.step`), where it drafts any."""
+        if gen.speculator is None or gen.cache is None:
+            return False
+        room = min(gen.remaining, self.n_positions - len(gen.cache)) - 1  # within both limits
+        last = int(gen.fresh[0, 0])
+        try:
+            tokens = gen.speculator.step(
+                self.model, gen.cache, last, gen.sampling, gen.generator, room, self.vocab
+            )
+        except Exception as exc:
+            self._finish(gen, exc, events)
+            return True
+        if tokens is None:
+            return False
+        self._emit(gen, torch.tensor([tokens], device=self.device), events)
+        return True
+
     def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
         try:
             nxt = choose(logits, gen.sampling, gen.generator, self.vocab)
         except Exception as exc:
             self._finish(gen, exc, events)
             return
-        gen.ids = torch.cat([gen.ids, nxt], dim=1)
-        gen.fresh = nxt
-        gen.remaining -= 1
-        events.append((gen, int(nxt[0, 0])))
+        if gen.speculator is not None:
+            gen.speculator.push(int(nxt[0, 0]))  # its drafts come from every token
+        self._emit(gen, nxt, events)
+
+    def _emit(self, gen: Generation, new: torch.Tensor, events: list[Event]) -> None:
+        """New tokens `[1, t]` chosen for `gen`, in order."""
+        gen.ids = torch.cat([gen.ids, new], dim=1)
+        gen.fresh = new[:, -1:]
+        gen.remaining -= new.shape[1]
+        events.extend((gen, int(t)) for t in new[0])
         if gen.remaining <= 0:
             self._finish(gen, None, events)
 

@@ -12,7 +12,9 @@ batching decoder, `gpt1.inference.batched.BatchedDecoder`: one forward pass for 
 long generation neither blocks classification nor starves, and concurrent generations share the
 cost of reading the weights. At most `max_active_generations` run at once; the rest wait queued
 (predict and score jobs behind them still run), and a generation whose client left is stopped
-before the next step, or dropped from the queue, so its slot goes to the next.
+before the next step, or dropped from the queue, so its slot goes to the next. A generation alone
+may get several tokens from a step (drafted from its text and verified); the drafted and accepted
+tokens are reported to `on_batch` as a batch of kind "draft" (items: drafted, tokens: accepted).
 
 Past `max_queue` queued items (examples, score pairs, generations) `submit` raises `QueueFull`
 (the app answers 503 with Retry-After): memory stays bounded whatever the load. Results are
@@ -115,6 +117,7 @@ class Batcher:
         self._queued_items = 0
         self.generations = generations
         self._active: dict[Any, Job] = {}  # generation handle -> its job
+        self._drafts = (0, 0)  # the generations' drafted and accepted tokens reported so far
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="gpt1-batcher", daemon=True)
@@ -268,6 +271,7 @@ class Batcher:
             events = self.generations.step()
             # A decoding step is a batch of "generate" items, one new token each.
             self.on_batch("generate", len(self._active), len(self._active))
+            self._report_drafts()
         except Exception as exc:  # fail the generations, keep serving
             log.exception("generation step failed")
             for handle, job in self._active.items():
@@ -284,6 +288,15 @@ class Batcher:
             _emit(job, item)
             if item is None or isinstance(item, BaseException):
                 del self._active[handle]
+
+    def _report_drafts(self) -> None:
+        """The tokens drafted (and accepted) since the last report, where the generations
+        count them (a `Drafts` as their `drafts`)."""
+        drafts = getattr(self.generations, "drafts", None)
+        if drafts is None or drafts.drafted == self._drafts[0]:
+            return
+        seen, self._drafts = self._drafts, (drafts.drafted, drafts.accepted)
+        self.on_batch("draft", drafts.drafted - seen[0], drafts.accepted - seen[1])
 
 
 def _resolve(job: Job, result: Any = None, exc: BaseException | None = None) -> None:

@@ -26,6 +26,7 @@ import torch
 from gpt1.errors import CheckpointError, ConfigError, DataError
 from gpt1.inference.batched import BatchedDecoder, Event, Generation
 from gpt1.inference.sampling import Sampling
+from gpt1.inference.speculative import Drafts
 from gpt1.tasks.batches import Encoded, encode_split
 from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
 from gpt1.tasks.registry import Task
@@ -164,6 +165,11 @@ class LanguageEngine:
 
     def step(self) -> list[Event]:
         return self.decoder.step()
+
+    @property
+    def drafts(self) -> Drafts:
+        """The tokens a lone generation drafted and had accepted so far (`/metrics`)."""
+        return self.decoder.drafts
 
     def stop(self, generation: Generation) -> None:
         self.decoder.stop(generation)

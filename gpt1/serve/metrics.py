@@ -21,7 +21,7 @@ TOKEN_BUCKETS = (16, 64, 256, 1024, 2048, 4096, 8192, 16384)
 
 class Metrics:
     """Request counts and latencies per endpoint and status, batch sizes, queue depth, active
-    generations."""
+    generations, speculative decoding's drafted and accepted tokens."""
 
     content_type = CONTENT_TYPE_LATEST
 
@@ -47,6 +47,12 @@ class Metrics:
             "gpt1_batch_tokens", "Tokens per model batch, by kind", TOKEN_BUCKETS, "kind"
         )
         self.generated = self._counter("gpt1_generated_tokens", "Tokens generated")
+        self.draft_tokens = self._counter(
+            "gpt1_draft_tokens", "Tokens drafted from a generation's text and verified"
+        )
+        self.draft_accepted = self._counter(
+            "gpt1_draft_accepted", "Drafted tokens accepted (the tokens decoding would choose)"
+        )
         self.active_generations = self._gauge(
             "gpt1_active_generations",
             "Generations being decoded now (at most --max-generations; the rest are queued)",
@@ -63,6 +69,12 @@ class Metrics:
         return Histogram(name, doc, labels, buckets=buckets, registry=self.registry)
 
     def observe_batch(self, kind: str, items: int, tokens: int) -> None:
+        """A model batch of `kind`; kind "draft" (speculative decoding) counts the tokens
+        drafted (`items`) and accepted (`tokens`) instead."""
+        if kind == "draft":
+            self.draft_tokens.inc(items)
+            self.draft_accepted.inc(tokens)
+            return
         self.batch_items.labels(kind).observe(items)
         self.batch_tokens.labels(kind).observe(tokens)
 
