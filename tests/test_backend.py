@@ -63,10 +63,24 @@ def test_gpt1_matvec_off_means_off_and_builds_nothing(monkeypatch):
 @pytest.mark.parametrize(
     ("probe", "choice"),
     [
-        (backend.Int8Probe(float_path=1.0, s8=0.1, u8=0.2), "s8"),  # AMX: signed is real
-        (backend.Int8Probe(float_path=1.0, s8=900.0, u8=0.1), "u8"),  # VNNI, no AMX
-        (backend.Int8Probe(float_path=1.0, s8=900.0, u8=1.5), None),  # both slower: float path
-        (backend.Int8Probe(float_path=1.0, s8=float("inf"), u8=float("inf")), None),  # failed
+        (
+            backend.Int8Probe(float_path=1.0, s8=0.1, u8=0.2, rows_s8=9e9, rows_u8=9e9),
+            "s8",
+        ),  # AMX: signed is real
+        (
+            backend.Int8Probe(float_path=1.0, s8=900.0, u8=0.1, rows_s8=9e9, rows_u8=9e9),
+            "u8",
+        ),  # VNNI, no AMX
+        (
+            backend.Int8Probe(float_path=1.0, s8=900.0, u8=1.5, rows_s8=9e9, rows_u8=9e9),
+            None,
+        ),  # both slower: float path
+        (
+            backend.Int8Probe(
+                float_path=1.0, s8=float("inf"), u8=float("inf"), rows_s8=9e9, rows_u8=9e9
+            ),
+            None,
+        ),  # failed
     ],
 )
 def test_the_int8_product_never_runs_slower_than_the_float_path(probe, choice, monkeypatch):
@@ -82,7 +96,7 @@ def test_the_int8_product_never_runs_slower_than_the_float_path(probe, choice, m
 
 def test_int8_many_rows_takes_the_float_path_where_the_kernel_is_slower(monkeypatch):
     monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
-    slow = backend.Int8Probe(float_path=1.0, s8=900.0, u8=2.0)
+    slow = backend.Int8Probe(float_path=1.0, s8=900.0, u8=2.0, rows_s8=9e9, rows_u8=9e9)
     monkeypatch.setattr(backend, "int8_probe", lambda: slow)
 
     def oneDNN(*args, **kwargs):
@@ -186,7 +200,7 @@ def test_a_failure_is_remembered_and_warned_once(monkeypatch):
 
 def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, capsys):
     monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
-    monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1e-4))
+    monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1e-4, 9e9, 9e9))
     monkeypatch.setattr(backend, "onednn_has_int8", lambda: True)
     monkeypatch.setenv("GPT1_MATVEC", "torch")
     assert main(["info", "--kernels"]) == 0
@@ -194,7 +208,7 @@ def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, ca
     for kind in backend.KINDS:
         assert kind in out
     assert "oneDNN int8, unsigned" in out and "GPT1_MATVEC switches it off" in out
-    monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1.0))
+    monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1.0, 9e9, 9e9))
     assert main(["info", "--kernels", "--json"]) == 0
     import json
 

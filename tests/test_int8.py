@@ -240,7 +240,9 @@ def test_many_rows_fall_back_to_the_float_path(how, monkeypatch):
         monkeypatch.setenv("GPT1_INT8_MATMUL", "0")
     elif how == "slower":
         monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
-        monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 2e-3))
+        monkeypatch.setattr(
+            backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 2e-3, 9e9, 9e9)
+        )
     else:
         monkeypatch.setattr(backend, "onednn_has_int8", lambda: True)
         monkeypatch.setattr(torch.ops.onednn, "qlinear_pointwise", _unsupported, raising=False)

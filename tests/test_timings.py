@@ -146,7 +146,7 @@ def test_the_reason_names_what_made_a_record_stale():
 
 def test_gpt1_kernels_probe_prints_both_sides_and_records_the_choice(records, monkeypatch, capsys):
     floats = backend.FloatProbe({"float32": {"few": [9.1e-3, 2.67e-3], "many": [2.14e-3, 2.36e-3]}})
-    int8 = backend.Int8Probe(float_path=1e-3, s8=0.5, u8=2e-4)
+    int8 = backend.Int8Probe(float_path=1e-3, s8=0.5, u8=2e-4, rows_s8=1.0, rows_u8=1e-4)
     monkeypatch.setattr(backend, "_measure_float", lambda: floats)
     monkeypatch.setattr(backend, "_measure_int8", lambda: int8)
     monkeypatch.setattr(backend, "onednn_packs", lambda dtype: True)

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from gpt1.errors import ConfigError
-from gpt1.inference import matvec, timings
+from gpt1.inference import int8_rows, matvec, timings
 
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step", "weight storage")
@@ -210,6 +210,12 @@ def onednn_has_int8() -> bool:
     return hasattr(ops, "qlinear_prepack") and hasattr(ops, "qlinear_pointwise")
 
 
+def int8_per_row() -> bool:
+    """Whether many-row int8 products take one activation scale per row where the caller did not
+    ask for it (`gpt1.inference.int8_rows.per_row`): where the int8 check found it not slower."""
+    return int8_many_rows() is not None and int8_probe().per_row
+
+
 def int8_many_rows() -> str | None:
     """How int8 products of many rows run: `s8` or `u8` (oneDNN's int8 kernel, activations as
     signed bytes, or as unsigned bytes with zero point 128), or None (the float path)."""
@@ -229,6 +235,8 @@ class Int8Probe:
     float_path: float
     s8: float
     u8: float
+    rows_s8: float  # one scale per row (`gpt1.inference.int8_rows`): quantising and scaling
+    rows_u8: float  # included, against the others' kernel alone
 
     @property
     def fastest(self) -> str:
@@ -238,6 +246,13 @@ class Int8Probe:
     def choice(self) -> str | None:
         best = self.fastest
         return best if getattr(self, best) <= self.float_path else None
+
+    @property
+    def per_row(self) -> bool:
+        """Whether one scale per row, all its work counted, is not slower than the kernel
+        alone with one scale per tensor: then many-row products take it everywhere."""
+        best = self.choice
+        return best is not None and getattr(self, f"rows_{best}") <= getattr(self, best)
 
 
 # A product large enough that the work, not the call, takes the time (a real int8 kernel: about
@@ -278,10 +293,12 @@ def _measure_int8() -> Int8Probe:
             reference = [
                 e for e in ("s8", "u8") if screen[e] > _REFERENCE_FACTOR * screen["float_path"]
             ]
+            reference += [f"rows_{e}" for e in reference]
             times = screen | timings.interleaved_best(
                 {path: fn for path, fn in full.items() if path not in reference}
             )
-            return Int8Probe(times["float_path"], times["s8"], times["u8"])
+            rows = {f"rows_{e}": times[f"rows_{e}"] for e in ("s8", "u8")}
+            return Int8Probe(times["float_path"], times["s8"], times["u8"], **rows)
     finally:
         torch.set_num_threads(threads)
 
@@ -315,7 +332,21 @@ def _int8_products(
 
         return product
 
-    return {"float_path": float_path, "s8": on_int8("s8"), "u8": on_int8("u8")}
+    def per_row(encoding: str) -> Callable[[], torch.Tensor]:
+        def product() -> torch.Tensor:
+            if isinstance(packed, RuntimeError):
+                raise packed
+            qx_rows, x_scale = int8_rows.quantize(x)
+            sums = onednn_int8_product(qx_rows, 1.0, packed, scale, None, torch.float32, encoding)
+            return int8_rows.epilogue(sums, x_scale, bias, dtype)
+
+        return product
+
+    return {"float_path": float_path} | {
+        f"{kind}{e}": make(e)
+        for kind, make in (("", on_int8), ("rows_", per_row))
+        for e in ("s8", "u8")
+    }
 
 
 def pack_int8(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -483,7 +514,10 @@ def timed(floats: FloatProbe | None, ints: Int8Probe | None) -> list[Timed]:
             if _REFERENCE_FACTOR * ints.float_path < getattr(ints, encoding) < float("inf"):
                 paths[encoding] += f" (oneDNN's reference kernel, on {_SCREEN})"
         times = {paths["s8"]: ints.s8, paths["u8"]: ints.u8, "float path": ints.float_path}
+        times |= {f"{paths[e]}, one scale per row": getattr(ints, f"rows_{e}") for e in paths}
         chosen = {**paths, None: "float path"}[ints.choice]
+        if ints.per_row:
+            chosen += ", one scale per row"
         shape = "x".join(map(str, _PROBE_SHAPE))
         found.append(Timed(f"int8 activations, one {shape} product", times, chosen))
     return found
@@ -574,7 +608,10 @@ def _many_rows_int8() -> Choice:
     if chosen is None:
         return Choice(KINDS[2], "float path", f"oneDNN's int8 is slower here ({timed})")
     name = {"s8": "signed", "u8": "unsigned (zero point 128)"}[chosen]
-    return Choice(KINDS[2], f"oneDNN int8, {name} activations", timed)
+    scales = "one scale per row" if probe.per_row else "one scale per tensor"
+    rows = getattr(probe, f"rows_{chosen}")
+    timed += f"; one scale per row {_ms(rows)}"
+    return Choice(KINDS[2], f"oneDNN int8, {name} activations, {scales}", timed)
 
 
 def _step() -> Choice:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from gpt1.inference import int8_step
 from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached, prepare_to_decode
 from gpt1.inference.generate import check_prompt, choose
 from gpt1.inference.sampling import Sampling
@@ -141,8 +142,10 @@ class BatchedDecoder:
             if together:
                 try:
                     ids = torch.cat([g.fresh[0] for g in together])  # [n]
-                    hidden = decode(self.model, ids, [g.cache for g in together])  # [n, C]
-                    logits = self.model.lm_logits(hidden).float()  # [n, V]
+                    with int8_step.step(self.model, len(together)) as one_call:
+                        caches = [g.cache for g in together]
+                        hidden = decode(self.model, ids, caches, one_call=one_call)  # [n, C]
+                        logits = self.model.lm_logits(hidden).float()  # [n, V]
                 except Exception as exc:
                     for gen in together:
                         self._finish(gen, exc, events)

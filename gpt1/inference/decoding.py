@@ -381,7 +381,9 @@ def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tenso
     return x
 
 
-def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
+def decode(
+    model: GPT, ids: torch.Tensor, caches: list[KVCache], one_call: bool = True
+) -> torch.Tensor:
     """The next token of each of n independent sequences: ids `[n]` -> hidden `[n, n_embd]`.
 
     Sequence r continues `caches[r]` (filled by earlier `forward_cached` calls, of any lengths)
@@ -394,7 +396,9 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
     Where the one-call step applies (`gpt1.inference.block_step`), rows go through it in groups of
     up to `matvec.MAX_ROWS`, each group reading the weights once: each row's result is then the
     same bits whichever rows share its step (int8 never takes the many-row product, which
-    quantises the activations of all the rows with one scale).
+    quantises the activations of all the rows with one scale). `one_call=False` runs more than
+    `matvec.MAX_ROWS` rows through the blocks as modules, all at once: the many-row int8 step
+    (`gpt1.inference.int8_step`, with one activation scale per row).
     """
     backend.expect_decoding()
     if ids.dim() != 1 or len(caches) != ids.shape[0]:
@@ -406,7 +410,7 @@ def decode(model: GPT, ids: torch.Tensor, caches: list[KVCache]) -> torch.Tensor
         )
     x, _ = model.embed(ids, positions)  # [n, C]
     group = matvec.MAX_ROWS
-    if x.shape[0] <= group or block_step.plan(model, x[:group]) is None:
+    if x.shape[0] <= group or not one_call or block_step.plan(model, x[:group]) is None:
         return _decode_rows(model, x, caches)
     return torch.cat(
         [

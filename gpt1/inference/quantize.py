@@ -49,7 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpt1.errors import ConfigError
-from gpt1.inference import backend, matvec
+from gpt1.inference import backend, int8_rows, matvec
 from gpt1.inference.prepack import MadeFrom
 
 # The rounding error (`relative_error`, the worst row of a layer) above which a layer is refused.
@@ -170,11 +170,17 @@ class PackedInt8:
         if encoding is None:
             return None
         rows = x.reshape(-1, x.shape[-1])
-        qx, x_scale = _quantize_per_tensor(rows)
-        if qx is None:
+        per_row = int8_rows.asked() or backend.int8_per_row()
+        found = int8_rows.quantize(rows) if per_row else _quantize_per_tensor(rows)
+        if found is None or found[0] is None:
             return None
+        qx, x_scale = found
         try:
-            out = self.product(qx, x_scale, q, scale, bias, x.dtype, encoding)
+            if per_row:
+                sums = self.product(qx, 1.0, q, scale, None, torch.float32, encoding)
+                out = int8_rows.epilogue(sums, x_scale, bias, x.dtype)
+            else:
+                out = self.product(qx, x_scale, q, scale, bias, x.dtype, encoding)
         except RuntimeError as e:
             backend.fail(
                 "many rows int8",

@@ -1,0 +1,82 @@
+"""int8 x int8 products of many rows with one activation scale per row.
+
+Each row of the activations is quantised on its own (symmetric: its largest magnitude to 127,
+round to nearest even), multiplied by the int8 weight on oneDNN's int8 kernel (AMX, VNNI or
+AVX2's `vpmaddubsw`, whichever the CPU has) with int32 sums, which the kernel converts to fp32
+and multiplies by the weight's per-channel scales; the row scales and the bias are applied
+after (oneDNN takes one activation scale per call, so a row's cannot go into the kernel):
+
+    out[m, n] = fp32(sum_k qx[m, k] * q[n, k]) * w_scale[n] * x_scale[m] + bias[n]
+
+in fp32, then rounded to the activations' dtype (`reference` writes this out in plain torch;
+the kernel gives the same bits). A row's result so depends on that row alone, never on which
+rows share the product: a sequence decoded beside others gets the tokens it gets alone. The
+per-tensor product (`quantize.PackedInt8`'s other mode) scales every row by the batch's
+largest activation, so a row with small activations loses precision beside a large one.
+
+`per_row()` asks for per-row scales in the products run inside it (concurrent decoding, where
+the rows are independent sequences); elsewhere the many-row int8 products take per-row scales
+where `gpt1.inference.backend`'s timed check found them not slower than one scale per tensor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
+import torch
+
+_PER_ROW = contextvars.ContextVar("gpt1_int8_per_row", default=False)
+
+
+@contextlib.contextmanager
+def per_row(wanted: bool = True) -> Iterator[None]:
+    """Many-row int8 products inside take one activation scale per row (where `wanted`)."""
+    token = _PER_ROW.set(wanted or _PER_ROW.get())
+    try:
+        yield
+    finally:
+        _PER_ROW.reset(token)
+
+
+def asked() -> bool:
+    """Whether the caller asked for per-row scales (`per_row`)."""
+    return _PER_ROW.get()
+
+
+def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """rows `[M, K]` -> (int8 `[M, K]`, fp32 scales `[M, 1]`) with rows ~= int8 * scale, or None
+    where a row holds an inf or a NaN (the float path keeps them). An all-zero row gets scale 1
+    (its integers are all 0). Scaled in fp32 whatever the rows' dtype."""
+    x = rows.float()
+    amax = x.abs().amax(dim=1, keepdim=True)
+    if not bool(torch.isfinite(amax).all()):
+        return None
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    # |x| / scale <= 127 up to one rounding, which rounds back to 127: no clamp needed.
+    return x.div_(scale).round_().to(torch.int8), scale
+
+
+def epilogue(
+    scaled: torch.Tensor, x_scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """The kernel's fp32 output (sums times weight scales) times the row scales, plus the bias,
+    in `dtype`; overwrites `scaled`."""
+    out = scaled.mul_(x_scale)
+    if bias is not None:
+        out.add_(bias.float())
+    return out.to(dtype)
+
+
+def reference(
+    x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The per-row product's arithmetic in plain torch, the int32 sums exact (int64 here)."""
+    rows = x.reshape(-1, x.shape[-1])
+    found = quantize(rows)
+    assert found is not None, "non-finite activations have no per-row product"
+    qx, x_scale = found
+    sums = qx.long() @ q.long().t()
+    out = epilogue(sums.to(torch.int32).float() * w_scale.float(), x_scale, bias, x.dtype)
+    return out.view(*x.shape[:-1], q.shape[0])

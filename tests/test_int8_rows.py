@@ -1,0 +1,104 @@
+"""Many-row int8 products with one activation scale per row, and the integer decoding step."""
+
+import pytest
+import torch
+from torch import nn
+
+from gpt1 import GPT, ModelConfig
+from gpt1.inference import backend, int8_rows, int8_step
+from gpt1.inference.decoding import SlotPool, decode, forward_cached
+from gpt1.inference.prepared import for_inference
+from gpt1.inference.quantize import Int8Linear
+
+
+@pytest.fixture(autouse=True)
+def int8_kernel_on(monkeypatch):
+    """oneDNN's int8 product itself, whether or not the backend would take it on this CPU."""
+    monkeypatch.setenv("GPT1_INT8_MATMUL", "1")
+    if backend.int8_many_rows() is None:
+        pytest.skip("no oneDNN int8 kernel in this torch")
+
+
+def _layer(k: int, n: int) -> Int8Linear:
+    torch.manual_seed(0)
+    linear = nn.Linear(k, n).to(torch.bfloat16)
+    return Int8Linear(linear, torch.bfloat16)
+
+
+@pytest.mark.parametrize("encoding", ["s8", "u8"])
+@pytest.mark.parametrize(("rows", "k", "n"), [(12, 64, 96), (33, 256, 40), (9, 768, 300)])
+def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding, monkeypatch):
+    """oneDNN's int32 sums, converted and scaled, give the bits `reference` computes with exact
+    integer sums, with either encoding of the activations."""
+    monkeypatch.setattr(backend, "int8_many_rows", lambda: encoding)
+    layer = _layer(k, n)
+    x = (torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]).to(torch.bfloat16)
+    with torch.no_grad(), int8_rows.per_row():
+        got = layer(x)
+    want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias)
+    assert torch.equal(got, want)
+
+
+def test_a_rows_result_does_not_depend_on_its_neighbours():
+    """One scale per row: row 0 gives the same bits beside small or huge neighbours. One scale
+    per tensor (the other mode) does not: a huge neighbour coarsens row 0's integers."""
+    layer = _layer(128, 64)
+    torch.manual_seed(1)
+    x = torch.randn(16, 128).to(torch.bfloat16)
+    loud = x.clone()
+    loud[1:] *= 100
+    with torch.no_grad():
+        with int8_rows.per_row():
+            assert torch.equal(layer(x)[0], layer(loud)[0])
+        if not backend.int8_per_row():
+            assert not torch.equal(layer(x)[0], layer(loud)[0])
+
+
+def test_non_finite_rows_take_the_float_path():
+    layer = _layer(64, 32)
+    x = torch.randn(10, 64).to(torch.bfloat16)
+    x[3, 5] = float("inf")
+    with torch.no_grad(), int8_rows.per_row():
+        out = layer(x)
+    assert torch.isinf(out[3]).any() or torch.isnan(out[3]).any()
+    assert torch.isfinite(out[0]).all()
+
+
+def test_the_threshold_holds_from_where_the_integer_step_wins_on():
+    probe = int8_step.StepProbe(
+        rows=[12, 16, 32, 64],
+        one_call=[[1.0, 1.0], [1.0, 1.0], [2.0, 1.0], [4.0, 1.0]],
+        integer=[[0.9, 5.0], [0.9, 1.2], [1.0, 1.5], [1.5, 2.0]],
+    )
+    assert probe.threshold(1) == 32  # 16 loses on one block, 32 and 64 win
+    assert probe.threshold(12) == 16  # twelve blocks outweigh the head from 16 on
+    assert probe.threshold(0) is None  # the output layer alone: never
+    never = int8_step.StepProbe([12, 64], [[1.0, 1.0]] * 2, [[0.9, 1.0], [2.0, 1.0]])
+    assert never.threshold(12) is None  # loses at the largest count: nowhere
+
+
+def test_integer_step_rows_are_independent_of_the_other_sequences():
+    """A sequence's hidden state from the integer step is the same bits whichever sequences
+    share the step, and close to the one-call step's."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    model = for_inference(GPT(config), "cpu", "int8")
+    pool = SlotPool(2, 64)
+    gen = torch.Generator().manual_seed(2)
+    caches = [pool.cache() for _ in range(24)]
+    with torch.no_grad():
+        for cache in caches:
+            forward_cached(model, torch.randint(0, 300, (1, 5), generator=gen), cache)
+        ids = torch.randint(0, 300, (24,), generator=gen)
+        results = []
+        for rows in (list(range(12)), [0, *range(12, 24)]):
+            picked = [caches[r] for r in rows]
+            with int8_rows.per_row():
+                results.append(decode(model, ids[rows], picked, one_call=False))
+            for cache in picked:
+                cache.truncate(5)
+            grouped = decode(model, ids[rows], picked)
+            for cache in picked:
+                cache.truncate(5)
+            torch.testing.assert_close(results[-1].float(), grouped.float(), atol=0.1, rtol=0.05)
+    assert torch.equal(results[0][0], results[1][0])
