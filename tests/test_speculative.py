@@ -65,6 +65,12 @@ def test_pace_grows_on_acceptance_shrinks_on_rejection_and_pauses():
     for _ in range(20):  # drafts that keep failing: pauses of at most 64 tokens
         pace.update(1, 0)
     assert pace.pause == 64
+    timed = Pace()
+    timed.plain_step(0.010)  # a plain step takes 10 ms
+    timed.update(4, 1, seconds=0.015)  # 2 tokens in 15 ms: paid
+    assert timed.pause == 0 and timed.k == 2
+    timed.update(2, 1, seconds=0.025)  # 2 tokens in 25 ms (a small model's pass): a miss
+    assert timed.pause == 2
 
 
 def test_truncate_drops_rejected_positions_and_the_next_pass_overwrites_them():

@@ -21,13 +21,15 @@ after them is chosen from the same pass: every pass yields at least one token.
   decoding only, `on` for sampling too (`wanted`).
 
 The draft length adapts (`Pace`): it doubles while drafts are accepted whole, falls to one more
-than those accepted on a rejection, and where no draft is accepted speculation pauses for a
-number of tokens that doubles with each such miss in a row, so text that does not repeat decodes
-at about plain speed.
+than those accepted on a rejection, and where a pass does not pay (nothing accepted, or the pass
+took longer than plain steps for the tokens it gave, timed as they run) drafting pauses for a
+number of tokens that doubles with each such miss in a row: text that does not repeat, and small
+models whose passes of several rows cost several steps, decode at about plain speed.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -94,13 +96,15 @@ class Drafter:
 
 
 class Pace:
-    """The draft length: doubles (up to `MAX_DRAFT`) while drafts are accepted whole, falls to
-    one more than those accepted on a rejection. A draft of which nothing is accepted pauses
-    speculation for 2**misses tokens (misses: such drafts in a row, less one per draft that
-    was partly accepted, at most `MAX_MISSES`)."""
+    """The draft length and when to draft. The length doubles (up to `MAX_DRAFT`) while drafts
+    are accepted whole and falls to one more than those accepted on a rejection. A pass that
+    did not pay (nothing accepted, or slower than plain steps for its tokens: a small model's
+    pass of several rows may cost several plain steps) pauses drafting for 2**misses tokens
+    (misses: such passes in a row, less one per pass that paid, at most `MAX_MISSES`)."""
 
     def __init__(self) -> None:
         self.k, self.pause, self.misses = 2, 0, 0
+        self.step_seconds: float | None = None  # a plain step's time (moving average)
 
     def length(self) -> int:
         """This token's draft length (0 while paused; each call is a token of the pause)."""
@@ -109,9 +113,17 @@ class Pace:
             return 0
         return self.k
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def plain_step(self, seconds: float) -> None:
+        """A plain step took `seconds`."""
+        last = self.step_seconds
+        self.step_seconds = seconds if last is None else 0.8 * last + 0.2 * min(seconds, 3 * last)
+
+    def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
+        """A pass verified `drafted` tokens in `seconds`, accepting the first `accepted`."""
         self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
-        if accepted == 0:
+        plain = self.step_seconds
+        paid = seconds is None or plain is None or seconds < (accepted + 1) * plain
+        if accepted == 0 or not paid:
             self.misses = min(self.misses + 1, MAX_MISSES)
             self.pause = 2**self.misses
         else:
@@ -158,6 +170,7 @@ class Speculator:
     def __init__(self, tokens: list[int], counts: Drafts | None = None) -> None:
         self.drafter, self.pace = Drafter(tokens), Pace()
         self.counts = counts if counts is not None else Drafts()
+        self.plain_from: float | None = None  # when the caller began a plain step (`step`)
 
     @classmethod
     def wanted(
@@ -168,7 +181,11 @@ class Speculator:
         return cls(tokens, counts) if wanted(speculate, sampling) else None
 
     def push(self, token: int) -> None:
-        """A token chosen without drafts (every token must reach the drafter)."""
+        """A token chosen without drafts (every token must reach the drafter); after a `step`
+        that drafted nothing, the end of the plain step the caller took instead (timed)."""
+        if self.plain_from is not None:
+            self.pace.plain_step(time.perf_counter() - self.plain_from)
+            self.plain_from = None
         self.drafter.extend([token])
 
     @torch.no_grad()
@@ -185,9 +202,12 @@ class Speculator:
         """The tokens after `last` (the one token `cache` has not seen) from one pass with at
         most `room` drafts: those accepted and the one after them, `cache` holding `last` and
         the accepted drafts. None where nothing is drafted this token: take a plain step."""
+        start = time.perf_counter()
         draft = self.drafter.draft(min(self.pace.length(), room, MAX_DRAFT))
         if not draft:
+            self.plain_from = time.perf_counter()
             return None
+        self.plain_from = None
         past = len(cache)
         ids = torch.tensor([[last, *draft]], device=model.wte.weight.device)  # [1, k + 1]
         hidden = forward_cached(model, ids, cache)[0]  # [k + 1, C]
@@ -195,6 +215,6 @@ class Speculator:
         cache.truncate(past + len(tokens))  # last and the accepted drafts
         self.counts.drafted += len(draft)
         self.counts.accepted += len(tokens) - 1
-        self.pace.update(len(draft), len(tokens) - 1)
+        self.pace.update(len(draft), len(tokens) - 1, time.perf_counter() - start)
         self.drafter.extend(tokens)
         return tokens

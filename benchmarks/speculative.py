@@ -1,0 +1,167 @@
+"""Speculative decoding with drafts from the text (`gpt1.inference.speculative`) against plain
+greedy decoding: tokens/s side by side, whether the tokens are identical, drafts accepted.
+
+Two texts from a Gutenberg novel in the shared corpus: "copy" (a paragraph, then its first 8
+tokens again: a model that has learned to copy continues the passage) and "prose" (the first 40
+tokens of another paragraph, continued). Decoding speed counts the new tokens after the first
+(the prompt's pass is the same on both sides); plain and speculative alternate, medians of
+`--rounds` rounds of `--paragraphs` paragraphs each, after one warm-up generation each way.
+
+Two parts:
+- `--checkpoint RUN`: the whole comparison, on a trained checkpoint (drafts are accepted only
+  where the model predicts the passage: random weights do not copy);
+- `--gpt1-cost`: GPT-1 size, random weights (speed does not depend on the weights): the time of
+  a plain decoding step and of a verifying pass of k = 1..7 drafts, and from them the speed-up
+  the checkpoint's runs (which steps were plain, which verified how many drafts) would have at
+  GPT-1's size.
+
+    python benchmarks/speculative.py --checkpoint runs/copier/final --gpt1-cost --threads 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpt1.config import model_preset  # noqa: E402
+from gpt1.inference.decoding import KVCache, forward_cached, prepare_to_decode  # noqa: E402
+from gpt1.inference.generate import choose, generate_stream  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
+from gpt1.inference.sampling import Sampling  # noqa: E402
+from gpt1.inference.speculative import MAX_DRAFT, Drafts, Speculator, accept  # noqa: E402
+from gpt1.model.gpt import GPT  # noqa: E402
+
+NOVEL = Path(__file__).resolve().parents[2] / "shared/data/corpus/gutenberg/1342-0.txt"
+GREEDY = Sampling(64, 0.0)
+
+
+class Traced(Speculator):
+    """A speculator that records each step: 0 for a plain one, k for a pass verifying k drafts."""
+
+    def __init__(self, tokens: list[int], counts: Drafts, trace: list[int]) -> None:
+        super().__init__(tokens, counts)
+        self.trace = trace
+
+    def step(self, model, cache, last, sampling, generator, room, vocab=None):
+        before = self.counts.drafted
+        tokens = super().step(model, cache, last, sampling, generator, room, vocab)
+        self.trace.append(self.counts.drafted - before if tokens is not None else 0)
+        return tokens
+
+
+def paragraphs(tokenizer, n: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(copy prompts, prose prompts): n of each from the novel's paragraphs of 80-160 tokens."""
+    text = NOVEL.read_text(encoding="utf-8")
+    found = []
+    for para in text[len(text) // 4 :].split("\n\n"):
+        ids = list(tokenizer.encode(" ".join(para.split())))
+        if 80 <= len(ids) <= 160:
+            found.append(ids)
+        if len(found) == 2 * n:
+            break
+    return [p + p[:8] for p in found[:n]], [p[:40] for p in found[n:]]
+
+
+def decode(model, prompt: list[int], speculate: bool, out: dict) -> tuple[list[int], float]:
+    """Greedy tokens of `prompt` and the seconds after the first one."""
+    spec = Traced(prompt, out["drafts"], out["trace"]) if speculate else None
+    steps = generate_stream(model, torch.tensor([prompt]), GREEDY, speculator=spec)
+    got = [int(next(steps))]
+    start = time.perf_counter()
+    got += [int(t) for t in steps]
+    return got, time.perf_counter() - start
+
+
+def compare(model, prompts: list[list[int]], rounds: int) -> dict:
+    """Plain and speculative decoding of every prompt, alternating, `rounds` times."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for speculate in (False, True):  # warm-up: kernels, caches, first touches
+        decode(model, prompts[0], speculate, {"drafts": Drafts(), "trace": []})
+    first: dict = {"drafts": Drafts(), "trace": []}  # the first round's tokens, drafts, steps
+    for r in range(rounds):
+        for speculate in (False, True) if r % 2 == 0 else (True, False):
+            out = first if r == 0 else {"drafts": Drafts(), "trace": []}
+            runs = [decode(model, p, speculate, out) for p in prompts]
+            rates[speculate].append(sum(len(t) - 1 for t, _ in runs) / sum(s for _, s in runs))
+            if speculate and r == 0:
+                first["tokens"] = [t for t, _ in runs]
+            elif r == 0:
+                first["plain_tokens"] = [t for t, _ in runs]
+    same = first["tokens"] == first["plain_tokens"]
+    plain, spec = statistics.median(rates[False]), statistics.median(rates[True])
+    return {**first, "plain": plain, "spec": spec, "same": same}
+
+
+def step_costs(rounds: int) -> dict[int, float]:
+    """GPT-1 size, random weights, fp32: seconds of a plain step (k = 0) and of a pass
+    verifying k drafts, at 200 cached positions (medians)."""
+    model = for_inference(GPT(model_preset("gpt1")), "cpu", "fp32")
+    prepare_to_decode(model, None)
+    ids = torch.randint(0, 40000, (1, 208), generator=torch.Generator().manual_seed(0))
+    cache = KVCache(model.config.n_layer, model.config.n_positions)
+    times: dict[int, list[float]] = {k: [] for k in range(MAX_DRAFT + 1)}
+    with torch.no_grad():
+        forward_cached(model, ids[:, :200], cache)
+        for _ in range(rounds):
+            for k in times:
+                new, draft = ids[:, 200 : 201 + k], ids[0, 201 : 201 + k].tolist()
+                start = time.perf_counter()
+                logits = model.lm_logits(forward_cached(model, new, cache)[0]).float()
+                choose(logits[-1:], GREEDY, None) if k == 0 else accept(logits, draft, GREEDY, None)
+                times[k].append(time.perf_counter() - start)
+                cache.truncate(200)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def projected(costs: dict[int, float], trace: list[int], tokens: int) -> float:
+    """The speed-up at GPT-1's size of runs whose steps after the prompt's were `trace` (0:
+    plain, k: a pass verifying k drafts), making `tokens` tokens: plain decoding takes a plain
+    step for each."""
+    return tokens * costs[0] / sum(costs[k] for k in trace)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", help="a trained checkpoint (its tokenizer encodes the text)")
+    ap.add_argument("--gpt1-cost", action="store_true", help="step costs at GPT-1 size")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--paragraphs", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    costs = step_costs(args.rounds) if args.gpt1_cost else None
+    if costs:
+        print("GPT-1 size, fp32, random weights: ms per pass at 200 cached positions")
+        print("  " + "  ".join(f"k={k}: {s * 1e3:.1f}" for k, s in costs.items()))
+    if not args.checkpoint:
+        return
+    from gpt1.inference.loading import load_for_inference
+
+    loaded = load_for_inference(args.checkpoint, "cpu", "fp32")
+    copy, prose = paragraphs(loaded.tokenizer, args.paragraphs)
+    print(f"{args.checkpoint}: greedy, 64 new tokens, {args.threads} threads")
+    print(
+        "| text | plain tok/s | speculative tok/s | speed-up | identical | drafts accepted |"
+        + (" GPT-1 size (projected) |" if costs else "")
+    )
+    for name, prompts in (("copy", copy), ("prose", prose)):
+        r = compare(loaded.lm, prompts, args.rounds)
+        line = (
+            f"| {name} | {r['plain']:.1f} | {r['spec']:.1f} | {r['spec'] / r['plain']:.2f}x"
+            f" | {'yes' if r['same'] else 'no'} | {r['drafts']} |"
+        )
+        if costs:
+            tokens = sum(len(t) - 1 for t in r["tokens"])
+            line += f" {projected(costs, r['trace'], tokens):.2f}x |"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
