@@ -1,0 +1,198 @@
+"""Concurrent greedy generations: aggregate tokens/s of gpt1 (int8, bf16, fp32 through
+`BatchedDecoder`, what `gpt1 serve` runs) and CTranslate2 int8 (`generate_batch`), n at once.
+
+    python benchmarks/concurrency.py                     # n = 1, 8, 16, 32, 64; 3 rounds
+    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/concurrency.py --systems gpt1:int8,gpt1:bf16
+
+GPT-1 size, random weights (the seed of `benchmarks/inference.py`), n prompts of `--prompt`
+random tokens, `--new` new tokens each. Each system lives in a process of its own (a CTranslate2
+generator slows gpt1 in the same process: docs/results.md), built once; the rounds alternate the
+systems and the row counts, and each cell is the median of its rounds. gpt1's weights are
+gathered into one storage as the server's `BatchedDecoder` gathers them. CTranslate2 gets
+GPT-1's weights through its decoder spec directly (`inference.ctranslate2_generator`: post-LN,
+learned positions, tanh GELU, tied output layer), no transformers export in between.
+
+Also printed: the int8 dot-product peak of this machine (the faster of `torch._int_mm` and
+oneDNN's packed int8 product on 2048 x 2048 x 2048, best of 10, in the threads given) and, for
+gpt1 int8 at the largest n, the share of that peak its decoding steps reach (every weight
+product's multiply-adds over the median time of a step of all n sequences, past their prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+VOCAB = 40478
+
+
+def _model():
+    from gpt1 import GPT
+    from gpt1.config import model_preset
+
+    torch.manual_seed(0)
+    return GPT(model_preset("gpt1").derive(vocab_size=VOCAB)).eval()
+
+
+def _prompts(n: int, length: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(n)
+    return torch.randint(0, VOCAB, (n, length), generator=generator).tolist()
+
+
+def _child(conn, system: str, threads: int, prompt: int, new: int) -> None:
+    """One system, built once; answers each n with (seconds, median step seconds or None)."""
+    torch.set_num_threads(threads)
+    kind, precision = system.split(":")
+    with tempfile.TemporaryDirectory() as tmp:
+        if kind == "ct2":
+            from inference import ctranslate2_generator
+
+            generator = ctranslate2_generator(_model(), Path(tmp), precision, threads)
+            run = lambda n: (_ct2(generator, _prompts(n, prompt), new), None)  # noqa: E731
+        else:
+            from gpt1.inference.batched import BatchedDecoder
+            from gpt1.inference.prepared import for_inference
+
+            model = for_inference(_model(), "cpu", precision)
+            run = lambda n: _gpt1(BatchedDecoder(model), _prompts(n, prompt), new)  # noqa: E731
+        run(2)  # warm: kernels, the speed checks, the weights gathered
+        conn.send("ready")
+        while (n := conn.recv()) is not None:
+            with torch.inference_mode():
+                conn.send(run(n))
+
+
+def _ct2(generator, prompts: list[list[int]], new: int) -> float:
+    start = time.perf_counter()
+    generator.generate_batch(
+        [[f"t{i}" for i in p] for p in prompts],
+        max_length=new,
+        min_length=new,
+        sampling_topk=1,
+        beam_size=1,
+        include_prompt_in_result=False,
+        max_batch_size=len(prompts),
+    )
+    return time.perf_counter() - start
+
+
+def _gpt1(decoder, prompts: list[list[int]], new: int) -> tuple[float, float | None]:
+    start = time.perf_counter()
+    for p in prompts:
+        decoder.start(p, new, temperature=0.0)
+    steps = []
+    while decoder.active:
+        past_prompts = all(len(g.cache or ()) > 0 for g in decoder.active)
+        begun = time.perf_counter()
+        decoder.step()
+        if past_prompts and len(decoder.active) == len(prompts):
+            steps.append(time.perf_counter() - begun)
+    return time.perf_counter() - start, (statistics.median(steps) if steps else None)
+
+
+class Child:
+    def __init__(self, system: str, threads: int, prompt: int, new: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(
+            target=_child, args=(theirs, system, threads, prompt, new), daemon=True
+        )
+        self.process.start()
+        if self.conn.recv() != "ready":
+            raise RuntimeError(f"{system} failed to start")
+
+    def run(self, n: int) -> tuple[float, float | None]:
+        self.conn.send(n)
+        return self.conn.recv()
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=60)
+
+
+def int8_peak(threads: int) -> float:
+    """Multiply-adds a second of the best int8 x int8 product here (2048^3, best of 10)."""
+    from gpt1.inference import backend
+
+    torch.set_num_threads(threads)
+    size = 2048
+    a = torch.randint(-127, 128, (size, size), dtype=torch.int8)
+    b = torch.randint(-127, 128, (size, size), dtype=torch.int8)
+    candidates = {"_int_mm": lambda: torch._int_mm(a, b.t())}
+    if backend.onednn_has_int8():
+        packed, scale = backend.pack_int8(b), torch.ones(size)
+        encoding = backend.int8_many_rows() or "s8"
+        candidates["oneDNN"] = lambda: backend.onednn_int8_product(
+            a, 1.0, packed, scale, None, torch.float32, encoding
+        )
+    best = min(backend.best_time(fn, 10) for fn in candidates.values())
+    return size**3 / best
+
+
+def step_macs(n: int) -> int:
+    """Multiply-adds of the weight products of one decoding step of n rows (GPT-1, tied head)."""
+    model = _model()
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return n * (linear + model.wte.weight.numel())
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--systems", default="gpt1:int8,gpt1:bf16,gpt1:fp32,ct2:int8")
+    p.add_argument("--ns", default="1,8,16,32,64")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--new", type=int, default=64)
+    args = p.parse_args()
+    systems, ns = args.systems.split(","), [int(n) for n in args.ns.split(",")]
+    children = {s: Child(s, args.threads, args.prompt, args.new) for s in systems}
+    times: dict[tuple[str, int], list[float]] = {}
+    steps: dict[tuple[str, int], list[float]] = {}
+    try:
+        for r in range(args.rounds):
+            for n in ns if r % 2 == 0 else ns[::-1]:
+                for s in systems if (r + n) % 2 == 0 else systems[::-1]:
+                    took, step = children[s].run(n)
+                    times.setdefault((s, n), []).append(n * args.new / took)
+                    if step is not None:
+                        steps.setdefault((s, n), []).append(step)
+    finally:
+        for child in children.values():
+            child.close()
+    cell = {k: statistics.median(v) for k, v in times.items()}
+    print(f"aggregate tokens/s, medians of {args.rounds} rounds, {args.threads} threads")
+    print("| n | " + " | ".join(systems) + " | int8 / ct2 int8 | int8 / bf16 |")
+    print("| ---: |" + " ---: |" * (len(systems) + 2))
+    for n in ns:
+        row = [f"{cell[(s, n)]:.0f}" for s in systems]
+        ratios = [
+            f"{cell[('gpt1:int8', n)] / cell[(o, n)]:.2f}x"
+            if ("gpt1:int8", n) in cell and (o, n) in cell
+            else "-"
+            for o in ("ct2:int8", "gpt1:bf16")
+        ]
+        print(f"| {n} | " + " | ".join(row + ratios) + " |")
+    peak = int8_peak(args.threads)
+    print(f"int8 dot-product peak: {2 * peak / 1e9:.0f} GOP/s ({peak / 1e9:.0f} G multiply-adds/s)")
+    top = max(ns)
+    if ("gpt1:int8", top) in steps:
+        step = statistics.median(steps[("gpt1:int8", top)])
+        rate = step_macs(top) / step
+        print(
+            f"gpt1 int8 step of {top} rows: {step * 1e3:.1f} ms, {2 * rate / 1e9:.0f} GOP/s in "
+            f"its weight products' multiply-adds: {rate / peak:.0%} of the peak"
+        )
+
+
+if __name__ == "__main__":
+    main()
