@@ -57,7 +57,6 @@ class CheckpointFolder:
     weights: Path  # folder / model.safetensors (checked when loaded: `checked_weights`)
     tokenizer_dir: Path | None  # the folder itself when it carries vocab.json + merges.txt
     finetuned: bool  # it has a task.json (and a head): a fine-tuned checkpoint
-    trained_context: int | None  # the window it trained on (task.json, else run.json), if recorded
 
     @functools.cached_property
     def task(self) -> dict[str, Any] | None:
@@ -65,6 +64,18 @@ class CheckpointFolder:
         Read when first asked for, once: loading only the GPT body of a fine-tuned
         checkpoint (convert, export) never needs it."""
         return read_task_record(self.folder) if self.finetuned else None
+
+    @functools.cached_property
+    def trained_context(self) -> int | None:
+        """The window it trained on, if recorded (`trained_context`): a fine-tuned one's from
+        its task record (the one read of task.json), else from config.json or run.json. An
+        unreadable record means no recorded window; the task record is refused where used."""
+        try:
+            if self.finetuned:
+                return positive_int(self.task["n_ctx"])
+        except (Gpt1Error, KeyError, TypeError):
+            return None
+        return recorded_window(self.folder, self.config)
 
 
 # What a loader is given: a path (a checkpoint folder, or a run folder) or a folder already open.
@@ -86,9 +97,8 @@ def open_checkpoint(path: AnyCheckpoint) -> CheckpointFolder:
         )
     tokenizer = folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
     finetuned = (folder / TASK_FILE).is_file()
-    window = recorded_window(folder, config)
     return CheckpointFolder(
-        folder, folder / CONFIG, config, arch, folder / WEIGHTS, tokenizer, finetuned, window
+        folder, folder / CONFIG, config, arch, folder / WEIGHTS, tokenizer, finetuned
     )
 
 
@@ -347,16 +357,16 @@ def trained_context(path: AnyCheckpoint) -> int | None:
 
 
 def recorded_window(folder: Path, config: dict[str, Any]) -> int | None:
-    """`trained_context` of the checkpoint folder `folder` whose config.json is `config`.
-    Read leniently: an unreadable record means no recorded window; the task record is
-    validated where it is used (`CheckpointFolder.task`)."""
+    """The window a checkpoint that is not fine-tuned records: the `trained_context` gpt1
+    convert carried into its config.json, else its pretraining run's `run.json` `data.n_ctx`.
+    Read leniently: an unreadable record means no recorded window."""
     try:
-        if (folder / TASK_FILE).is_file():
-            n_ctx = read_json_file(folder / TASK_FILE)["n_ctx"]
-        elif "trained_context" in config:
-            n_ctx = config["trained_context"]
-        else:
-            n_ctx = read_json_file(folder.parent / "run.json")["data"]["n_ctx"]
+        if "trained_context" in config:
+            return positive_int(config["trained_context"])
+        return positive_int(read_json_file(folder.parent / "run.json")["data"]["n_ctx"])
     except (Gpt1Error, KeyError, TypeError):
         return None
-    return n_ctx if type(n_ctx) is int and n_ctx > 0 else None
+
+
+def positive_int(value: Any) -> int | None:
+    return value if type(value) is int and value > 0 else None

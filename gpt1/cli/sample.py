@@ -75,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         prompt = sys.stdin.read().rstrip("\n")
         if not prompt.strip():
             raise ConfigError("--prompt -: standard input held no text")
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
+
+    resolve_checkpoint_dir(args.checkpoint)  # a missing one is refused in one line, no "loading"
     log.info("loading %s (%s) ...", args.checkpoint, _precision_words(args))
     sampler = Sampler(args.checkpoint, args.device, args.precision, args.speculate)
     if args.interactive:

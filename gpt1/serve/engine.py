@@ -81,7 +81,9 @@ class LanguageEngine:
         self.n_positions = lm.config.n_positions
         # Generations, decoded together (continuous batching) by the batcher's worker thread,
         # inside the same window as scoring.
-        self.decoder = BatchedDecoder(lm, self.window)
+        # Sampling draws only ids the tokenizer can decode (a table may have more rows).
+        vocab = len(tokenizer) if tokenizer is not None else None
+        self.decoder = BatchedDecoder(lm, self.window, vocab)
 
     def token_ids(self, text: str | None, ids: list[int] | None, what: str) -> list[int]:
         """A text (encoded with the model's tokenizer) or ids (checked against the vocabulary)."""

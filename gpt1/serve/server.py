@@ -81,6 +81,10 @@ def serve(
     # Loading (and int8's quantising) takes seconds at GPT-1 size: say so before, not after.
     log.info("gpt1 serve: loading %s (precision %s) ...", path, precision)
     engine = load_engine(path, device, precision)
+    if threads is not None:
+        from gpt1.threads import announce_now
+
+        announce_now()  # the count (and a cap at the CPUs), held until a status line
     app = create_app(
         engine,
         limits,

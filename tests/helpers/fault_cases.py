@@ -1750,7 +1750,9 @@ def _serve(ckpt: Path, port: int, log: Path, *options: str) -> subprocess.Popen:
     )
     end = time.time() + 300
     while (
-        _http_status(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", 10)
+        _http_status(
+            port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", 10
+        )
         != "200"
     ):
         if proc.poll() is not None or time.time() > end:
@@ -1772,11 +1774,13 @@ def half_sent_requests_flood(work: Path) -> CaseResult:
     options = ["--request-timeout", "1", "--max-connections", "100", "--threads", "1"]
     proc = _serve(tiny_checkpoint(work / "ckpt"), port, log, *options)
     try:
-        half = b"POST /v1/generate HTTP/1.1\r\nHost: x\r\nContent-Le"
+        half = b"POST /v1/generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
         with concurrent.futures.ThreadPoolExecutor(300) as pool:
             answers = list(pool.map(lambda _: _http_status(port, half), range(300)))
         healthy = (
-            _http_status(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            _http_status(
+                port, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
             == "200"
         )
     finally:
