@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from gpt1.cli import main
-from gpt1.inference import backend, timings
+from gpt1.inference import backend, int8_step, timings
 
 
 class FakeClock:
@@ -149,6 +149,8 @@ def test_gpt1_kernels_probe_prints_both_sides_and_records_the_choice(records, mo
     int8 = backend.Int8Probe(float_path=1e-3, s8=0.5, u8=2e-4, rows_s8=1.0, rows_u8=1e-4)
     monkeypatch.setattr(backend, "_measure_float", lambda: floats)
     monkeypatch.setattr(backend, "_measure_int8", lambda: int8)
+    step = int8_step.StepProbe([12, 64], [[2e-3, 1e-3]] * 2, [[1e-3, 1e-3]] * 2)
+    monkeypatch.setattr(int8_step, "_measure", lambda: step)
     monkeypatch.setattr(backend, "onednn_packs", lambda dtype: True)
     monkeypatch.setattr(backend, "onednn_has_int8", lambda: True)
     records["now"] = 0.4
@@ -163,6 +165,9 @@ def test_gpt1_kernels_probe_prints_both_sides_and_records_the_choice(records, mo
         assert "fp32, three 64x768x768 products: oneDNN packed 2.14 ms, F.linear 2.36 ms" in out
         assert "-> unsigned" in out and "signed (oneDNN's reference kernel, on 32x256x256)" in out
         assert "busy" not in out
+        assert "int8 step of 64 rows, one GPT-1 block + output layer: one call 2 ms + 1 ms" in out
+        assert "-> 12 blocks: integer step from 12 rows" in out
+        assert "-> unsigned, one scale per row" in out
         assert backend.float_probe() == floats and backend.int8_probe() == int8  # recorded
 
         records["now"] = 6.0
@@ -171,3 +176,4 @@ def test_gpt1_kernels_probe_prints_both_sides_and_records_the_choice(records, mo
     finally:
         backend.float_probe.cache_clear()
         backend.int8_probe.cache_clear()
+        int8_step.step_probe.cache_clear()

@@ -56,12 +56,28 @@ def _probe() -> int:
         print(f"  {timed.product}: {sides} -> {timed.chosen}")
     if not found:
         print("  nothing to time: this torch has no oneDNN products to choose between")
+    if backend.onednn_has_int8():
+        _probe_step()
     if conditions.busy:
         print(
             "the machine is busy: the next process times again once the load is lower "
             "(or run this again then)"
         )
     return 0
+
+
+def _probe_step() -> None:
+    """The int8 decoding step's check (`gpt1.inference.int8_step`): its times and threshold."""
+    from gpt1.inference import int8_step
+
+    step = int8_step.probe_again()
+    for rows, old, new in zip(step.rows, step.one_call, step.integer):
+        print(
+            f"  int8 step of {rows} rows, one GPT-1 block + output layer: one call "
+            f"{_ms(old[0])} + {_ms(old[1])}, integer {_ms(new[0])} + {_ms(new[1])}"
+        )
+    found = step.threshold(12)
+    print(f"  -> 12 blocks: integer step {f'from {found} rows' if found else 'nowhere'}")
 
 
 def _ms(seconds: float) -> str:

@@ -64,6 +64,13 @@ def step_probe() -> StepProbe:
     return timings.kept("int8_step", StepProbe, _measure)
 
 
+def probe_again() -> StepProbe:
+    """Time the check again now and record it (`gpt1 kernels probe`)."""
+    found = timings.kept("int8_step", StepProbe, _measure, again=True)
+    step_probe.cache_clear()
+    return found
+
+
 def integer(model: torch.nn.Module, rows: int) -> bool:
     """Whether a step of `rows` sequences of the int8 `model` takes the integer step."""
     if rows <= matvec.MAX_ROWS or backend.int8_many_rows() is None:
