@@ -99,11 +99,9 @@ def compare(model, prompts: list[list[int]], rounds: int) -> dict:
     return {**first, "plain": plain, "spec": spec, "same": same}
 
 
-def step_costs(rounds: int) -> dict[int, float]:
-    """GPT-1 size, random weights, fp32: seconds of a plain step (k = 0) and of a pass
-    verifying k drafts, at 200 cached positions (medians)."""
-    model = for_inference(GPT(model_preset("gpt1")), "cpu", "fp32")
-    prepare_to_decode(model, None)
+def step_costs(model: GPT, rounds: int) -> dict[int, float]:
+    """Seconds of a plain step (k = 0) and of a pass verifying k drafts, at 200 cached
+    positions (medians)."""
     ids = torch.randint(0, 40000, (1, 208), generator=torch.Generator().manual_seed(0))
     cache = KVCache(model.config.n_layer, model.config.n_positions)
     times: dict[int, list[float]] = {k: [] for k in range(MAX_DRAFT + 1)}
@@ -127,6 +125,26 @@ def projected(costs: dict[int, float], trace: list[int], tokens: int) -> float:
     return tokens * costs[0] / sum(costs[k] for k in trace)
 
 
+def gpt1_size(rounds: int) -> dict[int, float]:
+    """GPT-1 size, random weights, fp32: the pass costs, and plain against speculative decoding
+    of 64 tokens after random prompts, a text whose greedy continuation repeats one token (so
+    every draft is accepted: the ceiling of the speed-up)."""
+    torch.manual_seed(0)
+    model = for_inference(GPT(model_preset("gpt1")), "cpu", "fp32")
+    prepare_to_decode(model, None)
+    costs = step_costs(model, rounds)
+    print("GPT-1 size, fp32, random weights: ms per pass at 200 cached positions")
+    print("  " + "  ".join(f"k={k}: {s * 1e3:.1f}" for k, s in costs.items()))
+    prompts = torch.randint(0, 40000, (2, 100), generator=torch.Generator().manual_seed(1))
+    r = compare(model, prompts.tolist(), rounds)
+    print(
+        f"  random prompts, greedy: plain {r['plain']:.2f} tok/s, speculative {r['spec']:.2f}"
+        f" tok/s ({r['spec'] / r['plain']:.2f}x), identical: {'yes' if r['same'] else 'no'},"
+        f" {r['drafts']}"
+    )
+    return costs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", help="a trained checkpoint (its tokenizer encodes the text)")
@@ -136,10 +154,7 @@ def main() -> None:
     ap.add_argument("--paragraphs", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    costs = step_costs(args.rounds) if args.gpt1_cost else None
-    if costs:
-        print("GPT-1 size, fp32, random weights: ms per pass at 200 cached positions")
-        print("  " + "  ".join(f"k={k}: {s * 1e3:.1f}" for k, s in costs.items()))
+    costs = gpt1_size(args.rounds) if args.gpt1_cost else None
     if not args.checkpoint:
         return
     from gpt1.inference.loading import load_for_inference

@@ -69,7 +69,9 @@ def test_pace_grows_on_acceptance_shrinks_on_rejection_and_pauses():
     timed.plain_step(0.010)  # a plain step takes 10 ms
     timed.update(4, 1, seconds=0.015)  # 2 tokens in 15 ms: paid
     assert timed.pause == 0 and timed.k == 2
-    timed.update(2, 1, seconds=0.025)  # 2 tokens in 25 ms (a small model's pass): a miss
+    timed.update(2, 1, seconds=0.035)  # 2 tokens in 35 ms: one slow pass, the average pays
+    assert timed.pause == 0
+    timed.update(2, 1, seconds=0.035)  # passes that keep costing more (a small model's): a miss
     assert timed.pause == 2
 
 

@@ -98,13 +98,15 @@ class Drafter:
 class Pace:
     """The draft length and when to draft. The length doubles (up to `MAX_DRAFT`) while drafts
     are accepted whole and falls to one more than those accepted on a rejection. A pass that
-    did not pay (nothing accepted, or slower than plain steps for its tokens: a small model's
-    pass of several rows may cost several plain steps) pauses drafting for 2**misses tokens
-    (misses: such passes in a row, less one per pass that paid, at most `MAX_MISSES`)."""
+    does not pay (nothing accepted, or passes take longer per token they give than plain steps,
+    both as moving averages: a small model's pass of several rows may cost several plain steps)
+    pauses drafting for 2**misses tokens (misses: such passes in a row, less one per pass that
+    paid, at most `MAX_MISSES`)."""
 
     def __init__(self) -> None:
         self.k, self.pause, self.misses = 2, 0, 0
         self.step_seconds: float | None = None  # a plain step's time (moving average)
+        self.token_seconds: float | None = None  # a pass's time per token it gave (the same)
 
     def length(self) -> int:
         """This token's draft length (0 while paused; each call is a token of the pause)."""
@@ -115,19 +117,26 @@ class Pace:
 
     def plain_step(self, seconds: float) -> None:
         """A plain step took `seconds`."""
-        last = self.step_seconds
-        self.step_seconds = seconds if last is None else 0.8 * last + 0.2 * min(seconds, 3 * last)
+        self.step_seconds = _average(self.step_seconds, seconds)
 
     def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         """A pass verified `drafted` tokens in `seconds`, accepting the first `accepted`."""
         self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
-        plain = self.step_seconds
-        paid = seconds is None or plain is None or seconds < (accepted + 1) * plain
+        if seconds is not None:
+            self.token_seconds = _average(self.token_seconds, seconds / (accepted + 1))
+        plain, drafted_token = self.step_seconds, self.token_seconds
+        paid = plain is None or drafted_token is None or drafted_token < plain
         if accepted == 0 or not paid:
             self.misses = min(self.misses + 1, MAX_MISSES)
             self.pause = 2**self.misses
         else:
             self.misses = max(self.misses - 1, 0)
+
+
+def _average(mean: float | None, seconds: float) -> float:
+    """A moving average of times, a sample counting at most 3 times the mean (a step the
+    system paused for says nothing of the step)."""
+    return seconds if mean is None else 0.8 * mean + 0.2 * min(seconds, 3 * mean)
 
 
 def accept(
