@@ -411,7 +411,8 @@ def test_health_metrics_and_openapi(world):
     # The OpenAI-compatible endpoints refuse in OpenAI's shape, and say so.
     responses = schema["paths"]["/v1/completions"]["post"]["responses"]
     for status, body in (
-        ("413", "ErrorBody"),
+        ("413", "OpenAIErrorBody"),
+        ("415", "OpenAIErrorBody"),
         ("422", "OpenAIErrorBody"),
         ("503", "OpenAIErrorBody"),
     ):

@@ -78,6 +78,13 @@ def serve(
 
         threads_note = "auto" if threads == "auto" else "asked for"
         apply_threads(threads)
+    # What can be refused at once is, before the loading line (a refusal stays one line).
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
+    from gpt1.devices import resolve_device, resolve_precision
+    from gpt1.serve.engine import PRECISIONS
+
+    resolve_checkpoint_dir(path)
+    resolve_precision(precision, resolve_device(device), ("auto", *PRECISIONS))
     # Loading (and int8's quantising) takes seconds at GPT-1 size: say so before, not after.
     log.info("gpt1 serve: loading %s (precision %s) ...", path, precision)
     engine = load_engine(path, device, precision)
