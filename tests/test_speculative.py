@@ -9,10 +9,31 @@ from gpt1 import GPT, ModelConfig
 from gpt1.inference.decoding import KVCache, forward_cached
 from gpt1.inference.generate import generate_stream
 from gpt1.inference.sampling import Sampling
-from gpt1.inference.speculative import MAX_DRAFT, Drafter, Drafts, Pace, Speculator, accept
+from gpt1.inference.speculative import (
+    HOPELESS_PAUSE,
+    MAX_DRAFT,
+    Costs,
+    Drafter,
+    Drafts,
+    Pace,
+    Speculator,
+    accept,
+    costs_of,
+)
 
 # A window (40) the prompts and new tokens run past, and a vocabulary (89) no other size has.
 MODEL = {**TINY_MODEL, "vocab_size": 89, "n_positions": 40}
+
+
+PLAIN_STEP = Costs.plain_step  # the one `untimed` replaces
+
+
+@pytest.fixture(autouse=True)
+def untimed(monkeypatch):
+    """Drafting as if passes always paid: how fast this machine runs a tiny model's passes
+    (which cannot pay, `Costs.hopeless`) must not decide what these tests exercise. Pacing by
+    time has tests of its own, which give the times."""
+    monkeypatch.setattr(Costs, "plain_step", lambda self, seconds: None)
 
 
 def model(seed: int = 0, scale: float = 0.2) -> GPT:
@@ -65,14 +86,30 @@ def test_pace_grows_on_acceptance_shrinks_on_rejection_and_pauses():
     for _ in range(20):  # drafts that keep failing: pauses of at most 64 tokens
         pace.update(1, 0)
     assert pace.pause == 64
-    timed = Pace()
-    timed.plain_step(0.010)  # a plain step takes 10 ms
+    costs = Costs()
+    costs.step_seconds = 0.010  # a plain step takes 10 ms
+    timed = Pace(costs)
     timed.update(4, 1, seconds=0.015)  # 2 tokens in 15 ms: paid
     assert timed.pause == 0 and timed.k == 2
     timed.update(2, 1, seconds=0.035)  # 2 tokens in 35 ms: one slow pass, the average pays
     assert timed.pause == 0
-    timed.update(2, 1, seconds=0.035)  # passes that keep costing more (a small model's): a miss
-    assert timed.pause == 2
+    timed.update(2, 1, seconds=0.035)  # passes that keep costing more: a miss
+    assert timed.pause == 2 and not costs.hopeless()
+
+
+def test_a_model_whose_passes_cannot_pay_stops_drafting():
+    """Passes of k drafts that cost more than k + 1 plain steps (measured twice): drafting
+    stops for `HOPELESS_PAUSE` tokens, in this generation and the model's next ones."""
+    costs = Costs()
+    PLAIN_STEP(costs, 0.001)
+    pace = Pace(costs)
+    pace.update(2, 2, seconds=0.004)  # 3 tokens in 4 plain steps' time
+    assert pace.pause == 2 and not costs.hopeless()  # not paid: a short pause
+    pace.update(4, 4, seconds=0.006)
+    assert costs.hopeless() and pace.pause == HOPELESS_PAUSE
+    assert Pace(costs).pause == HOPELESS_PAUSE
+    m = model()
+    assert costs_of(m) is costs_of(m) and costs_of(m) is not costs_of(model())
 
 
 def test_truncate_drops_rejected_positions_and_the_next_pass_overwrites_them():

@@ -30,6 +30,7 @@ models whose passes of several rows cost several steps, decode at about plain sp
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,7 @@ MODES = ("auto", "on", "off")
 MAX_DRAFT = matvec.MAX_ROWS - 1  # the last token and its drafts: one few-row product per layer
 LONGEST_NGRAM = 3  # the longest run of tokens looked up (then shorter ones, down to one)
 MAX_MISSES = 6  # a pause lasts at most 2**MAX_MISSES tokens
+HOPELESS_PAUSE = 512  # tokens without drafts where a model's passes cannot pay (then one more)
 
 
 def wanted(speculate: str, sampling: Sampling) -> bool:
@@ -95,18 +97,61 @@ class Drafter:
         return []
 
 
+class Costs:
+    """One model's plain step and verifying pass times, as moving averages shared by all its
+    generations (`costs_of`): a pass of k drafts that costs as much as k + 1 plain steps can
+    never pay, whatever is accepted (a small model, whose pass of several rows through the
+    operators costs several one-call steps)."""
+
+    def __init__(self) -> None:
+        self.step_seconds: float | None = None  # a plain step
+        self.pass_share: float | None = None  # a pass over (its drafts + 1) plain steps
+        self.passes = 0
+
+    def hopeless(self) -> bool:
+        """Passes, measured at least twice, cost more than their tokens at the most."""
+        return self.passes >= 2 and self.pass_share is not None and self.pass_share >= 1
+
+    def plain_step(self, seconds: float) -> None:
+        self.step_seconds = _average(self.step_seconds, seconds)
+
+    def verified(self, drafted: int, seconds: float) -> None:
+        if self.step_seconds is not None:
+            share = seconds / ((drafted + 1) * self.step_seconds)
+            self.pass_share = _average(self.pass_share, share)
+            self.passes += 1
+
+
+def _average(mean: float | None, seconds: float) -> float:
+    """A moving average of times (or shares), a sample counting at most 3 times the mean (a
+    step the system paused for says nothing of the step)."""
+    return seconds if mean is None else 0.8 * mean + 0.2 * min(seconds, 3 * mean)
+
+
+_costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> Costs
+
+
+def costs_of(model: torch.nn.Module) -> Costs:
+    """The `Costs` of `model` (made on first use, forgotten with the model)."""
+    if model not in _costs:
+        _costs[model] = Costs()
+    return _costs[model]
+
+
 class Pace:
     """The draft length and when to draft. The length doubles (up to `MAX_DRAFT`) while drafts
     are accepted whole and falls to one more than those accepted on a rejection. A pass that
     does not pay (nothing accepted, or passes take longer per token they give than plain steps,
-    both as moving averages: a small model's pass of several rows may cost several plain steps)
-    pauses drafting for 2**misses tokens (misses: such passes in a row, less one per pass that
-    paid, at most `MAX_MISSES`)."""
+    both as moving averages) pauses drafting for 2**misses tokens (misses: such passes in a
+    row, less one per pass that paid, at most `MAX_MISSES`); where the model's passes cannot
+    pay at all (`Costs.hopeless`), for `HOPELESS_PAUSE` tokens."""
 
-    def __init__(self) -> None:
+    def __init__(self, costs: Costs | None = None) -> None:
         self.k, self.pause, self.misses = 2, 0, 0
-        self.step_seconds: float | None = None  # a plain step's time (moving average)
-        self.token_seconds: float | None = None  # a pass's time per token it gave (the same)
+        self.costs = costs if costs is not None else Costs()
+        self.token_seconds: float | None = None  # a pass's time per token it gave (average)
+        if self.costs.hopeless():
+            self.pause = HOPELESS_PAUSE
 
     def length(self) -> int:
         """This token's draft length (0 while paused; each call is a token of the pause)."""
@@ -115,28 +160,21 @@ class Pace:
             return 0
         return self.k
 
-    def plain_step(self, seconds: float) -> None:
-        """A plain step took `seconds`."""
-        self.step_seconds = _average(self.step_seconds, seconds)
-
     def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         """A pass verified `drafted` tokens in `seconds`, accepting the first `accepted`."""
         self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
         if seconds is not None:
+            self.costs.verified(drafted, seconds)
             self.token_seconds = _average(self.token_seconds, seconds / (accepted + 1))
-        plain, drafted_token = self.step_seconds, self.token_seconds
+        plain, drafted_token = self.costs.step_seconds, self.token_seconds
         paid = plain is None or drafted_token is None or drafted_token < plain
         if accepted == 0 or not paid:
             self.misses = min(self.misses + 1, MAX_MISSES)
             self.pause = 2**self.misses
         else:
             self.misses = max(self.misses - 1, 0)
-
-
-def _average(mean: float | None, seconds: float) -> float:
-    """A moving average of times, a sample counting at most 3 times the mean (a step the
-    system paused for says nothing of the step)."""
-    return seconds if mean is None else 0.8 * mean + 0.2 * min(seconds, 3 * mean)
+        if self.costs.hopeless():
+            self.pause = HOPELESS_PAUSE
 
 
 def accept(
@@ -177,7 +215,8 @@ class Speculator:
     what `gpt1.inference.generate.generate_stream` and `BatchedDecoder` call)."""
 
     def __init__(self, tokens: list[int], counts: Drafts | None = None) -> None:
-        self.drafter, self.pace = Drafter(tokens), Pace()
+        self.drafter = Drafter(tokens)
+        self.pace: Pace | None = None  # made at the first step, with the model's `Costs`
         self.counts = counts if counts is not None else Drafts()
         self.plain_from: float | None = None  # when the caller began a plain step (`step`)
 
@@ -192,8 +231,8 @@ class Speculator:
     def push(self, token: int) -> None:
         """A token chosen without drafts (every token must reach the drafter); after a `step`
         that drafted nothing, the end of the plain step the caller took instead (timed)."""
-        if self.plain_from is not None:
-            self.pace.plain_step(time.perf_counter() - self.plain_from)
+        if self.plain_from is not None and self.pace is not None:
+            self.pace.costs.plain_step(time.perf_counter() - self.plain_from)
             self.plain_from = None
         self.drafter.extend([token])
 
@@ -212,6 +251,8 @@ class Speculator:
         most `room` drafts: those accepted and the one after them, `cache` holding `last` and
         the accepted drafts. None where nothing is drafted this token: take a plain step."""
         start = time.perf_counter()
+        if self.pace is None:  # the model is known from the first step on
+            self.pace = Pace(costs_of(model))
         draft = self.drafter.draft(min(self.pace.length(), room, MAX_DRAFT))
         if not draft:
             self.plain_from = time.perf_counter()
