@@ -11,7 +11,10 @@ PYTEST_ARGS ?=
 # pytest, ...), installed on top when `make test` first runs.
 # Each step says what it installs and how long it takes; pip then prints one line per package
 # and a progress bar per download (no --quiet: a silent minute looks like a hang).
-PIP := $(PY) -m pip install --progress-bar on --disable-pip-version-check
+# pip is silent while it unpacks and installs (up to a minute for torch): a line every 10 s says
+# it is still working (scripts/watch_silence.py --heartbeat).
+PIP := python3 scripts/watch_silence.py --heartbeat 10 -- $(PY) -m pip install --progress-bar on \
+	--disable-pip-version-check
 $(VENV)/.base: pyproject.toml
 	@echo ">>> creating the virtual environment $(VENV)"
 	python3 -m venv $(VENV)

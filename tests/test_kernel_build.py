@@ -179,7 +179,7 @@ def test_gpt1_kernels_build_prints_the_folder(fake, capsys):
 
 def test_a_long_build_says_how_long_it_has_taken_while_it_runs(fake, monkeypatch):
     """A real build is minutes of compiling: a line with the time so far, every TELL_EVERY
-    seconds (15 s; here 0.05 s), so it does not look hung."""
+    seconds (10 s; here 0.05 s), so it does not look hung."""
     said = []
     monkeypatch.setattr(matvec, "_say", said.append)
     monkeypatch.setattr(matvec, "TELL_EVERY", 0.05)

@@ -31,3 +31,11 @@ def test_a_long_silence_fails_and_says_after_what():
 
 def test_the_command_status_wins():
     assert watch(5, "import sys; sys.exit(3)").returncode == 3
+
+
+def test_a_heartbeat_speaks_for_a_quiet_command_and_keeps_its_status():
+    command = [sys.executable, SCRIPT, "--heartbeat", "0.3", "--", sys.executable, "-c"]
+    quiet = "import sys, time; time.sleep(1.2); sys.exit(4)"
+    done = subprocess.run([*command, quiet], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 4
+    assert done.stdout.count("still working") >= 2

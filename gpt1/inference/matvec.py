@@ -15,7 +15,7 @@ loops the compiler vectorises elsewhere; `GPT1_KERNEL_MARCH=x86-64-v3` compiles 
 measure what an AVX2 CPU runs) by torch's extension builder, which takes minutes (`BUILD_TIME`)
 and needs a C++ compiler and ninja. It is built once per machine and environment, by the first
 process that decodes or by `gpt1 kernels build`, with one line on stderr naming the folder and
-one every 15 s saying how long it has taken (`telling`). The folder is in torch's extension folder (`TORCH_EXTENSIONS_DIR`)
+one every 10 s saying how long it has taken (`telling`). The folder is in torch's extension folder (`TORCH_EXTENSIONS_DIR`)
 under a name that digests the sources and `build_key()`: the CPU's feature flags, torch's
 version and install path, the compiler and its version, and the flags; two environments keep
 one build each. A build is compiled and proven in child processes and published whole, with a
@@ -65,7 +65,7 @@ _MARCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 # (`time gpt1 kernels build` into an empty TORCH_EXTENSIONS_DIR, 2026-12-06:
 # docs/commands/kernels.md), about 4 minutes seen at loads 6-9.
 BUILD_TIME = "2-5 minutes on 2 cores"
-TELL_EVERY = 15.0  # seconds between the lines that say a build or a wait is still going
+TELL_EVERY = 10.0  # seconds between the lines that say a build or a wait is still going (a newcomer waits at most 15 s for a line)
 
 
 def build_target() -> str:
