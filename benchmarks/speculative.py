@@ -1,7 +1,7 @@
 """Speculative decoding with drafts from the text (`gpt1.inference.speculative`) against plain
 greedy decoding: tokens/s side by side, whether the tokens are identical, drafts accepted.
 
-Two texts from a Gutenberg novel in the shared corpus: "copy" (a paragraph, then its first 8
+Two texts from a Gutenberg novel in the shared corpus (or `--text`): "copy" (a paragraph, then its first 8
 tokens again: a model that has learned to copy continues the passage) and "prose" (the first 40
 tokens of another paragraph, continued). Decoding speed counts the new tokens after the first
 (the prompt's pass is the same on both sides); plain and speculative alternate, medians of
@@ -62,9 +62,10 @@ class Traced(Speculator):
         return tokens
 
 
-def paragraphs(tokenizer, n: int) -> tuple[list[list[int]], list[list[int]]]:
-    """(copy prompts, prose prompts): n of each from the novel's paragraphs of 40-56 tokens."""
-    text = NOVEL.read_text(encoding="utf-8")
+def paragraphs(tokenizer, n: int, path: Path = NOVEL) -> tuple[list[list[int]], list[list[int]]]:
+    """(copy prompts, prose prompts): n of each from the paragraphs of 40-56 tokens of the text
+    at `path` (from a quarter of the way in)."""
+    text = path.read_text(encoding="utf-8")
     found = []
     for para in text[len(text) // 4 :].split("\n\n"):
         ids = list(tokenizer.encode(" ".join(para.split())))
@@ -179,6 +180,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--paragraphs", type=int, default=4)
+    ap.add_argument("--text", type=Path, default=NOVEL, help="the text (default: a novel)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     costs = gpt1_size(args.rounds) if args.gpt1_cost else None
@@ -187,7 +189,7 @@ def main() -> None:
     from gpt1.inference.loading import load_for_inference
 
     loaded = load_for_inference(args.checkpoint, "cpu", "fp32")
-    copy, prose = paragraphs(loaded.tokenizer, args.paragraphs)
+    copy, prose = paragraphs(loaded.tokenizer, args.paragraphs, args.text)
     print(f"{args.checkpoint}: greedy, 64 new tokens, {args.threads} threads")
     print(
         "| text | plain tok/s | speculative tok/s | speed-up | identical | drafts accepted |"
