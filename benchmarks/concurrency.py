@@ -64,7 +64,7 @@ def _child(conn, system: str, threads: int, prompt: int, new: int) -> None:
 
             model = for_inference(_model(), "cpu", precision)
             run = lambda n: _gpt1(BatchedDecoder(model), _prompts(n, prompt), new)  # noqa: E731
-        run(2)  # warm: kernels, the speed checks, the weights gathered
+        run(16)  # warm: kernels, the speed checks (int8_step's too), the weights gathered
         conn.send("ready")
         while (n := conn.recv()) is not None:
             with torch.inference_mode():
@@ -164,6 +164,10 @@ def main() -> None:
                 for s in systems if (r + n) % 2 == 0 else systems[::-1]:
                     took, step = children[s].run(n)
                     times.setdefault((s, n), []).append(n * args.new / took)
+                    print(
+                        f"round {r + 1}, n={n}, {s}: {times[(s, n)][-1]:.0f} tokens/s",
+                        file=sys.stderr,
+                    )
                     if step is not None:
                         steps.setdefault((s, n), []).append(step)
     finally:

@@ -396,9 +396,9 @@ def decode(
     Where the one-call step applies (`gpt1.inference.block_step`), rows go through it in groups of
     up to `matvec.MAX_ROWS`, each group reading the weights once: each row's result is then the
     same bits whichever rows share its step (int8 never takes the many-row product, which
-    quantises the activations of all the rows with one scale). `one_call=False` runs more than
-    `matvec.MAX_ROWS` rows through the blocks as modules, all at once: the many-row int8 step
-    (`gpt1.inference.int8_step`, with one activation scale per row).
+    quantises the activations of all the rows with one scale). `one_call=False` runs the rows
+    through the blocks as modules, all at once: the many-row int8 step (`gpt1.inference.int8_step`,
+    with one activation scale per row).
     """
     backend.expect_decoding()
     if ids.dim() != 1 or len(caches) != ids.shape[0]:
@@ -410,7 +410,9 @@ def decode(
         )
     x, _ = model.embed(ids, positions)  # [n, C]
     group = matvec.MAX_ROWS
-    if x.shape[0] <= group or not one_call or block_step.plan(model, x[:group]) is None:
+    if not one_call:
+        return _decode_rows(model, x, caches, one_call=False)
+    if x.shape[0] <= group or block_step.plan(model, x[:group]) is None:
         return _decode_rows(model, x, caches)
     return torch.cat(
         [
@@ -420,10 +422,12 @@ def decode(
     )
 
 
-def _decode_rows(model: GPT, x: torch.Tensor, caches: list[KVCache]) -> torch.Tensor:
-    """`decode` on embedded rows x `[n, C]`: the one-call step where it applies, else the
-    blocks as modules."""
-    hidden = _one_call_step(model, x, caches, [c.row for c in caches])
+def _decode_rows(
+    model: GPT, x: torch.Tensor, caches: list[KVCache], one_call: bool = True
+) -> torch.Tensor:
+    """`decode` on embedded rows x `[n, C]`: the one-call step where it applies (and
+    `one_call`), else the blocks as modules."""
+    hidden = _one_call_step(model, x, caches, [c.row for c in caches]) if one_call else None
     if hidden is not None:
         return hidden
     step = decode_step(caches)  # one attention call per layer for pooled caches

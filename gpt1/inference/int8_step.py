@@ -1,12 +1,12 @@
-"""How a decoding step of many concurrent sequences runs on an int8 model.
+"""How a decoding step of several concurrent sequences runs on an int8 model.
 
-Up to `matvec.MAX_ROWS` rows, a step is bound by reading the weights, and the one-call step
-(`gpt1.inference.block_step`) reads each int8 weight once, widens it to fp32 and multiplies in
-fp32. More rows go through it in groups of that many, so each weight is read once a group and
-every multiply-add is a float one: the step is bound by that arithmetic. The integer step runs
-all the rows through the blocks as modules at once, every weight product int8 x int8 with int32
-sums (`gpt1.inference.int8_rows`: one activation scale per row, so a sequence's tokens do not
-depend on the others in the step), and the output layer the same way.
+The one-call step (`gpt1.inference.block_step`) reads each int8 weight once for up to
+`matvec.MAX_ROWS` rows, widens it to fp32 and multiplies in fp32; more rows go through it in
+groups of that many. One row is bound by reading the weights; with more, every multiply-add is
+a float one after a widening, and the step becomes bound by that arithmetic. The integer step
+runs all the rows through the blocks as modules at once, every weight product int8 x int8 with
+int32 sums (`gpt1.inference.int8_rows`: one activation scale per row, so a sequence's tokens do
+not depend on the others in the step), and the output layer the same way.
 
 Which one runs for n rows is a timed check, kept per CPU and torch like `backend`'s
 (`gpt1.inference.timings`: interleaved best-of rounds, recorded with the load): a one-block
@@ -14,8 +14,8 @@ GPT-1-size int8 model decodes one token for each of `ROWS` sequences of `PROMPT`
 positions both ways, and the output layer runs on the same rows both ways; a model of L blocks
 then takes the integer step from the smallest timed row count from which L blocks and the
 output layer are not slower on it at every larger timed count (the largest count's choice holds
-beyond it). A row count below the threshold, and any count where the check found the integer
-step slower everywhere, keeps the one-call step: no batch size gets slower.
+beyond it). Fewer rows, and every count where the integer step is slower at the largest, keep
+the one-call step: no batch size gets slower. One row always does.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from gpt1.config import ModelConfig
-from gpt1.inference import backend, block_step, int8_rows, matvec, timings
+from gpt1.inference import backend, block_step, int8_rows, timings
 from gpt1.inference.decoding import SlotPool, decode, forward_cached
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import quantized_layers
 from gpt1.model.gpt import GPT
 
-ROWS = (12, 16, 24, 32, 48, 64)  # the row counts timed (above matvec.MAX_ROWS)
+ROWS = (2, 4, 8, 12, 16, 24, 32, 48, 64)  # the row counts timed
 PROMPT = 32  # cached positions of each timed sequence
 
 
@@ -60,8 +60,10 @@ class StepProbe:
 
 @functools.cache
 def step_probe() -> StepProbe:
-    """The check's times: the record's, else measured now (a few seconds) and recorded."""
-    return timings.kept("int8_step", StepProbe, _measure)
+    """The check's times: the record's, else measured now (a few seconds) and recorded; a
+    record of other row counts is timed again."""
+    found = timings.kept("int8_step", StepProbe, _measure)
+    return found if found.rows == list(ROWS) else probe_again()
 
 
 def probe_again() -> StepProbe:
@@ -73,8 +75,8 @@ def probe_again() -> StepProbe:
 
 def integer(model: torch.nn.Module, rows: int) -> bool:
     """Whether a step of `rows` sequences of the int8 `model` takes the integer step."""
-    if rows <= matvec.MAX_ROWS or backend.int8_many_rows() is None:
-        return False
+    if rows < 2 or backend.int8_many_rows() is None:
+        return False  # one row: the step is bound by reading the weights, not by arithmetic
     if not isinstance(model, GPT) or not quantized_layers(model):
         return False
     x = torch.zeros(1, model.config.n_embd, dtype=model.wte.weight.dtype)

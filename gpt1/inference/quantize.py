@@ -107,7 +107,7 @@ def int8_linear(
     16). The many-row int8 product is `PackedInt8.linear`; where it does not apply (autograd,
     no oneDNN int8 kernel) one float matrix product over the int8 values (exact in bf16) does
     the work."""
-    if matvec.applies(x, q):
+    if matvec.applies(x, q) and not int8_rows.asked():  # the integer step asks for rows
         op = backend.few_rows_kernel()
         if op is not None:
             return matvec.linear(op, x, q, scale, bias)
