@@ -45,6 +45,7 @@ MODES = ("auto", "on", "off")
 MAX_DRAFT = matvec.MAX_ROWS - 1  # the last token and its drafts: one few-row product per layer
 LONGEST_NGRAM = 3  # the longest run of tokens looked up (then shorter ones, down to one)
 MAX_MISSES = 6  # a pause lasts at most 2**MAX_MISSES tokens
+TIMED_PASSES = 4  # passes timed before a model's passes are judged unable to pay
 HOPELESS_PAUSE = 512  # tokens without drafts where a model's passes cannot pay (then one more)
 
 
@@ -107,19 +108,26 @@ class Costs:
         self.step_seconds: float | None = None  # a plain step
         self.pass_share: float | None = None  # a pass over (its drafts + 1) plain steps
         self.passes = 0
+        self.shapes: set[int] = set()  # draft lengths passed once (their first pass is not timed)
 
     def hopeless(self) -> bool:
-        """Passes, measured at least twice, cost more than their tokens at the most."""
-        return self.passes >= 2 and self.pass_share is not None and self.pass_share >= 1
+        """Passes, timed at least `TIMED_PASSES` times, cost more than their tokens at best."""
+        return self.passes >= TIMED_PASSES and self.pass_share is not None and self.pass_share >= 1
 
     def plain_step(self, seconds: float) -> None:
         self.step_seconds = _average(self.step_seconds, seconds)
 
-    def verified(self, drafted: int, seconds: float) -> None:
+    def verified(self, drafted: int, seconds: float) -> bool:
+        """A pass of `drafted` drafts took `seconds`; False where that says nothing (the first
+        pass of k + 1 rows also prepares kernels and buffers for that shape)."""
+        if drafted not in self.shapes:
+            self.shapes.add(drafted)
+            return False
         if self.step_seconds is not None:
             share = seconds / ((drafted + 1) * self.step_seconds)
             self.pass_share = _average(self.pass_share, share)
             self.passes += 1
+        return True
 
 
 def _average(mean: float | None, seconds: float) -> float:
@@ -163,8 +171,7 @@ class Pace:
     def update(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         """A pass verified `drafted` tokens in `seconds`, accepting the first `accepted`."""
         self.k = min(2 * self.k, MAX_DRAFT) if accepted == drafted else accepted + 1
-        if seconds is not None:
-            self.costs.verified(drafted, seconds)
+        if seconds is not None and self.costs.verified(drafted, seconds):
             self.token_seconds = _average(self.token_seconds, seconds / (accepted + 1))
         plain, drafted_token = self.costs.step_seconds, self.token_seconds
         paid = plain is None or drafted_token is None or drafted_token < plain
