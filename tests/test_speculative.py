@@ -64,11 +64,12 @@ def test_drafter_proposes_what_followed_the_longest_recent_run():
     assert d.draft(3) == []  # 2 never occurred before
     d.extend([6, 7])
     assert d.draft(3) == [9, 2, 6]  # "6 7" last ended before 9 (not the older "6 7 8")
+    assert d.draft(6) == [9, 2, 6, 7, 9, 2]  # past the end: "9 2 6 7" goes on repeating
     d.extend([8])
     assert d.draft(2) == [1, 6]  # "6 7 8" (3 tokens) beats "7 8" and "8"
     assert d.draft(0) == []
     loop = Drafter([4, 4])
-    assert loop.draft(5) == [4]  # only what is there after the last earlier occurrence
+    assert loop.draft(5) == [4, 4, 4, 4, 4]  # a loop of one token
 
 
 def test_pace_grows_on_acceptance_shrinks_on_rejection_and_pauses():

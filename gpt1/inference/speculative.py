@@ -86,15 +86,17 @@ class Drafter:
                 self.ends[n - 1][tuple(self.tokens[end - n : end])] = end
 
     def draft(self, k: int) -> list[int]:
-        """Up to k tokens that followed the longest run ending the text, where it last occurred
-        before ([] where no run of the text's last tokens occurred before)."""
+        """k tokens that followed the longest run ending the text, where it last occurred
+        before ([] where no run of the text's last tokens occurred before). Where that is
+        fewer than k tokens before the end (the text is in a loop), the loop goes on."""
         if k <= 0:
             return []
         tokens = self.tokens
         for n in range(min(LONGEST_NGRAM, len(tokens)), 0, -1):
             end = self.ends[n - 1].get(tuple(tokens[-n:]))
             if end is not None:
-                return tokens[end : end + k]
+                period = len(tokens) - end  # the text after `end` repeats every `period` tokens
+                return [tokens[end + i % period] for i in range(k)]
         return []
 
 
