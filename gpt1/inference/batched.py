@@ -183,10 +183,9 @@ class BatchedDecoder:
         if gen.speculator is None or gen.cache is None:
             return False
         room = min(gen.remaining, self.n_positions - len(gen.cache)) - 1  # within both limits
-        last = int(gen.fresh[0, 0])
         try:
             tokens = gen.speculator.step(
-                self.model, gen.cache, last, gen.sampling, gen.generator, room, self.vocab
+                self.model, gen.cache, gen.fresh, gen.sampling, gen.generator, room, self.vocab
             )
         except Exception as exc:
             self._finish(gen, exc, events)
@@ -203,7 +202,7 @@ class BatchedDecoder:
             self._finish(gen, exc, events)
             return
         if gen.speculator is not None:
-            gen.speculator.push(int(nxt[0, 0]))  # its drafts come from every token
+            gen.speculator.push(nxt)  # its drafts come from every token
         self._emit(gen, nxt, events)
 
     def _emit(self, gen: Generation, new: torch.Tensor, events: list[Event]) -> None:

@@ -198,14 +198,14 @@ class Speculating(Protocol):
         self,
         model: torch.nn.Module,
         cache: KVCache,
-        last: int,
+        last: torch.Tensor,
         sampling: Sampling,
         generator: torch.Generator | None,
         room: int,
         vocab: int | None,
     ) -> list[int] | None: ...
 
-    def push(self, token: int) -> None: ...
+    def push(self, token: torch.Tensor) -> None: ...
 
 
 def check_prompt(model: torch.nn.Module, ids: torch.Tensor) -> None:
@@ -246,8 +246,7 @@ def _steps(
             drafted = None
             if speculator is not None and cache is not None and fresh.shape[1] == 1:
                 room = min(left, n_pos - len(cache)) - 1  # drafts that fit both limits
-                last = int(fresh[0, 0])
-                drafted = speculator.step(model, cache, last, sampling, generator, room, vocab)
+                drafted = speculator.step(model, cache, fresh, sampling, generator, room, vocab)
             if drafted is None:
                 with torch.no_grad():
                     if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
@@ -259,7 +258,7 @@ def _steps(
                     logits = model.lm_logits(hidden).float()  # [B, V]
                 new = [choose(logits, sampling, generator, vocab)]
                 if speculator is not None:
-                    speculator.push(int(new[0][0, 0]))
+                    speculator.push(new[0])
             else:
                 new = [torch.tensor([[t]], device=device) for t in drafted]
             for nxt in new:

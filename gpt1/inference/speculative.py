@@ -228,6 +228,7 @@ class Speculator:
         self.pace: Pace | None = None  # made at the first step, with the model's `Costs`
         self.counts = counts if counts is not None else Drafts()
         self.plain_from: float | None = None  # when the caller began a plain step (`step`)
+        self.pending: list[torch.Tensor] = []  # tokens pushed, not yet read by the drafter
 
     @classmethod
     def wanted(
@@ -237,38 +238,44 @@ class Speculator:
         `sampling` (`wanted`); else None."""
         return cls(tokens, counts) if wanted(speculate, sampling) else None
 
-    def push(self, token: int) -> None:
-        """A token chosen without drafts (every token must reach the drafter); after a `step`
-        that drafted nothing, the end of the plain step the caller took instead (timed)."""
+    def push(self, token: torch.Tensor) -> None:
+        """A token `[1, 1]` chosen without drafts (every token must reach the drafter); after a
+        `step` that drafted nothing, the end of the plain step the caller took instead (timed).
+        Tokens are read out of their tensors only when a draft is wanted (a few microseconds
+        each: a small model's whole step takes a few hundred)."""
         if self.plain_from is not None and self.pace is not None:
             self.pace.costs.plain_step(time.perf_counter() - self.plain_from)
             self.plain_from = None
-        self.drafter.extend([token])
+        self.pending.append(token)
 
     @torch.no_grad()
     def step(
         self,
         model: torch.nn.Module,
         cache: KVCache,
-        last: int,
+        last: torch.Tensor,
         sampling: Sampling,
         generator: torch.Generator | None,
         room: int,
         vocab: int | None = None,
     ) -> list[int] | None:
-        """The tokens after `last` (the one token `cache` has not seen) from one pass with at
+        """The tokens after `last` `[1, 1]` (the one token `cache` has not seen) from one pass with at
         most `room` drafts: those accepted and the one after them, `cache` holding `last` and
         the accepted drafts. None where nothing is drafted this token: take a plain step."""
         start = time.perf_counter()
         if self.pace is None:  # the model is known from the first step on
             self.pace = Pace(costs_of(model))
-        draft = self.drafter.draft(min(self.pace.length(), room, MAX_DRAFT))
+        k = min(self.pace.length(), room, MAX_DRAFT)
+        if k > 0 and self.pending:
+            self.drafter.extend(torch.cat(self.pending, dim=1)[0].tolist())
+            self.pending = []
+        draft = self.drafter.draft(k)
         if not draft:
             self.plain_from = time.perf_counter()
             return None
         self.plain_from = None
         past = len(cache)
-        ids = torch.tensor([[last, *draft]], device=model.wte.weight.device)  # [1, k + 1]
+        ids = torch.tensor([[int(last[0, 0]), *draft]], device=last.device)  # [1, k + 1]
         hidden = forward_cached(model, ids, cache)[0]  # [k + 1, C]
         tokens = accept(model.lm_logits(hidden).float(), draft, sampling, generator, vocab)
         cache.truncate(past + len(tokens))  # last and the accepted drafts
