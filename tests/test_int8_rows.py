@@ -26,7 +26,9 @@ def _layer(k: int, n: int) -> Int8Linear:
 
 
 @pytest.mark.parametrize("encoding", ["s8", "u8"])
-@pytest.mark.parametrize(("rows", "k", "n"), [(4, 64, 96), (12, 64, 96), (33, 256, 40), (9, 768, 300)])
+@pytest.mark.parametrize(
+    ("rows", "k", "n"), [(4, 64, 96), (12, 64, 96), (33, 256, 40), (9, 768, 300)]
+)
 def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding, monkeypatch):
     """oneDNN's int32 sums, converted and scaled, give the bits `reference` computes with exact
     integer sums, with either encoding of the activations."""
