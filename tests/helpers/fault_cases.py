@@ -1523,7 +1523,8 @@ def options_out_of_range(work: Path) -> CaseResult:
     ckpt = tiny_checkpoint(work / "ckpt")
     vocab = char_vocab(work / "vocab")
     sample = ["sample", str(ckpt), "--prompt-ids", "5 6", "--max-new-tokens", "2"]
-    lm_eval = ["lm-eval", "--tasks", "gpt1_sst2", "--data", str(work / "nothing")]
+    (work / "empty-data").mkdir(exist_ok=True)  # a folder: --data is checked to be one first
+    lm_eval = ["lm-eval", "--tasks", "gpt1_sst2", "--data", str(work / "empty-data")]
     runs = [(sample + ["--temperature", t], ("--temperature", t)) for t in ("nan", "inf", "-1")]
     runs += [(sample + ["--top-p", p], ("--top-p", p)) for p in ("nan", "0", "1.5")]
     runs += [(sample + ["--seed", str(n)], ("--seed", str(n))) for n in (10**23, 2**64, -1)]
