@@ -32,7 +32,7 @@ from gpt1.serve.engine import Engine
 from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
 from gpt1.serve.openai import routes as openai_routes
-from gpt1.serve.openai.errors import openai_error
+from gpt1.serve.openai.errors import refusal
 from gpt1.serve.responses import RETRY_AFTER_S, error, parse_failure, validation_message
 from gpt1.serve.schemas import Limits
 from gpt1.serve.security import Security
@@ -147,10 +147,8 @@ async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
 
 
 def answer(path: str, status: int, message: str, headers: Any = None) -> JSONResponse:
-    """A refusal in the protocol of `path`: OpenAI's error object on its routes."""
-    if path in openai_routes.PATHS:
-        return openai_error(status, message, headers=headers)
-    return error(status, message, headers)
+    """A refusal in the protocol of `path` (OpenAI's error object on its routes)."""
+    return refusal(path in openai_routes.PATHS, status, message, headers=headers)
 
 
 async def user_error(request: Request, exc: Gpt1Error) -> JSONResponse:

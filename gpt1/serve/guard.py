@@ -18,12 +18,12 @@ import logging
 import time
 from typing import Any
 
+from starlette.responses import Response
+
 from gpt1.serve.batcher import request_jobs
 from gpt1.serve.connections import FloodLog
-from gpt1.serve.cors import response_headers
 from gpt1.serve.metrics import Metrics
-from gpt1.serve.openai.errors import openai_error
-from gpt1.serve.responses import error
+from gpt1.serve.openai.errors import refusal
 from gpt1.serve.schemas import Limits, limits_in_force
 from gpt1.serve.security import API_POLICY, SECURITY_HEADERS, Refusal, Security
 
@@ -136,30 +136,17 @@ class Guard:
 
     def _refuse(self, scope: dict, refused: Refusal) -> Any:
         """The response of a request refused before the app saw it, in the path's protocol."""
-        if refused.status == 204:
-            from starlette.responses import Response
-
+        if refused.status == 204:  # an allowed preflight: headers only
             return Response(status_code=204, headers=refused.headers)
-        if scope["path"] in self.openai_paths:
-            return openai_error(refused.status, refused.message, refused.param, refused.headers)
-        return error(refused.status, refused.message, refused.headers)
+        openai = scope["path"] in self.openai_paths
+        return refusal(openai, refused.status, refused.message, refused.param, refused.headers)
 
     def _with_headers(self, scope: dict, send: Any, status: dict) -> Any:
         """`send`, adding to every response the security headers, an API policy where the
         response sets none, and CORS headers for an allowed cross-origin page; it records the
         status and whether the whole response went out."""
-        request_headers = dict(scope["headers"])
-        origin = request_headers.get(b"origin")
-        host = request_headers.get(b"host")
-        scheme = scope.get("scheme", "http")
-        extra = dict(SECURITY_HEADERS)
-        security = self.security
-        if origin is not None:
-            text, host_text = origin.decode("latin-1"), (host or b"").decode("latin-1")
-            if security.is_cross_origin(text, host_text, scheme) and security.origin_allowed(
-                text, host_text, scheme
-            ):
-                extra.update(response_headers(text, "*" in security.cors_origins))
+        cors = self.security.cors_headers(dict(scope["headers"]), scope.get("scheme", "http"))
+        extra = {**SECURITY_HEADERS, **cors}
         encoded = [(k.lower().encode(), v.encode()) for k, v in extra.items()]
 
         async def sending(message: dict) -> None:

@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from gpt1.errors import ConfigError
-from gpt1.serve.cors import check_origin, host_of, preflight_headers, valid_hostname
+from gpt1.serve.cors import (
+    check_origin,
+    host_of,
+    preflight_headers,
+    response_headers,
+    valid_hostname,
+)
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
 # Routes any client may read without the key: liveness, and the pages with what they load
@@ -112,8 +118,14 @@ class Security:
             return True
         return "*" in self.cors_origins or origin in self.cors_origins
 
-    def is_cross_origin(self, origin: str | None, host: str | None, scheme: str) -> bool:
-        return origin is not None and origin.lower() != f"{scheme}://{(host or '').lower()}"
+    def cors_headers(self, headers: dict[bytes, bytes], scheme: str) -> dict[str, str]:
+        """The CORS headers for a request from an allowed page of another origin (none for
+        the server's own pages, requests without an Origin, or an origin it refuses)."""
+        origin, host = _text(headers.get(b"origin")), _text(headers.get(b"host"))
+        own = f"{scheme}://{(host or '').lower()}"
+        if origin is None or origin.lower() == own or not self.origin_allowed(origin, host, scheme):
+            return {}
+        return response_headers(origin, "*" in self.cors_origins)
 
     def authorized(self, authorization: str | None) -> bool:
         if self.api_key is None:

@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException
 
 from gpt1.errors import Gpt1Error
 from gpt1.serve.batcher import QueueFull
-from gpt1.serve.responses import RETRY_AFTER_S, validation_errors, validation_message
+from gpt1.serve.responses import RETRY_AFTER_S, error, validation_errors, validation_message
 
 log = logging.getLogger("gpt1.serve")
 FIELD = re.compile(r"^([a-z_][a-z_0-9]*(?:\.[a-z_0-9]+)*): ")  # `prompt.1: ...` names prompt.1
@@ -45,6 +45,20 @@ def openai_error(
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {"message": " ".join(str(message).split()), "type": kind, "param": param, "code": status}
     return JSONResponse({"error": body}, status, headers=headers)
+
+
+def refusal(
+    openai: bool,
+    status: int,
+    message: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    """A refusal in its route's protocol: OpenAI's error object on the OpenAI-compatible routes
+    (`openai`), gpt1's one line elsewhere."""
+    if openai:
+        return openai_error(status, message, param, headers)
+    return error(status, message, headers)
 
 
 def answer_failure(exc: Exception, path: str) -> JSONResponse:
