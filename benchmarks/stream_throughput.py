@@ -31,7 +31,7 @@ def draw(source, windows: int, micro: int) -> float:
 def main() -> None:
     from gpt1.config import DataConfig
     from gpt1.text.prepare import PrepareOptions, prepare
-    from gpt1.text.stream import TextStream, open_data
+    from gpt1.text.stream import TextWindows, open_data
     from gpt1.text.windows import SequentialWindows, open_prepared
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -61,7 +61,7 @@ def main() -> None:
             )
         ]
         for w in args.workers:
-            stream = TextStream(data, args.n_ctx, workers=w)
+            stream = TextWindows(data, args.n_ctx, workers=w)
             rows.append(
                 (f"text files, {w} tokenizing process(es)", draw(stream, windows, args.micro))
             )

@@ -18,7 +18,7 @@ from gpt1.cli import main
 from gpt1.config import DataConfig
 from gpt1.errors import ConfigError, DataError
 from gpt1.text.prepare import PrepareOptions, documents, prepare
-from gpt1.text.stream import TextStream, batch_source, open_data
+from gpt1.text.stream import TextWindows, batch_source, open_data
 from gpt1.text.windows import SequentialWindows, open_prepared
 from helpers import faults
 from helpers.tiny import TORCHRUN_TWO_PROCESSES, char_vocab, subprocess_env, tiny_pretrain
@@ -56,10 +56,10 @@ def corpus(tmp_path_factory) -> tuple[Path, Path, Path]:
     return text, vocab, work / "prepared"
 
 
-def stream_of(text: Path, vocab: Path, rank: int = 0, world: int = 1) -> TextStream:
+def stream_of(text: Path, vocab: Path, rank: int = 0, world: int = 1) -> TextWindows:
     data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
     source = batch_source(data, DataConfig(), N_CTX, 0, rank, world)
-    assert isinstance(source, TextStream)
+    assert isinstance(source, TextWindows)
     return source
 
 
@@ -126,11 +126,11 @@ def test_tokenizing_processes_give_the_same_stream(corpus, monkeypatch):
     monkeypatch.setattr(gpt1.text.prepare, "TASK_CHARS", 300)  # many small tasks in flight
     text, vocab, _ = corpus
     data = open_data(DataConfig(path=str(text), tokenizer=str(vocab), doc_sep="blank-line"))
-    alone, helped = TextStream(data, N_CTX), TextStream(data, N_CTX, workers=2)
+    alone, helped = TextWindows(data, N_CTX), TextWindows(data, N_CTX, workers=2)
     for _ in range(30):  # past the end of a pass
         assert torch.equal(alone.next_batch(3)[0], helped.next_batch(3)[0])
     state = helped.state_dict()
-    resumed = TextStream(data, N_CTX, workers=2)
+    resumed = TextWindows(data, N_CTX, workers=2)
     resumed.load_state_dict(state)
     assert torch.equal(resumed.next_batch(4)[0], alone.next_batch(4)[0])
     helped.load_state_dict(state)  # closes the running reader and its processes
@@ -169,7 +169,7 @@ def moved(state: dict, folder: Path) -> dict:
     return {**state, "path": str(folder / Path(state["path"]).name), "files": files}
 
 
-def cursor_in(stream: TextStream, file: str, past_doc: int) -> dict:
+def cursor_in(stream: TextWindows, file: str, past_doc: int) -> dict:
     """The stream's state once its cursor is in `file`, past document `past_doc`."""
     while True:
         stream.next_batch(1)
@@ -246,7 +246,7 @@ def test_data_path_errors(corpus, tmp_path):
     (tmp_path / "tiny.txt").write_text("Too short.\n")
     tiny = open_data(DataConfig(path=str(tmp_path / "tiny.txt"), tokenizer=str(vocab)))
     with pytest.raises(DataError, match="fewer than one window of 33"):
-        TextStream(tiny, N_CTX).next_batch(1)
+        TextWindows(tiny, N_CTX).next_batch(1)
 
 
 def test_data_that_is_not_a_file_or_folder_says_what_it_is(tmp_path, corpus):
@@ -403,7 +403,7 @@ def test_a_bad_row_stops_the_stream_when_reached_naming_file_line_and_field(corp
     (bad / "a.txt").write_bytes((text / "a.txt").read_bytes())
     (bad / "b.jsonl").write_text('{"text": "fine"}\n{"body": "no text here"}\n')
     data = open_data(DataConfig(path=str(bad), tokenizer=str(vocab), doc_sep="blank-line"))
-    stream = TextStream(data, N_CTX)
+    stream = TextWindows(data, N_CTX)
     with pytest.raises(DataError, match=r"b.jsonl:2, field 'text': missing or not a string"):
         for _ in range(100):
             stream.next_batch(1)

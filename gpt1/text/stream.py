@@ -113,7 +113,7 @@ def find_text_files(spec: str) -> list[Path]:
 
 def batch_source(
     data: PreparedData | TextData, cfg: DataConfig, n_ctx: int, seed: int, rank: int, world: int
-) -> WindowSource | SequentialWindows | TextStream:
+) -> WindowSource | SequentialWindows | TextWindows:
     """The trainer's `BatchSource` for `data` in the order `cfg.order` asks for."""
     if isinstance(data, TextData):
         if cfg.order == "random":
@@ -121,7 +121,7 @@ def batch_source(
                 "data.order=random needs a `gpt1 prepare` folder; text files are read in order "
                 "(data.order=sequential)"
             )
-        return TextStream(data, n_ctx, rank, world, cfg.workers)
+        return TextWindows(data, n_ctx, rank, world, cfg.workers)
     if cfg.order == "sequential":
         return SequentialWindows(data.splits["train"], n_ctx, rank, world)
     return WindowSource(data.splits["train"], n_ctx, seed, rank, world)
@@ -147,7 +147,7 @@ def chain(digest: str, text: str) -> str:
     return hashlib.sha256(digest.encode() + inner).hexdigest()[:32]
 
 
-class TextStream:
+class TextWindows:
     """Consecutive windows of text files' token stream for one rank (the trainer's `BatchSource`)."""
 
     def __init__(
