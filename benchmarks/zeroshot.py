@@ -3,7 +3,7 @@
 For each task the heuristic's own requests are recorded once (real data from ../shared/data,
 tokenized with the original GPT-1 vocabulary), then scored by:
 
-* gpt1: `gpt1.zeroshot.scorer.Scorer` -- one forward per length-sorted batch, the tied output layer only at
+* gpt1: `gpt1.inference.scoring.Scorer` -- one forward per length-sorted batch, the tied output layer only at
   the positions whose next token is scored, rows that are prefixes of other rows shared;
 * gpt1 (all positions): the same batches through our model with full logits at every position,
   to show how much comes from the output layer;
@@ -36,9 +36,9 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 from gemm_profile import gemm_seconds  # noqa: E402  (benchmarks/)
 
 from gpt1.config import model_preset  # noqa: E402
+from gpt1.inference.scoring import Scorer  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.zeroshot import heuristics as zh  # noqa: E402
-from gpt1.zeroshot import scorer as zs  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -46,7 +46,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 class Recorder:
     """Stands in for a Scorer to capture the requests a heuristic makes."""
 
-    def __init__(self, scorer: zs.Scorer):
+    def __init__(self, scorer: Scorer):
         self.scorer, self.requests, self.truncated = scorer, [], 0
         self.n_positions, self.model = scorer.n_positions, scorer.model  # read by run_task
 
@@ -59,7 +59,7 @@ def record_requests(model: GPT, tok, tasks: list[str], limit: int) -> dict[str, 
     out = {}
     for task in tasks:
         folder = zh.task_folder(task, DATA)
-        rec = Recorder(zs.Scorer(model))
+        rec = Recorder(Scorer(model))
         zh.run_task(task, rec, tok, folder, limit=limit)
         out[task] = rec.requests
     return out
@@ -184,7 +184,7 @@ def main() -> None:
         for task, reqs in requests.items():
             batches = plain_batches(reqs, n_pos, args.batch_tokens, args.max_rows)
             tokens = sum(len(r) for b in batches for r in b)
-            scorer = zs.Scorer(ours, batch_tokens=args.batch_tokens, max_rows=args.max_rows)
+            scorer = Scorer(ours, batch_tokens=args.batch_tokens, max_rows=args.max_rows)
             t, res = interleaved(
                 {
                     "gpt1": lambda: scorer.score(reqs),

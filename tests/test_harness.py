@@ -68,7 +68,7 @@ PAIRS = [
 
 
 def test_loglikelihood_equals_the_scorer_and_a_direct_computation(lm):
-    from gpt1.zeroshot.scorer import Scorer
+    from gpt1.inference.scoring import Scorer
 
     got = lm.loglikelihood(requests("loglikelihood", PAIRS))
     encoded = [

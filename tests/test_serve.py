@@ -356,9 +356,9 @@ def test_lstm_checkpoint_generates_and_scores(world):
 
 
 def test_score_equals_the_zero_shot_scorer(world):
+    from gpt1.inference.scoring import Scorer
     from gpt1.model.registry import load_any_checkpoint
     from gpt1.text.tokenizer import Tokenizer
-    from gpt1.zeroshot.scorer import Scorer
 
     tok = Tokenizer.from_dir(world["lm"])
     pairs = [("the film was very", "good"), ("the film was very", "bad"), ("a", "b c d e")]

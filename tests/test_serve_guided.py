@@ -21,12 +21,12 @@ openai = pytest.importorskip("openai")
 from test_serve import SENTENCES, TIMEOUT, post, serving, tiny_lm  # noqa: E402
 
 from gpt1.cli import main  # noqa: E402
+from gpt1.inference.scoring import Scorer  # noqa: E402
 from gpt1.model.checkpoint import tokenizer_dir_of, trained_context  # noqa: E402
 from gpt1.model.registry import load_any_checkpoint  # noqa: E402
 from gpt1.tasks.registry import get_task  # noqa: E402
 from gpt1.text.tokenizer import Tokenizer  # noqa: E402
 from gpt1.zeroshot.heuristics import _candidate_scores  # noqa: E402
-from gpt1.zeroshot.scorer import Scorer  # noqa: E402
 from helpers.tiny import char_vocab  # noqa: E402
 
 WORDS = ["negative", "positive"]  # zs_sst2's candidates, index = label

@@ -597,7 +597,7 @@ def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):
 
 
 def test_zeroshot_scorer_refuses_nan_log_probs():
-    from gpt1.zeroshot.scorer import Scorer
+    from gpt1.inference.scoring import Scorer
 
     torch.manual_seed(0)
     model = GPT(ModelConfig(**ODD_SIZES_MODEL)).eval()

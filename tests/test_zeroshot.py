@@ -1,5 +1,5 @@
-"""Zero-shot: the selective batched scorer, the heuristics, the datasets and the curve
-(gpt1/zeroshot/scorer.py, heuristics.py, data.py, curve.py)."""
+"""Zero-shot: the selective batched scorer (gpt1/inference/scoring.py), the heuristics, the
+datasets and the curve (gpt1/zeroshot/heuristics.py, data.py, curve.py)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import torch
 from conftest import TINIER_MODEL, tiny_model_config
 
 from gpt1.errors import DataError
+from gpt1.inference.scoring import Score, Scorer
 from gpt1.model.checkpoint import save_model
 from gpt1.model.gpt import GPT
 from gpt1.tasks.examples import ChoiceExample
 from gpt1.zeroshot import curve as zc
 from gpt1.zeroshot import data as zd
 from gpt1.zeroshot import heuristics as zh
-from gpt1.zeroshot import scorer as zs
 from helpers.tiny import CHAR_PIECES, char_vocab
 
 
@@ -60,7 +60,7 @@ def random_requests(rng: random.Random, n: int, vocab: int) -> list[tuple[list[i
 def test_scorer_equals_full_logits_computation():
     model = tiny_model()
     reqs = random_requests(random.Random(0), 30, 50)
-    scorer = zs.Scorer(model, batch_tokens=64, max_rows=5, logits_chunk=7)
+    scorer = Scorer(model, batch_tokens=64, max_rows=5, logits_chunk=7)
     scored = scorer.score(reqs)
     assert scorer.truncated == 1
     for (ctx, cont), s in zip(reqs, scored):
@@ -80,7 +80,7 @@ def test_scorer_top_alternatives_are_the_full_distributions_top_k():
     with the very numbers of `logprobs` (so "the token is the top one" is an exact equality)."""
     model = tiny_model()
     reqs = random_requests(random.Random(1), 12, 50)[:-1]  # all fit the window
-    scorer = zs.Scorer(model, batch_tokens=64, max_rows=5, logits_chunk=7)
+    scorer = Scorer(model, batch_tokens=64, max_rows=5, logits_chunk=7)
     for (ctx, cont), s in zip(reqs, scorer.score(reqs, top=3)):
         row = ctx + cont[:-1]
         with torch.no_grad():
@@ -103,13 +103,13 @@ def test_scorer_works_with_the_lstm_baseline():
     torch.manual_seed(0)
     model = LSTMLM(LSTMConfig(vocab_size=50, n_embd=16, hidden_size=32, n_positions=24)).eval()
     reqs = random_requests(random.Random(3), 10, 50)
-    for (ctx, cont), s in zip(reqs, zs.Scorer(model, batch_tokens=64).score(reqs)):
+    for (ctx, cont), s in zip(reqs, Scorer(model, batch_tokens=64).score(reqs)):
         assert s.logprobs == pytest.approx(reference_logprobs(model, ctx, cont), abs=1e-5)
 
 
 def test_scorer_shares_prefix_rows():
     model = tiny_model()
-    scorer = zs.Scorer(model)
+    scorer = Scorer(model)
     plans, canon = scorer._plan(
         [([1, 2, 3], [4, 5]), ([1, 2], [3]), ([1, 2, 3], [9]), ([7, 8], [1])]
     )
@@ -118,7 +118,7 @@ def test_scorer_shares_prefix_rows():
 
 def test_scorer_truncates_a_continuation_longer_than_the_window():
     model = tiny_model()  # n_positions 24
-    scorer = zs.Scorer(model)
+    scorer = Scorer(model)
     cont = list(range(1, 31))
     (s,) = scorer.score([([5, 6], cont)])
     assert scorer.truncated == 1 and len(s.logprobs) == 24  # one context token + 23 = 24 rows
@@ -127,14 +127,14 @@ def test_scorer_truncates_a_continuation_longer_than_the_window():
 
 def test_scorer_rejects_empty_context():
     with pytest.raises(ValueError):
-        zs.Scorer(tiny_model()).score([([], [1])])
+        Scorer(tiny_model()).score([([], [1])])
 
 
 def test_scorer_bf16_close_to_fp32():
     model = tiny_model()
     reqs = random_requests(random.Random(1), 10, 50)
-    fp32 = zs.Scorer(model).score(reqs)
-    bf16 = zs.Scorer(tiny_model().to(torch.bfloat16)).score(reqs)
+    fp32 = Scorer(model).score(reqs)
+    bf16 = Scorer(tiny_model().to(torch.bfloat16)).score(reqs)
     for a, b in zip(fp32, bf16):
         assert b.logprobs == pytest.approx(a.logprobs, abs=0.25)
 
@@ -144,7 +144,7 @@ def test_scorer_bf16_reuses_its_logits_buffers_without_mixing_chunks():
     # each request must still get its own positions' values (the plain bf16 computation).
     model = tiny_model().to(torch.bfloat16)
     reqs = [r for r in random_requests(random.Random(2), 12, 50) if len(r[0]) + len(r[1]) <= 25]
-    scorer = zs.Scorer(model, logits_chunk=3)
+    scorer = Scorer(model, logits_chunk=3)
     scored = scorer.score(reqs)
     assert set(scorer._logits_buffers) == {torch.bfloat16, torch.float32}
     for (ctx, cont), s in zip(reqs, scored):
@@ -192,7 +192,7 @@ def test_scorer_matches_hf_full_logits():
     model = tiny_model()
     hf = hf_model_from(model)
     reqs = [r for r in random_requests(random.Random(2), 12, 50) if len(r[0]) + len(r[1]) <= 25]
-    scored = zs.Scorer(model, batch_tokens=100).score(reqs)
+    scored = Scorer(model, batch_tokens=100).score(reqs)
     for (ctx, cont), s in zip(reqs, scored):
         with torch.no_grad():
             logits = hf(torch.tensor([ctx + cont[:-1]])).logits[0]  # [T, V] at every position
@@ -230,7 +230,7 @@ def test_sst2_rigged_model_predicts_one_class():
     examples = [("good movie", 1), ("bad film", 0), ("the movie", 1), ("bad", 0), ("a film", 0)]
     for word, expect_positive in (("positive", True), ("negative", False)):
         model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids[word])
-        r = zh.zs_sst2(zs.Scorer(model), tok, examples)
+        r = zh.zs_sst2(Scorer(model), tok, examples)
         assert r["predicted_positive"] == (1.0 if expect_positive else 0.0)
         assert r["accuracy"] == pytest.approx(0.4 if expect_positive else 0.6)
 
@@ -247,7 +247,7 @@ class FakeScorer:
         out = []
         for ctx, cont in reqs:
             key = (" ".join(self.names[i] for i in ctx), " ".join(self.names[i] for i in cont))
-            out.append(zs.Score([self.table[key]] * len(cont), False))
+            out.append(Score([self.table[key]] * len(cont), False))
         return out
 
 
@@ -342,12 +342,12 @@ def test_dpr_requests_and_decision():
 def test_lambada_greedy_accuracy_with_rigged_model():
     tok = WordTok(WORDS)
     model = rig(tiny_model(vocab=len(WORDS) + 1), tok.ids["pollen"])
-    r = zh.zs_lambada(zs.Scorer(model), tok, [("the bee had", "pollen"), ("the bee had", "it")])
+    r = zh.zs_lambada(Scorer(model), tok, [("the bee had", "pollen"), ("the bee had", "it")])
     assert r["accuracy"] == 0.5 and r["unknown_targets"] == 0
     # A model that always predicts <unk> does not get credit for unknown words.
     tok.unk_id = 0
     model = rig(tiny_model(vocab=len(WORDS) + 1), 0)
-    r = zh.zs_lambada(zs.Scorer(model), tok, [("the bee had", "zebra"), ("the bee had", "it")])
+    r = zh.zs_lambada(Scorer(model), tok, [("the bee had", "zebra"), ("the bee had", "it")])
     assert r["accuracy"] == 0.0 and r["unknown_targets"] == 1
 
 
@@ -454,7 +454,6 @@ def test_cli_out_writes_one_line_per_example(tmp_path):
     own numbers) and the gold answer; the lines add up to results.json's accuracy."""
     from gpt1.cli import main
     from gpt1.inference.loading import load_for_inference
-    from gpt1.zeroshot.scorer import Scorer
 
     run = make_run(tmp_path)
     write_small_data(tmp_path / "data")
@@ -657,7 +656,6 @@ def test_scoring_stays_inside_the_pretrained_window(tmp_path):
 
     from gpt1 import GPT, ModelConfig, save_model
     from gpt1.model.checkpoint import trained_context
-    from gpt1.zeroshot.scorer import Scorer
 
     model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 32}))
     save_model(model, tmp_path / "run" / "step-5")

@@ -2,7 +2,7 @@
 
 `Gpt1LM` implements the harness's three request types with gpt1's own machinery:
 
-* `loglikelihood`: `gpt1.zeroshot.scorer.Scorer` (length-sorted, right-padded rows whose padding the model
+* `loglikelihood`: `gpt1.inference.scoring.Scorer` (length-sorted, right-padded rows whose padding the model
   skips; rows that are prefixes of others share a forward pass; the output layer only at the
   scored positions) on the faithful GPT-1 tokenizer (ftfy, spaCy, lowercase, BPE with `</w>`).
   Context/continuation splitting is the harness's own (`TemplateLM._encode_pair`), so the token
@@ -107,7 +107,7 @@ class Gpt1LM(TemplateLM):
         super().__init__()
         from gpt1.checkpoint_files import open_checkpoint
         from gpt1.inference.loading import load_for_inference
-        from gpt1.zeroshot.scorer import Scorer
+        from gpt1.inference.scoring import Scorer
 
         if unused:
             log.warning("lm-eval: gpt1 ignores model_args %s", ", ".join(sorted(unused)))

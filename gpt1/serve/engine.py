@@ -4,7 +4,7 @@
 or a pretrained checkpoint (GPT or the LSTM baseline) as an `Engine`, made of two parts:
 - its `LanguageEngine` (every served model has one; a fine-tuned run's is its GPT) turns texts
   into ids, scores continuations and whole sequences with the zero-shot `Scorer`
-  (`gpt1.zeroshot.scorer`), and generates with `gpt1.inference.batched.BatchedDecoder`
+  (`gpt1.inference.scoring`), and generates with `gpt1.inference.batched.BatchedDecoder`
   (continuous batching: concurrent generations share forward passes), which chooses tokens as
   `gpt1 sample` does;
 - for a fine-tuned run, its `ClassifierEngine` (`engine.classifier`) turns request items into
@@ -72,8 +72,8 @@ class LanguageEngine:
     ):
         """`window`: the positions scoring reads at most (default: the trained window that
         `folder`'s run.json records, else the model's)."""
+        from gpt1.inference.scoring import Scorer
         from gpt1.model.checkpoint import trained_context
-        from gpt1.zeroshot.scorer import Scorer
 
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
         window = window if window is not None else trained_context(folder)

@@ -15,7 +15,7 @@ bytes), an fp32 softmax turned into softmax - onehot in place (on CPU through on
 fp32 buffer for bf16 logits: no fresh `[n, V]` tensor, whose page faults cost more than the
 softmax), and the two gradient matmuls; the loss is -log p[target] and the per-row weights scale
 the `[n, C]` operands. The LM losses (`gpt1.train.objectives`) and the zero-shot scorer's logits
-(`gpt1.zeroshot.scorer`) use it.
+(`gpt1.inference.scoring`) use it.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from gpt1.devices import resolve_device, resolve_precision
 from gpt1.errors import CheckpointError, DataError
 from gpt1.files import OutputExists, write_json, write_text
 from gpt1.inference.loading import load_for_inference
+from gpt1.inference.scoring import Scorer
 from gpt1.model.checkpoint import run_checkpoints
 from gpt1.train.telemetry import save_figure
 from gpt1.zeroshot.heuristics import REFERENCES, TASKS, run_task, task_folder
-from gpt1.zeroshot.scorer import Scorer
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpt1.errors import ConfigError, DataError
+from gpt1.inference.scoring import Scorer
 from gpt1.tasks.examples import ChoiceExample
 from gpt1.tasks.registry import get_task
 from gpt1.zeroshot import data as zd
-from gpt1.zeroshot.scorer import Scorer
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The batched, selective log-likelihood scorer behind every zero-shot heuristic.
+"""The batched, selective log-likelihood scorer behind the zero-shot heuristics, the lm-eval
+adapter and the server's scores.
 
 `Scorer` scores `(context ids, continuation ids)` requests. It runs the decoder once per batch of
 right-padded rows and applies the tied output layer only at the positions whose next token is
@@ -6,8 +7,7 @@ scored (the last position for SST-2, the answer/continuation tokens for RACE, DP
 and LAMBADA). Identical rows, and rows that are a prefix of another row, share one forward pass.
 Rows are length-sorted and packed under a token budget, so padding stays small.
 
-The heuristics that turn scores into task results live in `gpt1.zeroshot.heuristics`; the
-evaluation of checkpoints and the curve over a run in `gpt1.zeroshot.curve`.
+The heuristics that turn scores into task results live in `gpt1.zeroshot.heuristics`.
 """
 
 from __future__ import annotations
