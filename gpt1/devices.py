@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # torch is imported by the functions: the CLI reads the help 
 DEVICE_HELP = "auto (default: cuda if available, else cpu), cpu, cuda or cuda:N"
 PRECISIONS = ("auto", "fp32", "bf16", "fp16", "int8")
 TRAIN_PRECISIONS = ("auto", "fp32", "bf16")
+SERVE_PRECISIONS = ("auto", "fp32", "bf16", "int8")  # what `gpt1 serve` runs: no fp16
 PRECISION_HELP = (
     "auto (default: bf16 on a GPU that supports it, fp32 otherwise), fp32, bf16, fp16 or"
     " int8 (CPU: int8 weights, bf16 activations)"

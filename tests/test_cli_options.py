@@ -40,12 +40,10 @@ def test_serve_takes_the_shared_precision_and_threads_flags():
     in the shared words, and its --threads is gpt1's one flag (unset: auto, applied by serve)."""
     from gpt1.cli import TAKES_THREADS, USES_THREADS, build_parser
     from gpt1.cli.options import precision_help
-    from gpt1.cli.serve import PRECISIONS as SERVED
     from gpt1.devices import PRECISION_HELP, PRECISIONS
-    from gpt1.serve.engine import PRECISIONS as ENGINE_PRECISIONS
+    from gpt1.devices import SERVE_PRECISIONS as SERVED
 
     assert precision_help(PRECISIONS) == PRECISION_HELP  # one set of words for every command
-    assert SERVED == ("auto", *ENGINE_PRECISIONS)
     parser = build_parser()
     assert parser.parse_args(["serve", "runs/x", "--precision", "int8"]).precision == "int8"
     with pytest.raises(SystemExit):

@@ -38,6 +38,7 @@ from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.recipes.finetune import load_tokenizer, task_record, writer  # noqa: E402
 from gpt1.serve.app import create_app  # noqa: E402
 from gpt1.serve.engine import Engine, load_engine  # noqa: E402
+from gpt1.serve.options import ServeOptions  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
 from gpt1.serve.security import Security  # noqa: E402
 from gpt1.serve.server import uvicorn_config  # noqa: E402
@@ -173,20 +174,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(
-    model: Path | Engine, max_connections: int | None = None, **app_options: Any
-) -> Iterator[str]:
+def serving(model: Path | Engine, **settings: Any) -> Iterator[str]:
     """A real uvicorn server for `model` (a path, or an engine loaded already) on a free
-    loopback port, in a thread of this process, configured as `gpt1 serve` configures it."""
+    loopback port, in a thread of this process, configured as `gpt1 serve` configures it
+    (`settings`: `ServeOptions` fields)."""
     import uvicorn
 
     engine = model if isinstance(model, Engine) else load_engine(model)
-    port = free_port()
-    security = replace(app_options.pop("security", Security()), port=port)
-    app = create_app(engine, security=security, **app_options)
-    config = uvicorn_config(
-        app, "127.0.0.1", port, app_options.get("request_timeout"), max_connections
-    )
+    security = replace(settings.pop("security", Security()), port=free_port())
+    options = ServeOptions(security=security, **settings)
+    config = uvicorn_config(create_app(engine, options), options)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -535,7 +532,7 @@ def test_queue_limit_answers_503_with_retry_after(world):
     """A batch waiting for company holds its items in the queue: past max_queue, 503."""
     run = world["runs"]["single"][0]
     small = Limits(max_items=2)  # --max-queue holds the largest request (--max-items)
-    with serving(run, limits=small, max_queue=2, wait_s=10.0) as url:  # a wide window
+    with serving(run, limits=small, max_queue=2, batch_wait_ms=10_000) as url:  # a wide window
         first: dict[str, httpx.Response] = {}
         t = threading.Thread(
             target=lambda: first.setdefault(

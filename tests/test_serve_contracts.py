@@ -232,7 +232,7 @@ def test_queue_full_and_bugs_answer_in_openais_error_object(lm):  # noqa: F811
     engine = load_engine(lm)
     scoring = {"echo": True, "max_tokens": 0, "logprobs": 0}
     limits = Limits(max_items=2)
-    with serving(engine, limits=limits, max_queue=2, wait_s=10.0) as address:
+    with serving(engine, limits=limits, max_queue=2, batch_wait_ms=10_000) as address:
         first: dict[str, httpx.Response] = {}
         body = {"prompt": [PROMPT, "a"], **scoring}
         t = threading.Thread(

@@ -156,7 +156,7 @@ def test_scoring_requests_share_scorer_batches_and_streams_end_with_done(lm):
     tok = load_tokenizer(lm.parent / "vocab")
     prompts = [tok.encode(f"the {w} man walked") for w in ("old", "young", "tall", "odd")] * 2
     body = {"max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0, "seed": 1234}
-    with serving(lm, wait_s=0.5) as url:
+    with serving(lm, batch_wait_ms=500) as url:
         alone = [post(f"{url}/v1/completions", {**body, "prompt": p}).json() for p in prompts[:4]]
         before = batch_counts(url)
         with ThreadPoolExecutor(8) as pool:

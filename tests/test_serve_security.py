@@ -269,7 +269,7 @@ def test_a_batched_request_whose_client_leaves_is_not_run(world, path):
         "/v1/completions": {"prompt": "the old man", "max_tokens": 0, "echo": True, "logprobs": 1},
     }
     model = world["run"] if path == "/v1/predict" else world["lm"]
-    with serving(model, wait_s=3.0) as url:
+    with serving(model, batch_wait_ms=3000) as url:
         send_and_leave(
             port_of(url), path, bodies[path], lambda: metric(url, "gpt1_queue_items") == 1
         )

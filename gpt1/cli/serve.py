@@ -21,21 +21,19 @@ from __future__ import annotations
 import argparse
 
 HELP = "serve a run or checkpoint over HTTP (predict, generate, score)"
-# What the server runs: `gpt1.serve.engine.PRECISIONS` and auto (named here, so that parsing the
-# command line imports no server code).
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
-API_KEY_ENV = "GPT1_API_KEY"  # gpt1.serve.security.API_KEY_ENV, named here for the same reason
+API_KEY_ENV = "GPT1_API_KEY"  # gpt1.serve.security's, named here: parsing imports no server code
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from gpt1.cli import options
+    from gpt1.devices import SERVE_PRECISIONS
 
     options.add_source(
         p, "run", "RUN_OR_CHECKPOINT", "a fine-tuned run, a pretraining run or a checkpoint folder"
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    options.add_inference_hardware(p, PRECISIONS)
+    options.add_inference_hardware(p, SERVE_PRECISIONS)
     p.add_argument(
         "--served-model-name",
         metavar="NAME",
@@ -180,46 +178,37 @@ def add_limits(g: argparse._ArgumentGroup) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.errors import ConfigError
     from gpt1.extras import require
 
     require("serve", "fastapi", "uvicorn", "prometheus_client", what="gpt1 serve")
+    from gpt1.serve.options import ServeOptions
     from gpt1.serve.schemas import Limits
     from gpt1.serve.security import Security
     from gpt1.serve.server import serve
     from gpt1.threads import requested_threads
 
-    for name in ("max_items", "max_new_tokens", "max_body_bytes"):
-        if getattr(args, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    limits = Limits(
-        max_items=args.max_items,
-        max_new_tokens=args.max_new_tokens,
-        max_body_bytes=args.max_body_bytes,
+    options = ServeOptions(  # checked here, before the model loads: a typo costs no wait
+        security=Security(
+            args.host, args.port, tuple(args.allowed_host), tuple(args.cors_origin), api_key(args)
+        ),
+        limits=Limits(
+            max_items=args.max_items,
+            max_new_tokens=args.max_new_tokens,
+            max_body_bytes=args.max_body_bytes,
+        ),
+        device=args.device,
+        precision=args.precision,
+        threads=requested_threads(args.threads),  # auto unless the flag or $GPT1_THREADS says
+        batch_tokens=args.batch_tokens,
+        batch_items=args.batch_items,
+        batch_wait_ms=args.batch_wait_ms,
+        max_queue=args.max_queue,
+        max_generations=args.max_generations,
+        request_timeout=args.request_timeout,
+        max_connections=args.max_connections,
+        graceful_timeout=args.graceful_timeout,
+        served_model_name=args.served_model_name,
+        with_playground=args.playground,
     )
-    security = Security(  # checked here, before the model loads: a typo costs no wait
-        args.host,
-        args.port,
-        tuple(args.allowed_host),
-        tuple(args.cors_origin),
-        api_key(args),
-    )
-    serve(
-        args.run,
-        security,
-        args.device,
-        args.precision,
-        limits,
-        args.batch_tokens,
-        args.batch_items,
-        args.batch_wait_ms,
-        args.max_queue,
-        requested_threads(args.threads),  # auto unless the flag or $GPT1_THREADS says
-        args.graceful_timeout,
-        args.max_generations,
-        args.request_timeout,
-        args.max_connections,
-        args.served_model_name,
-        args.playground,
-    )
+    serve(args.run, options)
     return 0

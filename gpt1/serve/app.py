@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from gpt1.errors import ConfigError, Gpt1Error
+from gpt1.errors import Gpt1Error
 from gpt1.serve import playground, routes
 from gpt1.serve.batcher import Batcher, QueueFull
 from gpt1.serve.connections import quiet_accept_errors
@@ -33,43 +33,27 @@ from gpt1.serve.guard import Guard
 from gpt1.serve.metrics import Metrics
 from gpt1.serve.openai import routes as openai_routes
 from gpt1.serve.openai.errors import refusal
+from gpt1.serve.options import ServeOptions
 from gpt1.serve.responses import RETRY_AFTER_S, error, parse_failure, validation_message
-from gpt1.serve.schemas import Limits
-from gpt1.serve.security import Security
 from gpt1.serve.state import ServeState, run_batch
 
 log = logging.getLogger("gpt1.serve")
 ENDPOINTS = routes.PATHS | openai_routes.PATHS | playground.PATHS  # the metrics' endpoint labels
 
 
-def create_app(
-    engine: Engine,
-    limits: Limits | None = None,
-    batch_tokens: int = 8192,
-    batch_items: int = 16,
-    wait_s: float = 0.002,
-    max_queue: int = 1024,
-    max_generations: int = 16,
-    request_timeout: float | None = None,
-    served_model_name: str | None = None,
-    with_playground: bool = True,
-    security: Security | None = None,
-) -> Guard:
-    """The ASGI app serving `engine` (wrapped in the `Guard` middleware; `request_timeout`
-    bounds the seconds a request body may take to arrive; `served_model_name`: what the OpenAI
-    endpoints call the model, by default its run's name), with the playground page at `/`
-    unless `with_playground` is false; who may use it is `security`'s (default: a loopback
-    server on port 8000 with no key and no other origins)."""
-    limits = limits or Limits()
-    check_queue(max_queue, limits)
+def create_app(engine: Engine, options: ServeOptions | None = None) -> Guard:
+    """The ASGI app serving `engine` as `options` say (default: as `gpt1 serve` does), wrapped
+    in the `Guard` middleware."""
+    options = options or ServeOptions()
+    limits = options.limits
     metrics = Metrics()
     batcher = Batcher(
-        partial(run_batch, engine, batch_items),
-        batch_tokens,
-        batch_items,
-        wait_s,
-        max_queue,
-        max_generations,
+        partial(run_batch, engine, options.batch_items),
+        options.batch_tokens,
+        options.batch_items,
+        options.batch_wait_ms / 1000,
+        options.max_queue,
+        options.max_generations,
         on_batch=metrics.observe_batch,
         generations=engine,
     )
@@ -82,7 +66,7 @@ def create_app(
         docs_url=None,  # served by routes.info_router without a CDN
         redoc_url=None,
     )
-    app.state.serve = ServeState(engine, batcher, metrics, limits, served_model_name)
+    app.state.serve = ServeState(engine, batcher, metrics, limits, options.served_model_name)
     for kind, handler in ERROR_HANDLERS.items():
         app.add_exception_handler(kind, handler)
     app.include_router(openai_routes.router)
@@ -90,7 +74,7 @@ def create_app(
     if engine.task is not None:  # a language model has no task to predict
         app.include_router(routes.predict_router(engine.fields))
     app.include_router(routes.lm_router)
-    if with_playground:
+    if options.with_playground:
         app.include_router(playground.playground_router(engine, limits))
     return Guard(
         app,
@@ -98,19 +82,9 @@ def create_app(
         limits,
         ENDPOINTS,
         openai_routes.PATHS,
-        security or Security(),
-        request_timeout,
+        options.security,
+        options.request_timeout,
     )
-
-
-def check_queue(max_queue: int, limits: Limits) -> None:
-    """The queue must hold the largest request the limits allow, or that request could never
-    be answered (a 503 forever)."""
-    if max_queue < limits.max_items:
-        raise ConfigError(
-            f"--max-queue {max_queue} is less than --max-items {limits.max_items}: a request "
-            "of --max-items items could never be queued; raise --max-queue or lower --max-items"
-        )
 
 
 @asynccontextmanager

@@ -10,7 +10,7 @@ or a pretrained checkpoint (GPT or the LSTM baseline) as an `Engine`, made of tw
 - for a fine-tuned run, its `ClassifierEngine` (`engine.classifier`) turns request items into
   task examples and model inputs with the library's own readers' example types and
   transformations (`gpt1.tasks.batches.encode_split`), and predicts them with
-  `gpt1.recipes.evaluate.predict_raw`, the function behind `gpt1 predict`.
+  `gpt1.inference.prediction.predict_raw`, the function behind `gpt1 predict`.
 All of these run on the unpadded path (`GPT.forward(ids, lengths=...)`).
 """
 
@@ -25,23 +25,16 @@ import torch
 
 from gpt1.errors import CheckpointError, ConfigError, DataError
 from gpt1.inference.batched import BatchedDecoder, Event, Generation
+from gpt1.inference.prediction import label_text, predict_raw
 from gpt1.inference.sampling import Sampling
 from gpt1.inference.speculative import Drafts
 from gpt1.tasks.batches import Encoded, encode_split
-from gpt1.tasks.examples import ChoiceExample, Example, PairExample, Split, TextExample
+from gpt1.tasks.examples import Example, Split
+from gpt1.tasks.kinds import INPUT_ROLES, KINDS, example
 from gpt1.tasks.registry import Task
 from gpt1.tasks.rows import EMPTY_TEXT, has_visible_text
 
 log = logging.getLogger(__name__)
-
-PRECISIONS = ("fp32", "bf16", "int8")
-# Request field names of the built-in tasks, by kind (user tasks use their own column names).
-KIND_FIELDS = {
-    "single": {"text": "text"},
-    "pair": {"premise": "a", "hypothesis": "b"},
-    "similarity": {"sentence1": "a", "sentence2": "b"},
-    "choice": {"context": "context", "question": "question", "choices": "choices"},
-}
 
 
 @dataclass
@@ -189,11 +182,8 @@ class ClassifierEngine:
         """Request field -> example role (text, a, b, context, question, choices)."""
         columns = self.task.spec.get("columns")
         if columns:  # a user task: its own column names
-            roles = [
-                r for r in ("text", "a", "b", "context", "question", "choices") if r in columns
-            ]
-            return {columns[r]: r for r in roles}
-        return dict(KIND_FIELDS[self.task.kind])
+            return {columns[r]: r for r in INPUT_ROLES if r in columns}
+        return dict(KINDS[self.task.kind].fields)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -207,7 +197,7 @@ class ClassifierEngine:
         """Request items (validated field -> value dicts) -> the task's example objects
         (`one`: the request sent one object as `inputs`, not a list, so errors say
         `inputs.text`, not `inputs.0.text`)."""
-        roles, kind = self.fields, self.task.kind
+        roles = self.fields
         out: list[Example] = []
         for n, item in enumerate(items):
             by_role = {roles[k]: v for k, v in item.items() if v is not None}
@@ -217,13 +207,7 @@ class ClassifierEngine:
                     field = next(k for k, r in roles.items() if r == role)
                     where = f"inputs.{field}" if one else f"inputs.{n}.{field}"  # as sent
                     raise DataError(f"{where}: {EMPTY_TEXT}")
-            if kind == "single":
-                out.append(TextExample(by_role["text"], uid=str(n)))
-            elif kind in ("pair", "similarity"):
-                out.append(PairExample(by_role["a"], by_role["b"], uid=str(n)))
-            else:
-                context, question = by_role["context"], by_role.get("question", "")
-                out.append(ChoiceExample(context, question, list(by_role["choices"]), uid=str(n)))
+            out.append(example(self.task.kind, by_role, uid=str(n)))
         return out
 
     def encode(self, examples: list[Example]) -> list[list[list[int]]]:
@@ -234,8 +218,6 @@ class ClassifierEngine:
 
     def predict(self, items: list[list[list[int]]], micro: int = 64) -> list[Prediction]:
         """Predictions of encoded examples (one forward per `micro` examples, longest first)."""
-        from gpt1.recipes.evaluate import label_text, predict_raw
-
         blank = Encoded(items, [None] * len(items), [""] * len(items))
         out = []
         for row in predict_raw(self.model, self.task, blank, micro):
@@ -245,7 +227,7 @@ class ClassifierEngine:
             logits = torch.tensor(row)  # float32, as predict_outputs' argmax sees them
             best = int(logits.argmax())
             probs = logits.double().softmax(-1).tolist()
-            name = self.task.label_name(best) if self.task.kind != "choice" else None
+            name = self.task.label_name(best) if not self.task.is_choice else None
             out.append(Prediction(label_text(self.task, best), None, probs, name))
         return out
 
@@ -349,11 +331,11 @@ class GenerationRequest(NamedTuple):
 def load_engine(path: str | Path, device: str = "auto", precision: str = "auto") -> Engine:
     """Load a fine-tuned run or a pretrained checkpoint (folder or run folder) for serving;
     `auto` device and precision as every command resolves them (`gpt1.devices`)."""
-    from gpt1.devices import resolve_device, resolve_precision
+    from gpt1.devices import SERVE_PRECISIONS, resolve_device, resolve_precision
     from gpt1.inference.loading import load_for_inference
 
     device = resolve_device(device)
-    precision = resolve_precision(precision, device, ("auto", *PRECISIONS))
+    precision = resolve_precision(precision, device, SERVE_PRECISIONS)
     loaded = load_for_inference(path, device, precision)
     task_model = None
     if loaded.task is not None:
