@@ -10,5 +10,6 @@
 - `responses`: refusals as one line of JSON;
 - `events`: the server-sent-event responses both protocols stream;
 - `openai/`: OpenAI's protocol (/v1/completions, /v1/models, the tokenizer endpoints);
-- `server`: `serve(...)`, the entry point that runs it under uvicorn.
+- `options`: `ServeOptions`, the server's settings; `server`: `serve(...)`, the entry point that
+  runs it under uvicorn.
 """
