@@ -167,14 +167,6 @@ def all_gather_objects(obj: Any) -> list[Any]:
     return out
 
 
-def broadcast_object(obj: Any) -> Any:
-    if not (dist.is_initialized() and dist.get_world_size() > 1):
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
