@@ -2,7 +2,7 @@
 
 Classification of SST-2 dev sentences (../shared/data, the original GPT-1 vocabulary,
 `[start] sentence [classify]`), in file order:
-* gpt1: `gpt1.recipes.evaluate.predict_raw` on the model prepacked for CPU inference
+* gpt1: `gpt1.inference.prediction.predict_raw` on the model prepacked for CPU inference
   (`gpt1.inference.prepack.prepack_for_inference`) -- what `gpt1 predict` and `gpt1 serve` run:
   batches of 32, longest first, on the unpadded path (`GPT.forward(ids, lengths=...)`); with
   `--plain`, also without prepacking ("gpt1 plain", plain `F.linear`; for int8 "gpt1 float
@@ -65,7 +65,7 @@ from gpt1.inference.quantize import Int8Head, Int8Linear  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
-from gpt1.recipes.evaluate import predict_raw  # noqa: E402
+from gpt1.inference.prediction import predict_raw  # noqa: E402
 from gpt1.tasks import get_task  # noqa: E402
 from gpt1.tasks.batches import Encoded  # noqa: E402
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 from gpt1.inference.generate import generate  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 from gpt1.model.registry import load_any_checkpoint  # noqa: E402
-from gpt1.recipes.evaluate import predict_raw  # noqa: E402
+from gpt1.inference.prediction import predict_raw  # noqa: E402
 from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.tasks.batches import encode_split  # noqa: E402
 from gpt1.tasks.metrics import compute  # noqa: E402

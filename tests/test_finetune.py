@@ -220,7 +220,7 @@ def test_evaluation_batches_by_length_and_keeps_the_split_order():
     from gpt1.config import model_preset
     from gpt1.model.gpt import GPT
     from gpt1.model.heads import FinetuneModel
-    from gpt1.recipes.evaluate import predict_outputs
+    from gpt1.inference.prediction import predict_outputs
 
     torch.manual_seed(0)
     gpt = GPT(model_preset("tiny"))

@@ -226,7 +226,8 @@ def request_items(kind: str, rows: list[dict]) -> list[dict]:
 def test_predict_equals_gpt1_predict(world, kind, tmp_path):
     """Labels (scores for regression) equal the submission `gpt1 predict` writes, for all four
     task kinds; probabilities are the softmax of the head's outputs for the same inputs."""
-    from gpt1.recipes.evaluate import load_finetuned, predict_raw
+    from gpt1.inference.prediction import predict_raw
+    from gpt1.recipes.evaluate import load_finetuned
     from gpt1.tasks.batches import encode_split
 
     run, data, rows = world["runs"][kind]

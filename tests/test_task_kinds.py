@@ -1,5 +1,6 @@
 """One definition of the task kinds (`gpt1.config.TaskKind`): readers, heads, task records and
-the input transformations all name the same four kinds, by the same strings."""
+the input transformations all name the same four kinds, by the same strings, and one table
+(`gpt1.tasks.kinds.KINDS`) holds what else differs between them."""
 
 import json
 
@@ -8,14 +9,25 @@ import pytest
 from gpt1.config import TASK_KINDS, TaskKind, check_task_record
 from gpt1.errors import ConfigError
 from gpt1.model import heads
-from gpt1.tasks import generic, transforms
+from gpt1.tasks import transforms
+from gpt1.tasks.kinds import KINDS
+from gpt1.tasks.registry import TASKS, get_task
 
 
 def test_every_module_names_the_same_kinds():
     assert TASK_KINDS == ("single", "pair", "similarity", "choice")
     assert heads.KINDS is TASK_KINDS
-    assert generic.KINDS is TASK_KINDS
-    assert set(generic.ROLES) == set(TaskKind)
+    assert list(KINDS) == list(TaskKind)
+
+
+def test_a_task_kind_is_a_member_whether_given_as_member_or_string():
+    assert all(type(task.kind) is TaskKind for task in TASKS.values())
+    spec = {
+        "columns": {"a": "q1", "b": "q2", "label": "y"},
+        "kind": "similarity",
+        "labels": ["0", "1"],
+    }
+    assert get_task("csv", spec).kind is TaskKind.SIMILARITY
 
 
 def test_a_kind_reads_and_writes_as_its_string():

@@ -612,7 +612,7 @@ def test_zeroshot_scorer_refuses_nan_log_probs():
 def test_evaluate_refuses_nan_outputs():
     from types import SimpleNamespace
 
-    from gpt1.recipes.evaluate import predict_outputs
+    from gpt1.inference.prediction import predict_outputs
 
     class NanModel(torch.nn.Module):
         def __init__(self):

@@ -22,27 +22,13 @@ from gpt1.analysis import report
 from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
+from gpt1.tasks.registry import TASKS
 
 ROWS = {
     "full": "Transformer w/ aux LM (full)",
     "scratch": "Transformer w/o pre-training",
     "no_aux": "Transformer w/o aux LM",
     "lstm": "LSTM w/ aux LM",
-}
-# Where each task's files are under a data root.
-TASK_FOLDERS = {
-    "cola": "glue/CoLA",
-    "sst2": "glue/SST-2",
-    "mrpc": "glue/MRPC",
-    "stsb": "glue/STS-B",
-    "qqp": "glue/QQP",
-    "mnli": "glue/MNLI",
-    "qnli": "glue/QNLI",
-    "rte": "glue/RTE",
-    "snli": "snli",
-    "scitail": "scitail",
-    "story_cloze": "story_cloze",
-    "race": "race",
 }
 METRIC_NAMES = {"matthews": "mc", "pearson": "pc", "f1": "F1", "accuracy": "acc"}
 
@@ -64,7 +50,8 @@ def task_plan(
     """Per task: its data folder and the (train, eval) splits used."""
     plan = {}
     for task in tasks:
-        folder = folders.get(task) or TASK_FOLDERS.get(task)
+        known = TASKS.get(task)
+        folder = folders.get(task) or (known.folders[0] if known and known.folders else None)
         if folder is None:
             raise ConfigError(
                 f"--tasks: no default folder for {task!r}; pass --task-data {task}=DIR"

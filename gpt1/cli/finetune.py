@@ -53,12 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _add_task_and_start(p: argparse.ArgumentParser) -> None:
     """The task, its data, the run folder and what the model starts from."""
     from gpt1.cli import options
+    from gpt1.tasks.registry import GENERIC, TASKS
 
-    p.add_argument(
-        "--task",
-        help="task name (cola, sst2, mnli, snli, scitail, qnli, rte, wnli, mrpc, "
-        "qqp, stsb, story_cloze, race, race_middle, race_high) or csv/tsv/jsonl",
-    )
+    p.add_argument("--task", help=f"task name ({', '.join(TASKS)}) or {'/'.join(GENERIC)}")
     p.add_argument("--data", metavar="DIR", help="folder with the task's files (or hf:NAME)")
     p.add_argument("--init", metavar="CHECKPOINT|none", help="pretrained checkpoint, or none")
     p.add_argument("--out", metavar="RUN", required=True, help="run folder")

@@ -15,74 +15,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from gpt1 import threads
 from gpt1.checkpoint_files import (
     AnyCheckpoint,
     CheckpointFolder,
     open_checkpoint,
     resolve_checkpoint_dir,
 )
-from gpt1.errors import ConfigError, DataError, Gpt1Error
+from gpt1.errors import ConfigError, DataError
 from gpt1.files import check_output, folder_files, write_json, write_text
 from gpt1.inference.loading import load_for_inference, task_of
+from gpt1.inference.prediction import label_text, predict_outputs, predict_raw
 from gpt1.model.finetuned import finetuned_record, load_finetuned_model
 from gpt1.recipes import predictions
-from gpt1.tasks.batches import encode_split, example_length, make_batch, report_skipped
+from gpt1.tasks.batches import encode_split, report_skipped
 from gpt1.tasks.metrics import compute
 from gpt1.tasks.registry import Task, check_split_name
-
-# GLUE's submission file names (https://gluebenchmark.com/submit); others use the task name.
-GLUE_FILES = {
-    "cola": "CoLA",
-    "sst2": "SST-2",
-    "mrpc": "MRPC",
-    "stsb": "STS-B",
-    "qqp": "QQP",
-    "mnli/test_matched": "MNLI-m",
-    "mnli/test_mismatched": "MNLI-mm",
-    "qnli": "QNLI",
-    "rte": "RTE",
-    "wnli": "WNLI",
-    "story_cloze": "ROCStories",
-}
-
-
-@torch.no_grad()
-def predict_raw(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
-    """The head's output per example, in order: class logits or choice scores (a list of
-    floats each), or a float score for regression tasks.
-
-    Batches are formed longest first, so each pads to a similar length (right padding does not
-    reach a causal model's real positions, so an example's output does not depend on its
-    batch); the outputs are put back in the split's order.
-    """
-    device = next(model.parameters()).device
-    order = sorted(range(len(enc.items)), key=lambda i: -example_length(enc.items[i]))
-    outputs: list[Any] = [None] * len(order)
-    for start in range(0, len(order), micro):
-        index = order[start : start + micro]
-        batch = make_batch(enc, index, task.regression)
-        out, _ = model(batch["ids"].to(device), batch["mask"].to(device), with_lm=False)
-        out = out.float().cpu()
-        if not bool(torch.isfinite(out).all()):  # argmax of NaN rows would pick class 0 silently
-            raise Gpt1Error(
-                "the model produced NaN or infinite outputs (overflow or damaged "
-                "weights); predictions would be meaningless"
-            )
-        for i, row in zip(index, out.tolist()):
-            outputs[i] = row
-        threads.adapt()
-    return outputs
-
-
-def predict_outputs(model: Any, task: Task, enc: Any, micro: int) -> list[Any]:
-    """Predicted class index (or choice index, or score) per example, in order."""
-    outputs = predict_raw(model, task, enc, micro)
-    if task.regression or not outputs:
-        return outputs
-    return torch.tensor(outputs).argmax(-1).tolist()
 
 
 def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
@@ -142,7 +89,8 @@ def submission_name(task: Task, split_file: str, fmt: str = "tsv") -> str:
     CSV the split's name (`held_out.jsonl`, `test_matched.csv`)."""
     if fmt != "tsv":
         return f"{split_file}.{fmt}"
-    stem = GLUE_FILES.get(f"{task.name}/{split_file}", GLUE_FILES.get(task.name, task.name))
+    names = task.submission or {}
+    stem = names.get(split_file, task.name) if isinstance(names, dict) else names
     return f"{stem}.tsv" if split_file.startswith("test") else f"{stem}.{split_file}.tsv"
 
 
@@ -293,16 +241,5 @@ def _prediction_text(
         preds = predict_outputs(model, task, enc, micro)
         rows = [f"{uid}\t{label_text(task, p)}\n" for uid, p in zip(enc.uids, preds)]
         return "index\tprediction\n" + "".join(rows)
-    recs = predictions.records(task, examples, predict_raw(model, task, enc, micro), label_text)
+    recs = predictions.records(task, examples, predict_raw(model, task, enc, micro))
     return predictions.to_jsonl(recs) if fmt == "jsonl" else predictions.to_csv(recs, raw_csv)
-
-
-def label_text(task: Task, pred: Any) -> str:
-    if task.regression:
-        return f"{pred:.3f}"
-    if task.kind == "choice":
-        if task.name.startswith("race"):
-            return "ABCDEFGH"[pred]
-        if task.name == "story_cloze":
-            return str(pred + 1)  # AnswerRightEnding is 1-based
-    return task.labels[pred] if task.labels else str(pred)

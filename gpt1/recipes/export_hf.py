@@ -37,6 +37,7 @@ from safetensors.torch import save_file
 from gpt1 import files
 from gpt1.model.checkpoint import read_model_config, resolve_checkpoint_dir, trained_context
 from gpt1.model.finetuned import read_task_head
+from gpt1.tasks.kinds import KINDS
 
 HEAD_FILE, HEAD_INFO = "task_head.safetensors", "task_head.json"
 RANDOM_HEAD_WARNING = (
@@ -48,20 +49,6 @@ TASK_TOKENS = ("_start_", "_delimiter_", "_classify_")
 # Share of distinct lines of the shared test text whose ids differ from gpt1's, with the default
 # fast tokenizer (benchmarks/hf_tokenizer_parity.py; docs/results.md).
 FAST_MISMATCH = "0.001%"
-LAYOUTS = {
-    "single": "[_start_] text [_classify_]",
-    "pair": "[_start_] premise [_delimiter_] hypothesis [_classify_]",
-    "similarity": "[_start_] a [_delimiter_] b [_classify_] and [_start_] b [_delimiter_] a "
-    "[_classify_]",
-    "choice": "[_start_] context question [_delimiter_] answer_k [_classify_], one per answer",
-}
-FORMULAS = {
-    "single": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
-    "pair": "logits = h @ weight.T + bias, h the last layer's state at _classify_",
-    "similarity": "output = (h_ab + h_ba) @ weight.T + bias: the states at _classify_ of "
-    "both orders are added first",
-    "choice": "score_k = h_k @ weight.T + bias per answer; softmax over the answers",
-}
 
 
 @dataclass
@@ -101,7 +88,7 @@ class HFExport:
                 for k in ("task", "kind", "labels", "n_outputs", "classify_id", "n_ctx")
             }
             labels = self.record.get("labels")
-            if labels and self.record["kind"] != "choice" and not self.double_heads:
+            if labels and not KINDS[self.record["kind"]].choice and not self.double_heads:
                 config["id2label"] = {str(i): str(name) for i, name in enumerate(labels)}
                 config["label2id"] = {str(name): i for i, name in enumerate(labels)}
         return state, config
@@ -149,8 +136,8 @@ class HFExport:
                 "linear.weight": "[n_outputs (1 for choice), n_embd]",
                 "linear.bias": "[n_outputs (1 for choice)]",
             },
-            "input_layout": LAYOUTS[r["kind"]],
-            "formula": FORMULAS[r["kind"]],
+            "input_layout": KINDS[r["kind"]].layout,
+            "formula": KINDS[r["kind"]].formula,
             "special_ids": {t: r["classify_id"] - 2 + i for i, t in enumerate(TASK_TOKENS)},
             "n_ctx": r.get("n_ctx"),
             "question_delimiter": r.get("question_delimiter", False),
@@ -188,7 +175,9 @@ def _plan_head(export: HFExport, folder: Path) -> None:
     record, export.head = read_task_head(folder, read_model_config(folder))
     export.record = record
     kind, n_out = record["kind"], record["n_outputs"]
-    export.double_heads = kind == "choice" or (kind in ("single", "pair") and n_out == 1)
+    # The double-heads model's head reads one sequence's state, or scores each answer.
+    sequences = KINDS[kind].sequences
+    export.double_heads = sequences is None or (sequences == 1 and n_out == 1)
     if export.double_heads:
         export.notes.append(
             f"task head ({kind}): OpenAIGPTDoubleHeadsModel's multiple_choice_head "
@@ -198,7 +187,7 @@ def _plan_head(export: HFExport, folder: Path) -> None:
     else:
         why = (
             "it sums the two orders' states before the linear layer"
-            if kind == "similarity"
+            if sequences == 2
             else "OpenAIGPTForSequenceClassification has no bias"
         )
         export.notes.append(
@@ -303,13 +292,14 @@ def _head_section(export: HFExport) -> list[str]:
     from gpt1.recipes.hf_snippet import example_call, loading_code
 
     r = export.record
+    kind = KINDS[r["kind"]]
     lines = [
         "## Task head",
         "",
         f"Fine-tuned for `{r.get('task')}` ({r['kind']}, labels {r.get('labels')}). "
-        f"Input layout: `{LAYOUTS[r['kind']]}` (ids: `_start_`, `_delimiter_`, "
+        f"Input layout: `{kind.layout}` (ids: `_start_`, `_delimiter_`, "
         f"`_classify_` = {r['classify_id'] - 2}, {r['classify_id'] - 1}, "
-        f"{r['classify_id']}). {FORMULAS[r['kind']]}.",
+        f"{r['classify_id']}). {kind.formula}.",
         "",
     ]
     if export.double_heads:

@@ -33,6 +33,7 @@ from gpt1.model.checkpoint import resolve_checkpoint_dir, trained_context
 from gpt1.model.finetuned import read_task_head
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead
+from gpt1.tasks.kinds import KINDS
 
 OPSET = 18
 
@@ -110,13 +111,13 @@ def export_onnx(
         head.load_state_dict(state)
         module: nn.Module = TaskModel(gpt, head.eval(), record["classify_id"]).eval()
         window = record.get("n_ctx") or window
-        K = 2 if record["kind"] == "similarity" else 1 if record["kind"] != "choice" else 3
-        example = torch.full((2, K, 5), record["classify_id"], dtype=torch.long)
+        sequences = KINDS[record["kind"]].sequences  # None: one per answer, dynamic
+        example = torch.full((2, sequences or 3, 5), record["classify_id"], dtype=torch.long)
         seq = torch.export.Dim("sequence", min=2, max=gpt.config.n_positions)
         shapes = {
             "input_ids": {
                 0: torch.export.Dim("batch", min=1),
-                **({1: torch.export.Dim("choices", min=2)} if record["kind"] == "choice" else {}),
+                **({} if sequences else {1: torch.export.Dim("choices", min=2)}),
                 2: seq,
             }
         }

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpt1.config import TaskKind
+from gpt1.tasks.kinds import KINDS
+
 _HEADER = """import torch
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, {cls}
@@ -61,35 +64,35 @@ def predict(a, b):
 """
 
 _BODIES = {
-    ("single", "classes"): """
+    (TaskKind.SINGLE, "classes"): """
 
 def predict(text):
     h = state([start] + tok.encode(text) + [classify])
     return dict(zip(labels, output(h).softmax(-1).tolist()))
 """,
-    ("pair", "classes"): """
+    (TaskKind.PAIR, "classes"): """
 
 def predict(a, b):
     h = state([start] + tok.encode(a) + [delimiter] + tok.encode(b) + [classify])
     return dict(zip(labels, output(h).softmax(-1).tolist()))
 """,
-    ("similarity", "classes"): _BOTH_ORDERS
+    (TaskKind.SIMILARITY, "classes"): _BOTH_ORDERS
     + """    return dict(zip(labels, output(h).softmax(-1).tolist()))
 """,
-    ("similarity", "score"): _BOTH_ORDERS
+    (TaskKind.SIMILARITY, "score"): _BOTH_ORDERS
     + """    return float(output(h)[0])
 """,
-    ("single", "score"): """
+    (TaskKind.SINGLE, "score"): """
 
 def predict(text):
     return score([start] + tok.encode(text) + [classify])
 """,
-    ("pair", "score"): """
+    (TaskKind.PAIR, "score"): """
 
 def predict(a, b):
     return score([start] + tok.encode(a) + [delimiter] + tok.encode(b) + [classify])
 """,
-    ("choice", "choices"): """
+    (TaskKind.CHOICE, "choices"): """
 
 def predict(context, question, choices):
     # one sequence per answer: [_start_] context question [_delimiter_] answer [_classify_]
@@ -109,7 +112,7 @@ _QUESTION = {
 
 def output_kind(record: dict[str, Any]) -> str:
     """classes (a softmax over named classes), score (one number) or choices."""
-    if record["kind"] == "choice":
+    if KINDS[record["kind"]].choice:
         return "choices"
     return "score" if not record.get("labels") or record["n_outputs"] == 1 else "classes"
 
@@ -123,16 +126,19 @@ def loading_code(record: dict[str, Any], double_heads: bool, path: str) -> str:
     if out == "classes":
         code += _LABELS
     body = _BODIES[(kind, out)]
-    if kind == "choice":
+    if out == "choices":
         body = body.format(question_line=_QUESTION[bool(record.get("question_delimiter"))])
     return code + body
 
 
 def example_call(record: dict[str, Any]) -> str:
     """A call of `predict` for the card, with arguments of the task's kind."""
-    kind = record["kind"]
-    if kind == "single":
-        return 'print(predict("a charming and often affecting journey"))'
-    if kind in ("pair", "similarity"):
-        return 'print(predict("A man is playing a guitar.", "A person plays music."))'
-    return 'print(predict("Tom missed the bus.", "", ["He walked to work.", "He flew home."]))'
+    return f"print(predict({_EXAMPLE_ARGS[KINDS[record['kind']].roles]}))"
+
+
+# `predict`'s arguments in the card's example call, by the roles of the task's examples.
+_EXAMPLE_ARGS = {
+    ("text",): '"a charming and often affecting journey"',
+    ("a", "b"): '"A man is playing a guitar.", "A person plays music."',
+    ("context", "choices"): '"Tom missed the bus.", "", ["He walked to work.", "He flew home."]',
+}

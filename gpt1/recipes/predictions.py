@@ -24,16 +24,16 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from gpt1.inference.prediction import label_text
 from gpt1.tasks.examples import Example
+from gpt1.tasks.kinds import INPUT_ROLES
 from gpt1.tasks.registry import Task
 
 FORMATS = ("tsv", "jsonl", "csv")
-INPUT_ROLES = ("text", "a", "b", "context", "question", "choices")
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # OWASP's list
 _NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
@@ -45,15 +45,10 @@ def probabilities(raw: list[list[float]]) -> list[list[float]]:
     return torch.softmax(torch.tensor(raw, dtype=torch.float64), dim=-1).tolist()
 
 
-def records(
-    task: Task,
-    examples: list[Example],
-    raw: list[Any],
-    label_text: Callable[[Task, Any], str],
-) -> list[dict[str, Any]]:
+def records(task: Task, examples: list[Example], raw: list[Any]) -> list[dict[str, Any]]:
     """The prediction record of each example (see the module docstring), in file order."""
     probs = None if task.regression else probabilities(raw)
-    classes = task.kind != "choice" and task.labels is not None  # they have names
+    classes = not task.is_choice and task.labels is not None  # they have names
     out = []
     for i, example in enumerate(examples):
         rec: dict[str, Any] = {"id": example.uid}
@@ -76,7 +71,7 @@ def records(
 
 
 def _named(task: Task, row: list[float]) -> dict[str, float] | list[float]:
-    if task.kind == "choice" or not task.labels:
+    if task.is_choice or not task.labels:
         return row
     return dict(zip(task.labels, row))
 

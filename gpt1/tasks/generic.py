@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpt1.config import TASK_KINDS, TaskKind
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
+from gpt1.tasks.kinds import INPUT_ROLES, KINDS
 from gpt1.tasks.rows import (
     NUMBER,
     Record,
@@ -27,14 +27,6 @@ from gpt1.tasks.rows import (
     records,
     text_field,
 )
-
-KINDS = TASK_KINDS
-ROLES = {
-    TaskKind.SINGLE: ("text",),
-    TaskKind.PAIR: ("a", "b"),
-    TaskKind.SIMILARITY: ("a", "b"),
-    TaskKind.CHOICE: ("context", "choices"),
-}
 
 
 def parse_columns(spec: str) -> dict[str, str]:
@@ -53,7 +45,7 @@ def parse_columns(spec: str) -> dict[str, str]:
 
 def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
     """The example kind implied by the roles present in `columns`."""
-    known = {"text", "a", "b", "context", "question", "choices", "label", "id"}
+    known = {*INPUT_ROLES, "label", "id"}
     unknown = sorted(set(columns) - known)
     if unknown:
         raise ConfigError(
@@ -70,7 +62,7 @@ def infer_kind(columns: dict[str, str], similarity: bool = False) -> str:
         raise ConfigError(
             "--columns must name text=COL, or a=COL,b=COL, or context=COL,choices=COL|COL"
         )
-    missing = [r for r in ROLES[kind] if r not in columns]
+    missing = [r for r in KINDS[kind].roles if r not in columns]
     if missing:
         raise ConfigError(f"--columns: a {kind} task also needs {', '.join(missing)}=COLUMN")
     label = columns.get("label")

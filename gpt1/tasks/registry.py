@@ -1,10 +1,12 @@
 """The task registry: a task = reader + input transformation + head + metrics.
 
 `get_task(name)` returns a `Task`; `task.read(data, split)` returns a `Split` of examples.
-`kind` selects both the transformation (`transforms.py`) and the head (`gpt1.model.heads`):
-"single" (classification), "pair" (entailment), "similarity" (both orders summed) and
-"choice" (multiple choice). `labels` None means regression (STS-B). `names` says what each class
-means where the labels are codes (SST-2's "1" is positive); predictions show both.
+`kind` (a `TaskKind`) selects the transformation (`transforms.py`), the head
+(`gpt1.model.heads`) and the rest of what differs between kinds (`kinds.KINDS`): single
+(classification), pair (entailment), similarity (both orders summed) and choice (multiple
+choice). `labels` None means regression (STS-B). `names` says what each class means where the
+labels are codes (SST-2's "1" is positive); predictions show both. `folders` and `submission`
+say where a data root holds the task and what `gpt1 predict` names its files.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpt1.config import TASK_KINDS, TaskKind
 from gpt1.errors import ConfigError, DataError
 from gpt1.tasks import choice, generic, glue, nli
 from gpt1.tasks.examples import BadRows, Example, Split
 from gpt1.tasks.files import find_split_file
 from gpt1.tasks.hub import read_hub
+from gpt1.tasks.kinds import KINDS
 
 Reader = Callable[["Task", Path, str, BadRows, bool], tuple[list[Example], Path, int]]
 
@@ -29,7 +33,7 @@ class Task:
     """Everything that makes one fine-tuning task."""
 
     name: str
-    kind: str  # single | pair | similarity | choice
+    kind: TaskKind  # a kind's value (a string) is read as its member
     labels: list[str] | None  # class names; None = regression
     metrics: tuple[str, ...]  # first one is the task's headline metric
     reader: Reader
@@ -39,11 +43,21 @@ class Task:
     spec: dict[str, Any] = field(default_factory=dict)  # generic tasks: format, columns, labels
     folders: tuple[str, ...] = ()  # standard subfolders of a data root holding the task
     names: tuple[str, ...] | None = None  # each class's meaning, by label; None: labels are words
+    # `gpt1 predict`'s file name: GLUE's for the task, or per split (MNLI's); default the task's
+    submission: str | dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        self.kind = TaskKind(self.kind)
+
+    @property
+    def is_choice(self) -> bool:
+        """The model scores each answer: its outputs are choices, not named classes."""
+        return KINDS[self.kind].choice
 
     @property
     def n_outputs(self) -> int:
         """Width of the head's linear layer: classes, 1 for regression, 1 per choice."""
-        if self.kind == "choice" or self.labels is None:
+        if self.is_choice or self.labels is None:
             return 1
         return len(self.labels)
 
@@ -65,7 +79,7 @@ class Task:
 
     @property
     def regression(self) -> bool:
-        return self.kind != "choice" and self.labels is None
+        return not self.is_choice and self.labels is None
 
     def resolve_splits(self, split: str) -> tuple[str, ...]:
         """`dev`/`test` may stand for several files (MNLI matched and mismatched); any other
@@ -102,7 +116,7 @@ class Task:
             )
         if need_labels and any(e.label is None for e in examples):
             raise DataError(f"split {split!r} has examples without labels; cannot score it", path)
-        if self.kind == "choice":
+        if self.is_choice:
             counts = {len(e.choices) for e in examples}  # type: ignore[union-attr]
             if len(counts) != 1:
                 raise DataError(
@@ -208,72 +222,70 @@ MRPC_FILES = {
 }
 
 
+SINGLE, PAIR, SIMILARITY, CHOICE = TaskKind
+
+
+def _glue(name: str, glue: str, kind: TaskKind, labels, metrics, names=None, files=None) -> Task:
+    """A GLUE task: its TSV files under a data root's glue/<GLUE's name> (or <GLUE's name>, or
+    the task's name), its predictions in GLUE's file name (CoLA.tsv)."""
+    reader, folders = _glue_reader(name, files), (f"glue/{glue}", glue, name)
+    return Task(name, kind, labels, metrics, reader, folders=folders, names=names, submission=glue)
+
+
 def _race(name: str, levels: tuple[str, ...], folders: tuple[str, ...] = ()) -> Task:
-    return Task(name, "choice", None, ACC, _race_reader(levels), folders=folders)
+    return Task(name, CHOICE, None, ACC, _race_reader(levels), folders=folders)
 
 
 def _builtin() -> dict[str, Task]:
     return {
         t.name: t
         for t in [
-            Task(
-                "cola",
-                "single",
-                BINARY,
-                MCC + ("accuracy",),
-                _glue_reader("cola"),
-                folders=("glue/CoLA", "CoLA", "cola"),
-                names=COLA_NAMES,
-            ),
-            Task(
-                "sst2",
-                "single",
-                BINARY,
-                ACC,
-                _glue_reader("sst2"),
-                folders=("glue/SST-2", "SST-2", "sst2"),
-                names=SST2_NAMES,
-            ),
+            _glue("cola", "CoLA", SINGLE, BINARY, MCC + ("accuracy",), COLA_NAMES),
+            _glue("sst2", "SST-2", SINGLE, BINARY, ACC, SST2_NAMES),
             Task(
                 "mnli",
-                "pair",
+                PAIR,
                 nli.NLI_LABELS,
                 ACC,
                 _nli_reader(nli.mnli_candidates),
                 splits=MNLI_SPLITS,
                 dev=("dev_matched", "dev_mismatched"),
                 test=("test_matched", "test_mismatched"),
+                folders=("glue/MNLI",),
+                submission={"test_matched": "MNLI-m", "test_mismatched": "MNLI-mm"},
             ),
-            Task("snli", "pair", nli.NLI_LABELS, ACC, _nli_reader(nli.snli_candidates)),
+            Task(
+                "snli",
+                PAIR,
+                nli.NLI_LABELS,
+                ACC,
+                _nli_reader(nli.snli_candidates),
+                folders=("snli",),
+            ),
             Task(
                 "scitail",
-                "pair",
+                PAIR,
                 nli.SCITAIL_LABELS,
                 ACC,
                 _nli_reader(nli.scitail_candidates, nli.SCITAIL_ALIASES),
+                folders=("scitail",),
             ),
-            Task("qnli", "pair", NOT_ENT, ACC, _glue_reader("qnli")),
-            Task("rte", "pair", NOT_ENT, ACC, _glue_reader("rte")),
-            Task("wnli", "pair", BINARY, ACC, _glue_reader("wnli"), names=WNLI_NAMES),
-            Task(
-                "mrpc",
-                "similarity",
-                BINARY,
-                F1_ACC,
-                _glue_reader("mrpc", MRPC_FILES),
-                names=MRPC_NAMES,
-            ),
-            Task("qqp", "similarity", BINARY, F1_ACC, _glue_reader("qqp"), names=QQP_NAMES),
-            Task("stsb", "similarity", None, CORR, _glue_reader("stsb")),
+            _glue("qnli", "QNLI", PAIR, NOT_ENT, ACC),
+            _glue("rte", "RTE", PAIR, NOT_ENT, ACC),
+            _glue("wnli", "WNLI", PAIR, BINARY, ACC, WNLI_NAMES),
+            _glue("mrpc", "MRPC", SIMILARITY, BINARY, F1_ACC, MRPC_NAMES, MRPC_FILES),
+            _glue("qqp", "QQP", SIMILARITY, BINARY, F1_ACC, QQP_NAMES),
+            _glue("stsb", "STS-B", SIMILARITY, None, CORR),
             Task(
                 "story_cloze",
-                "choice",
+                CHOICE,
                 None,
                 ACC,
                 _story_cloze_reader,
                 folders=("story_cloze", "ROCStories"),
+                submission="ROCStories",
             ),
-            _race("race", ("middle", "high"), ("RACE", "race")),
+            _race("race", ("middle", "high"), ("race", "RACE")),
             _race("race_middle", ("middle",)),
             _race("race_high", ("high",)),
         ]
@@ -313,10 +325,10 @@ def generic_task(fmt: str, spec: dict[str, Any]) -> Task:
     if not columns:
         raise ConfigError(f"task {fmt} needs --columns (for example text=sentence,label=label)")
     kind = spec.get("kind") or generic.infer_kind(columns, spec.get("similarity", False))
-    if kind not in generic.KINDS:
-        raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(generic.KINDS)}")
+    if kind not in TASK_KINDS:
+        raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(TASK_KINDS)}")
     regression = bool(spec.get("regression"))
-    if regression and kind == "choice":
+    if regression and kind == CHOICE:
         raise ConfigError("a multiple-choice task cannot be a regression")
     labels = None if regression else spec.get("labels")
     if not regression and not labels:
@@ -325,7 +337,7 @@ def generic_task(fmt: str, spec: dict[str, Any]) -> Task:
             "training file's label values are then recorded)"
         )
     metrics = (
-        CORR if regression else ACC if kind == "choice" or len(labels or []) != 2 else F1_ACC + MCC
+        CORR if regression else ACC if kind == CHOICE or len(labels or []) != 2 else F1_ACC + MCC
     )
     full = {
         "format": fmt,
