@@ -783,7 +783,7 @@ def check_task_record(record: Any, source: str) -> dict[str, Any]:
     n_out = record.get("n_outputs")
     if not is_int(n_out) or not 1 <= n_out <= MAX_OUTPUTS:
         fail("n_outputs", f"an integer in 1..{MAX_OUTPUTS:,}")
-    want = 1 if record["kind"] == "choice" or labels is None else len(labels)
+    want = 1 if record["kind"] == TaskKind.CHOICE or labels is None else len(labels)
     if "labels" in record and n_out != want:
         fail("n_outputs", f"{want} (from kind and labels)")
     for name, limit in (

@@ -66,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _task_lines(task: dict) -> str:
     """The fine-tuned task: name, kind, classes (and F1's), window, metrics, head size."""
+    from gpt1.tasks.kinds import KINDS
+
     labels = task["labels"]
-    if task["kind"] == "choice":
+    if KINDS[task["kind"]].choice:
         outputs = "one score per answer"
     elif not labels:
         outputs = "regression (one score)"

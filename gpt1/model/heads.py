@@ -69,7 +69,7 @@ class TaskHead(nn.Module):
         h = shared_dropout(states, self.pdrop, self.training)  # [B, K, C]
         if self.kind == TaskKind.CHOICE:
             return self.linear(h).squeeze(-1)  # [B, K]
-        if self.kind == "similarity":
+        if self.kind == TaskKind.SIMILARITY:
             h = h.sum(dim=1)  # both orders added: [B, C]
         else:
             h = h[:, 0]  # K == 1: [B, C]

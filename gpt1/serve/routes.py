@@ -109,7 +109,7 @@ async def predict(body: PredictBody, serve: Serve) -> dict[str, Any]:
     encoded = await serve.off_loop(lambda: engine.encode(engine.examples(items, body.sent_one)))
     tokens = sum(len(seq) for item in encoded for seq in item)
     predictions = await serve.run("predict", encoded, tokens)
-    labels = engine.task.labels if engine.task.kind != "choice" else None
+    labels = engine.task.labels if not engine.task.is_choice else None
     return {"predictions": [p.as_dict(labels) for p in predictions]}
 
 

@@ -332,12 +332,12 @@ def loss_curves(
 def task_loss_name(run_dir: Path) -> str | None:
     """What a fine-tuning run's task loss is, from the task its run.json records: squared error
     for a regression (no class labels), else cross-entropy; None when run.json does not say."""
-    from gpt1.config import read_json_file
+    from gpt1.config import TaskKind, read_json_file
     from gpt1.errors import ConfigError
 
     try:
         task = read_json_file(run_dir / RUN_JSON)["task"]
-        regression = task["kind"] != "choice" and task["labels"] is None
+        regression = task["kind"] != TaskKind.CHOICE and task["labels"] is None
     except (ConfigError, KeyError, TypeError):  # no run.json, or not a fine-tuning one
         return None
     return "squared error" if regression else "cross-entropy (nats/example)"
