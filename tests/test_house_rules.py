@@ -11,6 +11,8 @@ from pathlib import Path
 
 from conftest import ROOT
 
+from gpt1.config import TASK_KINDS
+
 PACKAGE = ROOT / "gpt1"
 
 
@@ -94,3 +96,35 @@ def test_the_private_import_check_sees_both_forms(tmp_path):
         "gpt1.sub.a._own",  # a._own()
         "gpt1.sub.a._own",  # same._own()
     ]
+
+
+def kind_strings_compared(source: str) -> list[int]:
+    """Lines that compare a value with a task kind's string (`kind == "choice"`,
+    `kind in ("pair", "similarity")`, `case "single":`)."""
+
+    def kinds(node: ast.AST) -> bool:
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(map(kinds, node.elts))
+        return isinstance(node, ast.Constant) and node.value in TASK_KINDS
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and any(map(kinds, [node.left, *node.comparators])):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.MatchValue) and kinds(node.value):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_task_kinds_are_compared_as_strings_only_in_tasks():
+    """What differs between task kinds is read from `gpt1.tasks.kinds.KINDS` (or the task);
+    outside gpt1/tasks/ a kind is never compared with its string."""
+    found = [
+        f"{file.relative_to(ROOT)}:{line}"
+        for file in sorted(PACKAGE.rglob("*.py"))
+        if PACKAGE / "tasks" not in file.parents
+        for line in kind_strings_compared(file.read_text())
+    ]
+    assert found == []
+    sample = 'a == "choice"\nb in ("pair", "x")\nmatch c:\n    case "single": pass\nd == "x"\n'
+    assert kind_strings_compared(sample) == [1, 2, 4]
