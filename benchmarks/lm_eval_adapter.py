@@ -120,8 +120,8 @@ def main() -> None:
 
     from lm_eval.models.huggingface import HFLM
 
+    from gpt1.lm_eval.adapter import Gpt1LM
     from gpt1.recipes.convert import convert
-    from gpt1.recipes.harness import Gpt1LM
 
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = widened(args.checkpoint, Path(tmp) / "widened")

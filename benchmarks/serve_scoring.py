@@ -76,7 +76,8 @@ def harness_runs(ck: Path, url: str, data: Path, docs: int) -> list[tuple[str, f
     is loaded before its clock starts, as the server is (its load time is printed apart)."""
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
 
-    from gpt1.recipes.harness import Gpt1LM, evaluate_with_local_tasks
+    from gpt1.lm_eval.adapter import Gpt1LM
+    from gpt1.recipes.harness import evaluate_with_local_tasks
 
     start = time.perf_counter()
     native = Gpt1LM(checkpoint=str(ck), device="cpu", precision="fp32")

@@ -15,7 +15,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from gpt1.recipes.harness import Gpt1LM  # noqa: E402
+from gpt1.lm_eval.adapter import Gpt1LM  # noqa: E402
 from helpers.tiny import BPE_VOCAB_MODEL  # noqa: E402
 
 ONE_TOKEN_WORDS = ["the", "man", "said", "that", "he", "was", "not", "here", "and", "she"]

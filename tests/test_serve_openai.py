@@ -309,7 +309,8 @@ def gpt1_vocab_checkpoint(tmp_path_factory) -> Path:
 def harness_run(model: str, model_args: dict, data: Path, limit: int) -> dict:
     import lm_eval.models.openai_completions  # noqa: F401  (registers local-completions)
 
-    from gpt1.recipes.harness import evaluate_with_local_tasks, register
+    from gpt1.lm_eval.adapter import register
+    from gpt1.recipes.harness import evaluate_with_local_tasks
 
     register()
     return evaluate_with_local_tasks(

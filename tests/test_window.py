@@ -75,6 +75,6 @@ def test_every_surface_reports_and_keeps_the_trained_window(models, kind, tmp_pa
     assert run_cli(["convert", str(model), str(hf), "--from", "gpt1", "--to", "hf"])[0] == 0
     assert json.loads((hf / "tokenizer_config.json").read_text())["model_max_length"] == WINDOW
 
-    lm_eval = pytest.importorskip("gpt1.recipes.harness")
+    lm_eval = pytest.importorskip("gpt1.lm_eval.adapter")
     harness = lm_eval.Gpt1LM(checkpoint=str(model), device="cpu", precision="fp32")
     assert harness.max_length == WINDOW

@@ -107,14 +107,15 @@ def run(args: argparse.Namespace) -> int:
 
     from lm_eval._cli import HarnessCLI
 
+    from gpt1.lm_eval.adapter import MODEL_NAME, register
     from gpt1.recipes import harness
 
-    harness.register()
+    register()
     cli = HarnessCLI()
     parsed = cli._parser.parse_args(harness_argv(args.extra, args.data))
     # Everything a user can get wrong is checked before the harness loads or evaluates anything.
     name = None
-    if parsed.model == harness.MODEL_NAME:
+    if parsed.model == MODEL_NAME:
         parsed.model_args = harness.named_model_args(parsed.model_args)
         name = parsed.model_args["model"]
     check_output_path(parsed, args.data)
