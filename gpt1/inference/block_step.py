@@ -60,13 +60,17 @@ class BlockStep:
         values: list[torch.Tensor],
         rows: list[int],
         lengths: list[int],
+        packed: tuple[list[torch.Tensor], bool] | None = None,
     ) -> torch.Tensor:
         """x `[R, C]`, the embedded new tokens -> the last block's output `[R, C]`. keys and
         values: per block, per row, the row's cache buffer `[B, H, capacity, D]` with room at
         position `lengths[r]`, where the new token's keys and values are written; `rows[r]` is
-        the row's index in its buffer. The caller advances the caches' lengths."""
+        the row's index in its buffer. The caller advances the caches' lengths. `packed`
+        (`integer_weights`): the int8 layers' products are int8 x int8 with one activation
+        scale per row, any number of rows."""
+        extra = () if packed is None else packed
         return self.op(
-            x, self.tensors, keys, values, rows, lengths, self.n_head, self.eps, self.gelu
+            x, self.tensors, keys, values, rows, lengths, self.n_head, self.eps, self.gelu, *extra
         )
 
 
@@ -116,15 +120,16 @@ def drop(model: nn.Module) -> None:
         _plans.pop(module, None)
 
 
-def plan(model: GPT, x: torch.Tensor) -> BlockStep | None:
+def plan(model: GPT, x: torch.Tensor, integer: bool = False) -> BlockStep | None:
     """The step for `model`'s blocks on `x` `[R, C]`, or None where it does not apply (see the
-    module's docstring); the operators then run."""
+    module's docstring); the operators then run. `integer`: for the int8 products of many rows
+    (`integer_weights`), which take any number of rows."""
     if (
         torch.is_grad_enabled()
         or model.training
         or not x.is_cpu
         or x.dtype not in _ACTIVATIONS
-        or not 1 <= x.shape[0] <= matvec.MAX_ROWS
+        or not 1 <= x.shape[0] <= (x.shape[0] if integer else matvec.MAX_ROWS)
     ):
         return None
     kept = _plans.get(model)
@@ -139,6 +144,23 @@ def plan(model: GPT, x: torch.Tensor) -> BlockStep | None:
     if step.op is None:
         step.op = op
     return step
+
+
+def integer_weights(model: GPT) -> tuple[list[torch.Tensor], bool] | None:
+    """What the step takes to multiply `model`'s int8 layers int8 x int8, a scale per row
+    (`kernels/int8_rows.cpp`): each layer's oneDNN copy and zero points (made or remade by its
+    `PackedInt8`, as its own many-row products use them) and whether the activations go over
+    as unsigned bytes; None where a layer is not int8 or oneDNN has no int8 kernel here."""
+    encoding = backend.int8_many_rows()
+    if encoding is None:
+        return None
+    packed: list[torch.Tensor] = []
+    for block in model.h:
+        for layer in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
+            if not isinstance(layer, Int8Linear):
+                return None
+            packed += layer._packed.packed(layer.qweight)
+    return packed, encoding == "u8"
 
 
 def forget(model: GPT, dtype: torch.dtype) -> None:
@@ -241,7 +263,7 @@ def run_or_forget(step: BlockStep, model: GPT, *args) -> torch.Tensor | None:
         kept = _plans.get(model)
         if kept is not None and not kept.unchanged():
             _plans[model] = Plan(model)
-            again = plan(model, args[0])
+            again = plan(model, args[0], args[-1] is not None)
             if again is not None:
                 return run_or_forget(again, model, *args)
             return None

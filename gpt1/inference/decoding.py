@@ -425,9 +425,10 @@ def decode(
 def _decode_rows(
     model: GPT, x: torch.Tensor, caches: list[KVCache], one_call: bool = True
 ) -> torch.Tensor:
-    """`decode` on embedded rows x `[n, C]`: the one-call step where it applies (and
-    `one_call`), else the blocks as modules."""
-    hidden = _one_call_step(model, x, caches, [c.row for c in caches]) if one_call else None
+    """`decode` on embedded rows x `[n, C]`: the one-call step where it applies (with int8
+    products of one scale per row where not `one_call`), else the blocks as modules."""
+    rows = [c.row for c in caches]
+    hidden = _one_call_step(model, x, caches, rows, integer=not one_call)
     if hidden is not None:
         return hidden
     step = decode_step(caches)  # one attention call per layer for pooled caches
@@ -440,13 +441,15 @@ _ROOMY = (LayerCache, PooledLayerCache)  # the caches whose buffers the one-call
 
 
 def _one_call_step(
-    model: GPT, x: torch.Tensor, caches: list[KVCache], rows: list[int]
+    model: GPT, x: torch.Tensor, caches: list[KVCache], rows: list[int], integer: bool = False
 ) -> torch.Tensor | None:
     """x `[R, C]`, one new token of each row (row r at index `rows[r]` of `caches[r]`'s buffers;
     a cache may hold several rows) through every block in one call (`gpt1.inference.block_step`),
-    each cache growing by one; None, with the caches unchanged, where that does not apply."""
-    step = block_step.plan(model, x)
-    if step is None:
+    each cache growing by one; None, with the caches unchanged, where that does not apply.
+    `integer`: the int8 layers multiply int8 x int8 with a scale per row, any number of rows."""
+    step = block_step.plan(model, x, integer)
+    packed = block_step.integer_weights(model) if step is not None and integer else None
+    if step is None or (integer and packed is None):
         return None
     lengths = [len(c) for c in caches]
     keys, values = [], []
@@ -458,7 +461,7 @@ def _one_call_step(
                 return None
             keys.append(buffers[0])
             values.append(buffers[1])
-    hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths)
+    hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths, packed)
     if hidden is not None:
         for cache in {id(c): c for c in caches}.values():  # a cache of several rows grows once
             for layer in cache.layers:

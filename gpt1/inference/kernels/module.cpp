@@ -19,7 +19,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"),
         pybind11::arg("params"), pybind11::arg("keys"), pybind11::arg("values"),
         pybind11::arg("rows"), pybind11::arg("lengths"), pybind11::arg("n_head"),
-        pybind11::arg("eps"), pybind11::arg("gelu"));
+        pybind11::arg("eps"), pybind11::arg("gelu"),
+        pybind11::arg("packed") = std::vector<torch::Tensor>(), pybind11::arg("u8") = false);
   m.def("greedy_tokens", &greedy_tokens, "each row's first largest logit, and whether all are finite",
         Unlocked(), pybind11::arg("logits"));
   m.def("has_quantize_per_tensor", &has_quantize_per_tensor,

@@ -22,6 +22,23 @@ const float* float_values(const torch::Tensor& t, int64_t n, std::vector<float>&
 void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const torch::Tensor& w,
                     const float* scale, const float* bias, float* y);
 
+// An int8 weight [out, in] as oneDNN's int8 kernel takes it: its packed copy and zero points
+// (`backend.pack_int8`), its per-channel fp32 scales, and whether the activations go over as
+// unsigned bytes with zero point 128 (`backend.int8_many_rows`'s "u8").
+struct Int8Packed {
+  const torch::Tensor* packed = nullptr;
+  const torch::Tensor* zero_points = nullptr;
+  const torch::Tensor* scale = nullptr;
+  int64_t out = 0, in = 0;
+  bool u8 = false;
+};
+
+// y [M, N] (fp32) = x [M, K] @ (q * scale[:, None]).T + bias, any M >= 1, each row of x
+// quantised to int8 with its own scale (`int8_rows.cpp`); false, y untouched, where a row of x
+// holds an inf or a NaN.
+bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
+                       float* y);
+
 }  // namespace gpt1
 
 // The Python-facing functions (`module.cpp` binds them).
@@ -33,7 +50,8 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           const std::vector<torch::Tensor>& keys,
                           const std::vector<torch::Tensor>& values,
                           const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
-                          int64_t n_head, double eps, bool gelu);
+                          int64_t n_head, double eps, bool gelu,
+                          const std::vector<torch::Tensor>& packed, bool u8);
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 bool has_quantize_per_tensor();
 std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor& x);

@@ -225,9 +225,29 @@ struct Linear {
     TORCH_CHECK(scale || type != at::kChar, what, " int8 weight needs scales");
   }
 
-  // y [M, out] = x [M, in] through this layer, rounded to bf16 where the activations are.
+  // The int8 product of many rows (`int8_rows.cpp`), where the step was given this layer's
+  // packed copy.
+  gpt1::Int8Packed rows_int8;
+
+  // y [M, out] = x [M, in] through this layer, rounded to bf16 where the activations are: the
+  // int8 product of many rows where the layer has one (a row holding an inf or a NaN sends
+  // the product to the kernel below, which keeps them), else the few-row kernel, up to 8 rows
+  // a call.
   void apply(int64_t M, const float* x, std::vector<at::BFloat16>& x16, float* y,
              bool bf16) const {
+    if (!rows_int8.packed || !gpt1::int8_rows_product(M, x, rows_int8, bias, y)) {
+      const int64_t in = w->size(1), out = w->size(0);
+      for (int64_t lo = 0; lo < M; lo += 8) {
+        const int64_t rows = std::min<int64_t>(8, M - lo);
+        few_rows(rows, x + lo * in, x16, y + lo * out, bf16);
+      }
+    }
+    round_all(y, M * w->size(0), bf16);
+  }
+
+ private:
+  void few_rows(int64_t M, const float* x, std::vector<at::BFloat16>& x16, float* y,
+                bool bf16) const {
     const at::BFloat16* pairs = nullptr;
     if (bf16 && w->scalar_type() == at::kBFloat16 && !scale) {  // bf16 x bf16: the pairs as they are
       const int64_t n = M * w->size(1);
@@ -239,7 +259,6 @@ struct Linear {
       pairs = x16.data();
     }
     gpt1::weight_product(M, x, pairs, *w, scale, bias, y);
-    round_all(y, M * w->size(0), bf16);
   }
 };
 
@@ -283,12 +302,17 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           const std::vector<torch::Tensor>& keys,
                           const std::vector<torch::Tensor>& values,
                           const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
-                          int64_t n_head, double eps, bool gelu) {
+                          int64_t n_head, double eps, bool gelu,
+                          const std::vector<torch::Tensor>& packed, bool u8) {
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu(), "decode_step: x must be [rows, n_embd]");
   const int64_t R = x.size(0), C = x.size(1), H = n_head, D = C / H;
   const int64_t L = static_cast<int64_t>(params.size()) / 16;
-  TORCH_CHECK(R >= 1 && R <= 8 && H >= 1 && C % H == 0, "decode_step: 1 to 8 rows, C % H == 0");
+  const bool integer = !packed.empty();
+  TORCH_CHECK(R >= 1 && (integer || R <= 8) && H >= 1 && C % H == 0,
+              "decode_step: 1 to 8 rows (any number with packed int8 weights), C % H == 0");
   TORCH_CHECK(params.size() == size_t(16 * L) && L >= 1, "decode_step: 16 tensors per block");
+  TORCH_CHECK(!integer || packed.size() == size_t(8 * L),
+              "decode_step: a packed weight and its zero points per int8 layer");
   TORCH_CHECK(keys.size() == size_t(L * R) && values.size() == keys.size() &&
                   rows.size() == size_t(R) && lengths.size() == size_t(R),
               "decode_step: a cache per block and row");
@@ -326,11 +350,21 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
     const float* ln2_w = gpt1::float_values(p[2], C, g2, "decode_step:", "ln_2 weight");
     const float* ln2_b = gpt1::float_values(p[3], C, b2, "decode_step:", "ln_2 bias");
     TORCH_CHECK(ln1_w && ln1_b && ln2_w && ln2_b, "decode_step: LayerNorms need weight and bias");
-    const Linear qkv_layer(p[4], p[5], p[6], C, "decode_step: c_attn");
-    const Linear out_layer(p[7], p[8], p[9], C, "decode_step: attn.c_proj");
-    const Linear fc_layer(p[10], p[11], p[12], C, "decode_step: c_fc");
+    Linear qkv_layer(p[4], p[5], p[6], C, "decode_step: c_attn");
+    Linear out_layer(p[7], p[8], p[9], C, "decode_step: attn.c_proj");
+    Linear fc_layer(p[10], p[11], p[12], C, "decode_step: c_fc");
     const int64_t F = fc_layer.w->size(0);
-    const Linear proj_layer(p[13], p[14], p[15], F, "decode_step: mlp.c_proj");
+    Linear proj_layer(p[13], p[14], p[15], F, "decode_step: mlp.c_proj");
+    if (integer) {
+      Linear* layers[4] = {&qkv_layer, &out_layer, &fc_layer, &proj_layer};
+      for (int i = 0; i < 4; ++i) {
+        Linear& layer = *layers[i];
+        TORCH_CHECK(layer.w->scalar_type() == at::kChar, "decode_step: packed weights are int8");
+        const torch::Tensor* s_tensor = &p[5 + 3 * i];
+        layer.rows_int8 = {&packed[8 * l + 2 * i], &packed[8 * l + 2 * i + 1], s_tensor,
+                           layer.w->size(0), layer.w->size(1), u8};
+      }
+    }
     TORCH_CHECK(qkv_layer.w->size(0) == 3 * C && out_layer.w->size(0) == C &&
                     proj_layer.w->size(0) == C,
                 "decode_step: block shapes");
@@ -369,7 +403,7 @@ bool has_decode_step() { return false; }
 torch::Tensor decode_step(const torch::Tensor&, const std::vector<torch::Tensor>&,
                           const std::vector<torch::Tensor>&, const std::vector<torch::Tensor>&,
                           const std::vector<int64_t>&, const std::vector<int64_t>&, int64_t,
-                          double, bool) {
+                          double, bool, const std::vector<torch::Tensor>&, bool) {
   TORCH_CHECK(false, "decode_step: not compiled for this CPU (it needs AVX-512 or AVX2 with FMA)");
 }
 
