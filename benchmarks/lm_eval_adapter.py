@@ -68,7 +68,7 @@ def widened(checkpoint: str, out: Path) -> str:
     import torch
 
     from gpt1 import GPT, ModelConfig, load_checkpoint, save_model
-    from gpt1.model.checkpoint import resolve_checkpoint_dir
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
 
     folder = resolve_checkpoint_dir(checkpoint)
     model = load_checkpoint(folder).eval()

@@ -29,10 +29,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from gpt1.checkpoint_files import open_checkpoint  # noqa: E402
 from gpt1.inference.generate import generate  # noqa: E402
-from gpt1.inference.prepared import for_inference  # noqa: E402
-from gpt1.model.registry import load_any_checkpoint  # noqa: E402
 from gpt1.inference.prediction import predict_raw  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
+from gpt1.model.checkpoint import load_model  # noqa: E402
 from gpt1.serve.engine import load_engine  # noqa: E402
 from gpt1.tasks.batches import encode_split  # noqa: E402
 from gpt1.tasks.metrics import compute  # noqa: E402
@@ -94,7 +95,8 @@ def perplexity(model, windows: torch.Tensor, micro: int) -> float:
 def lm_agreement(lm: str, data: str, windows: int, prompts: int, new: int, precisions) -> None:
     prepared = open_prepared(data)
     models = {
-        name: for_inference(load_any_checkpoint(lm), "cpu", name) for name in ("fp32", *precisions)
+        name: for_inference(load_model(open_checkpoint(lm)), "cpu", name)
+        for name in ("fp32", *precisions)
     }
     n_ctx = min(models["fp32"].config.n_positions, 128)
     rows = validation_windows(prepared.splits["val"], n_ctx, windows)

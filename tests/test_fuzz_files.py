@@ -220,6 +220,7 @@ def formats(
     """(name -> (reader, its clean files, how the target is mutated: json, jsonl, safetensors
     or lines), the folder every case is written to). That folder is where the fine-tuned run
     was made: a resume must name the paths the run recorded."""
+    from gpt1.checkpoint_files import open_checkpoint
     from gpt1.model.finetuned import load_finetuned_model
     from gpt1.text.shards import read_shard
     from gpt1.text.tokenizer import Tokenizer
@@ -250,7 +251,7 @@ def formats(
     )
 
     def final(f: Path) -> Any:
-        return load_finetuned_model(f / "ft" / "final")
+        return load_finetuned_model(open_checkpoint(f / "ft" / "final"))
 
     table = [
         ("config.json", run, "ft/final/config.json", final, "json"),

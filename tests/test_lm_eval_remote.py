@@ -25,7 +25,7 @@ from test_serve_openai import (  # noqa: E402, F401  (gpt1_vocab_checkpoint: a f
     per_request,
 )
 
-from gpt1.model.checkpoint import tokenizer_dir_of  # noqa: E402
+from gpt1.checkpoint_files import tokenizer_dir_of  # noqa: E402
 from gpt1.text.tokenizer import Tokenizer  # noqa: E402
 
 TEXTS = ["The old man walked away , slowly .", "it 's a mess", "does n't 3.5 e.g. naïve"]

@@ -18,10 +18,11 @@ from gpt1.checkpoint_files import CheckpointFolder, open_checkpoint
 from gpt1.errors import CheckpointError
 from gpt1.inference.loading import load_for_inference
 from gpt1.inference.prepared import for_inference
+from gpt1.model.checkpoint import load_model
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import FinetuneModel
 from gpt1.model.lstm import LSTMLM, LSTMConfig
-from gpt1.model.registry import load_any_checkpoint, save_lstm
+from gpt1.model.registry import save_lstm
 from helpers.tiny import char_vocab, tiny_checkpoint, tiny_finetuned_run
 
 
@@ -99,7 +100,7 @@ def test_the_loaded_model_is_the_checkpoint_made_ready_for_inference(tmp_path):
     folder = tiny_checkpoint(tmp_path / "ck")
     ids = torch.randint(0, 300, (2, 9))
     loaded = load_for_inference(folder, "cpu", "bf16")
-    by_hand = for_inference(load_any_checkpoint(folder), "cpu", "bf16")
+    by_hand = for_inference(load_model(open_checkpoint(folder)), "cpu", "bf16")
     with torch.no_grad():
         assert torch.equal(loaded.lm(ids), by_hand(ids))
 
@@ -109,7 +110,7 @@ def test_an_open_folder_is_read_once_whatever_loads_it(tmp_path, counted):
     counted.clear()
     opened = open_checkpoint(folder)
     assert open_checkpoint(opened) is opened and isinstance(opened, CheckpointFolder)
-    load_any_checkpoint(opened)
+    load_model(opened)
     load_for_inference(opened, "cpu", "fp32")
     assert counted["resolve_checkpoint_dir"] == 1 and counted["config.json"] == 1
     assert opened.arch == "lstm" and opened.tokenizer_dir == folder and opened.task is None
@@ -124,7 +125,7 @@ def test_a_folder_is_checked_when_opened(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     (folder / "task.json").write_text(json.dumps({"task": "sst2"}))
     opened = open_checkpoint(folder)  # the body alone loads without the task (convert)
-    assert opened.finetuned and isinstance(load_any_checkpoint(opened), LSTMLM)
+    assert opened.finetuned and isinstance(load_model(opened), LSTMLM)
     with pytest.raises(CheckpointError, match="task.json: kind must be"):
         print(opened.task)
     with pytest.raises(CheckpointError, match="task.json: kind must be"):

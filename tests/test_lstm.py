@@ -7,17 +7,12 @@ import torch
 from conftest import TINIER_MODEL, check_causal, check_shapes_and_tied_head
 
 from gpt1 import GPT, ModelConfig, model_preset, save_model
+from gpt1.checkpoint_files import open_checkpoint
 from gpt1.errors import CheckpointError, ConfigError
+from gpt1.model.checkpoint import load_model
 from gpt1.model.gpt import parameter_count
 from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
-from gpt1.model.registry import (
-    LanguageModel,
-    build_model,
-    checkpoint_arch,
-    load_any_checkpoint,
-    model_flops,
-    save_lstm,
-)
+from gpt1.model.registry import LanguageModel, build_model, model_flops, save_lstm
 
 
 def small(**kw) -> LSTMConfig:
@@ -103,17 +98,17 @@ def test_lstm_checkpoint_roundtrip(tmp_path):
     save_lstm(model, tmp_path / "ck")
     data = json.loads((tmp_path / "ck" / "config.json").read_text())
     assert data["arch"] == "lstm" and data["model"]["vocab_size"] == 99
-    loaded = load_any_checkpoint(tmp_path / "ck")
-    assert isinstance(loaded, LSTMLM) and checkpoint_arch(tmp_path / "ck") == "lstm"
+    loaded = load_model(open_checkpoint(tmp_path / "ck"))
+    assert isinstance(loaded, LSTMLM) and open_checkpoint(tmp_path / "ck").arch == "lstm"
     ids = torch.randint(0, 99, (2, 9))
     torch.testing.assert_close(loaded.eval()(ids), model(ids))
 
 
-def test_load_any_checkpoint_returns_gpt_for_plain_checkpoints(tmp_path):
+def test_load_model_returns_gpt_for_plain_checkpoints(tmp_path):
     model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 16}))
     save_model(model, tmp_path / "g")
-    assert checkpoint_arch(tmp_path / "g") == "gpt"
-    assert isinstance(load_any_checkpoint(tmp_path / "g"), GPT)
+    assert open_checkpoint(tmp_path / "g").arch == "gpt"
+    assert isinstance(load_model(open_checkpoint(tmp_path / "g")), GPT)
 
 
 def test_unknown_arch_and_mismatched_weights_are_checkpoint_errors(tmp_path):
@@ -124,12 +119,12 @@ def test_unknown_arch_and_mismatched_weights_are_checkpoint_errors(tmp_path):
     data["arch"] = "rnn"
     cfg_file.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match='unknown "arch"'):
-        load_any_checkpoint(tmp_path / "ck")
+        load_model(open_checkpoint(tmp_path / "ck"))
     data["arch"] = "lstm"
     data["model"]["hidden_size"] = 64
     cfg_file.write_text(json.dumps(data))
     with pytest.raises(CheckpointError, match="shape"):
-        load_any_checkpoint(tmp_path / "ck")
+        load_model(open_checkpoint(tmp_path / "ck"))
 
 
 def test_trains_one_batch_down():
@@ -192,13 +187,13 @@ def test_pretrain_arch_lstm_end_to_end_and_resume(tmp_path):
         "-q",
     ]
     assert main(base + ["--max-steps", "2"]) == 0
-    model = load_any_checkpoint(run)
+    model = load_model(open_checkpoint(run))
     assert isinstance(model, LSTMLM) and model.config.vocab_size == 64
     assert model.config.hidden_size == lstm_config_for(model_preset("tiny")).hidden_size
     assert main(base + ["--max-steps", "4", "--resume", "auto"]) == 0
     data_json = json.loads((run / "final" / "config.json").read_text())
     assert data_json["arch"] == "lstm" and data_json["run"]["arch"] == "lstm"
-    assert isinstance(load_any_checkpoint(run / "final"), LSTMLM)
+    assert isinstance(load_model(open_checkpoint(run / "final")), LSTMLM)
     metrics = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(m["step"] for m in metrics if "step" in m) == 4
 

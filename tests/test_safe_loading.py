@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gpt1.checkpoint_files import WEIGHTS, load_state_dict
 from gpt1.config import model_preset
 from gpt1.errors import CheckpointError, Gpt1Error
-from gpt1.model.checkpoint import WEIGHTS, load_checkpoint, load_state_dict
+from gpt1.model.checkpoint import load_checkpoint
 from gpt1.model.gpt import GPT
 from gpt1.train.state import TRAINER_JSON, TRAINER_TENSORS, latest_resumable, load_training_state
 from helpers.tiny import char_vocab, make_corpus, tiny_checkpoint, tiny_finetune
@@ -155,7 +156,7 @@ def test_damaged_trainer_state_is_a_checkpoint_error(tmp_path, content):
 
 def test_crafted_pickle_as_finetune_head_is_refused(tmp_path):
     """A fine-tuned folder's head.safetensors goes through the same safe loader."""
-    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.checkpoint_files import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
     folder = tiny_checkpoint(tmp_path / "ft", vocab=False)

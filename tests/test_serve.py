@@ -354,13 +354,14 @@ def test_lstm_checkpoint_generates_and_scores(world):
 
 
 def test_score_equals_the_zero_shot_scorer(world):
+    from gpt1.checkpoint_files import open_checkpoint
     from gpt1.inference.scoring import Scorer
-    from gpt1.model.registry import load_any_checkpoint
+    from gpt1.model.checkpoint import load_model
     from gpt1.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(world["lm"])
     pairs = [("the film was very", "good"), ("the film was very", "bad"), ("a", "b c d e")]
-    expected = Scorer(load_any_checkpoint(world["lm"])).score(
+    expected = Scorer(load_model(open_checkpoint(world["lm"]))).score(
         [(tok.encode(c), tok.encode(x)) for c, x in pairs], greedy=True
     )
     with serving(world["lm"]) as url:

@@ -20,10 +20,10 @@ openai = pytest.importorskip("openai")
 
 from test_serve import SENTENCES, TIMEOUT, post, serving, tiny_lm  # noqa: E402
 
+from gpt1.checkpoint_files import open_checkpoint, tokenizer_dir_of, trained_context  # noqa: E402
 from gpt1.cli import main  # noqa: E402
 from gpt1.inference.scoring import Scorer  # noqa: E402
-from gpt1.model.checkpoint import tokenizer_dir_of, trained_context  # noqa: E402
-from gpt1.model.registry import load_any_checkpoint  # noqa: E402
+from gpt1.model.checkpoint import load_model  # noqa: E402
 from gpt1.tasks.registry import get_task  # noqa: E402
 from gpt1.text.tokenizer import Tokenizer  # noqa: E402
 from gpt1.zeroshot.heuristics import _candidate_scores  # noqa: E402
@@ -63,7 +63,7 @@ def zeroshot_accuracy(setup: dict[str, Any], task: str, data: Path) -> float:
 
 def heuristic_scorer(lm: Path) -> tuple[Scorer, Tokenizer]:
     """The scorer and tokenizer `gpt1 zeroshot` builds for a checkpoint."""
-    model = load_any_checkpoint(lm, device="cpu").eval()
+    model = load_model(open_checkpoint(lm), device="cpu").eval()
     return Scorer(model, max_context=trained_context(lm)), Tokenizer.from_dir(tokenizer_dir_of(lm))
 
 

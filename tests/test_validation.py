@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from gpt1.checkpoint_files import CONFIG, WEIGHTS, trained_context
 from gpt1.cli import main
 from gpt1.config import (
     ModelConfig,
@@ -24,7 +25,7 @@ from gpt1.config import (
 )
 from gpt1.errors import CheckpointError, ConfigError, DataError, Gpt1Error
 from gpt1.model import memory
-from gpt1.model.checkpoint import CONFIG, WEIGHTS, load_checkpoint, trained_context
+from gpt1.model.checkpoint import load_checkpoint
 from gpt1.model.gpt import GPT
 from gpt1.model.memory import TooLargeError
 from gpt1.recipes.convert import convert, load_hf, load_openai, save_hf
@@ -267,7 +268,7 @@ def test_task_record_is_validated(field, value, expected):
 
 @pytest.mark.parametrize("n_outputs", [20_000_000, 1e12])
 def test_predict_refuses_huge_n_outputs_before_allocating(tmp_path, n_outputs, capsys):
-    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.checkpoint_files import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
     folder = tiny_checkpoint(tmp_path / "ft", ODD_SIZES_MODEL, vocab=False)
@@ -435,7 +436,7 @@ def test_openai_shard_with_nan_is_refused(tmp_path):
 
 
 def test_finetuned_head_with_nan_is_refused(tmp_path):
-    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.checkpoint_files import HEAD_FILE, TASK_FILE
     from gpt1.recipes.evaluate import load_finetuned
 
     folder = tiny_checkpoint(tmp_path / "ft", ODD_SIZES_MODEL, vocab=False)
@@ -574,8 +575,10 @@ def test_all_errors_are_gpt1_errors():
     ],
 )
 def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
+    from gpt1.checkpoint_files import open_checkpoint
+    from gpt1.model.checkpoint import load_model
     from gpt1.model.lstm import LSTMLM, LSTMConfig
-    from gpt1.model.registry import load_any_checkpoint, save_lstm
+    from gpt1.model.registry import save_lstm
 
     torch.manual_seed(0)
     folder = save_lstm(
@@ -584,7 +587,7 @@ def test_lstm_checkpoint_sizes_are_checked(tmp_path, change, expected):
     )
     edit_config(folder, **change)
     with pytest.raises(Gpt1Error, match=expected):
-        load_any_checkpoint(folder)
+        load_model(open_checkpoint(folder))
 
 
 def test_sample_refuses_num_samples_that_cannot_fit(tmp_path, capsys):

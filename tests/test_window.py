@@ -20,8 +20,8 @@ pytest.importorskip("transformers")
 
 from test_serve import TIMEOUT, post, serving  # noqa: E402
 
+from gpt1.checkpoint_files import trained_context  # noqa: E402
 from gpt1.inference.loading import load_for_inference  # noqa: E402
-from gpt1.model.checkpoint import trained_context  # noqa: E402
 from helpers.tiny import make_corpus, run_cli, tiny_finetuned_run, tiny_pretrain  # noqa: E402
 
 WINDOW, N_POSITIONS = 32, 64  # the tiny preset's data.n_ctx and n_positions

@@ -655,7 +655,7 @@ def test_scoring_stays_inside_the_pretrained_window(tmp_path):
     import torch as _torch
 
     from gpt1 import GPT, ModelConfig, save_model
-    from gpt1.model.checkpoint import trained_context
+    from gpt1.checkpoint_files import trained_context
 
     model = GPT(ModelConfig(**{**TINIER_MODEL, "n_positions": 32}))
     save_model(model, tmp_path / "run" / "step-5")

@@ -32,9 +32,10 @@ def layers_sweep(
     command: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run (or resume) the layers-transferred sweep; write the plot and tables; return the table."""
-    from gpt1.model.checkpoint import read_model_config
+    from gpt1.checkpoint_files import open_checkpoint
+    from gpt1.model.checkpoint import model_config
 
-    n_layer = read_model_config(init).n_layer  # validated: a sweep of K = 0..n_layer runs
+    n_layer = model_config(open_checkpoint(init), "gpt").n_layer  # validated: K = 0..n_layer
     ks = list(range(n_layer + 1)) if ks is None else list(ks)
     out = Path(out)
     fixed = TaskSweep(init, task, data, train_split, eval_split, options)

@@ -30,9 +30,10 @@ log = logging.getLogger(__name__)
 
 def position_table(checkpoint: str | Path, max_positions: int | None = None) -> np.ndarray:
     """The learned position embeddings `[n_positions, n_embd]` of a checkpoint, as float64."""
-    from gpt1.model.registry import load_any_checkpoint
+    from gpt1.checkpoint_files import open_checkpoint
+    from gpt1.model.checkpoint import load_model
 
-    model = load_any_checkpoint(checkpoint)
+    model = load_model(open_checkpoint(checkpoint))
     if not hasattr(model, "wpe"):
         raise CheckpointError(
             f"{checkpoint}: this model has no position embeddings "

@@ -4,7 +4,7 @@
 (`gpt1.checkpoint_files.open_checkpoint`: the folder a run resolves to, config.json, the
 architecture, tokenizer files and a fine-tuned run's task record), loads the model the folder
 holds (`gpt1.model.finetuned.load_finetuned_model` for a fine-tuned run, else
-`gpt1.model.registry.load_any_checkpoint`: GPT or the LSTM baseline), its tokenizer and task,
+`gpt1.model.checkpoint.load_model`: GPT or the LSTM baseline), its tokenizer and task,
 and makes the model ready (`gpt1.inference.prepared.for_inference`). The result is one `Loaded`
 value. `gpt1 serve`, `sample`, `evaluate`, `predict`, `zeroshot` and `lm-eval` all load this way,
 so a checkpoint, a `--device` and a `--precision` mean the same thing in each.
@@ -23,8 +23,8 @@ from gpt1.checkpoint_files import AnyCheckpoint, CheckpointFolder, open_checkpoi
 from gpt1.devices import resolve_device, resolve_precision
 from gpt1.errors import ConfigError
 from gpt1.inference.prepared import for_inference
+from gpt1.model.checkpoint import load_model
 from gpt1.model.finetuned import load_finetuned_model
-from gpt1.model.registry import load_any_checkpoint
 from gpt1.tasks.registry import Task, get_task
 
 
@@ -59,11 +59,11 @@ def load_for_inference(
     if checkpoint.finetuned:
         model: nn.Module = load_finetuned_model(checkpoint, where)
     else:
-        model = load_any_checkpoint(checkpoint, where)
+        model = load_model(checkpoint, where)
+    model = for_inference(model, where, resolved)
     tok = load_tokenizer(checkpoint, tokenizer)
     record = checkpoint.task if checkpoint.finetuned else None
     task = task_of(record) if record is not None else None
-    model = for_inference(model, where, resolved)
     lm = model.gpt if task is not None else model
     n_positions = lm.config.n_positions
     window = min(n_positions, checkpoint.trained_context or n_positions)

@@ -1,55 +1,57 @@
-"""GPT checkpoint folders: save a `GPT`, read its config, load it back (safetensors only).
+"""Model checkpoint folders: the architecture table, one loader for every architecture, and save.
 
 The folder format itself (weights, `config.json`, tokenizer files, pickle refusal, and
 `open_checkpoint`, which reads a folder once) is `gpt1.checkpoint_files`, which knows no model
-class; its names are re-exported here because this is where callers that load a GPT look for
-them. The loaders take a path or a folder already open (`opened`), never reading a file twice.
+class. This module is where a folder becomes a model: `ARCHITECTURES` says, for each `"arch"`
+name, which config class reads config.json's `"model"` table, which module class it builds and
+how its memory is checked; `load_model` loads an opened folder through that table.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from gpt1.checkpoint_files import (  # noqa: F401 (re-exported)
-    ARCH_KEY,
-    ARCHS,
-    CONFIG,
-    FORMAT,
-    FORMAT_VERSION,
-    PICKLE_SUFFIXES,
-    TOKENIZER_FILES,
-    WEIGHTS,
+from gpt1.checkpoint_files import (
+    TASK_FILE,
     AnyCheckpoint,
     CheckpointFolder,
-    check_finite,
-    check_state_dict,
-    check_weights_size,
-    checked_weights,
-    copy_tokenizer_files,
-    load_state_dict,
     load_weights,
     open_checkpoint,
-    read_config,
-    refuse_pickle,
-    resolve_checkpoint_dir,
     state_bytes,
-    tokenizer_dir_of,
-    trained_context,
     write_model_files,
 )
 from gpt1.config import ModelConfig, read_json_file
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.files import atomic_dir, atomic_folder, follow_umask, publish_dir  # noqa: F401 (re-exported)
+from gpt1.files import atomic_folder
 from gpt1.model.gpt import GPT
-from gpt1.model.memory import ensure_model_fits
+from gpt1.model.lstm import LSTMLM, LSTMConfig
+from gpt1.model.memory import ensure_lstm_fits, ensure_model_fits
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What loading needs to know of one architecture."""
+
+    config: type  # its config class: `from_dict` reads config.json's "model" table
+    model: type  # its module class, built from that config
+    ensure_fits: Callable[..., None]  # (config, source, device, extra_params): refuses
+
+
+ARCHITECTURES = {  # by config.json's "arch" (`gpt1.checkpoint_files.ARCHS`)
+    "gpt": Architecture(ModelConfig, GPT, ensure_model_fits),
+    "lstm": Architecture(LSTMConfig, LSTMLM, ensure_lstm_fits),
+}
 
 
 def save_model(
-    model: GPT,
+    model: nn.Module,
     out_dir: str | Path,
     tokenizer_dir: str | Path | None = None,
     extra: dict[str, Any] | None = None,
@@ -61,30 +63,43 @@ def save_model(
     return out_dir
 
 
-def opened(path: AnyCheckpoint) -> CheckpointFolder:
-    """`path` as an open checkpoint folder: the one given, or `open_checkpoint(path)` now."""
-    return path if isinstance(path, CheckpointFolder) else open_checkpoint(path)
-
-
-def read_model_config(path: AnyCheckpoint) -> ModelConfig:
-    """The `ModelConfig` of a GPT checkpoint's config.json, checked."""
-    checkpoint = opened(path)
+def model_config(checkpoint: CheckpointFolder, arch: str | None = None) -> Any:
+    """The config of an opened checkpoint, checked, as `arch`'s config class (by default the
+    architecture the folder records: a `ModelConfig` for GPT)."""
+    config_class = ARCHITECTURES[arch or checkpoint.arch].config
     try:
-        return ModelConfig.from_dict(checkpoint.config["model"], source=str(checkpoint.config_file))
+        return config_class.from_dict(
+            checkpoint.config["model"], source=str(checkpoint.config_file)
+        )
     except ConfigError as exc:
         raise CheckpointError(str(exc)) from None
+
+
+def load_model(
+    checkpoint: CheckpointFolder,
+    device: str | torch.device = "cpu",
+    head_outputs: int = 0,
+    arch: str | None = None,
+) -> nn.Module:
+    """The model of an opened checkpoint folder, on `device`, as the class its `"arch"` names
+    (or `arch`). Its memory is checked from the config before anything is built, counting a
+    task head of `head_outputs` outputs (a fine-tuned run's, checked with its body: the
+    refusal then names task.json); its weights are checked against the model (`load_weights`)."""
+    architecture = ARCHITECTURES[arch or checkpoint.arch]
+    config = model_config(checkpoint, arch)
+    source = checkpoint.folder / TASK_FILE if head_outputs else checkpoint.config_file
+    head = (config.n_embd + 1) * head_outputs
+    architecture.ensure_fits(config, str(source), device, extra_params=head)
+    with torch.device("meta"):  # nothing allocated: the weights are assigned as loaded
+        model = architecture.model(config)
+    model.load_state_dict(load_weights(checkpoint, expect=model), assign=True)
+    return model.to(device)  # (`to` also rebuilds nn.LSTM's flat view of the assigned weights)
 
 
 def load_checkpoint(path: AnyCheckpoint, device: str | torch.device = "cpu") -> GPT:
     """Load a gpt1 checkpoint folder (or the newest checkpoint of a run folder, or a folder
     `open_checkpoint` opened) as a `GPT`."""
-    checkpoint = opened(path)
-    config = read_model_config(checkpoint)
-    ensure_model_fits(config, str(checkpoint.config_file), device)
-    with torch.device("meta"):  # nothing allocated: the weights are assigned as loaded
-        model = GPT(config)
-    model.load_state_dict(load_weights(checkpoint, expect=model), assign=True)
-    return model.to(device)
+    return load_model(open_checkpoint(path), device, arch="gpt")
 
 
 def run_checkpoints(run_dir: str | Path) -> list[tuple[str, int | None, Path]]:

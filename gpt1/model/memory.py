@@ -17,6 +17,7 @@ import torch
 from gpt1.config import ModelConfig, TrainConfig
 from gpt1.errors import ConfigError
 from gpt1.model.gpt import parameter_count as count
+from gpt1.model.lstm import LSTMConfig, lstm_parameter_count
 
 FLOAT_BYTES = 4  # weights, gradients and optimizer moments are kept in float32
 
@@ -124,13 +125,24 @@ def ensure_fits(
 def ensure_model_fits(
     config: ModelConfig, source: str, device: str | torch.device = "cpu", extra_params: int = 0
 ) -> None:
-    """Refuse a model whose float32 weights cannot fit in RAM (where loading happens) or on
+    """Refuse a GPT whose float32 weights cannot fit in RAM (where loading happens) or on
     `device`."""
-    need = inference_bytes(config, extra_params)
-    fields = f"{parameter_count(config, extra_params):,} parameters from {shape_fields(config)}"
-    ensure_fits(need, "the model", source, fields, "cpu")
-    if torch.device(device).type == "cuda":
-        ensure_fits(need, "the model", source, fields, device)
+    params = parameter_count(config, extra_params)
+    ensure_weights_fit(params, f"{params:,} parameters from {shape_fields(config)}", source, device)
+
+
+def ensure_lstm_fits(
+    config: LSTMConfig, source: str, device: str | torch.device = "cpu", extra_params: int = 0
+) -> None:
+    """`ensure_model_fits` for the LSTM baseline."""
+    params = lstm_parameter_count(config) + extra_params
+    ensure_weights_fit(params, f"{params:,} parameters", source, device)
+
+
+def ensure_weights_fit(params: int, fields: str, source: str, device: str | torch.device) -> None:
+    """Refuse `params` float32 weights that cannot fit in RAM or on a CUDA `device`."""
+    for where in ("cpu", device) if torch.device(device).type == "cuda" else ("cpu",):
+        ensure_fits(params * FLOAT_BYTES, "the model", source, fields, where)
 
 
 def ensure_training_fits(

@@ -1,13 +1,11 @@
-"""The model registry: every architecture behind one small protocol, built or loaded by name.
+"""The model registry: every architecture behind one small protocol, built by name.
 
 Two architectures share the commands: `"gpt"` (`gpt1.model.gpt.GPT`, the paper's Transformer) and
 `"lstm"` (`gpt1.model.lstm.LSTMLM`, the Table 5 baseline). Both satisfy `LanguageModel`, which is all
-that pretraining, fine-tuning, zero-shot scoring and sampling use. This module is the only place
-that knows which class goes with which name:
+that pretraining, fine-tuning, zero-shot scoring and sampling use. Loading a checkpoint goes
+through the architecture table of `gpt1.model.checkpoint` (`load_model`); this module builds:
 
 - `build_model(model_config, arch)`: a fresh model (the LSTM sized to match the Transformer);
-- `load_any_checkpoint(path)`: a checkpoint folder (or one `open_checkpoint` opened) as the class
-  its `"arch"` key names;
 - `model_flops(model)`, `arch_extra(model)`: training FLOPs per token, and the config.json keys a
   checkpoint of it needs.
 """
@@ -20,21 +18,12 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
+from gpt1.checkpoint_files import ARCH_KEY
 from gpt1.config import ModelConfig
-from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model.checkpoint import (
-    ARCH_KEY,
-    ARCHS,  # noqa: F401 (re-exported: the architecture names)
-    AnyCheckpoint,
-    CheckpointFolder,
-    checked_weights,
-    load_checkpoint,
-    load_state_dict,
-    opened,
-    save_model,
-)
+from gpt1.errors import ConfigError
+from gpt1.model.checkpoint import save_model
 from gpt1.model.gpt import GPT
-from gpt1.model.lstm import LSTMLM, LSTMConfig, lstm_config_for, lstm_parameter_count
+from gpt1.model.lstm import LSTMLM, lstm_config_for
 
 
 @runtime_checkable
@@ -94,53 +83,4 @@ def model_flops(model: nn.Module, seq_len: int | None = None) -> float:
 
 def save_lstm(model: LSTMLM, out_dir: str | Path, tokenizer_dir: str | Path | None = None) -> Path:
     """Save an `LSTMLM` as a gpt1 checkpoint folder marked `"arch": "lstm"`."""
-    return save_model(model, out_dir, tokenizer_dir, extra=arch_extra(model))  # type: ignore[arg-type]
-
-
-def checkpoint_arch(path: AnyCheckpoint) -> str:
-    """ "gpt" or "lstm": the architecture recorded in a checkpoint's config.json (default "gpt")."""
-    return opened(path).arch
-
-
-def load_any_checkpoint(path: AnyCheckpoint, device: str | torch.device = "cpu") -> nn.Module:
-    """Load a checkpoint folder (or a run's newest, or a folder `open_checkpoint` opened) as
-    `GPT` or `LSTMLM`, by its `"arch"` key."""
-    checkpoint = opened(path)
-    if checkpoint.arch == "gpt":
-        return load_checkpoint(checkpoint, device)
-    return _load_lstm(checkpoint, device).to(device)
-
-
-def _check_lstm_size(
-    config: LSTMConfig, checkpoint: CheckpointFolder, device: str | torch.device
-) -> None:
-    """Refuse an LSTM config that cannot fit, or that describes more weights than the file holds."""
-    from gpt1.model.memory import ensure_fits, human
-
-    source, weights = checkpoint.config_file, checkpoint.weights
-    params = lstm_parameter_count(config)
-    for where in {"cpu", str(torch.device(device))}:
-        ensure_fits(params * 4, "the model", str(source), f"{params:,} parameters", where)
-    if weights.stat().st_size < params * 2:
-        raise CheckpointError(
-            f"{source}: the config describes {params:,} parameters but "
-            f"{weights.name} holds {human(weights.stat().st_size)}; config "
-            "and weights do not belong together"
-        )
-
-
-def _load_lstm(checkpoint: CheckpointFolder, device: str | torch.device = "cpu") -> LSTMLM:
-    try:
-        config = LSTMConfig.from_dict(
-            checkpoint.config["model"], source=str(checkpoint.config_file)
-        )
-    except ConfigError as exc:
-        raise CheckpointError(str(exc)) from None
-    weights = checked_weights(checkpoint)
-    _check_lstm_size(config, checkpoint, device)
-    with torch.device("meta"):
-        model = LSTMLM(config)
-    model.load_state_dict(load_state_dict(weights, expect=model), assign=True)
-    # nn.LSTM keeps a flat view of its weights for fused kernels; rebuild it after `assign`.
-    model.lstm.flatten_parameters()
-    return model
+    return save_model(model, out_dir, tokenizer_dir, extra=arch_extra(model))

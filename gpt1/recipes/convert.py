@@ -26,17 +26,12 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
-from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.extras import require
-from gpt1.files import atomic_folder, check_output, folder_files, follow_umask
-from gpt1.model.checkpoint import (
+from gpt1.checkpoint_files import (
     TOKENIZER_FILES,
     check_finite,
     check_state_dict,
     check_weights_size,
     copy_tokenizer_files,
-    load_checkpoint,
     load_state_dict,
     resolve_checkpoint_dir,
     state_bytes,
@@ -44,6 +39,11 @@ from gpt1.model.checkpoint import (
     trained_context,
     write_model_files,
 )
+from gpt1.config import MODEL_LIMITS, ModelConfig, file_inside, read_json_file
+from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
+from gpt1.extras import require
+from gpt1.files import atomic_folder, check_output, folder_files, follow_umask
+from gpt1.model.checkpoint import load_checkpoint
 from gpt1.model.gpt import GPT, parameter_count
 from gpt1.model.memory import ensure_model_fits
 

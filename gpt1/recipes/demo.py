@@ -140,8 +140,9 @@ def write_world(out: Path, seed: int) -> tuple[Path, Path, Any]:
 def zero_shot_check(checkpoint: Path, world: Any) -> dict[str, Any]:
     """Does the pretrained LM alone know each held-out creature? Compare the log-probability of
     "dangerous" and "friendly" after "the NAME is a fierce and" style prompts, one per creature."""
+    from gpt1.checkpoint_files import tokenizer_dir_of
     from gpt1.inference.scoring import Scorer
-    from gpt1.model.checkpoint import load_checkpoint, tokenizer_dir_of
+    from gpt1.model.checkpoint import load_checkpoint
     from gpt1.text.tokenizer import Tokenizer
 
     model = load_checkpoint(checkpoint).eval()

@@ -35,7 +35,8 @@ import torch
 from safetensors.torch import save_file
 
 from gpt1 import files
-from gpt1.model.checkpoint import read_model_config, resolve_checkpoint_dir, trained_context
+from gpt1.checkpoint_files import open_checkpoint, resolve_checkpoint_dir, trained_context
+from gpt1.model.checkpoint import model_config
 from gpt1.model.finetuned import read_task_head
 from gpt1.tasks.kinds import KINDS
 
@@ -172,7 +173,7 @@ def plan(
 
 
 def _plan_head(export: HFExport, folder: Path) -> None:
-    record, export.head = read_task_head(folder, read_model_config(folder))
+    record, export.head = read_task_head(folder, model_config(open_checkpoint(folder)))
     export.record = record
     kind, n_out = record["kind"], record["n_outputs"]
     # The double-heads model's head reads one sequence's state, or scores each answer.

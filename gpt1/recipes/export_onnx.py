@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from gpt1.checkpoint_files import resolve_checkpoint_dir, trained_context
 from gpt1.errors import ConfigError
 from gpt1.extras import require
 from gpt1.files import remove, sigterm_raises, writing
-from gpt1.model.checkpoint import resolve_checkpoint_dir, trained_context
 from gpt1.model.finetuned import read_task_head
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import TaskHead

@@ -21,14 +21,15 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from gpt1 import checkpoint_files as ckpt
 from gpt1 import files
+from gpt1.checkpoint_files import HEAD_FILE, TASK_FILE
 from gpt1.config import FinetuneConfig, TrainConfig, model_preset
 from gpt1.errors import CheckpointError, ConfigError, Gpt1Error
-from gpt1.model import checkpoint as ckpt
-from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+from gpt1.model.checkpoint import load_model, model_config
 from gpt1.model.gpt import GPT
 from gpt1.model.heads import FinetuneModel
-from gpt1.model.registry import arch_extra, load_any_checkpoint, model_flops
+from gpt1.model.registry import arch_extra, model_flops
 
 # load_finetuned is re-exported for the analyses, which still import it from here.
 from gpt1.recipes.evaluate import evaluate_model, load_finetuned, score, write_results  # noqa: F401
@@ -82,7 +83,7 @@ def build_finetune_model(
         gpt = GPT(dataclasses.replace(model_preset(cfg.preset), vocab_size=tok.vocab_size))
     else:
         init = ckpt.open_checkpoint(cfg.init)  # read once for the weights and the tokenizer
-        pretrained = load_any_checkpoint(init)  # GPT, or the LSTM baseline (gpt1.model.lstm)
+        pretrained = load_model(init)  # GPT, or the LSTM baseline (gpt1.model.lstm)
         tok_dir = Path(cfg.vocab) if cfg.vocab else init.tokenizer_dir
         if tok_dir is None:
             raise CheckpointError(
@@ -192,7 +193,7 @@ def check_training_memory(
         init = ckpt.open_checkpoint(cfg.init)
         if init.arch != "gpt":
             return  # the LSTM baseline is sized by its own config when it loads
-        config, source = ckpt.read_model_config(init), str(init.config_file)
+        config, source = model_config(init), str(init.config_file)
     n_ctx = min(cfg.n_ctx or config.n_positions, config.n_positions)
     head = (config.n_embd + 1) * task.n_outputs
     ensure_training_fits(

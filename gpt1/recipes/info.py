@@ -11,7 +11,7 @@ from typing import Any
 from gpt1.checkpoint_files import CheckpointFolder, open_checkpoint
 from gpt1.config import MODEL_PRESETS, model_preset
 from gpt1.errors import CheckpointError, ConfigError
-from gpt1.model.checkpoint import read_model_config
+from gpt1.model.checkpoint import model_config
 from gpt1.model.gpt import flops_per_token, parameter_count
 from gpt1.model.lstm import LSTMLM, LSTMConfig
 from gpt1.model.registry import model_flops
@@ -26,7 +26,7 @@ def describe(model: str, seq_len: int | None = None) -> dict[str, Any]:
         checkpoint = open_checkpoint(model)
         if checkpoint.arch != "gpt":
             return _describe_lstm(checkpoint, seq_len)
-        config, source = read_model_config(checkpoint), str(checkpoint.folder)
+        config, source = model_config(checkpoint), str(checkpoint.folder)
     T = seq_len or config.n_positions
     out = {
         "source": source,

@@ -279,7 +279,7 @@ def _records_tokens_digest(checkpoint: Path) -> bool:
 def _writer(tokenizer_dir: Path | None, resolved: dict, extra: dict[str, Any]) -> Any:
     """The trainer's checkpoint writer: the model files, the tokenizer's, the resolved config,
     and `extra` (e.g. the arch)."""
-    from gpt1.model.checkpoint import write_model_files
+    from gpt1.checkpoint_files import write_model_files
 
     def write(model: torch.nn.Module, folder: Path) -> None:
         write_model_files(folder, model, tokenizer_dir, {**extra, "run": resolved})

@@ -65,8 +65,8 @@ class LanguageEngine:
     ):
         """`window`: the positions scoring reads at most (default: the trained window that
         `folder`'s run.json records, else the model's)."""
+        from gpt1.checkpoint_files import trained_context
         from gpt1.inference.scoring import Scorer
-        from gpt1.model.checkpoint import trained_context
 
         self.folder, self.lm, self.tokenizer = folder, lm, tokenizer
         window = window if window is not None else trained_context(folder)

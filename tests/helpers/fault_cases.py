@@ -1395,7 +1395,7 @@ def huge_n_outputs(work: Path) -> CaseResult:
     import torch
     from safetensors.torch import save_file
 
-    from gpt1.model.finetuned import HEAD_FILE, TASK_FILE
+    from gpt1.checkpoint_files import HEAD_FILE, TASK_FILE
 
     runs = []
     for value in (20_000_000, 1e12):
