@@ -78,8 +78,18 @@ def model_arg_int(name: str, value: Any, least: int = 1, most: int | None = None
     return number
 
 
+# Model arguments besides checkpoint, tokenizer, device and precision, and their defaults.
+MODEL_ARGS = dict(
+    batch_tokens=4096, max_rows=64, max_length=None, max_gen_toks=256, prefix_token_id=None
+)
+# Read and dropped: rows per forward pass follow a token budget (batch_tokens, max_rows), not the
+# harness's batch sizes; `model` is only the run's name, which the harness reads itself.
+DROPPED_ARGS = {"model", "batch_size", "max_batch_size"}
+
+
 class Gpt1LM(TemplateLM):
-    """A gpt1 checkpoint (GPT or the LSTM baseline) for the evaluation harness (module doc)."""
+    """A gpt1 checkpoint (GPT or the LSTM baseline) for the evaluation harness (module doc);
+    `model_args` are those of `MODEL_ARGS`, the others are ignored with a warning."""
 
     def __init__(
         self,
@@ -87,31 +97,22 @@ class Gpt1LM(TemplateLM):
         tokenizer: str | None = None,
         device: str | None = "auto",
         precision: str = "auto",
-        batch_tokens: int | str = 4096,
-        max_rows: int | str = 64,
-        max_length: int | str | None = None,
-        max_gen_toks: int | str = 256,
-        prefix_token_id: int | str | None = None,
-        model: str | None = None,
-        batch_size: Any = None,
-        max_batch_size: Any = None,
-        **unused: Any,
+        **model_args: Any,
     ) -> None:
         super().__init__()
         from gpt1.checkpoint_files import open_checkpoint
         from gpt1.inference.loading import load_for_inference
         from gpt1.inference.scoring import Scorer
 
+        unused = set(model_args) - set(MODEL_ARGS) - DROPPED_ARGS
         if unused:
             log.warning("lm-eval: gpt1 ignores model_args %s", ", ".join(sorted(unused)))
-        # Rows per forward pass follow a token budget (batch_tokens, max_rows), not batch_size;
-        # `model` is only the run's name, which the harness reads from the arguments themselves.
-        del batch_size, max_batch_size, model
+        args = {**MODEL_ARGS, **model_args}
         if not checkpoint:
             raise ConfigError(MISSING_CHECKPOINT)
-        batch_tokens = model_arg_int("batch_tokens", batch_tokens)
-        max_rows = model_arg_int("max_rows", max_rows)
-        self.max_gen_toks = model_arg_int("max_gen_toks", max_gen_toks)
+        batch_tokens = model_arg_int("batch_tokens", args["batch_tokens"])
+        max_rows = model_arg_int("max_rows", args["max_rows"])
+        self.max_gen_toks = model_arg_int("max_gen_toks", args["max_gen_toks"])
         opened = open_checkpoint(checkpoint)
         if not tokenizer and opened.tokenizer_dir is None:
             raise CheckpointError(
@@ -122,12 +123,13 @@ class Gpt1LM(TemplateLM):
         self.tok, self._device, self.precision = loaded.tokenizer, loaded.device, loaded.precision
         model, window = loaded.lm, loaded.window
         self.max_length = window
-        if max_length is not None:
-            self.max_length = model_arg_int("max_length", max_length, most=window)
+        if args["max_length"] is not None:
+            self.max_length = model_arg_int("max_length", args["max_length"], most=window)
         self.scorer = Scorer(
             model, batch_tokens=batch_tokens, max_rows=max_rows, max_context=self.max_length
         )
         self.model = model
+        prefix_token_id = args["prefix_token_id"]
         if prefix_token_id is None:  # as the transformers export declares (module doc)
             fine_tuned = model.config.vocab_size > self.tok.vocab_size  # task tokens appended
             prefix_token_id = self.tok.vocab_size if fine_tuned else self.tok.unk_id
@@ -210,30 +212,23 @@ class Gpt1LM(TemplateLM):
         out = []
         for req in requests:
             context, gen_kwargs = req.args
-            text = self.generate_text(context, **dict(gen_kwargs or {}))
+            text = self.generate_text(context, dict(gen_kwargs or {}))
             self.cache_hook.add_partial("generate_until", req.args, text)
             out.append(text)
         return out
 
-    def generate_text(
-        self,
-        context: str,
-        until: list[str] | str | None = None,
-        max_gen_toks: int | None = None,
-        do_sample: bool = False,
-        temperature: float = 0.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        **ignored: Any,
-    ) -> str:
-        """One continuation of `context`, cut before the first stop string in `until`."""
+    def generate_text(self, context: str, gen_kwargs: dict[str, Any]) -> str:
+        """One continuation of `context` as a task's generation arguments ask (`until`,
+        `max_gen_toks`, `do_sample`, `temperature`, `top_k`, `top_p`, `seed`; others are
+        ignored), cut before the first stop string in `until`."""
         from gpt1.inference.generate import TextStream, generate_stream
         from gpt1.inference.sampling import Sampling
 
+        until, n_new = gen_kwargs.get("until"), gen_kwargs.get("max_gen_toks")
         stops = [until] if isinstance(until, str) else list(until or [])
-        n_new = self.max_gen_toks if max_gen_toks is None else int(max_gen_toks)
-        if not do_sample:
+        n_new = self.max_gen_toks if n_new is None else int(n_new)
+        temperature, seed = gen_kwargs.get("temperature", 0.0), gen_kwargs.get("seed")
+        if not gen_kwargs.get("do_sample", False):
             temperature = 0.0
         elif temperature == 0:
             temperature = 1.0
@@ -241,6 +236,7 @@ class Gpt1LM(TemplateLM):
         # Keep room for the new tokens inside the window, like the harness's own models.
         ids = ids[-max(1, self.max_length - n_new) :]
         seed = seed if seed is not None else 1234  # a sampled task draws reproducibly
+        top_k, top_p = gen_kwargs.get("top_k"), gen_kwargs.get("top_p")
         sampling = Sampling(
             max_new_tokens=n_new, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
         )
