@@ -5,7 +5,7 @@ tokenizer's `vocab.json` + `merges.txt`, so every command can rebuild model and 
 a fine-tuned one also carries its task record (`task.json`) and head (`head.safetensors`).
 Loading never unpickles anything: weights come from safetensors only. This module sits on the
 ground floor (beside `config` and `files`) so that text preparation, the training loop and the
-model all read and write these folders without importing each other; building a `GPT` from a
+model all read and write these folders without importing each other; building a model from a
 folder is `gpt1.model.checkpoint`'s job, resumable training state `gpt1.train.state`'s.
 
 `open_checkpoint(path)` reads and checks a folder once (the folder a run resolves to, its parsed
@@ -231,13 +231,6 @@ def resolve_checkpoint_dir(path: str | Path) -> Path:
     raise CheckpointError(f"{path}: not a checkpoint folder (no {CONFIG}) and no checkpoint inside")
 
 
-def read_config(path: AnyCheckpoint) -> dict[str, Any]:
-    """The parsed `config.json` of a checkpoint folder, validated."""
-    if isinstance(path, CheckpointFolder):
-        return path.config
-    return parse_config(resolve_checkpoint_dir(path) / CONFIG)
-
-
 def parse_config(file: Path) -> dict[str, Any]:
     """A checkpoint's `config.json` file parsed, its format checked."""
     data = read_json_file(file, CheckpointError)
@@ -332,14 +325,6 @@ def check_state_dict(model: nn.Module, state: dict[str, torch.Tensor], source: P
                 f"{source}: tensor {name!r} holds {str(got).removeprefix('torch.')}, "
                 f"expected {expect}"
             )
-
-
-def tokenizer_dir_of(path: AnyCheckpoint) -> Path | None:
-    """The checkpoint folder if it carries tokenizer files, else None."""
-    if isinstance(path, CheckpointFolder):
-        return path.tokenizer_dir
-    folder = resolve_checkpoint_dir(path)
-    return folder if all((folder / f).is_file() for f in TOKENIZER_FILES) else None
 
 
 def trained_context(path: AnyCheckpoint) -> int | None:

@@ -25,7 +25,7 @@ from test_serve_openai import (  # noqa: E402, F401  (gpt1_vocab_checkpoint: a f
     per_request,
 )
 
-from gpt1.checkpoint_files import tokenizer_dir_of  # noqa: E402
+from gpt1.checkpoint_files import open_checkpoint  # noqa: E402
 from gpt1.text.tokenizer import Tokenizer  # noqa: E402
 
 TEXTS = ["The old man walked away , slowly .", "it 's a mess", "does n't 3.5 e.g. naïve"]
@@ -51,7 +51,7 @@ def test_auto_detects_the_remote_tokenizer_and_equals_the_native_model(
     from lm_eval.utils import RemoteTokenizer
 
     ck = gpt1_vocab_checkpoint
-    tok = Tokenizer.from_dir(tokenizer_dir_of(ck))
+    tok = Tokenizer.from_dir(open_checkpoint(ck).tokenizer_dir)
     native = harness_run(
         "gpt1", {"checkpoint": str(ck), "device": "cpu", "precision": "fp32"}, shared_data, 16
     )

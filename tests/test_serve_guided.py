@@ -20,7 +20,7 @@ openai = pytest.importorskip("openai")
 
 from test_serve import SENTENCES, TIMEOUT, post, serving, tiny_lm  # noqa: E402
 
-from gpt1.checkpoint_files import open_checkpoint, tokenizer_dir_of, trained_context  # noqa: E402
+from gpt1.checkpoint_files import open_checkpoint  # noqa: E402
 from gpt1.cli import main  # noqa: E402
 from gpt1.inference.scoring import Scorer  # noqa: E402
 from gpt1.model.checkpoint import load_model  # noqa: E402
@@ -63,8 +63,10 @@ def zeroshot_accuracy(setup: dict[str, Any], task: str, data: Path) -> float:
 
 def heuristic_scorer(lm: Path) -> tuple[Scorer, Tokenizer]:
     """The scorer and tokenizer `gpt1 zeroshot` builds for a checkpoint."""
-    model = load_model(open_checkpoint(lm), device="cpu").eval()
-    return Scorer(model, max_context=trained_context(lm)), Tokenizer.from_dir(tokenizer_dir_of(lm))
+    checkpoint = open_checkpoint(lm)
+    model = load_model(checkpoint, device="cpu").eval()
+    scorer = Scorer(model, max_context=checkpoint.trained_context)
+    return scorer, Tokenizer.from_dir(checkpoint.tokenizer_dir)
 
 
 def guided(url: str, prompt: Any, choices: list[str]) -> list[dict[str, Any]]:

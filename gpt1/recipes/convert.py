@@ -33,9 +33,9 @@ from gpt1.checkpoint_files import (
     check_weights_size,
     copy_tokenizer_files,
     load_state_dict,
+    open_checkpoint,
     resolve_checkpoint_dir,
     state_bytes,
-    tokenizer_dir_of,
     trained_context,
     write_model_files,
 )
@@ -524,7 +524,8 @@ def read_any(src: str | Path, fmt: str, n_head: int = 12) -> tuple[GPT, Path | N
     if fmt == "hf":
         vocab = path if all((path / f).is_file() for f in TOKENIZER_FILES) else None
         return load_hf(path), vocab
-    return load_checkpoint(path), tokenizer_dir_of(path)
+    checkpoint = open_checkpoint(path)
+    return load_checkpoint(checkpoint), checkpoint.tokenizer_dir
 
 
 def source_files(src: str | Path, fmt: str) -> list[Path]:

@@ -140,13 +140,13 @@ def write_world(out: Path, seed: int) -> tuple[Path, Path, Any]:
 def zero_shot_check(checkpoint: Path, world: Any) -> dict[str, Any]:
     """Does the pretrained LM alone know each held-out creature? Compare the log-probability of
     "dangerous" and "friendly" after "the NAME is a fierce and" style prompts, one per creature."""
-    from gpt1.checkpoint_files import tokenizer_dir_of
+    from gpt1.checkpoint_files import open_checkpoint
     from gpt1.inference.scoring import Scorer
     from gpt1.model.checkpoint import load_checkpoint
     from gpt1.text.tokenizer import Tokenizer
 
     model = load_checkpoint(checkpoint).eval()
-    tok = Tokenizer.from_dir(tokenizer_dir_of(checkpoint))
+    tok = Tokenizer.from_dir(open_checkpoint(checkpoint).tokenizer_dir)
     names = sorted({w for s, _ in world.dev for w in s.split() if w in world.creatures})
     requests, truth = [], []
     for name in names:
