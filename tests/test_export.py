@@ -287,8 +287,7 @@ def csv_run(tmp: Path, vocab: Path, kind: str, question_delimiter: bool = False)
     spec = {"columns": columns, "labels": labels, "regression": labels is None}  # csv flags
     if kind == "similarity":
         spec["similarity"] = True
-    from gpt1.tasks import get_task
-    from gpt1.tasks.registry import complete_generic_spec
+    from gpt1.tasks.registry import complete_generic_spec, get_task
 
     task = get_task("csv", complete_generic_spec("csv", spec, tmp, "train"))
     return write_run(

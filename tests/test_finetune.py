@@ -13,8 +13,8 @@ from gpt1.cli import main
 from gpt1.config import FINETUNE_TRAIN, FinetuneConfig, TrainConfig
 from gpt1.recipes.evaluate import load_finetuned
 from gpt1.recipes.finetune import build_finetune_model, finetune
-from gpt1.tasks import get_task
 from gpt1.tasks.batches import Encoded, FinetuneSource
+from gpt1.tasks.registry import get_task
 from helpers import fault_cases
 from helpers.tiny import tiny_finetune
 
@@ -218,9 +218,9 @@ def test_group_by_length_keeps_epochs_whole_cuts_padding_and_resumes(monkeypatch
 
 def test_evaluation_batches_by_length_and_keeps_the_split_order():
     from gpt1.config import model_preset
+    from gpt1.inference.prediction import predict_outputs
     from gpt1.model.gpt import GPT
     from gpt1.model.heads import FinetuneModel
-    from gpt1.inference.prediction import predict_outputs
 
     torch.manual_seed(0)
     gpt = GPT(model_preset("tiny"))

@@ -286,7 +286,7 @@ def test_jsonl_readers_with_any_record(tmp_path_factory, record):
     a JSON object with arbitrary values (numbers where text belongs, lists, nulls, ...)."""
     import json
 
-    from gpt1.tasks import get_task
+    from gpt1.tasks.registry import get_task
 
     folder = tmp_path_factory.mktemp("jsonl")
     (folder / "dev.jsonl").write_text(json.dumps(record) + "\n")
@@ -305,7 +305,7 @@ def test_jsonl_readers_with_any_record(tmp_path_factory, record):
 
 @pytest.mark.parametrize("score", ["inf", "-inf", "nan", "Infinity", "1e400"])
 def test_nonfinite_regression_scores_are_refused(tmp_path, score):
-    from gpt1.tasks import get_task
+    from gpt1.tasks.registry import get_task
 
     (tmp_path / "dev.tsv").write_text(
         f"index\tsentence1\tsentence2\tscore\n0\ta cat\ta dog\t{score}\n"

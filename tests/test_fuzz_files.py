@@ -197,7 +197,7 @@ def _run_json(folder: Path) -> None:
 
 def _task_data(kind: str, skip: bool) -> Callable[[Path], object]:
     def read(folder: Path) -> object:
-        from gpt1.tasks import get_task
+        from gpt1.tasks.registry import get_task
 
         spec = {"columns": {"text": "text", "label": "label"}, "labels": ["neg", "pos"]}
         return get_task(kind, spec).read(folder, "dev", skip)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from gpt1.cli import main
-from gpt1.tasks import get_task
+from gpt1.tasks.registry import get_task
 from helpers.tiny import char_vocab
 
 NAMES = {

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from gpt1.tasks import get_task
 from gpt1.tasks.metrics import compute
+from gpt1.tasks.registry import get_task
 
 
 def test_classification_metrics():

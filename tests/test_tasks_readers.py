@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from gpt1.errors import ConfigError, DataError
-from gpt1.tasks import get_task
 from gpt1.tasks.examples import ChoiceExample, TextExample, UnknownLabelError
-from gpt1.tasks.registry import complete_generic_spec
+from gpt1.tasks.registry import complete_generic_spec, get_task
 
 
 def counts(split):

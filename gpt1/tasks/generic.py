@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.errors import ConfigError, DataError
-from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
-from gpt1.tasks.kinds import INPUT_ROLES, KINDS
+from gpt1.tasks.examples import BadRows, Example
+from gpt1.tasks.kinds import INPUT_ROLES, KINDS, example
 from gpt1.tasks.rows import (
     NUMBER,
     Record,
@@ -119,27 +119,13 @@ def read_generic(
             if "id" in cols and rec.get(cols["id"]) is not None
             else str(line)
         )
-        if kind == "single":
-            return TextExample(text_field(rec, cols["text"], path, line), label, uid)
-        if kind in ("pair", "similarity"):
-            return PairExample(
-                text_field(rec, cols["a"], path, line),
-                text_field(rec, cols["b"], path, line),
-                label,
-                uid,
-            )
-        question = (
-            text_field(rec, cols["question"], path, line, allow_empty=True)
-            if "question" in cols
-            else ""
-        )
-        return ChoiceExample(
-            text_field(rec, cols["context"], path, line),
-            question,
-            _choices(rec, cols["choices"], path, line),
-            label,
-            uid,
-        )
+        values = {}
+        if KINDS[kind].choice and "question" in cols:  # the optional role, read first
+            values["question"] = text_field(rec, cols["question"], path, line, allow_empty=True)
+        for role in KINDS[kind].roles:
+            read = _choices if role == "choices" else text_field
+            values[role] = read(rec, cols[role], path, line)
+        return example(kind, values, label, uid)
 
     if need_labels and not has_label:
         raise ConfigError("--columns needs label=COLUMN for training and evaluation")

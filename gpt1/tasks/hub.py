@@ -13,7 +13,8 @@ from typing import Any
 
 from gpt1.errors import DataError, Gpt1Error
 from gpt1.extras import require
-from gpt1.tasks.examples import BadRows, ChoiceExample, Example, PairExample, TextExample
+from gpt1.tasks.examples import BadRows, Example
+from gpt1.tasks.kinds import example
 from gpt1.tasks.rows import check_field_sizes, label_field, text_field
 
 HUB_SPLITS = {
@@ -88,23 +89,18 @@ def read_hub(
                 options = row.get("options")
                 if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
                     raise DataError("expected a list of option strings", where, i, "options")
-                out.append(
-                    ChoiceExample(
-                        text_field(row, "article", where, i),  # type: ignore[arg-type]
-                        text_field(row, "question", where, i, allow_empty=True),  # type: ignore[arg-type]
-                        list(options),
-                        label,
-                        uid,
-                    )
-                )
+                values = {
+                    "context": text_field(row, "article", where, i),  # type: ignore[arg-type]
+                    "question": text_field(row, "question", where, i, allow_empty=True),  # type: ignore[arg-type]
+                    "choices": options,
+                }
             elif kind == "single":
-                out.append(TextExample(_text(row, FIRST, where, i), label, uid))
+                values = {"text": _text(row, FIRST, where, i)}
             else:
                 first = _text(row, FIRST, where, i)
                 key = next(k for k in FIRST if k in row)
-                out.append(
-                    PairExample(first, _text(row, SECOND, where, i, skip=row[key]), label, uid)
-                )
+                values = {"a": first, "b": _text(row, SECOND, where, i, skip=row[key])}
+            out.append(example(kind, values, label, uid))
         except DataError as exc:
             bad.report(exc)
     return out, Path(where), 0

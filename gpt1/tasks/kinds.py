@@ -1,10 +1,6 @@
-"""What each task kind means outside its transformation and head, in one table: `KINDS[kind]`.
-
-A task's kind (`gpt1.config.TaskKind`) chooses its input transformation (`transforms.py`) and its
-head (`gpt1.model.heads`). Everything else that differs between kinds is a row here: the roles a
-user's columns must name, a built-in task's request fields (`gpt1 serve`'s /v1/predict), the input
-sequences of one example, the input layout and head formula the exports describe, and whether the
-model chooses among answers. `example` builds a kind's example from its roles' values.
+"""What differs between task kinds besides their transformation (`transforms.py`) and head
+(`gpt1.model.heads`), one row per kind: `KINDS[kind]` (see `KindFacts`). `example` builds a
+kind's example from its roles' values.
 """
 
 from __future__ import annotations

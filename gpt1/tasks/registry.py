@@ -33,7 +33,7 @@ class Task:
     """Everything that makes one fine-tuning task."""
 
     name: str
-    kind: TaskKind  # a kind's value (a string) is read as its member
+    kind: TaskKind
     labels: list[str] | None  # class names; None = regression
     metrics: tuple[str, ...]  # first one is the task's headline metric
     reader: Reader
@@ -45,9 +45,6 @@ class Task:
     names: tuple[str, ...] | None = None  # each class's meaning, by label; None: labels are words
     # `gpt1 predict`'s file name: GLUE's for the task, or per split (MNLI's); default the task's
     submission: str | dict[str, str] | None = None
-
-    def __post_init__(self) -> None:
-        self.kind = TaskKind(self.kind)
 
     @property
     def is_choice(self) -> bool:
@@ -350,7 +347,7 @@ def generic_task(fmt: str, spec: dict[str, Any]) -> Task:
     if positive is not None:
         _check_positive(positive, labels, "f1" in metrics)
         full["positive_label"] = positive
-    return Task(fmt, kind, labels, metrics, _generic_reader, spec=full)
+    return Task(fmt, TaskKind(kind), labels, metrics, _generic_reader, spec=full)
 
 
 def _check_positive(name: str, labels: list[str] | None, has_f1: bool) -> None:

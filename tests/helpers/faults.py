@@ -374,7 +374,7 @@ class Reader:
 def _task_read(
     task: str, split: str, spec: dict | None = None, file: str | None = None, skip: bool = False
 ) -> Callable[[Path], object]:
-    from gpt1.tasks import get_task
+    from gpt1.tasks.registry import get_task
 
     def read(folder: Path) -> object:
         t = get_task(task, spec)
