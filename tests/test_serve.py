@@ -42,7 +42,7 @@ from gpt1.serve.options import ServeOptions  # noqa: E402
 from gpt1.serve.schemas import Limits  # noqa: E402
 from gpt1.serve.security import Security  # noqa: E402
 from gpt1.serve.server import uvicorn_config  # noqa: E402
-from gpt1.tasks import get_task  # noqa: E402
+from gpt1.tasks.registry import get_task  # noqa: E402
 from helpers.tiny import char_vocab  # noqa: E402
 
 JSON = {"Content-Type": "application/json"}  # what the API reads (else 415)
