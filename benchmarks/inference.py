@@ -59,15 +59,15 @@ DATA = Path(os.environ.get("GPT1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
 from gpt1.config import model_preset  # noqa: E402
 from gpt1.inference.generate import generate  # noqa: E402
+from gpt1.inference.prediction import predict_raw  # noqa: E402
 from gpt1.inference.prepack import prepack_available  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 from gpt1.inference.quantize import Int8Head, Int8Linear  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.model.heads import FinetuneModel  # noqa: E402
 from gpt1.recipes.convert import gpt1_to_hf_state  # noqa: E402
-from gpt1.inference.prediction import predict_raw  # noqa: E402
-from gpt1.tasks import get_task  # noqa: E402
 from gpt1.tasks.batches import Encoded  # noqa: E402
+from gpt1.tasks.registry import get_task  # noqa: E402
 
 # Each precision's float type for the transformers anchor (int8 has none: its anchors are ONNX
 # Runtime's dynamic int8 model and CTranslate2's int8 generator).
