@@ -55,7 +55,7 @@ def write_run(folder: Path, preset: str) -> Path:
     from gpt1.model.gpt import GPT
     from gpt1.model.heads import FinetuneModel
     from gpt1.recipes.finetune import load_tokenizer, task_record, writer
-    from gpt1.tasks import get_task
+    from gpt1.tasks.registry import get_task
 
     vocab = DATA / "gpt1_tokenizer"
     tok = load_tokenizer(vocab)
