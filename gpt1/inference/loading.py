@@ -4,10 +4,10 @@
 (`gpt1.checkpoint_files.open_checkpoint`: the folder a run resolves to, config.json, the
 architecture, tokenizer files and a fine-tuned run's task record), loads the model the folder
 holds (`gpt1.model.finetuned.load_finetuned_model` for a fine-tuned run, else
-`gpt1.model.checkpoint.load_model`: GPT or the LSTM baseline), its tokenizer and task,
-and makes the model ready (`gpt1.inference.prepared.for_inference`). The result is one `Loaded`
-value. `gpt1 serve`, `sample`, `evaluate`, `predict`, `zeroshot` and `lm-eval` all load this way,
-so a checkpoint, a `--device` and a `--precision` mean the same thing in each.
+`gpt1.model.checkpoint.load_model`: GPT or the LSTM baseline), makes it ready
+(`gpt1.inference.prepared.for_inference`), then reads its tokenizer and task. The result is one
+`Loaded` value. `gpt1 serve`, `sample`, `evaluate`, `predict`, `zeroshot` and `lm-eval` all load
+this way, so a checkpoint, a `--device` and a `--precision` mean the same thing in each.
 """
 
 from __future__ import annotations
