@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, TaskSweep, headline
+from gpt1.analysis.runs import TaskSweep, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 
@@ -41,20 +41,15 @@ def parse_sizes(spec: str) -> list[int | None]:
 
 
 def data_size_sweep(
-    init: str | Path,
-    task: str,
-    data: str | Path,
+    fixed: TaskSweep,
     out: str | Path,
-    options: FinetuneOptions,
     sizes: Sequence[int | None],
     seeds: Sequence[int] = (0, 1, 2),
-    train_split: str = "train",
-    eval_split: str = "dev",
     command: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the labelled-data sweep; write plot and tables; return the table."""
-    out = Path(out)
-    fixed = TaskSweep(init, task, data, train_split, eval_split, options)
+    """Run (or resume) the labelled-data sweep of `fixed`'s checkpoint and task; write plot and
+    tables; return the table."""
+    out, task = Path(out), fixed.task
     sweep = Sweep(out, "data-size", fixed.settings(), command)
     for size in sizes:
         label = "all" if size is None else str(size)

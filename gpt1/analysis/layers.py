@@ -13,32 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, TaskSweep, headline, train_metric
+from gpt1.analysis.runs import TaskSweep, headline, train_metric
 from gpt1.analysis.sweep import Sweep
 
 
 def layers_sweep(
-    init: str | Path,
-    task: str,
-    data: str | Path,
+    fixed: TaskSweep,
     out: str | Path,
-    options: FinetuneOptions,
     seeds: Sequence[int] = (0,),
     ks: Sequence[int] | None = None,
-    train_split: str = "train",
-    eval_split: str = "dev",
     train_examples: int | None = None,
     train_eval_examples: int = 1000,
     command: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run (or resume) the layers-transferred sweep; write the plot and tables; return the table."""
+    """Run (or resume) the layers-transferred sweep of `fixed`'s checkpoint and task; write the
+    plot and tables; return the table."""
     from gpt1.checkpoint_files import open_checkpoint
     from gpt1.model.checkpoint import model_config
 
-    n_layer = model_config(open_checkpoint(init), "gpt").n_layer  # validated: K = 0..n_layer
+    n_layer = model_config(open_checkpoint(fixed.init), "gpt").n_layer  # validated: K = 0..n_layer
     ks = list(range(n_layer + 1)) if ks is None else list(ks)
-    out = Path(out)
-    fixed = TaskSweep(init, task, data, train_split, eval_split, options)
+    out, task, data = Path(out), fixed.task, fixed.data
     settings = fixed.settings(
         train_examples=train_examples, train_eval_examples=train_eval_examples
     )
@@ -52,7 +47,7 @@ def layers_sweep(
                 results = sub.run()
                 metric, dev = headline(task, results)
                 train = train_metric(
-                    run_dir, data, train_split, train_eval_examples, seed, train_examples
+                    run_dir, data, fixed.train_split, train_eval_examples, seed, train_examples
                 )
                 return {
                     "metric": metric,

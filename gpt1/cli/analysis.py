@@ -312,7 +312,7 @@ def _finished_runs(sweep_file: Path) -> bool:
 
 
 def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
-    from gpt1.analysis.runs import FinetuneOptions, parse_ints
+    from gpt1.analysis.runs import FinetuneOptions, TaskSweep, parse_ints
     from gpt1.cli.options import from_flags
     from gpt1.config import check_seed
 
@@ -321,20 +321,19 @@ def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
     seeds = parse_ints(args.seeds, "--seeds")
     for seed in seeds:  # before any sub-run starts (each would refuse it as train.seed)
         check_seed(seed, "--seeds")
+    if args.analysis != "ablations":  # one task: what its sub-runs hold fixed
+        task = TaskSweep(
+            args.init, args.task, args.data, args.train_split, args.eval_split, options
+        )
     if args.analysis == "layers":
         from gpt1.analysis.layers import layers_sweep, markdown
 
         ks = parse_ints(args.ks, "--ks") if args.ks else None
         table = layers_sweep(
-            args.init,
-            args.task,
-            args.data,
+            task,
             args.out,
-            options,
             seeds,
             ks,
-            args.train_split,
-            args.eval_split,
             args.train_examples,
             args.train_eval_examples,
             command,
@@ -364,18 +363,7 @@ def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
     else:
         from gpt1.analysis.data_size import data_size_sweep, markdown, parse_sizes
 
-        table = data_size_sweep(
-            args.init,
-            args.task,
-            args.data,
-            args.out,
-            options,
-            parse_sizes(args.sizes),
-            seeds,
-            args.train_split,
-            args.eval_split,
-            command,
-        )
+        table = data_size_sweep(task, args.out, parse_sizes(args.sizes), seeds, command)
         print(markdown(table), end="")
         print(f"wrote {args.out}/data_size.png, data_size.md, data_size.json")
     return 0
