@@ -261,7 +261,7 @@ def text_settings(args: argparse.Namespace) -> dict:
 
 
 def corpus_settings(args: argparse.Namespace) -> dict:
-    """`add_corpus_fields`' flags and `text_settings`, as `train_tokenizer`'s keyword arguments."""
+    """`add_corpus_fields`' flags and `text_settings`, as `PrepareOptions` fields."""
     return dict(
         text_field=args.text_field, strip_gutenberg=args.strip_gutenberg, **text_settings(args)
     )

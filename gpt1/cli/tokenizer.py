@@ -146,15 +146,9 @@ def decode_lines(tok, lines: Iterator[str], source: str = "<stdin>") -> Iterator
 
 def _train(args: argparse.Namespace) -> int:
     from gpt1.cli import options
-    from gpt1.text.prepare import train_tokenizer
+    from gpt1.text.prepare import PrepareOptions, train_tokenizer
 
-    train_tokenizer(
-        args.corpus,
-        args.merges,
-        args.out,
-        overwrite=args.overwrite,
-        min_frequency=args.min_frequency,
-        processes=args.processes,
-        **options.corpus_settings(args),
-    )
+    settings = options.corpus_settings(args)
+    opts = PrepareOptions(workers=args.processes, overwrite=args.overwrite, **settings)
+    train_tokenizer(args.corpus, args.merges, args.out, opts, args.min_frequency)
     return 0

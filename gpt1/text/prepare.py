@@ -343,24 +343,19 @@ def train_tokenizer(
     corpus: Sequence[str | Path],
     merges: int,
     out: str | Path,
-    *,
-    overwrite: bool = False,
+    opts: PrepareOptions | None = None,
     min_frequency: int = 0,
-    standardize: str = "oai",
-    processes: int = 1,
-    lower_first: bool = True,
-    text_field: str = "text",
-    strip_gutenberg: bool = False,
 ) -> Tokenizer:
     """Learn `merges` BPE merges from the corpus files and write `vocab.json` + `merges.txt` into
-    `out` (atomically; an existing `out` is refused unless `overwrite`). `gpt1 tokenizer train`."""
+    `out` (atomically; an existing `out` is refused unless `opts.overwrite`). `opts`: how the
+    files are read and standardized, and `workers` the processes that count (`gpt1 tokenizer
+    train`)."""
     from gpt1.files import atomic_folder, check_output
 
     if merges < 0:
         raise DataError("--merges must be >= 0")
-    out = Path(out)
-    check_output(out, overwrite, tuple(corpus))
-    opts = PrepareOptions(text_field=text_field, strip_gutenberg=strip_gutenberg)
+    out, opts = Path(out), opts or PrepareOptions()
+    check_output(out, opts.overwrite, tuple(corpus))
     stats = Stats()
     files = find_files(corpus)
     texts = (d for f in files for d in documents(f, opts, stats))
@@ -368,10 +363,10 @@ def train_tokenizer(
     tok = Tokenizer.train(
         texts,
         merges,
-        standardize=standardize,
+        standardize=opts.standardize,
         min_frequency=min_frequency,
-        processes=processes,
-        lower_first=lower_first,
+        processes=opts.workers,
+        lower_first=opts.lower_first,
     )
     with atomic_folder(out) as tmp:
         tok.save(tmp)
