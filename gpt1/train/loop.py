@@ -413,17 +413,7 @@ def _update(
 
 def _log_update(run: _Run, meter: _Meter, update: _Update) -> None:
     """Write the logging interval's averages (metrics.jsonl, trackers, console)."""
-    rec = _train_record(
-        run.state,
-        update.step,
-        update.lr,
-        update.grad_norm,
-        meter.tokens_per_s(),
-        meter.flops_per_token,
-        meter.peak,
-        run.info.world_size,
-        run.device,
-    )
+    rec = _train_record(run, meter, update)
     meter.logger.write(rec)
     meter.logger.console(train_line(rec))
 
@@ -484,32 +474,24 @@ def _log_parts(log: dict, names: list[str], totals: list[float], world: int) -> 
         sums[key] = sums.get(key, 0.0) + total / world
 
 
-def _train_record(
-    state: dict,
-    step: int,
-    lr: float,
-    grad_norm: float,
-    tok_s: float,
-    fpt: float | None,
-    peak: float,
-    world: int,
-    device: torch.device,
-) -> dict:
+def _train_record(run: _Run, meter: _Meter, update: _Update) -> dict:
+    """The logging interval's record (its loss terms averaged, then reset in `run.state`)."""
+    state, tok_s, fpt, peak = run.state, meter.tokens_per_s(), meter.flops_per_token, meter.peak
     log = state["log"]
     n = max(log["n"], 1)
     loss = log["loss_sum"] / n
     parts = {k: v / n for k, v in (log.get("parts") or {}).items()}
     state["log"] = {"loss_sum": 0.0, "n": 0}
-    mfu = (fpt * tok_s / (peak * world)) if (fpt and peak) else 0.0
+    mfu = (fpt * tok_s / (peak * run.info.world_size)) if (fpt and peak) else 0.0
     return {
-        "step": step,
+        "step": update.step,
         "loss": loss,
         **parts,
-        "lr": lr,
-        "grad_norm": grad_norm,
+        "lr": update.lr,
+        "grad_norm": update.grad_norm,
         "tokens_per_s": tok_s,
         "mfu": mfu,
-        "mem_gb": memory_bytes(device) / 1e9,
+        "mem_gb": memory_bytes(run.device) / 1e9,
     }
 
 
