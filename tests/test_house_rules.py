@@ -98,6 +98,34 @@ def test_the_private_import_check_sees_both_forms(tmp_path):
     ]
 
 
+# Wider than the rule, each in a room being reworked: a name leaves when its function narrows.
+STILL_WIDE = {
+    "gpt1/recipes/evaluate.py predict_run",
+    "gpt1/recipes/evaluate.py evaluate_run",
+    "gpt1/recipes/evaluate.py evaluate_model",
+    "gpt1/analysis/ablations.py ablation_sweep",
+    "gpt1/zeroshot/curve.py evaluate_checkpoint",
+}
+
+
+def test_no_function_is_long_or_wide():
+    """A function spans at most 80 lines and takes at most 8 parameters (positional and
+    keyword-only; self and cls not counted): settings past that travel as one value."""
+    long, wide = [], []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(file.read_text(), str(file))):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            where = f"{file.relative_to(ROOT)} {node.name}"
+            args = node.args
+            names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+            if node.end_lineno - node.lineno + 1 > 80:
+                long.append(where)
+            if len(names) - (names[:1] in (["self"], ["cls"])) > 8 and where not in STILL_WIDE:
+                wide.append(where)
+    assert (long, wide) == ([], [])
+
+
 def kind_strings_compared(source: str) -> list[int]:
     """Lines that compare a value with a task kind's string (`kind == "choice"`,
     `kind in ("pair", "similarity")`, `case "single":`)."""
