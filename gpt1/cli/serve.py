@@ -181,33 +181,22 @@ def run(args: argparse.Namespace) -> int:
     from gpt1.extras import require
 
     require("serve", "fastapi", "uvicorn", "prometheus_client", what="gpt1 serve")
+    from gpt1.cli.options import from_flags
     from gpt1.serve.options import ServeOptions
     from gpt1.serve.schemas import Limits
     from gpt1.serve.security import Security
     from gpt1.serve.server import serve
     from gpt1.threads import requested_threads
 
-    options = ServeOptions(  # checked here, before the model loads: a typo costs no wait
+    # Checked here, before the model loads: a typo costs no wait.
+    options = from_flags(
+        ServeOptions,
+        args,
         security=Security(
             args.host, args.port, tuple(args.allowed_host), tuple(args.cors_origin), api_key(args)
         ),
-        limits=Limits(
-            max_items=args.max_items,
-            max_new_tokens=args.max_new_tokens,
-            max_body_bytes=args.max_body_bytes,
-        ),
-        device=args.device,
-        precision=args.precision,
+        limits=from_flags(Limits, args),
         threads=requested_threads(args.threads),  # auto unless the flag or $GPT1_THREADS says
-        batch_tokens=args.batch_tokens,
-        batch_items=args.batch_items,
-        batch_wait_ms=args.batch_wait_ms,
-        max_queue=args.max_queue,
-        max_generations=args.max_generations,
-        request_timeout=args.request_timeout,
-        max_connections=args.max_connections,
-        graceful_timeout=args.graceful_timeout,
-        served_model_name=args.served_model_name,
         with_playground=args.playground,
     )
     serve(args.run, options)
