@@ -66,7 +66,7 @@ def decoding_operators(monkeypatch):
     (`gpt1.inference.block_step`): for tests of the operator path itself."""
     from gpt1.inference import block_step
 
-    monkeypatch.setattr(block_step, "plan", lambda model, x: None)
+    monkeypatch.setattr(block_step, "plan", lambda model, x, integer=False: None)
 
 
 def check_shapes_and_tied_head(model: torch.nn.Module, vocab_size: int, n_embd: int) -> None:

@@ -5,10 +5,12 @@ import torch
 from torch import nn
 
 from gpt1 import GPT, ModelConfig
-from gpt1.inference import backend, int8_rows, int8_step
-from gpt1.inference.decoding import SlotPool, decode, forward_cached
+from gpt1.inference import backend, block_step, int8_rows, int8_step
+from gpt1.inference.batched import BatchedDecoder
+from gpt1.inference.decoding import SlotPool, decode, forward_cached, prefill
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import Int8Linear
+from gpt1.inference.sampling import Sampling
 
 
 @pytest.fixture(autouse=True)
@@ -104,3 +106,78 @@ def test_integer_step_rows_are_independent_of_the_other_sequences():
                 cache.truncate(5)
             torch.testing.assert_close(results[-1].float(), grouped.float(), atol=0.1, rtol=0.05)
     assert torch.equal(results[0][0], results[1][0])
+
+
+def _int8_model_with_caches(n: int, seed: int = 0):
+    torch.manual_seed(seed)
+    config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    model = for_inference(GPT(config), "cpu", "int8")
+    pool = SlotPool(2, 64)
+    gen = torch.Generator().manual_seed(seed + 1)
+    caches = [pool.cache() for _ in range(n)]
+    with torch.no_grad():
+        for cache in caches:
+            length = int(torch.randint(3, 9, (1,), generator=gen))
+            forward_cached(model, torch.randint(0, 300, (1, length), generator=gen), cache)
+    return model, caches, torch.randint(0, 300, (n,), generator=gen)
+
+
+@pytest.mark.parametrize("rows", [2, 9, 20])
+def test_the_compiled_integer_step_computes_what_the_modules_compute(rows, monkeypatch):
+    """The integer step in one call (`kernels/int8_rows.cpp` between C++ LayerNorm, attention
+    and GELU) gives the modules' per-row step's hidden states, two steps running (the second
+    reads the cache entries the first wrote), up to the summation order (bf16 activations:
+    within two bf16 steps of the largest value)."""
+    if backend.decode_step_op() is None:
+        pytest.skip("gpt1's kernel is not built for this CPU")
+    model, caches, ids = _int8_model_with_caches(rows)
+    lengths = [len(c) for c in caches]
+
+    def two_steps() -> list[torch.Tensor]:
+        with torch.no_grad(), int8_rows.per_row():
+            out = [decode(model, ids, caches, one_call=False) for _ in range(2)]
+        assert all(len(c) == n + 2 for c, n in zip(caches, lengths))
+        for cache, n in zip(caches, lengths):
+            cache.truncate(n)
+        return out
+
+    fused = two_steps()
+    monkeypatch.setattr(block_step, "integer_weights", lambda model: None)
+    modules = two_steps()
+    for mine, theirs in zip(fused, modules):
+        step = 2 * 2.0**-7 * float(theirs.float().abs().max())
+        assert float((mine.float() - theirs.float()).abs().max()) <= step
+
+
+def test_prompts_read_together_give_what_each_gives_alone():
+    """`prefill`: several prompts through the model at once give each prompt's last hidden state
+    and cache as `forward_cached` on it alone does (fp32: up to summation order), and a
+    `BatchedDecoder` taking several prompts in one step chooses the lone runs' greedy tokens."""
+    torch.manual_seed(3)
+    config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    model = GPT(config).eval()
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 300, (1, t), generator=gen) for t in (5, 1, 9, 3)]
+    pool = SlotPool(2, 64)
+    with torch.no_grad():
+        alone = [pool.cache() for _ in prompts]
+        want = torch.cat([forward_cached(model, p, c)[:, -1] for p, c in zip(prompts, alone)])
+        together = [pool.cache() for _ in prompts]
+        got = prefill(model, prompts, together)
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert [len(c) for c in together] == [len(c) for c in alone]
+        nxt = torch.tensor([7, 8, 9, 10])  # the caches written: the next step reads them alike
+        torch.testing.assert_close(
+            decode(model, nxt, together), decode(model, nxt, alone), atol=1e-5, rtol=1e-5
+        )
+    greedy = Sampling(max_new_tokens=6, temperature=0.0)
+    decoder = BatchedDecoder(model)
+    started = [decoder.add(p[0].tolist(), greedy) for p in prompts]
+    while decoder.active:
+        decoder.step()
+    for p, gen_ in zip(prompts, started):
+        lone = BatchedDecoder(model)
+        one = lone.add(p[0].tolist(), greedy)
+        while lone.active:
+            lone.step()
+        assert gen_.ids.tolist() == one.ids.tolist()

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gpt1.inference import arena, backend, block_step, matvec
+from gpt1.inference import arena, backend, block_step, int8_rows, matvec
 from gpt1.model.attention import attention, merge_heads, split_heads
 
 if TYPE_CHECKING:
@@ -320,6 +320,29 @@ class CachedTokens:
         return x
 
 
+class PromptRows:
+    """The layout of `prefill` for one layer: x `[N, C]`, the new tokens of several sequences
+    one after another (`lengths[i]` of sequence i), each attending as `CachedTokens` does over
+    its own cache (`layers[i]`) and its own new tokens."""
+
+    writes_cache = True
+
+    def __init__(self, layers: list[LayerCache], lengths: list[int]) -> None:
+        self.layers, self.lengths = layers, lengths
+
+    def attend(self, qkv: torch.Tensor, n_head: int, dropout_p: float) -> torch.Tensor:
+        parts = qkv.split(self.lengths)
+        return torch.cat(
+            [
+                CachedTokens(layer).attend(part[None], n_head, dropout_p)[0]
+                for layer, part in zip(self.layers, parts)
+            ]
+        )
+
+    def query_rows(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
 class StepTokens:
     """The layout of `decode` for one layer: x `[n, C]`, one new token of each of n sequences,
     attending over its own cache through a `LoopStep` or `PooledStep`."""
@@ -381,6 +404,33 @@ def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tenso
     return x
 
 
+def prefill(model: GPT, prompts: list[torch.Tensor], caches: list[KVCache]) -> torch.Tensor:
+    """The new tokens of several sequences (`prompts[i]` `[1, T_i]` continuing `caches[i]`)
+    through the model at once: the last position's hidden state of each, `[n, n_embd]`; each
+    cache grows by its T_i. The weight products run on all their rows together (a prompt of a
+    few rows alone reads every weight for them); attention runs per sequence, as
+    `forward_cached` runs it, and the int8 products take one activation scale per row
+    (`int8_rows.per_row`), so a sequence's result does not depend on the others'."""
+    backend.expect_decoding()
+    lengths = [int(p.shape[1]) for p in prompts]
+    for length, cache in zip(lengths, caches):
+        if len(cache) + length > model.config.n_positions:
+            raise ValueError(
+                f"sequence of {len(cache) + length} tokens is longer than "
+                f"n_positions={model.config.n_positions}"
+            )
+    ids = torch.cat([p[0] for p in prompts])  # [N]
+    positions = torch.cat(
+        [torch.arange(len(c), len(c) + t, device=ids.device) for c, t in zip(caches, lengths)]
+    )
+    x, _ = model.embed(ids, positions)  # [N, C]
+    with int8_rows.per_row():
+        for i, block in enumerate(model.h):
+            x = block(x, PromptRows([c.layers[i] for c in caches], lengths))
+    ends = torch.tensor(lengths, device=ids.device).cumsum(0) - 1
+    return x[ends]
+
+
 def decode(
     model: GPT, ids: torch.Tensor, caches: list[KVCache], one_call: bool = True
 ) -> torch.Tensor:
@@ -396,9 +446,10 @@ def decode(
     Where the one-call step applies (`gpt1.inference.block_step`), rows go through it in groups of
     up to `matvec.MAX_ROWS`, each group reading the weights once: each row's result is then the
     same bits whichever rows share its step (int8 never takes the many-row product, which
-    quantises the activations of all the rows with one scale). `one_call=False` runs the rows
-    through the blocks as modules, all at once: the many-row int8 step (`gpt1.inference.int8_step`,
-    with one activation scale per row).
+    quantises the activations of all the rows with one scale). `one_call=False` runs all the rows
+    at once with int8 x int8 products, one activation scale per row: the many-row int8 step
+    (`gpt1.inference.int8_step`), in the one-call step where it applies, else through the blocks
+    as modules.
     """
     backend.expect_decoding()
     if ids.dim() != 1 or len(caches) != ids.shape[0]:

@@ -48,7 +48,17 @@ def asked() -> bool:
 def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """rows `[M, K]` -> (int8 `[M, K]`, fp32 scales `[M, 1]`) with rows ~= int8 * scale, or None
     where a row holds an inf or a NaN (the float path keeps them). An all-zero row gets scale 1
-    (its integers are all 0). Scaled in fp32 whatever the rows' dtype."""
+    (its integers are all 0). Scaled in fp32 whatever the rows' dtype: two passes of gpt1's
+    compiled module (`kernels/int8_rows.cpp`) where it is built, else torch's operators; the
+    same integers."""
+    built = _built(rows)
+    if built is not None:
+        qx, scale = built.quantize_rows(rows.contiguous())
+        return None if qx is None else (qx, scale)
+    return _quantize_in_torch(rows)
+
+
+def _quantize_in_torch(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     x = rows.float()
     amax = x.abs().amax(dim=1, keepdim=True)
     if not bool(torch.isfinite(amax).all()):
@@ -62,11 +72,28 @@ def epilogue(
     scaled: torch.Tensor, x_scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
 ) -> torch.Tensor:
     """The kernel's fp32 output (sums times weight scales) times the row scales, plus the bias,
-    in `dtype`; overwrites `scaled`."""
+    in `dtype` (in one pass of the compiled module where it is built; may overwrite `scaled`)."""
+    built = _built(scaled)
+    if built is not None and dtype in (torch.float32, torch.bfloat16) and scaled.dim() == 2:
+        return built.scale_rows(scaled.contiguous(), x_scale, bias, dtype == torch.bfloat16)
+    return _epilogue_in_torch(scaled, x_scale, bias, dtype)
+
+
+def _epilogue_in_torch(
+    scaled: torch.Tensor, x_scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+) -> torch.Tensor:
     out = scaled.mul_(x_scale)
     if bias is not None:
         out.add_(bias.float())
     return out.to(dtype)
+
+
+def _built(rows: torch.Tensor):
+    """gpt1's compiled module where it has the row kernels and `rows` are on the CPU, else None."""
+    from gpt1.inference import backend  # backend's checks use this module
+
+    built = backend.kernel_module() if rows.is_cpu else None
+    return built if built is not None and built.has_int8_rows() else None
 
 
 def reference(
@@ -74,9 +101,11 @@ def reference(
 ) -> torch.Tensor:
     """The per-row product's arithmetic in plain torch, the int32 sums exact (int64 here)."""
     rows = x.reshape(-1, x.shape[-1])
-    found = quantize(rows)
+    found = _quantize_in_torch(rows)
     assert found is not None, "non-finite activations have no per-row product"
     qx, x_scale = found
     sums = qx.long() @ q.long().t()
-    out = epilogue(sums.to(torch.int32).float() * w_scale.float(), x_scale, bias, x.dtype)
+    out = _epilogue_in_torch(
+        sums.to(torch.int32).float() * w_scale.float(), x_scale, bias, x.dtype
+    )
     return out.view(*x.shape[:-1], q.shape[0])

@@ -4,9 +4,12 @@ The one-call step (`gpt1.inference.block_step`) reads each int8 weight once for 
 `matvec.MAX_ROWS` rows, widens it to fp32 and multiplies in fp32; more rows go through it in
 groups of that many. One row is bound by reading the weights; with more, every multiply-add is
 a float one after a widening, and the step becomes bound by that arithmetic. The integer step
-runs all the rows through the blocks as modules at once, every weight product int8 x int8 with
-int32 sums (`gpt1.inference.int8_rows`: one activation scale per row, so a sequence's tokens do
-not depend on the others in the step), and the output layer the same way.
+runs all the rows through the same one-call step at once, every weight product int8 x int8 with
+int32 sums on oneDNN's kernel (`kernels/int8_rows.cpp`, the arithmetic of
+`gpt1.inference.int8_rows`: one activation scale per row, so a sequence's tokens do not depend on
+the others in the step), LayerNorm, attention and GELU in C++ between them, and the output layer
+the same way; where the one-call step does not apply, the blocks run as modules with the same
+products.
 
 Which one runs for n rows is a timed check, kept per CPU and torch like `backend`'s
 (`gpt1.inference.timings`: interleaved best-of rounds, recorded with the load): a one-block
@@ -35,6 +38,7 @@ from gpt1.inference.quantize import quantized_layers
 from gpt1.model.gpt import GPT
 
 ROWS = (2, 4, 8, 12, 16, 24, 32, 48, 64)  # the row counts timed
+RECORD = "int8_rows_step"  # the timings' record (named anew when either step changes)
 PROMPT = 32  # cached positions of each timed sequence
 
 
@@ -62,13 +66,13 @@ class StepProbe:
 def step_probe() -> StepProbe:
     """The check's times: the record's, else measured now (a few seconds) and recorded; a
     record of other row counts is timed again."""
-    found = timings.kept("int8_step", StepProbe, _measure)
+    found = timings.kept(RECORD, StepProbe, _measure)
     return found if found.rows == list(ROWS) else probe_again()
 
 
 def probe_again() -> StepProbe:
     """Time the check again now and record it (`gpt1 kernels probe`)."""
-    found = timings.kept("int8_step", StepProbe, _measure, again=True)
+    found = timings.kept(RECORD, StepProbe, _measure, again=True)
     step_probe.cache_clear()
     return found
 

@@ -13,8 +13,14 @@
 #include <torch/extension.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "lanes.h"
 #include "products.h"
@@ -25,11 +31,13 @@ namespace {
 
 namespace simd = gpt1::simd;
 
-// Row r of x [M, K] -> q (int8, or int8 + 128 as unsigned bytes where `u8`) and scales[r];
-// false where a row holds an inf or a NaN (the float product keeps them).
-bool quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* scales, bool u8) {
-  for (int64_t r = 0; r < M; ++r) {
-    const float* row = x + r * K;
+// Rows [lo, hi) of x [M, K] -> q (int8, or int8 + 128 as unsigned bytes where `u8`) and
+// scales[r]; false where a row holds an inf or a NaN (the float product keeps them).
+template <typename T>
+bool quantize_rows(const T* x, int64_t lo, int64_t hi, int64_t K, int8_t* q, float* scales,
+                   bool u8) {
+  for (int64_t r = lo; r < hi; ++r) {
+    const T* row = x + r * K;
     simd::Vec top = simd::zero();
     bool nan = false;
     for (int64_t i = 0; i < K; i += simd::kLanes) {
@@ -89,7 +97,7 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
   const int64_t K = w.in, N = w.out;
   torch::Tensor qx = torch::empty({M, K}, torch::dtype(w.u8 ? at::kByte : at::kChar));
   std::vector<float> scales(M);
-  if (!quantize_rows(x, M, K, static_cast<int8_t*>(qx.data_ptr()), scales.data(), w.u8)) {
+  if (!quantize_rows(x, 0, M, K, static_cast<int8_t*>(qx.data_ptr()), scales.data(), w.u8)) {
     return false;
   }
   const torch::Tensor sums = onednn_product(qx, w.u8, *w.packed, *w.zero_points, *w.scale);
@@ -109,5 +117,79 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
 }
 
 }  // namespace gpt1
+
+// x [M, K] (fp32 or bf16, contiguous) -> (int8 [M, K], fp32 scales [M, 1]) with row r of x ~=
+// q[r] * scales[r]: `int8_rows.quantize`'s integers in two passes over each row; undefined
+// tensors where a row holds an inf or a NaN.
+std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "quantize_rows: x must be [rows, n], fp32 or bf16, contiguous, on the CPU");
+  const int64_t M = x.size(0), K = x.size(1);
+  torch::Tensor q = torch::empty({M, K}, x.options().dtype(at::kChar));
+  torch::Tensor scales = torch::empty({M, 1}, x.options().dtype(at::kFloat));
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* sp = scales.data_ptr<float>();
+  std::atomic<bool> finite{true};
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
+  at::parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+    const bool ok = x.scalar_type() == at::kFloat
+                        ? quantize_rows(x.data_ptr<float>(), lo, hi, K, qp, sp, false)
+                        : quantize_rows(x.data_ptr<at::BFloat16>(), lo, hi, K, qp, sp, false);
+    if (!ok) finite = false;
+  });
+  if (!finite) return {torch::Tensor(), torch::Tensor()};
+  return {q, scales};
+}
+
+// sums [M, N] fp32 (the int32 sums times the weight scales) -> sums * x_scale[m] + bias[n] in
+// bf16 (else fp32), one pass: `int8_rows.epilogue`'s arithmetic and roundings.
+torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale,
+                         const c10::optional<torch::Tensor>& bias, bool bf16) {
+  TORCH_CHECK(sums.dim() == 2 && sums.is_contiguous() && sums.scalar_type() == at::kFloat &&
+                  x_scale.numel() == sums.size(0) && x_scale.is_contiguous() &&
+                  x_scale.scalar_type() == at::kFloat,
+              "scale_rows: fp32 sums [M, N], fp32 scales [M]");
+  const int64_t M = sums.size(0), N = sums.size(1);
+  std::vector<float> bias_buf;
+  const float* b = bias.has_value()
+                       ? gpt1::float_values(*bias, N, bias_buf, "scale_rows:", "bias")
+                       : nullptr;
+  torch::Tensor out = torch::empty({M, N}, sums.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const float* s = sums.data_ptr<float>();
+  const float* xs = x_scale.data_ptr<float>();
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
+  at::parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const simd::Vec scale = simd::set1(xs[r]);
+      for (int64_t n = 0; n < N; n += simd::kLanes) {
+        const simd::Mask m = simd::lanes(n, N);
+        simd::Vec v = simd::mul(simd::load(s + r * N + n, m), scale);
+        if (b) v = simd::add(v, simd::load(b + n, m));
+        if (!bf16) {
+          simd::store(out.data_ptr<float>() + r * N + n, v, m);
+        } else {
+          simd::store(out.data_ptr<at::BFloat16>() + r * N + n, simd::round_bf16(v), m);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+bool has_int8_rows() { return true; }
+
+#else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: torch's operators quantise the rows
+
+bool has_int8_rows() { return false; }
+
+std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor&) {
+  TORCH_CHECK(false, "quantize_rows: not compiled for this CPU");
+}
+
+torch::Tensor scale_rows(const torch::Tensor&, const torch::Tensor&,
+                         const c10::optional<torch::Tensor>&, bool) {
+  TORCH_CHECK(false, "scale_rows: not compiled for this CPU");
+}
 
 #endif

@@ -23,6 +23,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("packed") = std::vector<torch::Tensor>(), pybind11::arg("u8") = false);
   m.def("greedy_tokens", &greedy_tokens, "each row's first largest logit, and whether all are finite",
         Unlocked(), pybind11::arg("logits"));
+  m.def("has_int8_rows", &has_int8_rows, "whether quantize_rows and scale_rows were compiled");
+  m.def("quantize_rows", &quantize_rows, "activations to int8 with one scale per row",
+        Unlocked(), pybind11::arg("x"));
+  m.def("scale_rows", &scale_rows, "int8 products' sums times the row scales, plus the bias",
+        Unlocked(), pybind11::arg("sums"), pybind11::arg("x_scale"), pybind11::arg("bias"),
+        pybind11::arg("bf16"));
   m.def("has_quantize_per_tensor", &has_quantize_per_tensor,
         "whether quantize_per_tensor was compiled for this CPU");
   m.def("quantize_per_tensor", &quantize_per_tensor,

@@ -53,5 +53,9 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           int64_t n_head, double eps, bool gelu,
                           const std::vector<torch::Tensor>& packed, bool u8);
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
+bool has_int8_rows();
+std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x);
+torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale,
+                         const c10::optional<torch::Tensor>& bias, bool bf16);
 bool has_quantize_per_tensor();
 std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor& x);
