@@ -158,6 +158,13 @@ def decode_step_op() -> Callable[..., torch.Tensor] | None:
     return built.decode_step
 
 
+def int8_row_kernels():
+    """gpt1's compiled module where it has the per-row int8 passes (`int8_rows.quantize` and
+    `epilogue` take it), else None (torch's operators do them)."""
+    built = kernel_module()
+    return built if built is not None and built.has_int8_rows() else None
+
+
 def greedy_op() -> Callable[..., tuple[torch.Tensor, bool]] | None:
     """The kernel's greedy choice (`greedy_tokens(logits [B, V]) -> (ids [B, 1], all
     finite)`), or None (torch's operators choose)."""
@@ -336,9 +343,9 @@ def _int8_products(
         def product() -> torch.Tensor:
             if isinstance(packed, RuntimeError):
                 raise packed
-            qx_rows, x_scale = int8_rows.quantize(x)
+            qx_rows, x_scale = int8_rows.quantize(x, int8_row_kernels())
             sums = onednn_int8_product(qx_rows, 1.0, packed, scale, None, torch.float32, encoding)
-            return int8_rows.epilogue(sums, x_scale, bias, dtype)
+            return int8_rows.epilogue(sums, x_scale, bias, dtype, int8_row_kernels())
 
         return product
 

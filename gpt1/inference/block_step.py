@@ -148,9 +148,10 @@ def plan(model: GPT, x: torch.Tensor, integer: bool = False) -> BlockStep | None
 
 def integer_weights(model: GPT) -> tuple[list[torch.Tensor], bool] | None:
     """What the step takes to multiply `model`'s int8 layers int8 x int8, a scale per row
-    (`kernels/int8_rows.cpp`): each layer's oneDNN copy and zero points (made or remade by its
-    `PackedInt8`, as its own many-row products use them) and whether the activations go over
-    as unsigned bytes; None where a layer is not int8 or oneDNN has no int8 kernel here."""
+    (`kernels/int8_rows.cpp`): each layer's oneDNN copy and zero points and its copy for a few
+    rows (made or remade by its `PackedInt8`; empty where the CPU has no VNNI), and whether the
+    activations go over as unsigned bytes; None where a layer is not int8 or oneDNN has no int8
+    kernel here."""
     encoding = backend.int8_many_rows()
     if encoding is None:
         return None
@@ -160,6 +161,7 @@ def integer_weights(model: GPT) -> tuple[list[torch.Tensor], bool] | None:
             if not isinstance(layer, Int8Linear):
                 return None
             packed += layer._packed.packed(layer.qweight)
+            packed.append(layer._packed.few_rows(layer.qweight))
     return packed, encoding == "u8"
 
 

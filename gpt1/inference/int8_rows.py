@@ -45,15 +45,14 @@ def asked() -> bool:
     return _PER_ROW.get()
 
 
-def quantize(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+def quantize(rows: torch.Tensor, kernels=None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """rows `[M, K]` -> (int8 `[M, K]`, fp32 scales `[M, 1]`) with rows ~= int8 * scale, or None
     where a row holds an inf or a NaN (the float path keeps them). An all-zero row gets scale 1
     (its integers are all 0). Scaled in fp32 whatever the rows' dtype: two passes of gpt1's
-    compiled module (`kernels/int8_rows.cpp`) where it is built, else torch's operators; the
-    same integers."""
-    built = _built(rows)
-    if built is not None:
-        qx, scale = built.quantize_rows(rows.contiguous())
+    compiled module (`kernels`, `backend.int8_row_kernels()`: `kernels/int8_rows.cpp`) where
+    given, else torch's operators; the same integers."""
+    if kernels is not None and rows.is_cpu:
+        qx, scale = kernels.quantize_rows(rows.contiguous())
         return None if qx is None else (qx, scale)
     return _quantize_in_torch(rows)
 
@@ -69,13 +68,17 @@ def _quantize_in_torch(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] 
 
 
 def epilogue(
-    scaled: torch.Tensor, x_scale: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype
+    scaled: torch.Tensor,
+    x_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    dtype: torch.dtype,
+    kernels=None,
 ) -> torch.Tensor:
     """The kernel's fp32 output (sums times weight scales) times the row scales, plus the bias,
-    in `dtype` (in one pass of the compiled module where it is built; may overwrite `scaled`)."""
-    built = _built(scaled)
-    if built is not None and dtype in (torch.float32, torch.bfloat16) and scaled.dim() == 2:
-        return built.scale_rows(scaled.contiguous(), x_scale, bias, dtype == torch.bfloat16)
+    in `dtype` (in one pass of the compiled module where `kernels` is given, as for `quantize`;
+    may overwrite `scaled`)."""
+    if kernels is not None and dtype in (torch.float32, torch.bfloat16) and scaled.dim() == 2:
+        return kernels.scale_rows(scaled.contiguous(), x_scale, bias, dtype == torch.bfloat16)
     return _epilogue_in_torch(scaled, x_scale, bias, dtype)
 
 
@@ -86,14 +89,6 @@ def _epilogue_in_torch(
     if bias is not None:
         out.add_(bias.float())
     return out.to(dtype)
-
-
-def _built(rows: torch.Tensor):
-    """gpt1's compiled module where it has the row kernels and `rows` are on the CPU, else None."""
-    from gpt1.inference import backend  # backend's checks use this module
-
-    built = backend.kernel_module() if rows.is_cpu else None
-    return built if built is not None and built.has_int8_rows() else None
 
 
 def reference(

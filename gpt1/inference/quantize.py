@@ -135,6 +135,8 @@ def _dequantised_linear(
     return out if bias is None else out + bias
 
 
+_NONE = torch.empty(0, dtype=torch.uint8)  # "no few-row copy" in the step's tensor list
+
 # Activations the many-row int8 product takes (its output comes back in the same dtype).
 _PACKED_INT8_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -156,6 +158,7 @@ class PackedInt8:
         # One attribute: threads that pack at once never pair one's weight with the other's
         # zero points or stamp.
         self._copy: tuple[torch.Tensor, torch.Tensor, MadeFrom] | None = None
+        self._few_rows: tuple[torch.Tensor, MadeFrom] | None = None
 
     def __deepcopy__(self, memo: dict) -> PackedInt8:
         return PackedInt8()  # a copy packs its own (copied) weight when used
@@ -171,14 +174,15 @@ class PackedInt8:
             return None
         rows = x.reshape(-1, x.shape[-1])
         per_row = int8_rows.asked() or backend.int8_per_row()
-        found = int8_rows.quantize(rows) if per_row else _quantize_per_tensor(rows)
+        kernels = backend.int8_row_kernels() if per_row else None
+        found = int8_rows.quantize(rows, kernels) if per_row else _quantize_per_tensor(rows)
         if found is None or found[0] is None:
             return None
         qx, x_scale = found
         try:
             if per_row:
                 sums = self.product(qx, 1.0, q, scale, None, torch.float32, encoding)
-                out = int8_rows.epilogue(sums, x_scale, bias, x.dtype)
+                out = int8_rows.epilogue(sums, x_scale, bias, x.dtype, kernels)
             else:
                 out = self.product(qx, x_scale, q, scale, bias, x.dtype, encoding)
         except RuntimeError as e:
@@ -214,6 +218,18 @@ class PackedInt8:
             copy = (*backend.pack_int8(q), MadeFrom(q))
             self._copy = copy
         return copy[0], copy[1]
+
+    def few_rows(self, q: torch.Tensor) -> torch.Tensor:
+        """`q` in the layout of the decoding step's int8 kernel for a few rows (AVX-512 VNNI:
+        `kernels/int8_rows.cpp`), made or remade here as `packed` is; empty where that kernel
+        is not compiled for this CPU."""
+        copy = self._few_rows
+        if copy is None or not copy[1].matches(q):
+            built = backend.kernel_module()
+            made = built.pack_vnni(q) if built is not None and q.shape[1] % 4 == 0 else None
+            copy = (_NONE if made is None else made, MadeFrom(q))
+            self._few_rows = copy
+        return copy[0]
 
 
 def _packed_int8_applies(x: torch.Tensor, q: torch.Tensor, bias: torch.Tensor | None) -> bool:

@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
+#include <utility>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,6 +90,73 @@ torch::Tensor onednn_product(const torch::Tensor& qx, bool u8, const torch::Tens
   return stack.back().toTensor();
 }
 
+#if defined(__AVX512VNNI__)
+// ------------------------------------------------------------------ a few rows on VNNI
+// oneDNN's int8 kernel reads the weights at about 10 GB/s for a few rows (it fetches nothing
+// ahead), well under what the decoding kernel of one row reaches, so up to `kFewRows` rows take
+// this kernel instead: the weights, in the layout `pack_vnni` makes, stream once through
+// `vpdpbusd` (four int8 products summed into each 32-bit lane) for every row, fetched ahead.
+// Each lane holds one output channel; a row's four activations at a time are broadcast, so no
+// sum is ever reduced across lanes. The weights go over as unsigned bytes (w + 128) and the
+// activations as signed ones; the exact int32 sums are then corrected by 128 * sum_k x[m, k]:
+//
+//   sum_k (w[n, k] + 128) x[m, k] - 128 sum_k x[m, k] = sum_k w[n, k] x[m, k]
+//
+// (|sums| < 255 * 127 * K: no overflow below K = 66,000). The sums are the same integers as
+// oneDNN's, and the scales are applied in the same order after.
+constexpr int64_t kVnniAheadBytes = 4096;
+
+template <int M>
+void vnni_block(const uint8_t* w, const int8_t* x, int64_t K, __m512i* acc) {
+  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_si512();
+  const int64_t groups = K / 4;
+  for (int64_t g = 0; g < groups; ++g) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + g * 64 + kVnniAheadBytes), _MM_HINT_T0);
+    const __m512i lanes = _mm512_loadu_si512(w + g * 64);
+    for (int m = 0; m < M; ++m) {
+      int32_t four;
+      std::memcpy(&four, x + m * K + 4 * g, 4);
+      acc[m] = _mm512_dpbusd_epi32(acc[m], lanes, _mm512_set1_epi32(four));
+    }
+  }
+}
+
+template <int M>
+void vnni_product(const uint8_t* packed, const int8_t* x, const int32_t* x_sums,
+                  const float* x_scales, const float* w_scale, const float* bias, int64_t K,
+                  int64_t N, float* y) {
+  const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
+  // A task is a run of output blocks, its weights read in order: at least 64 KB of them.
+  const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    __m512i acc[M];
+    for (int64_t b = b0; b < b1; ++b) {
+      vnni_block<M>(packed + b * block_bytes, x, K, acc);
+      const int64_t n0 = b * 16;
+      const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+      const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale + n0);
+      const __m512 bs = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+      for (int m = 0; m < M; ++m) {
+        const __m512i sums = _mm512_sub_epi32(acc[m], _mm512_set1_epi32(128 * x_sums[m]));
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), ws);
+        v = _mm512_mul_ps(v, _mm512_set1_ps(x_scales[m]));
+        if (bias) v = _mm512_add_ps(v, bs);
+        _mm512_mask_storeu_ps(y + m * N + n0, mask, v);
+      }
+    }
+  });
+}
+
+template <int... Ms>
+bool vnni_dispatch(int64_t M, std::integer_sequence<int, Ms...>, const uint8_t* packed,
+                   const int8_t* x, const int32_t* x_sums, const float* x_scales,
+                   const float* w_scale, const float* bias, int64_t K, int64_t N, float* y) {
+  return ((M == Ms + 1 &&
+           (vnni_product<Ms + 1>(packed, x, x_sums, x_scales, w_scale, bias, K, N, y), true)) ||
+          ...);
+}
+#endif
+
 }  // namespace
 
 namespace gpt1 {
@@ -95,6 +164,22 @@ namespace gpt1 {
 bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
                        float* y) {
   const int64_t K = w.in, N = w.out;
+#if defined(__AVX512VNNI__)
+  if (w.vnni && M <= kFewRows) {
+    std::vector<int8_t> q(M * K);
+    std::vector<float> scales(M);
+    std::vector<int32_t> sums(M);
+    if (!quantize_rows(x, 0, M, K, q.data(), scales.data(), false)) return false;
+    for (int64_t m = 0; m < M; ++m) {
+      int32_t total = 0;
+      for (int64_t k = 0; k < K; ++k) total += q[m * K + k];
+      sums[m] = total;
+    }
+    return vnni_dispatch(M, std::make_integer_sequence<int, kFewRows>(),
+                         w.vnni->data_ptr<uint8_t>(), q.data(), sums.data(), scales.data(),
+                         w.scale->data_ptr<float>(), bias, K, N, y);
+  }
+#endif
   torch::Tensor qx = torch::empty({M, K}, torch::dtype(w.u8 ? at::kByte : at::kChar));
   std::vector<float> scales(M);
   if (!quantize_rows(x, 0, M, K, static_cast<int8_t*>(qx.data_ptr()), scales.data(), w.u8)) {
@@ -179,9 +264,39 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
 
 bool has_int8_rows() { return true; }
 
+// q [N, K] int8 (K a multiple of 4) -> the few-row kernel's layout: [ceil(N / 16), K / 4, 16, 4]
+// unsigned bytes, lane j of block b holding channel 16 b + j's four weights w + 128 (absent
+// channels past N hold 128: weight 0); an undefined tensor where that kernel is not compiled.
+torch::Tensor pack_vnni(const torch::Tensor& q) {
+#if defined(__AVX512VNNI__)
+  TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous() &&
+                  q.size(1) % 4 == 0 && q.device().is_cpu(),
+              "pack_vnni: q must be [N, K] int8, contiguous, K a multiple of 4");
+  const int64_t N = q.size(0), K = q.size(1), blocks = (N + 15) / 16;
+  torch::Tensor out = torch::full({blocks, K / 4, 16, 4}, 128, q.options().dtype(at::kByte));
+  const int8_t* w = q.data_ptr<int8_t>();
+  uint8_t* o = out.data_ptr<uint8_t>();
+  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      for (int64_t lane = 0; lane < 16 && b * 16 + lane < N; ++lane) {
+        const int8_t* row = w + (b * 16 + lane) * K;
+        for (int64_t k = 0; k < K; ++k) {
+          o[((b * (K / 4) + k / 4) * 16 + lane) * 4 + k % 4] = uint8_t(int(row[k]) + 128);
+        }
+      }
+    }
+  });
+  return out;
+#else
+  return torch::Tensor();
+#endif
+}
+
 #else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: torch's operators quantise the rows
 
 bool has_int8_rows() { return false; }
+
+torch::Tensor pack_vnni(const torch::Tensor&) { return torch::Tensor(); }
 
 std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor&) {
   TORCH_CHECK(false, "quantize_rows: not compiled for this CPU");

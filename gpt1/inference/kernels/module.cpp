@@ -29,6 +29,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("scale_rows", &scale_rows, "int8 products' sums times the row scales, plus the bias",
         Unlocked(), pybind11::arg("sums"), pybind11::arg("x_scale"), pybind11::arg("bias"),
         pybind11::arg("bf16"));
+  m.def("pack_vnni", &pack_vnni, "an int8 weight in the few-row integer kernel's layout",
+        Unlocked(), pybind11::arg("q"));
   m.def("has_quantize_per_tensor", &has_quantize_per_tensor,
         "whether quantize_per_tensor was compiled for this CPU");
   m.def("quantize_per_tensor", &quantize_per_tensor,

@@ -25,13 +25,17 @@ void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const
 // An int8 weight [out, in] as oneDNN's int8 kernel takes it: its packed copy and zero points
 // (`backend.pack_int8`), its per-channel fp32 scales, and whether the activations go over as
 // unsigned bytes with zero point 128 (`backend.int8_many_rows`'s "u8").
+// `vnni`, where given, is the weight in the few-row kernel's layout (`pack_vnni`), which up to
+// `kFewRows` rows take where it is compiled (AVX-512 VNNI).
 struct Int8Packed {
   const torch::Tensor* packed = nullptr;
   const torch::Tensor* zero_points = nullptr;
   const torch::Tensor* scale = nullptr;
+  const torch::Tensor* vnni = nullptr;
   int64_t out = 0, in = 0;
   bool u8 = false;
 };
+constexpr int kFewRows = 16;
 
 // y [M, N] (fp32) = x [M, K] @ (q * scale[:, None]).T + bias, any M >= 1, each row of x
 // quantised to int8 with its own scale (`int8_rows.cpp`); false, y untouched, where a row of x
@@ -54,6 +58,7 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           const std::vector<torch::Tensor>& packed, bool u8);
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 bool has_int8_rows();
+torch::Tensor pack_vnni(const torch::Tensor& q);
 std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x);
 torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale,
                          const c10::optional<torch::Tensor>& bias, bool bf16);

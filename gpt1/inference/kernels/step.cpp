@@ -311,8 +311,8 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
   TORCH_CHECK(R >= 1 && (integer || R <= 8) && H >= 1 && C % H == 0,
               "decode_step: 1 to 8 rows (any number with packed int8 weights), C % H == 0");
   TORCH_CHECK(params.size() == size_t(16 * L) && L >= 1, "decode_step: 16 tensors per block");
-  TORCH_CHECK(!integer || packed.size() == size_t(8 * L),
-              "decode_step: a packed weight and its zero points per int8 layer");
+  TORCH_CHECK(!integer || packed.size() == size_t(12 * L),
+              "decode_step: per int8 layer its packed weight, zero points and few-row copy");
   TORCH_CHECK(keys.size() == size_t(L * R) && values.size() == keys.size() &&
                   rows.size() == size_t(R) && lengths.size() == size_t(R),
               "decode_step: a cache per block and row");
@@ -361,8 +361,10 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
         Linear& layer = *layers[i];
         TORCH_CHECK(layer.w->scalar_type() == at::kChar, "decode_step: packed weights are int8");
         const torch::Tensor* s_tensor = &p[5 + 3 * i];
-        layer.rows_int8 = {&packed[8 * l + 2 * i], &packed[8 * l + 2 * i + 1], s_tensor,
-                           layer.w->size(0), layer.w->size(1), u8};
+        const torch::Tensor* mine = &packed[12 * l + 3 * i];
+        const torch::Tensor* vnni = mine[2].defined() && mine[2].numel() > 0 ? &mine[2] : nullptr;
+        layer.rows_int8 = {&mine[0], &mine[1], s_tensor, vnni, layer.w->size(0),
+                           layer.w->size(1), u8};
       }
     }
     TORCH_CHECK(qkv_layer.w->size(0) == 3 * C && out_layer.w->size(0) == C &&
