@@ -62,9 +62,11 @@ from gpt1.inference.decoding import (  # noqa: E402
 from gpt1.inference.generate import generate, next_tokens  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 from gpt1.inference.quantize import Int8Linear, int8_linear, quantize_rows  # noqa: E402
+from gpt1.inference.sampling import Sampling  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+GREEDY = Sampling(temperature=0)  # the sampling path alone: the choice, not the new tokens
 clock = CLOCKS["wall"]
 
 
@@ -131,7 +133,7 @@ def batch1(precisions: list[str], new: int, repeats: int) -> None:
             "prefill": lambda: generate(model, prompt, 1, temperature=0),
             "read": lambda: rates.append(reads.rate()),
             "weights": lambda: [products() for _ in range(new)],
-            "sampling": lambda: [next_tokens(logits, 0, None, None, None) for _ in range(new)],
+            "sampling": lambda: [next_tokens(logits, GREEDY, None) for _ in range(new)],
             "sampling before": lambda: [isfinite_argmax(logits) for _ in range(new)],
         }
         kernels = kernels_alone(model, prompt, new)

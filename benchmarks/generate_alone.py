@@ -87,7 +87,7 @@ def first_token_time(model, prompt: torch.Tensor, new: int) -> float:
     """Greedy generation of `new` tokens after `prompt` (what `generate` runs); returns the
     seconds to the first token, which the prompt's forward pass takes up."""
     start = time.perf_counter()
-    stream = generate_stream(model, prompt, Sampling(new, 0.0))
+    stream = generate_stream(model, prompt, Sampling(max_new_tokens=new, temperature=0.0))
     next(stream)
     first = time.perf_counter() - start
     for _ in stream:

@@ -180,7 +180,8 @@ def generate_alone(engine, prompt: list[int], new_tokens: int) -> list[int]:
     thread runs them: `engine.start`, `engine.step`), with no other generation in its batch."""
     from gpt1.inference.sampling import Sampling
 
-    handle = engine.start(*engine.generation(prompt, Sampling(new_tokens, 0.0, seed=0)))
+    sampling = Sampling(max_new_tokens=new_tokens, temperature=0.0, seed=0)
+    handle = engine.start(*engine.generation(prompt, sampling))
     out: list[int] = []
     while True:
         for gen, item in engine.step():

@@ -45,7 +45,7 @@ from gpt1.inference.speculative import MAX_DRAFT, Costs, Drafts, Speculator, acc
 from gpt1.model.gpt import GPT  # noqa: E402
 
 NOVEL = Path(__file__).resolve().parents[2] / "shared/data/corpus/gutenberg/1342-0.txt"
-GREEDY = Sampling(64, 0.0)
+GREEDY = Sampling(max_new_tokens=64, temperature=0.0)
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU time
 clock = CLOCKS["wall"]
 

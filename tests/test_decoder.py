@@ -11,6 +11,11 @@ from gpt1.inference.batched import BatchedDecoder
 from gpt1.inference.decoding import KVCache, decode, forward_cached
 from gpt1.inference.generate import generate
 from gpt1.inference.prepack import prepack_for_inference
+from gpt1.inference.sampling import Sampling
+
+
+def greedy(n: int) -> Sampling:
+    return Sampling(max_new_tokens=n, temperature=0)
 
 
 def _model(prepacked: bool = False) -> GPT:
@@ -21,12 +26,13 @@ def _model(prepacked: bool = False) -> GPT:
 
 
 def _run(decoder: BatchedDecoder, starts: dict[int, list[tuple]]) -> dict[int, list[int]]:
-    """Step until every generation ends; `starts[step]` lists (key, args) begun before it."""
+    """Step until every generation ends; `starts[step]` lists (key, `add`'s arguments) begun
+    before it."""
     keys, out = {}, {}
     step = 0
     while decoder.active or any(s >= step for s in starts):
-        for key, args, kwargs in starts.get(step, []):
-            keys[decoder.start(*args, **kwargs)] = key
+        for key, args in starts.get(step, []):
+            keys[decoder.add(*args)] = key
             out[key] = []
         for gen, item in decoder.step():
             assert not isinstance(item, Exception), item
@@ -64,8 +70,8 @@ def test_generations_decoded_together_equal_each_alone(prepacked):
         for p, k in zip(prompts, news)
     ]
     starts = {
-        0: [(i, (prompts[i], news[i]), {"temperature": 0}) for i in (0, 1)],
-        2: [(i, (prompts[i], news[i]), {"temperature": 0}) for i in (2, 3)],
+        0: [(i, (prompts[i], greedy(news[i]))) for i in (0, 1)],
+        2: [(i, (prompts[i], greedy(news[i]))) for i in (2, 3)],
     }
     got = _run(BatchedDecoder(model), starts)
     assert [got[i] for i in range(4)] == want
@@ -75,7 +81,7 @@ def test_a_lone_generation_is_generate_stream_bit_for_bit():
     model = _model(prepacked=True)
     prompt = torch.randint(0, 300, (6,)).tolist()
     want = generate(model, torch.tensor([prompt]), 25, temperature=0)[0, 6:].tolist()
-    assert _run(BatchedDecoder(model), {0: [(0, (prompt, 25), {"temperature": 0})]})[0] == want
+    assert _run(BatchedDecoder(model), {0: [(0, (prompt, greedy(25)))]})[0] == want
 
 
 def test_seeded_sampling_follows_each_generations_own_generator():
@@ -88,9 +94,10 @@ def test_seeded_sampling_follows_each_generations_own_generator():
         ].tolist()
         for p, s in zip(prompts, (1, 2))
     ]
+    sampling = Sampling(max_new_tokens=15, **opts)
     starts = {
         0: [
-            (i, (prompts[i], 15), {**opts, "generator": torch.Generator().manual_seed(s)})
+            (i, (prompts[i], sampling, torch.Generator().manual_seed(s)))
             for i, s in ((0, 1), (1, 2))
         ]
     }
@@ -101,28 +108,28 @@ def test_seeded_sampling_follows_each_generations_own_generator():
 def test_stop_and_finish_events_and_checks():
     model = _model()
     decoder = BatchedDecoder(model)
-    a = decoder.start([1, 2], 3, temperature=0)
-    b = decoder.start([3], 0, temperature=0)  # asks for nothing: finished at once
+    a = decoder.add([1, 2], greedy(3))
+    b = decoder.add([3], greedy(0))  # asks for nothing: finished at once
     first = decoder.step()
     assert (b, None) in first and sum(1 for g, t in first if g is a and isinstance(t, int)) == 1
     decoder.stop(a)
     assert decoder.active == [] and decoder.step() == []
-    c = decoder.start([4], 1, temperature=0)
+    c = decoder.add([4], greedy(1))
     events = decoder.step()
     assert [g for g, _ in events] == [c, c] and events[-1][1] is None  # last token, then None
     with pytest.raises(ConfigError):
-        decoder.start([], 3)
+        decoder.add([], Sampling(max_new_tokens=3))
     with pytest.raises(ConfigError):
-        decoder.start([300], 3)
+        decoder.add([300], Sampling(max_new_tokens=3))
     with pytest.raises(ConfigError):
-        decoder.start([1], 3, temperature=-1)
+        decoder.add([1], Sampling(max_new_tokens=3, temperature=-1))
 
 
 def test_a_failing_generation_ends_alone():
     model = _model()
     decoder = BatchedDecoder(model)
-    good = decoder.start([1, 2], 4, temperature=0)
-    bad = decoder.start([3, 4], 4, temperature=0)
+    good = decoder.add([1, 2], greedy(4))
+    bad = decoder.add([3, 4], greedy(4))
     decoder.step()  # both past their prompts now
     real = model.lm_logits
 
@@ -147,4 +154,4 @@ def test_the_lstm_baseline_decodes_without_a_cache():
     lstm = LSTMLM(LSTMConfig(vocab_size=300, n_positions=40, n_embd=32, hidden_size=48)).eval()
     prompt = [1, 2, 3]
     want = generate(lstm, torch.tensor([prompt]), 6, temperature=0)[0, 3:].tolist()
-    assert _run(BatchedDecoder(lstm), {0: [(0, (prompt, 6), {"temperature": 0})]})[0] == want
+    assert _run(BatchedDecoder(lstm), {0: [(0, (prompt, greedy(6)))]})[0] == want

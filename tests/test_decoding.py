@@ -139,10 +139,11 @@ def test_sparse_slots_are_attended_one_by_one():
 
 def test_the_batched_decoder_gives_each_generation_a_slot_and_takes_it_back():
     from gpt1.inference.batched import BatchedDecoder
+    from gpt1.inference.sampling import Sampling
 
     decoder = BatchedDecoder(_model())
-    first = decoder.start([1, 2, 3], 4, temperature=0)
-    second = decoder.start([4, 5], 2, temperature=0)
+    first = decoder.add([1, 2, 3], Sampling(max_new_tokens=4, temperature=0))
+    second = decoder.add([4, 5], Sampling(max_new_tokens=2, temperature=0))
     decoder.step()  # both prompts run alone, each into its slot
     assert (first.cache.slot, second.cache.slot) == (0, 1)
     assert isinstance(decode_step([first.cache, second.cache]), PooledStep)

@@ -156,3 +156,27 @@ def test_task_kinds_are_compared_as_strings_only_in_tasks():
     assert found == []
     sample = 'a == "choice"\nb in ("pair", "x")\nmatch c:\n    case "single": pass\nd == "x"\n'
     assert kind_strings_compared(sample) == [1, 2, 4]
+
+
+def positional_sampling_calls(source: str) -> list[int]:
+    """Lines that build a `Sampling` with positional arguments (`Sampling(20, 0.0)`)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and (getattr(node.func, "id", None) or getattr(node.func, "attr", None)) == "Sampling"
+        and node.args
+    ]
+
+
+def test_sampling_is_built_by_keyword():
+    """Every `Sampling(...)` in gpt1/ names its fields (`Sampling(max_new_tokens=20, top_k=40)`),
+    so a new field takes no edit where one is built."""
+    found = [
+        f"{file.relative_to(ROOT)}:{line}"
+        for file in sorted(PACKAGE.rglob("*.py"))
+        for line in positional_sampling_calls(file.read_text())
+    ]
+    assert found == []
+    sample = "Sampling()\nSampling(max_new_tokens=3, **o)\nSampling(3)\nsampling.Sampling(*a)\n"
+    assert positional_sampling_calls(sample) == [3, 4]

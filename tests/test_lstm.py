@@ -211,6 +211,7 @@ def test_info_describes_an_lstm_checkpoint(tmp_path, capsys):
 
 
 def test_sample_continues_an_lstm_checkpoint_greedily(tmp_path):
+    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import sample
 
     torch.manual_seed(0)
@@ -220,7 +221,8 @@ def test_sample_continues_an_lstm_checkpoint_greedily(tmp_path):
             p.normal_(0, 0.5)  # a peaked distribution, so the argmax path is not all one token
     save_lstm(model, tmp_path / "ckpt")
     prompt = [5, 17, 3]
-    (got,) = sample(tmp_path / "ckpt", prompt_ids=prompt, max_new_tokens=10, temperature=0)
+    greedy = Sampling(max_new_tokens=10, temperature=0)
+    (got,) = sample(tmp_path / "ckpt", prompt_ids=prompt, sampling=greedy)
     ids = list(prompt)
     with torch.no_grad():
         for _ in range(10):  # past n_positions=8 only the last 8 tokens are read

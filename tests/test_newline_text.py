@@ -65,9 +65,10 @@ def test_decode_keeps_newlines(tok):
 
 
 def test_greedy_sample_prints_the_newlines(newline_lm, capsys):
+    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import sample
 
-    got = sample(newline_lm, prompt=PROMPT, max_new_tokens=3, temperature=0)
+    got = sample(newline_lm, prompt=PROMPT, sampling=Sampling(max_new_tokens=3, temperature=0))
     assert got[0].text == "\n \n \n"
     # streamed: the prompt, a space, then the continuation as it comes
     args = ["sample", str(newline_lm), "--prompt", PROMPT, "--temperature", "0"]

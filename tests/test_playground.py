@@ -212,7 +212,7 @@ def test_page_is_small_self_contained_and_off_with_no_playground(world):
     assert not re.search(r"(https?:)?//[a-z0-9]", re.sub(r"<!--.*?-->", "", html)), "a URL"
     assert "@import" not in html and "url(" not in html
     config = json.loads(re.search(r'<script id="config" [^>]*>(.*?)</script>', html).group(1))
-    fields = CompletionRequest.model_fields
+    fields = {f.alias or n: f for n, f in CompletionRequest.model_fields.items()}  # as sent
     assert config["defaults"] == {name: fields[name].default for name in SAMPLING}
     assert config["defaults"]["temperature"] == 1.0 and config["max_logprobs"] == MAX_LOGPROBS
     assert off.status_code == 404 and off.json() == {"error": "no such endpoint: / (see /docs)"}
@@ -354,7 +354,7 @@ def test_browser_streams_greedy_completion_colours_tokens_and_stops(browser, wor
 
     assert info["info-model"] == "lm" and info["info-window"] == f"{WINDOW} tokens"
     assert info["info-precision"] == "fp32" and info["info-kind"] == "language-model"
-    fields = CompletionRequest.model_fields
+    fields = {f.alias or n: f for n, f in CompletionRequest.model_fields.items()}  # as sent
     for name, value in defaults.items():
         default = fields[name].default
         assert (value == "" and default is None) or float(value) == default, name

@@ -9,6 +9,7 @@ import re
 
 from conftest import ROOT, tiny_model_config
 
+from gpt1.inference.sampling import Sampling
 from gpt1.model.checkpoint import save_model
 from gpt1.model.gpt import GPT
 from helpers.tiny import char_vocab, make_task
@@ -47,7 +48,7 @@ def test_readme_python_section_runs(tmp_path, capsys):
 
     printed = capsys.readouterr().out.splitlines()
     sampler, prompt = namespace["sampler"], namespace["prompt"]
-    again = sampler.samples(prompt, max_new_tokens=20, top_k=40, seed=1, num_samples=3)
+    again = sampler.draw(prompt, Sampling(max_new_tokens=20, top_k=40, seed=1), num_samples=3)
     assert printed[:3] == [repr(sample.text) for sample in again]  # the seed reproduces them
     assert re.fullmatch(r"great -?\d+\.\d\d  awful -?\d+\.\d\d", printed[3])
     results = json.loads((out / "results.json").read_text())

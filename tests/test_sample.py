@@ -8,6 +8,7 @@ from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.inference.decoding import KVCache, forward_cached
 from gpt1.inference.generate import filter_logits, generate
+from gpt1.inference.sampling import Sampling
 from gpt1.recipes.convert import gpt1_to_hf_state
 
 # The tiny GPT with a vocabulary (89) and a window (40) of sizes no other dimension has.
@@ -97,13 +98,16 @@ def test_top_k_one_is_greedy():
 
 def test_filters_keep_the_right_tokens():
     logits = torch.log(torch.tensor([[0.5, 0.05, 0.3, 0.15]]))
-    kept = filter_logits(logits, top_k=2).isfinite()[0].tolist()
-    assert kept == [True, False, True, False]
+
+    def kept(**options) -> list[bool]:
+        return filter_logits(logits, Sampling(**options)).isfinite()[0].tolist()
+
+    assert kept(top_k=2) == [True, False, True, False]
     # nucleus 0.75: 0.5 alone is short of it, 0.5 + 0.3 reaches it -> keep exactly those two
-    assert filter_logits(logits, top_p=0.75).isfinite()[0].tolist() == [True, False, True, False]
-    assert filter_logits(logits, top_p=0.85).isfinite()[0].tolist() == [True, False, True, True]
-    assert filter_logits(logits, top_p=0.1).isfinite()[0].tolist() == [True, False, False, False]
-    scaled = filter_logits(logits, temperature=2.0)
+    assert kept(top_p=0.75) == [True, False, True, False]
+    assert kept(top_p=0.85) == [True, False, True, True]
+    assert kept(top_p=0.1) == [True, False, False, False]
+    scaled = filter_logits(logits, Sampling(temperature=2.0))
     assert torch.allclose(scaled, logits / 2)
 
 
@@ -112,7 +116,7 @@ def test_sampling_follows_the_filtered_distribution():
     x = prompt(3, batch=1).repeat(4000, 1)
     out = generate(m, x, 1, temperature=1.0, top_k=3, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        probs = filter_logits(m.lm_logits(m(x[:1]))[:, -1], top_k=3).softmax(-1)[0]
+        probs = filter_logits(m.lm_logits(m(x[:1]))[:, -1], Sampling(top_k=3)).softmax(-1)[0]
     counts = torch.bincount(out[:, -1], minlength=SAMPLING_MODEL["vocab_size"]).float() / len(out)
     assert set(torch.nonzero(counts).flatten().tolist()) <= set(
         torch.topk(probs, 3).indices.tolist()
@@ -169,14 +173,10 @@ def test_extreme_valid_options_sample_the_limit_distribution_greedy(options):
 
 def test_an_overflowing_temperature_keeps_the_filters():
     logits = torch.tensor([[3.0, 2.0, 1.0, -float("inf")]])
-    kept = filter_logits(logits, temperature=1e-40, top_k=2)
+    kept = filter_logits(logits, Sampling(temperature=1e-40, top_k=2))
     assert kept.softmax(-1)[0].tolist() == [1.0, 0.0, 0.0, 0.0]
-    assert filter_logits(logits, temperature=1.0, top_p=1e-50).isfinite()[0].tolist() == [
-        True,
-        False,
-        False,
-        False,
-    ]
+    tiny_nucleus = filter_logits(logits, Sampling(temperature=1.0, top_p=1e-50))
+    assert tiny_nucleus.isfinite()[0].tolist() == [True, False, False, False]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -187,7 +187,8 @@ def test_the_fast_sampling_path_matches_isfinite_and_argmax(dtype):
 
     gen = torch.Generator().manual_seed(0)
     rows = torch.randn(4, 40481, generator=gen).mul(3).round().to(dtype)  # many ties
-    assert torch.equal(next_tokens(rows, 0, None, None, None), rows.argmax(-1, keepdim=True))
+    greedy = Sampling(temperature=0)
+    assert torch.equal(next_tokens(rows, greedy, None), rows.argmax(-1, keepdim=True))
     for bad in (float("nan"), float("inf"), float("-inf")):
         for where in (0, 20000, 40480):
             damaged = rows.clone()
@@ -219,7 +220,7 @@ def test_the_kernels_greedy_choice_is_argmax_and_finds_every_non_finite_logit(dt
                 damaged[1, where] = bad
                 assert greedy(damaged)[1] is False
                 with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
-                    next_tokens(damaged, 0, None, None, None)
+                    next_tokens(damaged, Sampling(temperature=0), None)
 
 
 def test_one_sampling_value_draws_what_the_spelled_out_options_draw():
@@ -228,12 +229,11 @@ def test_one_sampling_value_draws_what_the_spelled_out_options_draw():
     three give `generate`'s tokens with that generator."""
     from gpt1.inference.batched import BatchedDecoder
     from gpt1.inference.generate import generate_stream, sample_ids
-    from gpt1.inference.sampling import Sampling
 
     m, x = model(6), prompt(5, batch=1)
     options = dict(temperature=0.9, top_k=20, top_p=0.9)
     want = generate(m, x, 10, generator=torch.Generator().manual_seed(3), **options)
-    sampling = Sampling(10, seed=3, **options)
+    sampling = Sampling(max_new_tokens=10, seed=3, **options)
     assert torch.equal(sample_ids(m, x, sampling), want)
     assert torch.equal(torch.cat(list(generate_stream(m, x, sampling)), 1), want[:, 5:])
     decoder = BatchedDecoder(m)
@@ -253,7 +253,6 @@ def test_sampling_keeps_to_the_window_the_model_was_pretrained_on(tmp_path, capl
     import json
     import logging
 
-    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import Sampler
     from helpers.tiny import tiny_checkpoint
 
@@ -312,7 +311,6 @@ def test_sampling_past_the_window_reads_the_last_window_tokens(tmp_path):
     import json
 
     from gpt1.inference.generate import generate_stream
-    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import Sampler
     from helpers.tiny import tiny_checkpoint
 
@@ -332,30 +330,30 @@ def test_choose_draws_only_ids_the_tokenizer_has(temperature):
     """A model with more rows than its tokenizer has ids draws among the tokenizer's: greedy
     takes the best of those, sampling never reaches past them."""
     from gpt1.inference.generate import choose
-    from gpt1.inference.sampling import Sampling
 
     logits = torch.zeros(3, 300)
     logits[:, 250] = 20.0  # the model's favourite lies past the tokenizer's 192 ids
     logits[:, 7] = 5.0
-    sampling = Sampling(1, temperature, seed=0)
+    sampling = Sampling(max_new_tokens=1, temperature=temperature, seed=0)
     ids = choose(logits, sampling, sampling.generator(torch.device("cpu")), vocab=192)
     assert ids.shape == (3, 1) and int(ids.max()) < 192
     if temperature == 0:
         assert ids.flatten().tolist() == [7, 7, 7]
-    assert int(choose(logits, Sampling(1, 0.0), None)[0, 0]) == 250  # no vocab: every row
+    greedy = Sampling(max_new_tokens=1, temperature=0.0)
+    assert int(choose(logits, greedy, None)[0, 0]) == 250  # no vocab: every row
 
 
 def test_sample_decodes_a_model_with_more_rows_than_its_tokenizer(tmp_path):
     """tiny_checkpoint's model has 300 rows, its character tokenizer 189 ids + 3 task tokens:
     gpt1 sample refused mid-way ("token id 271 is outside this vocabulary")."""
-    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import Sampler
     from helpers.tiny import tiny_checkpoint
 
     sampler = Sampler(tiny_checkpoint(tmp_path / "ck"), "cpu", "fp32")
     assert sampler.model.config.vocab_size == 300 and sampler.vocab == len(sampler.tokenizer) < 300
     for seed in range(4):
-        sampling = Sampling(40, 5.0, seed=seed)  # a flat distribution: ids past 192 were likely
+        # a flat distribution: ids past 192 were likely
+        sampling = Sampling(max_new_tokens=40, temperature=5.0, seed=seed)
         (sample,) = sampler.draw([1, 2, 3], sampling)
         assert max(sample.ids[3:]) < sampler.vocab and sample.text is not None
         assert "".join(sampler.stream([1, 2, 3], sampling)) == sample.text

@@ -60,21 +60,21 @@ def test_text_stream_equals_decode(tokenizer):
 
 
 def test_text_streams_before_generation_ends(checkpoint):
+    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import Sampler
 
     sampler = Sampler(checkpoint, device="cpu", precision="fp32")
     calls = []
     handle = sampler.model.register_forward_hook(lambda *a: calls.append(1))
+    greedy = Sampling(max_new_tokens=30, temperature=0)
     try:
-        pieces = sampler.stream_text(
-            sampler.prompt_ids("the old man"), max_new_tokens=30, temperature=0
-        )
+        pieces = sampler.stream(sampler.prompt_ids("the old man"), greedy)
         first = next(pieces)
         assert first and len(calls) < 30  # text arrived after a few steps, not all 30
         rest = "".join(pieces)
     finally:
         handle.remove()
-    full = sampler.samples(sampler.prompt_ids("the old man"), 30, temperature=0)[0].text
+    full = sampler.draw(sampler.prompt_ids("the old man"), greedy)[0].text
     assert (first + rest).strip() == full
 
 
@@ -170,16 +170,15 @@ def test_extreme_options_sample_or_are_refused_in_one_line(checkpoint, capsys, f
 
 
 def test_the_sampler_takes_one_sampling_value(checkpoint):
-    """`Sampler.draw` and `Sampler.stream` take a `Sampling`; `samples` and `stream_text` are
-    the same with the options spelled out (the seed reproduces the draws)."""
+    """`Sampler.draw` and `Sampler.stream` take a `Sampling` (its seed reproduces the draws)."""
     from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import Sampler
 
     sampler = Sampler(checkpoint, device="cpu", precision="fp32")
     ids = sampler.prompt_ids("the old man")
-    sampling = Sampling(12, temperature=0.9, top_k=30, seed=5)
+    sampling = Sampling(max_new_tokens=12, temperature=0.9, top_k=30, seed=5)
     drawn = sampler.draw(ids, sampling, num_samples=2)
-    spelled = sampler.samples(ids, 12, temperature=0.9, top_k=30, seed=5, num_samples=2)
-    assert [s.ids for s in drawn] == [s.ids for s in spelled] and len(drawn) == 2
+    again = sampler.draw(ids, sampling, num_samples=2)
+    assert [s.ids for s in drawn] == [s.ids for s in again] and len(drawn) == 2
     (one,) = sampler.draw(ids, sampling)  # a batch of one draws as the stream does
     assert "".join(sampler.stream(ids, sampling)).strip() == one.text.strip()

@@ -266,13 +266,13 @@ def test_predict_equals_gpt1_predict(world, kind, tmp_path):
 def test_generate_equals_gpt1_sample(world):
     """Greedy output equals `gpt1 sample --temperature 0`; seeded sampling equals `gpt1 sample
     --seed`; the SSE stream carries the same tokens, then the whole text."""
+    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import sample
 
-    lm = world["lm"]
-    greedy = sample(lm, prompt="the old man", max_new_tokens=30, temperature=0)[0]
-    seeded = sample(
-        lm, prompt="the old man", max_new_tokens=30, temperature=0.9, top_k=20, top_p=0.95, seed=7
-    )[0]
+    lm, prompt = world["lm"], "the old man"
+    greedy = sample(lm, prompt=prompt, sampling=Sampling(max_new_tokens=30, temperature=0))[0]
+    drawn = Sampling(max_new_tokens=30, temperature=0.9, top_k=20, top_p=0.95, seed=7)
+    seeded = sample(lm, prompt=prompt, sampling=drawn)[0]
     with serving(lm) as url:
         g = post(
             f"{url}/v1/generate", {"prompt": "the old man", "max_new_tokens": 30, "temperature": 0}
@@ -311,12 +311,14 @@ def test_generate_equals_gpt1_sample(world):
 def test_concurrent_generations_are_decoded_together_and_equal_gpt1_sample(world):
     """Eight clients at once: each gets `gpt1 sample`'s greedy tokens for its prompt, and the
     decoder ran several of them in one step (the generate batch-size histogram)."""
+    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import sample
 
     lm = world["lm"]
     prompts = [f"the {w} man" for w in ("old", "young", "tall", "quiet", "angry", "kind", "odd")]
     prompts.append("a")
-    want = {p: sample(lm, prompt=p, max_new_tokens=40, temperature=0)[0] for p in prompts}
+    greedy = Sampling(max_new_tokens=40, temperature=0)
+    want = {p: sample(lm, prompt=p, sampling=greedy)[0] for p in prompts}
     got: dict[str, Any] = {}
     with serving(lm) as url:
 
@@ -343,9 +345,11 @@ def test_concurrent_generations_are_decoded_together_and_equal_gpt1_sample(world
 
 
 def test_lstm_checkpoint_generates_and_scores(world):
+    from gpt1.inference.sampling import Sampling
     from gpt1.recipes.sample import sample
 
-    expected = sample(world["lstm"], prompt="hello", max_new_tokens=8, temperature=0)[0]
+    greedy = Sampling(max_new_tokens=8, temperature=0)
+    expected = sample(world["lstm"], prompt="hello", sampling=greedy)[0]
     with serving(world["lstm"]) as url:
         g = post(f"{url}/v1/generate", {"prompt": "hello", "max_new_tokens": 8, "temperature": 0})
         sc = post(f"{url}/v1/score", {"items": [{"context": "hel", "continuation": "lo"}]})

@@ -22,6 +22,7 @@ pytest.importorskip("fastapi")
 from test_serve import TIMEOUT, post, serving, tiny_run, wait_for  # noqa: E402
 from test_serve_openai import PROMPT, lm, url  # noqa: E402,F401  (module fixtures)
 
+from gpt1.inference.sampling import Sampling  # noqa: E402
 from gpt1.recipes.finetune import load_tokenizer  # noqa: E402
 from gpt1.recipes.sample import sample  # noqa: E402
 from gpt1.serve.engine import load_engine  # noqa: E402
@@ -198,10 +199,11 @@ def test_every_refusal_names_the_field_as_sent(url):  # noqa: F811
 def test_tiny_temperature_and_top_p_are_their_limit_greedy_everywhere(lm, url):  # noqa: F811
     """temperature 1e-30 and top_p 1e-30 are accepted by gpt1 sample, /v1/generate and
     /v1/completions alike, and all give the greedy continuation."""
-    greedy = sample(lm, prompt=PROMPT, max_new_tokens=8, temperature=0)[0]
-    cli = sample(lm, prompt=PROMPT, max_new_tokens=8, temperature=1e-30, seed=3)[0]
-    nucleus = sample(lm, prompt=PROMPT, max_new_tokens=8, top_p=1e-30, seed=3)[0]
     tiny = [{"temperature": 1e-30, "seed": 3}, {"top_p": 1e-30, "seed": 3}]
+    greedy, cli, nucleus = (
+        sample(lm, prompt=PROMPT, sampling=Sampling(max_new_tokens=8, **options))[0]
+        for options in ({"temperature": 0}, *tiny)
+    )
     for fields in tiny:
         generated = post(f"{url}/v1/generate", {"prompt": PROMPT, "max_new_tokens": 8, **fields})
         completed = post(url + COMPLETIONS, {"prompt": PROMPT, "max_tokens": 8, **fields})
@@ -398,8 +400,7 @@ def test_the_engine_is_a_language_model_with_a_classifier_only_when_fine_tuned(l
     """`load_engine` gives a `LanguageEngine` (scores, generations: it is the batcher's
     `Generations`), with a `ClassifierEngine` for a fine-tuned run only."""
     from gpt1.errors import ConfigError
-    from gpt1.inference.generate import generate
-    from gpt1.inference.sampling import Sampling
+    from gpt1.inference.generate import sample_ids
     from gpt1.serve.engine import ClassifierEngine, LanguageEngine
 
     pretrained = load_engine(lm, device="cpu")
@@ -408,11 +409,12 @@ def test_the_engine_is_a_language_model_with_a_classifier_only_when_fine_tuned(l
     with pytest.raises(ConfigError, match="/v1/predict needs a fine-tuned run"):
         pretrained.examples([{"text": "a"}])
     ids = pretrained.token_ids(PROMPT, None, "prompt")
-    handle = pretrained.start(*pretrained.generation(ids, Sampling(6, 0.0)))
+    greedy = Sampling(max_new_tokens=6, temperature=0.0)
+    handle = pretrained.start(*pretrained.generation(ids, greedy))
     tokens = []
     while pretrained.decoder.active:
         tokens += [t for h, t in pretrained.step() if h is handle and t is not None]
-    assert tokens == generate(pretrained.lm, torch.tensor([ids]), 6, 0.0)[0, len(ids) :].tolist()
+    assert tokens == sample_ids(pretrained.lm, torch.tensor([ids]), greedy)[0, len(ids) :].tolist()
 
     tuned = load_engine(tiny_run(tmp_path / "sst2", char_vocab(tmp_path / "vocab"), "sst2"))
     assert isinstance(tuned.classifier, ClassifierEngine) and tuned.kind == "classifier"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ openai = pytest.importorskip("openai")
 from test_serve import TIMEOUT, post, serving, tiny_run  # noqa: E402
 
 from gpt1.config import model_preset  # noqa: E402
+from gpt1.inference.sampling import Sampling  # noqa: E402
 from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.recipes.finetune import load_tokenizer  # noqa: E402
 from gpt1.recipes.sample import sample  # noqa: E402
@@ -59,14 +61,10 @@ def test_sdk_models_greedy_stream_stop_and_seeded_choices(lm, url):
     """models.list(); greedy text equals `gpt1 sample --temperature 0` (after the prompt's word
     break), as one response and as stream chunks; several prompts in one call; stop strings cut
     before themselves; n seeded choices are `gpt1 sample --seed s`, `--seed s+1`, ..."""
-    greedy = sample(lm, prompt=PROMPT, max_new_tokens=24, temperature=0)[0]
-    other = sample(lm, prompt="a", max_new_tokens=24, temperature=0)[0]
-    seeded = [
-        sample(lm, prompt=PROMPT, max_new_tokens=12, temperature=0.9, top_k=30, top_p=0.95, seed=s)[
-            0
-        ]
-        for s in (7, 8, 9)
-    ]
+    greedy = sample(lm, prompt=PROMPT, sampling=Sampling(max_new_tokens=24, temperature=0))[0]
+    other = sample(lm, prompt="a", sampling=Sampling(max_new_tokens=24, temperature=0))[0]
+    drawn = Sampling(max_new_tokens=12, temperature=0.9, top_k=30, top_p=0.95)
+    seeded = [sample(lm, prompt=PROMPT, sampling=replace(drawn, seed=s))[0] for s in (7, 8, 9)]
     api = client(url)
     (model,) = api.models.list().data
     one = api.completions.create(model=model.id, prompt=PROMPT, max_tokens=24, temperature=0)
@@ -118,7 +116,7 @@ def test_sdk_echo_logprobs_equal_v1_score(lm, url):
     the first is null; the generated token is the greedy one; top_logprobs hold the argmax."""
     tok = load_tokenizer(lm.parent / "vocab")
     ids = tok.encode(PROMPT + " walked")
-    greedy = sample(lm, prompt_ids=ids, max_new_tokens=1, temperature=0)[0]
+    greedy = sample(lm, prompt_ids=ids, sampling=Sampling(max_new_tokens=1, temperature=0))[0]
     api = client(url)
     zero = api.completions.create(
         model="lm", prompt=ids, max_tokens=0, echo=True, logprobs=1, temperature=0

@@ -138,7 +138,7 @@ def test_truncate_drops_rejected_positions_and_the_next_pass_overwrites_them():
 def test_greedy_speculation_gives_plain_decodings_tokens(window):
     """fp32, prompts random and repetitive, past the window (where speculation stops and each
     token re-reads the window): the same tokens, with drafts accepted on the way."""
-    m, greedy, counts = model(), Sampling(60, 0.0), Drafts()
+    m, greedy, counts = model(), Sampling(max_new_tokens=60, temperature=0.0), Drafts()
     for prompt in prompts():
         plain = tokens(m, prompt, greedy, window=window)
         fast = tokens(m, prompt, greedy, Speculator(prompt, counts), window=window)
@@ -150,7 +150,7 @@ def test_accept_draws_the_target_distribution():
     """One position, a point-mass draft: the token is x with probability p(x), any other y
     with p(y), for drafts likely and unlikely, with top-k filtering (p is the filtered one)."""
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0, 3.0]])  # [1, V]: the token after `last`
-    sampling = Sampling(1, 0.8, top_k=4, seed=0)
+    sampling = Sampling(max_new_tokens=1, temperature=0.8, top_k=4, seed=0)
     g = sampling.generator()
     p = (logits / 0.8).masked_fill(logits < 0.5, float("-inf")).softmax(-1)[0]
     n = 20_000
@@ -195,8 +195,8 @@ def test_sampled_speculation_follows_plain_sampling_in_distribution(monkeypatch)
 
     m = model(seed=1, scale=0.35)
     start = [4, 9, 2]
-    prompt = start + tokens(m, start, Sampling(12, 0.0))
-    sampling = Sampling(3, 0.7, top_p=0.95)
+    prompt = start + tokens(m, start, Sampling(max_new_tokens=12, temperature=0.0))
+    sampling = Sampling(max_new_tokens=3, temperature=0.7, top_p=0.95)
     plain, _ = _continuations(m, prompt, sampling, False, 1500)
     spec, counts = _continuations(m, prompt, sampling, True, 1500)
     assert 0 < counts.accepted < counts.drafted  # both outcomes were exercised
@@ -247,7 +247,8 @@ def test_batched_decoder_speculates_for_a_lone_generation_only():
 
     m = model()
     prompt = [1, 2, 3, 1, 2]
-    want = tokens(m, prompt, Sampling(30, 0.0))
+    greedy = Sampling(max_new_tokens=30, temperature=0.0)
+    want = tokens(m, prompt, greedy)
 
     def run(decoder: BatchedDecoder, *gens) -> list[list[int]]:
         out = {gen: [] for gen in gens}
@@ -259,15 +260,15 @@ def test_batched_decoder_speculates_for_a_lone_generation_only():
         return list(out.values())
 
     alone = BatchedDecoder(m)
-    assert run(alone, alone.add(prompt, Sampling(30, 0.0))) == [want]
+    assert run(alone, alone.add(prompt, greedy)) == [want]
     assert 0 < alone.drafts.accepted <= alone.drafts.drafted
     pair = BatchedDecoder(m)
     other = prompts()[3]
-    got = run(pair, pair.add(prompt, Sampling(30, 0.0)), pair.add(other, Sampling(30, 0.0)))
-    assert got == [want, tokens(m, other, Sampling(30, 0.0))] and pair.drafts.drafted == 0
+    got = run(pair, pair.add(prompt, greedy), pair.add(other, greedy))
+    assert got == [want, tokens(m, other, greedy)] and pair.drafts.drafted == 0
     off = BatchedDecoder(m, speculate="off")
-    assert run(off, off.add(prompt, Sampling(30, 0.0))) == [want] and off.drafts.drafted == 0
-    sampled = Sampling(30, 0.5, seed=3)
+    assert run(off, off.add(prompt, greedy)) == [want] and off.drafts.drafted == 0
+    sampled = Sampling(max_new_tokens=30, temperature=0.5, seed=3)
     auto, on = BatchedDecoder(m), BatchedDecoder(m, speculate="on")
     assert run(auto, auto.add(prompt, sampled)) == [tokens(m, prompt, sampled)]
     assert auto.drafts.drafted == 0
@@ -287,7 +288,8 @@ def test_server_counts_drafts_in_metrics_and_keeps_greedy_text(tmp_path):
     lm = tiny_lm(tmp_path / "lm", char_vocab(tmp_path / "vocab"))
     prompt = "the old man and the old man and the old"
     sampler = Sampler(lm, "cpu", "auto", speculate="off")
-    want = "".join(sampler.stream(sampler.prompt_ids(prompt), Sampling(20, 0.0)))
+    greedy = Sampling(max_new_tokens=20, temperature=0.0)
+    want = "".join(sampler.stream(sampler.prompt_ids(prompt), greedy))
     with serving(lm) as url:
         body = {"prompt": prompt, "max_tokens": 20, "temperature": 0}
         completion = post(f"{url}/v1/completions", body).json()

@@ -2,8 +2,9 @@
 
 Decoding one sequence reads every weight once per token, so batch-1 decoding is bound by memory
 bandwidth and n concurrent sequences decoded one by one cost n reads of the weights per token.
-`BatchedDecoder` runs each new sequence's prompt through the model on its own (filling its own
-key/value cache), then advances every sequence that is past its prompt in one `decode` call and
+`BatchedDecoder` runs the prompts of the sequences that join in one step through the model
+together (`prefill`: each fills its own key/value cache; a lone prompt runs as
+`generate_stream` runs it), then advances every sequence that is past its prompt in one `decode` call and
 one output-layer product: the weights are read once per step for all of them. Their keys and
 values share one `SlotPool` (`gpt1.inference.decoding`), so each layer's attention over all of them,
 of different lengths, is one call too. Sequences join and leave between steps.
@@ -26,8 +27,15 @@ from dataclasses import dataclass
 
 import torch
 
-from gpt1.inference import int8_step
-from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached, prepare_to_decode
+from gpt1.inference import int8_rows, int8_step
+from gpt1.inference.decoding import (
+    KVCache,
+    SlotPool,
+    decode,
+    forward_cached,
+    prefill,
+    prepare_to_decode,
+)
 from gpt1.inference.generate import check_prompt, choose
 from gpt1.inference.sampling import Sampling
 from gpt1.inference.speculative import Drafts, Speculator
@@ -52,7 +60,7 @@ Event = tuple[Generation, "int | None | Exception"]  # a token, None (finished) 
 
 class BatchedDecoder:
     """The generations of one model (see the module docstring). Not thread-safe: one thread
-    calls `add` (or `start`), `step` and `stop` (the server's batching worker)."""
+    calls `add`, `step` and `stop` (the server's batching worker)."""
 
     def __init__(
         self,
@@ -73,18 +81,6 @@ class BatchedDecoder:
         self.device = model.wte.weight.device
         self.active: list[Generation] = []
         self.pool = SlotPool(model.config.n_layer, self.n_positions)
-
-    def start(
-        self,
-        prompt: list[int] | torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        generator: torch.Generator | None = None,
-    ) -> Generation:
-        """`add` with the options spelled out."""
-        return self.add(prompt, Sampling(max_new_tokens, temperature, top_k, top_p), generator)
 
     def add(
         self,
@@ -130,6 +126,10 @@ class BatchedDecoder:
         together = [g for g in self.active if self._joins_batch(g)]
         alone = [g for g in self.active if not self._joins_batch(g)]
         with torch.no_grad():
+            prompts = [g for g in alone if self._prefills(g)]
+            if len(prompts) > 1:
+                alone = [g for g in alone if g not in prompts]
+                self._prefill(prompts, events)
             for gen in alone:
                 try:
                     logits = self.model.lm_logits(self._hidden_alone(gen)).float()  # [1, V]
@@ -155,6 +155,25 @@ class BatchedDecoder:
         return events
 
     # ------------------------------------------------------------------ internals
+    def _prefills(self, gen: Generation) -> bool:
+        """A prompt (several fresh tokens) that fits in its cache: read with the others."""
+        cache, fresh = gen.cache, gen.fresh.shape[1]
+        return cache is not None and fresh > 1 and len(cache) + fresh <= self.n_positions
+
+    def _prefill(self, gens: list[Generation], events: list[Event]) -> None:
+        """The prompts of several generations through the model at once (`prefill`: each
+        weight read once for all their rows), and their first tokens."""
+        try:
+            hidden = prefill(self.model, [g.fresh for g in gens], [g.cache for g in gens])
+            with int8_rows.per_row():  # each row its own activation scale, as in `prefill`
+                logits = self.model.lm_logits(hidden).float()  # [n, V]
+        except Exception as exc:
+            for gen in gens:
+                self._finish(gen, exc, events)
+            return
+        for r, gen in enumerate(gens):
+            self._choose(gen, logits[r : r + 1], events)
+
     def _joins_batch(self, gen: Generation) -> bool:
         """Past its prompt (one fresh token) with room left in its cache."""
         cache = gen.cache

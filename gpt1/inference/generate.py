@@ -1,19 +1,21 @@
 """Text generation: greedy, temperature, top-k and top-p (nucleus) sampling, with a KV cache.
 
 `generate_stream(model, ids, sampling)` is the core (one step at a time, the options one
-`Sampling`); `sample_ids` runs it to the end, and `generate` is the same with the options spelled
-out; `TextStream` turns the ids into text as they come. `next_tokens` (with a `Sampling`:
-`choose`) and `filter_logits` are the choice of each token, shared with the batched decoder
-(`gpt1.inference.batched`). The context is capped at `window` (default `n_positions`; `gpt1
-sample` passes the window the model was trained on): past it, each step re-reads the last `window`
-tokens (learned positions cannot slide, so the cache is not reused there), which is far slower.
+`Sampling`); `sample_ids` runs it to the end, and `generate` is the same with the options as
+keywords (the one call that takes them so); `TextStream` turns the ids into text as they come.
+`choose`, `next_tokens` and `filter_logits` are the choice of each token, each taking the
+`Sampling` whole, shared with the batched decoder (`gpt1.inference.batched`) and speculative
+decoding (`gpt1.inference.speculative`). The context is capped at `window` (default
+`n_positions`; `gpt1 sample` passes the window the model was trained on): past it, each step
+re-reads the last `window` tokens (learned positions cannot slide, so the cache is not reused
+there), which is far slower.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -24,17 +26,14 @@ from gpt1.inference.sampling import Sampling
 from gpt1.model.gpt import GPT
 
 
-def filter_logits(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-) -> torch.Tensor:
-    """Scale by temperature, then keep the top-k and the smallest top-p nucleus (others -inf).
+def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """Scale by `sampling`'s temperature (not 0: a greedy choice is no draw), then keep its top-k
+    and the smallest top-p nucleus (others -inf).
 
     logits `[B, V]`; same order as transformers (temperature, top-k, top-p), so seeded samples
     follow the same distribution.
     """
+    temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
     scaled = logits / temperature
     if not bool(torch.isfinite(scaled).all()):
         # So small a temperature that logits / temperature overflows (or is 0 in float32):
@@ -58,15 +57,11 @@ def filter_logits(
 
 
 def next_tokens(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    generator: torch.Generator | None,
+    logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """The next token of each row: float logits `[B, V]` -> ids `[B, 1]` (argmax at
-    temperature 0, else a draw from the filtered softmax with `generator`)."""
-    if temperature == 0 and (greedy := _greedy_op(logits)) is not None:
+    """The next token of each row: float logits `[B, V]` -> ids `[B, 1]` (argmax where
+    `sampling` is greedy, else a draw from the filtered softmax with `generator`)."""
+    if sampling.greedy and (greedy := _greedy_op(logits)) is not None:
         ids, finite = greedy(logits)  # the ids below, and the check, in one call
         if not finite:
             raise Gpt1Error(NON_FINITE)
@@ -74,10 +69,10 @@ def next_tokens(
     if not all_finite(logits):
         # Overflow (or damage): multinomial would crash, argmax would pick token 0.
         raise Gpt1Error(NON_FINITE)
-    if temperature == 0:
+    if sampling.greedy:
         # max's indices are argmax's (the first largest), from a kernel about 2.5x faster on CPU
         return logits.max(-1, keepdim=True).indices
-    probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
+    probs = filter_logits(logits, sampling).softmax(-1)
     return torch.multinomial(probs, 1, generator=generator)
 
 
@@ -113,7 +108,7 @@ def choose(
     """
     if vocab is not None and vocab < logits.shape[-1]:
         logits = logits[:, :vocab].contiguous()  # [B, vocab]: the same ids, the rest not drawn
-    return next_tokens(logits, sampling.temperature, sampling.top_k, sampling.top_p, generator)
+    return next_tokens(logits, sampling, generator)
 
 
 def all_finite(x: torch.Tensor) -> bool:
@@ -127,19 +122,20 @@ def generate(
     model: torch.nn.Module,
     ids: torch.Tensor,
     max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
+    *,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    **options: Any,
 ) -> torch.Tensor:
     """Continue `ids` `[B, T]` by `max_new_tokens` tokens; returns `[B, T + max_new_tokens]`.
 
-    `sample_ids` with the options spelled out (temperature 0 is greedy); `model` is a `GPT`
-    (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM baseline: it re-reads
-    the last n_positions tokens each step, like GPT past its context).
+    The one convenience that takes the sampling options as keywords: `options` are the other
+    fields of `Sampling`, by name (`temperature=0` is greedy, `top_k=`, `top_p=`, `seed=`; any
+    field `Sampling` gains is taken as it is), made into one `Sampling` for `sample_ids`.
+    `model` is a `GPT` (incremental decoding with a key/value cache) or an `LSTMLM` (the LSTM
+    baseline: it re-reads the last n_positions tokens each step, like GPT past its context).
     """
-    sampling = Sampling(max_new_tokens, temperature, top_k, top_p)
+    sampling = Sampling(max_new_tokens=max_new_tokens, **options)
     return sample_ids(model, ids, sampling, generator, use_cache)
 
 

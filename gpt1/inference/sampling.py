@@ -2,6 +2,11 @@
 flags, the `/v1/generate` and `/v1/completions` bodies, and the recipes (`Sampler`,
 `generate_stream`, `BatchedDecoder`).
 
+It is built by keyword only (`Sampling(max_new_tokens=20, top_k=40)`) and handed down whole, to
+the choice of each token too (`gpt1.inference.generate.filter_logits`). A new option is a field
+and its rule here, its use in `filter_logits`, its flag (`gpt1.cli.options.add_sampling`) and its
+type in the HTTP bodies (`gpt1.serve.schemas.SAMPLING_TYPES`, one declaration for both).
+
 The rules (OpenAI's where it has one):
 - `max_new_tokens`: a whole number >= 0.
 - `temperature`: a finite number >= 0; 0 is greedy (argmax). A tiny positive temperature (1e-30)
@@ -101,10 +106,10 @@ def problem(name: str, value: Any) -> str | None:
     return RULES[name](value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Sampling:
     """How a continuation is drawn (the rules are the module docstring's); refused on
-    construction with a `SamplingError`."""
+    construction with a `SamplingError`. Keyword arguments only."""
 
     max_new_tokens: int = 50
     temperature: float = 1.0

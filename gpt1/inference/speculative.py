@@ -206,8 +206,7 @@ def accept(
         logits = logits[:, :vocab]  # as `choose`: the ids past the tokenizer's are never drawn
     if not all_finite(logits):
         raise Gpt1Error(NON_FINITE)
-    probs = filter_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-    probs = probs.softmax(-1)  # [k + 1, V]
+    probs = filter_logits(logits, sampling).softmax(-1)  # [k + 1, V]
     for j, x in enumerate(draft):
         p = float(probs[j, x]) if x < probs.shape[-1] else 0.0
         if float(torch.rand((), generator=generator, device=probs.device)) < p:

@@ -1,11 +1,11 @@
 """`gpt1 sample`: a checkpoint's tokenizer and model, ready for prompt after prompt.
 
 `Sampler` holds a loaded checkpoint (GPT or the LSTM baseline) and its tokenizer; its `stream` and
-`draw` take the sampling options as one `Sampling` (`stream_text` and `samples` are the same with
-the options spelled out). `sample(checkpoint, ...)` is the one-shot entry point. The generation
-itself is `gpt1.inference.generate`, inside the checkpoint's window (`Loaded.window`, the one
-`gpt1 serve` reports): past it each new token re-reads the window, about 100x slower at GPT-1's
-size, which `Sampler` warns about up front and again when it happens. `Sampler.speed` is the
+`draw` take the sampling options as one `Sampling` (`Sampling(max_new_tokens=20, top_k=40)`), as
+does `sample(checkpoint, ...)`, the one-shot entry point. The generation itself is
+`gpt1.inference.generate`, inside the checkpoint's window (`Loaded.window`, the one `gpt1 serve`
+reports): past it each new token re-reads the window, about 100x slower at GPT-1's size, which
+`Sampler` warns about up front and again when it happens. `Sampler.speed` is the
 last generation's tokens and time (`gpt1 sample` prints it), with the drafted tokens accepted
 where one sequence was decoded speculatively (`speculate`: by default when greedy).
 """
@@ -222,51 +222,18 @@ class Sampler:
     def _generator(self, sampling: Sampling) -> torch.Generator:
         return sampling.generator(self.device)  # seeded, or with a fresh random seed
 
-    # The options spelled out (the README's example and programs written against it).
-    def stream_text(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int = 50,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-    ) -> Iterator[str]:
-        """`stream` with the options spelled out."""
-        sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
-        return self.stream(prompt_ids, sampling)
-
-    def samples(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int = 50,
-        temperature: float = 1.0,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        seed: int | None = None,
-        num_samples: int = 1,
-    ) -> list[Sample]:
-        """`draw` with the options spelled out."""
-        sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
-        return self.draw(prompt_ids, sampling, num_samples)
-
 
 def sample(
     checkpoint: str | Path,
     prompt: str | None = None,
     prompt_ids: list[int] | None = None,
-    max_new_tokens: int = 50,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int | None = None,
+    sampling: Sampling = Sampling(),
     num_samples: int = 1,
     device: str = "auto",
     precision: str = "auto",
 ) -> list[Sample]:
-    """Load `checkpoint` and continue a text or id prompt `num_samples` times (the options are
-    checked before anything loads)."""
-    sampling = Sampling(max_new_tokens, temperature, top_k, top_p, seed)
+    """Load `checkpoint` and continue a text or id prompt `num_samples` times, drawn with
+    `sampling` (the options are checked before anything loads)."""
     if (prompt is None) == (prompt_ids is None):
         raise ConfigError('give exactly one of --prompt TEXT or --prompt-ids "1 2 3"')
     if num_samples < 1:

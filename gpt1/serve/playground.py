@@ -31,9 +31,9 @@ SAMPLING = ("max_tokens", "temperature", "top_p", "top_k", "seed")
 
 def page_config(engine: Engine, limits: Limits) -> dict[str, Any]:
     """What the page is told at load: sampling defaults, limits and the task's fields."""
-    fields = CompletionRequest.model_fields
+    fields = {f.alias or name: f for name, f in CompletionRequest.model_fields.items()}
     return {
-        "defaults": {name: fields[name].default for name in SAMPLING},
+        "defaults": {name: fields[name].default for name in SAMPLING},  # by the names sent
         "max_new_tokens": limits.max_new_tokens,
         "max_logprobs": MAX_LOGPROBS,
         "fields": [{"name": name, "role": role} for name, role in engine.fields.items()],

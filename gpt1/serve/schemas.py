@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar
 
 from pydantic import (
@@ -141,6 +141,50 @@ def sampling_rule(name: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+# Each sampling option's type in a request body, declared once for both bodies that take them
+# (/v1/generate's and OpenAI's /v1/completions: `sampling_options`), which add its `Sampling` rule.
+# A new field of `Sampling` is declared here: until it is, the bodies fail to build.
+SAMPLING_TYPES: dict[str, Any] = {
+    "max_new_tokens": Annotated[Int, AtMost("max_new_tokens")],
+    "temperature": Number,
+    "top_k": Int,
+    "top_p": Number,
+    "seed": Int,
+}
+
+
+class SamplingOptions(Closed):
+    """A body with `Sampling`'s fields (`sampling_options` declares them)."""
+
+    def sampling(self) -> Sampling:
+        """The body's options as one `Sampling`."""
+        return Sampling(**{option.name: getattr(self, option.name) for option in fields(Sampling)})
+
+
+def sampling_options(
+    defaults: Sampling,
+    nullable: bool = False,
+    aliases: dict[str, str] | None = None,
+    descriptions: dict[str, str] | None = None,
+) -> type[SamplingOptions]:
+    """A base class for a body taking every field of `Sampling` (of its `SAMPLING_TYPES` type,
+    checked by its `sampling_rule`), with `defaults`' values by default. A field whose default is
+    None also takes null; with `nullable`, every field does (the body reads a null as the
+    default). `aliases`: a field's name in the body's protocol (OpenAI's `max_tokens`), which
+    the body is sent and its errors say; `descriptions`: shown in the OpenAPI schema. The body
+    lists its own fields after the ones of its other bases (`class Body(options, Prompt)`)."""
+    aliases, descriptions = aliases or {}, descriptions or {}
+    specs: dict[str, Any] = {}
+    for option in fields(Sampling):
+        name, default = option.name, getattr(defaults, option.name)
+        kind: Any = Annotated[SAMPLING_TYPES[name], sampling_rule(name)]
+        if nullable or default is None:
+            kind = kind | None
+        info = Field(default, alias=aliases.get(name), description=descriptions.get(name))
+        specs[name] = (kind, info)
+    return create_model("SamplingOptions", __base__=SamplingOptions, **specs)
+
+
 class ErrorBody(BaseModel):
     """What every error response carries."""
 
@@ -220,24 +264,18 @@ class PredictBody(Closed):
         return self._sent_one
 
 
-# The `/v1/generate` body: `gpt1 sample`'s options, with the same defaults. (The bodies carry
-# no docstring: it would become the description in their schema.)
-class GenerateRequest(Closed):
+# The prompt fields: a base of their own, first in the body's schema.
+class GeneratePrompt(Closed):
     prompt: Text | None = None
     prompt_ids: Ids | None = None
-    max_new_tokens: Annotated[Int, sampling_rule("max_new_tokens"), AtMost("max_new_tokens")] = (
-        DEFAULTS.max_new_tokens
-    )
-    temperature: Annotated[
-        Number, sampling_rule("temperature"), Field(description="0 is greedy")
-    ] = DEFAULTS.temperature
-    top_k: Annotated[Int, sampling_rule("top_k")] | None = None
-    top_p: Annotated[Number, sampling_rule("top_p")] | None = None
-    seed: Annotated[Int, sampling_rule("seed")] | None = None
-    stream: Bool = False
 
-    def sampling(self) -> Sampling:
-        return Sampling(self.max_new_tokens, self.temperature, self.top_k, self.top_p, self.seed)
+
+# The `/v1/generate` body: the prompt, `gpt1 sample`'s options with the same defaults, `stream`.
+# (The bodies carry no docstring: it would become the description in their schema.)
+class GenerateRequest(
+    sampling_options(DEFAULTS, descriptions={"temperature": "0 is greedy"}), GeneratePrompt
+):
+    stream: Bool = False
 
     @model_validator(mode="after")
     def one_prompt(self) -> GenerateRequest:

@@ -46,7 +46,7 @@ OnText = Callable[[Choice, str], Awaitable[None]]
 def scoring_path(body: CompletionRequest) -> bool:
     """An echo request with nothing to sample: the scorer alone answers it."""
     return bool(body.echo) and (
-        body.max_tokens == 0 or (body.max_tokens == 1 and body.temperature == 0)
+        body.max_new_tokens == 0 or (body.max_new_tokens == 1 and body.temperature == 0)
     )
 
 
@@ -59,7 +59,7 @@ async def compute(
     """Fill in every choice: by the scorer alone, or by generation (`started`: the choices'
     generations when queued already), then the scorer when numbers are asked for."""
     if scoring_path(body):
-        if body.max_tokens == 1 or body.logprobs is not None:
+        if body.max_new_tokens == 1 or body.logprobs is not None:
             await score_prompts(serve, choices, body)
         return
     await run_generations(choices, started or start_generations(serve, choices, body))
@@ -122,7 +122,7 @@ async def score_choices(serve: ServeState, choices: list[Choice], top: int) -> N
 async def score_prompts(serve: ServeState, choices: list[Choice], body: CompletionRequest) -> None:
     """The scoring path: prompts (once each, however many choices share them) through the
     scorer; with max_tokens 1 the greedy next token comes from the same pass."""
-    nxt = body.max_tokens == 1
+    nxt = body.max_new_tokens == 1
     unique = {tuple(c.prompt): None for c in choices}
     items = [SequenceScoring(list(p), body.logprobs or 0, nxt) for p in unique]
     found = dict(zip(unique, await scored(serve, items)))

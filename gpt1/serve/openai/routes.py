@@ -106,10 +106,10 @@ def check_lengths(serve: ServeState, body: CompletionRequest, prompts: list[list
     (which the queue always holds: `--max-queue` is at least `--max-items`)."""
     window, most, names = serve.engine.window, serve.limits.max_items, body.prompt_fields()
     for name, p in zip(names, prompts):
-        if len(p) + body.max_tokens > window:
+        if len(p) + body.max_new_tokens > window:
             raise Refused(
                 422,
-                f"{name}: {len(p)} tokens + max_tokens {body.max_tokens} is more than the "
+                f"{name}: {len(p)} tokens + max_tokens {body.max_new_tokens} is more than the "
                 f"model's {window}-token window (nothing is cut; send a shorter prompt)",
                 name,
             )

@@ -9,12 +9,13 @@ gets an answer computed differently from what it asked.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
 from gpt1.inference.sampling import Sampling
-from gpt1.serve.schemas import ERROR_RESPONSES, AtMost, FieldError, Text, sampling_rule
+from gpt1.serve.schemas import ERROR_RESPONSES, AtMost, FieldError, Text, sampling_options
 
 Int = Annotated[int, Strict()]
 Float = Annotated[float, Strict()]  # strict still takes a JSON integer (0 for 0.0)
@@ -24,6 +25,8 @@ StopText = Annotated[str, Strict(), Field(min_length=1, max_length=200)]
 
 MAX_LOGPROBS = 5  # OpenAI's own limit for the completions API
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default
+# OpenAI's defaults of the sampling options (top_p 1 keeps every token, as no top_p does).
+OPENAI_SAMPLING = Sampling(max_new_tokens=DEFAULT_MAX_TOKENS, top_p=1.0)
 
 # Field -> (its default values, why gpt1 refuses any other value).
 REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
@@ -35,15 +38,9 @@ REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
-# Fields whose null means their default (clients send nulls for "not set").
-NULL_MEANS: dict[str, Any] = {
-    "max_tokens": DEFAULT_MAX_TOKENS,
-    "temperature": 1.0,
-    "top_p": 1.0,
-    "n": 1,
-    "echo": False,
-    "stream": False,
-}
+# Fields whose null means their default (clients send nulls for "not set"): the sampling
+# options (by their names in `Sampling`) and these.
+NULL_MEANS: dict[str, Any] = {**asdict(OPENAI_SAMPLING), "n": 1, "echo": False, "stream": False}
 
 
 class Closed(BaseModel):
@@ -54,8 +51,8 @@ class StreamOptions(Closed):
     include_usage: Bool = False
 
 
-# The `/v1/completions` body (no docstring: it would become the schema's description).
-class CompletionRequest(Closed):
+# The model and the prompt: a base of their own, first in the body's schema.
+class CompletionPrompt(Closed):
     model: Annotated[str, Strict()] | None = None
     prompt: (
         Text
@@ -63,16 +60,20 @@ class CompletionRequest(Closed):
         | Ids
         | Annotated[list[Ids], Field(min_length=1)]
     )
-    # The sampling options follow gpt1's one rule (`gpt1.inference.sampling`), as in /v1/generate.
-    max_tokens: Annotated[Int, sampling_rule("max_new_tokens"), AtMost("max_new_tokens")] | None = (
-        DEFAULT_MAX_TOKENS
-    )
-    temperature: Annotated[Float, sampling_rule("temperature")] | None = 1.0
-    top_p: Annotated[Float, sampling_rule("top_p")] | None = 1.0
-    top_k: Annotated[Int, sampling_rule("top_k")] | None = None  # vLLM's and gpt1 sample's
+
+
+# The sampling options are /v1/generate's (`gpt1.serve.schemas.sampling_options`: gpt1's one rule,
+# `gpt1.inference.sampling`), with OpenAI's defaults and names (`max_tokens`; `top_k` is vLLM's
+# and gpt1 sample's), each taking null for its default.
+OpenAISampling = sampling_options(
+    OPENAI_SAMPLING, nullable=True, aliases={"max_new_tokens": "max_tokens"}
+)
+
+
+# The `/v1/completions` body (no docstring: it would become the schema's description).
+class CompletionRequest(OpenAISampling, CompletionPrompt):
     n: Annotated[Int, Field(ge=1), AtMost("max_choices")] | None = 1
     stop: StopText | Annotated[list[StopText], Field(max_length=16)] | None = None
-    seed: Annotated[Int, sampling_rule("seed")] | None = None
     logprobs: Annotated[Int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: Bool | None = False
     stream: Bool | None = False
@@ -94,16 +95,12 @@ class CompletionRequest(Closed):
         for name, default in NULL_MEANS.items():  # an explicit null is the default
             if getattr(self, name) is None:
                 setattr(self, name, default)
-        if self.max_tokens == 0 and not self.echo:
+        if self.max_new_tokens == 0 and not self.echo:
             raise FieldError("max_tokens", "0 returns nothing unless echo is true")
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only with stream true")
         self.sampling().for_choices(self.n)  # choice j draws with seed + j
         return self
-
-    def sampling(self) -> Sampling:
-        """The sampling options (choice j's: `.choice(j)`)."""
-        return Sampling(self.max_tokens, self.temperature, self.top_k, self.top_p, self.seed)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompt as a list of prompts (texts or id lists)."""
