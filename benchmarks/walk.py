@@ -58,14 +58,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 PACKAGE = ROOT / "gpt1"
 PAIRS = ("model/*:checkpoint_files.py", "recipes/*:model/*", "inference/*:model/*")
-COUNT = (
+COUNT = (  # the loader's steps: gpt1/checkpoint_files.py, gpt1/model/checkpoint.py, ...
     "resolve_checkpoint_dir",
-    "read_config",
-    "open_checkpoint",
+    "open_checkpoint",  # reads a folder once (parse_config: its config.json)
+    "parse_config",
     "read_task_record",
     "resume_checkpoint",
-    "load_any_checkpoint",
-    "load_checkpoint",
+    "model_config",
+    "load_model",  # every architecture, through ARCHITECTURES
+    "ensure_model_fits",  # the memory check (GPT; ensure_lstm_fits for the LSTM)
+    "ensure_lstm_fits",
+    "load_weights",
+    "load_finetuned_model",
     "for_inference",
 )
 READS = ("config.json", "task.json", "run.json")
