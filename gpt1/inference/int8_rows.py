@@ -100,7 +100,5 @@ def reference(
     assert found is not None, "non-finite activations have no per-row product"
     qx, x_scale = found
     sums = qx.long() @ q.long().t()
-    out = _epilogue_in_torch(
-        sums.to(torch.int32).float() * w_scale.float(), x_scale, bias, x.dtype
-    )
+    out = _epilogue_in_torch(sums.to(torch.int32).float() * w_scale.float(), x_scale, bias, x.dtype)
     return out.view(*x.shape[:-1], q.shape[0])

@@ -52,7 +52,13 @@ except ImportError:  # Windows: no flock; torch's own marker alone
     fcntl = None
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
-SOURCES = ("matvec.cpp", "step.cpp", "int8_rows.cpp", "quantize.cpp", "module.cpp")  # compiled into one module
+SOURCES = (
+    "matvec.cpp",
+    "step.cpp",
+    "int8_rows.cpp",
+    "quantize.cpp",
+    "module.cpp",
+)  # compiled into one module
 HEADERS = ("products.h", "lanes.h")
 MAX_ROWS = 8  # the most rows one call takes (its accumulators live in registers)
 DTYPES = (torch.int8, torch.bfloat16, torch.float32)  # the weight types it reads
