@@ -381,6 +381,51 @@ def documented_harness_block(doc: Path) -> str:
     return block
 
 
+def wait_until_the_block_serves(proc, url: str, log: Path, timeout: float = 300) -> None:
+    """Wait until the `gpt1 serve` the bash block `proc` (a session leader) started in the
+    background answers `url`/health, or the block ends; fail with the block's output (`log`) if
+    the server exits first, never starts, or does not answer within `timeout` seconds."""
+    import time
+
+    started, seen = time.monotonic(), False
+    while proc.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        alive = serve_in_session(proc.pid)
+        seen |= alive
+        waited = time.monotonic() - started
+        if (seen and not alive) or (not seen and waited > 30) or waited > timeout:
+            said = "exited" if seen and not alive else f"did not answer in {waited:.0f} s"
+            pytest.fail(f"the block's gpt1 serve {said}:\n{log.read_text()[-3000:]}")
+        time.sleep(0.5)
+
+
+def serve_in_session(session: int) -> bool:
+    """Whether a live `gpt1 serve` process belongs to `session` (read from /proc; where there is
+    no /proc, assumed: the wait is then bounded by its timeout alone)."""
+    if not Path("/proc/self/stat").is_file():
+        return True
+    for folder in Path("/proc").iterdir():
+        try:
+            stat = (folder / "stat").read_text() if folder.name.isdigit() else ""
+            command = (folder / "cmdline").read_bytes().split(b"\0") if stat else []
+        except OSError:  # gone meanwhile
+            continue
+        fields = stat.rpartition(")")[2].split()  # state, ppid, process group, session, ...
+        if (
+            fields
+            and fields[0] != "Z"
+            and int(fields[3]) == session
+            and b"serve" in command
+            and any(part.endswith(b"gpt1") for part in command)
+        ):
+            return True
+    return False
+
+
 @pytest.mark.slow
 def test_the_documented_local_completions_example_runs_on_the_tours_model(tmp_path, shared_data):
     """docs' lm-eval block (the same in lm-eval.md and serve.md), run as written by bash on a
@@ -424,7 +469,12 @@ def test_the_documented_local_completions_example_runs_on_the_tours_model(tmp_pa
             start_new_session=True,  # the server started with & goes with the group
         )
         try:
-            proc.wait(timeout=900)
+            # the block's `until curl .../health` loop would wait forever for a server that died
+            wait_until_the_block_serves(proc, f"http://127.0.0.1:{port}", log)
+            try:
+                proc.wait(timeout=900)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the documented block ran over 900 s:\n{log.read_text()[-3000:]}")
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGTERM)  # the server, still running in the background
