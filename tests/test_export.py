@@ -323,7 +323,7 @@ def card_code(folder: Path) -> str:
 def test_card_code_reproduces_gpt1_predict(tmp_path, gpt1_vocab, kind, question_delimiter):
     import csv
 
-    from gpt1.recipes.evaluate import predict_run
+    from gpt1.recipes.evaluate import ScoringOptions, predict_run
 
     columns, labels, rows, arguments = CSV_TASKS[kind]
     data = tmp_path / "rows.csv"
@@ -337,7 +337,7 @@ def test_card_code_reproduces_gpt1_predict(tmp_path, gpt1_vocab, kind, question_
     export = tmp_path / "hf"
     notes: list[str] = []
     convert(run, export, "gpt1", "hf", notes=notes)
-    (written,) = predict_run(run, None, None, file=data, fmt="jsonl", out=tmp_path / "p")
+    (written,) = predict_run(ScoringOptions(run, file=data, out=tmp_path / "p"), "jsonl")
     want = [json.loads(line) for line in written.read_text().splitlines()]
     namespace: dict = {}
     code = card_code(export)

@@ -303,9 +303,9 @@ def test_hostile_config_and_dataset_values_write_only_inside_the_run(tmp_path, m
     record["task"] = "../../escaped"
     task_file.write_text(json.dumps(record))
     with pytest.raises(Gpt1Error):
-        from gpt1.recipes.evaluate import predict_run
+        from gpt1.recipes.evaluate import ScoringOptions, predict_run
 
-        predict_run(tmp_path / "ftrun", None, str(ft))
+        predict_run(ScoringOptions(tmp_path / "ftrun", data=str(ft)))
     assert _snapshot(tmp_path, tmp_path / "ftrun") == before
 
 

@@ -26,11 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.cli import options
     from gpt1.cli.finetune import results_summary
-    from gpt1.recipes.evaluate import evaluate_run, results_path
+    from gpt1.cli.options import from_flags
+    from gpt1.recipes.evaluate import ScoringOptions, evaluate_run, results_path
 
-    results = evaluate_run(out=args.out, **options.scoring_settings(args))
+    results = evaluate_run(from_flags(ScoringOptions, args))
     if args.json:
         print(json.dumps(results))
     else:

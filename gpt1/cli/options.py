@@ -1,8 +1,8 @@
 """The flags several subcommands share, each defined once here.
 
 A command's `add_arguments` reads as the list of these groups and its own flags; where a group
-feeds a recipe function, the reader next to it (`scoring_settings`, `text_settings`, ...) turns
-the parsed flags back into that function's keyword arguments.
+feeds a recipe function, the reader next to it (`text_settings`, ...) turns the parsed flags back
+into that function's keyword arguments, or `from_flags` fills the recipe's settings dataclass.
 """
 
 from __future__ import annotations
@@ -179,18 +179,6 @@ def add_scoring(p: Flags, split_help: str) -> None:
         "the task's set still stops",
     )
     add_overwrite(p, "an existing output file")
-
-
-def scoring_settings(args: argparse.Namespace) -> dict:
-    """The `add_scoring` flags as the keyword arguments of `recipes.evaluate.evaluate_run` and
-    `predict_run`; checked before anything loads."""
-    from gpt1.errors import ConfigError
-
-    if args.micro_batch < 1:
-        raise ConfigError(f"--micro-batch must be >= 1, got {args.micro_batch}")
-    renamed = {"task_name": args.task, "micro": args.micro_batch}
-    same_names = "run data split skip_bad_rows device precision overwrite file".split()
-    return {**renamed, **{name: getattr(args, name) for name in same_names}}
 
 
 def add_sampling(p: Flags) -> None:

@@ -42,15 +42,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gpt1.cli import options
-    from gpt1.recipes.evaluate import predict_run
+    from gpt1.cli.options import from_flags
+    from gpt1.recipes.evaluate import ScoringOptions, predict_run
 
     if args.raw_csv and args.format != "csv":
         from gpt1.errors import ConfigError
 
         raise ConfigError(f"--raw-csv applies to --format csv only (not {args.format})")
-    settings = options.scoring_settings(args)
-    paths = predict_run(out=args.out, fmt=args.format, raw_csv=args.raw_csv, **settings)
+    paths = predict_run(from_flags(ScoringOptions, args), args.format, args.raw_csv)
     for path in paths:
         print(path)
     return 0

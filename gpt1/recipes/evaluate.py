@@ -6,12 +6,13 @@ for several files (MNLI's matched and mismatched dev sets) the first one's metri
 top-level entries and each file also has its own entry. A split is a name found in the data
 folder (`dev`, `held_out`, ...) or a file given by path, which is a split named after its stem
 (`source`). `gpt1 predict` writes `index<TAB>prediction` files named by `submission_name`, or
-JSONL/CSV records with inputs and probabilities (`gpt1.recipes.predictions`). Neither replaces
-an existing file unless told `--overwrite`.
+JSONL/CSV records with inputs and probabilities (`gpt1.recipes.predictions`). Both take their
+settings as one `ScoringOptions`; neither replaces an existing file unless told `--overwrite`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,27 +39,45 @@ def score(model: Any, task: Task, enc: Any, micro: int) -> dict[str, float]:
     return {"n": len(preds), **compute(task.metrics, preds, enc.labels, task.positive_index)}
 
 
+@dataclass(frozen=True)
+class ScoringOptions:
+    """What `gpt1 evaluate` and `gpt1 predict` score and how, each the flag of its name: the
+    fine-tuned `run`, the `task` it must have been trained on (None: its own), the folder `data`
+    with `split` or one `file` instead (`source`), then `micro_batch` (examples per forward pass),
+    `device`, `precision`, `skip_bad_rows`, `overwrite` and `out` (None: in the run folder)."""
+
+    run: str | Path
+    task: str | None = None
+    data: str | None = None
+    file: str | Path | None = None
+    split: str | None = None
+    micro_batch: int = 16
+    device: str = "auto"
+    precision: str = "auto"
+    skip_bad_rows: bool = False
+    overwrite: bool = False
+    out: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1:
+            raise ConfigError(f"--micro-batch must be >= 1, got {self.micro_batch}")
+
+
 def evaluate_model(
-    model: Any,
-    task: Task,
-    tok: Any,
-    data: str,
-    split: str,
-    n_ctx: int,
-    question_delimiter: bool,
-    micro: int,
-    skip_bad_rows: bool = False,
-    one_file: bool = False,
+    model: Any, task: Task, tok: Any, record: dict[str, Any], options: ScoringOptions
 ) -> dict[str, Any]:
-    """Metrics of `model` on `split` of `task` (all files it stands for; with `one_file`, the
+    """Metrics of `model` (whose task record, task.json, gives its context and delimiter) on
+    `options.split` of `options.data` (all files the split stands for; with `options.file`, the
     file `data` alone), with the name of the headline metric (the first, the one to compare runs
     by) and of the class F1 is computed for."""
+    data, split, micro = options.data, options.split, options.micro_batch
     results: dict[str, Any] = {"task": task.name, "split": split, "headline": task.metrics[0]}
     if task.f1_label is not None:
         results["f1_label"] = task.f1_label
-    names = (split,) if one_file else task.resolve_splits(split)
+    n_ctx, question_delimiter = record["n_ctx"], record.get("question_delimiter", False)
+    names = (split,) if options.file is not None else task.resolve_splits(split)
     for i, name in enumerate(names):
-        sp = task.read(data, name, skip_bad_rows, need_labels=True)
+        sp = task.read(data, name, options.skip_bad_rows, need_labels=True)
         report_skipped(sp)
         metrics = score(model, task, encode_split(sp, task, tok, n_ctx, question_delimiter), micro)
         metrics["skipped"] = len(sp.skipped)
@@ -94,13 +113,15 @@ def submission_name(task: Task, split_file: str, fmt: str = "tsv") -> str:
     return f"{stem}.tsv" if split_file.startswith("test") else f"{stem}.{split_file}.tsv"
 
 
-def source(data: str | None, split: str | None, file: str | Path | None, default: str):
-    """(data, split) to read: `data` with `split` (default `default`), or `file` as a split
-    named after its stem (`held_out.csv` -> `held_out`) unless `split` names it."""
+def source(options: ScoringOptions, default: str) -> ScoringOptions:
+    """`options` with the data and split to read: `data` with `split` (default `default`), or
+    `file` as the data, a split named after its stem (`held_out.csv` -> `held_out`) unless
+    `split` names it."""
+    data, split, file = options.data, options.split, options.file
     if file is None:
         if not data:
             raise ConfigError("give --data DIR (the task's files, with --split) or --file PATH")
-        return data, split or default
+        return replace(options, split=split or default)
     if data:
         raise ConfigError("give either --data (with --split) or --file, not both")
     path = Path(file)
@@ -113,7 +134,7 @@ def source(data: str | None, split: str | None, file: str | Path | None, default
         raise ConfigError(
             f"--file {file}: its stem {name!r} cannot name a split; add --split NAME"
         ) from None
-    return str(path), name
+    return replace(options, data=str(path), split=name)
 
 
 def load_finetuned(run: AnyCheckpoint) -> tuple[Any, dict[str, Any], Any]:
@@ -139,42 +160,18 @@ def open_finetuned(run: str | Path, task_name: str | None) -> tuple[CheckpointFo
     return checkpoint, task_of(finetuned_record(checkpoint), task_name)
 
 
-def evaluate_run(
-    run: str | Path,
-    task_name: str | None,
-    data: str | None,
-    split: str | None = "dev",
-    micro: int = 16,
-    skip_bad_rows: bool = False,
-    device: str = "auto",
-    precision: str = "auto",
-    overwrite: bool = False,
-    out: str | Path | None = None,
-    file: str | Path | None = None,
-) -> dict[str, Any]:
-    """Load a fine-tuned run, score it on `split` (or on `file`: `source`), write
+def evaluate_run(options: ScoringOptions) -> dict[str, Any]:
+    """Load a fine-tuned run, score it on `split` (default dev; or on `file`: `source`), write
     `results.<split>.json` into `out` (default: the run folder; an existing file only with
     `overwrite`; `results_path`)."""
-    data, split = source(data, split, file, "dev")
-    checkpoint, task = open_finetuned(run, task_name)
-    out_dir = Path(out) if out else _run_folder(run, checkpoint.folder)
-    inputs = run_inputs(checkpoint.folder, data)
-    check_output(out_dir / results_name(split), overwrite, inputs, (data,))
-    loaded = load_for_inference(checkpoint, device, precision)
-    record = loaded.record
-    results = evaluate_model(
-        loaded.model,
-        task,
-        loaded.tokenizer,
-        data,
-        split,
-        record["n_ctx"],
-        record.get("question_delimiter", False),
-        micro,
-        skip_bad_rows,
-        one_file=file is not None,
-    )
-    write_results(out_dir, results, results_name(split), overwrite)
+    options = source(options, "dev")
+    data, name, overwrite = options.data, results_name(options.split), options.overwrite
+    checkpoint, task = open_finetuned(options.run, options.task)
+    out_dir = Path(options.out or _run_folder(options.run, checkpoint.folder))
+    check_output(out_dir / name, overwrite, run_inputs(checkpoint.folder, data), (data,))
+    loaded = load_for_inference(checkpoint, options.device, options.precision)
+    results = evaluate_model(loaded.model, task, loaded.tokenizer, loaded.record, options)
+    write_results(out_dir, results, name, overwrite)
     return results
 
 
@@ -192,43 +189,30 @@ def results_path(run: str | Path, split: str, out: str | Path | None = None) -> 
     return _run_folder(run, resolve_checkpoint_dir(run)) / results_name(split)
 
 
-def predict_run(
-    run: str | Path,
-    task_name: str | None,
-    data: str | None,
-    split: str | None = "test",
-    out: str | Path | None = None,
-    micro: int = 16,
-    skip_bad_rows: bool = False,
-    device: str = "auto",
-    precision: str = "auto",
-    overwrite: bool = False,
-    fmt: str = "tsv",
-    file: str | Path | None = None,
-    raw_csv: bool = False,
-) -> list[Path]:
-    """Write one file per file the split stands for (or for `file`: `source`), named by
-    `submission_name`: GLUE-style `index<TAB>prediction` (`fmt` tsv, into RUN/submission) or
-    records with inputs and probabilities (jsonl, csv, into RUN/predictions); an existing file
-    is replaced only with `overwrite`; `raw_csv` keeps CSV cells that look like formulas as they
-    are (`predictions.neutralised`)."""
+def predict_run(options: ScoringOptions, fmt: str = "tsv", raw_csv: bool = False) -> list[Path]:
+    """Write one file per file the split (default test) stands for (or for `file`: `source`),
+    named by `submission_name`: GLUE-style `index<TAB>prediction` (`fmt` tsv, into
+    RUN/submission) or records with inputs and probabilities (jsonl, csv, into RUN/predictions);
+    an existing file is replaced only with `overwrite`; `raw_csv` keeps CSV cells that look like
+    formulas as they are (`predictions.neutralised`)."""
     if fmt not in predictions.FORMATS:
         raise ConfigError(f"--format {fmt}: choose one of {', '.join(predictions.FORMATS)}")
-    data, split = source(data, split, file, "test")
-    checkpoint, task = open_finetuned(run, task_name)
+    options = source(options, "test")
+    data, split, run, overwrite = options.data, options.split, options.run, options.overwrite
+    checkpoint, task = open_finetuned(run, options.task)
     default_dir = "submission" if fmt == "tsv" else "predictions"
-    out_dir = Path(out) if out else _run_folder(run, checkpoint.folder) / default_dir
-    names = (split,) if file is not None else task.resolve_splits(split)
+    out_dir = Path(options.out or _run_folder(run, checkpoint.folder) / default_dir)
+    names = (split,) if options.file is not None else task.resolve_splits(split)
     inputs = run_inputs(checkpoint.folder, data)
     for name in names:  # refuse before any work, not after the first file
         check_output(out_dir / submission_name(task, name, fmt), overwrite, inputs, (data,))
-    loaded = load_for_inference(checkpoint, device, precision)
+    loaded = load_for_inference(checkpoint, options.device, options.precision)
     model, tok, record = loaded.model, loaded.tokenizer, loaded.record
     written = []
     for name in names:
-        sp = task.read(data, name, skip_bad_rows, need_labels=False)
+        sp = task.read(data, name, options.skip_bad_rows, need_labels=False)
         enc = encode_split(sp, task, tok, record["n_ctx"], record.get("question_delimiter", False))
-        text = _prediction_text(model, task, sp.examples, enc, micro, fmt, raw_csv)
+        text = _prediction_text(model, task, sp.examples, enc, options.micro_batch, fmt, raw_csv)
         written.append(write_text(out_dir / submission_name(task, name, fmt), text))
     return written
 

@@ -32,7 +32,13 @@ from gpt1.model.heads import FinetuneModel
 from gpt1.model.registry import arch_extra, model_flops
 
 # load_finetuned is re-exported for the analyses, which still import it from here.
-from gpt1.recipes.evaluate import evaluate_model, load_finetuned, score, write_results  # noqa: F401
+from gpt1.recipes.evaluate import (  # noqa: F401
+    ScoringOptions,
+    evaluate_model,
+    load_finetuned,
+    score,
+    write_results,
+)
 from gpt1.tasks.batches import FinetuneSource, encode_split, report_skipped
 from gpt1.tasks.registry import GENERIC, Task, complete_generic_spec, get_task
 from gpt1.train import distributed as dist
@@ -436,17 +442,14 @@ def _final_results(
         # score the unsharded weights the trainer just wrote instead.
         model = load_finetuned(result.final_dir)[0]
     model.eval()
-    results = evaluate_model(
-        model,
-        plan.task,
-        plan.tok,
-        cfg.data,
-        cfg.eval_split,
-        plan.n_ctx,
-        cfg.question_delimiter,
-        plan.train_cfg.micro_batch_size,
-        cfg.skip_bad_rows,
+    scored = ScoringOptions(
+        result.final_dir,
+        data=cfg.data,
+        split=cfg.eval_split,
+        micro_batch=plan.train_cfg.micro_batch_size,
+        skip_bad_rows=cfg.skip_bad_rows,
     )
+    results = evaluate_model(model, plan.task, plan.tok, plan.record, scored)
     results["train_n"] = len(plan.enc.items)
     results["train_skipped"] = len(plan.train_split.skipped)
     results["steps"] = result.step
