@@ -546,7 +546,7 @@ def test_cli_single_checkpoint_and_run_curve(tmp_path, monkeypatch):
     monkeypatch.setattr(
         zc, "evaluate_checkpoint", lambda f, *a, **k: calls.append(f.name) or real(f, *a, **k)
     )
-    zc.evaluate_run(run, ["sst2", "dpr"], data, out2, calibrate=True)
+    zc.evaluate_run(run, ["sst2", "dpr"], data, out2, options=zc.ZeroshotOptions(calibrate=True))
     assert calls == ["step-1000"]
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 HELP = "zero-shot heuristics (sst2, cola, race, dpr, story_cloze, lambada) on a checkpoint or run"
@@ -91,9 +92,10 @@ def _precision(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.cli.options import from_flags
     from gpt1.errors import ConfigError
     from gpt1.files import check_inputs, check_output, folder_files, write_json, write_text
-    from gpt1.zeroshot.curve import evaluate_checkpoint, evaluate_run
+    from gpt1.zeroshot.curve import ZeroshotOptions, evaluate_checkpoint, evaluate_run
     from gpt1.zeroshot.heuristics import parse_tasks
 
     if args.limit is not None and args.limit <= 0:
@@ -101,14 +103,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_tokens <= 0:
         raise ConfigError(f"--batch-tokens must be positive, got {args.batch_tokens}")
     tasks = parse_tasks(args.task)
-    settings = dict(
-        tokenizer_dir=args.tokenizer,
-        limit=args.limit,
-        calibrate=args.calibrate,
-        device=args.device,
-        precision=_precision(args),
-        batch_tokens=args.batch_tokens,
-    )
+    options = from_flags(ZeroshotOptions, args, precision=_precision(args))
     out = Path(args.out)
     path = Path(args.checkpoint)
     inputs = [*folder_files(args.data), *folder_files(args.tokenizer), *folder_files(path)]
@@ -117,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if path.is_dir() and not (path / "config.json").is_file():
         for name in ("curve.json", "curve.md", "curve.png"):
             check_inputs(out / name, inputs, roots)
-        curve = evaluate_run(path, tasks, args.data, out, overwrite=args.overwrite, **settings)
+        curve = evaluate_run(path, tasks, args.data, out, args.overwrite, options)
         print((out / "curve.md").read_text(), end="")
         print(
             f"wrote {out / 'curve.json'}, {out / 'curve.md'}, {out / 'curve.png'} "
@@ -125,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 0
     check_output(out / "results.json", args.overwrite, inputs, roots)
-    results = evaluate_checkpoint(path, tasks, args.data, **settings)
+    results = evaluate_checkpoint(path, tasks, args.data, options)
     # One line per example (OUT/TASK.jsonl) beside the totals, to compare answer by answer with
     # the server's guided_choice or lm-eval.
     for task, r in results.items():
@@ -134,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     record = {
         "checkpoint": str(path),
         "data": str(args.data),
-        "settings": {k: v for k, v in settings.items() if k != "tokenizer_dir"},
+        "settings": {k: v for k, v in asdict(options).items() if k != "tokenizer"},
         "tasks": results,
     }
     write_json(out / "results.json", record)

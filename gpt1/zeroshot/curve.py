@@ -1,6 +1,7 @@
 """Zero-shot evaluation of checkpoints: one checkpoint, or every checkpoint of a run as a curve.
 
-`evaluate_checkpoint` scores one checkpoint on many tasks (`gpt1.zeroshot.heuristics`);
+`evaluate_checkpoint` scores one checkpoint on many tasks (`gpt1.zeroshot.heuristics`) as its
+`ZeroshotOptions` say;
 `evaluate_run` does so for every `step-N` / `final` checkpoint of a pretraining run (found by
 `gpt1.model.checkpoint.run_checkpoints`) and writes Fig. 2 (right): a table and a PNG of the
 normalised score against pretraining updates.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +29,30 @@ from gpt1.zeroshot.heuristics import REFERENCES, TASKS, run_task, task_folder
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class ZeroshotOptions:
+    """How checkpoints are scored, each the `gpt1 zeroshot` flag of its name: `tokenizer`, a
+    vocabulary folder (None: the checkpoint's own); `limit`, the first N examples of each split;
+    `calibrate`, `device`, `precision` and `batch_tokens` (padded tokens per forward pass)."""
+
+    tokenizer: str | Path | None = None
+    limit: int | None = None
+    calibrate: bool = False
+    device: str = "auto"
+    precision: str = "auto"
+    batch_tokens: int = 4096
+
+
 def evaluate_checkpoint(
     checkpoint: str | Path,
     tasks: Sequence[str],
     data: str | Path,
-    tokenizer_dir: str | Path | None = None,
-    limit: int | None = None,
-    calibrate: bool = False,
-    device: str = "auto",
-    precision: str = "auto",
-    batch_tokens: int = 4096,
+    options: ZeroshotOptions = ZeroshotOptions(),
 ) -> dict[str, dict[str, Any]]:
     """Results per task for one checkpoint; tasks without data under `data` are skipped (logged)."""
     opened = open_checkpoint(checkpoint)
     folder = opened.folder
-    if not tokenizer_dir and opened.tokenizer_dir is None:
+    if not options.tokenizer and opened.tokenizer_dir is None:
         raise CheckpointError(
             f"{folder}: no tokenizer files (vocab.json + merges.txt); pass --tokenizer DIR"
         )
@@ -54,9 +65,9 @@ def evaluate_checkpoint(
         )
     for t in missing:
         log.info("zeroshot: skipping %s (no data under %s)", t, data)
-    loaded = load_for_inference(opened, device, precision, tokenizer_dir)
+    loaded = load_for_inference(opened, options.device, options.precision, options.tokenizer)
     tok = loaded.tokenizer
-    scorer = Scorer(loaded.lm, batch_tokens=batch_tokens, max_context=loaded.window)
+    scorer = Scorer(loaded.lm, batch_tokens=options.batch_tokens, max_context=loaded.window)
     if scorer.n_positions < scorer.model.config.n_positions:
         log.info(
             "zeroshot: context capped at %d tokens, the window %s was pretrained on",
@@ -66,7 +77,9 @@ def evaluate_checkpoint(
     results = {}
     for task in tasks:
         if folders[task] is not None:
-            results[task] = run_task(task, scorer, tok, folders[task], limit, calibrate)
+            results[task] = run_task(
+                task, scorer, tok, folders[task], options.limit, options.calibrate
+            )
             r = results[task]
             log.info(
                 "zeroshot %s %s: %s %.4f (normalised %.3f, n=%d, %.1fs)",
@@ -87,7 +100,7 @@ def evaluate_run(
     data: str | Path,
     out_dir: str | Path,
     overwrite: bool = False,
-    **settings: Any,
+    options: ZeroshotOptions = ZeroshotOptions(),
 ) -> dict[str, Any]:
     """Zero-shot over a pretraining run (Fig. 2 right): every checkpoint, every task with data.
 
@@ -97,11 +110,9 @@ def evaluate_run(
     """
     out_dir = Path(out_dir)
     cache_file = out_dir / "curve.json"
-    key = {
-        "limit": settings.get("limit"),
-        "calibrate": bool(settings.get("calibrate", False)),
-        "precision": _resolved_precision(settings),
-    }
+    # The precision as a concrete name: the results depend on it.
+    precision = resolve_precision(options.precision, resolve_device(options.device))
+    key = {"limit": options.limit, "calibrate": options.calibrate, "precision": precision}
     curve: dict[str, Any] = {"settings": key, "data": str(data), "checkpoints": {}}
     old = _read_curve(cache_file) if cache_file.is_file() else None
     if old is not None and old.get("settings") == key:
@@ -118,7 +129,7 @@ def evaluate_run(
         done = curve["checkpoints"].get(name, {"updates": updates, "tasks": {}})
         todo = [t for t in tasks if t not in done["tasks"]]
         if todo:
-            results = evaluate_checkpoint(folder, todo, data, **settings)
+            results = evaluate_checkpoint(folder, todo, data, options)
             for r in results.values():
                 r.pop("examples")  # per example: gpt1 zeroshot on one checkpoint writes them
             done["tasks"].update(results)
@@ -139,13 +150,6 @@ def _read_curve(file: Path) -> dict[str, Any] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def _resolved_precision(settings: dict[str, Any]) -> str:
-    """The precision a sweep runs in, as a concrete name (its results depend on it)."""
-    return resolve_precision(
-        settings.get("precision", "auto"), resolve_device(settings.get("device", "auto"))
-    )
 
 
 def curve_table(curve: dict[str, Any], tasks: Sequence[str]) -> str:
