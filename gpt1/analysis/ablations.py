@@ -15,11 +15,12 @@ says otherwise (e.g. data without a train split), and the table says so.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpt1.analysis import report
-from gpt1.analysis.runs import FinetuneOptions, FinetuneRun, headline
+from gpt1.analysis.runs import FinetuneOptions, TaskSweep, headline
 from gpt1.analysis.sweep import Sweep
 from gpt1.errors import ConfigError
 from gpt1.tasks.registry import TASKS
@@ -66,17 +67,24 @@ def task_plan(
     return plan
 
 
+@dataclass(frozen=True)
+class Ablations:
+    """What the ablation sweep holds fixed, each the flag of its name where one is: the
+    pretrained checkpoint `init` (and `lstm_init`, an LSTM's; None leaves its row out), per task
+    its data folder and splits (`plan`, from `task_plan`), the fine-tuning `options` of every
+    sub-run and `train_examples` (a seeded subset of this size; None: the whole split)."""
+
+    init: str | Path
+    plan: dict[str, dict[str, str]]
+    options: FinetuneOptions
+    lstm_init: str | Path | None = None
+    train_examples: int | None = None
+
+
 def ablation_sweep(
-    init: str | Path,
-    tasks: Sequence[str],
-    data_root: str | Path,
+    ablations: Ablations,
     out: str | Path,
-    options: FinetuneOptions,
-    lstm_init: str | Path | None = None,
     seeds: Sequence[int] = (0,),
-    folders: dict[str, str] | None = None,
-    splits: dict[str, str] | None = None,
-    train_examples: int | None = None,
     command: list[str] | None = None,
     only_rows: Sequence[str] | None = None,
 ) -> dict[str, Any]:
@@ -85,7 +93,7 @@ def ablation_sweep(
     `only_rows` runs just those rows (e.g. the LSTM row in a folder of its own while another
     process runs the Transformer rows); the table shows every row it has results for.
     """
-    plan = task_plan(tasks, data_root, folders or {}, splits or {})
+    init, lstm_init, plan = ablations.init, ablations.lstm_init, ablations.plan
     rows = {
         "full": (init, {}),
         "scratch": (init, {"transfer_layers": -1}),
@@ -104,8 +112,8 @@ def ablation_sweep(
         "init": str(init),
         "lstm_init": str(lstm_init) if lstm_init else None,
         "plan": plan,
-        "train_examples": train_examples,
-        "finetune": options.settings(),
+        "train_examples": ablations.train_examples,
+        "finetune": ablations.options.settings(),
     }
     # Tasks and the LSTM row may be added to an existing folder by a later invocation.
     sweep = Sweep(out, "ablations", settings, command, growable=("plan", "lstm_init"))
@@ -113,20 +121,10 @@ def ablation_sweep(
         for row, (ckpt, extra) in rows.items():
             if only_rows and row not in only_rows:
                 continue
+            fixed = TaskSweep(ckpt, task, options=ablations.options, **where)  # data and splits
             for seed in seeds:
                 run_dir = out / "runs" / f"{task}-{row}-seed{seed}"
-                sub = FinetuneRun(
-                    task,
-                    where["data"],
-                    ckpt,
-                    run_dir,
-                    options,
-                    seed=seed,
-                    train_split=where["train_split"],
-                    eval_split=where["eval_split"],
-                    train_examples=train_examples,
-                    **extra,
-                )
+                sub = fixed.sub_run(run_dir, seed, train_examples=ablations.train_examples, **extra)
 
                 def job(sub=sub, task=task) -> dict[str, Any]:
                     results = sub.run()

@@ -48,8 +48,8 @@ def headline(task_name: str, results: dict[str, Any]) -> tuple[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class TaskSweep:
-    """What a one-task sweep (data size, layers) holds fixed: the checkpoint, the task and its
-    splits, the fine-tuning options. Its sub-runs differ only in what `sub_run` is given."""
+    """What one task's sub-runs in a sweep hold fixed (data size, layers, an ablations row): the
+    checkpoint, the task and its splits, the fine-tuning options; `sub_run` gives the rest."""
 
     init: str | Path
     task: str

@@ -341,23 +341,21 @@ def _run_sweep(args: argparse.Namespace, command: list[str]) -> int:
         print(markdown(table), end="")
         print(f"wrote {args.out}/layers.png, layers.md, layers.json")
     elif args.analysis == "ablations":
-        from gpt1.analysis.ablations import ablation_sweep, markdown, parse_mapping
+        from gpt1.analysis.ablations import (
+            Ablations,
+            ablation_sweep,
+            markdown,
+            parse_mapping,
+            task_plan,
+        )
 
         tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        table = ablation_sweep(
-            args.init,
-            tasks,
-            args.data_root,
-            args.out,
-            options,
-            args.lstm_init,
-            seeds,
-            parse_mapping(args.task_data, "--task-data"),
-            parse_mapping(args.splits, "--splits"),
-            args.train_examples,
-            command,
-            [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None,
-        )
+        folders = parse_mapping(args.task_data, "--task-data")
+        splits = parse_mapping(args.splits, "--splits")
+        rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
+        plan = task_plan(tasks, args.data_root, folders, splits)
+        ablations = from_flags(Ablations, args, plan=plan, options=options)
+        table = ablation_sweep(ablations, args.out, seeds, command, rows)
         print(markdown(table, args.lstm_init is not None), end="")
         print(f"wrote {args.out}/ablations.md, ablations.json")
     else:
