@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Iterator
 
 HELP = "generate text from a checkpoint (streamed; one prompt or --interactive)"
 
@@ -61,28 +62,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gpt1.checkpoint_files import resolve_checkpoint_dir
     from gpt1.cli.options import sampling_settings
+    from gpt1.devices import resolve_device, resolve_precision
     from gpt1.errors import ConfigError
-    from gpt1.recipes.sample import Sampler, parse_ids
+    from gpt1.recipes.sample import Sampler
 
     # Every option is checked before the model is loaded.
     args.sampling = sampling_settings(args)
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples must be >= 1, got {args.num_samples}")
-    prompt_ids = parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
     prompt = args.prompt
     if prompt == "-":
         prompt = sys.stdin.read().rstrip("\n")
         if not prompt.strip():
             raise ConfigError("--prompt -: standard input held no text")
-    from gpt1.checkpoint_files import resolve_checkpoint_dir
-
     resolve_checkpoint_dir(args.checkpoint)  # a missing one is refused in one line, no "loading"
-    log.info("loading %s (%s) ...", args.checkpoint, _precision_words(args))
-    sampler = Sampler(args.checkpoint, args.device, args.precision, args.speculate)
-    if args.interactive:
-        return _interactive(sampler, args)
-    _answer(sampler, args, prompt, prompt_ids)
+    device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    said = "int8: quantising" if precision == "int8" else precision  # the slow step named
+    log.info("loading %s (%s) ...", args.checkpoint, said)
+    sampler = Sampler(args.checkpoint, device, precision, args.speculate)
+    prompts = _typed_prompts(sampler) if args.interactive else [(prompt, prompt_ids)]
+    try:
+        for prompt, prompt_ids in prompts:
+            _answer(sampler, args, prompt, prompt_ids)
+    except KeyboardInterrupt:  # --interactive ends there; one prompt is interrupted as usual
+        if not args.interactive:
+            raise
+        print(file=sys.stderr)
     return 0
 
 
@@ -118,16 +127,21 @@ def _answer(
     log.info("%s", sampler.speed)
 
 
-def _precision_words(args: argparse.Namespace) -> str:
-    """The precision the model will load in, as the loading line says it (a slow step named)."""
-    from gpt1.devices import resolve_device, resolve_precision
+def _parse_ids(raw: str) -> list[int]:
+    """ "1 2 3" or "1,2,3" -> [1, 2, 3]."""
+    from gpt1.errors import ConfigError
 
-    precision = resolve_precision(args.precision, resolve_device(args.device))
-    return "int8: quantising" if precision == "int8" else precision
+    try:
+        return [int(t) for t in raw.replace(",", " ").split()]
+    except ValueError:
+        raise ConfigError(
+            f"--prompt-ids must be integers separated by spaces, got {raw!r}"
+        ) from None
 
 
-def _interactive(sampler, args: argparse.Namespace) -> int:
-    """Prompt after prompt on one loaded model, until end of input or an empty (or blank) line."""
+def _typed_prompts(sampler) -> Iterator[tuple[str, None]]:
+    """--interactive: the prompts typed on standard input, one a line, until its end or an
+    empty (or blank) line."""
     if sampler.tokenizer is None:
         from gpt1.errors import CheckpointError
 
@@ -135,14 +149,10 @@ def _interactive(sampler, args: argparse.Namespace) -> int:
             f"{sampler.folder}: no tokenizer files, so --interactive cannot read text prompts"
         )
     tty = sys.stdin.isatty()
-    try:
-        while True:
-            if tty:
-                print("> ", end="", file=sys.stderr, flush=True)
-            line = sys.stdin.readline()
-            if not line.strip():  # end of input or an empty line
-                break
-            _answer(sampler, args, line.rstrip("\n"), None)
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-    return 0
+    while True:
+        if tty:
+            print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line.strip():  # end of input or an empty line
+            return
+        yield line.rstrip("\n"), None

@@ -57,16 +57,6 @@ class Speed:
         )
 
 
-def parse_ids(raw: str) -> list[int]:
-    """ "1 2 3" or "1,2,3" -> [1, 2, 3]."""
-    try:
-        return [int(t) for t in raw.replace(",", " ").split()]
-    except ValueError:
-        raise ConfigError(
-            f"--prompt-ids must be integers separated by spaces, got {raw!r}"
-        ) from None
-
-
 def check_sampling_memory(config: Any, num_samples: int, max_new_tokens: int, device: str) -> None:
     """Refuse `--num-samples` x context that cannot fit: per sequence, at least one float32
     hidden state per position and layer and one row of logits."""
@@ -89,7 +79,7 @@ class Sampler:
     def __init__(
         self,
         checkpoint: str | Path | Loaded,
-        device: str = "auto",
+        device: str | torch.device = "auto",
         precision: str = "auto",
         speculate: str = "auto",
     ):
