@@ -493,3 +493,17 @@ def test_huge_or_deep_json_gets_a_422_and_edge_options_work(world):
         assert answer.status_code == 422 and error["type"] == "invalid_request_error", error
         assert error["message"].startswith("body is not valid JSON: ") and "sys." not in str(error)
     assert [e.status_code for e in edges] == [200] * 3, [e.text for e in edges]
+
+
+def test_generations_decoded_together_default_by_precision():
+    """An int8 model decodes up to 32 generations a step by default (its aggregate tokens/s
+    grows to about there on 2 cores), the others 16; `--max-generations` sets it for all, and
+    0 is refused."""
+    from gpt1.errors import ConfigError
+    from gpt1.serve.options import ServeOptions
+
+    assert ServeOptions().generations_for("int8") == 32
+    assert ServeOptions().generations_for("bf16") == ServeOptions().generations_for("fp32") == 16
+    assert ServeOptions(max_generations=5).generations_for("int8") == 5
+    with pytest.raises(ConfigError, match="--max-generations must be >= 1"):
+        ServeOptions(max_generations=0)

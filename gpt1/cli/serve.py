@@ -137,9 +137,9 @@ def add_batching(g: argparse._ArgumentGroup) -> None:
     g.add_argument(
         "--max-generations",
         type=int,
-        default=16,
-        help="generations decoded together, one batched step per token (default 16); "
-        "more wait in the queue",
+        default=None,
+        help="generations decoded together, one batched step per token (default 32 for an "
+        "int8 model, else 16); more wait in the queue",
     )
 
 

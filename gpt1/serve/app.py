@@ -53,7 +53,7 @@ def create_app(engine: Engine, options: ServeOptions | None = None) -> Guard:
         options.batch_items,
         options.batch_wait_ms / 1000,
         options.max_queue,
-        options.max_generations,
+        options.generations_for(getattr(engine, "precision", "fp32")),
         on_batch=metrics.observe_batch,
         generations=engine,
     )

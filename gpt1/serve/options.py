@@ -35,12 +35,21 @@ class ServeOptions:
     batch_items: int = 16
     batch_wait_ms: float = 2.0
     max_queue: int = 1024
-    max_generations: int = 16
+    max_generations: int | None = None  # None: `generations_for(precision)`
     request_timeout: float | None = 10.0
     max_connections: int | None = 512
     graceful_timeout: float | None = None
     served_model_name: str | None = None
     with_playground: bool = True
+
+    def generations_for(self, precision: str) -> int:
+        """Generations decoded together: `max_generations`, else by the model's precision. An
+        int8 model's aggregate tokens/s keeps growing to 32 rows a step on 2 cores (its
+        integer step multiplies them on int8 instructions); bf16 and fp32 level off by 16
+        (`python benchmarks/concurrency.py`: docs/results.md)."""
+        if self.max_generations is not None:
+            return self.max_generations
+        return 32 if precision == "int8" else 16
 
     def __post_init__(self) -> None:
         for name in ("max_items", "max_new_tokens", "max_body_bytes"):
@@ -53,7 +62,7 @@ class ServeOptions:
             ("--batch-tokens", self.batch_tokens),
             ("--batch-items", self.batch_items),
             ("--max-queue", self.max_queue),
-            ("--max-generations", self.max_generations),
+            ("--max-generations", 1 if self.max_generations is None else self.max_generations),
             ("--max-connections", 1 if self.max_connections is None else self.max_connections),
         ):
             if value < 1:
