@@ -34,7 +34,7 @@ from gpt1.config import ModelConfig
 from gpt1.inference import backend, block_step, int8_rows, timings
 from gpt1.inference.decoding import SlotPool, decode, forward_cached
 from gpt1.inference.prepared import for_inference
-from gpt1.inference.quantize import quantized_layers
+from gpt1.inference.quantize import Int8Linear
 from gpt1.model.gpt import GPT
 
 ROWS = (2, 4, 8, 12, 16, 24, 32, 48, 64)  # the row counts timed
@@ -81,8 +81,8 @@ def integer(model: torch.nn.Module, rows: int) -> bool:
     """Whether a step of `rows` sequences of the int8 `model` takes the integer step."""
     if rows < 2 or backend.int8_many_rows() is None:
         return False  # one row: the step is bound by reading the weights, not by arithmetic
-    if not isinstance(model, GPT) or not quantized_layers(model):
-        return False
+    if not isinstance(model, GPT) or not isinstance(model.h[0].mlp.c_fc, Int8Linear):
+        return False  # not quantised (for_inference quantises every block's layers or none)
     x = torch.zeros(1, model.config.n_embd, dtype=model.wte.weight.dtype)
     if block_step.plan(model, x) is None:
         return False  # the blocks already run as modules: nothing to choose
