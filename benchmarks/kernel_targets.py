@@ -35,7 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from gpt1.inference import arena, backend, matvec  # noqa: E402
+from gpt1.inference import arena, backend, kernel_build  # noqa: E402
 from gpt1.inference.quantize import quantize_rows  # noqa: E402
 
 SHAPES = [(2304, 768), (768, 768), (3072, 768), (768, 3072)] * 12  # [out, in] of a step's layers
@@ -44,20 +44,20 @@ CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
 
 def built_for(target: str):
     """The kernel's module built for `-march=target` (built now if it is not yet)."""
-    before = os.environ.get(matvec.MARCH_VARIABLE)
-    os.environ[matvec.MARCH_VARIABLE] = target
-    matvec.module.cache_clear()  # the builder keeps one module per process
+    before = os.environ.get(kernel_build.MARCH_VARIABLE)
+    os.environ[kernel_build.MARCH_VARIABLE] = target
+    kernel_build.module.cache_clear()  # the builder keeps one module per process
     try:
-        built = matvec.module()
+        built = kernel_build.module()
         if built is None:
             raise SystemExit(f"gpt1's kernel could not be built for -march={target}")
         return built
     finally:
-        matvec.module.cache_clear()
+        kernel_build.module.cache_clear()
         if before is None:
-            del os.environ[matvec.MARCH_VARIABLE]
+            del os.environ[kernel_build.MARCH_VARIABLE]
         else:
-            os.environ[matvec.MARCH_VARIABLE] = before
+            os.environ[kernel_build.MARCH_VARIABLE] = before
 
 
 def step_weights(
@@ -174,12 +174,12 @@ def built_from(revision: str):
         return done.stdout
 
     commit = git("rev-parse", "--short=12", revision).decode().strip()
-    flags = hashlib.sha256(" ".join(matvec._cflags()).encode()).hexdigest()[:8]
+    flags = hashlib.sha256(" ".join(kernel_build._cflags()).encode()).hexdigest()[:8]
     name = f"gpt1_matvec_at_{commit}_{flags}"
-    folder = matvec.build_root() / name
+    folder = kernel_build.build_root() / name
     sources = folder / "sources"
     sources.mkdir(parents=True, exist_ok=True)
-    kernels = matvec.KERNELS.relative_to(ROOT).as_posix()
+    kernels = kernel_build.KERNELS.relative_to(ROOT).as_posix()
     # That revision's own files: its sources need not be this checkout's.
     files = git("ls-tree", "--name-only", f"{commit}:{kernels}").decode().split()
     for file in files:
@@ -188,7 +188,7 @@ def built_from(revision: str):
     return load(
         name=name,
         sources=[str(sources / file) for file in files if file.endswith(".cpp")],
-        extra_cflags=matvec._cflags(),
+        extra_cflags=kernel_build._cflags(),
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
         verbose=False,
@@ -199,7 +199,7 @@ def compare_revision(revision: str, repeats: int, clock_name: str, rows: int = 1
     """This checkout's kernel against `revision`'s, both built for `GPT1_KERNEL_MARCH` (default
     native), `rows` rows through a step's 49 products on gathered weights, alternating in turns;
     the two builds' results are compared bit for bit."""
-    target, clock = matvec.build_target(), CLOCKS[clock_name]  # GPT1_KERNEL_MARCH, or native
+    target, clock = kernel_build.build_target(), CLOCKS[clock_name]  # GPT1_KERNEL_MARCH, or native
     builds = {revision: built_from(revision), "this checkout": built_for(target)}
     print(
         f"{rows} row(s) through a decoding step's 49 weight products, -march={target}, "

@@ -34,9 +34,9 @@ def _kernel_built_or_off() -> None:
     """No test waits for gpt1's compiled kernel to build (minutes on a loaded machine): where it
     is not built (`make test` builds it first, as `gpt1 kernels build` does), the tests and the
     commands they start use torch's kernels, and the kernel's own tests skip saying so."""
-    from gpt1.inference import matvec
+    from gpt1.inference import kernel_build
 
-    if "GPT1_MATVEC" not in os.environ and not matvec.is_built():
+    if "GPT1_MATVEC" not in os.environ and not kernel_build.is_built():
         os.environ["GPT1_MATVEC"] = "torch"
 
 

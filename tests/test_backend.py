@@ -10,7 +10,7 @@ import torch
 from gpt1 import GPT, ModelConfig
 from gpt1.cli import main
 from gpt1.errors import ConfigError
-from gpt1.inference import backend, matvec, timings
+from gpt1.inference import backend, kernel_build, timings
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import PackedInt8, int8_linear, quantize_rows
 
@@ -33,7 +33,7 @@ def test_switches_take_the_usual_spellings_in_any_case(name, monkeypatch):
             backend.switch(name)
 
 
-@pytest.mark.parametrize("name", [*backend.SWITCHES, matvec.MARCH_VARIABLE])
+@pytest.mark.parametrize("name", [*backend.SWITCHES, kernel_build.MARCH_VARIABLE])
 def test_a_bad_switch_is_refused_in_one_line_before_any_work(name, monkeypatch, capsys):
     monkeypatch.setenv(name, "yes please")
     with pytest.raises(ConfigError, match=name):
@@ -52,8 +52,8 @@ def test_gpt1_matvec_off_means_off_and_builds_nothing(monkeypatch):
     def no_build():
         raise AssertionError("built")
 
-    monkeypatch.setattr(matvec, "module", no_build)
-    monkeypatch.setattr(matvec, "module_if_built", no_build)
+    monkeypatch.setattr(kernel_build, "module", no_build)
+    monkeypatch.setattr(kernel_build, "module_if_built", no_build)
     monkeypatch.setattr(backend, "_decoding", True)  # a decoding process
     for off in ["0", "off", "false", "torch"]:
         monkeypatch.setenv("GPT1_MATVEC", off)
@@ -238,7 +238,7 @@ def test_evaluate_does_not_build_the_kernel(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "no_builds"))
     monkeypatch.delenv("GPT1_MATVEC", raising=False)
-    monkeypatch.setattr(matvec, "_compile", no_build)
+    monkeypatch.setattr(kernel_build, "_compile", no_build)
     backend.reset()
     try:
         for precision in ["fp32", "int8"]:

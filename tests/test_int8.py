@@ -13,7 +13,7 @@ from torch import nn
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.inference import backend, matvec, quantize
+from gpt1.inference import backend, kernel_build, quantize
 from gpt1.inference.generate import generate
 from gpt1.inference.prepared import activation_dtype, for_inference
 from gpt1.inference.quantize import (
@@ -320,7 +320,7 @@ def test_the_compiled_quantiser_rounds_as_torch_does(dtype, shape, monkeypatch):
     assert got.dtype == torch.int8 and got.shape == x.shape and got.is_contiguous()
     assert got_scale == amax / 127.0
     assert torch.equal(got.float(), want) and int(got.abs().max()) == 127
-    monkeypatch.setattr(matvec, "module", lambda: None)  # torch's operators
+    monkeypatch.setattr(kernel_build, "module", lambda: None)  # torch's operators
     theirs, their_scale = quantize._quantize_per_tensor(x)
     assert their_scale == got_scale
     assert int((theirs.int() - got.int()).abs().max()) <= (0 if dtype == torch.float32 else 1)

@@ -1,4 +1,4 @@
-"""The decoding kernel (`gpt1.inference.matvec`: C++ built on first use): its products equal
+"""The decoding kernel (`gpt1.inference.matvec`, in the module `gpt1.inference.kernel_build` builds on first use): its products equal
 `F.linear`'s for int8 (with scales), bf16 and fp32 weights, every row count it takes and sizes
 that are not multiples of its blocks; the model paths that use it decode as they do without it;
 and where it cannot be built, one warning and torch's kernels take over."""
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError
-from gpt1.inference import backend, matvec
+from gpt1.inference import backend, kernel_build, matvec
 from gpt1.inference.generate import generate
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import int8_linear, quantize_rows
@@ -130,7 +130,7 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypat
 
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     monkeypatch.delenv("GPT1_MATVEC", raising=False)
-    monkeypatch.setattr(matvec, "_compile", no_compiler)
+    monkeypatch.setattr(kernel_build, "_compile", no_compiler)
     backend.reset()
     try:
         with pytest.warns(RuntimeWarning, match="could not build its decoding kernel.*Ninja"):
@@ -157,23 +157,24 @@ def test_a_kernel_that_cannot_be_built_warns_once_and_torch_takes_over(monkeypat
 
 
 def test_the_build_target_is_part_of_the_build_name_and_a_bad_one_is_refused(monkeypatch):
-    monkeypatch.delenv(matvec.MARCH_VARIABLE, raising=False)
-    native = matvec.build_name()
-    assert matvec.build_target() == "native"
-    monkeypatch.setenv(matvec.MARCH_VARIABLE, "x86-64-v3")
-    assert "-march=x86-64-v3" in matvec._cflags()
-    assert matvec.build_name() != native  # an AVX2 build never replaces the native one
-    monkeypatch.setenv(matvec.MARCH_VARIABLE, "native; rm -rf /")
+    monkeypatch.delenv(kernel_build.MARCH_VARIABLE, raising=False)
+    native = kernel_build.build_name()
+    assert kernel_build.build_target() == "native"
+    monkeypatch.setenv(kernel_build.MARCH_VARIABLE, "x86-64-v3")
+    assert "-march=x86-64-v3" in kernel_build._cflags()
+    assert kernel_build.build_name() != native  # an AVX2 build never replaces the native one
+    monkeypatch.setenv(kernel_build.MARCH_VARIABLE, "native; rm -rf /")
     with pytest.raises(ConfigError, match="GPT1_KERNEL_MARCH"):
-        matvec.build_target()
+        kernel_build.build_target()
 
 
 def test_the_step_and_the_quantiser_are_built_for_avx2_as_for_avx512(op):
     """The one-call decoding step and the quantiser are compiled for every CPU with AVX2 and FMA,
     not only for AVX-512 ones. Run with `GPT1_KERNEL_MARCH=x86-64-v3` on an AVX-512 host to check
     the AVX2 build (the other tests of this file and of test_block_step.py then run it too)."""
-    avx2 = matvec.build_target() == "x86-64-v3" or (
-        matvec.build_target() == "native" and {"avx2", "fma"} <= set(matvec.cpu_flags().split())
+    avx2 = kernel_build.build_target() == "x86-64-v3" or (
+        kernel_build.build_target() == "native"
+        and {"avx2", "fma"} <= set(kernel_build.cpu_flags().split())
     )
     if not avx2:
         pytest.skip("neither this CPU nor the build target has AVX2 and FMA")

@@ -45,12 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _probe() -> int:
-    from gpt1.inference import backend, matvec, timings
+    from gpt1.inference import backend, kernel_build, timings
 
     conditions, found = backend.probe_again()
     rounds = f"at least {timings.ROUNDS} interleaved rounds, {timings.BUDGET:g} s of them"
     print(f"timed at {conditions.describe()}; one thread, each path's best of {rounds}")
-    print(f"recorded in {matvec.build_root()}")
+    print(f"recorded in {kernel_build.build_root()}")
     for timed in found:
         sides = ", ".join(f"{path} {_ms(seconds)}" for path, seconds in timed.times.items())
         print(f"  {timed.product}: {sides} -> {timed.chosen}")

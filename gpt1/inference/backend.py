@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from gpt1.errors import ConfigError
-from gpt1.inference import int8_rows, matvec, timings
+from gpt1.inference import int8_rows, kernel_build, timings
 
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 KINDS = ("few rows", "many rows fp32/bf16", "many rows int8", "decoding step", "weight storage")
@@ -82,7 +82,7 @@ def check_environment() -> None:
     """Refuse (ConfigError, one line) a misspelt switch or build target before any work."""
     for name in SWITCHES:
         switch(name)
-    matvec.build_target()
+    kernel_build.build_target()
 
 
 # ------------------------------------------------------------------------ one failure memory
@@ -122,8 +122,8 @@ def kernel_module():
         return None
     try:
         if _decoding or wanted:
-            return matvec.module()
-        return matvec.module_if_built()
+            return kernel_build.module()
+        return kernel_build.module_if_built()
     except ConfigError:
         raise
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
@@ -556,11 +556,11 @@ def _kernel_state() -> tuple[bool, str]:
         return False, "GPT1_MATVEC switches it off"
     if failure("kernel"):
         return False, f"its build failed: {failure('kernel')}"
-    if not matvec.is_built():
+    if not kernel_build.is_built():
         return False, (
-            f"not built yet in {matvec.build_folder()} (decoding builds it; gpt1 kernels build)"
+            f"not built yet in {kernel_build.build_folder()} (decoding builds it; gpt1 kernels build)"
         )
-    return True, f"built for -march={matvec.build_target()} in {matvec.build_folder()}"
+    return True, f"built for -march={kernel_build.build_target()} in {kernel_build.build_folder()}"
 
 
 def _few_rows() -> Choice:
@@ -677,7 +677,7 @@ def huge_pages() -> str:
 
 def isa() -> str:
     """This CPU's instruction sets that matter here, as torch and /proc/cpuinfo name them."""
-    flags = set(matvec.cpu_flags().split())
+    flags = set(kernel_build.cpu_flags().split())
     wanted = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8"]
     present = [f for f in wanted if f in flags]
     return f"torch: {torch.backends.cpu.get_cpu_capability()}; CPU: {' '.join(present) or '-'}"
@@ -688,6 +688,6 @@ def reset() -> None:
     _failures.clear()
     int8_probe.cache_clear()
     float_probe.cache_clear()
-    matvec.forget()
+    kernel_build.forget()
     global _decoding
     _decoding = False

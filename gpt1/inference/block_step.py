@@ -1,4 +1,4 @@
-"""Every block of one decoding step in one call (`kernels/step.cpp`, built with `gpt1.inference.matvec`).
+"""Every block of one decoding step in one call (`kernels/step.cpp`, built with `gpt1.inference.kernel_build`).
 
 Decoding one token of the 117M model through the blocks as torch operators is about 150 small
 operators and the Python between them: 2.7-4 ms a token on a 2-core server, as long as reading

@@ -8,7 +8,7 @@ fp32 checkpoint and deterministic. Activations are in a float type (bf16 where t
 instructions, else fp32) between the products, and every product returns that type.
 
 For a few rows (decoding) only the weights are rounded: the kernel is gpt1's own
-(`gpt1.inference.matvec`: C++ built on first use, reading each int8 weight once for up to 8 rows
+(`gpt1.inference.matvec`: C++ built on first use by `kernel_build`, reading each int8 weight once for up to 8 rows
 and multiplying it by the float activations in fp32), or torch's fused
 `aten._weight_int8pack_mm` where ours cannot be built; neither makes a dequantised copy of a
 weight, so a product reads one byte per weight.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from gpt1.inference import matvec
+from gpt1.inference import kernel_build
 
 ROUNDS = 9  # interleaved rounds at the least; each candidate's best is kept
 # Rounds go on until the timed calls add up to this many seconds: a product of 0.1 ms needs
@@ -123,14 +123,18 @@ def stale(record: Conditions, current: Conditions) -> str | None:
 
 def record_path(name: str) -> Path:
     """Where the `name` check's record is kept: beside the kernel's builds, per CPU and torch."""
-    return matvec.build_root() / f"gpt1_{name}_probe_{_key()}.json"
+    return kernel_build.build_root() / f"gpt1_{name}_probe_{_key()}.json"
 
 
 def _key() -> str:
     """The CPU, torch, and the caps on the instructions oneDNN and torch may use: a capped
     process (a simulated older CPU) runs other kernels, so it keeps its own times."""
     caps = [os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")]
-    parts = [matvec.cpu_flags(), torch.__version__, str(Path(torch.__file__).resolve().parent)]
+    parts = [
+        kernel_build.cpu_flags(),
+        torch.__version__,
+        str(Path(torch.__file__).resolve().parent),
+    ]
     parts += caps
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:12]
 
@@ -153,7 +157,7 @@ def kept(name: str, kind: type, measure: Callable[[], object], again: bool = Fal
     found = None if again else read(name, kind)
     if found is not None and stale(found[1], current) is None:
         return found[0]
-    with matvec.telling(f"timing {name} products for this CPU", first=5.0):
+    with kernel_build.telling(f"timing {name} products for this CPU", first=5.0):
         probe = measure()
     found = {"times": dataclasses.asdict(probe), "conditions": dataclasses.asdict(current)}
     _keep(record_path(name), found)

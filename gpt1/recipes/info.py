@@ -101,17 +101,17 @@ def describe_kernels() -> dict[str, Any]:
 def build_kernels() -> tuple[Path, bool]:
     """Build (or find and check) the compiled kernel for this environment: (its folder, whether
     it was built now). Raises ConfigError where it is switched off or cannot be built."""
-    from gpt1.inference import backend, matvec
+    from gpt1.inference import backend, kernel_build
 
     backend.check_environment()
     if backend.switch("GPT1_MATVEC") is False:
         raise ConfigError("GPT1_MATVEC switches gpt1's kernel off: nothing to build")
-    fresh = not matvec.is_built()
+    fresh = not kernel_build.is_built()
     try:
-        matvec.module()
+        kernel_build.module()
     except Exception as e:  # the compiler's or the loader's own words, in one line
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise ConfigError(
-            f"the kernel could not be built in {matvec.build_folder()}: {first}"
+            f"the kernel could not be built in {kernel_build.build_folder()}: {first}"
         ) from None
-    return matvec.build_folder(), fresh
+    return kernel_build.build_folder(), fresh
