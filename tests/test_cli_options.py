@@ -60,17 +60,7 @@ def test_serve_takes_the_shared_precision_and_threads_flags():
     [
         ["tokenizer", "train", "--corpus", "c.txt", "--merges", "1" + "0" * 30],
         ["finetune", "--task", "sst2", "--data", "d", "--init", "none", "--batch-size", "1e30"],
-        [
-            "finetune",
-            "--task",
-            "sst2",
-            "--data",
-            "d",
-            "--init",
-            "none",
-            "--max-steps",
-            "-" + "9" * 20,
-        ],
+        "finetune --task sst2 --data d --init none --max-steps".split() + ["-" + "9" * 20],
         ["demo", "--seed", "1" + "0" * 30],
     ],
 )

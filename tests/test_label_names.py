@@ -63,16 +63,7 @@ def test_predict_files_show_names_beside_raw_labels(sst2, tmp_path):
         assert rec["gold"] == str(row["label"]) and rec["gold_name"] == names[rec["gold"]]
         assert set(rec["probabilities"]) == {"0", "1"}  # keyed by raw label, as before
     table = list(csv.DictReader(io.StringIO(predict(run, data, tmp_path / "c", "csv"))))
-    assert list(table[0]) == [
-        "id",
-        "text",
-        "label",
-        "label_name",
-        "gold",
-        "gold_name",
-        "p_0",
-        "p_1",
-    ]
+    assert list(table[0]) == "id text label label_name gold gold_name p_0 p_1".split()
     assert [(r["label"], r["label_name"]) for r in table] == [
         (r["label"], r["label_name"]) for r in records
     ]
