@@ -230,7 +230,43 @@ def int8_many_rows() -> str | None:
     if chosen is False or failure("many rows int8") or not onednn_has_int8():
         return None
     probe = int8_probe()
-    return probe.fastest if chosen else probe.choice
+    encoding = probe.fastest if chosen else probe.choice
+    return encoding if encoding is None or onednn_int8_exact(encoding) else None
+
+
+@functools.cache
+def onednn_int8_exact(encoding: str) -> bool:
+    """Whether oneDNN's int8 kernel sums exactly here: on CPUs without VNNI or AMX it multiplies
+    with `vpmaddubsw`, whose 16-bit pair sums saturate (oneDNN documents it), so a product of
+    large activations and weights comes out wrong; gpt1's own kernel (`few_rows_int8`) then
+    takes the int8 products. Asked with one product built to saturate: 64 x 127 x 127."""
+    q = torch.full((16, 64), 127, dtype=torch.int8)
+    x = torch.full((1, 64), 127, dtype=torch.int8)
+    try:
+        got = onednn_int8_product(
+            x, 1.0, pack_int8(q), torch.ones(16), None, torch.float32, encoding
+        )
+    except RuntimeError:
+        return False
+    return bool((got == 64 * 127 * 127).all())
+
+
+def onednn_int8_saturates() -> bool:
+    """Whether the many-row int8 products would take oneDNN's kernel here but for its inexact
+    sums (`onednn_int8_exact`): they then take gpt1's own kernel where it is built."""
+    chosen = switch("GPT1_INT8_MATMUL")
+    if chosen is False or failure("many rows int8") or not onednn_has_int8():
+        return False
+    probe = int8_probe()
+    encoding = probe.fastest if chosen else probe.choice
+    return encoding is not None and not onednn_int8_exact(encoding)
+
+
+def few_rows_int8() -> bool:
+    """Whether gpt1's compiled module has its own int8 x int8 kernel (AVX-512 VNNI or AVX2:
+    `kernels/int8_rows.cpp`), exact in every case."""
+    built = kernel_module()
+    return built is not None and built.has_few_rows_int8()
 
 
 # --------------------------------------------------------------------- the int8 speed check

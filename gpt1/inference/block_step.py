@@ -148,20 +148,22 @@ def plan(model: GPT, x: torch.Tensor, integer: bool = False) -> BlockStep | None
 
 def integer_weights(model: GPT) -> tuple[list[torch.Tensor], bool] | None:
     """What the step takes to multiply `model`'s int8 layers int8 x int8, a scale per row
-    (`kernels/int8_rows.cpp`): each layer's oneDNN copy and zero points and its copy for a few
-    rows (made or remade by its `PackedInt8`; empty where the CPU has no VNNI), and whether the
-    activations go over as unsigned bytes; None where a layer is not int8 or oneDNN has no int8
-    kernel here."""
+    (`kernels/int8_rows.cpp`): each layer's oneDNN copy and zero points (empty where oneDNN's
+    int8 kernel is missing or inexact here) and its copy for gpt1's own kernel (empty where that
+    is not compiled), made or remade by its `PackedInt8`, and whether the activations go over as
+    unsigned bytes; None where a layer is not int8 or neither kernel is here."""
     encoding = backend.int8_many_rows()
-    if encoding is None:
+    own = backend.few_rows_int8()
+    if encoding is None and not own:
         return None
     packed: list[torch.Tensor] = []
     for block in model.h:
         for layer in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
             if not isinstance(layer, Int8Linear):
                 return None
-            packed += layer._packed.packed(layer.qweight)
-            packed.append(layer._packed.few_rows(layer.qweight))
+            copies = layer._packed
+            packed += copies.packed(layer.qweight) if encoding else [_ABSENT, _ABSENT]
+            packed.append(copies.few_rows(layer.qweight) if own else _ABSENT)
     return packed, encoding == "u8"
 
 

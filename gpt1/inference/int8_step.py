@@ -79,7 +79,7 @@ def probe_again() -> StepProbe:
 
 def integer(model: torch.nn.Module, rows: int) -> bool:
     """Whether a step of `rows` sequences of the int8 `model` takes the integer step."""
-    if rows < 2 or backend.int8_many_rows() is None:
+    if rows < 2 or (backend.int8_many_rows() is None and not backend.few_rows_int8()):
         return False  # one row: the step is bound by reading the weights, not by arithmetic
     if not isinstance(model, GPT) or not isinstance(model.h[0].mlp.c_fc, Int8Linear):
         return False  # not quantised (for_inference quantises every block's layers or none)

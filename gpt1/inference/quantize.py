@@ -136,6 +136,7 @@ def _dequantised_linear(
 
 
 _NONE = torch.empty(0, dtype=torch.uint8)  # "no few-row copy" in the step's tensor list
+FEW_ROWS = 16  # up to this many rows the decoding step's products take gpt1's own int8 kernel
 
 # Activations the many-row int8 product takes (its output comes back in the same dtype).
 _PACKED_INT8_DTYPES = (torch.bfloat16, torch.float32)
@@ -169,10 +170,15 @@ class PackedInt8:
     def linear(
         self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor | None:
-        encoding = backend.int8_many_rows() if _packed_int8_applies(x, q, bias) else None
+        if not _packed_int8_applies(x, q, bias):
+            return None
+        encoding = backend.int8_many_rows()
+        rows = x.reshape(-1, x.shape[-1])
+        few = int8_rows.asked() and rows.shape[0] <= FEW_ROWS
+        if backend.few_rows_int8() and (few or backend.onednn_int8_saturates()):
+            return self._own_kernel(x, rows, q, scale, bias)
         if encoding is None:
             return None
-        rows = x.reshape(-1, x.shape[-1])
         per_row = int8_rows.asked() or backend.int8_per_row()
         kernels = backend.int8_row_kernels() if per_row else None
         found = int8_rows.quantize(rows, kernels) if per_row else _quantize_per_tensor(rows)
@@ -194,6 +200,24 @@ class PackedInt8:
             )
             return None
         return out.view(*x.shape[:-1], q.shape[0])
+
+    def _own_kernel(
+        self,
+        x: torch.Tensor,
+        rows: torch.Tensor,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """gpt1's int8 kernel (`kernels/int8_rows.cpp`: one scale per row, exact sums, the
+        weights fetched ahead), for a few rows of the decoding step's and wherever oneDNN's
+        kernel is missing or inexact; None for a row holding an inf or a NaN (the float path)."""
+        if q.shape[1] % 4:
+            return None
+        out = backend.kernel_module().rows_product(
+            rows, self.few_rows(q), scale.float(), bias, q.shape[0]
+        )
+        return None if out is None else out.view(*x.shape[:-1], q.shape[0])
 
     def product(
         self,

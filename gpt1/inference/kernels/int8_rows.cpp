@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <string>
@@ -155,6 +156,79 @@ bool vnni_dispatch(int64_t M, std::integer_sequence<int, Ms...>, const uint8_t* 
            (vnni_product<Ms + 1>(packed, x, x_sums, x_scales, w_scale, bias, K, N, y), true)) ||
           ...);
 }
+#elif defined(__AVX2__)
+// ------------------------------------------------------------------ a few rows on AVX2
+// The same layout and the same exact int32 sums without VNNI: `vpmaddubsw` multiplies unsigned
+// by signed bytes and adds pairs into 16-bit lanes, which would saturate for (w + 128) * x, so
+// each row's four activations go over as |x| (unsigned, at most 127) and the weights as w with
+// x's signs (`vpsignb`): |x| * (w sign x) = w x, and a pair of them is at most 2 * 127 * 127,
+// inside 16 bits. `vpmaddwd` by ones then sums the pairs into 32-bit lanes. Rows go in groups of
+// `kGroup` (their sums live in registers: two 8-lane halves of a 16-channel block each); the
+// block's weights come from memory for the first group and from the caches after.
+constexpr int64_t kVnniAheadBytes = 4096;
+constexpr int kGroup = 4;
+
+template <int G>
+void avx2_block(const uint8_t* w, const int8_t* x, const uint8_t* x_abs, int64_t K,
+                int32_t* sums) {
+  __m256i acc[G][2];
+  for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
+  const __m256i flip = _mm256_set1_epi8(char(0x80)), ones = _mm256_set1_epi16(1);
+  for (int64_t q = 0; q < K / 4; ++q) {
+    _mm_prefetch(reinterpret_cast<const char*>(w + q * 64 + kVnniAheadBytes), _MM_HINT_T0);
+    const __m256i* line = reinterpret_cast<const __m256i*>(w + q * 64);
+    const __m256i half[2] = {_mm256_xor_si256(_mm256_loadu_si256(line), flip),
+                             _mm256_xor_si256(_mm256_loadu_si256(line + 1), flip)};
+    for (int g = 0; g < G; ++g) {
+      int32_t four, size;
+      std::memcpy(&four, x + g * K + 4 * q, 4);
+      std::memcpy(&size, x_abs + g * K + 4 * q, 4);
+      const __m256i signs = _mm256_set1_epi32(four), sizes = _mm256_set1_epi32(size);
+      for (int h = 0; h < 2; ++h) {
+        const __m256i pairs = _mm256_maddubs_epi16(sizes, _mm256_sign_epi8(half[h], signs));
+        acc[g][h] = _mm256_add_epi32(acc[g][h], _mm256_madd_epi16(pairs, ones));
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + g * 16), acc[g][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums + g * 16 + 8), acc[g][1]);
+  }
+}
+
+void avx2_product(int64_t M, const uint8_t* packed, const int8_t* x, const float* x_scales,
+                  const float* w_scale, const float* bias, int64_t K, int64_t N, float* y) {
+  std::vector<uint8_t> x_abs(M * K);
+  for (int64_t i = 0; i < M * K; ++i) x_abs[i] = uint8_t(std::abs(int(x[i])));
+  const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
+  const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    int32_t sums[kGroup * 16];
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* w = packed + b * block_bytes;
+      const int64_t n0 = b * 16, width = std::min<int64_t>(16, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += kGroup) {
+        const int G = static_cast<int>(std::min<int64_t>(kGroup, M - m0));
+        const int8_t* xs = x + m0 * K;
+        const uint8_t* as = x_abs.data() + m0 * K;
+        switch (G) {
+          case 1: avx2_block<1>(w, xs, as, K, sums); break;
+          case 2: avx2_block<2>(w, xs, as, K, sums); break;
+          case 3: avx2_block<3>(w, xs, as, K, sums); break;
+          default: avx2_block<4>(w, xs, as, K, sums); break;
+        }
+        for (int g = 0; g < G; ++g) {  // the scales in int8_rows.epilogue's order
+          for (int64_t j = 0; j < width; ++j) {
+            float v = float(sums[g * 16 + j]) * w_scale[n0 + j];
+            v = v * x_scales[m0 + g];
+            if (bias) v = v + bias[n0 + j];
+            y[(m0 + g) * N + n0 + j] = v;
+          }
+        }
+      }
+    }
+  });
+}
 #endif
 
 }  // namespace
@@ -164,22 +238,34 @@ namespace gpt1 {
 bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
                        float* y) {
   const int64_t K = w.in, N = w.out;
-#if defined(__AVX512VNNI__)
-  if (w.vnni && M <= kFewRows) {
+#if defined(__AVX512VNNI__) || defined(__AVX2__)
+  // gpt1's kernel up to kFewRows rows, and for every row count where oneDNN's copy is absent
+  // (no int8 kernel there, or one whose sums saturate: `backend.int8_many_rows`).
+  if (w.vnni && (M <= kFewRows || !w.packed)) {
     std::vector<int8_t> q(M * K);
     std::vector<float> scales(M);
-    std::vector<int32_t> sums(M);
     if (!quantize_rows(x, 0, M, K, q.data(), scales.data(), false)) return false;
+#if defined(__AVX512VNNI__)
+    std::vector<int32_t> sums(M);
     for (int64_t m = 0; m < M; ++m) {
       int32_t total = 0;
       for (int64_t k = 0; k < K; ++k) total += q[m * K + k];
       sums[m] = total;
     }
-    return vnni_dispatch(M, std::make_integer_sequence<int, kFewRows>(),
-                         w.vnni->data_ptr<uint8_t>(), q.data(), sums.data(), scales.data(),
-                         w.scale->data_ptr<float>(), bias, K, N, y);
+    for (int64_t m0 = 0; m0 < M; m0 += kFewRows) {  // more rows: the weights read again
+      const int64_t rows = std::min<int64_t>(kFewRows, M - m0);
+      vnni_dispatch(rows, std::make_integer_sequence<int, kFewRows>(),
+                    w.vnni->data_ptr<uint8_t>(), q.data() + m0 * K, sums.data() + m0,
+                    scales.data() + m0, w.scale->data_ptr<float>(), bias, K, N, y + m0 * N);
+    }
+#else
+    avx2_product(M, w.vnni->data_ptr<uint8_t>(), q.data(), scales.data(),
+                 w.scale->data_ptr<float>(), bias, K, N, y);
+#endif
+    return true;
   }
 #endif
+  TORCH_CHECK(w.packed, "int8 rows: no kernel for this product");
   torch::Tensor qx = torch::empty({M, K}, torch::dtype(w.u8 ? at::kByte : at::kChar));
   std::vector<float> scales(M);
   if (!quantize_rows(x, 0, M, K, static_cast<int8_t*>(qx.data_ptr()), scales.data(), w.u8)) {
@@ -264,11 +350,51 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
 
 bool has_int8_rows() { return true; }
 
+bool has_few_rows_int8() {
+#if defined(__AVX512VNNI__) || defined(__AVX2__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// x [M, K] (fp32 or bf16) through an int8 weight in `pack_vnni`'s layout (`out` channels, fp32
+// per-channel `scale`, optional bias), each row of x its own scale, on gpt1's kernel: [M, out]
+// in x's dtype; an undefined tensor where a row of x holds an inf or a NaN.
+torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
+                           const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
+                           int64_t out) {
+  TORCH_CHECK(has_few_rows_int8(), "rows_product: not compiled for this CPU");
+  TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
+                  vnni.scalar_type() == at::kByte && vnni.dim() == 4 &&
+                  vnni.size(0) == (out + 15) / 16 && vnni.size(1) * 4 == x.size(1) &&
+                  scale.scalar_type() == at::kFloat && scale.numel() == out,
+              "rows_product: x [M, K] fp32/bf16, a packed weight of [out, K], fp32 scales");
+  const int64_t M = x.size(0), K = x.size(1);
+  const torch::Tensor xf = x.to(at::kFloat).contiguous();
+  const torch::Tensor sc = scale.contiguous();
+  std::vector<float> bias_buf;
+  const float* b = bias.has_value()
+                       ? gpt1::float_values(*bias, out, bias_buf, "rows_product:", "bias")
+                       : nullptr;
+  gpt1::Int8Packed w;
+  w.vnni = &vnni;
+  w.scale = &sc;
+  w.out = out;
+  w.in = K;
+  torch::Tensor y = torch::empty({M, out}, x.options().dtype(at::kFloat));
+  if (!gpt1::int8_rows_product(M, xf.data_ptr<float>(), w, b, y.data_ptr<float>())) {
+    return torch::Tensor();
+  }
+  return y.to(x.scalar_type());
+}
+
 // q [N, K] int8 (K a multiple of 4) -> the few-row kernel's layout: [ceil(N / 16), K / 4, 16, 4]
 // unsigned bytes, lane j of block b holding channel 16 b + j's four weights w + 128 (absent
 // channels past N hold 128: weight 0); an undefined tensor where that kernel is not compiled.
 torch::Tensor pack_vnni(const torch::Tensor& q) {
-#if defined(__AVX512VNNI__)
+#if defined(__AVX512VNNI__) || defined(__AVX2__)
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous() &&
                   q.size(1) % 4 == 0 && q.device().is_cpu(),
               "pack_vnni: q must be [N, K] int8, contiguous, K a multiple of 4");
@@ -295,6 +421,13 @@ torch::Tensor pack_vnni(const torch::Tensor& q) {
 #else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: torch's operators quantise the rows
 
 bool has_int8_rows() { return false; }
+
+bool has_few_rows_int8() { return false; }
+
+torch::Tensor rows_product(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                           const c10::optional<torch::Tensor>&, int64_t) {
+  TORCH_CHECK(false, "rows_product: not compiled for this CPU");
+}
 
 torch::Tensor pack_vnni(const torch::Tensor&) { return torch::Tensor(); }
 

@@ -31,6 +31,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("bf16"));
   m.def("pack_vnni", &pack_vnni, "an int8 weight in the few-row integer kernel's layout",
         Unlocked(), pybind11::arg("q"));
+  m.def("has_few_rows_int8", &has_few_rows_int8, "whether gpt1's int8 kernel was compiled");
+  m.def("rows_product", &rows_product, "int8 products on gpt1's kernel, a scale per row",
+        Unlocked(), pybind11::arg("x"), pybind11::arg("vnni"), pybind11::arg("scale"),
+        pybind11::arg("bias"), pybind11::arg("out"));
   m.def("has_quantize_per_tensor", &has_quantize_per_tensor,
         "whether quantize_per_tensor was compiled for this CPU");
   m.def("quantize_per_tensor", &quantize_per_tensor,

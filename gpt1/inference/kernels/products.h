@@ -59,6 +59,10 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 bool has_int8_rows();
 torch::Tensor pack_vnni(const torch::Tensor& q);
+bool has_few_rows_int8();
+torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
+                           const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
+                           int64_t out);
 std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x);
 torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale,
                          const c10::optional<torch::Tensor>& bias, bool bf16);

@@ -235,7 +235,8 @@ struct Linear {
   // a call.
   void apply(int64_t M, const float* x, std::vector<at::BFloat16>& x16, float* y,
              bool bf16) const {
-    if (!rows_int8.packed || !gpt1::int8_rows_product(M, x, rows_int8, bias, y)) {
+    if (!(rows_int8.packed || rows_int8.vnni) ||
+        !gpt1::int8_rows_product(M, x, rows_int8, bias, y)) {
       const int64_t in = w->size(1), out = w->size(0);
       for (int64_t lo = 0; lo < M; lo += 8) {
         const int64_t rows = std::min<int64_t>(8, M - lo);
@@ -362,9 +363,12 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
         TORCH_CHECK(layer.w->scalar_type() == at::kChar, "decode_step: packed weights are int8");
         const torch::Tensor* s_tensor = &p[5 + 3 * i];
         const torch::Tensor* mine = &packed[12 * l + 3 * i];
-        const torch::Tensor* vnni = mine[2].defined() && mine[2].numel() > 0 ? &mine[2] : nullptr;
-        layer.rows_int8 = {&mine[0], &mine[1], s_tensor, vnni, layer.w->size(0),
-                           layer.w->size(1), u8};
+        const auto given = [](const torch::Tensor& t) { return t.defined() && t.numel() > 0; };
+        const torch::Tensor* vnni = given(mine[2]) ? &mine[2] : nullptr;
+        const torch::Tensor* onednn = given(mine[0]) ? &mine[0] : nullptr;
+        TORCH_CHECK(vnni || onednn, "decode_step: an int8 layer without a packed copy");
+        layer.rows_int8 = {onednn, &mine[1], s_tensor, vnni, layer.w->size(0), layer.w->size(1),
+                           u8};
       }
     }
     TORCH_CHECK(qkv_layer.w->size(0) == 3 * C && out_layer.w->size(0) == C &&
