@@ -1,10 +1,11 @@
 """int8 x int8 products of many rows with one activation scale per row.
 
 Each row of the activations is quantised on its own (symmetric: its largest magnitude to 127,
-round to nearest even), multiplied by the int8 weight on oneDNN's int8 kernel (AMX, VNNI or
-AVX2's `vpmaddubsw`, whichever the CPU has) with int32 sums, which the kernel converts to fp32
-and multiplies by the weight's per-channel scales; the row scales and the bias are applied
-after (oneDNN takes one activation scale per call, so a row's cannot go into the kernel):
+round to nearest even), multiplied by the int8 weight with exact int32 sums (oneDNN's int8
+kernel with AMX or VNNI, or gpt1's own, `kernels/int8_rows.cpp`, for a few rows and wherever
+oneDNN's sums saturate), which are converted to fp32 and multiplied by the weight's per-channel
+scales; the row scales and the bias are applied after (oneDNN takes one activation scale per
+call, so a row's cannot go into its kernel):
 
     out[m, n] = fp32(sum_k qx[m, k] * q[n, k]) * w_scale[n] * x_scale[m] + bias[n]
 
