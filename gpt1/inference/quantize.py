@@ -176,8 +176,16 @@ class PackedInt8:
             return None
         encoding = backend.int8_many_rows()
         rows = x.reshape(-1, x.shape[-1])
-        few = int8_rows.asked() and rows.shape[0] <= FEW_ROWS
-        if backend.few_rows_int8() and (few or backend.onednn_int8_saturates()):
+        # A few rows of the decoding step, or of any product where oneDNN's sums saturate; more
+        # rows then take the float path, faster there than gpt1's kernel from about 128 rows
+        # (2048 x 768 x 3072 under ONEDNN_MAX_CPU_ISA=AVX2 with the AVX2 build, 2026-12-06:
+        # 63 ms as an fp32 product, 104 on gpt1's kernel; 8 rows: 1.71 and 0.38 ms).
+        few = rows.shape[0] <= FEW_ROWS
+        if (
+            backend.few_rows_int8()
+            and few
+            and (int8_rows.asked() or backend.onednn_int8_saturates())
+        ):
             return self._own_kernel(x, rows, q, scale, bias)
         if encoding is None:
             return None
