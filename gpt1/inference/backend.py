@@ -226,12 +226,18 @@ def int8_per_row() -> bool:
 def int8_many_rows() -> str | None:
     """How int8 products of many rows run: `s8` or `u8` (oneDNN's int8 kernel, activations as
     signed bytes, or as unsigned bytes with zero point 128), or None (the float path)."""
+    encoding = _onednn_encoding()
+    return encoding if encoding is None or onednn_int8_exact(encoding) else None
+
+
+def _onednn_encoding() -> str | None:
+    """The encoding oneDNN's int8 kernel would take here, its exactness not asked: the faster
+    one where GPT1_INT8_MATMUL forces the kernel, else the one not slower than the float path."""
     chosen = switch("GPT1_INT8_MATMUL")
     if chosen is False or failure("many rows int8") or not onednn_has_int8():
         return None
     probe = int8_probe()
-    encoding = probe.fastest if chosen else probe.choice
-    return encoding if encoding is None or onednn_int8_exact(encoding) else None
+    return probe.fastest if chosen else probe.choice
 
 
 @functools.cache
@@ -254,11 +260,7 @@ def onednn_int8_exact(encoding: str) -> bool:
 def onednn_int8_saturates() -> bool:
     """Whether the many-row int8 products would take oneDNN's kernel here but for its inexact
     sums (`onednn_int8_exact`): they then take gpt1's own kernel where it is built."""
-    chosen = switch("GPT1_INT8_MATMUL")
-    if chosen is False or failure("many rows int8") or not onednn_has_int8():
-        return False
-    probe = int8_probe()
-    encoding = probe.fastest if chosen else probe.choice
+    encoding = _onednn_encoding()
     return encoding is not None and not onednn_int8_exact(encoding)
 
 

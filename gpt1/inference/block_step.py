@@ -84,6 +84,15 @@ class Plan:
         self.stamps = [(MadeFrom(t), t) for _, _, t in self.entries if isinstance(t, torch.Tensor)]
         self.refused: set[torch.dtype] = set()  # activations the kernel refused for this model
         self._cached_columns: tuple[list, list, list] | None = None
+        self._int8: list | None | bool = False  # `_int8_weights`, once (False: not asked yet)
+        self.integer: tuple[tuple, tuple[list[torch.Tensor], bool]] | None = None
+
+    def int8_weights(self, model: GPT) -> list[tuple[Int8Linear, torch.Tensor]] | None:
+        """`_int8_weights(model)`, found once: while the plan is current its layers and weights
+        are the ones registered."""
+        if self._int8 is False:
+            self._int8 = _int8_weights(model)
+        return self._int8
 
     def current(self) -> bool:
         """Whether every module and tensor the plan took is still registered where it was (one
@@ -151,20 +160,42 @@ def integer_weights(model: GPT) -> tuple[list[torch.Tensor], bool] | None:
     (`kernels/int8_rows.cpp`): each layer's oneDNN copy and zero points (empty where oneDNN's
     int8 kernel is missing or inexact here) and its copy for gpt1's own kernel (empty where that
     is not compiled), made or remade by its `PackedInt8`, and whether the activations go over as
-    unsigned bytes; None where a layer is not int8 or neither kernel is here."""
+    unsigned bytes; None where a layer is not int8 or neither kernel is here.
+
+    Asked every step: kept on the model's plan while each weight is where it was and not
+    written in place (its storage and version), so a step does not ask 48 layers' copies."""
     encoding = backend.int8_many_rows()
     own = backend.few_rows_int8()
     if encoding is None and not own:
         return None
+    kept = _plans.get(model)
+    weights = _int8_weights(model) if kept is None else kept.int8_weights(model)
+    if weights is None:
+        return None
+    key = (encoding, own, [(q.data_ptr(), q._version) for _, q in weights])
+    if kept is not None and kept.integer is not None and kept.integer[0] == key:
+        return kept.integer[1]
     packed: list[torch.Tensor] = []
-    for block in model.h:
-        for layer in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj):
-            if not isinstance(layer, Int8Linear):
-                return None
-            copies = layer._packed
-            packed += copies.packed(layer.qweight) if encoding else [_ABSENT, _ABSENT]
-            packed.append(copies.few_rows(layer.qweight) if own else _ABSENT)
-    return packed, encoding == "u8"
+    for layer, q in weights:
+        packed += layer._packed.packed(q) if encoding else [_ABSENT, _ABSENT]
+        packed.append(layer._packed.few_rows(q) if own else _ABSENT)
+    found = (packed, encoding == "u8")
+    if kept is not None:
+        kept.integer = (key, found)
+    return found
+
+
+def _int8_weights(model: GPT) -> list[tuple[Int8Linear, torch.Tensor]] | None:
+    """Every block's four layers and their int8 weights, in the step's order; None where one is
+    not int8."""
+    layers = [
+        layer
+        for block in model.h
+        for layer in (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj)
+    ]
+    if not all(isinstance(layer, Int8Linear) for layer in layers):
+        return None
+    return [(layer, layer.qweight) for layer in layers]
 
 
 def forget(model: GPT, dtype: torch.dtype) -> None:
