@@ -2,7 +2,7 @@
 `BatchedDecoder`, what `gpt1 serve` runs) and CTranslate2 int8 (`generate_batch`), n at once.
 
     python benchmarks/concurrency.py                     # n = 1, 8, 16, 32, 64; 3 rounds
-    ONEDNN_MAX_CPU_ISA=AVX2 python benchmarks/concurrency.py --systems gpt1:int8,gpt1:bf16
+    python benchmarks/concurrency.py --tier avx2         # under the caps of `tiers.py`'s tier
 
 GPT-1 size, random weights (the seed of `benchmarks/inference.py`), n prompts of `--prompt`
 random tokens, `--new` new tokens each. Each system lives in a process of its own (a CTranslate2
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +32,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tiers import TIERS  # noqa: E402
 
 VOCAB = 40478
 
@@ -167,6 +170,16 @@ def step_macs(n: int) -> int:
     return n * (linear + model.wte.weight.numel())
 
 
+def enter_tier(tier: str) -> None:
+    """Start this script again with `tier`'s caps in its environment, unless they are there: the
+    libraries read them when they load, before any product runs."""
+    caps = TIERS[tier]
+    if all(os.environ.get(k) == v for k, v in caps.items()):
+        return
+    print(f"tier {tier}: {' '.join(f'{k}={v}' for k, v in caps.items())}", file=sys.stderr)
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **caps})
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--systems", default="gpt1:int8,gpt1:bf16,gpt1:fp32,ct2:int8")
@@ -181,7 +194,14 @@ def main() -> None:
         default="wall",
         help="cpu: each process's CPU time, for a machine other jobs share (one thread)",
     )
+    p.add_argument(
+        "--tier",
+        choices=sorted(TIERS),
+        default="host",
+        help="run every system (and the peak) under this tier's instruction-set caps (tiers.py)",
+    )
     args = p.parse_args()
+    enter_tier(args.tier)
     systems, ns = args.systems.split(","), [int(n) for n in args.ns.split(",")]
     children = {s: Child(s, args.threads, args.prompt, args.new, args.clock) for s in systems}
     times: dict[tuple[str, int], list[float]] = {}

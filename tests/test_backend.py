@@ -269,12 +269,12 @@ def test_plans_are_made_by_for_inference_without_process_wide_hooks():
 
 
 def test_a_process_with_capped_instructions_keeps_its_own_probe_times(monkeypatch):
-    """ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY change which kernels run: their times are not
-    the uncapped host's."""
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    host = timings._key()
-    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    capped = timings._key()
-    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
-    assert len({host, capped, timings._key()}) == 3
+    """Each cap (oneDNN's, MKL's, ATen's) changes which kernels run: the times of a process
+    under any of them are not the uncapped host's, nor another cap's."""
+    for name in timings.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    keys = [timings._key()]
+    for name in timings.ISA_CAPS:
+        monkeypatch.setenv(name, "AVX2")
+        keys.append(timings._key())
+    assert len(set(keys)) == len(timings.ISA_CAPS) + 1

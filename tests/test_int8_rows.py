@@ -156,6 +156,26 @@ def test_the_compiled_integer_step_computes_what_the_modules_compute(rows, monke
         assert float((mine.float() - theirs.float()).abs().max()) <= step
 
 
+def test_the_integer_step_runs_when_first_used_under_inference_mode(monkeypatch):
+    """Copies packed under `torch.inference_mode` are inference tensors, which keep no write
+    counter: the step's record of them must not ask for one (it did, and every generation of
+    a step ended in a RuntimeError)."""
+    if backend.decode_step_op() is None:
+        pytest.skip("gpt1's kernel is not built for this CPU")
+    monkeypatch.setattr(int8_step, "integer", lambda model, rows: rows >= 2)
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    model = for_inference(GPT(config), "cpu", "int8")
+    with torch.inference_mode():
+        decoder = BatchedDecoder(model, speculate="off")
+        for prompt in ([5, 6, 7], [8, 9], [10, 11, 12, 13]):
+            decoder.add(prompt, Sampling(max_new_tokens=4, temperature=0.0))
+        events = [e for _ in range(5) for e in decoder.step()]
+    failures = [e for _, e in events if isinstance(e, Exception)]
+    assert not failures, failures[0]
+    assert sum(isinstance(e, int) for _, e in events) == 12
+
+
 def test_prompts_read_together_give_what_each_gives_alone():
     """`prefill`: several prompts through the model at once give each prompt's last hidden state
     and cache as `forward_cached` on it alone does (fp32: up to summation order), and a

@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn.modules import module as torch_module
 
 from gpt1.inference import backend, matvec
-from gpt1.inference.prepack import MadeFrom, PackedLinear
+from gpt1.inference.prepack import MadeFrom, PackedLinear, version_of
 from gpt1.inference.quantize import Int8Linear
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def integer_weights(model: GPT) -> tuple[list[torch.Tensor], bool] | None:
     weights = _int8_weights(model) if kept is None else kept.int8_weights(model)
     if weights is None:
         return None
-    key = (encoding, own, [(q.data_ptr(), q._version) for _, q in weights])
+    key = (encoding, own, [(q.data_ptr(), version_of(q)) for _, q in weights])
     if kept is not None and kept.integer is not None and kept.integer[0] == key:
         return kept.integer[1]
     packed: list[torch.Tensor] = []

@@ -39,7 +39,7 @@ class MadeFrom:
     new tensor can never reuse the address and pass for it."""
 
     def __init__(self, source: torch.Tensor) -> None:
-        self.source, self.version = source.detach(), _version_of(source)
+        self.source, self.version = source.detach(), version_of(source)
 
     def matches(self, t: torch.Tensor) -> bool:
         src = self.source
@@ -47,7 +47,7 @@ class MadeFrom:
             src.data_ptr() == t.data_ptr()
             and src.dtype == t.dtype
             and src.shape == t.shape
-            and _version_of(t) == self.version
+            and version_of(t) == self.version
         )
 
 
@@ -111,7 +111,7 @@ class PackedWeight:
         )
 
 
-def _version_of(t: torch.Tensor) -> int:
+def version_of(t: torch.Tensor) -> int:
     """The in-place write counter (inference tensors keep none: they are only written under
     inference mode, by code that made them)."""
     return -1 if t.is_inference() else t._version

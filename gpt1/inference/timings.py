@@ -126,10 +126,14 @@ def record_path(name: str) -> Path:
     return kernel_build.build_root() / f"gpt1_{name}_probe_{_key()}.json"
 
 
+# The variables that cap the instructions of the libraries under torch's products.
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+
+
 def _key() -> str:
-    """The CPU, torch, and the caps on the instructions oneDNN and torch may use: a capped
+    """The CPU, torch, and the caps on the instructions oneDNN, MKL and torch may use: a capped
     process (a simulated older CPU) runs other kernels, so it keeps its own times."""
-    caps = [os.environ.get(name, "") for name in ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")]
+    caps = [os.environ.get(name, "") for name in ISA_CAPS]
     parts = [
         kernel_build.cpu_flags(),
         torch.__version__,
