@@ -176,15 +176,14 @@ class PackedInt8:
             return None
         encoding = backend.int8_many_rows()
         rows = x.reshape(-1, x.shape[-1])
-        # A few rows of the decoding step, or of any product where oneDNN's sums saturate; more
-        # rows then take the float path, faster there than gpt1's kernel from about 128 rows
-        # (2048 x 768 x 3072 under ONEDNN_MAX_CPU_ISA=AVX2 with the AVX2 build, 2026-12-06:
-        # 63 ms as an fp32 product, 104 on gpt1's kernel; 8 rows: 1.71 and 0.38 ms).
-        few = rows.shape[0] <= FEW_ROWS
-        if (
-            backend.few_rows_int8()
-            and few
-            and (int8_rows.asked() or backend.onednn_int8_saturates())
+        # gpt1's kernel takes a few rows of the decoding step, and every product where oneDNN's
+        # int8 kernel would but its sums saturate. There it beats the float path at every row
+        # count measured (one thread, the AVX2 tier of benchmarks/tiers.py, MKL capped too,
+        # 2026-12-06): 768 -> 3072 at 64 rows 3.1 ms against 5.8 as an fp32 product and 27 as
+        # a bf16 one; at 2048 rows 114 against 149 ms fp32; 768 -> 40478 at 64 rows 41 against
+        # 129 ms fp32.
+        if backend.few_rows_int8() and (
+            backend.onednn_int8_saturates() or (rows.shape[0] <= FEW_ROWS and int8_rows.asked())
         ):
             return self._own_kernel(x, rows, q, scale, bias)
         if encoding is None:

@@ -204,32 +204,40 @@ void avx2_product(int64_t M, const uint8_t* packed, const int8_t* x, const float
   for (int64_t i = 0; i < M * K; ++i) x_abs[i] = uint8_t(std::abs(int(x[i])));
   const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
   const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    int32_t sums[kGroup * 16];
-    for (int64_t b = b0; b < b1; ++b) {
-      const uint8_t* w = packed + b * block_bytes;
-      const int64_t n0 = b * 16, width = std::min<int64_t>(16, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += kGroup) {
-        const int G = static_cast<int>(std::min<int64_t>(kGroup, M - m0));
-        const int8_t* xs = x + m0 * K;
-        const uint8_t* as = x_abs.data() + m0 * K;
-        switch (G) {
-          case 1: avx2_block<1>(w, xs, as, K, sums); break;
-          case 2: avx2_block<2>(w, xs, as, K, sums); break;
-          case 3: avx2_block<3>(w, xs, as, K, sums); break;
-          default: avx2_block<4>(w, xs, as, K, sums); break;
-        }
-        for (int g = 0; g < G; ++g) {  // the scales in int8_rows.epilogue's order
-          for (int64_t j = 0; j < width; ++j) {
-            float v = float(sums[g * 16 + j]) * w_scale[n0 + j];
-            v = v * x_scales[m0 + g];
-            if (bias) v = v + bias[n0 + j];
-            y[(m0 + g) * N + n0 + j] = v;
+  // Many rows (a prompt, a classification batch) go a slice at a time, each slice's x and |x|
+  // (about 256 KB) staying in L2 while every weight block passes over it: without the slices,
+  // 8192 rows x 3072 read x from memory once per block and took 562 ms against the fp32
+  // product's 538; the weights are read again per slice instead, a few % of the time.
+  const int64_t slice = std::max<int64_t>(64, 131072 / K);
+  for (int64_t lo = 0; lo < M; lo += slice) {
+    const int64_t hi = std::min(M, lo + slice);
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      int32_t sums[kGroup * 16];
+      for (int64_t b = b0; b < b1; ++b) {
+        const uint8_t* w = packed + b * block_bytes;
+        const int64_t n0 = b * 16, width = std::min<int64_t>(16, N - n0);
+        for (int64_t m0 = lo; m0 < hi; m0 += kGroup) {
+          const int G = static_cast<int>(std::min<int64_t>(kGroup, hi - m0));
+          const int8_t* xs = x + m0 * K;
+          const uint8_t* as = x_abs.data() + m0 * K;
+          switch (G) {
+            case 1: avx2_block<1>(w, xs, as, K, sums); break;
+            case 2: avx2_block<2>(w, xs, as, K, sums); break;
+            case 3: avx2_block<3>(w, xs, as, K, sums); break;
+            default: avx2_block<4>(w, xs, as, K, sums); break;
+          }
+          for (int g = 0; g < G; ++g) {  // the scales in int8_rows.epilogue's order
+            for (int64_t j = 0; j < width; ++j) {
+              float v = float(sums[g * 16 + j]) * w_scale[n0 + j];
+              v = v * x_scales[m0 + g];
+              if (bias) v = v + bias[n0 + j];
+              y[(m0 + g) * N + n0 + j] = v;
+            }
           }
         }
       }
-    }
-  });
+    });
+  }
 }
 #endif
 
