@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from gpt1 import GPT, ModelConfig
-from gpt1.inference import backend, block_step, int8_rows, int8_step, quantize
+from gpt1.inference import backend, block_step, int8_rows, int8_step
 from gpt1.inference.batched import BatchedDecoder
 from gpt1.inference.decoding import SlotPool, decode, forward_cached, prefill
 from gpt1.inference.prepared import for_inference
@@ -34,12 +34,14 @@ def _layer(k: int, n: int) -> Int8Linear:
 
 @pytest.mark.parametrize("encoding", ["s8", "u8"])
 @pytest.mark.parametrize(
-    ("rows", "k", "n"), [(4, 64, 96), (12, 64, 96), (33, 256, 40), (9, 768, 300)]
+    ("rows", "k", "n"),
+    [(4, 64, 96), (12, 64, 96), (33, 256, 40), (9, 768, 300), (70, 128, 100), (64, 192, 16)],
 )
 def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding, monkeypatch):
-    """oneDNN's int32 sums, converted and scaled, give the bits `reference` computes with exact
-    integer sums, with either encoding of the activations."""
-    if rows > quantize.FEW_ROWS and not backend.onednn_int8_exact(encoding):
+    """The int32 sums, converted and scaled, give the bits `reference` computes with exact
+    integer sums: oneDNN's with either encoding of the activations, and gpt1's own kernel for the
+    rows it takes (VNNI or AVX2 up to 16, AMX tiles up to 64 a pass: 70 rows take two)."""
+    if rows > backend.own_int8_rows(k) and not backend.onednn_int8_exact(encoding):
         pytest.skip("oneDNN's int8 kernel saturates here (its sums are not the exact ones)")
     monkeypatch.setattr(backend, "int8_many_rows", lambda: encoding)
     layer = _layer(k, n)
@@ -48,6 +50,23 @@ def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding,
         got = layer(x)
     want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("k", [96, 128])
+def test_gpt1s_kernel_gives_the_exact_sums_at_any_row_count(k):
+    """`rows_product` (AMX tiles of 16 rows, four a pass, where K is a multiple of 64 and the CPU
+    has them; VNNI or AVX2 otherwise) gives `reference`'s bits at every row count, partial tiles
+    and more than one pass included."""
+    if not backend.few_rows_int8():
+        pytest.skip("gpt1's int8 kernel is not built for this CPU")
+    kernels = backend.kernel_module()
+    layer = _layer(k, 40)
+    packed = kernels.pack_vnni(layer.qweight)
+    for rows in (1, 5, 16, 17, 64, 70, 130):
+        x = torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]
+        got = kernels.rows_product(x, packed, layer.scale, layer.bias.float(), 40)
+        want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias.float())
+        assert torch.equal(got, want), rows
 
 
 def test_a_rows_result_does_not_depend_on_its_neighbours():

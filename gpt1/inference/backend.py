@@ -271,6 +271,13 @@ def few_rows_int8() -> bool:
     return built is not None and built.has_few_rows_int8()
 
 
+def own_int8_rows(in_features: int) -> int:
+    """The most rows of a decoding step's int8 products (of `in_features` inputs) that take
+    gpt1's own kernel rather than oneDNN's: 16 (VNNI or AVX2), 64 where AMX multiplies; 0
+    where that kernel is not built."""
+    return kernel_module().int8_rows_limit(in_features) if few_rows_int8() else 0
+
+
 # --------------------------------------------------------------------- the int8 speed check
 @dataclass(frozen=True)
 class Int8Probe:

@@ -5,11 +5,11 @@ The one-call step (`gpt1.inference.block_step`) reads each int8 weight once for 
 groups of that many. One row is bound by reading the weights; with more, every multiply-add is
 a float one after a widening, and the step becomes bound by that arithmetic. The integer step
 runs all the rows through the same one-call step at once, every weight product int8 x int8 with
-int32 sums (gpt1's kernel for a few rows, oneDNN's for more: `kernels/int8_rows.cpp`, the arithmetic of
-`gpt1.inference.int8_rows`: one activation scale per row, so a sequence's tokens do not depend on
-the others in the step), LayerNorm, attention and GELU in C++ between them, and the output layer
-the same way; where the one-call step does not apply, the blocks run as modules with the same
-products.
+int32 sums (gpt1's kernel for up to 16 rows, 64 with AMX, oneDNN's for more:
+`kernels/int8_rows.cpp`, the arithmetic of `gpt1.inference.int8_rows`: one activation scale per
+row, so a sequence's tokens do not depend on the others in the step), LayerNorm, attention and
+GELU in C++ between them, and the output layer the same way; where the one-call step does not
+apply, the blocks run as modules with the same products.
 
 Which one runs for n rows is a timed check, kept per CPU and torch like `backend`'s
 (`gpt1.inference.timings`: interleaved best-of rounds, recorded with the load): a one-block
@@ -38,7 +38,7 @@ from gpt1.inference.quantize import Int8Linear
 from gpt1.model.gpt import GPT
 
 ROWS = (2, 4, 8, 12, 16, 24, 32, 48, 64)  # the row counts timed
-RECORD = "int8_rows_step_2"  # the timings' record (named anew when either step changes)
+RECORD = "int8_rows_step_3"  # the timings' record (named anew when either step changes)
 PROMPT = 32  # cached positions of each timed sequence
 
 

@@ -33,7 +33,7 @@ a non-finite activation, a torch build without it, after it failed once, with a 
 `GPT1_INT8_MATMUL=0` switches it off), many rows take one float matrix product over the int8
 values (exact in bf16) with the scales applied to its output: the same numbers up to the
 activations' rounding. Where oneDNN's kernel sums inexactly (no VNNI or AMX: its 16-bit pair
-sums saturate; `backend.onednn_int8_exact`), and for up to `FEW_ROWS` rows of the decoding step,
+sums saturate; `backend.onednn_int8_exact`), and for up to `backend.own_int8_rows` rows of the decoding step,
 gpt1's own kernel multiplies instead (`kernels/int8_rows.cpp`: exact sums, one scale per row).
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
@@ -138,8 +138,6 @@ def _dequantised_linear(
 
 
 _NONE = torch.empty(0, dtype=torch.uint8)  # "no few-row copy" in the step's tensor list
-FEW_ROWS = 16  # up to this many rows the decoding step's products take gpt1's own int8 kernel
-
 # Activations the many-row int8 product takes (its output comes back in the same dtype).
 _PACKED_INT8_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -183,7 +181,8 @@ class PackedInt8:
         # a bf16 one; at 2048 rows 114 against 149 ms fp32; 768 -> 40478 at 64 rows 41 against
         # 129 ms fp32.
         if backend.few_rows_int8() and (
-            backend.onednn_int8_saturates() or (rows.shape[0] <= FEW_ROWS and int8_rows.asked())
+            backend.onednn_int8_saturates()
+            or (int8_rows.asked() and rows.shape[0] <= backend.own_int8_rows(q.shape[1]))
         ):
             return self._own_kernel(x, rows, q, scale, bias)
         if encoding is None:

@@ -28,6 +28,13 @@
 #include "lanes.h"
 #include "products.h"
 
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__linux__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define GPT1_AMX 1
+#endif
+
 #if defined(GPT1_SIMD)
 
 namespace {
@@ -158,6 +165,113 @@ bool vnni_dispatch(int64_t M, std::integer_sequence<int, Ms...>, const uint8_t* 
            (vnni_product<Ms + 1>(packed, x, x_sums, x_scales, w_scale, bias, K, N, y), true)) ||
           ...);
 }
+
+#if defined(GPT1_AMX)
+// ------------------------------------------------------------------ many rows on AMX
+// The same layout, read by AMX's tile products: 16 output channels of `pack_vnni`'s layout over
+// 64 inputs are 1 KB of consecutive bytes, exactly a B tile (16 rows of 4 inputs x 16
+// channels), and `tdpbsud` sums signed activations times unsigned weights (w + 128) into a
+// 16 x 16 tile of exact int32 sums, corrected by 128 * sum_k x[m, k] as the VNNI kernel's are.
+// Up to `kAmxRows` rows (four 16-row tiles) share each weight tile read, so a step of that many
+// rows reads the weights once and stays bound by reading them (oneDNN's product, which packs the
+// activations anew each call, took 16 ms of a 22.5 ms 32-row step's blocks where reading the
+// weights takes about 7: one thread, the AMX Xeon, 2026-12-06).
+constexpr int kAmxTiles = 4;
+constexpr int64_t kAmxRows = 16 * kAmxTiles;
+
+// Linux hands AMX's tile registers to a thread only on request (arch_prctl); asked once.
+bool amx_allowed() {
+  static const bool allowed = [] {
+    constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return allowed;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: sums of 16 rows each; 4: activations (16 rows x 64 inputs); 5: weights.
+void amx_configure() {
+  TileConfig config;
+  for (int t = 0; t < 6; ++t) {
+    config.rows[t] = 16;
+    config.colsb[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+template <int T>
+void amx_block(const uint8_t* w, const int8_t* x, int64_t K, int32_t* sums) {
+  _tile_zero(0);
+  if (T > 1) _tile_zero(1);
+  if (T > 2) _tile_zero(2);
+  if (T > 3) _tile_zero(3);
+  for (int64_t c = 0; c < K / 64; ++c) {
+    const uint8_t* tile = w + c * 1024;
+    for (int line = 0; line < 1024; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(tile + line + kVnniAheadBytes), _MM_HINT_T1);
+    }
+    _tile_loadd(5, tile, 64);
+    _tile_loadd(4, x + c * 64, K);
+    _tile_dpbsud(0, 4, 5);
+    if (T > 1) {
+      _tile_loadd(4, x + 16 * K + c * 64, K);
+      _tile_dpbsud(1, 4, 5);
+    }
+    if (T > 2) {
+      _tile_loadd(4, x + 32 * K + c * 64, K);
+      _tile_dpbsud(2, 4, 5);
+    }
+    if (T > 3) {
+      _tile_loadd(4, x + 48 * K + c * 64, K);
+      _tile_dpbsud(3, 4, 5);
+    }
+  }
+  _tile_stored(0, sums, 64);
+  if (T > 1) _tile_stored(1, sums + 256, 64);
+  if (T > 2) _tile_stored(2, sums + 512, 64);
+  if (T > 3) _tile_stored(3, sums + 768, 64);
+}
+
+// x [M, K] (M a multiple of 16, at most kAmxRows; K a multiple of 64): y as vnni_product's.
+void amx_product(int64_t M, int64_t rows, const uint8_t* packed, const int8_t* x,
+                 const int32_t* x_sums, const float* x_scales, const float* w_scale,
+                 const float* bias, int64_t K, int64_t N, float* y) {
+  const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
+  const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
+  const int tiles = static_cast<int>(M / 16);
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+    amx_configure();  // per thread: the configuration is a thread's state
+    alignas(64) int32_t sums[kAmxRows * 16];
+    for (int64_t b = b0; b < b1; ++b) {
+      const uint8_t* w = packed + b * block_bytes;
+      switch (tiles) {
+        case 1: amx_block<1>(w, x, K, sums); break;
+        case 2: amx_block<2>(w, x, K, sums); break;
+        case 3: amx_block<3>(w, x, K, sums); break;
+        default: amx_block<4>(w, x, K, sums); break;
+      }
+      const int64_t n0 = b * 16;
+      const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+      const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale + n0);
+      const __m512 bs = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+      for (int64_t m = 0; m < rows; ++m) {
+        const __m512i row = _mm512_load_si512(sums + m * 16);
+        const __m512i exact = _mm512_sub_epi32(row, _mm512_set1_epi32(128 * x_sums[m]));
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), ws);
+        v = _mm512_mul_ps(v, _mm512_set1_ps(x_scales[m]));
+        if (bias) v = _mm512_add_ps(v, bs);
+        _mm512_mask_storeu_ps(y + m * N + n0, mask, v);
+      }
+    }
+    _tile_release();
+  });
+}
+#endif
 #elif defined(__AVX2__)
 // ------------------------------------------------------------------ a few rows on AVX2
 // The same layout and the same exact int32 sums without VNNI: `vpmaddubsw` multiplies unsigned
@@ -245,14 +359,28 @@ void avx2_product(int64_t M, const uint8_t* packed, const int8_t* x, const float
 
 namespace gpt1 {
 
+#if defined(GPT1_AMX)
+// AMX's tiles take 64 inputs at a time; the thread must be allowed them.
+bool amx_applies(int64_t K) { return K % 64 == 0 && amx_allowed(); }
+#endif
+
+int64_t few_rows_limit(int64_t K) {
+#if defined(GPT1_AMX)
+  if (amx_applies(K)) return kAmxRows;
+#endif
+  (void)K;
+  return kFewRows;
+}
+
 bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
                        float* y) {
   const int64_t K = w.in, N = w.out;
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
   // gpt1's kernel up to kFewRows rows, and for every row count where oneDNN's copy is absent
   // (no int8 kernel there, or one whose sums saturate: `backend.int8_many_rows`).
-  if (w.vnni && (M <= kFewRows || !w.packed)) {
-    std::vector<int8_t> q(M * K);
+  if (w.vnni && (M <= few_rows_limit(K) || !w.packed)) {
+    // Zero rows past M fill AMX's last 16-row tile (their results are not written).
+    std::vector<int8_t> q((M + 15) / 16 * 16 * K, 0);
     std::vector<float> scales(M);
     if (!quantize_rows(x, 0, M, K, q.data(), scales.data(), false)) return false;
 #if defined(__AVX512VNNI__)
@@ -262,6 +390,17 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
       for (int64_t k = 0; k < K; ++k) total += q[m * K + k];
       sums[m] = total;
     }
+#if defined(GPT1_AMX)
+    if (amx_applies(K)) {
+      for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // more rows: the weights read again
+        const int64_t rows = std::min<int64_t>(kAmxRows, M - m0);
+        amx_product((rows + 15) / 16 * 16, rows, w.vnni->data_ptr<uint8_t>(), q.data() + m0 * K,
+                    sums.data() + m0, scales.data() + m0, w.scale->data_ptr<float>(), bias, K,
+                    N, y + m0 * N);
+      }
+      return true;
+    }
+#endif
     for (int64_t m0 = 0; m0 < M; m0 += kFewRows) {  // more rows: the weights read again
       const int64_t rows = std::min<int64_t>(kFewRows, M - m0);
       vnni_dispatch(rows, std::make_integer_sequence<int, kFewRows>(),
@@ -368,6 +507,8 @@ bool has_few_rows_int8() {
 #endif
 }
 
+int64_t int8_rows_limit(int64_t in_features) { return gpt1::few_rows_limit(in_features); }
+
 // x [M, K] (fp32 or bf16) through an int8 weight in `pack_vnni`'s layout (`out` channels, fp32
 // per-channel `scale`, optional bias), each row of x its own scale, on gpt1's kernel: [M, out]
 // in x's dtype; an undefined tensor where a row of x holds an inf or a NaN.
@@ -429,6 +570,12 @@ torch::Tensor pack_vnni(const torch::Tensor& q) {
 }
 
 #else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: torch's operators quantise the rows
+
+namespace gpt1 {
+int64_t few_rows_limit(int64_t) { return kFewRows; }
+}  // namespace gpt1
+
+int64_t int8_rows_limit(int64_t in_features) { return gpt1::few_rows_limit(in_features); }
 
 bool has_int8_rows() { return false; }
 

@@ -32,6 +32,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_vnni", &pack_vnni, "an int8 weight in the few-row integer kernel's layout",
         Unlocked(), pybind11::arg("q"));
   m.def("has_few_rows_int8", &has_few_rows_int8, "whether gpt1's int8 kernel was compiled");
+  m.def("int8_rows_limit", &int8_rows_limit,
+        "the most rows gpt1's int8 kernel takes where oneDNN's is exact (more on AMX)",
+        pybind11::arg("in_features"));
   m.def("rows_product", &rows_product, "int8 products on gpt1's kernel, a scale per row",
         Unlocked(), pybind11::arg("x"), pybind11::arg("vnni"), pybind11::arg("scale"),
         pybind11::arg("bias"), pybind11::arg("out"));
