@@ -2,6 +2,7 @@
 (and a bad one refused in one line), the int8 and float speed checks that keep a slower kernel
 out, one failure memory, and `gpt1 info --kernels`."""
 
+import json
 import warnings
 
 import pytest
@@ -86,6 +87,7 @@ def test_gpt1_matvec_off_means_off_and_builds_nothing(monkeypatch):
 def test_the_int8_product_never_runs_slower_than_the_float_path(probe, choice, monkeypatch):
     monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
     monkeypatch.setattr(backend, "int8_probe", lambda: probe)
+    monkeypatch.setattr(backend, "onednn_int8_exact", lambda encoding: True)  # the choice alone
     monkeypatch.setattr(backend, "_failures", {})
     assert backend.int8_many_rows() == choice
     monkeypatch.setenv("GPT1_INT8_MATMUL", "on")  # forced: the faster encoding, unchecked
@@ -202,7 +204,14 @@ def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, ca
     monkeypatch.delenv("GPT1_INT8_MATMUL", raising=False)
     monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1e-4, 9e9, 9e9))
     monkeypatch.setattr(backend, "onednn_has_int8", lambda: True)
+    monkeypatch.setattr(backend, "onednn_int8_exact", lambda encoding: False)
     monkeypatch.setenv("GPT1_MATVEC", "torch")
+    assert main(["info", "--kernels", "--json"]) == 0
+    kinds = {k["kind"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
+    assert "saturate" in kinds["many rows int8"]["why"]
+    own = "gpt1's int8 kernel" if backend.few_rows_int8() else "float path"
+    assert kinds["many rows int8"]["implementation"].startswith(own)
+    monkeypatch.setattr(backend, "onednn_int8_exact", lambda encoding: True)
     assert main(["info", "--kernels"]) == 0
     out = capsys.readouterr().out
     for kind in backend.KINDS:
@@ -210,8 +219,6 @@ def test_info_kernels_names_each_kind_its_implementation_and_why(monkeypatch, ca
     assert "oneDNN int8, unsigned" in out and "GPT1_MATVEC switches it off" in out
     monkeypatch.setattr(backend, "int8_probe", lambda: backend.Int8Probe(1e-3, 1.0, 1.0, 9e9, 9e9))
     assert main(["info", "--kernels", "--json"]) == 0
-    import json
-
     kinds = {k["kind"]: k for k in json.loads(capsys.readouterr().out)["kernels"]}
     assert kinds["many rows int8"]["implementation"] == "float path"
     assert "slower" in kinds["many rows int8"]["why"]

@@ -258,10 +258,13 @@ def onednn_int8_exact(encoding: str) -> bool:
 
 
 def onednn_int8_saturates() -> bool:
-    """Whether the many-row int8 products would take oneDNN's kernel here but for its inexact
-    sums (`onednn_int8_exact`): they then take gpt1's own kernel where it is built."""
-    encoding = _onednn_encoding()
-    return encoding is not None and not onednn_int8_exact(encoding)
+    """Whether oneDNN's int8 kernel here (its faster encoding, timed or not against the float
+    path) sums inexactly (`onednn_int8_exact`): the many-row int8 products then take gpt1's own
+    kernel where it is built, faster there than the float path (`PackedInt8.linear`). False
+    where GPT1_INT8_MATMUL switches oneDNN's int8 off, it failed, or this torch lacks it."""
+    if switch("GPT1_INT8_MATMUL") is False or failure("many rows int8") or not onednn_has_int8():
+        return False
+    return not onednn_int8_exact(int8_probe().fastest)
 
 
 def few_rows_int8() -> bool:
@@ -651,6 +654,11 @@ def _many_rows_int8() -> Choice:
         return Choice(KINDS[2], "float path", "this torch has no oneDNN int8 kernel")
     if switch("GPT1_INT8_MATMUL") is False:
         return Choice(KINDS[2], "float path", "GPT1_INT8_MATMUL switches oneDNN's int8 off")
+    if onednn_int8_saturates():
+        why = "oneDNN's int8 sums saturate on this CPU (no VNNI or AMX: onednn_int8_exact)"
+        if few_rows_int8():
+            return Choice(KINDS[2], "gpt1's int8 kernel, one scale per row (exact sums)", why)
+        return Choice(KINDS[2], "float path", why)
     probe = int8_probe()
     shape = "x".join(map(str, _PROBE_SHAPE))
     timed = (
