@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tiers import TIERS  # noqa: E402
+from tiers import TIERS, enter_tier  # noqa: E402
 
 VOCAB = 40478
 
@@ -168,16 +167,6 @@ def step_macs(n: int) -> int:
     model = _model()
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
     return n * (linear + model.wte.weight.numel())
-
-
-def enter_tier(tier: str) -> None:
-    """Start this script again with `tier`'s caps in its environment, unless they are there: the
-    libraries read them when they load, before any product runs."""
-    caps = TIERS[tier]
-    if all(os.environ.get(k) == v for k, v in caps.items()):
-        return
-    print(f"tier {tier}: {' '.join(f'{k}={v}' for k, v in caps.items())}", file=sys.stderr)
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **caps})
 
 
 def main() -> None:

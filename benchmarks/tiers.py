@@ -5,8 +5,9 @@ A tier is what a CPU without some of this host's instructions would run, simulat
 every library at once:
 
 * host: nothing capped;
-* avx512: AVX-512 with VNNI and BF16 but no AMX (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`,
-  `MKL_ENABLE_INSTRUCTIONS=AVX512_E3`, `CT2_FORCE_CPU_ISA=AVX512`);
+* avx512: AVX-512 with VNNI and BF16 but no AMX, as an AMD EPYC (Zen 4) has
+  (`ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16`, `MKL_ENABLE_INSTRUCTIONS=AVX512_E3`,
+  `CT2_FORCE_CPU_ISA=AVX512`, gpt1's kernel built for `GPT1_KERNEL_MARCH=cooperlake`);
 * avx2: a laptop's AVX2 + FMA (`ONEDNN_MAX_CPU_ISA=AVX2`, `MKL_ENABLE_INSTRUCTIONS=AVX2`,
   `ATEN_CPU_CAPABILITY=avx2`, `CT2_FORCE_CPU_ISA=AVX2`, gpt1's kernel built for
   `GPT1_KERNEL_MARCH=x86-64-v3`);
@@ -59,6 +60,7 @@ TIERS: dict[str, dict[str, str]] = {
         "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16",
         "MKL_ENABLE_INSTRUCTIONS": "AVX512_E3",
         "CT2_FORCE_CPU_ISA": "AVX512",
+        "GPT1_KERNEL_MARCH": "cooperlake",  # AVX-512 VNNI and BF16 without AMX, as Zen 4
     },
     "avx2": {
         "ONEDNN_MAX_CPU_ISA": "AVX2",
@@ -80,6 +82,17 @@ CT2_FROM = {
     "no-kernel": "host",
     "torch-ops": "host",
 }
+
+
+def enter_tier(tier: str) -> None:
+    """Start this script again with `tier`'s caps in its environment, unless they are there (the
+    libraries read them when they load, before any product runs): for a benchmark that runs
+    all its systems under one tier (`--tier`)."""
+    caps = TIERS[tier]
+    if all(os.environ.get(k) == v for k, v in caps.items()):
+        return
+    print(f"tier {tier}: {' '.join(f'{k}={v}' for k, v in caps.items())}", file=sys.stderr)
+    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **caps})
 
 
 def child(command: list[str], env: dict[str, str], timeout: float) -> dict:
