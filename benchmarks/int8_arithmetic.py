@@ -14,10 +14,15 @@ signs (`vpsignb`): 8 vector operations per 64 multiply-adds of a row where a sat
   fp32, or as bf16, times the activations, the scales after: `quantize._dequantised_linear`) at
   16 to 2048 rows, for GPT-1's 768 -> 3072 layer and its 768 -> 40478 output layer.
 
+With `--step`, also the integer decoding step's 12 blocks at GPT-1 size (random weights, each
+sequence 64 positions cached) for 2 to 64 rows, its int8 products on gpt1's kernel against
+oneDNN's (where oneDNN's sums are exact): what `kernels/int8_rows.cpp`'s choice of rows rests on.
+
 Best of `--repeats`, each process's CPU time, `--threads` threads (1: one core's figures).
 
     python benchmarks/int8_arithmetic.py                 # this CPU
     python benchmarks/int8_arithmetic.py --tier avx2     # a laptop's AVX2 + FMA, simulated
+    python benchmarks/int8_arithmetic.py --step          # and the step's blocks, both kernels
 """
 
 from __future__ import annotations
@@ -95,11 +100,54 @@ def against_float(kernels, repeats: int) -> None:
             print(f"| {k} -> {n} | {m} | {own * 1e3:.1f} | {fp32 * 1e3:.1f} | {bf16} |")
 
 
+def step_kernels(repeats: int) -> None:
+    from gpt1 import GPT
+    from gpt1.config import model_preset
+    from gpt1.inference import backend, int8_rows
+    from gpt1.inference.decoding import SlotPool, decode, forward_cached
+    from gpt1.inference.prepared import for_inference
+
+    if backend.int8_many_rows() is None:
+        print("\noneDNN's int8 kernel is not exact (or not here): the step has one kernel")
+        return
+    torch.manual_seed(0)
+    model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=40478)), "cpu", "int8")
+    pool = SlotPool(model.config.n_layer, 128)
+    caches = [pool.cache() for _ in range(64)]
+    with torch.no_grad():
+        for cache in caches:
+            forward_cached(model, torch.randint(0, 40478, (1, 64)), cache)
+    own = backend.few_rows_int8
+
+    def blocks(rows: int, gpt1s: bool) -> float:
+        backend.few_rows_int8 = own if gpt1s else (lambda: False)  # no copy: oneDNN's
+        ids, picked = torch.randint(0, 40478, (rows,)), caches[:rows]
+
+        def run() -> None:
+            decode(model, ids, picked, one_call=False)
+            for cache in picked:
+                cache.truncate(64)
+
+        try:
+            with torch.no_grad(), int8_rows.per_row():
+                return best(run, repeats)
+        finally:
+            backend.few_rows_int8 = own
+
+    print("\n| rows | step's blocks, gpt1's kernel ms | oneDNN's ms |")
+    print("|---:|---:|---:|")
+    for rows in (2, 4, 8, 16, 32, 64):
+        mine = min(blocks(rows, True) for _ in range(2))
+        theirs = min(blocks(rows, False) for _ in range(2))
+        print(f"| {rows} | {mine * 1e3:.1f} | {theirs * 1e3:.1f} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tier", choices=sorted(TIERS), default="host")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--step", action="store_true", help="also time the step's blocks both ways")
     args = p.parse_args()
     enter_tier(args.tier)
     torch.set_num_threads(args.threads)
@@ -111,6 +159,8 @@ def main() -> None:
         sys.exit("gpt1's int8 kernel is not built for this CPU (it needs AVX2 or AVX-512 VNNI)")
     rates(kernels, args.repeats)
     against_float(kernels, args.repeats)
+    if args.step:
+        step_kernels(args.repeats)
 
 
 if __name__ == "__main__":

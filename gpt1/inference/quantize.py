@@ -175,11 +175,10 @@ class PackedInt8:
         encoding = backend.int8_many_rows()
         rows = x.reshape(-1, x.shape[-1])
         # gpt1's kernel takes a few rows of the decoding step, and every product where oneDNN's
-        # int8 kernel would but its sums saturate. There it beats the float path at every row
-        # count measured (one thread, the AVX2 tier of benchmarks/tiers.py, MKL capped too,
-        # 2026-12-06): 768 -> 3072 at 64 rows 3.1 ms against 5.8 as an fp32 product and 27 as
-        # a bf16 one; at 2048 rows 114 against 149 ms fp32; 768 -> 40478 at 64 rows 41 against
-        # 129 ms fp32.
+        # int8 kernel saturates. There it beats the float path at every row count measured
+        # (`python benchmarks/int8_arithmetic.py --tier avx2`, one thread, 2026-12-06): 768 ->
+        # 3072 at 64 rows 2.6 ms against 4.7 as an fp32 product and 23 as a bf16 one, at 2048
+        # rows 91 against 139 ms; 768 -> 40478 at 64 rows 35 against 117 ms (fp32).
         if backend.few_rows_int8() and (
             backend.onednn_int8_saturates()
             or (int8_rows.asked() and rows.shape[0] <= backend.own_int8_rows(q.shape[1]))

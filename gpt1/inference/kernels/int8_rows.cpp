@@ -322,7 +322,7 @@ void avx2_product(int64_t M, const uint8_t* packed, const int8_t* x, const float
   // (about 256 KB) staying in L2 while every weight block passes over it: without the slices,
   // 8192 rows x 3072 read x from memory once per block and took 562 ms against the fp32
   // product's 538; the weights are read again per slice instead, a few % of the time.
-  const int64_t slice = std::max<int64_t>(64, 131072 / K);
+  const int64_t slice = std::max<int64_t>(64, 131072 / K / kGroup * kGroup);  // whole groups
   for (int64_t lo = 0; lo < M; lo += slice) {
     const int64_t hi = std::min(M, lo + slice);
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
