@@ -178,6 +178,11 @@ bool vnni_dispatch(int64_t M, std::integer_sequence<int, Ms...>, const uint8_t* 
 // weights takes about 7: one thread, the AMX Xeon, 2026-12-06).
 constexpr int kAmxTiles = 4;
 constexpr int64_t kAmxRows = 16 * kAmxTiles;
+// Up to this many rows the VNNI loop stays: a tile of 16 rows is then mostly padding. Paired in
+// one process (the step's 12 blocks, GPT-1 size, one thread, 2026-12-06), AMX against VNNI:
+// 4.83 / 4.58 ms at 2 rows, 5.33 / 5.15 at 4, 6.91 / 6.90 at 8, 9.75 / 10.44 at 12, 11.33 / 13.46
+// at 16.
+constexpr int64_t kVnniBeforeAmx = 8;
 
 // Linux hands AMX's tile registers to a thread only on request (arch_prctl); asked once.
 bool amx_allowed() {
@@ -391,7 +396,7 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
       sums[m] = total;
     }
 #if defined(GPT1_AMX)
-    if (amx_applies(K)) {
+    if (M > kVnniBeforeAmx && amx_applies(K)) {
       for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // more rows: the weights read again
         const int64_t rows = std::min<int64_t>(kAmxRows, M - m0);
         amx_product((rows + 15) / 16 * 16, rows, w.vnni->data_ptr<uint8_t>(), q.data() + m0 * K,
