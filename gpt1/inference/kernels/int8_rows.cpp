@@ -2,10 +2,12 @@
 // step of many sequences (`step.cpp`): the arithmetic of `gpt1/inference/int8_rows.py`.
 //
 // A row is quantised on its own (its largest magnitude to 127, divided and rounded to nearest
-// even as `int8_rows.quantize` does, so both give the same integers), the product is oneDNN's
-// int8 kernel (AMX, VNNI or AVX2, whichever the CPU has; called through torch's dispatcher,
-// as `torch.ops.onednn.qlinear_pointwise`), which returns the int32 sums times the weight's
-// per-channel scales in fp32, and the row's scale and the bias are applied after, in fp32:
+// even as `int8_rows.quantize` does, so both give the same integers), the int32 sums are exact,
+// and they are multiplied by the weight's per-channel scales in fp32, then by the row's scale,
+// and the bias is added, in fp32. The sums come from gpt1's kernel below for the rows of a
+// decoding step (VNNI up to 8 rows, AMX tiles from 9 to 64, AVX2 at any count) or from
+// oneDNN's int8 kernel (called through torch's dispatcher, as
+// `torch.ops.onednn.qlinear_pointwise`) for more rows where its sums are exact:
 //
 //   y[m, n] = fp32(sum_k qx[m, k] q[n, k]) * w_scale[n] * x_scale[m] + bias[n]
 //
