@@ -230,14 +230,22 @@ def int8_many_rows() -> str | None:
     return encoding if encoding is None or onednn_int8_exact(encoding) else None
 
 
+def _onednn_int8_usable() -> bool:
+    """oneDNN's int8 kernel is here, not switched off (GPT1_INT8_MATMUL) and has not failed."""
+    return (
+        switch("GPT1_INT8_MATMUL") is not False
+        and not failure("many rows int8")
+        and onednn_has_int8()
+    )
+
+
 def _onednn_encoding() -> str | None:
     """The encoding oneDNN's int8 kernel would take here, its exactness not asked: the faster
     one where GPT1_INT8_MATMUL forces the kernel, else the one not slower than the float path."""
-    chosen = switch("GPT1_INT8_MATMUL")
-    if chosen is False or failure("many rows int8") or not onednn_has_int8():
+    if not _onednn_int8_usable():
         return None
     probe = int8_probe()
-    return probe.fastest if chosen else probe.choice
+    return probe.fastest if switch("GPT1_INT8_MATMUL") else probe.choice
 
 
 @functools.cache
@@ -262,9 +270,7 @@ def onednn_int8_saturates() -> bool:
     path) sums inexactly (`onednn_int8_exact`): the many-row int8 products then take gpt1's own
     kernel where it is built, faster there than the float path (`PackedInt8.linear`). False
     where GPT1_INT8_MATMUL switches oneDNN's int8 off, it failed, or this torch lacks it."""
-    if switch("GPT1_INT8_MATMUL") is False or failure("many rows int8") or not onednn_has_int8():
-        return False
-    return not onednn_int8_exact(int8_probe().fastest)
+    return _onednn_int8_usable() and not onednn_int8_exact(int8_probe().fastest)
 
 
 def few_rows_int8() -> bool:
@@ -278,7 +284,8 @@ def own_int8_rows(in_features: int) -> int:
     """The most rows of a decoding step's int8 products (of `in_features` inputs) that take
     gpt1's own kernel rather than oneDNN's: 16 (VNNI or AVX2), 64 where AMX multiplies; 0
     where that kernel is not built."""
-    return kernel_module().int8_rows_limit(in_features) if few_rows_int8() else 0
+    built = kernel_module()
+    return built.int8_rows_limit(in_features) if built and built.has_few_rows_int8() else 0
 
 
 # --------------------------------------------------------------------- the int8 speed check

@@ -384,15 +384,19 @@ def prepare_to_decode(model: GPT, new_tokens: int | None = None) -> None:
             block_step.prepare(model)
 
 
+def _check_room(model: GPT, tokens: int) -> None:
+    if tokens > model.config.n_positions:
+        raise ValueError(
+            f"sequence of {tokens} tokens is longer than n_positions={model.config.n_positions}"
+        )
+
+
 def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
     """`model(ids)` for ids `[B, T]` that continue the positions `cache` holds: hidden states
     `[B, T, n_embd]`; the cache grows by T (inference)."""
     backend.expect_decoding()  # this process decodes: the kernel may be built
     past, T = len(cache), ids.shape[-1]
-    if past + T > model.config.n_positions:
-        raise ValueError(
-            f"sequence of {past + T} tokens is longer than n_positions={model.config.n_positions}"
-        )
+    _check_room(model, past + T)
     x, _ = model.embed(ids, torch.arange(past, past + T, device=ids.device))
     if T == 1:  # one new token a row: the blocks in one call, where the kernel applies
         rows = [cache.row + b for b in range(ids.shape[0])]  # a pooled cache: its slot
@@ -414,11 +418,7 @@ def prefill(model: GPT, prompts: list[torch.Tensor], caches: list[KVCache]) -> t
     backend.expect_decoding()
     lengths = [int(p.shape[1]) for p in prompts]
     for length, cache in zip(lengths, caches):
-        if len(cache) + length > model.config.n_positions:
-            raise ValueError(
-                f"sequence of {len(cache) + length} tokens is longer than "
-                f"n_positions={model.config.n_positions}"
-            )
+        _check_room(model, len(cache) + length)
     ids = torch.cat([p[0] for p in prompts])  # [N]
     positions = torch.cat(
         [torch.arange(len(c), len(c) + t, device=ids.device) for c, t in zip(caches, lengths)]

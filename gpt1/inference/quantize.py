@@ -179,9 +179,9 @@ class PackedInt8:
         # (`python benchmarks/int8_arithmetic.py --tier avx2`, one thread, 2026-12-06): 768 ->
         # 3072 at 64 rows 2.6 ms against 4.7 as an fp32 product and 23 as a bf16 one, at 2048
         # rows 91 against 139 ms; 768 -> 40478 at 64 rows 35 against 117 ms (fp32).
-        if backend.few_rows_int8() and (
-            backend.onednn_int8_saturates()
-            or (int8_rows.asked() and rows.shape[0] <= backend.own_int8_rows(q.shape[1]))
+        own = backend.own_int8_rows(q.shape[1])  # 0 where gpt1's kernel is not built
+        if own and (
+            (int8_rows.asked() and rows.shape[0] <= own) or backend.onednn_int8_saturates()
         ):
             return self._own_kernel(x, rows, q, scale, bias)
         if encoding is None:
@@ -251,9 +251,9 @@ class PackedInt8:
         return copy[0], copy[1]
 
     def few_rows(self, q: torch.Tensor) -> torch.Tensor:
-        """`q` in the layout of the decoding step's int8 kernel for a few rows (AVX-512 VNNI:
-        `kernels/int8_rows.cpp`), made or remade here as `packed` is; empty where that kernel
-        is not compiled for this CPU."""
+        """`q` in the layout of gpt1's int8 kernel (`kernels/int8_rows.cpp`: VNNI, AMX tiles or
+        AVX2), made or remade here as `packed` is; empty where that kernel is not compiled for
+        this CPU."""
         copy = self._few_rows
         if copy is None or not copy[1].matches(q):
             built = backend.kernel_module()

@@ -371,21 +371,13 @@ namespace gpt1 {
 bool amx_applies(int64_t K) { return K % 64 == 0 && amx_allowed(); }
 #endif
 
-int64_t few_rows_limit(int64_t K) {
-#if defined(GPT1_AMX)
-  if (amx_applies(K)) return kAmxRows;
-#endif
-  (void)K;
-  return kFewRows;
-}
-
 bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
                        float* y) {
   const int64_t K = w.in, N = w.out;
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
-  // gpt1's kernel up to kFewRows rows, and for every row count where oneDNN's copy is absent
-  // (no int8 kernel there, or one whose sums saturate: `backend.int8_many_rows`).
-  if (w.vnni && (M <= few_rows_limit(K) || !w.packed)) {
+  // gpt1's kernel up to int8_rows_limit(K) rows, and for every row count where oneDNN's copy
+  // is absent (no int8 kernel there, or one whose sums saturate: `backend.int8_many_rows`).
+  if (w.vnni && (M <= int8_rows_limit(K) || !w.packed)) {
     // Zero rows past M fill AMX's last 16-row tile (their results are not written).
     std::vector<int8_t> q((M + 15) / 16 * 16 * K, 0);
     std::vector<float> scales(M);
@@ -514,8 +506,6 @@ bool has_few_rows_int8() {
 #endif
 }
 
-int64_t int8_rows_limit(int64_t in_features) { return gpt1::few_rows_limit(in_features); }
-
 // x [M, K] (fp32 or bf16) through an int8 weight in `pack_vnni`'s layout (`out` channels, fp32
 // per-channel `scale`, optional bias), each row of x its own scale, on gpt1's kernel: [M, out]
 // in x's dtype; an undefined tensor where a row of x holds an inf or a NaN.
@@ -578,12 +568,6 @@ torch::Tensor pack_vnni(const torch::Tensor& q) {
 
 #else  // neither AVX-512 (F, BW, VL) nor AVX2 with FMA: torch's operators quantise the rows
 
-namespace gpt1 {
-int64_t few_rows_limit(int64_t) { return kFewRows; }
-}  // namespace gpt1
-
-int64_t int8_rows_limit(int64_t in_features) { return gpt1::few_rows_limit(in_features); }
-
 bool has_int8_rows() { return false; }
 
 bool has_few_rows_int8() { return false; }
@@ -605,3 +589,11 @@ torch::Tensor scale_rows(const torch::Tensor&, const torch::Tensor&,
 }
 
 #endif
+
+int64_t int8_rows_limit(int64_t in_features) {
+#if defined(GPT1_SIMD) && defined(GPT1_AMX)
+  if (gpt1::amx_applies(in_features)) return kAmxRows;
+#endif
+  (void)in_features;
+  return gpt1::kFewRows;
+}

@@ -26,7 +26,7 @@ void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const
 // (`backend.pack_int8`), its per-channel fp32 scales, and whether the activations go over as
 // unsigned bytes with zero point 128 (`backend.int8_many_rows`'s "u8").
 // `vnni`, where given, is the weight in the few-row kernel's layout (`pack_vnni`), which up to
-// `few_rows_limit` rows take where it is compiled (AVX-512 VNNI, AMX, AVX2).
+// `int8_rows_limit` rows take where it is compiled (AVX-512 VNNI, AMX, AVX2).
 struct Int8Packed {
   const torch::Tensor* packed = nullptr;
   const torch::Tensor* zero_points = nullptr;
@@ -36,10 +36,6 @@ struct Int8Packed {
   bool u8 = false;
 };
 constexpr int kFewRows = 16;
-
-// The most rows whose int8 products, of K inputs, take gpt1's kernel rather than oneDNN's:
-// kFewRows, or more where AMX multiplies them.
-int64_t few_rows_limit(int64_t K);
 
 // y [M, N] (fp32) = x [M, K] @ (q * scale[:, None]).T + bias, any M >= 1, each row of x
 // quantised to int8 with its own scale (`int8_rows.cpp`); false, y untouched, where a row of x
@@ -64,6 +60,8 @@ std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 bool has_int8_rows();
 torch::Tensor pack_vnni(const torch::Tensor& q);
 bool has_few_rows_int8();
+// The most rows whose int8 products, of `in_features` inputs, take gpt1's kernel rather than
+// oneDNN's: kFewRows, or 64 where AMX multiplies them.
 int64_t int8_rows_limit(int64_t in_features);
 torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
                            const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
