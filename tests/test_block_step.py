@@ -246,3 +246,34 @@ def test_a_tensor_replaced_or_swapped_underneath_is_seen():
         again = block_step.plan(model, x)
     assert again is not first
     assert any(t is layer.weight for t in again.tensors)
+
+
+@pytest.mark.parametrize("one_call", [True, False])
+def test_a_row_that_grows_the_pool_keeps_the_new_keys_of_the_rows_before_it(
+    one_call, monkeypatch
+):
+    """The pool's buffers are replaced when a row outgrows them (64 positions at first). The
+    rows listed before it in the step must write into the new buffers: a row given the old
+    ones lost its new key and value, and every later step attended zeros in their place."""
+    model = _model("int8" if not one_call else "fp32")
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 300, (1, n), generator=gen) for n in (5, 64)]
+    pool = SlotPool(2, 80)
+    pooled = [pool.cache() for _ in prompts]
+    alone = [KVCache(2, 80) for _ in prompts]
+    with torch.no_grad():
+        for p, a, b in zip(prompts, pooled, alone):
+            forward_cached(model, p, a)
+            forward_cached(model, p, b)
+        capacity = pool.k[0].shape[2]
+        assert capacity == len(pooled[1])  # the second row's next token does not fit
+        for _ in range(3):
+            ids = torch.randint(0, 300, (2,), generator=gen)
+            got = decode(model, ids, pooled, one_call=one_call)
+            with _operators_only(monkeypatch):
+                want = [forward_cached(model, ids[i].view(1, 1), alone[i])[0, -1] for i in (0, 1)]
+            for r in (0, 1):
+                _close(got[r], want[r], "fp32" if one_call else "int8")
+    assert pool.k[0].shape[2] > capacity
+    for layer, mine in zip(alone[0].layers, pool.k):
+        _close(mine[pooled[0].slot, :, :8], layer.k[0, :, :8], "fp32" if one_call else "int8")

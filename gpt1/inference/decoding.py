@@ -505,10 +505,18 @@ def _one_call_step(
     lengths = [len(c) for c in caches]
     keys, values = [], []
     for i in range(len(model.h)):
-        for cache, end in zip(caches, lengths):
-            layer = cache.layers[i]
-            buffers = layer.room(end + 1) if isinstance(layer, _ROOMY) else None
-            if buffers is None or buffers[0].dtype != x.dtype:  # not a cache of this module's
+        layers = [cache.layers[i] for cache in caches]
+        if not all(isinstance(layer, _ROOMY) for layer in layers):
+            return None  # not a cache of this module's
+        # Every row's room first, then the buffers: growing a pool's buffers for one row
+        # replaces them for all its rows, and a row given the old ones would write its new
+        # key and value where the pool no longer reads.
+        for layer, end in zip(layers, lengths):
+            if layer.room(end + 1) is None:
+                return None
+        for layer, end in zip(layers, lengths):
+            buffers = layer.room(end + 1)
+            if buffers[0].dtype != x.dtype:
                 return None
             keys.append(buffers[0])
             values.append(buffers[1])
