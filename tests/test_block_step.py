@@ -277,3 +277,39 @@ def test_a_row_that_grows_the_pool_keeps_the_new_keys_of_the_rows_before_it(
     assert pool.k[0].shape[2] > capacity
     for layer, mine in zip(alone[0].layers, pool.k):
         _close(mine[pooled[0].slot, :, :8], layer.k[0, :, :8], "fp32" if one_call else "int8")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_few_positions_of_one_sequence_take_one_call_and_give_each_positions_bits(
+    precision, monkeypatch
+):
+    """forward_cached of 2..8 new tokens (a verifying pass of drafted tokens) runs the step once,
+    each position a row attending to the rows before it, and gives the hidden states and cache
+    contents of decoding the tokens one by one, bit for bit: speculative greedy decoding then
+    chooses plain decoding's tokens exactly."""
+    model = _model(precision)
+    gen = torch.Generator().manual_seed(5)
+    calls = []
+    run = block_step.BlockStep.run
+
+    def counted(self, x, *args):
+        calls.append(x.shape[0])
+        return run(self, x, *args)
+
+    monkeypatch.setattr(block_step.BlockStep, "run", counted)
+    for T in (2, 5, 8):
+        prompt = torch.randint(0, 300, (1, 60), generator=gen)  # 60 + 8 outgrows 64 positions
+        new = torch.randint(0, 300, (1, T), generator=gen)
+        together, one_by_one = KVCache(2, 80), KVCache(2, 80)
+        with torch.no_grad():
+            forward_cached(model, prompt, together)
+            forward_cached(model, prompt, one_by_one)
+            calls.clear()
+            got = forward_cached(model, new, together)[0]
+            assert calls == [T]
+            want = torch.cat([forward_cached(model, new[:, i : i + 1], one_by_one)[0] for i in range(T)])
+        assert torch.equal(got, want)
+        assert len(together) == len(one_by_one) == 60 + T
+        for mine, theirs in zip(together.layers, one_by_one.layers):
+            assert torch.equal(mine.k[:, :, : 60 + T], theirs.k[:, :, : 60 + T])
+            assert torch.equal(mine.v[:, :, : 60 + T], theirs.v[:, :, : 60 + T])

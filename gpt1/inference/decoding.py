@@ -403,6 +403,15 @@ def forward_cached(model: GPT, ids: torch.Tensor, cache: KVCache) -> torch.Tenso
         hidden = _one_call_step(model, x[:, 0], [cache] * ids.shape[0], rows)
         if hidden is not None:
             return hidden[:, None]
+    elif past > 0 and ids.shape[0] == 1 and T <= matvec.MAX_ROWS:
+        # A few new positions continuing one sequence (a verifying pass of drafted tokens):
+        # one call too, each position a row of the sequence's cache attending to the ones
+        # before it, each row's result the same bits as the position decoded alone. A prompt
+        # (nothing cached) always takes the blocks below, whatever cache it fills.
+        lengths = list(range(past, past + T))
+        hidden = _one_call_step(model, x[0], [cache] * T, [cache.row] * T, lengths=lengths)
+        if hidden is not None:
+            return hidden[None]
     for block, layer in zip(model.h, cache.layers):
         x = block(x, CachedTokens(layer))
     return x
@@ -492,17 +501,24 @@ _ROOMY = (LayerCache, PooledLayerCache)  # the caches whose buffers the one-call
 
 
 def _one_call_step(
-    model: GPT, x: torch.Tensor, caches: list[KVCache], rows: list[int], integer: bool = False
+    model: GPT,
+    x: torch.Tensor,
+    caches: list[KVCache],
+    rows: list[int],
+    integer: bool = False,
+    lengths: list[int] | None = None,
 ) -> torch.Tensor | None:
-    """x `[R, C]`, one new token of each row (row r at index `rows[r]` of `caches[r]`'s buffers;
-    a cache may hold several rows) through every block in one call (`gpt1.inference.block_step`),
-    each cache growing by one; None, with the caches unchanged, where that does not apply.
-    `integer`: the int8 layers multiply int8 x int8 with a scale per row, any number of rows."""
+    """x `[R, C]`, one new token of each row (row r at index `rows[r]` of `caches[r]`'s buffers,
+    at position `lengths[r]`, by default the positions the cache holds; a cache may hold several
+    rows: a batch's at one position, or one sequence's at consecutive ones) through every block
+    in one call (`gpt1.inference.block_step`), each cache growing to hold its rows' positions;
+    None, with the caches unchanged, where that does not apply. `integer`: the int8 layers
+    multiply int8 x int8 with a scale per row, any number of rows."""
     step = block_step.plan(model, x, integer)
     packed = block_step.integer_weights(model) if step is not None and integer else None
     if step is None or (integer and packed is None):
         return None
-    lengths = [len(c) for c in caches]
+    lengths = [len(c) for c in caches] if lengths is None else lengths
     keys, values = [], []
     for i in range(len(model.h)):
         layers = [cache.layers[i] for cache in caches]
@@ -522,7 +538,10 @@ def _one_call_step(
             values.append(buffers[1])
     hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths, packed)
     if hidden is not None:
-        for cache in {id(c): c for c in caches}.values():  # a cache of several rows grows once
+        ends: dict[int, tuple[KVCache, int]] = {}  # a cache of several rows: past its last
+        for cache, end in zip(caches, lengths):
+            ends[id(cache)] = (cache, max(end + 1, ends.get(id(cache), (cache, 0))[1]))
+        for cache, end in ends.values():
             for layer in cache.layers:
-                layer.length += 1
+                layer.length = end
     return hidden

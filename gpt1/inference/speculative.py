@@ -5,14 +5,16 @@ Decoding one sequence reads every weight once per token. Where the text repeats 
 of the prompt continued or quoted, a list, code), the next tokens can be guessed: find the last
 few tokens earlier in the text and propose the tokens that followed them there (`Drafter`). One
 pass of the model then checks k guesses at once: the last chosen token and the k drafted ones go
-through `forward_cached` as k + 1 new positions of the cache (the prompt's path, whose products
-read the weights once for all rows), giving the logits after each. Drafts are accepted while they
+through `forward_cached` as k + 1 new positions of the cache, giving the logits after each. Where
+the one-call step applies (`gpt1.inference.block_step`) that is one call of it, each position a
+row reading the weights with the others; else the blocks run as modules on all the rows. Drafts are accepted while they
 are what decoding would choose, the cache is cut back to the positions accepted, and the token
 after them is chosen from the same pass: every pass yields at least one token.
 
-- Greedy: a draft is accepted when it is the argmax. The tokens are plain decoding's, up to the
-  summation order of the products (several rows may sum in another order than one; where two
-  logits tie to the last digits, the choice may differ, as between batched and lone decoding).
+- Greedy: a draft is accepted when it is the argmax. The tokens are plain decoding's: through the
+  one-call step each row's logits are the bits plain decoding computes; through the modules, up
+  to the summation order of the products (several rows may sum in another order than one; where
+  two logits tie to the last digits, the choice may differ, as between batched and lone decoding).
 - Sampled: the drafted token x (a point mass) is accepted with probability p(x), p the target
   distribution after temperature, top-k and top-p (`filter_logits`, as plain sampling); on a
   rejection the token is drawn from p with x removed and renormalised (max(p - q, 0) normalised,

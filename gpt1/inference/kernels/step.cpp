@@ -141,20 +141,15 @@ inline float score(const float* q, const T* key, int64_t D) {
   return simd::sum(acc);
 }
 
-// One head of one row: the new key and value are written at position `len` of the cache
-// (`keys`, `values`: that head's [capacity, D] rows), then out = softmax(q K^T / sqrt(D)) V over
-// positions 0..len.
+// One head of one row: out = softmax(q K^T / sqrt(D)) V over positions 0..len of the cache
+// (`keys`, `values`: that head's [capacity, D] rows), the row's own new key and value already
+// written at position `len`.
 template <typename T>
-void attend(const float* q, const float* k_new, const float* v_new, T* keys, T* values,
-            int64_t len, int64_t D, float* scores, float* out, bool bf16) {
+void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t D,
+            float* scores, float* out, bool bf16) {
   const int64_t n = len + 1, row_bytes = D * int64_t(sizeof(T));
   fetch(keys, 0, kCacheAheadBytes);
   fetch(values, 0, kCacheAheadBytes);
-  for (int64_t d = 0; d < D; d += kLanes) {
-    const Mask m = lanes(d, D);
-    store(keys + len * D + d, load(k_new + d, m), m);
-    store(values + len * D + d, load(v_new + d, m), m);
-  }
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
@@ -271,17 +266,31 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
   const int64_t C = H * D;
   int64_t longest = 0;
   for (int64_t r = 0; r < R; ++r) longest = std::max(longest, lengths[r] + 1);
+  const auto head_offset = [&](int64_t r, int64_t h) {
+    return ((rows[r] * H + h) * keys[r].size(2)) * D;
+  };
+  // Every row's new key and value are written before any row attends: rows may share a cache
+  // (one sequence's consecutive positions, as a verifying pass of drafted tokens has them),
+  // and a row then attends to the positions of the rows before it.
+  for (int64_t r = 0; r < R; ++r) {
+    const float* row = qkv + r * 3 * C;
+    for (int64_t h = 0; h < H; ++h) {
+      T* k = keys[r].data_ptr<T>() + head_offset(r, h) + lengths[r] * D;
+      T* v = values[r].data_ptr<T>() + head_offset(r, h) + lengths[r] * D;
+      for (int64_t d = 0; d < D; d += kLanes) {
+        const Mask m = lanes(d, D);
+        store(k + d, load(row + C + h * D + d, m), m);
+        store(v + d, load(row + 2 * C + h * D + d, m), m);
+      }
+    }
+  }
   // A task's work is about 4 D numbers per cached position; small steps stay on one thread.
   const int64_t grain = std::max<int64_t>(1, 16384 / (4 * D * longest));
   at::parallel_for(0, R * H, grain, [&](int64_t t0, int64_t t1) {
     std::vector<float> scores(longest);
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / H, h = t % H;
-      const torch::Tensor& kb = keys[r];
-      const int64_t cap = kb.size(2);
-      const int64_t offset = ((rows[r] * H + h) * cap) * D;
-      const float* row = qkv + r * 3 * C;
-      attend<T>(row + h * D, row + C + h * D, row + 2 * C + h * D, kb.data_ptr<T>() + offset,
+      const int64_t r = t / H, h = t % H, offset = head_offset(r, h);
+      attend<T>(qkv + r * 3 * C + h * D, keys[r].data_ptr<T>() + offset,
                 values[r].data_ptr<T>() + offset, lengths[r], D, scores.data(),
                 out + r * C + h * D, bf16);
     }
@@ -297,7 +306,8 @@ bool has_decode_step() { return true; }
 // each: weight, scale, bias; an empty tensor where a layer has no scale or bias). keys and
 // values: per block, per row, that row's cache buffer [B, H, capacity, D] in x's dtype; rows[r]
 // is the row's index in its buffer and lengths[r] the positions it holds (the new token goes at
-// lengths[r]). Returns the last block's output [R, C] in x's dtype; the caches hold the new
+// lengths[r]); rows of one sequence share its buffer row with consecutive lengths, each
+// attending to the ones before it. Returns the last block's output [R, C] in x's dtype; the caches hold the new
 // token's keys and values (the caller advances their lengths).
 torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& keys,
