@@ -1,24 +1,24 @@
 """Speculative decoding with drafts from the text (`gpt1.inference.speculative`) against plain
 greedy decoding: tokens/s side by side, whether the tokens are identical, drafts accepted.
 
-Two texts from a Gutenberg novel in the shared corpus (or `--text`): "copy" (a paragraph, then its first 8
-tokens again: a model that has learned to copy continues the passage) and "prose" (the first 40
-tokens of another paragraph, continued). Decoding speed counts the new tokens after the first
-(the prompt's pass is the same on both sides); plain and speculative alternate, medians of
+Two texts from a Gutenberg novel in the shared corpus (or `--text`): "copy" (a paragraph of 80-160
+tokens, then its first 8 tokens again: a model that has learned to copy continues the passage, and
+all 64 new tokens fall within it) and "prose" (the first 40 tokens of another paragraph,
+continued). Decoding speed counts the new tokens after the
+first (the prompt's pass is the same on both sides); plain and speculative alternate, medians of
 `--rounds` rounds of `--paragraphs` paragraphs each, after one warm-up generation each way.
 
 Two parts:
-- `--checkpoint RUN`: the whole comparison, on a trained checkpoint (drafts are accepted only
-  where the model predicts the passage: random weights do not copy);
-- `--gpt1-cost`: GPT-1 size, random weights (speed does not depend on the weights): the time of
-  a plain decoding step and of a verifying pass of k = 1..7 drafts; plain against speculative
-  decoding there (random weights' greedy text repeats one token: every draft is accepted, the
-  ceiling); and the checkpoint's drafts paced as at GPT-1's size (`Untimed`) with the speed-up
-  its steps (which were plain, which verified how many drafts) would have at GPT-1's size.
-
-A small checkpoint's own speed says little: its pass of several rows through the operators
-costs several of its one-call steps, so its passes cannot pay and drafting turns itself off
-(`Costs.hopeless`); its figures show that this costs nothing.
+- `--checkpoint RUN`: the whole comparison, on a trained checkpoint in `--precision` (drafts are
+  accepted only where the model predicts the passage: random weights do not copy). A model that
+  copies, small enough to pretrain on two CPU cores: `benchmarks/copying_corpus.py` (its
+  docstring has the commands);
+- `--gpt1-cost`: GPT-1 size, random weights (speed does not depend on the weights), in
+  `--precision`: the time of a plain decoding step and of a verifying pass of k = 1..7 drafts;
+  plain against speculative decoding there (random weights' greedy text repeats one token:
+  every draft is accepted, the ceiling); and the checkpoint's drafts paced as at GPT-1's size
+  (`Untimed`) with the speed-up its steps (which were plain, which verified how many drafts)
+  would have at GPT-1's size.
 
     python benchmarks/speculative.py --checkpoint runs/copier/final --gpt1-cost --threads 2
 """
@@ -65,17 +65,21 @@ class Traced(Speculator):
 
 
 def paragraphs(tokenizer, n: int, path: Path = NOVEL) -> tuple[list[list[int]], list[list[int]]]:
-    """(copy prompts, prose prompts): n of each from the paragraphs of 40-56 tokens of the text
-    at `path` (from a quarter of the way in)."""
+    """(copy prompts, prose prompts), n of each, from the paragraphs of the text at `path` (from
+    a quarter of the way in): a copy prompt is a paragraph of 80-160 tokens and its first 8
+    tokens again, so that all 64 new tokens continue the passage a second time; a prose prompt
+    is the first 40 tokens of a paragraph of 40-56."""
     text = path.read_text(encoding="utf-8")
-    found = []
+    copy, prose = [], []
     for para in text[len(text) // 4 :].split("\n\n"):
         ids = list(tokenizer.encode(" ".join(para.split())))
-        if 40 <= len(ids) <= 56:
-            found.append(ids)
-        if len(found) == 2 * n:
+        if 80 <= len(ids) <= 160 and len(copy) < n:
+            copy.append(ids + ids[:8])
+        elif 40 <= len(ids) <= 56 and len(prose) < n:
+            prose.append(ids[:40])
+        if len(copy) == len(prose) == n:
             break
-    return [p + p[:8] for p in found[:n]], [p[:40] for p in found[n:]]
+    return copy, prose
 
 
 def decode(model, prompt: list[int], speculate: bool, out: dict) -> tuple[list[int], float]:
@@ -134,15 +138,15 @@ def projected(costs: dict[int, float], trace: list[int], tokens: int) -> float:
     return tokens * costs[0] / sum(costs[k] for k in trace)
 
 
-def gpt1_size(rounds: int) -> dict[int, float]:
-    """GPT-1 size, random weights, fp32: the pass costs, and plain against speculative decoding
+def gpt1_size(rounds: int, precision: str) -> dict[int, float]:
+    """GPT-1 size, random weights, in `precision`: the pass costs, and plain against speculative decoding
     of 64 tokens after random prompts, a text whose greedy continuation repeats one token (so
     every draft is accepted: the ceiling of the speed-up)."""
     torch.manual_seed(0)
-    model = for_inference(GPT(model_preset("gpt1")), "cpu", "fp32")
+    model = for_inference(GPT(model_preset("gpt1")), "cpu", precision)
     prepare_to_decode(model, None)
     costs = step_costs(model, rounds)
-    print("GPT-1 size, fp32, random weights: ms per pass at 200 cached positions")
+    print(f"GPT-1 size, {precision}, random weights: ms per pass at 200 cached positions")
     print("  " + "  ".join(f"k={k}: {s * 1e3:.1f}" for k, s in costs.items()))
     prompts = torch.randint(0, 40000, (2, 100), generator=torch.Generator().manual_seed(1))
     r = compare(model, prompts.tolist(), rounds)
@@ -184,18 +188,23 @@ def main() -> None:
     ap.add_argument("--paragraphs", type=int, default=4)
     ap.add_argument("--text", type=Path, default=NOVEL, help="the text (default: a novel)")
     ap.add_argument("--clock", choices=CLOCKS, default="wall", help="cpu: this process's time")
+    ap.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32")
     args = ap.parse_args()
     global clock
     clock = CLOCKS[args.clock]
     torch.set_num_threads(args.threads)
-    costs = gpt1_size(args.rounds) if args.gpt1_cost else None
+    costs = gpt1_size(args.rounds, args.precision) if args.gpt1_cost else None
     if not args.checkpoint:
         return
     from gpt1.inference.loading import load_for_inference
 
-    loaded = load_for_inference(args.checkpoint, "cpu", "fp32")
+    loaded = load_for_inference(args.checkpoint, "cpu", args.precision)
+    prepare_to_decode(loaded.lm, None)
     copy, prose = paragraphs(loaded.tokenizer, args.paragraphs, args.text)
-    print(f"{args.checkpoint}: greedy, 64 new tokens, {args.threads} threads, {args.clock} clock")
+    print(
+        f"{args.checkpoint}: {args.precision}, greedy, 64 new tokens, {args.threads} threads,"
+        f" {args.clock} clock"
+    )
     print(
         "| text | plain tok/s | speculative tok/s | speed-up | identical | drafts accepted |"
         + (" at GPT-1 size: drafts accepted, speed-up (projected) |" if costs else "")
