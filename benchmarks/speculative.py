@@ -2,7 +2,7 @@
 greedy decoding: tokens/s side by side, whether the tokens are identical, drafts accepted.
 
 Two texts from a Gutenberg novel in the shared corpus (or `--text`): "copy" (a paragraph of 80-160
-tokens, then its first 8 tokens again: a model that has learned to copy continues the passage, and
+tokens, a paragraph break and its first 8 tokens again: a model that has learned to copy continues the passage, and
 all 64 new tokens fall within it) and "prose" (the first 40 tokens of another paragraph,
 continued). Decoding speed counts the new tokens after the
 first (the prompt's pass is the same on both sides); plain and speculative alternate, medians of
@@ -10,9 +10,7 @@ first (the prompt's pass is the same on both sides); plain and speculative alter
 
 Two parts:
 - `--checkpoint RUN`: the whole comparison, on a trained checkpoint in `--precision` (drafts are
-  accepted only where the model predicts the passage: random weights do not copy). A model that
-  copies, small enough to pretrain on two CPU cores: `benchmarks/copying_corpus.py` (its
-  docstring has the commands);
+  accepted only where the model predicts the passage: random weights do not copy);
 - `--gpt1-cost`: GPT-1 size, random weights (speed does not depend on the weights), in
   `--precision`: the time of a plain decoding step and of a verifying pass of k = 1..7 drafts;
   plain against speculative decoding there (random weights' greedy text repeats one token:
@@ -66,15 +64,16 @@ class Traced(Speculator):
 
 def paragraphs(tokenizer, n: int, path: Path = NOVEL) -> tuple[list[list[int]], list[list[int]]]:
     """(copy prompts, prose prompts), n of each, from the paragraphs of the text at `path` (from
-    a quarter of the way in): a copy prompt is a paragraph of 80-160 tokens and its first 8
-    tokens again, so that all 64 new tokens continue the passage a second time; a prose prompt
+    a quarter of the way in): a copy prompt is a paragraph of 80-160 tokens, a paragraph break
+    and the paragraph's first 8 tokens again, so that all 64 new tokens continue the passage a second time; a prose prompt
     is the first 40 tokens of a paragraph of 40-56."""
     text = path.read_text(encoding="utf-8")
     copy, prose = [], []
+    gap = list(tokenizer.encode("\n\n"))  # between the passage and its repetition
     for para in text[len(text) // 4 :].split("\n\n"):
         ids = list(tokenizer.encode(" ".join(para.split())))
         if 80 <= len(ids) <= 160 and len(copy) < n:
-            copy.append(ids + ids[:8])
+            copy.append(ids + gap + ids[:8])
         elif 40 <= len(ids) <= 56 and len(prose) < n:
             prose.append(ids[:40])
         if len(copy) == len(prose) == n:

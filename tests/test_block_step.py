@@ -249,9 +249,7 @@ def test_a_tensor_replaced_or_swapped_underneath_is_seen():
 
 
 @pytest.mark.parametrize("one_call", [True, False])
-def test_a_row_that_grows_the_pool_keeps_the_new_keys_of_the_rows_before_it(
-    one_call, monkeypatch
-):
+def test_a_row_that_grows_the_pool_keeps_the_new_keys_of_the_rows_before_it(one_call, monkeypatch):
     """The pool's buffers are replaced when a row outgrows them (64 positions at first). The
     rows listed before it in the step must write into the new buffers: a row given the old
     ones lost its new key and value, and every later step attended zeros in their place."""
@@ -307,7 +305,9 @@ def test_a_few_positions_of_one_sequence_take_one_call_and_give_each_positions_b
             calls.clear()
             got = forward_cached(model, new, together)[0]
             assert calls == [T]
-            want = torch.cat([forward_cached(model, new[:, i : i + 1], one_by_one)[0] for i in range(T)])
+            want = torch.cat(
+                [forward_cached(model, new[:, i : i + 1], one_by_one)[0] for i in range(T)]
+            )
         assert torch.equal(got, want)
         assert len(together) == len(one_by_one) == 60 + T
         for mine, theirs in zip(together.layers, one_by_one.layers):

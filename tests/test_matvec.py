@@ -56,17 +56,42 @@ def test_kernel_equals_float_linear_for_every_row_count(op, dtype, K, N):
 
 @pytest.mark.parametrize("dtype", matvec.DTYPES)
 @pytest.mark.parametrize("K,N", [(64, 40), (20, 7), (3072, 33), (37, 1)])
-def test_a_rows_product_is_the_same_bits_alone_and_beside_others(op, dtype, K, N):
-    """One row reads the weights another way than several (a channel at a time, for fp32
-    weights and bf16 pairs) but sums in the same order: a sequence decodes to the same bits
-    whichever sequences share its step."""
-    torch.manual_seed(1)
-    w, scale = _weights(dtype, N, K)
-    for x_dtype in (torch.float32, torch.bfloat16):
-        x, bias = torch.randn(matvec.MAX_ROWS, K).to(x_dtype), torch.randn(N)
-        alone = torch.cat([op(x[m : m + 1], w, scale, bias) for m in range(len(x))])
-        for M in range(2, matvec.MAX_ROWS + 1):
-            assert torch.equal(op(x[:M], w, scale, bias), alone[:M])
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_rows_product_is_the_same_bits_alone_and_beside_others(op, dtype, K, N, stream):
+    """One row may read the weights another way than several (a channel at a time, for fp32
+    weights and bf16 pairs, where `backend` timed that faster) but sums in the same order: a
+    sequence decodes to the same bits whichever sequences share its step, either way."""
+    module = backend.kernel_module()
+    before = [module.set_one_row_stream(pairs, stream) for pairs in (False, True)]
+    try:
+        torch.manual_seed(1)
+        w, scale = _weights(dtype, N, K)
+        for x_dtype in (torch.float32, torch.bfloat16):
+            x, bias = torch.randn(matvec.MAX_ROWS, K).to(x_dtype), torch.randn(N)
+            alone = torch.cat([op(x[m : m + 1], w, scale, bias) for m in range(len(x))])
+            for M in range(2, matvec.MAX_ROWS + 1):
+                assert torch.equal(op(x[:M], w, scale, bias), alone[:M])
+    finally:
+        for pairs, was in zip((False, True), before):
+            module.set_one_row_stream(pairs, was)
+
+
+def test_one_row_reads_as_its_timing_found_faster(op, monkeypatch):
+    """Each dtype's one-row reading is the one its record timed faster (unmeasured: a channel
+    at a time), set on the module when it is first used."""
+    module = backend.kernel_module()
+    before = [module.set_one_row_stream(pairs, True) for pairs in (False, True)]
+    probe = backend.OneRowProbe({"float32": [2.0, 1.0], "bfloat16": [1.0, 2.0]})
+    monkeypatch.setattr(backend.timings, "kept", lambda name, kind, measure, again=False: probe)
+    monkeypatch.setattr(backend, "_one_row_read", set())
+    try:
+        backend.kernel_module()
+        assert module.set_one_row_stream(False, True) is False  # fp32: side by side was faster
+        assert module.set_one_row_stream(True, True) is True  # bf16 pairs: the stream was
+        assert backend.OneRowProbe({}).stream("float32")
+    finally:
+        for pairs, was in zip((False, True), before):
+            module.set_one_row_stream(pairs, was)
 
 
 def test_kernel_refuses_what_it_cannot_take(op):

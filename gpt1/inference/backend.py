@@ -121,9 +121,10 @@ def kernel_module():
     if wanted is False or failure("kernel"):
         return None
     try:
-        if _decoding or wanted:
-            return kernel_build.module()
-        return kernel_build.module_if_built()
+        built = kernel_build.module() if _decoding or wanted else kernel_build.module_if_built()
+        if built is not None:
+            _read_one_row_as_timed(built)
+        return built
     except ConfigError:
         raise
     except Exception as e:  # no compiler, no ninja, a failed build: torch's kernels still work
@@ -537,6 +538,64 @@ def _packed_vs_plain(rows: str, dtype: torch.dtype, generator: torch.Generator) 
     return [best["packed"], best["plain"]]
 
 
+# ------------------------------------------------------- one row of fp32 or bf16 on the kernel
+@dataclass(frozen=True)
+class OneRowProbe:
+    """Best times in seconds of one row through four GPT-1 blocks' weights (`_BLOCK` * 4) on
+    gpt1's kernel: `times[dtype name] == [a channel at a time, channels side by side]` (fp32
+    weights; bf16 weights times bf16 activations)."""
+
+    times: dict[str, list[float]]
+
+    def stream(self, name: str) -> bool:
+        found = self.times.get(name)
+        return found is None or found[0] <= found[1]  # unmeasured: the kernel's default
+
+
+_ONE_ROW_RECORD = "one_row"
+_one_row_read: set[int] = set()  # the modules whose one-row reads are set
+
+
+def _read_one_row_as_timed(built) -> None:
+    """Set how `built` reads one row of fp32 weights and of bf16 pairs, from `one_row_probe`
+    (once per module: the setting is the module's)."""
+    if id(built) in _one_row_read:
+        return
+    _one_row_read.add(id(built))  # first: the probe itself runs the module
+    probe = timings.kept(_ONE_ROW_RECORD, OneRowProbe, lambda: _measure_one_row(built))
+    built.set_one_row_stream(False, probe.stream("float32"))
+    built.set_one_row_stream(True, probe.stream("bfloat16"))
+
+
+def _measure_one_row(built) -> OneRowProbe:
+    """Time one row through four blocks' weights both ways, per dtype, in interleaved rounds on
+    one thread. The sums are the same either way (`kernels/matvec.cpp`)."""
+    generator = torch.Generator().manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    times: dict[str, list[float]] = {}
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            if dtype == torch.bfloat16 and not cpu_has_bf16():
+                continue
+            weights = [torch.randn(n, k, generator=generator).to(dtype) for _, k, n in _BLOCK * 4]
+            inputs = {k: torch.randn(1, k, generator=generator).to(dtype) for _, k, _ in _BLOCK}
+
+            def reading(stream: bool, dtype: torch.dtype = dtype, weights=weights, inputs=inputs):
+                def run() -> None:
+                    built.set_one_row_stream(dtype == torch.bfloat16, stream)
+                    for w in weights:
+                        built.matvec(inputs[w.shape[1]], w)
+
+                return run
+
+            best = timings.interleaved_best({"stream": reading(True), "side": reading(False)})
+            times[str(dtype).removeprefix("torch.")] = [best["stream"], best["side"]]
+    finally:
+        torch.set_num_threads(threads)
+    return OneRowProbe(times)
+
+
 # ---------------------------------------------------------------------- timed again on demand
 @dataclass(frozen=True)
 class Timed:
@@ -559,7 +618,19 @@ def probe_again() -> tuple[timings.Conditions, list[Timed]]:
         ints = timings.kept("int8", Int8Probe, _measure_int8, again=True)
     float_probe.cache_clear()  # the next use reads the new record
     int8_probe.cache_clear()
-    return current, timed(floats, ints)
+    found = timed(floats, ints)
+    built = kernel_module()
+    if built is not None:
+        one_row = timings.kept(
+            _ONE_ROW_RECORD, OneRowProbe, lambda: _measure_one_row(built), again=True
+        )
+        _one_row_read.discard(id(built))
+        _read_one_row_as_timed(built)
+        for name, (stream, side) in one_row.times.items():
+            chosen = "a channel at a time" if stream <= side else "channels side by side"
+            times = {"a channel at a time": stream, "channels side by side": side}
+            found.append(Timed(f"gpt1's kernel, {_NAMES[name]}, {_SHAPES['few']}", times, chosen))
+    return current, found
 
 
 def timed(floats: FloatProbe | None, ints: Int8Probe | None) -> list[Timed]:
@@ -621,6 +692,11 @@ def _kernel_state() -> tuple[bool, str]:
 def _few_rows() -> Choice:
     usable, why = _kernel_state()
     if usable:
+        probe = timings.read(_ONE_ROW_RECORD, OneRowProbe)
+        if probe is not None:
+            ways = {True: "a channel at a time", False: "channels side by side"}
+            reads = [f"{_NAMES[name]} {ways[probe[0].stream(name)]}" for name in probe[0].times]
+            why += f"; one row reads {', '.join(reads)} (timed faster here)"
         return Choice(KINDS[0], "gpt1's kernel (matvec)", why)
     floats, timed = _float_choices(few_rows=True)
     return Choice(KINDS[0], f"torch's: {floats}, _weight_int8pack_mm (int8)", f"{why}; {timed}")
@@ -746,6 +822,7 @@ def isa() -> str:
 def reset() -> None:
     """Forget what was probed and failed (tests; a process changing its environment)."""
     _failures.clear()
+    _one_row_read.clear()
     int8_probe.cache_clear()
     float_probe.cache_clear()
     kernel_build.forget()

@@ -14,6 +14,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("matvec", &matvec, "weight products for a few rows", Unlocked(), pybind11::arg("x"),
         pybind11::arg("w"), pybind11::arg("scale") = pybind11::none(),
         pybind11::arg("bias") = pybind11::none());
+  m.def("set_one_row_stream", &set_one_row_stream,
+        "one row of fp32 (or bf16 pairs): a channel at a time (True) or several side by side",
+        pybind11::arg("bf16_pairs"), pybind11::arg("on"));
   m.def("has_decode_step", &has_decode_step, "whether decode_step was compiled for this CPU");
   m.def("decode_step", &decode_step, "every block of one decoding step", Unlocked(),
         pybind11::arg("x"),

@@ -49,6 +49,9 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
 torch::Tensor matvec(const torch::Tensor& x, const torch::Tensor& w,
                      const c10::optional<torch::Tensor>& scale,
                      const c10::optional<torch::Tensor>& bias);
+// One row against fp32 weights, or bf16 pairs (`bf16_pairs`): a channel at a time (true) or
+// several side by side (false); returns the previous setting.
+bool set_one_row_stream(bool bf16_pairs, bool on);
 bool has_decode_step();
 torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& keys,
