@@ -18,7 +18,8 @@ Two parts:
   (`Untimed`) with the speed-up its steps (which were plain, which verified how many drafts)
   would have at GPT-1's size.
 
-    python benchmarks/speculative.py --checkpoint runs/copier/final --gpt1-cost --threads 2
+    python benchmarks/speculative.py --gpt1-cost --precision int8 --threads 1 --clock cpu
+    python benchmarks/speculative.py --checkpoint runs/mine --gpt1-cost --threads 1 --clock cpu
 """
 
 from __future__ import annotations

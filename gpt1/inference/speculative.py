@@ -105,8 +105,8 @@ class Drafter:
 class Costs:
     """One model's plain step and verifying pass times, as moving averages shared by all its
     generations (`costs_of`): a pass of k drafts that costs as much as k + 1 plain steps can
-    never pay, whatever is accepted (a small model, whose pass of several rows through the
-    operators costs several one-call steps)."""
+    never pay, whatever is accepted (a small model whose pass of several rows runs through the
+    operators, at several one-call steps' cost; or whose products are bound by arithmetic)."""
 
     def __init__(self) -> None:
         self.step_seconds: float | None = None  # a plain step
