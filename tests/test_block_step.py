@@ -42,6 +42,20 @@ def _model(precision: str, n_embd: int = 64, n_head: int = 4, afn: str = "gelu")
     )
 
 
+def _pooled_and_alone(
+    model: GPT, prompts: list[torch.Tensor]
+) -> tuple[SlotPool, list[KVCache], list[KVCache]]:
+    """Each prompt in a slot of one pool and in a plain cache of its own, both filled."""
+    pool = SlotPool(2, 80)
+    pooled = [pool.cache() for _ in prompts]
+    alone = [KVCache(2, 80) for _ in prompts]
+    with torch.no_grad():
+        for p, a, b in zip(prompts, pooled, alone):
+            forward_cached(model, p, a)
+            forward_cached(model, p, b)
+    return pool, pooled, alone
+
+
 @contextlib.contextmanager
 def _operators_only(monkeypatch):
     with monkeypatch.context() as m:
@@ -213,13 +227,8 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(precision, monkeypa
     model = _model(precision)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 300, (1, 2 + i)) for i in range(12)]
-    pool = SlotPool(2, 80)
-    together = [pool.cache() for _ in prompts]
-    alone = [KVCache(2, 80) for _ in prompts]
+    _, together, alone = _pooled_and_alone(model, prompts)
     with torch.no_grad():
-        for p, a, b in zip(prompts, together, alone):
-            forward_cached(model, p, a)
-            forward_cached(model, p, b)
 
         def many_rows(*args):
             raise AssertionError("a decoding step took the many-row int8 product")
@@ -256,13 +265,8 @@ def test_a_row_that_grows_the_pool_keeps_the_new_keys_of_the_rows_before_it(one_
     model = _model("int8" if not one_call else "fp32")
     gen = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 300, (1, n), generator=gen) for n in (5, 64)]
-    pool = SlotPool(2, 80)
-    pooled = [pool.cache() for _ in prompts]
-    alone = [KVCache(2, 80) for _ in prompts]
+    pool, pooled, alone = _pooled_and_alone(model, prompts)
     with torch.no_grad():
-        for p, a, b in zip(prompts, pooled, alone):
-            forward_cached(model, p, a)
-            forward_cached(model, p, b)
         capacity = pool.k[0].shape[2]
         assert capacity == len(pooled[1])  # the second row's next token does not fit
         for _ in range(3):
