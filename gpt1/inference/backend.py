@@ -22,7 +22,9 @@ real ones, that it runs where it has no real one for the operands (signed activa
 with VNNI but no AMX): `int8_many_rows` times one small product of each candidate against the
 float path, once per CPU and torch (kept beside the kernel's builds), and takes only what is not
 slower. oneDNN's packed float product is checked the same way (`float_probe`): on some CPUs
-`F.linear` multiplies one row by an fp32 weight faster than the packed copy does. A check's
+`F.linear` multiplies one row by an fp32 weight faster than the packed copy does; and so is how
+gpt1's kernel reads one row of fp32 weights or bf16 pairs (`OneRowProbe`: a channel at a time
+or several side by side, the same sums, whichever this CPU reads faster). A check's
 record is taken again where it is stale or was taken on a busier machine than this one is now
 (`gpt1.inference.timings`), or on demand (`probe_again`: `gpt1 kernels probe`).
 
@@ -557,8 +559,9 @@ _one_row_read: set[int] = set()  # the modules whose one-row reads are set
 
 
 def _read_one_row_as_timed(built) -> None:
-    """Set how `built` reads one row of fp32 weights and of bf16 pairs, from `one_row_probe`
-    (once per module: the setting is the module's)."""
+    """Set how `built` reads one row of fp32 weights and of bf16 pairs, as the record of
+    `_measure_one_row` found faster (timed now where it is missing or stale; once per module:
+    the setting is the module's)."""
     if id(built) in _one_row_read:
         return
     _one_row_read.add(id(built))  # first: the probe itself runs the module

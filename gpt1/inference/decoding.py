@@ -538,10 +538,10 @@ def _one_call_step(
             values.append(buffers[1])
     hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths, packed)
     if hidden is not None:
-        ends: dict[int, tuple[KVCache, int]] = {}  # a cache of several rows: past its last
+        ends: dict[int, int] = {}  # a cache of several rows: past the last of them
         for cache, end in zip(caches, lengths):
-            ends[id(cache)] = (cache, max(end + 1, ends.get(id(cache), (cache, 0))[1]))
-        for cache, end in ends.values():
+            ends[id(cache)] = max(end + 1, ends.get(id(cache), 0))
+        for cache in {id(c): c for c in caches}.values():
             for layer in cache.layers:
-                layer.length = end
+                layer.length = ends[id(cache)]
     return hidden
