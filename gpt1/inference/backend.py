@@ -554,7 +554,12 @@ class OneRowProbe:
         return found is None or found[0] <= found[1]  # unmeasured: the kernel's default
 
 
-_ONE_ROW_RECORD = "one_row"
+def _one_row_record() -> str:
+    """The one-row check's record: per build target too (a build for another target, as the
+    benchmarks' tiers make, runs other loops)."""
+    return f"one_row_{kernel_build.build_target()}"
+
+
 _one_row_read: set[int] = set()  # the modules whose one-row reads are set
 
 
@@ -565,7 +570,7 @@ def _read_one_row_as_timed(built) -> None:
     if id(built) in _one_row_read:
         return
     _one_row_read.add(id(built))  # first: the probe itself runs the module
-    probe = timings.kept(_ONE_ROW_RECORD, OneRowProbe, lambda: _measure_one_row(built))
+    probe = timings.kept(_one_row_record(), OneRowProbe, lambda: _measure_one_row(built))
     built.set_one_row_stream(False, probe.stream("float32"))
     built.set_one_row_stream(True, probe.stream("bfloat16"))
 
@@ -625,7 +630,7 @@ def probe_again() -> tuple[timings.Conditions, list[Timed]]:
     built = kernel_module()
     if built is not None:
         one_row = timings.kept(
-            _ONE_ROW_RECORD, OneRowProbe, lambda: _measure_one_row(built), again=True
+            _one_row_record(), OneRowProbe, lambda: _measure_one_row(built), again=True
         )
         _one_row_read.discard(id(built))
         _read_one_row_as_timed(built)
@@ -695,7 +700,7 @@ def _kernel_state() -> tuple[bool, str]:
 def _few_rows() -> Choice:
     usable, why = _kernel_state()
     if usable:
-        probe = timings.read(_ONE_ROW_RECORD, OneRowProbe)
+        probe = timings.read(_one_row_record(), OneRowProbe)
         if probe is not None:
             ways = {True: "a channel at a time", False: "channels side by side"}
             reads = [f"{_NAMES[name]} {ways[probe[0].stream(name)]}" for name in probe[0].times]
