@@ -3,6 +3,7 @@
 that are not multiples of its blocks; the model paths that use it decode as they do without it;
 and where it cannot be built, one warning and torch's kernels take over."""
 
+import contextlib
 import warnings
 
 import pytest
@@ -54,6 +55,19 @@ def test_kernel_equals_float_linear_for_every_row_count(op, dtype, K, N):
             )
 
 
+@contextlib.contextmanager
+def _one_row_reads(stream: bool):
+    """The kernel's one-row reading of fp32 weights and bf16 pairs set to `stream` for the
+    block, then put back as it was."""
+    module = backend.kernel_module()
+    before = [module.set_one_row_stream(pairs, stream) for pairs in (False, True)]
+    try:
+        yield module
+    finally:
+        for pairs, was in zip((False, True), before):
+            module.set_one_row_stream(pairs, was)
+
+
 @pytest.mark.parametrize("dtype", matvec.DTYPES)
 @pytest.mark.parametrize("K,N", [(64, 40), (20, 7), (3072, 33), (37, 1)])
 @pytest.mark.parametrize("stream", [True, False])
@@ -61,9 +75,7 @@ def test_a_rows_product_is_the_same_bits_alone_and_beside_others(op, dtype, K, N
     """One row may read the weights another way than several (a channel at a time, for fp32
     weights and bf16 pairs, where `backend` timed that faster) but sums in the same order: a
     sequence decodes to the same bits whichever sequences share its step, either way."""
-    module = backend.kernel_module()
-    before = [module.set_one_row_stream(pairs, stream) for pairs in (False, True)]
-    try:
+    with _one_row_reads(stream):
         torch.manual_seed(1)
         w, scale = _weights(dtype, N, K)
         for x_dtype in (torch.float32, torch.bfloat16):
@@ -71,27 +83,19 @@ def test_a_rows_product_is_the_same_bits_alone_and_beside_others(op, dtype, K, N
             alone = torch.cat([op(x[m : m + 1], w, scale, bias) for m in range(len(x))])
             for M in range(2, matvec.MAX_ROWS + 1):
                 assert torch.equal(op(x[:M], w, scale, bias), alone[:M])
-    finally:
-        for pairs, was in zip((False, True), before):
-            module.set_one_row_stream(pairs, was)
 
 
 def test_one_row_reads_as_its_timing_found_faster(op, monkeypatch):
     """Each dtype's one-row reading is the one its record timed faster (unmeasured: a channel
     at a time), set on the module when it is first used."""
-    module = backend.kernel_module()
-    before = [module.set_one_row_stream(pairs, True) for pairs in (False, True)]
     probe = backend.OneRowProbe({"float32": [2.0, 1.0], "bfloat16": [1.0, 2.0]})
-    monkeypatch.setattr(backend.timings, "kept", lambda name, kind, measure, again=False: probe)
-    monkeypatch.setattr(backend, "_one_row_read", set())
-    try:
+    with _one_row_reads(True) as module:
+        monkeypatch.setattr(backend.timings, "kept", lambda name, kind, measure, again=False: probe)
+        monkeypatch.setattr(backend, "_one_row_read", set())  # the module not yet set
         backend.kernel_module()
         assert module.set_one_row_stream(False, True) is False  # fp32: side by side was faster
         assert module.set_one_row_stream(True, True) is True  # bf16 pairs: the stream was
         assert backend.OneRowProbe({}).stream("float32")
-    finally:
-        for pairs, was in zip((False, True), before):
-            module.set_one_row_stream(pairs, was)
 
 
 def test_kernel_refuses_what_it_cannot_take(op):

@@ -553,6 +553,13 @@ class OneRowProbe:
         found = self.times.get(name)
         return found is None or found[0] <= found[1]  # unmeasured: the kernel's default
 
+    def way(self, name: str) -> str:
+        """The reading chosen for `name`'s dtype, in words."""
+        return _ONE_ROW_WAYS[self.stream(name)]
+
+
+_ONE_ROW_WAYS = {True: "a channel at a time", False: "channels side by side"}
+
 
 def _one_row_record() -> str:
     """The one-row check's record: per build target too (a build for another target, as the
@@ -563,16 +570,18 @@ def _one_row_record() -> str:
 _one_row_read: set[int] = set()  # the modules whose one-row reads are set
 
 
-def _read_one_row_as_timed(built) -> None:
+def _read_one_row_as_timed(built, again: bool = False) -> OneRowProbe | None:
     """Set how `built` reads one row of fp32 weights and of bf16 pairs, as the record of
-    `_measure_one_row` found faster (timed now where it is missing or stale; once per module:
-    the setting is the module's)."""
-    if id(built) in _one_row_read:
-        return
+    `_measure_one_row` found faster (timed now where it is missing or stale, or `again`), and
+    return that record; once per module (the setting is the module's) unless `again`."""
+    if id(built) in _one_row_read and not again:
+        return None
     _one_row_read.add(id(built))  # first: the probe itself runs the module
-    probe = timings.kept(_one_row_record(), OneRowProbe, lambda: _measure_one_row(built))
+    measure = functools.partial(_measure_one_row, built)
+    probe = timings.kept(_one_row_record(), OneRowProbe, measure, again=again)
     built.set_one_row_stream(False, probe.stream("float32"))
     built.set_one_row_stream(True, probe.stream("bfloat16"))
+    return probe
 
 
 def _measure_one_row(built) -> OneRowProbe:
@@ -626,23 +635,16 @@ def probe_again() -> tuple[timings.Conditions, list[Timed]]:
         ints = timings.kept("int8", Int8Probe, _measure_int8, again=True)
     float_probe.cache_clear()  # the next use reads the new record
     int8_probe.cache_clear()
-    found = timed(floats, ints)
     built = kernel_module()
-    if built is not None:
-        one_row = timings.kept(
-            _one_row_record(), OneRowProbe, lambda: _measure_one_row(built), again=True
-        )
-        _one_row_read.discard(id(built))
-        _read_one_row_as_timed(built)
-        for name, (stream, side) in one_row.times.items():
-            chosen = "a channel at a time" if stream <= side else "channels side by side"
-            times = {"a channel at a time": stream, "channels side by side": side}
-            found.append(Timed(f"gpt1's kernel, {_NAMES[name]}, {_SHAPES['few']}", times, chosen))
-    return current, found
+    one_row = _read_one_row_as_timed(built, again=True) if built is not None else None
+    return current, timed(floats, ints, one_row)
 
 
-def timed(floats: FloatProbe | None, ints: Int8Probe | None) -> list[Timed]:
-    """Each product the probes `floats` and `ints` timed: its paths' times and the choice."""
+def timed(
+    floats: FloatProbe | None, ints: Int8Probe | None, one_row: OneRowProbe | None = None
+) -> list[Timed]:
+    """Each product the probes `floats`, `ints` and `one_row` timed: its paths' times and the
+    choice."""
     found = []
     for name, by_rows in (floats.times if floats else {}).items():
         for rows, (packed, plain) in by_rows.items():
@@ -661,6 +663,10 @@ def timed(floats: FloatProbe | None, ints: Int8Probe | None) -> list[Timed]:
             chosen += ", one scale per row"
         shape = "x".join(map(str, _PROBE_SHAPE))
         found.append(Timed(f"int8 activations, one {shape} product", times, chosen))
+    for name, both in (one_row.times if one_row else {}).items():
+        times = dict(zip(_ONE_ROW_WAYS.values(), both))
+        chosen = one_row.way(name)
+        found.append(Timed(f"gpt1's kernel, {_NAMES[name]}, {_SHAPES['few']}", times, chosen))
     return found
 
 
@@ -700,10 +706,10 @@ def _kernel_state() -> tuple[bool, str]:
 def _few_rows() -> Choice:
     usable, why = _kernel_state()
     if usable:
-        probe = timings.read(_one_row_record(), OneRowProbe)
-        if probe is not None:
-            ways = {True: "a channel at a time", False: "channels side by side"}
-            reads = [f"{_NAMES[name]} {ways[probe[0].stream(name)]}" for name in probe[0].times]
+        found = timings.read(_one_row_record(), OneRowProbe)
+        if found is not None:
+            probe = found[0]
+            reads = [f"{_NAMES[name]} {probe.way(name)}" for name in probe.times]
             why += f"; one row reads {', '.join(reads)} (timed faster here)"
         return Choice(KINDS[0], "gpt1's kernel (matvec)", why)
     floats, timed = _float_choices(few_rows=True)

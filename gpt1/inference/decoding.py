@@ -519,29 +519,31 @@ def _one_call_step(
     if step is None or (integer and packed is None):
         return None
     lengths = [len(c) for c in caches] if lengths is None else lengths
+    distinct = {id(c): c for c in caches}  # a cache may hold several rows
+    ends = dict.fromkeys(distinct, 0)  # each cache's length after the step: past its last row
+    for cache, end in zip(caches, lengths):
+        ends[id(cache)] = max(ends[id(cache)], end + 1)
     keys, values = [], []
     for i in range(len(model.h)):
-        layers = [cache.layers[i] for cache in caches]
-        if not all(isinstance(layer, _ROOMY) for layer in layers):
+        layers = {key: cache.layers[i] for key, cache in distinct.items()}
+        if not all(isinstance(layer, _ROOMY) for layer in layers.values()):
             return None  # not a cache of this module's
-        # Every row's room first, then the buffers: growing a pool's buffers for one row
-        # replaces them for all its rows, and a row given the old ones would write its new
+        # Every cache's room first, then the buffers: growing a pool's buffers for one cache
+        # replaces them for all its slots, and a row given the old ones would write its new
         # key and value where the pool no longer reads.
-        for layer, end in zip(layers, lengths):
-            if layer.room(end + 1) is None:
+        for key, layer in layers.items():
+            if layer.room(ends[key]) is None:
                 return None
-        for layer, end in zip(layers, lengths):
-            buffers = layer.room(end + 1)
-            if buffers[0].dtype != x.dtype:
+        buffers = {key: layer.room(ends[key]) for key, layer in layers.items()}  # all grown
+        for cache in caches:
+            k, v = buffers[id(cache)]
+            if k.dtype != x.dtype:
                 return None
-            keys.append(buffers[0])
-            values.append(buffers[1])
+            keys.append(k)
+            values.append(v)
     hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths, packed)
     if hidden is not None:
-        ends: dict[int, int] = {}  # a cache of several rows: past the last of them
-        for cache, end in zip(caches, lengths):
-            ends[id(cache)] = max(end + 1, ends.get(id(cache), 0))
-        for cache in {id(c): c for c in caches}.values():
+        for key, cache in distinct.items():
             for layer in cache.layers:
-                layer.length = ends[id(cache)]
+                layer.length = ends[key]
     return hidden

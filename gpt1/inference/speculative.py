@@ -7,9 +7,10 @@ few tokens earlier in the text and propose the tokens that followed them there (
 pass of the model then checks k guesses at once: the last chosen token and the k drafted ones go
 through `forward_cached` as k + 1 new positions of the cache, giving the logits after each. Where
 the one-call step applies (`gpt1.inference.block_step`) that is one call of it, each position a
-row reading the weights with the others; else the blocks run as modules on all the rows. Drafts are accepted while they
-are what decoding would choose, the cache is cut back to the positions accepted, and the token
-after them is chosen from the same pass: every pass yields at least one token.
+row reading the weights with the others; else the blocks run as modules on all the rows. Drafts
+are accepted while they are what decoding would choose, the cache is cut back to the positions
+accepted, and the token after them is chosen from the same pass: every pass yields at least one
+token.
 
 - Greedy: a draft is accepted when it is the argmax. The tokens are plain decoding's: through the
   one-call step each row's logits are the bits plain decoding computes; through the modules, up

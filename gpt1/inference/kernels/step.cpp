@@ -307,8 +307,8 @@ bool has_decode_step() { return true; }
 // values: per block, per row, that row's cache buffer [B, H, capacity, D] in x's dtype; rows[r]
 // is the row's index in its buffer and lengths[r] the positions it holds (the new token goes at
 // lengths[r]); rows of one sequence share its buffer row with consecutive lengths, each
-// attending to the ones before it. Returns the last block's output [R, C] in x's dtype; the caches hold the new
-// token's keys and values (the caller advances their lengths).
+// attending to the ones before it. Returns the last block's output [R, C] in x's dtype; the
+// caches hold the new tokens' keys and values (the caller advances their lengths).
 torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& keys,
                           const std::vector<torch::Tensor>& values,
