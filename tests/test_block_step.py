@@ -85,15 +85,17 @@ def _steps(model: GPT, prompt: torch.Tensor, new: torch.Tensor) -> tuple[torch.T
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize(
-    ("n_embd", "n_head", "afn"), [(64, 4, "gelu"), (36, 4, "relu"), (272, 2, "gelu")]
+    ("n_embd", "n_head", "afn"),
+    [(64, 4, "gelu"), (36, 4, "relu"), (272, 2, "gelu"), (128, 2, "gelu")],
 )
 def test_one_call_equals_the_operators_and_writes_the_same_cache(
     precision, n_embd, n_head, afn, monkeypatch
 ):
     """Two rows of one cache, 70 tokens after a prompt of 5: past the cache's first capacity
     (64), so its buffers grow between calls; a head size of 9 leaves lanes of every vector
-    unused, and one of 136 is read in more than one group of vectors (the kernel sums up to 8 at
-    a time over the values). Hidden states and every cached key and value agree."""
+    unused, one of 136 is read in more than one group of vectors (the kernel sums up to 8 at
+    a time over the values), and one of 64 (GPT-1's) takes the loops compiled for that width.
+    Hidden states and every cached key and value agree."""
     model = _model(precision, n_embd, n_head, afn)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, 300, (2, 5), generator=gen)

@@ -143,17 +143,21 @@ inline float score(const float* q, const T* key, int64_t D) {
 
 // One head of one row: out = softmax(q K^T / sqrt(D)) V over positions 0..len of the cache
 // (`keys`, `values`: that head's [capacity, D] rows), the row's own new key and value already
-// written at position `len`.
-template <typename T>
-void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t D,
-            float* scores, float* out, bool bf16) {
+// written at position `len`. `kD`: the head's width D where it is known when compiling (0: it
+// is `head_dim`); see `attend`.
+template <typename T, int64_t kD>
+void attend_head(const float* q, const T* keys, const T* values, int64_t len, int64_t head_dim,
+                 float* scores, float* out, bool bf16) {
+  const int64_t D = kD > 0 ? kD : head_dim;
   const int64_t n = len + 1, row_bytes = D * int64_t(sizeof(T));
-  fetch(keys, 0, kCacheAheadBytes);
-  fetch(values, 0, kCacheAheadBytes);
+  const int64_t bytes = n * row_bytes;  // nothing past the positions held is fetched
+  fetch(keys, 0, std::min(kCacheAheadBytes, bytes));
+  fetch(values, 0, std::min(kCacheAheadBytes, bytes));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    const int64_t from = j * row_bytes + kCacheAheadBytes, to = from + 4 * row_bytes;
+    const int64_t from = j * row_bytes + kCacheAheadBytes;
+    const int64_t to = std::min(from + 4 * row_bytes, bytes);
     fetch(keys, from, to);  // the values too: their pass comes next
     fetch(values, from, to);
     Vec acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
@@ -196,6 +200,23 @@ void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t
       const Vec r = simd::mul(acc[v], simd::set1(norm));
       store(out + d0 + v * kLanes, bf16 ? round_bf16(r) : r, m[v]);
     }
+  }
+}
+
+// `attend_head` for GPT-1's heads of 64 numbers with that width a constant: the loops over a
+// key or value row then unroll into whole vectors and their sums stay in registers. The same
+// operations in the same order, so the same bits as for a width known only when running. With
+// the fetching ahead stopped at the positions a head holds (not run on into the buffer's unused
+// room), a GPT-1 step of 8 / 16 / 64 int8 sequences over 64 cached positions ran 1.03 / 1.02 /
+// 1.07x as fast as the loops for any width, and 64 over 200 positions 1.05x, the same bits
+// (paired in one process, one thread, the AMX Xeon, 2026-12-06).
+template <typename T>
+void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t D,
+            float* scores, float* out, bool bf16) {
+  if (D == 64) {
+    attend_head<T, 64>(q, keys, values, len, D, scores, out, bf16);
+  } else {
+    attend_head<T, 0>(q, keys, values, len, D, scores, out, bf16);
   }
 }
 
