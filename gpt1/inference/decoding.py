@@ -523,6 +523,29 @@ def _one_call_step(
     ends = dict.fromkeys(distinct, 0)  # each cache's length after the step: past its last row
     for cache, end in zip(caches, lengths):
         ends[id(cache)] = max(ends[id(cache)], end + 1)
+    found = _one_pools_buffers(model, caches, distinct, ends, x.dtype)
+    if found is None:
+        found = _each_caches_buffers(model, caches, distinct, ends, x.dtype)
+    if found is None:
+        return None
+    keys, values = found
+    hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths, packed)
+    if hidden is not None:
+        for key, cache in distinct.items():
+            for layer in cache.layers:
+                layer.length = ends[key]
+    return hidden
+
+
+_Buffers = tuple[list[torch.Tensor], list[torch.Tensor]]
+
+
+def _each_caches_buffers(
+    model: GPT, caches: list[KVCache], distinct: dict, ends: dict, dtype: torch.dtype
+) -> _Buffers | None:
+    """Per block, per row, the key and value buffers of the row's cache, grown to hold the
+    cache's `ends` positions; None where a cache is not one the step can write, holds nothing
+    yet, or holds another dtype."""
     keys, values = [], []
     for i in range(len(model.h)):
         layers = {key: cache.layers[i] for key, cache in distinct.items()}
@@ -537,13 +560,32 @@ def _one_call_step(
         buffers = {key: layer.room(ends[key]) for key, layer in layers.items()}  # all grown
         for cache in caches:
             k, v = buffers[id(cache)]
-            if k.dtype != x.dtype:
+            if k.dtype != dtype:
                 return None
             keys.append(k)
             values.append(v)
-    hidden = block_step.run_or_forget(step, model, x, keys, values, rows, lengths, packed)
-    if hidden is not None:
-        for key, cache in distinct.items():
-            for layer in cache.layers:
-                layer.length = ends[key]
-    return hidden
+    return keys, values
+
+
+def _one_pools_buffers(
+    model: GPT, caches: list[KVCache], distinct: dict, ends: dict, dtype: torch.dtype
+) -> _Buffers | None:
+    """`_each_caches_buffers` where every cache is a slot of one `SlotPool` (what
+    `BatchedDecoder` decodes): per block, the pool grows once to hold its highest slot and
+    longest end, and every row takes its buffers. None where that is not the case (the caller
+    then asks each cache), or where the pool holds nothing yet or another dtype."""
+    pools = {id(c.pool) for c in distinct.values() if type(c) is PooledKVCache}
+    if len(pools) != 1 or any(type(c) is not PooledKVCache for c in distinct.values()):
+        return None
+    pool = caches[0].pool
+    slots = max(c.slot for c in distinct.values()) + 1
+    end = max(ends.values())
+    keys, values = [], []
+    for i in range(len(model.h)):
+        like = pool.k[i]
+        if like is None or like.dtype != dtype:
+            return None
+        pool.reserve(i, slots, end, like)
+        keys += [pool.k[i]] * len(caches)
+        values += [pool.v[i]] * len(caches)
+    return keys, values
