@@ -1,0 +1,121 @@
+"""Where the time of one decoding step of many sequences goes: its weight products, attention over
+the caches, and the rest (LayerNorm, GELU, quantising each row, the Python around the call).
+
+GPT-1 size, random weights, `--precision` (int8: the many-row integer step `BatchedDecoder`
+runs; bf16/fp32: the one-call step, up to 8 rows at a time), every sequence a slot of one pool
+as the server's are. For each row count R, alternating in one process, medians of `--rounds`:
+
+- the step over caches of `--past` positions, and over caches of 2 (where attention reads
+  almost nothing): their difference is what attending over the caches costs, printed with the
+  rate at which it reads their keys and values;
+- int8 only: the 48 block products alone on R rows (gpt1's kernel, `rows_product`), so that
+  step - products - attention is the rest.
+
+One thread, each process's CPU time (the machine may be shared).
+
+    python benchmarks/step_profile.py                        # int8, R = 1..64, 64 positions
+    python benchmarks/step_profile.py --precision bf16 --rows 1,4,8 --past 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpt1 import GPT  # noqa: E402
+from gpt1.config import model_preset  # noqa: E402
+from gpt1.inference import backend, int8_rows  # noqa: E402
+from gpt1.inference.block_step import _int8_weights  # noqa: E402
+from gpt1.inference.decoding import SlotPool, decode, forward_cached  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
+
+VOCAB = 40478
+SHORT = 2  # positions cached where attention costs next to nothing
+
+
+def filled_pool(model: GPT, rows: int, past: int) -> list:
+    """`rows` caches, slots of one pool, each holding `past` positions of random tokens."""
+    pool = SlotPool(model.config.n_layer, max(128, 2 * past))
+    caches = [pool.cache() for _ in range(rows)]
+    with torch.no_grad():
+        for cache in caches:
+            forward_cached(model, torch.randint(0, VOCAB, (1, past)), cache)
+    return caches
+
+
+def products(model: GPT, rows: int):
+    """A call that runs every block's int8 product on `rows` random rows (gpt1's kernel)."""
+    kernels = backend.kernel_module()
+    inputs: dict[int, torch.Tensor] = {}
+    calls = []
+    for layer, q in _int8_weights(model):
+        x = inputs.setdefault(q.shape[1], torch.randn(rows, q.shape[1]))
+        calls.append((x, layer._packed.few_rows(q), layer.scale.float(), layer.bias, q.shape[0]))
+    return lambda: [kernels.rows_product(x, w, s, b, n) for x, w, s, b, n in calls]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--precision", choices=("int8", "bf16", "fp32"), default="int8")
+    ap.add_argument("--rows", default="1,8,16,32,64")
+    ap.add_argument("--past", type=int, default=64, help="positions each cache holds")
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=VOCAB)), "cpu", args.precision)
+    integer = args.precision == "int8"
+    C, L = model.config.n_embd, model.config.n_layer
+    width = 2 if args.precision != "fp32" else 4  # bytes a cached number takes
+    print(
+        f"GPT-1 size, {args.precision}, caches of {args.past} positions (and of {SHORT}), one"
+        f" thread, CPU time, medians of {args.rounds}"
+    )
+    print("| rows | step ms | attention ms | cache read GB/s | products ms | rest ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for rows in [int(r) for r in args.rows.split(",")]:
+        ids = torch.randint(0, VOCAB, (rows,))
+        caches = {past: filled_pool(model, rows, past) for past in (SHORT, args.past)}
+        timed = {past: [] for past in caches}
+        timed["products"] = []
+        run_products = products(model, rows) if integer else None
+
+        def step(past: int) -> None:
+            decode(model, ids, caches[past], one_call=not integer)
+            for cache in caches[past]:
+                cache.truncate(past)
+
+        with torch.no_grad(), int8_rows.per_row():
+            for past in caches:
+                step(past)  # warm: plans, packed copies, grown buffers
+            for _ in range(args.rounds):
+                for past in caches:
+                    start = time.process_time()
+                    step(past)
+                    timed[past].append(time.process_time() - start)
+                if run_products:
+                    start = time.process_time()
+                    run_products()
+                    timed["products"].append(time.process_time() - start)
+        whole, short = (statistics.median(timed[p]) for p in (args.past, SHORT))
+        attention = whole - short
+        read = rows * L * 2 * (args.past - SHORT) * C * width  # the extra keys and values read
+        rate = f"{read / attention / 1e9:.1f}" if attention > 0 else "-"
+        line = f"| {rows} | {whole * 1e3:.2f} | {attention * 1e3:.2f} | {rate} |"
+        if run_products:
+            made = statistics.median(timed["products"])
+            line += f" {made * 1e3:.2f} | {(whole - attention - made) * 1e3:.2f} |"
+        else:
+            line += " - | - |"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
