@@ -101,10 +101,12 @@ def against_float(kernels, repeats: int) -> None:
 
 
 def step_kernels(repeats: int) -> None:
+    from step_profile import filled_pool
+
     from gpt1 import GPT
     from gpt1.config import model_preset
     from gpt1.inference import backend, int8_rows
-    from gpt1.inference.decoding import SlotPool, decode, forward_cached
+    from gpt1.inference.decoding import decode
     from gpt1.inference.prepared import for_inference
 
     if backend.int8_many_rows() is None:
@@ -112,11 +114,7 @@ def step_kernels(repeats: int) -> None:
         return
     torch.manual_seed(0)
     model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=40478)), "cpu", "int8")
-    pool = SlotPool(model.config.n_layer, 128)
-    caches = [pool.cache() for _ in range(64)]
-    with torch.no_grad():
-        for cache in caches:
-            forward_cached(model, torch.randint(0, 40478, (1, 64)), cache)
+    caches = filled_pool(model, 64, 64)
     own = backend.few_rows_int8
 
     def blocks(rows: int, gpt1s: bool) -> float:

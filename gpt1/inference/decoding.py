@@ -574,10 +574,11 @@ def _one_pools_buffers(
     `BatchedDecoder` decodes): per block, the pool grows once to hold its highest slot and
     longest end, and every row takes its buffers. None where that is not the case (the caller
     then asks each cache), or where the pool holds nothing yet or another dtype."""
-    pools = {id(c.pool) for c in distinct.values() if type(c) is PooledKVCache}
-    if len(pools) != 1 or any(type(c) is not PooledKVCache for c in distinct.values()):
+    if any(type(c) is not PooledKVCache for c in distinct.values()):
         return None
     pool = caches[0].pool
+    if any(c.pool is not pool for c in distinct.values()):
+        return None
     slots = max(c.slot for c in distinct.values()) + 1
     end = max(ends.values())
     keys, values = [], []
