@@ -5,7 +5,7 @@
 // even as `int8_rows.quantize` does, so both give the same integers), the int32 sums are exact,
 // and they are multiplied by the weight's per-channel scales in fp32, then by the row's scale,
 // and the bias is added, in fp32. The sums come from gpt1's kernel below for the rows of a
-// decoding step (VNNI up to 8 rows, AMX tiles from 9 to 64, AVX2 at any count) or from
+// decoding step (VNNI up to 4 rows, AMX tiles from 5 to 64, AVX2 at any count) or from
 // oneDNN's int8 kernel (called through torch's dispatcher, as
 // `torch.ops.onednn.qlinear_pointwise`) for more rows where its sums are exact:
 //
@@ -180,11 +180,15 @@ bool vnni_dispatch(int64_t M, std::integer_sequence<int, Ms...>, const uint8_t* 
 // weights takes about 7: one thread, the AMX Xeon, 2026-12-06).
 constexpr int kAmxTiles = 4;
 constexpr int64_t kAmxRows = 16 * kAmxTiles;
-// Up to this many rows the VNNI loop stays: a tile of 16 rows is then mostly padding. Paired in
-// one process (the step's 12 blocks, GPT-1 size, one thread, 2026-12-06), AMX against VNNI:
-// 4.83 / 4.58 ms at 2 rows, 5.33 / 5.15 at 4, 6.91 / 6.90 at 8, 9.75 / 10.44 at 12, 11.33 / 13.46
-// at 16.
-constexpr int64_t kVnniBeforeAmx = 8;
+// Up to this many rows the VNNI loop stays: a tile of 16 rows is then mostly padding, and VNNI's
+// arithmetic still hides behind the weights' read. From 5 rows on VNNI's multiply-adds (one
+// instruction per row per 64 weight bytes) outlast the read and one tile product per 1 KB wins.
+// The whole integer step of GPT-1 size, 64 positions cached, paired in one process, one
+// thread, AMX against VNNI (medians of 21, 2026-12-06, the AMX Xeon, memory at ~11 GB/s):
+// 10.47 / 11.23 ms at 5 rows, 11.34 / 12.27 at 6, 12.39 / 13.77 at 8; at 2-3 rows AMX was 3%
+// slower, and 4 rows, where hours disagreed (1.06x faster that day, 3.5% slower on another), stays
+// on VNNI. The step's blocks at 12 / 16 rows (another hour): 9.75 / 10.44, 11.33 / 13.46.
+constexpr int64_t kVnniBeforeAmx = 4;
 
 // Linux hands AMX's tile registers to a thread only on request (arch_prctl); asked once.
 bool amx_allowed() {
@@ -477,6 +481,10 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
   torch::Tensor out = torch::empty({M, N}, sums.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
   const float* s = sums.data_ptr<float>();
   const float* xs = x_scale.data_ptr<float>();
+  // Asked once: `data_ptr<T>` checks the dtype on every call, a quarter of this loop's time
+  // when it sat in the inner loop (a 2048-row prompt of the int8 model).
+  float* to_fp32 = bf16 ? nullptr : out.data_ptr<float>();
+  at::BFloat16* to_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
   const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
   at::parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
@@ -485,10 +493,10 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
         const simd::Mask m = simd::lanes(n, N);
         simd::Vec v = simd::mul(simd::load(s + r * N + n, m), scale);
         if (b) v = simd::add(v, simd::load(b + n, m));
-        if (!bf16) {
-          simd::store(out.data_ptr<float>() + r * N + n, v, m);
+        if (to_fp32) {
+          simd::store(to_fp32 + r * N + n, v, m);
         } else {
-          simd::store(out.data_ptr<at::BFloat16>() + r * N + n, simd::round_bf16(v), m);
+          simd::store(to_bf16 + r * N + n, simd::round_bf16(v), m);
         }
       }
     }
