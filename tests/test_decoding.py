@@ -7,6 +7,8 @@ path's tests: the one-call step (`gpt1.inference.block_step`) is off here, and
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpt1 import GPT, ModelConfig
 from gpt1.inference.decoding import (
@@ -176,3 +178,52 @@ def test_a_cached_pass_under_activation_checkpointing_writes_each_key_once():
     assert torch.equal(hidden[0], hidden[1])
     for got, want in zip(model.parameters(), plain.parameters(), strict=True):
         assert torch.equal(got.grad, want.grad)
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    lengths=st.lists(st.sampled_from([1, 2, 5, 9]), min_size=1, max_size=6),
+    cached=st.lists(st.booleans(), min_size=6, max_size=6),
+    pooled=st.booleans(),
+    bf16=st.booleans(),
+)
+def test_prompts_read_together_attend_as_each_alone_bit_for_bit(lengths, cached, pooled, bf16):
+    """`PromptRows` (the layout of `prefill`) groups fresh prompts of one length into one
+    attention call; every row, and every cache it writes, is the bits of the sequence's own
+    `CachedTokens` call, whatever mix of lengths, filled caches and cache kinds comes."""
+    from gpt1.inference.decoding import CachedTokens, PromptRows
+
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    H, D = 4, 16
+    gen = torch.Generator().manual_seed(len(lengths))
+    qkv = torch.randn(sum(lengths), 3 * H * D, generator=gen).to(dtype)
+    history = torch.randn(len(lengths), 3, 1, H, 3, D, generator=gen).to(dtype)
+
+    def caches() -> list:
+        pool = SlotPool(1, 80)
+        made = [pool.cache() if pooled else KVCache(1, 80) for _ in lengths]
+        for i, cache in enumerate(made):
+            if cached[i]:  # three positions already held: this prompt continues them
+                cache.layers[0].extend(history[i, 1], history[i, 2])
+        return made
+
+    together, alone = caches(), caches()
+    with torch.no_grad():
+        got = PromptRows([c.layers[0] for c in together], lengths).attend(qkv, H, 0.0)
+        want = torch.cat(
+            [
+                CachedTokens(c.layers[0]).attend(part[None], H, 0.0)[0]
+                for c, part in zip(alone, qkv.split(lengths))
+            ]
+        )
+    assert torch.equal(got, want)
+    for a, b in zip(together, alone):
+        assert len(a) == len(b)
+        ka, va = a.layers[0].extend(qkv[:0].view(1, H, 0, D), qkv[:0].view(1, H, 0, D))
+        kb, vb = b.layers[0].extend(qkv[:0].view(1, H, 0, D), qkv[:0].view(1, H, 0, D))
+        assert torch.equal(ka, kb) and torch.equal(va, vb)

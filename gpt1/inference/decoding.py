@@ -332,12 +332,47 @@ class PromptRows:
 
     def attend(self, qkv: torch.Tensor, n_head: int, dropout_p: float) -> torch.Tensor:
         parts = qkv.split(self.lengths)
-        return torch.cat(
-            [
-                CachedTokens(layer).attend(part[None], n_head, dropout_p)[0]
-                for layer, part in zip(self.layers, parts)
-            ]
-        )
+        self._reserve(qkv, n_head)
+        out: list[torch.Tensor | None] = [None] * len(parts)
+        # Fresh prompts of one length (a server's burst of new requests) attend in one call:
+        # each (sequence, head) pair is its own problem to SDPA's kernel, so the rows are the
+        # bits the per-sequence calls give (`tests/test_decoding.py`), without a call apiece.
+        for group in self._fresh_groups():
+            q, k, v = split_heads(torch.stack([parts[i] for i in group]), n_head)  # [G, H, T, D]
+            for g, i in enumerate(group):
+                self.layers[i].extend(k[g : g + 1], v[g : g + 1])
+            y = merge_heads(attention(q, k, v, dropout_p=dropout_p, is_causal=True))
+            for g, i in enumerate(group):
+                out[i] = y[g]
+        for i, (layer, part) in enumerate(zip(self.layers, parts)):
+            if out[i] is None:
+                out[i] = CachedTokens(layer).attend(part[None], n_head, dropout_p)[0]
+        return torch.cat(out)
+
+    def _fresh_groups(self) -> list[list[int]]:
+        """Indices of the sequences with empty caches, grouped by prompt length (groups of two
+        or more; the rest attend one by one)."""
+        by_length: dict[int, list[int]] = {}
+        for i, (layer, length) in enumerate(zip(self.layers, self.lengths)):
+            if layer.length == 0 and length > 1:
+                by_length.setdefault(length, []).append(i)
+        return [group for group in by_length.values() if len(group) > 1]
+
+    def _reserve(self, qkv: torch.Tensor, n_head: int) -> None:
+        """Slots of one pool: grow its buffers once for every prompt of this call, not by
+        doubling as each sequence writes (a copy of the buffers per doubling)."""
+        layers = self.layers
+        first = layers[0]
+        if not isinstance(first, PooledLayerCache) or any(
+            not isinstance(layer, PooledLayerCache) or layer.pool is not first.pool
+            for layer in layers
+        ):
+            return
+        slots = max(layer.slot for layer in layers) + 1
+        end = max(layer.length + length for layer, length in zip(layers, self.lengths))
+        D = qkv.shape[-1] // (3 * n_head)
+        like = qkv.new_empty(1, n_head, 0, D)
+        first.pool.reserve(first.layer, slots, end, like)
 
     def query_rows(self, x: torch.Tensor) -> torch.Tensor:
         return x

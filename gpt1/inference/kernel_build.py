@@ -48,6 +48,7 @@ SOURCES = (
     "step.cpp",
     "int8_rows.cpp",
     "quantize.cpp",
+    "table.cpp",
     "module.cpp",
 )  # compiled into one module
 HEADERS = ("products.h", "lanes.h")

@@ -3,7 +3,8 @@
 `for_inference(model, device, precision)` places and casts the model, switches it to eval,
 quantises it for `--precision int8` (`gpt1.inference.quantize`), prepacks the CPU weights
 (`gpt1.inference.prepack.prepack_for_inference`), marks the model's weights to be gathered into
-one storage when it first decodes (`gpt1.inference.arena`) and plans the one-call decoding step
+one storage when it first decodes (`gpt1.inference.arena`), lets bf16 activations on the CPU look
+GELU up (`gpt1.inference.activations`: torch's bits) and plans the one-call decoding step
 (`gpt1.inference.block_step.prepare`); which kernels run is `gpt1.inference.backend`'s decision. serve, sample, evaluate, predict, zeroshot and
 lm-eval all call it, so a precision means the same thing in each.
 
@@ -22,7 +23,7 @@ from torch import nn
 
 from gpt1.devices import resolve_device, resolve_precision, torch_dtype
 from gpt1.errors import ConfigError
-from gpt1.inference import arena, backend, block_step
+from gpt1.inference import activations, arena, backend, block_step
 from gpt1.inference.backend import cpu_has_bf16
 from gpt1.inference.prepack import prepack_for_inference
 from gpt1.inference.quantize import quantize_int8_
@@ -56,6 +57,8 @@ def for_inference(
     model = prepack_for_inference(model)
     if resolved == "int8":
         quantize_int8_(model, activation_dtype(resolved, where))
+    if where.type == "cpu" and activation_dtype(resolved, where) == torch.bfloat16:
+        activations.look_up_gelu(model)  # torch's bits, by table
     if where.type == "cpu" and backend.gathers_weights():
         arena.gather_when_decoding(model)  # one storage on huge pages, if it ever decodes
     block_step.prepare(model)  # the decoding step's plan (builds nothing)

@@ -50,6 +50,11 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(merge_heads(y)))
 
 
+def gelu(x: torch.Tensor) -> torch.Tensor:
+    """GELU in the tanh form GPT-1 uses."""
+    return F.gelu(x, approximate="tanh")
+
+
 class MLP(nn.Module):
     """Position-wise feed-forward layer: c_fc -> GELU (tanh approximation) -> c_proj."""
 
@@ -57,13 +62,13 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.n_inner)
         self.c_proj = nn.Linear(config.n_inner, config.n_embd)
-        self.approximate_gelu = config.afn == "gelu"
+        # An attribute, so that inference may put a faster form of the same function in its
+        # place (`gpt1.inference.activations`: torch's own bits, looked up).
+        self.activation = gelu if config.afn == "gelu" else F.relu
         self.dropout = Dropout(config.resid_pdrop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.c_fc(x)
-        h = F.gelu(h, approximate="tanh") if self.approximate_gelu else F.relu(h)
-        return self.dropout(self.c_proj(h))
+        return self.dropout(self.c_proj(self.activation(self.c_fc(x))))
 
 
 class Block(nn.Module):

@@ -43,6 +43,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("bias"), pybind11::arg("out"));
   m.def("has_quantize_per_tensor", &has_quantize_per_tensor,
         "whether quantize_per_tensor was compiled for this CPU");
+  m.def("bf16_table", &bf16_table, "a function of bf16 numbers, looked up in its table",
+        Unlocked(), pybind11::arg("x"), pybind11::arg("table32"));
   m.def("quantize_per_tensor", &quantize_per_tensor,
         "activations to int8 with one scale for the whole tensor", Unlocked(), pybind11::arg("x"));
 }

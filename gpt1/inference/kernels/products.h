@@ -74,3 +74,5 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
                          const c10::optional<torch::Tensor>& bias, bool bf16);
 bool has_quantize_per_tensor();
 std::tuple<torch::Tensor, double> quantize_per_tensor(const torch::Tensor& x);
+// y = table[x] elementwise for bf16 x: `table.cpp`.
+torch::Tensor bf16_table(const torch::Tensor& x, const torch::Tensor& table32);
