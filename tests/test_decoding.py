@@ -7,7 +7,7 @@ path's tests: the one-call step (`gpt1.inference.block_step`) is off here, and
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpt1 import GPT, ModelConfig
@@ -191,6 +191,11 @@ def test_a_cached_pass_under_activation_checkpointing_writes_each_key_once():
     cached=st.lists(st.booleans(), min_size=6, max_size=6),
     pooled=st.booleans(),
     bf16=st.booleans(),
+)
+@example(lengths=[5, 5, 5], cached=[False] * 6, pooled=True, bf16=True)  # one group: all
+@example(lengths=[5, 5, 5], cached=[False] * 6, pooled=False, bf16=False)
+@example(
+    lengths=[9, 2, 9, 9], cached=[False, False, True, False] + [False] * 2, pooled=True, bf16=True
 )
 def test_prompts_read_together_attend_as_each_alone_bit_for_bit(lengths, cached, pooled, bf16):
     """`PromptRows` (the layout of `prefill`) groups fresh prompts of one length into one

@@ -186,6 +186,29 @@ class PooledLayerCache:
         here = slice(self.slot, self.slot + 1)
         return keys[here, :, :end], values[here, :, :end]
 
+    @staticmethod
+    def extend_fresh(layers: list, k: torch.Tensor, v: torch.Tensor) -> bool:
+        """`extend` of several empty caches by keys/values `[G, H, T, D]` (row g: layers[g]'s)
+        with one indexed write per buffer, where they are one layer of one pool's slots; False
+        (nothing written) for any other caches."""
+        first = layers[0]
+        if not all(
+            isinstance(layer, PooledLayerCache)
+            and layer.pool is first.pool
+            and layer.layer == first.layer
+            and layer.length == 0
+            for layer in layers
+        ):
+            return False
+        end = k.shape[2]
+        first.pool.reserve(first.layer, max(layer.slot for layer in layers) + 1, end, k)
+        slots = torch.tensor([layer.slot for layer in layers], device=k.device)
+        first.pool.k[first.layer][slots, :, :end] = k
+        first.pool.v[first.layer][slots, :, :end] = v
+        for layer in layers:
+            layer.length = end
+        return True
+
     def room(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The pool's key and value buffers `[slots, H, capacity, D]` of this layer, grown to
         hold this slot and at least `end` positions (None before the pool's first write)."""
@@ -338,10 +361,18 @@ class PromptRows:
         # each (sequence, head) pair is its own problem to SDPA's kernel, so the rows are the
         # bits the per-sequence calls give (`tests/test_decoding.py`), without a call apiece.
         for group in self._fresh_groups():
-            q, k, v = split_heads(torch.stack([parts[i] for i in group]), n_head)  # [G, H, T, D]
-            for g, i in enumerate(group):
-                self.layers[i].extend(k[g : g + 1], v[g : g + 1])
+            whole = len(group) == len(parts)  # every prompt, in order: qkv as it lies
+            rows = qkv.reshape(len(group), -1, qkv.shape[-1]) if whole else None
+            if rows is None:
+                rows = torch.stack([parts[i] for i in group])
+            q, k, v = split_heads(rows, n_head)  # [G, H, T, D]
+            layers = [self.layers[i] for i in group]
+            if not PooledLayerCache.extend_fresh(layers, k, v):
+                for g, layer in enumerate(layers):
+                    layer.extend(k[g : g + 1], v[g : g + 1])
             y = merge_heads(attention(q, k, v, dropout_p=dropout_p, is_causal=True))
+            if whole:
+                return y.view(qkv.shape[0], -1)
             for g, i in enumerate(group):
                 out[i] = y[g]
         for i, (layer, part) in enumerate(zip(self.layers, parts)):
