@@ -217,8 +217,8 @@ class BatchedDecoder:
     def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
         """The next token of `gen` from its logits `[1, V]` in the model's dtype: a greedy
         choice reads them as they are (a bf16 number's fp32 copy is exact, so the argmax is the
-        same), a draw from them in fp32 (a step of 64 int8 sequences widened all its logits
-        before: 2.6 million numbers, a few % of the step)."""
+        same), a draw widens its own row to fp32 (widening a whole step's logits would copy 2.6
+        million numbers at 64 sequences, a few % of the step)."""
         if not gen.sampling.greedy:
             logits = logits.float()
         try:

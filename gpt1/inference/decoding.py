@@ -346,7 +346,8 @@ class CachedTokens:
 class PromptRows:
     """The layout of `prefill` for one layer: x `[N, C]`, the new tokens of several sequences
     one after another (`lengths[i]` of sequence i), each attending as `CachedTokens` does over
-    its own cache (`layers[i]`) and its own new tokens."""
+    its own cache (`layers[i]`) and its own new tokens; fresh prompts of one length attend in
+    one call together."""
 
     writes_cache = True
 
