@@ -11,8 +11,9 @@ Printed, one thread, each process's CPU time, medians of `--rounds` alternating 
   classification-sized forward pass (32 sequences of 128 tokens), GPT-1 size, random weights,
   int8 and bf16, with every MLP's activation set to torch's GELU and to the table in turn;
 * the same bursts (int8) with their fresh prompts attending in one call per layer
-  (`decoding.PromptRows`) and one sequence at a time (each through `CachedTokens`, as before
-  the grouping), the same tokens both ways.
+  (`decoding.PromptRows`) and one sequence at a time (each through `CachedTokens`, the
+  general path that prompts of other lengths or with cached positions take), the same tokens
+  both ways.
 
     python benchmarks/many_rows.py                 # this CPU
     python benchmarks/many_rows.py --tier avx2     # a laptop's AVX2 + FMA, simulated
