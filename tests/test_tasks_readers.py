@@ -141,6 +141,27 @@ def test_race_folder_and_levels(tmp_path: Path):
         get_task("race_middle").read(tmp_path, "dev")
 
 
+def test_race_question_with_another_number_of_options_names_its_file_and_line(tmp_path: Path):
+    """A split's choices are scored as one softmax, so every question has as many options as
+    the first: the refusal names the file (folder form) or the line (jsonl form) that differs."""
+    doc = {
+        "article": "Tom has a cat.",
+        "questions": ["What does Tom have?", "Who has a cat?"],
+        "options": [["a dog", "a cat", "a cow", "a hen"], ["Tom", "Ann", "Bo"]],
+        "answers": ["B", "A"],
+    }
+    write(tmp_path / "RACE" / "dev" / "middle" / "7.txt", json.dumps(doc))
+    with pytest.raises(DataError, match=r"7\.txt.*options\[1\].*3 options where 7\.txt has 4"):
+        get_task("race_middle").read(tmp_path, "dev")
+    lines = [
+        {"article": "A.", "question": "Q?", "options": ["a", "b", "c", "d"], "answer": "A"},
+        {"article": "B.", "question": "Q?", "options": ["a", "b"], "answer": "B"},
+    ]
+    write(tmp_path / "race.jsonl" / "dev.jsonl", "\n".join(json.dumps(x) for x in lines) + "\n")
+    with pytest.raises(DataError, match=r"dev\.jsonl.*2.*options.*line 1 has 4"):
+        get_task("race").read(tmp_path / "race.jsonl", "dev")
+
+
 def test_generic_csv_and_jsonl(tmp_path: Path):
     write(tmp_path / "train.csv", 'id,review,stars\n1,"good, really",pos\n2,bad,neg\n3,ok,pos\n')
     spec = complete_generic_spec(

@@ -123,10 +123,30 @@ def read_race_file(path: Path) -> list[ChoiceExample]:
     return out
 
 
+def _same_options(
+    examples: list[ChoiceExample], path: Path, first: tuple[int, str] | None
+) -> tuple[int, str] | None:
+    """Every question of a split has as many options as the first one read (its choices are
+    scored as one softmax): a DataError naming this file's first question that has another
+    number. Returns the first question's (options, file name)."""
+    for i, example in enumerate(examples):
+        if first is None:
+            first = (len(example.choices), path.name)
+        elif len(example.choices) != first[0]:
+            raise DataError(
+                f"{len(example.choices)} options where {first[1]} has {first[0]}",
+                path,
+                None,
+                f"options[{i}]",
+            )
+    return first
+
+
 def read_race(folder: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list[Example], int]:
     """All questions under `folder/<level>/*.txt` (or `*.json`) for each level."""
     out: list[Example] = []
     found = False
+    first: tuple[int, str] | None = None
     for level in levels:
         files = sorted(
             [p for p in (folder / level).glob("*") if p.suffix in (".txt", ".json")],
@@ -135,9 +155,12 @@ def read_race(folder: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list
         found = found or bool(files)
         for path in files:
             try:
-                out.extend(read_race_file(path))
+                examples = read_race_file(path)
+                first = _same_options(examples, path, first)
             except DataError as exc:
                 bad.report(exc)
+                continue
+            out.extend(examples)
     if not found:
         raise DataError(f"no RACE files in {', '.join(str(folder / l) for l in levels)}", folder)
     return out, 0
@@ -146,6 +169,8 @@ def read_race(folder: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list
 def read_race_jsonl(path: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[list[Example], int]:
     """One question per line: article, question, options, answer (and optionally example_id)."""
 
+    first: list[tuple[int, int]] = []  # the first question's (options, line)
+
     def build(line: int, rec: Record) -> Example | None:
         level = "high" if str(rec.get("example_id", "")).startswith("high") else "middle"
         if "example_id" in rec and level not in levels:
@@ -153,6 +178,15 @@ def read_race_jsonl(path: Path, levels: tuple[str, ...], bad: BadRows) -> tuple[
         options = rec.get("options")
         if not isinstance(options, list) or not all(isinstance(o, str) for o in options):
             raise DataError("expected a list of option strings", path, line, "options")
+        if not first:
+            first.append((len(options), line))
+        elif len(options) != first[0][0]:
+            raise DataError(
+                f"{len(options)} options where line {first[0][1]} has {first[0][0]}",
+                path,
+                line,
+                "options",
+            )
         label = label_field(rec, "answer", path, line, RACE_LETTERS[: len(options)])
         return ChoiceExample(
             text_field(rec, "article", path, line),
