@@ -187,24 +187,31 @@ class PooledLayerCache:
         return keys[here, :, :end], values[here, :, :end]
 
     @staticmethod
+    def one_pool(layers: list) -> SlotPool | None:
+        """The pool whose slots `layers` all are, each the same layer of it; else None."""
+        first = layers[0]
+        if all(
+            isinstance(layer, PooledLayerCache)
+            and layer.pool is first.pool
+            and layer.layer == first.layer
+            for layer in layers
+        ):
+            return first.pool
+        return None
+
+    @staticmethod
     def extend_fresh(layers: list, k: torch.Tensor, v: torch.Tensor) -> bool:
         """`extend` of several empty caches by keys/values `[G, H, T, D]` (row g: layers[g]'s)
         with one indexed write per buffer, where they are one layer of one pool's slots; False
         (nothing written) for any other caches."""
-        first = layers[0]
-        if not all(
-            isinstance(layer, PooledLayerCache)
-            and layer.pool is first.pool
-            and layer.layer == first.layer
-            and layer.length == 0
-            for layer in layers
-        ):
+        pool = PooledLayerCache.one_pool(layers)
+        if pool is None or any(layer.length for layer in layers):
             return False
-        end = k.shape[2]
-        first.pool.reserve(first.layer, max(layer.slot for layer in layers) + 1, end, k)
+        end, index = k.shape[2], layers[0].layer
+        pool.reserve(index, max(layer.slot for layer in layers) + 1, end, k)
         slots = torch.tensor([layer.slot for layer in layers], device=k.device)
-        first.pool.k[first.layer][slots, :, :end] = k
-        first.pool.v[first.layer][slots, :, :end] = v
+        pool.k[index][slots, :, :end] = k
+        pool.v[index][slots, :, :end] = v
         for layer in layers:
             layer.length = end
         return True
@@ -394,17 +401,13 @@ class PromptRows:
         """Slots of one pool: grow its buffers once for every prompt of this call, not by
         doubling as each sequence writes (a copy of the buffers per doubling)."""
         layers = self.layers
-        first = layers[0]
-        if not isinstance(first, PooledLayerCache) or any(
-            not isinstance(layer, PooledLayerCache) or layer.pool is not first.pool
-            for layer in layers
-        ):
+        pool = PooledLayerCache.one_pool(layers)
+        if pool is None:
             return
         slots = max(layer.slot for layer in layers) + 1
         end = max(layer.length + length for layer, length in zip(layers, self.lengths))
         D = qkv.shape[-1] // (3 * n_head)
-        like = qkv.new_empty(1, n_head, 0, D)
-        first.pool.reserve(first.layer, slots, end, like)
+        pool.reserve(layers[0].layer, slots, end, qkv.new_empty(1, n_head, 0, D))
 
     def query_rows(self, x: torch.Tensor) -> torch.Tensor:
         return x
