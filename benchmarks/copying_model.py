@@ -1,0 +1,174 @@
+"""Train a small model to continue a passage it has been shown, for `benchmarks/speculative.py`'s
+copy-heavy text. An experiment: it has not yet given a model that copies across a paragraph.
+
+Drafts from the text pay where the model continues a passage it has been shown. Large
+pretrained models learn to by themselves (attention heads that find where the current token
+occurred before and predict what followed it); a small model pretrained here for minutes does
+not. This trains the project's GPT (2 blocks x 256 wide, 4 heads, 256 positions, no
+dropout, AdamW, 2,048 tokens an update) on windows cut from the novels of a folder (all but
+`--leave-out`, the novel `speculative.py` reads, so the benchmark's passages are unseen): a
+quarter of them plain text, the others a few plain tokens and then one passage of 3 to half a
+window's tokens, given again until the window is full. The windows grow in stages (`--stages`,
+window:updates); `--init` continues a saved model. It prints the greedy accuracy on the second
+copy of held-out passages of 15 and 100 tokens given twice, and saves a checkpoint folder every
+command loads (`gpt1 sample`, `speculative.py --checkpoint`). Its figures: docs/results.md
+("Speculative decoding").
+
+    gpt1 tokenizer train --corpus NOVELS --merges 4000 --strip-gutenberg --out copying/vocab
+    python benchmarks/copying_model.py NOVELS --tokenizer copying/vocab --out copying/model
+    python benchmarks/speculative.py --checkpoint copying/model --threads 1 --clock cpu
+
+NOVELS: a folder of Project Gutenberg .txt novels (docs/results.md: the shared corpus's twelve
+of at most 1.1 MB, Pride and Prejudice left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpt1.checkpoint_files import open_checkpoint  # noqa: E402
+from gpt1.config import ModelConfig  # noqa: E402
+from gpt1.model.checkpoint import load_model, save_model  # noqa: E402
+from gpt1.model.gpt import GPT  # noqa: E402
+from gpt1.text.prepare import strip_gutenberg  # noqa: E402
+from gpt1.text.tokenizer import Tokenizer  # noqa: E402
+
+PLAIN_SHARE = 0.25  # windows of plain text, so the model still models prose
+HELD_OUT = 0.05  # the end of each novel, for the copy figure
+
+
+def novel_tokens(folder: Path, leave_out: str, tokenizer: Tokenizer) -> tuple[np.ndarray, ...]:
+    """(training tokens, held-out tokens): each novel's text between the Gutenberg markers,
+    its last HELD_OUT held out."""
+    train, held = [], []
+    for path in sorted(folder.glob("*.txt")):
+        if path.name == leave_out:
+            continue
+        text = path.read_text(encoding="utf-8").replace("\r\n", "\n")
+        ids = np.asarray(tokenizer.encode(strip_gutenberg(text) or text), dtype=np.int64)
+        cut = int(len(ids) * (1 - HELD_OUT))
+        train.append(ids[:cut])
+        held.append(ids[cut:])
+        print(f"{path.name}: {len(ids):,} tokens", flush=True)
+    return np.concatenate(train), np.concatenate(held)
+
+
+def windows(tokens: np.ndarray, n: int, T: int, rng: np.random.Generator) -> torch.Tensor:
+    """n windows of T + 1 tokens: plain text, or a few plain tokens and then one passage of
+    3 to T/2 tokens given again until the window is full."""
+    out = []
+    for _ in range(n):
+        if rng.random() < PLAIN_SHARE:
+            start = rng.integers(0, len(tokens) - T - 1)
+            out.append(tokens[start : start + T + 1])
+            continue
+        length = int(rng.integers(3, T // 2 + 1))
+        start = rng.integers(0, len(tokens) - length)
+        passage = tokens[start : start + length]
+        lead_at = rng.integers(0, len(tokens) - T)
+        lead = tokens[lead_at : lead_at + int(rng.integers(0, T // 6 + 1))]
+        out.append(np.concatenate([lead] + [passage] * (T // length + 2))[: T + 1])
+    return torch.from_numpy(np.stack(out))
+
+
+@torch.no_grad()
+def copy_accuracy(model: GPT, held: np.ndarray, length: int, n: int = 32) -> float:
+    """Greedy accuracy on the second copy of n held-out passages of `length` tokens given
+    twice (the first token of the second copy is not counted: nothing before it says the
+    passage starts again)."""
+    model.eval()
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(n):
+        start = rng.integers(0, len(held) - length)
+        passage = torch.from_numpy(held[start : start + length])
+        x = torch.cat([passage, passage])[None]
+        guess = model.lm_logits(model(x[:, :-1]))[0, length:].argmax(-1)
+        hits += int((guess == x[0, length + 1 :]).sum())
+    model.train()
+    return hits / (n * (length - 1))
+
+
+def train_stage(model, opt, tokens, held, T, batch, steps, rng, warmup=0, every=100) -> None:
+    start = time.perf_counter()
+    peak = opt.param_groups[0]["lr"]
+    for step in range(1, steps + 1):
+        for group in opt.param_groups:  # post-LN blocks need a warm-up at this rate
+            group["lr"] = peak * min(1.0, step / warmup) if warmup else peak
+        x = windows(tokens, batch, T, rng)
+        logits = model.lm_logits(model(x[:, :-1]))
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for group in opt.param_groups:
+            group["lr"] = peak
+        if step % every == 0 or step == steps:
+            short = copy_accuracy(model, held, 15)
+            long = copy_accuracy(model, held, 100) if T >= 128 else float("nan")
+            print(
+                f"  window {T}, update {step}: loss {loss.item():.3f}, copy {short:.2f} "
+                f"(15 tokens) {long:.2f} (100), {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", type=Path, help="a folder of .txt novels (Project Gutenberg)")
+    ap.add_argument("--tokenizer", required=True, help="a tokenizer folder (gpt1 tokenizer train)")
+    ap.add_argument("--out", type=Path, required=True, help="a new checkpoint folder")
+    ap.add_argument("--leave-out", default="1342-0.txt", help="a novel not to train on")
+    ap.add_argument(
+        "--stages",
+        default="32:1200,64:300,128:300,256:400",
+        help="window:updates, in order (2,048 tokens an update)",
+    )
+    ap.add_argument("--lr", type=float, default=6e-4)
+    ap.add_argument("--later-lr", type=float, default=6e-4, help="after the first stage")
+    ap.add_argument("--init", help="continue from this checkpoint (its tokenizer, its model)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.out.exists():
+        sys.exit(f"{args.out} exists: choose a new folder")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    tokenizer = Tokenizer.from_dir(args.tokenizer)
+    tokens, held = novel_tokens(args.folder, args.leave_out, tokenizer)
+    config = ModelConfig(
+        vocab_size=len(tokenizer.encoder),
+        n_positions=256,
+        n_embd=256,
+        n_layer=2,
+        n_head=4,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+    )
+    model = GPT(config) if not args.init else load_model(open_checkpoint(args.init))
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    rng = np.random.default_rng(args.seed)
+    for i, stage in enumerate(args.stages.split(",")):
+        T, updates = (int(n) for n in stage.split(":"))
+        if i:
+            for group in opt.param_groups:
+                group["lr"] = args.later_lr
+        print(f"{updates} updates of {2048 // T} windows of {T} tokens", flush=True)
+        train_stage(model, opt, tokens, held, T, 2048 // T, updates, rng, warmup=0 if i else 100)
+    save_model(model, args.out, args.tokenizer)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
