@@ -111,8 +111,6 @@ def train_stage(model, opt, tokens, held, T, batch, steps, rng, warmup=0, every=
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        for group in opt.param_groups:
-            group["lr"] = peak
         if step % every == 0 or step == steps:
             short = copy_accuracy(model, held, 15)
             long = copy_accuracy(model, held, 100) if T >= 128 else float("nan")
@@ -136,12 +134,18 @@ def main() -> None:
     )
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--later-lr", type=float, default=6e-4, help="after the first stage")
-    ap.add_argument("--init", help="continue from this checkpoint (its tokenizer, its model)")
+    ap.add_argument("--init", help="start from this checkpoint's weights")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.out.exists():
         sys.exit(f"{args.out} exists: choose a new folder")
+    try:
+        stages = [tuple(int(n) for n in stage.split(":")) for stage in args.stages.split(",")]
+    except ValueError:
+        ap.error(f"--stages {args.stages!r}: expected window:updates,... (whole numbers)")
+    if any(len(st) != 2 or not 8 <= st[0] <= 256 or st[1] < 1 for st in stages):
+        ap.error(f"--stages {args.stages!r}: windows of 8-256 tokens, at least one update each")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = Tokenizer.from_dir(args.tokenizer)
@@ -159,8 +163,7 @@ def main() -> None:
     model = GPT(config) if not args.init else load_model(open_checkpoint(args.init))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = np.random.default_rng(args.seed)
-    for i, stage in enumerate(args.stages.split(",")):
-        T, updates = (int(n) for n in stage.split(":"))
+    for i, (T, updates) in enumerate(stages):
         if i:
             for group in opt.param_groups:
                 group["lr"] = args.later_lr
