@@ -7,11 +7,12 @@ occurred before and predict what followed it); a small model pretrained here for
 not. This trains the project's GPT (2 blocks x 256 wide, 4 heads, 256 positions, no
 dropout, AdamW, 2,048 tokens an update) on windows cut from the novels of a folder (all but
 `--leave-out`, the novel `speculative.py` reads, so the benchmark's passages are unseen): a
-quarter of them plain text, the others a few plain tokens and then one passage of 3 to half a
-window's tokens, given again until the window is full. The windows grow in stages (`--stages`,
-window:updates); `--init` continues a saved model. It prints the greedy accuracy on the second
-copy of held-out passages of 15 and 100 tokens given twice, and saves a checkpoint folder every
-command loads (`gpt1 sample`, `speculative.py --checkpoint`). Its figures: docs/results.md
+quarter of them plain text, the others a few plain tokens and then one passage (3 tokens to
+half a window's, or to a stage's own longest), given again until the window is full. The
+windows grow in stages (`--stages`, window:updates or window:updates:longest passage);
+`--init` starts from a saved model. It prints the greedy accuracy on the second copy of held-out
+passages of 15 and 100 tokens given twice, and saves a checkpoint folder every command loads
+(`gpt1 sample`, `speculative.py --checkpoint`). Its figures: docs/results.md
 ("Speculative decoding").
 
     gpt1 tokenizer train --corpus NOVELS --merges 4000 --strip-gutenberg --out copying/vocab
@@ -62,16 +63,18 @@ def novel_tokens(folder: Path, leave_out: str, tokenizer: Tokenizer) -> tuple[np
     return np.concatenate(train), np.concatenate(held)
 
 
-def windows(tokens: np.ndarray, n: int, T: int, rng: np.random.Generator) -> torch.Tensor:
+def windows(
+    tokens: np.ndarray, n: int, T: int, longest: int, rng: np.random.Generator
+) -> torch.Tensor:
     """n windows of T + 1 tokens: plain text, or a few plain tokens and then one passage of
-    3 to T/2 tokens given again until the window is full."""
+    3 to `longest` tokens given again until the window is full."""
     out = []
     for _ in range(n):
         if rng.random() < PLAIN_SHARE:
             start = rng.integers(0, len(tokens) - T - 1)
             out.append(tokens[start : start + T + 1])
             continue
-        length = int(rng.integers(3, T // 2 + 1))
+        length = int(rng.integers(3, longest + 1))
         start = rng.integers(0, len(tokens) - length)
         passage = tokens[start : start + length]
         lead_at = rng.integers(0, len(tokens) - T)
@@ -98,13 +101,13 @@ def copy_accuracy(model: GPT, held: np.ndarray, length: int, n: int = 32) -> flo
     return hits / (n * (length - 1))
 
 
-def train_stage(model, opt, tokens, held, T, batch, steps, rng, warmup=0, every=100) -> None:
+def train_stage(model, opt, tokens, held, T, longest, steps, rng, warmup=0, every=100) -> None:
     start = time.perf_counter()
     peak = opt.param_groups[0]["lr"]
     for step in range(1, steps + 1):
         for group in opt.param_groups:  # post-LN blocks need a warm-up at this rate
             group["lr"] = peak * min(1.0, step / warmup) if warmup else peak
-        x = windows(tokens, batch, T, rng)
+        x = windows(tokens, 2048 // T, T, longest, rng)
         logits = model.lm_logits(model(x[:, :-1]))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -115,7 +118,7 @@ def train_stage(model, opt, tokens, held, T, batch, steps, rng, warmup=0, every=
             short = copy_accuracy(model, held, 15)
             long = copy_accuracy(model, held, 100) if T >= 128 else float("nan")
             print(
-                f"  window {T}, update {step}: loss {loss.item():.3f}, copy {short:.2f} "
+                f"  window {T}, passages of 3-{longest}, update {step}: loss {loss.item():.3f}, copy {short:.2f} "
                 f"(15 tokens) {long:.2f} (100), {time.perf_counter() - start:.0f} s",
                 flush=True,
             )
@@ -130,7 +133,7 @@ def main() -> None:
     ap.add_argument(
         "--stages",
         default="32:1200,64:300,128:300,256:400",
-        help="window:updates, in order (2,048 tokens an update)",
+        help="window:updates[:longest passage, default half the window], in order",
     )
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--later-lr", type=float, default=6e-4, help="after the first stage")
@@ -144,8 +147,17 @@ def main() -> None:
         stages = [tuple(int(n) for n in stage.split(":")) for stage in args.stages.split(",")]
     except ValueError:
         ap.error(f"--stages {args.stages!r}: expected window:updates,... (whole numbers)")
-    if any(len(st) != 2 or not 8 <= st[0] <= 256 or st[1] < 1 for st in stages):
-        ap.error(f"--stages {args.stages!r}: windows of 8-256 tokens, at least one update each")
+    if any(
+        len(st) not in (2, 3)
+        or not 8 <= st[0] <= 256
+        or st[1] < 1
+        or (len(st) == 3 and not 3 <= st[2] <= st[0])
+        for st in stages
+    ):
+        ap.error(
+            f"--stages {args.stages!r}: windows of 8-256 tokens, at least one update each,"
+            " passages of 3 tokens up to the window"
+        )
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = Tokenizer.from_dir(args.tokenizer)
@@ -163,12 +175,13 @@ def main() -> None:
     model = GPT(config) if not args.init else load_model(open_checkpoint(args.init))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     rng = np.random.default_rng(args.seed)
-    for i, (T, updates) in enumerate(stages):
+    for i, (T, updates, *longest) in enumerate(stages):
+        longest = longest[0] if longest else T // 2
         if i:
             for group in opt.param_groups:
                 group["lr"] = args.later_lr
         print(f"{updates} updates of {2048 // T} windows of {T} tokens", flush=True)
-        train_stage(model, opt, tokens, held, T, 2048 // T, updates, rng, warmup=0 if i else 100)
+        train_stage(model, opt, tokens, held, T, longest, updates, rng, warmup=0 if i else 100)
     save_model(model, args.out, args.tokenizer)
     print(f"saved {args.out}")
 
