@@ -10,9 +10,10 @@ dropout, AdamW, 2,048 tokens an update) on windows cut from the novels of a fold
 quarter of them plain text, the others a few plain tokens and then one passage (3 tokens to
 half a window's, or to a stage's own longest), given again until the window is full. The
 windows grow in stages (`--stages`, window:updates or window:updates:longest passage);
-`--init` starts from a saved model. It prints the greedy accuracy on the second copy of held-out
-passages of 15 and 100 tokens given twice, and saves a checkpoint folder every command loads
-(`gpt1 sample`, `speculative.py --checkpoint`). Its figures: docs/results.md
+`--init` starts from a saved model, `--positions-only` trains its position table alone. It
+prints the greedy accuracy on the second copy of held-out passages of 15 and 100 tokens given
+twice, and saves a checkpoint folder every command loads (`gpt1 sample`,
+`speculative.py --checkpoint`). Its figures: docs/results.md
 ("Speculative decoding").
 
     gpt1 tokenizer train --corpus NOVELS --merges 4000 --strip-gutenberg --out copying/vocab
@@ -112,13 +113,14 @@ def train_stage(model, opt, tokens, held, T, longest, steps, rng, warmup=0, ever
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(opt.param_groups[0]["params"], 1.0)
         opt.step()
         if step % every == 0 or step == steps:
             short = copy_accuracy(model, held, 15)
             long = copy_accuracy(model, held, 100) if T >= 128 else float("nan")
             print(
-                f"  window {T}, passages of 3-{longest}, update {step}: loss {loss.item():.3f}, copy {short:.2f} "
+                f"  window {T}, passages of 3-{longest}, update {step}: "
+                f"loss {loss.item():.3f}, copy {short:.2f} "
                 f"(15 tokens) {long:.2f} (100), {time.perf_counter() - start:.0f} s",
                 flush=True,
             )
@@ -138,6 +140,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--later-lr", type=float, default=6e-4, help="after the first stage")
     ap.add_argument("--init", help="start from this checkpoint's weights")
+    ap.add_argument("--positions-only", action="store_true", help="train the position table alone")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -173,7 +176,11 @@ def main() -> None:
         resid_pdrop=0.0,
     )
     model = GPT(config) if not args.init else load_model(open_checkpoint(args.init))
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    if args.positions_only:  # the blocks and token table as they are: only positions learn
+        for name, param in model.named_parameters():
+            param.requires_grad_(name == "wpe.weight")
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.01)
     rng = np.random.default_rng(args.seed)
     for i, (T, updates, *longest) in enumerate(stages):
         longest = longest[0] if longest else T // 2
