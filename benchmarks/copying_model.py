@@ -44,6 +44,7 @@ from gpt1.model.gpt import GPT  # noqa: E402
 from gpt1.text.prepare import strip_gutenberg  # noqa: E402
 from gpt1.text.tokenizer import Tokenizer  # noqa: E402
 
+TOKENS_PER_UPDATE = 2048  # windows of T tokens: 2048 // T of them an update
 PLAIN_SHARE = 0.25  # windows of plain text, so the model still models prose
 HELD_OUT = 0.05  # the end of each novel, for the copy figure
 
@@ -108,7 +109,7 @@ def train_stage(model, opt, tokens, held, T, longest, steps, rng, warmup=0, ever
     for step in range(1, steps + 1):
         for group in opt.param_groups:  # post-LN blocks need a warm-up at this rate
             group["lr"] = peak * min(1.0, step / warmup) if warmup else peak
-        x = windows(tokens, 2048 // T, T, longest, rng)
+        x = windows(tokens, TOKENS_PER_UPDATE // T, T, longest, rng)
         logits = model.lm_logits(model(x[:, :-1]))
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -187,7 +188,7 @@ def main() -> None:
         if i:
             for group in opt.param_groups:
                 group["lr"] = args.later_lr
-        print(f"{updates} updates of {2048 // T} windows of {T} tokens", flush=True)
+        print(f"{updates} updates of {TOKENS_PER_UPDATE // T} windows of {T} tokens", flush=True)
         train_stage(model, opt, tokens, held, T, longest, updates, rng, warmup=0 if i else 100)
     save_model(model, args.out, args.tokenizer)
     print(f"saved {args.out}")
