@@ -10,7 +10,8 @@ dropout, AdamW, 2,048 tokens an update) on windows cut from the novels of a fold
 quarter of them plain text, the others a few plain tokens and then one passage (3 tokens to
 half a window's, or to a stage's own longest), given again until the window is full. The
 windows grow in stages (`--stages`, window:updates or window:updates:longest passage);
-`--init` starts from a saved model, `--positions-only` trains its position table alone. It
+`--init` starts from a saved model, `--positions-only` trains its position table alone,
+`--sinusoid-positions` starts a new model's position table as sines and cosines. It
 prints the greedy accuracy on the second copy of held-out passages of 15 and 100 tokens given
 twice, and saves a checkpoint folder every command loads (`gpt1 sample`,
 `speculative.py --checkpoint`). Its figures: docs/results.md
@@ -103,14 +104,43 @@ def copy_accuracy(model: GPT, held: np.ndarray, length: int, n: int = 32) -> flo
     return hits / (n * (length - 1))
 
 
-def train_stage(model, opt, tokens, held, T, longest, steps, rng, warmup=0, every=100) -> None:
+def sinusoid_table(positions: int, width: int, rms: float = 0.02) -> torch.Tensor:
+    """The Transformer paper's sines and cosines, scaled to the token table's initial size.
+    Still a learned table, only started here: one position's row is a fixed rotation of the
+    row before it, so an attention head that finds "the position before mine" (the first
+    step of copying) can do so with one map at every position, rather than learning it
+    position by position as a table started at random must."""
+    position = torch.arange(positions, dtype=torch.float32)[:, None]
+    rate = torch.exp(torch.arange(0, width, 2, dtype=torch.float32) * (-np.log(10000.0) / width))
+    table = torch.zeros(positions, width)
+    table[:, 0::2] = torch.sin(position * rate)
+    table[:, 1::2] = torch.cos(position * rate)
+    return table * (rms / table.pow(2).mean().sqrt())
+
+
+def shifted_hidden(model: GPT, ids: torch.Tensor, rng: np.random.Generator) -> torch.Tensor:
+    """The model's hidden states for windows ids `[B, T]`, each window at positions starting
+    where `rng` says (anywhere it fits in the table), not at 0: short windows then train every
+    row of the position table."""
+    B, T = ids.shape
+    starts = torch.from_numpy(rng.integers(0, model.config.n_positions - T + 1, size=(B, 1)))
+    x, _ = model.embed(ids, starts + torch.arange(T))
+    for block in model.h:
+        x = block(x)
+    return x
+
+
+def train_stage(
+    model, opt, tokens, held, T, longest, steps, rng, warmup=0, every=100, shift=False
+) -> None:
     start = time.perf_counter()
     peak = opt.param_groups[0]["lr"]
     for step in range(1, steps + 1):
         for group in opt.param_groups:  # post-LN blocks need a warm-up at this rate
             group["lr"] = peak * min(1.0, step / warmup) if warmup else peak
         x = windows(tokens, TOKENS_PER_UPDATE // T, T, longest, rng)
-        logits = model.lm_logits(model(x[:, :-1]))
+        hidden = shifted_hidden(model, x[:, :-1], rng) if shift else model(x[:, :-1])
+        logits = model.lm_logits(hidden)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -142,6 +172,16 @@ def main() -> None:
     ap.add_argument("--later-lr", type=float, default=6e-4, help="after the first stage")
     ap.add_argument("--init", help="start from this checkpoint's weights")
     ap.add_argument("--positions-only", action="store_true", help="train the position table alone")
+    ap.add_argument(
+        "--sinusoid-positions",
+        action="store_true",
+        help="start the position table as sines and cosines (a new model only)",
+    )
+    ap.add_argument(
+        "--shift-windows",
+        action="store_true",
+        help="place each window at a random place in the position table, not at its start",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -162,6 +202,8 @@ def main() -> None:
             f"--stages {args.stages!r}: windows of 8-256 tokens, at least one update each,"
             " passages of 3 tokens up to the window"
         )
+    if args.sinusoid_positions and args.init:
+        ap.error("--sinusoid-positions starts a new model's table; --init loads a trained one")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     tokenizer = Tokenizer.from_dir(args.tokenizer)
@@ -177,6 +219,9 @@ def main() -> None:
         resid_pdrop=0.0,
     )
     model = GPT(config) if not args.init else load_model(open_checkpoint(args.init))
+    if args.sinusoid_positions:
+        with torch.no_grad():
+            model.wpe.weight.copy_(sinusoid_table(*model.wpe.weight.shape))
     if args.positions_only:  # the blocks and token table as they are: only positions learn
         for name, param in model.named_parameters():
             param.requires_grad_(name == "wpe.weight")
@@ -189,7 +234,10 @@ def main() -> None:
             for group in opt.param_groups:
                 group["lr"] = args.later_lr
         print(f"{updates} updates of {TOKENS_PER_UPDATE // T} windows of {T} tokens", flush=True)
-        train_stage(model, opt, tokens, held, T, longest, updates, rng, warmup=0 if i else 100)
+        warmup = 0 if i else 100
+        train_stage(
+            model, opt, tokens, held, T, longest, updates, rng, warmup, shift=args.shift_windows
+        )
     save_model(model, args.out, args.tokenizer)
     print(f"saved {args.out}")
 

@@ -125,6 +125,34 @@ def test_stop_and_finish_events_and_checks():
         decoder.add([1], Sampling(max_new_tokens=3, temperature=-1))
 
 
+def test_the_pool_grows_once_to_what_its_generations_ask_for():
+    """Generations that say how many tokens they want get buffers that hold them from their
+    prompts on (no regrowth on the way: a copy of every buffer), never past the context; the
+    tokens are the same as alone."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=200, n_embd=64, n_layer=2, n_head=4)
+    model = GPT(config).eval()
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    want = [generate(model, torch.tensor([p]), 90, temperature=0)[0, 3:].tolist() for p in prompts]
+    decoder = BatchedDecoder(model)
+    gens = [decoder.add(p, greedy(90)) for p in prompts]
+    out: dict = {g: [] for g in gens}
+    buffers = None
+    while decoder.active:
+        for gen, token in decoder.step():  # the first: the prompts, read together
+            assert not isinstance(token, Exception), token
+            if token is not None:
+                out[gen].append(token)
+        if decoder.active:
+            buffers = buffers if buffers is not None else decoder.pool.k[0]
+            assert buffers.shape[2] == 3 + 90 - 1
+            assert decoder.pool.k[0] is buffers  # never grown again
+    assert [out[g] for g in gens] == want
+    decoder.add([7], greedy(10_000))  # past the context: room for the context only
+    decoder.step()
+    assert decoder.pool.k[0].shape[2] == config.n_positions
+
+
 def test_a_failing_generation_ends_alone():
     model = _model()
     decoder = BatchedDecoder(model)

@@ -3,6 +3,8 @@
 import pytest
 import torch
 from conftest import TINY_MODEL
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError, Gpt1Error
@@ -221,6 +223,27 @@ def test_the_kernels_greedy_choice_is_argmax_and_finds_every_non_finite_logit(dt
                 assert greedy(damaged)[1] is False
                 with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
                     next_tokens(damaged, Sampling(temperature=0), None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    row=st.lists(st.sampled_from([-3.0, -1.0, -0.0, 0.0, 0.5, 2.0, 7.0]), min_size=1, max_size=90),
+    top=st.lists(st.integers(0, 89), max_size=3),
+)
+def test_the_kernels_greedy_choice_is_the_first_largest_wherever_it_lies(dtype, row, top):
+    """Wherever the largest logits lie (first, last, within a vector or in the short tail,
+    equal ones anywhere, 0.0 beside -0.0), the kernel's choice is argmax's: the first."""
+    from gpt1.inference import backend
+
+    greedy = backend.greedy_op()
+    if greedy is None:
+        pytest.skip("the decoding kernel is not built (gpt1 kernels build) or cannot be here")
+    for at in top:
+        row[at % len(row)] = 9.0
+    rows = torch.tensor([row, row[::-1]], dtype=dtype)
+    ids, finite = greedy(rows)
+    assert finite is True and torch.equal(ids, rows.argmax(-1, keepdim=True))
 
 
 def test_one_sampling_value_draws_what_the_spelled_out_options_draw():

@@ -47,6 +47,9 @@ inline Vec within(Mask m, Vec a) { return _mm512_maskz_mov_ps(m, a); }        //
 inline float sum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline float largest(Vec a) { return _mm512_reduce_max_ps(a); }
 inline bool any_nan(Vec a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
+inline unsigned equal_lanes(Vec a, Vec b) {  // bit j: lane j of a == lane j of b
+  return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
+}
 inline Vec round_even(Vec a) {  // to the nearest integer, ties to even
   return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -141,6 +144,9 @@ inline float largest(Vec a) {
   return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
 }
 inline bool any_nan(Vec a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
+inline unsigned equal_lanes(Vec a, Vec b) {  // bit j: lane j of a == lane j of b
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)));
+}
 inline Vec round_even(Vec a) {
   return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
