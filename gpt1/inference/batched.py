@@ -220,9 +220,9 @@ class BatchedDecoder:
     def _choose_each(self, gens: list[Generation], logits: torch.Tensor, events: list[Event]):
         """The next token of each of `gens` from its row of `logits` `[n, V]`. Where all are
         greedy (a server's usual case) the choices are one call over every row, the tokens
-        `choose` gives each row alone (greedy ignores the other sampling options); a call
-        apiece cost about 40 us a generation. A row that is not finite sends each generation
-        back to its own choice, so only the broken ones end, each with its own error."""
+        `choose` gives each row alone (greedy ignores the other sampling options), without a
+        call's overhead for each. A row that is not finite sends each generation back to its
+        own choice, so only the broken ones end, each with its own error."""
         if len(gens) > 1 and all(g.sampling.greedy for g in gens):
             try:
                 ids = choose(logits, gens[0].sampling, None, self.vocab)  # [n, 1]

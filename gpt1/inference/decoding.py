@@ -133,14 +133,14 @@ class SlotPool:
         self.k: list[torch.Tensor | None] = [None] * n_layer  # [slots, H, capacity, D]
         self.v: list[torch.Tensor | None] = [None] * n_layer
         self.taken: list[bool] = []
-        self.expected = 0  # the most positions a live slot said it will need (`expect`)
+        self.expected = 0  # the most positions a slot said it will need (`expect`) since empty
 
     def expect(self, end: int) -> None:
         """A sequence of this pool will fill at most `end` positions (its prompt and the new
         tokens it asks for): the buffers, when they next grow, grow to hold that at once.
         Growing by doubling on the way costs a copy of every buffer and the system's first
-        touch of the new pages each time: a step of 64 sequences that grew took 3-4 steps'
-        time."""
+        touch of the new pages each time: a step of 64 sequences that grew took about three
+        steps' time."""
         self.expected = max(self.expected, end)
 
     def cache(self) -> PooledKVCache:
@@ -236,8 +236,8 @@ class PooledLayerCache:
     @staticmethod
     def _slots(layers: list) -> slice | None:
         """The slots of `layers` as a slice where they are consecutive, in order (a burst of
-        new requests takes the lowest free slots): a copy into a slice runs at the memory's
-        speed, where an indexed write of 64 prompts' keys took ten times as long."""
+        new requests takes the lowest free slots): a copy into a slice, where an indexed write
+        of 64 prompts' keys and values took nearly twice as long."""
         first = layers[0].slot
         if all(layer.slot == first + g for g, layer in enumerate(layers)):
             return slice(first, first + len(layers))
