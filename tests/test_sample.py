@@ -246,6 +246,48 @@ def test_the_kernels_greedy_choice_is_the_first_largest_wherever_it_lies(dtype, 
     assert finite is True and torch.equal(ids, rows.argmax(-1, keepdim=True))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    weights=st.lists(st.sampled_from([0.0, 0.0, 1e-30, 0.5, 1.0, 3.0]), min_size=1, max_size=40),
+    seed=st.integers(0, 2**31),
+)
+def test_draw_never_takes_an_id_of_probability_zero(weights, seed):
+    """Wherever the zeros lie (first, last, between), `draw` takes only ids of positive
+    probability, the rows' sums need not be 1, and a row whose sum is 0 is refused."""
+    from gpt1.inference.generate import draw
+
+    probs = torch.tensor([weights] * 500, dtype=torch.float32)
+    if not any(weights):
+        with pytest.raises(ValueError, match="sums to 0"):
+            draw(probs, torch.Generator().manual_seed(seed))
+        return
+    ids = draw(probs, torch.Generator().manual_seed(seed))
+    assert ids.shape == (500, 1) and bool((probs.gather(1, ids) > 0).all())
+
+
+def test_draw_follows_the_distribution_and_its_generator(monkeypatch):
+    """Many draws of one row match its probabilities (chi-square, p > 0.001); the same
+    generator state gives the same ids; a uniform number that rounds up to the row's whole sum
+    still takes the last id of positive probability."""
+    from scipy.stats import chisquare
+
+    from gpt1.inference.generate import draw
+
+    p = torch.tensor([0.1, 0.0, 0.25, 0.05, 0.4, 0.2, 0.0])
+    ids = draw(p.expand(20_000, -1), torch.Generator().manual_seed(0))[:, 0]
+    counts = torch.bincount(ids, minlength=7)
+    assert counts[1] == 0 and counts[6] == 0
+    kept = p > 0
+    assert chisquare(counts[kept].numpy(), (p[kept] * 20_000).numpy()).pvalue > 0.001
+    again = draw(p.expand(20_000, -1), torch.Generator().manual_seed(0))[:, 0]
+    assert torch.equal(ids, again)
+    highest = 1.0 - 2.0**-53  # the largest number below 1: times 3.0 it rounds to 3.0
+    monkeypatch.setattr(
+        torch, "rand", lambda *a, **k: torch.full((1, 1), highest, dtype=k["dtype"])
+    )
+    assert draw(torch.tensor([[1.0, 2.0, 0.0]]), None).tolist() == [[1]]
+
+
 def test_one_sampling_value_draws_what_the_spelled_out_options_draw():
     """`sample_ids`, `generate_stream` and `BatchedDecoder.add` take the options as one
     `Sampling`; with a seed and no generator they draw from a generator seeded with it, so the

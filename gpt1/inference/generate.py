@@ -73,7 +73,31 @@ def next_tokens(
         # max's indices are argmax's (the first largest), from a kernel about 2.5x faster on CPU
         return logits.max(-1, keepdim=True).indices
     probs = filter_logits(logits, sampling).softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator)
+    return draw(probs, generator)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One id from each row of `probs` `[B, V]` (non-negative, finite, each row's sum > 0; it
+    need not be 1): ids `[B, 1]`, drawn by inverting the row's cumulative sum at one uniform
+    number from `generator`.
+
+    `torch.multinomial(probs, 1)` draws the same distribution from one exponential number per
+    id of the row (40,478 for GPT-1: about 0.9 ms a draw on one core, most of a sampled step's
+    choice); this takes one number a row (about 0.07 ms). The sums are float64, so a token's
+    share of [0, sum) is its probability to about 1e-16 of the row's sum; an id of probability
+    0 is never drawn (its interval is empty).
+    """
+    cdf = probs.double().cumsum(-1)  # [B, V]
+    total = cdf[:, -1:]
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, generator=generator, device=probs.device)
+    ids = torch.searchsorted(cdf, u * total, right=True)  # the first id whose sum passes u
+    if bool((ids >= probs.shape[-1]).any()):  # u * total rounded up to the sum itself
+        positive = probs > 0
+        if not bool(positive.any(-1).all()):
+            raise ValueError("draw: a row of probabilities sums to 0")
+        last = probs.shape[-1] - 1 - positive.flip(-1).int().argmax(-1, keepdim=True)
+        ids = torch.where(ids >= probs.shape[-1], last, ids)
+    return ids
 
 
 NON_FINITE = "the model produced NaN or infinite logits; no sample is drawn from them"

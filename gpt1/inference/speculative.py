@@ -41,7 +41,7 @@ import torch
 from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.inference import matvec
 from gpt1.inference.decoding import KVCache, forward_cached
-from gpt1.inference.generate import NON_FINITE, all_finite, choose, filter_logits
+from gpt1.inference.generate import NON_FINITE, all_finite, choose, draw, filter_logits
 from gpt1.inference.sampling import Sampling
 
 MODES = ("auto", "on", "off")
@@ -216,9 +216,9 @@ def accept(
             continue
         rest = probs[j].clone()
         if x < rest.shape[0]:
-            rest[x] = 0  # p with x removed: multinomial renormalises
-        return draft[:j] + [int(torch.multinomial(rest, 1, generator=generator))]
-    return draft + [int(torch.multinomial(probs[-1], 1, generator=generator))]
+            rest[x] = 0  # p with x removed: `draw` renormalises
+        return draft[:j] + [int(draw(rest[None], generator))]
+    return draft + [int(draw(probs[-1:], generator))]
 
 
 class Speculator:
