@@ -1,8 +1,9 @@
-"""Concurrent greedy generations: aggregate tokens/s of gpt1 (int8, bf16, fp32 through
+"""Concurrent generations: aggregate tokens/s of gpt1 (int8, bf16, fp32 through
 `BatchedDecoder`, what `gpt1 serve` runs) and CTranslate2 int8 (`generate_batch`), n at once.
 
     python benchmarks/concurrency.py                     # n = 1, 8, 16, 32, 64; 3 rounds
     python benchmarks/concurrency.py --tier avx2         # under the caps of `tiers.py`'s tier
+    python benchmarks/concurrency.py --temperature 1     # sampled (top-k with --top-k), not greedy
 
 GPT-1 size, random weights (the seed of `benchmarks/inference.py`), n prompts of `--prompt`
 random tokens, `--new` new tokens each. Each system lives in a process of its own (a CTranslate2
@@ -22,6 +23,7 @@ product's multiply-adds over the median time of a step of all n sequences, past 
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import statistics
 import sys
@@ -55,7 +57,9 @@ CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 clock = time.perf_counter  # the child's, as `--clock` says
 
 
-def _child(conn, system: str, threads: int, prompt: int, new: int, clock_name: str) -> None:
+def _child(
+    conn, system: str, threads: int, prompt: int, new: int, clock_name: str, draw: tuple
+) -> None:
     """One system, built once; answers each n with (seconds, median step seconds or None)."""
     global clock
     clock = CLOCKS[clock_name]
@@ -66,14 +70,14 @@ def _child(conn, system: str, threads: int, prompt: int, new: int, clock_name: s
             from inference import ctranslate2_generator
 
             generator = ctranslate2_generator(_model(), Path(tmp), precision, threads)
-            run = lambda n: (_ct2(generator, _prompts(n, prompt), new), None)  # noqa: E731
+            run = lambda n: (_ct2(generator, _prompts(n, prompt), new, *draw), None)  # noqa: E731
         else:
             from gpt1.inference.batched import BatchedDecoder
             from gpt1.inference.prepared import for_inference
 
             model = for_inference(_model(), "cpu", precision)
             run = lambda n: _gpt1(  # noqa: E731
-                BatchedDecoder(model, speculate="off"), _prompts(n, prompt), new
+                BatchedDecoder(model, speculate="off"), _prompts(n, prompt), new, *draw
             )
         run(16)  # warm: kernels, the speed checks (int8_step's too), the weights gathered
         conn.send("ready")
@@ -82,13 +86,16 @@ def _child(conn, system: str, threads: int, prompt: int, new: int, clock_name: s
                 conn.send(run(n))
 
 
-def _ct2(generator, prompts: list[list[int]], new: int) -> float:
+def _ct2(
+    generator, prompts: list[list[int]], new: int, temperature: float, top_k: int | None
+) -> float:
     start = clock()
     generator.generate_batch(
         [[f"t{i}" for i in p] for p in prompts],
         max_length=new,
         min_length=new,
-        sampling_topk=1,
+        sampling_topk=1 if temperature == 0 else (top_k or 0),  # 0: the whole vocabulary
+        sampling_temperature=temperature or 1.0,
         beam_size=1,
         include_prompt_in_result=False,
         max_batch_size=len(prompts),
@@ -96,13 +103,17 @@ def _ct2(generator, prompts: list[list[int]], new: int) -> float:
     return clock() - start
 
 
-def _gpt1(decoder, prompts: list[list[int]], new: int) -> tuple[float, float | None]:
+def _gpt1(
+    decoder, prompts: list[list[int]], new: int, temperature: float, top_k: int | None
+) -> tuple[float, float | None]:
     from gpt1.inference.sampling import Sampling
 
-    greedy = Sampling(max_new_tokens=new, temperature=0.0)
+    def sampling(i: int) -> Sampling:
+        return Sampling(max_new_tokens=new, temperature=temperature, top_k=top_k, seed=i)
+
     start = clock()
-    for p in prompts:
-        decoder.add(p, greedy)
+    for i, p in enumerate(prompts):
+        decoder.add(p, sampling(i))
     steps = []
     while decoder.active:
         past_prompts = all(len(g.cache or ()) > 0 for g in decoder.active)
@@ -114,11 +125,15 @@ def _gpt1(decoder, prompts: list[list[int]], new: int) -> tuple[float, float | N
 
 
 class Child:
-    def __init__(self, system: str, threads: int, prompt: int, new: int, clock_name: str) -> None:
+    def __init__(
+        self, system: str, threads: int, prompt: int, new: int, clock_name: str, draw: tuple
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
         self.process = context.Process(
-            target=_child, args=(theirs, system, threads, prompt, new, clock_name), daemon=True
+            target=_child,
+            args=(theirs, system, threads, prompt, new, clock_name, draw),
+            daemon=True,
         )
         self.process.start()
         if self.conn.recv() != "ready":
@@ -179,6 +194,13 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--new", type=int, default=64)
     p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy; above 0, each generation samples (seeded) at it",
+    )
+    p.add_argument("--top-k", type=int, help="with --temperature: sample among the k likeliest")
+    p.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
         default="wall",
@@ -191,9 +213,14 @@ def main() -> None:
         help="run every system (and the peak) under this tier's instruction-set caps (tiers.py)",
     )
     args = p.parse_args()
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        p.error(f"--temperature {args.temperature}: a finite number >= 0")
+    if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
+        p.error("--top-k: a whole number >= 1, with a --temperature above 0")
     enter_tier(args.tier)
     systems, ns = args.systems.split(","), [int(n) for n in args.ns.split(",")]
-    children = {s: Child(s, args.threads, args.prompt, args.new, args.clock) for s in systems}
+    draw = (args.temperature, args.top_k)
+    children = {s: Child(s, args.threads, args.prompt, args.new, args.clock, draw) for s in systems}
     times: dict[tuple[str, int], list[float]] = {}
     steps: dict[tuple[str, int], list[float]] = {}
     # The peak is measured after every round, not once: what the machine's other work leaves
@@ -216,8 +243,10 @@ def main() -> None:
         for child in children.values():
             child.close()
     cell = {k: statistics.median(v) for k, v in times.items()}
+    drawn = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}"
+    drawn += f", top-k {args.top_k}" if args.top_k else ""
     print(
-        f"aggregate tokens/s, medians of {args.rounds} rounds, {args.threads} threads, "
+        f"aggregate tokens/s ({drawn}), medians of {args.rounds} rounds, {args.threads} threads, "
         f"{args.clock} clock"
     )
     print("| n | " + " | ".join(systems) + " | int8 / ct2 int8 | int8 / bf16 |")
