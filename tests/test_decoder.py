@@ -105,6 +105,48 @@ def test_seeded_sampling_follows_each_generations_own_generator():
     assert [got[0], got[1]] == want
 
 
+def test_generations_with_mixed_options_get_the_tokens_each_gets_alone():
+    """Greedy and sampled generations decoded together, each with its own generator, get the
+    tokens each gets alone: options shared and not, a temperature so small that its logits
+    overflow, and generations joining later."""
+    model = _model()
+    prompts = [[5, 6, 7], [9], [1, 2], [3, 4, 5, 6], [8], [2, 2]]
+    options = [
+        {"temperature": 0.9, "top_k": 50},
+        {"temperature": 0.9, "top_k": 50},
+        {"temperature": 1e-30},
+        {"temperature": 1e-30},
+        {"temperature": 0.0},
+        {"temperature": 0.7, "top_p": 0.9},
+    ]
+    want = [
+        generate(model, torch.tensor([p]), 12, generator=torch.Generator().manual_seed(s), **o)[
+            0, len(p) :
+        ].tolist()
+        for s, (p, o) in enumerate(zip(prompts, options))
+    ]
+    starts: dict[int, list[tuple]] = {0: [], 2: []}
+    for s, (p, o) in enumerate(zip(prompts, options)):
+        args = (p, Sampling(max_new_tokens=12, **o), torch.Generator().manual_seed(s))
+        starts[0 if s < 4 else 2].append((s, args))
+    got = _run(BatchedDecoder(model, speculate="off"), starts)
+    assert [got[s] for s in range(len(prompts))] == want
+
+
+def test_each_row_of_a_batch_is_filtered_as_it_is_alone():
+    """A temperature that makes one row overflow and not another: each row's filtered logits
+    are those it gets alone (the overflow's fallback applies to that row only)."""
+    from gpt1.inference.generate import filter_logits
+
+    logits = torch.tensor([[0.0, 0.0, -0.0], [3.0, 1.0, 2.0], [1e-3, 2e-3, 0.0]])
+    sampling = Sampling(temperature=1e-39, top_k=2)
+    together = filter_logits(logits, sampling)
+    alone = torch.cat([filter_logits(row[None], sampling) for row in logits])
+    assert torch.equal(together, alone)
+    assert torch.isfinite(together[1]).tolist() == [True, False, False]  # its limit: the largest
+    assert torch.isfinite(together[2]).sum() == 2  # a row that did not overflow: its top 2
+
+
 def test_stop_and_finish_events_and_checks():
     model = _model()
     decoder = BatchedDecoder(model)

@@ -35,12 +35,16 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """
     temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
     scaled = logits / temperature
-    if not bool(torch.isfinite(scaled).all()):
+    finite = torch.isfinite(scaled).all(-1, keepdim=True)  # [B, 1]
+    if not bool(finite.all()):
         # So small a temperature that logits / temperature overflows (or is 0 in float32):
-        # divide the distances from each row's largest logit instead (softmax, top-k and top-p
-        # are unchanged by the shift), keeping the largest at 0 rather than 0 / 0.
+        # divide the distances from the row's largest logit instead (softmax, top-k and top-p
+        # are unchanged by the shift), keeping the largest at 0 rather than 0 / 0. Only such
+        # rows: each row's result is the one it gets alone, whatever rows share its call.
         shifted = logits - logits.amax(-1, keepdim=True)
-        scaled = torch.where(shifted < 0, shifted / temperature, shifted)
+        scaled = torch.where(
+            finite, scaled, torch.where(shifted < 0, shifted / temperature, shifted)
+        )
     logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
