@@ -108,8 +108,9 @@ def _gpt1(
 ) -> tuple[float, float | None]:
     from gpt1.inference.sampling import Sampling
 
-    def sampling(i: int) -> Sampling:
-        return Sampling(max_new_tokens=new, temperature=temperature, top_k=top_k, seed=i)
+    def sampling(i: int) -> Sampling:  # a sampled generation: a generator of its own, seeded
+        seed = i if temperature else None
+        return Sampling(max_new_tokens=new, temperature=temperature, top_k=top_k, seed=seed)
 
     start = clock()
     for i, p in enumerate(prompts):
