@@ -107,9 +107,7 @@ class BatchedDecoder:
         )
         if gen.cache is not None:
             # Its positions: the prompt's and each new token's but the last (never read back).
-            self.pool.expect(
-                min(gen.fresh.shape[1] + sampling.max_new_tokens - 1, self.n_positions)
-            )
+            self.pool.expect(gen.fresh.shape[1] + sampling.max_new_tokens - 1)
             gen.speculator = Speculator.wanted(
                 self.speculate, sampling, ids[0].tolist(), self.drafts
             )

@@ -137,10 +137,12 @@ class SlotPool:
 
     def expect(self, end: int) -> None:
         """A sequence of this pool will fill at most `end` positions (its prompt and the new
-        tokens it asks for): the buffers, when they next grow, grow to hold that at once.
-        Growing by doubling on the way costs a copy of every buffer and the system's first
-        touch of the new pages each time: a step of 64 sequences that grew took about three
-        steps' time."""
+        tokens it asks for; the context at most): the buffers, when they next grow, grow to
+        hold that at once. Growing by doubling on the way costs a copy of every buffer and the
+        system's first touch of the new pages each time: a step of 64 sequences that grew took
+        about three steps' time."""
+        if self.max_length is not None:
+            end = min(end, self.max_length)  # never more than the context
         self.expected = max(self.expected, end)
 
     def cache(self) -> PooledKVCache:
@@ -169,10 +171,7 @@ class SlotPool:
         new_slots = max(slots, 2 * have_slots, 1) if slots > have_slots else have_slots
         new_len = have_len
         if end > have_len:
-            expected = (
-                self.expected if self.max_length is None else min(self.expected, self.max_length)
-            )
-            new_len = max(_capacity(end, self.max_length), expected)
+            new_len = max(_capacity(end, self.max_length), self.expected)
         H, D = like.shape[1], like.shape[3]
         for bufs in (self.k, self.v):
             buf = like.new_zeros(new_slots, H, new_len, D)
