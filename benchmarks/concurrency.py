@@ -3,7 +3,7 @@
 
     python benchmarks/concurrency.py                     # n = 1, 8, 16, 32, 64; 3 rounds
     python benchmarks/concurrency.py --tier avx2         # under the caps of `tiers.py`'s tier
-    python benchmarks/concurrency.py --temperature 1     # sampled (top-k with --top-k), not greedy
+    python benchmarks/concurrency.py --temperature 1     # sampled (--top-k, --top-p), not greedy
 
 GPT-1 size, random weights (the seed of `benchmarks/inference.py`), n prompts of `--prompt`
 random tokens, `--new` new tokens each. Each system lives in a process of its own (a CTranslate2
@@ -87,7 +87,12 @@ def _child(
 
 
 def _ct2(
-    generator, prompts: list[list[int]], new: int, temperature: float, top_k: int | None
+    generator,
+    prompts: list[list[int]],
+    new: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
 ) -> float:
     start = clock()
     generator.generate_batch(
@@ -96,6 +101,7 @@ def _ct2(
         min_length=new,
         sampling_topk=1 if temperature == 0 else (top_k or 0),  # 0: the whole vocabulary
         sampling_temperature=temperature or 1.0,
+        sampling_topp=top_p or 1.0,
         beam_size=1,
         include_prompt_in_result=False,
         max_batch_size=len(prompts),
@@ -104,13 +110,20 @@ def _ct2(
 
 
 def _gpt1(
-    decoder, prompts: list[list[int]], new: int, temperature: float, top_k: int | None
+    decoder,
+    prompts: list[list[int]],
+    new: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
 ) -> tuple[float, float | None]:
     from gpt1.inference.sampling import Sampling
 
     def sampling(i: int) -> Sampling:  # a sampled generation: a generator of its own, seeded
         seed = i if temperature else None
-        return Sampling(max_new_tokens=new, temperature=temperature, top_k=top_k, seed=seed)
+        return Sampling(
+            max_new_tokens=new, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
+        )
 
     start = clock()
     for i, p in enumerate(prompts):
@@ -202,6 +215,9 @@ def main() -> None:
     )
     p.add_argument("--top-k", type=int, help="with --temperature: sample among the k likeliest")
     p.add_argument(
+        "--top-p", type=float, help="with --temperature: sample from the top-p nucleus, (0, 1)"
+    )
+    p.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
         default="wall",
@@ -218,9 +234,11 @@ def main() -> None:
         p.error(f"--temperature {args.temperature}: a finite number >= 0")
     if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
         p.error("--top-k: a whole number >= 1, with a --temperature above 0")
+    if args.top_p is not None and not (0 < args.top_p <= 1 and args.temperature > 0):
+        p.error("--top-p: a number in (0, 1], with a --temperature above 0")
     enter_tier(args.tier)
     systems, ns = args.systems.split(","), [int(n) for n in args.ns.split(",")]
-    draw = (args.temperature, args.top_k)
+    draw = (args.temperature, args.top_k, args.top_p)
     children = {s: Child(s, args.threads, args.prompt, args.new, args.clock, draw) for s in systems}
     times: dict[tuple[str, int], list[float]] = {}
     steps: dict[tuple[str, int], list[float]] = {}
@@ -246,6 +264,7 @@ def main() -> None:
     cell = {k: statistics.median(v) for k, v in times.items()}
     drawn = "greedy" if args.temperature == 0 else f"sampled at temperature {args.temperature}"
     drawn += f", top-k {args.top_k}" if args.top_k else ""
+    drawn += f", top-p {args.top_p}" if args.top_p else ""
     print(
         f"aggregate tokens/s ({drawn}), medians of {args.rounds} rounds, {args.threads} threads, "
         f"{args.clock} clock"

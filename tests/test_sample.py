@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from gpt1 import GPT, ModelConfig
 from gpt1.errors import ConfigError, Gpt1Error
 from gpt1.inference.decoding import KVCache, forward_cached
-from gpt1.inference.generate import filter_logits, generate
+from gpt1.inference.generate import filter_logits, generate, nucleus
 from gpt1.inference.sampling import Sampling
 from gpt1.recipes.convert import gpt1_to_hf_state
 
@@ -111,6 +111,61 @@ def test_filters_keep_the_right_tokens():
     assert kept(top_p=0.1) == [True, False, False, False]
     scaled = filter_logits(logits, Sampling(temperature=2.0))
     assert torch.allclose(scaled, logits / 2)
+
+
+def whole_sort_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The nucleus rule as written: rank every token, keep each whose better-ranked tokens
+    have not yet reached top_p (the likeliest always)."""
+    probs = logits.softmax(-1)
+    order = torch.sort(logits, dim=-1, descending=True, stable=True).indices
+    ranked = probs.gather(-1, order)
+    keep = (ranked.cumsum(-1) - ranked) < top_p
+    keep[..., 0] = True
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    rows=st.integers(1, 3),
+    vocab=st.sampled_from([2, 70, 600, 5000]),
+    scale=st.floats(0.01, 40.0),
+    masked=st.floats(0.0, 0.9),
+    top_p=st.floats(1e-6, 0.999999),
+)
+def test_the_nucleus_is_the_whole_sorts(seed, rows, vocab, scale, masked, top_p):
+    """`nucleus` ranks only the likeliest tokens where they reach top_p: it keeps exactly the
+    tokens ranking the whole row keeps, for flat and peaked rows, tokens already filtered out
+    (-inf) and any top_p; only tokens of equal probability may be ranked either way."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, vocab, generator=g) * scale
+    logits[torch.rand(rows, vocab, generator=g) < masked] = float("-inf")
+    logits[:, 0] = logits[:, 0].clamp(min=0.0)  # every row keeps a finite logit
+    probs = logits.softmax(-1)
+    for row in probs:  # ties among the tokens that carry mass: either ranking is right
+        positive = row[row > 0]
+        if positive.unique().numel() != positive.numel():
+            return
+    assert torch.equal(nucleus(logits, top_p), whole_sort_nucleus(logits, top_p))
+
+
+def test_a_peaked_row_ranks_only_its_likeliest_tokens(monkeypatch):
+    """A peaked row's nucleus is found without ranking the whole row; a flat row's needs the
+    whole ranking, and both keep what the whole sort keeps."""
+    from gpt1.inference import generate as generating
+
+    ranked = []
+    real = generating._ranking
+    monkeypatch.setattr(generating, "_ranking", lambda logits: ranked.append(1) or real(logits))
+    g = torch.Generator().manual_seed(0)
+    peaked = torch.randn(2, 40478, generator=g) * 6
+    got = nucleus(peaked, 0.9)
+    assert not ranked and 1 <= int(got.sum()) < 4000
+    flat = torch.randn(2, 40478, generator=g) * 0.1
+    got_flat = nucleus(flat, 0.9)
+    assert ranked and int(got_flat.sum()) > 30000
+    assert torch.equal(got, whole_sort_nucleus(peaked, 0.9))
+    assert torch.equal(got_flat, whole_sort_nucleus(flat, 0.9))
 
 
 def test_sampling_follows_the_filtered_distribution():
