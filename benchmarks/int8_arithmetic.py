@@ -3,7 +3,7 @@ products, in one process, on this CPU or under a tier's caps (`benchmarks/tiers.
 
 gpt1's int8 kernel (`kernels/int8_rows.cpp`, one activation scale per row) sums exactly: with
 AVX-512 VNNI or AMX that costs nothing, but on AVX2 `vpmaddubsw`'s 16-bit pair sums would
-saturate on (x + 128) * w, so each row's activations go over as |x| and the weights take x's
+saturate on (x + 128) * w, so the weights go over as |w| and each row's activations take w's
 signs (`vpsignb`): 8 vector operations per 64 multiply-adds of a row where a saturating kernel
 (MKL's or oneDNN's AVX2 int8, which CTranslate2 runs) issues 6. Printed:
 
