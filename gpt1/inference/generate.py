@@ -36,8 +36,8 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     """
     temperature, top_k, top_p = sampling.temperature, sampling.top_k, sampling.top_p
     scaled = logits / temperature
-    finite = torch.isfinite(scaled).all(-1, keepdim=True)  # [B, 1]
-    if not bool(finite.all()):
+    if not all_finite(scaled):  # one pass; the rows told apart only where one overflows
+        finite = torch.isfinite(scaled).all(-1, keepdim=True)  # [B, 1]
         # So small a temperature that logits / temperature overflows (or is 0 in float32):
         # divide the distances from the row's largest logit instead (softmax, top-k and top-p
         # are unchanged by the shift), keeping the largest at 0 rather than 0 / 0. Only such
@@ -49,9 +49,10 @@ def filter_logits(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     logits = scaled
     if top_k is not None and top_k < logits.shape[-1]:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # [B, 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
+        # `where` rather than `masked_fill`: the same values, in half the time on one core
+        logits = torch.where(logits < kth, float("-inf"), logits)
     if top_p is not None and top_p < 1.0:
-        logits = logits.masked_fill(~nucleus(logits, top_p), float("-inf"))
+        logits = torch.where(nucleus(logits, top_p), logits, float("-inf"))
     return logits
 
 
