@@ -215,7 +215,7 @@ def main() -> None:
     )
     p.add_argument("--top-k", type=int, help="with --temperature: sample among the k likeliest")
     p.add_argument(
-        "--top-p", type=float, help="with --temperature: sample from the top-p nucleus, (0, 1)"
+        "--top-p", type=float, help="with --temperature: sample from the top-p nucleus, (0, 1]"
     )
     p.add_argument(
         "--clock",

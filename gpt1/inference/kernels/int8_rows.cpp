@@ -294,8 +294,8 @@ void amx_product(int64_t M, int64_t rows, const uint8_t* packed, const int8_t* x
 // a group, so a row costs one broadcast of its activations. Rows go in groups of `kGroup`
 // (their sums live in registers: two 8-lane halves of a 16-channel block each); the block's
 // weights come from memory for the first group and from the caches after. On a Zen 3 core
-// this ran 10% faster than sending |x| and giving the weights x's signs, which broadcasts two
-// numbers a row (docs/commands/kernels.md).
+// this gave the same sums 1.00-1.10x as fast as sending |x| and giving the weights x's signs,
+// which broadcasts two numbers a row (docs/commands/kernels.md).
 constexpr int64_t kVnniAheadBytes = 32768;
 constexpr int kGroup = 4;
 
@@ -329,8 +329,8 @@ void avx2_product(int64_t M, const int8_t* packed, const int8_t* x, const float*
                   const float* w_scale, const float* bias, int64_t K, int64_t N, float* y) {
   const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
   const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
-  // Many rows (a prompt, a classification batch) go a slice at a time, each slice's x and |x|
-  // (about 256 KB) staying in L2 while every weight block passes over it: without the slices,
+  // Many rows (a prompt, a classification batch) go a slice at a time, each slice's x (about
+  // 128 KB) staying in L2 while every weight block passes over it: without the slices,
   // 8192 rows x 3072 read x from memory once per block and took 562 ms against the fp32
   // product's 538; the weights are read again per slice instead, a few % of the time.
   const int64_t slice = std::max<int64_t>(64, 131072 / K / kGroup * kGroup);  // whole groups
