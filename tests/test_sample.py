@@ -132,15 +132,18 @@ def whole_sort_nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     scale=st.floats(0.01, 40.0),
     masked=st.floats(0.0, 0.9),
     top_p=st.floats(1e-6, 0.999999),
+    dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
 )
-def test_the_nucleus_is_the_whole_sorts(seed, rows, vocab, scale, masked, top_p):
+def test_the_nucleus_is_the_whole_sorts(seed, rows, vocab, scale, masked, top_p, dtype):
     """`nucleus` ranks only the likeliest tokens where they reach top_p: it keeps exactly the
     tokens ranking the whole row keeps, for flat and peaked rows, tokens already filtered out
-    (-inf) and any top_p; only tokens of equal probability may be ranked either way."""
+    (-inf), any top_p and each dtype logits come in; only tokens of equal probability may be
+    ranked either way."""
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, vocab, generator=g) * scale
     logits[torch.rand(rows, vocab, generator=g) < masked] = float("-inf")
     logits[:, 0] = logits[:, 0].clamp(min=0.0)  # every row keeps a finite logit
+    logits = logits.to(dtype)
     probs = logits.softmax(-1)
     for row in probs:  # ties among the tokens that carry mass: either ranking is right
         positive = row[row > 0]
