@@ -30,7 +30,8 @@ int8 generator for generation.
 
 Weights are random (speed does not depend on them). The systems alternate within each repeat;
 figures are medians over repeats. The matmul peak of this machine is measured too (the best of
-torch's and oneDNN's 2048^3 products), so each throughput can be read as a fraction of it; so is
+torch's and oneDNN's 2048^3 products; for int8, of `torch._int_mm` and oneDNN's int8 product,
+two operations a multiply-add), so each throughput can be read as a fraction of it; so is
 the memory read bandwidth that bounds batch-1 decoding: each precision's bound is that
 bandwidth over the bytes its decoding step reads (`decode_bytes`).
 
@@ -452,7 +453,12 @@ def main() -> None:
     ct2: dict[str, CT2Child] = {}  # CTranslate2 generators by compute type, made once
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
-        peak = matmul_peak(dtype or torch.bfloat16)
+        if dtype is None:  # int8: the integer product's peak, two operations a multiply-add
+            from concurrency import int8_peak
+
+            peak, peak_kind = 2 * int8_peak(args.threads, "wall"), "int8 x int8, "
+        else:
+            peak, peak_kind = matmul_peak(dtype), ""
         import copy
 
         plain = copy.deepcopy(clf32).to(dtype).eval() if dtype is not None else None
@@ -462,8 +468,8 @@ def main() -> None:
             hf_clf = copy.deepcopy(hf_clf32).to(dtype) if dtype != torch.float32 else hf_clf32
             hf_lm = copy.deepcopy(hf_lm32).to(dtype) if dtype != torch.float32 else hf_lm32
         print(
-            f"\n== {dname}: matmul peak {peak / 1e9:.0f} GFLOP/s "
-            f"({'bf16, ' if dtype is None else ''}2048^3, {args.threads} threads)"
+            f"\n== {dname}: matmul peak {peak / 1e9:.0f} G{'OP' if dtype is None else 'FLOP'}/s "
+            f"({peak_kind}2048^3, {args.threads} threads)"
         )
         if "classify" not in skip:
             systems = {"gpt1": lambda: predict_raw(clf, task, enc, args.batch)}
