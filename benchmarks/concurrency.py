@@ -23,19 +23,23 @@ product's multiply-adds over the median time of a step of all n sequences, past 
 from __future__ import annotations
 
 import argparse
-import math
 import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiers import TIERS, enter_tier  # noqa: E402
+
+if TYPE_CHECKING:
+    from gpt1.inference.sampling import Sampling
 
 VOCAB = 40478
 
@@ -58,7 +62,7 @@ clock = time.perf_counter  # the child's, as `--clock` says
 
 
 def _child(
-    conn, system: str, threads: int, prompt: int, new: int, clock_name: str, draw: tuple
+    conn, system: str, threads: int, prompt: int, new: int, clock_name: str, draw: Sampling
 ) -> None:
     """One system, built once; answers each n with (seconds, median step seconds or None)."""
     global clock
@@ -70,14 +74,14 @@ def _child(
             from inference import ctranslate2_generator
 
             generator = ctranslate2_generator(_model(), Path(tmp), precision, threads)
-            run = lambda n: (_ct2(generator, _prompts(n, prompt), new, *draw), None)  # noqa: E731
+            run = lambda n: (_ct2(generator, _prompts(n, prompt), new, draw), None)  # noqa: E731
         else:
             from gpt1.inference.batched import BatchedDecoder
             from gpt1.inference.prepared import for_inference
 
             model = for_inference(_model(), "cpu", precision)
             run = lambda n: _gpt1(  # noqa: E731
-                BatchedDecoder(model, speculate="off"), _prompts(n, prompt), new, *draw
+                BatchedDecoder(model, speculate="off"), _prompts(n, prompt), new, draw
             )
         run(16)  # warm: kernels, the speed checks (int8_step's too), the weights gathered
         conn.send("ready")
@@ -86,22 +90,15 @@ def _child(
                 conn.send(run(n))
 
 
-def _ct2(
-    generator,
-    prompts: list[list[int]],
-    new: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-) -> float:
+def _ct2(generator, prompts: list[list[int]], new: int, draw: Sampling) -> float:
     start = clock()
     generator.generate_batch(
         [[f"t{i}" for i in p] for p in prompts],
         max_length=new,
         min_length=new,
-        sampling_topk=1 if temperature == 0 else (top_k or 0),  # 0: the whole vocabulary
-        sampling_temperature=temperature or 1.0,
-        sampling_topp=top_p or 1.0,
+        sampling_topk=1 if draw.greedy else (draw.top_k or 0),  # 0: the whole vocabulary
+        sampling_temperature=draw.temperature or 1.0,
+        sampling_topp=draw.top_p or 1.0,
         beam_size=1,
         include_prompt_in_result=False,
         max_batch_size=len(prompts),
@@ -110,24 +107,12 @@ def _ct2(
 
 
 def _gpt1(
-    decoder,
-    prompts: list[list[int]],
-    new: int,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
+    decoder, prompts: list[list[int]], new: int, draw: Sampling
 ) -> tuple[float, float | None]:
-    from gpt1.inference.sampling import Sampling
-
-    def sampling(i: int) -> Sampling:  # a sampled generation: a generator of its own, seeded
-        seed = i if temperature else None
-        return Sampling(
-            max_new_tokens=new, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
-        )
-
     start = clock()
     for i, p in enumerate(prompts):
-        decoder.add(p, sampling(i))
+        # a sampled generation: a generator of its own, seeded; a greedy one needs none
+        decoder.add(p, replace(draw, max_new_tokens=new, seed=None if draw.greedy else i))
     steps = []
     while decoder.active:
         past_prompts = all(len(g.cache or ()) > 0 for g in decoder.active)
@@ -140,7 +125,7 @@ def _gpt1(
 
 class Child:
     def __init__(
-        self, system: str, threads: int, prompt: int, new: int, clock_name: str, draw: tuple
+        self, system: str, threads: int, prompt: int, new: int, clock_name: str, draw: Sampling
     ) -> None:
         context = multiprocessing.get_context("spawn")
         self.conn, theirs = context.Pipe()
@@ -230,15 +215,16 @@ def main() -> None:
         help="run every system (and the peak) under this tier's instruction-set caps (tiers.py)",
     )
     args = p.parse_args()
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        p.error(f"--temperature {args.temperature}: a finite number >= 0")
-    if args.top_k is not None and (args.top_k < 1 or args.temperature == 0):
-        p.error("--top-k: a whole number >= 1, with a --temperature above 0")
-    if args.top_p is not None and not (0 < args.top_p <= 1 and args.temperature > 0):
-        p.error("--top-p: a number in (0, 1], with a --temperature above 0")
-    enter_tier(args.tier)
+    enter_tier(args.tier)  # before gpt1 is imported: the tier's caps and kernel build
+    from gpt1.inference.sampling import Sampling, SamplingError
+
+    try:  # gpt1's own rules for each option
+        draw = Sampling(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    except SamplingError as e:
+        p.error(str(e.flag()))
+    if draw.greedy and (args.top_k is not None or args.top_p is not None):
+        p.error("--top-k and --top-p sample: they need a --temperature above 0")
     systems, ns = args.systems.split(","), [int(n) for n in args.ns.split(",")]
-    draw = (args.temperature, args.top_k, args.top_p)
     children = {s: Child(s, args.threads, args.prompt, args.new, args.clock, draw) for s in systems}
     times: dict[tuple[str, int], list[float]] = {}
     steps: dict[tuple[str, int], list[float]] = {}

@@ -77,13 +77,11 @@ def nucleus(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     head = _head_size(probs, top_p)
     # `torch.topk` of k ids: about 0.08 ms + 0.1 us an id, so up to a sixteenth of the row it
     # costs at most half what ranking the whole row does
-    if head <= vocab // 16:
-        order = torch.topk(logits, head, dim=-1).indices  # [B, head], likeliest first
+    order = torch.topk(logits, head, dim=-1).indices if head <= vocab // 16 else None
+    kept = None if order is None else _kept_in_order(probs.gather(-1, order), top_p)
+    if kept is None or not bool((kept.cumulative >= top_p).all()):  # the whole row, ranked
+        order = _ranking(logits)
         kept = _kept_in_order(probs.gather(-1, order), top_p)
-        if bool((kept.cumulative >= top_p).all()):
-            return torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, kept.keep)
-    order = _ranking(logits)
-    kept = _kept_in_order(probs.gather(-1, order), top_p)
     return torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, kept.keep)
 
 
