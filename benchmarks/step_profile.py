@@ -11,10 +11,13 @@ as the server's are. For each row count R, alternating in one process, medians o
 - int8 only: the 48 block products alone on R rows (gpt1's kernel, `rows_product`), so that
   step - products - attention is the rest.
 
-One thread, each process's CPU time (the machine may be shared).
+One thread and this process's CPU time by default (the machine may be shared); `--threads 2
+--clock wall` for a step on two cores. The cache's read rate counts the bytes its numbers take
+here (bf16, or fp32 where the CPU has no bf16 instructions and int8 keeps fp32 activations).
 
     python benchmarks/step_profile.py                        # int8, R = 1..64, 64 positions
     python benchmarks/step_profile.py --precision bf16 --rows 1,4,8 --past 256
+    python benchmarks/step_profile.py --threads 2 --clock wall
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from gpt1.inference.decoding import SlotPool, decode, forward_cached  # noqa: E4
 from gpt1.inference.prepared import for_inference  # noqa: E402
 
 VOCAB = 40478
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 SHORT = 2  # positions cached where attention costs next to nothing
 
 
@@ -67,22 +71,32 @@ def main() -> None:
     ap.add_argument("--rows", default="1,8,16,32,64")
     ap.add_argument("--past", type=int, default=64, help="positions each cache holds")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--clock", choices=tuple(CLOCKS), default="cpu", help="cpu: this process's CPU time"
+    )
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    if args.threads < 1 or args.rounds < 1:
+        ap.error("--threads and --rounds must be at least 1")
+    if args.clock == "cpu" and args.threads > 1:
+        ap.error("--clock cpu adds up every thread's time: give --clock wall with --threads")
+    clock = CLOCKS[args.clock]
+    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=VOCAB)), "cpu", args.precision)
     integer = args.precision == "int8"
     C, L = model.config.n_embd, model.config.n_layer
-    width = 2 if args.precision != "fp32" else 4  # bytes a cached number takes
+    threads = "one thread" if args.threads == 1 else f"{args.threads} threads"
     print(
-        f"GPT-1 size, {args.precision}, caches of {args.past} positions (and of {SHORT}), one"
-        f" thread, CPU time, medians of {args.rounds}"
+        f"GPT-1 size, {args.precision}, caches of {args.past} positions (and of {SHORT}),"
+        f" {threads}, {'CPU' if args.clock == 'cpu' else 'wall'} time, medians of {args.rounds}"
     )
     print("| rows | step ms | attention ms | cache read GB/s | products ms | rest ms |")
     print("|---:|---:|---:|---:|---:|---:|")
     for rows in [int(r) for r in args.rows.split(",")]:
         ids = torch.randint(0, VOCAB, (rows,))
         caches = {past: filled_pool(model, rows, past) for past in (SHORT, args.past)}
+        width = caches[SHORT][0].pool.k[0].element_size()  # bytes a cached number takes
         timed = {past: [] for past in caches}
         timed["products"] = []
         run_products = products(model, rows) if integer else None
@@ -97,13 +111,13 @@ def main() -> None:
                 step(past)  # warm: plans, packed copies, grown buffers
             for _ in range(args.rounds):
                 for past in caches:
-                    start = time.process_time()
+                    start = clock()
                     step(past)
-                    timed[past].append(time.process_time() - start)
+                    timed[past].append(clock() - start)
                 if run_products:
-                    start = time.process_time()
+                    start = clock()
                     run_products()
-                    timed["products"].append(time.process_time() - start)
+                    timed["products"].append(clock() - start)
         whole, short = (statistics.median(timed[p]) for p in (args.past, SHORT))
         attention = whole - short
         read = rows * L * 2 * (args.past - SHORT) * C * width  # the extra keys and values read
