@@ -7,6 +7,10 @@ all 64 new tokens fall within it) and "prose" (the first 40 tokens of another pa
 continued). Decoding speed counts the new tokens after the
 first (the prompt's pass is the same on both sides); plain and speculative alternate, medians of
 `--rounds` rounds of `--paragraphs` paragraphs each, after one warm-up generation each way.
+For each text it also counts the new tokens that end a run of 4 tokens found in the prompt (the
+model copying it) and the others that repeat one of the last 15 new tokens (the model looping,
+which drafts from the text predict too): a speed-up on "copy" means copying only where the first
+share is high.
 
 Two parts:
 - `--checkpoint RUN`: the whole comparison, on a trained checkpoint in `--precision` (drafts are
@@ -80,6 +84,28 @@ def paragraphs(tokenizer, n: int, path: Path = NOVEL) -> tuple[list[list[int]], 
         if len(copy) == len(prose) == n:
             break
     return copy, prose
+
+
+RUN = 4  # tokens: a new token ending a run of this many found in the prompt continues it
+LOOP = 15  # tokens back: a new token equal to one this near in the new text repeats it
+
+
+def copied_and_looped(prompts: list[list[int]], outputs: list[list[int]]) -> tuple[int, int, int]:
+    """(new tokens that end a run of RUN tokens found in their prompt, other new tokens equal
+    to one at most LOOP tokens back in the new text, all new tokens): how much of a
+    continuation copies the prompt, and how much is the model repeating itself, which drafts
+    from the text predict as well."""
+    copied = looped = total = 0
+    for prompt, new in zip(prompts, outputs, strict=True):
+        runs = {tuple(prompt[i : i + RUN]) for i in range(len(prompt) - RUN + 1)}
+        text = prompt[-(RUN - 1) :] + new
+        for i, token in enumerate(new):
+            if tuple(text[i : i + RUN]) in runs:
+                copied += 1
+            elif any(new[i - d] == token for d in range(1, min(i, LOOP) + 1)):
+                looped += 1
+        total += len(new)
+    return copied, looped, total
 
 
 def decode(model, prompt: list[int], speculate: bool, out: dict) -> tuple[list[int], float]:
@@ -207,13 +233,16 @@ def main() -> None:
     )
     print(
         "| text | plain tok/s | speculative tok/s | speed-up | identical | drafts accepted |"
+        f" new tokens copying the prompt / repeating the new text (runs of {RUN}, {LOOP} back) |"
         + (" at GPT-1 size: drafts accepted, speed-up (projected) |" if costs else "")
     )
     for name, prompts in (("copy", copy), ("prose", prose)):
         r = compare(loaded.lm, prompts, args.rounds)
+        copied, looped, total = copied_and_looped(prompts, r["plain_tokens"])
         line = (
             f"| {name} | {r['plain']:.1f} | {r['spec']:.1f} | {r['spec'] / r['plain']:.2f}x"
             f" | {'yes' if r['same'] else 'no'} | {r['drafts']} |"
+            f" {copied} ({copied / total:.0%}) / {looped} ({looped / total:.0%}) of {total} |"
         )
         if costs:
             line += f" {at_gpt1_size(loaded.lm, prompts, costs)} |"
