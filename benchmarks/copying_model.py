@@ -196,7 +196,7 @@ def main() -> None:
         action="store_true",
         help="place each window at a random place in the position table, not at its start",
     )
-    ap.add_argument("--blocks", type=int, default=2, help="a new model's blocks (1-12)")
+    ap.add_argument("--blocks", type=int, help="a new model's blocks (1-12; 2 by default)")
     ap.add_argument(
         "--gaps",
         action="store_true",
@@ -205,9 +205,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
-    if not 1 <= args.blocks <= 12:
+    if args.blocks is not None and not 1 <= args.blocks <= 12:
         ap.error(f"--blocks {args.blocks}: 1 to 12")
-    if args.init and args.blocks != 2:
+    if args.init and args.blocks is not None:
         ap.error("--blocks shapes a new model; --init loads a trained one as it is")
     if args.out.exists():
         sys.exit(f"{args.out} exists: choose a new folder")
@@ -236,7 +236,7 @@ def main() -> None:
         vocab_size=len(tokenizer.encoder),
         n_positions=256,
         n_embd=256,
-        n_layer=args.blocks,
+        n_layer=args.blocks or 2,
         n_head=4,
         embd_pdrop=0.0,
         attn_pdrop=0.0,

@@ -51,6 +51,8 @@ NOVEL = Path(__file__).resolve().parents[2] / "shared/data/corpus/gutenberg/1342
 GREEDY = Sampling(max_new_tokens=64, temperature=0.0)
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU time
 clock = CLOCKS["wall"]
+RUN = 4  # tokens: a new token ending a run of this many found in the prompt continues it
+LOOP = 15  # tokens back: a new token equal to one this near in the new text repeats it
 
 
 class Traced(Speculator):
@@ -84,10 +86,6 @@ def paragraphs(tokenizer, n: int, path: Path = NOVEL) -> tuple[list[list[int]], 
         if len(copy) == len(prose) == n:
             break
     return copy, prose
-
-
-RUN = 4  # tokens: a new token ending a run of this many found in the prompt continues it
-LOOP = 15  # tokens back: a new token equal to one this near in the new text repeats it
 
 
 def copied_and_looped(prompts: list[list[int]], outputs: list[list[int]]) -> tuple[int, int, int]:
