@@ -2,10 +2,12 @@
 products, in one process, on this CPU or under a tier's caps (`benchmarks/tiers.py`).
 
 gpt1's int8 kernel (`kernels/int8_rows.cpp`, one activation scale per row) sums exactly: with
-AVX-512 VNNI or AMX that costs nothing, but on AVX2 `vpmaddubsw`'s 16-bit pair sums would
-saturate on (x + 128) * w, so the weights go over as |w| and each row's activations take w's
-signs (`vpsignb`): 8 vector operations per 64 multiply-adds of a row where a saturating kernel
-(MKL's or oneDNN's AVX2 int8, which CTranslate2 runs) issues 6. Printed:
+AVX-512 VNNI or AMX on signed 8-bit activations at no cost. On AVX2 `vpmaddubsw`'s 16-bit pair
+sums would saturate on (x + 128) * w, and keeping 8-bit activations exact costs a sign step per
+product (8 vector operations per 64 multiply-adds of a row), so the AVX2 kernel quantises each
+row to unsigned 7-bit numbers with a zero point ("u7", `int8_rows.quantize_u7`): 6 operations,
+as a saturating kernel (MKL's or oneDNN's AVX2 int8, which CTranslate2 runs) issues, and still
+the exact sums of its integers. Printed:
 
 * arithmetic rates in multiply-adds/s: gpt1's kernel on 256 rows through a 768 x 768 weight that
   stays in L2 (its arithmetic alone), oneDNN's int8 product (unsigned activations: its AVX2 form
@@ -58,7 +60,11 @@ def rates(kernels, repeats: int) -> None:
     q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
     packed, x = kernels.pack_vnni(q), torch.randn(m, k)
     took = best(lambda: kernels.rows_product(x, packed, torch.ones(n), None, n), repeats)
-    print(f"gpt1's int8 kernel, {m} x {k} x {n} (weights in L2): {m * k * n / took / 1e9:.1f} G/s")
+    form = kernels.int8_rows_form()
+    print(
+        f"gpt1's int8 kernel ({form} rows), {m} x {k} x {n} (weights in L2): "
+        f"{m * k * n / took / 1e9:.1f} G/s"
+    )
     size = 2048
     a = torch.randint(-127, 128, (size, size), dtype=torch.int8)
     b = torch.randint(-127, 128, (size, size), dtype=torch.int8)

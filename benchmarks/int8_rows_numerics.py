@@ -1,26 +1,39 @@
-"""How far int8 with one activation scale per row lands from the other paths.
+"""How far int8 with one activation scale per row lands from the other paths, in both of the
+forms a row is quantised in (`int8_rows.FORMS`: "s8", signed 8-bit, with VNNI, AMX and oneDNN;
+"u7", unsigned 7-bit with a zero point, gpt1's AVX2 kernel).
 
     python benchmarks/int8_rows_numerics.py
+    python benchmarks/int8_rows_numerics.py --checkpoint RUN --text BOOK.txt   # and a trained model
 
 1. Products: GPT-1's five weight shapes, random weights (N(0, 0.02), as GPT-1 initialises) and
    64 rows of bf16 activations (N(0, 1), a few columns 20x larger, as LayerNorm outputs have):
-   per-row int8 against the widening kernel's arithmetic (int8 weights, bf16 activations: the
-   current path for a few rows), against one scale per tensor, and against fp32.
+   per-row int8 (s8, and u7 against fp32) against the widening kernel's arithmetic (int8
+   weights, bf16 activations: the path for one row), against one scale per tensor, and against
+   fp32.
 2. Logits: one decoding step of 16 sequences (32-token prompts) through a random GPT-1-size model
-   and a random tiny one: the integer step (per-row int8) against the one-call step (the
-   widening kernel) and against the fp32 model; the largest absolute difference, that
-   difference relative to the largest fp32 logit, and how many greedy choices agree.
+   and a random tiny one: the integer step (per-row int8 in this build's form) against the
+   one-call step (the widening kernel) and against the fp32 model; the largest absolute
+   difference, that difference relative to the largest fp32 logit, and how many greedy choices
+   agree.
+3. With `--checkpoint` and `--text`: a trained model reads windows of the text whole, every
+   product (the output layer's too) as fp32, as int8 weights times float activations
+   (widening), and as per-row int8 in each form, in plain torch (`int8_rows.reference`):
+   next-token loss, and how often each one's most likely next token is fp32's.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
+from pathlib import Path
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from gpt1 import GPT
+from gpt1 import GPT, load_checkpoint
 from gpt1.config import model_preset
-from gpt1.inference import int8_rows
+from gpt1.inference import backend, int8_rows
 from gpt1.inference.decoding import SlotPool, decode, forward_cached
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import PackedInt8, quantize_rows
@@ -41,9 +54,10 @@ def _diff(got: torch.Tensor, want: torch.Tensor) -> str:
 
 def products() -> None:
     print(
-        "| product | per row vs widening | per row vs per tensor | per row vs fp32 | widening vs fp32 |"
+        "| product | per row vs widening | per row vs per tensor | per row vs fp32 "
+        "| u7 per row vs fp32 | widening vs fp32 |"
     )
-    print("| --- | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     g = torch.Generator().manual_seed(0)
     for name, (k, n) in SHAPES.items():
         w = torch.randn(n, k, generator=g) * 0.02
@@ -53,12 +67,14 @@ def products() -> None:
         q, scale = quantize_rows(w)
         widening = (x.float() @ q.float().t() * scale).bfloat16()  # fp32 sums of bf16 x int8
         row = int8_rows.reference(x, q, scale, None)
+        row_u7 = int8_rows.reference(x, q, scale, None, "u7")
         packed = PackedInt8()
         amax = x.float().abs().max().item()
         qx = torch.round(x.float() * (127 / amax)).to(torch.int8)
         tensor = packed.product(qx, amax / 127, q, scale, None, torch.bfloat16, "s8")
         fp32 = x.float() @ w.t()
-        cells = [_diff(row, widening), _diff(row, tensor), _diff(row, fp32), _diff(widening, fp32)]
+        cells = [_diff(row, widening), _diff(row, tensor), _diff(row, fp32), _diff(row_u7, fp32)]
+        cells.append(_diff(widening, fp32))
         print(f"| {name} {k}->{n} | " + " | ".join(cells) + " |")
 
 
@@ -90,14 +106,87 @@ def logits(preset: str, vocab: int) -> None:
     )
 
 
+class _EmulatedLinear(nn.Module):
+    """x @ w.T + b with int8 per-channel weights, the activations as `form` says: None keeps them
+    float (the widening kernel's arithmetic, in fp32 here), else per-row int8 in that form."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, form: str | None):
+        super().__init__()
+        self.q, self.scale = quantize_rows(weight)
+        self.bias, self.form = bias, form
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.form is not None:
+            return int8_rows.reference(x.float(), self.q, self.scale, self.bias, self.form)
+        out = x.float() @ (self.q.float() * self.scale[:, None]).t()
+        return out if self.bias is None else out + self.bias
+
+
+def _emulated(model: GPT, form: str | None) -> GPT:
+    """A copy of `model` whose every Linear is `_EmulatedLinear`, with the output layer's."""
+    model = copy.deepcopy(model)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear):
+                setattr(module, name, _EmulatedLinear(child.weight, child.bias, form))
+    model.output_layer = _EmulatedLinear(model.wte.weight, None, form)
+    return model
+
+
+def trained(checkpoint: Path, text: Path, windows: int) -> None:
+    from gpt1.text.tokenizer import Tokenizer
+
+    fp32 = load_checkpoint(checkpoint).eval()
+    ids = torch.tensor(Tokenizer.from_dir(checkpoint).encode(text.read_text(encoding="utf-8")))
+    width = fp32.config.n_positions
+    count = min(windows, len(ids) // width)
+    if count == 0:
+        raise SystemExit(f"{text}: fewer than {width} tokens, the model's window")
+    batch = ids[: count * width].view(count, width)
+    print(f"{checkpoint.name}: {count} windows of {width} tokens of {text.name}")
+    print()
+    print("| products | next-token loss | top-1 as fp32's |")
+    print("| --- | ---: | ---: |")
+    with torch.no_grad():
+        want = fp32.lm_logits(fp32(batch)).float()
+        for label, form in (
+            ("fp32", "fp32"),
+            ("widening", None),
+            ("s8 per row", "s8"),
+            ("u7 per row", "u7"),
+        ):
+            if form == "fp32":
+                got = want
+            else:
+                model = _emulated(fp32, form)
+                got = model.output_layer(model(batch))
+            loss = F.cross_entropy(got[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+            same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+            print(f"| {label} | {loss.item():.4f} | {same:.2%} |")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", type=Path, help="a trained gpt1 checkpoint folder")
+    parser.add_argument("--text", type=Path, help="text the checkpoint did not train on")
+    parser.add_argument("--windows", type=int, default=40, help="windows of --text to read")
+    args = parser.parse_args()
+    if (args.checkpoint is None) != (args.text is None):
+        parser.error("--checkpoint and --text go together")
     torch.set_num_threads(2)
     products()
+    print()
+    built = backend.kernel_module()
+    own = built is not None and backend.few_rows_int8()
+    print(f"The integer step's rows: {built.int8_rows_form() if own else 's8'} (this build)")
     print()
     print("| model | integer vs one-call step | integer vs fp32 | one-call vs fp32 | same argmax |")
     print("| --- | ---: | ---: | ---: | ---: |")
     logits("gpt1", 40478)
     logits("tiny", 512)
+    if args.checkpoint is not None:
+        print()
+        trained(args.checkpoint, args.text, args.windows)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 
 from gpt1 import GPT, ModelConfig
@@ -24,6 +26,12 @@ def int8_kernel_on(monkeypatch):
     monkeypatch.setenv("GPT1_INT8_MATMUL", "1")
     if backend.int8_many_rows() is None and not backend.few_rows_int8():
         pytest.skip("no exact int8 kernel here (oneDNN's missing or saturating, gpt1's not built)")
+
+
+def _own_form() -> str:
+    """How gpt1's compiled int8 kernel quantises a row ("s8" or "u7": `int8_rows.FORMS`)."""
+    built = backend.kernel_module()
+    return built.int8_rows_form() if built is not None and backend.few_rows_int8() else "s8"
 
 
 def _layer(k: int, n: int) -> Int8Linear:
@@ -48,7 +56,8 @@ def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding,
     x = (torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]).to(torch.bfloat16)
     with torch.no_grad(), int8_rows.per_row():
         got = layer(x)
-    want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias)
+    form = _own_form() if rows <= backend.own_int8_rows(k) else "s8"
+    want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias, form)
     assert torch.equal(got, want)
 
 
@@ -65,8 +74,73 @@ def test_gpt1s_kernel_gives_the_exact_sums_at_any_row_count(k):
     for rows in (1, 5, 16, 17, 64, 70, 130):
         x = torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]
         got = kernels.rows_product(x, packed, layer.scale, layer.bias.float(), 40)
-        want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias.float())
+        want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias.float(), _own_form())
         assert torch.equal(got, want), rows
+
+
+_ROW_KINDS = ["mixed", "positive", "negative", "zero", "constant", "tiny", "wide"]
+
+
+def _rows_of_kinds(kinds: list[str], k: int, seed: int) -> torch.Tensor:
+    """One row per kind: signs balanced or all one way, all zero, constant, tiny or huge."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for kind in kinds:
+        row = torch.randn(k, generator=g)
+        row = {
+            "positive": row.abs(),
+            "negative": -row.abs(),
+            "zero": torch.zeros(k),
+            "constant": torch.full((k,), float(row[0])),
+            "tiny": row * 1e-30,
+            "wide": row * 1e30,
+        }.get(kind, row)
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=40),
+    quads=st.integers(1, 40),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_gpt1s_kernel_gives_the_reference_bits_for_rows_of_any_sign_and_range(kinds, quads, seed):
+    """Rows of one sign, of both, all zero, constant, or near fp32's ends: the compiled kernel's
+    quantisation and zero-point correction give `reference`'s bits in the kernel's own form."""
+    if not backend.few_rows_int8():
+        pytest.skip("gpt1's int8 kernel is not built for this CPU")
+    kernels = backend.kernel_module()
+    k = 4 * quads
+    layer = _layer(k, 24)
+    x = _rows_of_kinds(kinds, k, seed)
+    got = kernels.rows_product(x, kernels.pack_vnni(layer.qweight), layer.scale, None, 24)
+    want = int8_rows.reference(x, layer.qweight, layer.scale, None, _own_form())
+    assert torch.equal(got, want)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=8),
+    k=st.integers(1, 300),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_u7_rows_round_within_half_a_step_and_keep_s8s_step_for_one_sign(kinds, k, seed):
+    """The AVX2 form: 128 levels per row, each value within half a step of its integer, the
+    step the row's range [min(x, 0), max(x, 0)] over 127: the 8-bit form's step where the row
+    holds one sign, twice it at most where signs balance. Neither form touches its input."""
+    x = _rows_of_kinds(kinds, k, seed)
+    before = x.clone()
+    qx, scale = int8_rows.quantize_u7(x)
+    q8, scale8 = int8_rows.quantize(x)
+    assert torch.equal(x, before)  # fp32 rows are the caller's: quantised from a copy
+    ints = qx.int()
+    assert ((ints.amax(1) - ints.amin(1)) <= 127).all()
+    error = (ints.double() * scale.double() - x.double()).abs()
+    assert (error <= scale.double() * (0.5 + 1e-3)).all()
+    one_sign = (x >= 0).all(1) | (x <= 0).all(1)
+    assert torch.equal(scale[one_sign], scale8[one_sign])
+    assert (scale <= 2 * scale8 * (1 + 1e-6)).all()
 
 
 def test_a_rows_result_does_not_depend_on_its_neighbours():
@@ -243,7 +317,11 @@ many = (torch.randn(600, 256) * torch.logspace(-2, 2, 600)[:, None]).to(torch.bf
 with torch.no_grad():
     got_few, got_many = layer(few), layer(many)
 own = backend.few_rows_int8()
-exact = int8_rows.reference if own else quantize._dequantised_linear
+if own:
+    form = backend.kernel_module().int8_rows_form()
+    exact = lambda x, q, s, b: int8_rows.reference(x, q, s, b, form)  # noqa: E731
+else:
+    exact = quantize._dequantised_linear
 print(
     backend.onednn_int8_exact("u8"),
     own,

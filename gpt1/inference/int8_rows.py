@@ -1,11 +1,20 @@
 """int8 x int8 products of many rows with one activation scale per row.
 
-Each row of the activations is quantised on its own (symmetric: its largest magnitude to 127,
-round to nearest even), multiplied by the int8 weight with exact int32 sums (oneDNN's int8
-kernel with AMX or VNNI, or gpt1's own, `kernels/int8_rows.cpp`, for a few rows and wherever
-oneDNN's sums saturate), which are converted to fp32 and multiplied by the weight's per-channel
-scales; the row scales and the bias are applied after (oneDNN takes one activation scale per
-call, so a row's cannot go into its kernel):
+Each row of the activations is quantised on its own, multiplied by the int8 weight with exact
+int32 sums (oneDNN's int8 kernel with AMX or VNNI, or gpt1's own, `kernels/int8_rows.cpp`, for a
+few rows and wherever oneDNN's sums saturate), which are converted to fp32 and multiplied by the
+weight's per-channel scales; the row scales and the bias are applied after (oneDNN takes one
+activation scale per call, so a row's cannot go into its kernel). A row is quantised in one of
+two forms (`FORMS`):
+
+* "s8", with VNNI, AMX and oneDNN: symmetric, its largest magnitude to 127, rounded to nearest
+  even (`quantize`);
+* "u7", gpt1's AVX2 kernel: its range [min(x, 0), max(x, 0)] in 127 steps with a zero point
+  (`quantize_u7`), since without VNNI signed 8-bit activations cost the kernel a third more
+  arithmetic to keep the sums exact. A row whose values share one sign keeps s8's step; one
+  spanning [-a, a] rounds in steps twice as coarse.
+
+Then:
 
     out[m, n] = fp32(sum_k qx[m, k] * q[n, k]) * w_scale[n] * x_scale[m] + bias[n]
 
@@ -59,13 +68,35 @@ def quantize(rows: torch.Tensor, kernels=None) -> tuple[torch.Tensor, torch.Tens
 
 
 def _quantize_in_torch(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    x = rows.float()
+    x = rows.to(torch.float32, copy=True)  # scaled in place below: never the caller's rows
     amax = x.abs().amax(dim=1, keepdim=True)
     if not bool(torch.isfinite(amax).all()):
         return None
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
     # |x| / scale <= 127 up to one rounding, which rounds back to 127: no clamp needed.
     return x.div_(scale).round_().to(torch.int8), scale
+
+
+def quantize_u7(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """rows `[M, K]` -> (int8 `[M, K]`, fp32 scales `[M, 1]`) as the AVX2 kernel quantises them
+    (`kernels/int8_rows.cpp`, `form` "u7"): each row's range [min(x, 0), max(x, 0)] in 127 steps,
+    x ~= (u - z) * scale with u in [0, 127] and the zero point z = round(-min / scale); the
+    integers returned are u - z (the kernel multiplies u and subtracts z times the weights' column
+    sums: the same int32 sums). None where a row holds an inf or a NaN or spans more than fp32
+    holds. Rounding is to nearest even throughout, in fp32, as the kernel's."""
+    x = rows.to(torch.float32, copy=True)  # scaled in place below: never the caller's rows
+    low = x.amin(dim=1, keepdim=True).clamp_(max=0.0)
+    high = x.amax(dim=1, keepdim=True).clamp_(min=0.0)
+    span = high - low
+    if not bool(torch.isfinite(span).all()):
+        return None
+    scale = torch.where(span > 0, span / 127.0, torch.ones_like(span))
+    zero = torch.round(-low / scale)
+    u = x.div_(scale).round_().add_(zero).clamp_(0.0, 127.0)
+    return u.sub_(zero).to(torch.int8), scale
+
+
+FORMS = {"s8": _quantize_in_torch, "u7": quantize_u7}
 
 
 def epilogue(
@@ -93,11 +124,16 @@ def _epilogue_in_torch(
 
 
 def reference(
-    x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    q: torch.Tensor,
+    w_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    form: str = "s8",
 ) -> torch.Tensor:
-    """The per-row product's arithmetic in plain torch, the int32 sums exact (int64 here)."""
+    """The per-row product's arithmetic in plain torch, the activations quantised as `form`
+    says (`FORMS`), the int32 sums exact (int64 here)."""
     rows = x.reshape(-1, x.shape[-1])
-    found = _quantize_in_torch(rows)
+    found = FORMS[form](rows)
     assert found is not None, "non-finite activations have no per-row product"
     qx, x_scale = found
     sums = qx.long() @ q.long().t()

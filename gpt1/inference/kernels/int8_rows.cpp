@@ -1,13 +1,15 @@
 // int8 x int8 products of many rows, each row with its own activation scale, for the decoding
 // step of many sequences (`step.cpp`): the arithmetic of `gpt1/inference/int8_rows.py`.
 //
-// A row is quantised on its own (its largest magnitude to 127, divided and rounded to nearest
-// even as `int8_rows.quantize` does, so both give the same integers), the int32 sums are exact,
-// and they are multiplied by the weight's per-channel scales in fp32, then by the row's scale,
-// and the bias is added, in fp32. The sums come from gpt1's kernel below for the rows of a
-// decoding step (VNNI up to 4 rows, AMX tiles from 5 to 64, AVX2 at any count) or from
-// oneDNN's int8 kernel (called through torch's dispatcher, as
-// `torch.ops.onednn.qlinear_pointwise`) for more rows where its sums are exact:
+// A row is quantised on its own: with VNNI, AMX and oneDNN its largest magnitude to 127,
+// divided and rounded to nearest even as `int8_rows.quantize` does (so both give the same
+// integers); in the AVX2 kernel as unsigned 7-bit numbers with a zero point
+// (`int8_rows.quantize_u7`, below). The int32 sums are exact, and they are multiplied by the
+// weight's per-channel scales in fp32, then by the row's scale, and the bias is added, in fp32.
+// The sums come from gpt1's kernel below for the rows of a decoding step (VNNI up to 4 rows,
+// AMX tiles from 5 to 64, AVX2 at any count) or from oneDNN's int8 kernel (called through
+// torch's dispatcher, as `torch.ops.onednn.qlinear_pointwise`) for more rows where its sums
+// are exact:
 //
 //   y[m, n] = fp32(sum_k qx[m, k] q[n, k]) * w_scale[n] * x_scale[m] + bias[n]
 //
@@ -35,6 +37,15 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #define GPT1_AMX 1
+#endif
+
+// How many 64-byte lines of column sums `pack_vnni` stores after each block of 16 channels'
+// weights: the AVX2 kernel's zero-point correction reads 16 int32 sums there; VNNI and AMX,
+// whose activations are signed, need none.
+#if defined(__AVX512VNNI__)
+constexpr int64_t kColumnSumQuads = 0;
+#else
+constexpr int64_t kColumnSumQuads = 1;
 #endif
 
 #if defined(GPT1_SIMD)
@@ -284,23 +295,69 @@ void amx_product(int64_t M, int64_t rows, const uint8_t* packed, const int8_t* x
 }
 #endif
 #elif defined(__AVX2__)
-// ------------------------------------------------------------------ a few rows on AVX2
-// The same layout and the same exact int32 sums without VNNI: `vpmaddubsw` multiplies unsigned
-// by signed bytes and adds pairs into 16-bit lanes, which would saturate for (w + 128) * x, so
-// the weights go over as |w| (unsigned, at most 128) and each row's four activations as x with
-// w's signs (`vpsignb`): |w| * (x sign w) = w x, and a pair of them is at most 2 * 128 * 127,
-// inside 16 bits. `vpmaddwd` by ones then sums the pairs into 32-bit lanes. The weights are
-// packed as signed bytes here (`pack_vnni`), and |w| is taken once per load for every row of
-// a group, so a row costs one broadcast of its activations. Rows go in groups of `kGroup`
-// (their sums live in registers: two 8-lane halves of a 16-channel block each); the block's
-// weights come from memory for the first group and from the caches after. On a Zen 3 core
-// this gave the same sums 1.00-1.10x as fast as sending |x| and giving the weights x's signs,
-// which broadcasts two numbers a row (docs/commands/kernels.md).
+// ------------------------------------------------------------------ many rows on AVX2
+// Without VNNI, int8 products go through `vpmaddubsw`, which multiplies unsigned bytes by signed
+// ones and adds each pair into a 16-bit lane that saturates. Two signed 8-bit numbers of up to
+// 127 would overflow it (x + 128 as the unsigned operand: 2 * 255 * 127 > 32767), and keeping
+// 8-bit activations exact costs a `vpsignb` per product, which on a Zen 3 core shares the two
+// pipes that multiply: 8 operations per 64 multiply-adds of a row, where this loop issues 6.
+// So each row goes over as unsigned 7-bit numbers u in [0, 127] with its own zero point z
+// (`quantize_rows_u7`, `int8_rows.quantize_u7`): a pair is then at most 2 * 127 * 128, inside
+// 16 bits, `vpmaddwd` by ones sums the pairs into 32-bit lanes, and
+//
+//   sum_k (u[m, k] - z[m]) w[n, k] = sum_k u[m, k] w[n, k] - z[m] sum_k w[n, k]
+//
+// are exact int32 sums, the column sums stored by `pack_vnni` after each block's weights. The
+// scales are then applied as for the other forms. Activations lose one bit against the 8-bit
+// form where their signs are balanced (a row spanning [-a, a] rounds in steps of 2a / 127); a
+// row of one sign, as GELU's outputs nearly are, keeps the same step. Against the exact 8-bit
+// loop, paired in one process on a Zen 3 core, one thread: 1.20-1.39x as fast through GPT-1's
+// layers at 8 to 256 rows (docs/commands/kernels.md, "Why 7 bits on AVX2").
+//
+// Each lane holds one output channel and a row's four activations at a time are broadcast, so
+// no sum is reduced across lanes. Rows go in groups of `kGroup` (their sums live in registers:
+// two 8-lane halves of a 16-channel block each); the block's weights come from memory for the
+// first group and from the caches after.
 constexpr int64_t kVnniAheadBytes = 32768;
 constexpr int kGroup = 4;
 
+// Rows [lo, hi) of x [M, K] -> u (unsigned 7-bit), scales[r] and zero points zeros[r], with
+// x[r, k] ~= (u[r, k] - zeros[r]) * scales[r]: the range [min(x, 0), max(x, 0)] in 127 steps;
+// false where a row holds an inf or a NaN, or spans more than fp32 holds.
+bool quantize_rows_u7(const float* x, int64_t lo, int64_t hi, int64_t K, uint8_t* u,
+                      float* scales, int32_t* zeros) {
+  for (int64_t r = lo; r < hi; ++r) {
+    const float* row = x + r * K;
+    simd::Vec top = simd::zero(), bottom = simd::zero();
+    bool nan = false;
+    for (int64_t i = 0; i < K; i += simd::kLanes) {
+      const simd::Mask m = simd::lanes(i, K);
+      const simd::Vec v = simd::load(row + i, m);  // 0 past K: inside [min, max] already
+      nan |= simd::any_nan(v);
+      top = simd::max(top, v);
+      bottom = simd::min(bottom, v);
+    }
+    const float high = simd::largest(top), low = simd::smallest(bottom);
+    const float span = high - low;
+    if (nan || !std::isfinite(span)) return false;
+    const float scale = span > 0.0f ? span / 127.0f : 1.0f;  // an all-zero row: all 0
+    const float zero = std::nearbyint(-low / scale);        // nearest, ties to even
+    scales[r] = scale;
+    zeros[r] = static_cast<int32_t>(zero);
+    const simd::Vec s = simd::set1(scale), z = simd::set1(zero);
+    const simd::Vec floor = simd::zero(), ceiling = simd::set1(127.0f);
+    int8_t* out = reinterpret_cast<int8_t*>(u + r * K);  // 0..127: the same bytes either way
+    for (int64_t i = 0; i < K; i += simd::kLanes) {
+      const simd::Mask m = simd::lanes(i, K);
+      const simd::Vec steps = simd::add(simd::round_even(simd::div(simd::load(row + i, m), s)), z);
+      simd::store_int8(out + i, simd::min(simd::max(steps, floor), ceiling), m);
+    }
+  }
+  return true;
+}
+
 template <int G>
-void avx2_block(const int8_t* w, const int8_t* x, int64_t K, int32_t* sums) {
+void avx2_block(const int8_t* w, const uint8_t* u, int64_t K, int32_t* sums) {
   __m256i acc[G][2];
   for (int g = 0; g < G; ++g) acc[g][0] = acc[g][1] = _mm256_setzero_si256();
   const __m256i ones = _mm256_set1_epi16(1);
@@ -308,13 +365,12 @@ void avx2_block(const int8_t* w, const int8_t* x, int64_t K, int32_t* sums) {
     _mm_prefetch(reinterpret_cast<const char*>(w + q * 64 + kVnniAheadBytes), _MM_HINT_T1);
     const __m256i* line = reinterpret_cast<const __m256i*>(w + q * 64);
     const __m256i half[2] = {_mm256_loadu_si256(line), _mm256_loadu_si256(line + 1)};
-    const __m256i size[2] = {_mm256_abs_epi8(half[0]), _mm256_abs_epi8(half[1])};
     for (int g = 0; g < G; ++g) {
       int32_t four;
-      std::memcpy(&four, x + g * K + 4 * q, 4);
-      const __m256i xs = _mm256_set1_epi32(four);
+      std::memcpy(&four, u + g * K + 4 * q, 4);
+      const __m256i us = _mm256_set1_epi32(four);
       for (int h = 0; h < 2; ++h) {
-        const __m256i pairs = _mm256_maddubs_epi16(size[h], _mm256_sign_epi8(xs, half[h]));
+        const __m256i pairs = _mm256_maddubs_epi16(us, half[h]);
         acc[g][h] = _mm256_add_epi32(acc[g][h], _mm256_madd_epi16(pairs, ones));
       }
     }
@@ -325,11 +381,12 @@ void avx2_block(const int8_t* w, const int8_t* x, int64_t K, int32_t* sums) {
   }
 }
 
-void avx2_product(int64_t M, const int8_t* packed, const int8_t* x, const float* x_scales,
-                  const float* w_scale, const float* bias, int64_t K, int64_t N, float* y) {
-  const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
+void avx2_product(int64_t M, const int8_t* packed, const uint8_t* u, const int32_t* zeros,
+                  const float* x_scales, const float* w_scale, const float* bias, int64_t K,
+                  int64_t N, float* y) {
+  const int64_t blocks = (N + 15) / 16, block_bytes = (K / 4 + kColumnSumQuads) * 64;
   const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
-  // Many rows (a prompt, a classification batch) go a slice at a time, each slice's x (about
+  // Many rows (a prompt, a classification batch) go a slice at a time, each slice's u (about
   // 128 KB) staying in L2 while every weight block passes over it: without the slices,
   // 8192 rows x 3072 read x from memory once per block and took 562 ms against the fp32
   // product's 538; the weights are read again per slice instead, a few % of the time.
@@ -340,22 +397,40 @@ void avx2_product(int64_t M, const int8_t* packed, const int8_t* x, const float*
       int32_t sums[kGroup * 16];
       for (int64_t b = b0; b < b1; ++b) {
         const int8_t* w = packed + b * block_bytes;
+        int32_t column_sums[16];
+        std::memcpy(column_sums, w + K / 4 * 64, sizeof(column_sums));
         const int64_t n0 = b * 16, width = std::min<int64_t>(16, N - n0);
         for (int64_t m0 = lo; m0 < hi; m0 += kGroup) {
           const int G = static_cast<int>(std::min<int64_t>(kGroup, hi - m0));
-          const int8_t* xs = x + m0 * K;
+          const uint8_t* us = u + m0 * K;
           switch (G) {
-            case 1: avx2_block<1>(w, xs, K, sums); break;
-            case 2: avx2_block<2>(w, xs, K, sums); break;
-            case 3: avx2_block<3>(w, xs, K, sums); break;
-            default: avx2_block<4>(w, xs, K, sums); break;
+            case 1: avx2_block<1>(w, us, K, sums); break;
+            case 2: avx2_block<2>(w, us, K, sums); break;
+            case 3: avx2_block<3>(w, us, K, sums); break;
+            default: avx2_block<4>(w, us, K, sums); break;
           }
           for (int g = 0; g < G; ++g) {  // the scales in int8_rows.epilogue's order
+            const int32_t z = zeros[m0 + g];
+            float* out = y + (m0 + g) * N + n0;
+            if (width == 16) {  // two 8-lane halves; a scalar loop for the last partial block
+              for (int h = 0; h < 2; ++h) {
+                const __m256i raw = _mm256_loadu_si256(
+                    reinterpret_cast<const __m256i*>(sums + g * 16 + 8 * h));
+                const __m256i col = _mm256_loadu_si256(
+                    reinterpret_cast<const __m256i*>(column_sums + 8 * h));
+                const __m256i exact = _mm256_sub_epi32(raw, _mm256_mullo_epi32(col, _mm256_set1_epi32(z)));
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_loadu_ps(w_scale + n0 + 8 * h));
+                v = _mm256_mul_ps(v, _mm256_set1_ps(x_scales[m0 + g]));
+                if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0 + 8 * h));
+                _mm256_storeu_ps(out + 8 * h, v);
+              }
+              continue;
+            }
             for (int64_t j = 0; j < width; ++j) {
-              float v = float(sums[g * 16 + j]) * w_scale[n0 + j];
+              float v = float(sums[g * 16 + j] - z * column_sums[j]) * w_scale[n0 + j];
               v = v * x_scales[m0 + g];
               if (bias) v = v + bias[n0 + j];
-              y[(m0 + g) * N + n0 + j] = v;
+              out[j] = v;
             }
           }
         }
@@ -381,11 +456,11 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
   // gpt1's kernel up to int8_rows_limit(K) rows, and for every row count where oneDNN's copy
   // is absent (no int8 kernel there, or one whose sums saturate: `backend.int8_many_rows`).
   if (w.vnni && (M <= int8_rows_limit(K) || !w.packed)) {
+#if defined(__AVX512VNNI__)
     // Zero rows past M fill AMX's last 16-row tile (their results are not written).
     std::vector<int8_t> q((M + 15) / 16 * 16 * K, 0);
     std::vector<float> scales(M);
     if (!quantize_rows(x, 0, M, K, q.data(), scales.data(), false)) return false;
-#if defined(__AVX512VNNI__)
     std::vector<int32_t> sums(M);
     for (int64_t m = 0; m < M; ++m) {
       int32_t total = 0;
@@ -410,8 +485,12 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
                     scales.data() + m0, w.scale->data_ptr<float>(), bias, K, N, y + m0 * N);
     }
 #else
-    avx2_product(M, reinterpret_cast<const int8_t*>(w.vnni->data_ptr<uint8_t>()), q.data(),
-                 scales.data(), w.scale->data_ptr<float>(), bias, K, N, y);
+    std::vector<uint8_t> u(M * K);
+    std::vector<float> scales(M);
+    std::vector<int32_t> zeros(M);
+    if (!quantize_rows_u7(x, 0, M, K, u.data(), scales.data(), zeros.data())) return false;
+    avx2_product(M, reinterpret_cast<const int8_t*>(w.vnni->data_ptr<uint8_t>()), u.data(),
+                 zeros.data(), scales.data(), w.scale->data_ptr<float>(), bias, K, N, y);
 #endif
     return true;
   }
@@ -523,7 +602,8 @@ torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
   TORCH_CHECK(x.dim() == 2 && x.device().is_cpu() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16) &&
                   vnni.scalar_type() == at::kByte && vnni.dim() == 4 &&
-                  vnni.size(0) == (out + 15) / 16 && vnni.size(1) * 4 == x.size(1) &&
+                  vnni.size(0) == (out + 15) / 16 &&
+                  (vnni.size(1) - kColumnSumQuads) * 4 == x.size(1) &&
                   scale.scalar_type() == at::kFloat && scale.numel() == out,
               "rows_product: x [M, K] fp32/bf16, a packed weight of [out, K], fp32 scales");
   const int64_t M = x.size(0), K = x.size(1);
@@ -545,9 +625,11 @@ torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
   return y.to(x.scalar_type());
 }
 
-// q [N, K] int8 (K a multiple of 4) -> the few-row kernel's layout: [ceil(N / 16), K / 4, 16, 4]
-// unsigned bytes, lane j of block b holding channel 16 b + j's four weights w + 128 (absent
-// channels past N hold 128: weight 0); an undefined tensor where that kernel is not compiled.
+// q [N, K] int8 (K a multiple of 4) -> the few-row kernel's layout: [ceil(N / 16), K / 4 + S,
+// 16, 4] bytes, lane j of block b holding channel 16 b + j's four weights, as w + 128 for VNNI
+// and AMX (absent channels past N hold 128: weight 0), as w itself for AVX2, whose S = 1 last
+// line of each block holds its 16 channels' sums of w as int32 (S = 0 elsewhere); an undefined
+// tensor where that kernel is not compiled.
 torch::Tensor pack_vnni(const torch::Tensor& q) {
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == at::kChar && q.is_contiguous() &&
@@ -559,18 +641,21 @@ torch::Tensor pack_vnni(const torch::Tensor& q) {
 #else
   constexpr int kOffset = 0;  // AVX2's loop takes |w| and gives the activations w's signs
 #endif
-  torch::Tensor out =
-      torch::full({blocks, K / 4, 16, 4}, kOffset, q.options().dtype(at::kByte));
+  const int64_t quads = K / 4 + kColumnSumQuads;
+  torch::Tensor out = torch::full({blocks, quads, 16, 4}, kOffset, q.options().dtype(at::kByte));
   const int8_t* w = q.data_ptr<int8_t>();
   uint8_t* o = out.data_ptr<uint8_t>();
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
+      int32_t column_sums[16] = {};
       for (int64_t lane = 0; lane < 16 && b * 16 + lane < N; ++lane) {
         const int8_t* row = w + (b * 16 + lane) * K;
         for (int64_t k = 0; k < K; ++k) {
-          o[((b * (K / 4) + k / 4) * 16 + lane) * 4 + k % 4] = uint8_t(int(row[k]) + kOffset);
+          o[((b * quads + k / 4) * 16 + lane) * 4 + k % 4] = uint8_t(int(row[k]) + kOffset);
+          column_sums[lane] += row[k];
         }
       }
+      if (kColumnSumQuads > 0) std::memcpy(o + (b * quads + K / 4) * 64, column_sums, 64);
     }
   });
   return out;
@@ -609,4 +694,12 @@ int64_t int8_rows_limit(int64_t in_features) {
 #endif
   (void)in_features;
   return gpt1::kFewRows;
+}
+
+std::string int8_rows_form() {
+#if defined(GPT1_SIMD) && !defined(__AVX512VNNI__) && defined(__AVX2__)
+  return "u7";  // the AVX2 kernel's unsigned 7-bit activations with a zero point per row
+#else
+  return "s8";  // signed 8-bit activations: VNNI, AMX and oneDNN's kernels
+#endif
 }

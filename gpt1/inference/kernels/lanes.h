@@ -46,6 +46,7 @@ inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }  //
 inline Vec within(Mask m, Vec a) { return _mm512_maskz_mov_ps(m, a); }        // 0 outside m
 inline float sum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline float largest(Vec a) { return _mm512_reduce_max_ps(a); }
+inline float smallest(Vec a) { return _mm512_reduce_min_ps(a); }
 inline bool any_nan(Vec a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
 inline unsigned equal_lanes(Vec a, Vec b) {  // bit j: lane j of a == lane j of b
   return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
@@ -142,6 +143,11 @@ inline float largest(Vec a) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+}
+inline float smallest(Vec a) {
+  __m128 s = _mm_min_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_min_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
 }
 inline bool any_nan(Vec a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
 inline unsigned equal_lanes(Vec a, Vec b) {  // bit j: lane j of a == lane j of b

@@ -35,6 +35,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack_vnni", &pack_vnni, "an int8 weight in the few-row integer kernel's layout",
         Unlocked(), pybind11::arg("q"));
   m.def("has_few_rows_int8", &has_few_rows_int8, "whether gpt1's int8 kernel was compiled");
+  m.def("int8_rows_form", &int8_rows_form,
+        "how gpt1's int8 kernel quantises activation rows: 's8' or 'u7'");
   m.def("int8_rows_limit", &int8_rows_limit,
         "the most rows gpt1's int8 kernel takes where oneDNN's is exact (more on AMX)",
         pybind11::arg("in_features"));

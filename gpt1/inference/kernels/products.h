@@ -4,6 +4,7 @@
 
 #include <torch/extension.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -70,6 +71,9 @@ torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
                            const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
                            int64_t out);
 std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x);
+// How gpt1's int8 kernel quantises each row of activations: "s8" (signed 8-bit, one scale) or
+// "u7" (unsigned 7-bit with a zero point, the AVX2 kernel): `int8_rows.quantize`'s `form`.
+std::string int8_rows_form();
 torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale,
                          const c10::optional<torch::Tensor>& bias, bool bf16);
 bool has_quantize_per_tensor();
