@@ -46,7 +46,7 @@ def classifier_agreement(run: str, data: str, split: str, micro: int, precisions
     task = base.task
     if task is None:
         raise SystemExit(f"{run} is not a fine-tuned run")
-    record = base.record
+    record = base.classifier.record
     for name in task.resolve_splits(split):
         sp = task.read(data, name, need_labels=None)
         enc = encode_split(
