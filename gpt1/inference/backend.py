@@ -754,7 +754,12 @@ def _many_rows_int8() -> Choice:
     if onednn_int8_saturates():
         why = "oneDNN's int8 sums saturate on this CPU (no VNNI or AMX: onednn_int8_exact)"
         if few_rows_int8():
-            return Choice(KINDS[2], "gpt1's int8 kernel, one scale per row (exact sums)", why)
+            form = {"u7": "7-bit rows with a zero point", "s8": "8-bit rows"}.get(
+                kernel_module().int8_rows_form(), "rows"
+            )
+            return Choice(
+                KINDS[2], f"gpt1's int8 kernel, {form}, one scale per row (exact sums)", why
+            )
         return Choice(KINDS[2], "float path", why)
     probe = int8_probe()
     shape = "x".join(map(str, _PROBE_SHAPE))

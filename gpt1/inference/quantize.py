@@ -35,7 +35,7 @@ values (exact in bf16) with the scales applied to its output: the same numbers u
 activations' rounding. Where oneDNN's kernel sums inexactly (no VNNI or AMX: its 16-bit pair
 sums saturate; `backend.onednn_int8_exact`), and for up to `backend.own_int8_rows` rows of the
 decoding step, gpt1's own kernel multiplies instead (`kernels/int8_rows.cpp`: exact sums, one
-scale per row).
+scale per row; without VNNI each row as 7-bit numbers with a zero point, `int8_rows.FORMS`).
 
 `quantize_int8_(model)` refuses, with one line, where quality cannot be kept: a layer with a row
 whose int8 weights differ from the float ones by more than `MAX_RELATIVE_ERROR` of that row
