@@ -78,11 +78,12 @@ def test_gpt1s_kernel_gives_the_exact_sums_at_any_row_count(k):
         assert torch.equal(got, want), rows
 
 
-_ROW_KINDS = ["mixed", "positive", "negative", "zero", "constant", "tiny", "wide"]
+_ROW_KINDS = ["mixed", "positive", "negative", "zero", "constant", "tiny", "subnormal", "wide"]
 
 
 def _rows_of_kinds(kinds: list[str], k: int, seed: int) -> torch.Tensor:
-    """One row per kind: signs balanced or all one way, all zero, constant, tiny or huge."""
+    """One row per kind: signs balanced or all one way, all zero, constant, tiny, subnormal
+    or huge."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for kind in kinds:
@@ -93,6 +94,7 @@ def _rows_of_kinds(kinds: list[str], k: int, seed: int) -> torch.Tensor:
             "zero": torch.zeros(k),
             "constant": torch.full((k,), float(row[0])),
             "tiny": row * 1e-30,
+            "subnormal": row * 1e-44,  # a scale of largest / 127 underflows to 0
             "wide": row * 1e30,
         }.get(kind, row)
         rows.append(row)
@@ -141,6 +143,23 @@ def test_u7_rows_round_within_half_a_step_and_keep_s8s_step_for_one_sign(kinds, 
     one_sign = (x >= 0).all(1) | (x <= 0).all(1)
     assert torch.equal(scale[one_sign], scale8[one_sign])
     assert (scale <= 2 * scale8 * (1 + 1e-6)).all()
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=8),
+    k=st.integers(1, 300),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_compiled_s8_quantiser_gives_torchs_integers_and_scales(kinds, k, seed):
+    """The two passes of `kernels/int8_rows.cpp` and the plain-torch form agree bit for bit on
+    rows of any sign and range, subnormal ones (scale 1, all 0) included."""
+    kernels = backend.int8_row_kernels()
+    if kernels is None:
+        pytest.skip("the compiled quantiser is not built for this CPU")
+    x = _rows_of_kinds(kinds, k, seed)
+    got, want = int8_rows.quantize(x, kernels), int8_rows.quantize(x)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_a_rows_result_does_not_depend_on_its_neighbours():

@@ -58,9 +58,10 @@ def asked() -> bool:
 def quantize(rows: torch.Tensor, kernels=None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """rows `[M, K]` -> (int8 `[M, K]`, fp32 scales `[M, 1]`) with rows ~= int8 * scale, or None
     where a row holds an inf or a NaN (the float path keeps them). An all-zero row gets scale 1
-    (its integers are all 0). Scaled in fp32 whatever the rows' dtype: two passes of gpt1's
-    compiled module (`kernels`, `backend.int8_row_kernels()`: `kernels/int8_rows.cpp`) where
-    given, else torch's operators; the same integers."""
+    (its integers are all 0), and so does a row so small that its scale would underflow to 0
+    (subnormal values of at most about 1e-43). Scaled in fp32 whatever the rows' dtype: two
+    passes of gpt1's compiled module (`kernels`, `backend.int8_row_kernels()`:
+    `kernels/int8_rows.cpp`) where given, else torch's operators; the same integers."""
     if kernels is not None and rows.is_cpu:
         qx, scale = kernels.quantize_rows(rows.contiguous())
         return None if qx is None else (qx, scale)
@@ -72,7 +73,8 @@ def _quantize_in_torch(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] 
     amax = x.abs().amax(dim=1, keepdim=True)
     if not bool(torch.isfinite(amax).all()):
         return None
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    scale = amax / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # 0: a row too small for it
     # |x| / scale <= 127 up to one rounding, which rounds back to 127: no clamp needed.
     return x.div_(scale).round_().to(torch.int8), scale
 
@@ -90,7 +92,8 @@ def quantize_u7(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     span = high - low
     if not bool(torch.isfinite(span).all()):
         return None
-    scale = torch.where(span > 0, span / 127.0, torch.ones_like(span))
+    scale = span / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # 0: a row too small for it
     zero = torch.round(-low / scale)
     u = x.div_(scale).round_().add_(zero).clamp_(0.0, 127.0)
     return u.sub_(zero).to(torch.int8), scale

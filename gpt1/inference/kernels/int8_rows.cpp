@@ -70,7 +70,8 @@ bool quantize_rows(const T* x, int64_t lo, int64_t hi, int64_t K, int8_t* q, flo
     }
     const float amax = simd::largest(top);
     if (nan || std::isinf(amax)) return false;
-    const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;  // an all-zero row: all 0
+    float scale = amax / 127.0f;
+    if (!(scale > 0.0f)) scale = 1.0f;  // an all-zero row, or one too small to scale: all 0
     scales[r] = scale;
     const simd::Vec s = simd::set1(scale);
     int8_t* out = q + r * K;
@@ -340,7 +341,8 @@ bool quantize_rows_u7(const float* x, int64_t lo, int64_t hi, int64_t K, uint8_t
     const float high = simd::largest(top), low = simd::smallest(bottom);
     const float span = high - low;
     if (nan || !std::isfinite(span)) return false;
-    const float scale = span > 0.0f ? span / 127.0f : 1.0f;  // an all-zero row: all 0
+    float scale = span / 127.0f;
+    if (!(scale > 0.0f)) scale = 1.0f;  // an all-zero row, or one too small to scale: all 0
     const float zero = std::nearbyint(-low / scale);        // nearest, ties to even
     scales[r] = scale;
     zeros[r] = static_cast<int32_t>(zero);
