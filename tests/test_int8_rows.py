@@ -28,12 +28,6 @@ def int8_kernel_on(monkeypatch):
         pytest.skip("no exact int8 kernel here (oneDNN's missing or saturating, gpt1's not built)")
 
 
-def _own_form() -> str:
-    """How gpt1's compiled int8 kernel quantises a row ("s8" or "u7": `int8_rows.FORMS`)."""
-    built = backend.kernel_module()
-    return built.int8_rows_form() if built is not None and backend.few_rows_int8() else "s8"
-
-
 def _layer(k: int, n: int) -> Int8Linear:
     torch.manual_seed(0)
     linear = nn.Linear(k, n).to(torch.bfloat16)
@@ -56,7 +50,7 @@ def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding,
     x = (torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]).to(torch.bfloat16)
     with torch.no_grad(), int8_rows.per_row():
         got = layer(x)
-    form = _own_form() if rows <= backend.own_int8_rows(k) else "s8"
+    form = backend.own_int8_form() if rows <= backend.own_int8_rows(k) else "s8"
     want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias, form)
     assert torch.equal(got, want)
 
@@ -74,7 +68,9 @@ def test_gpt1s_kernel_gives_the_exact_sums_at_any_row_count(k):
     for rows in (1, 5, 16, 17, 64, 70, 130):
         x = torch.randn(rows, k) * torch.logspace(-2, 2, rows)[:, None]
         got = kernels.rows_product(x, packed, layer.scale, layer.bias.float(), 40)
-        want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias.float(), _own_form())
+        want = int8_rows.reference(
+            x, layer.qweight, layer.scale, layer.bias.float(), backend.own_int8_form()
+        )
         assert torch.equal(got, want), rows
 
 
@@ -101,6 +97,14 @@ def _rows_of_kinds(kinds: list[str], k: int, seed: int) -> torch.Tensor:
     return torch.stack(rows)
 
 
+# A few rows of any width, each of a kind `_rows_of_kinds` makes: what the quantisers take.
+_FEW_ROWS_OF_KINDS = dict(
+    kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=8),
+    k=st.integers(1, 300),
+    seed=st.integers(0, 2**31 - 1),
+)
+
+
 @settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=40),
@@ -117,16 +121,12 @@ def test_gpt1s_kernel_gives_the_reference_bits_for_rows_of_any_sign_and_range(ki
     layer = _layer(k, 24)
     x = _rows_of_kinds(kinds, k, seed)
     got = kernels.rows_product(x, kernels.pack_vnni(layer.qweight), layer.scale, None, 24)
-    want = int8_rows.reference(x, layer.qweight, layer.scale, None, _own_form())
+    want = int8_rows.reference(x, layer.qweight, layer.scale, None, backend.own_int8_form())
     assert torch.equal(got, want)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(
-    kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=8),
-    k=st.integers(1, 300),
-    seed=st.integers(0, 2**31 - 1),
-)
+@given(**_FEW_ROWS_OF_KINDS)
 def test_u7_rows_round_within_half_a_step_and_keep_s8s_step_for_one_sign(kinds, k, seed):
     """The AVX2 form: 128 levels per row, each value within half a step of its integer, the
     step the row's range [min(x, 0), max(x, 0)] over 127: the 8-bit form's step where the row
@@ -146,11 +146,7 @@ def test_u7_rows_round_within_half_a_step_and_keep_s8s_step_for_one_sign(kinds, 
 
 
 @settings(max_examples=30, deadline=None, derandomize=True)
-@given(
-    kinds=st.lists(st.sampled_from(_ROW_KINDS), min_size=1, max_size=8),
-    k=st.integers(1, 300),
-    seed=st.integers(0, 2**31 - 1),
-)
+@given(**_FEW_ROWS_OF_KINDS)
 def test_the_compiled_s8_quantiser_gives_torchs_integers_and_scales(kinds, k, seed):
     """The two passes of `kernels/int8_rows.cpp` and the plain-torch form agree bit for bit on
     rows of any sign and range, subnormal ones (scale 1, all 0) included."""
@@ -337,7 +333,7 @@ with torch.no_grad():
     got_few, got_many = layer(few), layer(many)
 own = backend.few_rows_int8()
 if own:
-    form = backend.kernel_module().int8_rows_form()
+    form = backend.own_int8_form()
     exact = lambda x, q, s, b: int8_rows.reference(x, q, s, b, form)  # noqa: E731
 else:
     exact = quantize._dequantised_linear

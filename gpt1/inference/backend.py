@@ -283,6 +283,12 @@ def few_rows_int8() -> bool:
     return built is not None and built.has_few_rows_int8()
 
 
+def own_int8_form() -> str:
+    """How gpt1's own int8 kernel quantises a row of activations (`int8_rows.FORMS`): "u7" on
+    AVX2 without VNNI, else "s8" (also where that kernel is not built)."""
+    return kernel_module().int8_rows_form() if few_rows_int8() else "s8"
+
+
 def own_int8_rows(in_features: int) -> int:
     """The most rows of a decoding step's int8 products (of `in_features` inputs) that take
     gpt1's own kernel rather than oneDNN's: 16 (VNNI or AVX2), 64 where AMX multiplies; 0
@@ -754,9 +760,7 @@ def _many_rows_int8() -> Choice:
     if onednn_int8_saturates():
         why = "oneDNN's int8 sums saturate on this CPU (no VNNI or AMX: onednn_int8_exact)"
         if few_rows_int8():
-            form = {"u7": "7-bit rows with a zero point", "s8": "8-bit rows"}.get(
-                kernel_module().int8_rows_form(), "rows"
-            )
+            form = "7-bit rows with a zero point" if own_int8_form() == "u7" else "8-bit rows"
             return Choice(
                 KINDS[2], f"gpt1's int8 kernel, {form}, one scale per row (exact sums)", why
             )

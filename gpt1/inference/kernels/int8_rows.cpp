@@ -343,7 +343,7 @@ bool quantize_rows_u7(const float* x, int64_t lo, int64_t hi, int64_t K, uint8_t
     if (nan || !std::isfinite(span)) return false;
     float scale = span / 127.0f;
     if (!(scale > 0.0f)) scale = 1.0f;  // an all-zero row, or one too small to scale: all 0
-    const float zero = std::nearbyint(-low / scale);        // nearest, ties to even
+    const float zero = std::nearbyint(-low / scale);  // nearest, ties to even
     scales[r] = scale;
     zeros[r] = static_cast<int32_t>(zero);
     const simd::Vec s = simd::set1(scale), z = simd::set1(zero);
@@ -351,7 +351,8 @@ bool quantize_rows_u7(const float* x, int64_t lo, int64_t hi, int64_t K, uint8_t
     int8_t* out = reinterpret_cast<int8_t*>(u + r * K);  // 0..127: the same bytes either way
     for (int64_t i = 0; i < K; i += simd::kLanes) {
       const simd::Mask m = simd::lanes(i, K);
-      const simd::Vec steps = simd::add(simd::round_even(simd::div(simd::load(row + i, m), s)), z);
+      const simd::Vec steps =
+          simd::add(simd::round_even(simd::div(simd::load(row + i, m), s)), z);
       simd::store_int8(out + i, simd::min(simd::max(steps, floor), ceiling), m);
     }
   }
@@ -420,8 +421,10 @@ void avx2_product(int64_t M, const int8_t* packed, const uint8_t* u, const int32
                     reinterpret_cast<const __m256i*>(sums + g * 16 + 8 * h));
                 const __m256i col = _mm256_loadu_si256(
                     reinterpret_cast<const __m256i*>(column_sums + 8 * h));
-                const __m256i exact = _mm256_sub_epi32(raw, _mm256_mullo_epi32(col, _mm256_set1_epi32(z)));
-                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), _mm256_loadu_ps(w_scale + n0 + 8 * h));
+                const __m256i exact =
+                    _mm256_sub_epi32(raw, _mm256_mullo_epi32(col, _mm256_set1_epi32(z)));
+                const __m256 ws = _mm256_loadu_ps(w_scale + n0 + 8 * h);
+                __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(exact), ws);
                 v = _mm256_mul_ps(v, _mm256_set1_ps(x_scales[m0 + g]));
                 if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + n0 + 8 * h));
                 _mm256_storeu_ps(out + 8 * h, v);
@@ -641,7 +644,7 @@ torch::Tensor pack_vnni(const torch::Tensor& q) {
 #if defined(__AVX512VNNI__)
   constexpr int kOffset = 128;  // VNNI and AMX multiply unsigned weights by signed activations
 #else
-  constexpr int kOffset = 0;  // AVX2's loop takes |w| and gives the activations w's signs
+  constexpr int kOffset = 0;  // AVX2's loop multiplies unsigned activations by signed weights
 #endif
   const int64_t quads = K / 4 + kColumnSumQuads;
   torch::Tensor out = torch::full({blocks, quads, 16, 4}, kOffset, q.options().dtype(at::kByte));
@@ -654,7 +657,7 @@ torch::Tensor pack_vnni(const torch::Tensor& q) {
         const int8_t* row = w + (b * 16 + lane) * K;
         for (int64_t k = 0; k < K; ++k) {
           o[((b * quads + k / 4) * 16 + lane) * 4 + k % 4] = uint8_t(int(row[k]) + kOffset);
-          column_sums[lane] += row[k];
+          if (kColumnSumQuads > 0) column_sums[lane] += row[k];  // AVX2's line of sums only
         }
       }
       if (kColumnSumQuads > 0) std::memcpy(o + (b * quads + K / 4) * 64, column_sums, 64);
