@@ -465,13 +465,17 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
     // Zero rows past M fill AMX's last 16-row tile (their results are not written).
     std::vector<int8_t> q((M + 15) / 16 * 16 * K, 0);
     std::vector<float> scales(M);
-    if (!quantize_rows(x, 0, M, K, q.data(), scales.data(), false)) return false;
     std::vector<int32_t> sums(M);
-    for (int64_t m = 0; m < M; ++m) {
-      int32_t total = 0;
-      for (int64_t k = 0; k < K; ++k) total += q[m * K + k];
-      sums[m] = total;
-    }
+    const bool finite = rows_in_parallel(M, K, [&](int64_t lo, int64_t hi) {
+      if (!quantize_rows(x, lo, hi, K, q.data(), scales.data(), false)) return false;
+      for (int64_t m = lo; m < hi; ++m) {
+        int32_t total = 0;
+        for (int64_t k = 0; k < K; ++k) total += q[m * K + k];
+        sums[m] = total;
+      }
+      return true;
+    });
+    if (!finite) return false;
 #if defined(GPT1_AMX)
     if (M > kVnniBeforeAmx && amx_applies(K)) {
       for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // more rows: the weights read again
@@ -493,7 +497,10 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
     std::vector<uint8_t> u(M * K);
     std::vector<float> scales(M);
     std::vector<int32_t> zeros(M);
-    if (!quantize_rows_u7(x, 0, M, K, u.data(), scales.data(), zeros.data())) return false;
+    const bool finite = rows_in_parallel(M, K, [&](int64_t lo, int64_t hi) {
+      return quantize_rows_u7(x, lo, hi, K, u.data(), scales.data(), zeros.data());
+    });
+    if (!finite) return false;
     avx2_product(M, reinterpret_cast<const int8_t*>(w.vnni->data_ptr<uint8_t>()), u.data(),
                  zeros.data(), scales.data(), w.scale->data_ptr<float>(), bias, K, N, y);
 #endif
@@ -503,22 +510,28 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
   TORCH_CHECK(w.packed, "int8 rows: no kernel for this product");
   torch::Tensor qx = torch::empty({M, K}, torch::dtype(w.u8 ? at::kByte : at::kChar));
   std::vector<float> scales(M);
-  if (!quantize_rows(x, 0, M, K, static_cast<int8_t*>(qx.data_ptr()), scales.data(), w.u8)) {
+  int8_t* qp = static_cast<int8_t*>(qx.data_ptr());
+  if (!rows_in_parallel(M, K, [&](int64_t lo, int64_t hi) {
+        return quantize_rows(x, lo, hi, K, qp, scales.data(), w.u8);
+      })) {
     return false;
   }
   const torch::Tensor sums = onednn_product(qx, w.u8, *w.packed, *w.zero_points, *w.scale);
   TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.is_contiguous() && sums.numel() == M * N,
               "int8 rows: oneDNN returned an unexpected product");
   const float* s = sums.data_ptr<float>();
-  for (int64_t r = 0; r < M; ++r) {
-    const simd::Vec xs = simd::set1(scales[r]);
-    for (int64_t n = 0; n < N; n += simd::kLanes) {
-      const simd::Mask m = simd::lanes(n, N);
-      simd::Vec v = simd::mul(simd::load(s + r * N + n, m), xs);
-      if (bias) v = simd::add(v, simd::load(bias + n, m));
-      simd::store(y + r * N + n, v, m);
+  rows_in_parallel(M, N, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const simd::Vec xs = simd::set1(scales[r]);
+      for (int64_t n = 0; n < N; n += simd::kLanes) {
+        const simd::Mask m = simd::lanes(n, N);
+        simd::Vec v = simd::mul(simd::load(s + r * N + n, m), xs);
+        if (bias) v = simd::add(v, simd::load(bias + n, m));
+        simd::store(y + r * N + n, v, m);
+      }
     }
-  }
+    return true;
+  });
   return true;
 }
 
@@ -536,13 +549,10 @@ std::tuple<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x) {
   torch::Tensor scales = torch::empty({M, 1}, x.options().dtype(at::kFloat));
   int8_t* qp = q.data_ptr<int8_t>();
   float* sp = scales.data_ptr<float>();
-  std::atomic<bool> finite{true};
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(K, 1));
-  at::parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
-    const bool ok = x.scalar_type() == at::kFloat
-                        ? quantize_rows(x.data_ptr<float>(), lo, hi, K, qp, sp, false)
-                        : quantize_rows(x.data_ptr<at::BFloat16>(), lo, hi, K, qp, sp, false);
-    if (!ok) finite = false;
+  const bool finite = gpt1::rows_in_parallel(M, K, [&](int64_t lo, int64_t hi) {
+    return x.scalar_type() == at::kFloat
+               ? quantize_rows(x.data_ptr<float>(), lo, hi, K, qp, sp, false)
+               : quantize_rows(x.data_ptr<at::BFloat16>(), lo, hi, K, qp, sp, false);
   });
   if (!finite) return {torch::Tensor(), torch::Tensor()};
   return {q, scales};
@@ -568,8 +578,7 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
   // when it sat in the inner loop (a 2048-row prompt of the int8 model).
   float* to_fp32 = bf16 ? nullptr : out.data_ptr<float>();
   at::BFloat16* to_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(N, 1));
-  at::parallel_for(0, M, grain, [&](int64_t lo, int64_t hi) {
+  gpt1::rows_in_parallel(M, N, [&](int64_t lo, int64_t hi) {
     for (int64_t r = lo; r < hi; ++r) {
       const simd::Vec scale = simd::set1(xs[r]);
       for (int64_t n = 0; n < N; n += simd::kLanes) {
@@ -583,6 +592,7 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
         }
       }
     }
+    return true;
   });
   return out;
 }

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
+#include <atomic>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,6 +25,21 @@ const float* float_values(const torch::Tensor& t, int64_t n, std::vector<float>&
 // without scales multiply the bf16 pairs as they are (x may be nullptr in that case).
 void weight_product(int64_t M, const float* x, const at::BFloat16* x_bf16, const torch::Tensor& w,
                     const float* scale, const float* bias, float* y);
+
+// Runs `part(lo, hi)` over rows [0, rows) of `numbers` each, split across ATen's threads in tasks
+// of at least `kRowGrain` numbers (fewer rows than that stay on the calling thread: a task costs
+// a few microseconds to hand out); true unless some part returned false. Each row is computed as
+// on one thread, so its results do not depend on the split.
+constexpr int64_t kRowGrain = 32768;
+template <typename Part>
+bool rows_in_parallel(int64_t rows, int64_t numbers, const Part& part) {
+  std::atomic<bool> ok{true};
+  const int64_t grain = std::max<int64_t>(1, kRowGrain / std::max<int64_t>(numbers, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t lo, int64_t hi) {
+    if (!part(lo, hi)) ok = false;
+  });
+  return ok;
+}
 
 // An int8 weight [out, in] as oneDNN's int8 kernel takes it: its packed copy and zero points
 // (`backend.pack_int8`), its per-channel fp32 scales, and whether the activations go over as
