@@ -19,6 +19,12 @@ forms a row is quantised in (`int8_rows.FORMS`: "s8", signed 8-bit, with VNNI, A
    product (the output layer's too) as fp32, as int8 weights times float activations
    (widening), and as per-row int8 in each form, in plain torch (`int8_rows.reference`):
    next-token loss, and how often each one's most likely next token is fp32's.
+4. With them too: the same windows decoded as `BatchedDecoder` decodes them, every window a
+   sequence of one pool, a prompt of `PROMPT` tokens then one token a step through the many-row
+   integer step (the compiled one, in this build's form), the next token of every position
+   predicted (teacher forcing): with the keys and values cached in the activations' dtype and,
+   where the activations are fp32, in bf16 as `BatchedDecoder` caches them
+   (`int8_step.cache_dtype`).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from torch import nn
 
 from gpt1 import GPT, load_checkpoint
 from gpt1.config import model_preset
-from gpt1.inference import backend, int8_rows
+from gpt1.inference import backend, int8_rows, int8_step
 from gpt1.inference.decoding import SlotPool, decode, forward_cached
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import PackedInt8, quantize_rows
@@ -88,7 +94,7 @@ def logits(preset: str, vocab: int) -> None:
     found = {}
     with torch.no_grad():
         for name, model in (("fp32", fp32), ("int8", int8)):
-            pool = SlotPool(model.config.n_layer, 64)
+            pool = SlotPool(model.config.n_layer, 64, int8_step.cache_dtype(model))
             caches = [pool.cache() for _ in range(16)]
             for p, cache in zip(prompts, caches):
                 forward_cached(model, p[None], cache)
@@ -163,6 +169,44 @@ def trained(checkpoint: Path, text: Path, windows: int) -> None:
             loss = F.cross_entropy(got[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
             same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
             print(f"| {label} | {loss.item():.4f} | {same:.2%} |")
+    decoded(fp32, batch)
+
+
+PROMPT = 16  # tokens of each window read as its prompt before the steps
+
+
+def decoded(fp32: GPT, batch: torch.Tensor) -> None:
+    """Section 4: `batch` [windows, T] decoded token by token through the integer step."""
+    model = for_inference(copy.deepcopy(fp32), "cpu", "int8")
+    with torch.no_grad():
+        want = fp32.lm_logits(fp32(batch)).float()[:, PROMPT - 1 : -1]
+    stored = [None] + ([int8_step.cache_dtype(model)] if int8_step.cache_dtype(model) else [])
+    print()
+    print(
+        f"Decoded as BatchedDecoder decodes: {batch.shape[0]} sequences, {PROMPT}-token prompts,"
+        f" {batch.shape[1] - PROMPT} steps ({model.wte.weight.dtype} activations)"
+    )
+    print()
+    print("| keys and values cached in | next-token loss | top-1 as fp32's |")
+    print("| --- | ---: | ---: |")
+    for dtype in stored:
+        pool = SlotPool(model.config.n_layer, model.config.n_positions, dtype)
+        caches = [pool.cache() for _ in range(batch.shape[0])]
+        with torch.no_grad(), int8_rows.per_row():
+            last = [
+                forward_cached(model, row[None, :PROMPT], c)[0, -1] for row, c in zip(batch, caches)
+            ]
+            got = [model.lm_logits(torch.stack(last)).float()]
+            for t in range(PROMPT, batch.shape[1] - 1):
+                hidden = decode(model, batch[:, t], caches, one_call=False)
+                got.append(model.lm_logits(hidden).float())
+        logits = torch.stack(got, 1)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, PROMPT:].flatten())
+        same = (logits.argmax(-1) == want.argmax(-1)).float().mean().item()
+        name = str(dtype or model.wte.weight.dtype).removeprefix("torch.")
+        print(f"| {name} | {loss.item():.4f} | {same:.2%} |")
+    loss = F.cross_entropy(want.flatten(0, 1), batch[:, PROMPT:].flatten())
+    print(f"| (the fp32 model) | {loss.item():.4f} | - |")
 
 
 def main() -> None:

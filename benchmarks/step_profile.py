@@ -9,11 +9,15 @@ as the server's are. For each row count R, alternating in one process, medians o
   almost nothing): their difference is what attending over the caches costs, printed with the
   rate at which it reads their keys and values;
 - int8 only: the 48 block products alone on R rows (gpt1's kernel, `rows_product`), so that
-  step - products - attention is the rest.
+  step - products - attention is the rest;
+- where `BatchedDecoder` stores narrower keys and values than the activations (int8 on a CPU
+  without bf16 arithmetic: bf16 under fp32), the same step over caches of `--past` positions in
+  the activations' dtype too, and how much faster the narrower caches make the step.
 
 One thread and this process's CPU time by default (the machine may be shared); `--threads 2
---clock wall` for a step on two cores. The cache's read rate counts the bytes its numbers take
-here (bf16, or fp32 where the CPU has no bf16 instructions and int8 keeps fp32 activations).
+--clock wall` for a step on two cores. The caches are `BatchedDecoder`'s (bf16 for int8 and
+bf16 activations, fp32 for fp32: `int8_step.cache_dtype`), and their read rate counts the bytes
+their numbers take.
 
     python benchmarks/step_profile.py                        # int8, R = 1..64, 64 positions
     python benchmarks/step_profile.py --precision bf16 --rows 1,4,8 --past 256
@@ -34,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt1 import GPT  # noqa: E402
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.inference import backend, int8_rows  # noqa: E402
+from gpt1.inference import backend, int8_rows, int8_step  # noqa: E402
 from gpt1.inference.block_step import _int8_weights  # noqa: E402
 from gpt1.inference.decoding import SlotPool, decode, forward_cached  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
@@ -44,9 +48,11 @@ CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 SHORT = 2  # positions cached where attention costs next to nothing
 
 
-def filled_pool(model: GPT, rows: int, past: int) -> list:
-    """`rows` caches, slots of one pool, each holding `past` positions of random tokens."""
-    pool = SlotPool(model.config.n_layer, max(128, 2 * past))
+def filled_pool(model: GPT, rows: int, past: int, stored: str = "decoder") -> list:
+    """`rows` caches, slots of one pool, each holding `past` positions of random tokens; the
+    pool stores what `BatchedDecoder`'s does (`stored="decoder"`) or the activations' dtype."""
+    dtype = int8_step.cache_dtype(model) if stored == "decoder" else None
+    pool = SlotPool(model.config.n_layer, max(128, 2 * past), dtype)
     caches = [pool.cache() for _ in range(rows)]
     with torch.no_grad():
         for cache in caches:
@@ -91,20 +97,26 @@ def main() -> None:
         f"GPT-1 size, {args.precision}, caches of {args.past} positions (and of {SHORT}),"
         f" {threads}, {'CPU' if args.clock == 'cpu' else 'wall'} time, medians of {args.rounds}"
     )
-    print("| rows | step ms | attention ms | cache read GB/s | products ms | rest ms |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    narrower = int8_step.cache_dtype(model) is not None  # BatchedDecoder's caches: bf16
+    print(
+        "| rows | step ms | attention ms | cache read GB/s | products ms | rest ms |"
+        + (" step ms, fp32 caches | speed-up |" if narrower else "")
+    )
+    print("|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if narrower else ""))
     for rows in [int(r) for r in args.rows.split(",")]:
         ids = torch.randint(0, VOCAB, (rows,))
         caches = {past: filled_pool(model, rows, past) for past in (SHORT, args.past)}
+        if narrower:
+            caches["wide"] = filled_pool(model, rows, args.past, stored="activations")
         width = caches[SHORT][0].pool.k[0].element_size()  # bytes a cached number takes
         timed = {past: [] for past in caches}
         timed["products"] = []
         run_products = products(model, rows) if integer else None
 
-        def step(past: int) -> None:
+        def step(past: int | str) -> None:
             decode(model, ids, caches[past], one_call=not integer)
             for cache in caches[past]:
-                cache.truncate(past)
+                cache.truncate(args.past if past == "wide" else past)
 
         with torch.no_grad(), int8_rows.per_row():
             for past in caches:
@@ -128,6 +140,9 @@ def main() -> None:
             line += f" {made * 1e3:.2f} | {(whole - attention - made) * 1e3:.2f} |"
         else:
             line += " - | - |"
+        if narrower:
+            wide = statistics.median(timed["wide"])
+            line += f" {wide * 1e3:.2f} | {wide / whole:.2f}x |"
         print(line, flush=True)
 
 

@@ -143,6 +143,44 @@ def test_many_sequences_of_a_pool_and_of_their_own_caches(precision, monkeypatch
     assert [len(c) for c in pooled] == [len(c) for c in alone] == [13, 9, 18]
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_pool_storing_bf16_under_fp32_activations(precision, monkeypatch):
+    """A `SlotPool` whose buffers store bf16 under fp32 activations (the int8 model's, on a CPU
+    without bf16 arithmetic: `int8_step.cache_dtype`): the one-call step writes the new keys
+    and values rounded as torch's conversion rounds a prompt's, reads them widened as the
+    operators do, and both give the same hidden states up to summation order, six steps of
+    three sequences running (each step reads what the ones before wrote)."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
+    model = prepack_for_inference(GPT(config).eval())
+    if precision == "int8":
+        model = quantize_int8_(model, torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 300, (1, n), generator=gen) for n in (7, 3, 12)]
+    pools = [SlotPool(2, 80, torch.bfloat16) for _ in range(2)]
+    caches = [[pool.cache() for _ in prompts] for pool in pools]
+    with torch.no_grad():
+        for p, mine, theirs in zip(prompts, *caches):
+            forward_cached(model, p, mine)
+            forward_cached(model, p, theirs)
+        for _ in range(6):
+            ids = torch.randint(0, 300, (3,), generator=gen)
+            x = torch.zeros(3, 64)
+            assert block_step.plan(model, x) is not None
+            got = decode(model, ids, caches[0])
+            with _operators_only(monkeypatch):
+                want = decode(model, ids, caches[1])
+            assert got.dtype == want.dtype == torch.float32
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    ends = [len(c) for c in caches[0]]
+    assert ends == [len(c) for c in caches[1]] == [13, 9, 18]
+    for mine, theirs in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
+        assert mine.dtype == theirs.dtype == torch.bfloat16
+        for slot, end in enumerate(ends):  # one bf16 step where a sum rounded the other way
+            a, b = mine[slot, :, :end].float(), theirs[slot, :, :end].float()
+            assert ((a - b).abs() <= 2**-7 * b.abs()).all()
+
+
 def test_it_steps_aside_for_training_autograd_and_hooks():
     model = _model("fp32")
     x = torch.zeros(1, 64)
@@ -210,11 +248,21 @@ def test_the_kernel_refuses_what_it_cannot_take():
     for bad, match in [
         (dict(good, lengths=[8]), "no room"),
         (dict(good, rows=[1]), "no room"),
-        (dict(good, keys=[buffers.bfloat16()] * 2), "x's dtype"),
+        (dict(good, keys=[buffers.bfloat16()] * 2), "all of one dtype"),  # values fp32
+        (
+            dict(good, keys=[buffers.double()] * 2, values=[buffers.double()] * 2),
+            "x's dtype or bf16",
+        ),
         (dict(good, keys=[buffers]), "a cache per block"),
     ]:
         with pytest.raises(RuntimeError, match=match):
             step.run(x, **bad)
+    bf16 = [buffers.bfloat16()] * 2
+    step.run(x, **dict(good, keys=bf16, values=bf16))  # bf16 caches under fp32 activations
+    with torch.no_grad():
+        bf16_step = block_step.plan(_model("bf16"), x.bfloat16())
+    with pytest.raises(RuntimeError, match="x's dtype or bf16"):  # not fp32 under bf16
+        bf16_step.run(x.bfloat16(), **good)
     with pytest.raises(RuntimeError, match="rows"):
         step.run(torch.zeros(9, 64), [buffers] * 18, [buffers] * 18, [0] * 9, [0] * 9)
 

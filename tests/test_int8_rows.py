@@ -15,7 +15,7 @@ from gpt1.inference import backend, block_step, int8_rows, int8_step
 from gpt1.inference.batched import BatchedDecoder
 from gpt1.inference.decoding import SlotPool, decode, forward_cached, prefill
 from gpt1.inference.prepared import for_inference
-from gpt1.inference.quantize import Int8Linear
+from gpt1.inference.quantize import Int8Linear, quantize_int8_
 from gpt1.inference.sampling import Sampling
 
 
@@ -223,11 +223,37 @@ def test_integer_step_rows_are_independent_of_the_other_sequences():
     assert torch.equal(results[0][0], results[1][0])
 
 
+@pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
+def test_a_batched_decoder_of_the_int8_model_keeps_bf16_caches(activations):
+    """The int8 model's pool stores keys and values in bf16 whatever its activations (fp32 ones
+    on a CPU without bf16 arithmetic are rounded as they are cached), a float model's in its
+    own dtype; the pool's buffers are bf16 once a generation has run."""
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
+    floats = GPT(config).eval().to(activations)
+    assert int8_step.cache_dtype(floats) is None
+    model = quantize_int8_(GPT(config).eval().to(activations), activations)
+    wanted = torch.bfloat16 if activations == torch.float32 else None
+    assert int8_step.cache_dtype(model) == wanted
+    decoder = BatchedDecoder(model, speculate="off")
+    assert decoder.pool.dtype == wanted
+    gen = decoder.add([1, 2, 3], Sampling(max_new_tokens=3, temperature=0))
+    tokens = []
+    with torch.no_grad():
+        while decoder.active:
+            tokens += [t for g, t in decoder.step() if g is gen and t is not None]
+            if decoder.active:  # the buffers live while a generation does
+                assert [buffer.dtype for buffer in decoder.pool.k] == [torch.bfloat16] * 2
+    assert len(tokens) == 3
+
+
 def _int8_model_with_caches(n: int, seed: int = 0):
+    """The int8 model and n sequences of 3 to 8 tokens in a pool as `BatchedDecoder` makes
+    it (bf16 keys and values where the activations are fp32: `int8_step.cache_dtype`)."""
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     model = for_inference(GPT(config), "cpu", "int8")
-    pool = SlotPool(2, 64)
+    pool = SlotPool(2, 64, int8_step.cache_dtype(model))
     gen = torch.Generator().manual_seed(seed + 1)
     caches = [pool.cache() for _ in range(n)]
     with torch.no_grad():

@@ -81,7 +81,7 @@ class BatchedDecoder:
         self.n_positions = min(window or n_pos, n_pos)  # the most tokens a step reads
         self.device = model.wte.weight.device
         self.active: list[Generation] = []
-        self.pool = SlotPool(model.config.n_layer, self.n_positions)
+        self.pool = SlotPool(model.config.n_layer, self.n_positions, int8_step.cache_dtype(model))
 
     def add(
         self,

@@ -126,10 +126,17 @@ class SlotPool:
     `release()` gives it back). Slots are handed out lowest first, so live sequences stay
     packed at the front; both sizes grow by doubling (capacity up to `max_length`), and the
     buffers are freed when the last slot is given back. Buffers start zeroed: attention over a
-    pool may read unused positions (masked out), and they must hold finite numbers."""
+    pool may read unused positions (masked out), and they must hold finite numbers.
 
-    def __init__(self, n_layer: int, max_length: int | None = None) -> None:
-        self.n_layer, self.max_length = n_layer, max_length
+    `dtype`: what the buffers store; None, the keys' own dtype. bf16 under fp32 activations
+    (`int8_step.cache_dtype`: the int8 model on a CPU without bf16 arithmetic) halves what a
+    step of many sequences reads: keys and values are rounded to bf16 as they are written, and
+    read back widened to the activations' dtype (`stored`)."""
+
+    def __init__(
+        self, n_layer: int, max_length: int | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        self.n_layer, self.max_length, self.dtype = n_layer, max_length, dtype
         self.k: list[torch.Tensor | None] = [None] * n_layer  # [slots, H, capacity, D]
         self.v: list[torch.Tensor | None] = [None] * n_layer
         self.taken: list[bool] = []
@@ -174,10 +181,22 @@ class SlotPool:
             new_len = max(_capacity(end, self.max_length), self.expected)
         H, D = like.shape[1], like.shape[3]
         for bufs in (self.k, self.v):
-            buf = like.new_zeros(new_slots, H, new_len, D)
+            buf = like.new_zeros(new_slots, H, new_len, D, dtype=self.dtype or like.dtype)
             if bufs[layer] is not None:
                 buf[:have_slots, :, :have_len] = bufs[layer]
             bufs[layer] = buf
+
+
+def stored(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cached keys or values as activations of `dtype` read them: the buffer itself, or a
+    widened copy where the pool stores them narrower (`SlotPool`'s `dtype`)."""
+    return buffer if buffer.dtype == dtype else buffer.to(dtype)
+
+
+def readable(buffer: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the one-call step can read and write `buffer` for activations of `dtype`: it holds
+    that dtype, or bf16 under fp32 activations (`SlotPool`'s `dtype`)."""
+    return buffer.dtype == dtype or (buffer.dtype == torch.bfloat16 and dtype == torch.float32)
 
 
 class PooledLayerCache:
@@ -198,7 +217,7 @@ class PooledLayerCache:
         values[self.slot, :, self.length : end] = v[0]
         self.length = end
         here = slice(self.slot, self.slot + 1)
-        return keys[here, :, :end], values[here, :, :end]
+        return stored(keys[here, :, :end], k.dtype), stored(values[here, :, :end], k.dtype)
 
     @staticmethod
     def one_pool(layers: list) -> SlotPool | None:
@@ -226,8 +245,8 @@ class PooledLayerCache:
         slots = PooledLayerCache._slots(layers) or torch.tensor(
             [layer.slot for layer in layers], device=k.device
         )
-        pool.k[index][slots, :, :end] = k
-        pool.v[index][slots, :, :end] = v
+        pool.k[index][slots, :, :end] = k.to(pool.k[index].dtype)  # indexed writes do not cast
+        pool.v[index][slots, :, :end] = v.to(pool.v[index].dtype)
         for layer in layers:
             layer.length = end
         return True
@@ -307,10 +326,8 @@ class PooledStep:
         self.rows = None if slots == list(range(self.lo, self.hi)) else self.slots - self.lo
         seen = torch.ones(self.hi - self.lo, dtype=torch.long, device=device)  # holes: 1 position
         seen[self.slots - self.lo] = self.positions + 1
-        visible = torch.arange(self.end, device=device) < seen[:, None]  # [hi - lo, end]
-        # Additive (0 / -inf) rather than bool: SDPA's CPU kernel runs about 1.4x faster with it.
-        mask = torch.zeros(visible.shape, dtype=like.dtype, device=device)
-        self.mask = mask.masked_fill_(~visible, float("-inf"))[:, None, None, :]  # [hi-lo,1,1,end]
+        self.visible = torch.arange(self.end, device=device) < seen[:, None]  # [hi - lo, end]
+        self.mask: torch.Tensor | None = None  # made at the first layer, in the queries' dtype
 
     def attend(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
@@ -318,14 +335,19 @@ class PooledStep:
         """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
         self.pool.reserve(layer, self.hi, self.end, k)
         keys, values = self.pool.k[layer], self.pool.v[layer]
-        keys[self.slots, :, self.positions] = k[:, :, 0]
-        values[self.slots, :, self.positions] = v[:, :, 0]
+        keys[self.slots, :, self.positions] = k[:, :, 0].to(keys.dtype)  # indexed: no casting
+        values[self.slots, :, self.positions] = v[:, :, 0].to(values.dtype)
         for cache in self.caches:
             cache.layers[layer].length += 1
         if self.rows is not None:  # scatter the queries into the slot range
             q = q.new_zeros(self.hi - self.lo, *q.shape[1:]).index_copy_(0, self.rows, q)
         window = slice(self.lo, self.hi)
-        keys, values = keys[window, :, : self.end], values[window, :, : self.end]
+        keys = stored(keys[window, :, : self.end], q.dtype)
+        values = stored(values[window, :, : self.end], q.dtype)
+        if self.mask is None or self.mask.dtype != q.dtype:
+            # Additive (0 / -inf) rather than bool: SDPA's CPU kernel runs about 1.4x faster.
+            mask = torch.zeros(self.visible.shape, dtype=q.dtype, device=q.device)
+            self.mask = mask.masked_fill_(~self.visible, float("-inf"))[:, None, None, :]
         y = attention(q, keys, values, attn_mask=self.mask, dropout_p=dropout_p)
         return y if self.rows is None else y.index_select(0, self.rows)
 
@@ -656,7 +678,7 @@ def _each_caches_buffers(
         buffers = {key: layer.room(ends[key]) for key, layer in layers.items()}  # all grown
         for cache in caches:
             k, v = buffers[id(cache)]
-            if k.dtype != dtype:
+            if not readable(k, dtype):
                 return None
             keys.append(k)
             values.append(v)
@@ -680,7 +702,7 @@ def _one_pools_buffers(
     keys, values = [], []
     for i in range(len(model.h)):
         like = pool.k[i]
-        if like is None or like.dtype != dtype:
+        if like is None or not readable(like, dtype):
             return None
         pool.reserve(i, slots, end, like)
         keys += [pool.k[i]] * len(caches)

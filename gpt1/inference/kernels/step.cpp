@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "lanes.h"
@@ -304,6 +305,9 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
   // Every row's new key and value are written before any row attends: rows may share a cache
   // (one sequence's consecutive positions, as a verifying pass of drafted tokens has them),
   // and a row then attends to the positions of the rows before it.
+  // A bf16 cache under fp32 activations stores them rounded to nearest even, as torch's
+  // conversion writes a prompt's (rounding bf16 activations again changes nothing).
+  const auto kept = [](Vec v) { return std::is_same_v<T, float> ? v : round_bf16(v); };
   for (int64_t r = 0; r < R; ++r) {
     const float* row = qkv + r * 3 * C;
     for (int64_t h = 0; h < H; ++h) {
@@ -311,8 +315,8 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
       T* v = values[r].data_ptr<T>() + head_offset(r, h) + lengths[r] * D;
       for (int64_t d = 0; d < D; d += kLanes) {
         const Mask m = lanes(d, D);
-        store(k + d, load(row + C + h * D + d, m), m);
-        store(v + d, load(row + 2 * C + h * D + d, m), m);
+        store(k + d, kept(load(row + C + h * D + d, m)), m);
+        store(v + d, kept(load(row + 2 * C + h * D + d, m)), m);
       }
     }
   }
@@ -336,11 +340,11 @@ bool has_decode_step() { return true; }
 // x [R, C] (fp32 or bf16, 1 <= R <= 8): the embedded new tokens. params: 16 tensors per block
 // (ln_1 weight, bias, ln_2 weight, bias, then for c_attn, attn.c_proj, c_fc and mlp.c_proj
 // each: weight, scale, bias; an empty tensor where a layer has no scale or bias). keys and
-// values: per block, per row, that row's cache buffer [B, H, capacity, D] in x's dtype; rows[r]
-// is the row's index in its buffer and lengths[r] the positions it holds (the new token goes at
-// lengths[r]); rows of one sequence share its buffer row with consecutive lengths, each
-// attending to the ones before it. Returns the last block's output [R, C] in x's dtype; the
-// caches hold the new tokens' keys and values (the caller advances their lengths).
+// values: per block, per row, that row's cache buffer [B, H, capacity, D] in x's dtype (or all
+// in bf16); rows[r] is the row's index in its buffer and lengths[r] the positions it holds (the
+// new token goes at lengths[r]); rows of one sequence share its buffer row with consecutive
+// lengths, each attending to the ones before it. Returns the last block's output [R, C] in x's
+// dtype; the caches hold the new tokens' keys and values (the caller advances their lengths).
 torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& keys,
                           const std::vector<torch::Tensor>& values,
@@ -362,12 +366,18 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
   const auto type = x.scalar_type();
   TORCH_CHECK(type == at::kFloat || type == at::kBFloat16, "decode_step: x must be fp32 or bf16");
   const bool bf16 = type == at::kBFloat16;
+  // The caches hold x's dtype, or bf16 under fp32 x (`SlotPool`'s dtype): attention widens
+  // what it reads either way.
+  const auto cached = keys.empty() ? type : keys[0].scalar_type();
+  TORCH_CHECK(cached == type || cached == at::kBFloat16,
+              "decode_step: the caches must hold x's dtype or bf16");
   for (size_t i = 0; i < keys.size(); ++i) {
     const int64_t r = static_cast<int64_t>(i) % R;
     for (const torch::Tensor* t : {&keys[i], &values[i]}) {
       TORCH_CHECK(t->dim() == 4 && t->size(1) == H && t->size(3) == D && t->is_contiguous() &&
-                      t->scalar_type() == type && t->device().is_cpu(),
-                  "decode_step: a cache must be [B, H, capacity, D], contiguous, in x's dtype");
+                      t->scalar_type() == cached && t->device().is_cpu(),
+                  "decode_step: a cache must be [B, H, capacity, D], contiguous, all of one "
+                  "dtype: x's or bf16");
       TORCH_CHECK(rows[r] >= 0 && rows[r] < t->size(0) && lengths[r] >= 0 &&
                       lengths[r] < t->size(2),
                   "decode_step: a cache has no room for the new position");
@@ -419,7 +429,7 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
     qkv.resize(R * 3 * C);
     inner.resize(R * F);
     qkv_layer.apply(R, h.data(), x16, qkv.data(), bf16);
-    if (bf16) {
+    if (cached == at::kBFloat16) {
       attention_rows<at::BFloat16>(R, H, D, qkv.data(), att.data(), keys.data() + l * R,
                                    values.data() + l * R, rows, lengths, bf16);
     } else {
