@@ -12,6 +12,7 @@ from torch import nn
 
 from gpt1 import GPT, ModelConfig
 from gpt1.inference import backend, block_step, int8_rows, int8_step
+from gpt1.inference import generate as generate_module
 from gpt1.inference.batched import BatchedDecoder
 from gpt1.inference.decoding import SlotPool, decode, forward_cached, prefill
 from gpt1.inference.prepared import for_inference
@@ -224,10 +225,11 @@ def test_integer_step_rows_are_independent_of_the_other_sequences():
 
 
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
-def test_a_batched_decoder_of_the_int8_model_keeps_bf16_caches(activations):
-    """The int8 model's pool stores keys and values in bf16 whatever its activations (fp32 ones
-    on a CPU without bf16 arithmetic are rounded as they are cached), a float model's in its
-    own dtype; the pool's buffers are bf16 once a generation has run."""
+def test_the_int8_models_caches_hold_bf16_in_the_server_and_alone(activations, monkeypatch):
+    """The int8 model's caches store keys and values in bf16 whatever its activations (fp32 ones,
+    on a CPU without bf16 arithmetic, are rounded as they are cached), a float model's in its
+    own dtype: `BatchedDecoder`'s pool (`gpt1 serve`) while a generation runs, and the cache of
+    `generate` (`gpt1 sample`), whose greedy tokens are the decoder's."""
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     floats = GPT(config).eval().to(activations)
@@ -245,6 +247,16 @@ def test_a_batched_decoder_of_the_int8_model_keeps_bf16_caches(activations):
             if decoder.active:  # the buffers live while a generation does
                 assert [buffer.dtype for buffer in decoder.pool.k] == [torch.bfloat16] * 2
     assert len(tokens) == 3
+    made, original = [], generate_module.KVCache
+
+    def recorded(*args, **kwargs):
+        made.append(original(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(generate_module, "KVCache", recorded)
+    alone = generate_module.generate(model, torch.tensor([[1, 2, 3]]), 3, temperature=0)
+    assert alone[0, 3:].tolist() == tokens
+    assert [layer.k.dtype for layer in made[0].layers] == [torch.bfloat16] * 2
 
 
 def _int8_model_with_caches(n: int, seed: int = 0):

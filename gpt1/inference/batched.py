@@ -258,7 +258,7 @@ class BatchedDecoder:
         gen.ids = torch.cat([gen.ids, new], dim=1)
         gen.fresh = new[:, -1:]
         gen.remaining -= new.shape[1]
-        events.extend((gen, int(t)) for t in new[0])
+        events.extend((gen, t) for t in new[0].tolist())  # not a 0-d tensor per token
         if gen.remaining <= 0:
             self._finish(gen, None, events)
 

@@ -56,11 +56,12 @@ class LayerCache:
     numbers the concatenated tensors held.
     """
 
-    def __init__(self, max_length: int | None = None) -> None:
+    def __init__(self, max_length: int | None = None, dtype: torch.dtype | None = None) -> None:
         self.k: torch.Tensor | None = None  # [B, H, capacity, D] buffers
         self.v: torch.Tensor | None = None
         self.length = 0  # filled positions
         self.max_length = max_length  # the model's n_positions: never grow the buffers past it
+        self.dtype = dtype  # what the buffers store (None: the keys' own dtype; see SlotPool)
 
     def extend(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append new keys/values `[B, H, T, D]`; return all of them `[B, H, past + T, D]`."""
@@ -72,7 +73,7 @@ class LayerCache:
         self.k[:, :, self.length : end] = k
         self.v[:, :, self.length : end] = v
         self.length = end
-        return self.k[:, :, :end], self.v[:, :, :end]
+        return stored(self.k[:, :, :end], k.dtype), stored(self.v[:, :, :end], k.dtype)
 
     def room(self, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The key and value buffers `[B, H, capacity, D]`, grown to hold at least `end`
@@ -87,17 +88,20 @@ class LayerCache:
 
     def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
         B, H, _, D = like.shape
-        buf = like.new_empty(B, H, capacity, D)
+        buf = like.new_empty(B, H, capacity, D, dtype=self.dtype or like.dtype)
         if old is not None:
             buf[:, :, : self.length] = old[:, :, : self.length]
         return buf
 
 
 class KVCache:
-    """Per-layer `LayerCache`s of one decoding run; `len(cache)` is the number of cached positions."""
+    """Per-layer `LayerCache`s of one decoding run; `len(cache)` is the number of cached positions.
+    `dtype`: what their buffers store, as `SlotPool`'s."""
 
-    def __init__(self, n_layer: int, max_length: int | None = None) -> None:
-        self.layers = [LayerCache(max_length) for _ in range(n_layer)]
+    def __init__(
+        self, n_layer: int, max_length: int | None = None, dtype: torch.dtype | None = None
+    ) -> None:
+        self.layers = [LayerCache(max_length, dtype) for _ in range(n_layer)]
 
     def __len__(self) -> int:
         return self.layers[0].length

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from gpt1.errors import ConfigError, Gpt1Error
-from gpt1.inference import backend
+from gpt1.inference import backend, int8_step
 from gpt1.inference.decoding import KVCache, forward_cached, prepare_to_decode
 from gpt1.inference.sampling import Sampling
 from gpt1.model.gpt import GPT
@@ -323,7 +323,9 @@ def _steps(
     model.eval()
     device = model.wte.weight.device
     out = ids.to(device)
-    cache = KVCache(model.config.n_layer, n_pos) if use_cache and isinstance(model, GPT) else None
+    cache = None
+    if use_cache and isinstance(model, GPT):  # stored as a server's generations are (int8: bf16)
+        cache = KVCache(model.config.n_layer, n_pos, int8_step.cache_dtype(model))
     if cache is not None:
         prepare_to_decode(model, sampling.max_new_tokens * out.shape[0])
     if out.shape[0] != 1 or cache is None:
