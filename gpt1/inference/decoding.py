@@ -46,6 +46,18 @@ def _capacity(end: int, max_length: int | None) -> int:
     return capacity if max_length is None else max(end, min(capacity, max_length))
 
 
+def stored(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cached keys or values as activations of `dtype` read them: the buffer itself, or a
+    widened copy where the pool stores them narrower (`SlotPool`'s `dtype`)."""
+    return buffer if buffer.dtype == dtype else buffer.to(dtype)
+
+
+def readable(buffer: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether the one-call step can read and write `buffer` for activations of `dtype`: it holds
+    that dtype, or bf16 under fp32 activations (`SlotPool`'s `dtype`)."""
+    return buffer.dtype == dtype or (buffer.dtype == torch.bfloat16 and dtype == torch.float32)
+
+
 class LayerCache:
     """One layer's keys and values of the positions seen so far (one sequence, or a batch of
     sequences of equal length).
@@ -189,18 +201,6 @@ class SlotPool:
             if bufs[layer] is not None:
                 buf[:have_slots, :, :have_len] = bufs[layer]
             bufs[layer] = buf
-
-
-def stored(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cached keys or values as activations of `dtype` read them: the buffer itself, or a
-    widened copy where the pool stores them narrower (`SlotPool`'s `dtype`)."""
-    return buffer if buffer.dtype == dtype else buffer.to(dtype)
-
-
-def readable(buffer: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether the one-call step can read and write `buffer` for activations of `dtype`: it holds
-    that dtype, or bf16 under fp32 activations (`SlotPool`'s `dtype`)."""
-    return buffer.dtype == dtype or (buffer.dtype == torch.bfloat16 and dtype == torch.float32)
 
 
 class PooledLayerCache:

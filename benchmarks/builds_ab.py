@@ -1,0 +1,133 @@
+r"""Two builds of gpt1's compiled kernels against each other, loaded in one process, rounds
+alternating: the whole many-row int8 decoding step (`decode_step`, what `BatchedDecoder` runs
+from the integer step's threshold on) at GPT-1 size, random weights, every sequence a slot of
+one pool holding `--past` positions as the server's are.
+
+A change to a kernel is measured this way rather than by two runs of a benchmark: on a shared
+machine two runs minutes apart differ by more than most changes do. Each build is a folder that
+`gpt1 kernels build` made (it holds the module's `.so`); build the other revision in a worktree
+into a folder of its own, so the user's cache is left alone:
+
+    git worktree add ../before HEAD~1
+    (cd ../before && TORCH_EXTENSIONS_DIR=/tmp/before python -m gpt1 kernels build)
+    python benchmarks/builds_ab.py /tmp/before/gpt1_matvec_* \
+        ~/.cache/torch_extensions/py311_cpu/gpt1_matvec_* --threads 2
+
+Prints, per row count, each build's median step and the ratio, and whether both gave the same
+bits. The weights are packed once, by the build this checkout loads (`pack_vnni`'s layout must
+be the same in both: a change to it is measured another way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import statistics
+import sys
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpt1 import GPT  # noqa: E402
+from gpt1.config import model_preset  # noqa: E402
+from gpt1.inference import block_step, int8_rows  # noqa: E402
+from gpt1.inference.decoding import decode  # noqa: E402
+from gpt1.inference.prepared import for_inference  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_profile import CLOCKS, VOCAB, filled_pool  # noqa: E402
+
+
+def load_build(folder: Path) -> ModuleType:
+    """The compiled module in `folder` (a `gpt1 kernels build` output), under its own name."""
+    found = sorted(folder.glob("*.so"))
+    if len(found) != 1:
+        raise SystemExit(f"{folder}: expected one built module (.so), found {len(found)}")
+    name = found[0].stem
+    loader = importlib.machinery.ExtensionFileLoader(name, str(found[0]))
+    spec = importlib.util.spec_from_loader(name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    if not module.has_decode_step():
+        raise SystemExit(f"{folder}: this build has no decoding step for this CPU")
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path, help="a build folder")
+    ap.add_argument("after", type=Path, help="another build folder")
+    ap.add_argument("--rows", default="8,16,32,64")
+    ap.add_argument("--past", type=int, default=64, help="positions each cache holds")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument(
+        "--caches",
+        choices=("decoder", "activations"),
+        default="decoder",
+        help="what the caches store: BatchedDecoder's choice, or the activations' dtype",
+    )
+    ap.add_argument(
+        "--clock", choices=tuple(CLOCKS), default=None, help="default: cpu on one thread, else wall"
+    )
+    args = ap.parse_args()
+    if args.threads < 1 or args.rounds < 1 or args.past < 1:
+        ap.error("--threads, --rounds and --past must be at least 1")
+    clock_name = args.clock or ("cpu" if args.threads == 1 else "wall")
+    if clock_name == "cpu" and args.threads > 1:
+        ap.error("--clock cpu adds up every thread's time: give --clock wall with --threads")
+    clock = CLOCKS[clock_name]
+    builds = {"before": load_build(args.before), "after": load_build(args.after)}
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=VOCAB)), "cpu", "int8")
+    print(
+        f"GPT-1 size, int8, the many-row step over caches of {args.past} positions,"
+        f" {args.threads} thread(s), {clock_name} time, medians of {args.rounds} alternating rounds"
+    )
+    print(f"before: {args.before.name}; after: {args.after.name}")
+    print("| rows | before ms | after ms | before / after | same bits |")
+    print("|---:|---:|---:|---:|---|")
+    for rows in [int(r) for r in args.rows.split(",")]:
+        caches = filled_pool(model, rows, args.past, stored=args.caches)
+        ids = torch.randint(0, VOCAB, (rows,))
+        times: dict[str, list[float]] = {name: [] for name in builds}
+        out: dict[str, torch.Tensor] = {}
+        # A build that refuses the step would hand it to torch's operators with a warning:
+        # an error here, so that the operators are never timed in its name.
+        with torch.no_grad(), int8_rows.per_row(), warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            decode(model, ids, caches, one_call=False)  # the plan, packed copies, grown buffers
+            step = block_step._plans[model].layout
+            for round_ in range(args.rounds + 1):
+                order = list(builds) if round_ % 2 == 0 else list(reversed(builds))
+                for name in order:
+                    step.op = builds[name].decode_step
+                    start = clock()
+                    try:
+                        out[name] = decode(model, ids, caches, one_call=False)
+                    except RuntimeWarning as refused:
+                        raise SystemExit(
+                            f"{name}: the build refused the step ({refused}); a build older than"
+                            " bf16 caches under fp32 activations needs --caches activations"
+                        ) from None
+                    if round_:  # the first round warms each build
+                        times[name].append(clock() - start)
+                    for cache in caches:
+                        cache.truncate(args.past)
+        before, after = (statistics.median(times[name]) for name in builds)
+        same = torch.equal(out["before"], out["after"])
+        print(
+            f"| {rows} | {before * 1e3:.2f} | {after * 1e3:.2f} | {before / after:.3f}x |"
+            f" {'yes' if same else 'no'} |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
