@@ -229,7 +229,10 @@ def test_the_int8_models_caches_hold_bf16_in_the_server_and_alone(activations, m
     """The int8 model's caches store keys and values in bf16 whatever its activations (fp32 ones,
     on a CPU without bf16 arithmetic, are rounded as they are cached), a float model's in its
     own dtype: `BatchedDecoder`'s pool (`gpt1 serve`) while a generation runs, and the cache of
-    `generate` (`gpt1 sample`), whose greedy tokens are the decoder's."""
+    `generate` (`gpt1 sample`), whose greedy tokens are the decoder's; without the compiled
+    step, the activations' dtype."""
+    if backend.decode_step_op() is None:
+        pytest.skip("the compiled decoding step is not here: caches keep the activations' dtype")
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     floats = GPT(config).eval().to(activations)
@@ -257,6 +260,8 @@ def test_the_int8_models_caches_hold_bf16_in_the_server_and_alone(activations, m
     alone = generate_module.generate(model, torch.tensor([[1, 2, 3]]), 3, temperature=0)
     assert alone[0, 3:].tolist() == tokens
     assert [layer.k.dtype for layer in made[0].layers] == [torch.bfloat16] * 2
+    monkeypatch.setattr(backend, "decode_step_op", lambda: None)  # torch's operators decode:
+    assert int8_step.cache_dtype(model) is None  # they would widen every cached number a layer
 
 
 def _int8_model_with_caches(n: int, seed: int = 0):

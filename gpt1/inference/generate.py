@@ -324,10 +324,10 @@ def _steps(
     device = model.wte.weight.device
     out = ids.to(device)
     cache = None
-    if use_cache and isinstance(model, GPT):  # stored as a server's generations are (int8: bf16)
-        cache = KVCache(model.config.n_layer, n_pos, int8_step.cache_dtype(model))
-    if cache is not None:
+    if use_cache and isinstance(model, GPT):
         prepare_to_decode(model, sampling.max_new_tokens * out.shape[0])
+        # Stored as a server's generations are (int8: bf16 keys and values where they can be).
+        cache = KVCache(model.config.n_layer, n_pos, int8_step.cache_dtype(model))
     if out.shape[0] != 1 or cache is None:
         speculator = None  # drafts are verified for one sequence with a cache
     fresh = out[:, -n_pos:]  # the tokens the next forward pass has not seen yet

@@ -93,16 +93,19 @@ def integer(model: torch.nn.Module, rows: int) -> bool:
 def cache_dtype(model: torch.nn.Module) -> torch.dtype | None:
     """What the caches of the int8 `model`'s sequences (`BatchedDecoder`'s `SlotPool`,
     `generate_stream`'s `KVCache`) store keys and values in: bf16 where its activations are
-    fp32 (a CPU without bf16 arithmetic), else None (the activations' own dtype, bf16 already
-    where the CPU has it). A step of many sequences reads every cached key and value, at the
-    memory's rate: in fp32 that was about a fifth of a 64-sequence step on a Zen 3 core.
-    Rounding them to bf16 (8 significant bits) adds less error than the products' 8-bit weights
-    and 7- or 8-bit activations already do (docs/commands/kernels.md, "Cached keys and
-    values")."""
+    fp32 (a CPU without bf16 arithmetic) and the compiled step reads them, else None (the
+    activations' own dtype: bf16 already where the CPU has it; without the compiled step,
+    torch's operators would widen a copy of every cached number at every layer).
+
+    A step of many sequences reads every cached key and value, at the memory's rate: in fp32
+    that was about a fifth of a 64-sequence step on a Zen 3 core. Rounding them to bf16 (8
+    significant bits) adds less error than the products' 8-bit weights and 7- or 8-bit
+    activations already do (docs/commands/kernels.md, "Cached keys and values")."""
     if (
         isinstance(model, GPT)
         and isinstance(model.h[0].mlp.c_fc, Int8Linear)
         and model.wte.weight.dtype == torch.float32
+        and backend.decode_step_op() is not None
     ):
         return torch.bfloat16
     return None
