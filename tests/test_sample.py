@@ -1,5 +1,7 @@
 """Generation: greedy equals transformers' generate, the KV cache is exact, filters are right."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import TINY_MODEL
@@ -275,9 +277,9 @@ def test_the_kernels_greedy_choice_is_argmax_and_finds_every_non_finite_logit(dt
         assert finite is True and ids.dtype == torch.int64
         assert torch.equal(ids, rows.argmax(-1, keepdim=True))
         for bad in (float("nan"), float("inf"), float("-inf")):
-            for where in {0, V // 2, V - 1}:
-                damaged = rows.clone()
-                damaged[1, where] = bad
+            for row, where in itertools.product((0, 2), {0, V // 2, V - 1}):
+                damaged = rows.clone()  # either end of the rows the threads split
+                damaged[row, where] = bad
                 assert greedy(damaged)[1] is False
                 with pytest.raises(Gpt1Error, match="NaN or infinite logits"):
                     next_tokens(damaged, Sampling(temperature=0), None)
