@@ -91,3 +91,43 @@ def test_a_bf16_inference_model_looks_gelu_up_and_an_fp32_one_does_not(precision
     assert all(block.mlp.activation is gpt.gelu for block in plain.h)
     relu = for_inference(GPT(config.derive(afn="relu")), "cpu", precision)
     assert all(block.mlp.activation is F.relu for block in relu.h)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    shape=st.lists(st.integers(1, 3000), min_size=1, max_size=2),
+    scale=st.sampled_from([1e-3, 1.0, 8.0, 1e4]),
+)
+def test_the_steps_gelu_is_torchs_within_a_few_fp32_steps(shape, scale):
+    """`step_gelu` of fp32 numbers of any size (pieces split over the threads, a short last
+    vector) and range (tails where GELU is x or 0) lands within 1e-6 of torch's,
+    and each number's result does not depend on where it lies."""
+    built = _kernels()
+    if not built.has_decode_step():
+        pytest.skip("the decoding step is not compiled for this CPU")
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))) * scale
+    got = activations.step_gelu(x)
+    want = F.gelu(x, approximate="tanh")
+    assert got.shape == x.shape and got.dtype == torch.float32
+    # Where GELU nears 0 (x near -5), torch's 1 + tanh(u) cancels to a few fp32 steps of 1 and
+    # the step's x / (1 + e^(-2u)) keeps the small value: an absolute bound there.
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    if x.dim() == 2:  # a transposed view: each number's result wherever it lies
+        assert torch.equal(activations.step_gelu(x.t()), got.t())
+
+
+def test_an_int8_model_with_fp32_activations_takes_the_steps_gelu():
+    """`for_inference` gives int8 models whose activations are fp32 the step's GELU (prompts and
+    classification batches then compute GELU as decoding steps do), and a gradient or a missing
+    kernel sends it to torch's."""
+    if backend.cpu_has_bf16():
+        pytest.skip("this CPU has bf16 instructions: int8 runs bf16 activations, by table")
+    built = _kernels()
+    if not built.has_decode_step():
+        pytest.skip("the decoding step is not compiled for this CPU")
+    config = ModelConfig(vocab_size=50, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    model = for_inference(GPT(config), "cpu", "int8")
+    assert all(block.mlp.activation is activations.step_gelu for block in model.h)
+    leaf = torch.randn(4, 6).requires_grad_()
+    activations.step_gelu(leaf).sum().backward()  # torch's, with its gradient
+    assert leaf.grad is not None

@@ -59,6 +59,8 @@ def for_inference(
         quantize_int8_(model, activation_dtype(resolved, where))
     if where.type == "cpu" and activation_dtype(resolved, where) == torch.bfloat16:
         activations.look_up_gelu(model)  # torch's bits, by table
+    elif where.type == "cpu" and resolved == "int8":
+        activations.look_up_gelu(model, activations.step_gelu)  # the decoding step's GELU
     if where.type == "cpu" and backend.gathers_weights():
         arena.gather_when_decoding(model)  # one storage on huge pages, if it ever decodes
     block_step.prepare(model)  # the decoding step's plan (builds nothing)

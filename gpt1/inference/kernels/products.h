@@ -79,6 +79,8 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           int64_t n_head, double eps, bool gelu,
                           const std::vector<torch::Tensor>& packed, bool u8);
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
+// GELU (tanh form) of fp32 x as decode_step computes it; compiled where decode_step is.
+torch::Tensor gelu_fp32(const torch::Tensor& x);
 bool has_int8_rows();
 torch::Tensor pack_vnni(const torch::Tensor& q);
 bool has_few_rows_int8();
