@@ -5,11 +5,14 @@ Printed, one thread, each process's CPU time, medians of `--rounds` alternating 
 
 * GELU alone on bf16 tensors of 3072 columns (GPT-1's MLP width) and 32 to 2048 rows: torch's
   operator against gpt1's table lookup (`gpt1.inference.activations`), ns a number both ways,
-  and whether the bits agree (they must: the table holds torch's results);
+  and whether the bits agree (they must: the table holds torch's results); then on fp32
+  tensors, torch's against the decoding step's GELU (`activations.step_gelu`, what an int8
+  model with fp32 activations takes), and their largest difference;
 * a burst of prompts read together (`BatchedDecoder`'s prefill: 8 and 64 prompts of 32 tokens,
   what `benchmarks/concurrency.py` charges every system before its first token) and a
   classification-sized forward pass (32 sequences of 128 tokens), GPT-1 size, random weights,
-  int8 and bf16, with every MLP's activation set to torch's GELU and to the table in turn;
+  int8 and bf16, with every MLP's activation set to torch's GELU and to gpt1's in turn (the
+  table for bf16 activations, the step's GELU for int8's fp32 ones);
 * the same bursts (int8) with their fresh prompts attending in one call per layer
   (`decoding.PromptRows`) and one sequence at a time (each through `CachedTokens`, the
   general path that prompts of other lengths or with cached positions take), the same tokens
@@ -53,7 +56,7 @@ def paired(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
 
 
 def gelu_alone(rounds: int) -> None:
-    from gpt1.inference import activations
+    from gpt1.inference import activations, backend
 
     print("\n| rows x 3072 | torch's GELU ns/number | table ns/number | speed-up | same bits |")
     print("|---:|---:|---:|---:|---|")
@@ -75,6 +78,30 @@ def gelu_alone(rounds: int) -> None:
             f" {took['torch'] / took['table']:.2f}x | {'yes' if same else 'NO'} |",
             flush=True,
         )
+    built = backend.kernel_module()  # main() has built it
+    if built is None or not built.has_decode_step():
+        print("\n(fp32: the decoding step is not compiled for this CPU)")
+        return
+    print("\n| rows x 3072, fp32 | torch's GELU ns/number | the step's ns/number | speed-up |")
+    print("|---:|---:|---:|---:|")
+    for rows in (32, 256, 2048):
+        x = torch.randn(rows, 3072) * 2
+        took = paired(
+            {
+                "torch": lambda: F.gelu(x, approximate="tanh"),
+                "step": lambda: activations.step_gelu(x),
+            },
+            rounds,
+        )
+        n = x.numel()
+        print(
+            f"| {rows} | {took['torch'] / n * 1e9:.2f} | {took['step'] / n * 1e9:.2f} |"
+            f" {took['torch'] / took['step']:.2f}x |",
+            flush=True,
+        )
+    x = torch.linspace(-20, 20, 4_000_001)
+    gap = (activations.step_gelu(x) - F.gelu(x, approximate="tanh")).abs().max().item()
+    print(f"largest difference from torch's over [-20, 20]: {gap:.2e}")
 
 
 def passes(rounds: int) -> None:
@@ -86,14 +113,15 @@ def passes(rounds: int) -> None:
     from gpt1.inference.sampling import Sampling
     from gpt1.model import gpt
 
-    print("\n| precision | pass | torch's GELU ms | table ms | speed-up |")
+    print("\n| precision | pass | torch's GELU ms | gpt1's GELU ms | speed-up |")
     print("|---|---|---:|---:|---:|")
     for precision in ("int8", "bf16"):
         torch.manual_seed(0)
         model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=VOCAB)), "cpu", precision)
         mlps = [block.mlp for block in model.h]
-        if mlps[0].activation is not activations.gelu:
-            print(f"| {precision} | (no table here: activations are not bf16 on this CPU) | | | |")
+        ours = mlps[0].activation  # the table (bf16), the step's GELU (int8's fp32), or torch's
+        if ours not in (activations.gelu, activations.step_gelu):
+            print(f"| {precision} | (gpt1 keeps torch's GELU here: fp32 activations) | | | |")
             continue
 
         def with_gelu(fn: Callable[[], object], act: Callable) -> Callable[[], object]:
@@ -124,16 +152,15 @@ def passes(rounds: int) -> None:
         with torch.inference_mode():
             for name, fn in cases.items():
                 took = paired(
-                    {"torch": with_gelu(fn, gpt.gelu), "table": with_gelu(fn, activations.gelu)},
-                    rounds,
+                    {"torch": with_gelu(fn, gpt.gelu), "gpt1": with_gelu(fn, ours)}, rounds
                 )
                 print(
                     f"| {precision} | {name} | {took['torch'] * 1e3:.0f} |"
-                    f" {took['table'] * 1e3:.0f} | {took['torch'] / took['table']:.2f}x |",
+                    f" {took['gpt1'] * 1e3:.0f} | {took['torch'] / took['gpt1']:.2f}x |",
                     flush=True,
                 )
         for mlp in mlps:
-            mlp.activation = activations.gelu
+            mlp.activation = ours
 
 
 def prompts_attending(rounds: int) -> None:
