@@ -20,6 +20,7 @@ Printed, one thread, each process's CPU time, medians of `--rounds` alternating 
 
     python benchmarks/many_rows.py                 # this CPU
     python benchmarks/many_rows.py --tier avx2     # a laptop's AVX2 + FMA, simulated
+    python benchmarks/many_rows.py --precisions int8   # no bf16 passes (slow without bf16)
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def gelu_alone(rounds: int) -> None:
     print(f"largest difference from torch's over [-20, 20]: {gap:.2e}")
 
 
-def passes(rounds: int) -> None:
+def passes(rounds: int, precisions: list[str]) -> None:
     from gpt1 import GPT
     from gpt1.config import model_preset
     from gpt1.inference import activations
@@ -115,7 +116,7 @@ def passes(rounds: int) -> None:
 
     print("\n| precision | pass | torch's GELU ms | gpt1's GELU ms | speed-up |")
     print("|---|---|---:|---:|---:|")
-    for precision in ("int8", "bf16"):
+    for precision in precisions:
         torch.manual_seed(0)
         model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=VOCAB)), "cpu", precision)
         mlps = [block.mlp for block in model.h]
@@ -223,6 +224,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tier", choices=sorted(TIERS), default="host")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument(
+        "--precisions",
+        default="int8,bf16",
+        help="the passes' precisions (bf16 is slow where the CPU has no bf16 instructions)",
+    )
     args = p.parse_args()
     enter_tier(args.tier)
     torch.set_num_threads(1)
@@ -233,7 +239,7 @@ def main() -> None:
         sys.exit("gpt1's compiled module is not here (GPT1_MATVEC=0, or it failed to build)")
     print(f"tier {args.tier}, one thread, CPU time, medians of {args.rounds} alternating rounds")
     gelu_alone(args.rounds)
-    passes(args.rounds)
+    passes(args.rounds, args.precisions.split(","))
     prompts_attending(args.rounds)
 
 
