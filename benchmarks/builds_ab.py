@@ -5,13 +5,14 @@ one pool holding `--past` positions as the server's are.
 
 A change to a kernel is measured this way rather than by two runs of a benchmark: on a shared
 machine two runs minutes apart differ by more than most changes do. Each build is a folder that
-`gpt1 kernels build` made (it holds the module's `.so`); build the other revision in a worktree
-into a folder of its own, so the user's cache is left alone:
+`gpt1 kernels build` made (it holds the module's `.so`). From the repository's root, each
+revision built into a folder of its own beside it, so the user's cache is left alone:
 
     git worktree add ../before HEAD~1
-    (cd ../before && TORCH_EXTENSIONS_DIR=/tmp/before python -m gpt1 kernels build)
-    python benchmarks/builds_ab.py /tmp/before/gpt1_matvec_* \
-        ~/.cache/torch_extensions/py311_cpu/gpt1_matvec_* --threads 2
+    (cd ../before && TORCH_EXTENSIONS_DIR=../builds/before python -m gpt1 kernels build)
+    TORCH_EXTENSIONS_DIR=../builds/after python -m gpt1 kernels build
+    python benchmarks/builds_ab.py ../builds/before/gpt1_matvec_* ../builds/after/gpt1_matvec_* \
+        --threads 2
 
 Prints, per row count, each build's median step and the ratio, and whether both gave the same
 bits. The weights are packed once, by the build this checkout loads (`pack_vnni`'s layout must

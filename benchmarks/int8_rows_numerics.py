@@ -180,7 +180,8 @@ def decoded(fp32: GPT, batch: torch.Tensor) -> None:
     model = for_inference(copy.deepcopy(fp32), "cpu", "int8")
     with torch.no_grad():
         want = fp32.lm_logits(fp32(batch)).float()[:, PROMPT - 1 : -1]
-    stored = [None] + ([int8_step.cache_dtype(model)] if int8_step.cache_dtype(model) else [])
+    narrower = int8_step.cache_dtype(model)  # BatchedDecoder's, where not the activations'
+    stored = [None] if narrower is None else [None, narrower]
     print()
     print(
         f"Decoded as BatchedDecoder decodes: {batch.shape[0]} sequences, {PROMPT}-token prompts,"

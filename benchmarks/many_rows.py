@@ -56,6 +56,12 @@ def paired(runs: dict[str, Callable[[], object]], rounds: int) -> dict[str, floa
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def ns_a_number(x: torch.Tensor, ours: Callable, rounds: int) -> tuple[float, float]:
+    """ns a number of torch's GELU and of `ours` on x, paired."""
+    took = paired({"torch": lambda: F.gelu(x, approximate="tanh"), "ours": lambda: ours(x)}, rounds)
+    return took["torch"] / x.numel() * 1e9, took["ours"] / x.numel() * 1e9
+
+
 def gelu_alone(rounds: int) -> None:
     from gpt1.inference import activations, backend
 
@@ -66,17 +72,10 @@ def gelu_alone(rounds: int) -> None:
         same = torch.equal(
             activations.gelu(x).view(torch.int16), F.gelu(x, approximate="tanh").view(torch.int16)
         )
-        took = paired(
-            {
-                "torch": lambda: F.gelu(x, approximate="tanh"),
-                "table": lambda: activations.gelu(x),
-            },
-            rounds,
-        )
-        n = x.numel()
+        torch_ns, ours_ns = ns_a_number(x, activations.gelu, rounds)
         print(
-            f"| {rows} | {took['torch'] / n * 1e9:.2f} | {took['table'] / n * 1e9:.2f} |"
-            f" {took['torch'] / took['table']:.2f}x | {'yes' if same else 'NO'} |",
+            f"| {rows} | {torch_ns:.2f} | {ours_ns:.2f} | {torch_ns / ours_ns:.2f}x |"
+            f" {'yes' if same else 'NO'} |",
             flush=True,
         )
     built = backend.kernel_module()  # main() has built it
@@ -87,18 +86,9 @@ def gelu_alone(rounds: int) -> None:
     print("|---:|---:|---:|---:|")
     for rows in (32, 256, 2048):
         x = torch.randn(rows, 3072) * 2
-        took = paired(
-            {
-                "torch": lambda: F.gelu(x, approximate="tanh"),
-                "step": lambda: activations.step_gelu(x),
-            },
-            rounds,
-        )
-        n = x.numel()
+        torch_ns, ours_ns = ns_a_number(x, activations.step_gelu, rounds)
         print(
-            f"| {rows} | {took['torch'] / n * 1e9:.2f} | {took['step'] / n * 1e9:.2f} |"
-            f" {took['torch'] / took['step']:.2f}x |",
-            flush=True,
+            f"| {rows} | {torch_ns:.2f} | {ours_ns:.2f} | {torch_ns / ours_ns:.2f}x |", flush=True
         )
     x = torch.linspace(-20, 20, 4_000_001)
     gap = (activations.step_gelu(x) - F.gelu(x, approximate="tanh")).abs().max().item()

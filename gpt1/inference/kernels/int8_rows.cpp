@@ -87,6 +87,29 @@ bool quantize_rows(const T* x, int64_t lo, int64_t hi, int64_t K, int8_t* q, flo
   return true;
 }
 
+// y[r, n] = sums[r, n] * x_scales[r] + bias[n] (bias optional) over rows [0, M), split over
+// the threads: `int8_rows.epilogue`'s arithmetic, into fp32 (`to_fp32`) or rounded to bf16
+// (`to_bf16`), one of them given.
+void scale_sums(int64_t M, int64_t N, const float* sums, const float* x_scales, const float* bias,
+                float* to_fp32, at::BFloat16* to_bf16) {
+  gpt1::rows_in_parallel(M, N, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const simd::Vec scale = simd::set1(x_scales[r]);
+      for (int64_t n = 0; n < N; n += simd::kLanes) {
+        const simd::Mask m = simd::lanes(n, N);
+        simd::Vec v = simd::mul(simd::load(sums + r * N + n, m), scale);
+        if (bias) v = simd::add(v, simd::load(bias + n, m));
+        if (to_fp32) {
+          simd::store(to_fp32 + r * N + n, v, m);
+        } else {
+          simd::store(to_bf16 + r * N + n, simd::round_bf16(v), m);
+        }
+      }
+    }
+    return true;
+  });
+}
+
 // oneDNN's product of qx [M, K] (scale 1, zero point 128 where u8) and a packed int8 weight
 // with per-channel scales: fp32 [M, N] = sums * w_scale.
 torch::Tensor onednn_product(const torch::Tensor& qx, bool u8, const torch::Tensor& packed,
@@ -519,19 +542,7 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
   const torch::Tensor sums = onednn_product(qx, w.u8, *w.packed, *w.zero_points, *w.scale);
   TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.is_contiguous() && sums.numel() == M * N,
               "int8 rows: oneDNN returned an unexpected product");
-  const float* s = sums.data_ptr<float>();
-  rows_in_parallel(M, N, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      const simd::Vec xs = simd::set1(scales[r]);
-      for (int64_t n = 0; n < N; n += simd::kLanes) {
-        const simd::Mask m = simd::lanes(n, N);
-        simd::Vec v = simd::mul(simd::load(s + r * N + n, m), xs);
-        if (bias) v = simd::add(v, simd::load(bias + n, m));
-        simd::store(y + r * N + n, v, m);
-      }
-    }
-    return true;
-  });
+  scale_sums(M, N, sums.data_ptr<float>(), scales.data(), bias, y, nullptr);
   return true;
 }
 
@@ -578,22 +589,7 @@ torch::Tensor scale_rows(const torch::Tensor& sums, const torch::Tensor& x_scale
   // when it sat in the inner loop (a 2048-row prompt of the int8 model).
   float* to_fp32 = bf16 ? nullptr : out.data_ptr<float>();
   at::BFloat16* to_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
-  gpt1::rows_in_parallel(M, N, [&](int64_t lo, int64_t hi) {
-    for (int64_t r = lo; r < hi; ++r) {
-      const simd::Vec scale = simd::set1(xs[r]);
-      for (int64_t n = 0; n < N; n += simd::kLanes) {
-        const simd::Mask m = simd::lanes(n, N);
-        simd::Vec v = simd::mul(simd::load(s + r * N + n, m), scale);
-        if (b) v = simd::add(v, simd::load(b + n, m));
-        if (to_fp32) {
-          simd::store(to_fp32 + r * N + n, v, m);
-        } else {
-          simd::store(to_bf16 + r * N + n, simd::round_bf16(v), m);
-        }
-      }
-    }
-    return true;
-  });
+  scale_sums(M, N, s, xs, b, to_fp32, to_bf16);
   return out;
 }
 
