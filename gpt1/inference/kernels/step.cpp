@@ -299,9 +299,16 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
   const int64_t C = H * D;
   int64_t longest = 0;
   for (int64_t r = 0; r < R; ++r) longest = std::max(longest, lengths[r] + 1);
-  const auto head_offset = [&](int64_t r, int64_t h) {
-    return ((rows[r] * H + h) * keys[r].size(2)) * D;
-  };
+  // Each row's head 0 in its buffers, asked once: `data_ptr<T>` checks the dtype and storage
+  // on every call, and 64 rows x 12 heads asked it twice a head.
+  std::vector<T*> row_keys(R), row_values(R);
+  std::vector<int64_t> capacity(R);
+  for (int64_t r = 0; r < R; ++r) {
+    capacity[r] = keys[r].size(2);
+    row_keys[r] = keys[r].data_ptr<T>() + rows[r] * H * capacity[r] * D;
+    row_values[r] = values[r].data_ptr<T>() + rows[r] * H * capacity[r] * D;
+  }
+  const auto head_offset = [&](int64_t r, int64_t h) { return h * capacity[r] * D; };
   // Every row's new key and value are written before any row attends: rows may share a cache
   // (one sequence's consecutive positions, as a verifying pass of drafted tokens has them),
   // and a row then attends to the positions of the rows before it.
@@ -311,8 +318,8 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
   for (int64_t r = 0; r < R; ++r) {
     const float* row = qkv + r * 3 * C;
     for (int64_t h = 0; h < H; ++h) {
-      T* k = keys[r].data_ptr<T>() + head_offset(r, h) + lengths[r] * D;
-      T* v = values[r].data_ptr<T>() + head_offset(r, h) + lengths[r] * D;
+      T* k = row_keys[r] + head_offset(r, h) + lengths[r] * D;
+      T* v = row_values[r] + head_offset(r, h) + lengths[r] * D;
       for (int64_t d = 0; d < D; d += kLanes) {
         const Mask m = lanes(d, D);
         store(k + d, kept(load(row + C + h * D + d, m)), m);
@@ -326,9 +333,8 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
     std::vector<float> scores(longest);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / H, h = t % H, offset = head_offset(r, h);
-      attend<T>(qkv + r * 3 * C + h * D, keys[r].data_ptr<T>() + offset,
-                values[r].data_ptr<T>() + offset, lengths[r], D, scores.data(),
-                out + r * C + h * D, bf16);
+      attend<T>(qkv + r * 3 * C + h * D, row_keys[r] + offset, row_values[r] + offset,
+                lengths[r], D, scores.data(), out + r * C + h * D, bf16);
     }
   });
 }
