@@ -18,7 +18,10 @@ forms a row is quantised in (`int8_rows.FORMS`: "s8", signed 8-bit, with VNNI, A
 3. With `--checkpoint` and `--text`: a trained model reads windows of the text whole, every
    product (the output layer's too) as fp32, as int8 weights times float activations
    (widening), and as per-row int8 in each form, in plain torch (`int8_rows.reference`):
-   next-token loss, and how often each one's most likely next token is fp32's.
+   next-token loss, and how often each one's most likely next token is fp32's. Also "u6", a
+   form no kernel takes: 63 steps a row, which would let the AVX2 kernel add two `vpmaddubsw`
+   results in 16 bits before widening them (a third more multiply-adds a cycle), emulated in
+   float64.
 4. With them too: the same windows decoded as `BatchedDecoder` decodes them, every window a
    sequence of one pool, a prompt of `PROMPT` tokens then one token a step through the many-row
    integer step (the compiled one, in this build's form), the next token of every position
@@ -122,10 +125,28 @@ class _EmulatedLinear(nn.Module):
         self.bias, self.form = bias, form
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.form == "u6":
+            return _u6_product(x, self.q, self.scale, self.bias)
         if self.form is not None:
             return int8_rows.reference(x.float(), self.q, self.scale, self.bias, self.form)
         out = x.float() @ (self.q.float() * self.scale[:, None]).t()
         return out if self.bias is None else out + self.bias
+
+
+def _u6_product(
+    x: torch.Tensor, q: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The per-row product with each row's range [min(x, 0), max(x, 0)] in 63 steps (the u7
+    form's arithmetic with one bit fewer), in float64."""
+    rows = x.reshape(-1, x.shape[-1]).double()
+    low = rows.amin(dim=1, keepdim=True).clamp(max=0.0)
+    high = rows.amax(dim=1, keepdim=True).clamp(min=0.0)
+    scale = torch.where(high > low, (high - low) / 63.0, torch.ones_like(high))
+    zero = torch.round(-low / scale)
+    steps = (torch.round(rows / scale) + zero).clamp(0.0, 63.0) - zero
+    out = (steps * scale) @ (q.double() * w_scale.double()[:, None]).t()
+    out = out if bias is None else out + bias.double()
+    return out.float().view(*x.shape[:-1], q.shape[0])
 
 
 def _emulated(model: GPT, form: str | None) -> GPT:
@@ -160,6 +181,7 @@ def trained(checkpoint: Path, text: Path, windows: int) -> None:
             ("widening", None),
             ("s8 per row", "s8"),
             ("u7 per row", "u7"),
+            ("u6 per row (no kernel's)", "u6"),
         ):
             if form == "fp32":
                 got = want
