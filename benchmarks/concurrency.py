@@ -266,6 +266,13 @@ def main() -> None:
             for o in ("ct2:int8", "gpt1:bf16")
         ]
         print(f"| {n} | " + " | ".join(row + ratios) + " |")
+    if "gpt1:int8" in systems and "ct2:int8" in systems:
+        # Each round runs the two back to back, so its ratio is paired: the machine's other
+        # work moves both alike, where it moves the medians above apart.
+        print("int8 / ct2 int8 in each round (its two runs back to back):")
+        for n in ns:
+            pairs = zip(times[("gpt1:int8", n)], times[("ct2:int8", n)])
+            print(f"  n = {n}: " + ", ".join(f"{g / c:.2f}x" for g, c in pairs))
     peak = max(peaks)
     print(
         f"int8 dot-product peak: {2 * peak / 1e9:.0f} GOP/s ({peak / 1e9:.0f} G multiply-adds/s),"
