@@ -14,6 +14,11 @@ as the server's are. For each row count R, alternating in one process, medians o
   without bf16 arithmetic: bf16 under fp32), the same step over caches of `--past` positions in
   the activations' dtype too, and how much faster the narrower caches make the step.
 
+With `--decoder`, the whole step `BatchedDecoder` (what `gpt1 serve` runs) takes for R greedy
+generations instead (random 32-token prompts, `--new` tokens each; the steps after the prompts):
+per step, the compiled step, the output layer, the greedy choice, and the rest, the Python
+between them (the compiled module's calls timed as they are made).
+
 One thread and this process's CPU time by default (the machine may be shared); `--threads 2
 --clock wall` for a step on two cores. The caches are `BatchedDecoder`'s (bf16 for int8 and
 bf16 activations, fp32 for fp32: `int8_step.cache_dtype`), and their read rate counts the bytes
@@ -22,11 +27,13 @@ their numbers take.
     python benchmarks/step_profile.py                        # int8, R = 1..64, 64 positions
     python benchmarks/step_profile.py --precision bf16 --rows 1,4,8 --past 256
     python benchmarks/step_profile.py --threads 2 --clock wall
+    python benchmarks/step_profile.py --decoder --rows 8,64 --threads 2 --clock wall
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import statistics
 import sys
 import time
@@ -71,12 +78,79 @@ def products(model: GPT, rows: int):
     return lambda: [kernels.rows_product(x, w, s, b, n) for x, w, s, b, n in calls]
 
 
+class _Timed:
+    """The compiled module, each call's time added to `spent[name]`."""
+
+    def __init__(self, module, spent: dict[str, float], clock) -> None:
+        self._module, self._spent, self._clock = module, spent, clock
+
+    def __getattr__(self, name: str):
+        found = getattr(self._module, name)
+        if not callable(found):
+            return found
+
+        def timed(*args, **kwargs):
+            start = self._clock()
+            try:
+                return found(*args, **kwargs)
+            finally:
+                self._spent[name] += self._clock() - start
+
+        return timed
+
+
+def decoder_steps(model: GPT, rows: list[int], new: int, rounds: int, clock) -> None:
+    """The `--decoder` table: `BatchedDecoder`'s steps of R generations, split by where the
+    time goes."""
+    from gpt1.inference.batched import BatchedDecoder
+    from gpt1.inference.sampling import Sampling
+
+    spent: dict[str, float] = collections.defaultdict(float)
+    timed = _Timed(backend.kernel_module(), spent, clock)
+    # Before the model's first step: the step's plan keeps the op it is first given.
+    backend.kernel_module = lambda: timed
+    backend.decode_step_op = lambda: timed.decode_step if timed.has_decode_step() else None
+    print(
+        "| sequences | step ms | compiled step ms | output layer ms | greedy choice ms |"
+        " the rest (Python) ms |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
+    greedy = Sampling(max_new_tokens=new, temperature=0.0)
+    for n in rows:
+        per_step: dict[str, list[float]] = collections.defaultdict(list)
+        for round_ in range(rounds + 1):  # the first warms the plans and packed copies
+            decoder = BatchedDecoder(model, speculate="off")
+            for prompt in torch.randint(0, VOCAB, (n, 32)).tolist():
+                decoder.add(prompt, greedy)
+            decoder.step()  # the prompts
+            spent.clear()
+            steps, start = 0, clock()
+            while decoder.active:
+                decoder.step()
+                steps += 1
+            if round_ == 0 or steps == 0:
+                continue
+            per_step["step"].append((clock() - start) / steps)
+            for name in ("decode_step", "rows_product", "greedy_tokens"):
+                per_step[name].append(spent[name] / steps)
+            per_step["rest"].append(per_step["step"][-1] - sum(spent.values()) / steps)
+        cells = [
+            statistics.median(per_step[k]) * 1e3
+            for k in ("step", "decode_step", "rows_product", "greedy_tokens", "rest")
+        ]
+        print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--precision", choices=("int8", "bf16", "fp32"), default="int8")
     ap.add_argument("--rows", default="1,8,16,32,64")
     ap.add_argument("--past", type=int, default=64, help="positions each cache holds")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument(
+        "--decoder", action="store_true", help="BatchedDecoder's whole steps, split (see above)"
+    )
+    ap.add_argument("--new", type=int, default=64, help="with --decoder: tokens each generates")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--clock", choices=tuple(CLOCKS), default="cpu", help="cpu: this process's CPU time"
@@ -90,6 +164,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=VOCAB)), "cpu", args.precision)
+    if args.decoder:
+        print(
+            f"GPT-1 size, {args.precision}, BatchedDecoder, 32-token prompts, {args.new} new tokens,"
+            f" {args.threads} thread(s), {'CPU' if args.clock == 'cpu' else 'wall'} time per step,"
+            f" medians of {args.rounds}"
+        )
+        rows = [int(r) for r in args.rows.split(",")]
+        with torch.inference_mode():
+            decoder_steps(model, rows, args.new, args.rounds, clock)
+        return
     integer = args.precision == "int8"
     C, L = model.config.n_embd, model.config.n_layer
     threads = "one thread" if args.threads == 1 else f"{args.threads} threads"

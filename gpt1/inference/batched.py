@@ -23,7 +23,7 @@ passes the window the model was trained on) re-read each step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,13 +47,24 @@ from gpt1.model.gpt import GPT
 class Generation:
     """One sequence being generated: its tokens so far and what it still needs."""
 
-    ids: torch.Tensor  # [1, T] prompt and the tokens chosen so far
+    prompt: torch.Tensor  # [1, P]
     remaining: int  # new tokens still to choose
     sampling: Sampling
     generator: torch.Generator | None
     cache: KVCache | None  # None: no cache (LSTM), or past the context
     fresh: torch.Tensor  # [1, t] the tokens the model has not seen yet
     speculator: Speculator | None = None  # drafts tokens while it is the only generation
+    # The tokens chosen so far, in order: a list a step appends to, where a tensor grown by
+    # concatenation cost each of 64 generations a copy and an allocation every step.
+    chosen: list[int] = field(default_factory=list)
+
+    @property
+    def ids(self) -> torch.Tensor:
+        """`[1, T]`: the prompt and the tokens chosen so far."""
+        if not self.chosen:
+            return self.prompt
+        new = torch.tensor([self.chosen], dtype=self.prompt.dtype, device=self.prompt.device)
+        return torch.cat([self.prompt, new], dim=1)
 
 
 Event = tuple[Generation, "int | None | Exception"]  # a token, None (finished) or its error
@@ -126,8 +137,10 @@ class BatchedDecoder:
         events: list[Event] = []
         for gen in [g for g in self.active if g.remaining <= 0]:  # asked for no tokens
             self._finish(gen, None, events)
-        together = [g for g in self.active if self._joins_batch(g)]
-        alone = [g for g in self.active if not self._joins_batch(g)]
+        together: list[Generation] = []
+        alone: list[Generation] = []
+        for gen in self.active:
+            (together if self._joins_batch(gen) else alone).append(gen)
         with torch.no_grad():
             prompts = [g for g in alone if self._prefills(g)]
             if len(prompts) > 1:
@@ -144,7 +157,7 @@ class BatchedDecoder:
                 return events
             if together:
                 try:
-                    ids = torch.cat([g.fresh[0] for g in together])  # [n]
+                    ids = torch.cat([g.fresh for g in together], dim=1)[0]  # [n]
                     with int8_step.step(self.model, len(together)) as one_call:
                         caches = [g.cache for g in together]
                         hidden = decode(self.model, ids, caches, one_call=one_call)  # [n, C]
@@ -227,8 +240,10 @@ class BatchedDecoder:
             except Gpt1Error:
                 pass
             else:
-                for r, gen in enumerate(gens):
-                    self._take(gen, ids[r : r + 1], events)
+                # The rows' tensors in one split and their ids in one list, not a slice and a
+                # list per row.
+                for gen, new, token in zip(gens, ids.split(1), ids[:, 0].tolist()):
+                    self._take(gen, new, events, [token])
                 return
         for r, gen in enumerate(gens):
             self._choose(gen, logits[r : r + 1], events)
@@ -247,18 +262,31 @@ class BatchedDecoder:
             return
         self._take(gen, nxt, events)
 
-    def _take(self, gen: Generation, nxt: torch.Tensor, events: list[Event]) -> None:
-        """`gen`'s chosen token `[1, 1]`."""
+    def _take(
+        self,
+        gen: Generation,
+        nxt: torch.Tensor,
+        events: list[Event],
+        tokens: list[int] | None = None,
+    ) -> None:
+        """`gen`'s chosen token `[1, 1]` (`tokens`: as a list, where the caller has it)."""
         if gen.speculator is not None:
             gen.speculator.push(nxt)  # its drafts come from every token
-        self._emit(gen, nxt, events)
+        self._emit(gen, nxt, events, tokens)
 
-    def _emit(self, gen: Generation, new: torch.Tensor, events: list[Event]) -> None:
-        """New tokens `[1, t]` chosen for `gen`, in order."""
-        gen.ids = torch.cat([gen.ids, new], dim=1)
-        gen.fresh = new[:, -1:]
-        gen.remaining -= new.shape[1]
-        events.extend((gen, t) for t in new[0].tolist())  # not a 0-d tensor per token
+    def _emit(
+        self,
+        gen: Generation,
+        new: torch.Tensor,
+        events: list[Event],
+        tokens: list[int] | None = None,
+    ) -> None:
+        """New tokens `[1, t]` chosen for `gen`, in order (`tokens`: the same as a list)."""
+        tokens = new[0].tolist() if tokens is None else tokens  # not a 0-d tensor per token
+        gen.chosen.extend(tokens)
+        gen.fresh = new if new.shape[1] == 1 else new[:, -1:]
+        gen.remaining -= len(tokens)
+        events.extend((gen, t) for t in tokens)
         if gen.remaining <= 0:
             self._finish(gen, None, events)
 
