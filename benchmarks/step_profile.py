@@ -16,8 +16,9 @@ as the server's are. For each row count R, alternating in one process, medians o
 
 With `--decoder`, the whole step `BatchedDecoder` (what `gpt1 serve` runs) takes for R greedy
 generations instead (random 32-token prompts, `--new` tokens each; the steps after the prompts):
-per step, the compiled step, the output layer, the greedy choice, and the rest, the Python
-between them (the compiled module's calls timed as they are made).
+the step that reads their prompts together and the int8 products in it; then per step, the
+compiled step, the output layer, the greedy choice, and the rest, the Python between them (the
+compiled module's calls timed as they are made).
 
 One thread and this process's CPU time by default (the machine may be shared); `--threads 2
 --clock wall` for a step on two cores. The caches are `BatchedDecoder`'s (bf16 for int8 and
@@ -111,10 +112,10 @@ def decoder_steps(model: GPT, rows: list[int], new: int, rounds: int, clock) -> 
     backend.kernel_module = lambda: timed
     backend.decode_step_op = lambda: timed.decode_step if timed.has_decode_step() else None
     print(
-        "| sequences | step ms | compiled step ms | output layer ms | greedy choice ms |"
-        " the rest (Python) ms |"
+        "| sequences | prompts ms | their products ms | step ms | compiled step ms |"
+        " output layer ms | greedy choice ms | the rest (Python) ms |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     greedy = Sampling(max_new_tokens=new, temperature=0.0)
     for n in rows:
         per_step: dict[str, list[float]] = collections.defaultdict(list)
@@ -122,7 +123,10 @@ def decoder_steps(model: GPT, rows: list[int], new: int, rounds: int, clock) -> 
             decoder = BatchedDecoder(model, speculate="off")
             for prompt in torch.randint(0, VOCAB, (n, 32)).tolist():
                 decoder.add(prompt, greedy)
-            decoder.step()  # the prompts
+            spent.clear()
+            start = clock()
+            decoder.step()  # the prompts, read together
+            prompts, prompt_products = clock() - start, spent["rows_product"]
             spent.clear()
             steps, start = 0, clock()
             while decoder.active:
@@ -130,13 +134,16 @@ def decoder_steps(model: GPT, rows: list[int], new: int, rounds: int, clock) -> 
                 steps += 1
             if round_ == 0 or steps == 0:
                 continue
+            per_step["prompts"].append(prompts)
+            per_step["prompt products"].append(prompt_products)
             per_step["step"].append((clock() - start) / steps)
             for name in ("decode_step", "rows_product", "greedy_tokens"):
                 per_step[name].append(spent[name] / steps)
             per_step["rest"].append(per_step["step"][-1] - sum(spent.values()) / steps)
         cells = [
             statistics.median(per_step[k]) * 1e3
-            for k in ("step", "decode_step", "rows_product", "greedy_tokens", "rest")
+            for k in ("prompts", "prompt products", "step", "decode_step", "rows_product")
+            + ("greedy_tokens", "rest")
         ]
         print(f"| {n} | " + " | ".join(f"{c:.2f}" for c in cells) + " |", flush=True)
 
