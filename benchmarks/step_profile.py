@@ -14,9 +14,9 @@ as the server's are. For each row count R, alternating in one process, medians o
   without bf16 arithmetic: bf16 under fp32), the same step over caches of `--past` positions in
   the activations' dtype too, and how much faster the narrower caches make the step.
 
-With `--decoder`, the whole step `BatchedDecoder` (what `gpt1 serve` runs) takes for R greedy
-generations instead (random 32-token prompts, `--new` tokens each; the steps after the prompts):
-the step that reads their prompts together and the int8 products in it; then per step, the
+With `--decoder`, `BatchedDecoder` (what `gpt1 serve` runs) decodes R greedy generations
+instead (random 32-token prompts, `--new` tokens each), split by where the time goes: the step
+that reads their prompts together and the int8 products in it; then, per later step, the
 compiled step, the output layer, the greedy choice, and the rest, the Python between them (the
 compiled module's calls timed as they are made).
 
@@ -165,6 +165,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads < 1 or args.rounds < 1:
         ap.error("--threads and --rounds must be at least 1")
+    if args.decoder and args.new < 2:
+        ap.error("--new must be at least 2: the steps after the prompts' are the ones timed")
     if args.clock == "cpu" and args.threads > 1:
         ap.error("--clock cpu adds up every thread's time: give --clock wall with --threads")
     clock = CLOCKS[args.clock]
