@@ -103,14 +103,22 @@ class _Timed:
 def decoder_steps(model: GPT, rows: list[int], new: int, rounds: int, clock) -> None:
     """The `--decoder` table: `BatchedDecoder`'s steps of R generations, split by where the
     time goes."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    real = backend.kernel_module
+    timed = _Timed(real(), spent, clock)
+    # Before the model's first step: the step's plan keeps the op it is first given
+    # (`backend.decode_step_op` asks `kernel_module` for it).
+    backend.kernel_module = lambda: timed
+    try:
+        _decoder_table(model, rows, new, rounds, clock, spent)
+    finally:
+        backend.kernel_module = real
+
+
+def _decoder_table(model: GPT, rows: list[int], new: int, rounds: int, clock, spent) -> None:
     from gpt1.inference.batched import BatchedDecoder
     from gpt1.inference.sampling import Sampling
 
-    spent: dict[str, float] = collections.defaultdict(float)
-    timed = _Timed(backend.kernel_module(), spent, clock)
-    # Before the model's first step: the step's plan keeps the op it is first given.
-    backend.kernel_module = lambda: timed
-    backend.decode_step_op = lambda: timed.decode_step if timed.has_decode_step() else None
     print(
         "| sequences | prompts ms | their products ms | step ms | compiled step ms |"
         " output layer ms | greedy choice ms | the rest (Python) ms |"
