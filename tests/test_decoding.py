@@ -191,16 +191,27 @@ def test_a_cached_pass_under_activation_checkpointing_writes_each_key_once():
     cached=st.lists(st.booleans(), min_size=6, max_size=6),
     pooled=st.booleans(),
     bf16=st.booleans(),
+    last_only=st.booleans(),
 )
-@example(lengths=[5, 5, 5], cached=[False] * 6, pooled=True, bf16=True)  # one group: all
-@example(lengths=[5, 5, 5], cached=[False] * 6, pooled=False, bf16=False)
 @example(
-    lengths=[9, 2, 9, 9], cached=[False, False, True, False] + [False] * 2, pooled=True, bf16=True
+    lengths=[5, 5, 5], cached=[False] * 6, pooled=True, bf16=True, last_only=False
+)  # one group
+@example(lengths=[5, 5, 5], cached=[False] * 6, pooled=False, bf16=False, last_only=True)
+@example(
+    lengths=[9, 2, 9, 9],
+    cached=[False, False, True, False] + [False] * 2,
+    pooled=True,
+    bf16=True,
+    last_only=True,
 )
-def test_prompts_read_together_attend_as_each_alone_bit_for_bit(lengths, cached, pooled, bf16):
+def test_prompts_read_together_attend_as_each_alone_bit_for_bit(
+    lengths, cached, pooled, bf16, last_only
+):
     """`PromptRows` (the layout of `prefill`) groups fresh prompts of one length into one
     attention call; every row, and every cache it writes, is the bits of the sequence's own
-    `CachedTokens` call, whatever mix of lengths, filled caches and cache kinds comes."""
+    `CachedTokens` call, whatever mix of lengths, filled caches and cache kinds comes. Asked
+    for each prompt's last row alone (`last_only`, the last block's layout), it gives those
+    rows of the full answer, and the same caches."""
     from gpt1.inference.decoding import CachedTokens, PromptRows
 
     dtype = torch.bfloat16 if bf16 else torch.float32
@@ -217,18 +228,58 @@ def test_prompts_read_together_attend_as_each_alone_bit_for_bit(lengths, cached,
                 cache.layers[0].extend(history[i, 1], history[i, 2])
         return made
 
-    together, alone = caches(), caches()
+    together, alone, full = caches(), caches(), caches()
     with torch.no_grad():
-        got = PromptRows([c.layers[0] for c in together], lengths).attend(qkv, H, 0.0)
+        layout = PromptRows([c.layers[0] for c in together], lengths, last_only)
+        got = layout.attend(qkv, H, 0.0)
         want = torch.cat(
             [
-                CachedTokens(c.layers[0]).attend(part[None], H, 0.0)[0]
+                CachedTokens(c.layers[0], last_only).attend(part[None], H, 0.0)[0]
                 for c, part in zip(alone, qkv.split(lengths))
             ]
         )
+        every_row = PromptRows([c.layers[0] for c in full], lengths).attend(qkv, H, 0.0)
     assert torch.equal(got, want)
-    for a, b in zip(together, alone):
+    ends = torch.tensor(lengths).cumsum(0) - 1
+    assert got.shape[0] == (len(lengths) if last_only else sum(lengths))
+    # One query against the last row of T causal ones: the same sums, perhaps in another order.
+    tolerance = 1e-2 if bf16 else 1e-5
+    expected = every_row[ends] if last_only else every_row
+    torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance)
+    assert torch.equal(layout.query_rows(qkv), qkv[ends] if last_only else qkv)
+    for a, b in zip(together + together, alone + full):
         assert len(a) == len(b)
         ka, va = a.layers[0].extend(qkv[:0].view(1, H, 0, D), qkv[:0].view(1, H, 0, D))
         kb, vb = b.layers[0].extend(qkv[:0].view(1, H, 0, D), qkv[:0].view(1, H, 0, D))
         assert torch.equal(ka, kb) and torch.equal(va, vb)
+
+
+@pytest.mark.parametrize("past", [0, 3])
+def test_a_pass_read_for_its_last_position_runs_the_last_block_on_that_row(past):
+    """`forward_cached(..., last_only=True)`, what a prompt before its first token runs: the
+    last position's hidden state of the full pass, the same caches, and the last block's MLP
+    given one row a sequence instead of every new position."""
+    model = _model()
+    gen = torch.Generator().manual_seed(past)
+    history = torch.randint(0, 300, (2, past), generator=gen)
+    ids = torch.randint(0, 300, (2, 7), generator=gen)
+    seen: list[tuple[int, ...]] = []
+    hook = model.h[-1].mlp.register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    last, full = KVCache(2, 80), KVCache(2, 80)
+    with torch.no_grad():
+        for cache in (last, full):
+            if past:
+                forward_cached(model, history, cache)
+        seen.clear()
+        got = forward_cached(model, ids, last, last_only=True)
+        assert seen == [(2, 1, 64)]
+        want = forward_cached(model, ids, full)
+    hook.remove()
+    assert got.shape == (2, 1, 64)
+    torch.testing.assert_close(got, want[:, -1:], rtol=1e-5, atol=1e-5)
+    assert len(last) == len(full) == past + 7
+    for a, b in zip(last.layers, full.layers):
+        empty = ids.new_zeros(2, 4, 0, 16, dtype=torch.float32)
+        assert all(
+            torch.equal(x, y) for x, y in zip(a.extend(empty, empty), b.extend(empty, empty))
+        )

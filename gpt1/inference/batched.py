@@ -201,7 +201,7 @@ class BatchedDecoder:
     def _hidden_alone(self, gen: Generation) -> torch.Tensor:
         """The last position's hidden state `[1, C]`, as `generate_stream` computes it."""
         if gen.cache is not None and len(gen.cache) + gen.fresh.shape[1] <= self.n_positions:
-            return forward_cached(self.model, gen.fresh, gen.cache)[:, -1]
+            return forward_cached(self.model, gen.fresh, gen.cache, last_only=True)[:, -1]
         self._drop_cache(gen)  # past the context: positions shift, re-read the window each step
         return self.model(gen.ids[:, -self.n_positions :])[:, -1]
 

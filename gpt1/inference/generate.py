@@ -342,7 +342,7 @@ def _steps(
             if drafted is None:
                 with torch.no_grad():
                     if cache is not None and len(cache) + fresh.shape[1] <= n_pos:
-                        hidden = forward_cached(model, fresh, cache)[:, -1]
+                        hidden = forward_cached(model, fresh, cache, last_only=True)[:, -1]
                     else:
                         cache = None  # past the context: positions shift, re-read the window
                         out, chosen = torch.cat([out, *chosen], dim=1), []
