@@ -218,7 +218,11 @@ inline void store_int8(int8_t* q, Vec v, Mask m) {
   // Each 128-bit half now starts with its four numbers.
   const __m128i both = _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes),
                                           _mm256_extracti128_si256(bytes, 1));
-  std::memcpy(q, &both, m.count);
+  if (m.count == 8) {  // one 8-byte store: a memcpy of a variable count is a call into libc
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q), both);
+  } else {
+    std::memcpy(q, &both, m.count);
+  }
 }
 
 inline Vec round_bf16(Vec v) {
