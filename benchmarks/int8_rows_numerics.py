@@ -21,7 +21,10 @@ forms a row is quantised in (`int8_rows.FORMS`: "s8", signed 8-bit, with VNNI, A
    next-token loss, and how often each one's most likely next token is fp32's. Also "u6", a
    form no kernel takes: 63 steps a row, which would let the AVX2 kernel add two `vpmaddubsw`
    results in 16 bits before widening them (a third more multiply-adds a cycle), emulated in
-   float64.
+   float64. Also the u7 form with the keys and values every position attends to rounded as a
+   cache would store them: bf16 (what `BatchedDecoder` caches under fp32 activations), and
+   int8 with one scale per position and head (no cache stores these: the measure of what an
+   int8 cache, half the bytes attention reads, would cost), symmetric or with a zero point.
 4. With them too: the same windows decoded as `BatchedDecoder` decodes them, every window a
    sequence of one pool, a prompt of `PROMPT` tokens then one token a step through the many-row
    integer step (the compiled one, in this build's form), the next token of every position
@@ -33,6 +36,7 @@ forms a row is quantised in (`int8_rows.FORMS`: "s8", signed 8-bit, with VNNI, A
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 from pathlib import Path
 
@@ -40,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import gpt1.model.gpt as gpt_module
 from gpt1 import GPT, load_checkpoint
 from gpt1.config import model_preset
 from gpt1.inference import backend, int8_rows, int8_step
@@ -160,6 +165,38 @@ def _emulated(model: GPT, form: str | None) -> GPT:
     return model
 
 
+def _int8_symmetric(x: torch.Tensor) -> torch.Tensor:
+    """Each position's D numbers (the last dimension) as int8 times one scale, back in fp32."""
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny) / 127
+    return torch.round(x / scale).clamp(-127, 127) * scale
+
+
+def _int8_zero_point(x: torch.Tensor) -> torch.Tensor:
+    """Each position's D numbers as 255 steps of [min, max] with a zero point, back in fp32."""
+    low, high = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
+    scale = ((high - low) / 255).clamp(min=torch.finfo(x.dtype).tiny)
+    zero = torch.round(-low / scale)
+    return (torch.round(x / scale) + zero).clamp(0, 255).sub(zero) * scale
+
+
+KEPT_AS = {
+    "bf16": lambda x: x.to(torch.bfloat16).float(),
+    "int8, symmetric": _int8_symmetric,
+    "int8, zero point": _int8_zero_point,
+}
+
+
+@contextlib.contextmanager
+def _keys_and_values(rounded):
+    """Every attention call of `GPT`'s blocks sees its keys and values as `rounded` gives them."""
+    real = gpt_module.attention
+    gpt_module.attention = lambda q, k, v, **kw: real(q, rounded(k), rounded(v), **kw)
+    try:
+        yield
+    finally:
+        gpt_module.attention = real
+
+
 def trained(checkpoint: Path, text: Path, windows: int) -> None:
     from gpt1.text.tokenizer import Tokenizer
 
@@ -188,10 +225,19 @@ def trained(checkpoint: Path, text: Path, windows: int) -> None:
             else:
                 model = _emulated(fp32, form)
                 got = model.output_layer(model(batch))
-            loss = F.cross_entropy(got[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
-            same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
-            print(f"| {label} | {loss.item():.4f} | {same:.2%} |")
+            _row(label, got, want, batch)
+        model = _emulated(fp32, "u7")
+        for kept, rounded in KEPT_AS.items():
+            with _keys_and_values(rounded):
+                got = model.output_layer(model(batch))
+            _row(f"u7 per row, keys and values as {kept}", got, want, batch)
     decoded(fp32, batch)
+
+
+def _row(label: str, got: torch.Tensor, want: torch.Tensor, batch: torch.Tensor) -> None:
+    loss = F.cross_entropy(got[:, :-1].flatten(0, 1), batch[:, 1:].flatten())
+    same = (got.argmax(-1) == want.argmax(-1)).float().mean().item()
+    print(f"| {label} | {loss.item():.4f} | {same:.2%} |")
 
 
 PROMPT = 16  # tokens of each window read as its prompt before the steps
