@@ -16,7 +16,11 @@ Printed, one thread, each process's CPU time, medians of `--rounds` alternating 
 * the same bursts (int8) with their fresh prompts attending in one call per layer
   (`decoding.PromptRows`) and one sequence at a time (each through `CachedTokens`, the
   general path that prompts of other lengths or with cached positions take), the same tokens
-  both ways.
+  both ways;
+* the last block of a prompt's pass run on every row against on each prompt's last row alone
+  (past its keys and values, which every position still writes: `forward_cached`'s and
+  `prefill`'s `last_only`): one prompt of 400 tokens (`generate`'s first token) and a burst of
+  64 prompts of 32, in each precision, the same first tokens both ways.
 
     python benchmarks/many_rows.py                 # this CPU
     python benchmarks/many_rows.py --tier avx2     # a laptop's AVX2 + FMA, simulated
@@ -168,7 +172,7 @@ def prompts_attending(rounds: int) -> None:
         parts = qkv.split(self.lengths)
         return torch.cat(
             [
-                CachedTokens(layer).attend(part[None], n_head, dropout_p)[0]
+                CachedTokens(layer, self.last_only).attend(part[None], n_head, dropout_p)[0]
                 for layer, part in zip(self.layers, parts)
             ]
         )
@@ -210,6 +214,59 @@ def prompts_attending(rounds: int) -> None:
         )
 
 
+def last_rows(rounds: int, precisions: list[str]) -> None:
+    from gpt1 import GPT
+    from gpt1.config import model_preset
+    from gpt1.inference import int8_step
+    from gpt1.inference.decoding import KVCache, SlotPool, forward_cached, prefill
+    from gpt1.inference.prepared import for_inference
+
+    print(
+        "\n| pass | precision | last block on every row ms | on the last rows ms | speed-up"
+        " | same tokens |"
+    )
+    print("|---|---|---:|---:|---:|---|")
+    gen = torch.Generator().manual_seed(400)
+    lone = torch.randint(0, VOCAB, (1, 400), generator=gen)
+    burst = list(torch.randint(0, VOCAB, (64, 1, 32), generator=gen))
+    for precision in precisions:
+        torch.manual_seed(0)
+        model = GPT(model_preset("gpt1").derive(vocab_size=VOCAB))
+        model = for_inference(model, "cpu", precision)
+        dtype = int8_step.cache_dtype(model)
+        firsts: dict[tuple[str, bool], list[int]] = {}
+
+        def one_prompt(last_only: bool) -> Callable[[], object]:
+            def run() -> None:
+                cache = KVCache(model.config.n_layer, 512, dtype)
+                hidden = forward_cached(model, lone, cache, last_only=last_only)[:, -1]
+                firsts["lone", last_only] = model.lm_logits(hidden).argmax(-1).tolist()
+
+            return run
+
+        def prompts(last_only: bool) -> Callable[[], object]:
+            def run() -> None:
+                pool = SlotPool(model.config.n_layer, 64, dtype)
+                caches = [pool.cache() for _ in burst]
+                hidden = prefill(model, burst, caches, last_only=last_only)
+                firsts["burst", last_only] = model.lm_logits(hidden).argmax(-1).tolist()
+
+            return run
+
+        for name, key, make in (
+            ("one prompt x 400", "lone", one_prompt),
+            ("64 prompts x 32", "burst", prompts),
+        ):
+            with torch.inference_mode():
+                took = paired({"every": make(False), "last": make(True)}, rounds)
+            same = "yes" if firsts[key, False] == firsts[key, True] else "NO"
+            print(
+                f"| {name} | {precision} | {took['every'] * 1e3:.0f} | {took['last'] * 1e3:.0f} |"
+                f" {took['every'] / took['last']:.3f}x | {same} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tier", choices=sorted(TIERS), default="host")
@@ -231,6 +288,7 @@ def main() -> None:
     gelu_alone(args.rounds)
     passes(args.rounds, args.precisions.split(","))
     prompts_attending(args.rounds)
+    last_rows(args.rounds, args.precisions.split(","))
 
 
 if __name__ == "__main__":

@@ -559,13 +559,17 @@ def forward_cached(
     return x
 
 
-def prefill(model: GPT, prompts: list[torch.Tensor], caches: list[KVCache]) -> torch.Tensor:
+def prefill(
+    model: GPT, prompts: list[torch.Tensor], caches: list[KVCache], last_only: bool = True
+) -> torch.Tensor:
     """The new tokens of several sequences (`prompts[i]` `[1, T_i]` continuing `caches[i]`)
     through the model at once: the last position's hidden state of each, `[n, n_embd]`; each
     cache grows by its T_i. The weight products run on all their rows together (a prompt of a
     few rows alone reads every weight for them); attention runs per sequence, as
     `forward_cached` runs it, and the int8 products take one activation scale per row
-    (`int8_rows.per_row`), so a sequence's result does not depend on the others'."""
+    (`int8_rows.per_row`), so a sequence's result does not depend on the others'. The last
+    block runs past its keys and values on those last rows alone (`last_only=False`: on every
+    row, the last ones picked after it; `benchmarks/many_rows.py` compares the two)."""
     backend.expect_decoding()
     lengths = [int(p.shape[1]) for p in prompts]
     for length, cache in zip(lengths, caches):
@@ -578,9 +582,11 @@ def prefill(model: GPT, prompts: list[torch.Tensor], caches: list[KVCache]) -> t
     last = len(model.h) - 1
     with int8_rows.per_row():
         for i, block in enumerate(model.h):
-            # The last block runs past its keys and values on each prompt's last row alone.
-            x = block(x, PromptRows([c.layers[i] for c in caches], lengths, i == last))
-    return x
+            layout = PromptRows([c.layers[i] for c in caches], lengths, last_only and i == last)
+            x = block(x, layout)
+    if last_only:
+        return x
+    return x[torch.tensor(lengths, device=ids.device).cumsum(0) - 1]
 
 
 def decode(
