@@ -225,7 +225,7 @@ class BatchedDecoder:
             return True
         if tokens is None:
             return False
-        self._emit(gen, torch.tensor([tokens], device=self.device), events)
+        self._emit(gen, torch.tensor([tokens], device=self.device), events, tokens)
         return True
 
     def _choose_each(self, gens: list[Generation], logits: torch.Tensor, events: list[Event]):

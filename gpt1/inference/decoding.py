@@ -473,10 +473,11 @@ class PromptRows:
         pool.reserve(layers[0].layer, slots, end, qkv.new_empty(1, n_head, 0, D))
 
     def query_rows(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.last_only:
-            return x
-        ends = torch.tensor(self.lengths, device=x.device).cumsum(0) - 1
-        return x[ends]
+        return self.last_rows(x) if self.last_only else x
+
+    def last_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Each sequence's last row of x `[N, ...]`: `[n, ...]`."""
+        return x[torch.tensor(self.lengths, device=x.device).cumsum(0) - 1]
 
 
 class StepTokens:
@@ -584,9 +585,7 @@ def prefill(
         for i, block in enumerate(model.h):
             layout = PromptRows([c.layers[i] for c in caches], lengths, last_only and i == last)
             x = block(x, layout)
-    if last_only:
-        return x
-    return x[torch.tensor(lengths, device=ids.device).cumsum(0) - 1]
+    return x if last_only else layout.last_rows(x)
 
 
 def decode(
