@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpt1 import GPT  # noqa: E402
 from gpt1.config import model_preset  # noqa: E402
-from gpt1.inference import block_step, int8_rows  # noqa: E402
+from gpt1.inference import block_step, int8_rows, int8_step  # noqa: E402
 from gpt1.inference.decoding import decode  # noqa: E402
 from gpt1.inference.prepared import for_inference  # noqa: E402
 
@@ -69,9 +69,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--caches",
-        choices=("decoder", "activations"),
+        choices=("decoder", "bf16", "activations"),
         default="decoder",
-        help="what the caches store: BatchedDecoder's choice, or the activations' dtype",
+        help="what the caches store: BatchedDecoder's choice, bf16, or the activations' dtype",
     )
     ap.add_argument(
         "--clock", choices=tuple(CLOCKS), default=None, help="default: cpu on one thread, else wall"
@@ -95,7 +95,8 @@ def main() -> None:
     print("| rows | before ms | after ms | before / after | same bits |")
     print("|---:|---:|---:|---:|---|")
     for rows in [int(r) for r in args.rows.split(",")]:
-        caches = filled_pool(model, rows, args.past, stored=args.caches)
+        stored = {"decoder": int8_step.cache_dtype(model), "bf16": torch.bfloat16}
+        caches = filled_pool(model, rows, args.past, stored.get(args.caches))
         ids = torch.randint(0, VOCAB, (rows,))
         times: dict[str, list[float]] = {name: [] for name in builds}
         out: dict[str, torch.Tensor] = {}
@@ -115,7 +116,8 @@ def main() -> None:
                     except RuntimeWarning as refused:
                         raise SystemExit(
                             f"{name}: the build refused the step ({refused}); a build older than"
-                            " bf16 caches under fp32 activations needs --caches activations"
+                            " int8 caches needs --caches bf16 (older than bf16 caches under fp32"
+                            " activations: --caches activations)"
                         ) from None
                     if round_:  # the first round warms each build
                         times[name].append(clock() - start)

@@ -111,7 +111,7 @@ def step_kernels(repeats: int) -> None:
 
     from gpt1 import GPT
     from gpt1.config import model_preset
-    from gpt1.inference import backend, int8_rows
+    from gpt1.inference import backend, int8_rows, int8_step
     from gpt1.inference.decoding import decode
     from gpt1.inference.prepared import for_inference
 
@@ -120,7 +120,7 @@ def step_kernels(repeats: int) -> None:
         return
     torch.manual_seed(0)
     model = for_inference(GPT(model_preset("gpt1").derive(vocab_size=40478)), "cpu", "int8")
-    caches = filled_pool(model, 64, 64)
+    caches = filled_pool(model, 64, 64, int8_step.cache_dtype(model))
     own = backend.few_rows_int8
 
     def blocks(rows: int, gpt1s: bool) -> float:

@@ -22,15 +22,14 @@ forms a row is quantised in (`int8_rows.FORMS`: "s8", signed 8-bit, with VNNI, A
    form no kernel takes: 63 steps a row, which would let the AVX2 kernel add two `vpmaddubsw`
    results in 16 bits before widening them (a third more multiply-adds a cycle), emulated in
    float64. Also the u7 form with the keys and values every position attends to rounded as a
-   cache would store them: bf16 (what `BatchedDecoder` caches under fp32 activations), and
-   int8 with one scale per position and head (no cache stores these: the measure of what an
-   int8 cache, half the bytes attention reads, would cost), symmetric or with a zero point.
+   cache would store them: bf16, int8 with one scale per position and head (symmetric: no
+   cache stores these), and int8 as the int8 cache stores them (`decoding.quantize_cache_rows`: a
+   scale and a bias per position and head).
 4. With them too: the same windows decoded as `BatchedDecoder` decodes them, every window a
    sequence of one pool, a prompt of `PROMPT` tokens then one token a step through the many-row
    integer step (the compiled one, in this build's form), the next token of every position
-   predicted (teacher forcing): with the keys and values cached in the activations' dtype and,
-   where the activations are fp32, in bf16 as `BatchedDecoder` caches them
-   (`int8_step.cache_dtype`).
+   predicted (teacher forcing): with the keys and values cached in the activations' dtype, in
+   bf16, and in int8 as `BatchedDecoder` caches them (`int8_step.cache_dtype`).
 """
 
 from __future__ import annotations
@@ -48,7 +47,13 @@ import gpt1.model.gpt as gpt_module
 from gpt1 import GPT, load_checkpoint
 from gpt1.config import model_preset
 from gpt1.inference import backend, int8_rows, int8_step
-from gpt1.inference.decoding import SlotPool, decode, forward_cached
+from gpt1.inference.decoding import (
+    SlotPool,
+    decode,
+    dequantize_cache_rows,
+    forward_cached,
+    quantize_cache_rows,
+)
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import PackedInt8, quantize_rows
 
@@ -171,18 +176,12 @@ def _int8_symmetric(x: torch.Tensor) -> torch.Tensor:
     return torch.round(x / scale).clamp(-127, 127) * scale
 
 
-def _int8_zero_point(x: torch.Tensor) -> torch.Tensor:
-    """Each position's D numbers as 255 steps of [min, max] with a zero point, back in fp32."""
-    low, high = x.amin(-1, keepdim=True), x.amax(-1, keepdim=True)
-    scale = ((high - low) / 255).clamp(min=torch.finfo(x.dtype).tiny)
-    zero = torch.round(-low / scale)
-    return (torch.round(x / scale) + zero).clamp(0, 255).sub(zero) * scale
-
-
 KEPT_AS = {
     "bf16": lambda x: x.to(torch.bfloat16).float(),
     "int8, symmetric": _int8_symmetric,
-    "int8, zero point": _int8_zero_point,
+    "int8 as the int8 cache stores them": lambda x: dequantize_cache_rows(
+        quantize_cache_rows(x), x.dtype
+    ),
 }
 
 
@@ -248,8 +247,9 @@ def decoded(fp32: GPT, batch: torch.Tensor) -> None:
     model = for_inference(copy.deepcopy(fp32), "cpu", "int8")
     with torch.no_grad():
         want = fp32.lm_logits(fp32(batch)).float()[:, PROMPT - 1 : -1]
-    narrower = int8_step.cache_dtype(model)  # BatchedDecoder's, where not the activations'
-    stored = [None] if narrower is None else [None, narrower]
+    stored = [None]  # the activations' dtype; then the narrower ones the compiled step reads
+    if int8_step.cache_dtype(model) is not None:
+        stored += [d for d in (torch.bfloat16, torch.int8) if d != model.wte.weight.dtype]
     print()
     print(
         f"Decoded as BatchedDecoder decodes: {batch.shape[0]} sequences, {PROMPT}-token prompts,"

@@ -10,9 +10,9 @@ as the server's are. For each row count R, alternating in one process, medians o
   rate at which it reads their keys and values;
 - int8 only: the 48 block products alone on R rows (gpt1's kernel, `rows_product`), so that
   step - products - attention is the rest;
-- where `BatchedDecoder` stores narrower keys and values than the activations (int8 on a CPU
-  without bf16 arithmetic: bf16 under fp32), the same step over caches of `--past` positions in
-  the activations' dtype too, and how much faster the narrower caches make the step.
+- the same step over caches of `--past` positions stored as `--against` (bf16 by default; the
+  activations' own dtype; fp32), where that is not what `BatchedDecoder` stores, and how much
+  faster `BatchedDecoder`'s caches make the step.
 
 With `--decoder`, `BatchedDecoder` (what `gpt1 serve` runs) decodes R greedy generations
 instead (random 32-token prompts, `--new` tokens each), split by where the time goes: the step
@@ -21,9 +21,9 @@ compiled step, the output layer, the greedy choice, and the rest, the Python bet
 compiled module's calls timed as they are made).
 
 One thread and this process's CPU time by default (the machine may be shared); `--threads 2
---clock wall` for a step on two cores. The caches are `BatchedDecoder`'s (bf16 for int8 and
-bf16 activations, fp32 for fp32: `int8_step.cache_dtype`), and their read rate counts the bytes
-their numbers take.
+--clock wall` for a step on two cores. The caches are `BatchedDecoder`'s (int8 rows with a
+scale and a bias for int8, the activations' dtype otherwise: `int8_step.cache_dtype`), and their
+read rate counts the bytes their rows take.
 
     python benchmarks/step_profile.py                        # int8, R = 1..64, 64 positions
     python benchmarks/step_profile.py --precision bf16 --rows 1,4,8 --past 256
@@ -54,12 +54,12 @@ from gpt1.inference.prepared import for_inference  # noqa: E402
 VOCAB = 40478
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 SHORT = 2  # positions cached where attention costs next to nothing
+AGAINST = {"bf16": torch.bfloat16, "fp32": torch.float32, "activations": None}
 
 
-def filled_pool(model: GPT, rows: int, past: int, stored: str = "decoder") -> list:
-    """`rows` caches, slots of one pool, each holding `past` positions of random tokens; the
-    pool stores what `BatchedDecoder`'s does (`stored="decoder"`) or the activations' dtype."""
-    dtype = int8_step.cache_dtype(model) if stored == "decoder" else None
+def filled_pool(model: GPT, rows: int, past: int, dtype: torch.dtype | None) -> list:
+    """`rows` caches, slots of one pool storing `dtype` (None: the activations'), each holding
+    `past` positions of random tokens."""
     pool = SlotPool(model.config.n_layer, max(128, 2 * past), dtype)
     caches = [pool.cache() for _ in range(rows)]
     with torch.no_grad():
@@ -166,6 +166,12 @@ def main() -> None:
         "--decoder", action="store_true", help="BatchedDecoder's whole steps, split (see above)"
     )
     ap.add_argument("--new", type=int, default=64, help="with --decoder: tokens each generates")
+    ap.add_argument(
+        "--against",
+        choices=tuple(AGAINST),
+        default="bf16",
+        help="the caches BatchedDecoder's are timed against (skipped where they are the same)",
+    )
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument(
         "--clock", choices=tuple(CLOCKS), default="cpu", help="cpu: this process's CPU time"
@@ -198,18 +204,23 @@ def main() -> None:
         f"GPT-1 size, {args.precision}, caches of {args.past} positions (and of {SHORT}),"
         f" {threads}, {'CPU' if args.clock == 'cpu' else 'wall'} time, medians of {args.rounds}"
     )
-    narrower = int8_step.cache_dtype(model) is not None  # BatchedDecoder's caches: bf16
+    activations = model.wte.weight.dtype
+    decoders = int8_step.cache_dtype(model) or activations  # BatchedDecoder's caches
+    against = AGAINST[args.against] or activations
+    compared = against != decoders
+    print(f"Caches: {str(decoders).removeprefix('torch.')}")
     print(
         "| rows | step ms | attention ms | cache read GB/s | products ms | rest ms |"
-        + (" step ms, fp32 caches | speed-up |" if narrower else "")
+        + (f" step ms, {args.against} caches | speed-up |" if compared else "")
     )
-    print("|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if narrower else ""))
+    print("|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if compared else ""))
     for rows in [int(r) for r in args.rows.split(",")]:
         ids = torch.randint(0, VOCAB, (rows,))
-        caches = {past: filled_pool(model, rows, past) for past in (SHORT, args.past)}
-        if narrower:
-            caches["wide"] = filled_pool(model, rows, args.past, stored="activations")
-        width = caches[SHORT][0].pool.k[0].element_size()  # bytes a cached number takes
+        caches = {past: filled_pool(model, rows, past, decoders) for past in (SHORT, args.past)}
+        if compared:
+            caches["wide"] = filled_pool(model, rows, args.past, against)
+        buffer = caches[SHORT][0].pool.k[0]  # [slots, H, capacity, row]
+        width = buffer.shape[-1] * buffer.element_size() / (C // model.config.n_head)
         timed = {past: [] for past in caches}
         timed["products"] = []
         run_products = products(model, rows) if integer else None
@@ -241,7 +252,7 @@ def main() -> None:
             line += f" {made * 1e3:.2f} | {(whole - attention - made) * 1e3:.2f} |"
         else:
             line += " - | - |"
-        if narrower:
+        if compared:
             wide = statistics.median(timed["wide"])
             line += f" {wide * 1e3:.2f} | {wide / whole:.2f}x |"
         print(line, flush=True)

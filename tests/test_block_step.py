@@ -8,10 +8,23 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from gpt1 import GPT, ModelConfig
 from gpt1.inference import backend, block_step
-from gpt1.inference.decoding import KVCache, SlotPool, decode, forward_cached
+from gpt1.inference.decoding import (
+    INT8_ROW_EXTRA,
+    KVCache,
+    SlotPool,
+    cache_row_scales,
+    decode,
+    dequantize_cache_rows,
+    forward_cached,
+    quantize_cache_rows,
+    quantize_cache_rows_reference,
+    stored,
+)
 from gpt1.inference.prepack import prepack_for_inference
 from gpt1.inference.quantize import quantize_int8_
 
@@ -143,21 +156,31 @@ def test_many_sequences_of_a_pool_and_of_their_own_caches(precision, monkeypatch
     assert [len(c) for c in pooled] == [len(c) for c in alone] == [13, 9, 18]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_a_pool_storing_bf16_under_fp32_activations(precision, monkeypatch):
-    """A `SlotPool` whose buffers store bf16 under fp32 activations (the int8 model's, on a CPU
-    without bf16 arithmetic: `int8_step.cache_dtype`): the one-call step writes the new keys
-    and values rounded as torch's conversion rounds a prompt's, reads them widened as the
-    operators do, and both give the same hidden states up to summation order, six steps of
-    three sequences running (each step reads what the ones before wrote)."""
+@pytest.mark.parametrize(
+    "precision, activations, cached",
+    [
+        ("fp32", torch.float32, torch.bfloat16),
+        ("int8", torch.float32, torch.bfloat16),
+        ("fp32", torch.float32, torch.int8),
+        ("int8", torch.float32, torch.int8),
+        ("int8", torch.bfloat16, torch.int8),
+    ],
+)
+def test_a_pool_storing_narrower_keys_and_values(precision, activations, cached, monkeypatch):
+    """A `SlotPool` whose buffers store keys and values narrower than the activations (the int8
+    model's: `int8_step.cache_dtype`): bf16 under fp32 activations, or int8 rows with a scale
+    and a bias (`decoding.quantize_cache_rows`). The one-call step writes the new keys and values as
+    torch's path writes a prompt's, reads them widened as the operators do, and both give the
+    same hidden states up to summation order, six steps of three sequences running (each step
+    reads what the ones before wrote)."""
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=300, n_positions=80, n_embd=64, n_layer=2, n_head=4)
-    model = prepack_for_inference(GPT(config).eval())
+    model = prepack_for_inference(GPT(config).eval().to(activations))
     if precision == "int8":
-        model = quantize_int8_(model, torch.float32)
+        model = quantize_int8_(model, activations)
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 300, (1, n), generator=gen) for n in (7, 3, 12)]
-    pools = [SlotPool(2, 80, torch.bfloat16) for _ in range(2)]
+    pools = [SlotPool(2, 80, cached) for _ in range(2)]
     caches = [[pool.cache() for _ in prompts] for pool in pools]
     with torch.no_grad():
         for p, mine, theirs in zip(prompts, *caches):
@@ -165,20 +188,75 @@ def test_a_pool_storing_bf16_under_fp32_activations(precision, monkeypatch):
             forward_cached(model, p, theirs)
         for _ in range(6):
             ids = torch.randint(0, 300, (3,), generator=gen)
-            x = torch.zeros(3, 64)
+            x = torch.zeros(3, 64, dtype=activations)
             assert block_step.plan(model, x) is not None
             got = decode(model, ids, caches[0])
             with _operators_only(monkeypatch):
                 want = decode(model, ids, caches[1])
-            assert got.dtype == want.dtype == torch.float32
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            assert got.dtype == want.dtype == activations
+            tolerance = 1e-4 if activations == torch.float32 else 3e-2
+            torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
     ends = [len(c) for c in caches[0]]
     assert ends == [len(c) for c in caches[1]] == [13, 9, 18]
     for mine, theirs in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
-        assert mine.dtype == theirs.dtype == torch.bfloat16
-        for slot, end in enumerate(ends):  # one bf16 step where a sum rounded the other way
-            a, b = mine[slot, :, :end].float(), theirs[slot, :, :end].float()
-            assert ((a - b).abs() <= 2**-7 * b.abs()).all()
+        assert mine.dtype == theirs.dtype == cached
+        for slot, end in enumerate(ends):
+            a = stored(mine[slot, :, :end], torch.float32)
+            b = stored(theirs[slot, :, :end], torch.float32)
+            if cached == torch.bfloat16:  # one bf16 step where a sum rounded the other way
+                assert ((a - b).abs() <= 2**-7 * b.abs()).all()
+            else:  # one int8 step of the row's, or a sum's difference
+                step = cache_row_scales(theirs[slot, :, :end])[..., :1]
+                assert ((a - b).abs() <= 1.01 * step + 1e-3).all()
+    if cached == torch.int8:  # what a prompt wrote outside the step: the same bytes both ways
+        prompt_rows = [(slot, len(p[0])) for slot, p in enumerate(prompts)]
+        for mine, theirs in zip(pools[0].k + pools[0].v, pools[1].k + pools[1].v):
+            for slot, length in prompt_rows:
+                assert torch.equal(mine[slot, :, :length], theirs[slot, :, :length])
+
+
+_ROW = st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max_size=80)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    rows=st.lists(_ROW, min_size=1, max_size=4),
+    bf16=st.booleans(),
+    spoil=st.sampled_from([None, float("inf"), float("-inf"), float("nan")]),
+)
+@example(rows=[[0.5] * 64], bf16=False, spoil=None)  # one number: no spread, scale 0
+@example(rows=[[0.0, 0.5, 1.5, 2.5, 255.0]], bf16=False, spoil=None)  # steps landing on ties
+@example(rows=[[-3.0, 1e-30, 5e-39, 7.0]], bf16=True, spoil=None)  # tiny and subnormal numbers
+def test_the_compiled_int8_cache_rows_are_the_reference_bytes(rows, bf16, spoil):
+    """The compiled module's int8 cache rows (`quantize_cache_rows`, what the step writes) are
+    the bytes `quantize_cache_rows_reference` gives, for rows of any width and spread, fp32 or bf16;
+    read back, every number is within half a step of the row (its scale) of what was written,
+    the row's smallest at -128 and its largest at 127; a row holding an inf or a NaN reads back
+    as NaN, never as finite numbers."""
+    width = len(rows[0])
+    x = torch.tensor([(r * width)[:width] for r in rows], dtype=torch.float32)
+    if bf16:
+        x = x.to(torch.bfloat16)
+    if spoil is not None:
+        x[0, width // 2] = spoil
+    got = quantize_cache_rows(x)
+    want = quantize_cache_rows_reference(x)
+    assert got.shape == want.shape == (len(rows), width + INT8_ROW_EXTRA)
+    finite = torch.isfinite(x.float()).all(-1)
+    assert torch.equal(got[finite], want[finite])
+    back = dequantize_cache_rows(got, torch.float32)
+    assert (
+        back[~finite].isnan().all()
+        and dequantize_cache_rows(want, torch.float32)[~finite].isnan().all()
+    )
+    scale = cache_row_scales(got)[..., :1]
+    x, back, scale, q = x[finite].float(), back[finite], scale[finite], got[finite][..., :width]
+    assert ((back - x).abs() <= scale * 0.5001 + 1e-6 * x.abs()).all()
+    spread = (x.amax(-1) > x.amin(-1)) & (scale[:, 0] > 0)
+    lowest = x.argmin(-1, keepdim=True)
+    highest = x.argmax(-1, keepdim=True)
+    assert (q.gather(-1, lowest)[spread] == -128).all()
+    assert (q.gather(-1, highest)[spread] == 127).all()
 
 
 def test_it_steps_aside_for_training_autograd_and_hooks():
@@ -251,17 +329,23 @@ def test_the_kernel_refuses_what_it_cannot_take():
         (dict(good, keys=[buffers.bfloat16()] * 2), "all of one dtype"),  # values fp32
         (
             dict(good, keys=[buffers.double()] * 2, values=[buffers.double()] * 2),
-            "x's dtype or bf16",
+            "x's dtype, bf16 or int8",
         ),
         (dict(good, keys=[buffers]), "a cache per block"),
+        (  # int8 rows without room for their scale and bias
+            dict(good, keys=[buffers.to(torch.int8)] * 2, values=[buffers.to(torch.int8)] * 2),
+            r"D \+ 8 bytes",
+        ),
     ]:
         with pytest.raises(RuntimeError, match=match):
             step.run(x, **bad)
     bf16 = [buffers.bfloat16()] * 2
     step.run(x, **dict(good, keys=bf16, values=bf16))  # bf16 caches under fp32 activations
+    int8 = [torch.zeros(1, 4, 8, 16 + INT8_ROW_EXTRA, dtype=torch.int8)] * 2
+    step.run(x, **dict(good, keys=int8, values=int8))  # int8 rows, a scale and a bias each
     with torch.no_grad():
         bf16_step = block_step.plan(_model("bf16"), x.bfloat16())
-    with pytest.raises(RuntimeError, match="x's dtype or bf16"):  # not fp32 under bf16
+    with pytest.raises(RuntimeError, match="x's dtype, bf16 or int8"):  # not fp32 under bf16
         bf16_step.run(x.bfloat16(), **good)
     with pytest.raises(RuntimeError, match="rows"):
         step.run(torch.zeros(9, 64), [buffers] * 18, [buffers] * 18, [0] * 9, [0] * 9)

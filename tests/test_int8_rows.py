@@ -14,7 +14,7 @@ from gpt1 import GPT, ModelConfig
 from gpt1.inference import backend, block_step, int8_rows, int8_step
 from gpt1.inference import generate as generate_module
 from gpt1.inference.batched import BatchedDecoder
-from gpt1.inference.decoding import SlotPool, decode, forward_cached, prefill
+from gpt1.inference.decoding import INT8_ROW_EXTRA, SlotPool, decode, forward_cached, prefill
 from gpt1.inference.prepared import for_inference
 from gpt1.inference.quantize import Int8Linear, quantize_int8_
 from gpt1.inference.sampling import Sampling
@@ -225,12 +225,12 @@ def test_integer_step_rows_are_independent_of_the_other_sequences():
 
 
 @pytest.mark.parametrize("activations", [torch.float32, torch.bfloat16])
-def test_the_int8_models_caches_hold_bf16_in_the_server_and_alone(activations, monkeypatch):
-    """The int8 model's caches store keys and values in bf16 whatever its activations (fp32 ones,
-    on a CPU without bf16 arithmetic, are rounded as they are cached), a float model's in its
-    own dtype: `BatchedDecoder`'s pool (`gpt1 serve`) while a generation runs, and the cache of
-    `generate` (`gpt1 sample`), whose greedy tokens are the decoder's; without the compiled
-    step, the activations' dtype."""
+def test_the_int8_models_caches_hold_int8_in_the_server_and_alone(activations, monkeypatch):
+    """The int8 model's caches store keys and values as int8 rows with a scale and a bias
+    (`decoding.quantize_cache_rows`) whatever its activations, a float model's in its own dtype:
+    `BatchedDecoder`'s pool (`gpt1 serve`) while a generation runs, and the cache of `generate`
+    (`gpt1 sample`), whose greedy tokens are the decoder's; without the compiled step, the
+    activations' dtype."""
     if backend.decode_step_op() is None:
         pytest.skip("the compiled decoding step is not here: caches keep the activations' dtype")
     torch.manual_seed(0)
@@ -238,17 +238,17 @@ def test_the_int8_models_caches_hold_bf16_in_the_server_and_alone(activations, m
     floats = GPT(config).eval().to(activations)
     assert int8_step.cache_dtype(floats) is None
     model = quantize_int8_(GPT(config).eval().to(activations), activations)
-    wanted = torch.bfloat16 if activations == torch.float32 else None
-    assert int8_step.cache_dtype(model) == wanted
+    assert int8_step.cache_dtype(model) == torch.int8
     decoder = BatchedDecoder(model, speculate="off")
-    assert decoder.pool.dtype == wanted
+    assert decoder.pool.dtype == torch.int8
     gen = decoder.add([1, 2, 3], Sampling(max_new_tokens=3, temperature=0))
     tokens = []
     with torch.no_grad():
         while decoder.active:
             tokens += [t for g, t in decoder.step() if g is gen and t is not None]
             if decoder.active:  # the buffers live while a generation does
-                assert [buffer.dtype for buffer in decoder.pool.k] == [torch.bfloat16] * 2
+                assert [buffer.dtype for buffer in decoder.pool.k] == [torch.int8] * 2
+                assert decoder.pool.k[0].shape[-1] == 16 + INT8_ROW_EXTRA  # a head's 16, then 8
     assert len(tokens) == 3
     made, original = [], generate_module.KVCache
 
@@ -259,14 +259,14 @@ def test_the_int8_models_caches_hold_bf16_in_the_server_and_alone(activations, m
     monkeypatch.setattr(generate_module, "KVCache", recorded)
     alone = generate_module.generate(model, torch.tensor([[1, 2, 3]]), 3, temperature=0)
     assert alone[0, 3:].tolist() == tokens
-    assert [layer.k.dtype for layer in made[0].layers] == [torch.bfloat16] * 2
+    assert [layer.k.dtype for layer in made[0].layers] == [torch.int8] * 2
     monkeypatch.setattr(backend, "decode_step_op", lambda: None)  # torch's operators decode:
     assert int8_step.cache_dtype(model) is None  # they would widen every cached number a layer
 
 
 def _int8_model_with_caches(n: int, seed: int = 0):
     """The int8 model and n sequences of 3 to 8 tokens in a pool as `BatchedDecoder` makes
-    it (bf16 keys and values where the activations are fp32: `int8_step.cache_dtype`)."""
+    it (int8 keys and values: `int8_step.cache_dtype`)."""
     torch.manual_seed(seed)
     config = ModelConfig(vocab_size=300, n_positions=64, n_embd=64, n_layer=2, n_head=4)
     model = for_inference(GPT(config), "cpu", "int8")

@@ -46,16 +46,86 @@ def _capacity(end: int, max_length: int | None) -> int:
     return capacity if max_length is None else max(end, min(capacity, max_length))
 
 
+# An int8 cache (`SlotPool`'s `dtype` int8) stores each head's D numbers of a position as one
+# row of D int8 numbers and then its scale and bias as two fp32 numbers: x ~ q scale + bias.
+INT8_ROW_EXTRA = 8  # bytes: the scale and the bias
+
+
+def quantize_cache_rows(x: torch.Tensor) -> torch.Tensor:
+    """Keys or values `[..., D]` as an int8 cache stores them: `[..., D + INT8_ROW_EXTRA]` int8.
+
+    Per row (one position of one head): scale = (max - min) / 255 and bias = min + 128 scale,
+    q = round((x - min) / scale) - 128, so the smallest number is -128 and the largest 127, each
+    number within half a step (ties to even). A row holding an inf or a NaN gets a NaN scale:
+    what reads it is NaN, as it would be unquantised, never quietly finite.
+
+    The compiled module's `quantize_cache_rows` (what the decoding step writes too:
+    `kernels/step.cpp`, `quantize_row`) gives the same bytes, faster, on the CPU; this is the
+    form elsewhere, and the reference `tests/test_decoding.py` holds it to."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
+        built = backend.kernel_module()
+        if built is not None and built.has_decode_step():
+            return built.quantize_cache_rows(x)
+    return quantize_cache_rows_reference(x)
+
+
+def quantize_cache_rows_reference(x: torch.Tensor) -> torch.Tensor:
+    """`quantize_cache_rows` in torch's operators."""
+    x = x.float()
+    low = x.amin(-1, keepdim=True)
+    scale = (x.amax(-1, keepdim=True) - low) / 255
+    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    q = ((x - low) * inv).round().sub_(128).nan_to_num_(0).clamp_(-128, 127).to(torch.int8)
+    bias = low + 128 * scale
+    scale = torch.where(torch.isfinite(x).all(-1, keepdim=True), scale, float("nan"))
+    extra = torch.cat([scale, bias], -1).view(torch.int8)  # [..., 8]
+    return torch.cat([q, extra], -1)
+
+
+def cache_row_scales(rows: torch.Tensor) -> torch.Tensor:
+    """Each of `quantize_cache_rows`'s rows' scale and bias: `[..., 2]` fp32."""
+    extra = rows[..., rows.shape[-1] - INT8_ROW_EXTRA :]
+    if rows.shape[-1] % 4:  # rows of a width off 4 bytes: their floats are not aligned for a view
+        extra = extra.clone(memory_format=torch.contiguous_format)
+    return extra.view(torch.float32)
+
+
+def dequantize_cache_rows(rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`quantize_cache_rows`'s rows `[..., D + INT8_ROW_EXTRA]` as numbers of `dtype`:
+    `[..., D]`."""
+    extra = cache_row_scales(rows)
+    return (rows[..., :-INT8_ROW_EXTRA].float() * extra[..., :1] + extra[..., 1:]).to(dtype)
+
+
 def stored(buffer: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Cached keys or values as activations of `dtype` read them: the buffer itself, or a
     widened copy where the pool stores them narrower (`SlotPool`'s `dtype`)."""
+    if buffer.dtype == torch.int8:
+        return dequantize_cache_rows(buffer, dtype)
     return buffer if buffer.dtype == dtype else buffer.to(dtype)
+
+
+def written(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """New keys or values `[..., D]` as a buffer of `dtype` stores them (`stored` reads them)."""
+    return quantize_cache_rows(x) if dtype == torch.int8 else x.to(dtype)
+
+
+def row_width(like: torch.Tensor, dtype: torch.dtype) -> int:
+    """The last size of a cache buffer of `dtype` for keys shaped like `like` (new keys
+    `[..., D]`, or a buffer of that dtype already): D, or D + INT8_ROW_EXTRA for int8."""
+    if dtype != torch.int8 or like.dtype == torch.int8:
+        return like.shape[-1]
+    return like.shape[-1] + INT8_ROW_EXTRA
 
 
 def readable(buffer: torch.Tensor, dtype: torch.dtype) -> bool:
     """Whether the one-call step can read and write `buffer` for activations of `dtype`: it holds
-    that dtype, or bf16 under fp32 activations (`SlotPool`'s `dtype`)."""
-    return buffer.dtype == dtype or (buffer.dtype == torch.bfloat16 and dtype == torch.float32)
+    that dtype, or bf16 under fp32 activations, or int8 (`SlotPool`'s `dtype`)."""
+    return (
+        buffer.dtype == dtype
+        or buffer.dtype == torch.int8
+        or (buffer.dtype == torch.bfloat16 and dtype == torch.float32)
+    )
 
 
 class LayerCache:
@@ -82,8 +152,8 @@ class LayerCache:
             capacity = _capacity(end, self.max_length)
             self.k = self._grown(self.k, k, capacity)
             self.v = self._grown(self.v, v, capacity)
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
+        self.k[:, :, self.length : end] = written(k, self.k.dtype)
+        self.v[:, :, self.length : end] = written(v, self.v.dtype)
         self.length = end
         return stored(self.k[:, :, :end], k.dtype), stored(self.v[:, :, :end], k.dtype)
 
@@ -99,8 +169,9 @@ class LayerCache:
         return self.k, self.v
 
     def _grown(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
-        B, H, _, D = like.shape
-        buf = like.new_empty(B, H, capacity, D, dtype=self.dtype or like.dtype)
+        B, H = like.shape[:2]
+        dtype = self.dtype or like.dtype
+        buf = like.new_empty(B, H, capacity, row_width(like, dtype), dtype=dtype)
         if old is not None:
             buf[:, :, : self.length] = old[:, :, : self.length]
         return buf
@@ -144,10 +215,11 @@ class SlotPool:
     buffers are freed when the last slot is given back. Buffers start zeroed: attention over a
     pool may read unused positions (masked out), and they must hold finite numbers.
 
-    `dtype`: what the buffers store; None, the keys' own dtype. bf16 under fp32 activations
-    (`int8_step.cache_dtype`: the int8 model on a CPU without bf16 arithmetic) halves what a
-    step of many sequences reads: keys and values are rounded to bf16 as they are written, and
-    read back widened to the activations' dtype (`stored`)."""
+    `dtype`: what the buffers store; None, the keys' own dtype. Narrower than the activations
+    (`int8_step.cache_dtype`: bf16 or int8 for the int8 model), it cuts what a step of many
+    sequences reads: keys and values are rounded (bf16) or quantised a row at a time (int8:
+    `quantize_cache_rows`, buffers `[slots, H, capacity, D + INT8_ROW_EXTRA]`) as they are
+    written, and read back widened to the activations' dtype (`stored`)."""
 
     def __init__(
         self, n_layer: int, max_length: int | None = None, dtype: torch.dtype | None = None
@@ -195,9 +267,10 @@ class SlotPool:
         new_len = have_len
         if end > have_len:
             new_len = max(_capacity(end, self.max_length), self.expected)
-        H, D = like.shape[1], like.shape[3]
+        dtype = self.dtype or like.dtype
+        H, width = like.shape[1], row_width(like, dtype)
         for bufs in (self.k, self.v):
-            buf = like.new_zeros(new_slots, H, new_len, D, dtype=self.dtype or like.dtype)
+            buf = like.new_zeros(new_slots, H, new_len, width, dtype=dtype)
             if bufs[layer] is not None:
                 buf[:have_slots, :, :have_len] = bufs[layer]
             bufs[layer] = buf
@@ -217,8 +290,8 @@ class PooledLayerCache:
         end = self.length + k.shape[2]
         self.pool.reserve(self.layer, self.slot + 1, end, k)
         keys, values = self.pool.k[self.layer], self.pool.v[self.layer]
-        keys[self.slot, :, self.length : end] = k[0]
-        values[self.slot, :, self.length : end] = v[0]
+        keys[self.slot, :, self.length : end] = written(k[0], keys.dtype)
+        values[self.slot, :, self.length : end] = written(v[0], values.dtype)
         self.length = end
         here = slice(self.slot, self.slot + 1)
         return stored(keys[here, :, :end], k.dtype), stored(values[here, :, :end], k.dtype)
@@ -249,8 +322,8 @@ class PooledLayerCache:
         slots = PooledLayerCache._slots(layers) or torch.tensor(
             [layer.slot for layer in layers], device=k.device
         )
-        pool.k[index][slots, :, :end] = k.to(pool.k[index].dtype)  # indexed writes do not cast
-        pool.v[index][slots, :, :end] = v.to(pool.v[index].dtype)
+        pool.k[index][slots, :, :end] = written(k, pool.k[index].dtype)  # indexed: no casting
+        pool.v[index][slots, :, :end] = written(v, pool.v[index].dtype)
         for layer in layers:
             layer.length = end
         return True
@@ -339,8 +412,8 @@ class PooledStep:
         """q, k, v `[n, H, 1, D]` (row r: sequence r's new token) -> `[n, H, 1, D]`."""
         self.pool.reserve(layer, self.hi, self.end, k)
         keys, values = self.pool.k[layer], self.pool.v[layer]
-        keys[self.slots, :, self.positions] = k[:, :, 0].to(keys.dtype)  # indexed: no casting
-        values[self.slots, :, self.positions] = v[:, :, 0].to(values.dtype)
+        keys[self.slots, :, self.positions] = written(k[:, :, 0], keys.dtype)  # indexed: no casting
+        values[self.slots, :, self.positions] = written(v[:, :, 0], values.dtype)
         for cache in self.caches:
             cache.layers[layer].length += 1
         if self.rows is not None:  # scatter the queries into the slot range

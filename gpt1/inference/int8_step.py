@@ -92,22 +92,21 @@ def integer(model: torch.nn.Module, rows: int) -> bool:
 
 def cache_dtype(model: torch.nn.Module) -> torch.dtype | None:
     """What the caches of the int8 `model`'s sequences (`BatchedDecoder`'s `SlotPool`,
-    `generate_stream`'s `KVCache`) store keys and values in: bf16 where its activations are
-    fp32 (a CPU without bf16 arithmetic) and the compiled step reads them, else None (the
-    activations' own dtype: bf16 already where the CPU has it; without the compiled step,
-    torch's operators would widen a copy of every cached number at every layer).
+    `generate_stream`'s `KVCache`) store keys and values in: int8, a scale and a bias per
+    position and head (`decoding.quantize_cache_rows`), where the compiled step reads them;
+    else None (the activations' own dtype: without the compiled step, torch's operators would
+    widen a copy of every cached number at every layer).
 
-    A step of many sequences reads every cached key and value, at the memory's rate: in fp32
-    that was about a fifth of a 64-sequence step on a Zen 3 core. Rounding them to bf16 (8
-    significant bits) adds less error than the products' 8-bit weights and 7- or 8-bit
-    activations already do (docs/commands/kernels.md, "Cached keys and values")."""
+    A step of many sequences reads every cached key and value at the memory's rate. int8 rows
+    take D + 8 bytes where bf16 takes 2 D (0.56x at GPT-1's heads of 64), and moved a trained
+    model's top token no more often than bf16 keys and values did (docs/commands/kernels.md,
+    "Cached keys and values")."""
     if (
         isinstance(model, GPT)
         and isinstance(model.h[0].mlp.c_fc, Int8Linear)
-        and model.wte.weight.dtype == torch.float32
         and backend.decode_step_op() is not None
     ):
-        return torch.bfloat16
+        return torch.int8
     return None
 
 

@@ -44,6 +44,7 @@ inline Vec abs(Vec a) { return _mm512_abs_ps(a); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }    // a b + c
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
 inline Vec within(Mask m, Vec a) { return _mm512_maskz_mov_ps(m, a); }        // 0 outside m
+inline Vec select(Mask m, Vec a, Vec b) { return _mm512_mask_blend_ps(m, b, a); }  // a in m, else b
 inline float sum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline float largest(Vec a) { return _mm512_reduce_max_ps(a); }
 inline float smallest(Vec a) { return _mm512_reduce_min_ps(a); }
@@ -134,6 +135,9 @@ inline Vec abs(Vec a) {
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }
 inline Vec within(Mask m, Vec a) { return _mm256_and_ps(_mm256_castsi256_ps(m.bits), a); }
+inline Vec select(Mask m, Vec a, Vec b) {  // a in m, else b
+  return _mm256_blendv_ps(b, a, _mm256_castsi256_ps(m.bits));
+}
 inline float sum(Vec a) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));

@@ -24,6 +24,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("rows"), pybind11::arg("lengths"), pybind11::arg("n_head"),
         pybind11::arg("eps"), pybind11::arg("gelu"),
         pybind11::arg("packed") = std::vector<torch::Tensor>(), pybind11::arg("u8") = false);
+  m.def("quantize_cache_rows", &quantize_cache_rows, "keys or values as an int8 cache's rows",
+        Unlocked(), pybind11::arg("x"));
   m.def("gelu_fp32", &gelu_fp32, "GELU of fp32 numbers as decode_step computes it", Unlocked(),
         pybind11::arg("x"));
   m.def("greedy_tokens", &greedy_tokens, "each row's first largest logit, and whether all are finite",

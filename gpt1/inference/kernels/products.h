@@ -81,6 +81,9 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 // GELU (tanh form) of fp32 x as decode_step computes it; compiled where decode_step is.
 torch::Tensor gelu_fp32(const torch::Tensor& x);
+// Keys or values [..., D] as the rows of an int8 cache [..., D + 8]; compiled where
+// decode_step is.
+torch::Tensor quantize_cache_rows(const torch::Tensor& x);
 bool has_int8_rows();
 torch::Tensor pack_vnni(const torch::Tensor& q);
 bool has_few_rows_int8();

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -232,6 +233,134 @@ void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t
   }
 }
 
+// ------------------------------------------------------------------ an int8 cache
+// A cache row of an int8 cache (`SlotPool`'s dtype int8: `gpt1/inference/decoding.py`,
+// `quantize_cache_rows`) is one head's D numbers of one position as int8, then two floats: the
+// row holds x ~ q scale + bias, with scale = (max - min) / 255 and bias = min + 128 scale, so the
+// row's smallest number is q = -128 and its largest q = 127 (each within half a step). Half
+// the bytes of bf16 (D + 8 where bf16 takes 2 D), and a step of many sequences reads every
+// cached key and value at the memory's rate.
+constexpr int64_t kInt8RowExtra = 2 * int64_t(sizeof(float));
+
+// A row's scale and bias (copied: a row of a width off 4 bytes leaves them unaligned).
+struct RowScale {
+  float scale, bias;
+};
+inline RowScale row_scale(const int8_t* row, int64_t D) {
+  RowScale s;
+  std::memcpy(&s, row + D, sizeof s);
+  return s;
+}
+inline void set_row_scale(int8_t* row, int64_t D, RowScale s) {
+  std::memcpy(row + D, &s, sizeof s);
+}
+
+// Writes x [D] as an int8 cache row, the bytes `quantize_cache_rows_reference` writes (the
+// same operations in fp32, each rounded once; ties to even). A row holding an inf or a NaN gets
+// a NaN scale, so what reads it is NaN too (generation then refuses the logits) rather than
+// quietly finite.
+inline void quantize_row(const float* x, int64_t D, int8_t* row) {
+  Vec lo = simd::set1(INFINITY), hi = simd::set1(-INFINITY), spread = simd::zero();
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const Mask m = lanes(d, D);
+    const Vec v = load(x + d, m);
+    const Vec kept = simd::select(m, v, simd::set1(x[0]));  // a short step's other lanes: x[0]
+    lo = simd::min(lo, kept);
+    hi = simd::max(hi, kept);
+    spread = simd::add(spread, simd::sub(v, v));  // 0 while finite; NaN from then on
+  }
+  const float low = simd::smallest(lo), scale = (simd::largest(hi) - low) / 255.0f;
+  const bool finite = !simd::any_nan(spread);
+  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  for (int64_t d = 0; d < D; d += kLanes) {
+    const Mask m = lanes(d, D);
+    const Vec steps = simd::round_even(simd::mul(simd::sub(load(x + d, m), simd::set1(low)),
+                                                 simd::set1(inv)));
+    simd::store_int8(row + d, simd::sub(steps, simd::set1(128.0f)), m);
+  }
+  // 128 scale is exact: the bias is one rounding, as torch's.
+  set_row_scale(row, D, {finite ? scale : NAN, low + 128.0f * scale});
+}
+
+// `attend_head` over int8 cache rows (`row` bytes apart): a score is dot(q, q8) scale +
+// sum(q) bias, and the output sum_p (w_p scale_p) q8_p + sum_p w_p bias_p, so each row's int8
+// numbers are widened once and never scaled number by number.
+template <int64_t kD>
+void attend_head_int8(const float* q, const int8_t* keys, const int8_t* values, int64_t len,
+                      int64_t head_dim, float* scores, float* weights, float* out, bool bf16) {
+  const int64_t D = kD > 0 ? kD : head_dim, row = D + kInt8RowExtra;
+  const int64_t n = len + 1, bytes = n * row;
+  fetch(keys, 0, std::min(kCacheAheadBytes, bytes));
+  fetch(values, 0, std::min(kCacheAheadBytes, bytes));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Vec q_total = simd::zero();
+  for (int64_t d = 0; d < D; d += kLanes) q_total = simd::add(q_total, load(q + d, lanes(d, D)));
+  const float q_sum = simd::sum(q_total);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const int64_t from = j * row + kCacheAheadBytes;
+    const int64_t to = std::min(from + 4 * row, bytes);
+    fetch(keys, from, to);
+    fetch(values, from, to);
+    Vec acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
+    for (int64_t d = 0; d < D; d += kLanes) {
+      const Mask m = lanes(d, D);
+      const Vec qv = load(q + d, m);
+      for (int i = 0; i < 4; ++i) {
+        acc[i] = simd::fmadd(qv, load(keys + (j + i) * row + d, m), acc[i]);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      const RowScale s = row_scale(keys + (j + i) * row, D);
+      scores[j + i] = (simd::sum(acc[i]) * s.scale + q_sum * s.bias) * scale;
+    }
+  }
+  for (; j < n; ++j) {
+    Vec acc = simd::zero();
+    for (int64_t d = 0; d < D; d += kLanes) {
+      const Mask m = lanes(d, D);
+      acc = simd::fmadd(load(q + d, m), load(keys + j * row + d, m), acc);
+    }
+    const RowScale s = row_scale(keys + j * row, D);
+    scores[j] = (simd::sum(acc) * s.scale + q_sum * s.bias) * scale;
+  }
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, scores[i]);
+  Vec total = simd::zero();
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const Mask m = lanes(i, n);
+    const Vec e = simd::within(m, exponential(simd::sub(load(scores + i, m), simd::set1(top))));
+    store(scores + i, e, m);
+    total = simd::add(total, e);
+  }
+  const float norm = 1.0f / simd::sum(total);
+  float bias = 0.0f;  // sum_p w_p bias_p, the part every lane of the output shares
+  for (int64_t p = 0; p < n; ++p) {
+    const RowScale s = row_scale(values + p * row, D);
+    weights[p] = scores[p] * s.scale;
+    bias += scores[p] * s.bias;
+  }
+  constexpr int kChunk = 8;
+  for (int64_t d0 = 0; d0 < D; d0 += kChunk * kLanes) {
+    const int vectors = static_cast<int>(std::min<int64_t>(kChunk, (D - d0 + kLanes - 1) / kLanes));
+    Vec acc[kChunk];
+    Mask m[kChunk];
+    for (int v = 0; v < vectors; ++v) {
+      acc[v] = simd::zero();
+      m[v] = lanes(d0 + v * kLanes, D);
+    }
+    for (int64_t p = 0; p < n; ++p) {
+      const Vec s = simd::set1(weights[p]);
+      const int8_t* r = values + p * row + d0;
+      for (int v = 0; v < vectors; ++v) acc[v] = simd::fmadd(s, load(r + v * kLanes, m[v]), acc[v]);
+    }
+    for (int v = 0; v < vectors; ++v) {
+      const Vec r = simd::mul(simd::add(acc[v], simd::set1(bias)), simd::set1(norm));
+      store(out + d0 + v * kLanes, bf16 ? round_bf16(r) : r, m[v]);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ one block's tensors
 struct Linear {
   const torch::Tensor* w = nullptr;
@@ -296,7 +425,8 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
                     const torch::Tensor* keys, const torch::Tensor* values,
                     const std::vector<int64_t>& rows, const std::vector<int64_t>& lengths,
                     bool bf16) {
-  const int64_t C = H * D;
+  constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  const int64_t C = H * D, W = kInt8 ? D + kInt8RowExtra : D;  // a cache row's numbers
   int64_t longest = 0;
   for (int64_t r = 0; r < R; ++r) longest = std::max(longest, lengths[r] + 1);
   // Each row's head 0 in its buffers, asked once: `data_ptr<T>` checks the dtype and storage
@@ -305,36 +435,54 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
   std::vector<int64_t> capacity(R);
   for (int64_t r = 0; r < R; ++r) {
     capacity[r] = keys[r].size(2);
-    row_keys[r] = keys[r].data_ptr<T>() + rows[r] * H * capacity[r] * D;
-    row_values[r] = values[r].data_ptr<T>() + rows[r] * H * capacity[r] * D;
+    row_keys[r] = keys[r].data_ptr<T>() + rows[r] * H * capacity[r] * W;
+    row_values[r] = values[r].data_ptr<T>() + rows[r] * H * capacity[r] * W;
   }
-  const auto head_offset = [&](int64_t r, int64_t h) { return h * capacity[r] * D; };
+  const auto head_offset = [&](int64_t r, int64_t h) { return h * capacity[r] * W; };
   // Every row's new key and value are written before any row attends: rows may share a cache
   // (one sequence's consecutive positions, as a verifying pass of drafted tokens has them),
   // and a row then attends to the positions of the rows before it.
   // A bf16 cache under fp32 activations stores them rounded to nearest even, as torch's
-  // conversion writes a prompt's (rounding bf16 activations again changes nothing).
+  // conversion writes a prompt's (rounding bf16 activations again changes nothing); an int8
+  // cache, as `quantize_row`.
   const auto kept = [](Vec v) { return std::is_same_v<T, float> ? v : round_bf16(v); };
   for (int64_t r = 0; r < R; ++r) {
     const float* row = qkv + r * 3 * C;
     for (int64_t h = 0; h < H; ++h) {
-      T* k = row_keys[r] + head_offset(r, h) + lengths[r] * D;
-      T* v = row_values[r] + head_offset(r, h) + lengths[r] * D;
-      for (int64_t d = 0; d < D; d += kLanes) {
-        const Mask m = lanes(d, D);
-        store(k + d, kept(load(row + C + h * D + d, m)), m);
-        store(v + d, kept(load(row + 2 * C + h * D + d, m)), m);
+      T* k = row_keys[r] + head_offset(r, h) + lengths[r] * W;
+      T* v = row_values[r] + head_offset(r, h) + lengths[r] * W;
+      if constexpr (kInt8) {
+        quantize_row(row + C + h * D, D, k);
+        quantize_row(row + 2 * C + h * D, D, v);
+      } else {
+        for (int64_t d = 0; d < D; d += kLanes) {
+          const Mask m = lanes(d, D);
+          store(k + d, kept(load(row + C + h * D + d, m)), m);
+          store(v + d, kept(load(row + 2 * C + h * D + d, m)), m);
+        }
       }
     }
   }
   // A task's work is about 4 D numbers per cached position; small steps stay on one thread.
   const int64_t grain = std::max<int64_t>(1, 16384 / (4 * D * longest));
   at::parallel_for(0, R * H, grain, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(longest);
+    std::vector<float> scores(longest), weights(kInt8 ? longest : 0);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t r = t / H, h = t % H, offset = head_offset(r, h);
-      attend<T>(qkv + r * 3 * C + h * D, row_keys[r] + offset, row_values[r] + offset,
-                lengths[r], D, scores.data(), out + r * C + h * D, bf16);
+      const float* q = qkv + r * 3 * C + h * D;
+      float* y = out + r * C + h * D;
+      if constexpr (kInt8) {
+        if (D == 64) {
+          attend_head_int8<64>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D,
+                               scores.data(), weights.data(), y, bf16);
+        } else {
+          attend_head_int8<0>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D,
+                              scores.data(), weights.data(), y, bf16);
+        }
+      } else {
+        attend<T>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D, scores.data(),
+                  y, bf16);
+      }
     }
   });
 }
@@ -365,13 +513,36 @@ torch::Tensor gelu_fp32(const torch::Tensor& x) {
   return out;
 }
 
+// x [..., D] (fp32 or bf16) as the rows of an int8 cache: [..., D + 8] int8 (`quantize_row`),
+// for the keys and values of prompts, written outside the step (`decoding.quantize_cache_rows`:
+// torch's operators take TORCH_MS ms where this takes OWN_MS, a burst of 64 prompts of 32 tokens
+// at GPT-1's size, one layer's keys, one thread).
+torch::Tensor quantize_cache_rows(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1 && x.device().is_cpu() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "quantize_cache_rows: x must be [..., D], fp32 or bf16, on the CPU");
+  const torch::Tensor xc = x.to(at::kFloat).contiguous();
+  const int64_t D = xc.size(-1), n = xc.numel() / D, W = D + kInt8RowExtra;
+  std::vector<int64_t> shape(xc.sizes().begin(), xc.sizes().end());
+  shape.back() = W;
+  torch::Tensor out = torch::empty(shape, xc.options().dtype(at::kChar));
+  const float* from = xc.data_ptr<float>();
+  int8_t* to = out.data_ptr<int8_t>();
+  gpt1::rows_in_parallel(n, D, [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) quantize_row(from + r * D, D, to + r * W);
+    return true;
+  });
+  return out;
+}
+
 // x [R, C] (fp32 or bf16, 1 <= R <= 8): the embedded new tokens. params: 16 tensors per block
 // (ln_1 weight, bias, ln_2 weight, bias, then for c_attn, attn.c_proj, c_fc and mlp.c_proj
 // each: weight, scale, bias; an empty tensor where a layer has no scale or bias). keys and
 // values: per block, per row, that row's cache buffer [B, H, capacity, D] in x's dtype (or all
-// in bf16); rows[r] is the row's index in its buffer and lengths[r] the positions it holds (the
-// new token goes at lengths[r]); rows of one sequence share its buffer row with consecutive
-// lengths, each attending to the ones before it. Returns the last block's output [R, C] in x's
+// in bf16, or all int8 rows of D + 8 bytes: `quantize_row`); rows[r] is the row's index in its
+// buffer and lengths[r] the positions it holds (the new token goes at lengths[r]); rows of one
+// sequence share its buffer row with consecutive lengths, each attending to the ones before
+// it. Returns the last block's output [R, C] in x's
 // dtype; the caches hold the new tokens' keys and values (the caller advances their lengths).
 torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tensor>& params,
                           const std::vector<torch::Tensor>& keys,
@@ -397,15 +568,16 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
   // The caches hold x's dtype, or bf16 under fp32 x (`SlotPool`'s dtype): attention widens
   // what it reads either way.
   const auto cached = keys.empty() ? type : keys[0].scalar_type();
-  TORCH_CHECK(cached == type || cached == at::kBFloat16,
-              "decode_step: the caches must hold x's dtype or bf16");
+  TORCH_CHECK(cached == type || cached == at::kBFloat16 || cached == at::kChar,
+              "decode_step: the caches must hold x's dtype, bf16 or int8");
+  const int64_t width = cached == at::kChar ? D + kInt8RowExtra : D;  // int8: scale and bias too
   for (size_t i = 0; i < keys.size(); ++i) {
     const int64_t r = static_cast<int64_t>(i) % R;
     for (const torch::Tensor* t : {&keys[i], &values[i]}) {
-      TORCH_CHECK(t->dim() == 4 && t->size(1) == H && t->size(3) == D && t->is_contiguous() &&
-                      t->scalar_type() == cached && t->device().is_cpu(),
-                  "decode_step: a cache must be [B, H, capacity, D], contiguous, all of one "
-                  "dtype: x's or bf16");
+      TORCH_CHECK(t->dim() == 4 && t->size(1) == H && t->size(3) == width &&
+                      t->is_contiguous() && t->scalar_type() == cached && t->device().is_cpu(),
+                  "decode_step: a cache must be [B, H, capacity, D] (int8: D + 8 bytes a row), "
+                  "contiguous, all of one dtype: x's, bf16 or int8");
       TORCH_CHECK(rows[r] >= 0 && rows[r] < t->size(0) && lengths[r] >= 0 &&
                       lengths[r] < t->size(2),
                   "decode_step: a cache has no room for the new position");
@@ -460,6 +632,9 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
     if (cached == at::kBFloat16) {
       attention_rows<at::BFloat16>(R, H, D, qkv.data(), att.data(), keys.data() + l * R,
                                    values.data() + l * R, rows, lengths, bf16);
+    } else if (cached == at::kChar) {
+      attention_rows<int8_t>(R, H, D, qkv.data(), att.data(), keys.data() + l * R,
+                             values.data() + l * R, rows, lengths, bf16);
     } else {
       attention_rows<float>(R, H, D, qkv.data(), att.data(), keys.data() + l * R,
                             values.data() + l * R, rows, lengths, bf16);
@@ -490,6 +665,11 @@ bool has_decode_step() { return false; }
 
 torch::Tensor gelu_fp32(const torch::Tensor&) {
   TORCH_CHECK(false, "gelu_fp32: not compiled for this CPU (it needs AVX-512 or AVX2 with FMA)");
+}
+
+torch::Tensor quantize_cache_rows(const torch::Tensor&) {
+  TORCH_CHECK(false, "quantize_cache_rows: not compiled for this CPU (it needs AVX-512 or AVX2 "
+                     "with FMA)");
 }
 
 torch::Tensor decode_step(const torch::Tensor&, const std::vector<torch::Tensor>&,
