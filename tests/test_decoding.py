@@ -192,24 +192,29 @@ def test_a_cached_pass_under_activation_checkpointing_writes_each_key_once():
     pooled=st.booleans(),
     bf16=st.booleans(),
     last_only=st.booleans(),
+    stores=st.sampled_from([None, torch.bfloat16, torch.int8]),
 )
 @example(
-    lengths=[5, 5, 5], cached=[False] * 6, pooled=True, bf16=True, last_only=False
+    lengths=[5, 5, 5], cached=[False] * 6, pooled=True, bf16=True, last_only=False, stores=None
 )  # one group
-@example(lengths=[5, 5, 5], cached=[False] * 6, pooled=False, bf16=False, last_only=True)
+@example(
+    lengths=[5, 5, 5], cached=[False] * 6, pooled=False, bf16=False, last_only=True, stores=None
+)
 @example(
     lengths=[9, 2, 9, 9],
     cached=[False, False, True, False] + [False] * 2,
     pooled=True,
-    bf16=True,
+    bf16=False,
     last_only=True,
+    stores=torch.int8,
 )
 def test_prompts_read_together_attend_as_each_alone_bit_for_bit(
-    lengths, cached, pooled, bf16, last_only
+    lengths, cached, pooled, bf16, last_only, stores
 ):
     """`PromptRows` (the layout of `prefill`) groups fresh prompts of one length into one
     attention call; every row, and every cache it writes, is the bits of the sequence's own
-    `CachedTokens` call, whatever mix of lengths, filled caches and cache kinds comes. Asked
+    `CachedTokens` call, whatever mix of lengths, filled caches and cache kinds comes, and
+    whatever the caches store (the activations' dtype, bf16, int8 rows). Asked
     for each prompt's last row alone (`last_only`, the last block's layout), it gives those
     rows of the full answer, and the same caches."""
     from gpt1.inference.decoding import CachedTokens, PromptRows
@@ -221,8 +226,8 @@ def test_prompts_read_together_attend_as_each_alone_bit_for_bit(
     history = torch.randn(len(lengths), 3, 1, H, 3, D, generator=gen).to(dtype)
 
     def caches() -> list:
-        pool = SlotPool(1, 80)
-        made = [pool.cache() if pooled else KVCache(1, 80) for _ in lengths]
+        pool = SlotPool(1, 80, stores)
+        made = [pool.cache() if pooled else KVCache(1, 80, stores) for _ in lengths]
         for i, cache in enumerate(made):
             if cached[i]:  # three positions already held: this prompt continues them
                 cache.layers[0].extend(history[i, 1], history[i, 2])

