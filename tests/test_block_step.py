@@ -230,10 +230,11 @@ _ROW = st.lists(st.floats(-1e4, 1e4, allow_nan=False, width=32), min_size=1, max
 @example(rows=[[0.0, 2.2168086563877393e-37]], bf16=False, spoil=None)  # 1 / scale overflows
 def test_the_compiled_int8_cache_rows_are_the_reference_bytes(rows, bf16, spoil):
     """The compiled module's int8 cache rows (`quantize_cache_rows`, what the step writes) are
-    the bytes `quantize_cache_rows_reference` gives, for rows of any width and spread, fp32 or bf16;
-    read back, every number is within half a step of the row (its scale) of what was written,
-    the row's smallest at -128 and its largest at 127; a row holding an inf or a NaN reads back
-    as NaN, never as finite numbers."""
+    the bytes `quantize_cache_rows_reference` gives, for rows of any width and spread, fp32 or
+    bf16; read back, every number is within half a step of the row (its scale) of what was
+    written, the row's smallest at -128 and its largest at 126 or 127 (255 steps on a grid
+    holding 0, which reads back as 0); a row holding an inf or a NaN reads back as NaN, never
+    as finite numbers."""
     width = len(rows[0])
     x = torch.tensor([(r * width)[:width] for r in rows], dtype=torch.float32)
     if bf16:
@@ -258,7 +259,8 @@ def test_the_compiled_int8_cache_rows_are_the_reference_bytes(rows, bf16, spoil)
     lowest = x.argmin(-1, keepdim=True)
     highest = x.argmax(-1, keepdim=True)
     assert (q.gather(-1, lowest)[spread] == -128).all()
-    assert (q.gather(-1, highest)[spread] == 127).all()
+    assert (q.gather(-1, highest)[spread] >= 126).all()
+    assert (back[(x == 0) & spread[:, None]] == 0).all()  # the grid holds 0 itself
 
 
 def test_it_steps_aside_for_training_autograd_and_hooks():

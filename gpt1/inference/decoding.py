@@ -54,15 +54,19 @@ INT8_ROW_EXTRA = 8  # bytes: the scale and the bias
 def quantize_cache_rows(x: torch.Tensor) -> torch.Tensor:
     """Keys or values `[..., D]` as an int8 cache stores them: `[..., D + INT8_ROW_EXTRA]` int8.
 
-    Per row (one position of one head): scale = (max - min) / 255 and bias = min + 128 scale,
-    q = round((x - min) / scale) - 128, so the smallest number is -128 and the largest 127, each
-    number within half a step (ties to even; a row whose spread is below 255 times the least
-    normal float stores every number as its smallest). A row holding an inf or a NaN gets a NaN scale:
-    what reads it is NaN, as it would be unquantised, never quietly finite.
+    Per row (one position of one head): 255 steps of scale = (max - min) / 255 on a grid that
+    holds 0, zero = round(-min / scale) the step 0 falls on, q = clamp(round(x / scale) + zero,
+    0, 255) - 128 and bias = (128 - zero) scale, so x ~ q scale + bias within half a step (ties
+    to even; 1 / scale is taken once; a row whose spread is below 255 times the least normal
+    float stores every number as its smallest, scale 0). The grid holding 0 moved a trained
+    model's top token less often than one starting at the row's smallest
+    (`benchmarks/int8_rows_numerics.py`, docs/commands/kernels.md). A row holding an inf or a
+    NaN gets a NaN scale: what reads it is NaN, as it would be unquantised, never quietly
+    finite.
 
     The compiled module's `quantize_cache_rows` (what the decoding step writes too:
-    `kernels/step.cpp`, `quantize_row`) gives the same bytes, faster, on the CPU; this is the
-    form elsewhere, and the reference `tests/test_decoding.py` holds it to."""
+    `kernels/step.cpp`, `quantize_row`) gives the same bytes, faster, on the CPU; elsewhere
+    `quantize_cache_rows_reference`, which `tests/test_block_step.py` holds it to."""
     if x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16):
         built = backend.kernel_module()
         if built is not None and built.has_decode_step():
@@ -75,12 +79,15 @@ def quantize_cache_rows_reference(x: torch.Tensor) -> torch.Tensor:
     x = x.float()
     low = x.amin(-1, keepdim=True)
     scale = (x.amax(-1, keepdim=True) - low) / 255
-    # A spread below 255 times the least normal float (or none) stores every number as the
-    # row's smallest, within 3e-36: 1 / scale would overflow.
+    # A spread below 255 times the least normal float (or none): every number is stored as the
+    # row's smallest, exactly (1 / scale would overflow).
     normal = scale >= torch.finfo(torch.float32).tiny
     inv = torch.where(normal, 1 / scale, torch.zeros_like(scale))
-    q = ((x - low) * inv).round().sub_(128).nan_to_num_(0).clamp_(-128, 127).to(torch.int8)
-    bias = low + 128 * scale
+    zero = (-low * inv).round()  # the step 0 falls on
+    steps = ((x * inv).round() + zero).nan_to_num_(0).clamp_(0, 255)
+    q = steps.sub_(128).to(torch.int8)
+    bias = torch.where(normal, (128 - zero) * scale, low)
+    scale = torch.where(normal, scale, torch.zeros_like(scale))
     scale = torch.where(torch.isfinite(x).all(-1, keepdim=True), scale, float("nan"))
     extra = torch.cat([scale, bias], -1).view(torch.int8)  # [..., 8]
     return torch.cat([q, extra], -1)

@@ -237,10 +237,10 @@ void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t
 // ------------------------------------------------------------------ an int8 cache
 // A cache row of an int8 cache (`SlotPool`'s dtype int8: `gpt1/inference/decoding.py`,
 // `quantize_cache_rows`) is one head's D numbers of one position as int8, then two floats: the
-// row holds x ~ q scale + bias, with scale = (max - min) / 255 and bias = min + 128 scale, so the
-// row's smallest number is q = -128 and its largest q = 127 (each within half a step). Half
-// the bytes of bf16 (D + 8 where bf16 takes 2 D), and a step of many sequences reads every
-// cached key and value at the memory's rate.
+// row holds x ~ q scale + bias, 255 steps of scale = (max - min) / 255 from the row's smallest
+// number to its largest, on a grid holding 0 (bias = (128 - zero) scale). Nearly half the bytes
+// of bf16 (D + 8 where bf16 takes 2 D), and a step of many sequences reads every cached key and
+// value at the memory's rate.
 constexpr int64_t kInt8RowExtra = 2 * int64_t(sizeof(float));
 
 // A row's scale and bias (copied: a row of a width off 4 bytes leaves them unaligned).
@@ -272,17 +272,20 @@ inline void quantize_row(const float* x, int64_t D, int8_t* row) {
   }
   const float low = simd::smallest(lo), scale = (simd::largest(hi) - low) / 255.0f;
   const bool finite = !simd::any_nan(spread);
-  // A spread below 255 times the least normal float (or none) stores every number as the
-  // row's smallest, within 3e-36: 1 / scale would overflow.
-  const float inv = scale >= FLT_MIN ? 1.0f / scale : 0.0f;
+  // A spread below 255 times the least normal float (or none): every number is stored as the
+  // row's smallest, exactly (1 / scale would overflow).
+  const bool normal = scale >= FLT_MIN;
+  const float inv = normal ? 1.0f / scale : 0.0f;
+  const float zero = std::nearbyint(-low * inv);  // the step 0 falls on; ties to even
   for (int64_t d = 0; d < D; d += kLanes) {
     const Mask m = lanes(d, D);
-    const Vec steps = simd::round_even(simd::mul(simd::sub(load(x + d, m), simd::set1(low)),
-                                                 simd::set1(inv)));
+    Vec steps = simd::add(simd::round_even(simd::mul(load(x + d, m), simd::set1(inv))),
+                          simd::set1(zero));
+    steps = simd::min(simd::max(steps, simd::zero()), simd::set1(255.0f));
     simd::store_int8(row + d, simd::sub(steps, simd::set1(128.0f)), m);
   }
-  // 128 scale is exact: the bias is one rounding, as torch's.
-  set_row_scale(row, D, {finite ? scale : NAN, low + 128.0f * scale});
+  const float bias = normal ? (128.0f - zero) * scale : low;  // one rounding, as torch's
+  set_row_scale(row, D, {finite ? (normal ? scale : 0.0f) : NAN, bias});
 }
 
 // `attend_head` over int8 cache rows (`row` bytes apart): a score is dot(q, q8) scale +
