@@ -207,6 +207,8 @@ def main() -> None:
     activations = model.wte.weight.dtype
     decoders = int8_step.cache_dtype(model) or activations  # BatchedDecoder's caches
     against = AGAINST[args.against] or activations
+    if against == torch.float32 and activations == torch.bfloat16:
+        ap.error("--against fp32: the compiled step reads no fp32 caches under bf16 activations")
     compared = against != decoders
     print(f"Caches: {str(decoders).removeprefix('torch.')}")
     print(
