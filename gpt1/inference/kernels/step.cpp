@@ -155,85 +155,6 @@ inline float score(const float* q, const T* key, int64_t D) {
   return simd::sum(acc);
 }
 
-// One head of one row: out = softmax(q K^T / sqrt(D)) V over positions 0..len of the cache
-// (`keys`, `values`: that head's [capacity, D] rows), the row's own new key and value already
-// written at position `len`. `kD`: the head's width D where it is known when compiling (0: it
-// is `head_dim`); see `attend`.
-template <typename T, int64_t kD>
-void attend_head(const float* q, const T* keys, const T* values, int64_t len, int64_t head_dim,
-                 float* scores, float* out, bool bf16) {
-  const int64_t D = kD > 0 ? kD : head_dim;
-  const int64_t n = len + 1, row_bytes = D * int64_t(sizeof(T));
-  const int64_t bytes = n * row_bytes;  // nothing past the positions held is fetched
-  fetch(keys, 0, std::min(kCacheAheadBytes, bytes));
-  fetch(values, 0, std::min(kCacheAheadBytes, bytes));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const int64_t from = j * row_bytes + kCacheAheadBytes;
-    const int64_t to = std::min(from + 4 * row_bytes, bytes);
-    fetch(keys, from, to);  // the values too: their pass comes next
-    fetch(values, from, to);
-    Vec acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
-    for (int64_t d = 0; d < D; d += kLanes) {
-      const Mask m = lanes(d, D);
-      const Vec qv = load(q + d, m);
-      for (int i = 0; i < 4; ++i)
-        acc[i] = simd::fmadd(qv, load(keys + (j + i) * D + d, m), acc[i]);
-    }
-    for (int i = 0; i < 4; ++i) scores[j + i] = simd::sum(acc[i]) * scale;
-  }
-  for (; j < n; ++j) scores[j] = score(q, keys + j * D, D) * scale;
-  float top = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) top = std::max(top, scores[i]);
-  Vec total = simd::zero();
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const Mask m = lanes(i, n);
-    const Vec e = simd::within(m, exponential(simd::sub(load(scores + i, m), simd::set1(top))));
-    store(scores + i, e, m);
-    total = simd::add(total, e);
-  }
-  const float norm = 1.0f / simd::sum(total);
-  // out = scores V, up to kChunk vectors of D at a time, each value row read once.
-  constexpr int kChunk = 8;
-  for (int64_t d0 = 0; d0 < D; d0 += kChunk * kLanes) {
-    const int vectors = static_cast<int>(std::min<int64_t>(kChunk, (D - d0 + kLanes - 1) / kLanes));
-    Vec acc[kChunk];
-    Mask m[kChunk];
-    for (int v = 0; v < vectors; ++v) {
-      acc[v] = simd::zero();
-      m[v] = lanes(d0 + v * kLanes, D);
-    }
-    for (int64_t p = 0; p < n; ++p) {
-      const Vec s = simd::set1(scores[p]);
-      const T* row = values + p * D + d0;
-      for (int v = 0; v < vectors; ++v)
-        acc[v] = simd::fmadd(s, load(row + v * kLanes, m[v]), acc[v]);
-    }
-    for (int v = 0; v < vectors; ++v) {
-      const Vec r = simd::mul(acc[v], simd::set1(norm));
-      store(out + d0 + v * kLanes, bf16 ? round_bf16(r) : r, m[v]);
-    }
-  }
-}
-
-// `attend_head` for GPT-1's heads of 64 numbers with that width a constant: the loops over a
-// key or value row then unroll into whole vectors and their sums stay in registers. The same
-// operations in the same order, so the same bits as for a width known only when running. With
-// the fetching ahead stopped at the positions a head holds (not run on into the buffer's unused
-// room), a GPT-1 step of 8 / 16 / 64 int8 sequences over 64 cached positions ran 1.03 / 1.02 /
-// 1.07x as fast as the loops for any width, and 64 over 200 positions 1.05x, the same bits
-// (paired in one process, one thread, the AMX Xeon, 2026-12-06).
-template <typename T>
-void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t D,
-            float* scores, float* out, bool bf16) {
-  if (D == 64) {
-    attend_head<T, 64>(q, keys, values, len, D, scores, out, bf16);
-  } else {
-    attend_head<T, 0>(q, keys, values, len, D, scores, out, bf16);
-  }
-}
-
 // ------------------------------------------------------------------ an int8 cache
 // A cache row of an int8 cache (`SlotPool`'s dtype int8: `gpt1/inference/decoding.py`,
 // `quantize_cache_rows`) is one head's D numbers of one position as int8, then two floats: the
@@ -288,48 +209,53 @@ inline void quantize_row(const float* x, int64_t D, int8_t* row) {
   set_row_scale(row, D, {finite ? (normal ? scale : 0.0f) : NAN, bias});
 }
 
-// `attend_head` over int8 cache rows (`row` bytes apart): a score is dot(q, q8) scale +
-// sum(q) bias, and the output sum_p (w_p scale_p) q8_p + sum_p w_p bias_p, so each row's int8
-// numbers are widened once and never scaled number by number.
-template <int64_t kD>
-void attend_head_int8(const float* q, const int8_t* keys, const int8_t* values, int64_t len,
-                      int64_t head_dim, float* scores, float* weights, float* out, bool bf16) {
-  const int64_t D = kD > 0 ? kD : head_dim, row = D + kInt8RowExtra;
-  const int64_t n = len + 1, bytes = n * row;
+// One head of one row: out = softmax(q K^T / sqrt(D)) V over positions 0..len of the cache
+// (`keys`, `values`: that head's [capacity, D] rows), the row's own new key and value already
+// written at position `len`. `kD`: the head's width D where it is known when compiling (0: it
+// is `head_dim`); see `attend`. Over int8 rows (D + 8 bytes apart, `RowScale`) a score is
+// dot(q, k8) scale + sum(q) bias, and the output sum_p (w_p scale_p) v8_p + sum_p w_p bias_p
+// (`weights` holds the w_p scale_p), so each row's int8 numbers are widened once and never
+// scaled number by number.
+template <typename T, int64_t kD>
+void attend_head(const float* q, const T* keys, const T* values, int64_t len, int64_t head_dim,
+                 float* scores, float* weights, float* out, bool bf16) {
+  constexpr bool kInt8 = std::is_same_v<T, int8_t>;
+  const int64_t D = kD > 0 ? kD : head_dim, W = kInt8 ? D + kInt8RowExtra : D;
+  const int64_t n = len + 1, row_bytes = W * int64_t(sizeof(T));
+  const int64_t bytes = n * row_bytes;  // nothing past the positions held is fetched
   fetch(keys, 0, std::min(kCacheAheadBytes, bytes));
   fetch(values, 0, std::min(kCacheAheadBytes, bytes));
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  Vec q_total = simd::zero();
-  for (int64_t d = 0; d < D; d += kLanes) q_total = simd::add(q_total, load(q + d, lanes(d, D)));
-  const float q_sum = simd::sum(q_total);
+  float q_sum = 0.0f;  // int8 rows: what each score's bias multiplies
+  if constexpr (kInt8) {
+    Vec total = simd::zero();
+    for (int64_t d = 0; d < D; d += kLanes) total = simd::add(total, load(q + d, lanes(d, D)));
+    q_sum = simd::sum(total);
+  }
+  const auto scored = [&](float dot, const T* key) {
+    if constexpr (kInt8) {
+      const RowScale s = row_scale(key, D);
+      return (dot * s.scale + q_sum * s.bias) * scale;
+    } else {
+      return dot * scale;
+    }
+  };
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
-    const int64_t from = j * row + kCacheAheadBytes;
-    const int64_t to = std::min(from + 4 * row, bytes);
-    fetch(keys, from, to);
+    const int64_t from = j * row_bytes + kCacheAheadBytes;
+    const int64_t to = std::min(from + 4 * row_bytes, bytes);
+    fetch(keys, from, to);  // the values too: their pass comes next
     fetch(values, from, to);
     Vec acc[4] = {simd::zero(), simd::zero(), simd::zero(), simd::zero()};
     for (int64_t d = 0; d < D; d += kLanes) {
       const Mask m = lanes(d, D);
       const Vec qv = load(q + d, m);
-      for (int i = 0; i < 4; ++i) {
-        acc[i] = simd::fmadd(qv, load(keys + (j + i) * row + d, m), acc[i]);
-      }
+      for (int i = 0; i < 4; ++i)
+        acc[i] = simd::fmadd(qv, load(keys + (j + i) * W + d, m), acc[i]);
     }
-    for (int i = 0; i < 4; ++i) {
-      const RowScale s = row_scale(keys + (j + i) * row, D);
-      scores[j + i] = (simd::sum(acc[i]) * s.scale + q_sum * s.bias) * scale;
-    }
+    for (int i = 0; i < 4; ++i) scores[j + i] = scored(simd::sum(acc[i]), keys + (j + i) * W);
   }
-  for (; j < n; ++j) {
-    Vec acc = simd::zero();
-    for (int64_t d = 0; d < D; d += kLanes) {
-      const Mask m = lanes(d, D);
-      acc = simd::fmadd(load(q + d, m), load(keys + j * row + d, m), acc);
-    }
-    const RowScale s = row_scale(keys + j * row, D);
-    scores[j] = (simd::sum(acc) * s.scale + q_sum * s.bias) * scale;
-  }
+  for (; j < n; ++j) scores[j] = scored(score(q, keys + j * W, D), keys + j * W);
   float top = -INFINITY;
   for (int64_t i = 0; i < n; ++i) top = std::max(top, scores[i]);
   Vec total = simd::zero();
@@ -340,12 +266,17 @@ void attend_head_int8(const float* q, const int8_t* keys, const int8_t* values, 
     total = simd::add(total, e);
   }
   const float norm = 1.0f / simd::sum(total);
-  float bias = 0.0f;  // sum_p w_p bias_p, the part every lane of the output shares
-  for (int64_t p = 0; p < n; ++p) {
-    const RowScale s = row_scale(values + p * row, D);
-    weights[p] = scores[p] * s.scale;
-    bias += scores[p] * s.bias;
+  float shared = 0.0f;  // int8 rows: sum_p w_p bias_p, the part every lane of the output shares
+  const float* w = scores;
+  if constexpr (kInt8) {
+    for (int64_t p = 0; p < n; ++p) {
+      const RowScale s = row_scale(values + p * W, D);
+      weights[p] = scores[p] * s.scale;
+      shared += scores[p] * s.bias;
+    }
+    w = weights;
   }
+  // out = w V, up to kChunk vectors of D at a time, each value row read once.
   constexpr int kChunk = 8;
   for (int64_t d0 = 0; d0 < D; d0 += kChunk * kLanes) {
     const int vectors = static_cast<int>(std::min<int64_t>(kChunk, (D - d0 + kLanes - 1) / kLanes));
@@ -356,14 +287,34 @@ void attend_head_int8(const float* q, const int8_t* keys, const int8_t* values, 
       m[v] = lanes(d0 + v * kLanes, D);
     }
     for (int64_t p = 0; p < n; ++p) {
-      const Vec s = simd::set1(weights[p]);
-      const int8_t* r = values + p * row + d0;
-      for (int v = 0; v < vectors; ++v) acc[v] = simd::fmadd(s, load(r + v * kLanes, m[v]), acc[v]);
+      const Vec s = simd::set1(w[p]);
+      const T* row = values + p * W + d0;
+      for (int v = 0; v < vectors; ++v)
+        acc[v] = simd::fmadd(s, load(row + v * kLanes, m[v]), acc[v]);
     }
     for (int v = 0; v < vectors; ++v) {
-      const Vec r = simd::mul(simd::add(acc[v], simd::set1(bias)), simd::set1(norm));
+      Vec r = acc[v];
+      if constexpr (kInt8) r = simd::add(r, simd::set1(shared));
+      r = simd::mul(r, simd::set1(norm));
       store(out + d0 + v * kLanes, bf16 ? round_bf16(r) : r, m[v]);
     }
+  }
+}
+
+// `attend_head` for GPT-1's heads of 64 numbers with that width a constant: the loops over a
+// key or value row then unroll into whole vectors and their sums stay in registers. The same
+// operations in the same order, so the same bits as for a width known only when running. With
+// the fetching ahead stopped at the positions a head holds (not run on into the buffer's unused
+// room), a GPT-1 step of 8 / 16 / 64 int8 sequences over 64 cached positions ran 1.03 / 1.02 /
+// 1.07x as fast as the loops for any width, and 64 over 200 positions 1.05x, the same bits
+// (paired in one process, one thread, the AMX Xeon, 2026-12-06).
+template <typename T>
+void attend(const float* q, const T* keys, const T* values, int64_t len, int64_t D,
+            float* scores, float* weights, float* out, bool bf16) {
+  if (D == 64) {
+    attend_head<T, 64>(q, keys, values, len, D, scores, weights, out, bf16);
+  } else {
+    attend_head<T, 0>(q, keys, values, len, D, scores, weights, out, bf16);
   }
 }
 
@@ -477,18 +428,8 @@ void attention_rows(int64_t R, int64_t H, int64_t D, const float* qkv, float* ou
       const int64_t r = t / H, h = t % H, offset = head_offset(r, h);
       const float* q = qkv + r * 3 * C + h * D;
       float* y = out + r * C + h * D;
-      if constexpr (kInt8) {
-        if (D == 64) {
-          attend_head_int8<64>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D,
-                               scores.data(), weights.data(), y, bf16);
-        } else {
-          attend_head_int8<0>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D,
-                              scores.data(), weights.data(), y, bf16);
-        }
-      } else {
-        attend<T>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D, scores.data(),
-                  y, bf16);
-      }
+      attend<T>(q, row_keys[r] + offset, row_values[r] + offset, lengths[r], D, scores.data(),
+                weights.data(), y, bf16);
     }
   });
 }
