@@ -15,9 +15,11 @@ learned positions, tanh GELU, tied output layer), no transformers export in betw
 
 Also printed: the int8 dot-product peak of this machine (the faster of `torch._int_mm` and
 oneDNN's packed int8 product on 2048 x 2048 x 2048, best of 10, in the threads given, measured
-after every round and the best of the rounds taken) and, for
-gpt1 int8 at the largest n, the share of that peak its decoding steps reach (every weight
-product's multiply-adds over the median time of a step of all n sequences, past their prompts).
+after every round and the best of the rounds taken); at the largest n, the share of that peak
+each system's whole run reaches in the fewest weight multiply-adds the run needs (prompts
+included), and the share 1.5x CTranslate2's int8 would ask of gpt1; and for gpt1 int8 there,
+the share its decoding steps reach (every weight product's multiply-adds over the median time of
+a step of all n sequences, past their prompts).
 """
 
 from __future__ import annotations
@@ -177,11 +179,27 @@ def int8_peak(threads: int, clock_name: str) -> float:
     return size**3 / min(best_time(fn) for fn in candidates.values())
 
 
-def step_macs(n: int) -> int:
-    """Multiply-adds of the weight products of one decoding step of n rows (GPT-1, tied head)."""
+def _row_macs() -> tuple[int, int]:
+    """Multiply-adds of one row through the blocks' weight products, and through the output
+    layer (GPT-1, tied head)."""
     model = _model()
     linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return n * (linear + model.wte.weight.numel())
+    return linear, model.wte.weight.numel()
+
+
+def step_macs(n: int) -> int:
+    """Multiply-adds of the weight products of one decoding step of n rows."""
+    blocks, head = _row_macs()
+    return n * (blocks + head)
+
+
+def run_macs(n: int, prompt: int, new: int) -> int:
+    """The fewest weight multiply-adds a whole run of n generations needs: every prompt token
+    through the blocks and its last one through the output layer (the first new token), then
+    `new` - 1 steps of n rows. Attention, LayerNorm and the rest are left out, so a system's
+    share of the peak in these is an upper bound on what its products could still gain."""
+    blocks, head = _row_macs()
+    return n * (prompt * blocks + head + (new - 1) * (blocks + head))
 
 
 def main() -> None:
@@ -279,6 +297,21 @@ def main() -> None:
         " the best of the rounds' " + ", ".join(f"{p / 1e9:.0f}" for p in peaks)
     )
     top = max(ns)
+    # The whole run at the largest n as a share of the peak: how far any system could still go
+    # at all, and what the 1.5x target over CTranslate2 asks of gpt1 there.
+    macs = run_macs(top, args.prompt, args.new)
+    for s in systems:
+        if (s, top) in cell:
+            seconds = top * args.new / cell[(s, top)]
+            print(
+                f"{s} whole run of {top}: {macs / seconds / peak:.0%} of the peak in its products"
+            )
+    if ("ct2:int8", top) in cell:
+        needed = 1.5 * cell[("ct2:int8", top)]
+        print(
+            f"1.5x ct2:int8 at n = {top} ({needed:.0f} tokens/s) needs "
+            f"{macs / (top * args.new / needed) / peak:.0%} of the peak over the whole run"
+        )
     if ("gpt1:int8", top) in steps:
         step = statistics.median(steps[("gpt1:int8", top)])
         rate = step_macs(top) / step

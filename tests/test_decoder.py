@@ -108,9 +108,10 @@ def test_seeded_sampling_follows_each_generations_own_generator():
 def test_generations_with_mixed_options_get_the_tokens_each_gets_alone():
     """Greedy and sampled generations decoded together, each with its own generator, get the
     tokens each gets alone: options shared and not, a temperature so small that its logits
-    overflow, and generations joining later."""
+    overflow, temperatures alone (drawn together in one call where the kernel is built), and
+    generations joining later."""
     model = _model()
-    prompts = [[5, 6, 7], [9], [1, 2], [3, 4, 5, 6], [8], [2, 2]]
+    prompts = [[5, 6, 7], [9], [1, 2], [3, 4, 5, 6], [8], [2, 2], [4], [7, 1], [6, 6, 6]]
     options = [
         {"temperature": 0.9, "top_k": 50},
         {"temperature": 0.9, "top_k": 50},
@@ -118,6 +119,9 @@ def test_generations_with_mixed_options_get_the_tokens_each_gets_alone():
         {"temperature": 1e-30},
         {"temperature": 0.0},
         {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0.8},
+        {"temperature": 1.3},
+        {"temperature": 1.0, "top_k": 10_000},  # a filter that keeps every id
     ]
     want = [
         generate(model, torch.tensor([p]), 12, generator=torch.Generator().manual_seed(s), **o)[

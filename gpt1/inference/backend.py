@@ -175,6 +175,14 @@ def greedy_op() -> Callable[..., tuple[torch.Tensor, bool]] | None:
     return None if built is None else built.greedy_tokens
 
 
+def draw_op() -> Callable[..., torch.Tensor] | None:
+    """The kernel's draw at a temperature (`draw_tokens(logits [n, V], rows [k], temperatures
+    [k], uniforms [k], vocab, finite_only) -> ids [k]`, `kernels/choice.cpp`), or None (torch's
+    operators draw)."""
+    built = kernel_module()
+    return None if built is None else built.draw_tokens
+
+
 # --------------------------------------------------------------------------- oneDNN's products
 def prepacks(dtype: torch.dtype) -> bool:
     """Whether `dtype` weights may be packed for oneDNN here: this torch and CPU can, and

@@ -37,7 +37,13 @@ from gpt1.inference.decoding import (
     prefill,
     prepare_to_decode,
 )
-from gpt1.inference.generate import check_prompt, choose
+from gpt1.inference.generate import (
+    NON_FINITE,
+    check_prompt,
+    choose,
+    draw_rows,
+    drawn_in_one_call,
+)
 from gpt1.inference.sampling import Sampling
 from gpt1.inference.speculative import Drafts, Speculator
 from gpt1.model.gpt import GPT
@@ -245,8 +251,31 @@ class BatchedDecoder:
                 for gen, new, token in zip(gens, ids.split(1), ids[:, 0].tolist()):
                     self._take(gen, new, events, [token])
                 return
+        drawn = self._draw_together(gens, logits)
         for r, gen in enumerate(gens):
-            self._choose(gen, logits[r : r + 1], events)
+            if r not in drawn:
+                self._choose(gen, logits[r : r + 1], events)
+            elif drawn[r] < 0:
+                self._finish(gen, Gpt1Error(NON_FINITE), events)
+            else:
+                self._take(gen, torch.tensor([[drawn[r]]], device=self.device), events, [drawn[r]])
+
+    def _draw_together(self, gens: list[Generation], logits: torch.Tensor) -> dict[int, int]:
+        """The tokens of the generations that draw at a temperature, with or without top-k
+        (`drawn_in_one_call`), by row: one call of gpt1's kernel for all of them (`draw_rows`,
+        each row's own options and generator; -1 where a row is not finite), where it takes
+        these logits and there are two or more. Each gets the token it would get alone."""
+        rows = [r for r, g in enumerate(gens) if drawn_in_one_call(g.sampling)]
+        if len(rows) < 2:
+            return {}
+        ids = draw_rows(
+            logits,
+            rows,
+            [gens[r].sampling for r in rows],
+            [gens[r].generator for r in rows],
+            self.vocab,
+        )
+        return {} if ids is None else dict(zip(rows, ids))
 
     def _choose(self, gen: Generation, logits: torch.Tensor, events: list[Event]) -> None:
         """The next token of `gen` from its logits `[1, V]` in the model's dtype: a greedy

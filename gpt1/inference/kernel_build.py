@@ -46,6 +46,7 @@ KERNELS = Path(__file__).resolve().parent / "kernels"
 SOURCES = (
     "matvec.cpp",
     "step.cpp",
+    "choice.cpp",
     "int8_rows.cpp",
     "quantize.cpp",
     "table.cpp",

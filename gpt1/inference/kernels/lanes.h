@@ -49,6 +49,8 @@ inline float sum(Vec a) { return _mm512_reduce_add_ps(a); }
 inline float largest(Vec a) { return _mm512_reduce_max_ps(a); }
 inline float smallest(Vec a) { return _mm512_reduce_min_ps(a); }
 inline bool any_nan(Vec a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) != 0; }
+inline Mask greater(Vec a, Vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ); }  // a > b
+inline unsigned greater_lanes(Vec a, Vec b) { return greater(a, b); }  // bit j: a_j > b_j
 inline unsigned equal_lanes(Vec a, Vec b) {  // bit j: lane j of a == lane j of b
   return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ);
 }
@@ -154,6 +156,12 @@ inline float smallest(Vec a) {
   return _mm_cvtss_f32(_mm_min_ss(s, _mm_movehdup_ps(s)));
 }
 inline bool any_nan(Vec a) { return _mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)) != 0; }
+inline Mask greater(Vec a, Vec b) {  // a > b: the lanes' bits (for within and select)
+  return {_mm256_castps_si256(_mm256_cmp_ps(a, b, _CMP_GT_OQ)), 8};
+}
+inline unsigned greater_lanes(Vec a, Vec b) {  // bit j: lane j of a > lane j of b
+  return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ)));
+}
 inline unsigned equal_lanes(Vec a, Vec b) {  // bit j: lane j of a == lane j of b
   return static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)));
 }
@@ -234,6 +242,25 @@ inline Vec round_bf16(Vec v) {
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i up = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF)));
   return _mm256_castsi256_ps(_mm256_and_si256(up, _mm256_set1_epi32(int32_t(0xFFFF0000u))));
+}
+
+}  // namespace gpt1::simd
+#endif
+
+#if defined(GPT1_SIMD)
+namespace gpt1::simd {
+
+// e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
+// below 2e-7), times 2^n. Inputs are clamped to +-88 (e^88 is near fp32's largest).
+inline Vec exponential(Vec x) {
+  x = simd::max(simd::min(x, simd::set1(88.0f)), simd::set1(-88.0f));
+  const Vec n = simd::round_even(simd::mul(x, simd::set1(1.44269504088896341f)));
+  Vec r = simd::fnmadd(n, simd::set1(0.693359375f), x);  // ln2 in two parts: exact
+  r = simd::fnmadd(n, simd::set1(-2.12194440e-4f), r);   // n * ln2 for |n| < 128
+  Vec p = simd::set1(1.0f / 720.0f);
+  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
+    p = simd::fmadd(p, r, simd::set1(c));
+  return simd::times_pow2(p, n);
 }
 
 }  // namespace gpt1::simd

@@ -42,18 +42,7 @@ using simd::store;
 using simd::Vec;
 constexpr int64_t kLanes = simd::kLanes;
 
-// e^x: x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor polynomial to r^6 (relative error
-// below 2e-7), times 2^n. Inputs are clamped to +-88 (e^88 is near fp32's largest).
-inline Vec exponential(Vec x) {
-  x = simd::max(simd::min(x, simd::set1(88.0f)), simd::set1(-88.0f));
-  const Vec n = simd::round_even(simd::mul(x, simd::set1(1.44269504088896341f)));
-  Vec r = simd::fnmadd(n, simd::set1(0.693359375f), x);  // ln2 in two parts: exact
-  r = simd::fnmadd(n, simd::set1(-2.12194440e-4f), r);   // n * ln2 for |n| < 128
-  Vec p = simd::set1(1.0f / 720.0f);
-  for (const float c : {1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f, 1.0f, 1.0f})
-    p = simd::fmadd(p, r, simd::set1(c));
-  return simd::times_pow2(p, n);
-}
+using simd::exponential;
 
 // Rounds x [n] to bf16 in place where the activations are bf16.
 void round_all(float* x, int64_t n, bool bf16) {
@@ -628,76 +617,3 @@ torch::Tensor decode_step(const torch::Tensor&, const std::vector<torch::Tensor>
 }
 
 #endif
-
-// ------------------------------------------------------------------ the greedy choice
-// Each row's next token at temperature 0: its first largest logit (as torch.max gives it), and
-// whether every logit is finite (generation refuses NaN and infinite logits). One call instead
-// of torch's three operators (the extremes that find a non-finite logit, then the arg-maximum),
-// which run with their state pushed out of the CPU's caches by the weights a step has just read.
-namespace {
-
-template <typename T>
-bool first_largest(const T* row, int64_t V, int64_t* at) {
-  float top = -INFINITY;
-  bool finite = true;
-  int64_t i = 0;
-#if defined(GPT1_SIMD)
-  namespace simd = gpt1::simd;
-  simd::Vec tops = simd::set1(-INFINITY), spread = simd::zero();
-  for (; i + simd::kLanes <= V; i += simd::kLanes) {
-    const simd::Vec v = simd::load(row + i);
-    tops = simd::max(tops, v);
-    spread = simd::add(spread, simd::sub(v, v));  // 0 while finite; NaN from then on
-  }
-  top = simd::largest(tops);
-  finite = !simd::any_nan(spread);
-#endif
-  for (; i < V; ++i) {
-    const float v = static_cast<float>(row[i]);
-    finite = finite && std::isfinite(v);
-    top = std::max(top, v);
-  }
-  if (!finite) return false;
-  // Then the first position holding it, a vector at a time: where the largest lies is random,
-  // and a number at a time this search took most of the call (half a row on average).
-  i = 0;
-#if defined(GPT1_SIMD)
-  const simd::Vec wanted = simd::set1(top);
-  for (; i + simd::kLanes <= V; i += simd::kLanes) {
-    const unsigned hits = simd::equal_lanes(simd::load(row + i), wanted);
-    if (hits != 0) {
-      *at = i + __builtin_ctz(hits);
-      return true;
-    }
-  }
-#endif
-  for (; i < V && static_cast<float>(row[i]) != top; ++i) {
-  }
-  *at = i;
-  return true;
-}
-
-}  // namespace
-
-std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits) {
-  TORCH_CHECK(logits.dim() == 2 && logits.size(1) > 0 && logits.is_contiguous() &&
-                  logits.device().is_cpu() &&
-                  (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
-              "greedy_tokens: logits must be [rows, vocab], fp32 or bf16, contiguous, on the CPU");
-  const int64_t B = logits.size(0), V = logits.size(1);
-  torch::Tensor ids = torch::empty({B, 1}, logits.options().dtype(at::kLong));
-  int64_t* out = ids.data_ptr<int64_t>();
-  const float* fp32 = logits.scalar_type() == at::kFloat ? logits.data_ptr<float>() : nullptr;
-  const at::BFloat16* bf16 = fp32 ? nullptr : logits.data_ptr<at::BFloat16>();
-  // Rows split over the threads (a step of 64 sequences reads 64 x 40478 logits here).
-  const bool finite = gpt1::rows_in_parallel(B, V, [&](int64_t lo, int64_t hi) {
-    for (int64_t b = lo; b < hi; ++b) {
-      if (!(fp32 ? first_largest(fp32 + b * V, V, out + b)
-                 : first_largest(bf16 + b * V, V, out + b))) {
-        return false;
-      }
-    }
-    return true;
-  });
-  return {ids, finite};
-}
