@@ -8,8 +8,8 @@ Two measures, each the kernel and torch's operators alternating, medians of `--r
 
 - **the choice of a step**: n rows of GPT-1's 40,478 random logits (times 3), each with its own
   seeded generator, pushed out of the CPU's caches before each round as a step's weights push
-  them (a 64 MB pass between rounds), chosen as `BatchedDecoder` chooses them: the rows that
-  `drawn_in_one_call` takes in one call, the others (and torch's operators) a row at a time;
+  them (a 64 MB pass between rounds), chosen as `BatchedDecoder` chooses them: in one call of the kernel, or with torch's
+  operators a row at a time;
 - **whole runs** of `BatchedDecoder` (what `gpt1 serve` runs): GPT-1 size int8, random weights,
   n random 32-token prompts and `--new` tokens each (as `concurrency.py` makes them), prompt time
   included, every generation seeded.
@@ -54,7 +54,7 @@ def choose_step(logits: torch.Tensor, sampling: Sampling) -> None:
     """The rows' tokens as `BatchedDecoder._choose_each` draws them, each row seeded."""
     generators = [torch.Generator().manual_seed(s) for s in range(logits.shape[0])]
     rows = list(range(logits.shape[0]))
-    if len(rows) > 1 and generation.drawn_in_one_call(sampling):
+    if len(rows) > 1:
         if generation.draw_rows(logits, rows, [sampling] * len(rows), generators) is not None:
             return
     for r in rows:

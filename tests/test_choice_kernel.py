@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpt1.inference import backend
@@ -22,16 +22,25 @@ def _op():
     return op
 
 
-def _exact_cdf(row: list[float], temperature: float, top_k: int) -> np.ndarray:
+def _exact_cdf(row: list[float], temperature: float, top_k: int, top_p: float) -> np.ndarray:
     """The row's cumulative softmax at `temperature` over its top-k logits (every id tied with
-    the k-th largest too; all where `top_k` is 0) in float64 (-inf: probability 0)."""
+    the k-th largest too; all where `top_k` is 0), then its top-p nucleus (ranked by weight, then
+    by id; an id stays unless those above it hold `top_p`), in float64 (-inf: probability 0).
+    Rows whose nucleus is cut within fp32's rounding of a weight are left out (`assume`)."""
     x = np.array(row, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         z = (x - x.max()) / temperature
-    p = np.where(np.isneginf(x), 0.0, np.exp(z))
+    w = np.where(np.isneginf(x), 0.0, np.exp(z))
     if 0 < top_k < len(row):
-        p = np.where(x < np.sort(x)[::-1][top_k - 1], 0.0, p)
-    return np.cumsum(p / p.sum())
+        w = np.where(x < np.sort(x)[::-1][top_k - 1], 0.0, w)
+    if top_p < 1.0:
+        order = np.lexsort((np.arange(len(w)), -w))
+        before = np.concatenate([[0.0], np.cumsum(w[order])[:-1]]) / w.sum()
+        assume(np.all(np.abs(before - top_p)[w[order] > 0] > 1e-4))
+        drop = before >= top_p
+        drop[0] = False
+        w[order[drop]] = 0.0
+    return np.cumsum(w / w.sum())
 
 
 LOGITS = st.one_of(
@@ -46,16 +55,18 @@ LOGITS = st.one_of(
     filtered=st.lists(st.integers(0, 299), max_size=30),
     temperature=st.sampled_from([1e-3, 0.3, 1.0, 2.5, 1e3]),
     top_k=st.integers(0, 310),
+    top_p=st.one_of(st.just(1.0), st.floats(0.01, 0.99)),
     u=st.floats(0.0, 1.0, exclude_max=True),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
 )
 def test_the_kernels_draw_is_the_exact_inverse_of_the_cumulative_distribution(
-    row, filtered, temperature, top_k, u, dtype
+    row, filtered, temperature, top_k, top_p, u, dtype
 ):
     """For any row (ties, spans wider than fp32's exponent at small temperatures, ids filtered
-    out as -inf, fp32 or bf16), any top-k (0: none; past the row: none) and any u in [0, 1), the
-    id drawn owns u in the float64 cumulative distribution of the row's softmax over its top k,
-    to fp32's rounding of each probability, and has a probability above 0."""
+    out as -inf, fp32 or bf16), any top-k (0: none; past the row: none), top-p and u in [0, 1),
+    the id drawn owns u in the float64 cumulative distribution of the row's softmax over its top
+    k and then its nucleus, to fp32's rounding of each probability, and has a probability
+    above 0."""
     op = _op()
     keep_finite = not filtered
     for i in filtered:
@@ -68,6 +79,7 @@ def test_the_kernels_draw_is_the_exact_inverse_of_the_cumulative_distribution(
         torch.tensor([0]),
         torch.tensor([temperature], dtype=torch.float64),
         torch.tensor([top_k]),
+        torch.tensor([top_p], dtype=torch.float64),
         torch.tensor([u], dtype=torch.float64),
         len(row),
         keep_finite,
@@ -75,8 +87,8 @@ def test_the_kernels_draw_is_the_exact_inverse_of_the_cumulative_distribution(
     if keep_finite and any(math.isinf(v) for v in values):
         assert ids.tolist() == [-1]
         return
+    cdf = _exact_cdf(values, temperature, top_k, top_p)
     (i,) = ids.tolist()
-    cdf = _exact_cdf(values, temperature, top_k)
     below = cdf[i - 1] if i > 0 else 0.0
     assert cdf[i] > below  # a positive probability
     slack = 1e-5  # fp32 exponentials, relative error about 2e-7 each, summed
@@ -97,17 +109,19 @@ def test_non_finite_rows_are_refused_and_filtered_ids_never_drawn():
     every, none = torch.arange(5), torch.zeros(5, dtype=torch.int64)
     ones = torch.ones(5, dtype=torch.float64)
     u = torch.full((5,), 0.999999, dtype=torch.float64)
-    assert op(rows, every, ones, none, u, 4, True).tolist() == [-1, -1, -1, -1, -1]
-    assert op(rows, every, ones, none, u, 4, False).tolist() == [-1, -1, 3, -1, 1]
+    assert op(rows, every, ones, none, ones, u, 4, True).tolist() == [-1, -1, -1, -1, -1]
+    assert op(rows, every, ones, none, ones, u, 4, False).tolist() == [-1, -1, 3, -1, 1]
     # the last id of positive probability where u * sum rounds up to the sum itself
     highest = torch.full((1,), 1.0 - 2.0**-53, dtype=torch.float64)
     row = torch.tensor([[1.0, 2.0, -math.inf, -math.inf]])
-    assert op(row, torch.tensor([0]), ones[:1], none[:1], highest, 4, False).tolist() == [1]
+    assert op(row, torch.tensor([0]), ones[:1], none[:1], ones[:1], highest, 4, False).tolist() == [
+        1
+    ]
     # top-k 2 of [5, 1, 4, 4]: the k-th largest is 4, and both 4s stay
     row, two = torch.tensor([[5.0, 1.0, 4.0, 4.0]]), torch.tensor([2])
-    assert op(row, torch.tensor([0]), ones[:1], two, highest, 4, True).tolist() == [3]
+    assert op(row, torch.tensor([0]), ones[:1], two, ones[:1], highest, 4, True).tolist() == [3]
     zero = torch.zeros(1, dtype=torch.float64)
-    assert op(row, torch.tensor([0]), ones[:1], two, zero, 4, True).tolist() == [0]
+    assert op(row, torch.tensor([0]), ones[:1], two, ones[:1], zero, 4, True).tolist() == [0]
 
 
 @settings(max_examples=40, deadline=None)
@@ -120,14 +134,16 @@ def test_a_rows_draw_does_not_depend_on_the_rows_beside_it(seed, n, vocab):
     logits = torch.randn(n, vocab + 5, generator=generator) * 4
     temperatures = torch.rand(n, dtype=torch.float64, generator=generator) + 0.1
     top_ks = torch.randint(0, vocab + 2, (n,), generator=generator)
+    top_ps = torch.rand(n, dtype=torch.float64, generator=generator).clamp(0.05, 1.0)
     u = torch.rand(n, dtype=torch.float64, generator=generator)
-    together = op(logits, torch.arange(n), temperatures, top_ks, u, vocab, True).tolist()
+    together = op(logits, torch.arange(n), temperatures, top_ks, top_ps, u, vocab, True).tolist()
     alone = [
         op(
             logits[r : r + 1].clone(),
             torch.tensor([0]),
             temperatures[r : r + 1],
             top_ks[r : r + 1],
+            top_ps[r : r + 1],
             u[r : r + 1],
             vocab,
             True,
@@ -165,7 +181,7 @@ def test_draw_rows_takes_each_rows_own_generator_and_options():
     _op()
     logits = torch.randn(3, 50)
     rows = [0, 2]
-    samplings = [Sampling(temperature=0.5), Sampling(temperature=2.0, top_k=3)]
+    samplings = [Sampling(temperature=0.5, top_p=0.5), Sampling(temperature=2.0, top_k=3)]
 
     def generators():
         return [torch.Generator().manual_seed(s) for s in (1, 2)]

@@ -42,7 +42,6 @@ from gpt1.inference.generate import (
     check_prompt,
     choose,
     draw_rows,
-    drawn_in_one_call,
 )
 from gpt1.inference.sampling import Sampling
 from gpt1.inference.speculative import Drafts, Speculator
@@ -261,11 +260,11 @@ class BatchedDecoder:
                 self._take(gen, torch.tensor([[drawn[r]]], device=self.device), events, [drawn[r]])
 
     def _draw_together(self, gens: list[Generation], logits: torch.Tensor) -> dict[int, int]:
-        """The tokens of the generations that draw at a temperature, with or without top-k
-        (`drawn_in_one_call`), by row: one call of gpt1's kernel for all of them (`draw_rows`,
-        each row's own options and generator; -1 where a row is not finite), where it takes
-        these logits and there are two or more. Each gets the token it would get alone."""
-        rows = [r for r, g in enumerate(gens) if drawn_in_one_call(g.sampling)]
+        """The tokens of the generations that draw (not greedy), by row: one call of gpt1's
+        kernel for all of them (`draw_rows`, each row's own options and generator; -1 where a
+        row is not finite), where it takes these logits and there are two or more. Each gets
+        the token it would get alone."""
+        rows = [r for r, g in enumerate(gens) if not g.sampling.greedy]
         if len(rows) < 2:
             return {}
         ids = draw_rows(

@@ -176,12 +176,6 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
 NON_FINITE = "the model produced NaN or infinite logits; no sample is drawn from them"
 
 
-def drawn_in_one_call(sampling: Sampling) -> bool:
-    """Whether `draw_rows` takes `sampling` whole: a draw at a temperature, with or without
-    top-k, and no top-p nucleus (which torch's operators rank)."""
-    return not sampling.greedy and (sampling.top_p is None or sampling.top_p >= 1.0)
-
-
 # A temperature whose float32 is positive and finite: strictly between these (round to nearest).
 _FP32_ZERO_UP_TO, _FP32_INF_FROM = 2.0**-150, 2.0**128 - 2.0**103
 
@@ -209,16 +203,16 @@ def draw_rows(
     generators: list[torch.Generator | None],
     vocab: int | None = None,
 ) -> list[int] | None:
-    """A token for each of `rows` of `logits` `[n, V]` (the ids below `vocab`), drawn at its
-    sampling's temperature among its top-k (`drawn_in_one_call`) with one uniform number from
+    """A token for each of `rows` of `logits` `[n, V]` (the ids below `vocab`), drawn with its
+    sampling's options (not greedy: a temperature, top-k and top-p) and one uniform number from
     its generator, in one call of gpt1's kernel (`kernels/choice.cpp`); -1 for a row whose
-    logits are not all finite. None where the kernel does not take these logits (`next_tokens`
-    then draws with torch's operators).
+    logits are not all finite. None where the kernel does not take these logits or options
+    (`next_tokens` then draws with torch's operators).
 
-    The distribution of `filter_logits`, softmax and `draw` (the uniform number inverts the
-    row's cumulative sum, in float64, as `draw` does), in a few passes over each row, where
-    torch's operators took 0.2-0.6 ms a row of GPT-1's 40,478 logits; a step's rows are split
-    over the threads."""
+    The distribution of `filter_logits`, softmax and `draw` (the options in transformers'
+    order; the uniform number inverts the kept ids' cumulative sum, in float64, as `draw`
+    does), in a few passes over each row, where torch's operators took 0.2-2 ms a row of
+    GPT-1's 40,478 logits; a step's rows are split over the threads."""
     temperatures = [s.temperature for s in samplings]
     op = _draw_op(logits, temperatures)
     if op is None:
@@ -232,6 +226,7 @@ def draw_rows(
         torch.tensor(rows, dtype=torch.int64),
         torch.tensor(temperatures, dtype=torch.float64),
         torch.tensor([_top_k(s, width) for s in samplings], dtype=torch.int64),
+        torch.tensor([1.0 if s.top_p is None else s.top_p for s in samplings], dtype=torch.float64),
         uniforms,
         width,
         True,
@@ -247,36 +242,15 @@ def _top_k(sampling: Sampling, vocab: int) -> int:
 def _kernel_draw(
     logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None
 ) -> torch.Tensor | None:
-    """`next_tokens`'s draw on gpt1's kernel where it takes these logits (ids `[B, 1]`, else
-    None): at the temperature among the top-k, or, with top-p, the logits torch's operators
-    have filtered (-inf where dropped) at temperature 1."""
-    op = _draw_op(logits, [sampling.temperature])
-    if op is None:
+    """`next_tokens`'s draw on gpt1's kernel (`draw_rows`: every row with `sampling` and
+    `generator`) where it takes these logits: ids `[B, 1]`, else None."""
+    rows = logits.shape[0] if logits.dim() == 2 else 0
+    ids = draw_rows(logits, list(range(rows)), [sampling] * rows, [generator] * rows)
+    if ids is None:
         return None
-    rows, width = logits.shape
-    if drawn_in_one_call(sampling):
-        kept, temperature, top_k, finite_only = (
-            logits,
-            sampling.temperature,
-            _top_k(sampling, width),
-            True,
-        )
-    else:
-        if not all_finite(logits):
-            raise Gpt1Error(NON_FINITE)
-        kept, temperature, top_k, finite_only = filter_logits(logits, sampling), 1.0, 0, False
-    ids = op(
-        kept,
-        torch.arange(rows),
-        torch.full((rows,), temperature, dtype=torch.float64),
-        torch.full((rows,), top_k, dtype=torch.int64),
-        torch.rand(rows, dtype=torch.float64, generator=generator),
-        width,
-        finite_only,
-    )
-    if rows and int(ids.min()) < 0:
+    if min(ids, default=0) < 0:
         raise Gpt1Error(NON_FINITE)
-    return ids[:, None]
+    return torch.tensor(ids, dtype=torch.int64)[:, None]
 
 
 def _greedy_op(logits: torch.Tensor):

@@ -12,7 +12,9 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "lanes.h"
@@ -91,8 +93,8 @@ std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits) {
 }
 
 // ------------------------------------------------------------------ a draw at a temperature
-// One id from softmax(x / T) over the row's top k logits (all of them where k is 0), the row's
-// probabilities e_i / sum_j e_j with
+// One id from softmax(x / T) over the row's top k logits (all of them where k is 0) and then its
+// top-p nucleus (transformers' order), the row's probabilities e_i / sum_j e_j with
 // e_i = exp((x_i - max x) / T) (the same distribution as softmax(x / T): the shift cancels, and
 // x_i - max x cannot overflow where x / T would at a small T). u in [0, 1) picks the first id
 // whose cumulative sum passes u * sum, as `generate.draw` does over torch's softmax: every id
@@ -173,11 +175,9 @@ float kth_largest(const T* row, int64_t V, int64_t k, std::vector<float>& heap) 
 }
 
 // e [V] = the row's unnormalised probabilities (0 for a logit under `floor`, top-k's k-th
-// largest: every id tied with it stays, as `filter_logits` keeps them), and block
-// [ceil(V / kBlock)] their sums.
+// largest: every id tied with it stays, as `filter_logits` keeps them).
 template <typename T>
-void row_weights(const T* row, int64_t V, float top, float temperature, float floor, float* e,
-                 double* block) {
+void row_weights(const T* row, int64_t V, float top, float temperature, float floor, float* e) {
   int64_t i = 0;
 #if defined(GPT1_SIMD)
   namespace simd = gpt1::simd;
@@ -195,6 +195,11 @@ void row_weights(const T* row, int64_t V, float top, float temperature, float fl
     const float x = static_cast<float>(row[i]), z = (x - top) / temperature;
     e[i] = z > -88.0f && !(x < floor) ? std::exp(z) : 0.0f;
   }
+}
+
+// block [ceil(V / kBlock)] = the sums of the weights e [V] by blocks; returns their total.
+double block_sums(const float* e, int64_t V, double* block) {
+  double total = 0.0;
   for (int64_t b = 0; b * kBlock < V; ++b) {
     const int64_t lo = b * kBlock, hi = std::min(V, lo + kBlock);
     double part[4] = {0.0, 0.0, 0.0, 0.0};  // four independent sums: a vector of float64
@@ -204,14 +209,66 @@ void row_weights(const T* row, int64_t V, float top, float temperature, float fl
     }
     for (; j < hi; ++j) part[0] += static_cast<double>(e[j]);
     block[b] = (part[0] + part[1]) + (part[2] + part[3]);
+    total += block[b];
   }
+  return total;
 }
 
-// The id u picks from weights e [V] with block sums `block`.
-int64_t inverse_at(const float* e, const double* block, int64_t V, double u) {
+// Top-p: zeroes the weights of e [V] (summing to `total`) that the nucleus drops. Ranked by
+// weight, an id stays unless the ids ranked above it already hold `top_p` of the total; the
+// likeliest always stays (`generate.nucleus`'s rule; ids of equal weight are ranked by id).
+// Ranking the whole row is what costs, and only its head stays: each weight's float32 bits
+// (a weight is at most 1, the largest logit's e^0) give it one of `kBuckets` buckets a
+// sixteenth of an octave wide, the buckets' masses summed from the top show the one bucket the
+// cut falls in, and only that bucket's ids are sorted.
+constexpr int kBuckets = 2048;
+
+int bucket_of(float w) {
+  uint32_t bits;
+  std::memcpy(&bits, &w, sizeof(bits));  // w > 0: larger weights have larger bits
+  return static_cast<int>(std::min<uint32_t>(bits >> 19, kBuckets - 1));
+}
+
+void keep_nucleus(float* e, int64_t V, double total, double top_p, std::vector<double>& mass,
+                  std::vector<std::pair<float, int64_t>>& boundary) {
+  const double wanted = top_p * total;
+  mass.assign(kBuckets, 0.0);
+  for (int64_t i = 0; i < V; ++i) {
+    if (e[i] > 0.0f) mass[bucket_of(e[i])] += static_cast<double>(e[i]);
+  }
+  double above = 0.0;  // the weight of the buckets wholly kept
+  int cut = kBuckets - 1;
+  for (; cut >= 0; --cut) {
+    if (above + mass[cut] >= wanted) break;
+    above += mass[cut];
+  }
+  if (cut < 0) return;  // the sums fell short of top_p by a rounding: every id stays
+  boundary.clear();
+  for (int64_t i = 0; i < V; ++i) {
+    if (!(e[i] > 0.0f)) continue;
+    const int b = bucket_of(e[i]);
+    if (b < cut) {
+      e[i] = 0.0f;
+    } else if (b == cut) {
+      boundary.emplace_back(e[i], i);
+    }
+  }
+  std::sort(boundary.begin(), boundary.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
+  double ranked = above;  // the weight ranked above the next id
+  size_t j = 0;
+  for (; j < boundary.size(); ++j) {
+    const bool likeliest = j == 0 && above == 0.0;
+    if (ranked >= wanted && !likeliest) break;
+    ranked += static_cast<double>(boundary[j].first);
+  }
+  for (; j < boundary.size(); ++j) e[boundary[j].second] = 0.0f;
+}
+
+// The id u picks from weights e [V] with block sums `block` summing to `total`.
+int64_t inverse_at(const float* e, const double* block, int64_t V, double total, double u) {
   const int64_t blocks = (V + kBlock - 1) / kBlock;
-  double total = 0.0;
-  for (int64_t b = 0; b < blocks; ++b) total += block[b];
   if (!(total > 0.0)) return -1;  // every id filtered out: nothing to draw
   const double target = u * total;
   double running = 0.0;
@@ -233,23 +290,36 @@ int64_t inverse_at(const float* e, const double* block, int64_t V, double u) {
   return -1;  // not reached: some weight is positive
 }
 
+// What a thread reuses from row to row.
+struct Scratch {
+  std::vector<float> e;
+  std::vector<double> block, mass;
+  std::vector<std::pair<float, int64_t>> boundary;
+};
+
 template <typename T>
-int64_t draw_row(const T* row, int64_t V, float temperature, int64_t top_k, double u,
-                 bool finite_only, std::vector<float>& e, std::vector<double>& block) {
+int64_t draw_row(const T* row, int64_t V, float temperature, int64_t top_k, double top_p,
+                 double u, bool finite_only, Scratch& s) {
   float top;
   if (!row_top(row, V, finite_only, &top)) return -1;
-  const float floor = top_k > 0 && top_k < V ? kth_largest(row, V, top_k, e) : -INFINITY;
-  e.resize(V);
-  block.resize((V + kBlock - 1) / kBlock);
-  row_weights(row, V, top, temperature, floor, e.data(), block.data());
-  return inverse_at(e.data(), block.data(), V, u);
+  const float floor = top_k > 0 && top_k < V ? kth_largest(row, V, top_k, s.e) : -INFINITY;
+  s.e.resize(V);
+  s.block.resize((V + kBlock - 1) / kBlock);
+  row_weights(row, V, top, temperature, floor, s.e.data());
+  double total = block_sums(s.e.data(), V, s.block.data());
+  if (top_p < 1.0 && total > 0.0) {
+    keep_nucleus(s.e.data(), V, total, top_p, s.mass, s.boundary);
+    total = block_sums(s.e.data(), V, s.block.data());
+  }
+  return inverse_at(s.e.data(), s.block.data(), V, total, u);
 }
 
 }  // namespace
 
 torch::Tensor draw_tokens(const torch::Tensor& logits, const torch::Tensor& rows,
                           const torch::Tensor& temperatures, const torch::Tensor& top_ks,
-                          const torch::Tensor& uniforms, int64_t vocab, bool finite_only) {
+                          const torch::Tensor& top_ps, const torch::Tensor& uniforms,
+                          int64_t vocab, bool finite_only) {
   TORCH_CHECK(logits.dim() == 2 && logits.device().is_cpu() && logits.stride(1) == 1 &&
                   (logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16),
               "draw_tokens: logits must be [n, V], fp32 or bf16, on the CPU, each row contiguous");
@@ -261,13 +331,16 @@ torch::Tensor draw_tokens(const torch::Tensor& logits, const torch::Tensor& rows
                   uniforms.dim() == 1 && uniforms.numel() == k &&
                   uniforms.scalar_type() == at::kDouble && uniforms.is_contiguous() &&
                   top_ks.dim() == 1 && top_ks.numel() == k &&
-                  top_ks.scalar_type() == at::kLong && top_ks.is_contiguous(),
-              "draw_tokens: rows and top_ks (int64), temperatures and uniforms (float64) must "
-              "be [k] each");
+                  top_ks.scalar_type() == at::kLong && top_ks.is_contiguous() &&
+                  top_ps.dim() == 1 && top_ps.numel() == k &&
+                  top_ps.scalar_type() == at::kDouble && top_ps.is_contiguous(),
+              "draw_tokens: rows and top_ks (int64), temperatures, top_ps and uniforms (float64) "
+              "must be [k] each");
   const int64_t* which = rows.data_ptr<int64_t>();
   const double* t = temperatures.data_ptr<double>();
   const double* u = uniforms.data_ptr<double>();
   const int64_t* top_k = top_ks.data_ptr<int64_t>();  // 0: no top-k
+  const double* top_p = top_ps.data_ptr<double>();    // 1: no top-p
   for (int64_t r = 0; r < k; ++r) {
     TORCH_CHECK(which[r] >= 0 && which[r] < logits.size(0), "draw_tokens: a row out of range");
     const float temperature = static_cast<float>(t[r]);  // 0 or inf in fp32: torch's path
@@ -275,6 +348,7 @@ torch::Tensor draw_tokens(const torch::Tensor& logits, const torch::Tensor& rows
                 "draw_tokens: temperatures must be positive and finite in fp32");
     TORCH_CHECK(u[r] >= 0.0 && u[r] < 1.0, "draw_tokens: uniforms must be in [0, 1)");
     TORCH_CHECK(top_k[r] >= 0, "draw_tokens: top_ks must be >= 0 (0: none)");
+    TORCH_CHECK(top_p[r] > 0.0 && top_p[r] <= 1.0, "draw_tokens: top_ps must be in (0, 1]");
   }
   torch::Tensor ids = torch::empty({k}, rows.options());
   int64_t* out = ids.data_ptr<int64_t>();
@@ -283,14 +357,13 @@ torch::Tensor draw_tokens(const torch::Tensor& logits, const torch::Tensor& rows
   const at::BFloat16* bf16 = fp32 ? nullptr : logits.data_ptr<at::BFloat16>();
   // Rows split over the threads (a step of 64 sampled sequences reads 64 x 40478 logits here).
   gpt1::rows_in_parallel(k, vocab, [&](int64_t lo, int64_t hi) {
-    std::vector<float> e;
-    std::vector<double> block;
+    Scratch scratch;
     for (int64_t r = lo; r < hi; ++r) {
       const float temperature = static_cast<float>(t[r]);
-      out[r] = fp32 ? draw_row(fp32 + which[r] * stride, vocab, temperature, top_k[r], u[r],
-                               finite_only, e, block)
-                    : draw_row(bf16 + which[r] * stride, vocab, temperature, top_k[r], u[r],
-                               finite_only, e, block);
+      out[r] = fp32 ? draw_row(fp32 + which[r] * stride, vocab, temperature, top_k[r], top_p[r],
+                               u[r], finite_only, scratch)
+                    : draw_row(bf16 + which[r] * stride, vocab, temperature, top_k[r], top_p[r],
+                               u[r], finite_only, scratch);
     }
     return true;
   });

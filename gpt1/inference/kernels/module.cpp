@@ -30,10 +30,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         pybind11::arg("x"));
   m.def("greedy_tokens", &greedy_tokens, "each row's first largest logit, and whether all are finite",
         Unlocked(), pybind11::arg("logits"));
-  m.def("draw_tokens", &draw_tokens, "each row's token drawn from its top-k softmax at a temperature",
+  m.def("draw_tokens", &draw_tokens, "each row's token drawn at a temperature, top-k and top-p",
         Unlocked(), pybind11::arg("logits"), pybind11::arg("rows"),
-        pybind11::arg("temperatures"), pybind11::arg("top_ks"), pybind11::arg("uniforms"),
-        pybind11::arg("vocab"), pybind11::arg("finite_only"));
+        pybind11::arg("temperatures"), pybind11::arg("top_ks"), pybind11::arg("top_ps"),
+        pybind11::arg("uniforms"), pybind11::arg("vocab"), pybind11::arg("finite_only"));
   m.def("has_int8_rows", &has_int8_rows, "whether quantize_rows and scale_rows were compiled");
   m.def("quantize_rows", &quantize_rows, "activations to int8 with one scale per row",
         Unlocked(), pybind11::arg("x"));

@@ -80,11 +80,13 @@ torch::Tensor decode_step(const torch::Tensor& x, const std::vector<torch::Tenso
                           const std::vector<torch::Tensor>& packed, bool u8);
 std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits);
 // ids [k] (int64) drawn from rows `rows` [k] of logits [n, V] (their first `vocab` ids), each at
-// its temperature, among its top-k logits (0: all) and at its uniform number in [0, 1); -1 for a
-// row with a NaN or +inf logit, or -inf where `finite_only`, or no id left (`choice.cpp`).
+// its temperature, among its top-k logits (0: all) and its top-p nucleus (1: all), at its
+// uniform number in [0, 1); -1 for a row with a NaN or +inf logit, or -inf where `finite_only`,
+// or no id left (`choice.cpp`).
 torch::Tensor draw_tokens(const torch::Tensor& logits, const torch::Tensor& rows,
                           const torch::Tensor& temperatures, const torch::Tensor& top_ks,
-                          const torch::Tensor& uniforms, int64_t vocab, bool finite_only);
+                          const torch::Tensor& top_ps, const torch::Tensor& uniforms,
+                          int64_t vocab, bool finite_only);
 // GELU (tanh form) of fp32 x as decode_step computes it; compiled where decode_step is.
 torch::Tensor gelu_fp32(const torch::Tensor& x);
 // Keys or values [..., D] as the rows of an int8 cache [..., D + 8]; compiled where
