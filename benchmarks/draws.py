@@ -71,7 +71,9 @@ def decode(model, sampling: Sampling, n: int, new: int) -> None:
 
 def paired(run, rounds: int, clock, before=None) -> tuple[float, float, list[float]]:
     """Median seconds of `run()` with torch's operators and with the kernel, rounds alternating
-    (`before()`, untimed, ahead of each), and each round's speed-up."""
+    (`before()`, untimed, ahead of each), and each round's speed-up (the two runs of a round
+    back to back: the machine's other work moves both alike, where it moves the medians
+    apart)."""
     times: dict[bool, list[float]] = {False: [], True: []}
     for r in range(rounds):
         for kernel in (True, False) if r % 2 else (False, True):
@@ -104,7 +106,9 @@ def main() -> None:
     ns = [int(n) for n in args.ns.split(",")]
     options = f"temperature {args.temperature}, top-k {args.top_k}, top-p {args.top_p}"
     print(f"{options}; {args.threads} thread(s), medians of {args.rounds} alternating rounds")
-    print("| measure | n | torch's operators | kernel | speed-up | each round |")
+    print(
+        "| measure | n | torch's operators | kernel | speed-up, median of the rounds | each round |"
+    )
     print("|---|---:|---:|---:|---:|---|")
     flush = torch.empty(16 * 1024 * 1024)  # 64 MB: the logits leave the caches, as in a step
     for n in ns:
@@ -115,7 +119,8 @@ def main() -> None:
         )
         rounds = ", ".join(f"{x:.2f}" for x in ratios)
         print(
-            f"| choice of a step, ms | {n} | {t * 1e3:.2f} | {k * 1e3:.2f} | {t / k:.2f}x | {rounds} |"
+            f"| choice of a step, ms | {n} | {t * 1e3:.2f} | {k * 1e3:.2f} | "
+            f"{statistics.median(ratios):.2f}x | {rounds} |"
         )
     if args.skip_runs:
         return
@@ -127,7 +132,7 @@ def main() -> None:
             rounds = ", ".join(f"{x:.2f}" for x in ratios)
             print(
                 f"| whole run, tokens/s | {n} | {n * args.new / t:.0f} | {n * args.new / k:.0f} | "
-                f"{t / k:.2f}x | {rounds} |"
+                f"{statistics.median(ratios):.2f}x | {rounds} |"
             )
 
 

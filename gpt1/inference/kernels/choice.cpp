@@ -357,7 +357,9 @@ torch::Tensor draw_tokens(const torch::Tensor& logits, const torch::Tensor& rows
   const at::BFloat16* bf16 = fp32 ? nullptr : logits.data_ptr<at::BFloat16>();
   // Rows split over the threads (a step of 64 sampled sequences reads 64 x 40478 logits here).
   gpt1::rows_in_parallel(k, vocab, [&](int64_t lo, int64_t hi) {
-    Scratch scratch;
+    // Kept by each thread from call to call: a row's weights are 160 KB at GPT-1's vocabulary,
+    // which malloc would map and unmap (and fault in page by page) on every call.
+    thread_local Scratch scratch;
     for (int64_t r = lo; r < hi; ++r) {
       const float temperature = static_cast<float>(t[r]);
       out[r] = fp32 ? draw_row(fp32 + which[r] * stride, vocab, temperature, top_k[r], top_p[r],
