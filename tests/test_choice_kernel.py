@@ -122,6 +122,9 @@ def test_non_finite_rows_are_refused_and_filtered_ids_never_drawn():
     assert op(row, torch.tensor([0]), ones[:1], two, ones[:1], highest, 4, True).tolist() == [3]
     zero = torch.zeros(1, dtype=torch.float64)
     assert op(row, torch.tensor([0]), ones[:1], two, ones[:1], zero, 4, True).tolist() == [0]
+    # the smallest top-p keeps the likeliest id alone
+    tiny = torch.full((1,), 1e-300, dtype=torch.float64)
+    assert op(row, torch.tensor([0]), ones[:1], none[:1], tiny, highest, 4, True).tolist() == [0]
 
 
 @settings(max_examples=40, deadline=None)

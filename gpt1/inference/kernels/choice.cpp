@@ -238,8 +238,8 @@ void keep_nucleus(float* e, int64_t V, double total, double top_p, std::vector<d
   }
   double above = 0.0;  // the weight of the buckets wholly kept
   int cut = kBuckets - 1;
-  for (; cut >= 0; --cut) {
-    if (above + mass[cut] >= wanted) break;
+  for (; cut >= 0; --cut) {  // the cut falls in a bucket holding ids, the likeliest's at least
+    if (mass[cut] > 0.0 && above + mass[cut] >= wanted) break;
     above += mass[cut];
   }
   if (cut < 0) return;  // the sums fell short of top_p by a rounding: every id stays
