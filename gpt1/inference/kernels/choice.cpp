@@ -1,7 +1,7 @@
 // The choice of each next token from its row of logits, for every decoder (`gpt1.inference.
 // generate`: `gpt1 sample`, the server's batched steps): the greedy choice, each row's first
-// largest logit, and a draw from each row's softmax at a temperature, the row's cumulative sum
-// inverted at one uniform number. A step's logits have just been written (40,478 a row for
+// largest logit, and a draw from each row's softmax at a temperature, top-k and top-p, the
+// kept ids' cumulative sum inverted at one uniform number. A step's logits have just been written (40,478 a row for
 // GPT-1) and the weights it read have pushed everything else out of the CPU's caches; each row
 // here is a few passes with its state near, where torch's operators for the same choice are
 // a pass each with a temporary each (and Python between them).
@@ -112,8 +112,8 @@ namespace {
 constexpr int64_t kBlock = 64;
 
 // Whether the row can be drawn from, and its largest logit: every logit finite where
-// `finite_only` (a row straight from the model), else -inf allowed (the ids top-k and top-p
-// have filtered out) but no NaN or +inf, and some id left.
+// `finite_only` (a row straight from the model, as `generate.draw_rows` passes it), else -inf
+// allowed (ids a caller has filtered out itself) but no NaN or +inf.
 template <typename T>
 bool row_top(const T* row, int64_t V, bool finite_only, float* top) {
   float largest = -INFINITY;
