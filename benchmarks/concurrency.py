@@ -25,6 +25,7 @@ a step of all n sequences, past their prompts).
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import statistics
 import sys
@@ -179,6 +180,7 @@ def int8_peak(threads: int, clock_name: str) -> float:
     return size**3 / min(best_time(fn) for fn in candidates.values())
 
 
+@functools.cache  # a GPT-1-size model is built to count them
 def _row_macs() -> tuple[int, int]:
     """Multiply-adds of one row through the blocks' weight products, and through the output
     layer (GPT-1, tied head)."""

@@ -26,32 +26,47 @@
 // of torch's three operators (the extremes that find a non-finite logit, then the arg-maximum).
 namespace {
 
+// Whether a row can be chosen from, and its largest logit: every logit finite where
+// `finite_only` (a row straight from the model, as the greedy choice and `generate.draw_rows`
+// read it), else -inf allowed (ids a caller has filtered out itself) but no NaN or +inf.
 template <typename T>
-bool first_largest(const T* row, int64_t V, int64_t* at) {
-  float top = -INFINITY;
-  bool finite = true;
+bool row_top(const T* row, int64_t V, bool finite_only, float* top) {
+  float largest = -INFINITY;
+  bool ok = true;
   int64_t i = 0;
 #if defined(GPT1_SIMD)
   namespace simd = gpt1::simd;
+  // -inf -> -FLT_MAX where allowed (max returns its second operand, v, where v is NaN), then
+  // v - v is NaN exactly where a number is NaN or infinite
+  const simd::Vec floor = simd::set1(finite_only ? -INFINITY : -FLT_MAX);
   simd::Vec tops = simd::set1(-INFINITY), spread = simd::zero();
   for (; i + simd::kLanes <= V; i += simd::kLanes) {
-    const simd::Vec v = simd::load(row + i);
+    const simd::Vec v = simd::max(floor, simd::load(row + i));
     tops = simd::max(tops, v);
-    spread = simd::add(spread, simd::sub(v, v));  // 0 while finite; NaN from then on
+    spread = simd::add(spread, simd::sub(v, v));
   }
-  top = simd::largest(tops);
-  finite = !simd::any_nan(spread);
+  largest = simd::largest(tops);
+  ok = !simd::any_nan(spread);
 #endif
   for (; i < V; ++i) {
     const float v = static_cast<float>(row[i]);
-    finite = finite && std::isfinite(v);
-    top = std::max(top, v);
+    ok = ok && !std::isnan(v) && v != INFINITY && (!finite_only || v != -INFINITY);
+    largest = std::max(largest, v);
   }
+  *top = largest;  // -FLT_MAX where every id was filtered out (then every weight is 0)
+  return ok;
+}
+
+template <typename T>
+bool first_largest(const T* row, int64_t V, int64_t* at) {
+  float top;
+  const bool finite = row_top(row, V, true, &top);
   if (!finite) return false;
   // Then the first position holding it, a vector at a time: where the largest lies is random,
   // and a number at a time this search took most of the call (half a row on average).
-  i = 0;
+  int64_t i = 0;
 #if defined(GPT1_SIMD)
+  namespace simd = gpt1::simd;
   const simd::Vec wanted = simd::set1(top);
   for (; i + simd::kLanes <= V; i += simd::kLanes) {
     const unsigned hits = simd::equal_lanes(simd::load(row + i), wanted);
@@ -110,37 +125,6 @@ std::tuple<torch::Tensor, bool> greedy_tokens(const torch::Tensor& logits) {
 namespace {
 
 constexpr int64_t kBlock = 64;
-
-// Whether the row can be drawn from, and its largest logit: every logit finite where
-// `finite_only` (a row straight from the model, as `generate.draw_rows` passes it), else -inf
-// allowed (ids a caller has filtered out itself) but no NaN or +inf.
-template <typename T>
-bool row_top(const T* row, int64_t V, bool finite_only, float* top) {
-  float largest = -INFINITY;
-  bool ok = true;
-  int64_t i = 0;
-#if defined(GPT1_SIMD)
-  namespace simd = gpt1::simd;
-  // -inf -> -FLT_MAX where allowed (max returns its second operand, v, where v is NaN), then
-  // v - v is NaN exactly where a number is NaN or infinite
-  const simd::Vec floor = simd::set1(finite_only ? -INFINITY : -FLT_MAX);
-  simd::Vec tops = simd::set1(-INFINITY), spread = simd::zero();
-  for (; i + simd::kLanes <= V; i += simd::kLanes) {
-    const simd::Vec v = simd::max(floor, simd::load(row + i));
-    tops = simd::max(tops, v);
-    spread = simd::add(spread, simd::sub(v, v));
-  }
-  largest = simd::largest(tops);
-  ok = !simd::any_nan(spread);
-#endif
-  for (; i < V; ++i) {
-    const float v = static_cast<float>(row[i]);
-    ok = ok && !std::isnan(v) && v != INFINITY && (!finite_only || v != -INFINITY);
-    largest = std::max(largest, v);
-  }
-  *top = largest;  // -FLT_MAX where every id was filtered out (then every weight is 0)
-  return ok;
-}
 
 // The k-th largest logit of a row (1 <= k < V): the least of a heap of the k largest seen so
 // far. A vector of logits is looked at number by number only where one of them passes that
