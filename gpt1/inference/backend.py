@@ -286,9 +286,13 @@ def onednn_int8_saturates() -> bool:
 
 def few_rows_int8() -> bool:
     """Whether gpt1's compiled module has its own int8 x int8 kernel (AVX-512 VNNI or AVX2:
-    `kernels/int8_rows.cpp`), exact in every case."""
+    `kernels/int8_rows.cpp`), exact in every case; on VNNI without AMX, the rows it takes
+    before oneDNN's are set here as timed (`VnniRowsProbe`), once per module."""
     built = kernel_module()
-    return built is not None and built.has_few_rows_int8()
+    if built is None or not built.has_few_rows_int8():
+        return False
+    _set_vnni_rows_as_timed(built)
+    return True
 
 
 def own_int8_form() -> str:
@@ -299,10 +303,9 @@ def own_int8_form() -> str:
 
 def own_int8_rows(in_features: int) -> int:
     """The most rows of a decoding step's int8 products (of `in_features` inputs) that take
-    gpt1's own kernel rather than oneDNN's: 16 (VNNI or AVX2), 64 where AMX multiplies; 0
-    where that kernel is not built."""
-    built = kernel_module()
-    return built.int8_rows_limit(in_features) if built and built.has_few_rows_int8() else 0
+    gpt1's own kernel rather than oneDNN's: 64 where AMX multiplies, 16 to 64 on VNNI as timed
+    (`VnniRowsProbe`), 16 on AVX2; 0 where that kernel is not built."""
+    return kernel_module().int8_rows_limit(in_features) if few_rows_int8() else 0
 
 
 # --------------------------------------------------------------------- the int8 speed check
@@ -627,6 +630,91 @@ def _measure_one_row(built) -> OneRowProbe:
     return OneRowProbe(times)
 
 
+# ------------------------------------------------ many int8 rows on VNNI: gpt1's kernel or oneDNN's
+@dataclass(frozen=True)
+class VnniRowsProbe:
+    """Best times in seconds of one GPT-1 block's four int8 products (`_BLOCK`'s shapes) of
+    many rows, one activation scale per row, quantising and scaling included, on one thread:
+    `times[str(rows)] == [gpt1's VNNI kernel, oneDNN's int8 product]`. Both give the same
+    bits; up to `_VNNI_FEW_ROWS` rows gpt1's kernel always runs (oneDNN's reads the weights
+    at about half the rate there: `kernels/int8_rows.cpp`)."""
+
+    times: dict[str, list[float]]
+
+    def limit(self) -> int:
+        """The most rows gpt1's kernel takes: the largest count timed up to which it was never
+        slower than oneDNN's, else `_VNNI_FEW_ROWS`."""
+        limit = _VNNI_FEW_ROWS
+        for rows in sorted(self.times, key=int):
+            own, onednn = self.times[rows]
+            if own > onednn:
+                break
+            limit = int(rows)
+        return limit
+
+
+_VNNI_FEW_ROWS = 16  # the kernels' kFewRows
+_VNNI_ROWS_TIMED = (32, 64)  # the kernels' largest limit is 64
+_vnni_rows_set: set[int] = set()  # the modules whose VNNI row limit is set
+
+
+def _vnni_rows_record() -> str:
+    return f"vnni_rows_{kernel_build.build_target()}"
+
+
+def _set_vnni_rows_as_timed(built, again: bool = False) -> VnniRowsProbe | None:
+    """Set how many rows `built`'s VNNI int8 kernel takes before oneDNN's, as the record of
+    `_measure_vnni_rows` found faster (timed now where it is missing or stale, or `again`),
+    and return that record; None where there is no such choice (AMX or AVX2 builds, no exact
+    oneDNN int8 product). Once per module unless `again`."""
+    if id(built) in _vnni_rows_set and not again:
+        return None
+    _vnni_rows_set.add(id(built))  # first: the checks below may ask for the module again
+    encoding = int8_many_rows()
+    if not built.vnni_rows_limit() or encoding is None:
+        return None
+    measure = functools.partial(_measure_vnni_rows, built, encoding)
+    probe = timings.kept(_vnni_rows_record(), VnniRowsProbe, measure, again=again)
+    built.vnni_rows_limit(probe.limit())
+    return probe
+
+
+def _measure_vnni_rows(built, encoding: str) -> VnniRowsProbe:
+    """Time one GPT-1 block's products of each count in `_VNNI_ROWS_TIMED` rows on gpt1's VNNI
+    kernel and on oneDNN's (`encoding`), in interleaved rounds on one thread, random operands."""
+    generator = torch.Generator().manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    layers = []
+    for _, k, n in _BLOCK:
+        q = torch.randint(-127, 128, (n, k), generator=generator, dtype=torch.int8)
+        scale = torch.rand(n, generator=generator) * 1e-2 + 1e-3
+        bias = torch.randn(n, generator=generator)
+        layers.append((q, built.pack_vnni(q), pack_int8(q), scale, bias))
+    times: dict[str, list[float]] = {}
+    try:
+        for rows in _VNNI_ROWS_TIMED:
+            xs = [torch.randn(rows, q.shape[1], generator=generator) for q, *_ in layers]
+
+            def own(xs=xs) -> None:
+                for x, (q, vnni, _, scale, bias) in zip(xs, layers):
+                    built.rows_product(x, vnni, scale, bias, q.shape[0])
+
+            def onednn(xs=xs) -> None:
+                for x, (_, _, packed, scale, bias) in zip(xs, layers):
+                    qx, x_scale = int8_rows.quantize(x, built)
+                    sums = onednn_int8_product(
+                        qx, 1.0, packed, scale, None, torch.float32, encoding
+                    )
+                    int8_rows.epilogue(sums, x_scale, bias, torch.float32, built)
+
+            best = timings.interleaved_best({"own": own, "onednn": onednn})
+            times[str(rows)] = [best["own"], best["onednn"]]
+    finally:
+        torch.set_num_threads(threads)
+    return VnniRowsProbe(times)
+
+
 # ---------------------------------------------------------------------- timed again on demand
 @dataclass(frozen=True)
 class Timed:
@@ -651,14 +739,18 @@ def probe_again() -> tuple[timings.Conditions, list[Timed]]:
     int8_probe.cache_clear()
     built = kernel_module()
     one_row = _read_one_row_as_timed(built, again=True) if built is not None else None
-    return current, timed(floats, ints, one_row)
+    vnni_rows = _set_vnni_rows_as_timed(built, again=True) if built is not None else None
+    return current, timed(floats, ints, one_row, vnni_rows)
 
 
 def timed(
-    floats: FloatProbe | None, ints: Int8Probe | None, one_row: OneRowProbe | None = None
+    floats: FloatProbe | None,
+    ints: Int8Probe | None,
+    one_row: OneRowProbe | None = None,
+    vnni_rows: VnniRowsProbe | None = None,
 ) -> list[Timed]:
-    """Each product the probes `floats`, `ints` and `one_row` timed: its paths' times and the
-    choice."""
+    """Each product the probes `floats`, `ints`, `one_row` and `vnni_rows` timed: its paths'
+    times and the choice."""
     found = []
     for name, by_rows in (floats.times if floats else {}).items():
         for rows, (packed, plain) in by_rows.items():
@@ -681,6 +773,11 @@ def timed(
         times = dict(zip(_ONE_ROW_WAYS.values(), both))
         chosen = one_row.way(name)
         found.append(Timed(f"gpt1's kernel, {_NAMES[name]}, {_SHAPES['few']}", times, chosen))
+    limit = vnni_rows.limit() if vnni_rows else 0
+    for rows, (own, onednn) in (vnni_rows.times if vnni_rows else {}).items():
+        times = {"gpt1's VNNI kernel": own, "oneDNN": onednn}
+        chosen = "gpt1's VNNI kernel" if int(rows) <= limit else "oneDNN"
+        found.append(Timed(f"int8, one GPT-1 block's products of {rows} rows", times, chosen))
     return found
 
 
@@ -785,7 +882,15 @@ def _many_rows_int8() -> Choice:
     scales = "one scale per row" if probe.per_row else "one scale per tensor"
     rows = getattr(probe, f"rows_{chosen}")
     timed += f"; one scale per row {_ms(rows)}"
-    return Choice(KINDS[2], f"oneDNN int8, {name} activations, {scales}", timed)
+    implementation = f"oneDNN int8, {name} activations, {scales}"
+    found = timings.read(_vnni_rows_record(), VnniRowsProbe) if kernel_build.is_built() else None
+    if found is not None:
+        implementation = f"gpt1's VNNI kernel up to {found[0].limit()} rows, then {implementation}"
+        timed += "; " + ", ".join(
+            f"a block's {rows} rows {_ms(own)} on gpt1's kernel, {_ms(onednn)} on oneDNN's"
+            for rows, (own, onednn) in found[0].times.items()
+        )
+    return Choice(KINDS[2], implementation, timed)
 
 
 def _step() -> Choice:

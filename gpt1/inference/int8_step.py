@@ -38,7 +38,7 @@ from gpt1.inference.quantize import Int8Linear
 from gpt1.model.gpt import GPT
 
 ROWS = (2, 4, 8, 12, 16, 24, 32, 48, 64)  # the row counts timed
-RECORD = "int8_rows_step_5"  # the timings' record (named anew when either step changes)
+RECORD = "int8_rows_step_6"  # the timings' record (named anew when either step changes)
 PROMPT = 32  # cached positions of each timed sequence
 
 

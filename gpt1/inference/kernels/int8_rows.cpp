@@ -20,6 +20,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -154,12 +155,14 @@ torch::Tensor onednn_product(const torch::Tensor& qx, bool u8, const torch::Tens
 // less time for a step of 2 to 8 rows (2026-12-06, AMX Xeon, one thread).
 constexpr int64_t kVnniAheadBytes = 32768;
 
-template <int M>
-void vnni_block(const uint8_t* w, const int8_t* x, int64_t K, __m512i* acc) {
-  for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_si512();
-  const int64_t groups = K / 4;
-  for (int64_t g = 0; g < groups; ++g) {
-    _mm_prefetch(reinterpret_cast<const char*>(w + g * 64 + kVnniAheadBytes), _MM_HINT_T1);
+// acc[m] += the sums of row m over inputs [4 q0, 4 q1) for the 16 channels of the block `w`.
+template <int M, bool kFetch>
+void vnni_block(const uint8_t* w, const int8_t* x, int64_t K, int64_t q0, int64_t q1,
+                __m512i* acc) {
+  for (int64_t g = q0; g < q1; ++g) {
+    if (kFetch) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + g * 64 + kVnniAheadBytes), _MM_HINT_T1);
+    }
     const __m512i lanes = _mm512_loadu_si512(w + g * 64);
     for (int m = 0; m < M; ++m) {
       int32_t four;
@@ -169,39 +172,98 @@ void vnni_block(const uint8_t* w, const int8_t* x, int64_t K, __m512i* acc) {
   }
 }
 
-template <int M>
-void vnni_product(const uint8_t* packed, const int8_t* x, const int32_t* x_sums,
-                  const float* x_scales, const float* w_scale, const float* bias, int64_t K,
-                  int64_t N, float* y) {
-  const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64;
-  // A task is a run of output blocks, its weights read in order: at least 64 KB of them.
-  const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    __m512i acc[M];
-    for (int64_t b = b0; b < b1; ++b) {
-      vnni_block<M>(packed + b * block_bytes, x, K, acc);
-      const int64_t n0 = b * 16;
-      const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
-      const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale + n0);
-      const __m512 bs = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-      for (int m = 0; m < M; ++m) {
-        const __m512i sums = _mm512_sub_epi32(acc[m], _mm512_set1_epi32(128 * x_sums[m]));
-        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), ws);
-        v = _mm512_mul_ps(v, _mm512_set1_ps(x_scales[m]));
-        if (bias) v = _mm512_add_ps(v, bs);
-        _mm512_mask_storeu_ps(y + m * N + n0, mask, v);
-      }
-    }
-  });
+// One block of 16 output channels for M rows (x, x_sums, x_scales, y and `partial` at the
+// group's first row) over the inputs [4 q0, 4 q1): the sums so far come from `partial` where
+// q0 > 0; they go back there where inputs remain after q1, else they are corrected, scaled in
+// `int8_rows.epilogue`'s order and written to y. `kFetch`: the block's weights come from memory
+// (the first group of rows), so the stream ahead is fetched.
+template <int M, bool kFetch>
+void vnni_rows(const uint8_t* w, const int8_t* x, const int32_t* x_sums, const float* x_scales,
+               const float* w_scale, const float* bias, int64_t K, int64_t N, int64_t n0,
+               float* y, int64_t q0, int64_t q1, int32_t* partial) {
+  __m512i acc[M];
+  for (int m = 0; m < M; ++m) {
+    acc[m] = q0 == 0 ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + 16 * m);
+  }
+  vnni_block<M, kFetch>(w, x, K, q0, q1, acc);
+  if (q1 < K / 4) {
+    for (int m = 0; m < M; ++m) _mm512_storeu_si512(partial + 16 * m, acc[m]);
+    return;
+  }
+  const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+  const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale + n0);
+  const __m512 bs = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
+  for (int m = 0; m < M; ++m) {
+    const __m512i sums = _mm512_sub_epi32(acc[m], _mm512_set1_epi32(128 * x_sums[m]));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), ws);
+    v = _mm512_mul_ps(v, _mm512_set1_ps(x_scales[m]));
+    if (bias) v = _mm512_add_ps(v, bs);
+    _mm512_mask_storeu_ps(y + m * N + n0, mask, v);
+  }
 }
 
+// The most rows of a product that take this kernel rather than oneDNN's (where oneDNN's sums
+// are exact): `int8_rows_limit`, as `set_vnni_rows_limit` sets it between kFewRows and
+// kVnniRowsLimit (`gpt1.inference.backend` times both kernels on a GPT-1 block's products of
+// 32 and 64 rows); the largest until then.
+constexpr int64_t kVnniRowsLimit = 64;
+std::atomic<int64_t> vnni_rows_limit_now{kVnniRowsLimit};
+constexpr int64_t kSpanInputs = 768;
+
+using VnniRows = void (*)(const uint8_t*, const int8_t*, const int32_t*, const float*,
+                          const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t,
+                          int64_t, int32_t*);
+
+// vnni_rows<rows, fetch> for rows 1..kFewRows: [fetch][rows - 1].
 template <int... Ms>
-bool vnni_dispatch(int64_t M, std::integer_sequence<int, Ms...>, const uint8_t* packed,
-                   const int8_t* x, const int32_t* x_sums, const float* x_scales,
-                   const float* w_scale, const float* bias, int64_t K, int64_t N, float* y) {
-  return ((M == Ms + 1 &&
-           (vnni_product<Ms + 1>(packed, x, x_sums, x_scales, w_scale, bias, K, N, y), true)) ||
-          ...);
+constexpr std::array<std::array<VnniRows, sizeof...(Ms)>, 2> vnni_table(
+    std::integer_sequence<int, Ms...>) {
+  return {{{&vnni_rows<Ms + 1, false>...}, {&vnni_rows<Ms + 1, true>...}}};
+}
+constexpr auto kVnniRows = vnni_table(std::make_integer_sequence<int, gpt1::kFewRows>());
+
+// Any number of rows on VNNI. Up to `kFewRows` rows share each weight vector read (their sums
+// fill 16 of the 32 vector registers); more rows go in as few groups as that allows, of sizes
+// differing by at most one (24 rows: two of 12), and every group passes over a block of 16
+// channels' weights (K / 4 * 64 bytes: 12 KB at K = 768, 48 KB at 3072) while the block stays
+// in L1 or L2, so the weights are read from memory once whatever the rows. oneDNN's int8
+// product, which took these rows before, packs the activations anew each call and ran the
+// 24- and 32-row steps at 60-70% of this loop's rate per row (2026-12-07, the Zen 4 EPYC).
+void vnni_product(int64_t M, const uint8_t* packed, const int8_t* x, const int32_t* x_sums,
+                  const float* x_scales, const float* w_scale, const float* bias, int64_t K,
+                  int64_t N, float* y) {
+  constexpr int64_t kGroupRows = gpt1::kFewRows;
+  const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64, quads = K / 4;
+  // A task is a run of output blocks, its weights read in order: at least 64 KB of them.
+  const int64_t grain = std::max<int64_t>(1, 65536 / block_bytes);
+  // Rows beyond a decoding step's (a prompt, where oneDNN is absent) go a slice at a time, the
+  // slice's activations (at most about 256 KB) staying in L2 while every block passes over
+  // them; the weights are read again per slice.
+  const int64_t slice = std::max<int64_t>(kVnniRowsLimit, 262144 / K / kGroupRows * kGroupRows);
+  // Where more than one group shares a block, the groups go over it a span of inputs at a
+  // time, so that the span's weights and one group's activations stay in L1 together
+  // (12 KB each at 768 inputs a span); the sums in between wait in `partial`.
+  const int64_t spans = M > kGroupRows ? (K + kSpanInputs - 1) / kSpanInputs : 1;
+  for (int64_t lo = 0; lo < M; lo += slice) {
+    const int64_t rows_here = std::min(slice, M - lo);
+    const int64_t groups = (rows_here + kGroupRows - 1) / kGroupRows;
+    at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+      std::vector<int32_t> partial(spans > 1 ? rows_here * 16 : 0);
+      for (int64_t b = b0; b < b1; ++b) {
+        const uint8_t* w = packed + b * block_bytes;
+        for (int64_t span = 0; span < spans; ++span) {
+          const int64_t q0 = quads * span / spans, q1 = quads * (span + 1) / spans;
+          for (int64_t g = 0, m0 = lo; g < groups; ++g) {
+            const int64_t rows = rows_here / groups + (g < rows_here % groups ? 1 : 0);
+            kVnniRows[g == 0][rows - 1](w, x + m0 * K, x_sums + m0, x_scales + m0, w_scale, bias,
+                                        K, N, b * 16, y + m0 * N, q0, q1,
+                                        partial.data() + (m0 - lo) * 16);
+            m0 += rows;
+          }
+        }
+      }
+    });
+  }
 }
 
 #if defined(GPT1_AMX)
@@ -511,12 +573,8 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
       return true;
     }
 #endif
-    for (int64_t m0 = 0; m0 < M; m0 += kFewRows) {  // more rows: the weights read again
-      const int64_t rows = std::min<int64_t>(kFewRows, M - m0);
-      vnni_dispatch(rows, std::make_integer_sequence<int, kFewRows>(),
-                    w.vnni->data_ptr<uint8_t>(), q.data() + m0 * K, sums.data() + m0,
-                    scales.data() + m0, w.scale->data_ptr<float>(), bias, K, N, y + m0 * N);
-    }
+    vnni_product(M, w.vnni->data_ptr<uint8_t>(), q.data(), sums.data(), scales.data(),
+                 w.scale->data_ptr<float>(), bias, K, N, y);
 #else
     // Left uninitialised: every byte is written by the quantising (a vector's zeroing cost a
     // pass over 6 MB per product of a 2048-row prompt).
@@ -707,7 +765,28 @@ int64_t int8_rows_limit(int64_t in_features) {
   if (gpt1::amx_applies(in_features)) return kAmxRows;
 #endif
   (void)in_features;
+#if defined(GPT1_SIMD) && defined(__AVX512VNNI__)
+  return vnni_rows_limit_now.load(std::memory_order_relaxed);
+#else
   return gpt1::kFewRows;
+#endif
+}
+
+int64_t vnni_rows_limit(int64_t rows) {
+#if defined(GPT1_SIMD) && defined(__AVX512VNNI__)
+#if defined(GPT1_AMX)
+  if (amx_allowed()) return 0;  // AMX tiles take GPT-1's widths: nothing to choose here
+#endif
+  if (rows > 0) {
+    TORCH_CHECK(rows >= gpt1::kFewRows && rows <= kVnniRowsLimit,
+                "vnni_rows_limit: between ", gpt1::kFewRows, " and ", kVnniRowsLimit, " rows");
+    return vnni_rows_limit_now.exchange(rows);
+  }
+  return vnni_rows_limit_now.load();
+#else
+  (void)rows;
+  return 0;
+#endif
 }
 
 std::string int8_rows_form() {
