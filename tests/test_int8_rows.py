@@ -1,5 +1,6 @@
 """Many-row int8 products with one activation scale per row, and the integer decoding step."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -43,7 +44,7 @@ def _layer(k: int, n: int) -> Int8Linear:
 def test_per_row_product_equals_its_plain_torch_arithmetic(rows, k, n, encoding, monkeypatch):
     """The int32 sums, converted and scaled, give the bits `reference` computes with exact
     integer sums: oneDNN's with either encoding of the activations, and gpt1's own kernel for the
-    rows it takes (VNNI or AVX2 up to 16, AMX tiles up to 64 a pass: 70 rows take two)."""
+    rows it takes (AVX2 up to 16, VNNI up to 64 as timed, AMX tiles up to 64 a pass)."""
     if rows > backend.own_int8_rows(k) and not backend.onednn_int8_exact(encoding):
         pytest.skip("oneDNN's int8 kernel saturates here (its sums are not the exact ones)")
     monkeypatch.setattr(backend, "int8_many_rows", lambda: encoding)
@@ -73,6 +74,99 @@ def test_gpt1s_kernel_gives_the_exact_sums_at_any_row_count(k):
             x, layer.qweight, layer.scale, layer.bias.float(), backend.own_int8_form()
         )
         assert torch.equal(got, want), rows
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(rows=st.integers(1, 140), quads=st.integers(1, 900), n=st.integers(1, 40))
+def test_gpt1s_kernel_gives_the_exact_sums_for_any_rows_and_width(rows, quads, n):
+    """Any row count (VNNI: groups of up to 16 rows over each block of weights, slices of rows
+    past a step's, the inputs in spans where groups share a block) and any width a multiple of
+    4 give `reference`'s bits."""
+    if not backend.few_rows_int8():
+        pytest.skip("gpt1's int8 kernel is not built for this CPU")
+    kernels = backend.kernel_module()
+    k = 4 * quads
+    layer = _layer(k, n)
+    g = torch.Generator().manual_seed(rows * 1000 + quads)
+    x = torch.randn(rows, k, generator=g) * torch.logspace(-2, 2, rows)[:, None]
+    got = kernels.rows_product(x, kernels.pack_vnni(layer.qweight), layer.scale, None, n)
+    want = int8_rows.reference(x, layer.qweight, layer.scale, None, backend.own_int8_form())
+    assert torch.equal(got, want)
+
+
+@contextlib.contextmanager
+def _vnni_rows_limit(rows: int):
+    """The VNNI kernel's row limit set to `rows` for the block, then put back."""
+    kernels = backend.kernel_module()
+    before = kernels.vnni_rows_limit(rows)
+    try:
+        yield kernels
+    finally:
+        kernels.vnni_rows_limit(before)
+
+
+def _vnni_choice_here() -> bool:
+    return backend.few_rows_int8() and backend.kernel_module().vnni_rows_limit() > 0
+
+
+@pytest.mark.parametrize("limit", [16, 40, 64])
+def test_the_vnni_row_limit_moves_rows_between_kernels_with_the_same_bits(limit):
+    """However many rows the VNNI kernel takes before oneDNN's, a product of 17 to 64 rows
+    gives `reference`'s bits, and `own_int8_rows` reports the limit set."""
+    if not _vnni_choice_here() or backend.int8_many_rows() is None:
+        pytest.skip("no choice between gpt1's VNNI kernel and oneDNN's here (AMX, AVX2)")
+    layer = _layer(768, 200)
+    with _vnni_rows_limit(limit), torch.no_grad(), int8_rows.per_row():
+        assert backend.own_int8_rows(768) == limit
+        for rows in (17, 33, 64):
+            x = torch.randn(rows, 768).to(torch.bfloat16)
+            want = int8_rows.reference(x, layer.qweight, layer.scale, layer.bias)
+            assert torch.equal(layer(x), want), rows
+
+
+@pytest.mark.parametrize("rows", [0, 8, 15, 65, 1000])
+def test_the_vnni_row_limit_refuses_counts_outside_its_range(rows):
+    """Only 16..64 can be set (0 asks); anything else is refused and changes nothing."""
+    if not _vnni_choice_here():
+        pytest.skip("no choice between gpt1's VNNI kernel and oneDNN's here (AMX, AVX2)")
+    kernels = backend.kernel_module()
+    before = kernels.vnni_rows_limit()
+    if rows == 0:
+        assert kernels.vnni_rows_limit(rows) == before
+    else:
+        with pytest.raises(RuntimeError, match="between 16 and 64"):
+            kernels.vnni_rows_limit(rows)
+    assert kernels.vnni_rows_limit() == before
+
+
+_TIMES = st.floats(1e-6, 1.0)
+
+
+@given(st.dictionaries(st.sampled_from([32, 48, 64]), st.tuples(_TIMES, _TIMES), max_size=3))
+def test_the_vnni_limit_is_the_most_rows_up_to_which_gpt1s_kernel_was_never_slower(timed):
+    """`VnniRowsProbe.limit`: every count timed up to it found gpt1's kernel not slower, and
+    the next count timed (if any) found it slower; 16 where the first already did."""
+    probe = backend.VnniRowsProbe({str(r): list(t) for r, t in timed.items()})
+    limit = probe.limit()
+    counts = sorted(timed)
+    assert limit == 16 or limit in counts
+    assert all(timed[r][0] <= timed[r][1] for r in counts if r <= limit)
+    later = [r for r in counts if r > limit]
+    assert not later or timed[later[0]][0] > timed[later[0]][1]
+
+
+def test_the_vnni_limit_is_set_as_its_timing_found(monkeypatch):
+    """On first use the module takes the limit its record found (here: gpt1's kernel slower at
+    64 rows, not at 32: 32)."""
+    if not _vnni_choice_here() or backend.int8_many_rows() is None:
+        pytest.skip("no choice between gpt1's VNNI kernel and oneDNN's here (AMX, AVX2)")
+    probe = backend.VnniRowsProbe({"32": [1.0, 2.0], "64": [3.0, 2.0]})
+    with _vnni_rows_limit(64) as kernels:
+        monkeypatch.setattr(backend.timings, "kept", lambda name, kind, measure, again=False: probe)
+        monkeypatch.setattr(backend, "_vnni_rows_set", set())  # the module not yet set
+        assert backend.few_rows_int8()
+        assert kernels.vnni_rows_limit() == 32
+        assert backend.own_int8_rows(768) == 32
 
 
 _ROW_KINDS = ["mixed", "positive", "negative", "zero", "constant", "tiny", "subnormal", "wide"]

@@ -5,7 +5,7 @@ The one-call step (`gpt1.inference.block_step`) reads each int8 weight once for 
 groups of that many. One row is bound by reading the weights; with more, every multiply-add is
 a float one after a widening, and the step becomes bound by that arithmetic. The integer step
 runs all the rows through the same one-call step at once, every weight product int8 x int8 with
-int32 sums (gpt1's kernel for up to 16 rows, 64 with AMX, oneDNN's for more:
+int32 sums (gpt1's kernel for up to 16 rows on AVX2, 64 with AMX or VNNI, oneDNN's for more:
 `kernels/int8_rows.cpp`, the arithmetic of `gpt1.inference.int8_rows`: one activation scale per
 row, so a sequence's tokens do not depend on the others in the step), LayerNorm, attention and
 GELU in C++ between them, and the output layer the same way; where the one-call step does not

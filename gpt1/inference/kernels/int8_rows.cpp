@@ -6,10 +6,10 @@
 // integers); in the AVX2 kernel as unsigned 7-bit numbers with a zero point
 // (`int8_rows.quantize_u7`, below). The int32 sums are exact, and they are multiplied by the
 // weight's per-channel scales in fp32, then by the row's scale, and the bias is added, in fp32.
-// The sums come from gpt1's kernel below for the rows of a decoding step (VNNI up to 4 rows,
-// AMX tiles from 5 to 64, AVX2 at any count) or from oneDNN's int8 kernel (called through
-// torch's dispatcher, as `torch.ops.onednn.qlinear_pointwise`) for more rows where its sums
-// are exact:
+// The sums come from gpt1's kernel below for the rows of a decoding step (VNNI up to 64 rows as
+// timed, or up to 4 where AMX tiles take 5 to 64; AVX2 at any count) or from oneDNN's int8
+// kernel (called through torch's dispatcher, as `torch.ops.onednn.qlinear_pointwise`) for more
+// rows where its sums are exact:
 //
 //   y[m, n] = fp32(sum_k qx[m, k] q[n, k]) * w_scale[n] * x_scale[m] + bias[n]
 //
@@ -112,6 +112,17 @@ void scale_sums(int64_t M, int64_t N, const float* sums, const float* x_scales, 
   });
 }
 
+// fp32 [M, N] -> bf16, rounded to nearest even as torch rounds, split over the threads by rows.
+void round_to_bf16(int64_t M, int64_t N, const float* from, at::BFloat16* to) {
+  gpt1::rows_in_parallel(M, N, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo * N; i < hi * N; i += simd::kLanes) {
+      const simd::Mask m = simd::lanes(i, hi * N);
+      simd::store(to + i, simd::round_bf16(simd::load(from + i, m)), m);
+    }
+    return true;
+  });
+}
+
 // oneDNN's product of qx [M, K] (scale 1, zero point 128 where u8) and a packed int8 weight
 // with per-channel scales: fp32 [M, N] = sums * w_scale.
 torch::Tensor onednn_product(const torch::Tensor& qx, bool u8, const torch::Tensor& packed,
@@ -138,9 +149,9 @@ torch::Tensor onednn_product(const torch::Tensor& qx, bool u8, const torch::Tens
 }
 
 #if defined(__AVX512VNNI__)
-// ------------------------------------------------------------------ a few rows on VNNI
+// ------------------------------------------------------------------ rows on VNNI
 // oneDNN's int8 kernel reads the weights at about 10 GB/s for a few rows (it fetches nothing
-// ahead), well under what the decoding kernel of one row reaches, so up to `kFewRows` rows take
+// ahead), well under what the decoding kernel of one row reaches, so a decoding step's rows take
 // this kernel instead: the weights, in the layout `pack_vnni` makes, stream once through
 // `vpdpbusd` (four int8 products summed into each 32-bit lane) for every row, fetched ahead.
 // Each lane holds one output channel; a row's four activations at a time are broadcast, so no
@@ -172,47 +183,68 @@ void vnni_block(const uint8_t* w, const int8_t* x, int64_t K, int64_t q0, int64_
   }
 }
 
-// One block of 16 output channels for M rows (x, x_sums, x_scales, y and `partial` at the
-// group's first row) over the inputs [4 q0, 4 q1): the sums so far come from `partial` where
-// q0 > 0; they go back there where inputs remain after q1, else they are corrected, scaled in
-// `int8_rows.epilogue`'s order and written to y. `kFetch`: the block's weights come from memory
-// (the first group of rows), so the stream ahead is fetched.
+// A product's operands on VNNI, with x, x_sums, x_scales, the output and `partial` at the first
+// row of a group of rows (`vnni_rows`). The output is fp32 (`y`) or rounded to bf16 (`y_bf16`).
+struct VnniGroup {
+  const uint8_t* packed;
+  int64_t block_bytes;
+  const int8_t* x;
+  const int32_t* x_sums;
+  const float* x_scales;
+  const float* w_scale;
+  const float* bias;
+  int64_t K, N;
+  float* y;
+  at::BFloat16* y_bf16;
+  int32_t* partial;
+};
+
+// Blocks [b0, b1) of 16 output channels for the group's M rows over the inputs [4 q0, 4 q1):
+// the sums so far come from `partial` where q0 > 0; they go back there where inputs remain after
+// q1 (one block at a time, then), else they are corrected, scaled in `int8_rows.epilogue`'s
+// order and written out. `kFetch`: the blocks' weights come from memory (the first group of
+// rows), so the stream ahead is fetched.
 template <int M, bool kFetch>
-void vnni_rows(const uint8_t* w, const int8_t* x, const int32_t* x_sums, const float* x_scales,
-               const float* w_scale, const float* bias, int64_t K, int64_t N, int64_t n0,
-               float* y, int64_t q0, int64_t q1, int32_t* partial) {
-  __m512i acc[M];
-  for (int m = 0; m < M; ++m) {
-    acc[m] = q0 == 0 ? _mm512_setzero_si512() : _mm512_loadu_si512(partial + 16 * m);
-  }
-  vnni_block<M, kFetch>(w, x, K, q0, q1, acc);
-  if (q1 < K / 4) {
-    for (int m = 0; m < M; ++m) _mm512_storeu_si512(partial + 16 * m, acc[m]);
-    return;
-  }
-  const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
-  const __m512 ws = _mm512_maskz_loadu_ps(mask, w_scale + n0);
-  const __m512 bs = bias ? _mm512_maskz_loadu_ps(mask, bias + n0) : _mm512_setzero_ps();
-  for (int m = 0; m < M; ++m) {
-    const __m512i sums = _mm512_sub_epi32(acc[m], _mm512_set1_epi32(128 * x_sums[m]));
-    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), ws);
-    v = _mm512_mul_ps(v, _mm512_set1_ps(x_scales[m]));
-    if (bias) v = _mm512_add_ps(v, bs);
-    _mm512_mask_storeu_ps(y + m * N + n0, mask, v);
+void vnni_rows(const VnniGroup& p, int64_t b0, int64_t b1, int64_t q0, int64_t q1) {
+  const int64_t K = p.K, N = p.N;
+  for (int64_t b = b0; b < b1; ++b) {
+    __m512i acc[M];
+    for (int m = 0; m < M; ++m) {
+      acc[m] = q0 == 0 ? _mm512_setzero_si512() : _mm512_loadu_si512(p.partial + 16 * m);
+    }
+    vnni_block<M, kFetch>(p.packed + b * p.block_bytes, p.x, K, q0, q1, acc);
+    if (q1 < K / 4) {
+      for (int m = 0; m < M; ++m) _mm512_storeu_si512(p.partial + 16 * m, acc[m]);
+      continue;
+    }
+    const int64_t n0 = b * 16;
+    const __mmask16 mask = N - n0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (N - n0)) - 1);
+    const __m512 ws = _mm512_maskz_loadu_ps(mask, p.w_scale + n0);
+    const __m512 bs = p.bias ? _mm512_maskz_loadu_ps(mask, p.bias + n0) : _mm512_setzero_ps();
+    for (int m = 0; m < M; ++m) {
+      const __m512i sums = _mm512_sub_epi32(acc[m], _mm512_set1_epi32(128 * p.x_sums[m]));
+      __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums), ws);
+      v = _mm512_mul_ps(v, _mm512_set1_ps(p.x_scales[m]));
+      if (p.bias) v = _mm512_add_ps(v, bs);
+      if (p.y_bf16) {
+        simd::store(p.y_bf16 + m * N + n0, simd::round_bf16(v), mask);
+      } else {
+        _mm512_mask_storeu_ps(p.y + m * N + n0, mask, v);
+      }
+    }
   }
 }
 
 // The most rows of a product that take this kernel rather than oneDNN's (where oneDNN's sums
-// are exact): `int8_rows_limit`, as `set_vnni_rows_limit` sets it between kFewRows and
+// are exact): `int8_rows_limit`, as `vnni_rows_limit` sets it, from kFewRows to
 // kVnniRowsLimit (`gpt1.inference.backend` times both kernels on a GPT-1 block's products of
 // 32 and 64 rows); the largest until then.
 constexpr int64_t kVnniRowsLimit = 64;
 std::atomic<int64_t> vnni_rows_limit_now{kVnniRowsLimit};
+// Where groups of rows share a block, they go over it this many inputs at a time.
 constexpr int64_t kSpanInputs = 768;
 
-using VnniRows = void (*)(const uint8_t*, const int8_t*, const int32_t*, const float*,
-                          const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t,
-                          int64_t, int32_t*);
+using VnniRows = void (*)(const VnniGroup&, int64_t, int64_t, int64_t, int64_t);
 
 // vnni_rows<rows, fetch> for rows 1..kFewRows: [fetch][rows - 1].
 template <int... Ms>
@@ -225,13 +257,14 @@ constexpr auto kVnniRows = vnni_table(std::make_integer_sequence<int, gpt1::kFew
 // Any number of rows on VNNI. Up to `kFewRows` rows share each weight vector read (their sums
 // fill 16 of the 32 vector registers); more rows go in as few groups as that allows, of sizes
 // differing by at most one (24 rows: two of 12), and every group passes over a block of 16
-// channels' weights (K / 4 * 64 bytes: 12 KB at K = 768, 48 KB at 3072) while the block stays
-// in L1 or L2, so the weights are read from memory once whatever the rows. oneDNN's int8
-// product, which took these rows before, packs the activations anew each call and ran the
-// 24- and 32-row steps at 60-70% of this loop's rate per row (2026-12-07, the Zen 4 EPYC).
+// channels' weights while it stays in cache, so the weights are read from memory once whatever
+// the rows. oneDNN's int8 product, which took more than 16 rows before, was slower on every
+// GPT-1 product of 16 to 64 rows (quantising and scaling included both ways, one thread,
+// 2026-12-07, the Zen 4 EPYC): 768 -> 768 at 32 rows 0.151 ms against this loop's 0.100,
+// 768 -> 3072 at 64 rows 0.84 against 0.76, the output layer at 64 rows 18.8 against 12.9.
 void vnni_product(int64_t M, const uint8_t* packed, const int8_t* x, const int32_t* x_sums,
                   const float* x_scales, const float* w_scale, const float* bias, int64_t K,
-                  int64_t N, float* y) {
+                  int64_t N, float* y, at::BFloat16* y_bf16) {
   constexpr int64_t kGroupRows = gpt1::kFewRows;
   const int64_t blocks = (N + 15) / 16, block_bytes = K / 4 * 64, quads = K / 4;
   // A task is a run of output blocks, its weights read in order: at least 64 KB of them.
@@ -241,23 +274,38 @@ void vnni_product(int64_t M, const uint8_t* packed, const int8_t* x, const int32
   // them; the weights are read again per slice.
   const int64_t slice = std::max<int64_t>(kVnniRowsLimit, 262144 / K / kGroupRows * kGroupRows);
   // Where more than one group shares a block, the groups go over it a span of inputs at a
-  // time, so that the span's weights and one group's activations stay in L1 together
-  // (12 KB each at 768 inputs a span); the sums in between wait in `partial`.
+  // time, so that the span's weights and one group's activations stay in L1 together (12 KB
+  // each at 768 inputs a span; a block of 3072 inputs is 48 KB); the sums in between wait in
+  // `partial`. At 3072 -> 768 and 64 rows on two threads (2026-12-07, the Zen 4 EPYC), the
+  // groups over whole blocks matched oneDNN's product (0.54 ms each); in spans, 1.07x it.
   const int64_t spans = M > kGroupRows ? (K + kSpanInputs - 1) / kSpanInputs : 1;
   for (int64_t lo = 0; lo < M; lo += slice) {
     const int64_t rows_here = std::min(slice, M - lo);
     const int64_t groups = (rows_here + kGroupRows - 1) / kGroupRows;
     at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-      std::vector<int32_t> partial(spans > 1 ? rows_here * 16 : 0);
+      std::vector<int32_t> partial(groups > 1 ? rows_here * 16 : 0);
+      VnniGroup group{packed, block_bytes, nullptr, nullptr, nullptr, w_scale, bias, K, N,
+                      nullptr, nullptr, nullptr};
+      auto run = [&](int64_t g, int64_t m0, int64_t rows, int64_t c0, int64_t c1, int64_t q0,
+                     int64_t q1) {
+        group.x = x + m0 * K;
+        group.x_sums = x_sums + m0;
+        group.x_scales = x_scales + m0;
+        group.y = y ? y + m0 * N : nullptr;
+        group.y_bf16 = y_bf16 ? y_bf16 + m0 * N : nullptr;
+        group.partial = partial.data() + (m0 - lo) * 16;
+        kVnniRows[g == 0][rows - 1](group, c0, c1, q0, q1);
+      };
+      if (groups == 1) {  // one group: the task's blocks in one call, every input at once
+        run(0, lo, rows_here, b0, b1, 0, quads);
+        return;
+      }
       for (int64_t b = b0; b < b1; ++b) {
-        const uint8_t* w = packed + b * block_bytes;
         for (int64_t span = 0; span < spans; ++span) {
           const int64_t q0 = quads * span / spans, q1 = quads * (span + 1) / spans;
           for (int64_t g = 0, m0 = lo; g < groups; ++g) {
             const int64_t rows = rows_here / groups + (g < rows_here % groups ? 1 : 0);
-            kVnniRows[g == 0][rows - 1](w, x + m0 * K, x_sums + m0, x_scales + m0, w_scale, bias,
-                                        K, N, b * 16, y + m0 * N, q0, q1,
-                                        partial.data() + (m0 - lo) * 16);
+            run(g, m0, rows, b, b + 1, q0, q1);
             m0 += rows;
           }
         }
@@ -541,7 +589,7 @@ bool amx_applies(int64_t K) { return K % 64 == 0 && amx_allowed(); }
 #endif
 
 bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
-                       float* y) {
+                       float* y, at::BFloat16* y_bf16) {
   const int64_t K = w.in, N = w.out;
 #if defined(__AVX512VNNI__) || defined(__AVX2__)
   // gpt1's kernel up to int8_rows_limit(K) rows, and for every row count where oneDNN's copy
@@ -564,17 +612,20 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
     if (!finite) return false;
 #if defined(GPT1_AMX)
     if (M > kVnniBeforeAmx && amx_applies(K)) {
+      std::vector<float> widened(y_bf16 ? M * N : 0);  // AMX writes fp32: rounded after
+      float* out = y_bf16 ? widened.data() : y;
       for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // more rows: the weights read again
         const int64_t rows = std::min<int64_t>(kAmxRows, M - m0);
         amx_product((rows + 15) / 16 * 16, rows, w.vnni->data_ptr<uint8_t>(), q.data() + m0 * K,
                     sums.data() + m0, scales.data() + m0, w.scale->data_ptr<float>(), bias, K,
-                    N, y + m0 * N);
+                    N, out + m0 * N);
       }
+      if (y_bf16) round_to_bf16(M, N, out, y_bf16);
       return true;
     }
 #endif
     vnni_product(M, w.vnni->data_ptr<uint8_t>(), q.data(), sums.data(), scales.data(),
-                 w.scale->data_ptr<float>(), bias, K, N, y);
+                 w.scale->data_ptr<float>(), bias, K, N, y, y_bf16);
 #else
     // Left uninitialised: every byte is written by the quantising (a vector's zeroing cost a
     // pass over 6 MB per product of a 2048-row prompt).
@@ -585,8 +636,11 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
       return quantize_rows_u7(x, lo, hi, K, u.get(), scales.data(), zeros.data());
     });
     if (!finite) return false;
+    std::vector<float> widened(y_bf16 ? M * N : 0);  // this loop writes fp32: rounded after
+    float* out = y_bf16 ? widened.data() : y;
     avx2_product(M, reinterpret_cast<const int8_t*>(w.vnni->data_ptr<uint8_t>()), u.get(),
-                 zeros.data(), scales.data(), w.scale->data_ptr<float>(), bias, K, N, y);
+                 zeros.data(), scales.data(), w.scale->data_ptr<float>(), bias, K, N, out);
+    if (y_bf16) round_to_bf16(M, N, out, y_bf16);
 #endif
     return true;
   }
@@ -603,7 +657,7 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
   const torch::Tensor sums = onednn_product(qx, w.u8, *w.packed, *w.zero_points, *w.scale);
   TORCH_CHECK(sums.scalar_type() == at::kFloat && sums.is_contiguous() && sums.numel() == M * N,
               "int8 rows: oneDNN returned an unexpected product");
-  scale_sums(M, N, sums.data_ptr<float>(), scales.data(), bias, y, nullptr);
+  scale_sums(M, N, sums.data_ptr<float>(), scales.data(), bias, y_bf16 ? nullptr : y, y_bf16);
   return true;
 }
 
@@ -690,11 +744,15 @@ torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
   w.scale = &sc;
   w.out = out;
   w.in = K;
-  torch::Tensor y = torch::empty({M, out}, x.options().dtype(at::kFloat));
-  if (!gpt1::int8_rows_product(M, xf.data_ptr<float>(), w, b, y.data_ptr<float>())) {
+  // Written in x's dtype by the kernel itself: a 64-row output layer's logits are 10 MB of
+  // fp32, which a conversion after would read again.
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  torch::Tensor y = torch::empty({M, out}, x.options());
+  if (!gpt1::int8_rows_product(M, xf.data_ptr<float>(), w, b, bf16 ? nullptr : y.data_ptr<float>(),
+                               bf16 ? y.data_ptr<at::BFloat16>() : nullptr)) {
     return torch::Tensor();
   }
-  return y.to(x.scalar_type());
+  return y;
 }
 
 // q [N, K] int8 (K a multiple of 4) -> the few-row kernel's layout: [ceil(N / 16), K / 4 + S,

@@ -57,10 +57,11 @@ struct Int8Packed {
 constexpr int kFewRows = 16;
 
 // y [M, N] (fp32) = x [M, K] @ (q * scale[:, None]).T + bias, any M >= 1, each row of x
-// quantised to int8 with its own scale (`int8_rows.cpp`); false, y untouched, where a row of x
+// quantised to int8 with its own scale (`int8_rows.cpp`), written to `y`, or rounded to bf16
+// into `y_bf16` where that is given (y then unused); false, nothing written, where a row of x
 // holds an inf or a NaN.
 bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const float* bias,
-                       float* y);
+                       float* y, at::BFloat16* y_bf16 = nullptr);
 
 }  // namespace gpt1
 
