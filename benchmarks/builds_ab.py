@@ -15,7 +15,7 @@ revision built into a folder of its own beside it, so the user's cache is left a
         --threads 2
 
 Prints, per row count, each build's median step and the ratio, and whether both gave the same
-bits. The weights are packed once, by the build this checkout loads (`pack_vnni`'s layout must
+bits; with `--head`, the same for the output layer's int8 product on each build's own kernel. The weights are packed once, by the build this checkout loads (`pack_vnni`'s layout must
 be the same in both: a change to it is measured another way).
 """
 
@@ -76,6 +76,12 @@ def main() -> None:
     ap.add_argument(
         "--clock", choices=tuple(CLOCKS), default=None, help="default: cpu on one thread, else wall"
     )
+    ap.add_argument(
+        "--head",
+        action="store_true",
+        help="also the output layer: the int8 head's product on each build's own kernel"
+        " (`rows_product`, bf16 rows in, bf16 logits out, as the step's head takes it)",
+    )
     args = ap.parse_args()
     if args.threads < 1 or args.rounds < 1 or args.past < 1:
         ap.error("--threads, --rounds and --past must be at least 1")
@@ -123,6 +129,38 @@ def main() -> None:
                         times[name].append(clock() - start)
                     for cache in caches:
                         cache.truncate(args.past)
+        before, after = (statistics.median(times[name]) for name in builds)
+        same = torch.equal(out["before"], out["after"])
+        print(
+            f"| {rows} | {before * 1e3:.2f} | {after * 1e3:.2f} | {before / after:.3f}x |"
+            f" {'yes' if same else 'no'} |",
+            flush=True,
+        )
+    if args.head:
+        time_head(model, builds, [int(r) for r in args.rows.split(",")], args.rounds, clock)
+
+
+def time_head(model, builds: dict[str, ModuleType], counts: list[int], rounds: int, clock) -> None:
+    """The output layer's int8 product of `counts` rows on each build's kernel, rounds
+    alternating: the weights packed once by this checkout's build (the layout both read)."""
+    head = model.lm_head_kernel
+    packed = head._packed.few_rows(head.q)
+    if packed.numel() == 0:
+        raise SystemExit("--head: gpt1's int8 kernel is not compiled for this CPU")
+    scale, vocab = head.scale.float(), head.q.shape[0]
+    print(f"\nthe output layer ({vocab} x {head.q.shape[1]} int8), bf16 rows in and out")
+    print("| rows | before ms | after ms | before / after | same bits |")
+    print("|---:|---:|---:|---:|---|")
+    for rows in counts:
+        hidden = torch.randn(rows, head.q.shape[1]).to(torch.bfloat16)
+        times: dict[str, list[float]] = {name: [] for name in builds}
+        out: dict[str, torch.Tensor] = {}
+        for round_ in range(rounds + 1):
+            for name in list(builds) if round_ % 2 == 0 else list(reversed(builds)):
+                start = clock()
+                out[name] = builds[name].rows_product(hidden, packed, scale, None, vocab)
+                if round_:  # the first round warms each build
+                    times[name].append(clock() - start)
         before, after = (statistics.median(times[name]) for name in builds)
         same = torch.equal(out["before"], out["after"])
         print(
