@@ -641,15 +641,26 @@ class VnniRowsProbe:
 
     times: dict[str, list[float]]
 
+    def pair(self, rows: int) -> tuple[float, float] | None:
+        """The two times of `rows` rows, or None where the record lacks them or holds anything
+        but two numbers there (a damaged file)."""
+        found = self.times.get(str(rows)) if isinstance(self.times, dict) else None
+        if not isinstance(found, list) or len(found) != 2:
+            return None
+        if not all(type(t) in (int, float) for t in found):
+            return None
+        return found[0], found[1]
+
     def limit(self) -> int:
-        """The most rows gpt1's kernel takes: the largest count timed up to which it was never
-        slower than oneDNN's, else `_VNNI_FEW_ROWS`."""
+        """The most rows gpt1's kernel takes: the largest count of `_VNNI_ROWS_TIMED` up to
+        which it was never slower than oneDNN's, else `_VNNI_FEW_ROWS`. A count missing from
+        the record ends the search there."""
         limit = _VNNI_FEW_ROWS
-        for rows in sorted(self.times, key=int):
-            own, onednn = self.times[rows]
-            if own > onednn:
+        for rows in _VNNI_ROWS_TIMED:
+            found = self.pair(rows)
+            if found is None or not found[0] <= found[1]:  # missing, slower, or NaN
                 break
-            limit = int(rows)
+            limit = rows
         return limit
 
 
@@ -670,8 +681,10 @@ def _set_vnni_rows_as_timed(built, again: bool = False) -> VnniRowsProbe | None:
     if id(built) in _vnni_rows_set and not again:
         return None
     _vnni_rows_set.add(id(built))  # first: the checks below may ask for the module again
+    if not built.vnni_rows_limit():
+        return None  # asked first: AVX2 and AMX builds need no int8 check for it
     encoding = int8_many_rows()
-    if not built.vnni_rows_limit() or encoding is None:
+    if encoding is None:
         return None
     measure = functools.partial(_measure_vnni_rows, built, encoding)
     probe = timings.kept(_vnni_rows_record(), VnniRowsProbe, measure, again=again)
@@ -774,9 +787,11 @@ def timed(
         chosen = one_row.way(name)
         found.append(Timed(f"gpt1's kernel, {_NAMES[name]}, {_SHAPES['few']}", times, chosen))
     limit = vnni_rows.limit() if vnni_rows else 0
-    for rows, (own, onednn) in (vnni_rows.times if vnni_rows else {}).items():
-        times = {"gpt1's VNNI kernel": own, "oneDNN": onednn}
-        chosen = "gpt1's VNNI kernel" if int(rows) <= limit else "oneDNN"
+    for rows in _VNNI_ROWS_TIMED if vnni_rows else ():
+        if (pair := vnni_rows.pair(rows)) is None:
+            continue
+        times = {"gpt1's VNNI kernel": pair[0], "oneDNN": pair[1]}
+        chosen = "gpt1's VNNI kernel" if rows <= limit else "oneDNN"
         found.append(Timed(f"int8, one GPT-1 block's products of {rows} rows", times, chosen))
     return found
 
@@ -884,11 +899,13 @@ def _many_rows_int8() -> Choice:
     timed += f"; one scale per row {_ms(rows)}"
     implementation = f"oneDNN int8, {name} activations, {scales}"
     found = timings.read(_vnni_rows_record(), VnniRowsProbe) if kernel_build.is_built() else None
-    if found is not None:
+    pairs = {r: found[0].pair(r) for r in _VNNI_ROWS_TIMED} if found is not None else {}
+    if any(pairs.values()):
         implementation = f"gpt1's VNNI kernel up to {found[0].limit()} rows, then {implementation}"
         timed += "; " + ", ".join(
-            f"a block's {rows} rows {_ms(own)} on gpt1's kernel, {_ms(onednn)} on oneDNN's"
-            for rows, (own, onednn) in found[0].times.items()
+            f"a block's {rows} rows {_ms(pair[0])} on gpt1's kernel, {_ms(pair[1])} on oneDNN's"
+            for rows, pair in pairs.items()
+            if pair is not None
         )
     return Choice(KINDS[2], implementation, timed)
 
