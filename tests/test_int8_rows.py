@@ -124,7 +124,7 @@ def test_the_vnni_row_limit_moves_rows_between_kernels_with_the_same_bits(limit)
             assert torch.equal(layer(x), want), rows
 
 
-@pytest.mark.parametrize("rows", [0, 8, 15, 65, 1000])
+@pytest.mark.parametrize("rows", [0, -1, 8, 15, 65, 1000])
 def test_the_vnni_row_limit_refuses_counts_outside_its_range(rows):
     """Only 16..64 can be set (0 asks); anything else is refused and changes nothing."""
     if not _vnni_choice_here():

@@ -612,8 +612,9 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
     if (!finite) return false;
 #if defined(GPT1_AMX)
     if (M > kVnniBeforeAmx && amx_applies(K)) {
-      std::vector<float> widened(y_bf16 ? M * N : 0);  // AMX writes fp32: rounded after
-      float* out = y_bf16 ? widened.data() : y;
+      // AMX writes fp32, rounded after; left uninitialised, as every number is written.
+      const std::unique_ptr<float[]> widened(y_bf16 ? new float[M * N] : nullptr);
+      float* out = y_bf16 ? widened.get() : y;
       for (int64_t m0 = 0; m0 < M; m0 += kAmxRows) {  // more rows: the weights read again
         const int64_t rows = std::min<int64_t>(kAmxRows, M - m0);
         amx_product((rows + 15) / 16 * 16, rows, w.vnni->data_ptr<uint8_t>(), q.data() + m0 * K,
@@ -636,8 +637,9 @@ bool int8_rows_product(int64_t M, const float* x, const Int8Packed& w, const flo
       return quantize_rows_u7(x, lo, hi, K, u.get(), scales.data(), zeros.data());
     });
     if (!finite) return false;
-    std::vector<float> widened(y_bf16 ? M * N : 0);  // this loop writes fp32: rounded after
-    float* out = y_bf16 ? widened.data() : y;
+    // This loop writes fp32, rounded after; left uninitialised, as every number is written.
+    const std::unique_ptr<float[]> widened(y_bf16 ? new float[M * N] : nullptr);
+    float* out = y_bf16 ? widened.get() : y;
     avx2_product(M, reinterpret_cast<const int8_t*>(w.vnni->data_ptr<uint8_t>()), u.get(),
                  zeros.data(), scales.data(), w.scale->data_ptr<float>(), bias, K, N, out);
     if (y_bf16) round_to_bf16(M, N, out, y_bf16);
@@ -835,7 +837,7 @@ int64_t vnni_rows_limit(int64_t rows) {
 #if defined(GPT1_AMX)
   if (amx_allowed()) return 0;  // AMX tiles take GPT-1's widths: nothing to choose here
 #endif
-  if (rows > 0) {
+  if (rows != 0) {
     TORCH_CHECK(rows >= gpt1::kFewRows && rows <= kVnniRowsLimit,
                 "vnni_rows_limit: between ", gpt1::kFewRows, " and ", kVnniRowsLimit, " rows");
     return vnni_rows_limit_now.exchange(rows);

@@ -49,8 +49,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "the most rows gpt1's int8 kernel takes where oneDNN's is exact (more on AMX)",
         pybind11::arg("in_features"));
   m.def("vnni_rows_limit", &vnni_rows_limit,
-        "VNNI without AMX: the most rows gpt1's int8 kernel takes before oneDNN's; sets it where "
-        "rows > 0 and returns the one before (0: no such choice here)",
+        "VNNI without AMX: the most rows gpt1's int8 kernel takes before oneDNN's; sets it to "
+        "rows (16..64) unless rows is 0 and returns the one before (0: no such choice here)",
         pybind11::arg("rows") = 0);
   m.def("rows_product", &rows_product, "int8 products on gpt1's kernel, a scale per row",
         Unlocked(), pybind11::arg("x"), pybind11::arg("vnni"), pybind11::arg("scale"),

@@ -100,8 +100,8 @@ bool has_few_rows_int8();
 // oneDNN's: 64 where AMX multiplies them, `vnni_rows_limit` on VNNI, else kFewRows.
 int64_t int8_rows_limit(int64_t in_features);
 // On AVX-512 VNNI without AMX: the most rows gpt1's int8 kernel takes before oneDNN's, set to
-// `rows` where rows > 0 (kFewRows..64); returns the limit before. 0 where there is no such
-// choice (AMX, AVX2, no kernel).
+// `rows` unless it is 0 (kFewRows..64, else refused); returns the limit before. 0 where there
+// is no such choice (AMX, AVX2, no kernel).
 int64_t vnni_rows_limit(int64_t rows);
 torch::Tensor rows_product(const torch::Tensor& x, const torch::Tensor& vnni,
                            const torch::Tensor& scale, const c10::optional<torch::Tensor>& bias,
