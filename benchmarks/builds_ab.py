@@ -15,8 +15,9 @@ revision built into a folder of its own beside it, so the user's cache is left a
         --threads 2
 
 Prints, per row count, each build's median step and the ratio, and whether both gave the same
-bits; with `--head`, the same for the output layer's int8 product on each build's own kernel. The weights are packed once, by the build this checkout loads (`pack_vnni`'s layout must
-be the same in both: a change to it is measured another way).
+bits; with `--head`, the same for the output layer's int8 product on each build's own kernel.
+The weights are packed once, by the build this checkout loads (`pack_vnni`'s layout must be the
+same in both: a change to it is measured another way).
 """
 
 from __future__ import annotations
@@ -42,6 +43,22 @@ from gpt1.inference.prepared import for_inference  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_profile import CLOCKS, VOCAB, filled_pool  # noqa: E402
+
+TABLE_HEAD = (
+    "| rows | before ms | after ms | before / after | same bits |\n|---:|---:|---:|---:|---|"
+)
+
+
+def print_row(rows: int, times: dict[str, list[float]], out: dict[str, torch.Tensor]) -> None:
+    """One row of the table: each build's median, their ratio, and whether their outputs are
+    the same bits."""
+    before, after = (statistics.median(times[name]) for name in ("before", "after"))
+    same = torch.equal(out["before"], out["after"])
+    print(
+        f"| {rows} | {before * 1e3:.2f} | {after * 1e3:.2f} | {before / after:.3f}x |"
+        f" {'yes' if same else 'no'} |",
+        flush=True,
+    )
 
 
 def load_build(folder: Path) -> ModuleType:
@@ -98,8 +115,7 @@ def main() -> None:
         f" {args.threads} thread(s), {clock_name} time, medians of {args.rounds} alternating rounds"
     )
     print(f"before: {args.before.name}; after: {args.after.name}")
-    print("| rows | before ms | after ms | before / after | same bits |")
-    print("|---:|---:|---:|---:|---|")
+    print(TABLE_HEAD)
     for rows in [int(r) for r in args.rows.split(",")]:
         stored = {"decoder": int8_step.cache_dtype(model), "bf16": torch.bfloat16}
         caches = filled_pool(model, rows, args.past, stored.get(args.caches))
@@ -129,13 +145,7 @@ def main() -> None:
                         times[name].append(clock() - start)
                     for cache in caches:
                         cache.truncate(args.past)
-        before, after = (statistics.median(times[name]) for name in builds)
-        same = torch.equal(out["before"], out["after"])
-        print(
-            f"| {rows} | {before * 1e3:.2f} | {after * 1e3:.2f} | {before / after:.3f}x |"
-            f" {'yes' if same else 'no'} |",
-            flush=True,
-        )
+        print_row(rows, times, out)
     if args.head:
         time_head(model, builds, [int(r) for r in args.rows.split(",")], args.rounds, clock)
 
@@ -149,8 +159,7 @@ def time_head(model, builds: dict[str, ModuleType], counts: list[int], rounds: i
         raise SystemExit("--head: gpt1's int8 kernel is not compiled for this CPU")
     scale, vocab = head.scale.float(), head.q.shape[0]
     print(f"\nthe output layer ({vocab} x {head.q.shape[1]} int8), bf16 rows in and out")
-    print("| rows | before ms | after ms | before / after | same bits |")
-    print("|---:|---:|---:|---:|---|")
+    print(TABLE_HEAD)
     for rows in counts:
         hidden = torch.randn(rows, head.q.shape[1]).to(torch.bfloat16)
         times: dict[str, list[float]] = {name: [] for name in builds}
@@ -161,13 +170,7 @@ def time_head(model, builds: dict[str, ModuleType], counts: list[int], rounds: i
                 out[name] = builds[name].rows_product(hidden, packed, scale, None, vocab)
                 if round_:  # the first round warms each build
                     times[name].append(clock() - start)
-        before, after = (statistics.median(times[name]) for name in builds)
-        same = torch.equal(out["before"], out["after"])
-        print(
-            f"| {rows} | {before * 1e3:.2f} | {after * 1e3:.2f} | {before / after:.3f}x |"
-            f" {'yes' if same else 'no'} |",
-            flush=True,
-        )
+        print_row(rows, times, out)
 
 
 if __name__ == "__main__":

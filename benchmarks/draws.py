@@ -8,8 +8,8 @@ Two measures, each the kernel and torch's operators alternating, medians of `--r
 
 - **the choice of a step**: n rows of GPT-1's 40,478 random logits (times 3), each with its own
   seeded generator, pushed out of the CPU's caches before each round as a step's weights push
-  them (a 64 MB pass between rounds), chosen as `BatchedDecoder` chooses them: in one call of the kernel, or with torch's
-  operators a row at a time;
+  them (a 64 MB pass between rounds), chosen as `BatchedDecoder` chooses them: in one call of
+  the kernel, or with torch's operators a row at a time;
 - **whole runs** of `BatchedDecoder` (what `gpt1 serve` runs): GPT-1 size int8, random weights,
   n random 32-token prompts and `--new` tokens each (as `concurrency.py` makes them), prompt time
   included, every generation seeded.

@@ -26,7 +26,8 @@ def _exact_cdf(row: list[float], temperature: float, top_k: int, top_p: float) -
     """The row's cumulative softmax at `temperature` over its top-k logits (every id tied with
     the k-th largest too; all where `top_k` is 0), then its top-p nucleus (ranked by weight, then
     by id; an id stays unless those above it hold `top_p`), in float64 (-inf: probability 0).
-    Rows whose nucleus is cut within fp32's rounding of a weight are left out (`assume`)."""
+    Rows whose nucleus is cut within fp32's rounding of a weight, or between two weights that
+    fp32 rounds alike (the kernel then ranks them by id), are left out (`assume`)."""
     x = np.array(row, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         z = (x - x.max()) / temperature
@@ -39,6 +40,8 @@ def _exact_cdf(row: list[float], temperature: float, top_k: int, top_p: float) -
         assume(np.all(np.abs(before - top_p)[w[order] > 0] > 1e-4))
         drop = before >= top_p
         drop[0] = False
+        kept, dropped = w[order[~drop]], w[order[drop]]
+        assume(not dropped.size or dropped.max() < kept.min() * (1 - 1e-5))
         w[order[drop]] = 0.0
     return np.cumsum(w / w.sum())
 

@@ -349,6 +349,21 @@ _REFERENCE_FACTOR = 10.0  # a screen this much slower than the float path is the
 _INT8_PACK_ROWS = 1024
 
 
+def _onednn_per_row(
+    x: torch.Tensor,
+    packed: tuple[torch.Tensor, torch.Tensor],
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    encoding: str,
+    kernels,
+) -> torch.Tensor:
+    """oneDNN's int8 product of `x` with one activation scale per row, quantising and scaling
+    included (`gpt1.inference.int8_rows`), as the speed checks time it: `x`'s dtype out."""
+    qx, x_scale = int8_rows.quantize(x, kernels)
+    sums = onednn_int8_product(qx, 1.0, packed, scale, None, torch.float32, encoding)
+    return int8_rows.epilogue(sums, x_scale, bias, x.dtype, kernels)
+
+
 @functools.cache
 def int8_probe() -> Int8Probe:
     """The int8 speed check's times: kept per CPU and torch in the build folder (so every run
@@ -418,9 +433,7 @@ def _int8_products(
         def product() -> torch.Tensor:
             if isinstance(packed, RuntimeError):
                 raise packed
-            qx_rows, x_scale = int8_rows.quantize(x, int8_row_kernels())
-            sums = onednn_int8_product(qx_rows, 1.0, packed, scale, None, torch.float32, encoding)
-            return int8_rows.epilogue(sums, x_scale, bias, dtype, int8_row_kernels())
+            return _onednn_per_row(x, packed, scale, bias, encoding, int8_row_kernels())
 
         return product
 
@@ -630,7 +643,7 @@ def _measure_one_row(built) -> OneRowProbe:
     return OneRowProbe(times)
 
 
-# ------------------------------------------------ many int8 rows on VNNI: gpt1's kernel or oneDNN's
+# ---------------------------------------------- many int8 rows on VNNI: gpt1's kernel or oneDNN's
 @dataclass(frozen=True)
 class VnniRowsProbe:
     """Best times in seconds of one GPT-1 block's four int8 products (`_BLOCK`'s shapes) of
@@ -715,11 +728,7 @@ def _measure_vnni_rows(built, encoding: str) -> VnniRowsProbe:
 
             def onednn(xs=xs) -> None:
                 for x, (_, _, packed, scale, bias) in zip(xs, layers):
-                    qx, x_scale = int8_rows.quantize(x, built)
-                    sums = onednn_int8_product(
-                        qx, 1.0, packed, scale, None, torch.float32, encoding
-                    )
-                    int8_rows.epilogue(sums, x_scale, bias, torch.float32, built)
+                    _onednn_per_row(x, packed, scale, bias, encoding, built)
 
             best = timings.interleaved_best({"own": own, "onednn": onednn})
             times[str(rows)] = [best["own"], best["onednn"]]

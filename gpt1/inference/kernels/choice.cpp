@@ -1,10 +1,10 @@
 // The choice of each next token from its row of logits, for every decoder (`gpt1.inference.
 // generate`: `gpt1 sample`, the server's batched steps): the greedy choice, each row's first
 // largest logit, and a draw from each row's softmax at a temperature, top-k and top-p, the
-// kept ids' cumulative sum inverted at one uniform number. A step's logits have just been written (40,478 a row for
-// GPT-1) and the weights it read have pushed everything else out of the CPU's caches; each row
-// here is a few passes with its state near, where torch's operators for the same choice are
-// a pass each with a temporary each (and Python between them).
+// kept ids' cumulative sum inverted at one uniform number. A step's logits have just been
+// written (40,478 a row for GPT-1) and the weights it read have pushed everything else out of
+// the CPU's caches; each row here is a few passes with its state near, where torch's operators
+// for the same choice are a pass each with a temporary each (and Python between them).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
